@@ -1,0 +1,34 @@
+#pragma once
+// The one interface between the two sides of the engine (DESIGN.md, "Layers"):
+//   runtime -> memory: MemoryHooks, called by the interpreter around every kernel and every
+//                      change of a tensor's residency;
+//   memory -> runtime: Rematerializer, what a memory policy may ask of the interpreter.
+// Leaves (parameters, inputs) are never reported: they are not the memory manager's to move.
+
+namespace ht {
+
+struct TensorInfo;
+struct ComputePath;
+
+class MemoryHooks {
+ public:
+  virtual ~MemoryHooks() = default;
+  // A kernel is about to run (fresh, or regenerating a dropped output): its inputs are resident
+  // and pinned. This is where a budget makes room.
+  virtual void before_kernel(const ComputePath& path, bool recompute) = 0;
+  virtual void after_kernel(const ComputePath& path, bool recompute, double kernel_ms) = 0;
+  virtual void on_resident(TensorInfo& t) = 0;   // data attached (computed or regenerated)
+  virtual void on_dropped(TensorInfo& t) = 0;    // data detached (evicted, or nobody reads it)
+  virtual void on_destroyed(TensorInfo& t) = 0;  // the record itself is gone
+};
+
+class Rematerializer {
+ public:
+  virtual ~Rematerializer() = default;
+  // Drop the data of an evictable tensor (TensorInfo::evictable()); it is regenerated on access.
+  virtual void evict(TensorInfo& t) = 0;
+  // Make a dropped tensor resident again by re-running the op calls that produced it.
+  virtual void regenerate(TensorInfo& t) = 0;
+};
+
+}  // namespace ht

@@ -1,0 +1,109 @@
+#pragma once
+// The tensor interpreter: every op of training runs through Interpreter::apply(), which makes
+// the inputs resident (regenerating dropped ones), runs and times the kernel, records the
+// ComputePath and, when gradients are wanted, a tape entry for reverse mode. One per rank.
+
+#include "memory/memory_manager.h"
+#include "runtime/op.h"
+#include "runtime/tape.h"
+#include "runtime/tensor.h"
+
+#include <memory>
+#include <vector>
+
+namespace ht {
+
+enum class ExecutionMode {
+  kInterpreted,  // our interpreter: tape, regeneration, memory manager
+  kAutograd,     // reference: the same forward kernels recorded by libtorch's autograd
+};
+
+struct InterpreterOptions {
+  ExecutionMode mode = ExecutionMode::kInterpreted;
+  uint64_t seed = 0;  // stream of seeds for random ops and dynamic-graph choices
+};
+
+class Interpreter final : public Rematerializer {
+ public:
+  explicit Interpreter(InterpreterOptions options = {});
+  ~Interpreter() override;
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
+
+  // Leaves. A parameter's gradient accumulates into its at::Tensor's .grad(), as in libtorch,
+  // so torch::optim optimizers consume it directly.
+  Tensor input(const at::Tensor& value);   // data, labels, masks: no gradient
+  Tensor param(const at::Tensor& value);   // gradient iff value.requires_grad()
+
+  // The one place every op runs. Returns every output of the op, hidden ones included.
+  std::vector<Tensor> apply(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs);
+
+  // Reverse mode from a scalar loss (gradient 1), or from several roots with given gradients.
+  void backward(const Tensor& loss);
+  void backward(const std::vector<Tensor>& roots, const std::vector<at::Tensor>& grads);
+
+  // Gradient recording (off for evaluation). RAII: NoGradGuard.
+  bool grad_enabled() const { return grad_enabled_; }
+  void set_grad_enabled(bool enabled) { grad_enabled_ = enabled; }
+
+  // Deterministic seed stream: random ops and dynamic-graph choices draw from it, so a run is
+  // reproducible from InterpreterOptions::seed and identical in both execution modes.
+  uint64_t next_seed();
+  uint64_t seed_counter() const { return seed_counter_; }
+  void set_seed_counter(uint64_t counter) { seed_counter_ = counter; }
+
+  ExecutionMode mode() const { return options_.mode; }
+  MemoryManager& memory() { return memory_; }
+  const Tape& tape() const { return tape_; }
+  int64_t live_records() const { return live_records_; }
+
+  // Rematerializer: what the memory manager (and tests) may ask.
+  void evict(TensorInfo& t) override;
+  void regenerate(TensorInfo& t) override { materialize(t); }
+
+  // --- Used by Tensor, Tape and TensorInfo; not for model code. ---
+  // Makes `t` resident, re-running its producers from an explicit work stack (no recursion:
+  // chains can be thousands of ops long).
+  const at::Tensor& materialize(TensorInfo& t);
+  void on_handle_acquired(TensorInfo& t) { ++t.handle_refs; }
+  void on_handle_released(TensorInfo& t);
+  void on_record_destroyed(TensorInfo& t);
+  uint64_t tick() { return ++tick_; }
+
+ private:
+  friend class Tape;
+  std::shared_ptr<TensorInfo> new_record(const at::Tensor& value);
+  Tensor make_leaf(const at::Tensor& value, bool requires_grad);
+  std::vector<Tensor> apply_autograd(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs);
+  // Runs path.op over its (resident) inputs, pinned meanwhile; times it.
+  std::vector<at::Tensor> run_kernel(ComputePath& path, bool recompute);
+  void attach(TensorInfo& t, at::Tensor value);
+  void drop(TensorInfo& t);
+  void release_if_unused(TensorInfo& t);
+  void link_alias(TensorInfo& out, const ComputePath& path, const at::Tensor& value,
+                  size_t output_index);
+
+  InterpreterOptions options_;
+  MemoryManager memory_;
+  Tape tape_;
+  bool grad_enabled_ = true;
+  uint64_t seed_counter_ = 0;
+  uint64_t next_id_ = 0;
+  uint64_t tick_ = 0;
+  int64_t live_records_ = 0;
+};
+
+// Turns gradient recording off for a scope (evaluation).
+class NoGradGuard {
+ public:
+  explicit NoGradGuard(Interpreter& interp) : interp_(interp), prev_(interp.grad_enabled()) {
+    interp_.set_grad_enabled(false);
+  }
+  ~NoGradGuard() { interp_.set_grad_enabled(prev_); }
+
+ private:
+  Interpreter& interp_;
+  bool prev_;
+};
+
+}  // namespace ht

@@ -1,0 +1,102 @@
+#pragma once
+// The op set, as functions on ht::Tensor. Each runs through Interpreter::apply(); each op's
+// traits, forward and backward live in runtime/ops/<group>.cpp. Shapes: B batch, C channels,
+// H/W spatial, T sequence, D features; "..." any leading dimensions.
+
+#include "runtime/tensor.h"
+
+#include <optional>
+#include <vector>
+
+namespace ht {
+
+// --- Elementwise (broadcasting like ATen) -------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double scalar);
+Tensor mul(const Tensor& a, double scalar);
+Tensor div(const Tensor& a, double scalar);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+// x where mask is false, `value` where it is true (mask: bool, broadcast to x).
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, double s) { return div(a, s); }
+
+// --- Linear algebra ---------------------------------------------------------------------------
+// x (..., D_in), weight (D_out, D_in), bias (D_out) or undefined -> (..., D_out)
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// a (..., N, K), b (..., K, M) -> (..., N, M); batch dimensions broadcast. Both at least 2-d.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// a (B, N, K), b (B, K, M) -> (B, N, M)
+Tensor bmm(const Tensor& a, const Tensor& b);
+// weight (V, D), indices (...) int64 -> (..., D)
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+// --- Convolution and pooling (NCHW) -----------------------------------------------------------
+struct Conv2dArgs {
+  std::vector<int64_t> stride{1, 1};
+  std::vector<int64_t> padding{0, 0};
+  std::vector<int64_t> dilation{1, 1};
+  int64_t groups = 1;
+};
+// x (B, C_in, H, W), weight (C_out, C_in/groups, kH, kW), bias (C_out) or undefined
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args);
+// x (B, C, H, W); stride defaults to the kernel size
+Tensor max_pool2d(const Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
+                  std::vector<int64_t> padding = {0, 0}, bool ceil_mode = false);
+Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
+                  std::vector<int64_t> padding = {0, 0}, bool ceil_mode = false,
+                  bool count_include_pad = true);
+// x (B, C, H, W) -> (B, C, oh, ow)
+Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size);
+
+// --- Normalization ----------------------------------------------------------------------------
+// x (B, C, ...), weight/bias (C). In training, batch statistics are used and the running
+// statistics (plain at::Tensors owned by the module, may be undefined) are updated exactly
+// once per call, never by a recomputation.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const at::Tensor& running_mean, const at::Tensor& running_var, bool training,
+                  double momentum, double eps);
+// x (..., *normalized_shape), weight/bias (*normalized_shape)
+Tensor layer_norm(const Tensor& x, std::vector<int64_t> normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps);
+
+// --- Random -----------------------------------------------------------------------------------
+// Zeroes elements with probability p and scales the rest by 1/(1-p). The mask is drawn from a
+// seed taken from the interpreter's seed stream, so a recomputation draws the same mask.
+Tensor dropout(const Tensor& x, double p, bool training);
+
+// --- Softmax and losses -----------------------------------------------------------------------
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// log_probs (N, K), target (N) int64 -> mean negative log-likelihood, a scalar
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target);
+// logits (N, K), target (N) int64 -> scalar: nll_loss(log_softmax(logits, 1), target)
+Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+
+// --- Shape ------------------------------------------------------------------------------------
+// Views share their base's storage (see README, "Views and residency").
+Tensor reshape(const Tensor& x, std::vector<int64_t> shape);
+Tensor view(const Tensor& x, std::vector<int64_t> shape);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor permute(const Tensor& x, std::vector<int64_t> dims);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+// Pieces of `split_size` along dim (the last may be smaller): one output per piece.
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
+Tensor sum(const Tensor& x);
+Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim = false);
+
+}  // namespace ht

@@ -1,0 +1,162 @@
+// Convolution and pooling (NCHW).
+#include "runtime/ops/op_util.h"
+
+#include <array>
+
+namespace ht {
+namespace {
+
+using TensorList = std::vector<at::Tensor>;
+
+class Conv2dOp final : public Op {
+ public:
+  Conv2dOp(Conv2dArgs args, bool has_bias)
+      : Op(OpTraits::named("conv2d").saving_inputs({0, 1})), args_(std::move(args)),
+        has_bias_(has_bias) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    return {at::convolution(in[0], in[1], has_bias_ ? in[2] : at::Tensor(), args_.stride,
+                            args_.padding, args_.dilation, /*transposed=*/false,
+                            /*output_padding=*/{0, 0}, args_.groups)};
+  }
+
+  TensorList backward(const BackwardArgs& a) const override {
+    const std::array<int64_t, 1> bias_sizes{a.input_sizes(1)[0]};
+    const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
+                                   has_bias_ && a.needs_input_grad[2]};
+    auto [gx, gw, gb] = at::convolution_backward(
+        a.grad_outputs[0], a.inputs[0], a.inputs[1],
+        has_bias_ ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
+        args_.stride, args_.padding, args_.dilation, /*transposed=*/false,
+        /*output_padding=*/{0, 0}, args_.groups, mask);
+    TensorList grads{gx, gw};
+    if (has_bias_) grads.push_back(gb);
+    return grads;
+  }
+
+ private:
+  Conv2dArgs args_;
+  bool has_bias_;
+};
+
+struct PoolArgs {
+  std::vector<int64_t> kernel, stride, padding;
+  bool ceil_mode = false;
+};
+
+// Outputs (y, indices): indices are hidden, saved for backward as autograd does.
+class MaxPool2dOp final : public Op {
+ public:
+  explicit MaxPool2dOp(PoolArgs args)
+      : Op(OpTraits::named("max_pool2d").saving_inputs({0}).saving_outputs({1})),
+        args_(std::move(args)) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    auto [y, indices] = at::max_pool2d_with_indices(in[0], args_.kernel, args_.stride,
+                                                    args_.padding, {1, 1}, args_.ceil_mode);
+    return {y, indices};
+  }
+  TensorList backward(const BackwardArgs& a) const override {
+    return {at::max_pool2d_with_indices_backward(a.grad_outputs[0], a.inputs[0], args_.kernel,
+                                                 args_.stride, args_.padding, {1, 1},
+                                                 args_.ceil_mode, a.outputs[1])};
+  }
+
+ private:
+  PoolArgs args_;
+};
+
+class AvgPool2dOp final : public Op {
+ public:
+  AvgPool2dOp(PoolArgs args, bool count_include_pad)
+      : Op(OpTraits::named("avg_pool2d").saving_inputs({0})), args_(std::move(args)),
+        count_include_pad_(count_include_pad) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    return {at::avg_pool2d(in[0], args_.kernel, args_.stride, args_.padding, args_.ceil_mode,
+                           count_include_pad_, c10::nullopt)};
+  }
+  TensorList backward(const BackwardArgs& a) const override {
+    return {at::avg_pool2d_backward(a.grad_outputs[0], a.inputs[0], args_.kernel, args_.stride,
+                                    args_.padding, args_.ceil_mode, count_include_pad_,
+                                    c10::nullopt)};
+  }
+
+ private:
+  PoolArgs args_;
+  bool count_include_pad_;
+};
+
+// Output 1x1 is a mean over H and W and saves nothing (as ATen's adaptive_avg_pool2d does);
+// other sizes use the adaptive kernel, whose backward reads the input.
+class AdaptiveAvgPool2dOp final : public Op {
+ public:
+  explicit AdaptiveAvgPool2dOp(std::vector<int64_t> output_size)
+      : Op(traits_for(output_size)), output_size_(std::move(output_size)) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    if (global()) return {in[0].mean({-1, -2}, /*keepdim=*/true)};
+    return {at::_adaptive_avg_pool2d(in[0], output_size_)};
+  }
+  TensorList backward(const BackwardArgs& a) const override {
+    const at::Tensor& g = a.grad_outputs[0];
+    if (global()) {
+      const auto sizes = a.input_sizes(0);
+      const int64_t hw = sizes[sizes.size() - 1] * sizes[sizes.size() - 2];
+      return {g.expand(sizes) / hw};
+    }
+    return {at::_adaptive_avg_pool2d_backward(g, a.inputs[0])};
+  }
+
+ private:
+  bool global() const { return output_size_[0] == 1 && output_size_[1] == 1; }
+  static OpTraits traits_for(const std::vector<int64_t>& output_size) {
+    OpTraits t = OpTraits::named("adaptive_avg_pool2d");
+    if (!(output_size[0] == 1 && output_size[1] == 1)) t.saves_inputs = OpTraits::bits({0});
+    return t;
+  }
+  std::vector<int64_t> output_size_;
+};
+
+PoolArgs pool_args(const Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                   std::vector<int64_t> padding, bool ceil_mode, const char* op) {
+  TORCH_CHECK(x.dim() == 4, op, ": input must be (B, C, H, W), got ", x.sizes());
+  TORCH_CHECK(kernel.size() == 2 && padding.size() == 2, op, ": kernel and padding take 2 values");
+  if (stride.empty()) stride = kernel;
+  return PoolArgs{std::move(kernel), std::move(stride), std::move(padding), ceil_mode};
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args) {
+  TORCH_CHECK(x.dim() == 4 && weight.dim() == 4, "conv2d: input (B, C, H, W) and weight ",
+              "(C_out, C_in/groups, kH, kW) expected, got ", x.sizes(), " and ", weight.sizes());
+  auto op = std::make_shared<Conv2dOp>(args, bias.defined());
+  if (bias.defined()) return detail::apply_first(std::move(op), {x, weight, bias});
+  return detail::apply_first(std::move(op), {x, weight});
+}
+
+Tensor max_pool2d(const Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                  std::vector<int64_t> padding, bool ceil_mode) {
+  return detail::apply_first(
+      std::make_shared<MaxPool2dOp>(pool_args(x, std::move(kernel), std::move(stride),
+                                              std::move(padding), ceil_mode, "max_pool2d")),
+      {x});
+}
+
+Tensor avg_pool2d(const Tensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                  std::vector<int64_t> padding, bool ceil_mode, bool count_include_pad) {
+  return detail::apply_first(
+      std::make_shared<AvgPool2dOp>(pool_args(x, std::move(kernel), std::move(stride),
+                                              std::move(padding), ceil_mode, "avg_pool2d"),
+                                    count_include_pad),
+      {x});
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, std::vector<int64_t> output_size) {
+  TORCH_CHECK(x.dim() == 4 && output_size.size() == 2,
+              "adaptive_avg_pool2d: input (B, C, H, W) and a 2-value output size expected");
+  return detail::apply_first(std::make_shared<AdaptiveAvgPool2dOp>(std::move(output_size)), {x});
+}
+
+}  // namespace ht

@@ -1,0 +1,103 @@
+// Normalization: batch norm (training and evaluation) and layer norm.
+#include "runtime/ops/op_util.h"
+
+#include <array>
+
+namespace ht {
+namespace {
+
+using TensorList = std::vector<at::Tensor>;
+
+// Training outputs (y, save_mean, save_invstd); evaluation outputs (y). The running statistics
+// are module buffers, not interpreter tensors: the first forward updates them, a recomputation
+// (ForwardContext::recompute) must not, and evaluation reads them.
+class BatchNormOp final : public Op {
+ public:
+  BatchNormOp(at::Tensor running_mean, at::Tensor running_var, bool training, double momentum,
+              double eps)
+      : Op(training ? OpTraits::named("batch_norm").saving_inputs({0, 1}).saving_outputs({1, 2})
+                    : OpTraits::named("batch_norm_eval").saving_inputs({0, 1})),
+        running_mean_(std::move(running_mean)), running_var_(std::move(running_var)),
+        training_(training), momentum_(momentum), eps_(eps) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext& ctx) const override {
+    const bool update_stats = training_ && !ctx.recompute;
+    const at::Tensor rm = (!training_ || update_stats) ? running_mean_ : at::Tensor();
+    const at::Tensor rv = (!training_ || update_stats) ? running_var_ : at::Tensor();
+    auto [y, save_mean, save_invstd] =
+        at::native_batch_norm(in[0], in[1], in[2], rm, rv, training_, momentum_, eps_);
+    if (!training_) return {y};
+    return {y, save_mean, save_invstd};
+  }
+
+  TensorList backward(const BackwardArgs& a) const override {
+    const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
+                                   a.needs_input_grad[2]};
+    at::Tensor save_mean, save_invstd, rm, rv;
+    if (training_) {
+      save_mean = a.outputs[1];
+      save_invstd = a.outputs[2];
+    } else {
+      rm = running_mean_;
+      rv = running_var_;
+    }
+    auto [gx, gw, gb] = at::native_batch_norm_backward(
+        a.grad_outputs[0], a.inputs[0], a.inputs[1], rm, rv, save_mean, save_invstd, training_,
+        eps_, mask);
+    return {gx, gw, gb};
+  }
+
+ private:
+  at::Tensor running_mean_, running_var_;
+  bool training_;
+  double momentum_, eps_;
+};
+
+// Outputs (y, mean, rstd). Backward reads the bias only to shape its gradient; it is a
+// parameter, so saving it costs nothing.
+class LayerNormOp final : public Op {
+ public:
+  LayerNormOp(std::vector<int64_t> normalized_shape, double eps)
+      : Op(OpTraits::named("layer_norm").saving_inputs({0, 1, 2}).saving_outputs({1, 2})),
+        shape_(std::move(normalized_shape)), eps_(eps) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    auto [y, mean, rstd] = at::native_layer_norm(in[0], shape_, in[1], in[2], eps_);
+    return {y, mean, rstd};
+  }
+  TensorList backward(const BackwardArgs& a) const override {
+    const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
+                                   a.needs_input_grad[2]};
+    auto [gx, gw, gb] = at::native_layer_norm_backward(a.grad_outputs[0], a.inputs[0], shape_,
+                                                       a.outputs[1], a.outputs[2], a.inputs[1],
+                                                       a.inputs[2], mask);
+    return {gx, gw, gb};
+  }
+
+ private:
+  std::vector<int64_t> shape_;
+  double eps_;
+};
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const at::Tensor& running_mean, const at::Tensor& running_var, bool training,
+                  double momentum, double eps) {
+  TORCH_CHECK(x.dim() >= 2, "batch_norm: input must be (B, C, ...), got ", x.sizes());
+  TORCH_CHECK(weight.defined() && bias.defined(), "batch_norm: weight and bias are required");
+  TORCH_CHECK(training || (running_mean.defined() && running_var.defined()),
+              "batch_norm: evaluation needs running statistics");
+  return detail::apply_first(
+      std::make_shared<BatchNormOp>(running_mean, running_var, training, momentum, eps),
+      {x, weight, bias});
+}
+
+Tensor layer_norm(const Tensor& x, std::vector<int64_t> normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps) {
+  TORCH_CHECK(weight.defined() && bias.defined(), "layer_norm: weight and bias are required");
+  return detail::apply_first(std::make_shared<LayerNormOp>(std::move(normalized_shape), eps),
+                             {x, weight, bias});
+}
+
+}  // namespace ht

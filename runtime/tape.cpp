@@ -1,0 +1,115 @@
+#include "runtime/tape.h"
+
+#include "runtime/interpreter.h"
+
+#include <ATen/core/grad_mode.h>
+
+namespace ht {
+
+void accumulate_grad(TensorInfo& t, at::Tensor grad) {
+  if (!t.requires_grad || !grad.defined()) return;
+  if (!t.is_leaf) {
+    t.grad = t.grad.defined() ? t.grad + grad : std::move(grad);
+    return;
+  }
+  // A leaf's gradient lives in its at::Tensor's .grad(), where torch::optim reads it. As
+  // libtorch's AccumulateGrad does, steal the tensor when nobody else holds it (it may be shared,
+  // e.g. add's backward hands one tensor to both inputs), and add in place afterwards.
+  at::Tensor& acc = t.value.mutable_grad();
+  if (!acc.defined()) {
+    const bool sole_owner = grad.use_count() == 1 && grad.storage().use_count() == 1;
+    acc = sole_owner ? std::move(grad) : grad.clone();
+  } else {
+    acc.add_(grad);
+  }
+}
+
+void Tape::record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs) {
+  const OpTraits& traits = path->op->traits();
+  TapeEntry entry;
+  entry.path = path;
+  entry.saved_inputs.resize(path->inputs.size());
+  for (size_t i = 0; i < path->inputs.size(); ++i) {
+    if (traits.saves_inputs & (1u << i)) entry.saved_inputs[i] = Tensor(path->inputs[i]);
+  }
+  entry.saved_outputs.resize(outputs.size());
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    if (traits.saves_outputs & (1u << j)) entry.saved_outputs[j] = outputs[j];
+  }
+  entries_.push_back(std::move(entry));
+}
+
+void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
+                    const std::vector<at::Tensor>& grads) {
+  TORCH_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ",
+              grads.size(), " gradients");
+  for (size_t i = 0; i < roots.size(); ++i) {
+    TORCH_CHECK(roots[i].requires_grad(),
+                "backward: root ", i, " does not require grad (no parameter reaches it)");
+    TORCH_CHECK(grads[i].sizes() == roots[i].sizes(), "backward: gradient ", i, " has shape ",
+                grads[i].sizes(), " but its root has ", roots[i].sizes());
+    accumulate_grad(*roots[i].info(), grads[i]);
+  }
+  // Tape order is execution order, so its reverse is a valid order for reverse mode. Each
+  // entry is released as soon as it has run: its saved values go with it.
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    run_entry(interp, *it);
+    *it = TapeEntry{};
+  }
+  entries_.clear();
+}
+
+void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
+  ComputePath& path = *entry.path;
+  std::vector<at::Tensor> grad_outputs(path.outputs.size());
+  bool any_grad = false;
+  for (size_t j = 0; j < path.outputs.size(); ++j) {
+    TensorInfo* out = path.outputs[j];
+    if (out != nullptr && out->grad.defined()) {
+      grad_outputs[j] = std::move(out->grad);
+      out->grad.reset();
+      any_grad = true;
+    }
+  }
+  if (!any_grad) return;  // not on a path to the loss
+
+  std::vector<bool> needs_input_grad(path.inputs.size());
+  std::vector<TensorInfo*> input_infos(path.inputs.size());
+  for (size_t i = 0; i < path.inputs.size(); ++i) {
+    needs_input_grad[i] = path.inputs[i]->requires_grad;
+    input_infos[i] = path.inputs[i].get();
+  }
+
+  // Saved values: pin all, then make each resident (regenerating it if it was dropped).
+  auto pin_all = [&](int delta) {
+    for (auto* saved : {&entry.saved_inputs, &entry.saved_outputs})
+      for (Tensor& s : *saved)
+        if (s.defined()) s.info()->pin_count += delta;
+  };
+  pin_all(+1);
+  auto values_of = [&](std::vector<Tensor>& saved) {
+    std::vector<at::Tensor> values(saved.size());
+    for (size_t k = 0; k < saved.size(); ++k)
+      if (saved[k].defined()) values[k] = interp.materialize(*saved[k].info());
+    return values;
+  };
+  const std::vector<at::Tensor> inputs = values_of(entry.saved_inputs);
+  const std::vector<at::Tensor> outputs = values_of(entry.saved_outputs);
+
+  std::vector<at::Tensor> grads;
+  {
+    at::AutoGradMode no_autograd(false);
+    grads = path.op->backward(
+        BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
+  }
+  pin_all(-1);
+  TORCH_INTERNAL_ASSERT(grads.size() == path.inputs.size(), path.op->traits().name,
+                        ": backward returned ", grads.size(), " gradients for ",
+                        path.inputs.size(), " inputs");
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (needs_input_grad[i] && grads[i].defined())
+      accumulate_grad(*path.inputs[i], std::move(grads[i]));
+  }
+}
+
+}  // namespace ht

@@ -1,0 +1,88 @@
+#pragma once
+// The interpreter's record of one tensor (TensorInfo) and of the op call that produced it
+// (ComputePath): a flat record in the manner of MegEngine's interpreter. These two structs are
+// what the memory manager reads to decide what to evict, swap or recompute.
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace ht {
+
+class Interpreter;
+class Op;
+struct ComputePath;
+
+// Where a tensor's data is now. Host swap will add an on-host state.
+enum class Residency : uint8_t {
+  kResident,  // `value` holds the data
+  kEvicted,   // data dropped (evicted, or no longer referenced); regenerable from `producer`
+};
+
+struct TensorInfo {
+  TensorInfo(Interpreter* owner, uint64_t id) : owner(owner), id(id) {}
+  ~TensorInfo();
+  TensorInfo(const TensorInfo&) = delete;
+  TensorInfo& operator=(const TensorInfo&) = delete;
+
+  Interpreter* const owner;
+  const uint64_t id;
+
+  // What it is: valid whether or not the data is resident.
+  c10::SmallVector<int64_t, 5> sizes;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  at::Device device = at::kCPU;
+  int64_t nbytes = 0;  // bytes of storage this tensor owns; 0 for a view
+
+  // Data.
+  Residency residency = Residency::kEvicted;
+  at::Tensor value;                // defined iff resident
+  TensorInfo* base = nullptr;      // a view: the root tensor whose storage it shares
+  std::vector<TensorInfo*> views;  // a root: live records of its views
+  int resident_views = 0;          // a root: views whose data keeps its storage alive
+
+  // Lineage. A leaf (parameter, input) has no producer and is never dropped.
+  std::shared_ptr<ComputePath> producer;
+  int output_index = 0;
+  std::vector<ComputePath*> users;  // op calls that read this tensor
+
+  // Who wants the data.
+  int handle_refs = 0;  // user handles and tape entries: the value will be read
+  int pin_count = 0;    // a kernel about to run reads it: must stay resident
+  bool is_leaf = false;
+  bool requires_grad = false;
+
+  // Bookkeeping for memory policies.
+  uint64_t last_access = 0;  // interpreter tick of the last read or write
+  uint32_t recompute_count = 0;
+
+  // Reverse mode: the gradient accumulated so far during backward().
+  at::Tensor grad;
+
+  bool resident() const { return residency == Residency::kResident; }
+  bool is_view() const { return base != nullptr; }
+  // Time the producing kernel took (0 for leaves).
+  double compute_ms() const;
+  // May the memory manager drop this tensor's data now?
+  bool evictable() const;
+};
+
+// One op call: the op (with its arguments), its inputs and its outputs.
+struct ComputePath {
+  ComputePath(std::shared_ptr<const Op> op, std::vector<std::shared_ptr<TensorInfo>> inputs);
+  ~ComputePath();
+  ComputePath(const ComputePath&) = delete;
+  ComputePath& operator=(const ComputePath&) = delete;
+
+  std::shared_ptr<const Op> op;
+  // Inputs stay alive (as records, not necessarily as data) while any output may need to be
+  // regenerated: this is "fake deletion".
+  std::vector<std::shared_ptr<TensorInfo>> inputs;
+  std::vector<TensorInfo*> outputs;  // null once an output's record is gone
+  double compute_ms = 0;
+};
+
+}  // namespace ht

@@ -1,0 +1,60 @@
+// softmax, log_softmax, nll_loss, cross_entropy: forward and gradients equal libtorch (float64).
+#include "tests/support/op_check.h"
+
+namespace ht::test {
+namespace {
+
+at::Tensor rnd(std::vector<int64_t> sizes) { return at::randn(sizes, at::kDouble); }
+
+TEST(OpsLoss, SoftmaxAndLogSoftmaxAnyDim) {
+  at::manual_seed(0);
+  const at::Tensor x = rnd({3, 4, 5});
+  for (int64_t dim : {0, 1, -1}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim);
+    check_op({{x}, [dim](auto&, auto& t) { return one(softmax(t[0], dim)); },
+              [dim](auto& t) { return one(at::softmax(t[0], dim)); }});
+    check_op({{x}, [dim](auto&, auto& t) { return one(log_softmax(t[0], dim)); },
+              [dim](auto& t) { return one(at::log_softmax(t[0], dim)); }});
+  }
+}
+
+TEST(OpsLoss, SoftmaxWithMaskedRows) {
+  at::manual_seed(1);
+  const at::Tensor x = rnd({2, 4, 4});
+  const at::Tensor mask = at::ones({4, 4}, at::kBool).triu(1);
+  const double inf = std::numeric_limits<double>::infinity();
+  check_op({{x, mask},
+            [inf](auto&, auto& t) { return one(softmax(masked_fill(t[0], t[1], -inf), -1)); },
+            [inf](auto& t) { return one(at::softmax(t[0].masked_fill(t[1], -inf), -1)); }});
+}
+
+TEST(OpsLoss, NllLossAndCrossEntropy) {
+  at::manual_seed(2);
+  const at::Tensor logits = rnd({6, 5});
+  const at::Tensor target = at::tensor({0, 4, 2, 2, 1, 3}, at::kLong);
+  check_op({{logits, target},
+            [](auto&, auto& t) { return one(nll_loss(log_softmax(t[0], 1), t[1])); },
+            [](auto& t) { return one(at::nll_loss(at::log_softmax(t[0], 1), t[1])); }});
+  check_op({{logits, target}, [](auto&, auto& t) { return one(cross_entropy(t[0], t[1])); },
+            [](auto& t) { return one(at::cross_entropy_loss(t[0], t[1])); }});
+}
+
+TEST(OpsLoss, BackwardFromScalarLoss) {
+  Interpreter interp;
+  at::Tensor w = at::randn({4, 3}, at::kDouble).requires_grad_(true);
+  Tensor loss = cross_entropy(interp.param(w), interp.input(at::tensor({0, 1, 2, 0}, at::kLong)));
+  interp.backward(loss);
+  at::Tensor w_ref = w.detach().clone().requires_grad_(true);
+  at::cross_entropy_loss(w_ref, at::tensor({0, 1, 2, 0}, at::kLong)).backward();
+  EXPECT_TRUE(all_close(w.grad(), w_ref.grad()));
+}
+
+TEST(OpsLoss, RejectsBadTargets) {
+  Interpreter interp;
+  Tensor logits = interp.input(at::zeros({4, 3}));
+  EXPECT_THROW(nll_loss(logits, interp.input(at::zeros({4}))), c10::Error);       // float target
+  EXPECT_THROW(nll_loss(logits, interp.input(at::zeros({3}, at::kLong))), c10::Error);  // size
+}
+
+}  // namespace
+}  // namespace ht::test

@@ -1,0 +1,67 @@
+// Reverse mode: what the tape keeps, when it lets go, and how gradients accumulate.
+#include "tests/support/op_check.h"
+
+namespace ht::test {
+namespace {
+
+TEST(Tape, SavedValuesAreReleasedByBackward) {
+  Interpreter interp;
+  at::Tensor w = at::randn({16, 16}).requires_grad_(true);
+  Tensor h = interp.input(at::randn({4, 16}));
+  for (int i = 0; i < 5; ++i) h = relu(linear(h, interp.param(w)));
+  Tensor loss = sum(h);
+  h.reset();
+  EXPECT_EQ(interp.memory().stats().resident_tensors, 6) << "5 relu outputs saved + the loss";
+  interp.backward(loss);
+  EXPECT_EQ(interp.tape().size(), 0u);
+  EXPECT_EQ(interp.memory().stats().resident_tensors, 1) << "only the loss the user holds";
+  loss.reset();
+  EXPECT_EQ(interp.memory().stats().resident_tensors, 0);
+  EXPECT_EQ(interp.live_records(), 0);
+}
+
+TEST(Tape, NoGradRecordsNothing) {
+  Interpreter interp;
+  at::Tensor w = at::randn({3, 3}).requires_grad_(true);
+  NoGradGuard no_grad(interp);
+  Tensor y = linear(interp.input(at::randn({2, 3})), interp.param(w));
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_EQ(interp.tape().size(), 0u);
+  EXPECT_THROW(interp.backward(sum(y)), c10::Error);
+}
+
+TEST(Tape, SharedParameterAccumulatesAndRepeatedBackwardAdds) {
+  at::manual_seed(3);
+  at::Tensor w = at::randn({4, 4}, at::kDouble).requires_grad_(true);
+  const at::Tensor a = at::randn({2, 4}, at::kDouble), b = at::randn({2, 4}, at::kDouble);
+  Interpreter interp;
+  for (int step = 0; step < 2; ++step) {
+    Tensor y = add(linear(interp.input(a), interp.param(w)), linear(interp.input(b), interp.param(w)));
+    interp.backward(sum(y));
+  }
+  at::Tensor w_ref = w.detach().clone().requires_grad_(true);
+  for (int step = 0; step < 2; ++step) (at::linear(a, w_ref) + at::linear(b, w_ref)).sum().backward();
+  EXPECT_TRUE(all_close(w.grad(), w_ref.grad()));
+}
+
+TEST(Tape, RejectsNonScalarLossAndMismatchedGradients) {
+  Interpreter interp;
+  at::Tensor w = at::randn({3}).requires_grad_(true);
+  Tensor y = mul(interp.param(w), 2.0);
+  EXPECT_THROW(interp.backward(y), c10::Error);
+  EXPECT_THROW(interp.backward({y}, {at::ones({4})}), c10::Error);
+}
+
+TEST(Tape, BranchNotReachingLossIsSkipped) {
+  Interpreter interp;
+  at::Tensor w = at::randn({3}).requires_grad_(true), u = at::randn({3}).requires_grad_(true);
+  Tensor used = mul(interp.param(w), 2.0);
+  Tensor unused = mul(interp.param(u), 3.0);
+  interp.backward(sum(used));
+  EXPECT_TRUE(w.grad().defined());
+  EXPECT_FALSE(u.grad().defined());
+  EXPECT_FALSE(unused.info()->resident() && unused.info()->grad.defined());
+}
+
+}  // namespace
+}  // namespace ht::test
