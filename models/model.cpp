@@ -1,0 +1,34 @@
+#include "models/model.h"
+
+namespace ht {
+
+Tensor Model::forward(const Tensor& input) {
+  TORCH_CHECK(!blocks_.empty(), "Model::forward: the model has no blocks");
+  Tensor x = input;
+  for (auto& block : blocks_) x = block->forward(x);
+  return x;
+}
+
+Tensor Model::loss(const Tensor& output, const Tensor& target) {
+  return cross_entropy(output, target);
+}
+
+int64_t Model::num_parameters() const {
+  int64_t n = 0;
+  for (const at::Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+void Model::move_to(const at::Device& device, at::ScalarType float_dtype) {
+  at::NoGradGuard no_grad;
+  for (at::Tensor& t : parameters()) t.set_data(t.to(device, float_dtype));
+  for (at::Tensor& t : buffers()) {
+    t.set_data(t.is_floating_point() ? t.to(device, float_dtype) : t.to(device));
+  }
+}
+
+void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
+  blocks_.push_back(register_module(name, std::move(block)));
+}
+
+}  // namespace ht

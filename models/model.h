@@ -1,0 +1,43 @@
+#pragma once
+// A model is a sequence of blocks, each taking one activation and returning the next, so that a
+// later issue can cut it into pipeline stages. Parameters and buffers live in libtorch modules
+// (names, serialization, .to(device) and torch::optim come for free); forward runs on the
+// interpreter.
+
+#include "runtime/interpreter.h"
+#include "runtime/ops.h"
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+class Block : public torch::nn::Module {
+ public:
+  // The activation entering this block -> the activation leaving it.
+  virtual Tensor forward(const Tensor& x) = 0;
+};
+
+class Model : public torch::nn::Module {
+ public:
+  // Runs every block in order: the model's input -> its output (logits).
+  Tensor forward(const Tensor& input);
+  // Mean loss over the batch. Default: classification, output (N, K), target (N).
+  virtual Tensor loss(const Tensor& output, const Tensor& target);
+  const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
+  int64_t num_parameters() const;
+  // Moves parameters and buffers to `device` and casts the floating ones to `float_dtype`.
+  // (libtorch's Module::to(device, dtype) also casts integer and bool buffers.)
+  void move_to(const at::Device& device, at::ScalarType float_dtype);
+
+ protected:
+  void add_block(const std::string& name, std::shared_ptr<Block> block);
+
+ private:
+  std::vector<std::shared_ptr<Block>> blocks_;
+};
+
+}  // namespace ht
