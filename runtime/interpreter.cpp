@@ -119,7 +119,7 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
 void Interpreter::backward(const Tensor& loss) {
   TORCH_CHECK(loss.defined() && loss.numel() == 1,
               "backward(loss): loss must be a scalar; pass explicit gradients otherwise");
-  backward({loss}, {at::ones({}, loss.options())});
+  backward({loss}, {at::ones(loss.sizes(), loss.options())});
 }
 
 }  // namespace ht

@@ -52,6 +52,13 @@ TEST(Tape, RejectsNonScalarLossAndMismatchedGradients) {
   EXPECT_THROW(interp.backward({y}, {at::ones({4})}), c10::Error);
 }
 
+TEST(Tape, AnyOneElementLossIsAScalar) {
+  Interpreter interp;
+  at::Tensor w = at::ones({1}).requires_grad_(true);
+  interp.backward(mul(interp.param(w), 3.0));  // shape [1], not []
+  EXPECT_EQ(w.grad().item<float>(), 3.0f);
+}
+
 TEST(Tape, BranchNotReachingLossIsSkipped) {
   Interpreter interp;
   at::Tensor w = at::randn({3}).requires_grad_(true), u = at::randn({3}).requires_grad_(true);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what hybrid_train builds and runs on, from Debian 12's packages.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+packages=(
+  cmake g++ make ccache pkg-config zlib1g-dev
+  libtorch-dev libopenblas0-pthread      # without OpenBLAS, libtorch falls back to reference BLAS
+  libopenmpi-dev openmpi-bin
+  libcli11-dev libtomlplusplus-dev
+  googletest libgtest-dev libbenchmark-dev
+  dataset-fashion-mnist
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
