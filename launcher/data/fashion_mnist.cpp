@@ -64,8 +64,8 @@ std::string find_file(const std::string& dir, const std::string& stem) {
     const std::string path = (std::filesystem::path(dir) / (stem + suffix)).string();
     if (std::filesystem::exists(path)) return path;
   }
-  throw UserError(dir + ": no " + stem + "[.gz] here; install Debian's dataset-fashion-mnist (files in " +
-                  kDefaultFashionMnistDir + ") or point the data path at a folder holding it");
+  throw UserError("no " + stem + "[.gz] in this folder; install Debian's dataset-fashion-mnist (files in " +
+                  kDefaultFashionMnistDir + ") or point data.path at a folder holding the idx files");
 }
 
 }  // namespace

@@ -1,0 +1,19 @@
+#pragma once
+// The command line: hybrid_train CONFIG.toml [--section.key=value ...] | --help | --version
+
+#include "launcher/config/config_loader.h"
+
+#include <string>
+#include <vector>
+
+namespace ht {
+
+struct CommandLine {
+  std::string config_path;
+  std::vector<ConfigOverride> overrides;
+  int exit_code = -1;  // >= 0: the command line was fully handled (help, version, error)
+};
+
+CommandLine parse_command_line(int argc, const char* const* argv);
+
+}  // namespace ht

@@ -1,0 +1,114 @@
+#pragma once
+// The job's configuration: one struct per TOML section, with defaults. Every field's type,
+// documentation, allowed values and the rules that check it live in one table,
+// launcher/config/config_schema.cpp; parsing, overrides, --help, the resolved config and the
+// README reference are all generated from that table.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+struct JobConfig {
+  std::string name = "run";
+  int64_t seed = 1;
+  std::string output_dir = "runs/run";
+};
+
+// Architecture knobs of every model; each applies to the models the schema says.
+struct ModelConfig {
+  std::string name;                              // required
+  std::vector<int64_t> hidden{256, 256};         // mlp
+  std::vector<int64_t> channels{32, 64};         // convnet
+  int64_t fc_hidden = 128;                       // convnet
+  int64_t depth = 18;                            // resnet
+  int64_t width = 64;                            // resnet, supernet
+  std::vector<int64_t> stage_blocks;             // resnet
+  bool small_input = true;                       // resnet
+  int64_t n_layer = 6, n_head = 8, n_embd = 256;  // gpt
+  int64_t block_size = 128;                      // gpt
+  int64_t num_blocks = 4;                        // supernet
+  double dropout = 0.0;                          // mlp, convnet, gpt
+};
+
+struct DataConfig {
+  std::string dataset;                       // required: fashion_mnist | synthetic | text
+  std::string path;                          // folder (fashion_mnist) or file (text)
+  double eval_fraction = 0.1;                // text: share held out for evaluation
+  int64_t synthetic_samples = 4096;
+  int64_t synthetic_eval_samples = 1024;
+  std::vector<int64_t> synthetic_shape{3, 32, 32};
+  int64_t synthetic_classes = 10;            // classes, or vocabulary size for gpt
+  bool shuffle = true;
+};
+
+struct TrainingConfig {
+  std::string device = "cpu";
+  int64_t threads = 0;
+  int64_t steps = 0;
+  int64_t epochs = 1;
+  int64_t global_batch_size = 64;
+  int64_t micro_batch_size = 0;
+  std::string optimizer = "sgd";
+  double lr = 0.05;
+  double min_lr = 0.0;
+  std::string schedule = "cosine";
+  int64_t warmup_steps = 0;
+  double momentum = 0.9;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.0;
+  double grad_clip = 0.0;
+  int64_t eval_interval = 0;
+  int64_t eval_batches = 0;
+  std::string mixed_precision = "off";
+};
+
+struct ParallelConfig {
+  int64_t data_parallel = 1;
+  int64_t pipeline_parallel = 1;
+  std::string pipeline_schedule = "1f1b";
+  int64_t bucket_mb = 25;
+};
+
+struct MemoryConfig {
+  std::string policy = "none";
+  std::string budget;
+  double eviction_threshold = 0.9;
+};
+
+struct CheckpointConfig {
+  int64_t interval = 0;
+  int64_t keep = 3;
+  std::string resume;
+  std::string dir;
+};
+
+struct MetricsConfig {
+  int64_t log_interval = 10;
+};
+
+struct Config {
+  JobConfig job;
+  ModelConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  ParallelConfig parallel;
+  MemoryConfig memory;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+
+  // Derived, not read from the file.
+  std::string source;  // the config file's path
+  int64_t micro_batches() const {
+    return training.micro_batch_size > 0 ? training.global_batch_size / training.micro_batch_size : 1;
+  }
+  int64_t micro_batch_size() const {
+    return training.micro_batch_size > 0 ? training.micro_batch_size : training.global_batch_size;
+  }
+  std::string checkpoint_dir() const {
+    return checkpoint.dir.empty() ? job.output_dir + "/checkpoints" : checkpoint.dir;
+  }
+};
+
+}  // namespace ht

@@ -1,0 +1,273 @@
+#include "launcher/config/config_schema.h"
+
+#include <iomanip>
+#include <sstream>
+
+namespace ht {
+namespace {
+
+template <typename T> constexpr ValueType value_type_of();
+template <> constexpr ValueType value_type_of<int64_t>() { return ValueType::kInt; }
+template <> constexpr ValueType value_type_of<double>() { return ValueType::kFloat; }
+template <> constexpr ValueType value_type_of<bool>() { return ValueType::kBool; }
+template <> constexpr ValueType value_type_of<std::string>() { return ValueType::kString; }
+template <> constexpr ValueType value_type_of<std::vector<int64_t>>() { return ValueType::kIntList; }
+
+// Builds a FieldSpec from member pointers, so reading and writing the struct cannot disagree
+// with the declared type.
+class Field {
+ public:
+  template <typename Section, typename T>
+  Field(Section Config::*section_member, T Section::*member, const char* section, const char* key,
+        const char* doc) {
+    spec_.section = section;
+    spec_.key = key;
+    spec_.doc = doc;
+    spec_.type = value_type_of<T>();
+    spec_.set = [=](Config& c, const ConfigValue& v) { (c.*section_member).*member = std::get<T>(v); };
+    spec_.get = [=](const Config& c) { return ConfigValue((c.*section_member).*member); };
+  }
+  Field& choices(std::vector<std::string> values) { spec_.choices = std::move(values); return *this; }
+  Field& min(double v) { spec_.min = v; return *this; }
+  Field& max(double v) { spec_.max = v; return *this; }
+  Field& required() { spec_.required = true; return *this; }
+  Field& only_for_models(const std::vector<std::string>& models) {
+    std::string words;
+    for (const auto& m : models) words += (words.empty() ? "" : " or ") + m;
+    return only_when("model.name = " + words, [models](const Config& c) {
+      for (const auto& m : models)
+        if (c.model.name == m) return true;
+      return false;
+    });
+  }
+  Field& only_when(std::string words, std::function<bool(const Config&)> predicate) {
+    spec_.applies_when = std::move(words);
+    spec_.applies = std::move(predicate);
+    return *this;
+  }
+  Field& not_built(const char* what) { spec_.not_built = what; return *this; }
+  operator FieldSpec() const { return spec_; }  // NOLINT: the builder's purpose
+
+ private:
+  FieldSpec spec_;
+};
+
+bool uses_images(const Config& c) { return c.model.name != "gpt"; }
+
+using C = Config;
+
+void add_job_fields(std::vector<FieldSpec>& f) {
+  f.push_back(Field(&C::job, &JobConfig::name, "job", "name", "name of the run, in logs and the summary"));
+  f.push_back(Field(&C::job, &JobConfig::seed, "job", "seed",
+                    "seed of initialization, data order, dropout and dynamic-graph choices").min(0));
+  f.push_back(Field(&C::job, &JobConfig::output_dir, "job", "output_dir",
+                    "folder for config.resolved.toml, metrics.jsonl, summary.json and checkpoints"));
+}
+
+void add_model_fields(std::vector<FieldSpec>& f) {
+  f.push_back(Field(&C::model, &ModelConfig::name, "model", "name", "which model to train")
+                  .choices({"mlp", "convnet", "resnet", "gpt", "supernet"}).required());
+  f.push_back(Field(&C::model, &ModelConfig::hidden, "model", "hidden", "hidden layer widths")
+                  .min(1).only_for_models({"mlp"}));
+  f.push_back(Field(&C::model, &ModelConfig::channels, "model", "channels",
+                    "channels of each conv block (each halves the resolution)")
+                  .min(1).only_for_models({"convnet"}));
+  f.push_back(Field(&C::model, &ModelConfig::fc_hidden, "model", "fc_hidden", "width of the classifier's hidden layer")
+                  .min(1).only_for_models({"convnet"}));
+  f.push_back(Field(&C::model, &ModelConfig::depth, "model", "depth", "18 and 34 use BasicBlock, 50 Bottleneck")
+                  .min(18).max(50).only_for_models({"resnet"}));
+  f.push_back(Field(&C::model, &ModelConfig::width, "model", "width",
+                    "channels of the first stage (resnet, doubled per stage) or of every block (supernet)")
+                  .min(1).only_for_models({"resnet", "supernet"}));
+  f.push_back(Field(&C::model, &ModelConfig::stage_blocks, "model", "stage_blocks",
+                    "blocks per stage; empty: the depth's standard layout")
+                  .min(1).only_for_models({"resnet"}));
+  f.push_back(Field(&C::model, &ModelConfig::small_input, "model", "small_input",
+                    "3x3 stride-1 stem for small images; false: ImageNet's 7x7 stride-2 stem and max pool")
+                  .only_for_models({"resnet"}));
+  f.push_back(Field(&C::model, &ModelConfig::n_layer, "model", "n_layer", "transformer blocks").min(1).only_for_models({"gpt"}));
+  f.push_back(Field(&C::model, &ModelConfig::n_head, "model", "n_head", "attention heads").min(1).only_for_models({"gpt"}));
+  f.push_back(Field(&C::model, &ModelConfig::n_embd, "model", "n_embd", "embedding width").min(1).only_for_models({"gpt"}));
+  f.push_back(Field(&C::model, &ModelConfig::block_size, "model", "block_size", "sequence length (tokens per sample)")
+                  .min(1).only_for_models({"gpt"}));
+  f.push_back(Field(&C::model, &ModelConfig::num_blocks, "model", "num_blocks", "choice blocks")
+                  .min(1).only_for_models({"supernet"}));
+  f.push_back(Field(&C::model, &ModelConfig::dropout, "model", "dropout", "dropout probability")
+                  .min(0).max(0.99).only_for_models({"mlp", "convnet", "gpt"}));
+}
+
+void add_data_fields(std::vector<FieldSpec>& f) {
+  f.push_back(Field(&C::data, &DataConfig::dataset, "data", "dataset",
+                    "fashion_mnist (idx files), synthetic (generated, learnable), text (characters of a file, for gpt)")
+                  .choices({"fashion_mnist", "synthetic", "text"}).required());
+  f.push_back(Field(&C::data, &DataConfig::path, "data", "path",
+                    "fashion_mnist: folder of the idx files (default: Debian's); text: the file")
+                  .only_when("data.dataset = fashion_mnist or text",
+                             [](const Config& c) { return c.data.dataset != "synthetic"; }));
+  f.push_back(Field(&C::data, &DataConfig::eval_fraction, "data", "eval_fraction", "share of the text held out for evaluation")
+                  .min(0.001).max(0.5)
+                  .only_when("data.dataset = text", [](const Config& c) { return c.data.dataset == "text"; }));
+  auto synthetic = [](const Config& c) { return c.data.dataset == "synthetic"; };
+  f.push_back(Field(&C::data, &DataConfig::synthetic_samples, "data", "synthetic_samples", "training samples")
+                  .min(1).only_when("data.dataset = synthetic", synthetic));
+  f.push_back(Field(&C::data, &DataConfig::synthetic_eval_samples, "data", "synthetic_eval_samples", "evaluation samples")
+                  .min(1).only_when("data.dataset = synthetic", synthetic));
+  f.push_back(Field(&C::data, &DataConfig::synthetic_shape, "data", "synthetic_shape", "shape of one image sample")
+                  .min(1).only_when("data.dataset = synthetic and an image model",
+                                    [=](const Config& c) { return synthetic(c) && uses_images(c); }));
+  f.push_back(Field(&C::data, &DataConfig::synthetic_classes, "data", "synthetic_classes",
+                    "classes (image models) or vocabulary size (gpt)")
+                  .min(2).only_when("data.dataset = synthetic", synthetic));
+  f.push_back(Field(&C::data, &DataConfig::shuffle, "data", "shuffle", "reshuffle the training set every epoch (by job.seed and epoch)"));
+}
+
+void add_training_fields(std::vector<FieldSpec>& f) {
+  f.push_back(Field(&C::training, &TrainingConfig::device, "training", "device", "cpu, cuda or cuda:N"));
+  f.push_back(Field(&C::training, &TrainingConfig::threads, "training", "threads", "ATen threads; 0: all hardware threads").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::steps, "training", "steps", "optimizer steps; 0: train for `epochs`").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::epochs, "training", "epochs", "passes over the training set")
+                  .min(1).only_when("training.steps = 0", [](const Config& c) { return c.training.steps == 0; }));
+  f.push_back(Field(&C::training, &TrainingConfig::global_batch_size, "training", "global_batch_size",
+                    "samples per optimizer step").min(1));
+  f.push_back(Field(&C::training, &TrainingConfig::micro_batch_size, "training", "micro_batch_size",
+                    "samples per forward/backward; global_batch_size must be a multiple; 0: the global batch")
+                  .min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::optimizer, "training", "optimizer", "sgd (with momentum) or adamw")
+                  .choices({"sgd", "adamw"}));
+  f.push_back(Field(&C::training, &TrainingConfig::lr, "training", "lr", "peak learning rate").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::min_lr, "training", "min_lr", "learning rate at the end of the cosine")
+                  .min(0).only_when("training.schedule = cosine", [](const Config& c) { return c.training.schedule == "cosine"; }));
+  f.push_back(Field(&C::training, &TrainingConfig::schedule, "training", "schedule",
+                    "learning rate after warmup: constant, or cosine decay to min_lr").choices({"constant", "cosine"}));
+  f.push_back(Field(&C::training, &TrainingConfig::warmup_steps, "training", "warmup_steps", "linear warmup from 0 to lr").min(0));
+  auto sgd = [](const Config& c) { return c.training.optimizer == "sgd"; };
+  auto adamw = [](const Config& c) { return c.training.optimizer == "adamw"; };
+  f.push_back(Field(&C::training, &TrainingConfig::momentum, "training", "momentum", "SGD momentum")
+                  .min(0).max(0.9999).only_when("training.optimizer = sgd", sgd));
+  f.push_back(Field(&C::training, &TrainingConfig::beta1, "training", "beta1", "AdamW first-moment decay")
+                  .min(0).max(0.9999).only_when("training.optimizer = adamw", adamw));
+  f.push_back(Field(&C::training, &TrainingConfig::beta2, "training", "beta2", "AdamW second-moment decay")
+                  .min(0).max(0.99999).only_when("training.optimizer = adamw", adamw));
+  f.push_back(Field(&C::training, &TrainingConfig::eps, "training", "eps", "AdamW epsilon")
+                  .min(0).only_when("training.optimizer = adamw", adamw));
+  f.push_back(Field(&C::training, &TrainingConfig::weight_decay, "training", "weight_decay",
+                    "L2 penalty (sgd) or decoupled weight decay (adamw)").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::grad_clip, "training", "grad_clip", "clip the global gradient norm to this; 0: off").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::eval_interval, "training", "eval_interval",
+                    "evaluate every this many steps; 0: after each epoch and at the end").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::eval_batches, "training", "eval_batches",
+                    "batches per evaluation; 0: the whole evaluation split").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::mixed_precision, "training", "mixed_precision", "off, bf16 or fp16")
+                  .choices({"off", "bf16", "fp16"}).not_built("automatic mixed precision (issue 5)"));
+}
+
+void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
+  f.push_back(Field(&C::parallel, &ParallelConfig::data_parallel, "parallel", "data_parallel", "data-parallel replicas")
+                  .min(1).not_built("data parallelism (issue 6)"));
+  f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_parallel, "parallel", "pipeline_parallel", "pipeline stages")
+                  .min(1).not_built("pipeline parallelism"));
+  f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_schedule, "parallel", "pipeline_schedule", "gpipe or 1f1b")
+                  .choices({"gpipe", "1f1b"}).not_built("pipeline parallelism"));
+  f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
+                  .min(1).not_built("data parallelism (issue 6)"));
+  // [memory]
+  f.push_back(Field(&C::memory, &MemoryConfig::policy, "memory", "policy", "none, or dtr (evict and recompute activations)")
+                  .choices({"none", "dtr"}).not_built("the DTR memory manager (issue 4)"));
+  f.push_back(Field(&C::memory, &MemoryConfig::budget, "memory", "budget", "bytes per rank, e.g. \"1.5GiB\" or \"60%\"")
+                  .not_built("the DTR memory manager (issue 4)"));
+  f.push_back(Field(&C::memory, &MemoryConfig::eviction_threshold, "memory", "eviction_threshold",
+                    "start evicting at this share of the budget").min(0.1).max(1.0)
+                  .not_built("the DTR memory manager (issue 4)"));
+}
+
+void add_checkpoint_and_metrics_fields(std::vector<FieldSpec>& f) {
+  auto checkpointing = [](const Config& c) { return c.checkpoint.interval > 0 || !c.checkpoint.resume.empty(); };
+  f.push_back(Field(&C::checkpoint, &CheckpointConfig::interval, "checkpoint", "interval",
+                    "save every this many steps (and at the end); 0: never").min(0));
+  f.push_back(Field(&C::checkpoint, &CheckpointConfig::keep, "checkpoint", "keep", "checkpoints to keep (the newest)")
+                  .min(1).only_when("checkpoint.interval > 0",
+                                    [](const Config& c) { return c.checkpoint.interval > 0; }));
+  f.push_back(Field(&C::checkpoint, &CheckpointConfig::resume, "checkpoint", "resume",
+                    "\"latest\" (newest valid checkpoint, if any) or a checkpoint's folder; empty: start afresh"));
+  f.push_back(Field(&C::checkpoint, &CheckpointConfig::dir, "checkpoint", "dir", "checkpoint folder; empty: <job.output_dir>/checkpoints")
+                  .only_when("checkpointing (interval > 0 or resume)", checkpointing));
+  // [metrics]
+  f.push_back(Field(&C::metrics, &MetricsConfig::log_interval, "metrics", "log_interval",
+                    "steps between metrics.jsonl records and log lines").min(1));
+}
+
+std::vector<FieldSpec> build_schema() {
+  std::vector<FieldSpec> f;
+  add_job_fields(f);
+  add_model_fields(f);
+  add_data_fields(f);
+  add_training_fields(f);
+  add_parallel_and_memory_fields(f);
+  add_checkpoint_and_metrics_fields(f);
+  return f;
+}
+
+}  // namespace
+
+const std::vector<FieldSpec>& config_schema() {
+  static const std::vector<FieldSpec> schema = build_schema();
+  return schema;
+}
+
+const std::vector<std::string>& config_sections() {
+  static const std::vector<std::string> sections{"job", "model", "data", "training",
+                                                 "parallel", "memory", "checkpoint", "metrics"};
+  return sections;
+}
+
+const FieldSpec* find_field(const std::string& section, const std::string& key) {
+  for (const FieldSpec& f : config_schema())
+    if (f.section == section && f.key == key) return &f;
+  return nullptr;
+}
+
+std::string type_name(ValueType type) {
+  switch (type) {
+    case ValueType::kInt: return "integer";
+    case ValueType::kFloat: return "number";
+    case ValueType::kBool: return "boolean";
+    case ValueType::kString: return "string";
+    case ValueType::kIntList: return "list of integers";
+  }
+  return "?";
+}
+
+std::string limit_text(const FieldSpec& field, double limit) {
+  if (field.type == ValueType::kFloat) return to_toml(limit);
+  return std::to_string(static_cast<int64_t>(limit));
+}
+
+std::string to_toml(const ConfigValue& value) {
+  struct Render {
+    std::string operator()(int64_t v) const { return std::to_string(v); }
+    std::string operator()(double v) const {
+      std::ostringstream out;
+      out << std::setprecision(15) << v;
+      std::string s = out.str();
+      if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // stays a TOML float
+      return s;
+    }
+    std::string operator()(bool v) const { return v ? "true" : "false"; }
+    std::string operator()(const std::string& v) const {
+      std::string out = "\"";
+      for (char ch : v) {
+        if (ch == '"' || ch == '\\') out += '\\';
+        out += ch;
+      }
+      return out + "\"";
+    }
+    std::string operator()(const std::vector<int64_t>& v) const {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+      return out + "]";
+    }
+  };
+  return std::visit(Render{}, value);
+}
+
+}  // namespace ht

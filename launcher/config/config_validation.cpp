@@ -1,0 +1,128 @@
+#include "launcher/config/config_validation.h"
+
+#include "launcher/config/config_schema.h"
+#include "launcher/data/fashion_mnist.h"
+#include "launcher/user_error.h"
+
+#include <ATen/Context.h>
+
+#include <regex>
+
+namespace ht {
+namespace {
+
+class Rules {
+ public:
+  Rules(Config& c, const std::map<std::string, std::string>& where) : c_(c), where_(where) {}
+
+  // "file:line:col: " of a key if the user set it, else the config file.
+  std::string loc(const std::string& path) const {
+    auto it = where_.find(path);
+    return (it != where_.end() ? it->second : c_.source) + ": ";
+  }
+  bool is_set(const std::string& path) const { return where_.count(path) != 0; }
+
+  void features_not_built() const {
+    const Config defaults;
+    for (const FieldSpec& f : config_schema()) {
+      if (f.not_built.empty() || f.get(c_) == f.get(defaults)) continue;
+      throw UserError(loc(f.path()) + f.path() + " = " + to_toml(f.get(c_)) + ": " + f.not_built +
+                      " is not built yet; remove the key or use " + to_toml(f.get(defaults)));
+    }
+  }
+
+  void batch_sizes() const {
+    const auto& t = c_.training;
+    if (t.micro_batch_size > 0 && t.global_batch_size % t.micro_batch_size != 0) {
+      std::string divisors;
+      for (int64_t d = 1; d <= t.global_batch_size; ++d)
+        if (t.global_batch_size % d == 0 && d < t.global_batch_size) divisors = std::to_string(d);
+      throw UserError(loc("training.micro_batch_size") + "training.global_batch_size = " +
+                      std::to_string(t.global_batch_size) + " is not a multiple of training.micro_batch_size = " +
+                      std::to_string(t.micro_batch_size) + "; use a divisor of the global batch (e.g. " + divisors +
+                      ") or 0 for no accumulation");
+    }
+  }
+
+  void device() const {
+    static const std::regex pattern("cpu|cuda(:[0-9]+)?");
+    const std::string& d = c_.training.device;
+    if (!std::regex_match(d, pattern)) {
+      throw UserError(loc("training.device") + "training.device = \"" + d +
+                      "\" is not a device; use \"cpu\", \"cuda\" or \"cuda:N\"");
+    }
+    if (d != "cpu" && !at::hasCUDA()) {
+      throw UserError(loc("training.device") + "training.device = \"" + d +
+                      "\" but this build's libtorch has no CUDA or no GPU is visible; use \"cpu\"");
+    }
+  }
+
+  void learning_rate() const {
+    if (c_.training.min_lr > c_.training.lr) {
+      throw UserError(loc("training.min_lr") + "training.min_lr = " + to_toml(c_.training.min_lr) +
+                      " exceeds training.lr = " + to_toml(c_.training.lr) + "; use a min_lr <= lr");
+    }
+  }
+
+  void model_shape() const {
+    const auto& m = c_.model;
+    if (m.name == "resnet" && m.depth != 18 && m.depth != 34 && m.depth != 50) {
+      throw UserError(loc("model.depth") + "model.depth = " + std::to_string(m.depth) + ": use 18, 34 or 50");
+    }
+    if (m.name == "gpt" && m.n_embd % m.n_head != 0) {
+      throw UserError(loc("model.n_head") + "model.n_embd = " + std::to_string(m.n_embd) +
+                      " is not divisible by model.n_head = " + std::to_string(m.n_head) +
+                      "; choose n_head dividing n_embd");
+    }
+  }
+
+  void model_and_data() {
+    auto& d = c_.data;
+    const bool tokens = c_.model.name == "gpt";
+    if (tokens && d.dataset == "fashion_mnist") {
+      throw UserError(loc("data.dataset") + "model.name = \"gpt\" trains on tokens: use data.dataset = \"text\" "
+                      "or \"synthetic\", not \"fashion_mnist\"");
+    }
+    if (!tokens && d.dataset == "text") {
+      throw UserError(loc("data.dataset") + "data.dataset = \"text\" gives tokens, which only model.name = \"gpt\" "
+                      "takes; use \"fashion_mnist\" or \"synthetic\" for " + c_.model.name);
+    }
+    if (d.dataset == "fashion_mnist" && d.path.empty()) d.path = kDefaultFashionMnistDir;
+    if (d.dataset == "text" && d.path.empty()) {
+      throw UserError(loc("data.dataset") + "data.path is required with data.dataset = \"text\": a text file, e.g. "
+                      "\"/usr/share/common-licenses/GPL-3\"");
+    }
+    if (!tokens && d.dataset == "synthetic" && c_.model.name != "mlp" && d.synthetic_shape.size() != 3) {
+      throw UserError(loc("data.synthetic_shape") + "model.name = \"" + c_.model.name +
+                      "\" takes images: data.synthetic_shape must be [channels, height, width]");
+    }
+  }
+
+  std::vector<std::string> ineffective_options() const {
+    std::vector<std::string> warnings;
+    for (const FieldSpec& f : config_schema()) {
+      if (!f.applies || !is_set(f.path()) || f.applies(c_)) continue;
+      warnings.push_back(loc(f.path()) + f.path() + " has no effect: it applies only when " + f.applies_when);
+    }
+    return warnings;
+  }
+
+ private:
+  Config& c_;
+  const std::map<std::string, std::string>& where_;
+};
+
+}  // namespace
+
+std::vector<std::string> validate_config(Config& config, const std::map<std::string, std::string>& where) {
+  Rules rules(config, where);
+  rules.features_not_built();
+  rules.batch_sizes();
+  rules.device();
+  rules.learning_rate();
+  rules.model_shape();
+  rules.model_and_data();
+  return rules.ineffective_options();
+}
+
+}  // namespace ht

@@ -1,0 +1,22 @@
+#pragma once
+// One training job from a validated config: data, model, resume point, training, outputs.
+// hybrid_train's main() and the integration tests both run jobs through this.
+
+#include "launcher/config/config.h"
+#include "launcher/training/trainer.h"
+#include "models/model.h"
+
+#include <memory>
+
+namespace ht {
+
+struct JobOutcome {
+  std::shared_ptr<Model> model;  // trained parameters and buffers
+  TrainResult result;
+};
+
+// Throws UserError for bad input before writing anything. `quiet` skips the resolved config and
+// plan on stdout (tests).
+JobOutcome run_job(const Config& config, bool quiet = false);
+
+}  // namespace ht

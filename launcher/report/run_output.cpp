@@ -1,0 +1,97 @@
+#include "launcher/report/run_output.h"
+
+#include "launcher/user_error.h"
+
+#include <cstdio>
+#include <fcntl.h>
+#include <filesystem>
+#include <unistd.h>
+
+namespace ht {
+namespace {
+
+void write_atomically(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out.flush()) throw UserError(tmp.string() + ": write failed; is the disk full?");
+  }
+  const int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+std::string clock_text(double seconds) {
+  const long s = static_cast<long>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+  return buf;
+}
+
+}  // namespace
+
+RunOutput::RunOutput(const std::string& dir, const std::string& resolved_config, bool append) : dir_(dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw UserError("job.output_dir = \"" + dir + "\": cannot create it (" + ec.message() + ")");
+  write_atomically(std::filesystem::path(dir) / "config.resolved.toml", resolved_config);
+  metrics_.open(std::filesystem::path(dir) / "metrics.jsonl", append ? std::ios::app : std::ios::trunc);
+  if (!metrics_) throw UserError(dir + "/metrics.jsonl: cannot open for writing");
+}
+
+void RunOutput::metrics(const JsonObject& record) {
+  metrics_ << record.str() << '\n';
+  metrics_.flush();  // a crashed run keeps every line written so far
+}
+
+void RunOutput::summary(const JsonObject& summary) const {
+  write_atomically(std::filesystem::path(dir_) / "summary.json", summary.str() + "\n");
+}
+
+Progress::Progress(int64_t total_steps, int64_t log_interval)
+    : total_(total_steps), interval_(log_interval), tty_(::isatty(::fileno(stdout)) != 0),
+      start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
+
+void Progress::step(int64_t step, double loss, double lr, double samples_per_s) {
+  const auto now = std::chrono::steady_clock::now();
+  if (first_step_ < 0) {
+    first_step_ = step - 1;
+    start_ = now;
+  }
+  const bool last = step == total_;
+  if (tty_ && !last && now - last_draw_ < std::chrono::milliseconds(250)) return;
+  if (!tty_ && !last && step % interval_ != 0) return;
+  last_draw_ = now;
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double per_step = elapsed / static_cast<double>(std::max<int64_t>(1, step - first_step_));
+  char text[200];
+  std::snprintf(text, sizeof(text), "step %lld/%lld  loss %.4f  lr %.3g  %.0f samples/s  elapsed %s  ETA %s",
+                static_cast<long long>(step), static_cast<long long>(total_), loss, lr, samples_per_s,
+                clock_text(elapsed).c_str(), clock_text(per_step * static_cast<double>(total_ - step)).c_str());
+  if (tty_) {
+    std::printf("\r\033[K%s", text);
+    line_open_ = true;
+  } else {
+    std::printf("%s\n", text);
+  }
+  std::fflush(stdout);
+}
+
+void Progress::line(const std::string& text) {
+  if (line_open_) std::printf("\r\033[K");
+  std::printf("%s\n", text.c_str());
+  line_open_ = false;
+  std::fflush(stdout);
+}
+
+void Progress::finish() {
+  if (line_open_) std::printf("\n");
+  line_open_ = false;
+  std::fflush(stdout);
+}
+
+}  // namespace ht

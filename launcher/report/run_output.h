@@ -1,0 +1,47 @@
+#pragma once
+// Everything a run writes: the output folder with config.resolved.toml, metrics.jsonl (one JSON
+// object per logged step or evaluation) and summary.json; and what it shows: a progress line on a
+// terminal, a log line every log interval otherwise.
+
+#include "launcher/report/json.h"
+
+#include <chrono>
+#include <fstream>
+#include <string>
+
+namespace ht {
+
+class RunOutput {
+ public:
+  // Creates the folder and writes config.resolved.toml. `append` keeps an existing metrics.jsonl
+  // (resuming); otherwise it starts empty.
+  RunOutput(const std::string& dir, const std::string& resolved_config, bool append);
+
+  void metrics(const JsonObject& record);
+  // Written atomically (temporary name, fsync, rename).
+  void summary(const JsonObject& summary) const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::ofstream metrics_;
+};
+
+class Progress {
+ public:
+  Progress(int64_t total_steps, int64_t log_interval);
+  // After optimizer step `step` (1-based): a refreshed line on a terminal, else every log_interval.
+  void step(int64_t step, double loss, double lr, double samples_per_s);
+  // A whole line (an evaluation, a checkpoint, a warning), printed above the progress line.
+  void line(const std::string& text);
+  void finish();
+
+ private:
+  int64_t total_, interval_;
+  bool tty_;
+  bool line_open_ = false;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  int64_t first_step_ = -1;
+};
+
+}  // namespace ht

@@ -1,0 +1,28 @@
+#pragma once
+// The optimizer (torch::optim, fed our gradients), the learning-rate schedule (linear warmup,
+// then constant or cosine decay) and global-norm gradient clipping.
+
+#include "launcher/config/config.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <vector>
+
+namespace ht {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingConfig& t,
+                                                        const std::vector<at::Tensor>& params);
+
+// Learning rate for the optimizer step with 0-based index `step` of `total_steps`.
+double learning_rate_at(const TrainingConfig& t, int64_t step, int64_t total_steps);
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+// Returns the global L2 norm of the gradients; when max_norm > 0 and the norm exceeds it, scales
+// every gradient by max_norm / norm.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+// Sets every gradient to undefined (libtorch 1.13's zero_grad() zeroes in place instead).
+void clear_grads(const std::vector<at::Tensor>& params);
+
+}  // namespace ht

@@ -1,0 +1,176 @@
+#include "launcher/training/trainer.h"
+
+#include "launcher/training/optimizer.h"
+#include "memory/cpu_allocation_counter.h"
+
+#include <chrono>
+#include <cmath>
+
+namespace ht {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model)
+    : config_(config), data_(std::move(data)), model_(std::move(model)), params_(model_->parameters()),
+      optimizer_(make_optimizer(config.training, params_)),
+      sampler_(data_.train->size(), config.training.global_batch_size, static_cast<uint64_t>(config.job.seed),
+               config.data.shuffle),
+      interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}),
+      checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
+      total_steps_(config.training.steps > 0 ? config.training.steps
+                                             : config.training.epochs * sampler_.batches_per_epoch()),
+      progress_(total_steps_, config.metrics.log_interval) {
+  model_->train();
+}
+
+void Trainer::resume_from(const std::string& folder) {
+  state_ = CheckpointStore::load(folder, *model_, *optimizer_);
+  sampler_.seek(state_.sampler);
+  interp_.set_seed_counter(state_.seed_counter);
+  result_.resumed_from_step = state_.step;
+  progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
+}
+
+double Trainer::forward_backward(const Batch& micro, double loss_scale) {
+  Tensor loss = model_->loss(model_->forward(interp_.input(micro.input.to(device_))),
+                             interp_.input(micro.target.to(device_)));
+  // d(scale * loss) = scale * d(loss): seeding backward with the scale adds no op to the graph.
+  interp_.backward({loss}, {at::full(loss.sizes(), loss_scale, loss.options())});
+  return loss.value().item<double>();
+}
+
+Trainer::StepResult Trainer::train_step() {
+  CpuAllocationCounter& counter = CpuAllocationCounter::install();
+  counter.reset_peak();
+  interp_.memory().reset_peak();
+  const auto start = std::chrono::steady_clock::now();
+  StepResult r;
+  const Batch batch = data_.train->batch(sampler_.next());
+  const int64_t micro_batches = config_.micro_batches(), micro_size = config_.micro_batch_size();
+  for (int64_t k = 0; k < micro_batches; ++k) {
+    const Batch micro{batch.input.narrow(0, k * micro_size, micro_size),
+                      batch.target.narrow(0, k * micro_size, micro_size)};
+    r.loss += forward_backward(micro, 1.0 / static_cast<double>(micro_batches)) / static_cast<double>(micro_batches);
+  }
+  // Gradients of the whole global batch are complete here: data parallelism all-reduces them at
+  // this point, once per optimizer step, never per micro-batch (issue 6).
+  r.grad_norm = clip_grad_norm(params_, config_.training.grad_clip);
+  r.lr = learning_rate_at(config_.training, state_.step, total_steps_);
+  set_learning_rate(*optimizer_, r.lr);
+  optimizer_->step();
+  clear_grads(params_);
+  ++state_.step;
+  state_.sampler = sampler_.position();
+  state_.seed_counter = interp_.seed_counter();
+  r.ms = seconds_since(start) * 1e3;
+  if (device_.is_cpu()) r.mem_peak_bytes = counter.peak_bytes();
+  return r;
+}
+
+TrainResult Trainer::run(RunOutput& output) {
+  output_ = &output;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first = state_.step;
+  StepResult last;
+  while (state_.step < total_steps_) {
+    last = train_step();
+    result_.final_loss = last.loss;
+    result_.mem_peak_bytes = std::max(result_.mem_peak_bytes, last.mem_peak_bytes);
+    if (!std::isfinite(last.loss)) {
+      progress_.line("warning: loss is " + std::to_string(last.loss) + " at step " + std::to_string(state_.step) +
+                     "; try a lower training.lr or training.grad_clip");
+    }
+    progress_.step(state_.step, last.loss, last.lr, config_.training.global_batch_size / (last.ms / 1e3));
+    if (state_.step % config_.metrics.log_interval == 0 || state_.step == total_steps_) log_step(last);
+    if (eval_due()) log_eval(evaluate());
+    const int64_t every = config_.checkpoint.interval;
+    if (every > 0 && (state_.step % every == 0 || state_.step == total_steps_)) save_checkpoint();
+  }
+  progress_.finish();
+  result_.steps = state_.step;
+  result_.seconds = seconds_since(start);
+  result_.samples = (state_.step - first) * config_.training.global_batch_size;
+  return result_;
+}
+
+bool Trainer::eval_due() const {
+  if (state_.step == total_steps_) return true;
+  const int64_t every = config_.training.eval_interval;
+  if (every > 0) return state_.step % every == 0;
+  return state_.step % sampler_.batches_per_epoch() == 0;  // end of an epoch
+}
+
+EvalResult Trainer::evaluate() {
+  // Its own interpreter: evaluation never draws from the training seed stream, so when and how
+  // often it runs cannot change training.
+  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1});
+  NoGradGuard no_grad(interp);
+  model_->eval();
+  const Dataset& eval = *data_.eval;
+  const int64_t batch = config_.micro_batch_size();
+  int64_t batches = eval.size() / batch + (eval.size() % batch ? 1 : 0);
+  if (config_.training.eval_batches > 0) batches = std::min(batches, config_.training.eval_batches);
+  double loss_sum = 0;
+  int64_t correct = 0, samples = 0;
+  for (int64_t b = 0; b < batches; ++b) {
+    const int64_t n = std::min(batch, eval.size() - b * batch);
+    const Batch data = eval.slice(b * batch, n);
+    const at::Tensor target = data.target.to(device_);
+    Tensor out = model_->forward(interp.input(data.input.to(device_)));
+    loss_sum += model_->loss(out, interp.input(target)).value().item<double>() * static_cast<double>(n);
+    if (data_.info.task == Task::kClassification) {
+      correct += out.value().argmax(1).eq(target).sum().item<int64_t>();
+    }
+    samples += n;
+  }
+  model_->train();
+  EvalResult r;
+  r.samples = samples;
+  r.loss = loss_sum / static_cast<double>(samples);
+  if (data_.info.task == Task::kClassification) {
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(samples);
+  } else {
+    r.perplexity = std::exp(r.loss);
+  }
+  result_.eval = r;
+  return r;
+}
+
+void Trainer::log_step(const StepResult& r) {
+  const MemoryStats& mem = interp_.memory().stats();
+  JsonObject record;
+  record.add("event", "train").add("step", state_.step).add("epoch", state_.sampler.epoch).add("loss", r.loss)
+      .add("lr", r.lr).add("grad_norm", r.grad_norm).add("step_ms", r.ms)
+      .add("samples_per_s", static_cast<double>(config_.training.global_batch_size) / (r.ms / 1e3))
+      .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
+      .add("activation_peak_bytes", mem.peak_resident_bytes).add("recomputations", mem.recomputations);
+  output_->metrics(record);
+}
+
+void Trainer::log_eval(const EvalResult& e) {
+  JsonObject record;
+  record.add("event", "eval").add("step", state_.step).add("eval_loss", e.loss).add("eval_samples", e.samples);
+  std::string text = "eval at step " + std::to_string(state_.step) + ": loss " + std::to_string(e.loss);
+  if (e.accuracy) {
+    record.add("eval_accuracy", *e.accuracy);
+    text += ", accuracy " + std::to_string(*e.accuracy);
+  }
+  if (e.perplexity) {
+    record.add("eval_perplexity", *e.perplexity);
+    text += ", perplexity " + std::to_string(*e.perplexity);
+  }
+  output_->metrics(record);
+  progress_.line(text);
+}
+
+void Trainer::save_checkpoint() {
+  const std::string folder = checkpoints_.save(*model_, *optimizer_, state_);
+  progress_.line("checkpoint " + folder);
+}
+
+}  // namespace ht

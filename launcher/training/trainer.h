@@ -1,0 +1,81 @@
+#pragma once
+// The training loop. One step: the global batch is cut into micro-batches; each runs forward and
+// backward through the interpreter, gradients accumulating in the parameters' .grad(); then the
+// gradients are clipped and the optimizer steps with the scheduled learning rate. Evaluation,
+// metrics and checkpoints happen at their intervals.
+
+#include "launcher/config/config.h"
+#include "launcher/data/dataset.h"
+#include "launcher/data/sampler.h"
+#include "launcher/report/run_output.h"
+#include "launcher/training/checkpoint.h"
+#include "runtime/interpreter.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <optional>
+
+namespace ht {
+
+struct EvalResult {
+  double loss = 0;
+  std::optional<double> accuracy;    // classification
+  std::optional<double> perplexity;  // language models
+  int64_t samples = 0;
+};
+
+struct TrainResult {
+  int64_t steps = 0, resumed_from_step = 0;
+  double final_loss = 0;
+  std::optional<EvalResult> eval;
+  int64_t mem_peak_bytes = -1;  // -1: not measured on this device
+  double seconds = 0;
+  int64_t samples = 0;
+};
+
+class Trainer {
+ public:
+  // Checks that model, data and batch sizes fit (UserError otherwise) and writes nothing.
+  Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model);
+
+  // Continues from a verified checkpoint folder.
+  void resume_from(const std::string& folder);
+  // Trains to the configured step count, writing metrics and checkpoints.
+  TrainResult run(RunOutput& output);
+  EvalResult evaluate();
+
+  int64_t total_steps() const { return total_steps_; }
+  int64_t steps_per_epoch() const { return sampler_.batches_per_epoch(); }
+  const TrainerState& state() const { return state_; }
+  Model& model() { return *model_; }
+
+ private:
+  struct StepResult {
+    double loss = 0, grad_norm = 0, lr = 0, ms = 0;
+    int64_t mem_peak_bytes = -1;
+  };
+  StepResult train_step();
+  double forward_backward(const Batch& micro, double loss_scale);
+  bool eval_due() const;
+  void log_step(const StepResult& r);
+  void log_eval(const EvalResult& e);
+  void save_checkpoint();
+
+  const Config& config_;
+  DataSplits data_;
+  std::shared_ptr<Model> model_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  Sampler sampler_;
+  Interpreter interp_;
+  CheckpointStore checkpoints_;
+  RunOutput* output_ = nullptr;  // during run()
+  at::Device device_;
+  int64_t total_steps_;
+  Progress progress_;
+  TrainerState state_;
+  TrainResult result_;
+};
+
+}  // namespace ht

@@ -1,0 +1,105 @@
+// The command line: overrides, help, version; and hybrid_train run as a process on bad input:
+// exit status 2, one error line, nothing written.
+#include "launcher/cli.h"
+#include "tests/support/temp_dir.h"
+
+#include <gmock/gmock.h>
+
+#include <array>
+#include <cstdio>
+#include <sys/wait.h>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+CommandLine parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "hybrid_train");
+  return parse_command_line(static_cast<int>(args.size()), args.data());
+}
+
+TEST(CommandLine, ConfigAndOverridesInBothForms) {
+  const CommandLine cl = parse({"job.toml", "--training.steps=20", "--model.name", "resnet"});
+  EXPECT_EQ(cl.exit_code, -1);
+  EXPECT_EQ(cl.config_path, "job.toml");
+  ASSERT_EQ(cl.overrides.size(), 2u);
+  EXPECT_EQ(cl.overrides[0].path, "training.steps");
+  EXPECT_EQ(cl.overrides[0].value, "20");
+  EXPECT_EQ(cl.overrides[1].path, "model.name");
+  EXPECT_EQ(cl.overrides[1].value, "resnet");
+}
+
+TEST(CommandLine, BadArguments) {
+  EXPECT_THROW(parse({}), UserError);                                   // no config
+  EXPECT_THROW(parse({"job.toml", "--training.steps"}), UserError);    // no value
+  EXPECT_THROW(parse({"job.toml", "stray"}), UserError);                // stray positional
+}
+
+TEST(CommandLine, HelpAndVersionExitZero) {
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(parse({"--help"}).exit_code, 0);
+  const std::string help = testing::internal::GetCapturedStdout();
+  EXPECT_THAT(help, HasSubstr("[training]"));
+  EXPECT_THAT(help, HasSubstr("global_batch_size (integer: >= 1, default 64)"));
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(parse({"--version"}).exit_code, 0);
+  EXPECT_THAT(testing::internal::GetCapturedStdout(), HasSubstr("hybrid_train "));
+}
+
+struct ProcessResult {
+  int status;
+  std::string output;
+};
+
+ProcessResult run_binary(const std::string& args) {
+  const std::string command = std::string(HT_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer{};
+  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) output += buffer.data();
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+class BadInputProcess : public ::testing::Test {
+ protected:
+  void expect_refused(const std::string& toml, const std::string& args, const std::string& message) {
+    const std::string out = dir_.path("out");
+    const ProcessResult r = run_binary(dir_.write("job.toml", toml) + " --job.output_dir=" + out + " " + args);
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_THAT(r.output, ::testing::StartsWith("hybrid_train: error: "));
+    EXPECT_THAT(r.output, HasSubstr(message));
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+    EXPECT_FALSE(std::filesystem::exists(out)) << "nothing may be written";
+  }
+  TempDir dir_;
+};
+
+const char* kMlp = "[model]\nname = \"mlp\"\n[data]\ndataset = \"synthetic\"\n";
+
+TEST_F(BadInputProcess, EachKindExitsTwoWritingNothing) {
+  expect_refused(std::string(kMlp) + "[trainig]\n", "", "job.toml:5:2: unknown section [trainig]");
+  expect_refused(kMlp, "--training.stpes=3", "argument --training.stpes=3: unknown key");
+  expect_refused(kMlp, "--training.steps=-1", "argument --training.steps=-1: training.steps: -1 is out of range");
+  expect_refused(kMlp, "--training.steps=x", "argument --training.steps=x: training.steps: expected an integer");
+  expect_refused("[data]\ndataset = \"synthetic\"\n", "", "job.toml: model.name is required");
+  expect_refused(kMlp, "--model.name=vgg", "argument --model.name=vgg: model.name: \"vgg\" is not allowed");
+  expect_refused("[model\n", "", "job.toml:1:7: TOML syntax error");
+  expect_refused("[model]\nname = \"mlp\"\n[data]\ndataset = \"fashion_mnist\"\npath = \"/nonexistent\"\n", "",
+                 "job.toml: data.path = \"/nonexistent\": no train-images-idx3-ubyte[.gz] in this folder");
+  expect_refused("[model]\nname = \"gpt\"\n[data]\ndataset = \"text\"\npath = \"/nonexistent.txt\"\n", "",
+                 "job.toml: data.path = \"/nonexistent.txt\": cannot read this text file");
+  expect_refused(kMlp, "--checkpoint.resume=/nonexistent/step_1", "checkpoint.resume = \"/nonexistent/step_1\"");
+  expect_refused(kMlp, "--data.synthetic_samples=8 --training.global_batch_size=16",
+                 "data: 8 training samples are fewer than training.global_batch_size = 16");
+}
+
+TEST_F(BadInputProcess, MissingConfigFile) {
+  const ProcessResult r = run_binary(dir_.path("nope.toml"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.output, HasSubstr("nope.toml: cannot read the config file"));
+}
+
+}  // namespace
+}  // namespace ht::test

@@ -1,0 +1,154 @@
+// Every kind of bad config gives one message naming file:line:column (or the argument), the
+// key, the bad value and what is allowed.
+#include "tests/support/temp_dir.h"
+
+#include <ATen/Context.h>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* kGood = R"(
+[model]
+name = "mlp"
+[data]
+dataset = "synthetic"
+)";
+
+class ConfigErrors : public ::testing::Test {
+ protected:
+  std::string error_in(const std::string& toml, const std::vector<std::string>& args = {}) {
+    std::vector<ConfigOverride> overrides;
+    for (const auto& a : args) overrides.push_back(override_of(a));
+    return load_error(dir_.write("job.toml", toml), overrides);
+  }
+  TempDir dir_;
+};
+
+TEST_F(ConfigErrors, GoodConfigLoads) { EXPECT_EQ(error_in(kGood), ""); }
+
+TEST_F(ConfigErrors, UnknownSectionSuggestsNearest) {
+  const std::string e = error_in(std::string(kGood) + "[trainig]\nsteps = 5\n");
+  EXPECT_THAT(e, HasSubstr("job.toml:6:2: unknown section [trainig]; did you mean [training]?"));
+}
+
+TEST_F(ConfigErrors, UnknownKeySuggestsNearest) {
+  const std::string e = error_in(std::string(kGood) + "[training]\nstpes = 5\n");
+  EXPECT_THAT(e, HasSubstr("job.toml:7:1: unknown key training.stpes; did you mean training.steps?"));
+}
+
+TEST_F(ConfigErrors, KeyOutsideSection) {
+  EXPECT_THAT(error_in(std::string("steps = 5\n") + kGood),
+              HasSubstr("job.toml:1:1: key 'steps' must be inside a section; did you mean training.steps"));
+}
+
+TEST_F(ConfigErrors, WrongType) {
+  EXPECT_THAT(error_in(std::string(kGood) + "[training]\nsteps = \"five\"\n"),
+              HasSubstr("job.toml:7:9: training.steps: expected an integer, got a string (\"five\")"));
+  EXPECT_THAT(error_in(std::string(kGood) + "[training]\nsteps = 2.5\n"),
+              HasSubstr("training.steps: expected an integer, got a number"));
+  EXPECT_THAT(error_in(std::string(kGood) + "[model]\n"), HasSubstr("TOML syntax error"));  // redefined table
+  EXPECT_THAT(error_in(R"([model]
+name = "mlp"
+hidden = [64, "wide"]
+[data]
+dataset = "synthetic"
+)"),
+              HasSubstr("job.toml:3:10: model.hidden: expected a list of integers, but an element is a string"));
+}
+
+TEST_F(ConfigErrors, OutOfRange) {
+  EXPECT_THAT(error_in(std::string(kGood) + "[training]\nsteps = -5\n"),
+              HasSubstr("job.toml:7:9: training.steps: -5 is out of range: must be >= 0"));
+  EXPECT_THAT(error_in(R"([model]
+name = "mlp"
+dropout = 1.5
+[data]
+dataset = "synthetic"
+)"),
+              HasSubstr("job.toml:3:11: model.dropout: 1.5 is out of range: must be <= 0.99"));
+}
+
+TEST_F(ConfigErrors, MissingRequiredValue) {
+  EXPECT_THAT(error_in("[data]\ndataset = \"synthetic\"\n"),
+              HasSubstr("job.toml: model.name is required: one of \"mlp\" \"convnet\" \"resnet\" \"gpt\" \"supernet\""));
+  EXPECT_THAT(error_in("[model]\nname = \"mlp\"\n"), HasSubstr("data.dataset is required"));
+}
+
+TEST_F(ConfigErrors, UnknownModelSuggestsNearest) {
+  EXPECT_THAT(error_in("[model]\nname = \"resnt\"\n[data]\ndataset = \"synthetic\"\n"),
+              HasSubstr("job.toml:2:8: model.name: \"resnt\" is not allowed; expected one of \"mlp\" \"convnet\" "
+                        "\"resnet\" \"gpt\" \"supernet\" (did you mean \"resnet\"?)"));
+}
+
+TEST_F(ConfigErrors, TomlSyntaxError) {
+  EXPECT_THAT(error_in("[model\nname = \"mlp\"\n"), HasSubstr("job.toml:1:7: TOML syntax error:"));
+}
+
+TEST_F(ConfigErrors, UnreadableConfigFile) {
+  EXPECT_THAT(load_error(dir_.path("missing.toml")),
+              HasSubstr("missing.toml: cannot read the config file (does it exist? try configs/quickstart.toml)"));
+}
+
+TEST_F(ConfigErrors, FeaturesNotBuiltYetAreRefused) {
+  EXPECT_THAT(error_in(std::string(kGood) + "[memory]\npolicy = \"dtr\"\n"),
+              HasSubstr("job.toml:7:10: memory.policy = \"dtr\": the DTR memory manager (issue 4) is not built yet; "
+                        "remove the key or use \"none\""));
+  EXPECT_THAT(error_in(kGood, {"--parallel.data_parallel=2"}),
+              HasSubstr("argument --parallel.data_parallel=2: parallel.data_parallel = 2: data parallelism"));
+  EXPECT_THAT(error_in(kGood, {"--training.mixed_precision=bf16"}), HasSubstr("not built yet"));
+}
+
+TEST_F(ConfigErrors, CrossKeyRules) {
+  EXPECT_THAT(error_in(kGood, {"--training.global_batch_size=64", "--training.micro_batch_size=24"}),
+              HasSubstr("training.global_batch_size = 64 is not a multiple of training.micro_batch_size = 24; "
+                        "use a divisor of the global batch (e.g. 32)"));
+  EXPECT_THAT(error_in(kGood, {"--training.device=gpu"}),
+              HasSubstr("training.device = \"gpu\" is not a device; use \"cpu\", \"cuda\" or \"cuda:N\""));
+  if (!at::hasCUDA()) {
+    EXPECT_THAT(error_in(kGood, {"--training.device=cuda"}), HasSubstr("has no CUDA or no GPU is visible"));
+  }
+  EXPECT_THAT(error_in(kGood, {"--training.min_lr=1.0"}), HasSubstr("training.min_lr = 1.0 exceeds training.lr"));
+  EXPECT_THAT(error_in("[model]\nname = \"gpt\"\nn_head = 3\n[data]\ndataset = \"synthetic\"\n"),
+              HasSubstr("job.toml:3:10: model.n_embd = 256 is not divisible by model.n_head = 3"));
+  EXPECT_THAT(error_in("[model]\nname = \"resnet\"\ndepth = 20\n[data]\ndataset = \"synthetic\"\n"),
+              HasSubstr("model.depth = 20: use 18, 34 or 50"));
+}
+
+TEST_F(ConfigErrors, ModelAndDataMustFit) {
+  EXPECT_THAT(error_in("[model]\nname = \"gpt\"\n[data]\ndataset = \"fashion_mnist\"\n"),
+              HasSubstr("model.name = \"gpt\" trains on tokens"));
+  EXPECT_THAT(error_in("[model]\nname = \"convnet\"\n[data]\ndataset = \"text\"\npath = \"x\"\n"),
+              HasSubstr("only model.name = \"gpt\" takes"));
+  EXPECT_THAT(error_in("[model]\nname = \"gpt\"\n[data]\ndataset = \"text\"\n"),
+              HasSubstr("data.path is required with data.dataset = \"text\""));
+}
+
+TEST_F(ConfigErrors, OverridesAreTypeCheckedAndWin) {
+  EXPECT_THAT(error_in(kGood, {"--training.lr=fast"}),
+              HasSubstr("argument --training.lr=fast: training.lr: expected a number, got 'fast'"));
+  EXPECT_THAT(error_in(kGood, {"--trainng.lr=0.1"}),
+              HasSubstr("argument --trainng.lr=0.1: unknown key trainng.lr; did you mean --training.lr?"));
+  EXPECT_THAT(error_in(kGood, {"--lr=0.1"}), HasSubstr("overrides look like --section.key=value"));
+  const std::string file = dir_.write("o.toml", std::string(kGood) + "[training]\nsteps = 7\n");
+  const Config c = load_config(file, {override_of("--training.steps=20"), override_of("--model.name=gpt"),
+                                      override_of("--model.hidden=[8, 4]")}).config;
+  EXPECT_EQ(c.training.steps, 20);
+  EXPECT_EQ(c.model.name, "gpt");  // a string may be typed without quotes
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{8, 4}));
+}
+
+TEST_F(ConfigErrors, OptionsWithoutEffectWarn) {
+  const std::string file = dir_.write("w.toml", std::string(kGood) + "[training]\nmomentum = 0.8\noptimizer = \"adamw\"\n");
+  const LoadedConfig loaded = load_config(file, {override_of("--model.depth=50")});
+  ASSERT_EQ(loaded.warnings.size(), 2u);
+  EXPECT_THAT(loaded.warnings[0], HasSubstr("argument --model.depth=50: model.depth has no effect: it applies only "
+                                            "when model.name = resnet"));
+  EXPECT_THAT(loaded.warnings[1], HasSubstr("w.toml:7:12: training.momentum has no effect: it applies only when "
+                                            "training.optimizer = sgd"));
+  EXPECT_TRUE(load_config(dir_.write("g.toml", kGood), {}).warnings.empty());
+}
+
+}  // namespace
+}  // namespace ht::test

@@ -1,0 +1,56 @@
+#pragma once
+// A fresh folder per test, removed afterwards, and helpers to put config files in it.
+
+#include "launcher/config/config_loader.h"
+#include "launcher/user_error.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace ht::test {
+
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = "ht_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
+                       std::to_string(::getpid());
+    for (char& ch : name)
+      if (ch == '/') ch = '_';  // parameterized tests are named Suite/Test/0
+    path_ = (std::filesystem::temp_directory_path() / name).string();
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string path(const std::string& name = "") const { return (std::filesystem::path(path_) / name).string(); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name)) << text;
+    return path(name);
+  }
+
+ private:
+  std::string path_;
+};
+
+// The UserError message load_config gives, or "" when the config loads.
+inline std::string load_error(const std::string& file, const std::vector<ConfigOverride>& overrides = {}) {
+  try {
+    load_config(file, overrides);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline ConfigOverride override_of(const std::string& argument) {
+  const size_t eq = argument.find('=');
+  return {argument.substr(2, eq - 2), argument.substr(eq + 1), argument};
+}
+
+}  // namespace ht::test
