@@ -5,6 +5,8 @@
 //   memory -> runtime: Rematerializer, what a memory policy may ask of the interpreter.
 // Leaves (parameters, inputs) are never reported: they are not the memory manager's to move.
 
+#include <cstdint>
+
 namespace ht {
 
 struct TensorInfo;
@@ -17,6 +19,9 @@ class MemoryHooks {
   // and pinned. This is where a budget makes room.
   virtual void before_kernel(const ComputePath& path, bool recompute) = 0;
   virtual void after_kernel(const ComputePath& path, bool recompute, double kernel_ms) = 0;
+  // The backward of an op call is about to run (its saved values resident and pinned): its
+  // gradients need room too.
+  virtual void before_backward(const ComputePath& path) = 0;
   virtual void on_resident(TensorInfo& t) = 0;   // data attached (computed or regenerated)
   virtual void on_dropped(TensorInfo& t) = 0;    // data detached (evicted, or nobody reads it)
   virtual void on_destroyed(TensorInfo& t) = 0;  // the record itself is gone
@@ -29,6 +34,8 @@ class Rematerializer {
   virtual void evict(TensorInfo& t) = 0;
   // Make a dropped tensor resident again by re-running the op calls that produced it.
   virtual void regenerate(TensorInfo& t) = 0;
+  // The interpreter's clock (ticks, one per access): what staleness is measured in.
+  virtual uint64_t now() const = 0;
 };
 
 }  // namespace ht

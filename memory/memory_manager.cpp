@@ -1,50 +1,198 @@
 #include "memory/memory_manager.h"
 
+#include "memory/cpu_arena.h"
+#include "memory/cpu_device_allocator.h"
+#include "memory/memory_timeline.h"
+#include "runtime/op.h"
 #include "runtime/tensor_info.h"
 
 #include <algorithm>
-#include <vector>
+#include <limits>
 
 namespace ht {
+namespace {
 
-void MemoryManager::before_kernel(const ComputePath& /*path*/, bool /*recompute*/) {
-  // No budget yet: nothing to make room for.
+int64_t round_to_block(size_t bytes) {
+  const auto a = static_cast<int64_t>(CpuArena::kAlignment);
+  return std::max<int64_t>(a, (static_cast<int64_t>(bytes) + a - 1) / a * a);
 }
 
-void MemoryManager::after_kernel(const ComputePath& /*path*/, bool recompute, double kernel_ms) {
+const void* data_of(const TensorInfo& t) {
+  return t.value.defined() && t.value.has_storage() ? t.value.storage().data() : nullptr;
+}
+
+}  // namespace
+
+MemoryManager::~MemoryManager() {
+  if (out_of_memory_handler() == this) set_out_of_memory_handler(nullptr);
+}
+
+void MemoryManager::configure(MemoryOptions options) {
+  TORCH_CHECK(stats_.kernels == 0, "MemoryManager::configure: call it before the first kernel");
+  TORCH_CHECK(options.arena != nullptr || !options.eviction,
+              "MemoryManager::configure: eviction needs a budget (an arena)");
+  options_ = std::move(options);
+  owner_ = std::this_thread::get_id();
+  evictor_ = options_.eviction ? std::make_unique<Evictor>(*options_.eviction, options_.arena.get()) : nullptr;
+}
+
+void MemoryManager::reset_peak() {
+  stats_.peak_resident_bytes = stats_.resident_bytes;
+  stats_.fragmentation_at_peak = 0;
+  fragmentation_sampled_at_ = -1;
+}
+
+int64_t MemoryManager::arena_in_use() const { return options_.arena ? options_.arena->stats().in_use : 0; }
+
+void MemoryManager::before_kernel(const ComputePath& path, bool recompute) {
+  int64_t expected = 0;
+  if (recompute) {  // a regeneration's outputs are known in advance: make room for them too
+    for (const TensorInfo* out : path.outputs) {
+      if (out != nullptr && !out->resident() && (out->handle_refs > 0 || out->pin_count > 0)) expected += out->nbytes;
+    }
+  }
+  prepare(path, expected);
+}
+
+void MemoryManager::before_backward(const ComputePath& path) { prepare(path, 0); }
+
+void MemoryManager::prepare(const ComputePath& /*path*/, int64_t expected_bytes) {
+  if (!options_.arena) return;
+  const ArenaStats s = options_.arena->stats();
+  if (s.in_use > fragmentation_sampled_at_) {
+    fragmentation_sampled_at_ = s.in_use;
+    stats_.fragmentation_at_peak = s.fragmentation();
+  }
+  // Several interpreters may share the device (training, evaluation): the one running a kernel
+  // answers for the arena.
+  set_out_of_memory_handler(this);
+  if (!evictor_) return;
+  const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(options_.arena->capacity()));
+  while (options_.arena->stats().in_use + expected_bytes > target) {
+    TensorInfo* victim = evictor_->pick_victim(roots_, remat_.now());
+    if (victim == nullptr) break;  // what is left is pinned; an allocation may still fail
+    evict(*victim);
+  }
+}
+
+void MemoryManager::after_kernel(const ComputePath& path, bool recompute, double kernel_ms) {
   ++stats_.kernels;
   if (recompute) {
     ++stats_.recomputations;
     stats_.recompute_ms += kernel_ms;
   }
+  if (options_.timeline != nullptr) options_.timeline->kernel(path.op->traits().name, recompute, kernel_ms);
+}
+
+bool MemoryManager::make_room(size_t bytes) {
+  // Eviction touches the interpreter, which belongs to one thread; an allocation on an ATen
+  // worker fails instead, and the interpreter retries the kernel after making room here.
+  if (!evictor_ || making_room_ || std::this_thread::get_id() != owner_) return false;
+  // Another interpreter's device memory (benchmarks switch arenas): not ours to free.
+  if (active_arena() != options_.arena.get()) return false;
+  making_room_ = true;
+  const int64_t need = round_to_block(bytes);
+  bool ok = false;
+  while (true) {
+    const ArenaStats s = options_.arena->stats();
+    if (s.largest_free_block >= need) {
+      ok = true;
+      break;
+    }
+    // A block of `need` may be one eviction away (a tensor between free neighbours) even when
+    // the policy's favourite is elsewhere; failing that, the policy frees memory step by step.
+    TensorInfo* victim = pick_for_fragmentation(need);
+    if (victim == nullptr) victim = evictor_->pick_victim(roots_, remat_.now());
+    if (victim == nullptr) {
+      // Everything evictable is gone: what remains is needed now, so no smaller budget works.
+      stats_.min_budget_bytes = std::max(stats_.min_budget_bytes, s.in_use + need);
+      break;
+    }
+    evict(*victim);
+  }
+  making_room_ = false;
+  return ok;
+}
+
+TensorInfo* MemoryManager::pick_for_fragmentation(int64_t bytes) {
+  // Among the tensors whose block, joined with its free neighbours, makes a hole of `bytes`,
+  // the policy's favourite; null if evicting no single tensor does.
+  TensorInfo* best = nullptr;
+  double best_score = std::numeric_limits<double>::infinity();
+  const CpuArena& arena = *options_.arena;
+  for (TensorInfo* t : roots_) {
+    const void* data = data_of(*t);
+    if (data == nullptr || !arena.contains(data) || !t->evictable()) continue;
+    if (arena.free_span_if_freed(data) < bytes) continue;
+    const double s = evictor_->policy().score(*t, remat_.now());
+    if (best == nullptr || s < best_score) {
+      best = t;
+      best_score = s;
+    }
+  }
+  return best;
+}
+
+void MemoryManager::evict(TensorInfo& victim) {
+  const int64_t bytes = victim.nbytes;
+  if (options_.timeline != nullptr) {
+    options_.timeline->evicted(victim.producer ? victim.producer->op->traits().name : "?", victim.id, bytes);
+  }
+  remat_.evict(victim);
+  ++stats_.evictions;
+  stats_.evicted_bytes += bytes;
 }
 
 void MemoryManager::on_resident(TensorInfo& t) {
-  resident_.insert(&t);
   ++stats_.resident_tensors;
   stats_.resident_bytes += t.nbytes;
   stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, stats_.resident_bytes);
+  if (!t.is_view() && t.nbytes > 0) {
+    root_slot_.emplace(&t, roots_.size());
+    roots_.push_back(&t);
+  }
+  if (evictor_) evictor_->policy().on_resident(t);
+}
+
+void MemoryManager::forget(TensorInfo& t) {
+  --stats_.resident_tensors;
+  stats_.resident_bytes -= t.nbytes;
+  auto it = root_slot_.find(&t);
+  if (it == root_slot_.end()) return;
+  // Swap-remove keeps roots_ dense, so sampling stays O(1).
+  const size_t slot = it->second;
+  root_slot_.erase(it);
+  if (slot + 1 != roots_.size()) {
+    roots_[slot] = roots_.back();
+    root_slot_[roots_[slot]] = slot;
+  }
+  roots_.pop_back();
 }
 
 void MemoryManager::on_dropped(TensorInfo& t) {
-  if (resident_.erase(&t) == 0) return;
-  --stats_.resident_tensors;
-  stats_.resident_bytes -= t.nbytes;
+  forget(t);
+  if (evictor_) evictor_->policy().on_dropped(t);
 }
 
-void MemoryManager::on_destroyed(TensorInfo& t) { on_dropped(t); }
+void MemoryManager::on_destroyed(TensorInfo& t) {
+  if (t.resident()) forget(t);
+  if (evictor_) evictor_->policy().on_destroyed(t);
+}
 
 int64_t MemoryManager::evict_all() {
-  const std::vector<TensorInfo*> candidates(resident_.begin(), resident_.end());
+  // Roots only: a view owns no bytes, and evicting its root drops it. Evicting a root can release
+  // others (their last reader was a view), so re-scan until nothing changes.
   int64_t evicted = 0;
-  for (TensorInfo* t : candidates) {
-    // Evicting a root drops its views too, so re-check residency.
-    if (resident_.count(t) != 0 && t->evictable()) {
-      remat_.evict(*t);
-      ++evicted;
+  for (bool again = true; again;) {
+    again = false;
+    for (TensorInfo* t : std::vector<TensorInfo*>(roots_)) {
+      if (root_slot_.count(t) != 0 && t->evictable()) {
+        evict(*t);
+        ++evicted;
+        again = true;
+      }
     }
   }
-  stats_.evictions += evicted;
   return evicted;
 }
 

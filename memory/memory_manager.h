@@ -1,14 +1,39 @@
 #pragma once
-// The per-rank memory manager. In this version it keeps exact accounting of the interpreter's
-// non-leaf tensors (what is resident, how many bytes, the peak, regenerations); budgets and
-// eviction policies plug in here (DESIGN.md, "The memory manager").
+// The per-rank memory manager (DESIGN.md, "The memory manager"). It keeps exact accounting of
+// the interpreter's non-leaf tensors and, given a budget, keeps device memory within it:
+//  - the budget is a real capacity: an arena (cpu_arena.h) that ATen allocates from while an
+//    ArenaScope is alive (cpu_device_allocator.h);
+//  - before a kernel runs, it evicts by policy down to eviction_threshold of the budget;
+//  - when an allocation still does not fit, the allocator asks make_room(), which evicts by
+//    policy until the bytes are free, then, if the free memory is in pieces, evicts the tensor
+//    whose block joins free neighbours into a block large enough (fragmentation);
+//  - evicted tensors are regenerated on access by the interpreter (Rematerializer).
+// Without eviction options it only accounts, and a full arena is an out-of-memory error.
 
+#include "memory/cpu_device_allocator.h"
+#include "memory/eviction_policy.h"
 #include "memory/memory_hooks.h"
+#include "memory/out_of_memory.h"
 
+#include <algorithm>
 #include <cstdint>
-#include <unordered_set>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
 
 namespace ht {
+
+class CpuArena;
+class MemoryTimeline;
+
+struct MemoryOptions {
+  std::shared_ptr<CpuArena> arena;          // device memory of budget's size; null: unlimited
+  std::optional<EvictionOptions> eviction;  // null: never evict
+  double eviction_threshold = 0.9;          // before a kernel, evict down to this share of the budget
+  MemoryTimeline* timeline = nullptr;       // memory trace; null: none
+};
 
 struct MemoryStats {
   int64_t resident_bytes = 0;       // bytes of resident non-leaf storage now
@@ -16,31 +41,78 @@ struct MemoryStats {
   int64_t resident_tensors = 0;
   int64_t kernels = 0;              // kernels run, recomputations included
   int64_t recomputations = 0;       // kernels run to regenerate dropped data
-  int64_t evictions = 0;
+  int64_t evictions = 0;            // tensors dropped by a policy to make room
+  int64_t evicted_bytes = 0;
   double recompute_ms = 0;          // time spent in those kernels
+  // Fragmentation (1 - largest free block / free bytes) of the arena when its use was highest
+  // since reset_peak(), sampled before each kernel.
+  double fragmentation_at_peak = 0;
+  // The largest (bytes that could not be evicted + bytes asked) seen when memory ran out:
+  // no budget below it can work. 0 until memory ran out.
+  int64_t min_budget_bytes = 0;
 };
 
-class MemoryManager : public MemoryHooks {
+class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
  public:
   explicit MemoryManager(Rematerializer& remat) : remat_(remat) {}
+  ~MemoryManager() override;
+  MemoryManager(const MemoryManager&) = delete;
+  MemoryManager& operator=(const MemoryManager&) = delete;
+
+  // Before the first kernel. The thread that calls it is the one that may evict.
+  void configure(MemoryOptions options);
+  const MemoryOptions& options() const { return options_; }
+  CpuArena* arena() const { return options_.arena.get(); }
+  int64_t arena_in_use() const;  // 0 without a budget
 
   void before_kernel(const ComputePath& path, bool recompute) override;
   void after_kernel(const ComputePath& path, bool recompute, double kernel_ms) override;
+  void before_backward(const ComputePath& path) override;
   void on_resident(TensorInfo& t) override;
   void on_dropped(TensorInfo& t) override;
   void on_destroyed(TensorInfo& t) override;
+  bool make_room(size_t bytes) override;
+
+  // Runs `kernel`. Only this manager's thread may evict, so an allocation on an ATen worker
+  // thread that does not fit fails instead: make room here for what the kernel held then plus
+  // what it asked, and run it again (kernels are functional; random ones replay their seed).
+  // Rethrows when nothing more can be freed.
+  template <typename Kernel>
+  auto run_with_room(Kernel&& kernel) -> decltype(kernel()) {
+    for (int attempt = 1;; ++attempt) {
+      try {
+        return kernel();
+      } catch (const OutOfBudget& e) {
+        const int64_t held = std::max<int64_t>(e.in_use - arena_in_use(), 0);
+        if (attempt > 8 || !make_room(static_cast<size_t>(e.requested + held))) throw;
+      }
+    }
+  }
 
   const MemoryStats& stats() const { return stats_; }
-  void reset_peak() { stats_.peak_resident_bytes = stats_.resident_bytes; }
-  // Resident non-leaf tensors, roots and views: the candidates a policy chooses from.
-  const std::unordered_set<TensorInfo*>& resident() const { return resident_; }
+  void reset_peak();
+  void set_timeline(MemoryTimeline* timeline) { options_.timeline = timeline; }
+  // Resident root tensors that own bytes: the candidates a policy chooses from.
+  const std::vector<TensorInfo*>& candidates() const { return roots_; }
+  Evictor* evictor() { return evictor_.get(); }  // null without eviction
   // Drop the data of every evictable resident tensor (tests use it to exercise regeneration).
   int64_t evict_all();
 
  private:
+  void prepare(const ComputePath& path, int64_t expected_bytes);
+  void evict(TensorInfo& victim);
+  TensorInfo* pick_for_fragmentation(int64_t bytes);
+  void forget(TensorInfo& t);
+
   Rematerializer& remat_;
+  MemoryOptions options_;
+  std::unique_ptr<Evictor> evictor_;
+  std::thread::id owner_ = std::this_thread::get_id();
+  bool making_room_ = false;
+  int64_t fragmentation_sampled_at_ = -1;  // arena bytes in use when fragmentation_at_peak was taken
   MemoryStats stats_;
-  std::unordered_set<TensorInfo*> resident_;
+  std::vector<TensorInfo*> roots_;
+  std::unordered_map<TensorInfo*, size_t> root_slot_;  // index in roots_
 };
 
 }  // namespace ht

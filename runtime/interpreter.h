@@ -3,6 +3,7 @@
 // the inputs resident (regenerating dropped ones), runs and times the kernel, records the
 // ComputePath and, when gradients are wanted, a tape entry for reverse mode. One per rank.
 
+#include "memory/gradient_buffer.h"
 #include "memory/memory_manager.h"
 #include "runtime/op.h"
 #include "runtime/tape.h"
@@ -53,13 +54,18 @@ class Interpreter final : public Rematerializer {
   void set_seed_counter(uint64_t counter) { seed_counter_ = counter; }
 
   ExecutionMode mode() const { return options_.mode; }
+  // Parameters' gradients go into these slots (memory/gradient_buffer.h); null: kept as computed.
+  void set_gradient_buffer(const GradientBuffer* buffer) { gradient_buffer_ = buffer; }
+  const GradientBuffer* gradient_buffer() const { return gradient_buffer_; }
   MemoryManager& memory() { return memory_; }
+  const MemoryManager& memory() const { return memory_; }
   const Tape& tape() const { return tape_; }
   int64_t live_records() const { return live_records_; }
 
   // Rematerializer: what the memory manager (and tests) may ask.
   void evict(TensorInfo& t) override;
   void regenerate(TensorInfo& t) override { materialize(t); }
+  uint64_t now() const override { return tick_; }
 
   // --- Used by Tensor, Tape and TensorInfo; not for model code. ---
   // Makes `t` resident, re-running its producers from an explicit work stack (no recursion:
@@ -86,6 +92,7 @@ class Interpreter final : public Rematerializer {
   InterpreterOptions options_;
   MemoryManager memory_;
   Tape tape_;
+  const GradientBuffer* gradient_buffer_ = nullptr;
   bool grad_enabled_ = true;
   uint64_t seed_counter_ = 0;
   uint64_t next_id_ = 0;

@@ -16,6 +16,14 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
   // libtorch's AccumulateGrad does, steal the tensor when nobody else holds it (it may be shared,
   // e.g. add's backward hands one tensor to both inputs), and add in place afterwards.
   at::Tensor& acc = t.value.mutable_grad();
+  const GradientBuffer* buffer = t.owner->gradient_buffer();
+  if (!acc.defined() && buffer != nullptr) {
+    at::Tensor slot = buffer->slot(t.value);
+    if (slot.defined()) {
+      acc = slot.copy_(grad);
+      return;
+    }
+  }
   if (!acc.defined()) {
     const bool sole_owner = grad.use_count() == 1 && grad.storage().use_count() == 1;
     acc = sole_owner ? std::move(grad) : grad.clone();
@@ -95,12 +103,14 @@ void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
   };
   const std::vector<at::Tensor> inputs = values_of(entry.saved_inputs);
   const std::vector<at::Tensor> outputs = values_of(entry.saved_outputs);
+  interp.memory().before_backward(path);
 
   std::vector<at::Tensor> grads;
   {
     at::AutoGradMode no_autograd(false);
-    grads = path.op->backward(
-        BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
+    grads = interp.memory().run_with_room([&] {
+      return path.op->backward(BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
+    });
   }
   pin_all(-1);
   TORCH_INTERNAL_ASSERT(grads.size() == path.inputs.size(), path.op->traits().name,

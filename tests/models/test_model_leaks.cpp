@@ -1,6 +1,6 @@
 // After backward and a parameter update no activation storage stays alive: no interpreter
 // record, no resident byte, and ATen's CPU allocations back to the same level every step.
-#include "memory/cpu_allocation_counter.h"
+#include "memory/cpu_device_allocator.h"
 #include "tests/support/model_cases.h"
 
 #include <gtest/gtest.h>

@@ -1,0 +1,21 @@
+#pragma once
+// Memory sizes as people write them, for budgets and messages.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ht {
+
+// "1.5GiB", "800MiB", "64KiB" (powers of 1024), "2GB", "500MB", "64KB" (powers of 1000), "4096"
+// or "4096B" (bytes), or "60%" of `device_bytes`. Case-insensitive units, spaces allowed before
+// the unit. nullopt if malformed, not positive, or a share outside (0, 100].
+std::optional<int64_t> parse_byte_size(const std::string& text, int64_t device_bytes);
+
+// "1.50 GiB", "812.3 MiB", "900 B": three significant digits or so, binary units.
+std::string format_bytes(int64_t bytes);
+
+// Physical memory of this machine: what "60%" of a CPU device means.
+int64_t host_physical_memory_bytes();
+
+}  // namespace ht

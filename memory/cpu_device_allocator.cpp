@@ -1,0 +1,212 @@
+#include "memory/cpu_device_allocator.h"
+
+#include "memory/cpu_arena.h"
+#include "runtime/compat.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <vector>
+
+namespace ht {
+namespace {
+
+// Arenas that may still hold blocks: the live scope's, and retired ones until their last block
+// is freed (a tensor may outlive the scope it was allocated in).
+class ArenaRegistry {
+ public:
+  void add(std::shared_ptr<CpuArena> arena) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Entry& e : entries_) {
+      if (e.arena == arena) {  // active again (benchmarks switch between arenas)
+        e.retired = false;
+        return;
+      }
+    }
+    entries_.push_back({std::move(arena), false});
+    size_.store(entries_.size(), std::memory_order_release);
+  }
+  void retire(const CpuArena* arena) {
+    std::shared_ptr<CpuArena> last;  // destroyed outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].arena.get() != arena) continue;
+      entries_[i].retired = true;
+      if (arena->stats().blocks_in_use == 0) last = erase(i);
+      return;
+    }
+  }
+  // Frees `data` if an arena holds it; returns its block size, or -1 if no arena holds it.
+  int64_t release(void* data) {
+    if (size_.load(std::memory_order_acquire) == 0) return -1;
+    std::shared_ptr<CpuArena> last;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      CpuArena& arena = *entries_[i].arena;
+      if (!arena.contains(data)) continue;
+      const int64_t bytes = arena.block_bytes(data);
+      arena.deallocate(data);
+      if (entries_[i].retired && arena.stats().blocks_in_use == 0) last = erase(i);
+      return bytes;
+    }
+    return -1;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<CpuArena> arena;
+    bool retired;
+  };
+  std::shared_ptr<CpuArena> erase(size_t i) {
+    std::shared_ptr<CpuArena> arena = std::move(entries_[i].arena);
+    entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
+    size_.store(entries_.size(), std::memory_order_release);
+    return arena;
+  }
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+  std::atomic<size_t> size_{0};
+};
+
+std::atomic<CpuArena*> g_active_arena{nullptr};
+std::atomic<OutOfMemoryHandler*> g_oom_handler{nullptr};
+std::atomic<AllocationObserver*> g_observer{nullptr};
+// Process-wide, not per thread: a kernel's allocations on ATen's worker threads belong with it.
+std::atomic<Placement> g_placement{Placement::kOther};
+thread_local bool t_host_allocation = false;
+
+// Owns CPU memory directly: from the active arena, or posix_memalign with a small header
+// recording the block's size. The DataPtr's context is its data pointer and raw_deleter() is
+// set, because oneDNN allocates through raw_allocate(), which requires both.
+class DeviceAllocator final : public c10::Allocator {
+ public:
+  static constexpr size_t kAlignment = 64;  // what c10's CPU allocator guarantees
+  static constexpr size_t kHeader = kAlignment;
+
+  c10::DataPtr allocate(size_t n) HT_ALLOCATE_CONST override {
+    if (n == 0) return {nullptr, nullptr, &DeviceAllocator::release, c10::Device(c10::kCPU)};
+    CpuArena* arena = g_active_arena.load(std::memory_order_acquire);
+    void* data = arena != nullptr && !t_host_allocation ? from_arena(*arena, n) : from_host(n);
+    return {data, data, &DeviceAllocator::release, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &DeviceAllocator::release; }
+  HT_ALLOCATOR_COPY_DATA
+
+  static DeviceAllocator& instance();
+  ArenaRegistry& registry() { return registry_; }
+
+  int64_t current() const { return current_.load(std::memory_order_relaxed); }
+  int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(current(), std::memory_order_relaxed); }
+
+ private:
+  void* from_arena(CpuArena& arena, size_t n) const {
+    // Small blocks go with the rest even from a forward kernel: left among activations, a few
+    // bytes that outlive their neighbours split two holes that could have made one (PyTorch's
+    // caching allocator keeps a small pool apart for the same reason).
+    const int64_t small = std::min<int64_t>(int64_t{1} << 20, arena.capacity() / 256);
+    const bool activation = g_placement.load(std::memory_order_relaxed) == Placement::kActivation &&
+                            static_cast<int64_t>(n) >= small;
+    const CpuArena::End end = activation ? CpuArena::End::kLow : CpuArena::End::kHigh;
+    void* data = arena.allocate(n, end);
+    while (data == nullptr) {
+      OutOfMemoryHandler* handler = g_oom_handler.load(std::memory_order_acquire);
+      if (handler == nullptr || !handler->make_room(n)) throw_out_of_budget(arena, n);
+      data = arena.allocate(n, end);
+    }
+    const int64_t bytes = arena.block_bytes(data);
+    add(bytes);
+    if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_allocated(data, bytes);
+    return data;
+  }
+  void* from_host(size_t n) const {
+    void* base = nullptr;
+    if (posix_memalign(&base, kAlignment, n + kHeader) != 0) throw std::bad_alloc();
+    *static_cast<int64_t*>(base) = static_cast<int64_t>(n);
+    add(static_cast<int64_t>(n));
+    return static_cast<char*>(base) + kHeader;
+  }
+  [[noreturn]] static void throw_out_of_budget(const CpuArena& arena, size_t n) {
+    const ArenaStats s = arena.stats();
+    throw OutOfBudget("out of device memory: " + std::to_string(n) + " bytes asked, " + std::to_string(s.in_use) +
+                          " of " + std::to_string(s.capacity) + " in use, largest free block " +
+                          std::to_string(s.largest_free_block),
+                      static_cast<int64_t>(n), s.in_use, s.capacity, s.largest_free_block);
+  }
+  static void release(void* data) {
+    if (data == nullptr) return;
+    DeviceAllocator& self = instance();
+    const int64_t arena_bytes = self.registry_.release(data);
+    if (arena_bytes >= 0) {
+      self.current_.fetch_sub(arena_bytes, std::memory_order_relaxed);
+      if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_freed(data, arena_bytes);
+      return;
+    }
+    void* base = static_cast<char*>(data) - kHeader;
+    self.current_.fetch_sub(*static_cast<int64_t*>(base), std::memory_order_relaxed);
+    std::free(base);
+  }
+  void add(int64_t bytes) const {
+    const int64_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    int64_t seen = peak_.load(std::memory_order_relaxed);
+    while (now > seen && !peak_.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  ArenaRegistry registry_;
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
+};
+
+DeviceAllocator& DeviceAllocator::instance() {
+  // Never destroyed: tensors freed during static destruction still call release().
+  static DeviceAllocator* allocator = [] {
+    auto* a = new DeviceAllocator();
+    c10::SetCPUAllocator(a, /*priority=*/1);
+    return a;
+  }();
+  return *allocator;
+}
+
+}  // namespace
+
+CpuAllocationCounter& CpuAllocationCounter::install() {
+  DeviceAllocator::instance();
+  static CpuAllocationCounter counter;
+  return counter;
+}
+
+int64_t CpuAllocationCounter::current_bytes() const { return DeviceAllocator::instance().current(); }
+int64_t CpuAllocationCounter::peak_bytes() const { return DeviceAllocator::instance().peak(); }
+void CpuAllocationCounter::reset_peak() { DeviceAllocator::instance().reset_peak(); }
+
+ArenaScope::ArenaScope(std::shared_ptr<CpuArena> arena) : arena_(std::move(arena)) {
+  TORCH_CHECK(arena_ != nullptr, "ArenaScope: no arena");
+  TORCH_CHECK(active_arena() == nullptr, "ArenaScope: another arena is already active (one device memory per process)");
+  // Registered before it serves anything, so every block it hands out can be given back.
+  DeviceAllocator::instance().registry().add(arena_);
+  g_active_arena.store(arena_.get(), std::memory_order_release);
+}
+
+ArenaScope::~ArenaScope() {
+  g_active_arena.store(nullptr, std::memory_order_release);
+  DeviceAllocator::instance().registry().retire(arena_.get());
+}
+
+PlacementScope::PlacementScope(Placement placement)
+    : previous_(g_placement.exchange(placement, std::memory_order_relaxed)) {}
+PlacementScope::~PlacementScope() { g_placement.store(previous_, std::memory_order_relaxed); }
+
+HostAllocationScope::HostAllocationScope() : previous_(t_host_allocation) { t_host_allocation = true; }
+HostAllocationScope::~HostAllocationScope() { t_host_allocation = previous_; }
+
+CpuArena* active_arena() { return g_active_arena.load(std::memory_order_acquire); }
+void set_out_of_memory_handler(OutOfMemoryHandler* handler) { g_oom_handler.store(handler, std::memory_order_release); }
+OutOfMemoryHandler* out_of_memory_handler() { return g_oom_handler.load(std::memory_order_acquire); }
+void set_allocation_observer(AllocationObserver* observer) { g_observer.store(observer, std::memory_order_release); }
+
+}  // namespace ht

@@ -1,0 +1,98 @@
+#pragma once
+// ATen's CPU allocator is a process-wide singleton; this is the one place that wraps it. The
+// wrapper does two things:
+//  - counts the bytes ATen allocates on the CPU, whoever asks (our interpreter or libtorch's
+//    autograd), so both sides of a comparison are measured by one ruler (BENCHMARKING.md);
+//  - while an ArenaScope is alive, serves every CPU allocation (on any thread: ATen's workers
+//    allocate too) from that arena, so a budget on a CPU rank is a real capacity. An allocation
+//    that does not fit asks the OutOfMemoryHandler to make room, then throws OutOfBudget.
+// Allocations that bypass c10's allocator (the BLAS library's own buffers) are not seen.
+
+#include "memory/out_of_memory.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace ht {
+
+class CpuArena;
+
+class CpuAllocationCounter {
+ public:
+  // Installs the wrapping allocator on first use; later calls return the same counter.
+  static CpuAllocationCounter& install();
+
+  int64_t current_bytes() const;
+  int64_t peak_bytes() const;
+  // Starts a new peak measurement from the current level.
+  void reset_peak();
+
+ private:
+  CpuAllocationCounter() = default;
+};
+
+// Sees every allocation and free in the active arena (a memory trace). Called on any thread.
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  virtual void on_allocated(const void* data, int64_t bytes) = 0;
+  virtual void on_freed(const void* data, int64_t bytes) = 0;
+};
+
+// While alive, ATen's CPU allocations come from `arena` ("device memory"). One at a time; an
+// arena may be made active again later. The arena stays alive (it is shared) until the last
+// tensor allocated in it is freed, even if that is after the scope ends.
+class ArenaScope {
+ public:
+  explicit ArenaScope(std::shared_ptr<CpuArena> arena);
+  ~ArenaScope();
+  ArenaScope(const ArenaScope&) = delete;
+  ArenaScope& operator=(const ArenaScope&) = delete;
+  CpuArena& arena() const { return *arena_; }
+
+ private:
+  std::shared_ptr<CpuArena> arena_;
+};
+
+// Where a new block goes in the arena. The outputs of forward kernels (activations, which the
+// memory manager may evict and regenerate) come from its bottom; everything else (parameters,
+// optimizer state, gradients, batches, temporaries) from its top. When memory is in pieces,
+// the blocks between the pieces are then activations, which can be evicted to join them
+// (MemoryManager::make_room), not gradients or parameters, which cannot.
+enum class Placement : uint8_t { kOther, kActivation };
+
+// Sets the placement for every thread while alive (a kernel allocates on ATen's workers too);
+// restores the previous one after. The default is kOther.
+class PlacementScope {
+ public:
+  explicit PlacementScope(Placement placement);
+  ~PlacementScope();
+  PlacementScope(const PlacementScope&) = delete;
+  PlacementScope& operator=(const PlacementScope&) = delete;
+
+ private:
+  Placement previous_;
+};
+
+// While alive on this thread, CPU allocations bypass the arena: host buffers (checkpoint files,
+// later swap space) must not take device memory.
+class HostAllocationScope {
+ public:
+  HostAllocationScope();
+  ~HostAllocationScope();
+  HostAllocationScope(const HostAllocationScope&) = delete;
+  HostAllocationScope& operator=(const HostAllocationScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// The arena of the live ArenaScope, or null.
+CpuArena* active_arena();
+// Who is asked to make room when the active arena is full (the memory manager running a kernel).
+void set_out_of_memory_handler(OutOfMemoryHandler* handler);
+OutOfMemoryHandler* out_of_memory_handler();
+void set_allocation_observer(AllocationObserver* observer);
+
+}  // namespace ht

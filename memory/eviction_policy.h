@@ -1,0 +1,75 @@
+#pragma once
+// Eviction policies: which resident tensor to drop when memory is short. A policy only scores
+// candidates (lower score: evict first) and may keep its own view of the evicted graph; the
+// memory manager evicts, regenerates and accounts (memory_manager.h). Policies, after the DTR
+// paper (Kirisame et al. 2021) and MegEngine's engineering of it:
+//   dtr        h = (c + e*) / (m * s): compute cost c plus the cost of the evicted neighbourhood
+//              e* (evicted tensors that evicting this one would make dearer to regenerate),
+//              over bytes m times staleness s;
+//   dtr_eq     the same with e* approximated by union-find equivalence classes of evicted tensors;
+//   megengine  one-hop evicted neighbours, free bytes adjacent to the tensor's block added to m
+//              (evicting next to free memory grows a contiguous block), and a factor per earlier
+//              recomputation (a tensor that keeps coming back is expensive to evict);
+//   lru        least recently used first;  largest  largest first (baselines).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace ht {
+
+struct TensorInfo;
+class CpuArena;
+
+enum class EvictionHeuristic : uint8_t { kDtr, kDtrEq, kMegEngine, kLru, kLargest };
+
+std::optional<EvictionHeuristic> eviction_heuristic_from_name(const std::string& name);
+const char* eviction_heuristic_name(EvictionHeuristic heuristic);
+
+struct EvictionOptions {
+  EvictionHeuristic heuristic = EvictionHeuristic::kDtr;
+  bool sqrt_sampling = true;  // score ceil(sqrt(N)) random candidates, not all N (DTR paper)
+  bool ignore_small = true;   // skip candidates under 1% of the mean candidate size (DTR paper)
+  uint64_t seed = 0;          // of the sampling; eviction choices never change results
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+  // Lower is evicted first. `t` is a resident root; `now` the interpreter's tick.
+  virtual double score(const TensorInfo& t, uint64_t now) const = 0;
+  // The evicted graph changed (every non-leaf tensor, views included, is reported).
+  virtual void on_dropped(const TensorInfo& t) {}
+  virtual void on_resident(const TensorInfo& t) {}
+  virtual void on_destroyed(const TensorInfo& t) {}
+};
+
+// `arena` (may be null) lets megengine see free neighbours of a tensor's block.
+std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionHeuristic heuristic, const CpuArena* arena);
+
+// Chooses victims among candidates with the paper's approximations, then the policy's score.
+class Evictor {
+ public:
+  Evictor(EvictionOptions options, const CpuArena* arena);
+  // The evictable candidate (TensorInfo::evictable) with the lowest score; nullptr if none.
+  TensorInfo* pick_victim(const std::vector<TensorInfo*>& candidates, uint64_t now);
+  EvictionPolicy& policy() { return *policy_; }
+  const EvictionOptions& options() const { return options_; }
+
+ private:
+  TensorInfo* best_of(const std::vector<TensorInfo*>& pool, uint64_t now, double min_bytes) const;
+
+  EvictionOptions options_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::mt19937_64 rng_;
+};
+
+// Exposed for tests: the compute cost (ms) of the evicted neighbourhood of `t` that the dtr
+// policy adds to t's own cost; each producing op call is counted once, at most `limit` of them.
+double evicted_neighbourhood_cost(const TensorInfo& t, int limit = 256);
+
+}  // namespace ht

@@ -1,0 +1,30 @@
+#pragma once
+// One block of device memory for the gradients of a model's parameters, allocated once, before
+// training (at the top of the arena, with the parameters). Backward copies each parameter's
+// gradient into its slot instead of keeping the tensor its kernel allocated: under a budget,
+// gradients allocated afresh every step land between the activations that backward is still
+// regenerating, and cut the free memory into pieces no large activation fits in. (The same
+// flat layout is what bucketed all-reduce wants.)
+
+#include <ATen/core/Tensor.h>
+
+#include <unordered_map>
+#include <vector>
+
+namespace ht {
+
+class GradientBuffer {
+ public:
+  // Slots for every parameter that requires a gradient; one block per dtype and device.
+  explicit GradientBuffer(const std::vector<at::Tensor>& params);
+  // The slot of `param`'s gradient (a view of the block, its shape), or undefined.
+  at::Tensor slot(const at::Tensor& param) const;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<at::Tensor> blocks_;
+  std::unordered_map<const void*, at::Tensor> slots_;  // by TensorImpl
+  int64_t bytes_ = 0;
+};
+
+}  // namespace ht

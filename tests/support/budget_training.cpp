@@ -1,0 +1,67 @@
+#include "tests/support/budget_training.h"
+
+#include "memory/cpu_arena.h"
+#include "memory/cpu_device_allocator.h"
+#include "runtime/interpreter.h"
+
+#include <torch/optim/sgd.h>
+
+namespace ht::test {
+
+BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<EvictionHeuristic> heuristic,
+                          int steps, int64_t batch) {
+  constexpr uint64_t kSeed = 4;
+  BudgetRun run;
+  auto arena = std::make_shared<CpuArena>(capacity);
+  ArenaScope device(arena);
+  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed});
+  MemoryOptions options;
+  options.arena = arena;
+  if (heuristic) {
+    EvictionOptions e;
+    e.heuristic = *heuristic;
+    options.eviction = e;
+  }
+  interp.memory().configure(options);
+  try {
+    at::manual_seed(kSeed);
+    std::shared_ptr<Model> model = c.make();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    GradientBuffer gradients(model->parameters());
+    interp.set_gradient_buffer(&gradients);
+    const int64_t gradient_bytes = 0;  // in the arena from here on
+    for (int step = 0; step < steps; ++step) {
+      run.fixed_bytes = arena->stats().in_use + gradient_bytes;
+      at::manual_seed(100 + step);
+      auto [x, y] = c.data(batch);
+      Tensor loss = model->loss(model->forward(interp.input(x)), interp.input(y));
+      interp.backward(loss);
+      {
+        HostAllocationScope host;  // what the test keeps is not the model's memory
+        run.losses.push_back(loss.value().clone());
+      }
+      loss.reset();
+      sgd.step();
+      clear_grads(*model);
+      run.in_use_after.push_back(arena->stats().in_use);
+    }
+    HostAllocationScope host;
+    for (const at::Tensor& p : model->parameters()) run.state.push_back(p.detach().clone());
+    for (const at::Tensor& b : model->buffers()) run.state.push_back(b.clone());
+    run.live_records_after = interp.live_records();
+  } catch (const OutOfBudget& e) {
+    run.out_of_budget = true;
+    run.failure = std::string(e.what()) + " (in step " + std::to_string(run.losses.size() + 1) + ")";
+  }
+  run.stats = interp.memory().stats();
+  run.peak_in_use = arena->stats().peak_in_use;
+  return run;
+}
+
+int64_t budget_at(const BudgetRun& unoptimized, double ratio) {
+  const double activations = static_cast<double>(unoptimized.peak_in_use - unoptimized.fixed_bytes);
+  const auto bytes = unoptimized.fixed_bytes + static_cast<int64_t>(ratio * activations);
+  return (bytes + 63) / 64 * 64;
+}
+
+}  // namespace ht::test

@@ -1,0 +1,37 @@
+#pragma once
+// Test support: train a small model case for a few SGD steps with all of its device memory
+// (parameters, gradients, optimizer state, batches, activations) in an arena of a given size,
+// evicting with a given policy, and keep what a bit-identity check compares.
+
+#include "memory/eviction_policy.h"
+#include "memory/memory_manager.h"
+#include "tests/support/model_cases.h"
+
+#include <optional>
+#include <vector>
+
+namespace ht::test {
+
+struct BudgetRun {
+  bool out_of_budget = false;          // an allocation could not be served, even after evicting
+  std::string failure;                 // what OutOfBudget said
+  std::vector<at::Tensor> losses;      // per step
+  std::vector<at::Tensor> state;       // parameters then buffers after the last step
+  std::vector<int64_t> in_use_after;   // arena bytes in use after each step
+  int64_t peak_in_use = 0;             // arena peak over the run
+  // What no policy can evict: the arena bytes in use before the last step (parameters,
+  // optimizer state) plus the parameters' gradients, which all live at the end of backward.
+  int64_t fixed_bytes = 0;
+  MemoryStats stats;
+  int64_t live_records_after = 0;      // interpreter records alive after the last step
+};
+
+BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<EvictionHeuristic> heuristic,
+                          int steps = 3, int64_t batch = 4);
+
+// The budget that gives `ratio` of the unoptimized run's activation memory on top of its fixed
+// state: fixed + ratio * (peak - fixed), the DTR paper's convention, with parameters, their
+// gradients and optimizer state inside the budget.
+int64_t budget_at(const BudgetRun& unoptimized, double ratio);
+
+}  // namespace ht::test
