@@ -6,7 +6,9 @@
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
 #include "launcher/user_error.h"
-#include "memory/cpu_allocation_counter.h"
+#include "memory/byte_size.h"
+#include "memory/cpu_arena.h"
+#include "memory/cpu_device_allocator.h"
 
 #include <ATen/Parallel.h>
 
@@ -45,6 +47,37 @@ JsonObject summary_of(const Config& c, const Model& model, const TrainResult& r)
   return s;
 }
 
+std::string budget_text(const Config& c) {
+  return c.source + ": memory.budget = \"" + c.memory.budget + "\" (" + format_bytes(c.memory.budget_bytes) + ")";
+}
+
+// The model's own state (parameters, the gradients' block) does not fit: nothing to evict yet.
+UserError parameters_do_not_fit(const Config& c, const OutOfBudget& e) {
+  return UserError(budget_text(c) + " cannot hold the model's parameters and their gradients (" +
+                   format_bytes(e.in_use + e.requested) + " needed so far); a budget holds parameters, gradients "
+                   "and optimizer state (about 3x the "
+                   "parameters with SGD and momentum, 4x with AdamW) plus activations: raise memory.budget or "
+                   "train a smaller model");
+}
+
+// An op could not get memory even after evicting everything evictable.
+UserError budget_too_small(const Config& c, const OutOfBudget& e, const Trainer& trainer) {
+  const MemoryStats& m = trainer.memory().stats();
+  const int64_t at_least = std::max(m.min_budget_bytes, e.in_use + e.requested);
+  std::string text = budget_text(c) + " is too small for model " + c.model.name + " at micro-batch " +
+                     std::to_string(c.micro_batch_size()) + ": in step " + std::to_string(trainer.state().step + 1) +
+                     " an allocation of " + format_bytes(e.requested) + " found " + format_bytes(e.largest_free) +
+                     " free in one block with " + format_bytes(e.in_use) + " held by what cannot be evicted " +
+                     "(parameters, gradients, optimizer state, the batch and the tensors the op reads)";
+  text += "; no budget below " + format_bytes(at_least) + " can work (measured up to this op; later ops may need more)";
+  text += c.memory.policy == "none"
+              ? ". Use memory.policy = \"dtr\" to evict and recompute activations, raise memory.budget, or lower "
+                "training.micro_batch_size"
+              : ". Raise memory.budget (each MiB above the minimum means less recomputation) or lower "
+                "training.micro_batch_size (gradients accumulate to the same global batch)";
+  return UserError(text);
+}
+
 }  // namespace
 
 JobOutcome run_job(const Config& config, bool quiet) {
@@ -57,9 +90,22 @@ JobOutcome run_job(const Config& config, bool quiet) {
   // Everything that can fail on bad input happens before anything is written.
   DataSplits data = make_datasets(config);
   const DataInfo info = data.info;
+  // Device memory: with a budget, every tensor from here on (parameters, gradients, optimizer
+  // state, batches, activations) comes from an arena of that size. The datasets above stay host.
+  std::shared_ptr<CpuArena> arena;
+  std::optional<ArenaScope> device_memory;
+  if (config.memory.budget_bytes > 0) {
+    arena = std::make_shared<CpuArena>(config.memory.budget_bytes);
+    device_memory.emplace(arena);
+  }
   at::manual_seed(config.job.seed);
-  std::shared_ptr<Model> model = make_model(config, info);
-  model->move_to(at::Device(config.training.device), at::kFloat);
+  std::shared_ptr<Model> model;
+  try {
+    model = make_model(config, info);
+    model->move_to(at::Device(config.training.device), at::kFloat);
+  } catch (const OutOfBudget& e) {
+    throw parameters_do_not_fit(config, e);
+  }
   std::vector<std::string> resume_warnings;
   const auto resume = resolve_resume(config.checkpoint.resume, config.checkpoint_dir(), resume_warnings);
   for (const std::string& w : resume_warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
@@ -67,7 +113,13 @@ JobOutcome run_job(const Config& config, bool quiet) {
     std::fprintf(stderr, "hybrid_train: warning: checkpoint.resume = \"latest\" but %s holds no checkpoint; "
                  "starting from step 0\n", config.checkpoint_dir().c_str());
   }
-  Trainer trainer(config, std::move(data), model);
+  std::optional<Trainer> made;
+  try {
+    made.emplace(config, std::move(data), model, arena);  // allocates the gradients' block
+  } catch (const OutOfBudget& e) {
+    throw parameters_do_not_fit(config, e);
+  }
+  Trainer& trainer = *made;
   if (resume) trainer.resume_from(*resume);
 
   const std::string resolved = resolved_toml(config);
@@ -76,7 +128,17 @@ JobOutcome run_job(const Config& config, bool quiet) {
     print_plan(config, info, *model, trainer);
   }
   RunOutput output(config.job.output_dir, resolved, resume.has_value());
-  const TrainResult result = trainer.run(output);
+  const int64_t first_step = trainer.state().step;
+  TrainResult result;
+  try {
+    result = trainer.run(output);
+  } catch (const OutOfBudget& e) {
+    if (trainer.state().step == first_step) {
+      trainer.close_trace();
+      output.abandon();
+    }
+    throw budget_too_small(config, e, trainer);
+  }
   output.summary(summary_of(config, *model, result));
   std::printf("done: %lld steps in %.0f s, final loss %.4f", static_cast<long long>(result.steps), result.seconds,
               result.final_loss);

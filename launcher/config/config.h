@@ -75,6 +75,12 @@ struct MemoryConfig {
   std::string policy = "none";
   std::string budget;
   double eviction_threshold = 0.9;
+  bool sqrt_sampling = true;
+  bool ignore_small = true;
+  bool trace = false;
+  int64_t trace_steps = 2;
+  // Derived by validation from `budget`, not read from the file: bytes, 0 for unlimited.
+  int64_t budget_bytes = 0;
 };
 
 struct CheckpointConfig {

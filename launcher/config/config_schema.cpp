@@ -171,13 +171,30 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
                   .min(1).not_built("data parallelism (issue 6)"));
   // [memory]
-  f.push_back(Field(&C::memory, &MemoryConfig::policy, "memory", "policy", "none, or dtr (evict and recompute activations)")
-                  .choices({"none", "dtr"}).not_built("the DTR memory manager (issue 4)"));
-  f.push_back(Field(&C::memory, &MemoryConfig::budget, "memory", "budget", "bytes per rank, e.g. \"1.5GiB\" or \"60%\"")
-                  .not_built("the DTR memory manager (issue 4)"));
+  auto evicting = [](const Config& c) { return c.memory.policy != "none"; };
+  const char* evicting_words = "memory.policy is not \"none\"";
+  f.push_back(Field(&C::memory, &MemoryConfig::policy, "memory", "policy",
+                    "none (never evict: the budget is a hard limit), or DTR with an eviction heuristic: dtr "
+                    "(the paper's h_DTR), dtr_eq (its union-find approximation), megengine (fragmentation-aware), "
+                    "lru or largest")
+                  .choices({"none", "dtr", "dtr_eq", "megengine", "lru", "largest"}));
+  f.push_back(Field(&C::memory, &MemoryConfig::budget, "memory", "budget",
+                    "device memory per rank, parameters, gradients and optimizer state included: \"1.5GiB\", "
+                    "\"800MiB\", \"2GB\", bytes, or \"60%\" of the device; empty: unlimited"));
   f.push_back(Field(&C::memory, &MemoryConfig::eviction_threshold, "memory", "eviction_threshold",
-                    "start evicting at this share of the budget").min(0.1).max(1.0)
-                  .not_built("the DTR memory manager (issue 4)"));
+                    "before each op, evict down to this share of the budget (room for the op's outputs)")
+                  .min(0.1).max(1.0).only_when(evicting_words, evicting));
+  f.push_back(Field(&C::memory, &MemoryConfig::sqrt_sampling, "memory", "sqrt_sampling",
+                    "score sqrt(N) random candidates per eviction, not all N (the DTR paper's approximation)")
+                  .only_when(evicting_words, evicting));
+  f.push_back(Field(&C::memory, &MemoryConfig::ignore_small, "memory", "ignore_small",
+                    "never evict tensors under 1% of the mean candidate size (the DTR paper's approximation)")
+                  .only_when(evicting_words, evicting));
+  f.push_back(Field(&C::memory, &MemoryConfig::trace, "memory", "trace",
+                    "write <job.output_dir>/memory_trace.json: kernels, recomputations, evictions, allocations "
+                    "and bytes in use, for chrome://tracing or Perfetto"));
+  f.push_back(Field(&C::memory, &MemoryConfig::trace_steps, "memory", "trace_steps", "steps the memory trace covers")
+                  .min(1).only_when("memory.trace = true", [](const Config& c) { return c.memory.trace; }));
 }
 
 void add_checkpoint_and_metrics_fields(std::vector<FieldSpec>& f) {

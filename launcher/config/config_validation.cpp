@@ -3,6 +3,7 @@
 #include "launcher/config/config_schema.h"
 #include "launcher/data/fashion_mnist.h"
 #include "launcher/user_error.h"
+#include "memory/byte_size.h"
 
 #include <ATen/Context.h>
 
@@ -98,6 +99,27 @@ class Rules {
     }
   }
 
+  void memory_budget() {
+    auto& m = c_.memory;
+    if (!m.budget.empty()) {
+      const auto bytes = parse_byte_size(m.budget, host_physical_memory_bytes());
+      if (!bytes) {
+        throw UserError(loc("memory.budget") + "memory.budget = \"" + m.budget + "\" is not a memory size; use "
+                        "bytes with a unit (\"1.5GiB\", \"800MiB\", \"2GB\") or a share of the device (\"60%\")");
+      }
+      m.budget_bytes = *bytes;
+      if (c_.training.device != "cpu") {
+        throw UserError(loc("memory.budget") + "memory.budget on training.device = \"" + c_.training.device +
+                        "\": budgets on CUDA (the caching allocator's limit) are not built yet; remove memory.budget "
+                        "or train on \"cpu\"");
+      }
+    }
+    if (m.policy != "none" && m.budget.empty()) {
+      throw UserError(loc("memory.policy") + "memory.policy = \"" + m.policy + "\" evicts to fit a budget, and "
+                      "memory.budget is not set; set it too, e.g. memory.budget = \"2GiB\" or \"50%\"");
+    }
+  }
+
   std::vector<std::string> ineffective_options() const {
     std::vector<std::string> warnings;
     for (const FieldSpec& f : config_schema()) {
@@ -122,6 +144,7 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.learning_rate();
   rules.model_shape();
   rules.model_and_data();
+  rules.memory_budget();
   return rules.ineffective_options();
 }
 

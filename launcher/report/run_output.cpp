@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include <vector>
+
 namespace ht {
 namespace {
 
@@ -34,7 +36,13 @@ std::string clock_text(double seconds) {
 
 }  // namespace
 
-RunOutput::RunOutput(const std::string& dir, const std::string& resolved_config, bool append) : dir_(dir) {
+RunOutput::RunOutput(const std::string& dir, const std::string& resolved_config, bool append)
+    : dir_(dir), append_(append) {
+  for (std::filesystem::path p = std::filesystem::absolute(dir); !p.empty() && !std::filesystem::exists(p);
+       p = p.parent_path()) {
+    first_created_ = p.string();
+    if (p == p.parent_path()) break;
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw UserError("job.output_dir = \"" + dir + "\": cannot create it (" + ec.message() + ")");
@@ -46,6 +54,19 @@ RunOutput::RunOutput(const std::string& dir, const std::string& resolved_config,
 void RunOutput::metrics(const JsonObject& record) {
   metrics_ << record.str() << '\n';
   metrics_.flush();  // a crashed run keeps every line written so far
+}
+
+void RunOutput::abandon() {
+  namespace fs = std::filesystem;
+  metrics_.close();
+  std::error_code ec;
+  std::vector<std::string> ours{"config.resolved.toml", "summary.json", "memory_trace.json", "memory_trace.json.tmp"};
+  if (!append_) ours.push_back("metrics.jsonl");
+  for (const std::string& name : ours) fs::remove(fs::path(dir_) / name, ec);
+  if (first_created_.empty()) return;
+  // fs::remove takes only empty folders: anything not ours stays.
+  for (fs::path p = fs::absolute(dir_); fs::remove(p, ec) && p.string() != first_created_; p = p.parent_path()) {
+  }
 }
 
 void RunOutput::summary(const JsonObject& summary) const {

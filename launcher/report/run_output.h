@@ -21,9 +21,14 @@ class RunOutput {
   // Written atomically (temporary name, fsync, rename).
   void summary(const JsonObject& summary) const;
   const std::string& dir() const { return dir_; }
+  // The run stopped before its first step completed (an impossible budget): remove what this
+  // run wrote (and the folders it created, if left empty), so nothing half written remains.
+  void abandon();
 
  private:
   std::string dir_;
+  std::string first_created_;  // the outermost folder this run created, or empty
+  bool append_;
   std::ofstream metrics_;
 };
 

@@ -1,7 +1,7 @@
 #include "launcher/training/trainer.h"
 
 #include "launcher/training/optimizer.h"
-#include "memory/cpu_allocation_counter.h"
+#include "memory/cpu_device_allocator.h"
 
 #include <chrono>
 #include <cmath>
@@ -15,17 +15,63 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model)
+Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
+                 std::shared_ptr<CpuArena> arena)
     : config_(config), data_(std::move(data)), model_(std::move(model)), params_(model_->parameters()),
       optimizer_(make_optimizer(config.training, params_)),
       sampler_(data_.train->size(), config.training.global_batch_size, static_cast<uint64_t>(config.job.seed),
                config.data.shuffle),
+      arena_(std::move(arena)),
       interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}),
       checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
       total_steps_(config.training.steps > 0 ? config.training.steps
                                              : config.training.epochs * sampler_.batches_per_epoch()),
       progress_(total_steps_, config.metrics.log_interval) {
   model_->train();
+  interp_.memory().configure(memory_options(nullptr));
+  if (arena_) {
+    // Under a budget, gradients get one block beside the parameters (memory/gradient_buffer.h).
+    gradients_ = std::make_unique<GradientBuffer>(params_);
+    interp_.set_gradient_buffer(gradients_.get());
+  }
+}
+
+MemoryOptions Trainer::memory_options(MemoryTimeline* timeline) const {
+  MemoryOptions options;
+  options.arena = arena_;
+  options.timeline = timeline;
+  const MemoryConfig& m = config_.memory;
+  options.eviction_threshold = m.eviction_threshold;
+  if (arena_ && m.policy != "none") {
+    EvictionOptions eviction;
+    eviction.heuristic = *eviction_heuristic_from_name(m.policy);  // the schema admits only these names
+    eviction.sqrt_sampling = m.sqrt_sampling;
+    eviction.ignore_small = m.ignore_small;
+    eviction.seed = static_cast<uint64_t>(config_.job.seed);
+    options.eviction = eviction;
+  }
+  return options;
+}
+
+void Trainer::trace_step_begins() {
+  if (!config_.memory.trace || state_.step >= config_.memory.trace_steps) return;
+  if (!timeline_) {
+    // Opened at the first traced step, not before: a run that fails its checks writes nothing.
+    timeline_ = std::make_unique<MemoryTimeline>(config_.job.output_dir + "/memory_trace.json", arena_.get());
+    // The trace must see this interpreter's kernels: it was configured without one.
+    interp_.memory().set_timeline(timeline_.get());
+  }
+  timeline_->set_recording(true);
+  timeline_->marker("step " + std::to_string(state_.step + 1));
+}
+
+void Trainer::trace_step_ended() {
+  if (!timeline_ || !timeline_->recording()) return;
+  timeline_->set_recording(false);
+  if (state_.step >= config_.memory.trace_steps || state_.step == total_steps_) {
+    timeline_->close();
+    progress_.line("memory trace: " + timeline_->path());
+  }
 }
 
 void Trainer::resume_from(const std::string& folder) {
@@ -47,7 +93,10 @@ double Trainer::forward_backward(const Batch& micro, double loss_scale) {
 Trainer::StepResult Trainer::train_step() {
   CpuAllocationCounter& counter = CpuAllocationCounter::install();
   counter.reset_peak();
+  if (arena_) arena_->reset_peak();
   interp_.memory().reset_peak();
+  const MemoryStats before = interp_.memory().stats();
+  trace_step_begins();
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
   const Batch batch = data_.train->batch(sampler_.next());
@@ -68,7 +117,18 @@ Trainer::StepResult Trainer::train_step() {
   state_.sampler = sampler_.position();
   state_.seed_counter = interp_.seed_counter();
   r.ms = seconds_since(start) * 1e3;
-  if (device_.is_cpu()) r.mem_peak_bytes = counter.peak_bytes();
+  // With a budget, the arena's peak is the device memory in use, rounding included.
+  if (arena_) {
+    r.mem_peak_bytes = arena_->stats().peak_in_use;
+  } else if (device_.is_cpu()) {
+    r.mem_peak_bytes = counter.peak_bytes();
+  }
+  const MemoryStats& after = interp_.memory().stats();
+  r.evictions = after.evictions - before.evictions;
+  r.recomputations = after.recomputations - before.recomputations;
+  r.recompute_ms = after.recompute_ms - before.recompute_ms;
+  r.fragmentation = after.fragmentation_at_peak;
+  trace_step_ended();
   return r;
 }
 
@@ -109,6 +169,7 @@ EvalResult Trainer::evaluate() {
   // Its own interpreter: evaluation never draws from the training seed stream, so when and how
   // often it runs cannot change training.
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1});
+  interp.memory().configure(memory_options(nullptr));  // the same device memory and policy
   NoGradGuard no_grad(interp);
   model_->eval();
   const Dataset& eval = *data_.eval;
@@ -148,7 +209,10 @@ void Trainer::log_step(const StepResult& r) {
       .add("lr", r.lr).add("grad_norm", r.grad_norm).add("step_ms", r.ms)
       .add("samples_per_s", static_cast<double>(config_.training.global_batch_size) / (r.ms / 1e3))
       .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
-      .add("activation_peak_bytes", mem.peak_resident_bytes).add("recomputations", mem.recomputations);
+      .add("mem_budget_bytes", arena_ ? std::optional<int64_t>(arena_->capacity()) : std::nullopt)
+      .add("activation_peak_bytes", mem.peak_resident_bytes).add("evictions", r.evictions)
+      .add("recomputations", r.recomputations).add("recompute_ms", r.recompute_ms)
+      .add("fragmentation", r.fragmentation);
   output_->metrics(record);
 }
 
@@ -169,6 +233,7 @@ void Trainer::log_eval(const EvalResult& e) {
 }
 
 void Trainer::save_checkpoint() {
+  HostAllocationScope host;  // serialization buffers are host memory, not the device's
   const std::string folder = checkpoints_.save(*model_, *optimizer_, state_);
   progress_.line("checkpoint " + folder);
 }

@@ -9,6 +9,8 @@
 #include "launcher/data/sampler.h"
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
+#include "memory/cpu_arena.h"
+#include "memory/memory_timeline.h"
 #include "runtime/interpreter.h"
 
 #include <torch/optim/optimizer.h>
@@ -37,24 +39,39 @@ struct TrainResult {
 class Trainer {
  public:
   // Checks that model, data and batch sizes fit (UserError otherwise) and writes nothing.
-  Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model);
+  // `arena`: the device memory of config.memory.budget, already active (ArenaScope); null for
+  // unlimited memory.
+  Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
+          std::shared_ptr<CpuArena> arena = nullptr);
 
   // Continues from a verified checkpoint folder.
   void resume_from(const std::string& folder);
   // Trains to the configured step count, writing metrics and checkpoints.
   TrainResult run(RunOutput& output);
   EvalResult evaluate();
+  // Ends the memory trace now (the run stops early).
+  void close_trace() {
+    interp_.memory().set_timeline(nullptr);
+    timeline_.reset();
+  }
 
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_per_epoch() const { return sampler_.batches_per_epoch(); }
   const TrainerState& state() const { return state_; }
   Model& model() { return *model_; }
+  const MemoryManager& memory() const { return interp_.memory(); }
 
  private:
   struct StepResult {
     double loss = 0, grad_norm = 0, lr = 0, ms = 0;
     int64_t mem_peak_bytes = -1;
+    // The memory manager during this step.
+    int64_t evictions = 0, recomputations = 0;
+    double recompute_ms = 0, fragmentation = 0;
   };
+  MemoryOptions memory_options(MemoryTimeline* timeline) const;
+  void trace_step_begins();
+  void trace_step_ended();
   StepResult train_step();
   double forward_backward(const Batch& micro, double loss_scale);
   bool eval_due() const;
@@ -68,6 +85,9 @@ class Trainer {
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   Sampler sampler_;
+  std::shared_ptr<CpuArena> arena_;
+  std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
+  std::unique_ptr<GradientBuffer> gradients_;  // with a budget
   Interpreter interp_;
   CheckpointStore checkpoints_;
   RunOutput* output_ = nullptr;  // during run()

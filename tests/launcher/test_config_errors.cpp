@@ -2,6 +2,8 @@
 // key, the bad value and what is allowed.
 #include "tests/support/temp_dir.h"
 
+#include "memory/byte_size.h"
+
 #include <ATen/Context.h>
 
 namespace ht::test {
@@ -92,12 +94,36 @@ TEST_F(ConfigErrors, UnreadableConfigFile) {
 }
 
 TEST_F(ConfigErrors, FeaturesNotBuiltYetAreRefused) {
-  EXPECT_THAT(error_in(std::string(kGood) + "[memory]\npolicy = \"dtr\"\n"),
-              HasSubstr("job.toml:7:10: memory.policy = \"dtr\": the DTR memory manager (issue 4) is not built yet; "
-                        "remove the key or use \"none\""));
   EXPECT_THAT(error_in(kGood, {"--parallel.data_parallel=2"}),
               HasSubstr("argument --parallel.data_parallel=2: parallel.data_parallel = 2: data parallelism"));
   EXPECT_THAT(error_in(kGood, {"--training.mixed_precision=bf16"}), HasSubstr("not built yet"));
+}
+
+TEST_F(ConfigErrors, MemoryBudget) {
+  EXPECT_THAT(error_in(kGood, {"--memory.budget=lots"}),
+              HasSubstr("argument --memory.budget=lots: memory.budget = \"lots\" is not a memory size; use bytes "
+                        "with a unit (\"1.5GiB\", \"800MiB\", \"2GB\") or a share of the device (\"60%\")"));
+  for (const char* bad : {"150%", "-1GiB", "2 parsecs", "GiB"})
+    EXPECT_THAT(error_in(kGood, {std::string("--memory.budget=") + bad}), HasSubstr("is not a memory size")) << bad;
+  EXPECT_THAT(error_in(std::string(kGood) + "[memory]\nbudget = \"0\"\n"),
+              HasSubstr("job.toml:7:10: memory.budget = \"0\" is not a memory size"));
+  EXPECT_THAT(error_in(std::string(kGood) + "[memory]\npolicy = \"dtr\"\n"),
+              HasSubstr("job.toml:7:10: memory.policy = \"dtr\" evicts to fit a budget, and memory.budget is not "
+                        "set; set it too, e.g. memory.budget = \"2GiB\" or \"50%\""));
+  EXPECT_THAT(error_in(kGood, {"--memory.policy=dtr_eq", "--memory.eviction_threshold=1.5"}),
+              HasSubstr("memory.eviction_threshold: 1.5 is out of range"));
+  auto bytes_of = [&](const std::string& budget) {
+    return load_config(dir_.write("b.toml", kGood), {override_of("--memory.budget=" + budget)}).config.memory.budget_bytes;
+  };
+  EXPECT_EQ(bytes_of("1.5GiB"), int64_t{3} << 29);
+  EXPECT_EQ(bytes_of("800 MiB"), int64_t{800} << 20);
+  EXPECT_EQ(bytes_of("2GB"), 2000000000);
+  EXPECT_EQ(bytes_of("4096"), 4096);
+  EXPECT_EQ(bytes_of("50%"), host_physical_memory_bytes() / 2);
+  const LoadedConfig loaded = load_config(dir_.write("w.toml", kGood), {override_of("--memory.eviction_threshold=0.5")});
+  ASSERT_EQ(loaded.warnings.size(), 1u);
+  EXPECT_THAT(loaded.warnings[0], HasSubstr("memory.eviction_threshold has no effect: it applies only when "
+                                            "memory.policy is not \"none\""));
 }
 
 TEST_F(ConfigErrors, CrossKeyRules) {

@@ -127,6 +127,73 @@ TEST(Training, WritesResolvedConfigMetricsAndSummary) {
     EXPECT_THAT(s, HasSubstr(key));
 }
 
+// A ResNet-18 on 28x28 images, narrow enough to be quick: activations dominate its memory.
+const char* kResNet = R"([model]
+name = "resnet"
+width = 8
+[data]
+dataset = "synthetic"
+synthetic_samples = 96
+synthetic_eval_samples = 16
+synthetic_shape = [1, 28, 28]
+[training]
+steps = 3
+global_batch_size = 32
+eval_batches = 1
+[metrics]
+log_interval = 1
+)";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(Training, DtrUnderABudgetTrainsToTheSameParameters) {
+  TempDir dir;
+  // The device memory this job takes without eviction, measured in a budget it never fills.
+  const JobOutcome roomy = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("roomy"),
+                                                              "--memory.budget=1GiB"}), true);
+  const int64_t peak = roomy.result.mem_peak_bytes;
+  ASSERT_GT(peak, 0);
+  const std::string budget = std::to_string(peak * 7 / 10);
+  const JobOutcome plain = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("plain")}), true);
+  const JobOutcome dtr = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("dtr"),
+                                                            "--memory.policy=dtr", "--memory.budget=" + budget}), true);
+  const auto a = state_of(*plain.model), b = state_of(*dtr.model), c = state_of(*roomy.model);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(a[i].equal(b[i])) << "parameter/buffer " << i;
+    EXPECT_TRUE(a[i].equal(c[i])) << "parameter/buffer " << i;
+  }
+  EXPECT_LE(dtr.result.mem_peak_bytes, peak * 7 / 10);
+  // Every train record carries the memory manager's numbers, per step.
+  const std::string metrics = read_file(dir.path("dtr/metrics.jsonl"));
+  for (const char* key : {"\"mem_budget_bytes\": " , "\"evictions\"", "\"recomputations\"", "\"recompute_ms\"",
+                          "\"fragmentation\"", "\"mem_peak_bytes\""})
+    EXPECT_THAT(metrics, HasSubstr(key));
+  const int64_t capacity = (std::stoll(budget) + 63) / 64 * 64;  // the arena rounds to its alignment
+  EXPECT_THAT(metrics, HasSubstr("\"mem_budget_bytes\": " + std::to_string(capacity)));
+  EXPECT_THAT(read_file(dir.path("plain/metrics.jsonl")), HasSubstr("\"evictions\": 0"));
+}
+
+TEST(Training, MemoryTraceIsAChromeTraceOfTheFirstSteps) {
+  TempDir dir;
+  const JobOutcome roomy = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("roomy"),
+                                                              "--memory.budget=1GiB"}), true);
+  const std::string budget = std::to_string(roomy.result.mem_peak_bytes * 7 / 10);
+  run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("out"), "--memory.policy=megengine",
+                                     "--memory.budget=" + budget, "--memory.trace=true", "--memory.trace_steps=1"}),
+          true);
+  const std::string trace = read_file(dir.path("out/memory_trace.json"));
+  EXPECT_THAT(trace, HasSubstr("\"traceEvents\""));
+  for (const char* event : {"\"step 1\"", "\"cat\":\"kernel\"", "\"cat\":\"recompute\"", "\"cat\":\"evict\"",
+                            "\"name\":\"alloc\"", "\"name\":\"free\"", "\"device memory\""})
+    EXPECT_THAT(trace, HasSubstr(event));
+  EXPECT_THAT(trace, ::testing::Not(HasSubstr("\"step 2\""))) << "trace_steps = 1";
+  EXPECT_FALSE(std::filesystem::exists(dir.path("out/memory_trace.json.tmp")));
+}
+
 TEST(Training, AccumulationOfOneMicroBatchIsThePlainRunAndFourIsClose) {
   TempDir dir;
   const std::string toml = std::string(kBase) + "[model]\nname = \"mlp\"\nhidden = [16]\n";
