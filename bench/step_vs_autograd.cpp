@@ -2,7 +2,7 @@
 // forward recorded by libtorch's autograd, in one process, interleaved (A B, B A, ...) after
 // warm-up. Prints the median step-time ratio with its min-max spread, and the peak bytes ATen
 // allocated above the step's starting level, counted for both sides by one allocator hook.
-#include "memory/cpu_allocation_counter.h"
+#include "memory/cpu_device_allocator.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
 #include "models/resnet.h"

@@ -1,0 +1,64 @@
+#pragma once
+// Benchmark support: one model training in its own device memory (an arena of a given size),
+// with or without eviction, one step at a time, so that two of them can be interleaved.
+
+#include "memory/cpu_arena.h"
+#include "memory/cpu_device_allocator.h"
+#include "memory/eviction_policy.h"
+#include "models/model.h"
+#include "runtime/interpreter.h"
+
+#include <torch/optim/sgd.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace ht::bench {
+
+constexpr int64_t kUnlimited = int64_t{16} << 30;  // reserved address space, not committed memory
+
+struct Workload {
+  std::string name;
+  int64_t batch;  // the base batch
+  std::function<std::shared_ptr<Model>()> make;
+  std::function<std::pair<at::Tensor, at::Tensor>(int64_t batch)> data;  // (input, target)
+};
+// ResNet-18 (small-input stem) on 32x32 images and a 6-layer GPT; --quick scales them down.
+std::vector<Workload> workloads(bool quick);
+
+struct StepSample {
+  double ms = 0, recompute_ms = 0, loss = 0;
+  int64_t evictions = 0, recomputations = 0, peak_in_use = 0;
+};
+
+struct Unoptimized {
+  int64_t fixed_bytes = 0;  // parameters, their gradients, optimizer state
+  int64_t peak_in_use = 0;  // the step's peak
+  // fixed + ratio x activations: the DTR paper's ratio, with the fixed state inside the budget.
+  int64_t budget_at(double ratio) const;
+};
+
+class BudgetRunner {
+ public:
+  // Throws OutOfBudget if even the model does not fit.
+  BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std::optional<EvictionHeuristic> policy);
+  ~BudgetRunner();
+  // One SGD step on the runner's fixed batch. Throws OutOfBudget when the budget cannot hold it.
+  StepSample step();
+  // Measured over the steps so far (fixed: before the last one).
+  Unoptimized unoptimized() const { return {fixed_bytes_, peak_in_use_}; }
+
+ private:
+  std::shared_ptr<CpuArena> arena_;
+  std::shared_ptr<Model> model_;
+  std::unique_ptr<torch::optim::SGD> sgd_;
+  std::unique_ptr<GradientBuffer> gradients_;
+  std::unique_ptr<Interpreter> interp_;
+  at::Tensor input_, target_;  // host
+  int64_t fixed_bytes_ = 0, peak_in_use_ = 0;
+};
+
+}  // namespace ht::bench

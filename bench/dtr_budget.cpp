@@ -1,0 +1,215 @@
+// DTR under a budget against the unoptimized run, in one process. For each model: the
+// unoptimized step's fixed memory (parameters, gradients' home, optimizer state) and peak; then,
+// for each budget ratio (of the activation memory, on top of the fixed memory: the DTR paper's
+// convention with everything inside the budget) and each eviction policy, the same training
+// step interleaved with the unoptimized one (A B, B A, ...): slowdown (median step-time ratio,
+// min-max), recompute share of the step, evictions per step, peak / budget; the losses of both
+// sides must agree bit for bit. Then the largest batch that trains at a fixed budget without and
+// with DTR, and the per-sample throughput ratio.
+#include "bench/budget_runner.h"
+
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <thread>
+
+namespace ht::bench {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+struct Options {
+  int warmup = 1, reps = 5;
+  std::vector<double> ratios{0.8, 0.5, 0.3, 0.2};
+  std::vector<std::string> policies{"dtr", "dtr_eq", "megengine", "lru", "largest"};
+  bool max_batch = true;
+};
+
+// One (ratio, policy) row: B under the budget interleaved with A unoptimized.
+void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std::string& policy, const Options& o) {
+  const int64_t budget = u.budget_at(ratio);
+  // Both sides start from the same initialization, so their losses must agree at every step.
+  BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
+  BudgetRunner dtr(w, w.batch, budget, *eviction_heuristic_from_name(policy));
+  std::vector<double> ratios, recompute_share, evictions, peaks;
+  bool identical = true;
+  try {
+    for (int i = 0; i < o.warmup; ++i) {
+      const StepSample a = plain.step(), b = dtr.step();
+      identical &= a.loss == b.loss;
+    }
+    for (int i = 0; i < o.reps; ++i) {
+      StepSample a, b;
+      if (i % 2 == 0) {
+        a = plain.step();
+        b = dtr.step();
+      } else {
+        b = dtr.step();
+        a = plain.step();
+      }
+      identical &= a.loss == b.loss;
+      ratios.push_back(b.ms / a.ms);
+      recompute_share.push_back(b.recompute_ms / b.ms);
+      evictions.push_back(static_cast<double>(b.evictions));
+      peaks.push_back(static_cast<double>(b.peak_in_use) / static_cast<double>(budget));
+    }
+  } catch (const OutOfBudget& e) {
+    std::printf("| %-24s | %5.2f | %-9s | %9.1f | infeasible: %s |\n", w.name.c_str(), ratio, policy.c_str(),
+                static_cast<double>(budget) / (1 << 20), e.what());
+    return;
+  }
+  std::printf("| %-24s | %5.2f | %-9s | %9.1f | %7.3fx | %.3f-%.3f | %8.1f%% | %9.0f | %5.3f | %-9s |\n",
+              w.name.c_str(), ratio, policy.c_str(), static_cast<double>(budget) / (1 << 20), median(ratios),
+              *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
+              100 * median(recompute_share), median(evictions), *std::max_element(peaks.begin(), peaks.end()),
+              identical ? "identical" : "DIFFERENT");
+  std::fflush(stdout);
+}
+
+// Largest batch, by doubling then bisection, whose step trains in `budget` (policy none or dtr).
+int64_t max_batch(const Workload& w, int64_t budget, std::optional<EvictionHeuristic> policy, int64_t start) {
+  auto fits = [&](int64_t batch) {
+    try {
+      BudgetRunner r(w, batch, budget, policy);
+      r.step();
+      r.step();  // the second step is the first with optimizer state
+      return true;
+    } catch (const OutOfBudget&) {
+      return false;
+    }
+  };
+  int64_t good = 0, bad = start;
+  while (fits(bad)) {
+    good = bad;
+    bad *= 2;
+  }
+  while (bad - good > std::max<int64_t>(1, good / 16)) {  // to 1/16 of the batch
+    const int64_t mid = (good + bad) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
+// Per-sample throughput at the largest batches, each side in its own runner, interleaved.
+void max_batch_row(const Workload& w, const Unoptimized& u, const Options& o) {
+  const int64_t budget = u.peak_in_use;  // what the unoptimized base batch needs
+  const int64_t plain_batch = max_batch(w, budget, std::nullopt, w.batch);
+  const int64_t dtr_batch = max_batch(w, budget, EvictionHeuristic::kDtr, std::max<int64_t>(plain_batch, 1) * 2);
+  if (plain_batch == 0 || dtr_batch == 0) {
+    std::printf("| %-24s | %9.1f | %6lld | %6lld | (no batch fits) |\n", w.name.c_str(),
+                static_cast<double>(budget) / (1 << 20), static_cast<long long>(plain_batch),
+                static_cast<long long>(dtr_batch));
+    return;
+  }
+  BudgetRunner a(w, plain_batch, budget, std::nullopt), b(w, dtr_batch, budget, EvictionHeuristic::kDtr);
+  for (int i = 0; i < o.warmup; ++i) {
+    a.step();
+    b.step();
+  }
+  std::vector<double> per_sample;
+  for (int i = 0; i < o.reps; ++i) {
+    StepSample sa, sb;
+    if (i % 2 == 0) {
+      sa = a.step();
+      sb = b.step();
+    } else {
+      sb = b.step();
+      sa = a.step();
+    }
+    per_sample.push_back((static_cast<double>(dtr_batch) / sb.ms) / (static_cast<double>(plain_batch) / sa.ms));
+  }
+  std::printf("| %-24s | %9.1f | %6lld | %6lld | %5.2fx | %7.3fx | %.3f-%.3f |\n", w.name.c_str(),
+              static_cast<double>(budget) / (1 << 20), static_cast<long long>(plain_batch),
+              static_cast<long long>(dtr_batch), static_cast<double>(dtr_batch) / static_cast<double>(plain_batch),
+              median(per_sample), *std::min_element(per_sample.begin(), per_sample.end()),
+              *std::max_element(per_sample.begin(), per_sample.end()));
+  std::fflush(stdout);
+}
+
+void run(const Workload& w, const Options& o) {
+  BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
+  for (int i = 0; i < o.warmup + 1; ++i) plain.step();  // the optimizer state exists from step 2
+  const Unoptimized u = plain.unoptimized();
+  std::printf("\n%s: fixed %.1f MiB (parameters, optimizer state), unoptimized peak %.1f MiB, activations %.1f MiB\n\n",
+              w.name.c_str(), u.fixed_bytes / 1048576.0, u.peak_in_use / 1048576.0,
+              (u.peak_in_use - u.fixed_bytes) / 1048576.0);
+  std::printf("| %-24s | %5s | %-9s | %9s | %8s | %-11s | %9s | %9s | %5s | %-9s |\n", "model", "ratio", "policy",
+              "budget MiB", "slowdown", "(min-max)", "recompute", "evictions", "peak/", "losses");
+  std::printf("| %-24s | %5s | %-9s | %9s | %8s | %-11s | %9s | %9s | %5s | %-9s |\n", "", "", "", "", "", "",
+              "share", "per step", "budget", "");
+  std::printf("|%s|\n", std::string(129, '-').c_str());
+  for (double ratio : o.ratios) {
+    for (const std::string& policy : o.policies) budget_row(w, u, ratio, policy, o);
+  }
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+}  // namespace ht::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"DTR under a memory budget vs. the unoptimized training step (CPU arena)"};
+  ht::bench::Options o;
+  int threads = 1;
+  bool quick = false;
+  std::string only, policies = "dtr,dtr_eq,megengine,lru,largest", ratios = "0.8,0.5,0.3,0.2";
+  app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "ATen intra-op threads (0: all hardware threads)");
+  app.add_option("--model", only, "run only workloads whose name starts with this");
+  app.add_option("--policies", policies, "comma-separated eviction policies");
+  app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
+  app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
+  bool no_max_batch = false;
+  app.add_flag("--no-max-batch", no_max_batch, "skip the largest-batch search");
+  CLI11_PARSE(app, argc, argv);
+  o.policies = ht::bench::split(policies);
+  for (const std::string& p : o.policies) {
+    if (!ht::eviction_heuristic_from_name(p)) {
+      std::fprintf(stderr, "bench_dtr_budget: --policies: unknown policy \"%s\"; use dtr, dtr_eq, megengine, lru "
+                   "or largest\n", p.c_str());
+      return 2;
+    }
+  }
+  o.ratios.clear();
+  for (const std::string& r : ht::bench::split(ratios)) o.ratios.push_back(std::stod(r));
+  o.max_batch = !no_max_batch;
+
+  ht::CpuAllocationCounter::install();
+  at::set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  std::printf("DTR under a budget vs. unoptimized; %d reps after %d warm-up, %d ATen thread(s)\n", o.reps,
+              o.warmup, at::get_num_threads());
+  std::printf("budget = fixed + ratio x (unoptimized peak - fixed); parameters, gradients and optimizer state "
+              "inside the budget\n");
+  const auto workloads = ht::bench::workloads(quick);
+  for (const auto& w : workloads) {
+    if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
+    ht::bench::run(w, o);
+  }
+  if (o.max_batch) {
+    std::printf("\nlargest batch at the budget the unoptimized base batch needs (policy none vs dtr), "
+                "per-sample throughput ratio dtr / none:\n\n");
+    std::printf("| %-24s | %9s | %6s | %6s | %6s | %8s | %-11s |\n", "model", "budget MiB", "none", "dtr",
+                "batch", "per-sample", "(min-max)");
+    std::printf("|%s|\n", std::string(93, '-').c_str());
+    for (const auto& w : workloads) {
+      if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
+      ht::bench::BudgetRunner plain(w, w.batch, ht::bench::kUnlimited, std::nullopt);
+      for (int i = 0; i < o.warmup + 1; ++i) plain.step();
+      ht::bench::max_batch_row(w, plain.unoptimized(), o);
+    }
+  }
+  return 0;
+}
