@@ -75,7 +75,7 @@ struct MemoryConfig {
   std::string policy = "none";
   std::string budget;
   double eviction_threshold = 0.9;
-  bool sqrt_sampling = true;
+  bool sqrt_sampling = false;
   bool ignore_small = true;
   bool trace = false;
   int64_t trace_steps = 2;
