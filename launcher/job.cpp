@@ -52,9 +52,14 @@ std::string budget_text(const Config& c) {
 }
 
 // The model's own state (parameters, the gradients' block) does not fit: nothing to evict yet.
-UserError parameters_do_not_fit(const Config& c, const OutOfBudget& e) {
+UserError parameters_do_not_fit(const Config& c, const DataInfo& data) {
+  int64_t bytes = 0;
+  {
+    HostAllocationScope host;  // a copy just to count, outside the budget
+    for (const at::Tensor& p : make_model(c, data)->parameters()) bytes += static_cast<int64_t>(p.nbytes());
+  }
   return UserError(budget_text(c) + " cannot hold the model's parameters and their gradients (" +
-                   format_bytes(e.in_use + e.requested) + " needed so far); a budget holds parameters, gradients "
+                   format_bytes(2 * bytes) + "); a budget holds parameters, gradients "
                    "and optimizer state (about 3x the "
                    "parameters with SGD and momentum, 4x with AdamW) plus activations: raise memory.budget or "
                    "train a smaller model");
@@ -103,8 +108,8 @@ JobOutcome run_job(const Config& config, bool quiet) {
   try {
     model = make_model(config, info);
     model->move_to(at::Device(config.training.device), at::kFloat);
-  } catch (const OutOfBudget& e) {
-    throw parameters_do_not_fit(config, e);
+  } catch (const OutOfBudget&) {
+    throw parameters_do_not_fit(config, info);
   }
   std::vector<std::string> resume_warnings;
   const auto resume = resolve_resume(config.checkpoint.resume, config.checkpoint_dir(), resume_warnings);
@@ -116,8 +121,8 @@ JobOutcome run_job(const Config& config, bool quiet) {
   std::optional<Trainer> made;
   try {
     made.emplace(config, std::move(data), model, arena);  // allocates the gradients' block
-  } catch (const OutOfBudget& e) {
-    throw parameters_do_not_fit(config, e);
+  } catch (const OutOfBudget&) {
+    throw parameters_do_not_fit(config, info);
   }
   Trainer& trainer = *made;
   if (resume) trainer.resume_from(*resume);

@@ -51,12 +51,12 @@ void MemoryManager::before_kernel(const ComputePath& path, bool recompute) {
       if (out != nullptr && !out->resident() && (out->handle_refs > 0 || out->pin_count > 0)) expected += out->nbytes;
     }
   }
-  prepare(path, expected);
+  prepare(expected);
 }
 
-void MemoryManager::before_backward(const ComputePath& path) { prepare(path, 0); }
+void MemoryManager::before_backward(const ComputePath& /*path*/) { prepare(0); }
 
-void MemoryManager::prepare(const ComputePath& /*path*/, int64_t expected_bytes) {
+void MemoryManager::prepare(int64_t expected_bytes) {
   if (!options_.arena) return;
   const ArenaStats s = options_.arena->stats();
   if (s.in_use > fragmentation_sampled_at_) {

@@ -99,7 +99,7 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   int64_t evict_all();
 
  private:
-  void prepare(const ComputePath& path, int64_t expected_bytes);
+  void prepare(int64_t expected_bytes);
   void evict(TensorInfo& victim);
   TensorInfo* pick_for_fragmentation(int64_t bytes);
   void forget(TensorInfo& t);
