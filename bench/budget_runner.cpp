@@ -43,14 +43,7 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   gradients_ = std::make_unique<GradientBuffer>(model_->parameters());
   interp_ = std::make_unique<Interpreter>(InterpreterOptions{ExecutionMode::kInterpreted, 1});
   interp_->set_gradient_buffer(gradients_.get());
-  MemoryOptions m;
-  m.arena = arena_;
-  if (policy) {
-    EvictionOptions e;
-    e.heuristic = *policy;
-    m.eviction = e;
-  }
-  interp_->memory().configure(m);
+  interp_->memory().configure(MemoryOptions::budget(arena_, policy));
 }
 
 BudgetRunner::~BudgetRunner() {

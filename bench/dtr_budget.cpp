@@ -19,6 +19,22 @@
 namespace ht::bench {
 namespace {
 
+// Steps a and b alternately (A B, B A, ...) `reps` times, handing each pair to `pair`.
+template <typename Pair>
+void interleaved(BudgetRunner& a, BudgetRunner& b, int reps, Pair&& pair) {
+  for (int i = 0; i < reps; ++i) {
+    StepSample sa, sb;
+    if (i % 2 == 0) {
+      sa = a.step();
+      sb = b.step();
+    } else {
+      sb = b.step();
+      sa = a.step();
+    }
+    pair(sa, sb);
+  }
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -44,21 +60,13 @@ void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std
       const StepSample a = plain.step(), b = dtr.step();
       identical &= a.loss == b.loss;
     }
-    for (int i = 0; i < o.reps; ++i) {
-      StepSample a, b;
-      if (i % 2 == 0) {
-        a = plain.step();
-        b = dtr.step();
-      } else {
-        b = dtr.step();
-        a = plain.step();
-      }
+    interleaved(plain, dtr, o.reps, [&](const StepSample& a, const StepSample& b) {
       identical &= a.loss == b.loss;
       ratios.push_back(b.ms / a.ms);
       recompute_share.push_back(b.recompute_ms / b.ms);
       evictions.push_back(static_cast<double>(b.evictions));
       peaks.push_back(static_cast<double>(b.peak_in_use) / static_cast<double>(budget));
-    }
+    });
   } catch (const OutOfBudget& e) {
     std::printf("| %-24s | %5.2f | %-9s | %9.1f | infeasible: %s |\n", w.name.c_str(), ratio, policy.c_str(),
                 static_cast<double>(budget) / (1 << 20), e.what());
@@ -107,17 +115,9 @@ std::vector<double> per_sample_ratios(const Workload& w, int64_t budget, int64_t
       b.step();
     }
     std::vector<double> ratios;
-    for (int i = 0; i < o.reps; ++i) {
-      StepSample sa, sb;
-      if (i % 2 == 0) {
-        sa = a.step();
-        sb = b.step();
-      } else {
-        sb = b.step();
-        sa = a.step();
-      }
+    interleaved(a, b, o.reps, [&](const StepSample& sa, const StepSample& sb) {
       ratios.push_back((static_cast<double>(dtr_batch) / sb.ms) / (static_cast<double>(plain_batch) / sa.ms));
-    }
+    });
     return ratios;
   } catch (const OutOfBudget&) {
     return {};

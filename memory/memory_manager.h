@@ -33,6 +33,17 @@ struct MemoryOptions {
   std::optional<EvictionOptions> eviction;  // null: never evict
   double eviction_threshold = 0.9;          // before a kernel, evict down to this share of the budget
   MemoryTimeline* timeline = nullptr;       // memory trace; null: none
+
+  // A budget of `arena`, evicting with `heuristic` (default options) or never.
+  static MemoryOptions budget(std::shared_ptr<CpuArena> arena, std::optional<EvictionHeuristic> heuristic) {
+    MemoryOptions m;
+    m.arena = std::move(arena);
+    if (heuristic) {
+      m.eviction = EvictionOptions{};
+      m.eviction->heuristic = *heuristic;
+    }
+    return m;
+  }
 };
 
 struct MemoryStats {

@@ -21,14 +21,7 @@ constexpr int64_t kKiB = 1024;
 struct Budgeted {
   Budgeted(int64_t capacity, std::optional<EvictionHeuristic> heuristic)
       : arena(std::make_shared<CpuArena>(capacity)), scope(arena) {
-    MemoryOptions m;
-    m.arena = arena;
-    if (heuristic) {
-      EvictionOptions e;
-      e.heuristic = *heuristic;
-      m.eviction = e;
-    }
-    interp.memory().configure(m);
+    interp.memory().configure(MemoryOptions::budget(arena, heuristic));
   }
   std::shared_ptr<CpuArena> arena;
   ArenaScope scope;

@@ -15,14 +15,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
   auto arena = std::make_shared<CpuArena>(capacity);
   ArenaScope device(arena);
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed});
-  MemoryOptions options;
-  options.arena = arena;
-  if (heuristic) {
-    EvictionOptions e;
-    e.heuristic = *heuristic;
-    options.eviction = e;
-  }
-  interp.memory().configure(options);
+  interp.memory().configure(MemoryOptions::budget(arena, heuristic));
   try {
     at::manual_seed(kSeed);
     std::shared_ptr<Model> model = c.make();
