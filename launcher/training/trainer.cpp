@@ -28,7 +28,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
                                              : config.training.epochs * sampler_.batches_per_epoch()),
       progress_(total_steps_, config.metrics.log_interval) {
   model_->train();
-  interp_.memory().configure(memory_options(nullptr));
+  interp_.memory().configure(memory_options());
   if (arena_) {
     // Under a budget, gradients get one block beside the parameters (memory/gradient_buffer.h).
     gradients_ = std::make_unique<GradientBuffer>(params_);
@@ -36,10 +36,9 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   }
 }
 
-MemoryOptions Trainer::memory_options(MemoryTimeline* timeline) const {
+MemoryOptions Trainer::memory_options() const {
   MemoryOptions options;
   options.arena = arena_;
-  options.timeline = timeline;
   const MemoryConfig& m = config_.memory;
   options.eviction_threshold = m.eviction_threshold;
   if (arena_ && m.policy != "none") {
@@ -169,7 +168,7 @@ EvalResult Trainer::evaluate() {
   // Its own interpreter: evaluation never draws from the training seed stream, so when and how
   // often it runs cannot change training.
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1});
-  interp.memory().configure(memory_options(nullptr));  // the same device memory and policy
+  interp.memory().configure(memory_options());  // the same device memory and policy
   NoGradGuard no_grad(interp);
   model_->eval();
   const Dataset& eval = *data_.eval;

@@ -69,7 +69,7 @@ class Trainer {
     int64_t evictions = 0, recomputations = 0;
     double recompute_ms = 0, fragmentation = 0;
   };
-  MemoryOptions memory_options(MemoryTimeline* timeline) const;
+  MemoryOptions memory_options() const;  // from config.memory; the trace is set when it opens
   void trace_step_begins();
   void trace_step_ended();
   StepResult train_step();
