@@ -32,7 +32,8 @@ int64_t Unoptimized::budget_at(double ratio) const {
   return (bytes + 63) / 64 * 64;
 }
 
-BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std::optional<EvictionHeuristic> policy)
+BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std::optional<EvictionHeuristic> policy,
+                           double eviction_threshold)
     : arena_(std::make_shared<CpuArena>(budget)) {
   at::manual_seed(0);
   std::tie(input_, target_) = w.data(batch);  // host memory: the data set's side
@@ -43,7 +44,9 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   gradients_ = std::make_unique<GradientBuffer>(model_->parameters());
   interp_ = std::make_unique<Interpreter>(InterpreterOptions{ExecutionMode::kInterpreted, 1});
   interp_->set_gradient_buffer(gradients_.get());
-  interp_->memory().configure(MemoryOptions::budget(arena_, policy));
+  MemoryOptions options = MemoryOptions::budget(arena_, policy);
+  options.eviction_threshold = eviction_threshold;
+  interp_->memory().configure(options);
 }
 
 BudgetRunner::~BudgetRunner() {

@@ -44,7 +44,8 @@ struct Unoptimized {
 class BudgetRunner {
  public:
   // Throws OutOfBudget if even the model does not fit.
-  BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std::optional<EvictionHeuristic> policy);
+  BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std::optional<EvictionHeuristic> policy,
+               double eviction_threshold = MemoryOptions{}.eviction_threshold);
   ~BudgetRunner();
   // One SGD step on the runner's fixed batch. Throws OutOfBudget when the budget cannot hold it.
   StepSample step();

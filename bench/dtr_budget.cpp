@@ -45,6 +45,7 @@ struct Options {
   std::vector<double> ratios{0.8, 0.5, 0.3, 0.2};
   std::vector<std::string> policies{"dtr", "dtr_eq", "megengine", "lru", "largest"};
   bool max_batch = true;
+  double threshold = MemoryOptions{}.eviction_threshold;
 };
 
 // One (ratio, policy) row: B under the budget interleaved with A unoptimized.
@@ -52,7 +53,7 @@ void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std
   const int64_t budget = u.budget_at(ratio);
   // Both sides start from the same initialization, so their losses must agree at every step.
   BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
-  BudgetRunner dtr(w, w.batch, budget, *eviction_heuristic_from_name(policy));
+  BudgetRunner dtr(w, w.batch, budget, *eviction_heuristic_from_name(policy), o.threshold);
   std::vector<double> ratios, recompute_share, evictions, peaks;
   bool identical = true;
   try {
@@ -81,10 +82,11 @@ void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std
 }
 
 // Largest batch, by doubling then bisection, whose step trains in `budget` (policy none or dtr).
-int64_t max_batch(const Workload& w, int64_t budget, std::optional<EvictionHeuristic> policy, int64_t start) {
+int64_t max_batch(const Workload& w, int64_t budget, std::optional<EvictionHeuristic> policy, int64_t start,
+                  const Options& o) {
   auto fits = [&](int64_t batch) {
     try {
-      BudgetRunner r(w, batch, budget, policy);
+      BudgetRunner r(w, batch, budget, policy, o.threshold);
       r.step();
       r.step();  // the second step is the first with optimizer state
       return true;
@@ -109,7 +111,7 @@ int64_t max_batch(const Workload& w, int64_t budget, std::optional<EvictionHeuri
 std::vector<double> per_sample_ratios(const Workload& w, int64_t budget, int64_t plain_batch, int64_t dtr_batch,
                                       const Options& o) {
   try {
-    BudgetRunner a(w, plain_batch, budget, std::nullopt), b(w, dtr_batch, budget, EvictionHeuristic::kDtr);
+    BudgetRunner a(w, plain_batch, budget, std::nullopt), b(w, dtr_batch, budget, EvictionHeuristic::kDtr, o.threshold);
     for (int i = 0; i < o.warmup; ++i) {
       a.step();
       b.step();
@@ -136,8 +138,8 @@ void max_batch_row(const Workload& w, const Unoptimized& u, const Options& o) {
   // What the unoptimized base batch needs, and 10% for fragmentation (its peak was measured in
   // an arena it could not fill, where no free memory is ever in the way).
   const int64_t budget = u.peak_in_use + u.peak_in_use / 10;
-  const int64_t plain_batch = max_batch(w, budget, std::nullopt, w.batch);
-  int64_t dtr_batch = max_batch(w, budget, EvictionHeuristic::kDtr, std::max<int64_t>(plain_batch, 1) * 2);
+  const int64_t plain_batch = max_batch(w, budget, std::nullopt, w.batch, o);
+  int64_t dtr_batch = max_batch(w, budget, EvictionHeuristic::kDtr, std::max<int64_t>(plain_batch, 1) * 2, o);
   if (plain_batch == 0 || dtr_batch == 0) {
     std::printf("| %-24s | %9.1f | %6lld | %6lld | (no batch fits) |\n", w.name.c_str(),
                 static_cast<double>(budget) / (1 << 20), static_cast<long long>(plain_batch),
@@ -201,6 +203,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--policies", policies, "comma-separated eviction policies");
   app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
+  app.add_option("--eviction-threshold", o.threshold, "evict before each op down to this share of the budget")
+      ->check(CLI::Range(0.1, 1.0));
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
   bool no_max_batch = false, only_max_batch = false;
   app.add_flag("--no-max-batch", no_max_batch, "skip the largest-batch search");
@@ -220,8 +224,8 @@ int main(int argc, char** argv) {
 
   ht::CpuAllocationCounter::install();
   at::set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
-  std::printf("DTR under a budget vs. unoptimized; %d reps after %d warm-up, %d ATen thread(s)\n", o.reps,
-              o.warmup, at::get_num_threads());
+  std::printf("DTR under a budget vs. unoptimized; %d reps after %d warm-up, %d ATen thread(s), eviction "
+              "threshold %.2f\n", o.reps, o.warmup, at::get_num_threads(), o.threshold);
   std::printf("budget = fixed + ratio x (unoptimized peak - fixed); parameters, gradients and optimizer state "
               "inside the budget\n");
   const auto workloads = ht::bench::workloads(quick);
