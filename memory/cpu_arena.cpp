@@ -2,7 +2,6 @@
 
 #include <sys/mman.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -134,16 +133,6 @@ void CpuArena::deallocate(void* p) {
     }
   }
   add_free(start, size);
-}
-
-std::vector<CpuArena::Block> CpuArena::layout() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<Block> blocks;
-  blocks.reserve(free_by_offset_.size() + allocated_.size());
-  for (const auto& [offset, size] : free_by_offset_) blocks.push_back({offset, size, true});
-  for (const auto& [offset, size] : allocated_) blocks.push_back({offset, size, false});
-  std::sort(blocks.begin(), blocks.end(), [](const Block& a, const Block& b) { return a.offset < b.offset; });
-  return blocks;
 }
 
 bool CpuArena::contains(const void* p) const {

@@ -11,7 +11,6 @@
 #include <set>
 #include <unordered_map>
 #include <utility>
-#include <vector>
 
 namespace ht {
 
@@ -69,13 +68,6 @@ class CpuArena {
   int64_t free_span_if_freed(const void* p) const;
 
   ArenaStats stats() const;
-  struct Block {
-    int64_t offset, bytes;
-    bool free;
-  };
-  // Every block, free or not, by address: what a fragmentation report or test looks at.
-  std::vector<Block> layout() const;
-  const char* base() const { return base_; }
   void reset_peak();  // peak_in_use = in_use
   int64_t capacity() const;
 

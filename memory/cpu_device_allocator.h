@@ -49,7 +49,6 @@ class ArenaScope {
   ~ArenaScope();
   ArenaScope(const ArenaScope&) = delete;
   ArenaScope& operator=(const ArenaScope&) = delete;
-  CpuArena& arena() const { return *arena_; }
 
  private:
   std::shared_ptr<CpuArena> arena_;

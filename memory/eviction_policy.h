@@ -61,7 +61,6 @@ class Evictor {
   // The evictable candidate (TensorInfo::evictable) with the lowest score; nullptr if none.
   TensorInfo* pick_victim(const std::vector<TensorInfo*>& candidates, uint64_t now);
   EvictionPolicy& policy() { return *policy_; }
-  const EvictionOptions& options() const { return options_; }
 
  private:
   TensorInfo* best_of(const std::vector<TensorInfo*>& pool, uint64_t now, double min_bytes) const;

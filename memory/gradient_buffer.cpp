@@ -16,7 +16,6 @@ GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params) {
     int64_t numel = 0;
     for (const at::Tensor* p : members) numel += p->numel();
     at::Tensor block = at::empty({numel}, members.front()->options().requires_grad(false));
-    bytes_ += static_cast<int64_t>(block.nbytes());
     int64_t offset = 0;
     for (const at::Tensor* p : members) {
       slots_.emplace(p->unsafeGetTensorImpl(), block.narrow(0, offset, p->numel()).view(p->sizes()));

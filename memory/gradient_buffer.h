@@ -19,12 +19,10 @@ class GradientBuffer {
   explicit GradientBuffer(const std::vector<at::Tensor>& params);
   // The slot of `param`'s gradient (a view of the block, its shape), or undefined.
   at::Tensor slot(const at::Tensor& param) const;
-  int64_t bytes() const { return bytes_; }
 
  private:
   std::vector<at::Tensor> blocks_;
   std::unordered_map<const void*, at::Tensor> slots_;  // by TensorImpl
-  int64_t bytes_ = 0;
 };
 
 }  // namespace ht

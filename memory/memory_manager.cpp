@@ -134,13 +134,11 @@ TensorInfo* MemoryManager::pick_for_fragmentation(int64_t bytes) {
 }
 
 void MemoryManager::evict(TensorInfo& victim) {
-  const int64_t bytes = victim.nbytes;
   if (options_.timeline != nullptr) {
-    options_.timeline->evicted(victim.producer ? victim.producer->op->traits().name : "?", victim.id, bytes);
+    options_.timeline->evicted(victim.producer ? victim.producer->op->traits().name : "?", victim.id, victim.nbytes);
   }
   remat_.evict(victim);
   ++stats_.evictions;
-  stats_.evicted_bytes += bytes;
 }
 
 void MemoryManager::on_resident(TensorInfo& t) {

@@ -53,7 +53,6 @@ struct MemoryStats {
   int64_t kernels = 0;              // kernels run, recomputations included
   int64_t recomputations = 0;       // kernels run to regenerate dropped data
   int64_t evictions = 0;            // tensors dropped by a policy to make room
-  int64_t evicted_bytes = 0;
   double recompute_ms = 0;          // time spent in those kernels
   // Fragmentation (1 - largest free block / free bytes) of the arena when its use was highest
   // since reset_peak(), sampled before each kernel.

@@ -19,8 +19,8 @@ struct BudgetRun {
   std::vector<at::Tensor> state;       // parameters then buffers after the last step
   std::vector<int64_t> in_use_after;   // arena bytes in use after each step
   int64_t peak_in_use = 0;             // arena peak over the run
-  // What no policy can evict: the arena bytes in use before the last step (parameters,
-  // optimizer state) plus the parameters' gradients, which all live at the end of backward.
+  // What no policy can evict: the arena bytes in use before the last step (parameters, their
+  // gradients' block, optimizer state).
   int64_t fixed_bytes = 0;
   MemoryStats stats;
   int64_t live_records_after = 0;      // interpreter records alive after the last step
