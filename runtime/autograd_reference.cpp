@@ -32,6 +32,7 @@ std::vector<Tensor> Interpreter::apply_autograd(std::shared_ptr<const Op> op,
 }
 
 void Interpreter::backward(const std::vector<Tensor>& roots, const std::vector<at::Tensor>& grads) {
+  clear_cast_cache();  // the forward is over; the next one casts the updated weights afresh
   if (options_.mode == ExecutionMode::kInterpreted) {
     tape_.backward(*this, roots, grads);
     return;

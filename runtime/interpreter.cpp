@@ -11,6 +11,7 @@ Interpreter::Interpreter(InterpreterOptions options) : options_(options), memory
 
 Interpreter::~Interpreter() {
   tape_.clear();
+  cast_cache_.clear();
   if (live_records_ != 0) {
     // Handles that outlive their interpreter would point at freed memory: a programming error.
     std::fprintf(stderr, "hybrid_train: internal error: %lld tensor records outlive their interpreter\n",
@@ -52,6 +53,10 @@ uint64_t Interpreter::next_seed() {
 
 std::vector<Tensor> Interpreter::apply(std::shared_ptr<const Op> op,
                                        const std::vector<Tensor>& inputs) {
+  if (autocast_) {
+    const std::vector<Tensor> cast = autocast_inputs(*op, inputs);
+    if (!cast.empty()) return apply(std::move(op), cast);  // now in the op's types: no second cast
+  }
   if (options_.mode == ExecutionMode::kAutograd) return apply_autograd(std::move(op), inputs);
   const OpTraits& traits = op->traits();
   TORCH_CHECK(!traits.in_place, "op ", traits.name,

@@ -9,7 +9,10 @@
 #include "runtime/tape.h"
 #include "runtime/tensor.h"
 
+#include <map>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace ht {
@@ -53,6 +56,14 @@ class Interpreter final : public Rematerializer {
   uint64_t seed_counter() const { return seed_counter_; }
   void set_seed_counter(uint64_t counter) { seed_counter_ = counter; }
 
+  // Automatic mixed precision: before each op runs, its floating inputs are cast as the op
+  // declares (OpTraits::precision) to `low` (bf16 or fp16) or to fp32. nullopt: off.
+  void set_autocast(std::optional<at::ScalarType> low) { autocast_ = low; }
+  std::optional<at::ScalarType> autocast() const { return autocast_; }
+  // Within one forward every use of a weight shares one low-precision copy. backward() forgets
+  // them (the tape keeps what it saved); a forward without backward (evaluation) calls this.
+  void clear_cast_cache() { cast_cache_.clear(); }
+
   ExecutionMode mode() const { return options_.mode; }
   // Parameters' gradients go into these slots (memory/gradient_buffer.h); null: kept as computed.
   void set_gradient_buffer(const GradientBuffer* buffer) { gradient_buffer_ = buffer; }
@@ -80,6 +91,9 @@ class Interpreter final : public Rematerializer {
   friend class Tape;
   std::shared_ptr<TensorInfo> new_record(const at::Tensor& value);
   Tensor make_leaf(const at::Tensor& value, bool requires_grad);
+  // The inputs cast for autocast, or empty when the op takes them as they are (runtime/autocast.cpp).
+  std::vector<Tensor> autocast_inputs(const Op& op, const std::vector<Tensor>& inputs);
+  Tensor cast_for_autocast(const Tensor& x, at::ScalarType dtype);
   std::vector<Tensor> apply_autograd(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs);
   // Runs path.op over its (resident) inputs, pinned meanwhile; times it.
   std::vector<at::Tensor> run_kernel(ComputePath& path, bool recompute);
@@ -98,6 +112,13 @@ class Interpreter final : public Rematerializer {
   uint64_t next_id_ = 0;
   uint64_t tick_ = 0;
   int64_t live_records_ = 0;
+  std::optional<at::ScalarType> autocast_;
+  struct CachedCast {
+    at::Tensor weight;    // held: its address is the key and must not be reused meanwhile
+    int64_t version = 0;  // its version counter when cast: an in-place update invalidates the copy
+    Tensor copy;
+  };
+  std::map<std::pair<const void*, at::ScalarType>, CachedCast> cast_cache_;
 };
 
 // Turns gradient recording off for a scope (evaluation).

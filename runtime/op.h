@@ -12,6 +12,16 @@ namespace ht {
 
 struct TensorInfo;
 
+// What automatic mixed precision (Interpreter::set_autocast) does to an op's floating inputs
+// before it runs. Each cast is an ordinary recorded op (ht::cast), so the memory manager can
+// evict a cast copy and recompute it cheaply. Doubles are never cast.
+enum class Precision : uint8_t {
+  kFollow,   // the widest floating type among the inputs: elementwise, shape, pooling, dropout
+  kLow,      // the low precision (bf16 or fp16): matmul, linear, bmm, conv
+  kFloat32,  // fp32: softmax, log_softmax, losses, norms, reductions
+  kAsIs,     // never cast: the cast op itself
+};
+
 // What an op declares about itself, as data (never a list of names elsewhere).
 struct OpTraits {
   const char* name = "?";
@@ -21,6 +31,7 @@ struct OpTraits {
   bool differentiable = true;  // has a backward
   uint32_t saves_inputs = 0;   // bit i: backward reads the value of input i
   uint32_t saves_outputs = 0;  // bit j: backward reads the value of output j
+  Precision precision = Precision::kFollow;
 
   static constexpr uint32_t bits(std::initializer_list<int> indices) {
     uint32_t mask = 0;
@@ -44,6 +55,14 @@ struct OpTraits {
   }
   OpTraits& drawing_random_numbers() {
     random = true;
+    return *this;
+  }
+  OpTraits& in_low_precision() {
+    precision = Precision::kLow;
+    return *this;
+  }
+  OpTraits& in_float32() {
+    precision = Precision::kFloat32;
     return *this;
   }
 };

@@ -84,6 +84,11 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target);
 // logits (N, K), target (N) int64 -> scalar: nll_loss(log_softmax(logits, 1), target)
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 
+// --- Precision --------------------------------------------------------------------------------
+// x converted to a floating dtype (x itself if it has it); the gradient converts back.
+// Interpreter::set_autocast inserts these by each op's declared Precision (runtime/op.h).
+Tensor cast(const Tensor& x, at::ScalarType dtype);
+
 // --- Shape ------------------------------------------------------------------------------------
 // Views share their base's storage (see README, "Views and residency").
 Tensor reshape(const Tensor& x, std::vector<int64_t> shape);

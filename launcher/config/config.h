@@ -62,6 +62,10 @@ struct TrainingConfig {
   int64_t eval_interval = 0;
   int64_t eval_batches = 0;
   std::string mixed_precision = "off";
+  double loss_scale = 65536.0;  // fp16: dynamic loss scaling (memory/loss_scaler.h)
+  double loss_scale_growth = 2.0;
+  double loss_scale_backoff = 0.5;
+  int64_t loss_scale_growth_interval = 2000;
 };
 
 struct ParallelConfig {

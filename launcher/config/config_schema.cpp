@@ -157,8 +157,23 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "evaluate every this many steps; 0: after each epoch and at the end").min(0));
   f.push_back(Field(&C::training, &TrainingConfig::eval_batches, "training", "eval_batches",
                     "batches per evaluation; 0: the whole evaluation split").min(0));
-  f.push_back(Field(&C::training, &TrainingConfig::mixed_precision, "training", "mixed_precision", "off, bf16 or fp16")
-                  .choices({"off", "bf16", "fp16"}).not_built("automatic mixed precision (issue 5)"));
+  f.push_back(Field(&C::training, &TrainingConfig::mixed_precision, "training", "mixed_precision",
+                    "off (fp32), or matmul, linear and conv in bf16 or fp16 with fp32 master weights, norms, "
+                    "softmax, losses and reductions; fp16 needs CUDA and uses dynamic loss scaling")
+                  .choices({"off", "bf16", "fp16"}));
+  auto fp16 = [](const Config& c) { return c.training.mixed_precision == "fp16"; };
+  const char* fp16_words = "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range and needs no loss scaling)";
+  f.push_back(Field(&C::training, &TrainingConfig::loss_scale, "training", "loss_scale",
+                    "initial loss scale; a step with an inf or NaN gradient is skipped and the scale backs off")
+                  .min(1).only_when(fp16_words, fp16));
+  f.push_back(Field(&C::training, &TrainingConfig::loss_scale_growth, "training", "loss_scale_growth",
+                    "factor the loss scale grows by after loss_scale_growth_interval good steps")
+                  .min(1).only_when(fp16_words, fp16));
+  f.push_back(Field(&C::training, &TrainingConfig::loss_scale_backoff, "training", "loss_scale_backoff",
+                    "factor the loss scale shrinks by after a skipped step")
+                  .min(0.01).max(0.99).only_when(fp16_words, fp16));
+  f.push_back(Field(&C::training, &TrainingConfig::loss_scale_growth_interval, "training", "loss_scale_growth_interval",
+                    "good steps in a row before the loss scale grows").min(1).only_when(fp16_words, fp16));
 }
 
 void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {

@@ -58,6 +58,14 @@ class Rules {
     }
   }
 
+  void mixed_precision() const {
+    if (c_.training.mixed_precision == "fp16" && c_.training.device == "cpu") {
+      throw UserError(loc("training.mixed_precision") + "training.mixed_precision = \"fp16\" on training.device = "
+                      "\"cpu\": ATen lacks most fp16 CPU kernels; use \"bf16\" on the CPU, or fp16 with "
+                      "training.device = \"cuda\"");
+    }
+  }
+
   void learning_rate() const {
     if (c_.training.min_lr > c_.training.lr) {
       throw UserError(loc("training.min_lr") + "training.min_lr = " + to_toml(c_.training.min_lr) +
@@ -141,6 +149,7 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.features_not_built();
   rules.batch_sizes();
   rules.device();
+  rules.mixed_precision();
   rules.learning_rate();
   rules.model_shape();
   rules.model_and_data();

@@ -88,6 +88,11 @@ void write_trainer_state(const TrainerState& s, const fs::path& path) {
   archive.write("epoch", c10::IValue(s.sampler.epoch));
   archive.write("batch", c10::IValue(s.sampler.batch));
   archive.write("seed_counter", c10::IValue(static_cast<int64_t>(s.seed_counter)));
+  if (s.loss_scaler) {
+    archive.write("loss_scale", c10::IValue(s.loss_scaler->scale));
+    archive.write("loss_scale_good_steps", c10::IValue(s.loss_scaler->good_steps));
+    archive.write("skipped_steps", c10::IValue(s.loss_scaler->skipped_steps));
+  }
   archive.save_to(path.string());
 }
 
@@ -104,6 +109,11 @@ TrainerState read_trainer_state(const fs::path& path) {
   s.sampler.epoch = read("epoch");
   s.sampler.batch = read("batch");
   s.seed_counter = static_cast<uint64_t>(read("seed_counter"));
+  // Only fp16 runs have a loss scaler; a run that had none resumes with the configured scale.
+  c10::IValue scale;
+  if (archive.try_read("loss_scale", scale)) {
+    s.loss_scaler = LossScalerState{scale.toDouble(), read("loss_scale_good_steps"), read("skipped_steps")};
+  }
   return s;
 }
 

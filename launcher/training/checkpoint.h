@@ -1,11 +1,12 @@
 #pragma once
 // Checkpoints: model, optimizer state, the data position and the interpreter's seed counter
-// (all the random state training draws from), and the step. Each is a folder step_<N>/ holding
+// (all the random state training draws from), the loss scaler and the step. Each is a folder step_<N>/ holding
 // model.pt, optimizer.pt, trainer.pt and a MANIFEST of sizes and CRC-32s written last; it is
 // built under a temporary name, fsynced and renamed, so a folder named step_<N> is complete.
 // A damaged checkpoint (missing file, wrong size or checksum) is detected on resume.
 
 #include "launcher/data/sampler.h"
+#include "memory/loss_scaler.h"
 #include "models/model.h"
 
 #include <torch/optim/optimizer.h>
@@ -20,6 +21,7 @@ struct TrainerState {
   int64_t step = 0;  // optimizer steps done
   SamplerPosition sampler;
   uint64_t seed_counter = 0;
+  std::optional<LossScalerState> loss_scaler;  // fp16 runs only
 };
 
 class CheckpointStore {

@@ -48,6 +48,20 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   return norm;
 }
 
+StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                           const TrainingConfig& t, double lr, LossScaler* scaler) {
+  StepOutcome outcome;
+  if (scaler != nullptr) {
+    outcome.stepped = scaler->unscale(params);
+    scaler->update(outcome.stepped);
+  }
+  outcome.grad_norm = clip_grad_norm(params, outcome.stepped ? t.grad_clip : 0.0);
+  if (!outcome.stepped) return outcome;
+  set_learning_rate(optimizer, lr);
+  optimizer.step();
+  return outcome;
+}
+
 void clear_grads(const std::vector<at::Tensor>& params) {
   for (const at::Tensor& p : params) {
     at::Tensor handle = p;  // shares the TensorImpl: resets the parameter's own gradient

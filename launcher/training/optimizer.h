@@ -3,6 +3,7 @@
 // then constant or cosine decay) and global-norm gradient clipping.
 
 #include "launcher/config/config.h"
+#include "memory/loss_scaler.h"
 
 #include <torch/optim/optimizer.h>
 
@@ -21,6 +22,16 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 // Returns the global L2 norm of the gradients; when max_norm > 0 and the norm exceeds it, scales
 // every gradient by max_norm / norm.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+struct StepOutcome {
+  double grad_norm = 0;  // of the unscaled gradients, before clipping
+  bool stepped = true;   // false: a gradient was inf or NaN and the step was skipped
+};
+// The end of a training step, with the gradients of the whole global batch in place: with a
+// scaler (fp16), unscale them and skip the step if any is not finite, leaving parameters and
+// optimizer state untouched; then clip to `t.grad_clip`, set the learning rate and step.
+StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                           const TrainingConfig& t, double lr, LossScaler* scaler);
 
 // Sets every gradient to undefined (libtorch 1.13's zero_grad() zeroes in place instead).
 void clear_grads(const std::vector<at::Tensor>& params);

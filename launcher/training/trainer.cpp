@@ -13,6 +13,19 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// training.mixed_precision as the interpreter's autocast type.
+std::optional<at::ScalarType> autocast_type(const TrainingConfig& t) {
+  if (t.mixed_precision == "bf16") return at::kBFloat16;
+  if (t.mixed_precision == "fp16") return at::kHalf;
+  return std::nullopt;
+}
+
+std::unique_ptr<LossScaler> make_loss_scaler(const TrainingConfig& t) {
+  if (t.mixed_precision != "fp16") return nullptr;
+  return std::make_unique<LossScaler>(
+      LossScalerOptions{t.loss_scale, t.loss_scale_growth, t.loss_scale_backoff, t.loss_scale_growth_interval});
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
@@ -21,13 +34,14 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
       optimizer_(make_optimizer(config.training, params_)),
       sampler_(data_.train->size(), config.training.global_batch_size, static_cast<uint64_t>(config.job.seed),
                config.data.shuffle),
-      arena_(std::move(arena)),
+      arena_(std::move(arena)), scaler_(make_loss_scaler(config.training)),
       interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}),
       checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
       total_steps_(config.training.steps > 0 ? config.training.steps
                                              : config.training.epochs * sampler_.batches_per_epoch()),
       progress_(total_steps_, config.metrics.log_interval) {
   model_->train();
+  interp_.set_autocast(autocast_type(config.training));
   interp_.memory().configure(memory_options());
   if (arena_) {
     // Under a budget, gradients get one block beside the parameters (memory/gradient_buffer.h).
@@ -77,6 +91,7 @@ void Trainer::resume_from(const std::string& folder) {
   state_ = CheckpointStore::load(folder, *model_, *optimizer_);
   sampler_.seek(state_.sampler);
   interp_.set_seed_counter(state_.seed_counter);
+  if (scaler_ && state_.loss_scaler) scaler_->restore(*state_.loss_scaler);
   result_.resumed_from_step = state_.step;
   progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
 }
@@ -103,16 +118,18 @@ Trainer::StepResult Trainer::train_step() {
   for (int64_t k = 0; k < micro_batches; ++k) {
     const Batch micro{batch.input.narrow(0, k * micro_size, micro_size),
                       batch.target.narrow(0, k * micro_size, micro_size)};
-    r.loss += forward_backward(micro, 1.0 / static_cast<double>(micro_batches)) / static_cast<double>(micro_batches);
+    const double scale = (scaler_ ? scaler_->scale() : 1.0) / static_cast<double>(micro_batches);
+    r.loss += forward_backward(micro, scale) / static_cast<double>(micro_batches);
   }
   // Gradients of the whole global batch are complete here: data parallelism all-reduces them at
   // this point, once per optimizer step, never per micro-batch (issue 6).
-  r.grad_norm = clip_grad_norm(params_, config_.training.grad_clip);
   r.lr = learning_rate_at(config_.training, state_.step, total_steps_);
-  set_learning_rate(*optimizer_, r.lr);
-  optimizer_->step();
+  const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get());
+  r.grad_norm = outcome.grad_norm;
+  r.skipped = !outcome.stepped;
   clear_grads(params_);
   ++state_.step;
+  if (scaler_) state_.loss_scaler = scaler_->state();
   state_.sampler = sampler_.position();
   state_.seed_counter = interp_.seed_counter();
   r.ms = seconds_since(start) * 1e3;
@@ -144,6 +161,10 @@ TrainResult Trainer::run(RunOutput& output) {
       progress_.line("warning: loss is " + std::to_string(last.loss) + " at step " + std::to_string(state_.step) +
                      "; try a lower training.lr or training.grad_clip");
     }
+    if (last.skipped) {
+      progress_.line("step " + std::to_string(state_.step) + " skipped: a gradient was inf or NaN; loss scale now " +
+                     std::to_string(scaler_->scale()));
+    }
     progress_.step(state_.step, last.loss, last.lr, config_.training.global_batch_size / (last.ms / 1e3));
     if (state_.step % config_.metrics.log_interval == 0 || state_.step == total_steps_) log_step(last);
     if (eval_due()) log_eval(evaluate());
@@ -168,6 +189,7 @@ EvalResult Trainer::evaluate() {
   // Its own interpreter: evaluation never draws from the training seed stream, so when and how
   // often it runs cannot change training.
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1});
+  interp.set_autocast(autocast_type(config_.training));
   interp.memory().configure(memory_options());  // the same device memory and policy
   NoGradGuard no_grad(interp);
   model_->eval();
@@ -187,6 +209,7 @@ EvalResult Trainer::evaluate() {
       correct += out.value().argmax(1).eq(target).sum().item<int64_t>();
     }
     samples += n;
+    interp.clear_cast_cache();  // no backward ends this forward
   }
   model_->train();
   EvalResult r;
@@ -212,6 +235,7 @@ void Trainer::log_step(const StepResult& r) {
       .add("activation_peak_bytes", mem.peak_resident_bytes).add("evictions", r.evictions)
       .add("recomputations", r.recomputations).add("recompute_ms", r.recompute_ms)
       .add("fragmentation", r.fragmentation);
+  if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
   output_->metrics(record);
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // The training loop. One step: the global batch is cut into micro-batches; each runs forward and
-// backward through the interpreter, gradients accumulating in the parameters' .grad(); then the
-// gradients are clipped and the optimizer steps with the scheduled learning rate. Evaluation,
-// metrics and checkpoints happen at their intervals.
+// backward through the interpreter (with automatic mixed precision if configured), the loss
+// scaled by 1/micro-batches, gradients accumulating in fp32 in the parameters' .grad(); then the
+// gradients are unscaled and checked (fp16), clipped, and the optimizer steps once with the
+// scheduled learning rate. Evaluation, metrics and checkpoints happen at their intervals.
 
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
@@ -10,6 +11,7 @@
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
 #include "memory/cpu_arena.h"
+#include "memory/loss_scaler.h"
 #include "memory/memory_timeline.h"
 #include "runtime/interpreter.h"
 
@@ -64,6 +66,7 @@ class Trainer {
  private:
   struct StepResult {
     double loss = 0, grad_norm = 0, lr = 0, ms = 0;
+    bool skipped = false;  // fp16: a gradient was not finite
     int64_t mem_peak_bytes = -1;
     // The memory manager during this step.
     int64_t evictions = 0, recomputations = 0;
@@ -88,6 +91,7 @@ class Trainer {
   std::shared_ptr<CpuArena> arena_;
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget
+  std::unique_ptr<LossScaler> scaler_;         // fp16
   Interpreter interp_;
   CheckpointStore checkpoints_;
   RunOutput* output_ = nullptr;  // during run()

@@ -11,7 +11,7 @@ using TensorList = std::vector<at::Tensor>;
 class SoftmaxOp final : public Op {
  public:
   SoftmaxOp(int64_t dim, bool log)
-      : Op(OpTraits::named(log ? "log_softmax" : "softmax").saving_outputs({0})), dim_(dim),
+      : Op(OpTraits::named(log ? "log_softmax" : "softmax").saving_outputs({0}).in_float32()), dim_(dim),
         log_(log) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
@@ -31,7 +31,7 @@ class SoftmaxOp final : public Op {
 // Outputs (loss, total_weight); mean reduction, no class weights.
 class NllLossOp final : public Op {
  public:
-  NllLossOp() : Op(OpTraits::named("nll_loss").saving_inputs({0, 1}).saving_outputs({1})) {}
+  NllLossOp() : Op(OpTraits::named("nll_loss").saving_inputs({0, 1}).saving_outputs({1}).in_float32()) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     auto [loss, total_weight] =

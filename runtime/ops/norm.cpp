@@ -15,8 +15,8 @@ class BatchNormOp final : public Op {
  public:
   BatchNormOp(at::Tensor running_mean, at::Tensor running_var, bool training, double momentum,
               double eps)
-      : Op(training ? OpTraits::named("batch_norm").saving_inputs({0, 1}).saving_outputs({1, 2})
-                    : OpTraits::named("batch_norm_eval").saving_inputs({0, 1})),
+      : Op(training ? OpTraits::named("batch_norm").saving_inputs({0, 1}).saving_outputs({1, 2}).in_float32()
+                    : OpTraits::named("batch_norm_eval").saving_inputs({0, 1}).in_float32()),
         running_mean_(std::move(running_mean)), running_var_(std::move(running_var)),
         training_(training), momentum_(momentum), eps_(eps) {}
 
@@ -58,7 +58,7 @@ class BatchNormOp final : public Op {
 class LayerNormOp final : public Op {
  public:
   LayerNormOp(std::vector<int64_t> normalized_shape, double eps)
-      : Op(OpTraits::named("layer_norm").saving_inputs({0, 1, 2}).saving_outputs({1, 2})),
+      : Op(OpTraits::named("layer_norm").saving_inputs({0, 1, 2}).saving_outputs({1, 2}).in_float32()),
         shape_(std::move(normalized_shape)), eps_(eps) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {

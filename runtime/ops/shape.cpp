@@ -118,7 +118,7 @@ class SplitOp final : public Op {
 class ReduceOp final : public Op {
  public:
   ReduceOp(std::vector<int64_t> dims, bool keepdim, bool mean)
-      : Op(OpTraits::named(mean ? "mean" : "sum")), dims_(std::move(dims)), keepdim_(keepdim),
+      : Op(OpTraits::named(mean ? "mean" : "sum").in_float32()), dims_(std::move(dims)), keepdim_(keepdim),
         mean_(mean) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {

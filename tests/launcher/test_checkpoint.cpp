@@ -44,6 +44,7 @@ TEST(Checkpoint, RoundTripRestoresModelOptimizerAndState) {
   EXPECT_EQ(loaded.sampler.epoch, 2);
   EXPECT_EQ(loaded.sampler.batch, 3);
   EXPECT_EQ(loaded.seed_counter, 41u);
+  EXPECT_FALSE(loaded.loss_scaler.has_value()) << "no loss scaler was saved";
   auto pa = a.model->parameters(), pb = b.model->parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(pa[i].equal(pb[i]));
   // The momentum buffers came back too: the next steps agree.
@@ -54,6 +55,19 @@ TEST(Checkpoint, RoundTripRestoresModelOptimizerAndState) {
   pa = a.model->parameters();
   pb = b.model->parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(pa[i].equal(pb[i]));
+}
+
+TEST(Checkpoint, KeepsTheLossScalerOfAnFp16Run) {
+  TempDir dir;
+  Fixture f;
+  TrainerState state{3, {0, 3}, 9};
+  state.loss_scaler = LossScalerState{2048.0, 17, 2};
+  const std::string folder = CheckpointStore(dir.path("ckpt"), 1).save(*f.model, f.sgd, state);
+  const TrainerState loaded = CheckpointStore::load(folder, *f.model, f.sgd);
+  ASSERT_TRUE(loaded.loss_scaler.has_value());
+  EXPECT_EQ(loaded.loss_scaler->scale, 2048.0);
+  EXPECT_EQ(loaded.loss_scaler->good_steps, 17);
+  EXPECT_EQ(loaded.loss_scaler->skipped_steps, 2);
 }
 
 TEST(Checkpoint, KeepsTheNewestAndIgnoresUnfinishedFolders) {

@@ -96,7 +96,22 @@ TEST_F(ConfigErrors, UnreadableConfigFile) {
 TEST_F(ConfigErrors, FeaturesNotBuiltYetAreRefused) {
   EXPECT_THAT(error_in(kGood, {"--parallel.data_parallel=2"}),
               HasSubstr("argument --parallel.data_parallel=2: parallel.data_parallel = 2: data parallelism"));
-  EXPECT_THAT(error_in(kGood, {"--training.mixed_precision=bf16"}), HasSubstr("not built yet"));
+}
+
+TEST_F(ConfigErrors, MixedPrecision) {
+  EXPECT_THAT(error_in(kGood, {"--training.mixed_precision=fp16"}),
+              HasSubstr("argument --training.mixed_precision=fp16: training.mixed_precision = \"fp16\" on "
+                        "training.device = \"cpu\": ATen lacks most fp16 CPU kernels; use \"bf16\" on the CPU, or "
+                        "fp16 with training.device = \"cuda\""));
+  EXPECT_THAT(error_in(kGood, {"--training.mixed_precision=fp8"}), HasSubstr("\"fp8\" is not allowed"));
+  EXPECT_THAT(error_in(kGood, {"--training.loss_scale=0.5"}), HasSubstr("training.loss_scale: 0.5 is out of range"));
+  // bf16 needs no loss scaling: a scaling key with it is said to do nothing, and why.
+  const LoadedConfig loaded = load_config(dir_.write("s.toml", kGood), {override_of("--training.mixed_precision=bf16"),
+                                                                        override_of("--training.loss_scale=1024")});
+  ASSERT_EQ(loaded.warnings.size(), 1u);
+  EXPECT_THAT(loaded.warnings[0], HasSubstr("training.loss_scale has no effect: it applies only when "
+                                            "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range "
+                                            "and needs no loss scaling)"));
 }
 
 TEST_F(ConfigErrors, MemoryBudget) {

@@ -7,7 +7,10 @@
 
 #include <gmock/gmock.h>
 
+#include <torch/optim/sgd.h>
+
 #include <cmath>
+#include <limits>
 #include <fstream>
 
 namespace ht::test {
@@ -206,6 +209,62 @@ TEST(Training, AccumulationOfOneMicroBatchIsThePlainRunAndFourIsClose) {
     EXPECT_TRUE(plain[i].equal(one[i]));
     EXPECT_TRUE(at::allclose(plain[i], four[i], 1e-4, 1e-5)) << "fp32 summation order only";
   }
+}
+
+TEST(Training, Bf16OnFashionMnistReachesTheAccuracyOfFp32) {
+  TempDir dir;
+  const std::string toml = R"([model]
+name = "convnet"
+channels = [8, 16]
+fc_hidden = 32
+[data]
+dataset = "fashion_mnist"
+[training]
+steps = 120
+global_batch_size = 64
+lr = 0.05
+eval_batches = 40
+)";
+  auto run = [&](const std::string& precision) {
+    return run_job(config_for(dir, toml, {"--job.output_dir=" + dir.path(precision),
+                                          "--training.mixed_precision=" + precision}), true);
+  };
+  const JobOutcome fp32 = run("off"), bf16 = run("bf16");
+  ASSERT_TRUE(fp32.result.eval && bf16.result.eval);
+  const double a32 = *fp32.result.eval->accuracy, a16 = *bf16.result.eval->accuracy;
+  EXPECT_GT(a32, 0.70) << "120 steps of 64 on the test split's first 2560 images";
+  EXPECT_NEAR(a16, a32, 0.02) << "the accuracy band of fp32";
+  EXPECT_NEAR(bf16.result.final_loss, fp32.result.final_loss, 0.05 * fp32.result.final_loss);
+  for (const auto& p : bf16.model->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat) << "fp32 master weights";
+}
+
+TEST(Training, AStepWithAnInfGradientIsSkippedAndTheScaleBacksOff) {
+  const float inf = std::numeric_limits<float>::infinity();
+  TrainingConfig t;
+  at::Tensor a = at::ones({3}).requires_grad_(true), b = at::ones({2}).requires_grad_(true);
+  const std::vector<at::Tensor> params{a, b};
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.5).momentum(0.9));
+  LossScaler scaler(LossScalerOptions{8.0, 2.0, 0.5, 2});
+  a.mutable_grad() = at::full({3}, 8.0);
+  b.mutable_grad() = at::tensor({8.0f, inf});  // injected
+  StepOutcome outcome = optimizer_step(sgd, params, t, 0.5, &scaler);
+  EXPECT_FALSE(outcome.stepped);
+  EXPECT_TRUE(a.equal(at::ones({3}))) << "parameters untouched";
+  EXPECT_TRUE(b.equal(at::ones({2})));
+  EXPECT_TRUE(sgd.state().empty()) << "no momentum buffer was made";
+  EXPECT_EQ(scaler.scale(), 4.0);
+  EXPECT_EQ(scaler.skipped_steps(), 1);
+  for (int step = 0; step < 2; ++step) {
+    clear_grads(params);
+    a.mutable_grad() = at::full({3}, scaler.scale());  // a gradient of 1, scaled
+    b.mutable_grad() = at::zeros({2});
+    outcome = optimizer_step(sgd, params, t, 0.5, &scaler);
+    EXPECT_TRUE(outcome.stepped);
+    EXPECT_NEAR(outcome.grad_norm, std::sqrt(3.0), 1e-6) << "the norm of the unscaled gradient";
+  }
+  // SGD with momentum 0.9 on gradient 1: steps of 0.5 and 0.5 * 1.9.
+  EXPECT_TRUE(at::allclose(a, at::full({3}, 1.0 - 0.5 - 0.95)));
+  EXPECT_EQ(scaler.scale(), 8.0) << "grown after 2 good steps";
 }
 
 TEST(Training, WarmupThenCosineToMinLr) {

@@ -63,3 +63,29 @@ TEST(OpsConvPool, AdaptiveAvgPool2dGlobalAndGeneral) {
 
 }  // namespace
 }  // namespace ht::test
+
+namespace ht::test {
+namespace {
+
+// libtorch 1.13's bf16 CPU kernel leaves garbage in this weight gradient (a strided 3x3
+// convolution over a 1x1 input, as in a ResNet's last stage on small images); ours must not.
+TEST(OpsConvPool, Bf16StridedConvolutionOverOnePixel) {
+  at::manual_seed(4);
+  for (int64_t kernel : {3, 7}) {
+    const at::Tensor x = at::randn({8, 16, 1, 1}).to(at::kBFloat16), w = at::randn({16, 16, kernel, kernel});
+    const at::Tensor w16 = w.to(at::kBFloat16).requires_grad_(true);
+    Interpreter interp;
+    Conv2dArgs args;
+    args.stride = {2, 2};
+    args.padding = {kernel / 2, kernel / 2};
+    const Tensor y = conv2d(interp.input(x), interp.param(w16), Tensor(), args);
+    interp.backward({y}, {at::ones(y.sizes(), at::kBFloat16)});
+    at::Tensor w32 = w16.detach().to(at::kFloat).requires_grad_(true);
+    at::convolution(x.to(at::kFloat), w32, {}, {2, 2}, args.padding, {1, 1}, false, {0, 0}, 1).sum().backward();
+    ASSERT_TRUE(at::isfinite(w16.grad()).all().item<bool>()) << "kernel " << kernel;
+    EXPECT_TRUE(all_close(w16.grad().to(at::kFloat), w32.grad(), 1e-2, 1e-2)) << "kernel " << kernel;
+  }
+}
+
+}  // namespace
+}  // namespace ht::test

@@ -9,13 +9,17 @@
 namespace ht::test {
 
 BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<EvictionHeuristic> heuristic,
-                          int steps, int64_t batch) {
+                          int steps, int64_t batch, const SaverOptions& savers) {
   constexpr uint64_t kSeed = 4;
   BudgetRun run;
   auto arena = std::make_shared<CpuArena>(capacity);
   ArenaScope device(arena);
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed});
   interp.memory().configure(MemoryOptions::budget(arena, heuristic));
+  interp.set_autocast(savers.autocast);
+  TORCH_CHECK(batch % savers.micro_batches == 0, "train_in_budget: batch ", batch, " in ", savers.micro_batches,
+              " micro-batches");
+  const int64_t micro = batch / savers.micro_batches;
   try {
     at::manual_seed(kSeed);
     std::shared_ptr<Model> model = c.make();
@@ -26,13 +30,14 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
       run.fixed_bytes = arena->stats().in_use;  // the gradients' block included
       at::manual_seed(100 + step);
       auto [x, y] = c.data(batch);
-      Tensor loss = model->loss(model->forward(interp.input(x)), interp.input(y));
-      interp.backward(loss);
-      {
+      for (int64_t k = 0; k < savers.micro_batches; ++k) {
+        Tensor loss = model->loss(model->forward(interp.input(x.narrow(0, k * micro, micro))),
+                                  interp.input(y.narrow(0, k * micro, micro)));
+        interp.backward({loss}, {at::full(loss.sizes(), 1.0 / static_cast<double>(savers.micro_batches),
+                                          loss.options())});
         HostAllocationScope host;  // what the test keeps is not the model's memory
         run.losses.push_back(loss.value().clone());
       }
-      loss.reset();
       sgd.step();
       clear_grads(*model);
       run.in_use_after.push_back(arena->stats().in_use);

@@ -15,7 +15,7 @@ namespace ht::test {
 struct BudgetRun {
   bool out_of_budget = false;          // an allocation could not be served, even after evicting
   std::string failure;                 // what OutOfBudget said
-  std::vector<at::Tensor> losses;      // per step
+  std::vector<at::Tensor> losses;      // per step (per micro-batch with accumulation)
   std::vector<at::Tensor> state;       // parameters then buffers after the last step
   std::vector<int64_t> in_use_after;   // arena bytes in use after each step
   int64_t peak_in_use = 0;             // arena peak over the run
@@ -26,8 +26,14 @@ struct BudgetRun {
   int64_t live_records_after = 0;      // interpreter records alive after the last step
 };
 
+// The other memory savers, composed with the budget.
+struct SaverOptions {
+  std::optional<at::ScalarType> autocast;  // mixed precision: bf16 (or fp16)
+  int64_t micro_batches = 1;               // gradient accumulation over equal slices of the batch
+};
+
 BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<EvictionHeuristic> heuristic,
-                          int steps = 3, int64_t batch = 4);
+                          int steps = 3, int64_t batch = 4, const SaverOptions& savers = {});
 
 // The budget that gives `ratio` of the unoptimized run's activation memory on top of its fixed
 // state: fixed + ratio * (peak - fixed), the DTR paper's convention, with parameters, their
