@@ -33,8 +33,9 @@ int64_t Unoptimized::budget_at(double ratio) const {
 }
 
 BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std::optional<EvictionHeuristic> policy,
-                           double eviction_threshold)
-    : arena_(std::make_shared<CpuArena>(budget)) {
+                           double eviction_threshold, const Savers& savers)
+    : arena_(std::make_shared<CpuArena>(budget)), micro_batches_(savers.micro_batches) {
+  TORCH_CHECK(batch % micro_batches_ == 0, "BudgetRunner: batch ", batch, " in ", micro_batches_, " micro-batches");
   at::manual_seed(0);
   std::tie(input_, target_) = w.data(batch);  // host memory: the data set's side
   ArenaScope device(arena_);
@@ -44,6 +45,7 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   gradients_ = std::make_unique<GradientBuffer>(model_->parameters());
   interp_ = std::make_unique<Interpreter>(InterpreterOptions{ExecutionMode::kInterpreted, 1});
   interp_->set_gradient_buffer(gradients_.get());
+  interp_->set_autocast(savers.autocast);
   MemoryOptions options = MemoryOptions::budget(arena_, policy);
   options.eviction_threshold = eviction_threshold;
   interp_->memory().configure(options);
@@ -63,12 +65,16 @@ StepSample BudgetRunner::step() {
   const MemoryStats before = interp_->memory().stats();
   const auto t0 = std::chrono::steady_clock::now();
   {
-    // The batch is copied into device memory, as a GPU run copies it from the host.
-    Tensor loss = model_->loss(model_->forward(interp_->input(input_.clone())), interp_->input(target_.clone()));
-    interp_->backward(loss);
     StepSample s;
-    s.loss = loss.value().item<double>();
-    loss.reset();
+    const int64_t micro = input_.size(0) / micro_batches_;
+    for (int64_t k = 0; k < micro_batches_; ++k) {
+      // Each micro-batch is copied into device memory, as a GPU run copies it from the host.
+      Tensor loss = model_->loss(model_->forward(interp_->input(input_.narrow(0, k * micro, micro).clone())),
+                                 interp_->input(target_.narrow(0, k * micro, micro).clone()));
+      const double scale = 1.0 / static_cast<double>(micro_batches_);
+      interp_->backward({loss}, {at::full(loss.sizes(), scale, loss.options())});
+      s.loss += loss.value().item<double>() * scale;
+    }
     sgd_->step();
     for (at::Tensor& p : model_->parameters()) p.mutable_grad() = at::Tensor();
     s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

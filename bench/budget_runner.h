@@ -34,6 +34,13 @@ struct StepSample {
   int64_t evictions = 0, recomputations = 0, peak_in_use = 0;
 };
 
+// The other memory savers: mixed precision, and gradient accumulation over equal micro-batches
+// of the step's batch (the same global batch, one optimizer step).
+struct Savers {
+  std::optional<at::ScalarType> autocast;
+  int64_t micro_batches = 1;
+};
+
 struct Unoptimized {
   int64_t fixed_bytes = 0;  // parameters, their gradients, optimizer state
   int64_t peak_in_use = 0;  // the step's peak
@@ -45,7 +52,7 @@ class BudgetRunner {
  public:
   // Throws OutOfBudget if even the model does not fit.
   BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std::optional<EvictionHeuristic> policy,
-               double eviction_threshold = MemoryOptions{}.eviction_threshold);
+               double eviction_threshold = MemoryOptions{}.eviction_threshold, const Savers& savers = {});
   ~BudgetRunner();
   // One SGD step on the runner's fixed batch. Throws OutOfBudget when the budget cannot hold it.
   StepSample step();
@@ -59,6 +66,7 @@ class BudgetRunner {
   std::unique_ptr<GradientBuffer> gradients_;
   std::unique_ptr<Interpreter> interp_;
   at::Tensor input_, target_;  // host
+  int64_t micro_batches_ = 1;
   int64_t fixed_bytes_ = 0, peak_in_use_ = 0;
 };
 

@@ -9,12 +9,14 @@ namespace {
 // fp32, bf16 and fp16 take part; doubles (and integers) are left alone.
 bool castable(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
-// The type the op runs in, or nullopt: leave every input as it is.
-std::optional<at::ScalarType> target_type(Precision precision, at::ScalarType low, const std::vector<Tensor>& inputs) {
+// The type input `index` is cast to, or nullopt: leave it as it is.
+std::optional<at::ScalarType> target_type(Precision precision, at::ScalarType low, const std::vector<Tensor>& inputs,
+                                          size_t index) {
   switch (precision) {
     case Precision::kAsIs: return std::nullopt;
     case Precision::kLow: return low;
     case Precision::kFloat32: return at::kFloat;
+    case Precision::kFloat32Weights: return index == 0 ? std::nullopt : std::optional(at::kFloat);
     case Precision::kFollow: {
       // The widest: fp32 if any input is fp32, or if bf16 meets fp16.
       std::optional<at::ScalarType> widest;
@@ -31,13 +33,15 @@ std::optional<at::ScalarType> target_type(Precision precision, at::ScalarType lo
 }  // namespace
 
 std::vector<Tensor> Interpreter::autocast_inputs(const Op& op, const std::vector<Tensor>& inputs) {
-  const std::optional<at::ScalarType> target = target_type(op.traits().precision, *autocast_, inputs);
-  if (!target) return {};
+  const Precision precision = op.traits().precision;
+  if (precision == Precision::kAsIs) return {};
   std::vector<Tensor> cast;
   bool changed = false;
   cast.reserve(inputs.size());
-  for (const Tensor& in : inputs) {
-    if (in.defined() && castable(in.dtype()) && in.dtype() != *target) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& in = inputs[i];
+    const std::optional<at::ScalarType> target = target_type(precision, *autocast_, inputs, i);
+    if (target && in.defined() && castable(in.dtype()) && in.dtype() != *target) {
       cast.push_back(cast_for_autocast(in, *target));
       changed = true;
     } else {

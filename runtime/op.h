@@ -18,7 +18,11 @@ struct TensorInfo;
 enum class Precision : uint8_t {
   kFollow,   // the widest floating type among the inputs: elementwise, shape, pooling, dropout
   kLow,      // the low precision (bf16 or fp16): matmul, linear, bmm, conv
-  kFloat32,  // fp32: softmax, log_softmax, losses, norms, reductions
+  kFloat32,  // fp32: softmax, log_softmax, losses, layer norm, reductions
+  // Input 0 keeps its type, the others (weights) are fp32: batch norm, whose kernel keeps its
+  // statistics and accumulates in fp32 and writes its output in the input's type, as cuDNN's does
+  // under PyTorch's autocast. A bf16 network then saves bf16 activations around its norms.
+  kFloat32Weights,
   kAsIs,     // never cast: the cast op itself
 };
 
@@ -63,6 +67,10 @@ struct OpTraits {
   }
   OpTraits& in_float32() {
     precision = Precision::kFloat32;
+    return *this;
+  }
+  OpTraits& with_float32_weights() {
+    precision = Precision::kFloat32Weights;
     return *this;
   }
 };

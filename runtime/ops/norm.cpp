@@ -15,8 +15,8 @@ class BatchNormOp final : public Op {
  public:
   BatchNormOp(at::Tensor running_mean, at::Tensor running_var, bool training, double momentum,
               double eps)
-      : Op(training ? OpTraits::named("batch_norm").saving_inputs({0, 1}).saving_outputs({1, 2}).in_float32()
-                    : OpTraits::named("batch_norm_eval").saving_inputs({0, 1}).in_float32()),
+      : Op(training ? OpTraits::named("batch_norm").saving_inputs({0, 1}).saving_outputs({1, 2}).with_float32_weights()
+                    : OpTraits::named("batch_norm_eval").saving_inputs({0, 1}).with_float32_weights()),
         running_mean_(std::move(running_mean)), running_var_(std::move(running_var)),
         training_(training), momentum_(momentum), eps_(eps) {}
 

@@ -53,7 +53,7 @@ const ModelCase& dtr_case(const std::string& name) {
 }
 
 constexpr int64_t kBatch = 16;
-constexpr int64_t kSaversBatch = 128;
+constexpr int64_t kSaversBatch = 64;
 
 // Ceilings on the smallest ratio, with every policy. Measured 2026-11-23: convnet 0.86,
 // resnet18 0.45-0.47, gpt 0.23-0.27, supernet 0.41-0.42.
@@ -128,25 +128,27 @@ TEST_P(ModelDtr, BitIdenticalAtEveryBudgetDownToTheSmallest) {
 }
 
 // The memory savers compose: DTR under a budget, with bf16 autocast and gradients accumulated
-// over 4 micro-batches, trains bit-identically to the same run without a budget. Batch 128 (micro-
-// batches of 32), so that activations dominate as in the tests above. The budget is 30% of that
-// run's activation memory where the model reaches it; measured 2026-11-23, the smallest ratios
-// that work are resnet18 0.25, supernet 0.23-0.27 and gpt 0.30-0.36 (its fp32 casts for softmax,
-// layer norm and the residual stream widen the largest op's working set).
+// over 4 micro-batches, trains bit-identically to the same run without a budget. Batch 64
+// (micro-batches of 16). The budget is a ratio of that run's own activation memory: 30% for an
+// 8-layer GPT, the deepest case; ResNet-18 and the supernet, whose bf16 activations are small
+// next to the working set of one op (the fp32 temporaries of bf16 batch norm on the CPU) and the
+// arena's fragmentation, only reach 0.44-0.58 (measured 2026-11-23) and are checked at 0.6 and 0.7.
 TEST(ModelDtrComposition, Bf16AndAccumulationOfFour) {
   const SaverOptions savers{at::kBFloat16, 4};
-  const std::map<std::string, double> ratios{{"resnet18", 0.3}, {"supernet", 0.3}, {"gpt", 0.45}};
-  for (const auto& [name, ratio] : ratios) {
-    const ModelCase& c = dtr_case(name);
-    const std::string what = name + " at " + std::to_string(ratio);
-    const BudgetRun plain = train_in_budget(c, kUnlimited, std::nullopt, 3, kSaversBatch, savers);
+  const ModelCase gpt8{"gpt8", [] { return std::make_shared<Gpt>(GptOptions{17, 32, 8, 2, 32, 0.1}); },
+                       dtr_case("gpt").data};
+  const std::vector<std::pair<const ModelCase*, double>> cases{
+      {&gpt8, 0.3}, {&dtr_case("resnet18"), 0.6}, {&dtr_case("supernet"), 0.7}};
+  for (const auto& [c, ratio] : cases) {
+    const std::string what = c->name + " at " + std::to_string(ratio);
+    const BudgetRun plain = train_in_budget(*c, kUnlimited, std::nullopt, 3, kSaversBatch, savers);
     ASSERT_FALSE(plain.out_of_budget) << what;
     const int64_t budget = budget_at(plain, ratio);
-    const BudgetRun run = train_in_budget(c, budget, EvictionHeuristic::kDtr, 3, kSaversBatch, savers);
+    const BudgetRun run = train_in_budget(*c, budget, EvictionHeuristic::kDtr, 3, kSaversBatch, savers);
     expect_identical(plain, run, what);
     expect_within_budget_and_no_leaks(run, plain, budget, what);
     EXPECT_GT(run.stats.recomputations, 0) << what;
-    EXPECT_TRUE(train_in_budget(c, budget, std::nullopt, 1, kSaversBatch, savers).out_of_budget)
+    EXPECT_TRUE(train_in_budget(*c, budget, std::nullopt, 1, kSaversBatch, savers).out_of_budget)
         << what << " without eviction";
   }
 }

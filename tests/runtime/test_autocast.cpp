@@ -28,7 +28,12 @@ TEST(Autocast, EachOpRunsInItsDeclaredPrecision) {
   const Tensor residual = interp.input(at::randn({3, 6}));
   EXPECT_EQ(add(h, residual).dtype(), at::kFloat) << "bf16 + fp32: the widest";
   const Tensor n = layer_norm(h, {6}, interp.param(g), interp.param(at::zeros({6})), 1e-5);
-  EXPECT_EQ(n.dtype(), at::kFloat) << "norms in fp32";
+  EXPECT_EQ(n.dtype(), at::kFloat) << "layer norm in fp32";
+  const at::Tensor running_mean = at::zeros({6}), running_var = at::ones({6});
+  const Tensor bn = batch_norm(reshape(h, {3, 6, 1}), interp.param(g), interp.param(at::zeros({6})), running_mean,
+                               running_var, true, 0.1, 1e-5);
+  EXPECT_EQ(bn.dtype(), at::kBFloat16) << "batch norm: fp32 weights and statistics, the activation's type";
+  EXPECT_EQ(running_mean.scalar_type(), at::kFloat);
   EXPECT_EQ(softmax(h, 1).dtype(), at::kFloat);
   EXPECT_EQ(sum(h).dtype(), at::kFloat) << "reductions in fp32";
   const Tensor d = interp.input(at::randn({3, 4}, at::kDouble));
