@@ -52,7 +52,8 @@ void row(const Workload& w, int64_t batch, const Config& c, const Measured& plai
   const Measured own = measure(w, batch, c.savers, std::max(2, steps));
   const int64_t budget = c.dtr ? own.memory.budget_at(o.dtr_ratio) : kUnlimited;
   std::vector<double> times, recompute;
-  int64_t peak = own.memory.peak_in_use;
+  // Without DTR the configuration's unoptimized peak; with it, what its arena reached.
+  int64_t peak = c.dtr ? 0 : own.memory.peak_in_use;
   std::string losses = "-";
   try {
     BudgetRunner base(w, batch, kUnlimited, std::nullopt);
@@ -75,16 +76,15 @@ void row(const Workload& w, int64_t batch, const Config& c, const Measured& plai
       if (c.dtr) peak = std::max(peak, b.peak_in_use);
     }
     if (c.dtr) losses = identical ? "identical" : "DIFFERENT";
-    if (c.dtr) peak = std::max(peak, int64_t{0});
   } catch (const OutOfBudget& e) {
-    std::printf("| %-4s | %5lld | %-3s | infeasible in %.1f MiB: %s |\n", c.precision,
-                static_cast<long long>(c.savers.micro_batches), c.dtr ? "dtr" : "-",
-                static_cast<double>(budget) / (1 << 20), e.what());
+    std::printf("| %-4s | %5lld | %-6.1f | infeasible: %s |\n", c.precision,
+                static_cast<long long>(c.savers.micro_batches), static_cast<double>(budget) / (1 << 20), e.what());
     return;
   }
-  if (c.dtr) peak = std::min(peak, budget);  // the DTR run's peak: what its arena reached
-  std::printf("| %-4s | %5lld | %-3s | %9.1f | %6.3fx | %7.3fx | %.3f-%.3f | %8.1f%% | %-9s |\n", c.precision,
-              static_cast<long long>(c.savers.micro_batches), c.dtr ? "dtr" : "-", peak / 1048576.0,
+  char budget_text[32] = "-";
+  if (c.dtr) std::snprintf(budget_text, sizeof budget_text, "%.1f", static_cast<double>(budget) / (1 << 20));
+  std::printf("| %-4s | %5lld | %-6s | %9.1f | %6.3fx | %7.3fx | %.3f-%.3f | %8.1f%% | %-9s |\n", c.precision,
+              static_cast<long long>(c.savers.micro_batches), budget_text, peak / 1048576.0,
               static_cast<double>(peak) / static_cast<double>(plain.memory.peak_in_use), median(times),
               *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()),
               100 * median(recompute), losses.c_str());
@@ -98,11 +98,11 @@ void run(const Workload& w, const Options& o) {
               "activations of the same configuration\n\n",
               w.name.c_str(), static_cast<long long>(batch), plain.memory.peak_in_use / 1048576.0,
               plain.memory.fixed_bytes / 1048576.0, o.dtr_ratio);
-  std::printf("| %-4s | %5s | %-3s | %9s | %7s | %8s | %-11s | %9s | %-9s |\n", "type", "accum", "mem", "peak MiB",
+  std::printf("| %-4s | %5s | %-6s | %9s | %7s | %8s | %-11s | %9s | %-9s |\n", "type", "accum", "DTR", "peak MiB",
               "peak", "step", "(min-max)", "recompute", "losses vs");
-  std::printf("| %-4s | %5s | %-3s | %9s | %7s | %8s | %-11s | %9s | %-9s |\n", "", "", "", "", "ratio", "time",
-              "", "share", "no DTR");
-  std::printf("|%s|\n", std::string(94, '-').c_str());
+  std::printf("| %-4s | %5s | %-6s | %9s | %7s | %8s | %-11s | %9s | %-9s |\n", "", "", "budget", "", "ratio",
+              "time", "", "share", "no DTR");
+  std::printf("|%s|\n", std::string(97, '-').c_str());
   for (bool dtr : {false, true}) {
     for (int64_t accum : {1, 4}) {
       for (const char* precision : {"fp32", "bf16"}) {
