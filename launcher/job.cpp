@@ -1,6 +1,7 @@
 #include "launcher/job.h"
 
 #include "launcher/config/config_text.h"
+#include "launcher/config/config_validation.h"
 #include "launcher/data/dataset.h"
 #include "launcher/model_factory.h"
 #include "launcher/report/run_output.h"
@@ -18,8 +19,14 @@
 namespace ht {
 namespace {
 
-void print_plan(const Config& c, const DataInfo& data, const Model& model, const Trainer& trainer) {
+void print_plan(const Config& c, const DataInfo& data, const Model& model, const Trainer& trainer,
+                const ProcessGrid& grid) {
   std::printf("data: %s\n", data.description.c_str());
+  if (grid.world > 1) {
+    std::printf("ranks: %d (data-parallel %d x pipeline %d) over %s; each trains %lld samples of a global batch\n",
+                grid.world, grid.data_parallel, grid.pipeline_parallel, grid.data_parallel_group->backend().c_str(),
+                static_cast<long long>(c.local_batch_size()));
+  }
   std::printf("model: %s, %lld parameters, on %s, %d ATen thread(s)\n", c.model.name.c_str(),
               static_cast<long long>(model.num_parameters()), c.training.device.c_str(), at::get_num_threads());
   std::printf("training: %lld steps (%lld per epoch), global batch %lld in %lld micro-batch(es) of %lld, "
@@ -85,7 +92,12 @@ UserError budget_too_small(const Config& c, const OutOfBudget& e, const Trainer&
 
 }  // namespace
 
-JobOutcome run_job(const Config& config, bool quiet) {
+JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid) {
+  const ProcessGrid single;
+  if (grid == nullptr) grid = &single;
+  Config config = config_in;
+  apply_data_parallel(config, grid->data_parallel);
+  const bool root = grid->is_root();
   // libtorch defaults to physical cores (1 on a 2-vCPU machine), which leaves OpenBLAS's own
   // threads spinning; all hardware threads is faster there.
   at::set_num_threads(config.training.threads > 0 ? static_cast<int>(config.training.threads)
@@ -120,7 +132,7 @@ JobOutcome run_job(const Config& config, bool quiet) {
   }
   std::optional<Trainer> made;
   try {
-    made.emplace(config, std::move(data), model, arena);  // allocates the gradients' block
+    made.emplace(config, std::move(data), model, arena, grid->data_parallel_group);  // the gradients' block
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }
@@ -128,23 +140,25 @@ JobOutcome run_job(const Config& config, bool quiet) {
   if (resume) trainer.resume_from(*resume);
 
   const std::string resolved = resolved_toml(config);
-  if (!quiet) {
+  if (!quiet && root) {
     std::printf("hybrid_train %s: job \"%s\"\n%s\n", HT_VERSION, config.job.name.c_str(), resolved.c_str());
-    print_plan(config, info, *model, trainer);
+    print_plan(config, info, *model, trainer, *grid);
   }
-  RunOutput output(config.job.output_dir, resolved, resume.has_value());
+  std::optional<RunOutput> output;
+  if (root) output.emplace(config.job.output_dir, resolved, resume.has_value());
   const int64_t first_step = trainer.state().step;
   TrainResult result;
   try {
-    result = trainer.run(output);
+    result = trainer.run(output ? &*output : nullptr);
   } catch (const OutOfBudget& e) {
     if (trainer.state().step == first_step) {
       trainer.close_trace();
-      output.abandon();
+      if (output) output->abandon();
     }
     throw budget_too_small(config, e, trainer);
   }
-  output.summary(summary_of(config, *model, result));
+  if (!root) return {model, result};
+  output->summary(summary_of(config, *model, result));
   std::printf("done: %lld steps in %.0f s, final loss %.4f", static_cast<long long>(result.steps), result.seconds,
               result.final_loss);
   if (result.eval && result.eval->accuracy) std::printf(", eval accuracy %.4f", *result.eval->accuracy);

@@ -4,6 +4,7 @@
 
 #include "launcher/config/config.h"
 #include "launcher/training/trainer.h"
+#include "parallel/process_grid.h"
 #include "models/model.h"
 
 #include <memory>
@@ -17,6 +18,8 @@ struct JobOutcome {
 
 // Throws UserError for bad input before writing anything. `quiet` skips the resolved config and
 // plan on stdout (tests).
-JobOutcome run_job(const Config& config, bool quiet = false);
+// `grid`: the ranks of an mpirun job (null: a single process). Rank 0 prints and writes the
+// outputs; every rank trains its replica.
+JobOutcome run_job(const Config& config, bool quiet = false, const ProcessGrid* grid = nullptr);
 
 }  // namespace ht

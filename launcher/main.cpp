@@ -1,27 +1,58 @@
-// hybrid_train CONFIG.toml [--section.key=value ...]: parse, build, train, report.
+// hybrid_train CONFIG.toml [--section.key=value ...]: parse, build, train, report. Under mpirun
+// every rank runs this; rank 0 prints and writes.
 #include "launcher/cli.h"
 #include "launcher/config/config_loader.h"
+#include "launcher/config/config_validation.h"
 #include "launcher/job.h"
 #include "launcher/user_error.h"
+#include "parallel/process_grid.h"
 
 #include <cstdio>
+#include <string>
+
+namespace {
+
+// An error: printed by rank 0 when every rank meets it (bad input, found before training), by
+// the rank that met it otherwise. A rank that fails while training ends the whole job, so that
+// the others do not wait for it in a collective.
+int fail(const ht::ProcessGrid& grid, bool training, int code, const std::string& kind, const std::string& what) {
+  const std::string who = grid.world > 1 ? "rank " + std::to_string(grid.rank) + ": " : "";
+  if (training || grid.is_root()) std::fprintf(stderr, "hybrid_train: %s: %s%s\n", kind.c_str(), who.c_str(), what.c_str());
+  std::fflush(stderr);
+  if (training && grid.world > 1) ht::abort_process_grid(code);
+  return code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  ht::ProcessGrid grid;
+  try {
+    grid = ht::make_process_grid();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hybrid_train: error: %s\n", e.what());
+    return ht::kUserErrorExitCode;
+  }
+  struct Finalize {
+    ~Finalize() { ht::finalize_process_grid(); }
+  } finalize;
+  bool training = false;
   try {
     const ht::CommandLine cl = ht::parse_command_line(argc, argv);
     if (cl.exit_code >= 0) return cl.exit_code;
-    const ht::LoadedConfig loaded = ht::load_config(cl.config_path, cl.overrides);
-    for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
-    ht::run_job(loaded.config);
+    ht::LoadedConfig loaded = ht::load_config(cl.config_path, cl.overrides);
+    ht::apply_data_parallel(loaded.config, grid.data_parallel);  // every rank refuses alike
+    if (grid.is_root()) {
+      for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
+    }
+    training = true;
+    ht::run_job(loaded.config, false, &grid);
     return 0;
   } catch (const ht::UserError& e) {
-    std::fprintf(stderr, "hybrid_train: error: %s\n", e.what());
-    return ht::kUserErrorExitCode;
+    return fail(grid, training, ht::kUserErrorExitCode, "error", e.what());
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "hybrid_train: internal error: %s\n", e.what_without_backtrace());
-    return 1;
+    return fail(grid, true, 1, "internal error", e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "hybrid_train: internal error: %s\n", e.what());
-    return 1;
+    return fail(grid, true, 1, "internal error", e.what());
   }
 }

@@ -69,7 +69,7 @@ struct TrainingConfig {
 };
 
 struct ParallelConfig {
-  int64_t data_parallel = 1;
+  int64_t data_parallel = 0;  // 0: every rank of the job (world / pipeline_parallel)
   int64_t pipeline_parallel = 1;
   std::string pipeline_schedule = "1f1b";
   int64_t bucket_mb = 25;
@@ -110,11 +110,15 @@ struct Config {
 
   // Derived, not read from the file.
   std::string source;  // the config file's path
+  // Replicas once the process grid is known (launcher/job.h: apply_process_grid).
+  int64_t replicas() const { return parallel.data_parallel > 0 ? parallel.data_parallel : 1; }
+  // Samples of one global batch that one data-parallel rank trains on.
+  int64_t local_batch_size() const { return training.global_batch_size / replicas(); }
   int64_t micro_batches() const {
-    return training.micro_batch_size > 0 ? training.global_batch_size / training.micro_batch_size : 1;
+    return training.micro_batch_size > 0 ? local_batch_size() / training.micro_batch_size : 1;
   }
   int64_t micro_batch_size() const {
-    return training.micro_batch_size > 0 ? training.micro_batch_size : training.global_batch_size;
+    return training.micro_batch_size > 0 ? training.micro_batch_size : local_batch_size();
   }
   std::string checkpoint_dir() const {
     return checkpoint.dir.empty() ? job.output_dir + "/checkpoints" : checkpoint.dir;

@@ -130,7 +130,8 @@ void add_training_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::training, &TrainingConfig::global_batch_size, "training", "global_batch_size",
                     "samples per optimizer step").min(1));
   f.push_back(Field(&C::training, &TrainingConfig::micro_batch_size, "training", "micro_batch_size",
-                    "samples per forward/backward; global_batch_size must be a multiple; 0: the global batch")
+                    "samples per forward/backward on one rank; global_batch_size / ranks must be a multiple; 0: "
+                    "the rank's whole share of the global batch")
                   .min(0));
   f.push_back(Field(&C::training, &TrainingConfig::optimizer, "training", "optimizer", "sgd (with momentum) or adamw")
                   .choices({"sgd", "adamw"}));
@@ -177,14 +178,15 @@ void add_training_fields(std::vector<FieldSpec>& f) {
 }
 
 void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
-  f.push_back(Field(&C::parallel, &ParallelConfig::data_parallel, "parallel", "data_parallel", "data-parallel replicas")
-                  .min(1).not_built("data parallelism (issue 6)"));
+  f.push_back(Field(&C::parallel, &ParallelConfig::data_parallel, "parallel", "data_parallel",
+                    "data-parallel replicas: the ranks mpirun starts (-np N); 0: all of them")
+                  .min(0));
   f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_parallel, "parallel", "pipeline_parallel", "pipeline stages")
                   .min(1).not_built("pipeline parallelism"));
   f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_schedule, "parallel", "pipeline_schedule", "gpipe or 1f1b")
                   .choices({"gpipe", "1f1b"}).not_built("pipeline parallelism"));
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
-                  .min(1).not_built("data parallelism (issue 6)"));
+                  .min(1));
   // [memory]
   auto evicting = [](const Config& c) { return c.memory.policy != "none"; };
   const char* evicting_words = "memory.policy is not \"none\"";

@@ -157,4 +157,27 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   return rules.ineffective_options();
 }
 
+void apply_data_parallel(Config& c, int64_t replicas) {
+  const std::string where = c.source + ": ";
+  if (c.parallel.data_parallel != 0 && c.parallel.data_parallel != replicas) {
+    throw UserError(where + "parallel.data_parallel = " + std::to_string(c.parallel.data_parallel) + " but the job has " +
+                    std::to_string(replicas) + " data-parallel rank(s); start it with mpirun -np " +
+                    std::to_string(c.parallel.data_parallel) + ", or set parallel.data_parallel = 0 (all ranks)");
+  }
+  c.parallel.data_parallel = replicas;
+  const int64_t global = c.training.global_batch_size;
+  if (global % replicas != 0) {
+    throw UserError(where + "training.global_batch_size = " + std::to_string(global) + " does not divide among " +
+                    std::to_string(replicas) + " data-parallel ranks; use a multiple of " + std::to_string(replicas) +
+                    " (e.g. " + std::to_string((global / replicas + 1) * replicas) + ")");
+  }
+  const int64_t local = global / replicas, micro = c.training.micro_batch_size;
+  if (micro > 0 && local % micro != 0) {
+    throw UserError(where + "training.micro_batch_size = " + std::to_string(micro) + " does not divide the " +
+                    std::to_string(local) + " samples each of the " + std::to_string(replicas) +
+                    " ranks trains per step (global_batch_size / ranks); use a divisor of " + std::to_string(local) +
+                    " or 0");
+  }
+}
+
 }  // namespace ht

@@ -15,4 +15,9 @@ namespace ht {
 // Throws UserError; returns the warnings.
 std::vector<std::string> validate_config(Config& config, const std::map<std::string, std::string>& where);
 
+// Resolves parallel.data_parallel against the ranks the job was started with (`replicas`, the
+// process grid's data-parallel size) and checks that the global batch divides among them and
+// into micro-batches; UserError naming what would work otherwise.
+void apply_data_parallel(Config& config, int64_t replicas);
+
 }  // namespace ht

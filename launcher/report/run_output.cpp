@@ -78,6 +78,7 @@ Progress::Progress(int64_t total_steps, int64_t log_interval)
       start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
 
 void Progress::step(int64_t step, double loss, double lr, double samples_per_s) {
+  if (silent_) return;
   const auto now = std::chrono::steady_clock::now();
   if (first_step_ < 0) {
     first_step_ = step - 1;
@@ -103,6 +104,7 @@ void Progress::step(int64_t step, double loss, double lr, double samples_per_s) 
 }
 
 void Progress::line(const std::string& text) {
+  if (silent_) return;
   if (line_open_) std::printf("\r\033[K");
   std::printf("%s\n", text.c_str());
   line_open_ = false;
@@ -110,6 +112,7 @@ void Progress::line(const std::string& text) {
 }
 
 void Progress::finish() {
+  if (silent_) return;
   if (line_open_) std::printf("\n");
   line_open_ = false;
   std::fflush(stdout);

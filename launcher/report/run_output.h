@@ -35,6 +35,11 @@ class RunOutput {
 class Progress {
  public:
   Progress(int64_t total_steps, int64_t log_interval);
+  // A silent one prints nothing (ranks other than the root of a data-parallel job).
+  void set_silent(bool silent) { silent_ = silent; }
+  // Log lines, never a refreshed line: under mpirun a rank's stdout is a terminal even when
+  // mpirun's own output goes to a file.
+  void use_log_lines() { tty_ = false; }
   // After optimizer step `step` (1-based): a refreshed line on a terminal, else every log_interval.
   void step(int64_t step, double loss, double lr, double samples_per_s);
   // A whole line (an evaluation, a checkpoint, a warning), printed above the progress line.
@@ -45,6 +50,7 @@ class Progress {
   int64_t total_, interval_;
   bool tty_;
   bool line_open_ = false;
+  bool silent_ = false;
   std::chrono::steady_clock::time_point start_, last_draw_;
   int64_t first_step_ = -1;
 };

@@ -29,17 +29,24 @@ std::unique_ptr<LossScaler> make_loss_scaler(const TrainingConfig& t) {
 }  // namespace
 
 Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
-                 std::shared_ptr<CpuArena> arena)
+                 std::shared_ptr<CpuArena> arena, std::shared_ptr<Communicator> replicas)
     : config_(config), data_(std::move(data)), model_(std::move(model)), params_(model_->parameters()),
       optimizer_(make_optimizer(config.training, params_)),
       sampler_(data_.train->size(), config.training.global_batch_size, static_cast<uint64_t>(config.job.seed),
-               config.data.shuffle),
+               config.data.shuffle, replicas ? replicas->rank() : 0, replicas ? replicas->size() : 1),
       arena_(std::move(arena)), scaler_(make_loss_scaler(config.training)),
+      replicas_(replicas ? replicas : std::make_shared<LocalCommunicator>(), params_,
+                config.parallel.bucket_mb << 20),
       interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}),
       checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
       total_steps_(config.training.steps > 0 ? config.training.steps
                                              : config.training.epochs * sampler_.batches_per_epoch()),
       progress_(total_steps_, config.metrics.log_interval) {
+  TORCH_CHECK(replicas_.size() == config.replicas(), "Trainer: a group of ", replicas_.size(),
+              " ranks for parallel.data_parallel = ", config.replicas());
+  progress_.set_silent(replicas_.rank() != 0);
+  if (replicas_.size() > 1) progress_.use_log_lines();
+  replicas_.broadcast_state(model_->buffers());
   model_->train();
   interp_.set_autocast(autocast_type(config.training));
   interp_.memory().configure(memory_options());
@@ -67,7 +74,7 @@ MemoryOptions Trainer::memory_options() const {
 }
 
 void Trainer::trace_step_begins() {
-  if (!config_.memory.trace || state_.step >= config_.memory.trace_steps) return;
+  if (!config_.memory.trace || state_.step >= config_.memory.trace_steps || replicas_.rank() != 0) return;
   if (!timeline_) {
     // Opened at the first traced step, not before: a run that fails its checks writes nothing.
     timeline_ = std::make_unique<MemoryTimeline>(config_.job.output_dir + "/memory_trace.json", arena_.get());
@@ -92,6 +99,7 @@ void Trainer::resume_from(const std::string& folder) {
   sampler_.seek(state_.sampler);
   interp_.set_seed_counter(state_.seed_counter);
   if (scaler_ && state_.loss_scaler) scaler_->restore(*state_.loss_scaler);
+  replicas_.broadcast_state(model_->buffers());  // every rank read the same files; make sure
   result_.resumed_from_step = state_.step;
   progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
 }
@@ -121,8 +129,11 @@ Trainer::StepResult Trainer::train_step() {
     const double scale = (scaler_ ? scaler_->scale() : 1.0) / static_cast<double>(micro_batches);
     r.loss += forward_backward(micro, scale) / static_cast<double>(micro_batches);
   }
-  // Gradients of the whole global batch are complete here: data parallelism all-reduces them at
-  // this point, once per optimizer step, never per micro-batch (issue 6).
+  // This rank's gradients of its slice are complete: average them over the replicas, once per
+  // optimizer step, never per micro-batch.
+  replicas_.average_gradients();
+  r.comm = replicas_.stats();
+  r.loss = replicas_.mean(r.loss, "the loss");
   r.lr = learning_rate_at(config_.training, state_.step, total_steps_);
   const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get());
   r.grad_norm = outcome.grad_norm;
@@ -148,8 +159,8 @@ Trainer::StepResult Trainer::train_step() {
   return r;
 }
 
-TrainResult Trainer::run(RunOutput& output) {
-  output_ = &output;
+TrainResult Trainer::run(RunOutput* output) {
+  output_ = output;
   const auto start = std::chrono::steady_clock::now();
   const int64_t first = state_.step;
   StepResult last;
@@ -169,7 +180,9 @@ TrainResult Trainer::run(RunOutput& output) {
     if (state_.step % config_.metrics.log_interval == 0 || state_.step == total_steps_) log_step(last);
     if (eval_due()) log_eval(evaluate());
     const int64_t every = config_.checkpoint.interval;
-    if (every > 0 && (state_.step % every == 0 || state_.step == total_steps_)) save_checkpoint();
+    if (every > 0 && (state_.step % every == 0 || state_.step == total_steps_) && replicas_.rank() == 0) {
+      save_checkpoint();
+    }
   }
   progress_.finish();
   result_.steps = state_.step;
@@ -194,13 +207,19 @@ EvalResult Trainer::evaluate() {
   NoGradGuard no_grad(interp);
   model_->eval();
   const Dataset& eval = *data_.eval;
+  // The same samples whatever the number of ranks: eval_batches counts batches of one rank of a
+  // single-rank run; the ranks share them, batch b going to rank b mod ranks.
+  const TrainingConfig& t = config_.training;
+  int64_t total = eval.size();
+  if (t.eval_batches > 0) {
+    total = std::min(total, t.eval_batches * (t.micro_batch_size > 0 ? t.micro_batch_size : t.global_batch_size));
+  }
   const int64_t batch = config_.micro_batch_size();
-  int64_t batches = eval.size() / batch + (eval.size() % batch ? 1 : 0);
-  if (config_.training.eval_batches > 0) batches = std::min(batches, config_.training.eval_batches);
+  const int64_t batches = total / batch + (total % batch ? 1 : 0);
   double loss_sum = 0;
   int64_t correct = 0, samples = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    const int64_t n = std::min(batch, eval.size() - b * batch);
+  for (int64_t b = replicas_.rank(); b < batches; b += replicas_.size()) {
+    const int64_t n = std::min(batch, total - b * batch);
     const Batch data = eval.slice(b * batch, n);
     const at::Tensor target = data.target.to(device_);
     Tensor out = model_->forward(interp.input(data.input.to(device_)));
@@ -212,6 +231,13 @@ EvalResult Trainer::evaluate() {
     interp.clear_cast_cache();  // no backward ends this forward
   }
   model_->train();
+  if (replicas_.size() > 1) {
+    at::Tensor sums = at::tensor({loss_sum, static_cast<double>(correct), static_cast<double>(samples)}, at::kDouble);
+    replicas_.group().allreduce_sum(sums, "the evaluation");
+    loss_sum = sums[0].item<double>();
+    correct = static_cast<int64_t>(sums[1].item<double>());
+    samples = static_cast<int64_t>(sums[2].item<double>());
+  }
   EvalResult r;
   r.samples = samples;
   r.loss = loss_sum / static_cast<double>(samples);
@@ -225,6 +251,7 @@ EvalResult Trainer::evaluate() {
 }
 
 void Trainer::log_step(const StepResult& r) {
+  if (output_ == nullptr) return;
   const MemoryStats& mem = interp_.memory().stats();
   JsonObject record;
   record.add("event", "train").add("step", state_.step).add("epoch", state_.sampler.epoch).add("loss", r.loss)
@@ -235,11 +262,13 @@ void Trainer::log_step(const StepResult& r) {
       .add("activation_peak_bytes", mem.peak_resident_bytes).add("evictions", r.evictions)
       .add("recomputations", r.recomputations).add("recompute_ms", r.recompute_ms)
       .add("fragmentation", r.fragmentation);
+  if (replicas_.size() > 1) record.add("comm_ms", r.comm.comm_ms).add("comm_bytes", r.comm.comm_bytes);
   if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
   output_->metrics(record);
 }
 
 void Trainer::log_eval(const EvalResult& e) {
+  if (output_ == nullptr) return;
   JsonObject record;
   record.add("event", "eval").add("step", state_.step).add("eval_loss", e.loss).add("eval_samples", e.samples);
   std::string text = "eval at step " + std::to_string(state_.step) + ": loss " + std::to_string(e.loss);

@@ -12,6 +12,7 @@
 #include "launcher/training/checkpoint.h"
 #include "memory/cpu_arena.h"
 #include "memory/loss_scaler.h"
+#include "parallel/data_parallel.h"
 #include "memory/memory_timeline.h"
 #include "runtime/interpreter.h"
 
@@ -42,14 +43,17 @@ class Trainer {
  public:
   // Checks that model, data and batch sizes fit (UserError otherwise) and writes nothing.
   // `arena`: the device memory of config.memory.budget, already active (ArenaScope); null for
-  // unlimited memory.
+  // unlimited memory. `replicas`: the data-parallel group this rank trains in (its size is
+  // config.parallel.data_parallel); by default a group of one. Parameters and buffers are made
+  // rank 0's here, and again after resume_from().
   Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
-          std::shared_ptr<CpuArena> arena = nullptr);
+          std::shared_ptr<CpuArena> arena = nullptr, std::shared_ptr<Communicator> replicas = nullptr);
 
   // Continues from a verified checkpoint folder.
   void resume_from(const std::string& folder);
-  // Trains to the configured step count, writing metrics and checkpoints.
-  TrainResult run(RunOutput& output);
+  // Trains to the configured step count, writing metrics and checkpoints into `output` (null on
+  // data-parallel ranks other than 0, which write nothing).
+  TrainResult run(RunOutput* output);
   EvalResult evaluate();
   // Ends the memory trace now (the run stops early).
   void close_trace() {
@@ -71,6 +75,7 @@ class Trainer {
     // The memory manager during this step.
     int64_t evictions = 0, recomputations = 0;
     double recompute_ms = 0, fragmentation = 0;
+    DataParallelStats comm;
   };
   MemoryOptions memory_options() const;  // from config.memory; the trace is set when it opens
   void trace_step_begins();
@@ -92,6 +97,7 @@ class Trainer {
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget
   std::unique_ptr<LossScaler> scaler_;         // fp16
+  DataParallel replicas_;
   Interpreter interp_;
   CheckpointStore checkpoints_;
   RunOutput* output_ = nullptr;  // during run()

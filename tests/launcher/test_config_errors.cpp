@@ -94,8 +94,9 @@ TEST_F(ConfigErrors, UnreadableConfigFile) {
 }
 
 TEST_F(ConfigErrors, FeaturesNotBuiltYetAreRefused) {
-  EXPECT_THAT(error_in(kGood, {"--parallel.data_parallel=2"}),
-              HasSubstr("argument --parallel.data_parallel=2: parallel.data_parallel = 2: data parallelism"));
+  EXPECT_THAT(error_in(kGood, {"--parallel.pipeline_parallel=2"}),
+              HasSubstr("argument --parallel.pipeline_parallel=2: parallel.pipeline_parallel = 2: pipeline "
+                        "parallelism is not built yet; remove the key or use 1"));
 }
 
 TEST_F(ConfigErrors, MixedPrecision) {

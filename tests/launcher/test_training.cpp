@@ -104,9 +104,12 @@ TEST(Training, DamagedLatestCheckpointFallsBackAndStillMatches) {
 TEST(Training, WritesResolvedConfigMetricsAndSummary) {
   TempDir dir;
   const std::string toml = std::string(kBase) + "[model]\nname = \"mlp\"\n[metrics]\nlog_interval = 2\n";
-  const Config c = config_for(dir, toml, {"--job.output_dir=" + dir.path("out")});
+  Config c = config_for(dir, toml, {"--job.output_dir=" + dir.path("out")});
   run_job(c, true);
-  // The resolved config loads back to the same config.
+  // The resolved config loads back to the config as run: with parallel.data_parallel = 0 ("all
+  // ranks") resolved to the ranks there were.
+  EXPECT_EQ(c.parallel.data_parallel, 0);
+  c.parallel.data_parallel = 1;
   const Config again = load_config(dir.path("out/config.resolved.toml"), {}).config;
   EXPECT_EQ(resolved_toml(again).substr(resolved_toml(again).find('\n')),
             resolved_toml(c).substr(resolved_toml(c).find('\n')));
@@ -146,11 +149,6 @@ eval_batches = 1
 [metrics]
 log_interval = 1
 )";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 TEST(Training, DtrUnderABudgetTrainsToTheSameParameters) {
   TempDir dir;

@@ -38,6 +38,12 @@ class TempDir {
   std::string path_;
 };
 
+// A whole file, or "" if it cannot be read.
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 // The UserError message load_config gives, or "" when the config loads.
 inline std::string load_error(const std::string& file, const std::vector<ConfigOverride>& overrides = {}) {
   try {

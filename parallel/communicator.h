@@ -1,0 +1,36 @@
+#pragma once
+// Collectives on at::Tensors between the ranks of one group. The trainer sees only this
+// interface; MpiCommunicator (CPU tensors) implements it over MPI, LocalCommunicator is a group of
+// one (a run without mpirun), where every collective is the identity. NCCL (CUDA tensors) comes
+// with a GPU session.
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+
+namespace ht {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place; `t` must be contiguous. What the collective is for goes into error messages.
+  virtual void allreduce_sum(at::Tensor& t, const char* what) = 0;
+  virtual void broadcast(at::Tensor& t, int root, const char* what) = 0;
+  virtual void barrier(const char* what) = 0;
+  virtual std::string backend() const = 0;
+};
+
+class LocalCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce_sum(at::Tensor&, const char*) override {}
+  void broadcast(at::Tensor&, int, const char*) override {}
+  void barrier(const char*) override {}
+  std::string backend() const override { return "local"; }
+};
+
+}  // namespace ht

@@ -1,0 +1,36 @@
+#pragma once
+// The ranks of a job and how they divide the work: world = data-parallel replicas x pipeline
+// stages (pp = 1 until the pipeline issue). Under mpirun the grid comes from MPI (rank, world,
+// local rank by a shared-memory split) and its data-parallel group is an MPI sub-communicator;
+// without mpirun it is a world of one and MPI is never initialized, so a single process, or a
+// build without MPI, runs unchanged.
+
+#include "parallel/communicator.h"
+
+#include <memory>
+#include <string>
+
+namespace ht {
+
+struct ProcessGrid {
+  int rank = 0, world = 1;
+  int local_rank = 0;  // rank among the processes on this host: which GPU to use
+  int data_parallel = 1, pipeline_parallel = 1;
+  std::shared_ptr<Communicator> data_parallel_group = std::make_shared<LocalCommunicator>();
+  bool is_root() const { return rank == 0; }
+};
+
+// True when this process was started by an MPI launcher (mpirun, srun with PMI).
+bool launched_by_mpi();
+
+// The grid of this process: MPI's when launched_by_mpi() (initializing MPI), else a world of one.
+// Throws std::runtime_error when launched by mpirun in a build without MPI.
+ProcessGrid make_process_grid(int pipeline_parallel = 1);
+
+// Ends MPI if make_process_grid started it (call once, at exit).
+void finalize_process_grid();
+// Ends every rank of the job with `code` (MPI_Abort): for an error on one rank while the others
+// may be waiting in a collective. Without MPI it returns and the caller exits.
+void abort_process_grid(int code);
+
+}  // namespace ht
