@@ -15,8 +15,9 @@ namespace {
 // An error: printed by rank 0 when every rank meets it (bad input, found before training), by
 // the rank that met it otherwise. A rank that fails while training ends the whole job, so that
 // the others do not wait for it in a collective.
-int fail(const ht::ProcessGrid& grid, bool training, int code, const std::string& kind, const std::string& what) {
-  const std::string who = grid.world > 1 ? "rank " + std::to_string(grid.rank) + ": " : "";
+int fail(const ht::ProcessGrid& grid, bool training, int code, const std::string& kind, const std::string& what,
+         bool names_rank = false) {
+  const std::string who = grid.world > 1 && !names_rank ? "rank " + std::to_string(grid.rank) + ": " : "";
   if (training || grid.is_root()) std::fprintf(stderr, "hybrid_train: %s: %s%s\n", kind.c_str(), who.c_str(), what.c_str());
   std::fflush(stderr);
   if (training && grid.world > 1) ht::abort_process_grid(code);
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const ht::UserError& e) {
     return fail(grid, training, ht::kUserErrorExitCode, "error", e.what());
+  } catch (const ht::CommunicationError& e) {
+    return fail(grid, true, 1, "error", e.what(), /*names_rank=*/true);
   } catch (const c10::Error& e) {
     return fail(grid, true, 1, "internal error", e.what_without_backtrace());
   } catch (const std::exception& e) {

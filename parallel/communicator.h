@@ -7,9 +7,16 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace ht {
+
+// A collective failed or timed out; the message names the rank, the context and the collective.
+class CommunicationError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class Communicator {
  public:
@@ -21,6 +28,17 @@ class Communicator {
   virtual void broadcast(at::Tensor& t, int root, const char* what) = 0;
   virtual void barrier(const char* what) = 0;
   virtual std::string backend() const = 0;
+  // A collective that has not completed after this long ends with an error naming this rank,
+  // the context and the collective: another rank has died or hangs.
+  virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+  // Where the job is ("step 12"), for error messages.
+  void set_context(std::string context) { context_ = std::move(context); }
+  const std::string& context() const { return context_; }
+
+ private:
+  double timeout_s_ = 300;
+  std::string context_ = "start";
 };
 
 class LocalCommunicator final : public Communicator {

@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace ht {
 namespace {
@@ -45,21 +48,51 @@ void MpiCommunicator::check(int rc, const char* collective, const char* what) co
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(rc, text, &length);
-  throw std::runtime_error("rank " + std::to_string(world_rank_) + ": " + collective + " of " + what +
+  throw CommunicationError("rank " + std::to_string(world_rank_) + ", " + context() + ": " + collective + " of " + what +
                            " failed: " + std::string(text, static_cast<size_t>(length)));
+}
+
+void MpiCommunicator::wait(MPI_Request& request, const char* collective, const char* what) const {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto limit = std::chrono::duration<double>(timeout());
+  int done = 0;
+  for (int polls = 0;; ++polls) {
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), collective, what);
+    if (done) return;
+    if (clock::now() - start > limit) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", timeout());
+      throw CommunicationError("rank " + std::to_string(world_rank_) + ", " + context() + ": " + collective + " of " +
+                               what + " did not complete within " + seconds + " s: another rank has died or hangs "
+                               "(parallel.timeout_s sets this limit)");
+    }
+    // Spin first (collectives are usually quick), then yield the core to the ranks we wait for.
+    if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 void MpiCommunicator::allreduce_sum(at::Tensor& t, const char* what) {
   check_tensor(t, what);
-  check(MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), MPI_SUM, comm_),
-        "MPI_Allreduce", what);
+  MPI_Request request;
+  check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), MPI_SUM, comm_,
+                       &request),
+        "the all-reduce", what);
+  wait(request, "the all-reduce", what);
 }
 
 void MpiCommunicator::broadcast(at::Tensor& t, int root, const char* what) {
   check_tensor(t, what);
-  check(MPI_Bcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), root, comm_), "MPI_Bcast", what);
+  MPI_Request request;
+  check(MPI_Ibcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), root, comm_, &request),
+        "the broadcast", what);
+  wait(request, "the broadcast", what);
 }
 
-void MpiCommunicator::barrier(const char* what) { check(MPI_Barrier(comm_), "MPI_Barrier", what); }
+void MpiCommunicator::barrier(const char* what) {
+  MPI_Request request;
+  check(MPI_Ibarrier(comm_, &request), "the barrier", what);
+  wait(request, "the barrier", what);
+}
 
 }  // namespace ht

@@ -25,6 +25,8 @@ class MpiCommunicator final : public Communicator {
 
  private:
   void check(int rc, const char* collective, const char* what) const;
+  // Polls a nonblocking collective to completion or to the timeout.
+  void wait(MPI_Request& request, const char* collective, const char* what) const;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1, world_rank_ = 0;
 };

@@ -187,6 +187,10 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                   .choices({"gpipe", "1f1b"}).not_built("pipeline parallelism"));
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
                   .min(1));
+  f.push_back(Field(&C::parallel, &ParallelConfig::timeout_s, "parallel", "timeout_s",
+                    "a collective not done after this many seconds ends the job, naming the rank, the step and the "
+                    "collective (another rank died or hangs)")
+                  .min(1));
   // [memory]
   auto evicting = [](const Config& c) { return c.memory.policy != "none"; };
   const char* evicting_words = "memory.policy is not \"none\"";

@@ -44,6 +44,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
       progress_(total_steps_, config.metrics.log_interval) {
   TORCH_CHECK(replicas_.size() == config.replicas(), "Trainer: a group of ", replicas_.size(),
               " ranks for parallel.data_parallel = ", config.replicas());
+  replicas_.group().set_timeout(config.parallel.timeout_s);
   progress_.set_silent(replicas_.rank() != 0);
   if (replicas_.size() > 1) progress_.use_log_lines();
   replicas_.broadcast_state(model_->buffers());
@@ -121,6 +122,7 @@ Trainer::StepResult Trainer::train_step() {
   trace_step_begins();
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
+  replicas_.group().set_context("step " + std::to_string(state_.step + 1));
   const Batch batch = data_.train->batch(sampler_.next());
   const int64_t micro_batches = config_.micro_batches(), micro_size = config_.micro_batch_size();
   for (int64_t k = 0; k < micro_batches; ++k) {
@@ -232,6 +234,7 @@ EvalResult Trainer::evaluate() {
   }
   model_->train();
   if (replicas_.size() > 1) {
+    replicas_.group().set_context("evaluation after step " + std::to_string(state_.step));
     at::Tensor sums = at::tensor({loss_sum, static_cast<double>(correct), static_cast<double>(samples)}, at::kDouble);
     replicas_.group().allreduce_sum(sums, "the evaluation");
     loss_sum = sums[0].item<double>();

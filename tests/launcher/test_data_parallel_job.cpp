@@ -5,9 +5,16 @@
 
 #include <torch/serialize/input-archive.h>
 
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 namespace ht::test {
 namespace {
@@ -94,6 +101,53 @@ TEST(DataParallelJobErrors, ABatchThatDoesNotDivideOrAWrongReplicaCount) {
                          dir.path("y") + " > " + log + " 2>&1").c_str()), 0);
   EXPECT_THAT(read_file(log), HasSubstr("parallel.data_parallel = 2 but the job has 1 data-parallel rank(s); start it "
                                         "with mpirun -np 2, or set parallel.data_parallel = 0 (all ranks)"));
+}
+
+// The pids of the ranks (not mpirun) whose command line holds `marker`.
+std::vector<pid_t> ranks_running(const std::string& marker) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string comm = read_file(entry.path().string() + "/comm");
+    std::string cmdline = read_file(entry.path().string() + "/cmdline");
+    if (comm.rfind("hybrid_train", 0) == 0 && cmdline.find(marker) != std::string::npos) {
+      pids.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return pids;
+}
+
+// A rank that stops answering (SIGSTOP: neither dead nor progressing, which mpirun cannot see)
+// must not leave the other waiting forever: the job ends within parallel.timeout_s, saying
+// which rank waited, in which step and for which collective.
+TEST(DataParallelJobFailures, AHungRankEndsTheJobWithinTheTimeout) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", std::string(kMlp) + "[metrics]\nlog_interval = 1\n");
+  const std::string out = dir.path("hung_job_output");
+  std::system(("(" + mpirun(2) + HT_BINARY + " " + config + " --training.steps=1000000 --checkpoint.interval=0 " +
+               "--parallel.timeout_s=3 --job.output_dir=" + out + " > " + dir.path("log.txt") + " 2>&1; echo $? > " +
+               dir.path("rc.txt") + ") &").c_str());
+  // Wait until both ranks train.
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 300 && (pids.size() < 2 || read_file(out + "/metrics.jsonl").empty()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pids = ranks_running(out);
+  }
+  ASSERT_EQ(pids.size(), 2u) << read_file(dir.path("log.txt"));
+  ::kill(pids[1], SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  while (read_file(dir.path("rc.txt")).empty() && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  for (pid_t pid : ranks_running(out)) ::kill(pid, SIGKILL);  // if the job did not end, do not leave it
+  ASSERT_FALSE(read_file(dir.path("rc.txt")).empty()) << "the job still ran 60 s after a rank stopped";
+  EXPECT_NE(read_file(dir.path("rc.txt")), "0\n");
+  EXPECT_LT(seconds, 3 + 20) << "the timeout, and mpirun's time to end the job";
+  EXPECT_THAT(read_file(dir.path("log.txt")),
+              ::testing::ContainsRegex("rank [01], (step [0-9]+|evaluation after step [0-9]+): the all-reduce of "
+                                       "[a-z ]+ did not complete within 3 s: another rank has died or hangs"));
 }
 
 }  // namespace
