@@ -4,9 +4,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 namespace ht {
 namespace {
@@ -31,16 +31,59 @@ void check_tensor(const at::Tensor& t, const char* what) {
 
 }  // namespace
 
+// While alive, the watchdog times the collective it names.
+class MpiCommunicator::Watched {
+ public:
+  Watched(MpiCommunicator& c, const char* collective, const char* what) : c_(c) {
+    std::lock_guard<std::mutex> lock(c_.mutex_);
+    c_.current_ = std::string(collective) + " of " + what;
+    c_.current_context_ = c_.context();  // copies: the watchdog thread reads only these
+    c_.current_timeout_ = c_.timeout();
+    c_.since_ = std::chrono::steady_clock::now();
+  }
+  ~Watched() {
+    std::lock_guard<std::mutex> lock(c_.mutex_);
+    c_.current_.clear();
+  }
+
+ private:
+  MpiCommunicator& c_;
+};
+
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, int world_rank) : comm_(comm), world_rank_(world_rank) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  watchdog_ = std::thread([this] { watchdog(); });
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  watchdog_.join();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::watchdog() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    wake_.wait_for(lock, std::chrono::milliseconds(100));
+    if (current_.empty()) continue;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+    if (waited <= current_timeout_) continue;
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", current_timeout_);
+    std::fprintf(stderr, "hybrid_train: error: rank %d, %s: %s did not complete within %s s: another rank has died "
+                 "or hangs (parallel.timeout_s sets this limit)\n", world_rank_, current_context_.c_str(),
+                 current_.c_str(), seconds);
+    std::fflush(stderr);
+    std::_Exit(1);  // MPI cannot be used from here; mpirun sees the exit and ends the job
+  }
 }
 
 void MpiCommunicator::check(int rc, const char* collective, const char* what) const {
@@ -52,47 +95,22 @@ void MpiCommunicator::check(int rc, const char* collective, const char* what) co
                            " failed: " + std::string(text, static_cast<size_t>(length)));
 }
 
-void MpiCommunicator::wait(MPI_Request& request, const char* collective, const char* what) const {
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  const auto limit = std::chrono::duration<double>(timeout());
-  int done = 0;
-  for (int polls = 0;; ++polls) {
-    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), collective, what);
-    if (done) return;
-    if (clock::now() - start > limit) {
-      char seconds[32];
-      std::snprintf(seconds, sizeof seconds, "%g", timeout());
-      throw CommunicationError("rank " + std::to_string(world_rank_) + ", " + context() + ": " + collective + " of " +
-                               what + " did not complete within " + seconds + " s: another rank has died or hangs "
-                               "(parallel.timeout_s sets this limit)");
-    }
-    // Spin first (collectives are usually quick), then yield the core to the ranks we wait for.
-    if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-}
-
 void MpiCommunicator::allreduce_sum(at::Tensor& t, const char* what) {
   check_tensor(t, what);
-  MPI_Request request;
-  check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), MPI_SUM, comm_,
-                       &request),
+  Watched watched(*this, "the all-reduce", what);
+  check(MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), MPI_SUM, comm_),
         "the all-reduce", what);
-  wait(request, "the all-reduce", what);
 }
 
 void MpiCommunicator::broadcast(at::Tensor& t, int root, const char* what) {
   check_tensor(t, what);
-  MPI_Request request;
-  check(MPI_Ibcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), root, comm_, &request),
-        "the broadcast", what);
-  wait(request, "the broadcast", what);
+  Watched watched(*this, "the broadcast", what);
+  check(MPI_Bcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), root, comm_), "the broadcast", what);
 }
 
 void MpiCommunicator::barrier(const char* what) {
-  MPI_Request request;
-  check(MPI_Ibarrier(comm_, &request), "the barrier", what);
-  wait(request, "the barrier", what);
+  Watched watched(*this, "the barrier", what);
+  check(MPI_Barrier(comm_), "the barrier", what);
 }
 
 }  // namespace ht

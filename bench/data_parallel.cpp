@@ -1,0 +1,151 @@
+// Data parallelism on this machine, under mpirun -np N (N >= 2), in one invocation:
+// 1. all-reduce of the communicator (MPI) against message size: time (median), algorithm
+//    bandwidth (bytes / time) and bus bandwidth as nccl-tests defines it (algbw x 2(N-1)/N);
+// 2. weak scaling: each workload's training step at the same per-rank batch, rank 0 alone (the
+//    other ranks wait) against all N ranks averaging gradients, interleaved (A B, B A, ...):
+//    efficiency = t1 / tN, and the share of tN spent in all-reduce. All-reduce does not overlap
+//    with backward yet, so the overlap share is 0 by construction and not printed.
+#include "bench/budget_runner.h"
+#include "parallel/data_parallel.h"
+#include "parallel/process_grid.h"
+
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <torch/optim/sgd.h>
+
+namespace ht::bench {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void allreduce_table(Communicator& c, int reps) {
+  const int n = c.size();
+  if (c.rank() == 0) {
+    std::printf("\nall-reduce (sum, float32) over %d ranks, %s, median of %d:\n\n", n, c.backend().c_str(), reps);
+    std::printf("| %10s | %10s | %12s | %12s |\n", "bytes", "time us", "algbw MB/s", "busbw MB/s");
+    std::printf("|%s|\n", std::string(55, '-').c_str());
+  }
+  for (int64_t bytes = 4 << 10; bytes <= (64 << 20); bytes *= 4) {
+    at::Tensor t = at::ones({bytes / 4});
+    c.allreduce_sum(t, "a benchmark tensor");  // warm-up
+    std::vector<double> us;
+    for (int i = 0; i < reps; ++i) {
+      c.barrier("the benchmark");
+      const double start = now_ms();
+      c.allreduce_sum(t, "a benchmark tensor");
+      us.push_back((now_ms() - start) * 1e3);
+    }
+    // Every rank's median; the slowest decides.
+    at::Tensor m = at::full({1}, median(us), at::kDouble);
+    c.allreduce_sum(m, "the timings");  // the mean of the medians
+    const double time_us = m.item<double>() / n;
+    const double algbw = static_cast<double>(bytes) / time_us;  // bytes per us = MB/s
+    if (c.rank() == 0) {
+      std::printf("| %10lld | %10.1f | %12.1f | %12.1f |\n", static_cast<long long>(bytes), time_us, algbw,
+                  algbw * 2.0 * (n - 1) / n);
+    }
+  }
+}
+
+// One replica: the workload's model, SGD, and the gradient averaging of a group.
+struct Replica {
+  Replica(const Workload& w, std::shared_ptr<Communicator> group)
+      : model(w.make()), sgd(model->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9)),
+        dp(std::move(group), model->parameters(), int64_t{25} << 20) {
+    std::tie(input, target) = w.data(w.batch);
+    model->train();
+  }
+  // Returns (step ms, all-reduce ms).
+  std::pair<double, double> step(bool average) {
+    Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 1});
+    const double start = now_ms();
+    Tensor loss = model->loss(model->forward(interp.input(input)), interp.input(target));
+    interp.backward(loss);
+    double comm = 0;
+    if (average) {
+      dp.average_gradients();
+      comm = dp.stats().comm_ms;
+    }
+    sgd.step();
+    for (at::Tensor& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    return {now_ms() - start, comm};
+  }
+  std::shared_ptr<Model> model;
+  torch::optim::SGD sgd;
+  DataParallel dp;
+  at::Tensor input, target;
+};
+
+void weak_scaling(const Workload& w, const std::shared_ptr<Communicator>& group, int warmup, int reps) {
+  Communicator& c = *group;
+  at::manual_seed(0);  // the same initial model and batch on every rank
+  Replica replica(w, group);
+  std::vector<double> alone, together, comm_share;
+  for (int i = 0; i < warmup + reps; ++i) {
+    for (int half = 0; half < 2; ++half) {
+      const bool all = (i % 2 == 0) == (half == 1);  // A B, B A, ...
+      c.barrier("the benchmark");
+      if (!all) {
+        if (c.rank() == 0) {
+          const double ms = replica.step(false).first;
+          if (i >= warmup) alone.push_back(ms);
+        }
+        continue;  // the other ranks wait at the next barrier
+      }
+      const auto [ms, comm] = replica.step(true);
+      if (i >= warmup && c.rank() == 0) {
+        together.push_back(ms);
+        comm_share.push_back(comm / ms);
+      }
+    }
+  }
+  if (c.rank() != 0) return;
+  const double t1 = median(alone), tn = median(together);
+  std::printf("| %-24s | %6lld | %9.1f | %9.1f | %10.3f | %9.1f%% |\n", w.name.c_str(), static_cast<long long>(w.batch),
+              t1, tn, t1 / tn, 100 * median(comm_share));
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace ht::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"Data parallelism: all-reduce bandwidth and weak scaling (run under mpirun -np N)"};
+  int reps = 5, warmup = 1, threads = 1;
+  bool quick = false;
+  app.add_option("--reps", reps, "measured repetitions")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "unmeasured repetitions first")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "ATen intra-op threads per rank")->check(CLI::PositiveNumber);
+  app.add_flag("--quick", quick, "scaled-down workloads, for a smoke run");
+  CLI11_PARSE(app, argc, argv);
+  ht::ProcessGrid grid = ht::make_process_grid();
+  if (grid.world < 2) {
+    std::fprintf(stderr, "bench_data_parallel: run it under mpirun with 2 or more ranks, e.g. mpirun "
+                 "--allow-run-as-root --oversubscribe -np 2 %s\n", argv[0]);
+    ht::finalize_process_grid();
+    return 2;
+  }
+  at::set_num_threads(threads);
+  ht::bench::allreduce_table(*grid.data_parallel_group, quick ? 3 : 20);
+  if (grid.is_root()) {
+    std::printf("\nweak scaling: the same per-rank batch, rank 0 alone (t1) vs %d ranks averaging gradients (tN), "
+                "%d ATen thread(s) per rank, median of %d interleaved pairs:\n\n", grid.world, threads, reps);
+    std::printf("| %-24s | %6s | %9s | %9s | %10s | %10s |\n", "model", "batch", "t1 ms", "tN ms", "efficiency",
+                "all-reduce");
+    std::printf("|%s|\n", std::string(87, '-').c_str());
+  }
+  for (const auto& w : ht::bench::workloads(quick)) ht::bench::weak_scaling(w, grid.data_parallel_group, warmup, reps);
+  ht::finalize_process_grid();
+  return 0;
+}
