@@ -90,6 +90,28 @@ UserError budget_too_small(const Config& c, const OutOfBudget& e, const Trainer&
   return UserError(text);
 }
 
+// The checkpoint folder to resume from, if any, warning about what was skipped.
+std::optional<std::string> resume_point(const Config& config) {
+  std::vector<std::string> warnings;
+  const auto resume = resolve_resume(config.checkpoint.resume, config.checkpoint_dir(), warnings);
+  for (const std::string& w : warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
+  if (config.checkpoint.resume == "latest" && !resume) {
+    std::fprintf(stderr, "hybrid_train: warning: checkpoint.resume = \"latest\" but %s holds no checkpoint; "
+                 "starting from step 0\n", config.checkpoint_dir().c_str());
+  }
+  return resume;
+}
+
+// The summary file and the closing line.
+void report(const Config& config, const Model& model, const TrainResult& result, RunOutput& output) {
+  output.summary(summary_of(config, model, result));
+  std::printf("done: %lld steps in %.0f s, final loss %.4f", static_cast<long long>(result.steps), result.seconds,
+              result.final_loss);
+  if (result.eval && result.eval->accuracy) std::printf(", eval accuracy %.4f", *result.eval->accuracy);
+  if (result.eval && result.eval->perplexity) std::printf(", eval perplexity %.3f", *result.eval->perplexity);
+  std::printf("; outputs in %s\n", config.job.output_dir.c_str());
+}
+
 }  // namespace
 
 JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid) {
@@ -123,13 +145,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }
-  std::vector<std::string> resume_warnings;
-  const auto resume = resolve_resume(config.checkpoint.resume, config.checkpoint_dir(), resume_warnings);
-  for (const std::string& w : resume_warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
-  if (config.checkpoint.resume == "latest" && !resume) {
-    std::fprintf(stderr, "hybrid_train: warning: checkpoint.resume = \"latest\" but %s holds no checkpoint; "
-                 "starting from step 0\n", config.checkpoint_dir().c_str());
-  }
+  const std::optional<std::string> resume = resume_point(config);
   std::optional<Trainer> made;
   try {
     made.emplace(config, std::move(data), model, arena, grid->data_parallel_group);  // the gradients' block
@@ -157,13 +173,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
     }
     throw budget_too_small(config, e, trainer);
   }
-  if (!root) return {model, result};
-  output->summary(summary_of(config, *model, result));
-  std::printf("done: %lld steps in %.0f s, final loss %.4f", static_cast<long long>(result.steps), result.seconds,
-              result.final_loss);
-  if (result.eval && result.eval->accuracy) std::printf(", eval accuracy %.4f", *result.eval->accuracy);
-  if (result.eval && result.eval->perplexity) std::printf(", eval perplexity %.3f", *result.eval->perplexity);
-  std::printf("; outputs in %s\n", config.job.output_dir.c_str());
+  if (root) report(config, *model, result, *output);
   return {model, result};
 }
 

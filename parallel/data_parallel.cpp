@@ -44,7 +44,6 @@ void DataParallel::average_gradients() {
   stats_ = {};
   if (size() == 1) return;
   at::NoGradGuard no_grad;
-  const auto start = std::chrono::steady_clock::now();
   const double inverse = 1.0 / static_cast<double>(size());
   for (const std::vector<size_t>& bucket : buckets_) {
     std::vector<at::Tensor> pieces;
@@ -59,7 +58,9 @@ void DataParallel::average_gradients() {
     for (size_t i = 0; i < bucket.size(); ++i) had_here[i] = params_[bucket[i]].grad().defined() ? 1.0f : 0.0f;
     pieces.push_back(at::tensor(had_here).to(params_[bucket.front()].options()));
     at::Tensor flat = at::cat(pieces);
+    const auto start = std::chrono::steady_clock::now();
     group_->allreduce_sum(flat, "the gradients");
+    stats_.comm_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     stats_.comm_bytes += static_cast<int64_t>(flat.nbytes());
     const int64_t count = static_cast<int64_t>(bucket.size());
     const at::Tensor had = flat.narrow(0, flat.numel() - count, count).to(at::kCPU, at::kFloat).contiguous();
@@ -79,7 +80,6 @@ void DataParallel::average_gradients() {
       offset += n;
     }
   }
-  stats_.comm_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 double DataParallel::mean(double value, const char* what) {

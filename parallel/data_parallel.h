@@ -13,7 +13,7 @@
 namespace ht {
 
 struct DataParallelStats {
-  double comm_ms = 0;      // time in all-reduce during the last average_gradients()
+  double comm_ms = 0;      // time in all-reduce during the last average_gradients(), packing excluded
   int64_t comm_bytes = 0;  // bytes this rank sent into all-reduce
 };
 

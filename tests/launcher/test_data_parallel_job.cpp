@@ -103,10 +103,11 @@ TEST(DataParallelJobErrors, ABatchThatDoesNotDivideOrAWrongReplicaCount) {
                                         "with mpirun -np 2, or set parallel.data_parallel = 0 (all ranks)"));
 }
 
-// Composition: 2 ranks, each accumulating over 2 micro-batches and evicting with DTR at 60% of
+// Composition: 2 ranks, each accumulating over 2 micro-batches and evicting with DTR at 75% of
 // the peak the same job needs without a budget, end with byte-identical parameters (model.pt)
 // to that job. (At 40%, the figure, this small ResNet does not fit: its parameters,
-// gradients, momentum and one op's working set take more.)
+// gradients, momentum and one op's working set take more. 60% worked alone and failed once
+// under CI's load: eviction weighs measured kernel times, so where blocks land varies.)
 TEST(DataParallelJobComposition, DtrAndAccumulationOnTwoRanks) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
@@ -134,7 +135,7 @@ interval = 3
   ASSERT_NE(at, std::string::npos) << summary;
   const int64_t peak = std::stoll(summary.substr(at + 18));
   ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("plain")), 0);
-  ASSERT_EQ(run(job + " --memory.policy=dtr --memory.budget=" + std::to_string(peak * 6 / 10) + " --job.output_dir=" +
+  ASSERT_EQ(run(job + " --memory.policy=dtr --memory.budget=" + std::to_string(peak * 3 / 4) + " --job.output_dir=" +
                 dir.path("dtr")),
             0);
   EXPECT_EQ(read_file(dir.path("plain/checkpoints/step_00000003/model.pt")),
