@@ -2,6 +2,7 @@
 // Benchmark support: one model training in its own device memory (an arena of a given size),
 // with or without eviction, one step at a time, so that two of them can be interleaved.
 
+#include "bench/bench_util.h"
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
 #include "memory/eviction_policy.h"
@@ -69,5 +70,21 @@ class BudgetRunner {
   int64_t micro_batches_ = 1;
   int64_t fixed_bytes_ = 0, peak_in_use_ = 0;
 };
+
+// Steps a and b alternately (A B, B A, ...) `reps` times, handing each pair to `pair`.
+template <typename Pair>
+void interleaved(BudgetRunner& a, BudgetRunner& b, int reps, Pair&& pair) {
+  for (int i = 0; i < reps; ++i) {
+    StepSample sa, sb;
+    if (i % 2 == 0) {
+      sa = a.step();
+      sb = b.step();
+    } else {
+      sb = b.step();
+      sa = a.step();
+    }
+    pair(sa, sb);
+  }
+}
 
 }  // namespace ht::bench

@@ -19,27 +19,6 @@
 namespace ht::bench {
 namespace {
 
-// Steps a and b alternately (A B, B A, ...) `reps` times, handing each pair to `pair`.
-template <typename Pair>
-void interleaved(BudgetRunner& a, BudgetRunner& b, int reps, Pair&& pair) {
-  for (int i = 0; i < reps; ++i) {
-    StepSample sa, sb;
-    if (i % 2 == 0) {
-      sa = a.step();
-      sb = b.step();
-    } else {
-      sb = b.step();
-      sa = a.step();
-    }
-    pair(sa, sb);
-  }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 struct Options {
   int warmup = 1, reps = 5;
   std::vector<double> ratios{0.8, 0.5, 0.3, 0.2};

@@ -28,11 +28,6 @@ struct Config {
   bool dtr;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 // Peak and fixed memory of a configuration without a budget, and its first losses.
 struct Measured {
   Unoptimized memory;
@@ -48,8 +43,7 @@ Measured measure(const Workload& w, int64_t batch, const Savers& savers, int ste
 }
 
 void row(const Workload& w, int64_t batch, const Config& c, const Measured& plain, const Options& o) {
-  const int steps = o.warmup + o.reps;
-  const Measured own = measure(w, batch, c.savers, std::max(2, steps));
+  const Measured own = measure(w, batch, c.savers, std::max(2, o.warmup + o.reps));
   const int64_t budget = c.dtr ? own.memory.budget_at(o.dtr_ratio) : kUnlimited;
   std::vector<double> times, recompute;
   // Without DTR the configuration's unoptimized peak; with it, what its arena reached.
@@ -60,21 +54,18 @@ void row(const Workload& w, int64_t batch, const Config& c, const Measured& plai
     BudgetRunner runner(w, batch, budget, c.dtr ? std::optional(EvictionHeuristic::kDtr) : std::nullopt,
                         MemoryOptions{}.eviction_threshold, c.savers);
     bool identical = true;
-    for (int i = 0; i < steps; ++i) {
-      StepSample a, b;
-      if (i % 2 == 0) {
-        a = base.step();
-        b = runner.step();
-      } else {
-        b = runner.step();
-        a = base.step();
-      }
-      identical &= b.loss == own.losses[static_cast<size_t>(i)];
-      if (i < o.warmup) continue;
+    size_t step = 0;  // the runner's losses must be the configuration's without a budget, step by step
+    auto check = [&](const StepSample& b) { identical &= b.loss == own.losses[step++]; };
+    for (int i = 0; i < o.warmup; ++i) {
+      base.step();
+      check(runner.step());
+    }
+    interleaved(base, runner, o.reps, [&](const StepSample& a, const StepSample& b) {
+      check(b);
       times.push_back(b.ms / a.ms);
       recompute.push_back(b.recompute_ms / b.ms);
       if (c.dtr) peak = std::max(peak, b.peak_in_use);
-    }
+    });
     if (c.dtr) losses = identical ? "identical" : "DIFFERENT";
   } catch (const OutOfBudget& e) {
     std::printf("| %-4s | %5lld | %-6.1f | infeasible: %s |\n", c.precision,

@@ -2,6 +2,7 @@
 // forward recorded by libtorch's autograd, in one process, interleaved (A B, B A, ...) after
 // warm-up. Prints the median step-time ratio with its min-max spread, and the peak bytes ATen
 // allocated above the step's starting level, counted for both sides by one allocator hook.
+#include "bench/bench_util.h"
 #include "memory/cpu_device_allocator.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
@@ -57,11 +58,6 @@ void measure(Side& side, const Workload& w, uint64_t seed) {
   step(side, w, seed);
   side.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   side.peak_bytes = std::max(side.peak_bytes, counter.peak_bytes() - start_bytes);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 void run(const Workload& w, int warmup, int reps) {

@@ -118,7 +118,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const ProcessGrid single;
   if (grid == nullptr) grid = &single;
   Config config = config_in;
-  apply_data_parallel(config, grid->data_parallel);
+  apply_data_parallel(config, grid->data_parallel);  // main() did it already; tests call run_job directly
   const bool root = grid->is_root();
   // libtorch defaults to physical cores (1 on a 2-vCPU machine), which leaves OpenBLAS's own
   // threads spinning; all hardware threads is faster there.

@@ -9,39 +9,36 @@ namespace {
 // fp32, bf16 and fp16 take part; doubles (and integers) are left alone.
 bool castable(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
-// The type input `index` is cast to, or nullopt: leave it as it is.
-std::optional<at::ScalarType> target_type(Precision precision, at::ScalarType low, const std::vector<Tensor>& inputs,
-                                          size_t index) {
-  switch (precision) {
-    case Precision::kAsIs: return std::nullopt;
-    case Precision::kLow: return low;
-    case Precision::kFloat32: return at::kFloat;
-    case Precision::kFloat32Weights: return index == 0 ? std::nullopt : std::optional(at::kFloat);
-    case Precision::kFollow: {
-      // The widest: fp32 if any input is fp32, or if bf16 meets fp16.
-      std::optional<at::ScalarType> widest;
-      for (const Tensor& in : inputs) {
-        if (!in.defined() || !castable(in.dtype())) continue;
-        widest = (!widest || *widest == in.dtype()) ? in.dtype() : at::kFloat;
-      }
-      return widest;
-    }
+// The widest floating type among the inputs: fp32 if any is fp32, or if bf16 meets fp16.
+std::optional<at::ScalarType> widest_type(const std::vector<Tensor>& inputs) {
+  std::optional<at::ScalarType> widest;
+  for (const Tensor& in : inputs) {
+    if (!in.defined() || !castable(in.dtype())) continue;
+    widest = (!widest || *widest == in.dtype()) ? in.dtype() : at::kFloat;
   }
-  return std::nullopt;
+  return widest;
 }
 
 }  // namespace
 
 std::vector<Tensor> Interpreter::autocast_inputs(const Op& op, const std::vector<Tensor>& inputs) {
   const Precision precision = op.traits().precision;
-  if (precision == Precision::kAsIs) return {};
+  std::optional<at::ScalarType> target;  // for every input but input 0 of kFloat32Weights
+  switch (precision) {
+    case Precision::kAsIs: return {};
+    case Precision::kLow: target = *autocast_; break;
+    case Precision::kFloat32:
+    case Precision::kFloat32Weights: target = at::kFloat; break;
+    case Precision::kFollow: target = widest_type(inputs); break;
+  }
+  if (!target) return {};
   std::vector<Tensor> cast;
   bool changed = false;
   cast.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& in = inputs[i];
-    const std::optional<at::ScalarType> target = target_type(precision, *autocast_, inputs, i);
-    if (target && in.defined() && castable(in.dtype()) && in.dtype() != *target) {
+    const bool keeps_type = precision == Precision::kFloat32Weights && i == 0;
+    if (!keeps_type && in.defined() && castable(in.dtype()) && in.dtype() != *target) {
       cast.push_back(cast_for_autocast(in, *target));
       changed = true;
     } else {
