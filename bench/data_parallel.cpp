@@ -3,8 +3,9 @@
 //    bandwidth (bytes / time) and bus bandwidth as nccl-tests defines it (algbw x 2(N-1)/N);
 // 2. weak scaling: each workload's training step at the same per-rank batch, rank 0 alone (the
 //    other ranks wait) against all N ranks averaging gradients, interleaved (A B, B A, ...):
-//    efficiency = t1 / tN, and the share of tN spent in all-reduce. All-reduce does not overlap
-//    with backward yet, so the overlap share is 0 by construction and not printed.
+//    efficiency = t1 / tN, with gradients averaged after backward and with buckets started during
+//    it (parallel.overlap); the share of tN (after) spent in all-reduce, and the share of the
+//    all-reduce time hidden under backward (overlap, DataParallelStats::overlap).
 #include "bench/budget_runner.h"
 #include "parallel/data_parallel.h"
 #include "parallel/process_grid.h"
@@ -53,32 +54,45 @@ void allreduce_table(Communicator& c, int reps) {
   }
 }
 
-// One replica: the workload's model, SGD, and the gradient averaging of a group.
+// How a step averages gradients: not at all (one rank alone), after backward, or in buckets
+// started during backward.
+enum class Averaging { kNone, kAfter, kDuring };
+
+// One replica: the workload's model, SGD, and the gradient averaging of a group, both ways, over
+// one gradient buffer laid out in reduction order (as the trainer does).
 struct Replica {
-  Replica(const Workload& w, std::shared_ptr<Communicator> group)
+  Replica(const Workload& w, const std::shared_ptr<Communicator>& group)
       : model(w.make()), sgd(model->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9)),
-        dp(std::move(group), model->parameters(), int64_t{25} << 20) {
+        after(group, model->parameters(), int64_t{25} << 20, false),
+        during(group, model->parameters(), int64_t{25} << 20, true),
+        gradients(after.reduction_order()) {
+    after.use_gradient_buffer(&gradients);
+    during.use_gradient_buffer(&gradients);
     std::tie(input, target) = w.data(w.batch);
     model->train();
   }
-  // Returns (step ms, all-reduce ms).
-  std::pair<double, double> step(bool average) {
+  // Returns the step's time and the averaging's statistics.
+  std::pair<double, DataParallelStats> step(Averaging averaging) {
     Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 1});
+    interp.set_gradient_buffer(&gradients);
     const double start = now_ms();
     Tensor loss = model->loss(model->forward(interp.input(input)), interp.input(target));
+    if (averaging == Averaging::kDuring) interp.set_gradient_listener(&during);
     interp.backward(loss);
-    double comm = 0;
-    if (average) {
+    DataParallelStats stats;
+    if (averaging != Averaging::kNone) {
+      DataParallel& dp = averaging == Averaging::kDuring ? during : after;
       dp.average_gradients();
-      comm = dp.stats().comm_ms;
+      stats = dp.stats();
     }
     sgd.step();
     for (at::Tensor& p : model->parameters()) p.mutable_grad() = at::Tensor();
-    return {now_ms() - start, comm};
+    return {now_ms() - start, stats};
   }
   std::shared_ptr<Model> model;
   torch::optim::SGD sgd;
-  DataParallel dp;
+  DataParallel after, during;
+  GradientBuffer gradients;
   at::Tensor input, target;
 };
 
@@ -86,29 +100,31 @@ void weak_scaling(const Workload& w, const std::shared_ptr<Communicator>& group,
   Communicator& c = *group;
   at::manual_seed(0);  // the same initial model and batch on every rank
   Replica replica(w, group);
-  std::vector<double> alone, together, comm_share;
+  const Averaging modes[] = {Averaging::kNone, Averaging::kAfter, Averaging::kDuring};
+  std::vector<double> ms[3], comm_share, overlap;
   for (int i = 0; i < warmup + reps; ++i) {
-    for (int half = 0; half < 2; ++half) {
-      const bool all = (i % 2 == 0) == (half == 1);  // A B, B A, ...
+    for (int j = 0; j < 3; ++j) {
+      const int mode = (i + j) % 3;  // each mode first, second and third in turn
       c.barrier("the benchmark");
-      if (!all) {
+      if (modes[mode] == Averaging::kNone) {
         if (c.rank() == 0) {
-          const double ms = replica.step(false).first;
-          if (i >= warmup) alone.push_back(ms);
+          const double t = replica.step(Averaging::kNone).first;
+          if (i >= warmup) ms[mode].push_back(t);
         }
         continue;  // the other ranks wait at the next barrier
       }
-      const auto [ms, comm] = replica.step(true);
-      if (i >= warmup && c.rank() == 0) {
-        together.push_back(ms);
-        comm_share.push_back(comm / ms);
-      }
+      const auto [t, stats] = replica.step(modes[mode]);
+      if (i < warmup || c.rank() != 0) continue;
+      ms[mode].push_back(t);
+      if (modes[mode] == Averaging::kAfter) comm_share.push_back(stats.comm_ms / t);
+      if (modes[mode] == Averaging::kDuring) overlap.push_back(stats.overlap);
     }
   }
   if (c.rank() != 0) return;
-  const double t1 = median(alone), tn = median(together);
-  std::printf("| %-24s | %6lld | %9.1f | %9.1f | %10.3f | %9.1f%% |\n", w.name.c_str(), static_cast<long long>(w.batch),
-              t1, tn, t1 / tn, 100 * median(comm_share));
+  const double t1 = median(ms[0]), after = median(ms[1]), during = median(ms[2]);
+  std::printf("| %-24s | %5lld | %7.1f | %7.1f | %7.1f | %10.3f | %10.3f | %9.1f%% | %7.2f |\n", w.name.c_str(),
+              static_cast<long long>(w.batch), t1, after, during, t1 / after, t1 / during, 100 * median(comm_share),
+              median(overlap));
   std::fflush(stdout);
 }
 
@@ -134,11 +150,12 @@ int main(int argc, char** argv) {
   at::set_num_threads(threads);
   ht::bench::allreduce_table(*grid.data_parallel_group, quick ? 3 : 20);
   if (grid.is_root()) {
-    std::printf("\nweak scaling: the same per-rank batch, rank 0 alone (t1) vs %d ranks averaging gradients (tN), "
-                "%d ATen thread(s) per rank, median of %d interleaved pairs:\n\n", grid.world, threads, reps);
-    std::printf("| %-24s | %6s | %9s | %9s | %10s | %10s |\n", "model", "batch", "t1 ms", "tN ms", "efficiency",
-                "all-reduce");
-    std::printf("|%s|\n", std::string(87, '-').c_str());
+    std::printf("\nweak scaling: the same per-rank batch, rank 0 alone (t1) vs %d ranks averaging gradients after "
+                "backward (tN after) or in buckets started during it (tN during), %d ATen thread(s) per rank, "
+                "median of %d interleaved rounds:\n\n", grid.world, threads, reps);
+    std::printf("| %-24s | %5s | %7s | %7s | %7s | %10s | %10s | %10s | %7s |\n", "model", "batch", "t1 ms", "after",
+                "during", "eff. after", "eff. during", "all-reduce", "overlap");
+    std::printf("|%s|\n", std::string(114, '-').c_str());
   }
   for (const auto& w : ht::bench::workloads(quick)) ht::bench::weak_scaling(w, grid.data_parallel_group, warmup, reps);
   ht::finalize_process_grid();

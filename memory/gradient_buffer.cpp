@@ -18,7 +18,8 @@ GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params) {
     at::Tensor block = at::empty({numel}, members.front()->options().requires_grad(false));
     int64_t offset = 0;
     for (const at::Tensor* p : members) {
-      slots_.emplace(p->unsafeGetTensorImpl(), block.narrow(0, offset, p->numel()).view(p->sizes()));
+      slots_.emplace(p->unsafeGetTensorImpl(),
+                     Slot{block.narrow(0, offset, p->numel()).view(p->sizes()), blocks_.size(), offset});
       offset += p->numel();
     }
     blocks_.push_back(std::move(block));
@@ -27,7 +28,26 @@ GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params) {
 
 at::Tensor GradientBuffer::slot(const at::Tensor& param) const {
   auto it = slots_.find(param.unsafeGetTensorImpl());
-  return it == slots_.end() ? at::Tensor() : it->second;
+  return it == slots_.end() ? at::Tensor() : it->second.view;
+}
+
+at::Tensor GradientBuffer::span(const std::vector<at::Tensor>& params) const {
+  if (params.empty()) return {};
+  size_t block = 0;
+  int64_t first = 0, end = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = slots_.find(params[i].unsafeGetTensorImpl());
+    if (it == slots_.end()) return {};
+    const Slot& s = it->second;
+    if (i == 0) {
+      block = s.block;
+      first = s.offset;
+    } else if (s.block != block || s.offset != end) {
+      return {};
+    }
+    end = s.offset + s.view.numel();
+  }
+  return blocks_[block].narrow(0, first, end - first);
 }
 
 }  // namespace ht

@@ -4,7 +4,8 @@
 // gradient into its slot instead of keeping the tensor its kernel allocated: under a budget,
 // gradients allocated afresh every step land between the activations that backward is still
 // regenerating, and cut the free memory into pieces no large activation fits in. (The same
-// flat layout is what bucketed all-reduce wants.)
+// flat layout is what bucketed all-reduce wants: made in its reduction order, each bucket is one
+// span of the block, reduced in place.)
 
 #include <ATen/core/Tensor.h>
 
@@ -15,14 +16,23 @@ namespace ht {
 
 class GradientBuffer {
  public:
-  // Slots for every parameter that requires a gradient; one block per dtype and device.
+  // Slots for every parameter that requires a gradient, in the order given; one block per dtype
+  // and device.
   explicit GradientBuffer(const std::vector<at::Tensor>& params);
   // The slot of `param`'s gradient (a view of the block, its shape), or undefined.
   at::Tensor slot(const at::Tensor& param) const;
+  // The slots of `params`, one after another in one block, as one flat view; undefined when they
+  // are not laid out so.
+  at::Tensor span(const std::vector<at::Tensor>& params) const;
 
  private:
+  struct Slot {
+    at::Tensor view;
+    size_t block = 0;
+    int64_t offset = 0;  // elements into the block
+  };
   std::vector<at::Tensor> blocks_;
-  std::unordered_map<const void*, at::Tensor> slots_;  // by TensorImpl
+  std::unordered_map<const void*, Slot> slots_;  // by TensorImpl
 };
 
 }  // namespace ht

@@ -27,7 +27,14 @@ class Communicator {
   virtual void allreduce_sum(at::Tensor& t, const char* what) = 0;
   virtual void broadcast(at::Tensor& t, int root, const char* what) = 0;
   virtual void barrier(const char* what) = 0;
+  // Point to point (pipeline stages): `t` contiguous; recv fills it, so its shape and dtype must
+  // be the sender's.
+  virtual void send(const at::Tensor& t, int to, const char* what) = 0;
+  virtual void recv(at::Tensor& t, int from, const char* what) = 0;
   virtual std::string backend() const = 0;
+  // Whether a thread other than the one that made it may call it (one call at a time): what
+  // overlapping all-reduce with backward needs (parallel/collective_worker.h).
+  virtual bool allows_worker_thread() const = 0;
   // A collective that has not completed after this long ends with an error naming this rank,
   // the context and the collective: another rank has died or hangs.
   virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
@@ -48,7 +55,16 @@ class LocalCommunicator final : public Communicator {
   void allreduce_sum(at::Tensor&, const char*) override {}
   void broadcast(at::Tensor&, int, const char*) override {}
   void barrier(const char*) override {}
+  void send(const at::Tensor&, int to, const char* what) override { no_peer(to, what); }
+  void recv(at::Tensor&, int from, const char* what) override { no_peer(from, what); }
   std::string backend() const override { return "local"; }
+  bool allows_worker_thread() const override { return true; }
+
+ private:
+  static void no_peer(int peer, const char* what) {
+    throw CommunicationError(std::string("a group of one has no rank ") + std::to_string(peer) + " to exchange " +
+                             what + " with");
+  }
 };
 
 }  // namespace ht

@@ -1,47 +1,94 @@
 #pragma once
 // Data-parallel training's gradient side: each rank of a group trains a replica on its slice of
-// the global batch; before each optimizer step the gradients are averaged over the group. They
-// are packed into buckets (parallel.bucket_mb) in reverse order of the parameters, the order
-// backward produces them in, and each bucket is one all-reduce. This first version reduces the
-// buckets after backward has finished; starting each bucket while backward still runs is next.
+// the global batch; before each optimizer step the gradients are averaged over the group.
+//
+// They are packed into buckets (parallel.bucket_mb) in reverse order of the parameters, the order
+// backward produces them in, and each bucket is one all-reduce. With a gradient buffer laid out in
+// that order (reduction_order()), a bucket is a contiguous span of it and is reduced in place.
+//
+// With overlap, DataParallel listens to the last micro-batch's backward (GradientListener): when
+// no tape entry left can add to any gradient of the next bucket, that bucket goes to a worker
+// thread's all-reduce while backward goes on. Buckets start in bucket order on every rank, so
+// the ranks' collectives always match, whatever order their gradients finish in.
 
+#include "memory/gradient_buffer.h"
+#include "parallel/collective_worker.h"
 #include "parallel/communicator.h"
+#include "runtime/gradient_listener.h"
 
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace ht {
 
 struct DataParallelStats {
-  double comm_ms = 0;      // time in all-reduce during the last average_gradients(), packing excluded
-  int64_t comm_bytes = 0;  // bytes this rank sent into all-reduce
+  double comm_ms = 0;      // time in the all-reduces of the last step's gradients (packing excluded)
+  int64_t comm_bytes = 0;  // bytes this rank sent into them
+  double wait_ms = 0;      // time training waited for them once backward had ended
+  // Share of comm_ms hidden under backward: 1 - wait_ms / comm_ms (0 without overlap).
+  double overlap = 0;
 };
 
-class DataParallel {
+class DataParallel final : public GradientListener {
  public:
-  DataParallel(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params, int64_t bucket_bytes);
+  // `overlap` needs a communicator that allows a worker thread; it is ignored for a group of one.
+  DataParallel(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params, int64_t bucket_bytes,
+               bool overlap = false);
 
   int size() const { return group_->size(); }
   int rank() const { return group_->rank(); }
   Communicator& group() { return *group_; }
+  bool overlaps() const { return worker_ != nullptr; }
+
+  // The parameters that need gradients, in reduction order. A GradientBuffer made in this order
+  // and passed to use_gradient_buffer() makes each bucket one span of it: reduced in place.
+  std::vector<at::Tensor> reduction_order() const;
+  void use_gradient_buffer(const GradientBuffer* buffer);
 
   // Rank 0's parameters and buffers on every rank (at start, and after resume).
   void broadcast_state(const std::vector<at::Tensor>& buffers);
-  // Every parameter's .grad() becomes the mean over the group. A parameter that has no gradient
-  // on this rank takes part with zeros (and gets the mean); one with no gradient anywhere stays
-  // without.
+
+  // GradientListener, for the backward of a step's last micro-batch only (an earlier one would
+  // add to gradients being reduced): starts buckets as their gradients become final.
+  void backward_begins(const std::vector<const c10::TensorImpl*>& pending) override;
+  void gradient_ready(const at::Tensor& param) override;
+
+  // Every parameter's .grad() becomes the mean over the group: starts the buckets backward did
+  // not, and waits for all. A parameter that has no gradient on this rank takes part with zeros
+  // (and gets the mean); one with no gradient anywhere stays without.
   void average_gradients();
   // The group's mean of a per-rank number (the loss of its slice, for logging).
   double mean(double value, const char* what);
 
   // The buckets, as indices into the parameters, in reduction order.
-  const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+  const std::vector<std::vector<size_t>>& buckets() const { return bucket_members_; }
   const DataParallelStats& stats() const { return stats_; }
 
  private:
+  struct Bucket {
+    std::vector<size_t> members;  // indices into params_
+    at::Tensor span;              // the members' slots in the gradient buffer, when contiguous
+    at::Tensor flat;              // being reduced this step
+    int64_t pending = 0;          // members a tape entry may still add a gradient to
+  };
+  void start_ready_buckets();
+  void start(Bucket& bucket);
+  void reduce(at::Tensor flat, const char* what);  // queued with overlap, else now
+  void write_means(const at::Tensor& had_anywhere);
+  void reset_step();
+
   std::shared_ptr<Communicator> group_;
   std::vector<at::Tensor> params_;
-  std::vector<std::vector<size_t>> buckets_;
+  std::vector<std::vector<size_t>> bucket_members_;
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const c10::TensorImpl*, size_t> bucket_of_;  // by the parameter's TensorImpl
+  const GradientBuffer* buffer_ = nullptr;
+  std::unique_ptr<CollectiveWorker> worker_;
+  std::vector<float> had_here_;  // per parameter, this step: 1 if this rank had a gradient
+  size_t next_ = 0;              // the next bucket to start
+  double inline_ms_ = 0;         // without a worker: time in all-reduce this step
+  int64_t bytes_ = 0;
   DataParallelStats stats_;
 };
 

@@ -108,6 +108,25 @@ void MpiCommunicator::broadcast(at::Tensor& t, int root, const char* what) {
   check(MPI_Bcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), root, comm_), "the broadcast", what);
 }
 
+void MpiCommunicator::send(const at::Tensor& t, int to, const char* what) {
+  check_tensor(t, what);
+  Watched watched(*this, "the send", what);
+  check(MPI_Send(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), to, 0, comm_), "the send", what);
+}
+
+void MpiCommunicator::recv(at::Tensor& t, int from, const char* what) {
+  check_tensor(t, what);
+  Watched watched(*this, "the receive", what);
+  check(MPI_Recv(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), from, 0, comm_, MPI_STATUS_IGNORE),
+        "the receive", what);
+}
+
+bool MpiCommunicator::allows_worker_thread() const {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level >= MPI_THREAD_SERIALIZED;
+}
+
 void MpiCommunicator::barrier(const char* what) {
   Watched watched(*this, "the barrier", what);
   check(MPI_Barrier(comm_), "the barrier", what);

@@ -29,7 +29,11 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(at::Tensor& t, const char* what) override;
   void broadcast(at::Tensor& t, int root, const char* what) override;
   void barrier(const char* what) override;
+  void send(const at::Tensor& t, int to, const char* what) override;
+  void recv(at::Tensor& t, int from, const char* what) override;
   std::string backend() const override { return "mpi"; }
+  // MPI was initialized with MPI_THREAD_SERIALIZED or more.
+  bool allows_worker_thread() const override;
 
  private:
   void check(int rc, const char* collective, const char* what) const;

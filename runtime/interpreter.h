@@ -5,6 +5,7 @@
 
 #include "memory/gradient_buffer.h"
 #include "memory/memory_manager.h"
+#include "runtime/gradient_listener.h"
 #include "runtime/op.h"
 #include "runtime/tape.h"
 #include "runtime/tensor.h"
@@ -68,6 +69,9 @@ class Interpreter final : public Rematerializer {
   // Parameters' gradients go into these slots (memory/gradient_buffer.h); null: kept as computed.
   void set_gradient_buffer(const GradientBuffer* buffer) { gradient_buffer_ = buffer; }
   const GradientBuffer* gradient_buffer() const { return gradient_buffer_; }
+  // Told when each leaf's gradient is final during backward(); null: nobody (runtime/gradient_listener.h).
+  void set_gradient_listener(GradientListener* listener) { gradient_listener_ = listener; }
+  GradientListener* gradient_listener() const { return gradient_listener_; }
   MemoryManager& memory() { return memory_; }
   const MemoryManager& memory() const { return memory_; }
   const Tape& tape() const { return tape_; }
@@ -107,6 +111,7 @@ class Interpreter final : public Rematerializer {
   MemoryManager memory_;
   Tape tape_;
   const GradientBuffer* gradient_buffer_ = nullptr;
+  GradientListener* gradient_listener_ = nullptr;
   bool grad_enabled_ = true;
   uint64_t seed_counter_ = 0;
   uint64_t next_id_ = 0;

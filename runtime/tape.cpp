@@ -4,6 +4,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <unordered_map>
+
 namespace ht {
 
 void accumulate_grad(TensorInfo& t, at::Tensor grad) {
@@ -60,11 +62,35 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   }
   // Tape order is execution order, so its reverse is a valid order for reverse mode. Each
   // entry is released as soon as it has run: its saved values go with it.
+  GradientListener* listener = interp.gradient_listener();
+  // Per leaf value (one parameter may be several leaf records: one per use), the entries left
+  // that take it as input.
+  std::unordered_map<const c10::TensorImpl*, int64_t> pending;
+  if (listener != nullptr) pending = pending_leaves(*listener);
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     run_entry(interp, *it);
+    if (listener != nullptr) {
+      for (const std::shared_ptr<TensorInfo>& input : it->path->inputs) {
+        if (!input->is_leaf || !input->requires_grad) continue;
+        auto left = pending.find(input->value.unsafeGetTensorImpl());
+        if (left != pending.end() && --left->second == 0) listener->gradient_ready(input->value);
+      }
+    }
     *it = TapeEntry{};
   }
   entries_.clear();
+}
+
+std::unordered_map<const c10::TensorImpl*, int64_t> Tape::pending_leaves(GradientListener& listener) const {
+  std::unordered_map<const c10::TensorImpl*, int64_t> pending;
+  for (const TapeEntry& entry : entries_)
+    for (const std::shared_ptr<TensorInfo>& input : entry.path->inputs)
+      if (input->is_leaf && input->requires_grad) ++pending[input->value.unsafeGetTensorImpl()];
+  std::vector<const c10::TensorImpl*> leaves;
+  leaves.reserve(pending.size());
+  for (const auto& [impl, count] : pending) leaves.push_back(impl);
+  listener.backward_begins(leaves);
+  return pending;
 }
 
 void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {

@@ -3,9 +3,11 @@
 // in reverse by backward(). Each entry holds handles on exactly the values its backward reads
 // (declared by the op), and lets go of them as soon as the entry has run.
 
+#include "runtime/gradient_listener.h"
 #include "runtime/tensor.h"
 
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace ht {
@@ -26,6 +28,8 @@ class Tape {
 
  private:
   void run_entry(Interpreter& interp, TapeEntry& entry);
+  // For each leaf value that needs a gradient, the entries that take it as input; tells `listener`.
+  std::unordered_map<const c10::TensorImpl*, int64_t> pending_leaves(GradientListener& listener) const;
   std::vector<TapeEntry> entries_;
 };
 

@@ -73,6 +73,7 @@ struct ParallelConfig {
   int64_t pipeline_parallel = 1;
   std::string pipeline_schedule = "1f1b";
   int64_t bucket_mb = 25;
+  bool overlap = true;  // all-reduce buckets on a worker thread while backward runs
   double timeout_s = 300;
 };
 

@@ -187,6 +187,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                   .choices({"gpipe", "1f1b"}).not_built("pipeline parallelism"));
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
                   .min(1));
+  f.push_back(Field(&C::parallel, &ParallelConfig::overlap, "parallel", "overlap",
+                    "start each bucket's all-reduce, on a worker thread, as soon as backward has finished its "
+                    "gradients; false: all-reduce after backward"));
   f.push_back(Field(&C::parallel, &ParallelConfig::timeout_s, "parallel", "timeout_s",
                     "a collective not done after this many seconds ends the job, naming the rank, the step and the "
                     "collective (another rank died or hangs)")

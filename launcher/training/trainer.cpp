@@ -36,7 +36,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
                config.data.shuffle, replicas ? replicas->rank() : 0, replicas ? replicas->size() : 1),
       arena_(std::move(arena)), scaler_(make_loss_scaler(config.training)),
       replicas_(replicas ? replicas : std::make_shared<LocalCommunicator>(), params_,
-                config.parallel.bucket_mb << 20),
+                config.parallel.bucket_mb << 20, config.parallel.overlap),
       interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}),
       checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
       total_steps_(config.training.steps > 0 ? config.training.steps
@@ -51,10 +51,17 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   model_->train();
   interp_.set_autocast(autocast_type(config.training));
   interp_.memory().configure(memory_options());
-  if (arena_) {
+  if (arena_ || replicas_.size() > 1) {
     // Under a budget, gradients get one block beside the parameters (memory/gradient_buffer.h).
-    gradients_ = std::make_unique<GradientBuffer>(params_);
+    // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
+    // reduced in place: no copies, and no memory beyond the gradients while backward runs.
+    gradients_ = std::make_unique<GradientBuffer>(replicas_.reduction_order());
     interp_.set_gradient_buffer(gradients_.get());
+    replicas_.use_gradient_buffer(gradients_.get());
+  }
+  if (config.parallel.overlap && replicas_.size() > 1 && !replicas_.overlaps()) {
+    progress_.line("warning: parallel.overlap: this MPI library gives no MPI_THREAD_SERIALIZED; gradients are "
+                   "all-reduced after backward");
   }
 }
 
@@ -105,11 +112,16 @@ void Trainer::resume_from(const std::string& folder) {
   progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
 }
 
-double Trainer::forward_backward(const Batch& micro, double loss_scale) {
+double Trainer::forward_backward(const Batch& micro, double loss_scale, bool last) {
   Tensor loss = model_->loss(model_->forward(interp_.input(micro.input.to(device_))),
                              interp_.input(micro.target.to(device_)));
+  // The last micro-batch's backward starts the all-reduce of each bucket whose gradients it has
+  // finished; an earlier one would add to gradients being reduced.
+  GradientListener* listener = last && replicas_.overlaps() ? &replicas_ : nullptr;
+  interp_.set_gradient_listener(listener);
   // d(scale * loss) = scale * d(loss): seeding backward with the scale adds no op to the graph.
   interp_.backward({loss}, {at::full(loss.sizes(), loss_scale, loss.options())});
+  interp_.set_gradient_listener(nullptr);
   return loss.value().item<double>();
 }
 
@@ -129,10 +141,10 @@ Trainer::StepResult Trainer::train_step() {
     const Batch micro{batch.input.narrow(0, k * micro_size, micro_size),
                       batch.target.narrow(0, k * micro_size, micro_size)};
     const double scale = (scaler_ ? scaler_->scale() : 1.0) / static_cast<double>(micro_batches);
-    r.loss += forward_backward(micro, scale) / static_cast<double>(micro_batches);
+    r.loss += forward_backward(micro, scale, k + 1 == micro_batches) / static_cast<double>(micro_batches);
   }
   // This rank's gradients of its slice are complete: average them over the replicas, once per
-  // optimizer step, never per micro-batch.
+  // optimizer step, never per micro-batch (with overlap, most buckets are under way already).
   replicas_.average_gradients();
   r.comm = replicas_.stats();
   r.loss = replicas_.mean(r.loss, "the loss");
@@ -265,7 +277,9 @@ void Trainer::log_step(const StepResult& r) {
       .add("activation_peak_bytes", mem.peak_resident_bytes).add("evictions", r.evictions)
       .add("recomputations", r.recomputations).add("recompute_ms", r.recompute_ms)
       .add("fragmentation", r.fragmentation);
-  if (replicas_.size() > 1) record.add("comm_ms", r.comm.comm_ms).add("comm_bytes", r.comm.comm_bytes);
+  if (replicas_.size() > 1) {
+    record.add("comm_ms", r.comm.comm_ms).add("comm_bytes", r.comm.comm_bytes).add("overlap", r.comm.overlap);
+  }
   if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
   output_->metrics(record);
 }

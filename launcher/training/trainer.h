@@ -81,7 +81,7 @@ class Trainer {
   void trace_step_begins();
   void trace_step_ended();
   StepResult train_step();
-  double forward_backward(const Batch& micro, double loss_scale);
+  double forward_backward(const Batch& micro, double loss_scale, bool last);
   bool eval_due() const;
   void log_step(const StepResult& r);
   void log_eval(const EvalResult& e);
@@ -95,7 +95,7 @@ class Trainer {
   Sampler sampler_;
   std::shared_ptr<CpuArena> arena_;
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
-  std::unique_ptr<GradientBuffer> gradients_;  // with a budget
+  std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
   std::unique_ptr<LossScaler> scaler_;         // fp16
   DataParallel replicas_;
   Interpreter interp_;

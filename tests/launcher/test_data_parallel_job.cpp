@@ -83,6 +83,7 @@ TEST_P(DataParallelJob, RanksTrainTheSingleRankModel) {
   const std::string metrics = read_file(dir.path("many/metrics.jsonl"));
   EXPECT_THAT(metrics, HasSubstr("\"comm_ms\""));
   EXPECT_THAT(metrics, HasSubstr("\"comm_bytes\""));
+  EXPECT_THAT(metrics, HasSubstr("\"overlap\""));
   EXPECT_THAT(read_file(dir.path("many/config.resolved.toml")), HasSubstr("data_parallel = " + std::to_string(ranks)));
 }
 
@@ -103,22 +104,24 @@ TEST(DataParallelJobErrors, ABatchThatDoesNotDivideOrAWrongReplicaCount) {
                                         "with mpirun -np 2, or set parallel.data_parallel = 0 (all ranks)"));
 }
 
-// Composition: 2 ranks, each accumulating over 2 micro-batches and evicting with DTR at 75% of
-// the peak the same job needs without a budget, end with byte-identical parameters (model.pt)
-// to that job. (At 40%, the issue's figure, this small ResNet does not fit: its parameters,
-// gradients, momentum and one op's working set take more. 60% worked alone and failed once
-// under CI's load: eviction weighs measured kernel times, so where blocks land varies.)
-TEST(DataParallelJobComposition, DtrAndAccumulationOnTwoRanks) {
+// Composition: 2 ranks, each accumulating over 2 micro-batches and evicting with DTR at 40% of
+// the peak the same job needs without a budget, end with byte-identical parameters (model.pt) to
+// that job. Gradients are reduced in place, in buckets started during backward (the default),
+// inside the budget. A GPT of 8 layers: its activations are most of its peak (a small ResNet's
+// parameters, optimizer state and largest op leave no 40% budget workable; measured, this GPT
+// trained at 30% in 3 runs of 3, and at 40% in 6 of 6).
+TEST(DataParallelJobComposition, DtrAtFortyPercentAndAccumulationOnTwoRanks) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
   const std::string config = dir.write("job.toml", R"([model]
-name = "resnet"
-width = 8
+name = "gpt"
+n_layer = 8
+n_head = 4
+n_embd = 32
+block_size = 64
 [data]
-dataset = "synthetic"
-synthetic_samples = 192
-synthetic_eval_samples = 16
-synthetic_shape = [1, 28, 28]
+dataset = "text"
+path = "/usr/share/common-licenses/GPL-3"
 [training]
 steps = 3
 global_batch_size = 64
@@ -135,13 +138,51 @@ interval = 3
   ASSERT_NE(at, std::string::npos) << summary;
   const int64_t peak = std::stoll(summary.substr(at + 18));
   ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("plain")), 0);
-  ASSERT_EQ(run(job + " --memory.policy=dtr --memory.budget=" + std::to_string(peak * 3 / 4) + " --job.output_dir=" +
+  ASSERT_EQ(run(job + " --memory.policy=dtr --memory.budget=" + std::to_string(peak * 2 / 5) + " --job.output_dir=" +
                 dir.path("dtr")),
             0);
   EXPECT_EQ(read_file(dir.path("plain/checkpoints/step_00000003/model.pt")),
             read_file(dir.path("dtr/checkpoints/step_00000003/model.pt")));
   EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")))
       << "the budget made DTR evict";
+}
+
+// Overlap starts buckets while the last micro-batch's backward runs; it must change no bit. A GPT
+// ties its embedding to its output layer (one parameter, two uses: its gradient is final only
+// after both), accumulates over 2 micro-batches (only the last may start buckets), and its
+// 1 MiB buckets are several.
+TEST(DataParallelJobOverlap, OverlapChangesNoBitOfTheModel) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", R"([model]
+name = "gpt"
+n_layer = 2
+n_head = 4
+n_embd = 256
+block_size = 16
+[data]
+dataset = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[training]
+steps = 3
+global_batch_size = 8
+micro_batch_size = 2
+optimizer = "adamw"
+eval_batches = 1
+threads = 1
+[parallel]
+bucket_mb = 1
+[checkpoint]
+interval = 3
+)");
+  const std::string job = mpirun(2) + HT_BINARY + " " + config;
+  ASSERT_EQ(run(job + " --parallel.overlap=true --job.output_dir=" + dir.path("during")), 0);
+  ASSERT_EQ(run(job + " --parallel.overlap=false --job.output_dir=" + dir.path("after")), 0);
+  const std::string during = read_file(dir.path("during/checkpoints/step_00000003/model.pt"));
+  ASSERT_FALSE(during.empty());
+  EXPECT_TRUE(during == read_file(dir.path("after/checkpoints/step_00000003/model.pt"))) << "model.pt differs";
+  EXPECT_THAT(read_file(dir.path("during/metrics.jsonl")), HasSubstr("\"overlap\": "));
+  EXPECT_THAT(read_file(dir.path("after/metrics.jsonl")), HasSubstr("\"overlap\": 0}"));
 }
 
 // The pids of the ranks (not mpirun) whose command line holds `marker`.

@@ -40,5 +40,29 @@ TEST(DataParallel, AGroupOfOneLeavesGradientsAlone) {
   EXPECT_EQ(dp.mean(2.5, "x"), 2.5);
 }
 
+TEST(DataParallel, EachBucketIsOneSpanOfAGradientBufferInReductionOrder) {
+  auto params = params_of({10, 30, 500, 40, 50, 20});
+  params.push_back(at::zeros({7}));  // needs no gradient: in no bucket
+  DataParallel dp(std::make_shared<LocalCommunicator>(), params, 400);
+  const std::vector<at::Tensor> order = dp.reduction_order();
+  ASSERT_EQ(order.size(), 6u);
+  EXPECT_TRUE(order.front().is_same(params[5]));
+  GradientBuffer buffer(order);
+  for (const std::vector<size_t>& bucket : dp.buckets()) {
+    std::vector<at::Tensor> members;
+    int64_t numel = 0;
+    for (size_t k : bucket) {
+      members.push_back(params[k]);
+      numel += params[k].numel();
+    }
+    const at::Tensor span = buffer.span(members);
+    ASSERT_TRUE(span.defined());
+    EXPECT_EQ(span.numel(), numel);
+    EXPECT_EQ(span.data_ptr(), buffer.slot(members.front()).data_ptr());
+  }
+  EXPECT_FALSE(buffer.span({params[0], params[1]}).defined()) << "laid out as 1, 0: not one after another";
+  EXPECT_FALSE(buffer.span({params[6]}).defined()) << "no slot";
+}
+
 }  // namespace
 }  // namespace ht

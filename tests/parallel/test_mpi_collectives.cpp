@@ -3,6 +3,8 @@
 // fails the job.
 #include "parallel/data_parallel.h"
 #include "parallel/process_grid.h"
+#include "runtime/interpreter.h"
+#include "runtime/ops.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -63,6 +65,69 @@ TEST(MpiCollectives, GradientsAreAveragedAcrossBucketsAndMissingOnes) {
   }
   EXPECT_GT(dp.stats().comm_bytes, 0);
   EXPECT_DOUBLE_EQ(dp.mean(static_cast<double>(r), "a number"), (n - 1) / 2.0);
+}
+
+TEST(MpiCollectives, SendAndReceiveAroundARing) {
+  Communicator& c = *grid().data_parallel_group;
+  const int n = c.size(), r = c.rank();
+  const at::Tensor mine = at::full({4}, static_cast<double>(r), at::kDouble);
+  at::Tensor from_left = at::empty({4}, at::kDouble);
+  // Even ranks send first, odd ones receive first: no two neighbours both wait to send.
+  if (r % 2 == 0) {
+    c.send(mine, (r + 1) % n, "a test tensor");
+    c.recv(from_left, (r + n - 1) % n, "a test tensor");
+  } else {
+    c.recv(from_left, (r + n - 1) % n, "a test tensor");
+    c.send(mine, (r + 1) % n, "a test tensor");
+  }
+  EXPECT_TRUE(from_left.equal(at::full({4}, static_cast<double>((r + n - 1) % n), at::kDouble)));
+}
+
+// One backward through the interpreter on this rank's data, then the gradients averaged, with the
+// buckets started during backward (overlap) or after it. Parameters: w1 used twice (a tied
+// weight: two leaf records), w3 only on rank 0, w4 on no rank.
+std::vector<at::Tensor> averaged_gradients(bool overlap, DataParallelStats* stats) {
+  at::manual_seed(7);
+  std::vector<at::Tensor> params{at::randn({16, 16}), at::randn({16}), at::randn({16, 16}), at::randn({16, 16}),
+                                 at::randn({16, 16})};
+  for (at::Tensor& p : params) p.requires_grad_(true);
+  const at::Tensor &w1 = params[0], &b = params[1], &w2 = params[2], &w3 = params[3];
+  DataParallel dp(grid().data_parallel_group, params, 1100, overlap);  // about one matrix a bucket
+  EXPECT_EQ(dp.overlaps(), overlap);
+  GradientBuffer buffer(dp.reduction_order());
+  dp.use_gradient_buffer(&buffer);
+  Interpreter interp;
+  interp.set_gradient_buffer(&buffer);
+  const int r = dp.rank();
+  at::manual_seed(100 + r);
+  Tensor h = relu(linear(interp.input(at::randn({5, 16})), interp.param(w1), interp.param(b)));
+  h = linear(h, interp.param(w2));
+  if (r == 0) h = linear(h, interp.param(w3));
+  h = linear(h, interp.param(w1));
+  if (overlap) interp.set_gradient_listener(&dp);
+  interp.backward(sum(h));
+  interp.set_gradient_listener(nullptr);
+  dp.average_gradients();
+  *stats = dp.stats();
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params) grads.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+  return grads;
+}
+
+TEST(MpiCollectives, BucketsStartedDuringBackwardAverageAsAfterIt) {
+  DataParallelStats after_stats, during_stats;
+  const auto after = averaged_gradients(false, &after_stats);
+  const auto during = averaged_gradients(true, &during_stats);
+  EXPECT_GE(after_stats.comm_ms, 0.0);
+  EXPECT_EQ(after_stats.overlap, 0.0);
+  EXPECT_GT(during_stats.comm_bytes, 0);
+  EXPECT_EQ(during_stats.comm_bytes, after_stats.comm_bytes);
+  ASSERT_EQ(after.size(), during.size());
+  for (size_t k = 0; k + 1 < after.size(); ++k) {
+    ASSERT_TRUE(after[k].defined() && during[k].defined()) << "parameter " << k;
+    EXPECT_TRUE(after[k].equal(during[k])) << "parameter " << k << ": the same sums, bit for bit";
+  }
+  EXPECT_FALSE(after.back().defined() || during.back().defined()) << "w4: no rank had a gradient";
 }
 
 }  // namespace

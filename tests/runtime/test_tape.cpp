@@ -1,6 +1,8 @@
 // Reverse mode: what the tape keeps, when it lets go, and how gradients accumulate.
 #include "tests/support/op_check.h"
 
+#include <algorithm>
+
 namespace ht::test {
 namespace {
 
@@ -68,6 +70,43 @@ TEST(Tape, BranchNotReachingLossIsSkipped) {
   EXPECT_TRUE(w.grad().defined());
   EXPECT_FALSE(u.grad().defined());
   EXPECT_FALSE(unused.info()->resident() && unused.info()->grad.defined());
+}
+
+// Records what a GradientListener is told, and each gradient as it was when declared final.
+struct RecordingListener final : GradientListener {
+  std::vector<const c10::TensorImpl*> pending;
+  std::vector<const c10::TensorImpl*> ready;
+  std::vector<at::Tensor> grads_when_ready;
+  void backward_begins(const std::vector<const c10::TensorImpl*>& leaves) override { pending = leaves; }
+  void gradient_ready(const at::Tensor& param) override {
+    ready.push_back(param.unsafeGetTensorImpl());
+    grads_when_ready.push_back(param.grad().clone());
+  }
+};
+
+TEST(Tape, ListenerHearsOfEachGradientOnceWhenItIsFinal) {
+  // w1 is used twice, through two leaf records (as models do: one per use); w3 not at all.
+  at::manual_seed(4);
+  at::Tensor w1 = at::randn({8, 8}, at::kDouble).requires_grad_(true);
+  at::Tensor w2 = at::randn({8, 8}, at::kDouble).requires_grad_(true);
+  at::Tensor w3 = at::randn({8, 8}, at::kDouble).requires_grad_(true);
+  Interpreter interp;
+  Tensor h = linear(interp.input(at::randn({3, 8}, at::kDouble)), interp.param(w1));
+  h = linear(relu(h), interp.param(w2));
+  h = linear(h, interp.param(w1));
+  RecordingListener listener;
+  interp.set_gradient_listener(&listener);
+  interp.backward(sum(h));
+  std::vector<const c10::TensorImpl*> pending = listener.pending;
+  std::sort(pending.begin(), pending.end());
+  std::vector<const c10::TensorImpl*> expected{w1.unsafeGetTensorImpl(), w2.unsafeGetTensorImpl()};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(pending, expected) << "w3 is final already: nothing of this backward reaches it";
+  ASSERT_EQ(listener.ready.size(), 2u) << "once per parameter, not once per use";
+  EXPECT_EQ(listener.ready[0], w2.unsafeGetTensorImpl()) << "w2 is done before w1's first use is";
+  EXPECT_EQ(listener.ready[1], w1.unsafeGetTensorImpl());
+  EXPECT_TRUE(listener.grads_when_ready[0].equal(w2.grad()));
+  EXPECT_TRUE(listener.grads_when_ready[1].equal(w1.grad())) << "both uses had been added";
 }
 
 }  // namespace

@@ -1,0 +1,100 @@
+#include "parallel/collective_worker.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+namespace ht {
+namespace {
+
+// t *= scale without ATen: a scalar argument would allocate a tensor, on this thread.
+void scale_in_place(at::Tensor& t, double scale) {
+  const int64_t n = t.numel();
+  if (t.scalar_type() == at::kFloat) {
+    float* x = t.data_ptr<float>();
+    const float s = static_cast<float>(scale);
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  } else if (t.scalar_type() == at::kDouble) {
+    double* x = t.data_ptr<double>();
+    for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+  } else {
+    TORCH_CHECK(false, "CollectiveWorker: cannot scale ", t.scalar_type(), " tensors (float and double can)");
+  }
+}
+
+}  // namespace
+
+CollectiveWorker::CollectiveWorker(std::shared_ptr<Communicator> group) : state_(std::make_shared<State>()) {
+  TORCH_CHECK(group->allows_worker_thread(), "CollectiveWorker: the ", group->backend(),
+              " communicator does not accept calls from another thread");
+  thread_ = std::thread([state = state_, group = std::move(group)] { serve(state, group); });
+}
+
+CollectiveWorker::~CollectiveWorker() {
+  bool busy = false;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+    busy = state_->running;
+  }
+  state_->wake.notify_all();
+  // A collective still running waits for ranks that will not come: this rank is failing, and
+  // joining would hang it until the watchdog's timeout instead of letting it abort the job now.
+  if (busy) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void CollectiveWorker::allreduce(at::Tensor t, double scale, const char* what) {
+  TORCH_CHECK(t.is_contiguous(), "CollectiveWorker: ", what, " must be contiguous");
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->queue.push_back(Job{std::move(t), scale, what});
+  }
+  state_->wake.notify_one();
+}
+
+double CollectiveWorker::wait() {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->done.wait(lock, [&] { return (state_->queue.empty() && !state_->running) || state_->error; });
+  if (state_->error) {
+    std::exception_ptr error = state_->error;
+    state_->error = nullptr;
+    state_->queue.clear();
+    std::rethrow_exception(error);
+  }
+  const double ms = state_->busy_ms;
+  state_->busy_ms = 0;
+  return ms;
+}
+
+void CollectiveWorker::serve(const std::shared_ptr<State>& state, const std::shared_ptr<Communicator>& group) {
+  std::unique_lock<std::mutex> lock(state->mutex);
+  while (true) {
+    state->wake.wait(lock, [&] { return state->stop || (!state->queue.empty() && !state->error); });
+    if (state->stop) return;
+    Job job = std::move(state->queue.front());
+    state->queue.pop_front();
+    state->running = true;
+    lock.unlock();
+    std::exception_ptr error;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      group->allreduce_sum(job.tensor, job.what);
+      if (job.scale != 1) scale_in_place(job.tensor, job.scale);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    job.tensor.reset();  // the owner's tensor; let go before reporting done
+    lock.lock();
+    state->running = false;
+    state->busy_ms += ms;
+    if (error && !state->error) state->error = error;
+    state->done.notify_all();
+  }
+}
+
+}  // namespace ht
