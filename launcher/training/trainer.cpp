@@ -117,11 +117,13 @@ double Trainer::forward_backward(const Batch& micro, double loss_scale, bool las
                              interp_.input(micro.target.to(device_)));
   // The last micro-batch's backward starts the all-reduce of each bucket whose gradients it has
   // finished; an earlier one would add to gradients being reduced.
-  GradientListener* listener = last && replicas_.overlaps() ? &replicas_ : nullptr;
-  interp_.set_gradient_listener(listener);
+  struct Listening {
+    Interpreter& interp;
+    ~Listening() { interp.set_gradient_listener(nullptr); }  // also when backward throws
+  } listening{interp_};
+  interp_.set_gradient_listener(last && replicas_.overlaps() ? &replicas_ : nullptr);
   // d(scale * loss) = scale * d(loss): seeding backward with the scale adds no op to the graph.
   interp_.backward({loss}, {at::full(loss.sizes(), loss_scale, loss.options())});
-  interp_.set_gradient_listener(nullptr);
   return loss.value().item<double>();
 }
 
