@@ -20,6 +20,7 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> group, std::vector<at::
   TORCH_CHECK(bucket_bytes > 0, "DataParallel: bucket size must be positive");
   // Reverse order: the last layers' gradients are ready first. A parameter larger than a bucket
   // gets a bucket of its own; parameters of another dtype than the bucket's start a new one.
+  std::vector<std::vector<size_t>> groups;
   std::vector<size_t> bucket;
   int64_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {
@@ -28,26 +29,32 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> group, std::vector<at::
     const int64_t nbytes = static_cast<int64_t>(p.nbytes());
     const bool other_type = !bucket.empty() && params_[bucket.front()].scalar_type() != p.scalar_type();
     if (!bucket.empty() && (bytes + nbytes > bucket_bytes || other_type)) {
-      bucket_members_.push_back(std::move(bucket));
+      groups.push_back(std::move(bucket));
       bucket.clear();
       bytes = 0;
     }
     bucket.push_back(k);
     bytes += nbytes;
   }
-  if (!bucket.empty()) bucket_members_.push_back(std::move(bucket));
-  for (const std::vector<size_t>& members : bucket_members_) {
+  if (!bucket.empty()) groups.push_back(std::move(bucket));
+  for (std::vector<size_t>& members : groups) {
     for (size_t k : members) bucket_of_[params_[k].unsafeGetTensorImpl()] = buckets_.size();
-    buckets_.push_back(Bucket{members, {}, {}, 0});
+    buckets_.push_back(Bucket{std::move(members), {}, {}, 0});
   }
   if (overlap && size() > 1 && group_->allows_worker_thread()) worker_ = std::make_unique<CollectiveWorker>(group_);
 }
 
 std::vector<at::Tensor> DataParallel::reduction_order() const {
   std::vector<at::Tensor> order;
-  for (const std::vector<size_t>& members : bucket_members_)
-    for (size_t k : members) order.push_back(params_[k]);
+  for (const Bucket& b : buckets_)
+    for (size_t k : b.members) order.push_back(params_[k]);
   return order;
+}
+
+std::vector<std::vector<size_t>> DataParallel::buckets() const {
+  std::vector<std::vector<size_t>> members;
+  for (const Bucket& b : buckets_) members.push_back(b.members);
+  return members;
 }
 
 void DataParallel::use_gradient_buffer(const GradientBuffer* buffer) {

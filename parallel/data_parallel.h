@@ -62,7 +62,7 @@ class DataParallel final : public GradientListener {
   double mean(double value, const char* what);
 
   // The buckets, as indices into the parameters, in reduction order.
-  const std::vector<std::vector<size_t>>& buckets() const { return bucket_members_; }
+  std::vector<std::vector<size_t>> buckets() const;
   const DataParallelStats& stats() const { return stats_; }
 
  private:
@@ -80,7 +80,6 @@ class DataParallel final : public GradientListener {
 
   std::shared_ptr<Communicator> group_;
   std::vector<at::Tensor> params_;
-  std::vector<std::vector<size_t>> bucket_members_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of_;  // by the parameter's TensorImpl
   const GradientBuffer* buffer_ = nullptr;
