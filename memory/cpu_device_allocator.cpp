@@ -1,6 +1,7 @@
 #include "memory/cpu_device_allocator.h"
 
 #include "memory/cpu_arena.h"
+#include "memory/host_block_cache.h"
 #include "runtime/compat.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -79,8 +80,8 @@ std::atomic<AllocationObserver*> g_observer{nullptr};
 std::atomic<Placement> g_placement{Placement::kOther};
 thread_local bool t_host_allocation = false;
 
-// Owns CPU memory directly: from the active arena, or posix_memalign with a small header
-// recording the block's size. The DataPtr's context is its data pointer and raw_deleter() is
+// Owns CPU memory directly: from the active arena, or from the host (the block cache, or
+// posix_memalign) with a small header recording the block's size and where it came from. The DataPtr's context is its data pointer and raw_deleter() is
 // set, because oneDNN allocates through raw_allocate(), which requires both.
 class DeviceAllocator final : public c10::Allocator {
  public:
@@ -102,6 +103,13 @@ class DeviceAllocator final : public c10::Allocator {
   int64_t current() const { return current_.load(std::memory_order_relaxed); }
   int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
   void reset_peak() { peak_.store(current(), std::memory_order_relaxed); }
+  HostBlockCache& cache() { return cache_; }
+  // Blocks already handed out keep going where they came from (their header says).
+  void set_caching(bool on) {
+    caching_.store(on, std::memory_order_relaxed);
+    if (!on) cache_.trim();
+  }
+  bool caching() const { return caching_.load(std::memory_order_relaxed); }
 
  private:
   void* from_arena(CpuArena& arena, size_t n) const {
@@ -123,10 +131,22 @@ class DeviceAllocator final : public c10::Allocator {
     if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_allocated(data, bytes);
     return data;
   }
+  // Precedes every host block: what the counter added, and the cache's capacity (0: malloc'd).
+  struct HostHeader {
+    int64_t bytes;
+    int64_t cached_capacity;
+  };
+  static_assert(sizeof(HostHeader) <= kHeader, "the header must fit in front of an aligned block");
+
   void* from_host(size_t n) const {
     void* base = nullptr;
-    if (posix_memalign(&base, kAlignment, n + kHeader) != 0) throw std::bad_alloc();
-    *static_cast<int64_t*>(base) = static_cast<int64_t>(n);
+    size_t capacity = 0;
+    if (caching_.load(std::memory_order_relaxed)) {
+      base = cache_.allocate(n + kHeader, capacity);
+    } else if (posix_memalign(&base, kAlignment, n + kHeader) != 0) {
+      throw std::bad_alloc();
+    }
+    *static_cast<HostHeader*>(base) = {static_cast<int64_t>(n), static_cast<int64_t>(capacity)};
     add(static_cast<int64_t>(n));
     return static_cast<char*>(base) + kHeader;
   }
@@ -147,8 +167,13 @@ class DeviceAllocator final : public c10::Allocator {
       return;
     }
     void* base = static_cast<char*>(data) - kHeader;
-    self.current_.fetch_sub(*static_cast<int64_t*>(base), std::memory_order_relaxed);
-    std::free(base);
+    const HostHeader header = *static_cast<HostHeader*>(base);
+    self.current_.fetch_sub(header.bytes, std::memory_order_relaxed);
+    if (header.cached_capacity > 0) {
+      self.cache_.release(base, static_cast<size_t>(header.cached_capacity), self.caching());
+    } else {
+      std::free(base);
+    }
   }
   void add(int64_t bytes) const {
     const int64_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -158,6 +183,8 @@ class DeviceAllocator final : public c10::Allocator {
   }
 
   ArenaRegistry registry_;
+  mutable HostBlockCache cache_;
+  std::atomic<bool> caching_{false};
   mutable std::atomic<int64_t> current_{0};
   mutable std::atomic<int64_t> peak_{0};
 };
@@ -183,6 +210,10 @@ CpuAllocationCounter& CpuAllocationCounter::install() {
 int64_t CpuAllocationCounter::current_bytes() const { return DeviceAllocator::instance().current(); }
 int64_t CpuAllocationCounter::peak_bytes() const { return DeviceAllocator::instance().peak(); }
 void CpuAllocationCounter::reset_peak() { DeviceAllocator::instance().reset_peak(); }
+
+void set_host_memory_caching(bool on) { DeviceAllocator::instance().set_caching(on); }
+bool host_memory_caching() { return DeviceAllocator::instance().caching(); }
+HostCacheStats host_memory_cache_stats() { return DeviceAllocator::instance().cache().stats(); }
 
 ArenaScope::ArenaScope(std::shared_ptr<CpuArena> arena) : arena_(std::move(arena)) {
   TORCH_CHECK(arena_ != nullptr, "ArenaScope: no arena");

@@ -6,8 +6,11 @@
 //  - while an ArenaScope is alive, serves every CPU allocation (on any thread: ATen's workers
 //    allocate too) from that arena, so a budget on a CPU rank is a real capacity. An allocation
 //    that does not fit asks the OutOfMemoryHandler to make room, then throws OutOfBudget.
+//  - outside an arena, keeps freed blocks for reuse when host memory caching is on
+//    (memory/host_block_cache.h): what a GPU framework's caching allocator does.
 // Allocations that bypass c10's allocator (the BLAS library's own buffers) are not seen.
 
+#include "memory/host_block_cache.h"
 #include "memory/out_of_memory.h"
 
 #include <cstddef>
@@ -86,6 +89,13 @@ class HostAllocationScope {
  private:
   bool previous_;
 };
+
+// Host blocks (every CPU tensor outside an arena) come from a cache of freed blocks while on,
+// from posix_memalign and back to the system while off (the default, as for libtorch).
+// Turning it off returns what the cache holds; blocks in use go back where they came from.
+void set_host_memory_caching(bool on);
+bool host_memory_caching();
+HostCacheStats host_memory_cache_stats();
 
 // The arena of the live ArenaScope, or null.
 CpuArena* active_arena();
