@@ -6,6 +6,7 @@
 #include "launcher/job.h"
 #include "launcher/user_error.h"
 #include "parallel/process_grid.h"
+#include "runtime/thread_pools.h"
 
 #include <cstdio>
 #include <string>
@@ -27,6 +28,7 @@ int fail(const ht::ProcessGrid& grid, bool training, int code, const std::string
 }  // namespace
 
 int main(int argc, char** argv) {
+  ht::restart_with_passive_openmp(argv);  // before MPI or any thread starts
   ht::ProcessGrid grid;
   try {
     grid = ht::make_process_grid();

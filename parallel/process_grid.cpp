@@ -35,6 +35,7 @@ ProcessGrid make_process_grid(int pipeline_parallel) {
   MPI_Comm local;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, grid.rank, MPI_INFO_NULL, &local);
   MPI_Comm_rank(local, &grid.local_rank);
+  MPI_Comm_size(local, &grid.local_size);
   MPI_Comm_free(&local);
   if (pipeline_parallel < 1 || grid.world % pipeline_parallel != 0) {
     throw std::runtime_error("the world of " + std::to_string(grid.world) + " ranks does not divide into " +

@@ -15,6 +15,7 @@ namespace ht {
 struct ProcessGrid {
   int rank = 0, world = 1;
   int local_rank = 0;  // rank among the processes on this host: which GPU to use
+  int local_size = 1;  // processes of this job on this host: they share its cores
   int data_parallel = 1, pipeline_parallel = 1;
   std::shared_ptr<Communicator> data_parallel_group = std::make_shared<LocalCommunicator>();
   bool is_root() const { return rank == 0; }

@@ -1,0 +1,77 @@
+#include "runtime/thread_pools.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+namespace ht {
+namespace {
+
+using SetThreads = void (*)(int);
+using GetThreads = int (*)();
+
+// OpenBLAS's own entry points, if the BLAS that libtorch loaded is OpenBLAS.
+template <typename Fn>
+Fn openblas_symbol(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+}  // namespace
+
+std::string ThreadPools::describe() const {
+  std::string s = std::to_string(intra_op) + " (ATen and oneDNN " + std::to_string(intra_op);
+  s += ", inter-op " + std::to_string(inter_op);
+  s += blas >= 0 ? ", OpenBLAS " + std::to_string(blas) : ", BLAS not OpenBLAS: its own threads";
+  return s + ")";
+}
+
+int default_thread_count(int ranks_on_this_host) {
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, hardware / std::max(1, ranks_on_this_host));
+}
+
+void restart_with_passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  // The program's own path, not /proc/self/exe: the process keeps its name (ps, /proc/PID/comm).
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return;  // no /proc: run on with OpenMP's default policy
+  path[n] = '\0';
+  setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
+  execv(path, argv);
+  // Only returns on failure: run on with OpenMP's default policy.
+}
+
+ThreadPools set_compute_threads(int threads) {
+  TORCH_CHECK(threads >= 1, "set_compute_threads: ", threads, " threads");
+  ThreadPools pools;
+  at::set_num_threads(threads);
+  pools.intra_op = at::get_num_threads();
+  // The inter-op pool can be sized once per process, before it starts; a second job in the same
+  // process (tests) finds it sized and leaves it.
+  static const bool inter_op_sized = [threads] {
+    try {
+      at::set_num_interop_threads(threads);
+    } catch (const c10::Error&) {
+    }
+    return true;
+  }();
+  (void)inter_op_sized;
+  pools.inter_op = at::get_num_interop_threads();
+  const auto set_blas = openblas_symbol<SetThreads>("openblas_set_num_threads");
+  const auto get_blas = openblas_symbol<GetThreads>("openblas_get_num_threads");
+  pools.blas = -1;
+  if (set_blas != nullptr && get_blas != nullptr) {
+    set_blas(threads);
+    pools.blas = get_blas();
+  }
+  return pools;
+}
+
+}  // namespace ht
