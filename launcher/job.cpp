@@ -10,25 +10,24 @@
 #include "memory/byte_size.h"
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
+#include "runtime/thread_pools.h"
 
-#include <ATen/Parallel.h>
-
+#include <algorithm>
 #include <cstdio>
-#include <thread>
 
 namespace ht {
 namespace {
 
 void print_plan(const Config& c, const DataInfo& data, const Model& model, const Trainer& trainer,
-                const ProcessGrid& grid) {
+                const ProcessGrid& grid, const ThreadPools& threads) {
   std::printf("data: %s\n", data.description.c_str());
   if (grid.world > 1) {
     std::printf("ranks: %d (data-parallel %d x pipeline %d) over %s; each trains %lld samples of a global batch\n",
                 grid.world, grid.data_parallel, grid.pipeline_parallel, grid.data_parallel_group->backend().c_str(),
                 static_cast<long long>(c.local_batch_size()));
   }
-  std::printf("model: %s, %lld parameters, on %s, %d ATen thread(s)\n", c.model.name.c_str(),
-              static_cast<long long>(model.num_parameters()), c.training.device.c_str(), at::get_num_threads());
+  std::printf("model: %s, %lld parameters, on %s, threads %s\n", c.model.name.c_str(),
+              static_cast<long long>(model.num_parameters()), c.training.device.c_str(), threads.describe().c_str());
   std::printf("training: %lld steps (%lld per epoch), global batch %lld in %lld micro-batch(es) of %lld, "
               "%s lr %g (%s)\n\n",
               static_cast<long long>(trainer.total_steps()), static_cast<long long>(trainer.steps_per_epoch()),
@@ -73,7 +72,7 @@ UserError parameters_do_not_fit(const Config& c, const DataInfo& data) {
 }
 
 // An op could not get memory even after evicting everything evictable.
-UserError budget_too_small(const Config& c, const OutOfBudget& e, const Trainer& trainer) {
+UserError budget_too_small(const Config& c, const OutOfBudget& e, Trainer& trainer) {
   const MemoryStats& m = trainer.memory().stats();
   const int64_t at_least = std::max(m.min_budget_bytes, e.in_use + e.requested);
   std::string text = budget_text(c) + " is too small for model " + c.model.name + " at micro-batch " +
@@ -87,6 +86,12 @@ UserError budget_too_small(const Config& c, const OutOfBudget& e, const Trainer&
                 "training.micro_batch_size"
               : ". Raise memory.budget (each MiB above the minimum means less recomputation) or lower "
                 "training.micro_batch_size (gradients accumulate to the same global batch)";
+  const std::vector<at::Tensor> params = trainer.model().parameters();
+  const bool convolutions = std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.dim() == 4; });
+  if (c.training.channels_last && convolutions) {
+    text += "; with a budget near the minimum, training.channels_last = false can help: channels-last convolutions "
+            "need temporaries the size of a weight, which fragment a small budget";
+  }
   return UserError(text);
 }
 
@@ -120,11 +125,13 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   Config config = config_in;
   apply_data_parallel(config, grid->data_parallel);  // main() did it already; tests call run_job directly
   const bool root = grid->is_root();
-  // libtorch defaults to physical cores (1 on a 2-vCPU machine), which leaves OpenBLAS's own
-  // threads spinning; all hardware threads is faster there.
-  at::set_num_threads(config.training.threads > 0 ? static_cast<int>(config.training.threads)
-                                                  : static_cast<int>(std::thread::hardware_concurrency()));
+  // Every pool a rank computes with gets the same count; by default the ranks on a host share
+  // its hardware threads (libtorch's own default, physical cores, ignores both OpenBLAS and them).
+  const ThreadPools threads = set_compute_threads(config.training.threads > 0
+                                                      ? static_cast<int>(config.training.threads)
+                                                      : default_thread_count(grid->local_size));
   CpuAllocationCounter::install();
+  set_host_memory_caching(config.memory.host_cache);
 
   // Everything that can fail on bad input happens before anything is written.
   DataSplits data = make_datasets(config);
@@ -142,6 +149,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   try {
     model = make_model(config, info);
     model->move_to(at::Device(config.training.device), at::kFloat);
+    if (config.training.channels_last) model->use_channels_last();  // a no-op without 4-D weights
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }
@@ -158,7 +166,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const std::string resolved = resolved_toml(config);
   if (!quiet && root) {
     std::printf("hybrid_train %s: job \"%s\"\n%s\n", HT_VERSION, config.job.name.c_str(), resolved.c_str());
-    print_plan(config, info, *model, trainer, *grid);
+    print_plan(config, info, *model, trainer, *grid, threads);
   }
   std::optional<RunOutput> output;
   if (root) output.emplace(config.job.output_dir, resolved, resume.has_value());

@@ -18,8 +18,11 @@ GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params) {
     at::Tensor block = at::empty({numel}, members.front()->options().requires_grad(false));
     int64_t offset = 0;
     for (const at::Tensor* p : members) {
-      slots_.emplace(p->unsafeGetTensorImpl(),
-                     Slot{block.narrow(0, offset, p->numel()).view(p->sizes()), blocks_.size(), offset});
+      // The slot has its parameter's layout (channels-last convolution weights too), so a
+      // gradient reads the same with or without the buffer, reductions over it included.
+      TORCH_CHECK(p->is_non_overlapping_and_dense(), "GradientBuffer: a parameter with gaps in its layout");
+      at::Tensor view = block.narrow(0, offset, p->numel()).as_strided(p->sizes(), p->strides());
+      slots_.emplace(p->unsafeGetTensorImpl(), Slot{std::move(view), blocks_.size(), offset});
       offset += p->numel();
     }
     blocks_.push_back(std::move(block));

@@ -27,6 +27,13 @@ void Model::move_to(const at::Device& device, at::ScalarType float_dtype) {
   }
 }
 
+void Model::use_channels_last() {
+  at::NoGradGuard no_grad;
+  for (at::Tensor& t : parameters()) {
+    if (t.dim() == 4) t.set_data(t.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+}
+
 void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
   blocks_.push_back(register_module(name, std::move(block)));
 }

@@ -46,6 +46,7 @@ struct DataConfig {
 struct TrainingConfig {
   std::string device = "cpu";
   int64_t threads = 0;
+  bool channels_last = true;  // image models: convolution weights, so activations, NHWC
   int64_t steps = 0;
   int64_t epochs = 1;
   int64_t global_batch_size = 64;
@@ -85,6 +86,7 @@ struct MemoryConfig {
   bool ignore_small = true;
   bool trace = false;
   int64_t trace_steps = 2;
+  bool host_cache = true;  // keep freed CPU memory for reuse (memory/host_block_cache.h)
   // Derived by validation from `budget`, not read from the file: bytes, 0 for unlimited.
   int64_t budget_bytes = 0;
 };

@@ -123,7 +123,14 @@ void add_data_fields(std::vector<FieldSpec>& f) {
 
 void add_training_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::training, &TrainingConfig::device, "training", "device", "cpu, cuda or cuda:N"));
-  f.push_back(Field(&C::training, &TrainingConfig::threads, "training", "threads", "ATen threads; 0: all hardware threads").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::threads, "training", "threads",
+                    "compute threads of a rank: ATen's, oneDNN's and OpenBLAS's pools; 0: the host's hardware threads "
+                    "shared among its ranks").min(0));
+  f.push_back(Field(&C::training, &TrainingConfig::channels_last, "training", "channels_last",
+                    "convolution weights, and so activations, in channels-last layout (NHWC): oneDNN's and "
+                    "cuDNN's fast path for convolution, batch norm and pooling; false: NCHW. Same results up to "
+                    "summation order")
+                  .only_for_models({"convnet", "resnet", "supernet"}));
   f.push_back(Field(&C::training, &TrainingConfig::steps, "training", "steps", "optimizer steps; 0: train for `epochs`").min(0));
   f.push_back(Field(&C::training, &TrainingConfig::epochs, "training", "epochs", "passes over the training set")
                   .min(1).only_when("training.steps = 0", [](const Config& c) { return c.training.steps == 0; }));
@@ -219,6 +226,10 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "and bytes in use, for chrome://tracing or Perfetto"));
   f.push_back(Field(&C::memory, &MemoryConfig::trace_steps, "memory", "trace_steps", "steps the memory trace covers")
                   .min(1).only_when("memory.trace = true", [](const Config& c) { return c.memory.trace; }));
+  f.push_back(Field(&C::memory, &MemoryConfig::host_cache, "memory", "host_cache",
+                    "keep freed CPU memory in the process for the next step, as a GPU caching allocator does "
+                    "(no page faults; holds at most the step's peak); false: return it to the system (malloc). "
+                    "Changes no result"));
 }
 
 void add_checkpoint_and_metrics_fields(std::vector<FieldSpec>& f) {

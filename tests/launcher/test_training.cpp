@@ -3,6 +3,8 @@
 #include "launcher/config/config_text.h"
 #include "launcher/job.h"
 #include "launcher/training/optimizer.h"
+#include "launcher/user_error.h"
+#include "memory/cpu_device_allocator.h"
 #include "tests/support/temp_dir.h"
 
 #include <gmock/gmock.h>
@@ -178,6 +180,63 @@ TEST(Training, DtrUnderABudgetTrainsToTheSameParameters) {
   EXPECT_THAT(read_file(dir.path("plain/metrics.jsonl")), HasSubstr("\"evictions\": 0"));
 }
 
+// Freed host memory kept for reuse (memory.host_cache) changes where tensors live, never a bit.
+TEST(Training, HostMemoryCacheChangesNoBit) {
+  TempDir dir;
+  const JobOutcome kept = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("kept")}), true);
+  EXPECT_TRUE(host_memory_caching()) << "on by default";
+  const JobOutcome returned = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("returned"),
+                                                                "--memory.host_cache=false"}), true);
+  EXPECT_FALSE(host_memory_caching());
+  const auto a = state_of(*kept.model), b = state_of(*returned.model);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter/buffer " << i;
+  EXPECT_EQ(kept.result.final_loss, returned.result.final_loss);
+  set_host_memory_caching(true);
+}
+
+// training.channels_last stores convolution weights NHWC: the same training up to summation
+// order, and a hint in the one error where it costs memory.
+TEST(Training, ChannelsLastIsALayoutNotAnotherComputation) {
+  TempDir dir;
+  // One step: later steps amplify fp32 rounding through batch norm on 32 samples.
+  const JobOutcome nhwc = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("nhwc"),
+                                                            "--training.steps=1"}), true);
+  const JobOutcome nchw = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("nchw"),
+                                                            "--training.steps=1", "--training.channels_last=false"}),
+                                  true);
+  int convolutions = 0;
+  for (const at::Tensor& p : nhwc.model->parameters()) {
+    if (p.dim() != 4) continue;
+    ++convolutions;
+    EXPECT_TRUE(p.is_contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  EXPECT_GT(convolutions, 0);
+  const auto a = state_of(*nhwc.model), b = state_of(*nchw.model);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].is_floating_point()) {
+      EXPECT_TRUE(at::allclose(a[i], b[i], 1e-4, 1e-4)) << "parameter/buffer " << i << ": " << (a[i] - b[i]).abs().max().item<double>() << " of " << b[i].abs().max().item<double>();
+    } else {
+      EXPECT_TRUE(a[i].equal(b[i])) << "buffer " << i;
+    }
+  }
+  const JobOutcome roomy = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("roomy"),
+                                                              "--memory.budget=1GiB"}), true);
+  const std::string tight = "--memory.budget=" + std::to_string(roomy.result.mem_peak_bytes * 4 / 10);
+  for (const char* layout : {"true", "false"}) {
+    try {
+      run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("tight"), tight,
+                                        std::string("--training.channels_last=") + layout}), true);
+      ADD_FAILURE() << "40% of the peak without eviction must fail";
+    } catch (const UserError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("is too small for model resnet"));
+      EXPECT_EQ(std::string(e.what()).find("training.channels_last = false can help") != std::string::npos,
+                std::string(layout) == "true");
+    }
+  }
+}
+
 // Issue 4's "done when": configs/resnet18_fmnist.toml trains with DTR in 30% of its peak to the
 // parameters of the run without DTR. In one pass of 128 it cannot: parameters, gradients and
 // momentum alone take 128 MiB of the 179, and one convolution's backward at 128 x 64 x 28 x 28
@@ -191,7 +250,7 @@ TEST(Training, ResNet18FashionMnistTrainsInThirtyPercentOfItsPeak) {
     for (const auto& a : args) overrides.push_back(override_of(a));
     return load_config(std::string(HT_SOURCE_DIR) + "/configs/resnet18_fmnist.toml", overrides).config;
   };
-  const std::vector<std::string> common{"--training.steps=2", "--training.eval_batches=1"};
+  const std::vector<std::string> common{"--training.steps=2", "--training.eval_batches=1", "--training.channels_last=false"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.end(), common.begin(), common.end());
     return more;
