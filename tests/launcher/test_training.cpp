@@ -116,19 +116,24 @@ TEST(Training, WritesResolvedConfigMetricsAndSummary) {
   EXPECT_EQ(resolved_toml(again).substr(resolved_toml(again).find('\n')),
             resolved_toml(c).substr(resolved_toml(c).find('\n')));
   std::ifstream metrics(dir.path("out/metrics.jsonl"));
-  std::string line, train_line;
+  std::string line, train_line, eval_line;
   int train = 0, eval = 0;
   while (std::getline(metrics, line)) {
     if (line.find("\"event\": \"train\"") != std::string::npos) {
       ++train;
       train_line = line;
     }
-    if (line.find("\"event\": \"eval\"") != std::string::npos) ++eval;
+    if (line.find("\"event\": \"eval\"") != std::string::npos) {
+      ++eval;
+      eval_line = line;
+    }
   }
   EXPECT_EQ(train, 4) << "steps 2, 4, 6 and the last (7)";
   EXPECT_EQ(eval, 2) << "after the epoch (step 4) and at the end";
   for (const char* key : {"\"step\"", "\"loss\"", "\"lr\"", "\"step_ms\"", "\"samples_per_s\"", "\"mem_peak_bytes\""})
     EXPECT_THAT(train_line, HasSubstr(key));
+  for (const char* key : {"\"eval_loss\"", "\"eval_accuracy\"", "\"eval_samples\": 16", "\"eval_s\""})
+    EXPECT_THAT(eval_line, HasSubstr(key));
   std::ifstream summary(dir.path("out/summary.json"));
   const std::string s((std::istreambuf_iterator<char>(summary)), std::istreambuf_iterator<char>());
   for (const char* key : {"\"final_loss\"", "\"eval_accuracy\"", "\"mem_peak_bytes\"", "\"wall_s\""})
@@ -210,6 +215,7 @@ TEST(Training, ChannelsLastIsALayoutNotAnotherComputation) {
     if (p.dim() != 4) continue;
     ++convolutions;
     EXPECT_TRUE(p.is_contiguous(at::MemoryFormat::ChannelsLast));
+    EXPECT_EQ(p.stride(1), 1) << "channels innermost, the stem's single input channel too";
   }
   EXPECT_GT(convolutions, 0);
   const auto a = state_of(*nhwc.model), b = state_of(*nchw.model);
