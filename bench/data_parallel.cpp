@@ -9,6 +9,7 @@
 #include "bench/budget_runner.h"
 #include "parallel/data_parallel.h"
 #include "parallel/process_grid.h"
+#include "runtime/thread_pools.h"
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -137,7 +138,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   app.add_option("--reps", reps, "measured repetitions")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "unmeasured repetitions first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "ATen intra-op threads per rank")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "compute threads per rank: ATen, oneDNN and OpenBLAS")->check(CLI::PositiveNumber);
   app.add_flag("--quick", quick, "scaled-down workloads, for a smoke run");
   CLI11_PARSE(app, argc, argv);
   ht::ProcessGrid grid = ht::make_process_grid();
@@ -147,12 +148,12 @@ int main(int argc, char** argv) {
     ht::finalize_process_grid();
     return 2;
   }
-  at::set_num_threads(threads);
+  const ht::ThreadPools pools = ht::set_compute_threads(threads);
   ht::bench::allreduce_table(*grid.data_parallel_group, quick ? 3 : 20);
   if (grid.is_root()) {
     std::printf("\nweak scaling: the same per-rank batch, rank 0 alone (t1) vs %d ranks averaging gradients after "
-                "backward (tN after) or in buckets started during it (tN during), %d ATen thread(s) per rank, "
-                "median of %d interleaved rounds:\n\n", grid.world, threads, reps);
+                "backward (tN after) or in buckets started during it (tN during), threads per rank %s, "
+                "median of %d interleaved rounds:\n\n", grid.world, pools.describe().c_str(), reps);
     std::printf("| %-24s | %5s | %7s | %7s | %7s | %10s | %10s | %10s | %7s |\n", "model", "batch", "t1 ms", "after",
                 "during", "eff. after", "eff. during", "all-reduce", "overlap");
     std::printf("|%s|\n", std::string(114, '-').c_str());

@@ -7,6 +7,7 @@
 // sides must agree bit for bit. Then the largest batch that trains at a fixed budget without and
 // with DTR, and the per-sample throughput ratio.
 #include "bench/budget_runner.h"
+#include "runtime/thread_pools.h"
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -178,7 +179,7 @@ int main(int argc, char** argv) {
   std::string only, policies = "dtr,dtr_eq,megengine,lru,largest", ratios = "0.8,0.5,0.3,0.2";
   app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "ATen intra-op threads (0: all hardware threads)");
+  app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--policies", policies, "comma-separated eviction policies");
   app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
@@ -202,9 +203,9 @@ int main(int argc, char** argv) {
   o.max_batch = !no_max_batch;
 
   ht::CpuAllocationCounter::install();
-  at::set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
-  std::printf("DTR under a budget vs. unoptimized; %d reps after %d warm-up, %d ATen thread(s), eviction "
-              "threshold %.2f\n", o.reps, o.warmup, at::get_num_threads(), o.threshold);
+  const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
+  std::printf("DTR under a budget vs. unoptimized; %d reps after %d warm-up, threads %s, eviction "
+              "threshold %.2f\n", o.reps, o.warmup, pools.describe().c_str(), o.threshold);
   std::printf("budget = fixed + ratio x (unoptimized peak - fixed); parameters, gradients and optimizer state "
               "inside the budget\n");
   const auto workloads = ht::bench::workloads(quick);

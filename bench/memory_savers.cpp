@@ -6,6 +6,7 @@
 // min-max). DTR rows train the same configuration in a budget of its fixed memory plus
 // --dtr-ratio of its activations, and their losses must equal the configuration's without DTR.
 #include "bench/budget_runner.h"
+#include "runtime/thread_pools.h"
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -116,16 +117,16 @@ int main(int argc, char** argv) {
   std::string only;
   app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "ATen intra-op threads (0: all hardware threads)");
+  app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--dtr-ratio", o.dtr_ratio, "DTR budget: fixed memory + this share of the activations")
       ->check(CLI::Range(0.05, 1.0));
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
   CLI11_PARSE(app, argc, argv);
   ht::CpuAllocationCounter::install();
-  at::set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
   std::printf("memory savers vs. the plain fp32 step with the same global batch; %d reps after %d warm-up, "
-              "%d ATen thread(s)\n", o.reps, o.warmup, at::get_num_threads());
+              "threads %s\n", o.reps, o.warmup, pools.describe().c_str());
   for (const auto& w : ht::bench::workloads(quick)) {
     if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
     ht::bench::run(w, o);

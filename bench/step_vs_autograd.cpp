@@ -7,6 +7,7 @@
 #include "models/gpt.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
+#include "runtime/thread_pools.h"
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -176,7 +177,7 @@ int main(int argc, char** argv) {
   std::string only;
   app.add_option("--reps", reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "ATen intra-op threads (0: all hardware threads)");
+  app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
   app.add_flag("--keep-freed-memory", keep_freed,
@@ -189,11 +190,11 @@ int main(int argc, char** argv) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
   ht::CpuAllocationCounter::install();
-  at::set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+  const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
   at::manual_seed(0);
   std::printf("step time and peak memory, interpreter / libtorch autograd; %d reps after %d warm-up, "
-              "%d ATen thread(s), glibc %s freed memory\n\n",
-              reps, warmup, at::get_num_threads(), keep_freed ? "keeps" : "returns (default)");
+              "threads %s, glibc %s freed memory\n\n",
+              reps, warmup, pools.describe().c_str(), keep_freed ? "keeps" : "returns (default)");
   std::printf("| %-26s | %7s | %-11s | %9s | %9s | %7s | %7s |\n", "model", "time", "(min-max)",
               "peak MiB", "peak MiB", "memory", "loss");
   std::printf("| %-26s | %7s | %-11s | %9s | %9s | %7s | %7s |\n", "", "ratio", "", "autograd",
