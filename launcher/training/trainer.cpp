@@ -215,6 +215,7 @@ bool Trainer::eval_due() const {
 }
 
 EvalResult Trainer::evaluate() {
+  const auto start = std::chrono::steady_clock::now();
   // Its own interpreter: evaluation never draws from the training seed stream, so when and how
   // often it runs cannot change training.
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1});
@@ -257,6 +258,7 @@ EvalResult Trainer::evaluate() {
   }
   EvalResult r;
   r.samples = samples;
+  r.seconds = seconds_since(start);
   r.loss = loss_sum / static_cast<double>(samples);
   if (data_.info.task == Task::kClassification) {
     r.accuracy = static_cast<double>(correct) / static_cast<double>(samples);
@@ -289,7 +291,8 @@ void Trainer::log_step(const StepResult& r) {
 void Trainer::log_eval(const EvalResult& e) {
   if (output_ == nullptr) return;
   JsonObject record;
-  record.add("event", "eval").add("step", state_.step).add("eval_loss", e.loss).add("eval_samples", e.samples);
+  record.add("event", "eval").add("step", state_.step).add("eval_loss", e.loss).add("eval_samples", e.samples)
+      .add("eval_s", e.seconds);
   std::string text = "eval at step " + std::to_string(state_.step) + ": loss " + std::to_string(e.loss);
   if (e.accuracy) {
     record.add("eval_accuracy", *e.accuracy);

@@ -28,6 +28,7 @@ struct EvalResult {
   std::optional<double> accuracy;    // classification
   std::optional<double> perplexity;  // language models
   int64_t samples = 0;
+  double seconds = 0;  // wall time of the evaluation, this rank's
 };
 
 struct TrainResult {
