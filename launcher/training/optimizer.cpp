@@ -34,9 +34,12 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   at::NoGradGuard no_grad;
+  // Each tensor's norm in its own type (ATen sums floats pairwise, so the error stays near fp32's
+  // epsilon), combined in double. Converting every gradient to double first cost a copy of the
+  // model in double each step: 17 ms of a 600 ms ResNet-18 step on one core.
   std::vector<at::Tensor> norms;  // on the device: one synchronization for the whole model
   for (const at::Tensor& p : params) {
-    if (p.grad().defined()) norms.push_back(p.grad().to(at::kDouble).norm());
+    if (p.grad().defined()) norms.push_back(p.grad().norm().to(at::kDouble));
   }
   if (norms.empty()) return 0.0;
   const double norm = at::stack(norms).norm().item<double>();
