@@ -328,7 +328,9 @@ eval_batches = 40
   const double a32 = *fp32.result.eval->accuracy, a16 = *bf16.result.eval->accuracy;
   EXPECT_GT(a32, 0.70) << "120 steps of 64 on the test split's first 2560 images";
   EXPECT_NEAR(a16, a32, 0.02) << "the accuracy band of fp32";
-  EXPECT_NEAR(bf16.result.final_loss, fp32.result.final_loss, 0.05 * fp32.result.final_loss);
+  // The evaluation's loss (2560 images), not the last batch's: one batch of 64 moved 8% between
+  // fp32 runs that differ only in summation order (NCHW against channels-last).
+  EXPECT_NEAR(bf16.result.eval->loss, fp32.result.eval->loss, 0.05 * fp32.result.eval->loss);
   for (const auto& p : bf16.model->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat) << "fp32 master weights";
 }
 
