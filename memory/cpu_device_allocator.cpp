@@ -81,8 +81,9 @@ std::atomic<Placement> g_placement{Placement::kOther};
 thread_local bool t_host_allocation = false;
 
 // Owns CPU memory directly: from the active arena, or from the host (the block cache, or
-// posix_memalign) with a small header recording the block's size and where it came from. The DataPtr's context is its data pointer and raw_deleter() is
-// set, because oneDNN allocates through raw_allocate(), which requires both.
+// posix_memalign) with a small header recording the block's size and where it came from. The
+// DataPtr's context is its data pointer and raw_deleter() is set, because oneDNN allocates
+// through raw_allocate(), which requires both.
 class DeviceAllocator final : public c10::Allocator {
  public:
   static constexpr size_t kAlignment = 64;  // what c10's CPU allocator guarantees
