@@ -12,7 +12,6 @@
 #include "memory/cpu_device_allocator.h"
 #include "runtime/thread_pools.h"
 
-#include <algorithm>
 #include <cstdio>
 
 namespace ht {
@@ -72,7 +71,8 @@ UserError parameters_do_not_fit(const Config& c, const DataInfo& data) {
 }
 
 // An op could not get memory even after evicting everything evictable.
-UserError budget_too_small(const Config& c, const OutOfBudget& e, Trainer& trainer) {
+// `channels_last`: the model's convolution weights are channels-last.
+UserError budget_too_small(const Config& c, const OutOfBudget& e, const Trainer& trainer, bool channels_last) {
   const MemoryStats& m = trainer.memory().stats();
   const int64_t at_least = std::max(m.min_budget_bytes, e.in_use + e.requested);
   std::string text = budget_text(c) + " is too small for model " + c.model.name + " at micro-batch " +
@@ -86,9 +86,7 @@ UserError budget_too_small(const Config& c, const OutOfBudget& e, Trainer& train
                 "training.micro_batch_size"
               : ". Raise memory.budget (each MiB above the minimum means less recomputation) or lower "
                 "training.micro_batch_size (gradients accumulate to the same global batch)";
-  const std::vector<at::Tensor> params = trainer.model().parameters();
-  const bool convolutions = std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.dim() == 4; });
-  if (c.training.channels_last && convolutions) {
+  if (channels_last) {
     text += "; with a budget near the minimum, training.channels_last = false can help: channels-last convolutions "
             "need temporaries the size of a weight, which fragment a small budget";
   }
@@ -146,10 +144,11 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   }
   at::manual_seed(config.job.seed);
   std::shared_ptr<Model> model;
+  bool channels_last = false;  // some weights were restrided
   try {
     model = make_model(config, info);
     model->move_to(at::Device(config.training.device), at::kFloat);
-    if (config.training.channels_last) model->use_channels_last();  // a no-op without 4-D weights
+    if (config.training.channels_last) channels_last = model->use_channels_last() > 0;
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }
@@ -179,7 +178,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
       trainer.close_trace();
       if (output) output->abandon();
     }
-    throw budget_too_small(config, e, trainer);
+    throw budget_too_small(config, e, trainer, channels_last);
   }
   if (root) report(config, *model, result, *output);
   return {model, result};

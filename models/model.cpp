@@ -27,14 +27,18 @@ void Model::move_to(const at::Device& device, at::ScalarType float_dtype) {
   }
 }
 
-void Model::use_channels_last() {
+int Model::use_channels_last() {
   at::NoGradGuard no_grad;
+  int restrided = 0;
   for (at::Tensor& t : parameters()) {
     // Restrided always: contiguous() would keep a weight of one input channel as it is (its
     // NCHW strides already count as channels-last), and ATen's convolution would then choose
     // NCHW for the first layer of a grayscale model, and batch norm and pooling after it.
-    if (t.dim() == 4) t.set_data(at::empty_like(t, at::MemoryFormat::ChannelsLast).copy_(t));
+    if (t.dim() != 4) continue;
+    t.set_data(at::empty_like(t, at::MemoryFormat::ChannelsLast).copy_(t));
+    ++restrided;
   }
+  return restrided;
 }
 
 void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {

@@ -228,8 +228,8 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                   .min(1).only_when("memory.trace = true", [](const Config& c) { return c.memory.trace; }));
   f.push_back(Field(&C::memory, &MemoryConfig::host_cache, "memory", "host_cache",
                     "keep freed CPU memory in the process for the next step, as a GPU caching allocator does "
-                    "(no page faults; holds at most the step's peak); false: return it to the system (malloc). "
-                    "Changes no result"));
+                    "(no page faults; free blocks beyond max(64 MiB, bytes in use) are returned); false: return "
+                    "it to the system (malloc). Changes no result"));
 }
 
 void add_checkpoint_and_metrics_fields(std::vector<FieldSpec>& f) {
