@@ -2,6 +2,7 @@
 
 #include "launcher/config/config_text.h"
 #include "launcher/user_error.h"
+#include "memory/byte_size.h"
 
 #include <CLI/CLI.hpp>
 
@@ -35,9 +36,106 @@ std::vector<ConfigOverride> overrides_from(const std::vector<std::string>& extra
   return out;
 }
 
+// "1,2,4" or "1..8" (every count from 1 to 8).
+std::vector<int> parse_ranks(const std::string& text) {
+  const std::string hint = "; write a list such as --ranks 1,2,4 or a range such as --ranks 1..8";
+  std::vector<int> out;
+  auto number = [&](const std::string& word) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || word.empty() || v < 1) {
+      throw UserError("--ranks " + text + ": '" + word + "' is not a rank count of 1 or more" + hint);
+    }
+    return v;
+  };
+  const size_t dots = text.find("..");
+  if (dots != std::string::npos) {
+    const int first = number(text.substr(0, dots)), last = number(text.substr(dots + 2));
+    if (last < first) throw UserError("--ranks " + text + ": the range is empty" + hint);
+    for (int r = first; r <= last; ++r) out.push_back(r);
+    return out;
+  }
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    out.push_back(number(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> parse_precisions(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string word = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (word != "off" && word != "bf16" && word != "fp16") {
+      throw UserError("--precisions " + text + ": '" + word + "' is not a precision; use off, bf16 or fp16, e.g. "
+                      "--precisions off,bf16");
+    }
+    out.push_back(word);
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+CommandLine parse_plan_command_line(int argc, const char* const* argv) {
+  CommandLine cl;
+  cl.plan = true;
+  CLI::App app{"hybrid_train plan: profiles the job's model on this machine and ranks the ways to train it "
+               "(data-parallel ranks, micro-batch size, precision, memory policy) by predicted step time or cost; "
+               "writes the best as <job.output_dir>/plan.toml."};
+  app.name("hybrid_train plan");
+  app.allow_extras();
+  std::string ranks, memory, objective = "time", precisions;
+  int max_ranks = 0;
+  app.add_option("config", cl.config_path, "the job's TOML file, e.g. configs/resnet18_fmnist.toml");
+  app.add_option("--ranks", ranks, "rank counts to consider: 1,2,4 or 1..8 (default: 1, 2, 4, ... up to this "
+                                   "machine's hardware threads, or [cluster]'s devices)");
+  app.add_option("--device-memory", memory, "memory per device (rank), e.g. 16GiB (default: memory.budget, else "
+                                            "[cluster].device_memory, else this machine's memory shared by the ranks)");
+  app.add_option("--objective", objective, "time (fastest step) or cost (fewest device-hours per epoch)")
+      ->check(CLI::IsMember({"time", "cost"}));
+  app.add_option("--max-ranks", max_ranks, "use at most this many ranks")->check(CLI::PositiveNumber);
+  app.add_option("--precisions", precisions, "precisions to consider: off,bf16 (default: the config's and bf16)");
+  app.add_flag("--all", cl.plan_command.all_rows, "print every plan, not the best 15");
+  try {
+    app.parse(argc - 1, argv + 1);
+  } catch (const CLI::ParseError& e) {
+    cl.exit_code = app.exit(e) == 0 ? 0 : kUserErrorExitCode;
+    return cl;
+  }
+  cl.overrides = overrides_from(app.remaining());
+  if (cl.config_path.empty()) {
+    throw UserError("no config file given; usage: hybrid_train plan CONFIG.toml [--ranks 1,2,4] "
+                    "[--device-memory 16GiB] [--objective time|cost], e.g. hybrid_train plan configs/quickstart.toml");
+  }
+  PlanArgs& a = cl.plan_command.args;
+  if (!ranks.empty()) a.ranks = parse_ranks(ranks);
+  if (!memory.empty()) {
+    const auto bytes = parse_byte_size(memory, 0);
+    if (!bytes || *bytes <= 0) {
+      throw UserError("--device-memory " + memory + ": not a memory size; use bytes with a unit, e.g. 16GiB or 800MiB");
+    }
+    a.device_memory = *bytes;
+  }
+  a.objective = objective == "cost" ? Objective::kCost : Objective::kTime;
+  a.max_ranks = max_ranks;
+  if (!precisions.empty()) a.precisions = parse_precisions(precisions);
+  return cl;
+}
+
 }  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
+  if (argc >= 2 && std::string(argv[1]) == "plan") return parse_plan_command_line(argc, argv);
   CommandLine cl;
   CLI::App app{"hybrid_train: trains the model a config file describes, through an interpreter that can "
                "trade compute for memory."};
@@ -48,7 +146,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   bool markdown = false;
   app.add_flag("--config-reference-markdown", markdown, "print the config reference as Markdown and exit")
       ->group("");  // hidden: the README's reference is generated with it
-  app.footer("\n" + config_reference_text() +
+  app.footer("\nhybrid_train plan CONFIG.toml --help: the planner.\n" + config_reference_text() +
              "\nOverrides win over the file and are type-checked like it, e.g. --training.steps=20.");
   try {
     app.parse(argc, argv);

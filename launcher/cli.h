@@ -1,7 +1,9 @@
 #pragma once
-// The command line: hybrid_train CONFIG.toml [--section.key=value ...] | --help | --version
+// The command line: hybrid_train CONFIG.toml [--section.key=value ...] | --help | --version, or
+// hybrid_train plan CONFIG.toml [--ranks ...] [--device-memory ...] [--objective ...] [overrides]
 
 #include "launcher/config/config_loader.h"
+#include "launcher/planning/plan_command.h"
 
 #include <string>
 #include <vector>
@@ -12,6 +14,8 @@ struct CommandLine {
   std::string config_path;
   std::vector<ConfigOverride> overrides;
   int exit_code = -1;  // >= 0: the command line was fully handled (help, version, error)
+  bool plan = false;   // `hybrid_train plan`: plan, do not train
+  PlanCommand plan_command;
 };
 
 CommandLine parse_command_line(int argc, const char* const* argv);

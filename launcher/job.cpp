@@ -4,6 +4,7 @@
 #include "launcher/config/config_validation.h"
 #include "launcher/data/dataset.h"
 #include "launcher/model_factory.h"
+#include "launcher/planning/run_check.h"
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
 #include "launcher/user_error.h"
@@ -28,20 +29,20 @@ void print_plan(const Config& c, const DataInfo& data, const Model& model, const
   std::printf("model: %s, %lld parameters, on %s, threads %s\n", c.model.name.c_str(),
               static_cast<long long>(model.num_parameters()), c.training.device.c_str(), threads.describe().c_str());
   std::printf("training: %lld steps (%lld per epoch), global batch %lld in %lld micro-batch(es) of %lld, "
-              "%s lr %g (%s)\n\n",
+              "%s lr %g (%s)\n",
               static_cast<long long>(trainer.total_steps()), static_cast<long long>(trainer.steps_per_epoch()),
               static_cast<long long>(c.training.global_batch_size), static_cast<long long>(c.micro_batches()),
               static_cast<long long>(c.micro_batch_size()), c.training.optimizer.c_str(), c.training.lr,
               c.training.schedule.c_str());
-  std::fflush(stdout);
 }
 
-JsonObject summary_of(const Config& c, const Model& model, const TrainResult& r) {
+JsonObject summary_of(const Config& c, const Model& model, const TrainResult& r, const RunPrediction& p) {
   JsonObject s;
   s.add("job", c.job.name).add("config", c.source).add("model", c.model.name)
       .add("parameters", model.num_parameters()).add("device", c.training.device).add("steps", r.steps)
       .add("resumed_from_step", r.resumed_from_step).add("final_loss", r.final_loss)
       .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
+      .add("predicted_peak_bytes", p.prediction.peak_bytes).add("predicted_step_ms", p.prediction.step_ms)
       .add("wall_s", r.seconds)
       .add("samples_per_s", r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0.0);
   if (r.eval) {
@@ -106,8 +107,9 @@ std::optional<std::string> resume_point(const Config& config) {
 }
 
 // The summary file and the closing line.
-void report(const Config& config, const Model& model, const TrainResult& result, RunOutput& output) {
-  output.summary(summary_of(config, model, result));
+void report(const Config& config, const Model& model, const TrainResult& result, const RunPrediction& predicted,
+            RunOutput& output) {
+  output.summary(summary_of(config, model, result, predicted));
   std::printf("done: %lld steps in %.0f s, final loss %.4f", static_cast<long long>(result.steps), result.seconds,
               result.final_loss);
   if (result.eval && result.eval->accuracy) std::printf(", eval accuracy %.4f", *result.eval->accuracy);
@@ -123,17 +125,19 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   Config config = config_in;
   apply_data_parallel(config, grid->data_parallel);  // main() did it already; tests call run_job directly
   const bool root = grid->is_root();
+  CpuAllocationCounter::install();
+  set_host_memory_caching(config.memory.host_cache);
+
+  // Everything that can fail on bad input happens before anything is written: the data, then the
+  // prediction of this run's peak (a run that cannot fit is refused here, not at its first OOM).
+  DataSplits data = make_datasets(config);
+  const DataInfo info = data.info;
+  const RunPrediction predicted = check_run_fits(config, data, *grid);
   // Every pool a rank computes with gets the same count; by default the ranks on a host share
   // its hardware threads (libtorch's own default, physical cores, ignores both OpenBLAS and them).
   const ThreadPools threads = set_compute_threads(config.training.threads > 0
                                                       ? static_cast<int>(config.training.threads)
                                                       : default_thread_count(grid->local_size));
-  CpuAllocationCounter::install();
-  set_host_memory_caching(config.memory.host_cache);
-
-  // Everything that can fail on bad input happens before anything is written.
-  DataSplits data = make_datasets(config);
-  const DataInfo info = data.info;
   // Device memory: with a budget, every tensor from here on (parameters, gradients, optimizer
   // state, batches, activations) comes from an arena of that size. The datasets above stay host.
   std::shared_ptr<CpuArena> arena;
@@ -161,11 +165,14 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   }
   Trainer& trainer = *made;
   if (resume) trainer.resume_from(*resume);
+  trainer.set_prediction(predicted.prediction.peak_bytes, predicted.prediction.step_ms);
 
   const std::string resolved = resolved_toml(config);
   if (!quiet && root) {
     std::printf("hybrid_train %s: job \"%s\"\n%s\n", HT_VERSION, config.job.name.c_str(), resolved.c_str());
     print_plan(config, info, *model, trainer, *grid, threads);
+    std::printf("%s\n\n", predicted.text.c_str());
+    std::fflush(stdout);
   }
   std::optional<RunOutput> output;
   if (root) output.emplace(config.job.output_dir, resolved, resume.has_value());
@@ -180,7 +187,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
     }
     throw budget_too_small(config, e, trainer, channels_last);
   }
-  if (root) report(config, *model, result, *output);
+  if (root) report(config, *model, result, predicted, *output);
   return {model, result};
 }
 

@@ -1,5 +1,5 @@
 // hybrid_train CONFIG.toml [--section.key=value ...]: parse, build, train, report. Under mpirun
-// every rank runs this; rank 0 prints and writes.
+// every rank runs this; rank 0 prints and writes. hybrid_train plan CONFIG.toml: the planner.
 #include "launcher/cli.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/config/config_validation.h"
@@ -44,6 +44,14 @@ int main(int argc, char** argv) {
     const ht::CommandLine cl = ht::parse_command_line(argc, argv);
     if (cl.exit_code >= 0) return cl.exit_code;
     ht::LoadedConfig loaded = ht::load_config(cl.config_path, cl.overrides);
+    if (cl.plan) {
+      if (grid.world > 1) {
+        throw ht::UserError("hybrid_train plan runs as one process and plans for every rank count itself; start it "
+                            "without mpirun (or srun), e.g. hybrid_train plan " + cl.config_path + " --ranks 1,2,4");
+      }
+      for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
+      return ht::run_plan_command(loaded.config, cl.plan_command);
+    }
     ht::apply_data_parallel(loaded.config, grid.data_parallel);  // every rank refuses alike
     if (grid.is_root()) {
       for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());

@@ -22,6 +22,7 @@ class MemoryHooks {
   // The backward of an op call is about to run (its saved values resident and pinned): its
   // gradients need room too.
   virtual void before_backward(const ComputePath& path) = 0;
+  virtual void after_backward(const ComputePath& path) = 0;
   virtual void on_resident(TensorInfo& t) = 0;   // data attached (computed or regenerated)
   virtual void on_dropped(TensorInfo& t) = 0;    // data detached (evicted, or nobody reads it)
   virtual void on_destroyed(TensorInfo& t) = 0;  // the record itself is gone

@@ -52,9 +52,17 @@ void MemoryManager::before_kernel(const ComputePath& path, bool recompute) {
     }
   }
   prepare(expected);
+  if (kernel_observer_ != nullptr) kernel_observer_->kernel_begins(path, recompute, /*backward=*/false);
 }
 
-void MemoryManager::before_backward(const ComputePath& /*path*/) { prepare(0); }
+void MemoryManager::before_backward(const ComputePath& path) {
+  prepare(0);
+  if (kernel_observer_ != nullptr) kernel_observer_->kernel_begins(path, /*recompute=*/false, /*backward=*/true);
+}
+
+void MemoryManager::after_backward(const ComputePath& path) {
+  if (kernel_observer_ != nullptr) kernel_observer_->kernel_ends(path, /*recompute=*/false, /*backward=*/true);
+}
 
 void MemoryManager::prepare(int64_t expected_bytes) {
   if (!options_.arena) return;
@@ -76,6 +84,7 @@ void MemoryManager::prepare(int64_t expected_bytes) {
 }
 
 void MemoryManager::after_kernel(const ComputePath& path, bool recompute, double kernel_ms) {
+  if (kernel_observer_ != nullptr) kernel_observer_->kernel_ends(path, recompute, /*backward=*/false);
   ++stats_.kernels;
   if (recompute) {
     ++stats_.recomputations;

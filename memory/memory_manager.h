@@ -12,6 +12,7 @@
 
 #include "memory/cpu_device_allocator.h"
 #include "memory/eviction_policy.h"
+#include "memory/kernel_observer.h"
 #include "memory/memory_hooks.h"
 #include "memory/out_of_memory.h"
 
@@ -78,6 +79,7 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   void before_kernel(const ComputePath& path, bool recompute) override;
   void after_kernel(const ComputePath& path, bool recompute, double kernel_ms) override;
   void before_backward(const ComputePath& path) override;
+  void after_backward(const ComputePath& path) override;
   void on_resident(TensorInfo& t) override;
   void on_dropped(TensorInfo& t) override;
   void on_destroyed(TensorInfo& t) override;
@@ -102,6 +104,8 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   const MemoryStats& stats() const { return stats_; }
   void reset_peak();
   void set_timeline(MemoryTimeline* timeline) { options_.timeline = timeline; }
+  // Told of every kernel's start and end (the planner's profiled step); null: nobody.
+  void set_kernel_observer(KernelObserver* observer) { kernel_observer_ = observer; }
   // Resident root tensors that own bytes: the candidates a policy chooses from.
   const std::vector<TensorInfo*>& candidates() const { return roots_; }
   Evictor* evictor() { return evictor_.get(); }  // null without eviction
@@ -118,6 +122,7 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   MemoryOptions options_;
   std::unique_ptr<Evictor> evictor_;
   std::thread::id owner_ = std::this_thread::get_id();
+  KernelObserver* kernel_observer_ = nullptr;
   bool making_room_ = false;
   int64_t fragmentation_sampled_at_ = -1;  // arena bytes in use when fragmentation_at_peak was taken
   MemoryStats stats_;

@@ -5,7 +5,11 @@ namespace ht {
 Tensor Model::forward(const Tensor& input) {
   TORCH_CHECK(!blocks_.empty(), "Model::forward: the model has no blocks");
   Tensor x = input;
-  for (auto& block : blocks_) x = block->forward(x);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (block_listener_) block_listener_(static_cast<int>(i));
+    x = blocks_[i]->forward(x);
+  }
+  if (block_listener_) block_listener_(-1);
   return x;
 }
 

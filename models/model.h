@@ -9,6 +9,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,12 +39,16 @@ class Model : public torch::nn::Module {
   // ConvNet step 1.3x faster than in NCHW. Same arithmetic, other strides; call after move_to.
   // Returns how many weights it restrided (0: the model has no convolutions).
   int use_channels_last();
+  // Called with a block's index before it runs, and with -1 after the last (a profiler
+  // attributing kernels to blocks); empty: nobody.
+  void set_block_listener(std::function<void(int)> listener) { block_listener_ = std::move(listener); }
 
  protected:
   void add_block(const std::string& name, std::shared_ptr<Block> block);
 
  private:
   std::vector<std::shared_ptr<Block>> blocks_;
+  std::function<void(int)> block_listener_;
 };
 
 }  // namespace ht

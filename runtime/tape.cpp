@@ -138,6 +138,7 @@ void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
       return path.op->backward(BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
     });
   }
+  interp.memory().after_backward(path);
   pin_all(-1);
   TORCH_INTERNAL_ASSERT(grads.size() == path.inputs.size(), path.op->traits().name,
                         ": backward returned ", grads.size(), " gradients for ",

@@ -70,6 +70,7 @@ struct TrainingConfig {
 };
 
 struct ParallelConfig {
+  std::string strategy = "manual";  // auto: plan first (planner/), train with its choice
   int64_t data_parallel = 0;  // 0: every rank of the job (world / pipeline_parallel)
   int64_t pipeline_parallel = 1;
   std::string pipeline_schedule = "1f1b";
@@ -91,6 +92,19 @@ struct MemoryConfig {
   int64_t budget_bytes = 0;
 };
 
+// Machines not at hand, for the planner: without it, `hybrid_train plan` measures this one.
+struct ClusterConfig {
+  int64_t nodes = 0;  // 0: no cluster described
+  int64_t devices_per_node = 8;
+  std::string device_memory = "80GiB";
+  double intra_node_gbps = 150;  // NVLink-class, per direction, as all-reduce sees it
+  double inter_node_gbps = 25;   // 200 Gb/s InfiniBand
+  double intra_node_latency_us = 10;
+  double inter_node_latency_us = 20;
+  double device_speed = 1.0;  // compute relative to the device `plan` profiles on
+  int64_t device_memory_bytes = 0;  // derived from device_memory by validation
+};
+
 struct CheckpointConfig {
   int64_t interval = 0;
   int64_t keep = 3;
@@ -109,6 +123,7 @@ struct Config {
   TrainingConfig training;
   ParallelConfig parallel;
   MemoryConfig memory;
+  ClusterConfig cluster;
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
 

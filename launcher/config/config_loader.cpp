@@ -145,7 +145,7 @@ void Loader::read_file(const std::string& path) {
       if (std::find(sections.begin(), sections.end(), name) == sections.end()) {
         std::string hint = nearest_name(name, sections);
         throw UserError(at(path, key.source()) + ": unknown section [" + name + "]" +
-                        (hint.empty() ? "; sections are job, model, data, training, parallel, memory, checkpoint, metrics"
+                        (hint.empty() ? "; sections are job, model, data, training, parallel, memory, cluster, checkpoint, metrics"
                                       : "; did you mean [" + hint + "]?"));
       }
       read_section(path, name, *table);

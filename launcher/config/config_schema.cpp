@@ -185,6 +185,11 @@ void add_training_fields(std::vector<FieldSpec>& f) {
 }
 
 void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
+  f.push_back(Field(&C::parallel, &ParallelConfig::strategy, "parallel", "strategy",
+                    "manual: train as configured; auto: run the planner first (as `hybrid_train plan`) and train "
+                    "with its fastest plan for the ranks started and this device's memory (micro-batch size, "
+                    "memory policy and budget; the precision stays as configured)")
+                  .choices({"manual", "auto"}));
   f.push_back(Field(&C::parallel, &ParallelConfig::data_parallel, "parallel", "data_parallel",
                     "data-parallel replicas: the ranks mpirun starts (-np N); 0: all of them")
                   .min(0));
@@ -232,6 +237,29 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "it to the system (malloc). Changes no result"));
 }
 
+void add_cluster_fields(std::vector<FieldSpec>& f) {
+  auto described = [](const Config& c) { return c.cluster.nodes > 0; };
+  const char* words = "cluster.nodes > 0";
+  f.push_back(Field(&C::cluster, &ClusterConfig::nodes, "cluster", "nodes",
+                    "nodes of the machine `hybrid_train plan` plans for; 0: this machine, measured")
+                  .min(0));
+  f.push_back(Field(&C::cluster, &ClusterConfig::devices_per_node, "cluster", "devices_per_node",
+                    "devices (ranks) per node").min(1).only_when(words, described));
+  f.push_back(Field(&C::cluster, &ClusterConfig::device_memory, "cluster", "device_memory",
+                    "memory of one device, e.g. \"80GiB\"").only_when(words, described));
+  f.push_back(Field(&C::cluster, &ClusterConfig::intra_node_gbps, "cluster", "intra_node_gbps",
+                    "GB/s between devices of a node (all-reduce bus bandwidth)").min(0.001).only_when(words, described));
+  f.push_back(Field(&C::cluster, &ClusterConfig::inter_node_gbps, "cluster", "inter_node_gbps",
+                    "GB/s between nodes").min(0.001).only_when(words, described));
+  f.push_back(Field(&C::cluster, &ClusterConfig::intra_node_latency_us, "cluster", "intra_node_latency_us",
+                    "latency of one message within a node, microseconds").min(0).only_when(words, described));
+  f.push_back(Field(&C::cluster, &ClusterConfig::inter_node_latency_us, "cluster", "inter_node_latency_us",
+                    "latency of one message between nodes, microseconds").min(0).only_when(words, described));
+  f.push_back(Field(&C::cluster, &ClusterConfig::device_speed, "cluster", "device_speed",
+                    "compute speed of one device relative to the one `plan` profiles on (e.g. 40 for a GPU "
+                    "against this CPU)").min(1e-6).only_when(words, described));
+}
+
 void add_checkpoint_and_metrics_fields(std::vector<FieldSpec>& f) {
   auto checkpointing = [](const Config& c) { return c.checkpoint.interval > 0 || !c.checkpoint.resume.empty(); };
   f.push_back(Field(&C::checkpoint, &CheckpointConfig::interval, "checkpoint", "interval",
@@ -255,6 +283,7 @@ std::vector<FieldSpec> build_schema() {
   add_data_fields(f);
   add_training_fields(f);
   add_parallel_and_memory_fields(f);
+  add_cluster_fields(f);
   add_checkpoint_and_metrics_fields(f);
   return f;
 }
@@ -268,7 +297,7 @@ const std::vector<FieldSpec>& config_schema() {
 
 const std::vector<std::string>& config_sections() {
   static const std::vector<std::string> sections{"job", "model", "data", "training",
-                                                 "parallel", "memory", "checkpoint", "metrics"};
+                                                 "parallel", "memory", "cluster", "checkpoint", "metrics"};
   return sections;
 }
 

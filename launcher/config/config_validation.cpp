@@ -128,6 +128,17 @@ class Rules {
     }
   }
 
+  void cluster_memory() {
+    auto& k = c_.cluster;
+    if (k.nodes == 0) return;
+    const auto bytes = parse_byte_size(k.device_memory, 0);
+    if (!bytes || *bytes <= 0) {
+      throw UserError(loc("cluster.device_memory") + "cluster.device_memory = \"" + k.device_memory +
+                      "\" is not a memory size; use bytes with a unit, e.g. \"80GiB\" or \"16GB\"");
+    }
+    k.device_memory_bytes = *bytes;
+  }
+
   std::vector<std::string> ineffective_options() const {
     std::vector<std::string> warnings;
     for (const FieldSpec& f : config_schema()) {
@@ -154,6 +165,7 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.model_shape();
   rules.model_and_data();
   rules.memory_budget();
+  rules.cluster_memory();
   return rules.ineffective_options();
 }
 

@@ -20,6 +20,7 @@ class JsonObject {
   }
   JsonObject& add(const std::string& key, const std::string& v) { return raw(key, quote(v)); }
   JsonObject& add(const std::string& key, const char* v) { return raw(key, quote(v)); }
+  JsonObject& add(const std::string& key, bool v) { return raw(key, v ? "true" : "false"); }
   JsonObject& add(const std::string& key, std::optional<int64_t> v) {
     return v ? add(key, *v) : raw(key, "null");
   }

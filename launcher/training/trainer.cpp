@@ -139,22 +139,26 @@ Trainer::StepResult Trainer::train_step() {
   replicas_.group().set_context("step " + std::to_string(state_.step + 1));
   const Batch batch = data_.train->batch(sampler_.next());
   const int64_t micro_batches = config_.micro_batches(), micro_size = config_.micro_batch_size();
+  const auto compute_start = std::chrono::steady_clock::now();
   for (int64_t k = 0; k < micro_batches; ++k) {
     const Batch micro{batch.input.narrow(0, k * micro_size, micro_size),
                       batch.target.narrow(0, k * micro_size, micro_size)};
     const double scale = (scaler_ ? scaler_->scale() : 1.0) / static_cast<double>(micro_batches);
     r.loss += forward_backward(micro, scale, k + 1 == micro_batches) / static_cast<double>(micro_batches);
   }
+  r.forward_backward_ms = seconds_since(compute_start) * 1e3;
   // This rank's gradients of its slice are complete: average them over the replicas, once per
   // optimizer step, never per micro-batch (with overlap, most buckets are under way already).
   replicas_.average_gradients();
   r.comm = replicas_.stats();
   r.loss = replicas_.mean(r.loss, "the loss");
   r.lr = learning_rate_at(config_.training, state_.step, total_steps_);
+  const auto optimizer_start = std::chrono::steady_clock::now();
   const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get());
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
   clear_grads(params_);
+  r.optimizer_ms = seconds_since(optimizer_start) * 1e3;
   ++state_.step;
   if (scaler_) state_.loss_scaler = scaler_->state();
   state_.sampler = sampler_.position();
@@ -173,6 +177,17 @@ Trainer::StepResult Trainer::train_step() {
   r.fragmentation = after.fragmentation_at_peak;
   trace_step_ended();
   return r;
+}
+
+Trainer::StepMeasurement Trainer::measure_step() {
+  StepMeasurement m;
+  m.in_use_before = arena_ ? arena_->stats().in_use : 0;
+  const StepResult r = train_step();
+  m.step_ms = r.ms;
+  m.forward_backward_ms = r.forward_backward_ms;
+  m.optimizer_ms = r.optimizer_ms;
+  m.peak_bytes = arena_ ? r.mem_peak_bytes : -1;
+  return m;
 }
 
 TrainResult Trainer::run(RunOutput* output) {
@@ -281,6 +296,9 @@ void Trainer::log_step(const StepResult& r) {
       .add("activation_peak_bytes", mem.peak_resident_bytes).add("evictions", r.evictions)
       .add("recomputations", r.recomputations).add("recompute_ms", r.recompute_ms)
       .add("fragmentation", r.fragmentation);
+  if (predicted_peak_bytes_ >= 0) {
+    record.add("predicted_peak_bytes", predicted_peak_bytes_).add("predicted_step_ms", predicted_step_ms_);
+  }
   if (replicas_.size() > 1) {
     record.add("comm_ms", r.comm.comm_ms).add("comm_bytes", r.comm.comm_bytes).add("overlap", r.comm.overlap);
   }

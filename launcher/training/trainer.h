@@ -62,15 +62,31 @@ class Trainer {
     timeline_.reset();
   }
 
+  // One step as the planner profiles it: its time in parts and its memory.
+  struct StepMeasurement {
+    double step_ms = 0, forward_backward_ms = 0, optimizer_ms = 0;
+    int64_t peak_bytes = -1;       // the arena's peak (with a budget)
+    int64_t in_use_before = 0;     // the arena's bytes in use when the step began
+  };
+  StepMeasurement measure_step();
+  // The planner's prediction for this run (launcher/planning/run_check.h), recorded beside what
+  // each step measures.
+  void set_prediction(int64_t peak_bytes, double step_ms) {
+    predicted_peak_bytes_ = peak_bytes;
+    predicted_step_ms_ = step_ms;
+  }
+
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_per_epoch() const { return sampler_.batches_per_epoch(); }
   const TrainerState& state() const { return state_; }
   Model& model() { return *model_; }
   const MemoryManager& memory() const { return interp_.memory(); }
+  Interpreter& interpreter() { return interp_; }
 
  private:
   struct StepResult {
     double loss = 0, grad_norm = 0, lr = 0, ms = 0;
+    double forward_backward_ms = 0, optimizer_ms = 0;  // parts of ms
     bool skipped = false;  // fp16: a gradient was not finite
     int64_t mem_peak_bytes = -1;
     // The memory manager during this step.
@@ -107,6 +123,8 @@ class Trainer {
   Progress progress_;
   TrainerState state_;
   TrainResult result_;
+  int64_t predicted_peak_bytes_ = -1;  // -1: no prediction
+  double predicted_step_ms_ = 0;
 };
 
 }  // namespace ht

@@ -234,9 +234,9 @@ TEST(Training, ChannelsLastIsALayoutNotAnotherComputation) {
     try {
       run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("tight"), tight,
                                         std::string("--training.channels_last=") + layout}), true);
-      ADD_FAILURE() << "40% of the peak without eviction must fail";
+      ADD_FAILURE() << "40% of the peak without eviction must be refused";
     } catch (const UserError& e) {
-      EXPECT_THAT(e.what(), HasSubstr("is too small for model resnet"));
+      EXPECT_THAT(e.what(), HasSubstr("does not fit memory.budget"));
       EXPECT_EQ(std::string(e.what()).find("training.channels_last = false can help") != std::string::npos,
                 std::string(layout) == "true");
     }

@@ -1,0 +1,144 @@
+#include "launcher/planning/job_plan.h"
+
+#include "launcher/planning/profiler.h"
+#include "memory/byte_size.h"
+#include "runtime/thread_pools.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace ht {
+namespace {
+
+// GB/s of a large memory copy here: what ranks sharing a host move gradients at.
+double copy_gbps() {
+  const size_t bytes = size_t{64} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  std::memcpy(b.data(), a.data(), bytes);  // fault the pages in first
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+  }
+  return best;
+}
+
+int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+}  // namespace
+
+Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
+  Machine m;
+  const ClusterConfig& k = config.cluster;
+  if (k.nodes > 0) {
+    m.nodes = static_cast<int>(k.nodes);
+    m.devices_per_node = static_cast<int>(k.devices_per_node);
+    m.shared_host = false;
+    m.device_memory = args.device_memory > 0 ? args.device_memory : k.device_memory_bytes;
+    m.intra_node_gbps = k.intra_node_gbps;
+    m.inter_node_gbps = k.inter_node_gbps;
+    m.intra_node_latency_us = k.intra_node_latency_us;
+    m.inter_node_latency_us = k.inter_node_latency_us;
+    m.device_speed = k.device_speed;
+    m.description = config.source + " [cluster]: " + std::to_string(m.nodes) + " node(s) x " +
+                    std::to_string(m.devices_per_node) + " devices of " + format_bytes(m.device_memory) + ", " +
+                    std::to_string(k.intra_node_gbps) + " GB/s within a node, " + std::to_string(k.inter_node_gbps) +
+                    " GB/s between, devices " + std::to_string(k.device_speed) + "x this one";
+    return m;
+  }
+  // This machine: CPU ranks share its cores and its memory; MPI moves gradients through shared
+  // memory, a copy in and a copy out.
+  m.host_threads = config.training.threads > 0 ? static_cast<int>(config.training.threads) : hardware_threads();
+  m.devices_per_node = std::max(1, max_ranks);
+  m.shared_host = true;
+  const double gbps = copy_gbps();
+  m.intra_node_gbps = m.inter_node_gbps = gbps / 2;
+  m.intra_node_latency_us = m.inter_node_latency_us = 20;
+  const char* memory_from = "--device-memory";
+  m.device_memory = args.device_memory;
+  if (m.device_memory == 0 && config.memory.budget_bytes > 0) {
+    m.device_memory = config.memory.budget_bytes;
+    memory_from = "memory.budget";
+  } else if (m.device_memory == 0) {
+    m.device_memory = host_physical_memory_bytes() / m.devices_per_node;
+    memory_from = "host memory shared by the ranks";
+  }
+  char text[256];
+  std::snprintf(text, sizeof text, "this machine, %d hardware threads shared by its ranks, %s per rank (%s), "
+                "copies at %.1f GB/s (all-reduce modelled at %.1f GB/s, %.0f us a message)",
+                m.host_threads, format_bytes(m.device_memory).c_str(), memory_from, gbps, m.intra_node_gbps,
+                m.intra_node_latency_us);
+  m.description = text;
+  return m;
+}
+
+JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& info, const PlanArgs& args) {
+  JobPlan out;
+  SearchOptions search;
+  search.objective = args.objective;
+  search.policies = args.policies;
+  search.precisions = args.precisions;
+  if (search.precisions.empty()) {
+    search.precisions = {config.training.mixed_precision};
+    if (config.training.mixed_precision != "bf16") search.precisions.push_back("bf16");
+  }
+  std::vector<int> ranks = args.ranks;
+  const int machine_ranks = config.cluster.nodes > 0
+                                ? static_cast<int>(config.cluster.nodes * config.cluster.devices_per_node)
+                                : hardware_threads();
+  if (ranks.empty()) {
+    for (int r = 1; r <= machine_ranks; r *= 2) ranks.push_back(r);
+  }
+  if (args.max_ranks > 0) ranks.erase(std::remove_if(ranks.begin(), ranks.end(), [&](int r) { return r > args.max_ranks; }),
+                                      ranks.end());
+  search.ranks = ranks;
+  const int most = ranks.empty() ? 1 : *std::max_element(ranks.begin(), ranks.end());
+  out.machine = machine_for(config, args, most);
+  if (config.training.device != "cpu") search.policies = {"none"};  // budgets are CPU-only for now
+
+  ProfileRequest request;
+  request.precisions = search.precisions;
+  const int fewest = ranks.empty() ? 1 : *std::min_element(ranks.begin(), ranks.end());
+  request.largest_micro_batch = std::max<int64_t>(1, config.training.global_batch_size / fewest);
+  request.threads = out.machine.shared_host ? out.machine.host_threads : at::get_num_threads();
+  request.one_thread_point = out.machine.shared_host && most > 1;
+  out.profile = profile_job(config, train, info, request);
+
+  const std::vector<Plan> plans =
+      candidate_plans(config.training.global_batch_size, out.machine.device_memory, search);
+  out.ranked = rank_plans(plans, [&](const Plan& p) { return predict(out.profile, out.machine, p); }, args.objective);
+  out.why = why_it_wins(out.ranked, args.objective);
+  return out;
+}
+
+Config config_for_plan(const Config& base, const Plan& plan) {
+  Config c = base;
+  c.parallel.data_parallel = plan.ranks;
+  c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
+  c.training.mixed_precision = plan.precision;
+  c.memory.policy = plan.policy;
+  if (c.training.device == "cpu" && plan.budget_bytes > 0) {
+    c.memory.budget = std::to_string(plan.budget_bytes);
+    c.memory.budget_bytes = plan.budget_bytes;
+  }
+  return c;
+}
+
+std::string plan_words(const Plan& p) {
+  std::string s = std::to_string(p.ranks) + (p.ranks == 1 ? " rank" : " ranks") + ", micro-batch " +
+                  std::to_string(p.micro_batch);
+  if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
+  s += p.precision == "off" ? ", fp32" : ", " + p.precision;
+  if (p.policy != "none") s += ", " + p.policy;
+  if (p.budget_bytes > 0) s += " at " + format_bytes(p.budget_bytes);
+  return s;
+}
+
+}  // namespace ht

@@ -1,0 +1,44 @@
+#pragma once
+// The planner as the launcher uses it: the machine a job plans for (this one, measured, or the
+// config's [cluster]), the profile of its model, the ranked plans, and a plan as a config that
+// trains as is. `hybrid_train plan` prints it (plan_command.h); run_job() predicts its own plan
+// before the first step, refuses one that cannot fit, and with parallel.strategy = "auto" trains
+// the planner's choice.
+
+#include "launcher/config/config.h"
+#include "launcher/data/dataset.h"
+#include "planner/search.h"
+
+#include <string>
+#include <vector>
+
+namespace ht {
+
+// What is planned for; empty fields take the defaults documented in the README.
+struct PlanArgs {
+  std::vector<int> ranks;                // rank counts; empty: 1, 2, 4, ... up to the machine's
+  int64_t device_memory = 0;             // bytes per rank; 0: the config's budget, else the machine's
+  Objective objective = Objective::kTime;
+  int max_ranks = 0;                     // 0: no cap
+  std::vector<std::string> precisions;   // empty: the config's and bf16
+  std::vector<std::string> policies{"none", "dtr"};
+};
+
+struct JobPlan {
+  ModelProfile profile;
+  Machine machine;
+  std::vector<RankedPlan> ranked;  // best first; ranked[0].prediction.fits when anything fits
+  std::string why;                 // why ranked[0] wins
+};
+
+// This machine (ranks sharing its cores, links measured with a copy micro-benchmark) or the
+// config's [cluster]; `max_ranks`: the most ranks planned for.
+Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks);
+// Profiles the model (launcher/planning/profiler.h) and searches.
+JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& info, const PlanArgs& args);
+// `base` changed to train `plan`: ranks, micro-batch size, precision, memory policy and budget.
+Config config_for_plan(const Config& base, const Plan& plan);
+// The plan in words: "2 ranks, micro-batch 32 x 2, bf16, dtr at 256.0 MiB".
+std::string plan_words(const Plan& plan);
+
+}  // namespace ht

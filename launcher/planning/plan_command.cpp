@@ -1,0 +1,98 @@
+#include "launcher/planning/plan_command.h"
+
+#include "launcher/config/config_text.h"
+#include "launcher/data/dataset.h"
+#include "launcher/report/json.h"
+#include "launcher/user_error.h"
+#include "memory/byte_size.h"
+#include "memory/cpu_device_allocator.h"
+#include "planner/plan_report.h"
+#include "runtime/thread_pools.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace ht {
+namespace {
+
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out.flush()) throw UserError(tmp.string() + ": write failed; is the disk full?");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+std::string plan_toml(const Config& config, const JobPlan& plan) {
+  const Plan& p = plan.ranked[0].plan;
+  const Prediction& r = plan.ranked[0].prediction;
+  std::string head = "# Written by hybrid_train plan " + config.source + ": " + plan_words(p) + ".\n";
+  head += "# Predicted: peak " + format_bytes(r.peak_bytes) + " per rank, step " + std::to_string(r.step_ms) +
+          " ms.\n# Train it: " + (p.ranks > 1 ? "mpirun -np " + std::to_string(p.ranks) + " " : std::string()) +
+          "hybrid_train " + config.job.output_dir + "/plan.toml\n";
+  return head + resolved_toml(config_for_plan(config, p));
+}
+
+JsonObject plan_record(const RankedPlan& r) {
+  JsonObject o;
+  const Plan& p = r.plan;
+  const Prediction& d = r.prediction;
+  o.add("ranks", static_cast<int64_t>(p.ranks)).add("micro_batch", p.micro_batch).add("accumulation", p.accumulation)
+      .add("precision", p.precision).add("policy", p.policy).add("budget_bytes", p.budget_bytes)
+      .add("fits", d.fits).add("peak_bytes", d.peak_bytes).add("activation_bytes", d.activation_bytes)
+      .add("step_ms", d.step_ms).add("compute_ms", d.compute_ms).add("recompute_ms", d.recompute_ms)
+      .add("optimizer_ms", d.optimizer_ms).add("allreduce_exposed_ms", d.allreduce_exposed_ms)
+      .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
+      .add("device_hours_per_epoch", d.device_hours_per_epoch);
+  return o;
+}
+
+// A device too small for the model's own state has no plan; say so before anything is written.
+void check_machine(const Config& config, const JobPlan& plan) {
+  const int64_t state = plan.profile.parameter_bytes + plan.profile.gradient_bytes + plan.profile.optimizer_state_bytes;
+  if (plan.machine.device_memory > 0 && plan.machine.device_memory <= state) {
+    throw UserError("--device-memory " + format_bytes(plan.machine.device_memory) + " cannot hold model " +
+                    config.model.name + "'s parameters, gradients and " + config.training.optimizer + " state (" +
+                    format_bytes(state) + "); give a device larger than that, e.g. --device-memory " +
+                    format_bytes(state * 2) + ", or plan a smaller model");
+  }
+}
+
+}  // namespace
+
+int run_plan_command(const Config& config, const PlanCommand& command) {
+  const int threads = config.training.threads > 0 ? static_cast<int>(config.training.threads) : default_thread_count(1);
+  set_compute_threads(threads);
+  CpuAllocationCounter::install();
+  set_host_memory_caching(config.memory.host_cache);
+  const DataSplits data = make_datasets(config);
+  std::printf("hybrid_train plan %s: model %s, global batch %lld\n", config.source.c_str(), config.model.name.c_str(),
+              static_cast<long long>(config.training.global_batch_size));
+  std::fflush(stdout);
+  const JobPlan plan = plan_job(config, *data.train, data.info, command.args);
+  check_machine(config, plan);
+  std::printf("%s\n", profile_text(plan.profile, plan.machine).c_str());
+  std::printf("plans (%s first):\n%s\n", command.args.objective == Objective::kTime ? "fastest" : "cheapest",
+              plans_table(plan.ranked, command.all_rows ? plan.ranked.size() : 15).c_str());
+  if (plan.ranked.empty() || !plan.ranked[0].prediction.fits) {
+    std::printf("no plan fits: the smallest predicted peak is %s per rank; more memory per device, or more ranks, "
+                "is needed\n", plan.ranked.empty() ? "?" : format_bytes(plan.ranked[0].prediction.peak_bytes).c_str());
+    return kUserErrorExitCode;
+  }
+  std::printf("chosen: %s. %s\n", plan_words(plan.ranked[0].plan).c_str(), plan.why.c_str());
+  std::error_code ec;
+  std::filesystem::create_directories(config.job.output_dir, ec);
+  if (ec) throw UserError("job.output_dir = \"" + config.job.output_dir + "\": cannot create it (" + ec.message() + ")");
+  const std::filesystem::path dir(config.job.output_dir);
+  write_file(dir / "plan.toml", plan_toml(config, plan));
+  std::string lines;
+  for (const RankedPlan& r : plan.ranked) lines += plan_record(r).str() + "\n";
+  write_file(dir / "plans.jsonl", lines);
+  std::printf("wrote %s/plan.toml (train it as is) and plans.jsonl (every plan)\n", config.job.output_dir.c_str());
+  return 0;
+}
+
+}  // namespace ht

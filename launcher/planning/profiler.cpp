@@ -1,0 +1,166 @@
+#include "launcher/planning/profiler.h"
+
+#include "launcher/model_factory.h"
+#include "launcher/training/trainer.h"
+#include "memory/byte_size.h"
+#include "memory/cpu_arena.h"
+#include "memory/cpu_device_allocator.h"
+#include "planner/cost_model.h"
+#include "planner/step_recorder.h"
+#include "runtime/thread_pools.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace ht {
+namespace {
+
+int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) bytes += arena_bytes(static_cast<int64_t>(t.storage().nbytes()));
+  return bytes;
+}
+
+// The config of one profiled point: one micro-batch per step, nothing written, nothing evicted.
+Config point_config(const Config& job, int64_t micro, const std::string& precision) {
+  Config c = job;
+  c.training.global_batch_size = micro;
+  c.training.micro_batch_size = 0;
+  c.training.steps = 100;  // never reached: the profiler runs the steps it measures
+  c.training.mixed_precision = precision;
+  c.parallel.data_parallel = 1;
+  c.memory.policy = "none";
+  c.memory.trace = false;
+  c.checkpoint.interval = 0;
+  return c;
+}
+
+// The first `samples` of the training set (host memory, outside the arena).
+DataSplits point_data(const Dataset& train, const DataInfo& info, int64_t samples) {
+  HostAllocationScope host;
+  DataSplits d;
+  const Batch b = train.slice(0, std::min(samples, train.size()));
+  d.train = std::make_unique<Dataset>(b.input.clone(), b.target.clone());
+  d.eval = std::make_unique<Dataset>(b.input.clone(), b.target.clone());
+  d.info = info;
+  return d;
+}
+
+struct Profiling {
+  const Config& config;
+  const Dataset& train;
+  const DataInfo& info;
+  std::shared_ptr<CpuArena> arena;
+  std::shared_ptr<Model> model;
+  ModelProfile& profile;
+};
+
+ProfilePoint measure_point(Profiling& p, int64_t micro, const std::string& precision, int threads) {
+  set_compute_threads(threads);
+  const Config c = point_config(p.config, micro, precision);
+  const int64_t before = p.arena->stats().in_use;
+  Trainer trainer(c, point_data(p.train, p.info, 2 * micro), p.model, p.arena);
+  p.profile.gradient_bytes = p.arena->stats().in_use - before;  // the gradient block
+  trainer.measure_step();  // warm-up: optimizer state, the sampler's order, kernels' first use
+  p.profile.optimizer_state_bytes =
+      p.arena->stats().in_use - before - p.profile.gradient_bytes - sampler_bytes(std::min(2 * micro, p.train.size()));
+
+  ProfilePoint point;
+  point.micro_batch = micro;
+  point.precision = precision;
+  point.threads = threads;
+  Trainer::StepMeasurement m;
+  {
+    StepRecorder recorder(trainer.interpreter().memory(), p.arena->stats().in_use);
+    p.model->set_block_listener([&recorder](int block) { recorder.enter_block(block); });
+    m = trainer.measure_step();
+    p.model->set_block_listener(nullptr);
+    point.trace = recorder.take();
+  }
+  point.peak_bytes = m.peak_bytes;
+  // Times are the median of a few steps (a loaded machine's one step can be off by 30%); memory
+  // is the recorded step's, which every step repeats.
+  std::vector<Trainer::StepMeasurement> steps{m};
+  for (double spent = m.step_ms; steps.size() < 5 && (steps.size() < 3 || spent < 300);) {
+    steps.push_back(trainer.measure_step());
+    spent += steps.back().step_ms;
+  }
+  auto median = [&](double Trainer::StepMeasurement::*field) {
+    std::vector<double> v;
+    for (const auto& s : steps) v.push_back(s.*field);
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  point.step_ms = median(&Trainer::StepMeasurement::step_ms);
+  point.forward_backward_ms = median(&Trainer::StepMeasurement::forward_backward_ms);
+  point.optimizer_ms = median(&Trainer::StepMeasurement::optimizer_ms);
+  point.persistent_bytes = m.in_use_before;  // the sampler's order of the point's data included
+  point.batch_bytes = batch_bytes(p.profile, micro);
+  point.blocks.assign(p.model->blocks().size(), BlockTime{});
+  for (const TraceKernel& k : point.trace.kernels) {
+    if (k.block < 0) continue;
+    BlockTime& b = point.blocks[static_cast<size_t>(k.block)];
+    (k.backward ? b.backward_ms : b.forward_ms) += k.ms;
+  }
+  return point;
+}
+
+// The smaller and larger micro-batch to measure: a point costs about its step time, so the larger
+// is the largest a plan uses unless that step would take more than the cap; beyond it, the model
+// extrapolates.
+std::pair<int64_t, int64_t> point_sizes(const ProfilePoint& small, const ProfileRequest& r) {
+  const int64_t largest = r.largest_micro_batch;
+  const double per_sample = small.step_ms / static_cast<double>(small.micro_batch);
+  int64_t hi = largest;
+  while (hi > 2 * small.micro_batch && per_sample * static_cast<double>(hi) > r.point_ms_cap) hi /= 2;
+  return {small.micro_batch, hi};
+}
+
+}  // namespace
+
+ModelProfile profile_job(const Config& config, const Dataset& train, const DataInfo& info,
+                         const ProfileRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
+  ModelProfile profile;
+  profile.model = config.model.name;
+  profile.optimizer = config.training.optimizer;
+  profile.global_batch = config.training.global_batch_size;
+  profile.train_samples = train.size();
+  profile.steps_per_epoch = std::max<int64_t>(1, train.size() / profile.global_batch);
+  profile.threads = request.threads;
+  {
+    const Batch one = train.slice(0, 1);
+    profile.input_sample_bytes = static_cast<int64_t>(one.input.nbytes());
+    profile.target_sample_bytes = static_cast<int64_t>(one.target.nbytes());
+  }
+  // An arena as large as the host's memory: pages are committed only when written.
+  auto arena = std::make_shared<CpuArena>(host_physical_memory_bytes());
+  ModelProfile* out = &profile;
+  {
+    ArenaScope scope(arena);
+    at::manual_seed(config.job.seed);  // the job seeds again before building its own model
+    std::shared_ptr<Model> model = make_model(config, info);
+    model->move_to(at::Device(config.training.device), at::kFloat);
+    if (config.training.channels_last) model->use_channels_last();
+    profile.parameters = model->num_parameters();
+    profile.parameter_bytes = tensor_bytes(model->parameters()) + tensor_bytes(model->buffers());
+    Profiling p{config, train, info, arena, model, *out};
+    const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);
+    const std::string& first = request.precisions.front();
+    ProfilePoint small = measure_point(p, std::max<int64_t>(1, largest / 8), first, request.threads);
+    const auto [lo, hi] = point_sizes(small, request);
+    for (const std::string& precision : request.precisions) {
+      if (precision != first) profile.points.push_back(measure_point(p, lo, precision, request.threads));
+      if (hi != lo) profile.points.push_back(measure_point(p, hi, precision, request.threads));
+    }
+    profile.points.insert(profile.points.begin(), std::move(small));
+    if (request.one_thread_point && request.threads > 1) {
+      profile.points.push_back(measure_point(p, hi, first, 1));
+    }
+    set_compute_threads(request.threads);
+  }
+  profile.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return profile;
+}
+
+}  // namespace ht

@@ -1,0 +1,150 @@
+#include "launcher/planning/run_check.h"
+
+#include "launcher/planning/job_plan.h"
+#include "launcher/planning/profiler.h"
+#include "launcher/user_error.h"
+#include "memory/byte_size.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace ht {
+namespace {
+
+Plan plan_of(const Config& c) {
+  Plan p;
+  p.ranks = static_cast<int>(c.replicas());
+  p.micro_batch = c.micro_batch_size();
+  p.accumulation = c.micro_batches();
+  p.precision = c.training.mixed_precision;
+  p.policy = c.memory.policy;
+  p.budget_bytes = c.memory.budget_bytes;
+  return p;
+}
+
+std::string ratio(double a, double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", a / b);
+  return buf;
+}
+
+// The refusal: what was predicted, the limit, and the fastest plans at these ranks that fit.
+UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, const std::vector<RankedPlan>& fitting) {
+  const bool budget = c.memory.budget_bytes > 0;
+  const std::string where = budget ? "memory.budget = \"" + c.memory.budget + "\" (" + format_bytes(limit) + ")"
+                                   : "this machine's memory per rank (" + format_bytes(limit) + ")";
+  const int64_t state = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes;
+  if (state >= limit) {
+    return UserError(c.source + ": " + where + " cannot hold the model's parameters, gradients and " +
+                     c.training.optimizer + " state (" + format_bytes(state) + "), before any activation; raise " +
+                     (budget ? "memory.budget" : "the memory") + " above " + format_bytes(state) +
+                     " or train a smaller model");
+  }
+  // A replay that found no way through says why; "needs more than the budget" adds nothing.
+  const bool replay_failed = p.why_not.rfind("needs more", 0) != 0 && !p.why_not.empty();
+  std::string text = c.source + ": predicted peak " + format_bytes(p.peak_bytes) + " per rank (" +
+                     (replay_failed ? p.why_not + "; " : "") + "model state " + format_bytes(state) +
+                     ", activations " + format_bytes(p.activation_bytes) + ") does not fit " + where;
+  // Channels-last convolutions need temporaries the size of a weight, which fragment a small budget.
+  const bool images = c.model.name == "convnet" || c.model.name == "resnet" || c.model.name == "supernet";
+  const std::string layout_hint = images && c.training.channels_last
+                                      ? "; near the minimum, training.channels_last = false can help"
+                                      : "";
+  if (fitting.empty()) {
+    text += "; no micro-batch size, precision or memory policy fits at " + std::to_string(c.replicas()) +
+            " rank(s): raise the memory, or add ranks (hybrid_train plan " + c.source + " shows how many)" +
+            layout_hint;
+    return UserError(text);
+  }
+  text += ". Plans that fit (step time against this one's prediction):";
+  for (size_t i = 0; i < std::min<size_t>(3, fitting.size()); ++i) {
+    const Plan& q = fitting[i].plan;
+    const Prediction& r = fitting[i].prediction;
+    text += std::string(i ? ";" : "") + " training.micro_batch_size = " + std::to_string(q.micro_batch);
+    if (q.precision != c.training.mixed_precision) text += ", training.mixed_precision = \"" + q.precision + "\"";
+    if (q.policy != "none") text += ", memory.policy = \"" + q.policy + "\"";
+    text += " peaks at " + format_bytes(r.peak_bytes) + " (" + std::to_string(100 * r.peak_bytes / limit) +
+            "% of it) at " + ratio(r.step_ms, p.step_ms) + " the step time";
+  }
+  text += "; or set parallel.strategy = \"auto\" to train the first" + layout_hint;
+  return UserError(text);
+}
+
+// Rank 0's decision, in numbers every rank can apply: refuse?, micro-batch size, policy, budget.
+struct Decision {
+  bool refuse = false;
+  int64_t micro_batch = 0;
+  int64_t policy = 0;  // index into kPolicies
+  int64_t budget_bytes = 0;
+};
+const std::vector<std::string> kPolicies{"none", "dtr", "dtr_eq", "megengine", "lru", "largest"};
+
+Decision share(const ProcessGrid& grid, Decision d) {
+  if (grid.world <= 1) return d;
+  at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, d.policy, d.budget_bytes}, at::kLong);
+  grid.data_parallel_group->broadcast(t, 0, "the plan of rank 0");
+  return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), t[2].item<int64_t>(), t[3].item<int64_t>()};
+}
+
+void apply(Config& c, const Decision& d) {
+  c.training.micro_batch_size = d.micro_batch == c.local_batch_size() ? 0 : d.micro_batch;
+  c.memory.policy = kPolicies[static_cast<size_t>(d.policy)];
+  if (d.budget_bytes != c.memory.budget_bytes) {
+    c.memory.budget = std::to_string(d.budget_bytes);
+    c.memory.budget_bytes = d.budget_bytes;
+  }
+}
+
+}  // namespace
+
+RunPrediction check_run_fits(Config& config, const DataSplits& data, const ProcessGrid& grid) {
+  RunPrediction out;
+  const bool automatic = config.parallel.strategy == "auto";
+  Decision decision;
+  std::optional<UserError> refusal;
+  if (grid.is_root()) {
+    PlanArgs args;
+    args.ranks = {static_cast<int>(config.replicas())};
+    args.device_memory = config.memory.budget_bytes;
+    args.precisions = {config.training.mixed_precision};
+    if (!automatic) args.policies = {"none"};  // the configured plan is predicted below
+    JobPlan plan = plan_job(config, *data.train, data.info, args);
+    out.limit_bytes = plan.machine.device_memory;
+    out.plan = plan_of(config);
+    if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) {
+      out.plan = plan.ranked[0].plan;
+    }
+    out.prediction = predict(plan.profile, plan.machine, out.plan);
+    if (!out.prediction.fits) {
+      // Alternatives at these ranks and this precision, eviction included.
+      args.policies = {"none", "dtr"};
+      const std::vector<Plan> plans =
+          candidate_plans(config.training.global_batch_size, plan.machine.device_memory,
+                          SearchOptions{args.ranks, Objective::kTime, {config.training.mixed_precision}, args.policies});
+      std::vector<RankedPlan> fitting;
+      for (RankedPlan& r : rank_plans(plans, [&](const Plan& q) { return predict(plan.profile, plan.machine, q); },
+                                      Objective::kTime)) {
+        if (r.prediction.fits) fitting.push_back(std::move(r));
+      }
+      refusal = does_not_fit(config, out.prediction, out.limit_bytes, fitting);
+    }
+    decision = {refusal.has_value(), out.plan.micro_batch,
+                std::find(kPolicies.begin(), kPolicies.end(), out.plan.policy) - kPolicies.begin(),
+                out.plan.policy != "none" ? out.limit_bytes : config.memory.budget_bytes};
+  }
+  decision = share(grid, decision);
+  if (decision.refuse) throw refusal ? *refusal : UserError("rank 0 found that the run cannot fit");
+  if (automatic) apply(config, decision);
+  if (grid.is_root()) {
+    char text[256];
+    std::snprintf(text, sizeof text, "predicted: peak %s per rank of %s, step %.1f ms (%s)",
+                  format_bytes(out.prediction.peak_bytes).c_str(), format_bytes(out.limit_bytes).c_str(),
+                  out.prediction.step_ms, plan_words(out.plan).c_str());
+    out.text = text;
+  }
+  return out;
+}
+
+}  // namespace ht

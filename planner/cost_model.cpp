@@ -1,0 +1,232 @@
+#include "planner/cost_model.h"
+
+#include "planner/dtr_replay.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace ht {
+namespace {
+
+// The points of `precision` measured with the profile's full thread count, by micro-batch.
+std::vector<const ProfilePoint*> base_points(const ModelProfile& profile, const std::string& precision) {
+  std::vector<const ProfilePoint*> out;
+  for (const ProfilePoint& p : profile.points) {
+    if (p.precision == precision && p.threads == profile.threads) out.push_back(&p);
+  }
+  if (out.empty()) throw std::invalid_argument("no profiled point at precision " + precision);
+  std::sort(out.begin(), out.end(), [](const auto* a, const auto* b) { return a->micro_batch < b->micro_batch; });
+  return out;
+}
+
+// The two points to interpolate (or extrapolate) between for `m`: the pair around it, else the
+// nearest pair. One point alone: itself twice.
+std::pair<const ProfilePoint*, const ProfilePoint*> bracket(const std::vector<const ProfilePoint*>& points,
+                                                            int64_t m) {
+  if (points.size() == 1) return {points[0], points[0]};
+  size_t hi = 1;
+  while (hi + 1 < points.size() && points[hi]->micro_batch < m) ++hi;
+  return {points[hi - 1], points[hi]};
+}
+
+// Affine in m through (a.m, ya) and (b.m, yb); proportional to m through one point.
+double affine(int64_t m, const ProfilePoint& a, double ya, const ProfilePoint& b, double yb) {
+  if (a.micro_batch == b.micro_batch) return ya * static_cast<double>(m) / static_cast<double>(a.micro_batch);
+  const double slope = (yb - ya) / static_cast<double>(b.micro_batch - a.micro_batch);
+  return ya + slope * static_cast<double>(m - a.micro_batch);
+}
+
+// Time at `threads` over time at the profile's threads, by Amdahl's law through the point
+// measured with one thread (time = serial + parallel / threads). 1 without such a point.
+double thread_factor(const ModelProfile& profile, int threads) {
+  if (threads >= profile.threads || profile.threads <= 1) return 1.0;
+  for (const ProfilePoint& one : profile.points) {
+    if (one.threads != 1) continue;
+    for (const ProfilePoint& full : profile.points) {
+      if (full.threads != profile.threads || full.micro_batch != one.micro_batch || full.precision != one.precision)
+        continue;
+      const double a = full.forward_backward_ms, b = one.forward_backward_ms, T = profile.threads;
+      const double parallel = std::max(0.0, (b - a) * T / (T - 1));
+      const double serial = std::max(0.0, b - parallel);
+      return (serial + parallel / threads) / a;
+    }
+  }
+  return static_cast<double>(profile.threads) / threads;  // nothing measured: linear speedup
+}
+
+// Backward's share of forward and backward, from the blocks (2/3 when unknown).
+double backward_share(const ProfilePoint& p) {
+  double fwd = 0, bwd = 0;
+  for (const BlockTime& b : p.blocks) {
+    fwd += b.forward_ms;
+    bwd += b.backward_ms;
+  }
+  return fwd + bwd > 0 ? bwd / (fwd + bwd) : 2.0 / 3.0;
+}
+
+bool same_structure(const StepTrace& a, const StepTrace& b) {
+  if (a.tensors.size() != b.tensors.size() || a.kernels.size() != b.kernels.size() ||
+      a.events.size() != b.events.size())
+    return false;
+  for (size_t i = 0; i < a.events.size(); ++i) {
+    if (a.events[i].kind != b.events[i].kind || a.events[i].index != b.events[i].index) return false;
+  }
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    if (a.tensors[i].producer != b.tensors[i].producer) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
+                           int threads) {
+  const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
+  const double ms = affine(micro_batch, *a, a->forward_backward_ms, *b, b->forward_backward_ms);
+  return std::max(ms, 1e-3) * thread_factor(profile, threads);
+}
+
+int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, const std::string& precision) {
+  const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
+  const double bytes = affine(micro_batch, *a, static_cast<double>(a->activation_bytes()), *b,
+                              static_cast<double>(b->activation_bytes()));
+  return std::max<int64_t>(0, std::llround(bytes));
+}
+
+StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
+                    const std::string& precision) {
+  const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
+  // The nearer point's trace, resized.
+  const ProfilePoint& near =
+      std::abs(a->micro_batch - micro_batch) <= std::abs(b->micro_batch - micro_batch) ? *a : *b;
+  StepTrace out = near.trace;
+  const bool matched = a != b && same_structure(a->trace, b->trace);
+  const double ratio = static_cast<double>(micro_batch) / static_cast<double>(near.micro_batch);
+  for (size_t i = 0; i < out.tensors.size(); ++i) {
+    TraceTensor& t = out.tensors[i];
+    if (matched) {
+      t.bytes = std::max<int64_t>(1, std::llround(affine(micro_batch, *a, a->trace.tensors[i].bytes, *b,
+                                                          b->trace.tensors[i].bytes)));
+    } else if (t.low_end) {
+      t.bytes = std::max<int64_t>(1, std::llround(t.bytes * ratio));
+    }
+  }
+  for (size_t k = 0; k < out.kernels.size(); ++k) {
+    out.kernels[k].ms = matched ? std::max(0.0, affine(micro_batch, *a, a->trace.kernels[k].ms, *b,
+                                                       b->trace.kernels[k].ms))
+                                : out.kernels[k].ms * ratio;
+  }
+  // The batch: what the step allocates before its first kernel, for the rank's whole share.
+  const double batch_ratio = static_cast<double>(local_batch) / static_cast<double>(micro_batch);
+  for (const TraceEvent& e : out.events) {
+    if (e.kind == TraceEvent::Kind::kKernelBegins) break;
+    if (e.kind == TraceEvent::Kind::kAllocated) {
+      TraceTensor& t = out.tensors[static_cast<size_t>(e.index)];
+      t.bytes = std::llround(t.bytes * batch_ratio);
+    }
+  }
+  return out;
+}
+
+int threads_per_rank(const Machine& machine, int ranks_on_node) {
+  if (!machine.shared_host) return machine.host_threads;
+  return std::max(1, machine.host_threads / std::max(1, ranks_on_node));
+}
+
+double oversubscription(const Machine& machine, int ranks_on_node) {
+  if (!machine.shared_host || ranks_on_node <= machine.host_threads) return 1.0;
+  return static_cast<double>(ranks_on_node) / machine.host_threads;
+}
+
+double allreduce_ms(const Machine& machine, int ranks, int64_t bytes) {
+  if (ranks <= 1) return 0;
+  const bool one_node = ranks <= machine.devices_per_node;
+  const double gbps = one_node ? machine.intra_node_gbps : machine.inter_node_gbps;
+  const double latency_us = one_node ? machine.intra_node_latency_us : machine.inter_node_latency_us;
+  const double steps = 2.0 * (ranks - 1);
+  const double chunk = static_cast<double>(bytes) / ranks;
+  return steps * (latency_us * 1e-3 + chunk / (gbps * 1e9) * 1e3);
+}
+
+namespace {
+
+// Memory per rank without eviction: every term exact but the activations, which are measured.
+void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
+  const int64_t local = plan.micro_batch * plan.accumulation;
+  p.model_bytes = profile.parameter_bytes;
+  p.gradient_bytes = profile.gradient_bytes;
+  p.optimizer_state_bytes = profile.optimizer_state_bytes;
+  p.sampler_bytes = sampler_bytes(profile.train_samples);
+  p.batch_bytes = batch_bytes(profile, local);
+  p.activation_bytes = activation_bytes(profile, plan.micro_batch, plan.precision);
+  p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
+                 p.activation_bytes;
+}
+
+// Under a budget with eviction: the recorded step replayed through the policy at the budget.
+void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
+  ReplayOptions options;
+  options.budget_bytes = plan.budget_bytes;
+  options.policy = plan.policy == "lru" ? ReplayPolicy::kLru
+                   : plan.policy == "largest" ? ReplayPolicy::kLargest
+                                              : ReplayPolicy::kDtr;  // dtr, and its variants
+  StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+  trace.persistent_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes;
+  const ReplayResult r = replay_step(trace, options);
+  p.peak_bytes = r.feasible ? r.peak_bytes : std::max(p.peak_bytes, r.min_budget_bytes);
+  p.evictions = r.evictions * plan.accumulation;
+  p.recompute_ms = r.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
+  if (!r.feasible) {
+    p.fits = false;
+    p.why_not = r.min_budget_bytes > 0
+                    ? "no budget below " + std::to_string(r.min_budget_bytes >> 20) + " MiB can run it: " + r.failure
+                    : "eviction cannot run it: " + r.failure;
+  }
+}
+
+}  // namespace
+
+int64_t batch_bytes(const ModelProfile& profile, int64_t samples) {
+  return arena_bytes(samples * profile.input_sample_bytes) +
+         arena_bytes(samples * profile.target_sample_bytes);
+}
+
+Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
+  Prediction p;
+  memory_terms(profile, plan, p);
+  const int ranks_on_node = std::min(plan.ranks, machine.devices_per_node);
+  const int threads = threads_per_rank(machine, ranks_on_node);
+  const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
+                          machine.device_speed;
+  if (plan.policy != "none" && plan.budget_bytes > 0) eviction_terms(profile, plan, slowdown, p);
+
+  const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
+  p.compute_ms = fb * static_cast<double>(plan.accumulation);
+  // Optimizer and batch gather: measured per step; the gather grows with the rank's batch.
+  const auto points = base_points(profile, plan.precision);
+  const ProfilePoint& ref = *points.back();
+  const double other = std::max(0.0, ref.step_ms - ref.forward_backward_ms - ref.optimizer_ms);
+  p.optimizer_ms = (ref.optimizer_ms + other * static_cast<double>(plan.micro_batch * plan.accumulation) /
+                                           static_cast<double>(ref.micro_batch)) * slowdown;
+  p.allreduce_ms = allreduce_ms(machine, plan.ranks, profile.gradient_bytes);
+  // Buckets reduce while the last micro-batch's backward runs, on their own engine (a GPU's
+  // copy engines and NCCL's stream). CPU ranks reduce with the cores that compute: nothing hides.
+  const double hideable = machine.shared_host ? 0.0 : fb * backward_share(ref);
+  p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - hideable);
+  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms;
+  const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);
+  p.samples_per_s = global / (p.step_ms / 1e3);
+  p.device_hours_per_epoch = plan.ranks * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);
+
+  if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory && p.fits) {
+    p.fits = false;
+    p.why_not = "needs more than the device's memory";
+  } else if (plan.policy == "none" && plan.budget_bytes > 0 && p.peak_bytes > plan.budget_bytes && p.fits) {
+    p.fits = false;
+    p.why_not = "needs more than the budget";
+  }
+  return p;
+}
+
+}  // namespace ht

@@ -1,0 +1,74 @@
+#pragma once
+// The cost model: a plan's peak memory per rank and its step time, one term per mechanism, from
+// a ModelProfile and a Machine. Each term is a small function of plain data, so a new mechanism
+// (pipeline stages: bubble and in-flight micro-batches; static plans; host swap: link time and
+// its hidden share) adds its own term and its own options without rewriting the others.
+
+#include "planner/machine.h"
+#include "planner/profile.h"
+
+#include <cstdint>
+#include <string>
+
+namespace ht {
+
+// One way to train the job: what the search chooses among.
+struct Plan {
+  int ranks = 1;                  // data-parallel ranks
+  int64_t micro_batch = 0;        // samples per micro-batch on a rank
+  int64_t accumulation = 1;       // micro-batches per step on a rank
+  std::string precision = "off";  // training.mixed_precision
+  std::string policy = "none";    // memory.policy: none, or an eviction policy (dtr)
+  int64_t budget_bytes = 0;       // memory.budget; 0: none
+};
+
+// What the model predicts for a plan, each term on its own.
+struct Prediction {
+  // Memory per rank (arena bytes).
+  int64_t model_bytes = 0;            // parameters and buffers
+  int64_t gradient_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t sampler_bytes = 0;          // the epoch's order of samples
+  int64_t batch_bytes = 0;            // the rank's share of the global batch
+  int64_t activation_bytes = 0;       // the largest working set of forward and backward
+  int64_t peak_bytes = 0;             // the sum, or under a budget with eviction the replay's peak
+  bool fits = true;                   // peak within the device memory (and the budget feasible)
+  std::string why_not;                // when it does not fit
+  // Time per step (ms) on one rank.
+  double compute_ms = 0;              // forward and backward of every micro-batch
+  double recompute_ms = 0;            // what eviction re-runs (the replay's), every micro-batch
+  double optimizer_ms = 0;            // optimizer step, clipping, the batch's gather
+  double allreduce_ms = 0;            // all-reduce of the gradients, in all
+  double allreduce_exposed_ms = 0;    // the part not hidden under backward
+  int64_t evictions = 0;              // per step (replay)
+  double step_ms = 0;
+  double samples_per_s = 0;           // global batch per step time
+  double device_hours_per_epoch = 0;  // ranks x step time x steps per epoch
+};
+
+// Forward and backward of one micro-batch of `micro_batch` at `precision` on `threads`, from the
+// profiled points: affine in the micro-batch between (or beyond) the two measured sizes, scaled
+// by the measured effect of fewer threads. Throws std::invalid_argument if no point has the
+// precision.
+double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
+                           int threads);
+// Activation bytes of one micro-batch: affine between the two measured sizes.
+int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, const std::string& precision);
+// The step trace scaled to `micro_batch` (sizes and times interpolated between the measured
+// traces when they match op for op, proportional otherwise) with the batch of `local_batch`.
+StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
+                    const std::string& precision);
+// Bytes of a step's batch of `samples` in the arena: the gathered input and target.
+int64_t batch_bytes(const ModelProfile& profile, int64_t samples);
+// Bytes of the sampler's order of an epoch of `samples` (int64 indices), kept across steps.
+inline int64_t sampler_bytes(int64_t samples) { return arena_bytes(samples * 8); }
+// Compute threads of one rank when `ranks_on_node` share a node, and the slowdown when there are
+// more ranks than threads (oversubscribed cores take turns).
+int threads_per_rank(const Machine& machine, int ranks_on_node);
+double oversubscription(const Machine& machine, int ranks_on_node);
+// Ring all-reduce of `bytes` over `ranks` (alpha-beta): 2 (r-1) steps of bytes/r each.
+double allreduce_ms(const Machine& machine, int ranks, int64_t bytes);
+
+Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan);
+
+}  // namespace ht

@@ -1,0 +1,393 @@
+#include "planner/dtr_replay.h"
+
+#include "memory/cpu_arena.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+namespace ht {
+namespace {
+
+constexpr double kMinCostMs = 1e-6;       // eviction_policy.cpp's floor
+constexpr int kNeighbourhoodLimit = 256;  // evicted_neighbourhood_cost's default limit
+using End = CpuArena::End;
+using Kind = TraceEvent::Kind;
+
+int64_t round_to_block(int64_t bytes) {
+  const auto a = static_cast<int64_t>(CpuArena::kAlignment);
+  return std::max<int64_t>(a, (bytes + a - 1) / a * a);
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void check(bool ok, const char* what, int index) {
+  if (!ok) throw std::invalid_argument(std::string("replay_step: ") + what + " (index " + str(index) + ")");
+}
+
+// Indices in range, and each tensor allocated once, after its producer began and before it is
+// read or freed: then lineage runs backwards in time and regeneration cannot loop.
+void validate(const StepTrace& trace) {
+  const auto nt = static_cast<int>(trace.tensors.size()), nk = static_cast<int>(trace.kernels.size());
+  for (int t = 0; t < nt; ++t) {
+    const int p = trace.tensors[t].producer;
+    check(trace.tensors[t].bytes >= 0 && p >= -1 && p < nk, "a tensor has negative bytes or no such producer", t);
+  }
+  for (int k = 0; k < nk; ++k) {
+    for (int in : trace.kernels[k].inputs) check(in >= 0 && in < nt, "a kernel reads no such tensor", k);
+  }
+  std::vector<char> allocated(nt, 0), freed(nt, 0), began(nk, 0);
+  for (const TraceEvent& e : trace.events) {
+    const bool kernel = e.kind == Kind::kKernelBegins || e.kind == Kind::kKernelEnds;
+    check(e.index >= 0 && e.index < (kernel ? nk : nt), "an event names no such tensor or kernel", e.index);
+    if (e.kind == Kind::kAllocated) {
+      const int p = trace.tensors[e.index].producer;
+      check(!allocated[e.index] && (p < 0 || began[p]), "a tensor is allocated twice or before its producer", e.index);
+      allocated[e.index] = 1;
+    } else if (e.kind == Kind::kFreed) {
+      check(allocated[e.index] && !freed[e.index], "a tensor is freed twice or before it is allocated", e.index);
+      freed[e.index] = 1;
+    } else if (e.kind == Kind::kKernelBegins) {
+      check(!began[e.index], "a kernel begins twice", e.index);
+      began[e.index] = 1;
+      for (int in : trace.kernels[e.index].inputs) check(allocated[in], "a kernel reads an unborn tensor", e.index);
+    }
+  }
+}
+
+// kDropped: allocated once, not resident now (evicted, or freed by the step).
+enum class State : uint8_t { kUnborn, kResident, kDropped };
+
+struct Slot {
+  State state = State::kUnborn;
+  bool freed = false;  // the step let go of it: resident again only while a regeneration reads it
+  int pins = 0;        // a kernel about to run (or running) reads it: not evictable
+  void* data = nullptr;
+  uint64_t last_access = 0;
+};
+
+class Replay {
+ public:
+  Replay(const StepTrace& trace, const ReplayOptions& options)
+      : trace_(trace), options_(options), arena_(options.budget_bytes), slots_(trace.tensors.size()),
+        users_(trace.tensors.size()), outputs_(trace.kernels.size()), made_in_(trace.kernels.size()),
+        root_slot_(trace.tensors.size(), -1), mark_(trace.kernels.size(), 0) {
+    for (int k = 0; k < static_cast<int>(trace.kernels.size()); ++k) {
+      if (trace.kernels[k].backward) continue;  // a tape entry is no ComputePath: nobody's user
+      for (int in : trace.kernels[k].inputs) {
+        if (users_[in].empty() || users_[in].back() != k) users_[in].push_back(k);
+      }
+    }
+    for (int t = 0; t < static_cast<int>(trace.tensors.size()); ++t) {
+      if (trace.tensors[t].producer >= 0) outputs_[trace.tensors[t].producer].push_back(t);
+    }
+  }
+
+  ~Replay() {  // the arena leaks its mapping (and warns) if destroyed with blocks in use
+    for (Slot& s : slots_) arena_.deallocate(s.data);
+    arena_.deallocate(persistent_);
+  }
+
+  ReplayResult run() {
+    arena_.reset_peak();
+    if (trace_.persistent_bytes > 0) {
+      persistent_ = place(trace_.persistent_bytes, End::kHigh);
+      if (persistent_ == nullptr) fail_for_room("the persistent state", trace_.persistent_bytes);
+    }
+    for (size_t i = 0; i < trace_.events.size() && result_.feasible; ++i) {
+      const TraceEvent& e = trace_.events[i];
+      switch (e.kind) {
+        case Kind::kAllocated: on_allocated(e.index); break;
+        case Kind::kKernelBegins: on_kernel_begins(e.index); break;
+        case Kind::kKernelEnds: on_kernel_ends(e.index); break;
+        case Kind::kFreed:
+          if (slots_[e.index].state == State::kResident) release(e.index);
+          slots_[e.index].freed = true;
+          break;
+      }
+    }
+    result_.peak_bytes = arena_.stats().peak_in_use;
+    return result_;
+  }
+
+ private:
+  void on_allocated(int t) {
+    const TraceTensor& tt = trace_.tensors[t];
+    void* data = place(tt.bytes, tt.low_end ? End::kLow : End::kHigh);
+    if (data == nullptr) {
+      return fail_for_room(open_.empty() ? "an allocation outside kernels" : "kernel " + str(open_.back()), tt.bytes);
+    }
+    make_resident(t, data);
+    // The engine attaches a kernel's outputs only when it returns: until then no policy sees them.
+    if (!open_.empty()) {
+      ++slots_[t].pins;
+      made_in_[open_.back()].push_back(t);
+    }
+  }
+
+  void on_kernel_begins(int k) {
+    open_.push_back(k);
+    const std::vector<int>& inputs = trace_.kernels[k].inputs;
+    // Pin every input first, so that regenerating one cannot make room by dropping another.
+    for (int in : inputs) ++slots_[in].pins;
+    for (int in : inputs) {
+      if (result_.feasible && slots_[in].state != State::kResident) regenerate(in, k);
+    }
+    if (!result_.feasible) return;
+    ++now_;
+    for (int in : inputs) slots_[in].last_access = now_;
+    prepare(0);
+  }
+
+  void on_kernel_ends(int k) {
+    for (int in : trace_.kernels[k].inputs) unpin(in);
+    for (int t : made_in_[k]) unpin(t);
+    made_in_[k].clear();
+    auto it = std::find(open_.rbegin(), open_.rend(), k);
+    if (it != open_.rend()) open_.erase(std::next(it).base());
+  }
+
+  // residency.cpp's materialize: a frame is expanded once (its producer's inputs pinned and the
+  // missing ones pushed), then run once they are all resident. Pins keep regenerated inputs
+  // alive exactly as long as a pending frame will read them.
+  void regenerate(int target, int reader) {
+    struct Frame { int t; bool expanded; };
+    std::vector<Frame> stack{{target, false}};
+    ++slots_[target].pins;
+    while (!stack.empty() && result_.feasible) {
+      const int t = stack.back().t;
+      if (!stack.back().expanded) {
+        if (slots_[t].state == State::kResident) {  // regenerated meanwhile, as another output
+          stack.pop_back();
+          continue;
+        }
+        if (!regenerable(t)) {
+          const std::string lineage = t == target ? "" : ", whose lineage holds tensor " + str(t);
+          return fail("kernel " + str(reader) + " needs tensor " + str(target) + lineage +
+                      ", freed and with no recomputable producer.");
+        }
+        stack.back().expanded = true;
+        for (int in : producer_of(t).inputs) ++slots_[in].pins;
+        for (int in : producer_of(t).inputs) {
+          if (slots_[in].state != State::kResident) stack.push_back({in, false});
+        }
+        continue;
+      }
+      if (slots_[t].state != State::kResident) rerun(trace_.tensors[t].producer, reader);
+      stack.pop_back();
+      for (int in : producer_of(t).inputs) unpin(in);
+    }
+    if (!result_.feasible) return;
+    slots_[target].last_access = now_;
+    unpin(target);
+  }
+
+  void rerun(int k, int reader) {
+    ++now_;
+    for (int in : trace_.kernels[k].inputs) slots_[in].last_access = now_;
+    // As before_kernel for a recomputation: its outputs are known, so room is made for them too.
+    int64_t expected = 0;
+    for (int out : outputs_[k]) expected += attaches(out) ? trace_.tensors[out].bytes : 0;
+    prepare(expected);
+    std::vector<int> placed;
+    for (int out : outputs_[k]) {
+      if (!attaches(out)) continue;
+      void* data = place(trace_.tensors[out].bytes, End::kLow);
+      if (data == nullptr) {
+        const std::string who = "kernel " + str(k) + " (regenerated for kernel " + str(reader) + ")";
+        return fail_for_room(who, trace_.tensors[out].bytes);
+      }
+      make_resident(out, data);
+      ++slots_[out].pins;  // the kernel has not returned: its outputs are no candidates yet
+      placed.push_back(out);
+    }
+    for (int out : placed) --slots_[out].pins;
+    ++result_.recomputations;
+    result_.recompute_ms += trace_.kernels[k].ms;
+  }
+
+  void* place(int64_t bytes, End end) {
+    const auto n = static_cast<size_t>(bytes);
+    void* data = arena_.allocate(n, end);
+    if (data == nullptr && make_room(round_to_block(bytes))) data = arena_.allocate(n, end);
+    return data;
+  }
+
+  void fail_for_room(const std::string& who, int64_t bytes) {
+    fail(who + " needs " + str(bytes) + " bytes with " + str(arena_.stats().in_use) +
+         " bytes in use that cannot be evicted, more than the budget of " + str(arena_.capacity()) +
+         " bytes (at least " + str(result_.min_budget_bytes) + " needed).");
+  }
+
+  bool make_room(int64_t need) {
+    while (true) {
+      const ArenaStats s = arena_.stats();
+      if (s.largest_free_block >= need) return true;
+      // A block of `need` may be one eviction away (a tensor between free neighbours) even when
+      // the policy's favourite is elsewhere; failing that, the policy frees memory step by step.
+      int victim = best_where([&](int t) { return arena_.free_span_if_freed(slots_[t].data) >= need; });
+      if (victim < 0) victim = pick_victim();
+      if (victim < 0) {
+        // Everything evictable is gone: what remains is needed now, so no smaller budget works.
+        result_.min_budget_bytes = std::max(result_.min_budget_bytes, s.in_use + need);
+        return false;
+      }
+      evict(victim);
+    }
+  }
+
+  void prepare(int64_t expected_bytes) {
+    const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(arena_.capacity()));
+    while (arena_.stats().in_use + expected_bytes > target) {
+      const int victim = pick_victim();
+      if (victim < 0) break;  // what is left is pinned; an allocation may still fail
+      evict(victim);
+    }
+  }
+
+  int pick_victim() {
+    if (roots_.empty()) return -1;
+    // As Evictor::pick_victim: the mean is over the whole pool, pinned tensors included.
+    double min_bytes = 0;
+    if (options_.ignore_small) {
+      double total = 0;
+      for (int t : roots_) total += static_cast<double>(trace_.tensors[t].bytes);
+      min_bytes = 0.01 * total / static_cast<double>(roots_.size());
+    }
+    const int v = best_where([&](int t) { return static_cast<double>(trace_.tensors[t].bytes) >= min_bytes; });
+    return v >= 0 ? v : best_where([](int) { return true; });
+  }
+
+  template <typename Pred>
+  int best_where(Pred&& pred) const {
+    int best = -1;
+    double best_score = 0;
+    for (int t : roots_) {
+      if (!evictable(t) || !pred(t)) continue;
+      const double s = score(t);
+      if (best < 0 || s < best_score) best = t, best_score = s;
+    }
+    return best;
+  }
+
+  double score(int t) const {
+    const double m = static_cast<double>(std::max<int64_t>(trace_.tensors[t].bytes, 1));
+    const uint64_t last = slots_[t].last_access;
+    const double staleness = static_cast<double>(now_ > last ? now_ - last : 0) + 1.0;
+    switch (options_.policy) {
+      case ReplayPolicy::kLru: return -staleness;
+      case ReplayPolicy::kLargest: return -m;
+      case ReplayPolicy::kDtr: break;
+    }
+    return (cost_of(t) + neighbourhood_cost(t)) / (m * staleness);
+  }
+
+  // The evicted component around t, over producer inputs and users' outputs; an op call's cost
+  // counts once (regenerating one output of it regenerates the others). Kernels are marked with
+  // a generation, not put in a set: this runs for every candidate at every eviction.
+  double neighbourhood_cost(int t) const {
+    if (++generation_ == 0) {  // wrapped: old marks could match
+      std::fill(mark_.begin(), mark_.end(), 0);
+      generation_ = 1;
+    }
+    const uint32_t generation = generation_;
+    mark_[trace_.tensors[t].producer] = generation;
+    int counted = 1;
+    std::vector<int>& stack = walk_;
+    stack.clear();
+    double cost = 0;
+    auto visit = [&](int n) {
+      const int p = trace_.tensors[n].producer;
+      if (slots_[n].state != State::kDropped || p < 0 || mark_[p] == generation) return;
+      if (counted > kNeighbourhoodLimit) return;
+      mark_[p] = generation;
+      ++counted;
+      cost += cost_of(n);
+      stack.push_back(n);
+    };
+    for (int n = t;; n = stack.back(), stack.pop_back()) {
+      if (trace_.tensors[n].producer >= 0) {
+        for (int in : producer_of(n).inputs) visit(in);
+      }
+      for (int user : users_[n]) {
+        for (int out : outputs_[user]) visit(out);
+      }
+      if (stack.empty()) return cost;
+    }
+  }
+
+  void make_resident(int t, void* data) {
+    slots_[t].state = State::kResident;
+    slots_[t].data = data;
+    slots_[t].last_access = now_;
+    if (trace_.tensors[t].producer < 0) return;
+    root_slot_[t] = static_cast<int>(roots_.size());
+    roots_.push_back(t);
+  }
+
+  // Evicted or freed alike: the block goes back to the arena and the tensor leaves the candidates.
+  void release(int t) {
+    arena_.deallocate(slots_[t].data);
+    slots_[t].data = nullptr;
+    slots_[t].state = State::kDropped;
+    const int slot = root_slot_[t];
+    if (slot < 0) return;
+    roots_[slot] = roots_.back();  // swap-remove, as the engine's roots_
+    root_slot_[roots_[slot]] = slot;
+    roots_.pop_back();
+    root_slot_[t] = -1;
+  }
+
+  void evict(int t) { release(t), ++result_.evictions; }
+
+  void unpin(int t) {  // as release_if_unused: a freed tensor goes once no frame reads it
+    if (--slots_[t].pins == 0 && slots_[t].freed && slots_[t].state == State::kResident) release(t);
+  }
+
+  void fail(const std::string& sentence) {
+    if (result_.feasible) result_.feasible = false, result_.failure = sentence;
+  }
+
+  const TraceKernel& producer_of(int t) const { return trace_.kernels[trace_.tensors[t].producer]; }
+  double cost_of(int t) const { return std::max(producer_of(t).ms, kMinCostMs); }
+  bool regenerable(int t) const {
+    return slots_[t].state == State::kDropped && trace_.tensors[t].producer >= 0 && producer_of(t).recomputable;
+  }
+  bool evictable(int t) const {
+    const Slot& s = slots_[t];
+    return s.state == State::kResident && !s.freed && s.pins == 0 && trace_.tensors[t].producer >= 0 &&
+           producer_of(t).recomputable;
+  }
+  // A regeneration attaches the outputs the step still holds, and a freed one a pending frame reads.
+  bool attaches(int t) const { return slots_[t].state == State::kDropped && (!slots_[t].freed || slots_[t].pins > 0); }
+
+  const StepTrace& trace_;
+  const ReplayOptions options_;
+  CpuArena arena_;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<int>> users_;    // tensor -> forward kernels that read it
+  std::vector<std::vector<int>> outputs_;  // kernel -> tensors it produces
+  std::vector<std::vector<int>> made_in_;  // kernel -> tensors allocated while it ran
+  // Resident tensors with a producer: the engine's roots_, kept in its order so that ties
+  // between equal scores fall the same way.
+  std::vector<int> roots_, root_slot_;
+  std::vector<int> open_;  // kernels begun and not ended
+  mutable std::vector<uint32_t> mark_;  // by kernel: neighbourhood_cost's generation
+  mutable uint32_t generation_ = 0;
+  mutable std::vector<int> walk_;
+  void* persistent_ = nullptr;
+  uint64_t now_ = 0;
+  ReplayResult result_;
+};
+
+}  // namespace
+
+ReplayResult replay_step(const StepTrace& trace, const ReplayOptions& options) {
+  if (options.budget_bytes <= 0) {
+    throw std::invalid_argument("replay_step: budget_bytes must be positive, got " + str(options.budget_bytes));
+  }
+  validate(trace);
+  return Replay(trace, options).run();
+}
+
+}  // namespace ht

@@ -1,0 +1,50 @@
+#pragma once
+// Offline DTR replay (the DTR paper's simulator approach): runs a recorded step (step_trace.h)
+// through the memory manager's eviction rules at a smaller budget, without running any kernel,
+// to predict evictions, recomputation and whether the budget works at all. It mirrors
+// memory/memory_manager.cpp (prepare, make_room, fragmentation-first victims),
+// memory/eviction_policy.cpp (scores) and runtime/residency.cpp (regeneration), and places
+// blocks in a real CpuArena of the budget's size (address space only), so fragmentation is the
+// engine's own. Where it departs from the engine, for want of what a trace does not record:
+//  - the interpreter ticks on every access; the replay once per kernel and per regeneration;
+//  - a freed tensor with a recomputable producer is taken for a dropped record that a later op
+//    call's lineage still holds: it counts in e* and is regenerated in passing, as materialize
+//    does. Records nothing refers to are gone in the engine, so late in backward e* may count a
+//    few more than the engine sees;
+//  - a regeneration allocates only the outputs it attaches, not the kernel's other outputs and
+//    temporaries; make_room is mirrored, not run_with_room's retry of a kernel that threw
+//    OutOfBudget; no sqrt sampling (off by default in the engine), no views.
+
+#include "planner/step_trace.h"
+
+#include <cstdint>
+#include <string>
+
+namespace ht {
+
+enum class ReplayPolicy : uint8_t { kDtr, kLru, kLargest };
+
+struct ReplayOptions {
+  int64_t budget_bytes = 0;          // arena capacity; must be positive
+  double eviction_threshold = 0.9;   // as memory.eviction_threshold
+  ReplayPolicy policy = ReplayPolicy::kDtr;
+  bool ignore_small = true;          // as EvictionOptions::ignore_small
+};
+
+struct ReplayResult {
+  bool feasible = true;          // false: some allocation could not fit even with everything evictable
+                                 // evicted, or a tensor needed again could not be regenerated
+  int64_t peak_bytes = 0;        // highest arena in_use (rounded blocks, persistent included)
+  int64_t evictions = 0;
+  int64_t recomputations = 0;    // kernels re-run to regenerate
+  double recompute_ms = 0;       // sum of their TraceKernel::ms
+  int64_t min_budget_bytes = 0;  // when infeasible for lack of room: in_use + the request that
+                                 // failed (as MemoryStats::min_budget_bytes); 0 otherwise
+  std::string failure;           // when infeasible: one sentence naming the kernel index and bytes
+};
+
+// Throws std::invalid_argument if budget_bytes <= 0 or the trace names a tensor or kernel out
+// of range. The replay stops at the first failure; counters then cover the events before it.
+ReplayResult replay_step(const StepTrace& trace, const ReplayOptions& options);
+
+}  // namespace ht

@@ -1,0 +1,28 @@
+#pragma once
+// The machine a plan is for: nodes of devices, each rank on its own device (a GPU cluster) or
+// ranks sharing a host's cores (CPU ranks, as here), memory per device, and the links between
+// them (alpha-beta: latency plus bytes over bandwidth). Plain data.
+
+#include <cstdint>
+#include <string>
+
+namespace ht {
+
+struct Machine {
+  std::string description;       // one line for the report: where these numbers come from
+  int nodes = 1;
+  int devices_per_node = 1;      // ranks a node runs (its devices, or its share of cores)
+  // CPU ranks: the ranks of a node share its hardware threads; a rank of r on a node of
+  // host_threads computes with host_threads / r threads (at least one, several ranks a core).
+  bool shared_host = true;
+  int host_threads = 1;
+  int64_t device_memory = 0;     // bytes per rank; 0: unknown (every plan fits)
+  double intra_node_gbps = 10;   // GB/s between ranks of a node
+  double inter_node_gbps = 10;   // GB/s between nodes
+  double intra_node_latency_us = 5;
+  double inter_node_latency_us = 20;
+  double device_speed = 1.0;     // compute speed relative to the device profiled here
+  int max_ranks() const { return nodes * devices_per_node; }
+};
+
+}  // namespace ht

@@ -1,0 +1,104 @@
+#include "planner/plan_report.h"
+
+#include "memory/byte_size.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+
+namespace ht {
+namespace {
+
+std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string printf_string(const char* format, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  return buf;
+}
+
+std::string mib(int64_t bytes) { return printf_string("%.1f", static_cast<double>(bytes) / (1 << 20)); }
+
+}  // namespace
+
+int64_t largest_op_working_set(const StepTrace& trace) {
+  int64_t largest = 0, during = 0, held = 0;
+  int running = -1;
+  std::vector<char> alive(trace.tensors.size(), 0);
+  for (const TraceEvent& e : trace.events) {
+    const auto i = static_cast<size_t>(e.index);
+    switch (e.kind) {
+      case TraceEvent::Kind::kKernelBegins: {
+        running = e.index;
+        held = 0;
+        for (int in : trace.kernels[i].inputs) held += alive[static_cast<size_t>(in)] ? trace.tensors[in].bytes : 0;
+        during = 0;
+        largest = std::max(largest, held);
+        break;
+      }
+      case TraceEvent::Kind::kKernelEnds: running = -1; break;
+      case TraceEvent::Kind::kAllocated:
+        alive[i] = 1;
+        if (running >= 0) {
+          during += trace.tensors[i].bytes;
+          largest = std::max(largest, held + during);
+        }
+        break;
+      case TraceEvent::Kind::kFreed:
+        alive[i] = 0;
+        if (running >= 0) during -= trace.tensors[i].bytes;
+        break;
+    }
+  }
+  return largest;
+}
+
+std::string profile_text(const ModelProfile& p, const Machine& machine) {
+  std::string s = printf_string("measured (%.1f s): %s, %lld parameters; per rank: parameters and buffers %s MiB, "
+                                "gradients %s MiB, %s state %s MiB\n",
+                                p.seconds, p.model.c_str(), static_cast<long long>(p.parameters),
+                                mib(p.parameter_bytes).c_str(), mib(p.gradient_bytes).c_str(), p.optimizer.c_str(),
+                                mib(p.optimizer_state_bytes).c_str());
+  s += "  micro-batch  precision  threads  fwd+bwd ms  optimizer ms  peak MiB  activations MiB  largest op MiB\n";
+  for (const ProfilePoint& pt : p.points) {
+    s += printf_string("  %11lld  %9s  %7d  %10.1f  %12.1f  %8s  %15s  %14s\n", static_cast<long long>(pt.micro_batch),
+                       pt.precision.c_str(), pt.threads, pt.forward_backward_ms, pt.optimizer_ms,
+                       mib(pt.peak_bytes).c_str(), mib(pt.activation_bytes()).c_str(),
+                       mib(largest_op_working_set(pt.trace)).c_str());
+  }
+  // Blocks of the largest point at full threads: where the time goes.
+  const ProfilePoint* big = nullptr;
+  for (const ProfilePoint& pt : p.points) {
+    if (pt.threads == p.threads && (big == nullptr || pt.micro_batch > big->micro_batch)) big = &pt;
+  }
+  if (big != nullptr && !big->blocks.empty()) {
+    s += printf_string("  blocks at micro-batch %lld (forward/backward ms):", static_cast<long long>(big->micro_batch));
+    for (size_t b = 0; b < big->blocks.size(); ++b) {
+      s += printf_string(" %zu: %.1f/%.1f", b, big->blocks[b].forward_ms, big->blocks[b].backward_ms);
+    }
+    s += printf_string("; %zu tensors and %zu kernels recorded\n", big->trace.tensors.size(), big->trace.kernels.size());
+  }
+  s += "machine: " + machine.description + "\n";
+  return s;
+}
+
+std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows) {
+  std::string s =
+      "  #  ranks  micro x accum  precision  policy  peak/rank MiB  fits  step ms  compute  recompute  "
+      "optimizer  all-reduce  samples/s  device-h/epoch\n";
+  for (size_t i = 0; i < std::min(rows, ranked.size()); ++i) {
+    const Plan& p = ranked[i].plan;
+    const Prediction& r = ranked[i].prediction;
+    s += printf_string("%3zu  %5d  %7lld x %-4lld  %9s  %6s  %13s  %4s  %7.1f  %7.1f  %9.1f  %9.1f  %10.1f  %9.1f  %14.4f\n",
+                       i + 1, p.ranks, static_cast<long long>(p.micro_batch), static_cast<long long>(p.accumulation),
+                       p.precision.c_str(), p.policy.c_str(), mib(r.peak_bytes).c_str(), r.fits ? "yes" : "no",
+                       r.step_ms, r.compute_ms, r.recompute_ms, r.optimizer_ms, r.allreduce_exposed_ms,
+                       r.samples_per_s, r.device_hours_per_epoch);
+  }
+  if (ranked.size() > rows) s += printf_string("  (%zu more plans: --all prints them; plans.jsonl has them all)\n", ranked.size() - rows);
+  return s;
+}
+
+}  // namespace ht

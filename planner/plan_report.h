@@ -1,0 +1,21 @@
+#pragma once
+// The planner's printed report: what it measured, the ranked table of plans, and the winner.
+
+#include "planner/machine.h"
+#include "planner/profile.h"
+#include "planner/search.h"
+
+#include <string>
+#include <vector>
+
+namespace ht {
+
+// Bytes an op call holds while it runs: what it reads plus what it allocates, at the most (the
+// smallest budget any plan could run that op in, beside what must stay).
+int64_t largest_op_working_set(const StepTrace& trace);
+
+std::string profile_text(const ModelProfile& profile, const Machine& machine);
+// The first `rows` plans (every fitting one ranked first), one line each.
+std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows);
+
+}  // namespace ht

@@ -1,0 +1,60 @@
+#pragma once
+// What the planner knows of a job before it searches: one profiled training step per measured
+// point (micro-batch size, precision, threads), the model's state in bytes, and the machine.
+// Plain data: the launcher measures it (launcher/planning/profiler.h), the planner reasons on it.
+
+#include "planner/step_trace.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+// Forward and backward time of one model block in one micro-batch.
+struct BlockTime {
+  double forward_ms = 0, backward_ms = 0;
+};
+
+// One measured step of one micro-batch (global batch = micro-batch size), after a warm-up step.
+struct ProfilePoint {
+  int64_t micro_batch = 0;
+  std::string precision = "off";  // training.mixed_precision
+  int threads = 1;                // compute threads it ran with
+  double step_ms = 0;             // the whole step
+  double forward_backward_ms = 0;  // forward and backward of the micro-batch
+  double optimizer_ms = 0;        // gradient unscale, clip, optimizer step, zeroing
+  int64_t peak_bytes = 0;         // arena peak of the step, everything included
+  int64_t persistent_bytes = 0;   // arena bytes in use when the step began
+  int64_t batch_bytes = 0;        // the step's batch (input and target), rounded
+  std::vector<BlockTime> blocks;  // per model block; the loss is not a block
+  StepTrace trace;                // for the DTR replay
+  // Peak minus what does not scale with the micro-batch: the activations' share.
+  int64_t activation_bytes() const { return peak_bytes - persistent_bytes - batch_bytes; }
+};
+
+struct ModelProfile {
+  std::string model;
+  std::string optimizer;          // training.optimizer
+  int64_t parameters = 0;         // count
+  // Arena bytes (each tensor rounded as the arena rounds), exact, from the model itself:
+  int64_t parameter_bytes = 0;
+  int64_t gradient_bytes = 0;     // the gradient block
+  int64_t optimizer_state_bytes = 0;
+  int64_t input_sample_bytes = 0;   // one sample's input, unrounded
+  int64_t target_sample_bytes = 0;  // one sample's target
+  int64_t train_samples = 0;      // the training set's size (the sampler keeps an order of it)
+  int64_t global_batch = 0;       // training.global_batch_size
+  int64_t steps_per_epoch = 0;    // of the global batch
+  int threads = 1;                // the threads a single rank computes with here
+  std::vector<ProfilePoint> points;
+  double seconds = 0;             // the profiling took
+};
+
+// Bytes a tensor of `bytes` takes in the arena (CpuArena rounds every block to 64 bytes).
+inline int64_t arena_bytes(int64_t bytes) {
+  constexpr int64_t kAlignment = 64;
+  return bytes <= 0 ? kAlignment : (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+}  // namespace ht

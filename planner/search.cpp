@@ -1,0 +1,121 @@
+#include "planner/search.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace ht {
+namespace {
+
+std::string fixed(double v, int digits = 2) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+bool better(const RankedPlan& a, const RankedPlan& b, Objective objective) {
+  if (a.prediction.fits != b.prediction.fits) return a.prediction.fits;
+  if (!a.prediction.fits) return a.prediction.peak_bytes < b.prediction.peak_bytes;
+  const Prediction &x = a.prediction, &y = b.prediction;
+  if (objective == Objective::kCost && x.device_hours_per_epoch != y.device_hours_per_epoch) {
+    return x.device_hours_per_epoch < y.device_hours_per_epoch;
+  }
+  if (x.step_ms != y.step_ms) return x.step_ms < y.step_ms;
+  return a.plan.ranks < b.plan.ranks;
+}
+
+std::string describe(const Plan& p) {
+  std::string s = std::to_string(p.ranks) + (p.ranks == 1 ? " rank" : " ranks") + ", micro-batch " +
+                  std::to_string(p.micro_batch);
+  if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
+  if (p.precision != "off") s += ", " + p.precision;
+  if (p.policy != "none") s += ", " + p.policy;
+  return s;
+}
+
+// The best fitting plan that `pick` accepts, or null.
+template <typename Pick>
+const RankedPlan* best_where(const std::vector<RankedPlan>& ranked, Pick&& pick) {
+  for (const RankedPlan& r : ranked) {
+    if (r.prediction.fits && pick(r)) return &r;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, const SearchOptions& options) {
+  std::vector<Plan> plans;
+  for (int ranks : options.ranks) {
+    if (ranks < 1 || global_batch % ranks != 0) continue;
+    const int64_t local = global_batch / ranks;
+    for (int64_t accumulation = 1; accumulation <= std::min<int64_t>(local, options.max_accumulation);
+         accumulation *= 2) {
+      if (local % accumulation != 0) break;
+      for (const std::string& precision : options.precisions) {
+        for (const std::string& policy : options.policies) {
+          if (policy != "none" && device_memory <= 0) continue;  // eviction needs a budget
+          Plan p;
+          p.ranks = ranks;
+          p.micro_batch = local / accumulation;
+          p.accumulation = accumulation;
+          p.precision = precision;
+          p.policy = policy;
+          p.budget_bytes = device_memory;
+          plans.push_back(p);
+        }
+      }
+    }
+  }
+  return plans;
+}
+
+std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
+                                   const std::function<Prediction(const Plan&)>& predict_plan,
+                                   Objective objective) {
+  std::vector<RankedPlan> ranked;
+  ranked.reserve(plans.size());
+  for (const Plan& p : plans) ranked.push_back({p, predict_plan(p)});
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [objective](const RankedPlan& a, const RankedPlan& b) { return better(a, b, objective); });
+  return ranked;
+}
+
+std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objective) {
+  if (ranked.empty() || !ranked[0].prediction.fits) return "";
+  const RankedPlan& win = ranked[0];
+  const Prediction& w = win.prediction;
+  std::string text;
+  // Adding ranks: against the best plan with fewer ranks, or with more when the winner has fewer.
+  const RankedPlan* fewer = best_where(ranked, [&](const RankedPlan& r) { return r.plan.ranks < win.plan.ranks; });
+  const RankedPlan* more = best_where(ranked, [&](const RankedPlan& r) { return r.plan.ranks > win.plan.ranks; });
+  if (fewer != nullptr) {
+    const Prediction& f = fewer->prediction;
+    text += std::to_string(win.plan.ranks) + " ranks give " + fixed(w.samples_per_s / f.samples_per_s) +
+            "x the throughput of the best " + std::to_string(fewer->plan.ranks) + "-rank plan (" +
+            describe(fewer->plan) + ") for " + fixed(w.device_hours_per_epoch / f.device_hours_per_epoch) +
+            "x the device-hours.";
+  } else if (more != nullptr) {
+    const Prediction& m = more->prediction;
+    text += "The best " + std::to_string(more->plan.ranks) + "-rank plan (" + describe(more->plan) + ") would give " +
+            fixed(m.samples_per_s / w.samples_per_s) + "x the throughput for " +
+            fixed(m.device_hours_per_epoch / w.device_hours_per_epoch) + "x the device-hours" +
+            (objective == Objective::kCost ? ": not worth its cost." : ".");
+  }
+  // Trading compute for memory.
+  if (win.plan.policy != "none" && w.recompute_ms > 0) {
+    text += std::string(text.empty() ? "" : " ") + "Recomputation (" + std::to_string(w.evictions) +
+            " evictions a step) costs " + fixed(w.step_ms / (w.step_ms - w.recompute_ms)) +
+            "x the step it would take with memory to spare.";
+  } else {
+    const RankedPlan* saver = best_where(ranked, [&](const RankedPlan& r) {
+      return r.plan.ranks <= win.plan.ranks && r.plan.policy != "none" && r.prediction.recompute_ms > 0;
+    });
+    if (saver != nullptr) {
+      text += std::string(text.empty() ? "" : " ") + "Recomputation instead (" + describe(saver->plan) +
+              ") would cost " + fixed(saver->prediction.step_ms / w.step_ms) + "x per step.";
+    }
+  }
+  return text;
+}
+
+}  // namespace ht

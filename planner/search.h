@@ -1,0 +1,41 @@
+#pragma once
+// The search over plans: every data-parallel rank count, micro-batch size (accumulating to the
+// same global batch), precision and memory policy the options allow, each predicted by the cost
+// model, ranked by the objective; and the sentence on why the winner wins, in numbers.
+
+#include "planner/cost_model.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+enum class Objective { kTime, kCost };  // fastest step, or fewest device-hours per epoch
+
+struct SearchOptions {
+  std::vector<int> ranks{1};                          // rank counts to consider
+  Objective objective = Objective::kTime;
+  std::vector<std::string> precisions{"off", "bf16"};
+  std::vector<std::string> policies{"none", "dtr"};   // eviction policies need device memory
+  int max_accumulation = 32;                          // micro-batches per step, at most
+};
+
+struct RankedPlan {
+  Plan plan;
+  Prediction prediction;
+};
+
+// Every plan of `global_batch` the options allow; a budget (the device's memory) on each when
+// the machine's memory is known.
+std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, const SearchOptions& options);
+// Fitting plans first, best first by the objective (ties: fewer ranks, then faster); then the
+// rest by predicted peak.
+std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
+                                   const std::function<Prediction(const Plan&)>& predict_plan,
+                                   Objective objective);
+// One or two sentences on why ranked[0] wins, against the best plan of other rank counts and
+// against (or for) trading compute for memory. Empty when nothing fits.
+std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objective);
+
+}  // namespace ht

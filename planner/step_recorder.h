@@ -1,0 +1,58 @@
+#pragma once
+// Records one profiled micro-batch (forward and backward) into a StepTrace: every allocation and
+// free in the arena (as the AllocationObserver), every kernel with the blocks it reads (as the
+// memory manager's KernelObserver). Install it on the arena and the interpreter's memory manager
+// for the micro-batch to record, then take() the trace. Recording runs without eviction: the
+// trace is what the step needs, the replay decides what a budget would drop.
+
+#include "memory/cpu_device_allocator.h"
+#include "memory/kernel_observer.h"
+#include "planner/step_trace.h"
+
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+namespace ht {
+
+class MemoryManager;
+struct TensorInfo;
+
+class StepRecorder final : public AllocationObserver, public KernelObserver {
+ public:
+  // Observes `memory`'s kernels and the active arena's allocations until destroyed.
+  // `persistent_bytes`: the arena's bytes in use now, which the step does not free.
+  StepRecorder(MemoryManager& memory, int64_t persistent_bytes);
+  ~StepRecorder() override;
+  StepRecorder(const StepRecorder&) = delete;
+  StepRecorder& operator=(const StepRecorder&) = delete;
+
+  void on_allocated(const void* data, int64_t bytes) override;
+  void on_freed(const void* data, int64_t bytes) override;
+  void kernel_begins(const ComputePath& path, bool recompute, bool backward) override;
+  void kernel_ends(const ComputePath& path, bool recompute, bool backward) override;
+
+  // Kernels from now on belong to model block `block` (-1: outside the blocks).
+  void enter_block(int block);
+  // The trace so far; recording stops.
+  StepTrace take();
+
+ private:
+  int tensor_of(const TensorInfo& t) const;  // -1: not allocated during the step
+  void add_input(std::vector<int>& inputs, const TensorInfo& t) const;
+
+  MemoryManager& memory_;
+  std::mutex mutex_;  // ATen's workers allocate too
+  bool recording_ = true;
+  StepTrace trace_;
+  std::unordered_map<const void*, int> live_;  // data pointer -> tensor index
+  std::vector<char> alive_;                    // by tensor index: not freed yet
+  size_t first_tensor_of_kernel_ = 0;
+  std::unordered_map<const ComputePath*, int> block_of_;  // forward op call -> its block
+  int block_ = -1;
+  int kernel_ = -1;                            // the kernel running, or -1
+  bool forward_kernel_ = false;
+  std::chrono::steady_clock::time_point kernel_start_;
+};
+
+}  // namespace ht

@@ -1,0 +1,45 @@
+#pragma once
+// One training micro-batch (forward and backward) as the device memory saw it, as plain data:
+// every block allocated during it, every op call (kernel) with the blocks it reads, and the
+// order of allocations, frees and kernels. planner/step_recorder.h records it from a profiled
+// step; planner/dtr_replay.h replays it through an eviction policy at a smaller budget (the DTR
+// paper's simulator approach, with our own sizes and times).
+
+#include <cstdint>
+#include <vector>
+
+namespace ht {
+
+// A block of device memory allocated during the step.
+struct TraceTensor {
+  int64_t bytes = 0;   // as requested; the arena rounds it
+  int producer = -1;   // index of the forward kernel whose output it is; -1: not regenerable
+                       // (gradients, temporaries, the batch)
+  bool low_end = false;  // allocated while a forward kernel ran: the arena's activation end
+};
+
+struct TraceKernel {
+  double ms = 0;             // measured time of the kernel
+  std::vector<int> inputs;   // trace tensors it reads (forward: its inputs; backward: saved values)
+  bool backward = false;     // a tape entry's backward, not a forward op
+  bool recomputable = true;  // forward ops only: may its outputs be dropped and regenerated?
+  int block = -1;            // the model block whose forward ran it (or ran the forward it is the
+                             // backward of); -1: outside the blocks (the loss)
+};
+
+struct TraceEvent {
+  enum class Kind : uint8_t { kKernelBegins, kKernelEnds, kAllocated, kFreed };
+  Kind kind;
+  int index;  // kernel index (kKernel*) or tensor index (kAllocated, kFreed)
+};
+
+struct StepTrace {
+  // Bytes in the arena when the step began and never freed during it (parameters, gradients,
+  // optimizer state): the arena's high end, rounded as the arena rounds.
+  int64_t persistent_bytes = 0;
+  std::vector<TraceTensor> tensors;
+  std::vector<TraceKernel> kernels;
+  std::vector<TraceEvent> events;
+};
+
+}  // namespace ht
