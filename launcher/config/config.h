@@ -88,6 +88,7 @@ struct MemoryConfig {
   bool trace = false;
   int64_t trace_steps = 2;
   bool host_cache = true;  // keep freed CPU memory for reuse (memory/host_block_cache.h)
+  bool check_fit = true;   // refuse a run the planner predicts cannot fit (launcher/planning/run_check.h)
   // Derived by validation from `budget`, not read from the file: bytes, 0 for unlimited.
   int64_t budget_bytes = 0;
 };

@@ -231,6 +231,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "and bytes in use, for chrome://tracing or Perfetto"));
   f.push_back(Field(&C::memory, &MemoryConfig::trace_steps, "memory", "trace_steps", "steps the memory trace covers")
                   .min(1).only_when("memory.trace = true", [](const Config& c) { return c.memory.trace; }));
+  f.push_back(Field(&C::memory, &MemoryConfig::check_fit, "memory", "check_fit",
+                    "before the first step, predict this run's peak from a profiled step and refuse the run if it "
+                    "cannot fit (naming plans that do); false: train anyway, and stop at the first out-of-memory"));
   f.push_back(Field(&C::memory, &MemoryConfig::host_cache, "memory", "host_cache",
                     "keep freed CPU memory in the process for the next step, as a GPU caching allocator does "
                     "(no page faults; free blocks beyond max(64 MiB, bytes in use) are returned); false: return "

@@ -32,6 +32,28 @@ double copy_gbps() {
 
 int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
+// An eviction plan that evicts nothing is its plan without eviction, listed twice: keep the one
+// without, unless it alone does not fit.
+void drop_idle_eviction(std::vector<RankedPlan>& ranked) {
+  auto twin_fits = [&](const Plan& p) {
+    for (const RankedPlan& r : ranked) {
+      const Plan& q = r.plan;
+      if (q.policy == "none" && q.ranks == p.ranks && q.micro_batch == p.micro_batch && q.precision == p.precision)
+        return r.prediction.fits;
+    }
+    return false;
+  };
+  std::vector<char> drop;
+  for (const RankedPlan& r : ranked) {
+    drop.push_back(r.plan.policy != "none" && r.prediction.evictions == 0 && twin_fits(r.plan));
+  }
+  std::vector<RankedPlan> kept;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    if (!drop[i]) kept.push_back(std::move(ranked[i]));
+  }
+  ranked = std::move(kept);
+}
+
 }  // namespace
 
 Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
@@ -114,6 +136,7 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   const std::vector<Plan> plans =
       candidate_plans(config.training.global_batch_size, out.machine.device_memory, search);
   out.ranked = rank_plans(plans, [&](const Plan& p) { return predict(out.profile, out.machine, p); }, args.objective);
+  drop_idle_eviction(out.ranked);
   out.why = why_it_wins(out.ranked, args.objective);
   return out;
 }

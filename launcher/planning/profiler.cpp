@@ -81,7 +81,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, const std::string& preci
   // Times are the median of a few steps (a loaded machine's one step can be off by 30%); memory
   // is the recorded step's, which every step repeats.
   std::vector<Trainer::StepMeasurement> steps{m};
-  for (double spent = m.step_ms; steps.size() < 5 && (steps.size() < 3 || spent < 300);) {
+  for (double spent = m.step_ms; steps.size() < 5 && (steps.size() < 2 || spent < 250);) {
     steps.push_back(trainer.measure_step());
     spent += steps.back().step_ms;
   }
@@ -155,7 +155,7 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     }
     profile.points.insert(profile.points.begin(), std::move(small));
     if (request.one_thread_point && request.threads > 1) {
-      profile.points.push_back(measure_point(p, hi, first, 1));
+      profile.points.push_back(measure_point(p, lo, first, 1));  // the smaller: a thread costs time
     }
     set_compute_threads(request.threads);
   }

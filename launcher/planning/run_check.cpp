@@ -117,7 +117,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       out.plan = plan.ranked[0].plan;
     }
     out.prediction = predict(plan.profile, plan.machine, out.plan);
-    if (!out.prediction.fits) {
+    if (!out.prediction.fits && config.memory.check_fit) {
       // Alternatives at these ranks and this precision, eviction included.
       args.policies = {"none", "dtr"};
       const std::vector<Plan> plans =

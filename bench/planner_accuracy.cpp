@@ -1,0 +1,382 @@
+// The planner against measurement. Each row is one plan of one job (the ConvNet, ResNet-18, GPT
+// at two sizes, the SPOS supernet; micro-batches with accumulation, bf16, DTR budgets, 1, 2 and 4
+// ranks), predicted in this process from the job's profile exactly as `hybrid_train plan` would
+// (plan_job), then trained by hybrid_train (under mpirun for several ranks) and read back from its
+// metrics.jsonl: peak memory (the arena's, the highest of any step) and step time (the median
+// after two warm-up steps), with the error of each. Then scenarios, a job with a device memory and
+// a rank cap: the planner searches, and its pick and the best plans that differ from it in ranks,
+// micro-batch, memory policy or precision are all trained; the pick should be within 5% of the
+// fastest of them. A failed run, or a measured peak over its plan's budget, is an error (exit 1);
+// a missed accuracy target is reported, not an error: timings on a shared machine vary.
+#include "bench/bench_util.h"
+#include "bench/planner_rows.h"
+#include "memory/cpu_device_allocator.h"
+#include "runtime/thread_pools.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+
+#ifndef HT_MPIEXEC
+#define HT_MPIEXEC ""
+#endif
+
+namespace ht::bench {
+namespace {
+
+constexpr double kMiB = 1 << 20;
+// Rows without a budget of their own train in an arena this large: the measured peak is then the
+// arena's, as in every plan the planner writes, with room to spare.
+constexpr int64_t kRoomy = int64_t{1} << 30;
+
+struct RowSpec {
+  std::string model;
+  JobSpec job;
+  int ranks = 1;
+  int64_t micro = 0, accumulation = 1;
+  std::string precision = "off";
+  double dtr_share = 0;  // > 0: dtr in a budget of this share of the plan's peak without eviction
+  int steps = 0;         // 0: --steps
+};
+
+struct Row {
+  RowSpec spec;
+  const Planned* planned = nullptr;
+  Plan plan;
+  Prediction predicted;
+  Measurement measured;
+};
+
+struct ScenarioSpec {
+  std::string name;
+  JobSpec job;
+  int64_t device_memory = 0;
+  std::vector<int> ranks;
+  int steps = 0;
+};
+
+struct Options {
+  bool quick = false;
+  bool keep_runs = false;
+  int steps = 8;
+  std::string configs = HT_SOURCE_DIR "/configs";
+  Runner runner;
+};
+
+// What the run found wrong (exit 1) and what the summary reports.
+struct Outcome {
+  bool failed = false;
+  std::vector<std::string> picks;  // per scenario: "name: yes (+1.2%)"
+  bool picks_met = true;
+  double slowest_search_s = 0;
+};
+
+struct Jobs {
+  std::string dir;
+  JobSpec at(const char* file, std::vector<std::string> overrides = {}) const {
+    return {dir + "/" + file, std::move(overrides)};
+  }
+  JobSpec convnet() const { return at("quickstart.toml"); }
+  JobSpec resnet(int batch) const { return at("resnet18_fmnist.toml", {"training.global_batch_size=" + std::to_string(batch)}); }
+  JobSpec gpt_small() const { return at("gpt_tiny.toml"); }
+  JobSpec gpt_large() const { return at("gpt_tiny.toml", {"model.n_layer=4", "model.n_embd=128"}); }
+  JobSpec supernet() const { return at("spos_synthetic.toml"); }
+};
+
+std::vector<RowSpec> row_specs(const Jobs& j, bool quick) {
+  if (quick) return {{"ConvNet", j.convnet(), 1, 16, 4}, {"ConvNet", j.convnet(), 2, 32, 1}};
+  // ResNet-18 steps take the better part of a second here: fewer of them.
+  return {{"ConvNet", j.convnet(), 1, 64, 1},
+          {"ConvNet", j.convnet(), 1, 16, 4},
+          {"ConvNet", j.convnet(), 1, 64, 1, "bf16"},
+          {"ConvNet", j.convnet(), 1, 64, 1, "off", 0.65},
+          {"ConvNet", j.convnet(), 2, 32, 1},
+          {"ResNet-18", j.resnet(32), 1, 32, 1, "off", 0, 6},
+          {"ResNet-18", j.resnet(32), 1, 32, 1, "bf16", 0.65, 6},
+          {"ResNet-18", j.resnet(32), 2, 16, 1, "off", 0, 6},
+          {"GPT-small", j.gpt_small(), 1, 32, 1},
+          {"GPT-small", j.gpt_small(), 1, 8, 4, "bf16"},
+          {"GPT-small", j.gpt_small(), 4, 8, 1},
+          {"GPT-large", j.gpt_large(), 1, 32, 1},
+          {"GPT-large", j.gpt_large(), 1, 32, 1, "off", 0.65},
+          {"GPT-large", j.gpt_large(), 2, 8, 2, "bf16"},
+          {"supernet", j.supernet(), 1, 64, 1},
+          {"supernet", j.supernet(), 4, 16, 1}};
+}
+
+std::vector<ScenarioSpec> scenario_specs(const Jobs& j, bool quick) {
+  const int64_t mib = int64_t{1} << 20;
+  if (quick) return {{"ConvNet", j.convnet(), 24 * mib, {1}, 3}};
+  return {{"ResNet-18, batch 64", j.resnet(64), 256 * mib, {1, 2}, 5},
+          {"ConvNet", j.convnet(), 24 * mib, {1}},
+          {"GPT-large", j.gpt_large(), 40 * mib, {1, 2}}};
+}
+
+// The planning arguments of a row's job: every rank count and precision its rows use, so that the
+// profile is the one `hybrid_train plan --ranks ... --precisions ...` would take.
+PlanArgs row_args(const std::vector<RowSpec>& specs, const RowSpec& row) {
+  PlanArgs a;
+  a.device_memory = kRoomy;
+  a.policies = {"none"};  // a row's plan is given, not searched for
+  for (const RowSpec& s : specs) {
+    if (s.job.config != row.job.config || s.job.overrides != row.job.overrides) continue;
+    if (std::find(a.ranks.begin(), a.ranks.end(), s.ranks) == a.ranks.end()) a.ranks.push_back(s.ranks);
+    if (std::find(a.precisions.begin(), a.precisions.end(), s.precision) == a.precisions.end()) {
+      a.precisions.push_back(s.precision);
+    }
+  }
+  std::sort(a.ranks.begin(), a.ranks.end());
+  // The first precision sets the profiler's smaller point; the configs' own is fp32.
+  std::stable_partition(a.precisions.begin(), a.precisions.end(), [](const std::string& p) { return p == "off"; });
+  return a;
+}
+
+Row plan_row(PlanCache& cache, const std::vector<RowSpec>& specs, const RowSpec& s) {
+  Row row;
+  row.spec = s;
+  row.planned = &cache.get(s.job, row_args(specs, s));
+  const ModelProfile& profile = row.planned->plan.profile;
+  const Machine& machine = row.planned->plan.machine;
+  row.plan = Plan{s.ranks, s.micro, s.accumulation, s.precision, "none", machine.device_memory};
+  if (s.dtr_share > 0) {
+    const Prediction unconstrained = predict(profile, machine, row.plan);
+    row.plan.policy = "dtr";
+    row.plan.budget_bytes = std::llround(static_cast<double>(unconstrained.peak_bytes) * s.dtr_share);
+  }
+  row.predicted = predict(profile, machine, row.plan);
+  return row;
+}
+
+double error_pct(double predicted, double measured) { return 100.0 * (predicted - measured) / measured; }
+
+std::string short_plan(const Plan& p) {
+  char text[96];
+  std::snprintf(text, sizeof text, "%d  %3lld x %-2lld  %-4s  %s", p.ranks, static_cast<long long>(p.micro_batch),
+                static_cast<long long>(p.accumulation), p.precision == "off" ? "fp32" : p.precision.c_str(),
+                p.policy == "none" ? "none" : (p.policy + " @ " + std::to_string(std::lround(p.budget_bytes / kMiB)) +
+                                               " MiB").c_str());
+  return text;
+}
+
+// Trains `plan`, says so on stderr, and records a failure: a run that failed, or a peak over budget.
+Measurement measure_plan(const Options& o, const Config& config, const Plan& plan, int steps, const std::string& name,
+                         Outcome& outcome) {
+  Measurement m = measure(o.runner, config, plan, steps, name);
+  if (!m.ok) {
+    std::fprintf(stderr, "  %s FAILED: %s\n", name.c_str(), m.error.c_str());
+    outcome.failed = true;
+  } else if (plan.budget_bytes > 0 && m.peak_bytes > plan.budget_bytes) {
+    std::fprintf(stderr, "  %s: measured peak %.1f MiB over the plan's budget %.1f MiB\n", name.c_str(),
+                 m.peak_bytes / kMiB, plan.budget_bytes / kMiB);
+    outcome.failed = true;
+  }
+  std::fprintf(stderr, "  %s: %s; %.1f s, step %.1f ms, peak %.1f MiB\n", name.c_str(), short_plan(plan).c_str(),
+               m.wall_s, m.step_ms, m.peak_bytes / kMiB);
+  return m;
+}
+
+void print_rows(const std::vector<Row>& rows) {
+  std::printf("\n| %2s | %-9s | %-30s | %9s | %9s | %7s | %9s | %9s | %7s |\n", "#", "model",
+              "ranks micro x acc prec policy", "peak pred", "meas MiB", "err %", "step pred", "meas ms", "err %");
+  std::printf("|%s|\n", std::string(122, '-').c_str());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const Measurement& m = r.measured;
+    std::printf("| %2zu | %-9s | %-30s | %9.2f | %9.2f | %+7.1f | %9.1f | %9.1f | %+7.1f |\n", i + 1,
+                r.spec.model.c_str(), short_plan(r.plan).c_str(), r.predicted.peak_bytes / kMiB, m.peak_bytes / kMiB,
+                m.ok ? error_pct(r.predicted.peak_bytes, m.peak_bytes) : NAN, r.predicted.step_ms, m.step_ms,
+                m.ok ? error_pct(r.predicted.step_ms, m.step_ms) : NAN);
+  }
+}
+
+// The step's terms side by side: which one a wrong prediction comes from.
+void print_terms(const std::vector<Row>& rows) {
+  std::printf("\nstep terms, ms (measured recompute and all-reduce from the run's metrics; \"rest\" is its step "
+              "less both, against predicted compute + optimizer):\n\n");
+  std::printf("| %2s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %15s |\n", "#", "compute",
+              "optimizer", "rest pred", "rest meas", "recomp p", "recomp m", "allred p", "allred m", "evict p/m",
+              "peak 1st/later");
+  std::printf("|%s|\n", std::string(131, '-').c_str());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Prediction& p = rows[i].predicted;
+    const Measurement& m = rows[i].measured;
+    char evictions[32];
+    std::snprintf(evictions, sizeof evictions, "%lld/%.0f", static_cast<long long>(p.evictions), m.evictions);
+    char peaks[32];
+    std::snprintf(peaks, sizeof peaks, "%.2f/%.2f", m.first_peak_bytes / kMiB, m.later_peak_bytes / kMiB);
+    std::printf("| %2zu | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9s | %15s |\n", i + 1,
+                p.compute_ms, p.optimizer_ms, p.compute_ms + p.optimizer_ms, m.step_ms - m.recompute_ms - m.comm_ms,
+                p.recompute_ms, m.recompute_ms, p.allreduce_exposed_ms, m.comm_ms, evictions, peaks);
+  }
+}
+
+std::vector<Row> run_rows(PlanCache& cache, const Options& o, const Jobs& jobs, Outcome& outcome) {
+  std::vector<RowSpec> specs = row_specs(jobs, o.quick);
+  if (o.runner.mpirun.empty()) {
+    const auto n = std::count_if(specs.begin(), specs.end(), [](const RowSpec& s) { return s.ranks > 1; });
+    if (n > 0) std::printf("no mpirun (MPI not found at build time): %ld rows with more than one rank skipped\n", n);
+    specs.erase(std::remove_if(specs.begin(), specs.end(), [](const RowSpec& s) { return s.ranks > 1; }), specs.end());
+  }
+  std::vector<Row> rows;
+  for (const RowSpec& s : specs) rows.push_back(plan_row(cache, specs, s));  // every profile first, alone
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row& r = rows[i];
+    std::fprintf(stderr, "[row %zu/%zu] %s\n", i + 1, rows.size(), r.spec.model.c_str());
+    r.measured = measure_plan(o, r.planned->config, r.plan, r.spec.steps > 0 ? r.spec.steps : o.steps,
+                              "row" + std::to_string(i + 1), outcome);
+  }
+  print_rows(rows);
+  print_terms(rows);
+  return rows;
+}
+
+// The pick (ranked[0]) and the best fitting plan that differs from it in each way a plan can:
+// ranks, micro-batch, memory policy, precision. At most `most` besides the pick.
+std::vector<size_t> plans_to_measure(const std::vector<RankedPlan>& ranked, size_t most) {
+  using Differs = bool (*)(const Plan&, const Plan&);
+  const Differs ways[] = {
+      [](const Plan& a, const Plan& b) { return a.ranks != b.ranks; },
+      [](const Plan& a, const Plan& b) { return a.micro_batch != b.micro_batch; },
+      [](const Plan& a, const Plan& b) { return a.policy != b.policy; },
+      [](const Plan& a, const Plan& b) { return a.precision != b.precision; }};
+  std::vector<size_t> out{0};
+  for (Differs differs : ways) {
+    for (size_t i = 1; i < ranked.size() && ranked[i].prediction.fits && out.size() <= most; ++i) {
+      if (!differs(ranked[i].plan, ranked[0].plan)) continue;
+      if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
+      break;  // the best of this way (already chosen or not)
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void print_scenario(const std::vector<RankedPlan>& ranked, const std::vector<size_t>& chosen,
+                    const std::vector<Measurement>& ms) {
+  std::printf("| %6s | %-30s | %9s | %9s | %7s | %9s | %9s | %7s |\n", "rank", "ranks micro x acc prec policy",
+              "peak pred", "meas MiB", "err %", "step pred", "meas ms", "err %");
+  std::printf("|%s|\n", std::string(107, '-').c_str());
+  for (size_t k = 0; k < chosen.size(); ++k) {
+    const RankedPlan& r = ranked[chosen[k]];
+    const Measurement& m = ms[k];
+    std::printf("| %6zu | %-30s | %9.2f | %9.2f | %+7.1f | %9.1f | %9.1f | %+7.1f |\n", chosen[k] + 1,
+                short_plan(r.plan).c_str(), r.prediction.peak_bytes / kMiB, m.peak_bytes / kMiB,
+                m.ok ? error_pct(r.prediction.peak_bytes, m.peak_bytes) : NAN, r.prediction.step_ms, m.step_ms,
+                m.ok ? error_pct(r.prediction.step_ms, m.step_ms) : NAN);
+  }
+}
+
+void run_scenario(PlanCache& cache, const Options& o, const ScenarioSpec& s, Outcome& outcome) {
+  PlanArgs args;
+  args.ranks = s.ranks;
+  args.device_memory = s.device_memory;
+  if (o.runner.mpirun.empty()) args.ranks = {1};
+  const Planned& p = cache.get(s.job, args);
+  const std::vector<RankedPlan>& ranked = p.plan.ranked;
+  std::string ranks;
+  for (int r : args.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+  std::printf("\nscenario %s, global batch %lld, %.0f MiB per rank, ranks {%s}: %zu plans, search %.1f s "
+              "(profile %.1f s)\n", s.name.c_str(), static_cast<long long>(p.config.training.global_batch_size),
+              s.device_memory / kMiB, ranks.c_str(), ranked.size(), p.seconds, p.plan.profile.seconds);
+  outcome.slowest_search_s = std::max(outcome.slowest_search_s, p.seconds);
+  if (ranked.empty() || !ranked[0].prediction.fits) {
+    std::printf("  no plan fits: nothing to measure\n");
+    outcome.picks.push_back(s.name + ": no plan fits");
+    return;
+  }
+  const std::vector<size_t> chosen = plans_to_measure(ranked, 3);
+  std::vector<Measurement> ms;
+  for (size_t i : chosen) {
+    std::fprintf(stderr, "[scenario %s] plan #%zu\n", s.name.c_str(), i + 1);
+    ms.push_back(measure_plan(o, p.config, ranked[i].plan, s.steps > 0 ? s.steps : o.steps,
+                              "scenario" + std::to_string(outcome.picks.size() + 1) + "_plan" + std::to_string(i + 1),
+                              outcome));
+  }
+  print_scenario(ranked, chosen, ms);
+  double best = INFINITY;
+  for (const Measurement& m : ms) {
+    if (m.ok) best = std::min(best, m.step_ms);
+  }
+  const bool within = ms[0].ok && ms[0].step_ms <= 1.05 * best;
+  char text[128];
+  std::snprintf(text, sizeof text, "%s (pick %.1f ms, best measured %.1f ms, %+.1f%%)", within ? "yes" : "NO",
+                ms[0].step_ms, best, error_pct(ms[0].step_ms, best));
+  std::printf("  the pick within 5%% of the best measured: %s\n", text);
+  outcome.picks.push_back(s.name + ": " + text);
+  outcome.picks_met &= within;
+}
+
+void print_summary(const std::vector<Row>& rows, const Outcome& outcome) {
+  std::vector<double> peak, step;
+  for (const Row& r : rows) {
+    if (!r.measured.ok) continue;
+    peak.push_back(std::abs(error_pct(r.predicted.peak_bytes, r.measured.peak_bytes)));
+    step.push_back(std::abs(error_pct(r.predicted.step_ms, r.measured.step_ms)));
+  }
+  auto most = [](const std::vector<double>& v) { return v.empty() ? NAN : *std::max_element(v.begin(), v.end()); };
+  auto mid = [](const std::vector<double>& v) { return v.empty() ? NAN : median(v); };
+  auto verdict = [](bool met) { return met ? "met" : "MISSED"; };
+  std::printf("\nsummary over %zu measured rows:\n", peak.size());
+  std::printf("  peak |error|: max %.1f%%, median %.1f%%; target every row within 5%%: %s\n", most(peak), mid(peak),
+              verdict(most(peak) <= 5));
+  std::printf("  step |error|: max %.1f%%, median %.1f%%; target every row within 10%%: %s; median within 5%%: %s\n",
+              most(step), mid(step), verdict(most(step) <= 10), verdict(mid(step) <= 5));
+  std::printf("  the pick within 5%% of the best measured plan: %s\n", verdict(outcome.picks_met));
+  for (const std::string& p : outcome.picks) std::printf("    %s\n", p.c_str());
+  std::printf("  search (profile + search) under 10 s per config: %s (slowest %.1f s)\n",
+              verdict(outcome.slowest_search_s < 10), outcome.slowest_search_s);
+  if (outcome.failed) std::printf("  FAILED: a run failed or its peak exceeded its budget (see stderr)\n");
+}
+
+}  // namespace
+}  // namespace ht::bench
+
+int main(int argc, char** argv) {
+  ht::restart_with_passive_openmp(argv);  // as hybrid_train: profiles here must time what its runs time
+  CLI::App app{"The planner's accuracy: predicted against measured peak memory and step time, plan by plan, and "
+               "whether its pick is the fastest measured"};
+  ht::bench::Options o;
+  o.runner.binary = ht::bench::default_binary();
+  o.runner.mpirun = HT_MPIEXEC;
+  app.add_flag("--quick", o.quick, "2 rows and 1 scenario of a few steps, for a smoke run");
+  app.add_option("--binary", o.runner.binary, "the hybrid_train to measure with")->capture_default_str();
+  app.add_option("--mpirun", o.runner.mpirun, "mpirun for runs of several ranks; empty: skip them")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "training steps a measured run takes (slow rows take fewer)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--keep-runs", o.keep_runs, "keep every run's config, output and metrics (a failed run's are kept)");
+  app.add_option("--configs", o.configs, "the folder of the example configs")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (o.quick) o.steps = std::min(o.steps, 3);
+  if (!o.runner.mpirun.empty() && access(o.runner.mpirun.c_str(), X_OK) != 0) o.runner.mpirun.clear();
+  ht::CpuAllocationCounter::install();
+  char scratch[] = "/tmp/bench_planner_accuracy.XXXXXX";
+  if (mkdtemp(scratch) == nullptr) {
+    std::perror("bench_planner_accuracy: mkdtemp");
+    return 1;
+  }
+  o.runner.scratch = scratch;
+  std::printf("bench_planner_accuracy: %s, runs in %s, mpirun %s\n", o.runner.binary.c_str(), scratch,
+              o.runner.mpirun.empty() ? "none" : o.runner.mpirun.c_str());
+  const auto start = std::chrono::steady_clock::now();
+  ht::bench::PlanCache cache;
+  ht::bench::Outcome outcome;
+  const ht::bench::Jobs jobs{o.configs};
+  try {
+    const auto rows = ht::bench::run_rows(cache, o, jobs, outcome);
+    for (const auto& s : ht::bench::scenario_specs(jobs, o.quick)) ht::bench::run_scenario(cache, o, s, outcome);
+    ht::bench::print_summary(rows, outcome);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_planner_accuracy: %s\n", e.what());
+    return 1;
+  }
+  std::printf("wall time %.0f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  // A failed run's output stays for reading.
+  if (!outcome.failed && !o.keep_runs) std::filesystem::remove_all(scratch);
+  return outcome.failed ? 1 : 0;
+}

@@ -1,0 +1,171 @@
+#include "bench/planner_rows.h"
+
+#include "bench/bench_util.h"
+#include "launcher/config/config_loader.h"
+#include "launcher/config/config_text.h"
+#include "launcher/data/dataset.h"
+#include "memory/cpu_device_allocator.h"
+#include "runtime/thread_pools.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace ht::bench {
+namespace {
+
+std::string key_of(const JobSpec& job, const PlanArgs& a) {
+  std::string k = job.config;
+  for (const std::string& o : job.overrides) k += " " + o;
+  k += " |";
+  for (int r : a.ranks) k += " " + std::to_string(r);
+  k += " | " + std::to_string(a.device_memory) + " |";
+  for (const std::string& p : a.precisions) k += " " + p;
+  k += " |";
+  for (const std::string& p : a.policies) k += " " + p;
+  return k;
+}
+
+std::vector<ConfigOverride> overrides_of(const JobSpec& job) {
+  std::vector<ConfigOverride> out;
+  for (const std::string& o : job.overrides) {
+    const size_t eq = o.find('=');
+    out.push_back({o.substr(0, eq), eq == std::string::npos ? "" : o.substr(eq + 1), "--" + o});
+  }
+  return out;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The number after "key": in a metrics line; nothing when absent or null.
+std::optional<double> json_number(const std::string& line, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  const size_t at = line.find(k);
+  if (at == std::string::npos) return std::nullopt;
+  const char* s = line.c_str() + at + k.size();
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (end == s) return std::nullopt;
+  return v;
+}
+
+std::string last_lines(const std::string& text, int n) {
+  size_t at = text.size();
+  while (n-- > 0 && at > 0) {
+    const size_t nl = text.rfind('\n', at - 1);
+    if (nl == std::string::npos) return text;
+    at = nl;
+  }
+  return text.substr(at == text.size() ? at : at + 1);
+}
+
+// Runs `command` (stderr joined to stdout); returns its exit status and output.
+std::pair<int, std::string> run_command(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) output.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
+}
+
+// Reads the run's train records into `m`: peak over every step, times over those after warm-up.
+void read_metrics(const std::string& path, Measurement& m) {
+  std::ifstream in(path);
+  std::string line;
+  std::vector<double> step, recompute, comm, evictions;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\": \"train\"") == std::string::npos) continue;
+    ++m.steps;
+    const auto peak = static_cast<int64_t>(json_number(line, "mem_peak_bytes").value_or(0));
+    m.peak_bytes = std::max(m.peak_bytes, peak);
+    if (m.steps == 1) m.first_peak_bytes = peak;
+    else m.later_peak_bytes = std::max(m.later_peak_bytes, peak);
+    step.push_back(json_number(line, "step_ms").value_or(0));
+    recompute.push_back(json_number(line, "recompute_ms").value_or(0));
+    comm.push_back(json_number(line, "comm_ms").value_or(0));
+    evictions.push_back(json_number(line, "evictions").value_or(0));
+  }
+  if (step.empty()) return;
+  // The first two steps page memory in, build optimizer state and, under mpirun, wait for the
+  // slowest rank's start; they are not the step a plan runs at.
+  const long skip = std::min<long>(2, static_cast<long>(step.size()) - 1);
+  auto steady = [skip](const std::vector<double>& v) {
+    return median(std::vector<double>(v.begin() + skip, v.end()));
+  };
+  m.step_ms = steady(step);
+  m.recompute_ms = steady(recompute);
+  m.comm_ms = steady(comm);
+  m.evictions = steady(evictions);
+}
+
+}  // namespace
+
+const Planned& PlanCache::get(const JobSpec& job, const PlanArgs& args) {
+  std::unique_ptr<Planned>& slot = planned_[key_of(job, args)];
+  if (slot) return *slot;
+  auto p = std::make_unique<Planned>();
+  p->config = load_config(job.config, overrides_of(job)).config;
+  // As `hybrid_train plan` sets up before it profiles (plan_command.cpp).
+  const Config& c = p->config;
+  set_compute_threads(c.training.threads > 0 ? static_cast<int>(c.training.threads) : default_thread_count(1));
+  set_host_memory_caching(c.memory.host_cache);
+  const DataSplits data = make_datasets(c);
+  const auto start = std::chrono::steady_clock::now();
+  p->plan = plan_job(c, *data.train, data.info, args);
+  p->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  slot = std::move(p);
+  return *slot;
+}
+
+Measurement measure(const Runner& runner, const Config& config, const Plan& plan, int steps, const std::string& name) {
+  namespace fs = std::filesystem;
+  Measurement m;
+  const fs::path dir = fs::path(runner.scratch) / name;
+  fs::create_directories(dir);
+  Config c = config_for_plan(config, plan);
+  c.job.output_dir = (dir / "out").string();
+  const fs::path toml = dir / "plan.toml";
+  std::ofstream(toml) << resolved_toml(c);
+  // A run that hangs (a rank lost under mpirun) must not hang the benchmark.
+  std::string command = "timeout -k 10 900 ";
+  if (plan.ranks > 1) {
+    command += shell_quote(runner.mpirun) + " --allow-run-as-root --oversubscribe -np " + std::to_string(plan.ranks) + " ";
+  }
+  command += shell_quote(runner.binary) + " " + shell_quote(toml.string()) + " --training.steps=" +
+             std::to_string(steps) +
+             " --metrics.log_interval=1 --checkpoint.interval=0 --training.eval_interval=0 --training.eval_batches=1";
+  const auto start = std::chrono::steady_clock::now();
+  const auto [status, output] = run_command(command);
+  m.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::ofstream(dir / "output.txt") << output;
+  if (status != 0) {
+    m.error = "exit status " + std::to_string(status) + ": " + last_lines(output, 3);
+    return m;
+  }
+  read_metrics((dir / "out" / "metrics.jsonl").string(), m);
+  m.ok = m.steps > 0;
+  if (!m.ok) m.error = "no train records in " + (dir / "out" / "metrics.jsonl").string();
+  return m;
+}
+
+std::string default_binary() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "hybrid_train";
+  return (self.parent_path().parent_path() / "launcher" / "hybrid_train").string();
+}
+
+}  // namespace ht::bench

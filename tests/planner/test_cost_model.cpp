@@ -1,0 +1,106 @@
+// The cost model's terms on a hand-made profile: affine interpolation between measured sizes,
+// threads by Amdahl's law, ranks sharing a host, the all-reduce's alpha-beta, and memory as the
+// sum of its parts.
+#include "planner/cost_model.h"
+
+#include <gtest/gtest.h>
+
+namespace ht::test {
+namespace {
+
+ModelProfile two_points() {
+  ModelProfile p;
+  p.parameter_bytes = 1000 * 64;
+  p.gradient_bytes = 1000 * 64;
+  p.optimizer_state_bytes = 1000 * 64;
+  p.input_sample_bytes = 100;
+  p.target_sample_bytes = 8;
+  p.train_samples = 1000;
+  p.global_batch = 64;
+  p.steps_per_epoch = 15;
+  p.threads = 4;
+  for (int64_t m : {8, 32}) {
+    ProfilePoint pt;
+    pt.micro_batch = m;
+    pt.threads = 4;
+    pt.forward_backward_ms = 2.0 + 0.5 * static_cast<double>(m);  // affine, not proportional
+    pt.optimizer_ms = 1.0;
+    pt.step_ms = pt.forward_backward_ms + pt.optimizer_ms;
+    pt.persistent_bytes = 3000 * 64;
+    pt.batch_bytes = batch_bytes(p, m);
+    pt.peak_bytes = pt.persistent_bytes + pt.batch_bytes + 5000 + 1000 * m;
+    p.points.push_back(pt);
+  }
+  ProfilePoint one = p.points[0];
+  one.threads = 1;
+  one.forward_backward_ms = 1.0 + 4 * 5.0;  // serial 1 ms, parallel 20 ms over 4 threads = 5 ms
+  p.points[0].forward_backward_ms = 1.0 + 5.0;
+  p.points.push_back(one);
+  return p;
+}
+
+TEST(CostModel, AffineInTheMicroBatchBetweenAndBeyondTheMeasuredSizes) {
+  ModelProfile p = two_points();
+  p.points[0].forward_backward_ms = 6.0;  // 2 + 0.5 x 8
+  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 16, "off", 4), 10.0);
+  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 64, "off", 4), 34.0);
+  EXPECT_EQ(activation_bytes(p, 16, "off"), 5000 + 16000);
+  EXPECT_EQ(activation_bytes(p, 128, "off"), 5000 + 128000);
+  EXPECT_THROW(forward_backward_ms(p, 16, "bf16", 4), std::invalid_argument);
+}
+
+TEST(CostModel, FewerThreadsByAmdahlsLawThroughTheOneThreadPoint) {
+  const ModelProfile p = two_points();
+  // At micro-batch 8: 6 ms with 4 threads, 21 with 1: serial 1, parallel 20.
+  EXPECT_NEAR(forward_backward_ms(p, 8, "off", 2) / forward_backward_ms(p, 8, "off", 4), (1.0 + 10.0) / 6.0, 1e-9);
+}
+
+TEST(CostModel, RanksSharingAHostShareItsThreads) {
+  Machine m;
+  m.host_threads = 4;
+  m.shared_host = true;
+  EXPECT_EQ(threads_per_rank(m, 1), 4);
+  EXPECT_EQ(threads_per_rank(m, 2), 2);
+  EXPECT_EQ(threads_per_rank(m, 8), 1);
+  EXPECT_DOUBLE_EQ(oversubscription(m, 8), 2.0);
+  m.shared_host = false;
+  EXPECT_EQ(threads_per_rank(m, 8), 4);
+  EXPECT_DOUBLE_EQ(oversubscription(m, 8), 1.0);
+}
+
+TEST(CostModel, RingAllReduceAlphaBeta) {
+  Machine m;
+  m.devices_per_node = 2;
+  m.intra_node_gbps = 1;  // 1 byte per ns
+  m.inter_node_gbps = 0.5;
+  m.intra_node_latency_us = 10;
+  m.inter_node_latency_us = 20;
+  EXPECT_DOUBLE_EQ(allreduce_ms(m, 1, 1 << 20), 0.0);
+  // 2 ranks: 2 steps of 10 us + (1 MB / 2) / 1 GB/s.
+  EXPECT_NEAR(allreduce_ms(m, 2, 1000000), 2 * (0.01 + 0.5), 1e-9);
+  // 4 ranks span two nodes: the slower link.
+  EXPECT_NEAR(allreduce_ms(m, 4, 1000000), 6 * (0.02 + 0.25 / 0.5), 1e-9);
+}
+
+TEST(CostModel, PeakIsTheSumOfItsParts) {
+  const ModelProfile p = two_points();
+  Machine m;
+  m.host_threads = 4;
+  m.device_memory = 1 << 30;
+  Plan plan;
+  plan.micro_batch = 16;
+  plan.accumulation = 4;  // the rank's batch is 64 samples
+  const Prediction r = predict(p, m, plan);
+  EXPECT_EQ(r.model_bytes + r.gradient_bytes + r.optimizer_state_bytes, 3000 * 64);
+  EXPECT_EQ(r.sampler_bytes, arena_bytes(1000 * 8));
+  EXPECT_EQ(r.batch_bytes, arena_bytes(64 * 100) + arena_bytes(64 * 8));
+  EXPECT_EQ(r.activation_bytes, 5000 + 16000);
+  EXPECT_EQ(r.peak_bytes, 3000 * 64 + r.sampler_bytes + r.batch_bytes + r.activation_bytes);
+  EXPECT_TRUE(r.fits);
+  EXPECT_DOUBLE_EQ(r.compute_ms, 4 * forward_backward_ms(p, 16, "off", 4));
+  m.device_memory = r.peak_bytes - 1;
+  EXPECT_FALSE(predict(p, m, plan).fits);
+}
+
+}  // namespace
+}  // namespace ht::test

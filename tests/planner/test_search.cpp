@@ -1,0 +1,114 @@
+// The search on synthetic cost tables: the pick is the true optimum for either objective, a rank
+// cap of one picks a memory-saving plan, and the sentence states the trade-off in numbers.
+#include "planner/search.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A made-up machine: compute scales with the rank's samples, every extra rank costs all-reduce
+// time; a plan fits its budget (the device) when its model state (100) and activations do, or when
+// eviction trades 1.3x the compute for them (down to 10 bytes of activations).
+Prediction synthetic(const Plan& p) {
+  Prediction r;
+  const double per_rank = static_cast<double>(p.micro_batch * p.accumulation);
+  r.compute_ms = per_rank * (p.precision == "bf16" ? 0.8 : 1.0) + 2.0 * static_cast<double>(p.accumulation);
+  r.allreduce_exposed_ms = p.ranks > 1 ? 6.0 : 0.0;
+  r.activation_bytes = p.micro_batch * (p.precision == "bf16" ? 2 : 4);
+  r.peak_bytes = 100 + r.activation_bytes;
+  if (p.policy != "none") {
+    r.recompute_ms = 0.3 * r.compute_ms;
+    r.evictions = 5;
+    r.peak_bytes = std::min<int64_t>(r.peak_bytes, p.budget_bytes);
+  }
+  r.fits = r.peak_bytes <= p.budget_bytes && p.budget_bytes >= 110;
+  r.step_ms = r.compute_ms + r.recompute_ms + r.allreduce_exposed_ms;
+  r.samples_per_s = 64.0 / r.step_ms * 1e3;
+  r.device_hours_per_epoch = p.ranks * r.step_ms / 3.6e6 * 100;
+  return r;
+}
+
+const RankedPlan& brute_force_best(const std::vector<RankedPlan>& all, Objective objective) {
+  const RankedPlan* best = nullptr;
+  for (const RankedPlan& r : all) {
+    if (!r.prediction.fits) continue;
+    const double v = objective == Objective::kTime ? r.prediction.step_ms : r.prediction.device_hours_per_epoch;
+    const double b = best == nullptr ? std::numeric_limits<double>::infinity()
+                                     : (objective == Objective::kTime ? best->prediction.step_ms
+                                                                      : best->prediction.device_hours_per_epoch);
+    if (v < b) best = &r;
+  }
+  return *best;
+}
+
+TEST(Search, CandidatesCoverRanksMicroBatchesPrecisionsAndPolicies) {
+  SearchOptions o;
+  o.ranks = {1, 2, 3, 4};
+  const std::vector<Plan> plans = candidate_plans(64, 1 << 20, o);
+  for (const Plan& p : plans) {
+    EXPECT_NE(p.ranks, 3) << "64 does not divide among 3 ranks";
+    EXPECT_EQ(p.micro_batch * p.accumulation * p.ranks, 64);
+    EXPECT_EQ(p.budget_bytes, 1 << 20);
+  }
+  // ranks 1, 2, 4 x accumulation 1..32 (6, 6, 5 of them) x 2 precisions x 2 policies
+  EXPECT_EQ(plans.size(), (6u + 6u + 5u) * 2 * 2);
+  EXPECT_TRUE(candidate_plans(64, 0, o).size() * 2 == plans.size()) << "no budget: no eviction plans";
+}
+
+TEST(Search, PicksTheTrueOptimumForEitherObjective) {
+  SearchOptions o;
+  o.ranks = {1, 2, 4, 8};
+  const std::vector<Plan> plans = candidate_plans(64, 200, o);
+  for (Objective objective : {Objective::kTime, Objective::kCost}) {
+    const std::vector<RankedPlan> ranked = rank_plans(plans, synthetic, objective);
+    const RankedPlan& best = brute_force_best(ranked, objective);
+    ASSERT_TRUE(ranked[0].prediction.fits);
+    EXPECT_EQ(ranked[0].prediction.step_ms, best.prediction.step_ms);
+    EXPECT_EQ(ranked[0].prediction.device_hours_per_epoch, best.prediction.device_hours_per_epoch);
+    for (size_t i = 1; i < ranked.size(); ++i) {
+      if (!ranked[i].prediction.fits) {
+        for (size_t j = i; j < ranked.size(); ++j) EXPECT_FALSE(ranked[j].prediction.fits) << "fitting plans first";
+        break;
+      }
+    }
+  }
+  // Time: eight ranks (8 samples each) beat one; cost: one rank, since all-reduce is pure overhead.
+  EXPECT_EQ(rank_plans(plans, synthetic, Objective::kTime)[0].plan.ranks, 8);
+  EXPECT_EQ(rank_plans(plans, synthetic, Objective::kCost)[0].plan.ranks, 1);
+}
+
+TEST(Search, ARankCapOfOnePicksAMemorySaver) {
+  SearchOptions o;
+  o.ranks = {1};
+  const std::vector<RankedPlan> ranked = rank_plans(candidate_plans(64, 200, o), synthetic, Objective::kTime);
+  const Plan& pick = ranked[0].plan;
+  ASSERT_TRUE(ranked[0].prediction.fits);
+  // 64 samples at once need 100 + 4 x 64 bytes: the pick accumulates, or evicts, or halves precision.
+  EXPECT_TRUE(pick.accumulation > 1 || pick.policy != "none" || pick.precision == "bf16");
+  EXPECT_LE(ranked[0].prediction.peak_bytes, 200);
+}
+
+TEST(Search, TheSentenceStatesTheTradeOffInNumbers) {
+  SearchOptions o;
+  o.ranks = {1, 2};
+  const std::vector<RankedPlan> ranked = rank_plans(candidate_plans(64, 200, o), synthetic, Objective::kTime);
+  ASSERT_EQ(ranked[0].plan.ranks, 2);
+  const std::string why = why_it_wins(ranked, Objective::kTime);
+  EXPECT_THAT(why, HasSubstr("2 ranks give "));
+  EXPECT_THAT(why, HasSubstr("x the throughput of the best 1-rank plan"));
+  EXPECT_THAT(why, HasSubstr("x the device-hours"));
+  EXPECT_THAT(why, HasSubstr("Recomputation instead"));
+  o.ranks = {1};
+  EXPECT_EQ(why_it_wins(rank_plans(candidate_plans(64, 100, o), synthetic, Objective::kTime), Objective::kTime), "")
+      << "nothing fits in 100: no sentence";
+}
+
+}  // namespace
+}  // namespace ht::test
