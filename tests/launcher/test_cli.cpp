@@ -113,6 +113,20 @@ TEST_F(BadInputProcess, ImpossibleBudgetsExitTwoWritingNothing) {
                    "does not fit memory.budget = \"11MiB\" (11.0 MiB); no micro-batch size, precision or memory "
                    "policy fits at 1 rank(s)");
   }
+  // Told to go on anyway, the run stops at its first out-of-memory, and removes what it had begun.
+  for (const char* policy : {"none", "dtr"}) {
+    const std::string out = dir_.path(std::string("out_") + policy);
+    const ProcessResult r = run_binary(dir_.write("job.toml", kMlp) + " --job.output_dir=" + out +
+                                       " --memory.budget=10MiB --memory.check_fit=false --memory.trace=true "
+                                       "--memory.policy=" + policy);
+    EXPECT_EQ(r.status, 2) << r.output;
+    const std::string last_line = r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1);
+    EXPECT_THAT(last_line, ::testing::StartsWith(
+                               "hybrid_train: error: " + dir_.path("job.toml") + ": memory.budget = \"10MiB\" (10.0 MiB) "
+                               "is too small for model mlp at micro-batch 64: in step 1 an allocation of "));
+    EXPECT_THAT(last_line, HasSubstr("no budget below "));
+    EXPECT_FALSE(std::filesystem::exists(out)) << "nothing may be left: " << out;
+  }
 }
 
 TEST_F(BadInputProcess, MissingConfigFile) {

@@ -164,7 +164,7 @@ void expect_replay_matches(const char* toml, int64_t micro, double share) {
   std::printf("replay: %lld evictions predicted, %.0f measured at %.0f%% of the peak\n",
               static_cast<long long>(predicted.evictions), measured, share * 100);
   // The stated tolerance: within a factor of two. The replay evicts more than the engine (1.4-1.5x
-  // on these models): it cannot see views, whose accesses keep their root fresh in the engine.
+  // on these models); planner/dtr_replay.h lists what of the engine it cannot mirror.
   const double ratio = static_cast<double>(predicted.evictions) / measured;
   EXPECT_GE(ratio, 0.5) << predicted.evictions << " predicted, " << measured << " measured";
   EXPECT_LE(ratio, 2.0) << predicted.evictions << " predicted, " << measured << " measured";
