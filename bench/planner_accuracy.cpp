@@ -63,7 +63,8 @@ struct ScenarioSpec {
 struct Options {
   bool quick = false;
   bool keep_runs = false;
-  int steps = 8;
+  int steps = 10;
+  bool profiles = false;
   std::string configs = HT_SOURCE_DIR "/configs";
   Runner runner;
 };
@@ -71,6 +72,7 @@ struct Options {
 // What the run found wrong (exit 1) and what the summary reports.
 struct Outcome {
   bool failed = false;
+  std::vector<std::string> failures;  // "row4: why"
   std::vector<std::string> picks;  // per scenario: "name: yes (+1.2%)"
   bool picks_met = true;
   double slowest_search_s = 0;
@@ -82,7 +84,9 @@ struct Jobs {
     return {dir + "/" + file, std::move(overrides)};
   }
   JobSpec convnet() const { return at("quickstart.toml"); }
-  JobSpec resnet(int batch) const { return at("resnet18_fmnist.toml", {"training.global_batch_size=" + std::to_string(batch)}); }
+  JobSpec resnet(int batch) const {
+    return at("resnet18_fmnist.toml", {"training.global_batch_size=" + std::to_string(batch)});
+  }
   JobSpec gpt_small() const { return at("gpt_tiny.toml"); }
   JobSpec gpt_large() const { return at("gpt_tiny.toml", {"model.n_layer=4", "model.n_embd=128"}); }
   JobSpec supernet() const { return at("spos_synthetic.toml"); }
@@ -96,9 +100,9 @@ std::vector<RowSpec> row_specs(const Jobs& j, bool quick) {
           {"ConvNet", j.convnet(), 1, 64, 1, "bf16"},
           {"ConvNet", j.convnet(), 1, 64, 1, "off", 0.65},
           {"ConvNet", j.convnet(), 2, 32, 1},
-          {"ResNet-18", j.resnet(32), 1, 32, 1, "off", 0, 6},
-          {"ResNet-18", j.resnet(32), 1, 32, 1, "bf16", 0.65, 6},
-          {"ResNet-18", j.resnet(32), 2, 16, 1, "off", 0, 6},
+          {"ResNet-18", j.resnet(32), 1, 32, 1, "off", 0, 8},
+          {"ResNet-18", j.resnet(32), 1, 32, 1, "bf16", 0.65, 8},
+          {"ResNet-18", j.resnet(32), 2, 16, 1, "off", 0, 8},
           {"GPT-small", j.gpt_small(), 1, 32, 1},
           {"GPT-small", j.gpt_small(), 1, 8, 4, "bf16"},
           {"GPT-small", j.gpt_small(), 4, 8, 1},
@@ -112,7 +116,7 @@ std::vector<RowSpec> row_specs(const Jobs& j, bool quick) {
 std::vector<ScenarioSpec> scenario_specs(const Jobs& j, bool quick) {
   const int64_t mib = int64_t{1} << 20;
   if (quick) return {{"ConvNet", j.convnet(), 24 * mib, {1}, 3}};
-  return {{"ResNet-18, batch 64", j.resnet(64), 256 * mib, {1, 2}, 5},
+  return {{"ResNet-18, batch 64", j.resnet(64), 256 * mib, {1, 2}, 6},
           {"ConvNet", j.convnet(), 24 * mib, {1}},
           {"GPT-large", j.gpt_large(), 40 * mib, {1, 2}}};
 }
@@ -143,12 +147,16 @@ Row plan_row(PlanCache& cache, const std::vector<RowSpec>& specs, const RowSpec&
   const ModelProfile& profile = row.planned->plan.profile;
   const Machine& machine = row.planned->plan.machine;
   row.plan = Plan{s.ranks, s.micro, s.accumulation, s.precision, "none", machine.device_memory};
-  if (s.dtr_share > 0) {
-    const Prediction unconstrained = predict(profile, machine, row.plan);
-    row.plan.policy = "dtr";
-    row.plan.budget_bytes = std::llround(static_cast<double>(unconstrained.peak_bytes) * s.dtr_share);
-  }
   row.predicted = predict(profile, machine, row.plan);
+  // DTR at the smallest share of the peak without eviction, from dtr_share up, that the planner
+  // thinks works: where the model's own state is most of the peak (ResNet-18), 65% cannot.
+  const auto unconstrained = static_cast<double>(row.predicted.peak_bytes);
+  for (double share = s.dtr_share; share > 0 && share < 0.99; share += 0.05) {
+    row.plan.policy = "dtr";
+    row.plan.budget_bytes = std::llround(unconstrained * share);
+    row.predicted = predict(profile, machine, row.plan);
+    if (row.predicted.fits) break;
+  }
   return row;
 }
 
@@ -170,48 +178,66 @@ Measurement measure_plan(const Options& o, const Config& config, const Plan& pla
   if (!m.ok) {
     std::fprintf(stderr, "  %s FAILED: %s\n", name.c_str(), m.error.c_str());
     outcome.failed = true;
+    outcome.failures.push_back(name + " (" + short_plan(plan) + "): " + m.error);
   } else if (plan.budget_bytes > 0 && m.peak_bytes > plan.budget_bytes) {
-    std::fprintf(stderr, "  %s: measured peak %.1f MiB over the plan's budget %.1f MiB\n", name.c_str(),
-                 m.peak_bytes / kMiB, plan.budget_bytes / kMiB);
+    char why[128];
+    std::snprintf(why, sizeof why, "measured peak %.2f MiB over the plan's budget %.2f MiB", m.peak_bytes / kMiB,
+                  plan.budget_bytes / kMiB);
+    std::fprintf(stderr, "  %s: %s\n", name.c_str(), why);
     outcome.failed = true;
+    outcome.failures.push_back(name + " (" + short_plan(plan) + "): " + why);
   }
-  std::fprintf(stderr, "  %s: %s; %.1f s, step %.1f ms, peak %.1f MiB\n", name.c_str(), short_plan(plan).c_str(),
-               m.wall_s, m.step_ms, m.peak_bytes / kMiB);
+  std::fprintf(stderr, "  %s: %s; %.1f s, step %.1f ms, peak %.1f MiB, other load %.2f cores\n", name.c_str(),
+               short_plan(plan).c_str(), m.wall_s, m.step_ms, m.peak_bytes / kMiB, m.other_load);
   return m;
 }
 
+// "predicted | measured | error" cells; a failed run's measured cells say so.
+std::string versus(double predicted, double measured, bool ok, int digits) {
+  char text[64];
+  if (ok) {
+    std::snprintf(text, sizeof text, "%9.*f | %9.*f | %+7.1f", digits, predicted, digits, measured,
+                  error_pct(predicted, measured));
+  } else {
+    std::snprintf(text, sizeof text, "%9.*f | %9s | %7s", digits, predicted, "failed", "-");
+  }
+  return text;
+}
+
 void print_rows(const std::vector<Row>& rows) {
+  std::printf("\nerror = (predicted - measured) / measured; peak: the highest step's, step: the median after 2 "
+              "warm-up steps\n");
   std::printf("\n| %2s | %-9s | %-30s | %9s | %9s | %7s | %9s | %9s | %7s |\n", "#", "model",
               "ranks micro x acc prec policy", "peak pred", "meas MiB", "err %", "step pred", "meas ms", "err %");
   std::printf("|%s|\n", std::string(122, '-').c_str());
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const Measurement& m = r.measured;
-    std::printf("| %2zu | %-9s | %-30s | %9.2f | %9.2f | %+7.1f | %9.1f | %9.1f | %+7.1f |\n", i + 1,
-                r.spec.model.c_str(), short_plan(r.plan).c_str(), r.predicted.peak_bytes / kMiB, m.peak_bytes / kMiB,
-                m.ok ? error_pct(r.predicted.peak_bytes, m.peak_bytes) : NAN, r.predicted.step_ms, m.step_ms,
-                m.ok ? error_pct(r.predicted.step_ms, m.step_ms) : NAN);
+    std::printf("| %2zu | %-9s | %-30s | %s | %s |\n", i + 1, r.spec.model.c_str(), short_plan(r.plan).c_str(),
+                versus(r.predicted.peak_bytes / kMiB, m.peak_bytes / kMiB, m.ok, 2).c_str(),
+                versus(r.predicted.step_ms, m.step_ms, m.ok, 1).c_str());
   }
 }
 
 // The step's terms side by side: which one a wrong prediction comes from.
 void print_terms(const std::vector<Row>& rows) {
   std::printf("\nstep terms, ms (measured recompute and all-reduce from the run's metrics; \"rest\" is its step "
-              "less both, against predicted compute + optimizer):\n\n");
-  std::printf("| %2s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %15s |\n", "#", "compute",
+              "less both, against predicted compute + optimizer; \"other\": cores busy with other processes or "
+              "stolen during the run):\n\n");
+  std::printf("| %2s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %9s | %15s | %13s | %5s |\n", "#", "compute",
               "optimizer", "rest pred", "rest meas", "recomp p", "recomp m", "allred p", "allred m", "evict p/m",
-              "peak 1st/later");
-  std::printf("|%s|\n", std::string(131, '-').c_str());
+              "peak 1st/later", "steps min-max", "other");
+  std::printf("|%s|\n", std::string(155, '-').c_str());
   for (size_t i = 0; i < rows.size(); ++i) {
     const Prediction& p = rows[i].predicted;
     const Measurement& m = rows[i].measured;
-    char evictions[32];
-    std::snprintf(evictions, sizeof evictions, "%lld/%.0f", static_cast<long long>(p.evictions), m.evictions);
-    char peaks[32];
-    std::snprintf(peaks, sizeof peaks, "%.2f/%.2f", m.first_peak_bytes / kMiB, m.later_peak_bytes / kMiB);
-    std::printf("| %2zu | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9s | %15s |\n", i + 1,
-                p.compute_ms, p.optimizer_ms, p.compute_ms + p.optimizer_ms, m.step_ms - m.recompute_ms - m.comm_ms,
-                p.recompute_ms, m.recompute_ms, p.allreduce_exposed_ms, m.comm_ms, evictions, peaks);
+    char measured[96];  // evictions, first and later peaks, fastest and slowest step, other load
+    std::snprintf(measured, sizeof measured, "%4lld/%-4.0f | %7.2f/%-7.2f | %6.0f-%-6.0f | %5.2f",
+                  static_cast<long long>(p.evictions), m.evictions, m.first_peak_bytes / kMiB,
+                  m.later_peak_bytes / kMiB, m.fastest_ms, m.slowest_ms, m.other_load);
+    std::printf("| %2zu | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %s |\n", i + 1, p.compute_ms,
+                p.optimizer_ms, p.compute_ms + p.optimizer_ms, m.step_ms - m.recompute_ms - m.comm_ms, p.recompute_ms,
+                m.recompute_ms, p.allreduce_exposed_ms, m.comm_ms, measured);
   }
 }
 
@@ -219,7 +245,8 @@ std::vector<Row> run_rows(PlanCache& cache, const Options& o, const Jobs& jobs, 
   std::vector<RowSpec> specs = row_specs(jobs, o.quick);
   if (o.runner.mpirun.empty()) {
     const auto n = std::count_if(specs.begin(), specs.end(), [](const RowSpec& s) { return s.ranks > 1; });
-    if (n > 0) std::printf("no mpirun (MPI not found at build time): %ld rows with more than one rank skipped\n", n);
+    if (n > 0) std::printf("no mpirun (none found at build time, or --mpirun empty): %ld rows of several ranks "
+                           "skipped\n", n);
     specs.erase(std::remove_if(specs.begin(), specs.end(), [](const RowSpec& s) { return s.ranks > 1; }), specs.end());
   }
   std::vector<Row> rows;
@@ -235,11 +262,13 @@ std::vector<Row> run_rows(PlanCache& cache, const Options& o, const Jobs& jobs, 
   return rows;
 }
 
-// The pick (ranked[0]) and the best fitting plan that differs from it in each way a plan can:
-// ranks, micro-batch, memory policy, precision. At most `most` besides the pick.
+// The pick (ranked[0]), the runner-up, and the best fitting plan not chosen yet that differs from
+// the pick in each way a plan can: ranks, micro-batch, memory policy, precision. At most `most`
+// besides the pick.
 std::vector<size_t> plans_to_measure(const std::vector<RankedPlan>& ranked, size_t most) {
   using Differs = bool (*)(const Plan&, const Plan&);
   const Differs ways[] = {
+      [](const Plan&, const Plan&) { return true; },
       [](const Plan& a, const Plan& b) { return a.ranks != b.ranks; },
       [](const Plan& a, const Plan& b) { return a.micro_batch != b.micro_batch; },
       [](const Plan& a, const Plan& b) { return a.policy != b.policy; },
@@ -247,9 +276,9 @@ std::vector<size_t> plans_to_measure(const std::vector<RankedPlan>& ranked, size
   std::vector<size_t> out{0};
   for (Differs differs : ways) {
     for (size_t i = 1; i < ranked.size() && ranked[i].prediction.fits && out.size() <= most; ++i) {
-      if (!differs(ranked[i].plan, ranked[0].plan)) continue;
-      if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
-      break;  // the best of this way (already chosen or not)
+      if (!differs(ranked[i].plan, ranked[0].plan) || std::find(out.begin(), out.end(), i) != out.end()) continue;
+      out.push_back(i);
+      break;
     }
   }
   std::sort(out.begin(), out.end());
@@ -264,10 +293,9 @@ void print_scenario(const std::vector<RankedPlan>& ranked, const std::vector<siz
   for (size_t k = 0; k < chosen.size(); ++k) {
     const RankedPlan& r = ranked[chosen[k]];
     const Measurement& m = ms[k];
-    std::printf("| %6zu | %-30s | %9.2f | %9.2f | %+7.1f | %9.1f | %9.1f | %+7.1f |\n", chosen[k] + 1,
-                short_plan(r.plan).c_str(), r.prediction.peak_bytes / kMiB, m.peak_bytes / kMiB,
-                m.ok ? error_pct(r.prediction.peak_bytes, m.peak_bytes) : NAN, r.prediction.step_ms, m.step_ms,
-                m.ok ? error_pct(r.prediction.step_ms, m.step_ms) : NAN);
+    std::printf("| %6zu | %-30s | %s | %s |\n", chosen[k] + 1, short_plan(r.plan).c_str(),
+                versus(r.prediction.peak_bytes / kMiB, m.peak_bytes / kMiB, m.ok, 2).c_str(),
+                versus(r.prediction.step_ms, m.step_ms, m.ok, 1).c_str());
   }
 }
 
@@ -330,7 +358,8 @@ void print_summary(const std::vector<Row>& rows, const Outcome& outcome) {
   for (const std::string& p : outcome.picks) std::printf("    %s\n", p.c_str());
   std::printf("  search (profile + search) under 10 s per config: %s (slowest %.1f s)\n",
               verdict(outcome.slowest_search_s < 10), outcome.slowest_search_s);
-  if (outcome.failed) std::printf("  FAILED: a run failed or its peak exceeded its budget (see stderr)\n");
+  if (outcome.failed) std::printf("FAILED: a run failed, or its peak exceeded its budget:\n");
+  for (const std::string& f : outcome.failures) std::printf("  %s\n", f.c_str());
 }
 
 }  // namespace
@@ -349,10 +378,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--steps", o.steps, "training steps a measured run takes (slow rows take fewer)")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--profiles", o.profiles, "print each job's profile, as `hybrid_train plan` does");
   app.add_flag("--keep-runs", o.keep_runs, "keep every run's config, output and metrics (a failed run's are kept)");
   app.add_option("--configs", o.configs, "the folder of the example configs")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (o.quick) o.steps = std::min(o.steps, 3);
+  if (access(o.runner.binary.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "bench_planner_accuracy: --binary %s: no such program; build hybrid_train first\n",
+                 o.runner.binary.c_str());
+    return 2;
+  }
   if (!o.runner.mpirun.empty() && access(o.runner.mpirun.c_str(), X_OK) != 0) o.runner.mpirun.clear();
   ht::CpuAllocationCounter::install();
   char scratch[] = "/tmp/bench_planner_accuracy.XXXXXX";
@@ -364,7 +399,7 @@ int main(int argc, char** argv) {
   std::printf("bench_planner_accuracy: %s, runs in %s, mpirun %s\n", o.runner.binary.c_str(), scratch,
               o.runner.mpirun.empty() ? "none" : o.runner.mpirun.c_str());
   const auto start = std::chrono::steady_clock::now();
-  ht::bench::PlanCache cache;
+  ht::bench::PlanCache cache(o.profiles);
   ht::bench::Outcome outcome;
   const ht::bench::Jobs jobs{o.configs};
   try {

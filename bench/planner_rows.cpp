@@ -5,15 +5,17 @@
 #include "launcher/config/config_text.h"
 #include "launcher/data/dataset.h"
 #include "memory/cpu_device_allocator.h"
+#include "planner/plan_report.h"
 #include "runtime/thread_pools.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,6 +71,26 @@ std::string last_lines(const std::string& text, int n) {
   return text.substr(at == text.size() ? at : at + 1);
 }
 
+// CPU seconds the whole machine spent busy (stolen time included), and this process's children's.
+struct CpuTimes {
+  double machine_s = 0, children_s = 0;
+};
+
+CpuTimes cpu_times() {
+  CpuTimes t;
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  if (stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) {
+    t.machine_s = (user + nice + system + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  rusage r{};
+  getrusage(RUSAGE_CHILDREN, &r);
+  t.children_s = static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+                 static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) * 1e-6;
+  return t;
+}
+
 // Runs `command` (stderr joined to stdout); returns its exit status and output.
 std::pair<int, std::string> run_command(const std::string& command) {
   std::string output;
@@ -106,6 +128,8 @@ void read_metrics(const std::string& path, Measurement& m) {
     return median(std::vector<double>(v.begin() + skip, v.end()));
   };
   m.step_ms = steady(step);
+  m.fastest_ms = *std::min_element(step.begin() + skip, step.end());
+  m.slowest_ms = *std::max_element(step.begin() + skip, step.end());
   m.recompute_ms = steady(recompute);
   m.comm_ms = steady(comm);
   m.evictions = steady(evictions);
@@ -126,6 +150,10 @@ const Planned& PlanCache::get(const JobSpec& job, const PlanArgs& args) {
   const auto start = std::chrono::steady_clock::now();
   p->plan = plan_job(c, *data.train, data.info, args);
   p->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (print_profiles_) {
+    std::printf("\nprofile of %s:\n%s\n", key_of(job, args).c_str(),
+                profile_text(p->plan.profile, p->plan.machine).c_str());
+  }
   slot = std::move(p);
   return *slot;
 }
@@ -142,17 +170,28 @@ Measurement measure(const Runner& runner, const Config& config, const Plan& plan
   // A run that hangs (a rank lost under mpirun) must not hang the benchmark.
   std::string command = "timeout -k 10 900 ";
   if (plan.ranks > 1) {
-    command += shell_quote(runner.mpirun) + " --allow-run-as-root --oversubscribe -np " + std::to_string(plan.ranks) + " ";
+    command += shell_quote(runner.mpirun) + " --allow-run-as-root --oversubscribe -np " + std::to_string(plan.ranks) +
+               " ";
   }
   command += shell_quote(runner.binary) + " " + shell_quote(toml.string()) + " --training.steps=" +
              std::to_string(steps) +
              " --metrics.log_interval=1 --checkpoint.interval=0 --training.eval_interval=0 --training.eval_batches=1";
+  const CpuTimes before = cpu_times();
   const auto start = std::chrono::steady_clock::now();
   const auto [status, output] = run_command(command);
   m.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Timings are only as good as the machine was quiet: what else ran, in cores (this process
+  // waits in pclose and spends next to nothing).
+  const CpuTimes after = cpu_times();
+  m.other_load = std::max(0.0, (after.machine_s - before.machine_s) - (after.children_s - before.children_s)) /
+                 std::max(m.wall_s, 1e-3);
   std::ofstream(dir / "output.txt") << output;
   if (status != 0) {
-    m.error = "exit status " + std::to_string(status) + ": " + last_lines(output, 3);
+    // hybrid_train says what went wrong in one line; without one, its last words.
+    const size_t at = output.find("error: ");
+    const std::string why = at == std::string::npos ? last_lines(output, 3)
+                                                    : output.substr(at, output.find('\n', at) - at);
+    m.error = "exit status " + std::to_string(status) + ": " + why;
     return m;
   }
   read_metrics((dir / "out" / "metrics.jsonl").string(), m);

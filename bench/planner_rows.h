@@ -29,9 +29,11 @@ struct Planned {
 // Profiling costs seconds a job: each (job, arguments) is planned once.
 class PlanCache {
  public:
+  explicit PlanCache(bool print_profiles = false) : print_profiles_(print_profiles) {}
   const Planned& get(const JobSpec& job, const PlanArgs& args);
 
  private:
+  bool print_profiles_;
   std::map<std::string, std::unique_ptr<Planned>> planned_;
 };
 
@@ -48,9 +50,11 @@ struct Measurement {
   int64_t peak_bytes = 0;  // the highest mem_peak_bytes of any step (the arena's, rank 0)
   int64_t first_peak_bytes = 0, later_peak_bytes = 0;  // step 1's (no optimizer state yet), the rest's
   double step_ms = 0;      // median step after the warm-up steps
+  double fastest_ms = 0, slowest_ms = 0;  // of the same steps: how steady the machine was
   double recompute_ms = 0, comm_ms = 0, evictions = 0;  // medians over the same steps
   int steps = 0;           // train records read
   double wall_s = 0;       // the whole child run, profiling and start-up included
+  double other_load = 0;   // cores' worth busy with other processes (or stolen) meanwhile
 };
 
 // Trains `plan` of `config` for `steps` steps as `name` (a folder under the scratch folder).
