@@ -82,8 +82,16 @@ bool same_structure(const StepTrace& a, const StepTrace& b) {
 
 double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
                            int threads) {
-  const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
-  const double ms = affine(micro_batch, *a, a->forward_backward_ms, *b, b->forward_backward_ms);
+  const auto points = base_points(profile, precision);
+  const auto [a, b] = bracket(points, micro_batch);
+  double ms = affine(micro_batch, *a, a->forward_backward_ms, *b, b->forward_backward_ms);
+  // Below the smallest measured size a noisy fit can reach zero: a step costs at least its
+  // share of the smallest measured one (small steps use the cores less well, not better).
+  const ProfilePoint& least = *points.front();
+  if (micro_batch < least.micro_batch) {
+    ms = std::max(ms, least.forward_backward_ms * static_cast<double>(micro_batch) /
+                          static_cast<double>(least.micro_batch));
+  }
   return std::max(ms, 1e-3) * thread_factor(profile, threads);
 }
 
@@ -174,10 +182,19 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   trace.persistent_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes;
   const ReplayResult r = replay_step(trace, options);
+  // What the replay cannot see (the temporaries of kernels it re-runs, the arena as earlier steps
+  // left it) can cut the last few percent into pieces: a plan fits only if the replay also runs
+  // with 5% less.
+  ReplayOptions tighter = options;
+  tighter.budget_bytes = options.budget_bytes * 95 / 100;
+  const ReplayResult margin = replay_step(trace, tighter);
   p.peak_bytes = r.feasible ? r.peak_bytes : std::max(p.peak_bytes, r.min_budget_bytes);
   p.evictions = r.evictions * plan.accumulation;
   p.recompute_ms = r.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
-  if (!r.feasible) {
+  if (r.feasible && !margin.feasible) {
+    p.fits = false;
+    p.why_not = "fits only without the 5% margin the replay keeps for fragmentation it cannot see";
+  } else if (!r.feasible) {
     p.fits = false;
     p.why_not = r.min_budget_bytes > 0
                     ? "no budget below " + std::to_string(r.min_budget_bytes >> 20) + " MiB can run it: " + r.failure
@@ -207,8 +224,12 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   const auto points = base_points(profile, plan.precision);
   const ProfilePoint& ref = *points.back();
   const double other = std::max(0.0, ref.step_ms - ref.forward_backward_ms - ref.optimizer_ms);
-  p.optimizer_ms = (ref.optimizer_ms + other * static_cast<double>(plan.micro_batch * plan.accumulation) /
-                                           static_cast<double>(ref.micro_batch)) * slowdown;
+  // The optimizer's time does not depend on the micro-batch: the median over the points.
+  std::vector<double> optimizer;
+  for (const ProfilePoint* q : points) optimizer.push_back(q->optimizer_ms);
+  std::nth_element(optimizer.begin(), optimizer.begin() + static_cast<long>(optimizer.size() / 2), optimizer.end());
+  p.optimizer_ms = (optimizer[optimizer.size() / 2] + other * static_cast<double>(plan.micro_batch * plan.accumulation) /
+                                                          static_cast<double>(ref.micro_batch)) * slowdown;
   p.allreduce_ms = allreduce_ms(machine, plan.ranks, profile.gradient_bytes);
   // Buckets reduce while the last micro-batch's backward runs, on their own engine (a GPU's
   // copy engines and NCCL's stream). CPU ranks reduce with the cores that compute: nothing hides.

@@ -30,7 +30,9 @@ std::string plan_toml(const Config& config, const JobPlan& plan) {
   const Plan& p = plan.ranked[0].plan;
   const Prediction& r = plan.ranked[0].prediction;
   std::string head = "# Written by hybrid_train plan " + config.source + ": " + plan_words(p) + ".\n";
-  head += "# Predicted: peak " + format_bytes(r.peak_bytes) + " per rank, step " + std::to_string(r.step_ms) +
+ char step[32];
+  std::snprintf(step, sizeof step, "%.1f", r.step_ms);
+  head += "# Predicted: peak " + format_bytes(r.peak_bytes) + " per rank, step " + step +
           " ms.\n# Train it: " + (p.ranks > 1 ? "mpirun -np " + std::to_string(p.ranks) + " " : std::string()) +
           "hybrid_train " + config.job.output_dir + "/plan.toml\n";
   return head + resolved_toml(config_for_plan(config, p));

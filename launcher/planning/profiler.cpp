@@ -94,6 +94,8 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, const std::string& preci
   point.step_ms = median(&Trainer::StepMeasurement::step_ms);
   point.forward_backward_ms = median(&Trainer::StepMeasurement::forward_backward_ms);
   point.optimizer_ms = median(&Trainer::StepMeasurement::optimizer_ms);
+  // A graph that changes every step (the supernet) peaks differently each step: the highest.
+  for (const auto& s : steps) point.peak_bytes = std::max(point.peak_bytes, s.peak_bytes);
   point.persistent_bytes = m.in_use_before;  // the sampler's order of the point's data included
   point.batch_bytes = batch_bytes(p.profile, micro);
   point.blocks.assign(p.model->blocks().size(), BlockTime{});
@@ -155,7 +157,9 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     }
     profile.points.insert(profile.points.begin(), std::move(small));
     if (request.one_thread_point && request.threads > 1) {
-      profile.points.push_back(measure_point(p, lo, first, 1));  // the smaller: a thread costs time
+      // At the larger size: at small ones a VM's second thread can even slow a step down, and
+      // plans run at the larger sizes.
+      profile.points.push_back(measure_point(p, hi, first, 1));
     }
     set_compute_threads(request.threads);
   }

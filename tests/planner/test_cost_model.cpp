@@ -47,6 +47,9 @@ TEST(CostModel, AffineInTheMicroBatchBetweenAndBeyondTheMeasuredSizes) {
   EXPECT_EQ(activation_bytes(p, 16, "off"), 5000 + 16000);
   EXPECT_EQ(activation_bytes(p, 128, "off"), 5000 + 128000);
   EXPECT_THROW(forward_backward_ms(p, 16, "bf16", 4), std::invalid_argument);
+  // Below the smallest size, never less than its share of the smallest measured step.
+  p.points[1].forward_backward_ms = 6.0 + 24 * 2.0;  // steep: the line crosses zero at 5
+  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 2, "off", 4), 6.0 * 2 / 8);
 }
 
 TEST(CostModel, FewerThreadsByAmdahlsLawThroughTheOneThreadPoint) {
