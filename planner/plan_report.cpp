@@ -1,7 +1,5 @@
 #include "planner/plan_report.h"
 
-#include "memory/byte_size.h"
-
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>

@@ -69,10 +69,12 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
     m.intra_node_latency_us = k.intra_node_latency_us;
     m.inter_node_latency_us = k.inter_node_latency_us;
     m.device_speed = k.device_speed;
-    m.description = config.source + " [cluster]: " + std::to_string(m.nodes) + " node(s) x " +
-                    std::to_string(m.devices_per_node) + " devices of " + format_bytes(m.device_memory) + ", " +
-                    std::to_string(k.intra_node_gbps) + " GB/s within a node, " + std::to_string(k.inter_node_gbps) +
-                    " GB/s between, devices " + std::to_string(k.device_speed) + "x this one";
+    char text[320];
+    std::snprintf(text, sizeof text, "%s [cluster]: %d node(s) x %d devices of %s, %.0f GB/s within a node, "
+                  "%.0f GB/s between, devices %gx the one profiled here", config.source.c_str(), m.nodes,
+                  m.devices_per_node, format_bytes(m.device_memory).c_str(), k.intra_node_gbps, k.inter_node_gbps,
+                  k.device_speed);
+    m.description = text;
     return m;
   }
   // This machine: CPU ranks share its cores and its memory; MPI moves gradients through shared
