@@ -23,15 +23,6 @@ bool better(const RankedPlan& a, const RankedPlan& b, Objective objective) {
   return a.plan.ranks < b.plan.ranks;
 }
 
-std::string describe(const Plan& p) {
-  std::string s = std::to_string(p.ranks) + (p.ranks == 1 ? " rank" : " ranks") + ", micro-batch " +
-                  std::to_string(p.micro_batch);
-  if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
-  if (p.precision != "off") s += ", " + p.precision;
-  if (p.policy != "none") s += ", " + p.policy;
-  return s;
-}
-
 // The best fitting plan that `pick` accepts, or null.
 template <typename Pick>
 const RankedPlan* best_where(const std::vector<RankedPlan>& ranked, Pick&& pick) {
@@ -42,6 +33,15 @@ const RankedPlan* best_where(const std::vector<RankedPlan>& ranked, Pick&& pick)
 }
 
 }  // namespace
+
+std::string describe_plan(const Plan& p) {
+  std::string s = std::to_string(p.ranks) + (p.ranks == 1 ? " rank" : " ranks") + ", micro-batch " +
+                  std::to_string(p.micro_batch);
+  if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
+  s += p.precision == "off" ? ", fp32" : ", " + p.precision;
+  if (p.policy != "none") s += ", " + p.policy;
+  return s;
+}
 
 std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, const SearchOptions& options) {
   std::vector<Plan> plans;
@@ -92,11 +92,11 @@ std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objecti
     const Prediction& f = fewer->prediction;
     text += std::to_string(win.plan.ranks) + " ranks give " + fixed(w.samples_per_s / f.samples_per_s) +
             "x the throughput of the best " + std::to_string(fewer->plan.ranks) + "-rank plan (" +
-            describe(fewer->plan) + ") for " + fixed(w.device_hours_per_epoch / f.device_hours_per_epoch) +
+            describe_plan(fewer->plan) + ") for " + fixed(w.device_hours_per_epoch / f.device_hours_per_epoch) +
             "x the device-hours.";
   } else if (more != nullptr) {
     const Prediction& m = more->prediction;
-    text += "The best " + std::to_string(more->plan.ranks) + "-rank plan (" + describe(more->plan) + ") would give " +
+    text += "The best " + std::to_string(more->plan.ranks) + "-rank plan (" + describe_plan(more->plan) + ") would give " +
             fixed(m.samples_per_s / w.samples_per_s) + "x the throughput for " +
             fixed(m.device_hours_per_epoch / w.device_hours_per_epoch) + "x the device-hours" +
             (objective == Objective::kCost ? ": not worth its cost." : ".");
@@ -111,7 +111,7 @@ std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objecti
       return r.plan.ranks <= win.plan.ranks && r.plan.policy != "none" && r.prediction.recompute_ms > 0;
     });
     if (saver != nullptr) {
-      text += std::string(text.empty() ? "" : " ") + "Recomputation instead (" + describe(saver->plan) +
+      text += std::string(text.empty() ? "" : " ") + "Recomputation instead (" + describe_plan(saver->plan) +
               ") would cost " + fixed(saver->prediction.step_ms / w.step_ms) + "x per step.";
     }
   }

@@ -34,6 +34,8 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
 std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
                                    const std::function<Prediction(const Plan&)>& predict_plan,
                                    Objective objective);
+// A plan in words: "2 ranks, micro-batch 32 x 2, bf16, dtr".
+std::string describe_plan(const Plan& plan);
 // One or two sentences on why ranked[0] wins, against the best plan of other rank counts and
 // against (or for) trading compute for memory. Empty when nothing fits.
 std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objective);

@@ -157,13 +157,7 @@ Config config_for_plan(const Config& base, const Plan& plan) {
 }
 
 std::string plan_words(const Plan& p) {
-  std::string s = std::to_string(p.ranks) + (p.ranks == 1 ? " rank" : " ranks") + ", micro-batch " +
-                  std::to_string(p.micro_batch);
-  if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
-  s += p.precision == "off" ? ", fp32" : ", " + p.precision;
-  if (p.policy != "none") s += ", " + p.policy;
-  if (p.budget_bytes > 0) s += " at " + format_bytes(p.budget_bytes);
-  return s;
+  return describe_plan(p) + (p.budget_bytes > 0 ? " at " + format_bytes(p.budget_bytes) : "");
 }
 
 }  // namespace ht

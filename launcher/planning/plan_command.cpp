@@ -3,6 +3,7 @@
 #include "launcher/config/config_text.h"
 #include "launcher/data/dataset.h"
 #include "launcher/report/json.h"
+#include "launcher/report/run_output.h"
 #include "launcher/user_error.h"
 #include "memory/byte_size.h"
 #include "memory/cpu_device_allocator.h"
@@ -15,16 +16,6 @@
 
 namespace ht {
 namespace {
-
-void write_file(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out.flush()) throw UserError(tmp.string() + ": write failed; is the disk full?");
-  }
-  std::filesystem::rename(tmp, path);
-}
 
 std::string plan_toml(const Config& config, const JobPlan& plan) {
   const Plan& p = plan.ranked[0].plan;
@@ -89,10 +80,10 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   std::filesystem::create_directories(config.job.output_dir, ec);
   if (ec) throw UserError("job.output_dir = \"" + config.job.output_dir + "\": cannot create it (" + ec.message() + ")");
   const std::filesystem::path dir(config.job.output_dir);
-  write_file(dir / "plan.toml", plan_toml(config, plan));
+  write_file_atomically((dir / "plan.toml").string(), plan_toml(config, plan));
   std::string lines;
   for (const RankedPlan& r : plan.ranked) lines += plan_record(r).str() + "\n";
-  write_file(dir / "plans.jsonl", lines);
+  write_file_atomically((dir / "plans.jsonl").string(), lines);
   std::printf("wrote %s/plan.toml (train it as is) and plans.jsonl (every plan)\n", config.job.output_dir.c_str());
   return 0;
 }

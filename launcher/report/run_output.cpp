@@ -10,9 +10,9 @@
 #include <vector>
 
 namespace ht {
-namespace {
 
-void write_atomically(const std::filesystem::path& path, const std::string& text) {
+void write_file_atomically(const std::string& path_text, const std::string& text) {
+  const std::filesystem::path path(path_text);
   const std::filesystem::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp);
@@ -26,6 +26,8 @@ void write_atomically(const std::filesystem::path& path, const std::string& text
   }
   std::filesystem::rename(tmp, path);
 }
+
+namespace {
 
 std::string clock_text(double seconds) {
   const long s = static_cast<long>(seconds);
@@ -46,7 +48,7 @@ RunOutput::RunOutput(const std::string& dir, const std::string& resolved_config,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw UserError("job.output_dir = \"" + dir + "\": cannot create it (" + ec.message() + ")");
-  write_atomically(std::filesystem::path(dir) / "config.resolved.toml", resolved_config);
+  write_file_atomically((std::filesystem::path(dir) / "config.resolved.toml").string(), resolved_config);
   metrics_.open(std::filesystem::path(dir) / "metrics.jsonl", append ? std::ios::app : std::ios::trunc);
   if (!metrics_) throw UserError(dir + "/metrics.jsonl: cannot open for writing");
 }
@@ -70,7 +72,7 @@ void RunOutput::abandon() {
 }
 
 void RunOutput::summary(const JsonObject& summary) const {
-  write_atomically(std::filesystem::path(dir_) / "summary.json", summary.str() + "\n");
+  write_file_atomically((std::filesystem::path(dir_) / "summary.json").string(), summary.str() + "\n");
 }
 
 Progress::Progress(int64_t total_steps, int64_t log_interval)

@@ -11,6 +11,9 @@
 
 namespace ht {
 
+// Writes `text` to `path` through a temporary name, fsync and rename: never half written.
+void write_file_atomically(const std::string& path, const std::string& text);
+
 class RunOutput {
  public:
   // Creates the folder and writes config.resolved.toml. `append` keeps an existing metrics.jsonl

@@ -1,6 +1,7 @@
 // The command line: overrides, help, version; and hybrid_train run as a process on bad input:
 // exit status 2, one error line, nothing written.
 #include "launcher/cli.h"
+#include "tests/support/run_binary.h"
 #include "tests/support/temp_dir.h"
 
 #include <gmock/gmock.h>
@@ -45,21 +46,6 @@ TEST(CommandLine, HelpAndVersionExitZero) {
   testing::internal::CaptureStdout();
   EXPECT_EQ(parse({"--version"}).exit_code, 0);
   EXPECT_THAT(testing::internal::GetCapturedStdout(), HasSubstr("hybrid_train "));
-}
-
-struct ProcessResult {
-  int status;
-  std::string output;
-};
-
-ProcessResult run_binary(const std::string& args) {
-  const std::string command = std::string(HT_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) output += buffer.data();
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
 class BadInputProcess : public ::testing::Test {

@@ -7,6 +7,7 @@
 #include "launcher/planning/profiler.h"
 #include "launcher/user_error.h"
 #include "memory/cpu_device_allocator.h"
+#include "tests/support/run_binary.h"
 #include "tests/support/temp_dir.h"
 
 #include <gmock/gmock.h>
@@ -21,12 +22,6 @@ namespace ht::test {
 namespace {
 
 using ::testing::HasSubstr;
-
-Config config_for(const TempDir& dir, const std::string& toml, const std::vector<std::string>& args) {
-  std::vector<ConfigOverride> overrides;
-  for (const auto& a : args) overrides.push_back(override_of(a));
-  return load_config(dir.write("job.toml", toml), overrides).config;
-}
 
 const char* kConv = R"([model]
 name = "convnet"
@@ -174,21 +169,6 @@ TEST(Planning, ReplayPredictsARealRunsEvictions) {
   // (The small ConvNet evicts 1-3 tensors a step near the budgets it can run in: too few to compare.)
   expect_replay_matches(kGpt, 16, 0.7);
   expect_replay_matches(kGpt, 16, 0.6);
-}
-
-struct ProcessResult {
-  int status;
-  std::string output;
-};
-
-ProcessResult run_binary(const std::string& args) {
-  const std::string command = std::string(HT_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) output += buffer.data();
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
 TEST(PlanCommand, PrintsTheTableAndWritesAPlanThatTrainsAsIs) {

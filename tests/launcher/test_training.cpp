@@ -20,12 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-Config config_for(const TempDir& dir, const std::string& toml, const std::vector<std::string>& args) {
-  std::vector<ConfigOverride> overrides;
-  for (const auto& a : args) overrides.push_back(override_of(a));
-  return load_config(dir.write("job.toml", toml), overrides).config;
-}
-
 std::vector<at::Tensor> state_of(const Model& m) {
   std::vector<at::Tensor> out;
   for (const auto& p : m.parameters()) out.push_back(p.detach().clone());

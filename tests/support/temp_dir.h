@@ -59,4 +59,11 @@ inline ConfigOverride override_of(const std::string& argument) {
   return {argument.substr(2, eq - 2), argument.substr(eq + 1), argument};
 }
 
+// The config of `toml` (written as job.toml in `dir`) with `--section.key=value` overrides.
+inline Config config_for(const TempDir& dir, const std::string& toml, const std::vector<std::string>& args) {
+  std::vector<ConfigOverride> overrides;
+  for (const auto& a : args) overrides.push_back(override_of(a));
+  return load_config(dir.write("job.toml", toml), overrides).config;
+}
+
 }  // namespace ht::test
