@@ -18,6 +18,9 @@
 namespace ht::bench {
 namespace {
 
+// Rows whose budgeted run lost bit-identity with the run without a budget: a correctness failure.
+int g_different_rows = 0;
+
 struct Options {
   int warmup = 1, reps = 5;
   double dtr_ratio = 0.5;
@@ -68,6 +71,7 @@ void row(const Workload& w, int64_t batch, const Config& c, const Measured& plai
       if (c.dtr) peak = std::max(peak, b.peak_in_use);
     });
     if (c.dtr) losses = identical ? "identical" : "DIFFERENT";
+    if (!identical) ++g_different_rows;
   } catch (const OutOfBudget& e) {
     std::printf("| %-4s | %5lld | %-6.1f | infeasible: %s |\n", c.precision,
                 static_cast<long long>(c.savers.micro_batches), static_cast<double>(budget) / (1 << 20), e.what());
@@ -130,6 +134,11 @@ int main(int argc, char** argv) {
   for (const auto& w : ht::bench::workloads(quick)) {
     if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
     ht::bench::run(w, o);
+  }
+  if (ht::bench::g_different_rows > 0) {
+    std::fprintf(stderr, "bench_memory_savers: %d row(s) trained DIFFERENT losses from the same configuration "
+                 "without a budget\n", ht::bench::g_different_rows);
+    return 1;
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <limits>
+#include <regex>
 #include <fstream>
 
 namespace ht::test {
@@ -177,6 +178,9 @@ TEST(Training, DtrUnderABudgetTrainsToTheSameParameters) {
   const int64_t capacity = (std::stoll(budget) + 63) / 64 * 64;  // the arena rounds to its alignment
   EXPECT_THAT(metrics, HasSubstr("\"mem_budget_bytes\": " + std::to_string(capacity)));
   EXPECT_THAT(read_file(dir.path("plain/metrics.jsonl")), HasSubstr("\"evictions\": 0"));
+  // The budget was real: the run evicted (and so recomputed) to stay in it.
+  EXPECT_TRUE(std::regex_search(metrics, std::regex("\"evictions\": [1-9]"))) << metrics;
+  EXPECT_TRUE(std::regex_search(metrics, std::regex("\"recomputations\": [1-9]"))) << metrics;
 }
 
 // Freed host memory kept for reuse (memory.host_cache) changes where tensors live, never a bit.
@@ -266,6 +270,8 @@ TEST(Training, ResNet18FashionMnistTrainsInThirtyPercentOfItsPeak) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter/buffer " << i;
   EXPECT_LE(dtr.result.mem_peak_bytes, peak * 3 / 10 + 64);
+  EXPECT_TRUE(std::regex_search(read_file(dir.path("dtr/metrics.jsonl")), std::regex("\"evictions\": [1-9]")))
+      << "at 30% of the peak the run must have evicted";
 }
 
 TEST(Training, MemoryTraceIsAChromeTraceOfTheFirstSteps) {
