@@ -57,10 +57,10 @@ void StepRecorder::add_input(std::vector<int>& inputs, const TensorInfo& t) cons
 void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool backward) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!recording_ || recompute) return;  // profiled steps run without eviction: no recomputation
+  const OpTraits& traits = path.op->traits();
   TraceKernel k;
   k.backward = backward;
-  k.recomputable = path.op->traits().recomputable;
-  const OpTraits& traits = path.op->traits();
+  k.recomputable = traits.recomputable;
   for (size_t i = 0; i < path.inputs.size(); ++i) {
     // Backward reads only what the op saved; forward reads every input.
     if (!backward || (traits.saves_inputs & (1u << i))) add_input(k.inputs, *path.inputs[i]);

@@ -82,8 +82,9 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
   m.host_threads = config.training.threads > 0 ? static_cast<int>(config.training.threads) : hardware_threads();
   m.devices_per_node = std::max(1, max_ranks);
   m.shared_host = true;
-  const double gbps = copy_gbps();
-  m.intra_node_gbps = m.inter_node_gbps = gbps / 2;
+  // One rank reduces nothing: the copy benchmark (128 MiB touched) would only slow every run down.
+  const double gbps = max_ranks > 1 ? copy_gbps() : 0;
+  m.intra_node_gbps = m.inter_node_gbps = gbps > 0 ? gbps / 2 : 1;
   m.intra_node_latency_us = m.inter_node_latency_us = 20;
   const char* memory_from = "--device-memory";
   m.device_memory = args.device_memory;
@@ -95,11 +96,15 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
     memory_from = "host memory shared by the ranks";
   }
   char text[256];
-  std::snprintf(text, sizeof text, "this machine, %d hardware threads shared by its ranks, %s per rank (%s), "
-                "copies at %.1f GB/s (all-reduce modelled at %.1f GB/s, %.0f us a message)",
-                m.host_threads, format_bytes(m.device_memory).c_str(), memory_from, gbps, m.intra_node_gbps,
-                m.intra_node_latency_us);
-  m.description = text;
+  std::snprintf(text, sizeof text, "this machine, %d hardware threads shared by its ranks, %s per rank (%s)",
+                m.host_threads, format_bytes(m.device_memory).c_str(), memory_from);
+  std::string description = text;
+  if (gbps > 0) {
+    std::snprintf(text, sizeof text, ", copies at %.1f GB/s (all-reduce modelled at %.1f GB/s, %.0f us a message)",
+                  gbps, m.intra_node_gbps, m.intra_node_latency_us);
+    description += text;
+  }
+  m.description = description;
   return m;
 }
 
