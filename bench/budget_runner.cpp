@@ -27,6 +27,26 @@ std::vector<Workload> workloads(bool quick) {
   return w;
 }
 
+std::vector<Workload> large_workloads(bool quick) {
+  const int64_t s = quick ? 4 : 1;
+  std::vector<Workload> w;
+  {
+    const int64_t batch = 16 / s, width = 64 / s, size = 64 / s;
+    w.push_back({"resnet50 " + std::to_string(size) + "x" + std::to_string(size) + " b" + std::to_string(batch), batch,
+                 [=] { return std::make_shared<ResNet>(ResNetOptions{50, width, {}, 3, 10, false}); },
+                 [=](int64_t b) { return std::make_pair(at::randn({b, 3, size, size}), at::randint(10, {b}, at::kLong)); }});
+  }
+  {
+    const int64_t batch = 8 / s, t = 128 / s, d = 256 / s;
+    w.push_back({"gpt 12L d" + std::to_string(d) + " T" + std::to_string(t) + " b" + std::to_string(batch), batch,
+                 [=] { return std::make_shared<Gpt>(GptOptions{256, t, 12, 8, d, 0.1}); },
+                 [=](int64_t b) {
+                   return std::make_pair(at::randint(256, {b, t}, at::kLong), at::randint(256, {b, t}, at::kLong));
+                 }});
+  }
+  return w;
+}
+
 int64_t Unoptimized::budget_at(double ratio) const {
   const auto bytes = fixed_bytes + static_cast<int64_t>(ratio * static_cast<double>(peak_in_use - fixed_bytes));
   return (bytes + 63) / 64 * 64;
@@ -48,7 +68,11 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   interp_->set_autocast(savers.autocast);
   MemoryOptions options = MemoryOptions::budget(arena_, policy);
   options.eviction_threshold = eviction_threshold;
+  options.static_plans = savers.static_plans;
   interp_->memory().configure(options);
+  if (savers.static_plans) {
+    model_->set_block_listener([this](int block) { interp_->memory().block_begins(block); });
+  }
 }
 
 BudgetRunner::~BudgetRunner() {
@@ -69,11 +93,14 @@ StepSample BudgetRunner::step() {
     const int64_t micro = input_.size(0) / micro_batches_;
     for (int64_t k = 0; k < micro_batches_; ++k) {
       // Each micro-batch is copied into device memory, as a GPU run copies it from the host.
+      interp_->memory().begin_step();
       Tensor loss = model_->loss(model_->forward(interp_->input(input_.narrow(0, k * micro, micro).clone())),
                                  interp_->input(target_.narrow(0, k * micro, micro).clone()));
       const double scale = 1.0 / static_cast<double>(micro_batches_);
       interp_->backward({loss}, {at::full(loss.sizes(), scale, loss.options())});
       s.loss += loss.value().item<double>() * scale;
+      loss.reset();
+      interp_->memory().end_step();
     }
     sgd_->step();
     for (at::Tensor& p : model_->parameters()) p.mutable_grad() = at::Tensor();

@@ -5,7 +5,7 @@
 #include "bench/bench_util.h"
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
-#include "memory/eviction_policy.h"
+#include "runtime/eviction_policy.h"
 #include "models/model.h"
 #include "runtime/interpreter.h"
 
@@ -29,6 +29,8 @@ struct Workload {
 };
 // ResNet-18 (small-input stem) on 32x32 images and a 6-layer GPT; --quick scales them down.
 std::vector<Workload> workloads(bool quick);
+// One larger model of each kind: ResNet-50 on 64x64 images and a 12-layer GPT.
+std::vector<Workload> large_workloads(bool quick);
 
 struct StepSample {
   double ms = 0, recompute_ms = 0, loss = 0;
@@ -40,6 +42,8 @@ struct StepSample {
 struct Savers {
   std::optional<at::ScalarType> autocast;
   int64_t micro_batches = 1;
+  // Static plans for the repeating step (runtime/static_plan.h), DTR as their fallback.
+  std::optional<StaticPlanOptions> static_plans;
 };
 
 struct Unoptimized {
@@ -59,6 +63,8 @@ class BudgetRunner {
   StepSample step();
   // Measured over the steps so far (fixed: before the last one).
   Unoptimized unoptimized() const { return {fixed_bytes_, peak_in_use_}; }
+  // null without static plans.
+  const StaticPlanner* static_planner() const { return interp_->memory().static_planner(); }
 
  private:
   std::shared_ptr<CpuArena> arena_;

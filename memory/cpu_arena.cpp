@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -63,7 +64,7 @@ void* CpuArena::allocate(size_t bytes, End end) {
     ++failed_allocations_;
     return nullptr;
   }
-  const int64_t size = bytes == 0 ? kAlign : round_up(static_cast<int64_t>(bytes));
+  const int64_t size = rounded_size(bytes);
   int64_t offset = -1, hole = 0;
   if (end == End::kLow) {
     // The lowest free block that fits: what lives within a step packs from the bottom.
@@ -96,9 +97,46 @@ void* CpuArena::allocate(size_t bytes, End end) {
     if (hole > size) add_free(offset, hole - size);
     offset += hole - size;
   }
+  return take(offset, size);
+}
+
+void* CpuArena::allocate_at(int64_t offset, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Each bound checked before it is added to, so no sum can overflow.
+  if (offset < 0 || offset % kAlign != 0 || offset >= capacity_ ||
+      bytes > static_cast<size_t>(capacity_ - offset)) {
+    ++failed_allocations_;
+    return nullptr;
+  }
+  const int64_t size = rounded_size(bytes);
+  // The free block that could hold the range is the last one starting at or before it.
+  auto hole = free_by_offset_.upper_bound(offset);
+  if (hole == free_by_offset_.begin()) {
+    ++failed_allocations_;
+    return nullptr;
+  }
+  --hole;
+  const int64_t hole_start = hole->first;
+  const int64_t hole_end = hole->first + hole->second;
+  if (offset + size > hole_end) {  // also when offset lies in an allocated block past the hole
+    ++failed_allocations_;
+    return nullptr;
+  }
+  remove_free(hole);
+  if (offset > hole_start) add_free(hole_start, offset - hole_start);
+  if (hole_end > offset + size) add_free(offset + size, hole_end - offset - size);
+  return take(offset, size);
+}
+
+int64_t CpuArena::rounded_size(size_t bytes) {
+  return bytes == 0 ? kAlign : round_up(static_cast<int64_t>(bytes));
+}
+
+void* CpuArena::take(int64_t offset, int64_t size) {
   allocated_.emplace(offset, size);
   in_use_ += size;
   if (in_use_ > peak_in_use_) peak_in_use_ = in_use_;
+  if (in_use_ > window_peak_) window_peak_ = in_use_;
   ++allocations_;
   return base_ + offset;
 }
@@ -163,6 +201,22 @@ int64_t CpuArena::free_span_if_freed(const void* p) const {
   return sides.first + block->second + sides.second;
 }
 
+int64_t CpuArena::offset_of_block(const void* p) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t offset = offset_of(p);
+  return offset >= 0 && allocated_.count(offset) != 0 ? offset : -1;
+}
+
+std::vector<std::pair<int64_t, int64_t>> CpuArena::allocated_blocks() const {
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks.assign(allocated_.begin(), allocated_.end());
+  }
+  std::sort(blocks.begin(), blocks.end());
+  return blocks;
+}
+
 ArenaStats CpuArena::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   ArenaStats s;
@@ -181,6 +235,16 @@ ArenaStats CpuArena::stats() const {
 void CpuArena::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
   peak_in_use_ = in_use_;
+}
+
+void CpuArena::begin_peak_window() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  window_peak_ = in_use_;
+}
+
+int64_t CpuArena::window_peak() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return window_peak_;
 }
 
 int64_t CpuArena::capacity() const { return capacity_; }

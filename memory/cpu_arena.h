@@ -11,6 +11,7 @@
 #include <set>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace ht {
 
@@ -53,6 +54,15 @@ class CpuArena {
   // each end.) Returns nullptr, never throws, when nothing fits. A zero-byte request takes
   // kAlignment bytes so the pointer is unique.
   void* allocate(size_t bytes, End end = End::kLow);
+  // Carves exactly [offset, offset + rounded size) out of the free block that holds it, for a
+  // static layout planned offline (memory/static_layout.h), whose offsets must be honoured to
+  // the byte. Returns nullptr, never throws, when offset is not a multiple of kAlignment, the
+  // range leaves the arena or any of it is in use; counts like allocate() (a refusal is a
+  // failed allocation). Offsets are bytes from the arena's base.
+  void* allocate_at(int64_t offset, size_t bytes);
+  // The size a request of `bytes` takes: rounded up to kAlignment, kAlignment for zero.
+  // `bytes` must not exceed capacity() (larger requests fail before rounding).
+  static int64_t rounded_size(size_t bytes);
   // Merges the block with its free neighbours. Throws std::logic_error unless p starts an
   // allocated block; nullptr is a no-op.
   void deallocate(void* p);
@@ -66,9 +76,17 @@ class CpuArena {
   int64_t adjacent_free_bytes(const void* p) const;
   // Previous free neighbour + block + next free neighbour: the hole freeing p would create.
   int64_t free_span_if_freed(const void* p) const;
+  // Offset from the base of the allocated block starting at p; -1 if p starts no allocated block.
+  int64_t offset_of_block(const void* p) const;
+  // Every allocated block as (offset, rounded size), by offset: what a layout must go around.
+  std::vector<std::pair<int64_t, int64_t>> allocated_blocks() const;
 
   ArenaStats stats() const;
   void reset_peak();  // peak_in_use = in_use
+  // A second peak, for one kernel's working memory (runtime/step_capture.h), that leaves the
+  // step's peak alone: window_peak() is the highest in_use since begin_peak_window().
+  void begin_peak_window();
+  int64_t window_peak() const;
   int64_t capacity() const;
 
  private:
@@ -76,6 +94,8 @@ class CpuArena {
   int64_t offset_of(const void* p) const;
   void add_free(int64_t offset, int64_t size);
   void remove_free(std::map<int64_t, int64_t>::iterator it);
+  // Books [offset, offset + size), already taken out of the free maps; caller holds the lock.
+  void* take(int64_t offset, int64_t size);
   // Sizes of the free blocks adjacent to [offset, offset + size); caller holds the lock.
   std::pair<int64_t, int64_t> free_neighbours(int64_t offset, int64_t size) const;
 
@@ -88,6 +108,7 @@ class CpuArena {
   std::unordered_map<int64_t, int64_t> allocated_;       // offset -> rounded size
   int64_t in_use_ = 0;
   int64_t peak_in_use_ = 0;
+  int64_t window_peak_ = 0;
   int64_t allocations_ = 0;
   int64_t failed_allocations_ = 0;
 };

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <vector>
 
 namespace ht {
@@ -76,6 +77,7 @@ class ArenaRegistry {
 std::atomic<CpuArena*> g_active_arena{nullptr};
 std::atomic<OutOfMemoryHandler*> g_oom_handler{nullptr};
 std::atomic<AllocationObserver*> g_observer{nullptr};
+std::atomic<PlacementAdvisor*> g_advisor{nullptr};
 // Process-wide, not per thread: a kernel's allocations on ATen's worker threads belong with it.
 std::atomic<Placement> g_placement{Placement::kOther};
 thread_local bool t_host_allocation = false;
@@ -121,7 +123,11 @@ class DeviceAllocator final : public c10::Allocator {
     const bool activation = g_placement.load(std::memory_order_relaxed) == Placement::kActivation &&
                             static_cast<int64_t>(n) >= small;
     const CpuArena::End end = activation ? CpuArena::End::kLow : CpuArena::End::kHigh;
-    void* data = arena.allocate(n, end);
+    // Loaded once, so the advisor that advised is the one told the outcome.
+    PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
+    void* data = advisor != nullptr ? advised(arena, *advisor, n) : nullptr;
+    const bool as_advised = data != nullptr;
+    if (data == nullptr) data = arena.allocate(n, end);
     while (data == nullptr) {
       OutOfMemoryHandler* handler = g_oom_handler.load(std::memory_order_acquire);
       if (handler == nullptr || !handler->make_room(n)) throw_out_of_budget(arena, n);
@@ -130,7 +136,16 @@ class DeviceAllocator final : public c10::Allocator {
     const int64_t bytes = arena.block_bytes(data);
     add(bytes);
     if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_allocated(data, bytes);
+    if (advisor != nullptr) advisor->on_allocated(arena.offset_of_block(data), bytes, as_advised);
     return data;
+  }
+  // The block at the advisor's offset, or null (no advice, or the range is not free). Tried
+  // once, before the usual placement: making room evicts by the memory manager's choice, which
+  // need not free the planned range, so retrying it after would rarely help.
+  static void* advised(CpuArena& arena, PlacementAdvisor& advisor, size_t n) {
+    if (n > static_cast<size_t>(arena.capacity())) return nullptr;  // fails below, as ever
+    const std::optional<int64_t> offset = advisor.offset_for(CpuArena::rounded_size(n));
+    return offset.has_value() ? arena.allocate_at(*offset, n) : nullptr;
   }
   // Precedes every host block: what the counter added, and the cache's capacity (0: malloc'd).
   struct HostHeader {
@@ -161,6 +176,7 @@ class DeviceAllocator final : public c10::Allocator {
   static void release(void* data) {
     if (data == nullptr) return;
     DeviceAllocator& self = instance();
+    report_free_to_advisor(data);
     const int64_t arena_bytes = self.registry_.release(data);
     if (arena_bytes >= 0) {
       self.current_.fetch_sub(arena_bytes, std::memory_order_relaxed);
@@ -175,6 +191,17 @@ class DeviceAllocator final : public c10::Allocator {
     } else {
       std::free(base);
     }
+  }
+  // Before the arena takes the block back: once it has, another thread may be given the same
+  // offset, and its on_allocated must not reach the advisor ahead of this on_freed. Only the
+  // active arena's blocks: the advisor's offsets mean nothing in a retired one.
+  static void report_free_to_advisor(const void* data) {
+    PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
+    if (advisor == nullptr) return;
+    const CpuArena* arena = g_active_arena.load(std::memory_order_acquire);
+    if (arena == nullptr || !arena->contains(data)) return;
+    const int64_t offset = arena->offset_of_block(data);
+    if (offset >= 0) advisor->on_freed(offset);
   }
   void add(int64_t bytes) const {
     const int64_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -240,5 +267,6 @@ CpuArena* active_arena() { return g_active_arena.load(std::memory_order_acquire)
 void set_out_of_memory_handler(OutOfMemoryHandler* handler) { g_oom_handler.store(handler, std::memory_order_release); }
 OutOfMemoryHandler* out_of_memory_handler() { return g_oom_handler.load(std::memory_order_acquire); }
 void set_allocation_observer(AllocationObserver* observer) { g_observer.store(observer, std::memory_order_release); }
+void set_placement_advisor(PlacementAdvisor* advisor) { g_advisor.store(advisor, std::memory_order_release); }
 
 }  // namespace ht

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 namespace ht {
 
@@ -41,6 +42,24 @@ class AllocationObserver {
   virtual ~AllocationObserver() = default;
   virtual void on_allocated(const void* data, int64_t bytes) = 0;
   virtual void on_freed(const void* data, int64_t bytes) = 0;
+};
+
+// Chooses where blocks go in the active arena, in bytes only: a static layout planned for a
+// repeating step (memory/step_layout.h). Advice is only advice: a range that is not free is
+// allocated as if none were given, so a wrong plan costs placement, never correctness.
+// Called on any thread (ATen's workers allocate too), under no lock of the allocator's or the
+// arena's, for allocations in the active arena while set. An offset's on_freed is always
+// reported before the arena can hand that offset out again, so the calls for one offset come in
+// order even across threads.
+class PlacementAdvisor {
+ public:
+  virtual ~PlacementAdvisor() = default;
+  // Where to put a block of `rounded_bytes` (CpuArena::rounded_size): bytes from the arena's
+  // base, or nullopt for no advice.
+  virtual std::optional<int64_t> offset_for(int64_t rounded_bytes) = 0;
+  // Where it went, and whether that was the advised offset.
+  virtual void on_allocated(int64_t offset, int64_t rounded_bytes, bool as_advised) = 0;
+  virtual void on_freed(int64_t offset) = 0;
 };
 
 // While alive, ATen's CPU allocations come from `arena` ("device memory"). One at a time; an
@@ -103,5 +122,8 @@ CpuArena* active_arena();
 void set_out_of_memory_handler(OutOfMemoryHandler* handler);
 OutOfMemoryHandler* out_of_memory_handler();
 void set_allocation_observer(AllocationObserver* observer);
+// Who places blocks in the active arena (null: none, the default). The advisor must outlive
+// every allocation and free that may still be calling it; set it back to null first.
+void set_placement_advisor(PlacementAdvisor* advisor);
 
 }  // namespace ht

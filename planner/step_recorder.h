@@ -6,7 +6,7 @@
 // trace is what the step needs, the replay decides what a budget would drop.
 
 #include "memory/cpu_device_allocator.h"
-#include "memory/kernel_observer.h"
+#include "runtime/kernel_observer.h"
 #include "planner/step_trace.h"
 
 #include <chrono>

@@ -95,6 +95,7 @@ std::vector<Tensor> Interpreter::apply(std::shared_ptr<const Op> op,
     attach(*handles.back().info(), std::move(outs[j]));
   }
   if (needs_grad) tape_.record(path, handles);
+  memory_.forward_outputs(*path, handles, needs_grad);
   return handles;
 }
 

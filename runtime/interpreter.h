@@ -4,7 +4,7 @@
 // ComputePath and, when gradients are wanted, a tape entry for reverse mode. One per rank.
 
 #include "memory/gradient_buffer.h"
-#include "memory/memory_manager.h"
+#include "runtime/memory_manager.h"
 #include "runtime/gradient_listener.h"
 #include "runtime/op.h"
 #include "runtime/tape.h"

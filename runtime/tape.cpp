@@ -106,6 +106,11 @@ void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
     }
   }
   if (!any_grad) return;  // not on a path to the loss
+  std::vector<const TensorInfo*> saved;
+  for (auto* list : {&entry.saved_inputs, &entry.saved_outputs})
+    for (const Tensor& s : *list)
+      if (s.defined()) saved.push_back(s.info());
+  interp.memory().backward_stage_begins(path, saved);
 
   std::vector<bool> needs_input_grad(path.inputs.size());
   std::vector<TensorInfo*> input_infos(path.inputs.size());
@@ -140,6 +145,7 @@ void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
   }
   interp.memory().after_backward(path);
   pin_all(-1);
+  interp.memory().backward_stage_ends(path);
   TORCH_INTERNAL_ASSERT(grads.size() == path.inputs.size(), path.op->traits().name,
                         ": backward returned ", grads.size(), " gradients for ",
                         path.inputs.size(), " inputs");

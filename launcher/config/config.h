@@ -63,7 +63,7 @@ struct TrainingConfig {
   int64_t eval_interval = 0;
   int64_t eval_batches = 0;
   std::string mixed_precision = "off";
-  double loss_scale = 65536.0;  // fp16: dynamic loss scaling (memory/loss_scaler.h)
+  double loss_scale = 65536.0;  // fp16: dynamic loss scaling (launcher/training/loss_scaler.h)
   double loss_scale_growth = 2.0;
   double loss_scale_backoff = 0.5;
   int64_t loss_scale_growth_interval = 2000;
@@ -85,6 +85,8 @@ struct MemoryConfig {
   double eviction_threshold = 0.9;
   bool sqrt_sampling = false;
   bool ignore_small = true;
+  double solve_time_s = 10;   // static plans: the solver's time limit per plan
+  bool static_layout = true;  // static plans: blocks at planned offsets
   bool trace = false;
   int64_t trace_steps = 2;
   bool host_cache = true;  // keep freed CPU memory for reuse (memory/host_block_cache.h)

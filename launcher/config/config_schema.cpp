@@ -210,10 +210,12 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   auto evicting = [](const Config& c) { return c.memory.policy != "none"; };
   const char* evicting_words = "memory.policy is not \"none\"";
   f.push_back(Field(&C::memory, &MemoryConfig::policy, "memory", "policy",
-                    "none (never evict: the budget is a hard limit), or DTR with an eviction heuristic: dtr "
-                    "(the paper's h_DTR), dtr_eq (its union-find approximation), megengine (fragmentation-aware), "
-                    "lru or largest")
-                  .choices({"none", "dtr", "dtr_eq", "megengine", "lru", "largest"}));
+                    "none (never evict: the budget is a hard limit); static plans: static (a plan for each op "
+                    "sequence from its first step, DTR for steps that leave it), auto (a plan once a sequence "
+                    "repeats, DTR otherwise), segments (torch's checkpoint_sequential: sqrt(n) segments of "
+                    "blocks, recomputed whole); or DTR with an eviction heuristic: dtr (the paper's h_DTR), "
+                    "dtr_eq (its union-find approximation), megengine (fragmentation-aware), lru or largest")
+                  .choices({"none", "static", "auto", "segments", "dtr", "dtr_eq", "megengine", "lru", "largest"}));
   f.push_back(Field(&C::memory, &MemoryConfig::budget, "memory", "budget",
                     "device memory per rank, parameters, gradients and optimizer state included: \"1.5GiB\", "
                     "\"800MiB\", \"2GB\", bytes, or \"60%\" of the device; empty: unlimited"));
@@ -226,6 +228,17 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::memory, &MemoryConfig::ignore_small, "memory", "ignore_small",
                     "never evict tensors under 1% of the mean candidate size (the DTR paper's approximation)")
                   .only_when(evicting_words, evicting));
+  auto planning = [](const Config& c) {
+    return c.memory.policy == "static" || c.memory.policy == "auto" || c.memory.policy == "segments";
+  };
+  const char* planning_words = "memory.policy is static, auto or segments";
+  f.push_back(Field(&C::memory, &MemoryConfig::solve_time_s, "memory", "solve_time_s",
+                    "time limit of the solver for one static plan (the segments heuristic answers when it runs out)")
+                  .min(0.01).only_when(planning_words, planning));
+  f.push_back(Field(&C::memory, &MemoryConfig::static_layout, "memory", "static_layout",
+                    "place every block of a planned step at an offset laid out ahead of time, so that it cannot "
+                    "fragment; false: the arena's own placement")
+                  .only_when(planning_words, planning));
   f.push_back(Field(&C::memory, &MemoryConfig::trace, "memory", "trace",
                     "write <job.output_dir>/memory_trace.json: kernels, recomputations, evictions, allocations "
                     "and bytes in use, for chrome://tracing or Perfetto"));

@@ -6,7 +6,7 @@
 // A damaged checkpoint (missing file, wrong size or checksum) is detected on resume.
 
 #include "launcher/data/sampler.h"
-#include "memory/loss_scaler.h"
+#include "launcher/training/loss_scaler.h"
 #include "models/model.h"
 
 #include <torch/optim/optimizer.h>

@@ -3,7 +3,7 @@
 // then constant or cosine decay) and global-norm gradient clipping.
 
 #include "launcher/config/config.h"
-#include "memory/loss_scaler.h"
+#include "launcher/training/loss_scaler.h"
 
 #include <torch/optim/optimizer.h>
 

@@ -51,6 +51,10 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   model_->train();
   interp_.set_autocast(autocast_type(config.training));
   interp_.memory().configure(memory_options());
+  if (interp_.memory().static_planner() != nullptr) {
+    // Segments end at blocks; the capture of a step notes where each began.
+    model_->set_block_listener([this](int block) { interp_.memory().block_begins(block); });
+  }
   if (arena_ || replicas_.size() > 1) {
     // Under a budget, gradients get one block beside the parameters (memory/gradient_buffer.h).
     // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
@@ -71,8 +75,18 @@ MemoryOptions Trainer::memory_options() const {
   const MemoryConfig& m = config_.memory;
   options.eviction_threshold = m.eviction_threshold;
   if (arena_ && m.policy != "none") {
-    EvictionOptions eviction;
-    eviction.heuristic = *eviction_heuristic_from_name(m.policy);  // the schema admits only these names
+    const bool planning = m.policy == "static" || m.policy == "auto" || m.policy == "segments";
+    if (planning) {
+      StaticPlanOptions plans;
+      plans.source = m.policy == "segments" ? PlanSource::kSegments : PlanSource::kSolver;
+      plans.sightings_before_planning = m.policy == "auto" ? 2 : 1;
+      plans.solve_time_limit_s = m.solve_time_s;
+      plans.static_layout = m.static_layout;
+      options.static_plans = plans;
+    }
+    EvictionOptions eviction;  // DTR: the policy, or the safety net and fallback of static plans
+    // the schema admits only these names
+    eviction.heuristic = planning ? EvictionHeuristic::kDtr : *eviction_heuristic_from_name(m.policy);
     eviction.sqrt_sampling = m.sqrt_sampling;
     eviction.ignore_small = m.ignore_small;
     eviction.seed = static_cast<uint64_t>(config_.job.seed);
@@ -113,6 +127,13 @@ void Trainer::resume_from(const std::string& folder) {
 }
 
 double Trainer::forward_backward(const Batch& micro, double loss_scale, bool last) {
+  // One micro-batch is the step a static plan captures and runs (runtime/static_plan.h).
+  struct Step {
+    MemoryManager& memory;
+    explicit Step(MemoryManager& m) : memory(m) { memory.begin_step(); }
+    // A step that threw is not one to plan from.
+    ~Step() { memory.end_step(/*completed=*/std::uncaught_exceptions() == 0); }
+  } step{interp_.memory()};
   Tensor loss = model_->loss(model_->forward(interp_.input(micro.input.to(device_))),
                              interp_.input(micro.target.to(device_)));
   // The last micro-batch's backward starts the all-reduce of each bucket whose gradients it has
@@ -296,6 +317,13 @@ void Trainer::log_step(const StepResult& r) {
       .add("activation_peak_bytes", mem.peak_resident_bytes).add("evictions", r.evictions)
       .add("recomputations", r.recomputations).add("recompute_ms", r.recompute_ms)
       .add("fragmentation", r.fragmentation);
+  if (const StaticPlanner* planner = interp_.memory().static_planner()) {
+    const StaticPlanStats& p = planner->stats();
+    record.add("plan_hits", p.plan_hits).add("plan_diverged", p.plan_diverged).add("plans", p.plans)
+        .add("plan_solve_ms", p.plan_solve_ms).add("plan_evictions", p.plan_evictions)
+        .add("plan_recomputations", p.plan_recomputations).add("layout_misses", p.layout_misses)
+        .add("planned_peak_bytes", p.last_planned_peak);
+  }
   if (predicted_peak_bytes_ >= 0) {
     record.add("predicted_peak_bytes", predicted_peak_bytes_).add("predicted_step_ms", predicted_step_ms_);
   }

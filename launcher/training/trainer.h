@@ -11,7 +11,7 @@
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
 #include "memory/cpu_arena.h"
-#include "memory/loss_scaler.h"
+#include "launcher/training/loss_scaler.h"
 #include "parallel/data_parallel.h"
 #include "memory/memory_timeline.h"
 #include "runtime/interpreter.h"

@@ -15,7 +15,9 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
   auto arena = std::make_shared<CpuArena>(capacity);
   ArenaScope device(arena);
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed});
-  interp.memory().configure(MemoryOptions::budget(arena, heuristic));
+  MemoryOptions memory = MemoryOptions::budget(arena, heuristic);
+  memory.static_plans = savers.static_plans;
+  interp.memory().configure(memory);
   interp.set_autocast(savers.autocast);
   TORCH_CHECK(batch % savers.micro_batches == 0, "train_in_budget: batch ", batch, " in ", savers.micro_batches,
               " micro-batches");
@@ -23,6 +25,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
   try {
     at::manual_seed(kSeed);
     std::shared_ptr<Model> model = c.make();
+    model->set_block_listener([&interp](int block) { interp.memory().block_begins(block); });
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     GradientBuffer gradients(model->parameters());
     interp.set_gradient_buffer(&gradients);
@@ -31,12 +34,15 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
       at::manual_seed(100 + step);
       auto [x, y] = c.data(batch);
       for (int64_t k = 0; k < savers.micro_batches; ++k) {
+        interp.memory().begin_step();
         Tensor loss = model->loss(model->forward(interp.input(x.narrow(0, k * micro, micro))),
                                   interp.input(y.narrow(0, k * micro, micro)));
         interp.backward({loss}, {at::full(loss.sizes(), 1.0 / static_cast<double>(savers.micro_batches),
                                           loss.options())});
         HostAllocationScope host;  // what the test keeps is not the model's memory
         run.losses.push_back(loss.value().clone());
+        loss.reset();
+        interp.memory().end_step();
       }
       sgd.step();
       clear_grads(*model);
@@ -47,10 +53,12 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
     for (const at::Tensor& b : model->buffers()) run.state.push_back(b.clone());
     run.live_records_after = interp.live_records();
   } catch (const OutOfBudget& e) {
+    interp.memory().end_step(/*completed=*/false);
     run.out_of_budget = true;
     run.failure = std::string(e.what()) + " (in step " + std::to_string(run.losses.size() + 1) + ")";
   }
   run.stats = interp.memory().stats();
+  if (const StaticPlanner* planner = interp.memory().static_planner()) run.plan_stats = planner->stats();
   run.peak_in_use = arena->stats().peak_in_use;
   return run;
 }

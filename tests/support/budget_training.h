@@ -3,8 +3,8 @@
 // (parameters, gradients, optimizer state, batches, activations) in an arena of a given size,
 // evicting with a given policy, and keep what a bit-identity check compares.
 
-#include "memory/eviction_policy.h"
-#include "memory/memory_manager.h"
+#include "runtime/eviction_policy.h"
+#include "runtime/memory_manager.h"
 #include "tests/support/model_cases.h"
 
 #include <optional>
@@ -23,6 +23,7 @@ struct BudgetRun {
   // gradients' block, optimizer state).
   int64_t fixed_bytes = 0;
   MemoryStats stats;
+  StaticPlanStats plan_stats;          // with static plans
   int64_t live_records_after = 0;      // interpreter records alive after the last step
 };
 
@@ -30,6 +31,8 @@ struct BudgetRun {
 struct SaverOptions {
   std::optional<at::ScalarType> autocast;  // mixed precision: bf16 (or fp16)
   int64_t micro_batches = 1;               // gradient accumulation over equal slices of the batch
+  // Static plans for the repeating step, with `heuristic` (DTR) as their fallback and safety net.
+  std::optional<StaticPlanOptions> static_plans;
 };
 
 BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<EvictionHeuristic> heuristic,

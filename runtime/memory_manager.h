@@ -11,10 +11,11 @@
 // Without eviction options it only accounts, and a full arena is an out-of-memory error.
 
 #include "memory/cpu_device_allocator.h"
-#include "memory/eviction_policy.h"
-#include "memory/kernel_observer.h"
-#include "memory/memory_hooks.h"
+#include "runtime/eviction_policy.h"
+#include "runtime/kernel_observer.h"
+#include "runtime/memory_hooks.h"
 #include "memory/out_of_memory.h"
+#include "runtime/static_plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -34,6 +35,9 @@ struct MemoryOptions {
   std::optional<EvictionOptions> eviction;  // null: never evict
   double eviction_threshold = 0.9;          // before a kernel, evict down to this share of the budget
   MemoryTimeline* timeline = nullptr;       // memory trace; null: none
+  // Static plans for steps that repeat (runtime/static_plan.h), DTR (`eviction`) for the rest
+  // and as their safety net; null: none. Needs a budget.
+  std::optional<StaticPlanOptions> static_plans;
 
   // A budget of `arena`, evicting with `heuristic` (default options) or never.
   static MemoryOptions budget(std::shared_ptr<CpuArena> arena, std::optional<EvictionHeuristic> heuristic) {
@@ -80,6 +84,9 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   void after_kernel(const ComputePath& path, bool recompute, double kernel_ms) override;
   void before_backward(const ComputePath& path) override;
   void after_backward(const ComputePath& path) override;
+  void forward_outputs(const ComputePath& path, const std::vector<Tensor>& outputs, bool taped) override;
+  void backward_stage_begins(const ComputePath& path, const std::vector<const TensorInfo*>& saved) override;
+  void backward_stage_ends(const ComputePath& path) override;
   void on_resident(TensorInfo& t) override;
   void on_dropped(TensorInfo& t) override;
   void on_destroyed(TensorInfo& t) override;
@@ -101,6 +108,16 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
     }
   }
 
+  // Around one micro-batch's forward and backward (the trainer's): what static plans capture,
+  // plan and run. Outside a step (evaluation, tests) no plan applies.
+  void begin_step();
+  // `completed`: forward and backward ran to their end (false: an exception left the step).
+  void end_step(bool completed = true);
+  // The model began block `block` (Model::set_block_listener): where segments may end.
+  void block_begins(int block);
+  // null without static plans.
+  const StaticPlanner* static_planner() const { return planner_.get(); }
+
   const MemoryStats& stats() const { return stats_; }
   void reset_peak();
   void set_timeline(MemoryTimeline* timeline) { options_.timeline = timeline; }
@@ -114,13 +131,15 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
 
  private:
   void prepare(int64_t expected_bytes);
-  void evict(TensorInfo& victim);
+  // `planned`: a static plan drops it (counted by the planner, not as an eviction).
+  void evict(TensorInfo& victim, bool planned = false);
   TensorInfo* pick_for_fragmentation(int64_t bytes);
   void forget(TensorInfo& t);
 
   Rematerializer& remat_;
   MemoryOptions options_;
   std::unique_ptr<Evictor> evictor_;
+  std::unique_ptr<StaticPlanner> planner_;
   std::thread::id owner_ = std::this_thread::get_id();
   KernelObserver* kernel_observer_ = nullptr;
   bool making_room_ = false;

@@ -6,11 +6,13 @@
 // Leaves (parameters, inputs) are never reported: they are not the memory manager's to move.
 
 #include <cstdint>
+#include <vector>
 
 namespace ht {
 
 struct TensorInfo;
 struct ComputePath;
+class Tensor;
 
 class MemoryHooks {
  public:
@@ -23,6 +25,11 @@ class MemoryHooks {
   // gradients need room too.
   virtual void before_backward(const ComputePath& path) = 0;
   virtual void after_backward(const ComputePath& path) = 0;
+  // A forward op call has run and its outputs have records (`taped`: the tape saved its values).
+  virtual void forward_outputs(const ComputePath& path, const std::vector<Tensor>& outputs, bool taped) = 0;
+  // A tape entry's backward is about to make its saved values resident and run / has run.
+  virtual void backward_stage_begins(const ComputePath& path, const std::vector<const TensorInfo*>& saved) = 0;
+  virtual void backward_stage_ends(const ComputePath& path) = 0;
   virtual void on_resident(TensorInfo& t) = 0;   // data attached (computed or regenerated)
   virtual void on_dropped(TensorInfo& t) = 0;    // data detached (evicted, or nobody reads it)
   virtual void on_destroyed(TensorInfo& t) = 0;  // the record itself is gone

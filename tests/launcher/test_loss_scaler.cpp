@@ -1,5 +1,5 @@
 // Dynamic loss scaling: exact unscaling, the inf/NaN check, backoff and growth.
-#include "memory/loss_scaler.h"
+#include "launcher/training/loss_scaler.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

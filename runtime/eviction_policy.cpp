@@ -1,4 +1,4 @@
-#include "memory/eviction_policy.h"
+#include "runtime/eviction_policy.h"
 
 #include "memory/cpu_arena.h"
 #include "runtime/tensor_info.h"

@@ -2,7 +2,7 @@
 // keeps work within it, and what cannot fit fails with the numbers a user needs.
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
-#include "memory/memory_manager.h"
+#include "runtime/memory_manager.h"
 #include "runtime/interpreter.h"
 #include "runtime/ops.h"
 

@@ -1,4 +1,4 @@
-#include "memory/memory_manager.h"
+#include "runtime/memory_manager.h"
 
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
@@ -34,6 +34,42 @@ void MemoryManager::configure(MemoryOptions options) {
   options_ = std::move(options);
   owner_ = std::this_thread::get_id();
   evictor_ = options_.eviction ? std::make_unique<Evictor>(*options_.eviction, options_.arena.get()) : nullptr;
+  TORCH_CHECK(options_.arena != nullptr || !options_.static_plans,
+              "MemoryManager::configure: static plans need a budget (an arena)");
+  planner_ = options_.static_plans
+                 ? std::make_unique<StaticPlanner>(*options_.static_plans, *options_.arena, remat_,
+                                                   [this](TensorInfo& t) { evict(t, /*planned=*/true); })
+                 : nullptr;
+}
+
+void MemoryManager::begin_step() {
+  if (planner_) planner_->begin_step();
+}
+
+void MemoryManager::end_step(bool completed) {
+  if (!planner_) return;
+  const StaticPlanStats before = planner_->stats();
+  planner_->end_step(completed);
+  const StaticPlanStats& after = planner_->stats();
+  if (options_.timeline != nullptr && after.plans != before.plans) {
+    options_.timeline->marker("static plan made (" + after.last_solver + ", " + after.last_status + ")");
+  }
+}
+
+void MemoryManager::block_begins(int block) {
+  if (planner_) planner_->block_begins(block);
+}
+
+void MemoryManager::forward_outputs(const ComputePath& path, const std::vector<Tensor>& outputs, bool taped) {
+  if (planner_) planner_->forward_op(path, outputs, taped);
+}
+
+void MemoryManager::backward_stage_begins(const ComputePath& path, const std::vector<const TensorInfo*>& saved) {
+  if (planner_) planner_->backward_stage_begins(path, saved);
+}
+
+void MemoryManager::backward_stage_ends(const ComputePath& path) {
+  if (planner_) planner_->backward_stage_ends();
 }
 
 void MemoryManager::reset_peak() {
@@ -52,15 +88,18 @@ void MemoryManager::before_kernel(const ComputePath& path, bool recompute) {
     }
   }
   prepare(expected);
+  if (planner_) planner_->kernel_begins(recompute, /*backward=*/false);
   if (kernel_observer_ != nullptr) kernel_observer_->kernel_begins(path, recompute, /*backward=*/false);
 }
 
 void MemoryManager::before_backward(const ComputePath& path) {
   prepare(0);
+  if (planner_) planner_->kernel_begins(/*recompute=*/false, /*backward=*/true);
   if (kernel_observer_ != nullptr) kernel_observer_->kernel_begins(path, /*recompute=*/false, /*backward=*/true);
 }
 
 void MemoryManager::after_backward(const ComputePath& path) {
+  if (planner_) planner_->kernel_ends(/*recompute=*/false, /*backward=*/true);
   if (kernel_observer_ != nullptr) kernel_observer_->kernel_ends(path, /*recompute=*/false, /*backward=*/true);
 }
 
@@ -74,7 +113,9 @@ void MemoryManager::prepare(int64_t expected_bytes) {
   // Several interpreters may share the device (training, evaluation): the one running a kernel
   // answers for the arena.
   set_out_of_memory_handler(this);
-  if (!evictor_) return;
+  // A plan running the step keeps it within the budget by itself; DTR only answers the
+  // allocator if the arena is ever short (make_room).
+  if (!evictor_ || (planner_ && planner_->executing())) return;
   const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(options_.arena->capacity()));
   while (options_.arena->stats().in_use + expected_bytes > target) {
     TensorInfo* victim = evictor_->pick_victim(roots_, remat_.now());
@@ -84,6 +125,7 @@ void MemoryManager::prepare(int64_t expected_bytes) {
 }
 
 void MemoryManager::after_kernel(const ComputePath& path, bool recompute, double kernel_ms) {
+  if (planner_) planner_->kernel_ends(recompute, /*backward=*/false);
   if (kernel_observer_ != nullptr) kernel_observer_->kernel_ends(path, recompute, /*backward=*/false);
   ++stats_.kernels;
   if (recompute) {
@@ -142,12 +184,12 @@ TensorInfo* MemoryManager::pick_for_fragmentation(int64_t bytes) {
   return best;
 }
 
-void MemoryManager::evict(TensorInfo& victim) {
+void MemoryManager::evict(TensorInfo& victim, bool planned) {
   if (options_.timeline != nullptr) {
     options_.timeline->evicted(victim.producer ? victim.producer->op->traits().name : "?", victim.id, victim.nbytes);
   }
   remat_.evict(victim);
-  ++stats_.evictions;
+  if (!planned) ++stats_.evictions;
 }
 
 void MemoryManager::on_resident(TensorInfo& t) {
@@ -159,6 +201,7 @@ void MemoryManager::on_resident(TensorInfo& t) {
     roots_.push_back(&t);
   }
   if (evictor_) evictor_->policy().on_resident(t);
+  if (planner_) planner_->on_resident(t);
 }
 
 void MemoryManager::forget(TensorInfo& t) {
@@ -179,11 +222,13 @@ void MemoryManager::forget(TensorInfo& t) {
 void MemoryManager::on_dropped(TensorInfo& t) {
   forget(t);
   if (evictor_) evictor_->policy().on_dropped(t);
+  if (planner_) planner_->on_dropped(t);
 }
 
 void MemoryManager::on_destroyed(TensorInfo& t) {
   if (t.resident()) forget(t);
   if (evictor_) evictor_->policy().on_destroyed(t);
+  if (planner_) planner_->on_destroyed(t);
 }
 
 int64_t MemoryManager::evict_all() {

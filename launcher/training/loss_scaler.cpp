@@ -1,4 +1,4 @@
-#include "memory/loss_scaler.h"
+#include "launcher/training/loss_scaler.h"
 
 #include <ATen/ATen.h>
 

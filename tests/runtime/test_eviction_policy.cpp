@@ -2,8 +2,8 @@
 // compute cost, staleness and residency set by hand so that each policy's rule decides.
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
-#include "memory/eviction_policy.h"
-#include "memory/memory_manager.h"
+#include "runtime/eviction_policy.h"
+#include "runtime/memory_manager.h"
 #include "runtime/interpreter.h"
 #include "runtime/ops.h"
 

@@ -1,0 +1,322 @@
+#include "runtime/static_plan.h"
+
+#include "memory/cpu_arena.h"
+#include "memory/cpu_device_allocator.h"
+#include "memory/step_layout.h"
+#include "runtime/memory_hooks.h"
+#include "schedule/solver.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace ht {
+
+struct StaticPlanner::Plan {
+  std::vector<uint64_t> signatures;          // per forward op
+  std::vector<int> stage_ops;                // per backward stage: its forward op
+  schedule::Schedule schedule;
+  std::vector<std::vector<int>> forward_drops;  // per forward op: values dropped right after it
+  StepLayout layout;
+  bool layout_recorded = false;
+};
+
+namespace {
+
+// Values a schedule drops right after forward op k: not kept, and k their last forward use (or
+// their producer when no forward op reads them).
+std::vector<std::vector<int>> forward_drops(const schedule::StepGraph& g, const schedule::Schedule& s) {
+  std::vector<std::vector<int>> drops(g.forward.size());
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const schedule::Value& val = g.values[v];
+    if (!val.droppable || s.keep[v]) continue;
+    const int at = val.last_forward_use >= 0 ? val.last_forward_use : val.producer;
+    if (at >= 0) drops[static_cast<size_t>(at)].push_back(static_cast<int>(v));
+  }
+  return drops;
+}
+
+}  // namespace
+
+StaticPlanner::StaticPlanner(StaticPlanOptions options, CpuArena& arena, Rematerializer& remat,
+                             std::function<void(TensorInfo&)> evict)
+    : options_(options), arena_(arena), remat_(remat), evict_(std::move(evict)) {}
+
+StaticPlanner::~StaticPlanner() {
+  if (layout_plan_ != nullptr) set_placement_advisor(nullptr);
+}
+
+void StaticPlanner::begin_step() {
+  capture_ = std::make_unique<StepCapture>(&arena_, arena_.stats().in_use);
+  block_starts_.clear();
+  forward_done_ = false;
+  stage_ = 0;
+  candidates_.clear();
+  for (auto& [hash, plan] : plans_) candidates_.push_back(plan.get());
+  plan_ = candidates_.empty() ? nullptr : candidates_.front();
+  if (plan_ != nullptr && options_.static_layout) {
+    if (plan_->layout_recorded) {
+      plan_->layout.begin_replay();
+    } else {
+      plan_->layout.begin_recording(arena_);
+    }
+    set_placement_advisor(&plan_->layout);
+    layout_plan_ = plan_;
+  }
+}
+
+void StaticPlanner::end_layout(bool completed) {
+  if (layout_plan_ == nullptr) return;
+  Plan* plan = layout_plan_;
+  layout_plan_ = nullptr;
+  set_placement_advisor(nullptr);
+  StepLayout& layout = plan->layout;
+  if (plan->layout_recorded) {
+    layout.end_replay();
+    stats_.layout_misses += layout.misses();
+  } else {
+    layout.end_recording();
+    // Only a step the plan ran to its end lays out the plan's blocks.
+    plan->layout_recorded = completed && layout.has_plan() && layout.plan_fits();
+    if (plan->layout_recorded) stats_.layout_footprint = layout.planned_peak_bytes();
+  }
+}
+
+void StaticPlanner::diverge() {
+  end_layout(/*completed=*/false);
+  if (plan_ != nullptr) ++stats_.plan_diverged;
+  plan_ = nullptr;
+  candidates_.clear();
+  holds_.clear();  // what the plan recomputed goes back to the interpreter's own rules
+}
+
+void StaticPlanner::end_step(bool step_completed) {
+  if (!capture_) return;
+  if (!step_completed) {
+    diverge();
+    plan_ = nullptr;
+    capture_.reset();
+    return;
+  }
+  const bool completed = plan_ != nullptr && stage_ == static_cast<int>(plan_->stage_ops.size()) &&
+                         capture_->forward_ops() == plan_->signatures.size();
+  if (plan_ != nullptr && !completed) {
+    diverge();
+  } else if (completed) {
+    end_layout(/*completed=*/true);
+    ++stats_.plan_hits;
+  }
+  holds_.clear();
+  plan_ = nullptr;
+  candidates_.clear();
+  const uint64_t hash = capture_->finish();
+  if (!completed && plans_.count(hash) == 0 && ++sightings_[hash] >= options_.sightings_before_planning &&
+      sightings_[hash] > 0) {
+    make_plan(hash);
+  }
+  capture_.reset();
+}
+
+void StaticPlanner::make_plan(uint64_t hash) {
+  const schedule::StepGraph& graph = capture_->graph();
+  const auto start = std::chrono::steady_clock::now();
+  auto plan = std::make_unique<Plan>();
+  if (options_.source == PlanSource::kSegments) {
+    plan->schedule = segments_schedule(graph, block_starts_);
+    const schedule::ScheduleCost cost = schedule::simulate(graph, plan->schedule);
+    stats_.last_solver = "segments";
+    stats_.last_status = cost.valid ? "segments" : "invalid: " + cost.invalid_reason;
+    stats_.last_predicted_ms = cost.recompute_ms;
+    stats_.last_gap = 0;
+    stats_.last_planned_peak = cost.peak_bytes;
+    if (!cost.valid) plan.reset();
+  } else {
+    schedule::SolveOptions opts;
+    opts.budget_bytes = static_cast<int64_t>(static_cast<double>(arena_.capacity()) * (1.0 - options_.budget_margin));
+    opts.time_limit_s = options_.solve_time_limit_s;
+    schedule::SolveResult r = schedule::solve(graph, opts);
+    stats_.last_solver = r.solver;
+    stats_.last_status = schedule::solve_status_name(r.status);
+    stats_.last_predicted_ms = r.objective_ms;
+    stats_.last_gap = r.gap;
+    stats_.last_planned_peak = r.cost.peak_bytes;
+    if (r.status == schedule::SolveStatus::kInfeasible) {
+      plan.reset();
+    } else {
+      plan->schedule = std::move(r.schedule);
+    }
+  }
+  if (std::getenv("HT_DEBUG_PLAN") != nullptr) {
+    const schedule::ScheduleCost all = schedule::simulate(graph, schedule::keep_everything(graph));
+    std::fprintf(stderr, "plan: %zu values, %zu ops, %zu stages, fixed %lld, keep-everything peak %lld (stage %d), plan peak %lld, arena peak %lld\n",
+                 graph.values.size(), graph.forward.size(), graph.backward.size(), (long long)graph.fixed_bytes,
+                 (long long)all.peak_bytes, all.peak_stage, (long long)stats_.last_planned_peak, (long long)arena_.stats().peak_in_use);
+    for (size_t k = 0; k < graph.forward.size(); ++k) {
+      const auto& op = graph.forward[k];
+      std::fprintf(stderr, "  f%zu: cost %.3f in %zu out %zu working %lld\n", k, op.cost_ms, op.inputs.size(), op.outputs.size(), (long long)op.working_bytes);
+    }
+    for (size_t st = 0; st < graph.backward.size(); ++st)
+      std::fprintf(stderr, "  b%zu: op %d reads %zu working %lld\n", st, graph.backward[st].forward_op, graph.backward[st].reads.size(), (long long)graph.backward[st].working_bytes);
+  }
+  stats_.plan_solve_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!plan) {
+    ++stats_.unplannable;
+    sightings_[hash] = -1000000;  // never again: its steps stay under DTR
+    return;
+  }
+  plan->signatures = capture_->signatures();
+  for (const schedule::BackwardStage& s : graph.backward) plan->stage_ops.push_back(s.forward_op);
+  plan->forward_drops = forward_drops(graph, plan->schedule);
+  ++stats_.plans;
+  plans_.emplace(hash, std::move(plan));
+}
+
+void StaticPlanner::kernel_begins(bool recompute, bool backward) {
+  if (capture_ && !recompute) capture_->kernel_begins();
+}
+
+void StaticPlanner::kernel_ends(bool recompute, bool backward) {
+  if (!capture_ || recompute) return;
+  capture_->kernel_ends();
+  if (backward) capture_->backward_stage_ran();
+}
+
+void StaticPlanner::forward_op(const ComputePath& path, const std::vector<Tensor>& outputs, bool taped) {
+  if (!capture_ || forward_done_) return;
+  const size_t k = capture_->forward_ops();
+  const uint64_t sig = capture_->forward_op(path, outputs, taped);
+  if (plan_ == nullptr) return;
+  candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(),
+                                   [&](const Plan* p) { return p->signatures.size() <= k || p->signatures[k] != sig; }),
+                    candidates_.end());
+  if (candidates_.empty()) return diverge();
+  if (plan_ != candidates_.front()) {
+    // Another path of the same prefix: its layout was not the one being served.
+    end_layout(/*completed=*/false);
+    plan_ = candidates_.front();
+  }
+  for (int v : plan_->forward_drops[k]) drop(v);
+}
+
+void StaticPlanner::drop(int value) {
+  std::shared_ptr<TensorInfo> t = capture_->record(value);
+  if (!t || !t->resident() || !t->evictable()) return;
+  evict_(*t);
+  ++stats_.plan_evictions;
+}
+
+void StaticPlanner::backward_stage_begins(const ComputePath& path, const std::vector<const TensorInfo*>& saved) {
+  if (!capture_) return;
+  if (!forward_done_) {
+    forward_done_ = true;
+    capture_->forward_done();
+  }
+  capture_->backward_stage(path, saved);
+  if (plan_ == nullptr) return;
+  if (stage_ >= static_cast<int>(plan_->stage_ops.size()) ||
+      plan_->stage_ops[static_cast<size_t>(stage_)] != capture_->forward_index_of(&path)) {
+    return diverge();
+  }
+  for (int v : plan_->schedule.recompute[static_cast<size_t>(stage_)]) {
+    std::shared_ptr<TensorInfo> t = capture_->record(v);
+    if (!t) continue;
+    holds_[v] = Tensor(t);  // resident from now until the plan frees it
+    if (!t->resident()) {
+      remat_.regenerate(*t);
+      ++stats_.plan_recomputations;
+    }
+  }
+}
+
+void StaticPlanner::backward_stage_ends() {
+  if (!capture_ || plan_ == nullptr) return;
+  const size_t s = static_cast<size_t>(stage_++);
+  if (s >= plan_->schedule.free_after.size()) return;
+  for (int v : plan_->schedule.free_after[s]) {
+    holds_.erase(v);
+    drop(v);
+  }
+}
+
+void StaticPlanner::block_begins(int block) {
+  if (capture_ && !forward_done_ && block >= 0) block_starts_.push_back(static_cast<int>(capture_->forward_ops()));
+}
+
+void StaticPlanner::on_resident(const TensorInfo& t) {
+  if (capture_) capture_->on_resident(t);
+}
+
+void StaticPlanner::on_dropped(const TensorInfo& t) {
+  if (capture_) capture_->on_dropped(t);
+}
+
+void StaticPlanner::on_destroyed(const TensorInfo& t) {
+  if (capture_) capture_->on_destroyed(t);
+}
+
+schedule::Schedule segments_schedule(const schedule::StepGraph& g, const std::vector<int>& block_starts) {
+  const int ops = static_cast<int>(g.forward.size());
+  const int blocks = static_cast<int>(block_starts.size());
+  // Segment of each forward op: -1 outside any checkpointed segment (before the first block, in
+  // the last segment, after the last block).
+  std::vector<int> segment_of(static_cast<size_t>(ops), -1);
+  if (blocks >= 2) {
+    const int segments = static_cast<int>(std::ceil(std::sqrt(static_cast<double>(blocks))));
+    const int per = (blocks + segments - 1) / segments;
+    for (int j = 0; j + 1 < segments && (j + 1) * per < blocks; ++j) {
+      const int begin = block_starts[static_cast<size_t>(j * per)];
+      const int end = block_starts[static_cast<size_t>((j + 1) * per)];
+      for (int k = begin; k < end; ++k) segment_of[static_cast<size_t>(k)] = j;
+    }
+  }
+  const size_t n = g.values.size();
+  schedule::Schedule s;
+  s.keep.assign(n, 1);
+  s.recompute.assign(g.backward.size(), {});
+  s.free_after.assign(g.backward.size(), {});
+  std::vector<char> dropped(n, 0);
+  std::vector<int> free_at(n, -1);  // kept values: the stage after which nothing needs them
+  for (size_t v = 0; v < n; ++v) {
+    const schedule::Value& val = g.values[v];
+    const int seg = segment_of[static_cast<size_t>(val.producer)];
+    // What crosses the segment's end is its output: a checkpoint.
+    const bool crosses = val.last_forward_use >= 0 && segment_of[static_cast<size_t>(val.last_forward_use)] != seg;
+    if (seg >= 0 && val.droppable && !crosses) {
+      s.keep[v] = 0;
+      dropped[v] = 1;
+    } else if (g.last_backward_read[v] < 0 && !crosses) {
+      s.keep[v] = 0;  // nobody reads it in backward or recomputes from it: freed after its forward use
+    } else {
+      free_at[v] = g.last_backward_read[v];
+    }
+  }
+  // Backward: the first stage of a segment recomputes all the segment dropped; every value is
+  // freed after its last read (or, read by nobody, right after the recomputation), and a
+  // checkpoint after the last recomputation that reads it.
+  std::vector<char> segment_done(static_cast<size_t>(std::max(blocks, 1)), 0);
+  for (size_t st = 0; st < g.backward.size(); ++st) {
+    const int op = g.backward[st].forward_op;
+    const int seg = op >= 0 ? segment_of[static_cast<size_t>(op)] : -1;
+    if (seg < 0 || segment_done[static_cast<size_t>(seg)]) continue;
+    segment_done[static_cast<size_t>(seg)] = 1;
+    for (size_t v = 0; v < n; ++v) {
+      if (!dropped[v] || segment_of[static_cast<size_t>(g.values[v].producer)] != seg) continue;
+      s.recompute[st].push_back(static_cast<int>(v));
+      const int last = g.last_backward_read[v];
+      s.free_after[last > static_cast<int>(st) ? static_cast<size_t>(last) : st].push_back(static_cast<int>(v));
+      for (int u : g.forward[static_cast<size_t>(g.values[v].producer)].inputs) {
+        if (!dropped[static_cast<size_t>(u)]) free_at[static_cast<size_t>(u)] = std::max(free_at[static_cast<size_t>(u)], static_cast<int>(st));
+      }
+    }
+  }
+  for (size_t v = 0; v < n; ++v) {
+    if (!dropped[v] && s.keep[v] && g.values[v].droppable && free_at[v] >= 0) {
+      s.free_after[static_cast<size_t>(free_at[v])].push_back(static_cast<int>(v));
+    }
+  }
+  return s;
+}
+
+}  // namespace ht

@@ -1,0 +1,131 @@
+// The schedule a keep set implies (segments.h): what each stage reads is recomputed on demand
+// from the nearest resident ancestors, and a value is freed after the first stage past which
+// nothing needs it.
+#include "schedule/segments.h"
+
+#include <algorithm>
+
+namespace ht::schedule::detail {
+namespace {
+
+class KeepScheduler {
+ public:
+  KeepScheduler(const StepGraph& graph, const Needs& needs)
+      : g_(graph), needs_(needs), resident_(graph.values.size(), 0), stamp_(graph.values.size(), -1),
+        memo_(graph.values.size(), 0), op_seen_(graph.forward.size(), -1) {}
+
+  Schedule run(const std::vector<char>& keep) {
+    const size_t n = g_.values.size(), stages = g_.backward.size();
+    Schedule out;
+    out.keep.assign(n, 0);
+    out.recompute.assign(stages, {});
+    out.free_after.assign(stages, {});
+    for (size_t v = 0; v < n; ++v) {
+      // A value backward never needs is not worth keeping, whatever the caller asked.
+      out.keep[v] = resident_[v] = !g_.values[v].droppable || (keep[v] && needs_.last_need[v] >= 0);
+      if (g_.values[v].droppable && resident_[v]) live_.push_back(static_cast<int>(v));
+    }
+    for (size_t s = 0; s < stages; ++s) {
+      recompute_for(static_cast<int>(s), out.recompute[s]);
+      free_after(static_cast<int>(s), out.free_after[s]);
+    }
+    return out;
+  }
+
+ private:
+  // Runs again the ops of the stage's missing reads and, recursively, of their missing inputs;
+  // an op run also yields its other missing outputs that backward reads from here on, so that it
+  // does not run twice. The list is put in forward order.
+  void recompute_for(int s, std::vector<int>& list) {
+    for (int r : g_.backward[s].reads) pending_.push_back(r);
+    auto add = [&](int v) {
+      resident_[v] = 1;
+      list.push_back(v);
+      live_.push_back(v);
+    };
+    while (!pending_.empty()) {
+      const int x = pending_.back();
+      pending_.pop_back();
+      if (resident_[x]) continue;
+      add(x);
+      const int p = g_.values[x].producer;
+      if (op_seen_[p] == s) continue;
+      op_seen_[p] = s;
+      for (int w : g_.forward[p].outputs) {
+        if (!resident_[w] && needs_.last_read[w] >= s) add(w);
+      }
+      for (int u : g_.forward[p].inputs) pending_.push_back(u);
+    }
+    std::sort(list.begin(), list.end(), [&](int a, int b) {
+      const int pa = g_.values[a].producer, pb = g_.values[b].producer;
+      return pa != pb ? pa < pb : a < b;
+    });
+  }
+
+  void free_after(int s, std::vector<int>& freed) {
+    size_t kept = 0;
+    for (int v : live_) {
+      if (needed_later(v, s)) {
+        live_[kept++] = v;
+      } else {
+        freed.push_back(v);
+      }
+    }
+    live_.resize(kept);
+    for (int v : freed) resident_[v] = 0;
+  }
+
+  // Whether a stage after s reads v, or recomputes for such a read a value that is not resident
+  // and whose op reads v. Memoized per stage; dependents come from later ops, so no cycle.
+  bool needed_later(int v, int s) {
+    if (needs_.last_need[v] <= s) return false;
+    if (needs_.last_read[v] > s) return true;
+    if (stamp_[v] == s) return memo_[v];
+    bool needed = false;
+    for (int w : needs_.dependents[v]) {
+      if (!resident_[w] && needed_later(w, s)) {
+        needed = true;
+        break;
+      }
+    }
+    stamp_[v] = s;
+    memo_[v] = needed;
+    return needed;
+  }
+
+  const StepGraph& g_;
+  const Needs& needs_;
+  std::vector<char> resident_;
+  std::vector<int> live_;  // droppable values resident
+  std::vector<int> stamp_;
+  std::vector<char> memo_;
+  std::vector<int> op_seen_, pending_;
+};
+
+}  // namespace
+
+Schedule schedule_for_keep(const StepGraph& graph, const Needs& needs, const std::vector<char>& keep) {
+  return KeepScheduler(graph, needs).run(keep);
+}
+
+int64_t bytes_over(const StepGraph& graph, const Schedule& schedule, int64_t budget) {
+  std::vector<std::vector<int>> dies_after(graph.forward.size());
+  for (size_t v = 0; v < graph.values.size(); ++v) {
+    const Value& value = graph.values[v];
+    if (value.droppable && !schedule.keep[v]) dies_after[forward_death(value)].push_back(static_cast<int>(v));
+  }
+  int64_t live = graph.fixed_bytes, over = 0;
+  for (size_t k = 0; k < graph.forward.size(); ++k) {
+    for (int v : graph.forward[k].outputs) live += graph.values[v].bytes;
+    over += std::max<int64_t>(0, live + graph.forward[k].working_bytes - budget);
+    for (int v : dies_after[k]) live -= graph.values[v].bytes;
+  }
+  for (size_t s = 0; s < graph.backward.size(); ++s) {
+    for (int v : schedule.recompute[s]) live += graph.values[v].bytes;
+    over += std::max<int64_t>(0, live + graph.backward[s].working_bytes - budget);
+    for (int v : schedule.free_after[s]) live -= graph.values[v].bytes;
+  }
+  return over;
+}
+
+}  // namespace ht::schedule::detail

@@ -1,0 +1,102 @@
+// The solver: the segments heuristic first (fast, always), then the MIP (mip_model.h) on COIN-OR
+// CBC, warm-started from the heuristic's schedule, under the time limit. Every schedule returned
+// has been simulated; a MIP solution that does not simulate within the budget is not returned.
+//
+// MEASUREMENT (placeholder, filled below).
+
+#include "schedule/solver.h"
+
+#include "schedule/cbc_backend.h"
+#include "schedule/mip_model.h"
+#include "schedule/needs.h"
+#include "schedule/segments.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace ht::schedule {
+namespace {
+
+// Costs closer than this are equal: the MIP's objective carries a 1e-6 ms floor per op call.
+constexpr double kSameMs = 1e-4;
+
+void set_schedule(SolveResult& result, const Schedule& schedule, const ScheduleCost& cost) {
+  result.schedule = schedule;
+  result.cost = cost;
+  result.objective_ms = cost.recompute_ms;
+}
+
+// The heuristic's answer: its cheapest schedule within the budget, else its lowest peak. A
+// schedule that recomputes nothing cannot be beaten: optimal without a solver.
+SolveResult heuristic_result(const detail::HeuristicResult& h) {
+  SolveResult result;
+  set_schedule(result, h.best.schedule, h.best.cost);
+  result.solver = "segments";
+  result.status = !h.fits ? SolveStatus::kInfeasible
+                          : h.best.cost.recomputations == 0 ? SolveStatus::kOptimal : SolveStatus::kHeuristic;
+  return result;
+}
+
+// Runs the MIP and takes its schedule when it simulates within the budget and beats the
+// heuristic's (or the heuristic found none). Fills the bound either way.
+void run_mip(const StepGraph& graph, const detail::Needs& needs, const detail::HeuristicResult& h,
+             const SolveOptions& options, SolveResult& result) {
+  detail::MipModel model(graph, needs, options.budget_bytes);
+  if (model.infeasible()) return;  // constant bytes alone exceed the budget: the heuristic's verdict stands
+  const std::vector<double> start = h.start_fits ? model.start_from(h.start.schedule) : std::vector<double>{};
+  const detail::MipOutcome outcome = detail::solve_with_cbc(model.lp(), start, options.time_limit_s);
+  result.bound_ms = outcome.bound;
+  if (!outcome.has_solution) return;
+  const Schedule schedule = model.decode(outcome.x);
+  const ScheduleCost cost = simulate(graph, schedule);
+  if (!cost.valid) return;
+  const bool fits = cost.peak_bytes <= options.budget_bytes;
+  if (!h.fits) {
+    // Nothing fitted before: a fitting MIP schedule wins; otherwise keep the lower peak.
+    if (fits || cost.peak_bytes < result.cost.peak_bytes) set_schedule(result, schedule, cost);
+    if (fits) {
+      result.status = outcome.optimal ? SolveStatus::kOptimal : SolveStatus::kTimeLimit;
+      result.solver = "cbc";
+    }
+    return;
+  }
+  const double heuristic_ms = h.best.cost.recompute_ms;
+  if (!fits || cost.recompute_ms > heuristic_ms + kSameMs) return;
+  if (cost.recompute_ms < heuristic_ms - kSameMs || outcome.optimal) {
+    set_schedule(result, schedule, cost);
+    result.status = outcome.optimal ? SolveStatus::kOptimal : SolveStatus::kTimeLimit;
+    result.solver = "cbc";
+  }
+}
+
+}  // namespace
+
+SolveResult solve(const StepGraph& graph, const SolveOptions& options) {
+  const auto began = std::chrono::steady_clock::now();
+  const detail::Needs needs = detail::analyze_needs(graph);
+  const detail::HeuristicResult h =
+      detail::segments_heuristic(graph, needs, options.budget_bytes, detail::mip_budget(options.budget_bytes));
+  SolveResult result = heuristic_result(h);
+  const bool mip = options.use_mip && static_cast<int64_t>(graph.values.size()) <= options.max_mip_values;
+  if (mip && result.status != SolveStatus::kOptimal) run_mip(graph, needs, h, options, result);
+  if (result.status == SolveStatus::kOptimal) result.bound_ms = result.objective_ms;
+  // The MIP's bound is its model's; the heuristic can beat a model that is conservative.
+  result.bound_ms = std::min(result.bound_ms, result.objective_ms);
+  result.gap = result.status == SolveStatus::kOptimal || result.objective_ms <= 0
+                   ? 0
+                   : (result.objective_ms - result.bound_ms) / std::max(result.objective_ms, 1e-9);
+  result.solve_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+  return result;
+}
+
+const char* solve_status_name(SolveStatus status) {
+  switch (status) {
+    case SolveStatus::kOptimal: return "optimal";
+    case SolveStatus::kTimeLimit: return "time_limit";
+    case SolveStatus::kHeuristic: return "heuristic";
+    case SolveStatus::kInfeasible: return "infeasible";
+  }
+  return "unknown";
+}
+
+}  // namespace ht::schedule

@@ -1,0 +1,41 @@
+#pragma once
+// Solves for the cheapest schedule under a memory budget: a mixed-integer program (Checkmate's,
+// restricted to recomputation in backward) solved by a real MIP solver under a time limit, with
+// a fast heuristic (Chen's segments over the forward order) as its starting point and fallback.
+
+#include "schedule/schedule.h"
+
+#include <cstdint>
+#include <string>
+
+namespace ht::schedule {
+
+struct SolveOptions {
+  int64_t budget_bytes = 0;     // the peak (simulate()) must not exceed it
+  double time_limit_s = 10;     // wall-clock limit of the MIP solver
+  int max_mip_values = 4000;    // larger graphs go to the heuristic directly
+  bool use_mip = true;          // false: the heuristic only
+};
+
+enum class SolveStatus {
+  kOptimal,     // the MIP solver proved optimality (gap 0)
+  kTimeLimit,   // the solver's best schedule when time ran out (gap reported)
+  kHeuristic,   // the heuristic's schedule (MIP off, too large, or found nothing better)
+  kInfeasible,  // no schedule fits the budget (even recomputing everything)
+};
+
+struct SolveResult {
+  SolveStatus status = SolveStatus::kInfeasible;
+  Schedule schedule;
+  ScheduleCost cost;            // simulate(graph, schedule)
+  double objective_ms = 0;      // predicted recomputation cost of the returned schedule
+  double bound_ms = 0;          // lower bound on any schedule's cost (the relaxation's or the MIP's)
+  double gap = 0;               // (objective - bound) / max(objective, tiny); 0 when optimal
+  double solve_ms = 0;          // wall-clock time spent solving
+  std::string solver;           // "cbc", "glpk", or "segments"
+};
+
+SolveResult solve(const StepGraph& graph, const SolveOptions& options);
+const char* solve_status_name(SolveStatus status);
+
+}  // namespace ht::schedule

@@ -1,0 +1,121 @@
+// Static plans' contract (runtime/static_plan.h): a plan drops, recomputes and frees exactly what
+// it says, so a step run by a plan trains bit-identically to the run without a budget, for every
+// model, at every budget a plan fits; a supernet switches between its paths' plans and DTR; a
+// shape that changes makes the step leave its plan (DTR finishes it) and a new plan follows.
+#include "models/convnet.h"
+#include "models/gpt.h"
+#include "models/resnet.h"
+#include "models/supernet.h"
+#include "tests/support/budget_training.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+namespace ht::test {
+namespace {
+
+constexpr int64_t kUnlimited = int64_t{1} << 30;  // reserved, not committed
+constexpr int64_t kBatch = 16;
+constexpr int kSteps = 4;
+
+std::vector<ModelCase> static_cases() {
+  auto images = [](int64_t c, int64_t size, int64_t classes) {
+    return [=](int64_t b) { return std::make_pair(at::randn({b, c, size, size}), at::randint(classes, {b}, at::kLong)); };
+  };
+  std::vector<ModelCase> v;
+  v.push_back({"convnet", [] { return std::make_shared<ConvNet>(ConvNetOptions{1, 16, {8, 16, 16}, 32, 5, 0.25}); },
+               images(1, 16, 5)});
+  v.push_back({"resnet18", [] { return std::make_shared<ResNet>(ResNetOptions{18, 8, {}, 3, 5, true}); },
+               images(3, 16, 5)});
+  v.push_back({"gpt", [] { return std::make_shared<Gpt>(GptOptions{17, 32, 4, 2, 32, 0.1}); },
+               [](int64_t b) {
+                 return std::make_pair(at::randint(17, {b, 32}, at::kLong), at::randint(17, {b, 32}, at::kLong));
+               }});
+  v.push_back({"supernet", [] { return std::make_shared<Supernet>(SupernetOptions{3, 16, 6, 16, 5}); },
+               images(3, 16, 5)});
+  return v;
+}
+
+void expect_identical(const BudgetRun& expected, const BudgetRun& got, const std::string& what) {
+  ASSERT_FALSE(got.out_of_budget) << what << ": " << got.failure;
+  ASSERT_EQ(expected.losses.size(), got.losses.size()) << what;
+  for (size_t i = 0; i < expected.losses.size(); ++i)
+    EXPECT_TRUE(expected.losses[i].equal(got.losses[i])) << what << ": loss at step " << i;
+  ASSERT_EQ(expected.state.size(), got.state.size()) << what;
+  for (size_t i = 0; i < expected.state.size(); ++i)
+    EXPECT_TRUE(expected.state[i].equal(got.state[i])) << what << ": parameter/buffer " << i;
+  EXPECT_EQ(got.in_use_after, expected.in_use_after) << what << ": bytes left behind by a step";
+  EXPECT_EQ(got.live_records_after, 0) << what;
+}
+
+SaverOptions with_plans(PlanSource source) {
+  SaverOptions s;
+  StaticPlanOptions p;
+  p.source = source;
+  p.solve_time_limit_s = 1;  // the heuristic answers for larger graphs; results are the same
+  s.static_plans = p;
+  return s;
+}
+
+class ModelStatic : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelStatic, PlannedStepsTrainBitIdentically) {
+  for (const ModelCase& c : static_cases()) {
+    if (c.name != GetParam()) continue;
+    const BudgetRun plain = train_in_budget(c, kUnlimited, std::nullopt, kSteps, kBatch);
+    ASSERT_FALSE(plain.out_of_budget);
+    for (double ratio : {0.8, 0.5, 0.3}) {
+      const std::string what = c.name + " at " + std::to_string(ratio);
+      const int64_t budget = budget_at(plain, ratio);
+      const BudgetRun run = train_in_budget(c, budget, EvictionHeuristic::kDtr, kSteps, kBatch,
+                                            with_plans(PlanSource::kSolver));
+      // What is asserted: the cases below. The first step of a sequence runs under DTR, which
+      // cannot train the convnet at 0.8 or the supernet at 0.3; the first planned step runs on
+      // the arena's own placement (its layout is recorded then), which fragments ResNet-18 at
+      // 0.3 (README, "Static plans": what is not built).
+      const bool asserted = (c.name == "gpt") || (c.name != "convnet" && ratio >= 0.5);
+      if (!asserted && run.out_of_budget) {
+        std::printf("[ not held ] %s: %s\n", what.c_str(), run.failure.c_str());
+        continue;
+      }
+      expect_identical(plain, run, what);
+      const StaticPlanStats& p = run.plan_stats;
+      std::printf("[ planned  ] %s: %lld plans, %lld hits, %lld diverged, %lld dropped, %lld recomputed, "
+                  "%lld layout misses, %s %s\n",
+                  what.c_str(), static_cast<long long>(p.plans), static_cast<long long>(p.plan_hits),
+                  static_cast<long long>(p.plan_diverged), static_cast<long long>(p.plan_evictions),
+                  static_cast<long long>(p.plan_recomputations), static_cast<long long>(p.layout_misses),
+                  p.last_solver.c_str(), p.last_status.c_str());
+      EXPECT_GE(p.plans, 1) << what;
+      if (c.name != "supernet") {
+        EXPECT_EQ(p.plan_hits, kSteps - 1) << what << ": every step after the first runs on the plan";
+        EXPECT_GT(p.plan_evictions, 0) << what;
+      } else {
+        EXPECT_GT(p.plan_hits + p.plan_diverged, 0) << what;
+      }
+    }
+  }
+}
+
+TEST_P(ModelStatic, SegmentsTrainBitIdentically) {
+  for (const ModelCase& c : static_cases()) {
+    if (c.name != GetParam()) continue;
+    const BudgetRun plain = train_in_budget(c, kUnlimited, std::nullopt, kSteps, kBatch);
+    const BudgetRun run = train_in_budget(c, kUnlimited, EvictionHeuristic::kDtr, kSteps, kBatch,
+                                          with_plans(PlanSource::kSegments));
+    expect_identical(plain, run, c.name + " in segments");
+    EXPECT_GE(run.plan_stats.plans, 1);
+    // The supernet takes another path every step: its plans never run (each step diverges).
+    if (c.name != "supernet") EXPECT_GT(run.plan_stats.plan_recomputations, 0) << "segments recompute what they dropped";
+    // Segments save memory where blocks are alike (GPT's layers, ResNet's stages); the convnet,
+    // whose first block holds most of its activations, needs more with them than without.
+    if (c.name == "gpt" || c.name == "resnet18") EXPECT_LT(run.plan_stats.last_planned_peak, plain.peak_in_use);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModels, ModelStatic, ::testing::Values("convnet", "resnet18", "gpt", "supernet"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace ht::test
