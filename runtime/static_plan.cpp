@@ -16,6 +16,7 @@ namespace ht {
 
 struct StaticPlanner::Plan {
   std::vector<uint64_t> signatures;          // per forward op
+  int64_t fixed_bytes = 0;                   // what the arena held when its step began
   std::vector<int> stage_ops;                // per backward stage: its forward op
   schedule::Schedule schedule;
   std::vector<std::vector<int>> forward_drops;  // per forward op: values dropped right after it
@@ -54,7 +55,19 @@ void StaticPlanner::begin_step() {
   forward_done_ = false;
   stage_ = 0;
   candidates_.clear();
-  for (auto& [hash, plan] : plans_) candidates_.push_back(plan.get());
+  const int64_t fixed = arena_.stats().in_use;
+  for (auto it = plans_.begin(); it != plans_.end();) {
+    // A plan counted on the memory the step does not own (parameters, optimizer state): when
+    // that grew (optimizer state appears after the first step), the plan no longer fits. Drop
+    // it; this step runs under DTR and plans afresh.
+    if (it->second->fixed_bytes < fixed) {
+      ++stats_.plans_outgrown;
+      it = plans_.erase(it);
+      continue;
+    }
+    candidates_.push_back(it->second.get());
+    ++it;
+  }
   plan_ = candidates_.empty() ? nullptr : candidates_.front();
   if (plan_ != nullptr && options_.static_layout) {
     if (plan_->layout_recorded) {
@@ -167,6 +180,7 @@ void StaticPlanner::make_plan(uint64_t hash) {
     return;
   }
   plan->signatures = capture_->signatures();
+  plan->fixed_bytes = graph.fixed_bytes;
   for (const schedule::BackwardStage& s : graph.backward) plan->stage_ops.push_back(s.forward_op);
   plan->forward_drops = forward_drops(graph, plan->schedule);
   ++stats_.plans;

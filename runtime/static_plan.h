@@ -37,7 +37,7 @@ struct StaticPlanOptions {
   int sightings_before_planning = 1;  // 1: plan a sequence after its first step; 2: once it repeats
   double solve_time_limit_s = 10;
   // Bytes of the budget the plan leaves free (rounding of blocks the capture could not see).
-  double budget_margin = 0.05;
+  double budget_margin = 0.03;
   bool static_layout = true;  // place blocks at planned offsets (memory/step_layout.h)
 };
 
@@ -46,6 +46,7 @@ struct StaticPlanStats {
   int64_t plan_diverged = 0;  // steps that began on a plan and left it
   int64_t plans = 0;          // plans made
   int64_t unplannable = 0;    // sequences no plan fits (they stay under DTR)
+  int64_t plans_outgrown = 0; // plans dropped because the memory outside the step grew
   double plan_solve_ms = 0;   // total time spent making plans
   int64_t plan_evictions = 0;       // values the plans dropped
   int64_t plan_recomputations = 0;  // values the plans recomputed

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <memory>
 #include <string>
-#include <cstdlib>
 
 namespace ht::schedule::detail {
 namespace {
@@ -51,11 +50,9 @@ CbcPtr load(const LpModel& lp) {
 
 MipOutcome solve_with_cbc(const LpModel& lp, const std::vector<double>& start, double time_limit_s) {
   CbcPtr model = load(lp);
-  const char* lv = getenv("HT_CBC_LOG") ? getenv("HT_CBC_LOG") : "0";
-  Cbc_setLogLevel(model.get(), atoi(lv));
-  Cbc_setParameter(model.get(), "log", lv);
-  Cbc_setParameter(model.get(), "slog", lv);
-  if (getenv("HT_CBC_EXTRA")) { std::string e = getenv("HT_CBC_EXTRA"); size_t p = 0; while (p < e.size()) { size_t q = e.find(' ', p); std::string k = e.substr(p, q - p); p = q + 1; q = e.find(' ', p); if (q == std::string::npos) q = e.size(); std::string v = e.substr(p, q - p); p = q + 1; Cbc_setParameter(model.get(), k.c_str(), v.c_str()); } }
+  Cbc_setLogLevel(model.get(), 0);
+  Cbc_setParameter(model.get(), "log", "0");
+  Cbc_setParameter(model.get(), "slog", "0");
   Cbc_setParameter(model.get(), "timeMode", "elapsed");  // CBC counts CPU seconds by default
   Cbc_setMaximumSeconds(model.get(), std::max(time_limit_s, 1e-3));
   if (!start.empty()) {

@@ -8,6 +8,7 @@ packages=(
   libtorch-dev libopenblas0-pthread      # without OpenBLAS, libtorch falls back to reference BLAS
   libopenmpi-dev openmpi-bin
   libcli11-dev libtomlplusplus-dev
+  coinor-libcbc-dev                      # the MIP solver of static plans (schedule/)
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
 )

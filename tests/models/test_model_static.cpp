@@ -6,6 +6,9 @@
 #include "models/gpt.h"
 #include "models/resnet.h"
 #include "models/supernet.h"
+#include "memory/cpu_arena.h"
+#include "memory/cpu_device_allocator.h"
+#include "runtime/interpreter.h"
 #include "tests/support/budget_training.h"
 
 #include <gtest/gtest.h>
@@ -82,18 +85,19 @@ TEST_P(ModelStatic, PlannedStepsTrainBitIdentically) {
       expect_identical(plain, run, what);
       const StaticPlanStats& p = run.plan_stats;
       std::printf("[ planned  ] %s: %lld plans, %lld hits, %lld diverged, %lld dropped, %lld recomputed, "
-                  "%lld layout misses, %s %s\n",
+                  "%lld layout misses, %s %s, planned peak %lld, measured %lld, budget %lld\n",
                   what.c_str(), static_cast<long long>(p.plans), static_cast<long long>(p.plan_hits),
                   static_cast<long long>(p.plan_diverged), static_cast<long long>(p.plan_evictions),
                   static_cast<long long>(p.plan_recomputations), static_cast<long long>(p.layout_misses),
-                  p.last_solver.c_str(), p.last_status.c_str());
-      EXPECT_GE(p.plans, 1) << what;
-      if (c.name != "supernet") {
-        EXPECT_EQ(p.plan_hits, kSteps - 1) << what << ": every step after the first runs on the plan";
+                  p.last_solver.c_str(), p.last_status.c_str(), static_cast<long long>(p.last_planned_peak),
+                  static_cast<long long>(run.peak_in_use), static_cast<long long>(budget));
+      EXPECT_GE(p.plans + p.unplannable, 1) << what;
+      if (c.name != "supernet" && p.unplannable == 0) {
+        // The first step makes a plan; optimizer state appears after it, so the second makes it again.
+        EXPECT_EQ(p.plan_hits, kSteps - 2) << what << ": every step after the second runs on the plan";
         EXPECT_GT(p.plan_evictions, 0) << what;
-      } else {
-        EXPECT_GT(p.plan_hits + p.plan_diverged, 0) << what;
-      }
+      }  // where no plan fits the budget the steps run under DTR, as they did before the plan
+      // The supernet takes a new path nearly every step: its plans are made, rarely run.
     }
   }
 }
@@ -116,6 +120,60 @@ TEST_P(ModelStatic, SegmentsTrainBitIdentically) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ModelStatic, ::testing::Values("convnet", "resnet18", "gpt", "supernet"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace ht::test
+
+namespace ht::test {
+namespace {
+
+// A step whose shapes change leaves its plan at the first op that differs (DTR finishes it and
+// the new sequence gets its own plan); going back to the first shape finds the first plan again.
+// Losses are those of the run without a budget throughout.
+TEST(StaticPlanReplay, DivergesOnANewShapeAndPlansAgain) {
+  const ModelCase gpt{"gpt", [] { return std::make_shared<Gpt>(GptOptions{17, 32, 4, 2, 32, 0.0}); }, nullptr};
+  auto run = [&](int64_t capacity, bool plans, PlanSource source) {
+    auto arena = std::make_shared<CpuArena>(capacity);
+    ArenaScope device(arena);
+    Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 4});
+    MemoryOptions memory = MemoryOptions::budget(arena, EvictionHeuristic::kDtr);
+    if (plans) {
+      StaticPlanOptions p;
+      p.source = source;
+      p.solve_time_limit_s = 1;
+      memory.static_plans = p;
+    }
+    interp.memory().configure(memory);
+    at::manual_seed(4);
+    std::shared_ptr<Model> model = gpt.make();
+    model->set_block_listener([&interp](int block) { interp.memory().block_begins(block); });
+    GradientBuffer gradients(model->parameters());
+    interp.set_gradient_buffer(&gradients);
+    std::vector<double> losses;
+    // Sequence lengths per step: two of 32, two of 16 (a new sequence), two of 32 again.
+    for (int64_t t : {32, 32, 16, 16, 32, 32}) {
+      at::manual_seed(100 + t);
+      at::Tensor x = at::randint(17, {8, t}, at::kLong), y = at::randint(17, {8, t}, at::kLong);
+      interp.memory().begin_step();
+      Tensor loss = model->loss(model->forward(interp.input(x)), interp.input(y));
+      interp.backward(loss);
+      losses.push_back(loss.value().item<double>());
+      loss.reset();
+      interp.memory().end_step();
+      clear_grads(*model);  // no optimizer: the fixed memory stays as it is, plans stay valid
+    }
+    const StaticPlanner* planner = interp.memory().static_planner();
+    return std::make_pair(losses, planner != nullptr ? planner->stats() : StaticPlanStats{});
+  };
+  const auto [plain_losses, none] = run(int64_t{1} << 30, false, PlanSource::kSolver);
+  // Segments drop and recompute whatever the budget: the plan's actions are exercised for sure.
+  const auto [losses, p] = run(int64_t{1} << 30, true, PlanSource::kSegments);
+  EXPECT_EQ(plain_losses, losses);
+  EXPECT_EQ(p.plans, 2) << "one plan per sequence";
+  EXPECT_EQ(p.plan_diverged, 1) << "the first step of 16 left the plan of 32";
+  EXPECT_EQ(p.plan_hits, 4) << "every later step found its sequence's plan";
+  EXPECT_GT(p.plan_recomputations, 0);
+}
 
 }  // namespace
 }  // namespace ht::test
