@@ -20,6 +20,8 @@ struct StaticPlanner::Plan {
   std::vector<int> stage_ops;                // per backward stage: its forward op
   schedule::Schedule schedule;
   std::vector<std::vector<int>> forward_drops;  // per forward op: values dropped right after it
+  std::vector<std::vector<int>> early_free;     // per stage: schedule::early_free_points
+  schedule::StepGraph graph;                    // what it was made from
   StepLayout layout;
   bool layout_recorded = false;
 };
@@ -183,6 +185,10 @@ void StaticPlanner::make_plan(uint64_t hash) {
   plan->fixed_bytes = graph.fixed_bytes;
   for (const schedule::BackwardStage& s : graph.backward) plan->stage_ops.push_back(s.forward_op);
   plan->forward_drops = forward_drops(graph, plan->schedule);
+  for (size_t st = 0; st < graph.backward.size(); ++st) {
+    plan->early_free.push_back(schedule::early_free_points(graph, plan->schedule, static_cast<int>(st)));
+  }
+  plan->graph = graph;
   ++stats_.plans;
   plans_.emplace(hash, std::move(plan));
 }
@@ -233,13 +239,27 @@ void StaticPlanner::backward_stage_begins(const ComputePath& path, const std::ve
       plan_->stage_ops[static_cast<size_t>(stage_)] != capture_->forward_index_of(&path)) {
     return diverge();
   }
-  for (int v : plan_->schedule.recompute[static_cast<size_t>(stage_)]) {
-    std::shared_ptr<TensorInfo> t = capture_->record(v);
-    if (!t) continue;
-    holds_[v] = Tensor(t);  // resident from now until the plan frees it
-    if (!t->resident()) {
-      remat_.regenerate(*t);
-      ++stats_.plan_recomputations;
+  const std::vector<int>& list = plan_->schedule.recompute[static_cast<size_t>(stage_)];
+  const std::vector<int>& last_use = plan_->early_free[static_cast<size_t>(stage_)];
+  const std::vector<int>& frees = plan_->schedule.free_after[static_cast<size_t>(stage_)];
+  const schedule::StepGraph& g = plan_->graph;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const int v = list[i];
+    if (std::shared_ptr<TensorInfo> t = capture_->record(v)) {
+      holds_[v] = Tensor(t);  // resident from now until the plan frees it
+      if (!t->resident()) {
+        remat_.regenerate(*t);
+        ++stats_.plan_recomputations;
+      }
+    }
+    const bool op_done = i + 1 == list.size() || g.values[static_cast<size_t>(list[i + 1])].producer != g.values[static_cast<size_t>(v)].producer;
+    if (!op_done) continue;
+    // As schedule::simulate: what the stage frees and does not read goes once the list is done with it.
+    for (int w : frees) {
+      if (last_use[static_cast<size_t>(w)] >= 0 && last_use[static_cast<size_t>(w)] <= static_cast<int>(i)) {
+        holds_.erase(w);
+        drop(w);
+      }
     }
   }
 }

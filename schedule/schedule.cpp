@@ -84,6 +84,7 @@ class Simulation {
   // the op that are neither resident nor listed exist while it runs and are discarded after.
   bool recompute(int s) {
     const std::vector<int>& list = s_.recompute[s];
+    const std::vector<int> last_use = early_free_points(g_, s_, s);
     int previous = -1;
     for (size_t i = 0; i < list.size();) {
       const int p = g_.values[list[i]].producer;
@@ -104,6 +105,14 @@ class Simulation {
       observe(live_ + transient + op.working_bytes, s);
       cost_.recompute_ms += op.cost_ms;
       ++cost_.recomputations;
+      // What the stage frees and does not read goes as soon as the list no longer needs it.
+      for (int v : s_.free_after[s]) {
+        if (resident_[v] && last_use[v] >= 0 && last_use[v] < static_cast<int>(i)) {
+          resident_[v] = 0;
+          live_ -= g_.values[v].bytes;
+          freed_early_[v] = 1;
+        }
+      }
     }
     return true;
   }
@@ -119,6 +128,10 @@ class Simulation {
   bool free(int s) {
     for (int v : s_.free_after[s]) {
       if (!g_.values[v].droppable) return fail(s, "frees", v, ", which is not droppable");
+      if (freed_early_[v]) {
+        freed_early_[v] = 0;
+        continue;
+      }
       if (!resident_[v]) return fail(s, "frees", v, ", not resident");
       resident_[v] = 0;
       live_ -= g_.values[v].bytes;
@@ -129,11 +142,28 @@ class Simulation {
   const StepGraph& g_;
   const Schedule& s_;
   std::vector<char> resident_;
+  std::vector<char> freed_early_ = std::vector<char>(g_.values.size(), 0);
   int64_t live_ = 0;
   ScheduleCost cost_;
 };
 
 }  // namespace
+
+std::vector<int> early_free_points(const StepGraph& graph, const Schedule& schedule, int stage) {
+  // Per value: -1 unless the stage frees it and does not read it; then the position in the
+  // stage's recompute list after which nothing in the list reads it (0 when nothing does).
+  std::vector<int> last(graph.values.size(), -1);
+  const auto s = static_cast<size_t>(stage);
+  for (int v : schedule.free_after[s]) last[static_cast<size_t>(v)] = 0;
+  for (int v : graph.backward[s].reads) last[static_cast<size_t>(v)] = -1;
+  const std::vector<int>& list = schedule.recompute[s];
+  for (size_t i = 0; i < list.size(); ++i) {
+    for (int u : graph.forward[static_cast<size_t>(graph.values[static_cast<size_t>(list[i])].producer)].inputs) {
+      if (last[static_cast<size_t>(u)] >= 0) last[static_cast<size_t>(u)] = static_cast<int>(i);
+    }
+  }
+  return last;
+}
 
 ScheduleCost simulate(const StepGraph& graph, const Schedule& schedule) { return Simulation(graph, schedule).run(); }
 

@@ -28,6 +28,12 @@ struct ScheduleCost {
   int peak_stage = -1;         // backward stage of the peak; -1: in forward
 };
 
+// Within a stage's recompute list, a value the stage frees after it (free_after) and does not
+// read is freed as soon as the list no longer reads it: a recomputation chain need not hold all
+// of its values at once. Per value: -1 (not freed early), else the list position it is last
+// read at; it is freed once the op call at that position has run.
+std::vector<int> early_free_points(const StepGraph& graph, const Schedule& schedule, int stage);
+
 ScheduleCost simulate(const StepGraph& graph, const Schedule& schedule);
 
 // Everything kept: no recomputation; its peak is the step's unbudgeted peak.

@@ -19,6 +19,16 @@ namespace {
 
 // Costs closer than this are equal: the MIP's objective carries a 1e-6 ms floor per op call.
 constexpr double kSameMs = 1e-4;
+// Models larger than this go unsolved: the solver's root LP alone, which its time limit does not
+// interrupt, would take seconds (about 0.5 s at 28k columns on the CI machine).
+constexpr int64_t kMaxMipColumns = 100000;
+
+// The model's columns, about: per value, an S and an R per stage it matters at.
+int64_t mip_columns(const detail::Needs& needs) {
+  int64_t columns = 0;
+  for (int last : needs.last_need) columns += 2 * (last + 1);
+  return columns;
+}
 
 void set_schedule(SolveResult& result, const Schedule& schedule, const ScheduleCost& cost) {
   result.schedule = schedule;
@@ -77,7 +87,8 @@ SolveResult solve(const StepGraph& graph, const SolveOptions& options) {
   const detail::HeuristicResult h =
       detail::segments_heuristic(graph, needs, options.budget_bytes, detail::mip_budget(options.budget_bytes));
   SolveResult result = heuristic_result(h);
-  const bool mip = options.use_mip && static_cast<int64_t>(graph.values.size()) <= options.max_mip_values;
+  const bool mip = options.use_mip && static_cast<int64_t>(graph.values.size()) <= options.max_mip_values &&
+                   mip_columns(needs) <= kMaxMipColumns;
   if (mip && result.status != SolveStatus::kOptimal) run_mip(graph, needs, h, options, result);
   if (result.status == SolveStatus::kOptimal) result.bound_ms = result.objective_ms;
   // The MIP's bound is its model's; the heuristic can beat a model that is conservative.
