@@ -19,9 +19,9 @@ namespace ht::bench {
 namespace {
 
 struct Options {
-  // Warm-up: the first step makes a plan, the optimizer state that appears after it outgrows the
-  // plan, the second step makes it again and the third records its layout.
-  int warmup = 3, reps = 5;
+  // Warm-up: the first step makes a plan (solved again for the optimizer state that appears
+  // after it), the second records the plan's layout.
+  int warmup = 2, reps = 5;
   std::vector<double> ratios{0.5, 0.3, 0.2};
   double solve_time_s = 10;
   bool quick = false, large = true;

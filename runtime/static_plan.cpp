@@ -9,14 +9,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 
 namespace ht {
 
 struct StaticPlanner::Plan {
   std::vector<uint64_t> signatures;          // per forward op
   int64_t fixed_bytes = 0;                   // what the arena held when its step began
+  std::vector<int> block_starts;             // where the model's blocks began (segments)
   std::vector<int> stage_ops;                // per backward stage: its forward op
   schedule::Schedule schedule;
   std::vector<std::vector<int>> forward_drops;  // per forward op: values dropped right after it
@@ -58,18 +57,20 @@ void StaticPlanner::begin_step() {
   stage_ = 0;
   candidates_.clear();
   const int64_t fixed = arena_.stats().in_use;
-  for (auto it = plans_.begin(); it != plans_.end();) {
-    // A plan counted on the memory the step does not own (parameters, optimizer state): when
-    // that grew (optimizer state appears after the first step), the plan no longer fits. Drop
-    // it; this step runs under DTR and plans afresh.
-    if (it->second->fixed_bytes < fixed) {
-      ++stats_.plans_outgrown;
-      it = plans_.erase(it);
-      continue;
-    }
-    candidates_.push_back(it->second.get());
-    ++it;
+  std::vector<uint64_t> outgrown;
+  for (auto& [hash, plan] : plans_) {
+    if (plan->fixed_bytes < fixed) outgrown.push_back(hash);
   }
+  for (uint64_t hash : outgrown) {
+    // The plan counted on the memory outside its step (parameters, optimizer state); that grew
+    // (optimizer state appears after the first step): solve it again for what is left.
+    ++stats_.plans_outgrown;
+    std::unique_ptr<Plan> old = std::move(plans_[hash]);
+    plans_.erase(hash);
+    old->graph.fixed_bytes = fixed;
+    make_plan(hash, old->graph, old->signatures, old->block_starts);
+  }
+  for (auto& [hash, plan] : plans_) candidates_.push_back(plan.get());
   plan_ = candidates_.empty() ? nullptr : candidates_.front();
   if (plan_ != nullptr && options_.static_layout) {
     if (plan_->layout_recorded) {
@@ -129,17 +130,17 @@ void StaticPlanner::end_step(bool step_completed) {
   const uint64_t hash = capture_->finish();
   if (!completed && plans_.count(hash) == 0 && ++sightings_[hash] >= options_.sightings_before_planning &&
       sightings_[hash] > 0) {
-    make_plan(hash);
+    make_plan(hash, capture_->graph(), capture_->signatures(), block_starts_);
   }
   capture_.reset();
 }
 
-void StaticPlanner::make_plan(uint64_t hash) {
-  const schedule::StepGraph& graph = capture_->graph();
+void StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, const std::vector<uint64_t>& signatures,
+                              const std::vector<int>& block_starts) {
   const auto start = std::chrono::steady_clock::now();
   auto plan = std::make_unique<Plan>();
   if (options_.source == PlanSource::kSegments) {
-    plan->schedule = segments_schedule(graph, block_starts_);
+    plan->schedule = segments_schedule(graph, block_starts);
     const schedule::ScheduleCost cost = schedule::simulate(graph, plan->schedule);
     stats_.last_solver = "segments";
     stats_.last_status = cost.valid ? "segments" : "invalid: " + cost.invalid_reason;
@@ -163,25 +164,14 @@ void StaticPlanner::make_plan(uint64_t hash) {
       plan->schedule = std::move(r.schedule);
     }
   }
-  if (std::getenv("HT_DEBUG_PLAN") != nullptr) {
-    const schedule::ScheduleCost all = schedule::simulate(graph, schedule::keep_everything(graph));
-    std::fprintf(stderr, "plan: %zu values, %zu ops, %zu stages, fixed %lld, keep-everything peak %lld (stage %d), plan peak %lld, arena peak %lld\n",
-                 graph.values.size(), graph.forward.size(), graph.backward.size(), (long long)graph.fixed_bytes,
-                 (long long)all.peak_bytes, all.peak_stage, (long long)stats_.last_planned_peak, (long long)arena_.stats().peak_in_use);
-    for (size_t k = 0; k < graph.forward.size(); ++k) {
-      const auto& op = graph.forward[k];
-      std::fprintf(stderr, "  f%zu: cost %.3f in %zu out %zu working %lld\n", k, op.cost_ms, op.inputs.size(), op.outputs.size(), (long long)op.working_bytes);
-    }
-    for (size_t st = 0; st < graph.backward.size(); ++st)
-      std::fprintf(stderr, "  b%zu: op %d reads %zu working %lld\n", st, graph.backward[st].forward_op, graph.backward[st].reads.size(), (long long)graph.backward[st].working_bytes);
-  }
   stats_.plan_solve_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!plan) {
     ++stats_.unplannable;
     sightings_[hash] = -1000000;  // never again: its steps stay under DTR
     return;
   }
-  plan->signatures = capture_->signatures();
+  plan->signatures = signatures;
+  plan->block_starts = block_starts;
   plan->fixed_bytes = graph.fixed_bytes;
   for (const schedule::BackwardStage& s : graph.backward) plan->stage_ops.push_back(s.forward_op);
   plan->forward_drops = forward_drops(graph, plan->schedule);
@@ -190,7 +180,7 @@ void StaticPlanner::make_plan(uint64_t hash) {
   }
   plan->graph = graph;
   ++stats_.plans;
-  plans_.emplace(hash, std::move(plan));
+  plans_[hash] = std::move(plan);
 }
 
 void StaticPlanner::kernel_begins(bool recompute, bool backward) {

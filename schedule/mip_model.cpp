@@ -94,7 +94,8 @@ void MipModel::add_forward_rows() {
     later = constant[k];
     Row row;
     for (size_t v = 0; v < g_.values.size(); ++v) {
-      if (keep_col_[v] >= 0 && forward_death(g_.values[v]) < k) row.push_back({keep_col_[v], scaled(g_.values[v].bytes)});
+      if (keep_col_[v] >= 0 && forward_death(g_.values[v]) < k)
+        row.push_back({keep_col_[v], scaled(g_.values[v].bytes)});
     }
     const double rhs = room(constant[k]);
     if (!row.empty()) lp_.add_row(-kInf, rhs, row);

@@ -17,6 +17,20 @@ struct Schedule {
   std::vector<std::vector<int>> recompute;     // per backward stage: values recomputed before it, in forward order
   std::vector<std::vector<int>> free_after;    // per backward stage: values freed after it
 };
+// The rules (simulate() is their reference; the runtime executes exactly these):
+// - Forward runs each op once, in order. A value is live from its producer on; a dropped one
+//   (keep 0; a value that is not droppable is always kept) dies right after its last forward
+//   reader, or right after its producer when none reads it. A kept one lives on into backward.
+// - Before stage s, recompute[s] runs in list order, which must be forward order (producers
+//   non-decreasing). Consecutive entries with one producer are one call of that op; every input
+//   of the op must be resident then (kept, not yet freed, or recomputed earlier in the list), and
+//   no listed value may be resident already. The listed outputs become resident; the op's other
+//   outputs that are not resident exist during the call and are discarded right after it.
+// - Stage s then runs: every value it reads must be resident. After it, free_after[s] is freed
+//   (each must be resident and droppable). Whatever is never freed stays to the end of the step.
+// - Bytes live: during forward op k, fixed + live values + its working bytes; during a
+//   recomputation, fixed + resident values + the call's discarded outputs + its working bytes;
+//   during stage s, fixed + resident values + the stage's working bytes. The peak is their max.
 
 // What a schedule costs, by the same rules the runtime executes it (simulate()).
 struct ScheduleCost {
@@ -36,7 +50,8 @@ std::vector<int> early_free_points(const StepGraph& graph, const Schedule& sched
 
 ScheduleCost simulate(const StepGraph& graph, const Schedule& schedule);
 
-// Everything kept: no recomputation; its peak is the step's unbudgeted peak.
+// Everything backward reads kept, nothing recomputed, each value freed after its last backward
+// read: its peak is the step's unbudgeted peak.
 Schedule keep_everything(const StepGraph& graph);
 
 }  // namespace ht::schedule

@@ -12,16 +12,17 @@ namespace ht::schedule {
 
 struct SolveOptions {
   int64_t budget_bytes = 0;     // the peak (simulate()) must not exceed it
-  double time_limit_s = 10;     // wall-clock limit of the MIP solver
-  int max_mip_values = 4000;    // larger graphs go to the heuristic directly
+  double time_limit_s = 10;     // wall-clock limit of the MIP solver (its root node is not interrupted)
+  int max_mip_values = 4000;    // larger graphs go to the heuristic directly (so do models over 100k columns)
   bool use_mip = true;          // false: the heuristic only
 };
 
 enum class SolveStatus {
-  kOptimal,     // the MIP solver proved optimality (gap 0)
+  kOptimal,     // the MIP solver proved optimality (gap 0), or the schedule recomputes nothing
   kTimeLimit,   // the solver's best schedule when time ran out (gap reported)
   kHeuristic,   // the heuristic's schedule (MIP off, too large, or found nothing better)
-  kInfeasible,  // no schedule fits the budget (even recomputing everything)
+  kInfeasible,  // no schedule found fits (the MIP proved none does, or found none in time, or did
+                // not run): `schedule` is the lowest peak found, its cost filled
 };
 
 struct SolveResult {
@@ -29,12 +30,15 @@ struct SolveResult {
   Schedule schedule;
   ScheduleCost cost;            // simulate(graph, schedule)
   double objective_ms = 0;      // predicted recomputation cost of the returned schedule
-  double bound_ms = 0;          // lower bound on any schedule's cost (the relaxation's or the MIP's)
-  double gap = 0;               // (objective - bound) / max(objective, tiny); 0 when optimal
+  // Lower bound on any schedule's cost: the MIP solver's (of its model, which counts memory a
+  // little conservatively, so capped at objective_ms); 0 when the MIP did not run.
+  double bound_ms = 0;
+  double gap = 0;               // (objective - bound) / max(objective, tiny); 0 when optimal or objective 0
   double solve_ms = 0;          // wall-clock time spent solving
   std::string solver;           // "cbc", "glpk", or "segments"
 };
 
+// `graph` must be finished. Not reentrant: CBC's driver keeps global state.
 SolveResult solve(const StepGraph& graph, const SolveOptions& options);
 const char* solve_status_name(SolveStatus status);
 

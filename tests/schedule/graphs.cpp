@@ -162,7 +162,8 @@ StepGraph random_skips(int ops, uint32_t seed) {
   int values = 1;
   for (int i = 1; i < ops; ++i) {
     std::vector<int> inputs{prev};
-    if (values > 2 && next(3) == 0) inputs.push_back(std::max(0, values - 16) + static_cast<int>(next(std::min(values - 1, 15))));
+    if (values > 2 && next(3) == 0)  // a skip from one of the last 16 values
+      inputs.push_back(std::max(0, values - 16) + static_cast<int>(next(std::min(values - 1, 15))));
     std::vector<int64_t> bytes{static_cast<int64_t>(1 + next(64)) * kKiB};
     if (next(5) == 0) bytes.push_back(static_cast<int64_t>(1 + next(16)) * kKiB);
     const std::vector<int> out = b.op(inputs, bytes, 0.05 + next(100) / 50.0, next(4) == 0 ? 32 * kKiB : 0);
