@@ -22,8 +22,11 @@
 // they add one memory row and no column. S + R <= 1 is left out: a value both carried and
 // recomputed only counts twice against the budget, and decode() takes it as carried.
 // The recomputation rows count every value resident during the stage, including those
-// recomputed after the op in the list: conservative, so every solution simulates within budget
-// up to the solver's tolerances (1e-5 of the budget is kept as slack against those).
+// recomputed after the op in the list, and the stage rows ignore that simulate() frees what a
+// stage frees and does not read as soon as its recompute list is done with it
+// (early_free_points): conservative, so every solution simulates within budget up to the
+// solver's tolerances (1e-5 of the budget is kept as slack against those), and schedules that
+// fit only thanks to early frees are the heuristic's to find.
 
 #include "schedule/needs.h"
 #include "schedule/schedule.h"

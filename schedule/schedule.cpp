@@ -68,7 +68,8 @@ class Simulation {
     for (size_t v = 0; v < g_.values.size(); ++v) {
       const Value& value = g_.values[v];
       if (!kept(static_cast<int>(v)))
-        dies_after[value.last_forward_use >= 0 ? value.last_forward_use : value.producer].push_back(static_cast<int>(v));
+        dies_after[value.last_forward_use >= 0 ? value.last_forward_use : value.producer].push_back(
+            static_cast<int>(v));
     }
     for (size_t k = 0; k < g_.forward.size(); ++k) {
       for (int v : g_.forward[k].outputs) make_resident(v);
@@ -93,8 +94,8 @@ class Simulation {
       const ForwardOp& op = g_.forward[p];
       for (int u : op.inputs) {
         if (!resident_[u])
-          return fail("stage " + std::to_string(s) + ": recomputing value " + std::to_string(list[i]) + " needs value " +
-                      std::to_string(u) + ", not resident");
+          return fail("stage " + std::to_string(s) + ": recomputing value " + std::to_string(list[i]) +
+                      " needs value " + std::to_string(u) + ", not resident");
       }
       for (; i < list.size() && g_.values[list[i]].producer == p; ++i) {
         if (resident_[list[i]]) return fail(s, "recomputes", list[i], ", already resident");

@@ -27,7 +27,9 @@ struct Schedule {
 //   no listed value may be resident already. The listed outputs become resident; the op's other
 //   outputs that are not resident exist during the call and are discarded right after it.
 // - Stage s then runs: every value it reads must be resident. After it, free_after[s] is freed
-//   (each must be resident and droppable). Whatever is never freed stays to the end of the step.
+//   (each must be resident and droppable; one the stage does not read goes earlier, as soon as
+//   the recompute list is done with it: early_free_points). Whatever is never freed stays to the
+//   end of the step.
 // - Bytes live: during forward op k, fixed + live values + its working bytes; during a
 //   recomputation, fixed + resident values + the call's discarded outputs + its working bytes;
 //   during stage s, fixed + resident values + the stage's working bytes. The peak is their max.

@@ -24,7 +24,7 @@ struct Evaluated {
 Schedule schedule_for_keep(const StepGraph& graph, const Needs& needs, const std::vector<char>& keep);
 
 // The bytes over `budget` summed over the forward ops and backward stages of a (valid) schedule
-// (recomputations' discarded outputs aside: simulate() has the exact peak).
+// (recomputations' discarded outputs and early frees aside: simulate() has the exact peak).
 int64_t bytes_over(const StepGraph& graph, const Schedule& schedule, int64_t budget);
 
 struct HeuristicResult {
