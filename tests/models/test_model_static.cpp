@@ -22,24 +22,6 @@ constexpr int64_t kUnlimited = int64_t{1} << 30;  // reserved, not committed
 constexpr int64_t kBatch = 16;
 constexpr int kSteps = 4;
 
-std::vector<ModelCase> static_cases() {
-  auto images = [](int64_t c, int64_t size, int64_t classes) {
-    return [=](int64_t b) { return std::make_pair(at::randn({b, c, size, size}), at::randint(classes, {b}, at::kLong)); };
-  };
-  std::vector<ModelCase> v;
-  v.push_back({"convnet", [] { return std::make_shared<ConvNet>(ConvNetOptions{1, 16, {8, 16, 16}, 32, 5, 0.25}); },
-               images(1, 16, 5)});
-  v.push_back({"resnet18", [] { return std::make_shared<ResNet>(ResNetOptions{18, 8, {}, 3, 5, true}); },
-               images(3, 16, 5)});
-  v.push_back({"gpt", [] { return std::make_shared<Gpt>(GptOptions{17, 32, 4, 2, 32, 0.1}); },
-               [](int64_t b) {
-                 return std::make_pair(at::randint(17, {b, 32}, at::kLong), at::randint(17, {b, 32}, at::kLong));
-               }});
-  v.push_back({"supernet", [] { return std::make_shared<Supernet>(SupernetOptions{3, 16, 6, 16, 5}); },
-               images(3, 16, 5)});
-  return v;
-}
-
 void expect_identical(const BudgetRun& expected, const BudgetRun& got, const std::string& what) {
   ASSERT_FALSE(got.out_of_budget) << what << ": " << got.failure;
   ASSERT_EQ(expected.losses.size(), got.losses.size()) << what;
@@ -64,7 +46,7 @@ SaverOptions with_plans(PlanSource source) {
 class ModelStatic : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelStatic, PlannedStepsTrainBitIdentically) {
-  for (const ModelCase& c : static_cases()) {
+  for (const ModelCase& c : budget_cases()) {
     if (c.name != GetParam()) continue;
     const BudgetRun plain = train_in_budget(c, kUnlimited, std::nullopt, kSteps, kBatch);
     ASSERT_FALSE(plain.out_of_budget);
@@ -105,7 +87,7 @@ TEST_P(ModelStatic, PlannedStepsTrainBitIdentically) {
 }
 
 TEST_P(ModelStatic, SegmentsTrainBitIdentically) {
-  for (const ModelCase& c : static_cases()) {
+  for (const ModelCase& c : budget_cases()) {
     if (c.name != GetParam()) continue;
     const BudgetRun plain = train_in_budget(c, kUnlimited, std::nullopt, kSteps, kBatch);
     const BudgetRun run = train_in_budget(c, kUnlimited, EvictionHeuristic::kDtr, kSteps, kBatch,

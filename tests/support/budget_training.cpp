@@ -2,6 +2,10 @@
 
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
+#include "models/convnet.h"
+#include "models/gpt.h"
+#include "models/resnet.h"
+#include "models/supernet.h"
 #include "runtime/interpreter.h"
 
 #include <torch/optim/sgd.h>
@@ -61,6 +65,30 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
   if (const StaticPlanner* planner = interp.memory().static_planner()) run.plan_stats = planner->stats();
   run.peak_in_use = arena->stats().peak_in_use;
   return run;
+}
+
+// Deeper and wider than the gradient tests' cases, at batches where activations dominate memory
+// as in real training: with a few KiB of activations, one kernel's workspace or the optimizer
+// state would decide every budget.
+const std::vector<ModelCase>& budget_cases() {
+  static const std::vector<ModelCase> cases = [] {
+    auto images = [](int64_t c, int64_t size, int64_t classes) {
+      return [=](int64_t b) { return std::make_pair(at::randn({b, c, size, size}), at::randint(classes, {b}, at::kLong)); };
+    };
+    std::vector<ModelCase> v;
+    v.push_back({"convnet", [] { return std::make_shared<ConvNet>(ConvNetOptions{1, 16, {8, 16, 16}, 32, 5, 0.25}); },
+                 images(1, 16, 5)});
+    v.push_back({"resnet18", [] { return std::make_shared<ResNet>(ResNetOptions{18, 8, {}, 3, 5, true}); },
+                 images(3, 16, 5)});
+    v.push_back({"gpt", [] { return std::make_shared<Gpt>(GptOptions{17, 32, 4, 2, 32, 0.1}); },
+                 [](int64_t b) {
+                   return std::make_pair(at::randint(17, {b, 32}, at::kLong), at::randint(17, {b, 32}, at::kLong));
+                 }});
+    v.push_back({"supernet", [] { return std::make_shared<Supernet>(SupernetOptions{3, 16, 6, 16, 5}); },
+                 images(3, 16, 5)});
+    return v;
+  }();
+  return cases;
 }
 
 int64_t budget_at(const BudgetRun& unoptimized, double ratio) {

@@ -38,6 +38,10 @@ struct SaverOptions {
 BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<EvictionHeuristic> heuristic,
                           int steps = 3, int64_t batch = 4, const SaverOptions& savers = {});
 
+// ConvNet, ResNet-18, GPT with dropout and the supernet, deeper and wider than the gradient
+// tests' cases: what every memory policy is tested on.
+const std::vector<ModelCase>& budget_cases();
+
 // The budget that gives `ratio` of the unoptimized run's activation memory on top of its fixed
 // state: fixed + ratio * (peak - fixed), the DTR paper's convention, with parameters, their
 // gradients and optimizer state inside the budget.
