@@ -15,6 +15,7 @@ namespace ht {
 struct StaticPlanner::Plan {
   std::vector<uint64_t> signatures;          // per forward op
   int64_t fixed_bytes = 0;                   // what the arena held when its step began
+  int64_t peak_bytes = 0;                    // its simulated peak, fixed bytes included
   std::vector<int> block_starts;             // where the model's blocks began (segments)
   std::vector<int> stage_ops;                // per backward stage: its forward op
   schedule::Schedule schedule;
@@ -59,7 +60,13 @@ void StaticPlanner::begin_step() {
   const int64_t fixed = arena_.stats().in_use;
   std::vector<uint64_t> outgrown;
   for (auto& [hash, plan] : plans_) {
-    if (plan->fixed_bytes < fixed) outgrown.push_back(hash);
+    if (plan->fixed_bytes >= fixed) continue;
+    if (plan->peak_bytes + (fixed - plan->fixed_bytes) <= plan_budget()) {
+      plan->peak_bytes += fixed - plan->fixed_bytes;  // still fits: the same plan, less room to spare
+      plan->fixed_bytes = fixed;
+      continue;
+    }
+    outgrown.push_back(hash);
   }
   for (uint64_t hash : outgrown) {
     // The plan counted on the memory outside its step (parameters, optimizer state); that grew
@@ -81,6 +88,10 @@ void StaticPlanner::begin_step() {
     set_placement_advisor(&plan_->layout);
     layout_plan_ = plan_;
   }
+}
+
+int64_t StaticPlanner::plan_budget() const {
+  return static_cast<int64_t>(static_cast<double>(arena_.capacity()) * (1.0 - options_.budget_margin));
 }
 
 void StaticPlanner::end_layout(bool completed) {
@@ -150,7 +161,7 @@ void StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, c
     if (!cost.valid) plan.reset();
   } else {
     schedule::SolveOptions opts;
-    opts.budget_bytes = static_cast<int64_t>(static_cast<double>(arena_.capacity()) * (1.0 - options_.budget_margin));
+    opts.budget_bytes = plan_budget();
     opts.time_limit_s = options_.solve_time_limit_s;
     schedule::SolveResult r = schedule::solve(graph, opts);
     stats_.last_solver = r.solver;
@@ -173,6 +184,7 @@ void StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, c
   plan->signatures = signatures;
   plan->block_starts = block_starts;
   plan->fixed_bytes = graph.fixed_bytes;
+  plan->peak_bytes = stats_.last_planned_peak;
   for (const schedule::BackwardStage& s : graph.backward) plan->stage_ops.push_back(s.forward_op);
   plan->forward_drops = forward_drops(graph, plan->schedule);
   for (size_t st = 0; st < graph.backward.size(); ++st) {

@@ -46,7 +46,7 @@ struct StaticPlanStats {
   int64_t plan_diverged = 0;  // steps that began on a plan and left it
   int64_t plans = 0;          // plans made
   int64_t unplannable = 0;    // sequences no plan fits (they stay under DTR)
-  int64_t plans_outgrown = 0; // plans solved again because the memory outside the step grew
+  int64_t plans_outgrown = 0; // plans solved again because the memory outside the step grew past their room
   double plan_solve_ms = 0;   // total time spent making plans
   int64_t plan_evictions = 0;       // values the plans dropped
   int64_t plan_recomputations = 0;  // values the plans recomputed
@@ -93,6 +93,7 @@ class StaticPlanner {
   void make_plan(uint64_t hash, const schedule::StepGraph& graph, const std::vector<uint64_t>& signatures,
                  const std::vector<int>& block_starts);
   void diverge();
+  int64_t plan_budget() const;  // the budget less the margin
   // The step's blocks are no longer placed by the plan: a replay ends, a recording is kept
   // only when `completed` (the plan ran the whole step).
   void end_layout(bool completed);
