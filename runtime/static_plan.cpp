@@ -123,7 +123,6 @@ void StaticPlanner::end_step(bool step_completed) {
   if (!capture_) return;
   if (!step_completed) {
     diverge();
-    plan_ = nullptr;
     capture_.reset();
     return;
   }
@@ -139,8 +138,7 @@ void StaticPlanner::end_step(bool step_completed) {
   plan_ = nullptr;
   candidates_.clear();
   const uint64_t hash = capture_->finish();
-  if (!completed && plans_.count(hash) == 0 && ++sightings_[hash] >= options_.sightings_before_planning &&
-      sightings_[hash] > 0) {
+  if (!completed && plans_.count(hash) == 0 && ++sightings_[hash] >= options_.sightings_before_planning) {
     make_plan(hash, capture_->graph(), capture_->signatures(), block_starts_);
   }
   capture_.reset();

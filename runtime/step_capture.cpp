@@ -34,7 +34,7 @@ const TensorInfo& root_of(const TensorInfo& t) { return t.is_view() ? *t.base : 
 
 }  // namespace
 
-StepCapture::StepCapture(CpuArena* arena, int64_t fixed_bytes) : arena_(arena), fixed_bytes_(fixed_bytes) {
+StepCapture::StepCapture(CpuArena* arena, int64_t fixed_bytes) : arena_(arena) {
   graph_.fixed_bytes = fixed_bytes;
 }
 
@@ -83,7 +83,7 @@ void StepCapture::kernel_begins() {
 void StepCapture::kernel_ends() { kernel_peak_ = arena_->window_peak(); }
 
 int64_t StepCapture::working_bytes(int64_t outputs) const {
-  return std::max<int64_t>(0, kernel_peak_ - fixed_bytes_ - resident_at_kernel_ - outputs);
+  return std::max<int64_t>(0, kernel_peak_ - graph_.fixed_bytes - resident_at_kernel_ - outputs);
 }
 
 uint64_t StepCapture::forward_op(const ComputePath& path, const std::vector<Tensor>& outputs, bool taped) {

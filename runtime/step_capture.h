@@ -54,7 +54,6 @@ class StepCapture {
   const std::vector<uint64_t>& signatures() const { return signatures_; }
   size_t forward_ops() const { return graph_.forward.size(); }
   size_t stages() const { return graph_.backward.size(); }
-  int64_t resident_value_bytes() const { return resident_bytes_; }
 
   // Fills derived fields; returns the hash of the op sequence.
   uint64_t finish();
@@ -67,7 +66,6 @@ class StepCapture {
   int64_t working_bytes(int64_t outputs) const;
 
   CpuArena* arena_;
-  int64_t fixed_bytes_;
   schedule::StepGraph graph_;
   std::vector<uint64_t> signatures_;
   std::vector<std::weak_ptr<TensorInfo>> records_;  // per value

@@ -106,11 +106,13 @@ void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
     }
   }
   if (!any_grad) return;  // not on a path to the loss
-  std::vector<const TensorInfo*> saved;
-  for (auto* list : {&entry.saved_inputs, &entry.saved_outputs})
-    for (const Tensor& s : *list)
-      if (s.defined()) saved.push_back(s.info());
-  interp.memory().backward_stage_begins(path, saved);
+  if (interp.memory().static_planner() != nullptr) {  // only static plans look at stages
+    std::vector<const TensorInfo*> saved;
+    for (auto* list : {&entry.saved_inputs, &entry.saved_outputs})
+      for (const Tensor& s : *list)
+        if (s.defined()) saved.push_back(s.info());
+    interp.memory().backward_stage_begins(path, saved);
+  }
 
   std::vector<bool> needs_input_grad(path.inputs.size());
   std::vector<TensorInfo*> input_infos(path.inputs.size());

@@ -36,16 +36,6 @@ constexpr int64_t kSaversBatch = 64;
 const std::map<std::string, double> kSmallestAtMost{{"convnet", 0.9}, {"resnet18", 0.6}, {"gpt", 0.35},
                                                      {"supernet", 0.55}};
 
-void expect_identical(const BudgetRun& expected, const BudgetRun& got, const std::string& what) {
-  ASSERT_FALSE(got.out_of_budget) << what << ": " << got.failure;
-  ASSERT_EQ(expected.losses.size(), got.losses.size()) << what;
-  for (size_t i = 0; i < expected.losses.size(); ++i)
-    EXPECT_TRUE(expected.losses[i].equal(got.losses[i])) << what << ": loss at step " << i;
-  ASSERT_EQ(expected.state.size(), got.state.size()) << what;
-  for (size_t i = 0; i < expected.state.size(); ++i)
-    EXPECT_TRUE(expected.state[i].equal(got.state[i])) << what << ": parameter/buffer " << i;
-}
-
 // After every step the arena holds exactly what the unoptimized run holds (parameters and
 // optimizer state: the supernet's grows as new paths get momentum), and no tensor record lives.
 void expect_within_budget_and_no_leaks(const BudgetRun& run, const BudgetRun& plain, int64_t budget,

@@ -8,6 +8,7 @@
 #include "models/supernet.h"
 #include "runtime/interpreter.h"
 
+#include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
 
 namespace ht::test {
@@ -89,6 +90,16 @@ const std::vector<ModelCase>& budget_cases() {
     return v;
   }();
   return cases;
+}
+
+void expect_identical(const BudgetRun& expected, const BudgetRun& got, const std::string& what) {
+  ASSERT_FALSE(got.out_of_budget) << what << ": " << got.failure;
+  ASSERT_EQ(expected.losses.size(), got.losses.size()) << what;
+  for (size_t i = 0; i < expected.losses.size(); ++i)
+    EXPECT_TRUE(expected.losses[i].equal(got.losses[i])) << what << ": loss at step " << i;
+  ASSERT_EQ(expected.state.size(), got.state.size()) << what;
+  for (size_t i = 0; i < expected.state.size(); ++i)
+    EXPECT_TRUE(expected.state[i].equal(got.state[i])) << what << ": parameter/buffer " << i;
 }
 
 int64_t budget_at(const BudgetRun& unoptimized, double ratio) {

@@ -42,6 +42,10 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
 // tests' cases: what every memory policy is tested on.
 const std::vector<ModelCase>& budget_cases();
 
+// `got` trained (no out-of-budget) to the same losses and parameters and buffers as `expected`,
+// bit for bit (GoogleTest assertions).
+void expect_identical(const BudgetRun& expected, const BudgetRun& got, const std::string& what);
+
 // The budget that gives `ratio` of the unoptimized run's activation memory on top of its fixed
 // state: fixed + ratio * (peak - fixed), the DTR paper's convention, with parameters, their
 // gradients and optimizer state inside the budget.
