@@ -1,6 +1,8 @@
 #include "planner/cost_model.h"
 
 #include "planner/dtr_replay.h"
+#include "schedule/checkpoint_segments.h"
+#include "schedule/solver.h"
 
 #include <algorithm>
 #include <cmath>
@@ -78,6 +80,19 @@ bool same_structure(const StepTrace& a, const StepTrace& b) {
   return true;
 }
 
+bool same_structure(const schedule::StepGraph& a, const schedule::StepGraph& b) {
+  if (a.values.size() != b.values.size() || a.forward.size() != b.forward.size() ||
+      a.backward.size() != b.backward.size())
+    return false;
+  for (size_t v = 0; v < a.values.size(); ++v) {
+    if (a.values[v].producer != b.values[v].producer) return false;
+  }
+  for (size_t s = 0; s < a.backward.size(); ++s) {
+    if (a.backward[s].forward_op != b.backward[s].forward_op) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
@@ -121,9 +136,12 @@ StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t lo
     }
   }
   for (size_t k = 0; k < out.kernels.size(); ++k) {
-    out.kernels[k].ms = matched ? std::max(0.0, affine(micro_batch, *a, a->trace.kernels[k].ms, *b,
-                                                       b->trace.kernels[k].ms))
-                                : out.kernels[k].ms * ratio;
+    TraceKernel& kernel = out.kernels[k];
+    kernel.ms = matched ? std::max(0.0, affine(micro_batch, *a, a->trace.kernels[k].ms, *b, b->trace.kernels[k].ms))
+                        : kernel.ms * ratio;
+    kernel.modeled_ms = matched ? std::max(0.0, affine(micro_batch, *a, a->trace.kernels[k].modeled_ms, *b,
+                                                       b->trace.kernels[k].modeled_ms))
+                                : kernel.modeled_ms * ratio;
   }
   // The batch: what the step allocates before its first kernel, for the rank's whole share.
   const double batch_ratio = static_cast<double>(local_batch) / static_cast<double>(micro_batch);
@@ -133,6 +151,40 @@ StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t lo
       TraceTensor& t = out.tensors[static_cast<size_t>(e.index)];
       t.bytes = std::llround(t.bytes * batch_ratio);
     }
+  }
+  return out;
+}
+
+schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
+                              std::vector<int>* block_starts) {
+  const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
+  const ProfilePoint& near =
+      std::abs(a->micro_batch - micro_batch) <= std::abs(b->micro_batch - micro_batch) ? *a : *b;
+  schedule::StepGraph out = near.graph;
+  if (block_starts != nullptr) *block_starts = near.block_starts;
+  const bool matched = a != b && same_structure(a->graph, b->graph);
+  const double ratio = static_cast<double>(micro_batch) / static_cast<double>(near.micro_batch);
+  // Affine between the two points when they match value for value, else proportional to the nearer.
+  auto scaled = [&](double mine, double at_a, double at_b) {
+    return std::max(0.0, matched ? affine(micro_batch, *a, at_a, *b, at_b) : mine * ratio);
+  };
+  for (size_t v = 0; v < out.values.size(); ++v) {
+    const double bytes = scaled(static_cast<double>(out.values[v].bytes), static_cast<double>(a->graph.values[v].bytes),
+                                matched ? static_cast<double>(b->graph.values[v].bytes) : 0);
+    out.values[v].bytes = arena_bytes(std::llround(bytes));
+  }
+  for (size_t k = 0; k < out.forward.size(); ++k) {
+    schedule::ForwardOp& op = out.forward[k];
+    op.cost_ms = scaled(op.cost_ms, a->graph.forward[k].cost_ms, matched ? b->graph.forward[k].cost_ms : 0);
+    op.working_bytes = std::llround(scaled(static_cast<double>(op.working_bytes),
+                                           static_cast<double>(a->graph.forward[k].working_bytes),
+                                           matched ? static_cast<double>(b->graph.forward[k].working_bytes) : 0));
+  }
+  for (size_t s = 0; s < out.backward.size(); ++s) {
+    schedule::BackwardStage& stage = out.backward[s];
+    stage.working_bytes = std::llround(scaled(static_cast<double>(stage.working_bytes),
+                                              static_cast<double>(a->graph.backward[s].working_bytes),
+                                              matched ? static_cast<double>(b->graph.backward[s].working_bytes) : 0));
   }
   return out;
 }
@@ -202,6 +254,52 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   }
 }
 
+bool plans_statically(const std::string& policy) {
+  return policy == "static" || policy == "auto" || policy == "segments";
+}
+
+// Under static plans (runtime/static_plan.h), as the runtime runs them: the first step of a
+// sequence (two under auto) runs under DTR while it is captured, so nothing is planned unless DTR
+// can run that step, and a sequence no plan fits stays under DTR: DTR's replay is the prediction
+// then. Otherwise the profiled step's graph at the plan's micro-batch is planned for the budget
+// less the runtime's margin, by the solver's heuristic (the search predicts many plans; the MIP
+// would take seconds each and improves on it by a few percent where it does), and the plan's
+// simulated peak and recomputation are the step's. `segments` plans checkpoint_sequential's
+// schedule whatever the budget; above the budget DTR is its safety net, predicted by the replay.
+void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
+  eviction_terms(profile, plan, slowdown, p);
+  if (!p.fits) {
+    p.why_not = "the first step, which runs under DTR while it is captured for a plan: " + p.why_not;
+    return;
+  }
+  std::vector<int> block_starts;
+  schedule::StepGraph graph = graph_for(profile, plan.micro_batch, plan.precision, &block_starts);
+  if (graph.forward.empty()) return;  // no graph was captured: DTR's prediction stands
+  graph.fixed_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;
+  const auto budget = static_cast<int64_t>(static_cast<double>(plan.budget_bytes) * (1.0 - schedule::kDefaultBudgetMargin));
+  schedule::Schedule chosen;
+  schedule::ScheduleCost cost;
+  if (plan.policy == "segments") {
+    chosen = schedule::checkpoint_segments(graph, block_starts);
+    cost = schedule::simulate(graph, chosen);
+    if (!cost.valid || cost.peak_bytes > plan.budget_bytes) return;
+  } else {
+    schedule::SolveOptions options;
+    options.budget_bytes = budget;
+    options.use_mip = false;
+    schedule::SolveResult r = schedule::solve(graph, options);
+    if (r.status == schedule::SolveStatus::kInfeasible) return;
+    chosen = std::move(r.schedule);
+    cost = r.cost;
+  }
+  int64_t dropped = 0;
+  for (size_t v = 0; v < graph.values.size(); ++v) dropped += graph.values[v].droppable && !chosen.keep[v];
+  p.peak_bytes = cost.peak_bytes;
+  p.recompute_ms = cost.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
+  p.evictions = dropped * plan.accumulation;
+  p.static_plan = true;
+}
+
 }  // namespace
 
 int64_t batch_bytes(const ModelProfile& profile, int64_t samples) {
@@ -216,7 +314,13 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
                           machine.device_speed;
-  if (plan.policy != "none" && plan.budget_bytes > 0) eviction_terms(profile, plan, slowdown, p);
+  if (plan.policy != "none" && plan.budget_bytes > 0) {
+    if (plans_statically(plan.policy)) {
+      static_plan_terms(profile, plan, slowdown, p);
+    } else {
+      eviction_terms(profile, plan, slowdown, p);
+    }
+  }
 
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
   p.compute_ms = fb * static_cast<double>(plan.accumulation);

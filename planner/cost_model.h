@@ -18,7 +18,7 @@ struct Plan {
   int64_t micro_batch = 0;        // samples per micro-batch on a rank
   int64_t accumulation = 1;       // micro-batches per step on a rank
   std::string precision = "off";  // training.mixed_precision
-  std::string policy = "none";    // memory.policy: none, or an eviction policy (dtr)
+  std::string policy = "none";    // memory.policy: none, an eviction policy (dtr), or static plans (static, auto, segments)
   int64_t budget_bytes = 0;       // memory.budget; 0: none
 };
 
@@ -40,7 +40,8 @@ struct Prediction {
   double optimizer_ms = 0;            // optimizer step, clipping, the batch's gather
   double allreduce_ms = 0;            // all-reduce of the gradients, in all
   double allreduce_exposed_ms = 0;    // the part not hidden under backward
-  int64_t evictions = 0;              // per step (replay)
+  int64_t evictions = 0;              // per step (replay), or values a static plan drops
+  bool static_plan = false;           // steps run on a static plan (else, under a budget, DTR)
   double step_ms = 0;
   double samples_per_s = 0;           // global batch per step time
   double device_hours_per_epoch = 0;  // ranks x step time x steps per epoch
@@ -58,6 +59,11 @@ int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, const
 // traces when they match op for op, proportional otherwise) with the batch of `local_batch`.
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
                     const std::string& precision);
+// The profiled step's graph (as static plans capture it) at `micro_batch`: bytes, kernel times and
+// working bytes interpolated as trace_for does; `block_starts` (may be null) gets where each
+// model block began. Empty when the profile captured no graph.
+schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
+                              std::vector<int>* block_starts);
 // Bytes of a step's batch of `samples` in the arena: the gathered input and target.
 int64_t batch_bytes(const ModelProfile& profile, int64_t samples);
 // Bytes of the sampler's order of an epoch of `samples` (int64 indices), kept across steps.

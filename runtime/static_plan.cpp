@@ -4,6 +4,7 @@
 #include "memory/cpu_device_allocator.h"
 #include "memory/step_layout.h"
 #include "runtime/memory_hooks.h"
+#include "schedule/checkpoint_segments.h"
 #include "schedule/solver.h"
 
 #include <algorithm>
@@ -138,6 +139,11 @@ void StaticPlanner::end_step(bool step_completed) {
   plan_ = nullptr;
   candidates_.clear();
   const uint64_t hash = capture_->finish();
+  if (options_.capture_only) {
+    last_step_ = std::make_unique<CapturedStep>(CapturedStep{capture_->graph(), block_starts_});
+    capture_.reset();
+    return;
+  }
   if (!completed && plans_.count(hash) == 0 && ++sightings_[hash] >= options_.sightings_before_planning) {
     make_plan(hash, capture_->graph(), capture_->signatures(), block_starts_);
   }
@@ -149,7 +155,7 @@ void StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, c
   const auto start = std::chrono::steady_clock::now();
   auto plan = std::make_unique<Plan>();
   if (options_.source == PlanSource::kSegments) {
-    plan->schedule = segments_schedule(graph, block_starts);
+    plan->schedule = schedule::checkpoint_segments(graph, block_starts);
     const schedule::ScheduleCost cost = schedule::simulate(graph, plan->schedule);
     stats_.last_solver = "segments";
     stats_.last_status = cost.valid ? "segments" : "invalid: " + cost.invalid_reason;
@@ -288,69 +294,6 @@ void StaticPlanner::on_dropped(const TensorInfo& t) {
 
 void StaticPlanner::on_destroyed(const TensorInfo& t) {
   if (capture_) capture_->on_destroyed(t);
-}
-
-schedule::Schedule segments_schedule(const schedule::StepGraph& g, const std::vector<int>& block_starts) {
-  const int ops = static_cast<int>(g.forward.size());
-  const int blocks = static_cast<int>(block_starts.size());
-  // Segment of each forward op: -1 outside any checkpointed segment (before the first block, in
-  // the last segment, after the last block).
-  std::vector<int> segment_of(static_cast<size_t>(ops), -1);
-  if (blocks >= 2) {
-    const int segments = static_cast<int>(std::ceil(std::sqrt(static_cast<double>(blocks))));
-    const int per = (blocks + segments - 1) / segments;
-    for (int j = 0; j + 1 < segments && (j + 1) * per < blocks; ++j) {
-      const int begin = block_starts[static_cast<size_t>(j * per)];
-      const int end = block_starts[static_cast<size_t>((j + 1) * per)];
-      for (int k = begin; k < end; ++k) segment_of[static_cast<size_t>(k)] = j;
-    }
-  }
-  const size_t n = g.values.size();
-  schedule::Schedule s;
-  s.keep.assign(n, 1);
-  s.recompute.assign(g.backward.size(), {});
-  s.free_after.assign(g.backward.size(), {});
-  std::vector<char> dropped(n, 0);
-  std::vector<int> free_at(n, -1);  // kept values: the stage after which nothing needs them
-  for (size_t v = 0; v < n; ++v) {
-    const schedule::Value& val = g.values[v];
-    const int seg = segment_of[static_cast<size_t>(val.producer)];
-    // What crosses the segment's end is its output: a checkpoint.
-    const bool crosses = val.last_forward_use >= 0 && segment_of[static_cast<size_t>(val.last_forward_use)] != seg;
-    if (seg >= 0 && val.droppable && !crosses) {
-      s.keep[v] = 0;
-      dropped[v] = 1;
-    } else if (g.last_backward_read[v] < 0 && !crosses) {
-      s.keep[v] = 0;  // nobody reads it in backward or recomputes from it: freed after its forward use
-    } else {
-      free_at[v] = g.last_backward_read[v];
-    }
-  }
-  // Backward: the first stage of a segment recomputes all the segment dropped; every value is
-  // freed after its last read (or, read by nobody, right after the recomputation), and a
-  // checkpoint after the last recomputation that reads it.
-  std::vector<char> segment_done(static_cast<size_t>(std::max(blocks, 1)), 0);
-  for (size_t st = 0; st < g.backward.size(); ++st) {
-    const int op = g.backward[st].forward_op;
-    const int seg = op >= 0 ? segment_of[static_cast<size_t>(op)] : -1;
-    if (seg < 0 || segment_done[static_cast<size_t>(seg)]) continue;
-    segment_done[static_cast<size_t>(seg)] = 1;
-    for (size_t v = 0; v < n; ++v) {
-      if (!dropped[v] || segment_of[static_cast<size_t>(g.values[v].producer)] != seg) continue;
-      s.recompute[st].push_back(static_cast<int>(v));
-      const int last = g.last_backward_read[v];
-      s.free_after[last > static_cast<int>(st) ? static_cast<size_t>(last) : st].push_back(static_cast<int>(v));
-      for (int u : g.forward[static_cast<size_t>(g.values[v].producer)].inputs) {
-        if (!dropped[static_cast<size_t>(u)]) free_at[static_cast<size_t>(u)] = std::max(free_at[static_cast<size_t>(u)], static_cast<int>(st));
-      }
-    }
-  }
-  for (size_t v = 0; v < n; ++v) {
-    if (!dropped[v] && s.keep[v] && g.values[v].droppable && free_at[v] >= 0) {
-      s.free_after[static_cast<size_t>(free_at[v])].push_back(static_cast<int>(v));
-    }
-  }
-  return s;
 }
 
 }  // namespace ht

@@ -12,6 +12,7 @@
 #include "runtime/step_capture.h"
 #include "runtime/tensor.h"
 #include "schedule/schedule.h"
+#include "schedule/solver.h"
 
 #include <cstdint>
 #include <functional>
@@ -37,8 +38,17 @@ struct StaticPlanOptions {
   int sightings_before_planning = 1;  // 1: plan a sequence after its first step; 2: once it repeats
   double solve_time_limit_s = 10;
   // Bytes of the budget the plan leaves free (rounding of blocks the capture could not see).
-  double budget_margin = 0.03;
+  double budget_margin = schedule::kDefaultBudgetMargin;
   bool static_layout = true;  // place blocks at planned offsets (memory/step_layout.h)
+  // Record every step, never plan: the planner's profiled step (launcher/planning/profiler.h),
+  // whose graph predicts what a plan would do at any budget.
+  bool capture_only = false;
+};
+
+// One finished step as a plan is solved from it.
+struct CapturedStep {
+  schedule::StepGraph graph;
+  std::vector<int> block_starts;  // forward op index at which each model block began
 };
 
 struct StaticPlanStats {
@@ -87,6 +97,8 @@ class StaticPlanner {
   void on_destroyed(const TensorInfo& t);
 
   const StaticPlanStats& stats() const { return stats_; }
+  // With capture_only: the last step that completed; null before one has.
+  const CapturedStep* last_step() const { return last_step_.get(); }
 
  private:
   struct Plan;
@@ -114,12 +126,7 @@ class StaticPlanner {
   int stage_ = 0;
   std::unordered_map<int, Tensor> holds_;  // values the plan recomputed, held until it frees them
   StaticPlanStats stats_;
+  std::unique_ptr<CapturedStep> last_step_;
 };
-
-// The schedule torch's checkpoint_sequential runs: the blocks cut into ceil(sqrt(n)) segments,
-// every segment but the last dropping what it computes and recomputing it all just before the
-// backward of its last op; what crosses a segment's end is kept. `block_starts`: the forward op
-// index at which each block began.
-schedule::Schedule segments_schedule(const schedule::StepGraph& graph, const std::vector<int>& block_starts);
 
 }  // namespace ht

@@ -10,6 +10,9 @@
 
 namespace ht::schedule {
 
+// The share of a budget a plan leaves free, for the rounding of blocks a capture cannot see.
+inline constexpr double kDefaultBudgetMargin = 0.03;
+
 struct SolveOptions {
   int64_t budget_bytes = 0;     // the peak (simulate()) must not exceed it
   double time_limit_s = 10;     // wall-clock limit of the MIP solver (its root node is not interrupted)

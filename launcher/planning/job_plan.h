@@ -21,7 +21,7 @@ struct PlanArgs {
   Objective objective = Objective::kTime;
   int max_ranks = 0;                     // 0: no cap
   std::vector<std::string> precisions;   // empty: the config's and bf16
-  std::vector<std::string> policies{"none", "dtr"};
+  std::vector<std::string> policies{"none", "dtr", "static"};
 };
 
 struct JobPlan {

@@ -46,6 +46,18 @@ DataSplits point_data(const Dataset& train, const DataInfo& info, int64_t sample
   return d;
 }
 
+// Every step is captured as static plans see it (nothing planned, nothing evicted): the
+// planner predicts a plan at any budget from the recorded step's graph.
+void capture_steps(Trainer& trainer) {
+  MemoryManager& memory = trainer.interpreter().memory();
+  MemoryOptions options = memory.options();
+  StaticPlanOptions capture;
+  capture.capture_only = true;
+  capture.static_layout = false;
+  options.static_plans = capture;
+  memory.configure(std::move(options));  // no kernel has run yet
+}
+
 struct Profiling {
   const Config& config;
   const Dataset& train;
@@ -60,6 +72,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, const std::string& preci
   const Config c = point_config(p.config, micro, precision);
   const int64_t before = p.arena->stats().in_use;
   Trainer trainer(c, point_data(p.train, p.info, 2 * micro), p.model, p.arena);
+  capture_steps(trainer);
   p.profile.gradient_bytes = p.arena->stats().in_use - before;  // the gradient block
   trainer.measure_step();  // warm-up: optimizer state, the sampler's order, kernels' first use
   p.profile.optimizer_state_bytes =
@@ -71,11 +84,19 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, const std::string& preci
   point.threads = threads;
   Trainer::StepMeasurement m;
   {
-    StepRecorder recorder(trainer.interpreter().memory(), p.arena->stats().in_use);
-    p.model->set_block_listener([&recorder](int block) { recorder.enter_block(block); });
+    MemoryManager& memory = trainer.interpreter().memory();
+    StepRecorder recorder(memory, p.arena->stats().in_use);
+    p.model->set_block_listener([&](int block) {
+      recorder.enter_block(block);
+      memory.block_begins(block);
+    });
     m = trainer.measure_step();
     p.model->set_block_listener(nullptr);
     point.trace = recorder.take();
+    if (const CapturedStep* step = memory.static_planner()->last_step()) {
+      point.graph = step->graph;
+      point.block_starts = step->block_starts;
+    }
   }
   point.peak_bytes = m.peak_bytes;
   // Times are the median of a few steps (a loaded machine's one step can be off by 30%); memory

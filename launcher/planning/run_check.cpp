@@ -79,7 +79,7 @@ struct Decision {
   int64_t policy = 0;  // index into kPolicies
   int64_t budget_bytes = 0;
 };
-const std::vector<std::string> kPolicies{"none", "dtr", "dtr_eq", "megengine", "lru", "largest"};
+const std::vector<std::string> kPolicies{"none", "dtr", "dtr_eq", "megengine", "lru", "largest", "static", "auto", "segments"};
 
 Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
@@ -119,7 +119,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     if (!out.prediction.fits && config.memory.check_fit) {
       // Alternatives at these ranks and this precision, eviction included.
-      args.policies = {"none", "dtr"};
+      args.policies = PlanArgs{}.policies;
       const std::vector<Plan> plans =
           candidate_plans(config.training.global_batch_size, plan.machine.device_memory,
                           SearchOptions{args.ranks, Objective::kTime, {config.training.mixed_precision}, args.policies});

@@ -128,6 +128,20 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
   }
 }
 
+// The last train record's number for `key` in a run's metrics.jsonl.
+double last_train_number(const std::string& metrics, const std::string& key) {
+  std::ifstream in(metrics);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find("\"train\"") != std::string::npos) last = line;
+  std::smatch m;
+  if (!std::regex_search(last, m, std::regex("\"" + key + "\": ([-0-9.e+]+)"))) {
+    ADD_FAILURE() << key << " not in the last train record of " << metrics;
+    return -1;
+  }
+  return std::stod(m[1]);
+}
+
 // One case: the run's peak with room to spare, then a budget of `share` of it with LRU eviction
 // (its choices depend on sizes and order, not on timed kernels, so a run repeats itself).
 void expect_replay_matches(const char* toml, int64_t micro, double share) {
@@ -149,13 +163,7 @@ void expect_replay_matches(const char* toml, int64_t micro, double share) {
   ASSERT_GT(predicted.evictions, 0);
   run_job(tight, true);
   // The last step's record: a steady step, like the profiled one.
-  std::ifstream in(dir.path("tight/metrics.jsonl"));
-  std::string line, last;
-  while (std::getline(in, line))
-    if (line.find("\"train\"") != std::string::npos) last = line;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(last, m, std::regex("\"evictions\": ([0-9]+)")));
-  const double measured = std::stod(m[1]);
+  const double measured = last_train_number(dir.path("tight/metrics.jsonl"), "evictions");
   std::printf("replay: %lld evictions predicted, %.0f measured at %.0f%% of the peak\n",
               static_cast<long long>(predicted.evictions), measured, share * 100);
   // The stated tolerance: within a factor of two. The replay evicts more than the engine (1.4-1.5x
@@ -169,6 +177,44 @@ TEST(Planning, ReplayPredictsARealRunsEvictions) {
   // (The small ConvNet evicts 1-3 tensors a step near the budgets it can run in: too few to compare.)
   expect_replay_matches(kGpt, 16, 0.7);
   expect_replay_matches(kGpt, 16, 0.6);
+}
+
+// memory.policy = "static": the profiled step's graph planned for the budget, as the run plans its
+// own captured step. The plan is chosen by measured kernel times (so the two may drop different
+// values), but both fill the same budget by the same rules: their peaks agree.
+TEST(Planning, PredictsTheStaticPlanARunMakes) {
+  TempDir dir;
+  run_job(config_for(dir, kGpt, {"--memory.budget=256MiB", "--job.output_dir=" + dir.path("roomy")}), true);
+  const auto peak = static_cast<int64_t>(json_number(dir.path("roomy/summary.json"), "mem_peak_bytes"));
+  const Config tight = config_for(dir, kGpt, {"--memory.budget=" + std::to_string(peak * 7 / 10), "--memory.policy=static", "--memory.solve_time_s=1",
+                                              "--job.output_dir=" + dir.path("tight")});
+  const ModelProfile profile = profile_of(tight, 16);
+  ASSERT_FALSE(profile.points.front().graph.forward.empty()) << "the profiled step's graph was not captured";
+  Machine machine;
+  machine.device_memory = tight.memory.budget_bytes;
+  Plan plan;
+  plan.micro_batch = 16;
+  plan.policy = "static";
+  plan.budget_bytes = tight.memory.budget_bytes;
+  const Prediction predicted = predict(profile, machine, plan);
+  ASSERT_TRUE(predicted.fits) << predicted.why_not;
+  EXPECT_TRUE(predicted.static_plan);
+  EXPECT_GT(predicted.evictions, 0);
+  EXPECT_GT(predicted.recompute_ms, 0);
+  EXPECT_LE(predicted.peak_bytes, tight.memory.budget_bytes);
+  // Without a static plan the same budget is predicted by DTR's replay: not a plan.
+  plan.policy = "dtr";
+  EXPECT_FALSE(predict(profile, machine, plan).static_plan);
+
+  run_job(tight, true);
+  const std::string metrics = dir.path("tight/metrics.jsonl");
+  EXPECT_GE(last_train_number(metrics, "plan_hits"), 2) << "steps 2 to 4 run on the plan";
+  const double measured = last_train_number(metrics, "mem_peak_bytes");
+  std::printf("static plan: predicted peak %lld, measured %.0f, budget %lld\n",
+              static_cast<long long>(predicted.peak_bytes), measured, static_cast<long long>(tight.memory.budget_bytes));
+  EXPECT_NEAR(static_cast<double>(predicted.peak_bytes) / measured, 1.0, 0.05);
+  // The run predicted itself the same way before its first step.
+  EXPECT_NEAR(json_number(dir.path("tight/summary.json"), "predicted_peak_bytes") / measured, 1.0, 0.05);
 }
 
 TEST(PlanCommand, PrintsTheTableAndWritesAPlanThatTrainsAsIs) {
@@ -244,13 +290,12 @@ TEST(PlanCommand, ARefusalsSuggestionFitsAndAutoTrainsIt) {
   EXPECT_THAT(refusal, HasSubstr("does not fit memory.budget"));
   EXPECT_FALSE(std::filesystem::exists(dir.path("refused")));
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(refusal, m, std::regex("Plans that fit[^:]*: training.micro_batch_size = ([0-9]+)")))
+  ASSERT_TRUE(std::regex_search(refusal, m, std::regex("Plans that fit[^:]*: training.micro_batch_size = ([0-9]+)"
+                                                       "(, memory.policy = \"([a-z_]+)\")?")))
       << refusal;
-  const std::string micro = m[1];
+  const std::string micro = m[1], policy = m[3];
   std::vector<std::string> args{budget, "--training.micro_batch_size=" + micro, "--job.output_dir=" + dir.path("fix")};
-  if (refusal.find("micro_batch_size = " + micro + ", memory.policy = \"dtr\"") != std::string::npos) {
-    args.push_back("--memory.policy=dtr");
-  }
+  if (!policy.empty()) args.push_back("--memory.policy=" + policy);
   run_job(config_for(dir, kConv, args), true);
   EXPECT_LE(json_number(dir.path("fix/summary.json"), "mem_peak_bytes"), peak * 8 / 10);
   run_job(config_for(dir, kConv, {budget, "--parallel.strategy=auto", "--job.output_dir=" + dir.path("auto")}), true);
