@@ -69,6 +69,7 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   MemoryOptions options = MemoryOptions::budget(arena_, policy);
   options.eviction_threshold = eviction_threshold;
   options.static_plans = savers.static_plans;
+  if (options.eviction) options.eviction->costs = savers.kernel_costs;
   interp_->memory().configure(options);
   if (savers.static_plans) {
     model_->set_block_listener([this](int block) { interp_->memory().block_begins(block); });

@@ -44,6 +44,8 @@ struct Savers {
   int64_t micro_batches = 1;
   // Static plans for the repeating step (runtime/static_plan.h), DTR as their fallback.
   std::optional<StaticPlanOptions> static_plans;
+  // What DTR weighs (memory.kernel_costs).
+  KernelCosts kernel_costs = KernelCosts::kModeled;
 };
 
 struct Unoptimized {

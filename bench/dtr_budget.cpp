@@ -27,16 +27,25 @@ struct Options {
   int warmup = 1, reps = 5;
   std::vector<double> ratios{0.8, 0.5, 0.3, 0.2};
   std::vector<std::string> policies{"dtr", "dtr_eq", "megengine", "lru", "largest"};
+  // What DTR's policies weigh: modeled kernel costs (the default), measured times, or both side by side.
+  std::vector<KernelCosts> costs{KernelCosts::kModeled};
   bool max_batch = true;
   double threshold = MemoryOptions{}.eviction_threshold;
 };
 
-// One (ratio, policy) row: B under the budget interleaved with A unoptimized.
-void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std::string& policy, const Options& o) {
+// One (ratio, policy, costs) row: B under the budget interleaved with A unoptimized.
+void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std::string& policy_name,
+                KernelCosts costs, const Options& o) {
   const int64_t budget = u.budget_at(ratio);
   // Both sides start from the same initialization, so their losses must agree at every step.
   BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
-  BudgetRunner dtr(w, w.batch, budget, *eviction_heuristic_from_name(policy), o.threshold);
+  Savers savers;
+  savers.kernel_costs = costs;
+  BudgetRunner dtr(w, w.batch, budget, *eviction_heuristic_from_name(policy_name), o.threshold, savers);
+  // The costs a policy weighs are named when the run compares them.
+  const std::string policy = o.costs.size() > 1 && policy_name != "lru" && policy_name != "largest"
+                                 ? policy_name + "/" + kernel_costs_name(costs)
+                                 : policy_name;
   std::vector<double> ratios, recompute_share, evictions, peaks;
   bool identical = true;
   try {
@@ -52,12 +61,12 @@ void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std
       peaks.push_back(static_cast<double>(b.peak_in_use) / static_cast<double>(budget));
     });
   } catch (const OutOfBudget& e) {
-    std::printf("| %-24s | %5.2f | %-9s | %9.1f | infeasible: %s |\n", w.name.c_str(), ratio, policy.c_str(),
+    std::printf("| %-24s | %5.2f | %-16s | %9.1f | infeasible: %s |\n", w.name.c_str(), ratio, policy.c_str(),
                 static_cast<double>(budget) / (1 << 20), e.what());
     return;
   }
   if (!identical) ++g_different_rows;
-  std::printf("| %-24s | %5.2f | %-9s | %9.1f | %7.3fx | %.3f-%.3f | %8.1f%% | %9.0f | %5.3f | %-9s |\n",
+  std::printf("| %-24s | %5.2f | %-16s | %9.1f | %7.3fx | %.3f-%.3f | %8.1f%% | %9.0f | %5.3f | %-9s |\n",
               w.name.c_str(), ratio, policy.c_str(), static_cast<double>(budget) / (1 << 20), median(ratios),
               *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
               100 * median(recompute_share), median(evictions), *std::max_element(peaks.begin(), peaks.end()),
@@ -155,13 +164,19 @@ void run(const Workload& w, const Options& o) {
   std::printf("\n%s: fixed %.1f MiB (parameters, gradients, optimizer state), unoptimized peak %.1f MiB, activations %.1f MiB\n\n",
               w.name.c_str(), u.fixed_bytes / 1048576.0, u.peak_in_use / 1048576.0,
               (u.peak_in_use - u.fixed_bytes) / 1048576.0);
-  std::printf("| %-24s | %5s | %-9s | %9s | %8s | %-11s | %9s | %9s | %5s | %-9s |\n", "model", "ratio", "policy",
+  std::printf("| %-24s | %5s | %-16s | %9s | %8s | %-11s | %9s | %9s | %5s | %-9s |\n", "model", "ratio", "policy",
               "budget MiB", "slowdown", "(min-max)", "recompute", "evictions", "peak/", "losses");
-  std::printf("| %-24s | %5s | %-9s | %9s | %8s | %-11s | %9s | %9s | %5s | %-9s |\n", "", "", "", "", "", "",
+  std::printf("| %-24s | %5s | %-16s | %9s | %8s | %-11s | %9s | %9s | %5s | %-9s |\n", "", "", "", "", "", "",
               "share", "per step", "budget", "");
-  std::printf("|%s|\n", std::string(129, '-').c_str());
+  std::printf("|%s|\n", std::string(136, '-').c_str());
   for (double ratio : o.ratios) {
-    for (const std::string& policy : o.policies) budget_row(w, u, ratio, policy, o);
+    for (const std::string& policy : o.policies) {
+      const bool weighs_costs = policy != "lru" && policy != "largest";
+      for (KernelCosts costs : o.costs) {
+        budget_row(w, u, ratio, policy, costs, o);
+        if (!weighs_costs) break;  // the same row whatever the costs
+      }
+    }
   }
 }
 
@@ -180,13 +195,14 @@ int main(int argc, char** argv) {
   ht::bench::Options o;
   int threads = 1;
   bool quick = false;
-  std::string only, policies = "dtr,dtr_eq,megengine,lru,largest", ratios = "0.8,0.5,0.3,0.2";
+  std::string only, policies = "dtr,dtr_eq,megengine,lru,largest", ratios = "0.8,0.5,0.3,0.2", costs = "modeled";
   app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--policies", policies, "comma-separated eviction policies");
   app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
+  app.add_option("--costs", costs, "what the policies weigh, comma-separated: modeled, measured (both: side by side)");
   app.add_option("--eviction-threshold", o.threshold, "evict before each op down to this share of the budget")
       ->check(CLI::Range(0.1, 1.0));
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
@@ -201,6 +217,15 @@ int main(int argc, char** argv) {
                    "or largest\n", p.c_str());
       return 2;
     }
+  }
+  o.costs.clear();
+  for (const std::string& c : ht::bench::split(costs)) {
+    const std::optional<ht::KernelCosts> k = ht::kernel_costs_from_name(c);
+    if (!k) {
+      std::fprintf(stderr, "bench_dtr_budget: --costs: unknown \"%s\"; use modeled, measured or both\n", c.c_str());
+      return 2;
+    }
+    o.costs.push_back(*k);
   }
   o.ratios.clear();
   for (const std::string& r : ht::bench::split(ratios)) o.ratios.push_back(std::stod(r));

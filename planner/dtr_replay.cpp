@@ -349,7 +349,10 @@ class Replay {
   }
 
   const TraceKernel& producer_of(int t) const { return trace_.kernels[trace_.tensors[t].producer]; }
-  double cost_of(int t) const { return std::max(producer_of(t).ms, kMinCostMs); }
+  double cost_of(int t) const {
+    const TraceKernel& k = producer_of(t);
+    return std::max(options_.modeled_costs ? k.modeled_ms : k.ms, kMinCostMs);
+  }
   bool regenerable(int t) const {
     return slots_[t].state == State::kDropped && trace_.tensors[t].producer >= 0 && producer_of(t).recomputable;
   }

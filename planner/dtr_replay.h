@@ -29,6 +29,7 @@ struct ReplayOptions {
   double eviction_threshold = 0.9;   // as memory.eviction_threshold
   ReplayPolicy policy = ReplayPolicy::kDtr;
   bool ignore_small = true;          // as EvictionOptions::ignore_small
+  bool modeled_costs = true;         // as memory.kernel_costs = "modeled": score by TraceKernel::modeled_ms
 };
 
 struct ReplayResult {

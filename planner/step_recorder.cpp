@@ -85,11 +85,12 @@ void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool b
   kernel_start_ = std::chrono::steady_clock::now();
 }
 
-void StepRecorder::kernel_ends(const ComputePath& /*path*/, bool recompute, bool /*backward*/) {
+void StepRecorder::kernel_ends(const ComputePath& path, bool recompute, bool /*backward*/) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!recording_ || recompute || kernel_ < 0) return;
   TraceKernel& k = trace_.kernels[static_cast<size_t>(kernel_)];
   k.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - kernel_start_).count();
+  if (!k.backward) k.modeled_ms = path.modeled_ms;
   // What a forward kernel allocated and still holds is its output: regenerable by running it.
   if (!k.backward) {
     for (size_t i = first_tensor_of_kernel_; i < trace_.tensors.size(); ++i) {

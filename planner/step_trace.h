@@ -20,6 +20,7 @@ struct TraceTensor {
 
 struct TraceKernel {
   double ms = 0;             // measured time of the kernel
+  double modeled_ms = 0;     // its modelled cost (runtime/kernel_cost.h); forward kernels only
   std::vector<int> inputs;   // trace tensors it reads (forward: its inputs; backward: saved values)
   bool backward = false;     // a tape entry's backward, not a forward op
   bool recomputable = true;  // forward ops only: may its outputs be dropped and regenerated?

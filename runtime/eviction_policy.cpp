@@ -17,7 +17,9 @@ constexpr double kMinCostMs = 1e-6;
 // megengine: a tensor evicted and regenerated k times scores kRecomputePenalty^k higher.
 constexpr double kRecomputePenalty = 1.25;
 
-double cost_of(const TensorInfo& t) { return std::max(t.compute_ms(), kMinCostMs); }
+double regeneration_cost(const TensorInfo& t, KernelCosts costs) {
+  return std::max(costs == KernelCosts::kModeled ? t.modeled_ms() : t.compute_ms(), kMinCostMs);
+}
 double staleness(const TensorInfo& t, uint64_t now) {
   return static_cast<double>(now > t.last_access ? now - t.last_access : 0) + 1.0;
 }
@@ -39,26 +41,38 @@ void for_each_neighbour(const TensorInfo& t, Fn&& fn) {
   }
 }
 
-double local_evicted_cost(const TensorInfo& t) {
+double local_evicted_cost(const TensorInfo& t, KernelCosts costs) {
   std::unordered_set<const ComputePath*> counted{t.producer.get()};
   double cost = 0;
   for_each_neighbour(t, [&](const TensorInfo* n) {
-    if (is_evicted(n) && counted.insert(n->producer.get()).second) cost += cost_of(*n);
+    if (is_evicted(n) && counted.insert(n->producer.get()).second) cost += regeneration_cost(*n, costs);
   });
   return cost;
 }
 
-class DtrPolicy final : public EvictionPolicy {
+// The policies that weigh recomputation, by the job's kernel costs.
+class CostWeighingPolicy : public EvictionPolicy {
  public:
+  explicit CostWeighingPolicy(KernelCosts costs) : costs_(costs) {}
+
+ protected:
+  double cost_of(const TensorInfo& t) const { return regeneration_cost(t, costs_); }
+  const KernelCosts costs_;
+};
+
+class DtrPolicy final : public CostWeighingPolicy {
+ public:
+  using CostWeighingPolicy::CostWeighingPolicy;
   double score(const TensorInfo& t, uint64_t now) const override {
-    return (cost_of(t) + evicted_neighbourhood_cost(t)) / (bytes_of(t) * staleness(t, now));
+    return (cost_of(t) + evicted_neighbourhood_cost(t, costs_)) / (bytes_of(t) * staleness(t, now));
   }
 };
 
 // Union-find over evicted tensors: a class's cost is the sum of its members' costs. As in the
 // paper, a regenerated tensor leaves its class (its cost is subtracted) without splitting it.
-class DtrEqPolicy final : public EvictionPolicy {
+class DtrEqPolicy final : public CostWeighingPolicy {
  public:
+  using CostWeighingPolicy::CostWeighingPolicy;
   double score(const TensorInfo& t, uint64_t now) const override {
     double cost = cost_of(t);
     std::vector<int> roots;
@@ -116,16 +130,16 @@ class DtrEqPolicy final : public EvictionPolicy {
   std::unordered_map<const TensorInfo*, int> index_;
 };
 
-class MegEnginePolicy final : public EvictionPolicy {
+class MegEnginePolicy final : public CostWeighingPolicy {
  public:
-  explicit MegEnginePolicy(const CpuArena* arena) : arena_(arena) {}
+  MegEnginePolicy(const CpuArena* arena, KernelCosts costs) : CostWeighingPolicy(costs), arena_(arena) {}
   double score(const TensorInfo& t, uint64_t now) const override {
     double free_neighbours = 0;
     if (arena_ != nullptr && t.value.defined() && t.value.has_storage()) {
       const void* data = t.value.storage().data();
       if (arena_->contains(data)) free_neighbours = static_cast<double>(arena_->adjacent_free_bytes(data));
     }
-    const double cost = (cost_of(t) + local_evicted_cost(t)) * std::pow(kRecomputePenalty, t.recompute_count);
+    const double cost = (cost_of(t) + local_evicted_cost(t, costs_)) * std::pow(kRecomputePenalty, t.recompute_count);
     return cost / ((bytes_of(t) + free_neighbours) * staleness(t, now));
   }
 
@@ -164,7 +178,18 @@ const char* eviction_heuristic_name(EvictionHeuristic heuristic) {
   return "?";
 }
 
-double evicted_neighbourhood_cost(const TensorInfo& t, int limit) {
+std::optional<KernelCosts> kernel_costs_from_name(const std::string& name) {
+  for (KernelCosts c : {KernelCosts::kModeled, KernelCosts::kMeasured}) {
+    if (name == kernel_costs_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
+const char* kernel_costs_name(KernelCosts costs) {
+  return costs == KernelCosts::kModeled ? "modeled" : "measured";
+}
+
+double evicted_neighbourhood_cost(const TensorInfo& t, KernelCosts costs, int limit) {
   // The evicted component around t, walked with an explicit stack; an op call's cost counts once
   // (regenerating one output of it regenerates the others).
   std::unordered_set<const ComputePath*> counted{t.producer.get()};
@@ -173,7 +198,7 @@ double evicted_neighbourhood_cost(const TensorInfo& t, int limit) {
   auto visit = [&](const TensorInfo* n) {
     if (!is_evicted(n) || static_cast<int>(counted.size()) > limit) return;
     if (counted.insert(n->producer.get()).second) {
-      cost += cost_of(*n);
+      cost += regeneration_cost(*n, costs);
       stack.push_back(n);
     }
   };
@@ -186,11 +211,12 @@ double evicted_neighbourhood_cost(const TensorInfo& t, int limit) {
   return cost;
 }
 
-std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionHeuristic heuristic, const CpuArena* arena) {
+std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionHeuristic heuristic, const CpuArena* arena,
+                                                     KernelCosts costs) {
   switch (heuristic) {
-    case EvictionHeuristic::kDtr: return std::make_unique<DtrPolicy>();
-    case EvictionHeuristic::kDtrEq: return std::make_unique<DtrEqPolicy>();
-    case EvictionHeuristic::kMegEngine: return std::make_unique<MegEnginePolicy>(arena);
+    case EvictionHeuristic::kDtr: return std::make_unique<DtrPolicy>(costs);
+    case EvictionHeuristic::kDtrEq: return std::make_unique<DtrEqPolicy>(costs);
+    case EvictionHeuristic::kMegEngine: return std::make_unique<MegEnginePolicy>(arena, costs);
     case EvictionHeuristic::kLru: return std::make_unique<LruPolicy>();
     case EvictionHeuristic::kLargest: return std::make_unique<LargestPolicy>();
   }
@@ -198,7 +224,7 @@ std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionHeuristic heuristic
 }
 
 Evictor::Evictor(EvictionOptions options, const CpuArena* arena)
-    : options_(options), policy_(make_eviction_policy(options.heuristic, arena)), rng_(options.seed) {}
+    : options_(options), policy_(make_eviction_policy(options.heuristic, arena, options.costs)), rng_(options.seed) {}
 
 TensorInfo* Evictor::best_of(const std::vector<TensorInfo*>& pool, uint64_t now, double min_bytes) const {
   TensorInfo* best = nullptr;

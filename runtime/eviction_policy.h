@@ -27,6 +27,14 @@ class CpuArena;
 
 enum class EvictionHeuristic : uint8_t { kDtr, kDtrEq, kMegEngine, kLru, kLargest };
 
+// What a policy takes for the cost of recomputing a tensor's producer (memory.kernel_costs).
+enum class KernelCosts : uint8_t {
+  kModeled,   // runtime/kernel_cost.h: deterministic, so a budget that trains once trains every time
+  kMeasured,  // the kernel's measured time: closer to the truth, and as noisy as the machine
+};
+std::optional<KernelCosts> kernel_costs_from_name(const std::string& name);
+const char* kernel_costs_name(KernelCosts costs);
+
 std::optional<EvictionHeuristic> eviction_heuristic_from_name(const std::string& name);
 const char* eviction_heuristic_name(EvictionHeuristic heuristic);
 
@@ -38,6 +46,7 @@ struct EvictionOptions {
   bool sqrt_sampling = false;
   bool ignore_small = true;   // skip candidates under 1% of the mean candidate size (DTR paper)
   uint64_t seed = 0;          // of the sampling; eviction choices never change results
+  KernelCosts costs = KernelCosts::kModeled;
 };
 
 class EvictionPolicy {
@@ -52,7 +61,8 @@ class EvictionPolicy {
 };
 
 // `arena` (may be null) lets megengine see free neighbours of a tensor's block.
-std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionHeuristic heuristic, const CpuArena* arena);
+std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionHeuristic heuristic, const CpuArena* arena,
+                                                     KernelCosts costs = KernelCosts::kModeled);
 
 // Chooses victims among candidates with the paper's approximations, then the policy's score.
 class Evictor {
@@ -72,6 +82,6 @@ class Evictor {
 
 // Exposed for tests: the compute cost (ms) of the evicted neighbourhood of `t` that the dtr
 // policy adds to t's own cost; each producing op call is counted once, at most `limit` of them.
-double evicted_neighbourhood_cost(const TensorInfo& t, int limit = 256);
+double evicted_neighbourhood_cost(const TensorInfo& t, KernelCosts costs = KernelCosts::kModeled, int limit = 256);
 
 }  // namespace ht

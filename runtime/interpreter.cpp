@@ -1,5 +1,7 @@
 #include "runtime/interpreter.h"
 
+#include "runtime/kernel_cost.h"
+
 #include <ATen/core/grad_mode.h>
 
 #include <chrono>
@@ -111,8 +113,9 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   memory_.before_kernel(path, recompute);
   // Our tape does reverse mode: libtorch must not record a graph of its own.
   at::AutoGradMode no_autograd(false);
-  // Host time. On CUDA this measures the launch, not the kernel (asynchronous); DTR's cost model
-  // on GPUs needs CUDA events (see README, "What is not built yet").
+  // Host time. On CUDA this measures the launch, not the kernel (asynchronous); measured costs
+  // on GPUs need CUDA events (see README, "What is not built yet"). Eviction weighs the modelled
+  // cost by default (runtime/kernel_cost.h), which needs no timing.
   std::chrono::steady_clock::time_point start;
   PlacementScope activations(Placement::kActivation);  // evictable: the arena's bottom
   std::vector<at::Tensor> outs = memory_.run_with_room([&] {
@@ -121,7 +124,10 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   });
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (!recompute) path.compute_ms = ms;
+  if (!recompute) {
+    path.compute_ms = ms;
+    path.modeled_ms = modeled_kernel_ms(path.op->traits(), in_values, outs);
+  }
   memory_.after_kernel(path, recompute, ms);
   return outs;
 }

@@ -26,6 +26,14 @@ enum class Precision : uint8_t {
   kAsIs,     // never cast: the cast op itself
 };
 
+// What an op's kernel spends its time on, for the modelled cost of recomputing it
+// (runtime/kernel_cost.h): moving its inputs and outputs, or multiply-adds over a contraction.
+enum class Work : uint8_t {
+  kMemory,       // elementwise, norms, softmax, pooling, shape copies: bytes moved
+  kContraction,  // linear, matmul, bmm: 2 x outputs x the contracted (last) dimension of input 0
+  kConvolution,  // conv2d: 2 x outputs x a filter's size (input 1: out_channels x the rest)
+};
+
 // What an op declares about itself, as data (never a list of names elsewhere).
 struct OpTraits {
   const char* name = "?";
@@ -36,6 +44,7 @@ struct OpTraits {
   uint32_t saves_inputs = 0;   // bit i: backward reads the value of input i
   uint32_t saves_outputs = 0;  // bit j: backward reads the value of output j
   Precision precision = Precision::kFollow;
+  Work work = Work::kMemory;
 
   static constexpr uint32_t bits(std::initializer_list<int> indices) {
     uint32_t mask = 0;
@@ -63,6 +72,10 @@ struct OpTraits {
   }
   OpTraits& in_low_precision() {
     precision = Precision::kLow;
+    return *this;
+  }
+  OpTraits& doing(Work kind) {
+    work = kind;
     return *this;
   }
   OpTraits& in_float32() {

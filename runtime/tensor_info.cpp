@@ -35,6 +35,7 @@ void release_lineage(std::vector<std::shared_ptr<TensorInfo>>& refs) {
 TensorInfo::~TensorInfo() { owner->on_record_destroyed(*this); }
 
 double TensorInfo::compute_ms() const { return producer ? producer->compute_ms : 0.0; }
+double TensorInfo::modeled_ms() const { return producer ? producer->modeled_ms : 0.0; }
 
 bool TensorInfo::evictable() const {
   if (is_leaf || !resident() || pin_count > 0) return false;

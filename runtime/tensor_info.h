@@ -64,8 +64,9 @@ struct TensorInfo {
 
   bool resident() const { return residency == Residency::kResident; }
   bool is_view() const { return base != nullptr; }
-  // Time the producing kernel took (0 for leaves).
+  // Time the producing kernel took, and its modelled cost (runtime/kernel_cost.h); 0 for leaves.
   double compute_ms() const;
+  double modeled_ms() const;
   // May the memory manager drop this tensor's data now?
   bool evictable() const;
 };
@@ -82,7 +83,8 @@ struct ComputePath {
   // regenerated: this is "fake deletion".
   std::vector<std::shared_ptr<TensorInfo>> inputs;
   std::vector<TensorInfo*> outputs;  // null once an output's record is gone
-  double compute_ms = 0;
+  double compute_ms = 0;  // measured, when it first ran
+  double modeled_ms = 0;  // runtime/kernel_cost.h: the same on every run
 };
 
 }  // namespace ht

@@ -85,6 +85,7 @@ struct MemoryConfig {
   double eviction_threshold = 0.9;
   bool sqrt_sampling = false;
   bool ignore_small = true;
+  std::string kernel_costs = "modeled";  // what eviction weighs: modeled (deterministic) or measured
   double solve_time_s = 10;   // static plans: the solver's time limit per plan
   bool static_layout = true;  // static plans: blocks at planned offsets
   bool trace = false;

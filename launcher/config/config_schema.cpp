@@ -228,6 +228,11 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::memory, &MemoryConfig::ignore_small, "memory", "ignore_small",
                     "never evict tensors under 1% of the mean candidate size (the DTR paper's approximation)")
                   .only_when(evicting_words, evicting));
+  f.push_back(Field(&C::memory, &MemoryConfig::kernel_costs, "memory", "kernel_costs",
+                    "what eviction takes for the cost of recomputing a tensor: modeled (from the op's shapes, "
+                    "the same on every run, so a budget that trains once trains every time) or measured (the "
+                    "kernel's time on this run: as noisy as the machine)")
+                  .choices({"modeled", "measured"}).only_when(evicting_words, evicting));
   auto planning = [](const Config& c) {
     return c.memory.policy == "static" || c.memory.policy == "auto" || c.memory.policy == "segments";
   };

@@ -89,6 +89,7 @@ MemoryOptions Trainer::memory_options() const {
     eviction.heuristic = planning ? EvictionHeuristic::kDtr : *eviction_heuristic_from_name(m.policy);
     eviction.sqrt_sampling = m.sqrt_sampling;
     eviction.ignore_small = m.ignore_small;
+    eviction.costs = *kernel_costs_from_name(m.kernel_costs);  // the schema admits only these names
     eviction.seed = static_cast<uint64_t>(config_.job.seed);
     options.eviction = eviction;
   }

@@ -11,7 +11,7 @@ using TensorList = std::vector<at::Tensor>;
 class Conv2dOp final : public Op {
  public:
   Conv2dOp(Conv2dArgs args, bool has_bias)
-      : Op(OpTraits::named("conv2d").saving_inputs({0, 1}).in_low_precision()), args_(std::move(args)),
+      : Op(OpTraits::named("conv2d").saving_inputs({0, 1}).in_low_precision().doing(Work::kConvolution)), args_(std::move(args)),
         has_bias_(has_bias) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {

@@ -32,7 +32,7 @@ class LinearOp final : public Op {
 
  private:
   static OpTraits traits_for(bool x_grad, bool w_grad) {
-    OpTraits t = OpTraits::named("linear").in_low_precision();
+    OpTraits t = OpTraits::named("linear").in_low_precision().doing(Work::kContraction);
     t.saves_inputs = bit_if(w_grad, 0) | bit_if(x_grad, 1);
     return t;
   }
@@ -68,7 +68,7 @@ class MatmulOp final : public Op {
 
  private:
   static OpTraits traits_for(bool bmm, bool a_grad, bool b_grad) {
-    OpTraits t = OpTraits::named(bmm ? "bmm" : "matmul").in_low_precision();
+    OpTraits t = OpTraits::named(bmm ? "bmm" : "matmul").in_low_precision().doing(Work::kContraction);
     t.saves_inputs = bit_if(b_grad, 0) | bit_if(a_grad, 1);
     return t;
   }

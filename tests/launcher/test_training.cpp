@@ -11,10 +11,12 @@
 
 #include <torch/optim/sgd.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <regex>
 #include <fstream>
+#include <thread>
 
 namespace ht::test {
 namespace {
@@ -181,6 +183,46 @@ TEST(Training, DtrUnderABudgetTrainsToTheSameParameters) {
   // The budget was real: the run evicted (and so recomputed) to stay in it.
   EXPECT_TRUE(std::regex_search(metrics, std::regex("\"evictions\": [1-9]"))) << metrics;
   EXPECT_TRUE(std::regex_search(metrics, std::regex("\"recomputations\": [1-9]"))) << metrics;
+}
+
+// Every train record's `"key": N`, in order.
+std::vector<std::string> per_step(const std::string& metrics, const std::string& key) {
+  std::vector<std::string> out;
+  const std::regex number("\"" + key + "\": ([0-9]+)");
+  for (auto it = std::sregex_iterator(metrics.begin(), metrics.end(), number); it != std::sregex_iterator(); ++it) {
+    out.push_back((*it)[1]);
+  }
+  return out;
+}
+
+// memory.kernel_costs = "modeled" (the default): DTR weighs a model of each kernel's work, not its
+// time, so a run on a busy machine evicts, recomputes and places exactly what the same run on an
+// idle one does, and a budget that trained once trains again. Two threads spin beside the second
+// run; nothing here depends on how much they slow it down.
+TEST(Training, DtrDecidesTheSameOnABusyMachine) {
+  TempDir dir;
+  const JobOutcome roomy = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("roomy"),
+                                                              "--memory.budget=1GiB"}), true);
+  const std::string budget = "--memory.budget=" + std::to_string(roomy.result.mem_peak_bytes * 6 / 10);
+  run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("idle"), "--memory.policy=dtr", budget}), true);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  for (int i = 0; i < 2; ++i) {
+    spinners.emplace_back([&stop] {
+      volatile double x = 1;
+      while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+    });
+  }
+  run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("busy"), "--memory.policy=dtr", budget}), true);
+  stop = true;
+  for (std::thread& t : spinners) t.join();
+  const std::string idle = read_file(dir.path("idle/metrics.jsonl")), busy = read_file(dir.path("busy/metrics.jsonl"));
+  for (const char* key : {"evictions", "recomputations", "mem_peak_bytes"}) {
+    const std::vector<std::string> a = per_step(idle, key), b = per_step(busy, key);
+    EXPECT_FALSE(a.empty()) << key;
+    EXPECT_EQ(a, b) << key << " per step";
+  }
+  EXPECT_TRUE(std::regex_search(idle, std::regex("\"evictions\": [1-9]"))) << "the budget made DTR evict";
 }
 
 // Freed host memory kept for reuse (memory.host_cache) changes where tensors live, never a bit.

@@ -15,15 +15,20 @@
 namespace ht {
 namespace {
 
-void set_cost(const Tensor& t, double ms) { t.info()->producer->compute_ms = ms; }
+// The cost every policy weighs, whichever the job chose (memory.kernel_costs).
+void set_cost(const Tensor& t, double ms) {
+  t.info()->producer->compute_ms = ms;
+  t.info()->producer->modeled_ms = ms;
+}
 
 // An interpreter whose memory manager runs `heuristic` (over an arena that is not active, so it
 // never evicts by itself): the policy sees every drop and regeneration, as in training.
 struct Graph {
   explicit Graph(EvictionHeuristic heuristic, bool sqrt_sampling = false, bool ignore_small = false,
-                 uint64_t seed = 0) {
+                 uint64_t seed = 0, KernelCosts costs = KernelCosts::kModeled) {
     EvictionOptions e;
     e.heuristic = heuristic;
+    e.costs = costs;
     e.sqrt_sampling = sqrt_sampling;
     e.ignore_small = ignore_small;
     e.seed = seed;
@@ -69,6 +74,24 @@ TEST(EvictionPolicy, DtrTradesCostAgainstBytesTimesStaleness) {
   EXPECT_EQ(g.victim(), large.info());
   large.reset();
   EXPECT_EQ(g.victim(), cheap.info()) << "dear costs 10x, fresh is 50x less stale";
+}
+
+// memory.kernel_costs: the policies weigh the modelled cost unless told to weigh measured times.
+TEST(EvictionPolicy, WeighsModeledCostsUnlessToldToMeasure) {
+  for (EvictionHeuristic h : {EvictionHeuristic::kDtr, EvictionHeuristic::kDtrEq, EvictionHeuristic::kMegEngine}) {
+    for (KernelCosts costs : {KernelCosts::kModeled, KernelCosts::kMeasured}) {
+      Graph g(h, false, false, 0, costs);
+      Tensor x = g.leaf(256);
+      Tensor slow = relu(x), dear = relu(x);
+      slow.info()->producer->compute_ms = 10;  // timed on a busy machine
+      slow.info()->producer->modeled_ms = 1;
+      dear.info()->producer->compute_ms = 1;
+      dear.info()->producer->modeled_ms = 10;
+      slow.info()->last_access = dear.info()->last_access = 900;
+      EXPECT_EQ(g.victim(), costs == KernelCosts::kModeled ? slow.info() : dear.info())
+          << eviction_heuristic_name(h) << " weighing " << kernel_costs_name(costs) << " costs";
+    }
+  }
 }
 
 // Two candidates alike in cost, bytes and staleness; `a` borders an evicted chain e1 -> e2 -> a

@@ -1,0 +1,29 @@
+#pragma once
+// The modelled cost of a kernel: what eviction weighs, under memory.kernel_costs = "modeled",
+// when it asks how dear a tensor is to recompute. A model of the kernel's work (bytes moved, or
+// multiply-adds; the op declares which, OpTraits::work), not a timing: the same op on the same
+// shapes costs the same on a loaded machine as on an idle one, so DTR chooses the same victims
+// from run to run, blocks land where they landed before, and a budget that trained once trains
+// every time. A measured time (memory.kernel_costs = "measured") follows the machine's noise.
+//
+// The rates are one core of the 2-core CI machine's, fitted to a ResNet-18 and a GPT step: its
+// GEMMs and convolutions run at about 100 GFLOP/s, its elementwise kernels move about 3 GB/s,
+// and an op that draws random numbers (dropout) takes about four times its bytes' time. Only their
+// ratios change a policy's choice, since every candidate's cost is scaled alike.
+
+#include "runtime/op.h"
+
+#include <vector>
+
+namespace ht {
+
+inline constexpr double kModeledFlopsPerMs = 1e8;
+inline constexpr double kModeledBytesPerMs = 3e6;
+inline constexpr double kModeledRandomFactor = 4;
+
+// `inputs` and `outputs` as the kernel read and wrote them. An op whose every output is a view of
+// an input moves nothing: it costs nothing (eviction gives such tensors a floor of its own).
+double modeled_kernel_ms(const OpTraits& traits, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& outputs);
+
+}  // namespace ht
