@@ -127,7 +127,7 @@ class DeviceAllocator final : public c10::Allocator {
     PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
     void* data = advisor != nullptr ? advised(arena, *advisor, n) : nullptr;
     const bool as_advised = data != nullptr;
-    if (data == nullptr) data = arena.allocate(n, end);
+    if (data == nullptr) data = arena.allocate(n, advisor != nullptr && advisor->holds_low_end() ? CpuArena::End::kHigh : end);
     while (data == nullptr) {
       OutOfMemoryHandler* handler = g_oom_handler.load(std::memory_order_acquire);
       if (handler == nullptr || !handler->make_room(n)) throw_out_of_budget(arena, n);

@@ -60,6 +60,11 @@ class PlacementAdvisor {
   // Where it went, and whether that was the advised offset.
   virtual void on_allocated(int64_t offset, int64_t rounded_bytes, bool as_advised) = 0;
   virtual void on_freed(int64_t offset) = 0;
+  // True while the advisor's plan fills the arena's low end: a block it does not place (no
+  // advice, or the advised range was taken) then goes to the high end, out of the plan's way,
+  // where the arena's own placement would put it on a planned offset and displace the block
+  // planned there, and that one the next.
+  virtual bool holds_low_end() const { return false; }
 };
 
 // While alive, ATen's CPU allocations come from `arena` ("device memory"). One at a time; an

@@ -167,6 +167,11 @@ void StepLayout::on_freed(int64_t offset) {
   }
 }
 
+bool StepLayout::holds_low_end() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mode_ == Mode::kReplaying;
+}
+
 void StepLayout::check_idle(const char* what) const {
   if (mode_ == Mode::kRecording) throw std::logic_error(std::string("StepLayout::") + what + ": still recording");
   if (mode_ == Mode::kReplaying) throw std::logic_error(std::string("StepLayout::") + what + ": still replaying");

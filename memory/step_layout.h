@@ -91,6 +91,7 @@ class StepLayout final : public PlacementAdvisor {
   std::optional<int64_t> offset_for(int64_t rounded_bytes) override;
   void on_allocated(int64_t offset, int64_t rounded_bytes, bool as_advised) override;
   void on_freed(int64_t offset) override;
+  bool holds_low_end() const override;  // while replaying: the plan packs blocks from offset 0
 
  private:
   enum class Mode { kIdle, kRecording, kReplaying };
