@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libcli11-dev libtomlplusplus-dev
   coinor-libcbc-dev                      # the MIP solver of static plans (schedule/)
+  python3                                # scripts/memory_timeline.py and its test
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
 )

@@ -15,13 +15,22 @@ import os
 import sys
 from xml.sax.saxutils import escape
 
+def fail(message):
+    """A user's mistake: one line naming the file or argument and what would work, exit status 2."""
+    print(f"memory_timeline.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 WIDTH, PANEL_H, MARGIN_L, MARGIN_R, MARGIN_T, GAP = 900, 190, 70, 20, 30, 40
 
 
 def step_events(path, step):
     """The events between the markers "step N" and "step N+1" (or the end), times from the step's start."""
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
+    try:
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    except (OSError, ValueError, KeyError) as e:
+        fail(f"{path}: not a memory trace ({e}); hybrid_train writes one with memory.trace = true")
     start = end = None
     for e in events:
         if e.get("cat") == "step" and e.get("name") == f"step {step}":
@@ -30,7 +39,7 @@ def step_events(path, step):
             end = e["ts"]
             break
     if start is None:
-        sys.exit(f"memory_timeline.py: {path}: no marker \"step {step}\" (record more with memory.trace_steps)")
+        fail(f"{path}: no marker \"step {step}\" (record more steps with memory.trace_steps, or pick an earlier --step)")
     inside = [e for e in events if e["ts"] >= start and (end is None or e["ts"] < end)]
     for e in inside:
         e["ts"] -= start
@@ -93,7 +102,7 @@ def main():
     for spec in args.traces:
         label, sep, path = spec.rpartition("=")
         if not sep:
-            sys.exit(f"memory_timeline.py: {spec}: write LABEL=path/to/memory_trace.json")
+            fail(f"{spec}: write LABEL=path/to/memory_trace.json")
         panels.append((label, step_events(path, args.step)))
     x_max = max(summary(events)[4] for _, events in panels)
     y_max = max([args.budget] + [max([b for _, b in summary(ev)[0]] or [0]) for _, ev in panels]) * 1.08
