@@ -292,8 +292,12 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
     chosen = std::move(r.schedule);
     cost = r.cost;
   }
+  // Evictions are the values backward needs that the plan drops; every schedule frees the rest
+  // after their last forward use, as a run without a budget does.
   int64_t dropped = 0;
-  for (size_t v = 0; v < graph.values.size(); ++v) dropped += graph.values[v].droppable && !chosen.keep[v];
+  for (size_t v = 0; v < graph.values.size(); ++v) {
+    dropped += graph.values[v].droppable && !chosen.keep[v] && graph.last_backward_read[v] >= 0;
+  }
   p.peak_bytes = cost.peak_bytes;
   p.recompute_ms = cost.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
   p.evictions = dropped * plan.accumulation;
