@@ -43,7 +43,30 @@ Tensor Interpreter::make_leaf(const at::Tensor& value, bool requires_grad) {
 
 Tensor Interpreter::input(const at::Tensor& value) { return make_leaf(value, false); }
 
-Tensor Interpreter::param(const at::Tensor& value) { return make_leaf(value, value.requires_grad()); }
+Tensor Interpreter::param(const at::Tensor& value) {
+  Tensor t = make_leaf(value, value.requires_grad());
+  t.info()->is_weight = true;
+  return t;
+}
+
+Tensor Interpreter::stage_input(const at::Tensor& value) {
+  TORCH_CHECK(!value.requires_grad(), "stage_input: the received activation is plain data, not a parameter");
+  return make_leaf(value, /*requires_grad=*/true);
+}
+
+Tape Interpreter::take_tape() {
+  // A weight's low-precision copy made in this forward is recorded on the tape taken here; a
+  // later forward must make its own, or its gradient would reach the copy after this tape's
+  // cast entry has run.
+  clear_cast_cache();
+  return tape_.take();
+}
+
+void Interpreter::backward(Tape& tape, const std::vector<Tensor>& roots, const std::vector<at::Tensor>& grads,
+                           BackwardPart part) {
+  TORCH_CHECK(options_.mode == ExecutionMode::kInterpreted, "backward of a taken tape: interpreted mode only");
+  tape.backward(*this, roots, grads, part);
+}
 
 uint64_t Interpreter::next_seed() {
   // splitmix64 over (seed, counter): independent, reproducible seeds.

@@ -39,6 +39,9 @@ class Interpreter final : public Rematerializer {
   // so torch::optim optimizers consume it directly.
   Tensor input(const at::Tensor& value);   // data, labels, masks: no gradient
   Tensor param(const at::Tensor& value);   // gradient iff value.requires_grad()
+  // The activation a pipeline stage received from the previous one: a leaf that needs a gradient
+  // (sent back) but is no weight; its gradient accumulates in value's .grad().
+  Tensor stage_input(const at::Tensor& value);
 
   // The one place every op runs. Returns every output of the op, hidden ones included.
   std::vector<Tensor> apply(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs);
@@ -46,6 +49,12 @@ class Interpreter final : public Rematerializer {
   // Reverse mode from a scalar loss (gradient 1), or from several roots with given gradients.
   void backward(const Tensor& loss);
   void backward(const std::vector<Tensor>& roots, const std::vector<at::Tensor>& grads);
+  // Pipeline stages keep several micro-batches in flight: each forward's entries are taken off
+  // the tape (take_tape(), after the forward) and its backward runs later on them alone, whole or
+  // in the two parts of zero-bubble schedules (runtime/tape.h).
+  Tape take_tape();
+  void backward(Tape& tape, const std::vector<Tensor>& roots, const std::vector<at::Tensor>& grads,
+                BackwardPart part = BackwardPart::kAll);
 
   // Gradient recording (off for evaluation). RAII: NoGradGuard.
   bool grad_enabled() const { return grad_enabled_; }

@@ -50,9 +50,10 @@ void Tape::record(const std::shared_ptr<ComputePath>& path, const std::vector<Te
 }
 
 void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
-                    const std::vector<at::Tensor>& grads) {
+                    const std::vector<at::Tensor>& grads, BackwardPart part) {
   TORCH_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ",
               grads.size(), " gradients");
+  TORCH_CHECK(part != BackwardPart::kWeights || roots.empty(), "backward: the weights' part takes no roots");
   for (size_t i = 0; i < roots.size(); ++i) {
     TORCH_CHECK(roots[i].requires_grad(),
                 "backward: root ", i, " does not require grad (no parameter reaches it)");
@@ -62,13 +63,17 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   }
   // Tape order is execution order, so its reverse is a valid order for reverse mode. Each
   // entry is released as soon as it has run: its saved values go with it.
-  GradientListener* listener = interp.gradient_listener();
+  GradientListener* listener = part == BackwardPart::kInputs ? nullptr : interp.gradient_listener();
   // Per leaf value (one parameter may be several leaf records: one per use), the entries left
   // that take it as input.
   std::unordered_map<const c10::TensorImpl*, int64_t> pending;
   if (listener != nullptr) pending = pending_leaves(*listener);
+  std::vector<TapeEntry> owing;  // kInputs: entries whose weights' part is still to run
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    run_entry(interp, *it);
+    if (run_entry(interp, *it, part)) {
+      owing.push_back(std::move(*it));
+      continue;
+    }
     if (listener != nullptr) {
       for (const std::shared_ptr<TensorInfo>& input : it->path->inputs) {
         if (!input->is_leaf || !input->requires_grad) continue;
@@ -78,7 +83,7 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
     }
     *it = TapeEntry{};
   }
-  entries_.clear();
+  entries_.assign(std::make_move_iterator(owing.rbegin()), std::make_move_iterator(owing.rend()));
 }
 
 std::unordered_map<const c10::TensorImpl*, int64_t> Tape::pending_leaves(GradientListener& listener) const {
@@ -93,19 +98,37 @@ std::unordered_map<const c10::TensorImpl*, int64_t> Tape::pending_leaves(Gradien
   return pending;
 }
 
-void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
+bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   ComputePath& path = *entry.path;
   std::vector<at::Tensor> grad_outputs(path.outputs.size());
   bool any_grad = false;
-  for (size_t j = 0; j < path.outputs.size(); ++j) {
-    TensorInfo* out = path.outputs[j];
-    if (out != nullptr && out->grad.defined()) {
-      grad_outputs[j] = std::move(out->grad);
-      out->grad.reset();
-      any_grad = true;
+  if (part == BackwardPart::kWeights) {
+    grad_outputs = std::move(entry.deferred_grads);
+    entry.deferred_grads.clear();
+    for (const at::Tensor& g : grad_outputs) any_grad = any_grad || g.defined();
+  } else {
+    for (size_t j = 0; j < path.outputs.size(); ++j) {
+      TensorInfo* out = path.outputs[j];
+      if (out != nullptr && out->grad.defined()) {
+        grad_outputs[j] = std::move(out->grad);
+        out->grad.reset();
+        any_grad = true;
+      }
     }
   }
-  if (!any_grad) return;  // not on a path to the loss
+  if (!any_grad) return false;  // not on a path to the loss
+  // Which inputs get a gradient in this part.
+  std::vector<bool> needs_input_grad(path.inputs.size());
+  bool any_input = false, owes_weights = false;
+  for (size_t i = 0; i < path.inputs.size(); ++i) {
+    const TensorInfo& in = *path.inputs[i];
+    const bool weight = in.is_leaf && in.is_weight;
+    needs_input_grad[i] = in.requires_grad && (part == BackwardPart::kAll || (part == BackwardPart::kWeights) == weight);
+    any_input = any_input || needs_input_grad[i];
+    owes_weights = owes_weights || (part == BackwardPart::kInputs && in.requires_grad && weight);
+  }
+  if (owes_weights) entry.deferred_grads = grad_outputs;  // shares the tensors: no copy
+  if (!any_input) return owes_weights;
   if (interp.memory().static_planner() != nullptr) {  // only static plans look at stages
     std::vector<const TensorInfo*> saved;
     for (auto* list : {&entry.saved_inputs, &entry.saved_outputs})
@@ -114,12 +137,8 @@ void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
     interp.memory().backward_stage_begins(path, saved);
   }
 
-  std::vector<bool> needs_input_grad(path.inputs.size());
   std::vector<TensorInfo*> input_infos(path.inputs.size());
-  for (size_t i = 0; i < path.inputs.size(); ++i) {
-    needs_input_grad[i] = path.inputs[i]->requires_grad;
-    input_infos[i] = path.inputs[i].get();
-  }
+  for (size_t i = 0; i < path.inputs.size(); ++i) input_infos[i] = path.inputs[i].get();
 
   // Saved values: pin all, then make each resident (regenerating it if it was dropped).
   auto pin_all = [&](int delta) {
@@ -155,6 +174,7 @@ void Tape::run_entry(Interpreter& interp, TapeEntry& entry) {
     if (needs_input_grad[i] && grads[i].defined())
       accumulate_grad(*path.inputs[i], std::move(grads[i]));
   }
+  return owes_weights;
 }
 
 }  // namespace ht

@@ -16,18 +16,41 @@ struct TapeEntry {
   std::shared_ptr<ComputePath> path;
   std::vector<Tensor> saved_inputs;   // per input: a handle if backward reads it, else empty
   std::vector<Tensor> saved_outputs;  // per output: likewise
+  // After a BackwardPart::kInputs pass: the output gradients its weights' part will read.
+  std::vector<at::Tensor> deferred_grads;
+};
+
+// Which gradients one backward computes. Zero-bubble pipeline schedules split it: the inputs'
+// part is on the critical path (the previous stage waits for it); the weights' part can wait and
+// fill a bubble. Each op computes the gradient of each input independently (its backward honours
+// BackwardArgs::needs_input_grad), so the two parts give the same bits as one whole backward.
+enum class BackwardPart {
+  kAll,
+  kInputs,   // every gradient but the weights' (Interpreter::param leaves); entries that owe a
+             // weight gradient stay on the tape, with their output gradients, for...
+  kWeights,  // ...this later pass over what kInputs left.
 };
 
 class Tape {
  public:
   void record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs);
   void backward(Interpreter& interp, const std::vector<Tensor>& roots,
-                const std::vector<at::Tensor>& grads);
+                const std::vector<at::Tensor>& grads, BackwardPart part = BackwardPart::kAll);
   void clear() { entries_.clear(); }
+  // Moves every entry recorded so far into the returned tape (one pipeline micro-batch's forward).
+  Tape take() {
+    Tape taken;
+    taken.entries_ = std::move(entries_);
+    entries_.clear();
+    return taken;
+  }
+  bool empty() const { return entries_.empty(); }
   size_t size() const { return entries_.size(); }
 
  private:
-  void run_entry(Interpreter& interp, TapeEntry& entry);
+  // Runs one entry's backward for the inputs `part` selects; returns whether it still owes the
+  // weights' part (kInputs only), its output gradients then kept in entry.deferred_grads.
+  bool run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part);
   // For each leaf value that needs a gradient, the entries that take it as input; tells `listener`.
   std::unordered_map<const c10::TensorImpl*, int64_t> pending_leaves(GradientListener& listener) const;
   std::vector<TapeEntry> entries_;

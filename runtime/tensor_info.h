@@ -54,6 +54,7 @@ struct TensorInfo {
   int pin_count = 0;    // a kernel about to run reads it: must stay resident
   bool is_leaf = false;
   bool requires_grad = false;
+  bool is_weight = false;  // a leaf made by Interpreter::param(): zero-bubble schedules defer its gradient
 
   // Bookkeeping for memory policies.
   uint64_t last_access = 0;  // interpreter tick of the last read or write
