@@ -18,6 +18,18 @@ class CommunicationError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A point-to-point message under way (Communicator::isend / irecv). Its tensor stays alive and
+// untouched until wait() returns; the destructor of one never waited for waits for it.
+class Transfer {
+ public:
+  virtual ~Transfer() = default;
+  // Until the message has gone (send) or arrived (receive), bounded by the timeout; throws
+  // CommunicationError naming the rank, the context and what was exchanged.
+  virtual void wait() = 0;
+  // Whether it has completed (never blocks; a sender reaps the sends it no longer needs to hold).
+  virtual bool done() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -31,6 +43,11 @@ class Communicator {
   // be the sender's.
   virtual void send(const at::Tensor& t, int to, const char* what) = 0;
   virtual void recv(at::Tensor& t, int from, const char* what) = 0;
+  // Nonblocking point to point (pipeline stages): messages between two ranks match by `tag`, so
+  // each side may post them in its own order. `what` ("the activation of micro-batch 3") goes
+  // into error messages, with the context current when the transfer was posted.
+  virtual std::unique_ptr<Transfer> isend(const at::Tensor& t, int to, int tag, const std::string& what) = 0;
+  virtual std::unique_ptr<Transfer> irecv(at::Tensor& t, int from, int tag, const std::string& what) = 0;
   virtual std::string backend() const = 0;
   // Whether a thread other than the one that made it may call it (one call at a time): what
   // overlapping all-reduce with backward needs (parallel/collective_worker.h).
@@ -57,6 +74,14 @@ class LocalCommunicator final : public Communicator {
   void barrier(const char*) override {}
   void send(const at::Tensor&, int to, const char* what) override { no_peer(to, what); }
   void recv(at::Tensor&, int from, const char* what) override { no_peer(from, what); }
+  std::unique_ptr<Transfer> isend(const at::Tensor&, int to, int, const std::string& what) override {
+    no_peer(to, what.c_str());
+    return nullptr;
+  }
+  std::unique_ptr<Transfer> irecv(at::Tensor&, int from, int, const std::string& what) override {
+    no_peer(from, what.c_str());
+    return nullptr;
+  }
   std::string backend() const override { return "local"; }
   bool allows_worker_thread() const override { return true; }
 

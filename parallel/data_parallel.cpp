@@ -150,6 +150,8 @@ void DataParallel::average_gradients() {
   stats_ = {};
   if (size() == 1) return;
   at::NoGradGuard no_grad;
+  stats_.buckets = static_cast<int64_t>(buckets_.size());
+  stats_.started_in_backward = static_cast<int64_t>(next_);
   while (next_ < buckets_.size()) start(buckets_[next_++]);
   // Whether each parameter had a gradient on some rank: one more small all-reduce per step, so
   // that a parameter no rank touched keeps no gradient. Means of 1s: > 0 iff some rank had one.

@@ -28,6 +28,9 @@ struct DataParallelStats {
   double wait_ms = 0;      // time training waited for them once backward had ended
   // Share of comm_ms hidden under backward: 1 - wait_ms / comm_ms (0 without overlap).
   double overlap = 0;
+  // Buckets of the step, and those started while backward still ran (overlap): the evidence
+  // that the gradient listener fired, which the times alone cannot give.
+  int64_t buckets = 0, started_in_backward = 0;
 };
 
 class DataParallel final : public GradientListener {

@@ -121,6 +121,61 @@ void MpiCommunicator::recv(at::Tensor& t, int from, const char* what) {
         "the receive", what);
 }
 
+class MpiCommunicator::MpiTransfer final : public Transfer {
+ public:
+  MpiTransfer(MpiCommunicator& c, at::Tensor t, bool send, std::string what)
+      : c_(c), tensor_(std::move(t)), send_(send), what_(std::move(what)), context_(c.context()) {}
+  ~MpiTransfer() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "hybrid_train: error: %s\n", e.what());  // a destructor cannot throw
+    }
+  }
+  MPI_Request* request() { return &request_; }
+  bool done() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    c_.check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), send_ ? "the send" : "the receive", what_.c_str());
+    return flag != 0;
+  }
+  void wait() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    const std::string saved = c_.context();
+    c_.set_context(context_);  // the step and stage it was posted in, for the watchdog's message
+    {
+      Watched watched(c_, send_ ? "the send" : "the receive", what_.c_str());
+      const int rc = MPI_Wait(&request_, MPI_STATUS_IGNORE);
+      c_.set_context(saved);
+      c_.check(rc, send_ ? "the send" : "the receive", what_.c_str());
+    }
+  }
+
+ private:
+  MpiCommunicator& c_;
+  at::Tensor tensor_;  // alive until the message is done
+  bool send_;
+  std::string what_, context_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+std::unique_ptr<Transfer> MpiCommunicator::isend(const at::Tensor& t, int to, int tag, const std::string& what) {
+  check_tensor(t, what.c_str());
+  auto transfer = std::make_unique<MpiTransfer>(*this, t, true, what);
+  check(MPI_Isend(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, to, tag, comm_, transfer->request()),
+        "the send", what.c_str());
+  return transfer;
+}
+
+std::unique_ptr<Transfer> MpiCommunicator::irecv(at::Tensor& t, int from, int tag, const std::string& what) {
+  check_tensor(t, what.c_str());
+  auto transfer = std::make_unique<MpiTransfer>(*this, t, false, what);
+  check(MPI_Irecv(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, from, tag, comm_, transfer->request()),
+        "the receive", what.c_str());
+  return transfer;
+}
+
 bool MpiCommunicator::allows_worker_thread() const {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);

@@ -31,6 +31,9 @@ class MpiCommunicator final : public Communicator {
   void barrier(const char* what) override;
   void send(const at::Tensor& t, int to, const char* what) override;
   void recv(at::Tensor& t, int from, const char* what) override;
+  // Any dtype: the bytes of a contiguous tensor cross as they are.
+  std::unique_ptr<Transfer> isend(const at::Tensor& t, int to, int tag, const std::string& what) override;
+  std::unique_ptr<Transfer> irecv(at::Tensor& t, int from, int tag, const std::string& what) override;
   std::string backend() const override { return "mpi"; }
   // MPI was initialized with MPI_THREAD_SERIALIZED or more.
   bool allows_worker_thread() const override;
@@ -39,6 +42,7 @@ class MpiCommunicator final : public Communicator {
   void check(int rc, const char* collective, const char* what) const;
   // Marks the collective the watchdog times (until the returned guard ends).
   class Watched;
+  class MpiTransfer;
   void watchdog();
 
   MPI_Comm comm_;

@@ -17,7 +17,7 @@ bool launched_by_mpi() {
   return false;
 }
 
-ProcessGrid make_process_grid(int pipeline_parallel) {
+ProcessGrid make_process_grid() {
   ProcessGrid grid;
   if (!launched_by_mpi()) return grid;
 #ifdef HT_HAVE_MPI
@@ -37,21 +37,31 @@ ProcessGrid make_process_grid(int pipeline_parallel) {
   MPI_Comm_rank(local, &grid.local_rank);
   MPI_Comm_size(local, &grid.local_size);
   MPI_Comm_free(&local);
+  divide_process_grid(grid, 1);
+  return grid;
+#else
+  throw std::runtime_error("started by mpirun, but this build of hybrid_train has no MPI; install "
+                           "libopenmpi-dev and rebuild, or run without mpirun");
+#endif
+}
+
+void divide_process_grid(ProcessGrid& grid, int pipeline_parallel) {
   if (pipeline_parallel < 1 || grid.world % pipeline_parallel != 0) {
-    throw std::runtime_error("the world of " + std::to_string(grid.world) + " ranks does not divide into " +
-                             std::to_string(pipeline_parallel) + " pipeline stages");
+    throw std::invalid_argument("the world of " + std::to_string(grid.world) + " ranks does not divide into " +
+                                std::to_string(pipeline_parallel) + " pipeline stages");
   }
   grid.pipeline_parallel = pipeline_parallel;
   grid.data_parallel = grid.world / pipeline_parallel;
-  // Ranks of one stage form its data-parallel group: stage = rank / data_parallel.
-  MPI_Comm group;
-  MPI_Comm_split(MPI_COMM_WORLD, grid.rank / grid.data_parallel, grid.rank, &group);
-  grid.data_parallel_group = std::make_shared<MpiCommunicator>(group, grid.rank);
-  return grid;
-#else
-  (void)pipeline_parallel;
-  throw std::runtime_error("started by mpirun, but this build of hybrid_train has no MPI; install "
-                           "libopenmpi-dev and rebuild, or run without mpirun");
+  grid.stage = grid.rank / grid.data_parallel;
+#ifdef HT_HAVE_MPI
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return;  // not under mpirun: a world of one keeps its local groups
+  MPI_Comm replicas, pipeline;
+  MPI_Comm_split(MPI_COMM_WORLD, grid.stage, grid.rank, &replicas);
+  MPI_Comm_split(MPI_COMM_WORLD, grid.rank % grid.data_parallel, grid.stage, &pipeline);
+  grid.data_parallel_group = std::make_shared<MpiCommunicator>(replicas, grid.rank);
+  grid.pipeline_group = std::make_shared<MpiCommunicator>(pipeline, grid.rank);
 #endif
 }
 

@@ -1,7 +1,9 @@
 #pragma once
 // The ranks of a job and how they divide the work: world = data-parallel replicas x pipeline
-// stages (pp = 1 until the pipeline issue). Under mpirun the grid comes from MPI (rank, world,
-// local rank by a shared-memory split) and its data-parallel group is an MPI sub-communicator;
+// stages. Ranks [s * dp, (s + 1) * dp) hold stage s and form its data-parallel group; the ranks
+// with the same rank % dp form one replica's pipeline (its rank in that group is its stage). Rank
+// 0 is stage 0 of replica 0. Under mpirun the grid comes from MPI (rank, world, local rank by a
+// shared-memory split) and its groups are MPI sub-communicators;
 // without mpirun it is a world of one and MPI is never initialized, so a single process, or a
 // build without MPI, runs unchanged.
 
@@ -17,16 +19,22 @@ struct ProcessGrid {
   int local_rank = 0;  // rank among the processes on this host: which GPU to use
   int local_size = 1;  // processes of this job on this host: they share its cores
   int data_parallel = 1, pipeline_parallel = 1;
+  int stage = 0;  // this rank's pipeline stage
   std::shared_ptr<Communicator> data_parallel_group = std::make_shared<LocalCommunicator>();
+  std::shared_ptr<Communicator> pipeline_group = std::make_shared<LocalCommunicator>();
   bool is_root() const { return rank == 0; }
 };
 
 // True when this process was started by an MPI launcher (mpirun, srun with PMI).
 bool launched_by_mpi();
 
-// The grid of this process: MPI's when launched_by_mpi() (initializing MPI), else a world of one.
-// Throws std::runtime_error when launched by mpirun in a build without MPI.
-ProcessGrid make_process_grid(int pipeline_parallel = 1);
+// The grid of this process: MPI's when launched_by_mpi() (initializing MPI), else a world of one;
+// every rank one data-parallel replica. Throws std::runtime_error when launched by mpirun in a
+// build without MPI.
+ProcessGrid make_process_grid();
+// Divides the world into `pipeline_parallel` stages (a divisor of grid.world, checked by the
+// caller) of world / pipeline_parallel replicas each. Collective: every rank calls it alike.
+void divide_process_grid(ProcessGrid& grid, int pipeline_parallel);
 
 // Ends MPI if make_process_grid started it (call once, at exit).
 void finalize_process_grid();
