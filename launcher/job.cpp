@@ -28,6 +28,7 @@ void print_plan(const Config& c, const DataInfo& data, const Model& model, const
   }
   std::printf("model: %s, %lld parameters, on %s, threads %s\n", c.model.name.c_str(),
               static_cast<long long>(model.num_parameters()), c.training.device.c_str(), threads.describe().c_str());
+  if (const PipelineStage* stage = trainer.pipeline()) std::printf("%s\n", describe_pipeline(stage->layout()).c_str());
   std::printf("training: %lld steps (%lld per epoch), global batch %lld in %lld micro-batch(es) of %lld, "
               "%s lr %g (%s)\n",
               static_cast<long long>(trainer.total_steps()), static_cast<long long>(trainer.steps_per_epoch()),
@@ -159,7 +160,8 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const std::optional<std::string> resume = resume_point(config);
   std::optional<Trainer> made;
   try {
-    made.emplace(config, std::move(data), model, arena, grid->data_parallel_group);  // the gradients' block
+    made.emplace(config, std::move(data), model, arena, grid->data_parallel_group,  // the gradients' block
+                 grid->pipeline_group);
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }

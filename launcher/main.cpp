@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
       for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
       return ht::run_plan_command(loaded.config, cl.plan_command);
     }
-    ht::apply_data_parallel(loaded.config, grid.data_parallel);  // every rank refuses alike
+    ht::check_pipeline_ranks(loaded.config, grid.world);  // every rank refuses alike
+    ht::divide_process_grid(grid, static_cast<int>(loaded.config.parallel.pipeline_parallel));
+    ht::apply_data_parallel(loaded.config, grid.data_parallel);
     if (grid.is_root()) {
       for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
     }

@@ -100,6 +100,7 @@ class HeadBlock : public Block {
   Tensor forward(const Tensor& x) override {
     return linear(ln_f_->forward(x), param_like(x, wte_));
   }
+  std::vector<at::Tensor> shared_parameters() const override { return {wte_}; }
 
  private:
   std::shared_ptr<LayerNorm> ln_f_;

@@ -47,6 +47,7 @@ int Model::use_channels_last() {
 
 void Model::add_block(const std::string& name, std::shared_ptr<Block> block) {
   blocks_.push_back(register_module(name, std::move(block)));
+  block_names_.push_back(name);
 }
 
 }  // namespace ht

@@ -20,6 +20,9 @@ class Block : public torch::nn::Module {
  public:
   // The activation entering this block -> the activation leaving it.
   virtual Tensor forward(const Tensor& x) = 0;
+  // Parameters this block uses that another block registers (a tied weight): a pipeline stage
+  // holding this block but not the other keeps a copy and sums the two gradients before stepping.
+  virtual std::vector<at::Tensor> shared_parameters() const { return {}; }
 };
 
 class Model : public torch::nn::Module {
@@ -29,6 +32,7 @@ class Model : public torch::nn::Module {
   // Mean loss over the batch. Default: classification, output (N, K), target (N).
   virtual Tensor loss(const Tensor& output, const Tensor& target);
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
+  const std::vector<std::string>& block_names() const { return block_names_; }
   int64_t num_parameters() const;
   // Moves parameters and buffers to `device` and casts the floating ones to `float_dtype`.
   // (libtorch's Module::to(device, dtype) also casts integer and bool buffers.)
@@ -48,6 +52,7 @@ class Model : public torch::nn::Module {
 
  private:
   std::vector<std::shared_ptr<Block>> blocks_;
+  std::vector<std::string> block_names_;
   std::function<void(int)> block_listener_;
 };
 

@@ -193,10 +193,25 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::parallel, &ParallelConfig::data_parallel, "parallel", "data_parallel",
                     "data-parallel replicas: the ranks mpirun starts (-np N); 0: all of them")
                   .min(0));
-  f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_parallel, "parallel", "pipeline_parallel", "pipeline stages")
-                  .min(1).not_built("pipeline parallelism"));
-  f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_schedule, "parallel", "pipeline_schedule", "gpipe or 1f1b")
-                  .choices({"gpipe", "1f1b"}).not_built("pipeline parallelism"));
+  f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_parallel, "parallel", "pipeline_parallel",
+                    "pipeline stages: the model's blocks cut into this many stages on as many ranks (mpirun -np "
+                    "data_parallel x pipeline_parallel); each stage's ranks are its data-parallel group")
+                  .min(1));
+  auto piped = [](const Config& c) { return c.parallel.pipeline_parallel > 1; };
+  const char* piped_words = "parallel.pipeline_parallel > 1";
+  f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_schedule, "parallel", "pipeline_schedule",
+                    "gpipe (every forward, then every backward: all micro-batches' activations held), 1f1b (one "
+                    "forward, one backward: at most pipeline_parallel held), interleaved_1f1b (virtual_stages "
+                    "chunks per rank: a smaller bubble for more messages), zb_h1 (zero bubble: backward split "
+                    "into input and weight gradients, the latter filling the bubble)")
+                  .choices({"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}).only_when(piped_words, piped));
+  f.push_back(Field(&C::parallel, &ParallelConfig::virtual_stages, "parallel", "virtual_stages",
+                    "interleaved_1f1b: model chunks per rank (stage s holds chunks s, s + pp, ...)")
+                  .min(1).max(16).only_when(piped_words, piped));
+  f.push_back(Field(&C::parallel, &ParallelConfig::stage_blocks, "parallel", "stage_blocks",
+                    "blocks per stage, in model order (one count per stage and chunk); empty: balanced by "
+                    "modelled time within each stage's memory")
+                  .min(1).only_when(piped_words, piped));
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
                   .min(1));
   f.push_back(Field(&C::parallel, &ParallelConfig::overlap, "parallel", "overlap",

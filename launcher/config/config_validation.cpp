@@ -1,5 +1,7 @@
 #include "launcher/config/config_validation.h"
 
+#include "parallel/pipeline_schedule.h"
+
 #include "launcher/config/config_schema.h"
 #include "launcher/data/fashion_mnist.h"
 #include "launcher/user_error.h"
@@ -169,6 +171,49 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   return rules.ineffective_options();
 }
 
+namespace {
+
+// With the micro-batch count known: what a pipeline's schedule and memory policy can use.
+void check_pipeline(const Config& c) {
+  const ParallelConfig& p = c.parallel;
+  const std::string where = c.source + ": ";
+  if (p.pipeline_parallel == 1) return;
+  const ScheduleShape shape{static_cast<int>(p.pipeline_parallel), static_cast<int>(c.micro_batches()),
+                            static_cast<int>(p.virtual_stages)};
+  const std::string why = schedule_refusal(*schedule_from_name(p.pipeline_schedule), shape);
+  if (!why.empty()) {
+    throw UserError(where + "parallel.pipeline_schedule = \"" + p.pipeline_schedule + "\" with " +
+                    std::to_string(shape.micro_batches) + " micro-batches per step (training.micro_batch_size = " +
+                    std::to_string(c.micro_batch_size()) + "): " + why);
+  }
+  const std::string& policy = c.memory.policy;
+  if (policy == "static" || policy == "auto" || policy == "segments") {
+    throw UserError(where + "memory.policy = \"" + policy + "\" with parallel.pipeline_parallel = " +
+                    std::to_string(p.pipeline_parallel) + ": static plans capture one micro-batch's step, and a "
+                    "pipeline stage interleaves several; use memory.policy = \"dtr\" (or another eviction "
+                    "policy) on each stage");
+  }
+  if (p.strategy == "auto") {
+    throw UserError(where + "parallel.strategy = \"auto\" with parallel.pipeline_parallel = " +
+                    std::to_string(p.pipeline_parallel) + ": the planner does not search pipeline stages yet; "
+                    "use parallel.strategy = \"manual\"");
+  }
+  if (c.model.name == "spos") {
+    throw UserError(where + "model.name = \"spos\" with parallel.pipeline_parallel > 1: a supernet's path "
+                    "changes every step, and a stage's activations must keep one shape; use pipeline_parallel = 1");
+  }
+}
+
+}  // namespace
+
+void check_pipeline_ranks(const Config& c, int64_t world) {
+  const int64_t pp = c.parallel.pipeline_parallel;
+  if (world % pp == 0) return;
+  throw UserError(c.source + ": parallel.pipeline_parallel = " + std::to_string(pp) + " stages, but the job has " +
+                  std::to_string(world) + " rank(s); start it with mpirun -np " + std::to_string(pp) +
+                  " (or a multiple: data_parallel x pipeline_parallel ranks), or set parallel.pipeline_parallel = 1");
+}
+
 void apply_data_parallel(Config& c, int64_t replicas) {
   const std::string where = c.source + ": ";
   if (c.parallel.data_parallel != 0 && c.parallel.data_parallel != replicas) {
@@ -190,6 +235,7 @@ void apply_data_parallel(Config& c, int64_t replicas) {
                     " ranks trains per step (global_batch_size / ranks); use a divisor of " + std::to_string(local) +
                     " or 0");
   }
+  check_pipeline(c);
 }
 
 }  // namespace ht

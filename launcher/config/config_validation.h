@@ -19,5 +19,8 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
 // process grid's data-parallel size) and checks that the global batch divides among them and
 // into micro-batches; UserError naming what would work otherwise.
 void apply_data_parallel(Config& config, int64_t replicas);
+// The job's `world` ranks must divide into parallel.pipeline_parallel stages (before the grid is
+// divided); UserError saying what would work otherwise.
+void check_pipeline_ranks(const Config& config, int64_t world);
 
 }  // namespace ht

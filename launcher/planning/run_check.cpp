@@ -101,6 +101,12 @@ void apply(Config& c, const Decision& d) {
 
 RunPrediction check_run_fits(Config& config, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
+  if (config.parallel.pipeline_parallel > 1) {
+    // The planner models one rank holding the whole model; a stage's share is not modelled yet.
+    out.prediction.peak_bytes = -1;
+    out.text = "predicted: not for pipeline stages (the planner does not model them yet; see the stage table)";
+    return out;
+  }
   const bool automatic = config.parallel.strategy == "auto";
   Decision decision;
   std::optional<UserError> refusal;

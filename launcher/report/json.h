@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ht {
 
@@ -23,6 +24,15 @@ class JsonObject {
   JsonObject& add(const std::string& key, bool v) { return raw(key, v ? "true" : "false"); }
   JsonObject& add(const std::string& key, std::optional<int64_t> v) {
     return v ? add(key, *v) : raw(key, "null");
+  }
+  JsonObject& add(const std::string& key, const std::vector<double>& v) {
+    std::string text = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%.10g", std::isfinite(v[i]) ? v[i] : 0.0);
+      text += (i ? ", " : "") + std::string(buf);
+    }
+    return raw(key, text + "]");
   }
   std::string str() const { return "{" + body_ + "}"; }
 

@@ -4,6 +4,8 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <sstream>
+#include <type_traits>
 
 namespace ht {
 
@@ -32,7 +34,7 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+at::Tensor gradient_norms(const std::vector<at::Tensor>& params) {
   at::NoGradGuard no_grad;
   // Each tensor's norm in its own type (ATen sums floats pairwise, so the error stays near fp32's
   // epsilon), combined in double. Converting every gradient to double first cost a copy of the
@@ -41,8 +43,16 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   for (const at::Tensor& p : params) {
     if (p.grad().defined()) norms.push_back(p.grad().norm().to(at::kDouble));
   }
-  if (norms.empty()) return 0.0;
-  const double norm = at::stack(norms).norm().item<double>();
+  if (norms.empty()) return at::empty({0}, at::kDouble);
+  return at::stack(norms);
+}
+
+double combine_norms(const at::Tensor& norms) {
+  return norms.numel() == 0 ? 0.0 : norms.norm().item<double>();
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm) {
+  at::NoGradGuard no_grad;
   if (max_norm > 0.0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
     for (const at::Tensor& p : params)
@@ -51,18 +61,83 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   return norm;
 }
 
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  return clip_grad_norm(params, max_norm, combine_norms(gradient_norms(params)));
+}
+
 StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
-                           const TrainingConfig& t, double lr, LossScaler* scaler) {
+                           const TrainingConfig& t, double lr, LossScaler* scaler, const StepAcrossStages& stages) {
   StepOutcome outcome;
   if (scaler != nullptr) {
     outcome.stepped = scaler->unscale(params);
+    if (stages.all_finite) outcome.stepped = stages.all_finite(outcome.stepped);
     scaler->update(outcome.stepped);
   }
-  outcome.grad_norm = clip_grad_norm(params, outcome.stepped ? t.grad_clip : 0.0);
+  const double norm = stages.gradient_norm ? stages.gradient_norm() : combine_norms(gradient_norms(params));
+  outcome.grad_norm = clip_grad_norm(params, outcome.stepped ? t.grad_clip : 0.0, norm);
   if (!outcome.stepped) return outcome;
   set_learning_rate(optimizer, lr);
   optimizer.step();
   return outcome;
+}
+
+namespace {
+
+// torch::optim keys its per-parameter state by the parameter's TensorImpl: as the address's text
+// in libtorch 1.13, as the pointer itself in later versions.
+template <typename Key>
+Key state_key(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << param.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
+
+torch::optim::OptimizerParamState* find_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  auto& states = optimizer.state();
+  using Key = typename std::decay_t<decltype(states)>::key_type;
+  auto it = states.find(state_key<Key>(param));
+  return it == states.end() ? nullptr : it->second.get();
+}
+
+}  // namespace
+
+std::vector<at::Tensor> optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  torch::optim::OptimizerParamState* state = find_state(optimizer, param);
+  if (state == nullptr) return {};
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
+    return {at::scalar_tensor(adamw->step(), at::kLong), adamw->exp_avg(), adamw->exp_avg_sq()};
+  }
+  auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state);
+  if (sgd != nullptr && sgd->momentum_buffer().defined()) return {sgd->momentum_buffer()};
+  return {};
+}
+
+std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) {
+    return {at::scalar_tensor(0, at::kLong), at::empty_like(param), at::empty_like(param)};
+  }
+  return {at::empty_like(param)};
+}
+
+void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                         const std::vector<at::Tensor>& state) {
+  auto& states = optimizer.state();
+  using Key = typename std::decay_t<decltype(states)>::key_type;
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(state.at(0).item<int64_t>());
+    s->exp_avg(state.at(1));
+    s->exp_avg_sq(state.at(2));
+    states[state_key<Key>(param)] = std::move(s);
+    return;
+  }
+  auto s = std::make_unique<torch::optim::SGDParamState>();
+  s->momentum_buffer(state.at(0));
+  states[state_key<Key>(param)] = std::move(s);
 }
 
 void clear_grads(const std::vector<at::Tensor>& params) {

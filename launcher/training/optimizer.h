@@ -7,6 +7,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -22,6 +23,20 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 // Returns the global L2 norm of the gradients; when max_norm > 0 and the norm exceeds it, scales
 // every gradient by max_norm / norm.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// The same with the norm given (a pipeline stage holds only some of the gradients: the whole
+// model's norm is gathered across the stages; parallel/pipeline_stage.h).
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm);
+// The per-parameter norms clip_grad_norm combines, one per defined gradient, and their combination:
+// a pipeline gathers the first across stages and combines them as one rank would.
+at::Tensor gradient_norms(const std::vector<at::Tensor>& params);
+double combine_norms(const at::Tensor& norms);
+
+// How a step's checks combine when the gradients are spread over pipeline stages; empty: this
+// rank holds the whole model.
+struct StepAcrossStages {
+  std::function<double()> gradient_norm;     // the whole model's
+  std::function<bool(bool)> all_finite;      // every stage's answer
+};
 
 struct StepOutcome {
   double grad_norm = 0;  // of the unscaled gradients, before clipping
@@ -31,7 +46,17 @@ struct StepOutcome {
 // scaler (fp16), unscale them and skip the step if any is not finite, leaving parameters and
 // optimizer state untouched; then clip to `t.grad_clip`, set the learning rate and step.
 StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
-                           const TrainingConfig& t, double lr, LossScaler* scaler);
+                           const TrainingConfig& t, double lr, LossScaler* scaler,
+                           const StepAcrossStages& stages = {});
+
+// The optimizer's state of one parameter as tensors: AdamW {step (int64 scalar), exp_avg,
+// exp_avg_sq}, SGD {momentum_buffer}; empty while it has none (never stepped). A pipeline stage
+// sends them to rank 0 for a checkpoint in the one model-wide layout.
+std::vector<at::Tensor> optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+// Tensors shaped to receive optimizer_state(param) of an optimizer of the same kind.
+std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param);
+void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                         const std::vector<at::Tensor>& state);
 
 // Sets every gradient to undefined (libtorch 1.13's zero_grad() zeroes in place instead).
 void clear_grads(const std::vector<at::Tensor>& params);

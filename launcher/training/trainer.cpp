@@ -28,15 +28,25 @@ std::unique_ptr<LossScaler> make_loss_scaler(const TrainingConfig& t) {
 
 }  // namespace
 
+// launcher/training/trainer_pipeline.cpp
+std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const DataSplits& data, Model& model,
+                                                   std::shared_ptr<Communicator> pipeline);
+
 Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
-                 std::shared_ptr<CpuArena> arena, std::shared_ptr<Communicator> replicas)
+                 std::shared_ptr<CpuArena> arena, std::shared_ptr<Communicator> replicas,
+                 std::shared_ptr<Communicator> pipeline)
     : config_(config), data_(std::move(data)), model_(std::move(model)), params_(model_->parameters()),
       optimizer_(make_optimizer(config.training, params_)),
       sampler_(data_.train->size(), config.training.global_batch_size, static_cast<uint64_t>(config.job.seed),
                config.data.shuffle, replicas ? replicas->rank() : 0, replicas ? replicas->size() : 1),
+      pipeline_(make_pipeline_stage(config, data_, *model_, std::move(pipeline))),
       arena_(std::move(arena)), scaler_(make_loss_scaler(config.training)),
-      replicas_(replicas ? replicas : std::make_shared<LocalCommunicator>(), params_,
-                config.parallel.bucket_mb << 20, config.parallel.overlap),
+      // A stage reduces the parameters it trains. Its point-to-point messages come from the main
+      // thread while backward runs, so its all-reduce waits for the step's end (MPI is
+      // initialized for one thread at a time).
+      replicas_(replicas ? replicas : std::make_shared<LocalCommunicator>(),
+                pipeline_ ? pipeline_->parameters() : params_, config.parallel.bucket_mb << 20,
+                config.parallel.overlap && !pipeline_),
       interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}),
       checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
       total_steps_(config.training.steps > 0 ? config.training.steps
@@ -45,8 +55,9 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   TORCH_CHECK(replicas_.size() == config.replicas(), "Trainer: a group of ", replicas_.size(),
               " ranks for parallel.data_parallel = ", config.replicas());
   replicas_.group().set_timeout(config.parallel.timeout_s);
-  progress_.set_silent(replicas_.rank() != 0);
-  if (replicas_.size() > 1) progress_.use_log_lines();
+  if (pipeline_) pipeline_->group().set_timeout(config.parallel.timeout_s);
+  progress_.set_silent(!writes_outputs());
+  if (replicas_.size() > 1 || pipeline_) progress_.use_log_lines();
   replicas_.broadcast_state(model_->buffers());
   model_->train();
   interp_.set_autocast(autocast_type(config.training));
@@ -63,7 +74,10 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     interp_.set_gradient_buffer(gradients_.get());
     replicas_.use_gradient_buffer(gradients_.get());
   }
-  if (config.parallel.overlap && replicas_.size() > 1 && !replicas_.overlaps()) {
+  if (config.parallel.overlap && replicas_.size() > 1 && pipeline_) {
+    progress_.line("warning: parallel.overlap: a pipeline stage all-reduces its gradients after the step's last "
+                   "backward (its point-to-point messages use MPI while backward runs)");
+  } else if (config.parallel.overlap && replicas_.size() > 1 && !replicas_.overlaps()) {
     progress_.line("warning: parallel.overlap: this MPI library gives no MPI_THREAD_SERIALIZED; gradients are "
                    "all-reduced after backward");
   }
@@ -97,7 +111,7 @@ MemoryOptions Trainer::memory_options() const {
 }
 
 void Trainer::trace_step_begins() {
-  if (!config_.memory.trace || state_.step >= config_.memory.trace_steps || replicas_.rank() != 0) return;
+  if (!config_.memory.trace || state_.step >= config_.memory.trace_steps || !writes_outputs()) return;
   if (!timeline_) {
     // Opened at the first traced step, not before: a run that fails its checks writes nothing.
     timeline_ = std::make_unique<MemoryTimeline>(config_.job.output_dir + "/memory_trace.json", arena_.get());
@@ -162,11 +176,15 @@ Trainer::StepResult Trainer::train_step() {
   const Batch batch = data_.train->batch(sampler_.next());
   const int64_t micro_batches = config_.micro_batches(), micro_size = config_.micro_batch_size();
   const auto compute_start = std::chrono::steady_clock::now();
-  for (int64_t k = 0; k < micro_batches; ++k) {
-    const Batch micro{batch.input.narrow(0, k * micro_size, micro_size),
-                      batch.target.narrow(0, k * micro_size, micro_size)};
-    const double scale = (scaler_ ? scaler_->scale() : 1.0) / static_cast<double>(micro_batches);
-    r.loss += forward_backward(micro, scale, k + 1 == micro_batches) / static_cast<double>(micro_batches);
+  if (pipeline_) {
+    r.loss = pipeline_step(batch, r);
+  } else {
+    for (int64_t k = 0; k < micro_batches; ++k) {
+      const Batch micro{batch.input.narrow(0, k * micro_size, micro_size),
+                        batch.target.narrow(0, k * micro_size, micro_size)};
+      const double scale = (scaler_ ? scaler_->scale() : 1.0) / static_cast<double>(micro_batches);
+      r.loss += forward_backward(micro, scale, k + 1 == micro_batches) / static_cast<double>(micro_batches);
+    }
   }
   r.forward_backward_ms = seconds_since(compute_start) * 1e3;
   // This rank's gradients of its slice are complete: average them over the replicas, once per
@@ -176,7 +194,12 @@ Trainer::StepResult Trainer::train_step() {
   r.loss = replicas_.mean(r.loss, "the loss");
   r.lr = learning_rate_at(config_.training, state_.step, total_steps_);
   const auto optimizer_start = std::chrono::steady_clock::now();
-  const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get());
+  StepAcrossStages stages;
+  if (pipeline_) {
+    stages.gradient_norm = [this] { return pipeline_->gradient_norm(); };
+    stages.all_finite = [this](bool finite) { return pipeline_->all_stages(finite); };
+  }
+  const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get(), stages);
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
   clear_grads(params_);
@@ -197,6 +220,7 @@ Trainer::StepResult Trainer::train_step() {
   r.recomputations = after.recomputations - before.recomputations;
   r.recompute_ms = after.recompute_ms - before.recompute_ms;
   r.fragmentation = after.fragmentation_at_peak;
+  if (pipeline_) gather_stage_stats(r);
   trace_step_ended();
   return r;
 }
@@ -276,7 +300,12 @@ EvalResult Trainer::evaluate() {
     const int64_t n = std::min(batch, total - b * batch);
     const Batch data = eval.slice(b * batch, n);
     const at::Tensor target = data.target.to(device_);
-    Tensor out = model_->forward(interp.input(data.input.to(device_)));
+    Tensor out = pipeline_ ? pipeline_->forward_only(interp, data.input, n)
+                           : model_->forward(interp.input(data.input.to(device_)));
+    if (!out.defined()) {  // a pipeline stage other than the last: its part is done
+      interp.clear_cast_cache();
+      continue;
+    }
     loss_sum += model_->loss(out, interp.input(target)).value().item<double>() * static_cast<double>(n);
     if (data_.info.task == Task::kClassification) {
       correct += out.value().argmax(1).eq(target).sum().item<int64_t>();
@@ -285,9 +314,13 @@ EvalResult Trainer::evaluate() {
     interp.clear_cast_cache();  // no backward ends this forward
   }
   model_->train();
-  if (replicas_.size() > 1) {
+  if (replicas_.size() > 1 || pipeline_) {
     replicas_.group().set_context("evaluation after step " + std::to_string(state_.step));
     at::Tensor sums = at::tensor({loss_sum, static_cast<double>(correct), static_cast<double>(samples)}, at::kDouble);
+    if (pipeline_) {  // the last stage has the sums; the others add zeros, exactly
+      pipeline_->group().set_context("evaluation after step " + std::to_string(state_.step));
+      pipeline_->group().allreduce_sum(sums, "the evaluation");
+    }
     replicas_.group().allreduce_sum(sums, "the evaluation");
     loss_sum = sums[0].item<double>();
     correct = static_cast<int64_t>(sums[1].item<double>());
@@ -328,7 +361,12 @@ void Trainer::log_step(const StepResult& r) {
   if (predicted_peak_bytes_ >= 0) {
     record.add("predicted_peak_bytes", predicted_peak_bytes_).add("predicted_step_ms", predicted_step_ms_);
   }
+  if (pipeline_) {
+    record.add("stage_compute_ms", r.stage_compute_ms).add("stage_wait_ms", r.stage_wait_ms)
+        .add("stage_p2p_bytes", r.stage_p2p_bytes).add("stage_peak_bytes", r.stage_peak_bytes);
+  }
   if (replicas_.size() > 1) {
+    record.add("buckets", r.comm.buckets).add("buckets_started_in_backward", r.comm.started_in_backward);
     record.add("comm_ms", r.comm.comm_ms).add("comm_bytes", r.comm.comm_bytes).add("overlap", r.comm.overlap);
   }
   if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
@@ -355,6 +393,11 @@ void Trainer::log_eval(const EvalResult& e) {
 
 void Trainer::save_checkpoint() {
   HostAllocationScope host;  // serialization buffers are host memory, not the device's
+  if (pipeline_) {
+    // Every stage's first replica takes part; rank 0 writes the whole model.
+    pipeline_->gather_to_first_stage(*model_, *optimizer_);
+    if (pipeline_->rank() != 0) return;
+  }
   const std::string folder = checkpoints_.save(*model_, *optimizer_, state_);
   progress_.line("checkpoint " + folder);
 }

@@ -12,6 +12,7 @@
 #include "launcher/training/checkpoint.h"
 #include "memory/cpu_arena.h"
 #include "launcher/training/loss_scaler.h"
+#include "launcher/training/pipeline_stage.h"
 #include "parallel/data_parallel.h"
 #include "memory/memory_timeline.h"
 #include "runtime/interpreter.h"
@@ -46,9 +47,11 @@ class Trainer {
   // `arena`: the device memory of config.memory.budget, already active (ArenaScope); null for
   // unlimited memory. `replicas`: the data-parallel group this rank trains in (its size is
   // config.parallel.data_parallel); by default a group of one. Parameters and buffers are made
-  // rank 0's here, and again after resume_from().
+  // rank 0's here, and again after resume_from(). `pipeline`: the replica's pipeline group when
+  // config.parallel.pipeline_parallel > 1 (its rank is this rank's stage).
   Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
-          std::shared_ptr<CpuArena> arena = nullptr, std::shared_ptr<Communicator> replicas = nullptr);
+          std::shared_ptr<CpuArena> arena = nullptr, std::shared_ptr<Communicator> replicas = nullptr,
+          std::shared_ptr<Communicator> pipeline = nullptr);
 
   // Continues from a verified checkpoint folder.
   void resume_from(const std::string& folder);
@@ -82,6 +85,8 @@ class Trainer {
   Model& model() { return *model_; }
   const MemoryManager& memory() const { return interp_.memory(); }
   Interpreter& interpreter() { return interp_; }
+  // This rank's pipeline stage; null without pipeline parallelism.
+  const PipelineStage* pipeline() const { return pipeline_.get(); }
 
  private:
   struct StepResult {
@@ -93,12 +98,17 @@ class Trainer {
     int64_t evictions = 0, recomputations = 0;
     double recompute_ms = 0, fragmentation = 0;
     DataParallelStats comm;
+    // Per pipeline stage (pipeline parallelism): compute, waiting, bytes sent, memory peak.
+    std::vector<double> stage_compute_ms, stage_wait_ms, stage_p2p_bytes, stage_peak_bytes;
   };
   MemoryOptions memory_options() const;  // from config.memory; the trace is set when it opens
   void trace_step_begins();
   void trace_step_ended();
   StepResult train_step();
   double forward_backward(const Batch& micro, double loss_scale, bool last);
+  double pipeline_step(const Batch& batch, StepResult& r);
+  void gather_stage_stats(StepResult& r);
+  bool writes_outputs() const;  // rank 0 of the job
   bool eval_due() const;
   void log_step(const StepResult& r);
   void log_eval(const EvalResult& e);
@@ -110,6 +120,7 @@ class Trainer {
   std::vector<at::Tensor> params_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   Sampler sampler_;
+  std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<CpuArena> arena_;
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas

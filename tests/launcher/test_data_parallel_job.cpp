@@ -1,6 +1,7 @@
 // `mpirun -np N hybrid_train`: N ranks with global batch B end with the parameters of one rank
 // with global batch B, within fp32 reduction order; rank 0 alone writes the outputs.
 #include "launcher/config/config_text.h"
+#include "tests/support/ranks.h"
 #include "tests/support/temp_dir.h"
 
 #include <torch/serialize/input-archive.h>
@@ -183,21 +184,11 @@ interval = 3
   EXPECT_TRUE(during == read_file(dir.path("after/checkpoints/step_00000003/model.pt"))) << "model.pt differs";
   EXPECT_THAT(read_file(dir.path("during/metrics.jsonl")), HasSubstr("\"overlap\": "));
   EXPECT_THAT(read_file(dir.path("after/metrics.jsonl")), HasSubstr("\"overlap\": 0}"));
-}
-
-// The pids of the ranks (not mpirun) whose command line holds `marker`.
-std::vector<pid_t> ranks_running(const std::string& marker) {
-  std::vector<pid_t> pids;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string comm = read_file(entry.path().string() + "/comm");
-    std::string cmdline = read_file(entry.path().string() + "/cmdline");
-    if (comm.rfind("hybrid_train", 0) == 0 && cmdline.find(marker) != std::string::npos) {
-      pids.push_back(static_cast<pid_t>(std::stol(name)));
-    }
-  }
-  return pids;
+  // The listener fired: with overlap, buckets start while backward runs (the first bucket, the
+  // last layers' gradients, is final long before the embedding's); without it, none does.
+  EXPECT_THAT(read_file(dir.path("during/metrics.jsonl")),
+              ::testing::ContainsRegex("\"buckets_started_in_backward\": [1-9]"));
+  EXPECT_THAT(read_file(dir.path("after/metrics.jsonl")), HasSubstr("\"buckets_started_in_backward\": 0,"));
 }
 
 // A rank that stops answering (SIGSTOP: neither dead nor progressing, which mpirun cannot see)

@@ -1,0 +1,222 @@
+#include "launcher/training/pipeline_stage.h"
+
+#include "launcher/training/optimizer.h"
+
+#include <chrono>
+
+namespace ht {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Receives posted ahead of the action that reads them: the message can land while this rank
+// computes the actions before it.
+constexpr size_t kReceiveLookahead = 3;
+// Tags repeat every kTagSpace messages; two messages on one link with one tag still match in
+// the order they were sent, which is the order the schedule consumes them.
+constexpr int kTagSpace = 1 << 14;
+constexpr int kEvaluationTag = kTagSpace;
+
+bool is_backward(ActionKind k) { return k == ActionKind::kBackward || k == ActionKind::kBackwardInput; }
+
+std::string words(const Action& a, int vs, bool gradient) {
+  return std::string(gradient ? "the gradient of" : "the activation of") + " micro-batch " +
+         std::to_string(a.micro_batch) + " into stage " + std::to_string(vs);
+}
+
+}  // namespace
+
+PipelineStage::PipelineStage(Model& model, PipelineLayout layout, std::shared_ptr<Communicator> pipeline,
+                             at::Device device)
+    : model_(model), layout_(std::move(layout)), pipeline_(std::move(pipeline)), device_(device) {
+  actions_ = make_schedule(layout_.kind, layout_.shape)[static_cast<size_t>(rank())];
+  params_ = stage_parameters(model_, layout_, rank());
+  tied_ = tied_parameters(model_, layout_);
+}
+
+bool PipelineStage::holds_loss() const {
+  return rank_of_virtual_stage(layout_.virtual_stages() - 1, layout_.shape) == rank();
+}
+
+int PipelineStage::tag(int micro_batch, int vs, bool gradient) const {
+  return ((micro_batch * layout_.virtual_stages() + vs) * 2 + (gradient ? 1 : 0)) % kTagSpace;
+}
+
+void PipelineStage::post_receives(size_t next) {
+  const size_t until = std::min(actions_.size(), next + kReceiveLookahead);
+  for (; posted_until_ < until; ++posted_until_) {
+    const Action& a = actions_[posted_until_];
+    const int vs = virtual_stage(rank(), a.chunk, layout_.shape);
+    const bool activation = a.kind == ActionKind::kForward && vs > 0;
+    const bool gradient = is_backward(a.kind) && vs + 1 < layout_.virtual_stages();
+    if (!activation && !gradient) continue;
+    // An activation enters vs; a gradient is of vs's output, the input of vs + 1.
+    const int of = activation ? vs : vs + 1;
+    Receive r;
+    r.buffer = at::empty(layout_.input_sizes(of, micro_size_), at::TensorOptions(device_).dtype(layout_.input_dtype(of)));
+    const int from = rank_of_virtual_stage(activation ? vs - 1 : vs + 1, layout_.shape);
+    r.transfer = pipeline_->irecv(r.buffer, from, tag(a.micro_batch, vs, gradient), words(a, vs, gradient));
+    receives_.emplace(posted_until_, std::move(r));
+  }
+}
+
+at::Tensor PipelineStage::take_received(const Action& a) {
+  auto it = receives_.find(current_);
+  TORCH_CHECK(it != receives_.end(), "pipeline: no receive posted for ", describe(a));
+  const auto start = std::chrono::steady_clock::now();
+  it->second.transfer->wait();
+  stats_.wait_ms += ms_since(start);
+  at::Tensor value = std::move(it->second.buffer);
+  receives_.erase(it);
+  return value;
+}
+
+void PipelineStage::send(const at::Tensor& value, int vs, int micro_batch, bool gradient) {
+  const int to_vs = gradient ? vs - 1 : vs + 1;
+  const at::Tensor data = value.contiguous();
+  stats_.p2p_bytes += static_cast<int64_t>(data.nbytes());
+  Action a{gradient ? ActionKind::kBackward : ActionKind::kForward, micro_batch, 0};
+  sends_.push_back(pipeline_->isend(data, rank_of_virtual_stage(to_vs, layout_.shape),
+                                    tag(micro_batch, to_vs, gradient), words(a, to_vs, gradient)));
+  reap_sends(false);
+}
+
+void PipelineStage::reap_sends(bool all) {
+  std::vector<std::unique_ptr<Transfer>> pending;
+  for (auto& s : sends_) {
+    if (all) {
+      const auto start = std::chrono::steady_clock::now();
+      s->wait();
+      stats_.wait_ms += ms_since(start);
+    } else if (!s->done()) {
+      pending.push_back(std::move(s));
+    }
+  }
+  sends_ = std::move(pending);
+}
+
+void PipelineStage::forward(Interpreter& interp, const Action& a) {
+  const int vs = virtual_stage(rank(), a.chunk, layout_.shape);
+  InFlight& f = in_flight_[{a.micro_batch, a.chunk}];
+  const int64_t offset = a.micro_batch * micro_size_;
+  Tensor x;
+  if (vs == 0) {
+    x = interp.input(batch_->input.narrow(0, offset, micro_size_).to(device_));
+  } else {
+    at::Tensor received = take_received(a);
+    x = interp.stage_input(received);
+    f.input = x;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const int first = layout_.blocks_begin(vs), end = layout_.blocks_end(vs);
+  // The seeds one rank draws for these blocks of this micro-batch.
+  interp.set_seed_counter(seed_base_ + static_cast<uint64_t>(a.micro_batch) * layout_.seeds_per_micro_batch() +
+                          layout_.seeds_before(first));
+  for (int b = first; b < end; ++b) x = model_.blocks()[static_cast<size_t>(b)]->forward(x);
+  if (vs + 1 == layout_.virtual_stages()) {
+    f.loss = model_.loss(x, interp.input(batch_->target.narrow(0, offset, micro_size_).to(device_)));
+    loss_sum_ += f.loss.value().item<double>() / static_cast<double>(layout_.shape.micro_batches);
+  } else {
+    f.output = x;
+  }
+  f.tape = interp.take_tape();
+  stats_.compute_ms += ms_since(start);
+  stats_.peak_in_flight = std::max(stats_.peak_in_flight, static_cast<int>(in_flight_.size()));
+  if (f.output.defined()) send(f.output.value(), vs, a.micro_batch, /*gradient=*/false);
+}
+
+void PipelineStage::backward(Interpreter& interp, const Action& a) {
+  const int vs = virtual_stage(rank(), a.chunk, layout_.shape);
+  auto it = in_flight_.find({a.micro_batch, a.chunk});
+  TORCH_CHECK(it != in_flight_.end(), "pipeline: ", describe(a), " before its forward");
+  InFlight& f = it->second;
+  if (a.kind == ActionKind::kBackwardWeight) {
+    const auto start = std::chrono::steady_clock::now();
+    interp.backward(f.tape, {}, {}, BackwardPart::kWeights);
+    stats_.compute_ms += ms_since(start);
+    in_flight_.erase(it);
+    return;
+  }
+  std::vector<Tensor> roots;
+  std::vector<at::Tensor> grads;
+  if (f.loss.defined()) {
+    roots = {f.loss};
+    grads = {at::full(f.loss.sizes(), loss_seed_, f.loss.value().options())};
+  } else {
+    roots = {f.output};
+    grads = {take_received(a)};
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const BackwardPart part = a.kind == ActionKind::kBackward ? BackwardPart::kAll : BackwardPart::kInputs;
+  interp.backward(f.tape, roots, grads, part);
+  stats_.compute_ms += ms_since(start);
+  if (f.input.defined()) {
+    at::Tensor g = f.input.value().grad();
+    TORCH_CHECK(g.defined(), "pipeline: no gradient reached the input of stage ", vs);
+    send(g.to(layout_.input_dtype(vs)), vs, a.micro_batch, /*gradient=*/true);
+  }
+  if (part == BackwardPart::kAll) {
+    in_flight_.erase(it);
+  } else {  // the weights' part comes later; what it needs is on the tape
+    f.input = Tensor();
+    f.output = Tensor();
+    f.loss = Tensor();
+  }
+}
+
+double PipelineStage::train_step(Interpreter& interp, const Batch& batch, int64_t micro_size, double loss_seed) {
+  batch_ = &batch;
+  micro_size_ = micro_size;
+  loss_seed_ = loss_seed;
+  loss_sum_ = 0;
+  seed_base_ = interp.seed_counter();
+  stats_ = PipelineStats{};
+  posted_until_ = 0;
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    current_ = i;
+    post_receives(i);
+    const Action& a = actions_[i];
+    if (a.kind == ActionKind::kForward) {
+      forward(interp, a);
+    } else {
+      backward(interp, a);
+    }
+  }
+  reap_sends(/*all=*/true);
+  TORCH_CHECK(in_flight_.empty() && receives_.empty(), "pipeline: the schedule left work undone");
+  interp.set_seed_counter(seed_base_ + static_cast<uint64_t>(layout_.shape.micro_batches) *
+                                           layout_.seeds_per_micro_batch());
+  batch_ = nullptr;
+  return loss_sum_;
+}
+
+Tensor PipelineStage::forward_only(Interpreter& interp, const at::Tensor& input, int64_t n) {
+  Tensor out;
+  for (int vs = 0; vs < layout_.virtual_stages(); ++vs) {
+    if (rank_of_virtual_stage(vs, layout_.shape) != rank()) continue;
+    Tensor x;
+    if (vs == 0) {
+      x = interp.input(input.to(device_));
+    } else {
+      at::Tensor buffer =
+          at::empty(layout_.input_sizes(vs, n), at::TensorOptions(device_).dtype(layout_.input_dtype(vs)));
+      pipeline_->irecv(buffer, rank_of_virtual_stage(vs - 1, layout_.shape), kEvaluationTag,
+                       "an evaluation activation")->wait();
+      x = interp.input(buffer);
+    }
+    for (int b = layout_.blocks_begin(vs); b < layout_.blocks_end(vs); ++b) {
+      x = model_.blocks()[static_cast<size_t>(b)]->forward(x);
+    }
+    if (vs + 1 == layout_.virtual_stages()) {
+      out = x;
+    } else {
+      pipeline_->isend(x.value().contiguous(), rank_of_virtual_stage(vs + 1, layout_.shape), kEvaluationTag,
+                       "an evaluation activation")->wait();
+    }
+  }
+  return out;
+}
+
+}  // namespace ht

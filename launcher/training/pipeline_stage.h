@@ -1,0 +1,110 @@
+#pragma once
+// One rank's part of a pipeline: it runs its schedule's actions (parallel/pipeline_schedule.h)
+// over its chunks of the model, receiving activations from the previous stage and gradients from
+// the next one, nonblocking, over the replica's pipeline group. Each forward's tape is kept apart
+// (Interpreter::take_tape), so several micro-batches can be in flight and each backward runs over
+// its own micro-batch alone; the zero-bubble schedules run it in two parts (runtime/tape.h).
+//
+// Bit-identity with one rank: each stage runs the same kernels on the same values (activations
+// cross as bytes), weight gradients accumulate in micro-batch order as on one rank, dropout draws
+// the seeds one rank would (each block's seeds are known from the layout), and the step's
+// gradient norm is the one rank's formula over per-parameter norms gathered in model order.
+
+#include "launcher/data/dataset.h"
+#include "launcher/training/pipeline_layout.h"
+#include "parallel/communicator.h"
+#include "runtime/interpreter.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace ht {
+
+struct PipelineStats {
+  double compute_ms = 0;  // running this rank's forward and backward actions
+  double wait_ms = 0;     // waiting for an activation or a gradient: the bubble, as this rank saw it
+  int64_t p2p_bytes = 0;  // sent by this rank
+  int peak_in_flight = 0; // micro-batch chunks whose forward had run and whose backward had not, at most
+};
+
+class PipelineStage {
+ public:
+  PipelineStage(Model& model, PipelineLayout layout, std::shared_ptr<Communicator> pipeline, at::Device device);
+
+  int rank() const { return pipeline_->rank(); }
+  const PipelineLayout& layout() const { return layout_; }
+  Communicator& group() { return *pipeline_; }
+  // Whether the model's loss is computed on this rank (it holds the last virtual stage).
+  bool holds_loss() const;
+  // The parameters this rank trains (model order).
+  const std::vector<at::Tensor>& parameters() const { return params_; }
+
+  // One step's actions over `batch` (micro-batches of `micro_size`). Backward of each micro-batch
+  // starts from loss x `loss_seed` (1 / micro-batches, times the fp16 loss scale). Returns the
+  // mean loss over the micro-batches on the rank that holds the loss, 0 on the others. The
+  // interpreter's seed counter ends where one rank's would.
+  double train_step(Interpreter& interp, const Batch& batch, int64_t micro_size, double loss_seed);
+  const PipelineStats& stats() const { return stats_; }
+
+  // Evaluation of one batch of n: the model's output on the rank that holds the loss; undefined
+  // elsewhere. Blocking, stage after stage.
+  Tensor forward_only(Interpreter& interp, const at::Tensor& input, int64_t n);
+
+  // A tied weight's two gradients (first and last stage) summed on both, in the same order, so
+  // both copies step alike.
+  void sum_tied_gradients();
+  // The whole model's gradient norm, as one rank's clip_grad_norm computes it.
+  double gradient_norm();
+  // Whether every stage's gradients are finite (fp16).
+  bool all_stages(bool finite);
+  // The sum over the stages of a number only some of them have (the loss: 0 elsewhere).
+  double sum(double value, const char* what);
+
+  // Before a checkpoint: rank 0 receives every parameter, buffer and optimizer state it does not
+  // train, so that it writes one model-wide layout (the one a single rank writes).
+  void gather_to_first_stage(Model& model, torch::optim::Optimizer& optimizer);
+
+ private:
+  struct InFlight {
+    Tape tape;
+    Tensor input;   // the received activation (virtual stage > 0)
+    Tensor output;  // sent to the next stage (not the last virtual stage)
+    Tensor loss;    // the last virtual stage
+  };
+  using Key = std::pair<int, int>;  // (micro-batch, chunk)
+  void forward(Interpreter& interp, const Action& a);
+  void backward(Interpreter& interp, const Action& a);
+  void post_receives(size_t next);  // for the actions from `next` on, a few ahead
+  at::Tensor take_received(const Action& a);
+  void send(const at::Tensor& value, int vs, int micro_batch, bool gradient);
+  void reap_sends(bool all);
+  int tag(int micro_batch, int vs, bool gradient) const;
+
+  Model& model_;
+  PipelineLayout layout_;
+  std::shared_ptr<Communicator> pipeline_;
+  at::Device device_;
+  std::vector<Action> actions_;
+  std::vector<at::Tensor> params_;
+  std::vector<TiedParameter> tied_;
+  // During a step.
+  const Batch* batch_ = nullptr;
+  int64_t micro_size_ = 0;
+  double loss_seed_ = 1, loss_sum_ = 0;
+  uint64_t seed_base_ = 0;
+  std::map<Key, InFlight> in_flight_;
+  struct Receive {
+    at::Tensor buffer;
+    std::unique_ptr<Transfer> transfer;
+  };
+  std::map<size_t, Receive> receives_;  // by action index
+  size_t posted_until_ = 0;
+  size_t current_ = 0;  // the action running
+  std::vector<std::unique_ptr<Transfer>> sends_;
+  PipelineStats stats_;
+};
+
+}  // namespace ht

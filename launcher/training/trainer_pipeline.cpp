@@ -1,0 +1,63 @@
+// The trainer's pipeline-parallel step (launcher/training/pipeline_stage.h does the stage's work).
+#include "launcher/training/trainer.h"
+
+namespace ht {
+
+std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const DataSplits& data, Model& model,
+                                                   std::shared_ptr<Communicator> pipeline) {
+  if (config.parallel.pipeline_parallel <= 1) return nullptr;
+  TORCH_CHECK(pipeline && pipeline->size() == config.parallel.pipeline_parallel, "Trainer: a pipeline group of ",
+              pipeline ? pipeline->size() : 0, " ranks for parallel.pipeline_parallel = ",
+              config.parallel.pipeline_parallel);
+  // Every rank probes the same blocks with the same data: the same layout everywhere.
+  const Batch probe = data.train->slice(0, config.micro_batch_size());
+  PipelineLayout layout = make_pipeline_layout(config, model, profile_blocks(model, probe, config));
+  return std::make_unique<PipelineStage>(model, std::move(layout), std::move(pipeline),
+                                         at::Device(config.training.device));
+}
+
+bool Trainer::writes_outputs() const {
+  return replicas_.rank() == 0 && (!pipeline_ || pipeline_->rank() == 0);
+}
+
+double Trainer::pipeline_step(const Batch& batch, StepResult& r) {
+  (void)r;
+  pipeline_->group().set_context("step " + std::to_string(state_.step + 1) + ", stage " +
+                                 std::to_string(pipeline_->rank()));
+  const double loss_seed = (scaler_ ? scaler_->scale() : 1.0) / static_cast<double>(config_.micro_batches());
+  double loss = 0;
+  {
+    // The whole pipeline step is one step for the memory manager: its micro-batches interleave.
+    struct Step {
+      MemoryManager& memory;
+      explicit Step(MemoryManager& m) : memory(m) { memory.begin_step(); }
+      ~Step() { memory.end_step(/*completed=*/std::uncaught_exceptions() == 0); }
+    } step{interp_.memory()};
+    loss = pipeline_->train_step(interp_, batch, config_.micro_batch_size(), loss_seed);
+  }
+  pipeline_->sum_tied_gradients();
+  // Only the stage holding the loss has it; the others add zeros, exactly.
+  return pipeline_->sum(loss, "the loss");
+}
+
+void Trainer::gather_stage_stats(StepResult& r) {
+  const int stages = pipeline_->layout().shape.stages, me = pipeline_->rank();
+  at::Tensor table = at::zeros({4, stages}, at::kDouble);
+  const PipelineStats& s = pipeline_->stats();
+  table[0][me] = s.compute_ms;
+  table[1][me] = s.wait_ms;
+  table[2][me] = static_cast<double>(s.p2p_bytes);
+  table[3][me] = static_cast<double>(r.mem_peak_bytes);
+  pipeline_->group().allreduce_sum(table, "the stages' step statistics");
+  auto row = [&](int i) {
+    std::vector<double> v(static_cast<size_t>(stages));
+    for (int k = 0; k < stages; ++k) v[static_cast<size_t>(k)] = table[i][k].item<double>();
+    return v;
+  };
+  r.stage_compute_ms = row(0);
+  r.stage_wait_ms = row(1);
+  r.stage_p2p_bytes = row(2);
+  r.stage_peak_bytes = row(3);
+}
+
+}  // namespace ht

@@ -1,0 +1,311 @@
+// `mpirun -np (dp x pp) hybrid_train --parallel.pipeline_parallel=pp`: the oracle is one rank with
+// the same global batch and micro-batches. Stages run the same kernels on the same values, so a
+// pipeline without tied weights ends with the single rank's parameters bit for bit, whatever its
+// schedule; a tied weight's two gradients are summed in another order (within fp32 rounding),
+// except with one micro-batch, where the sum of two is the same either way.
+#include "launcher/config/config_text.h"
+#include "tests/support/ranks.h"
+#include "tests/support/temp_dir.h"
+
+#include <torch/serialize/input-archive.h>
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <thread>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+// 8 blocks (7 hidden layers and the head), dropout on: the seeds each stage draws must be the
+// ones one rank draws.
+const char* kMlp = R"([model]
+name = "mlp"
+hidden = [24, 24, 24, 24, 24, 24, 24]
+dropout = 0.1
+[data]
+dataset = "synthetic"
+synthetic_samples = 256
+synthetic_eval_samples = 64
+synthetic_shape = [3, 4, 4]
+synthetic_classes = 4
+[training]
+steps = 4
+global_batch_size = 32
+micro_batch_size = 8
+lr = 0.1
+warmup_steps = 2
+grad_clip = 1.0
+threads = 1
+[checkpoint]
+interval = 4
+)";
+
+const char* kGpt = R"([model]
+name = "gpt"
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 16
+dropout = 0.1
+[data]
+dataset = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[training]
+steps = 3
+global_batch_size = 8
+optimizer = "adamw"
+lr = 0.003
+grad_clip = 1.0
+eval_batches = 2
+threads = 1
+[checkpoint]
+interval = 3
+)";
+
+std::map<std::string, at::Tensor> read_model(const std::string& path) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  std::map<std::string, at::Tensor> tensors;
+  for (const std::string& key : archive.keys()) {
+    at::Tensor t;
+    if (archive.try_read(key, t) || archive.try_read(key, t, true)) tensors[key] = t;
+  }
+  return tensors;
+}
+
+// Every tensor of both checkpoints' model.pt equal (tolerance 0: bit for bit).
+void expect_same_model(const std::string& a, const std::string& b, double tolerance = 0) {
+  const auto one = read_model(a), other = read_model(b);
+  ASSERT_FALSE(one.empty()) << a;
+  ASSERT_EQ(one.size(), other.size());
+  for (const auto& [key, t] : one) {
+    ASSERT_TRUE(other.count(key)) << key;
+    const double diff = (other.at(key).to(at::kDouble) - t.to(at::kDouble)).abs().max().item<double>();
+    if (tolerance == 0) {
+      EXPECT_TRUE(at::equal(other.at(key), t)) << key << ": max difference " << diff;
+    } else {
+      EXPECT_LE(diff, tolerance) << key;
+    }
+  }
+}
+
+int run(const std::string& command) { return std::system((command + " > /dev/null 2>&1").c_str()); }
+int run_logged(const std::string& command, const std::string& log) {
+  return std::system((command + " > " + log + " 2>&1").c_str());
+}
+
+std::string mpirun(int ranks) {
+  return std::string("mpirun --allow-run-as-root --oversubscribe -np ") + std::to_string(ranks) + " ";
+}
+
+bool have_mpirun() { return run("mpirun --version") == 0; }
+
+struct Case {
+  const char* schedule;
+  int stages;
+  int virtual_stages;
+};
+
+class PipelineJob : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipelineJob, StagesTrainTheSingleRankModelBitForBit) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  const Case c = GetParam();
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kMlp);
+  ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + " --job.output_dir=" + dir.path("one")), 0);
+  const std::string log = dir.path("log.txt");
+  ASSERT_EQ(run_logged(mpirun(c.stages) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=" +
+                           std::to_string(c.stages) + " --parallel.pipeline_schedule=" + c.schedule +
+                           " --parallel.virtual_stages=" + std::to_string(c.virtual_stages) +
+                           " --job.output_dir=" + dir.path("piped"), log),
+            0) << read_file(log);
+  expect_same_model(dir.path("one/checkpoints/step_00000004/model.pt"),
+                    dir.path("piped/checkpoints/step_00000004/model.pt"));
+  EXPECT_THAT(read_file(log), HasSubstr("pipeline: " + std::string(c.schedule)));
+  const std::string metrics = read_file(dir.path("piped/metrics.jsonl"));
+  EXPECT_THAT(metrics, HasSubstr("\"stage_wait_ms\": ["));
+  EXPECT_THAT(metrics, HasSubstr("\"stage_p2p_bytes\": ["));
+  // The evaluation crosses the stages too: the same loss as one rank's.
+  const std::regex eval("\"eval_loss\": ([0-9.e-]+)");
+  std::smatch one_eval, piped_eval;
+  const std::string one_metrics = read_file(dir.path("one/metrics.jsonl"));
+  ASSERT_TRUE(std::regex_search(one_metrics, one_eval, eval));
+  ASSERT_TRUE(std::regex_search(metrics, piped_eval, eval));
+  EXPECT_EQ(one_eval[1], piped_eval[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineJob,
+                         ::testing::Values(Case{"gpipe", 2, 1}, Case{"1f1b", 2, 1}, Case{"interleaved_1f1b", 2, 2},
+                                           Case{"zb_h1", 2, 1}, Case{"gpipe", 4, 1}, Case{"1f1b", 4, 1},
+                                           Case{"interleaved_1f1b", 4, 2}, Case{"zb_h1", 4, 1}),
+                         [](const auto& info) {
+                           return std::string(info.param.schedule == std::string("interleaved_1f1b") ? "interleaved"
+                                                                                                     : info.param.schedule) +
+                                  "_pp" + std::to_string(info.param.stages);
+                         });
+
+// GPT ties its embedding (first stage) to its output layer (last stage).
+TEST(PipelineJobTied, GptWithTiedWeightsOnTwoStages) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kGpt);
+  const std::string piped = mpirun(2) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=2 ";
+  // One micro-batch: the two gradients' sum is the single rank's, bit for bit.
+  ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + " --job.output_dir=" + dir.path("one")), 0);
+  ASSERT_EQ(run(piped + "--job.output_dir=" + dir.path("piped")), 0);
+  expect_same_model(dir.path("one/checkpoints/step_00000003/model.pt"),
+                    dir.path("piped/checkpoints/step_00000003/model.pt"));
+  // Four: within fp32 rounding of the other order.
+  ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + " --training.micro_batch_size=2 --job.output_dir=" +
+                dir.path("one4")), 0);
+  ASSERT_EQ(run(piped + "--training.micro_batch_size=2 --job.output_dir=" + dir.path("piped4")), 0);
+  expect_same_model(dir.path("one4/checkpoints/step_00000003/model.pt"),
+                    dir.path("piped4/checkpoints/step_00000003/model.pt"), 1e-5);
+}
+
+// Two replicas of two stages: each stage's gradients are averaged over its replicas.
+TEST(PipelineJobGrid, TwoReplicasOfTwoStages) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kMlp);
+  const std::string log = dir.path("log.txt");
+  // Without dropout: each replica draws its own masks, by design, so only then is one rank the
+  // oracle of two replicas (within fp32 reduction order); two replicas of one stage are the
+  // oracle of two replicas of two stages, bit for bit.
+  const std::string job = std::string(HT_BINARY) + " " + config + " --training.micro_batch_size=4 --model.dropout=0 ";
+  ASSERT_EQ(run(job + "--job.output_dir=" + dir.path("one")), 0);
+  ASSERT_EQ(run(mpirun(2) + job + "--job.output_dir=" + dir.path("dp")), 0);
+  ASSERT_EQ(run_logged(mpirun(4) + job + "--parallel.pipeline_parallel=2 --job.output_dir=" + dir.path("grid"), log), 0)
+      << read_file(log);
+  EXPECT_THAT(read_file(log), HasSubstr("ranks: 4 (data-parallel 2 x pipeline 2)"));
+  expect_same_model(dir.path("dp/checkpoints/step_00000004/model.pt"), dir.path("grid/checkpoints/step_00000004/model.pt"));
+  expect_same_model(dir.path("one/checkpoints/step_00000004/model.pt"), dir.path("grid/checkpoints/step_00000004/model.pt"),
+                    1e-5);
+}
+
+// A checkpoint holds the whole model in one layout: saved by 2 stages, it resumes on one rank
+// (and the other way), and training goes on as if never stopped.
+TEST(PipelineJobCheckpoint, ResumesWithAnotherStageCount) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kMlp);
+  const std::string one = std::string(HT_BINARY) + " " + config + " --checkpoint.interval=2 ";
+  const std::string two = mpirun(2) + HT_BINARY + " " + config + " --checkpoint.interval=2 --parallel.pipeline_parallel=2 ";
+  ASSERT_EQ(run(one + "--job.output_dir=" + dir.path("straight")), 0);
+  ASSERT_EQ(run(two + "--training.steps=2 --job.output_dir=" + dir.path("a")), 0);
+  ASSERT_EQ(run(one + "--checkpoint.resume=" + dir.path("a/checkpoints/step_00000002") + " --job.output_dir=" +
+                dir.path("a1")), 0);
+  // Two more steps of SGD with momentum from the gathered state: a momentum buffer that did not
+  // reach rank 0 would change them. (optimizer.pt's bytes are not compared: libtorch writes the
+  // state in its hash map's order, which depends on where the parameters were allocated.)
+  expect_same_model(dir.path("straight/checkpoints/step_00000004/model.pt"),
+                    dir.path("a1/checkpoints/step_00000004/model.pt"));
+  ASSERT_EQ(run(two + "--checkpoint.resume=" + dir.path("straight/checkpoints/step_00000002") + " --job.output_dir=" +
+                dir.path("b2")), 0);
+  expect_same_model(dir.path("straight/checkpoints/step_00000004/model.pt"),
+                    dir.path("b2/checkpoints/step_00000004/model.pt"));
+}
+
+int64_t largest_stage_peak(const std::string& metrics) {
+  const std::regex peaks("\"stage_peak_bytes\": \\[([0-9., e+]+)\\]");
+  int64_t largest = 0;
+  for (std::sregex_iterator it(metrics.begin(), metrics.end(), peaks), end; it != end; ++it) {
+    std::string list = (*it)[1];
+    std::replace(list.begin(), list.end(), ',', ' ');
+    std::istringstream values(list);
+    for (double v; values >> v;) largest = std::max(largest, static_cast<int64_t>(v));
+  }
+  return largest;
+}
+
+// Each stage has its own memory manager: DTR under a budget on every stage changes no bit.
+TEST(PipelineJobMemory, DtrUnderABudgetOnEachStage) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", std::string(kGpt) + "[metrics]\nlog_interval = 1\n");
+  const std::string job = mpirun(2) + HT_BINARY + " " + config +
+                          " --model.n_layer=6 --training.micro_batch_size=4 --parallel.pipeline_parallel=2 ";
+  ASSERT_EQ(run(job + "--memory.budget=1GiB --job.output_dir=" + dir.path("roomy")), 0);
+  const int64_t peak = largest_stage_peak(read_file(dir.path("roomy/metrics.jsonl")));
+  ASSERT_GT(peak, 0);
+  ASSERT_EQ(run(job + "--job.output_dir=" + dir.path("plain")), 0);
+  const std::string log = dir.path("log.txt");
+  ASSERT_EQ(run_logged(job + "--memory.policy=dtr --memory.budget=" + std::to_string(peak * 7 / 10) +
+                           " --job.output_dir=" + dir.path("dtr"), log), 0) << read_file(log);
+  expect_same_model(dir.path("plain/checkpoints/step_00000003/model.pt"),
+                    dir.path("dtr/checkpoints/step_00000003/model.pt"));
+  EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")))
+      << "the budget made DTR evict on stage 0";
+}
+
+TEST(PipelineJobErrors, RefusalsSayWhatWouldWork) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kMlp);
+  const std::string log = dir.path("log.txt");
+  auto fails_with = [&](const std::string& command, const std::string& message) {
+    EXPECT_EQ(run_logged(command, log) >> 8, 2) << command;
+    EXPECT_THAT(read_file(log), HasSubstr(message)) << command;
+  };
+  const std::string bin = std::string(HT_BINARY) + " " + config + " --job.output_dir=" + dir.path("x");
+  fails_with(mpirun(3) + bin + " --parallel.pipeline_parallel=2",
+             "parallel.pipeline_parallel = 2 stages, but the job has 3 rank(s); start it with mpirun -np 2");
+  fails_with(bin + " --parallel.pipeline_parallel=2", "but the job has 1 rank(s)");
+  fails_with(mpirun(4) + bin + " --parallel.pipeline_parallel=4 --model.hidden=[8,8]",
+             "parallel.pipeline_parallel = 4 makes 4 stages, but the model has 3 blocks; use at most 3 stages in all");
+  fails_with(mpirun(2) + bin + " --parallel.pipeline_parallel=2 --parallel.pipeline_schedule=interleaved_1f1b "
+             "--parallel.virtual_stages=2 --model.hidden=[8,8]",
+             "parallel.pipeline_parallel = 2 x parallel.virtual_stages = 2 makes 4 stages, but the model has 3 blocks");
+  fails_with(mpirun(2) + bin + " --parallel.pipeline_parallel=2 --parallel.virtual_stages=2",
+             "virtual_stages > 1 is only for interleaved_1f1b");
+  fails_with(mpirun(2) + bin + " --parallel.pipeline_parallel=2 --parallel.pipeline_schedule=interleaved_1f1b "
+             "--parallel.virtual_stages=2 --training.micro_batch_size=32",
+             "interleaved_1f1b needs micro-batches to be a multiple of the 2 stages");
+  fails_with(mpirun(2) + bin + " --parallel.pipeline_parallel=2 --memory.policy=static --memory.budget=1GiB",
+             "use memory.policy = \"dtr\"");
+  fails_with(mpirun(2) + bin + " --parallel.pipeline_parallel=2 --parallel.stage_blocks=[3,3]",
+             "parallel.stage_blocks");
+  EXPECT_FALSE(std::filesystem::exists(dir.path("x/metrics.jsonl"))) << "a refused run writes nothing";
+}
+
+// A stage that stops answering (SIGSTOP) ends the job within parallel.timeout_s; the message
+// names the rank that waited, the step, its stage and what it waited for.
+TEST(PipelineJobFailures, AHungStageEndsTheJobWithinTheTimeout) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", std::string(kMlp) + "[metrics]\nlog_interval = 1\n");
+  const std::string out = dir.path("hung_pipeline_output");
+  std::system(("(" + mpirun(2) + HT_BINARY + " " + config + " --training.steps=1000000 --checkpoint.interval=0 " +
+               "--parallel.pipeline_parallel=2 --parallel.timeout_s=3 --job.output_dir=" + out + " > " +
+               dir.path("log.txt") + " 2>&1; echo $? > " + dir.path("rc.txt") + ") &").c_str());
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 300 && (pids.size() < 2 || read_file(out + "/metrics.jsonl").empty()); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pids = ranks_running(out);
+  }
+  ASSERT_EQ(pids.size(), 2u) << read_file(dir.path("log.txt"));
+  ::kill(pids[1], SIGSTOP);
+  const auto stopped = std::chrono::steady_clock::now();
+  while (read_file(dir.path("rc.txt")).empty() && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  for (pid_t pid : ranks_running(out)) ::kill(pid, SIGKILL);
+  ASSERT_FALSE(read_file(dir.path("rc.txt")).empty()) << "the job still ran 60 s after a stage stopped";
+  EXPECT_NE(read_file(dir.path("rc.txt")), "0\n");
+  EXPECT_LT(seconds, 3 + 20) << "the timeout, and mpirun's time to end the job";
+  EXPECT_THAT(read_file(dir.path("log.txt")),
+              ::testing::ContainsRegex("rank [01], (step [0-9]+, stage [01]|evaluation after step [0-9]+): the "
+                                       "(receive|send|all-reduce) of [a-z0-9' -]+ did not complete within 3 s"));
+}
+
+}  // namespace
+}  // namespace ht::test
