@@ -75,7 +75,8 @@ struct ParallelConfig {
   int64_t pipeline_parallel = 1;
   std::string pipeline_schedule = "1f1b";
   int64_t virtual_stages = 1;         // interleaved_1f1b: model chunks per rank
-  std::vector<int64_t> stage_blocks;  // blocks per stage; empty: balanced by modelled time
+  std::vector<int64_t> stage_blocks;  // blocks per stage; empty: balanced by the blocks' times
+  std::string stage_costs = "measured";  // the times: measured (rank 0's probe) or modeled
   int64_t bucket_mb = 25;
   bool overlap = true;  // all-reduce buckets on a worker thread while backward runs
   double timeout_s = 300;

@@ -210,8 +210,13 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                   .min(1).max(16).only_when(piped_words, piped));
   f.push_back(Field(&C::parallel, &ParallelConfig::stage_blocks, "parallel", "stage_blocks",
                     "blocks per stage, in model order (one count per stage and chunk); empty: balanced by "
-                    "modelled time within each stage's memory")
+                    "the blocks' times (parallel.stage_costs) within each stage's memory")
                   .min(1).only_when(piped_words, piped));
+  f.push_back(Field(&C::parallel, &ParallelConfig::stage_costs, "parallel", "stage_costs",
+                    "the block times stages are balanced by: measured (a forward and backward of one micro-batch "
+                    "timed per block on rank 0 at start, the median of three) or modeled (from the ops' shapes: "
+                    "the same every run, no message, but blind to how fast each kernel really runs)")
+                  .choices({"measured", "modeled"}).only_when(piped_words, piped));
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
                   .min(1));
   f.push_back(Field(&C::parallel, &ParallelConfig::overlap, "parallel", "overlap",

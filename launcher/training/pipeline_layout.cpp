@@ -4,6 +4,8 @@
 #include "memory/cpu_device_allocator.h"
 #include "runtime/kernel_observer.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <stdexcept>
 #include <unordered_map>
@@ -12,21 +14,34 @@
 namespace ht {
 namespace {
 
-// Sums the modelled cost of the forward kernels run between two reads.
-class ModeledTime final : public KernelObserver {
+// Each kernel's time (measured or modelled), attributed to the block running it: forward kernels
+// to the block the probe is in, backward kernels to the block whose forward recorded the op.
+class BlockTimes final : public KernelObserver {
  public:
-  void kernel_begins(const ComputePath&, bool, bool) override {}
-  void kernel_ends(const ComputePath& path, bool recompute, bool backward) override {
-    if (!recompute && !backward) ms_ += path.modeled_ms;
+  BlockTimes(size_t blocks, bool modeled) : forward(blocks), backward(blocks), modeled_(modeled) {}
+  void enter(int block) { block_ = block; }
+  void kernel_begins(const ComputePath&, bool, bool) override { start_ = std::chrono::steady_clock::now(); }
+  void kernel_ends(const ComputePath& path, bool recompute, bool backward_kernel) override {
+    if (recompute) return;
+    const double measured =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+    if (!backward_kernel) {
+      owner_[&path] = block_;
+      forward[static_cast<size_t>(block_)] += modeled_ ? path.modeled_ms : measured;
+      return;
+    }
+    auto it = owner_.find(&path);
+    if (it == owner_.end()) return;  // the loss: not a block
+    // Modelled: backward costs twice its forward (two products per one); measured: as timed.
+    backward[static_cast<size_t>(it->second)] += modeled_ ? 2 * path.modeled_ms : measured;
   }
-  double take() {
-    const double ms = ms_;
-    ms_ = 0;
-    return ms;
-  }
+  std::vector<double> forward, backward;
 
  private:
-  double ms_ = 0;
+  bool modeled_;
+  int block_ = 0;
+  std::unordered_map<const ComputePath*, int> owner_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 std::optional<at::ScalarType> autocast_of(const TrainingConfig& t) {
@@ -45,41 +60,91 @@ const char* where(const Config& c) { return c.source.c_str(); }
 
 }  // namespace
 
-BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& config) {
-  HostAllocationScope host;  // the probe holds a whole micro-batch's activations: not the budget's
-  std::vector<at::Tensor> buffers;
-  for (const at::Tensor& b : model.buffers()) buffers.push_back(b.clone());
+namespace {
+
+// One training-mode forward and backward of `micro` in a fresh interpreter: what each block draws,
+// outputs and holds, and (into `times`) what its kernels cost.
+BlockProfile probe_once(Model& model, const Batch& micro, const Config& config, BlockTimes& times) {
   BlockProfile profile;
   profile.micro_batch = micro.input.size(0);
-  {
-    Interpreter interp;
-    interp.set_autocast(autocast_of(config.training));
-    ModeledTime modeled;
-    interp.memory().set_kernel_observer(&modeled);
-    const int64_t per_byte = state_bytes_per_parameter_byte(config.training);
-    Tensor x = interp.input(micro.input.to(at::Device(config.training.device)));
-    for (const auto& block : model.blocks()) {
-      const int64_t before = interp.memory().stats().resident_bytes;
-      const uint64_t seeds = interp.seed_counter();
-      x = block->forward(x);
-      BlockCost cost;
-      cost.forward_ms = modeled.take();
-      cost.backward_ms = 2 * cost.forward_ms;
-      cost.activation_bytes = std::max<int64_t>(0, interp.memory().stats().resident_bytes - before);
-      for (const at::Tensor& p : block->parameters()) {
-        cost.parameters += p.numel();
-        cost.state_bytes += static_cast<int64_t>(p.nbytes()) * per_byte;
-      }
-      profile.costs.push_back(cost);
-      profile.seeds.push_back(interp.seed_counter() - seeds);
-      profile.out_sizes.emplace_back(x.sizes().begin(), x.sizes().end());
-      profile.out_dtype.push_back(x.value().scalar_type());
+  Interpreter interp;
+  interp.set_autocast(autocast_of(config.training));
+  interp.memory().set_kernel_observer(&times);
+  const int64_t per_byte = state_bytes_per_parameter_byte(config.training);
+  const at::Device device(config.training.device);
+  Tensor x = interp.input(micro.input.to(device));
+  for (size_t b = 0; b < model.blocks().size(); ++b) {
+    const auto& block = model.blocks()[b];
+    times.enter(static_cast<int>(b));
+    const int64_t before = interp.memory().stats().resident_bytes;
+    const uint64_t seeds = interp.seed_counter();
+    x = block->forward(x);
+    BlockCost cost;
+    cost.activation_bytes = std::max<int64_t>(0, interp.memory().stats().resident_bytes - before);
+    for (const at::Tensor& p : block->parameters()) {
+      cost.parameters += p.numel();
+      cost.state_bytes += static_cast<int64_t>(p.nbytes()) * per_byte;
     }
-    interp.memory().set_kernel_observer(nullptr);
+    profile.costs.push_back(cost);
+    profile.seeds.push_back(interp.seed_counter() - seeds);
+    profile.out_sizes.emplace_back(x.sizes().begin(), x.sizes().end());
+    profile.out_dtype.push_back(x.value().scalar_type());
+  }
+  interp.backward(model.loss(x, interp.input(micro.target.to(device))));
+  interp.memory().set_kernel_observer(nullptr);
+  return profile;
+}
+
+}  // namespace
+
+BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& config) {
+  HostAllocationScope host;  // the probe holds a whole micro-batch's activations: not the budget's
+  const bool modeled = config.parallel.stage_costs == "modeled";
+  std::vector<at::Tensor> buffers;
+  for (const at::Tensor& b : model.buffers()) buffers.push_back(b.clone());
+  // Measured: the median of three probes after a warm-up one (the first pays for first touches).
+  const int probes = modeled ? 1 : 4;
+  std::vector<BlockTimes> times;
+  BlockProfile profile;
+  for (int i = 0; i < probes; ++i) {
+    times.emplace_back(model.blocks().size(), modeled);
+    profile = probe_once(model, micro, config, times.back());
+  }
+  if (!modeled) times.erase(times.begin());
+  for (size_t b = 0; b < profile.costs.size(); ++b) {
+    std::vector<double> f, w;
+    for (const BlockTimes& t : times) {
+      f.push_back(t.forward[b]);
+      w.push_back(t.backward[b]);
+    }
+    std::sort(f.begin(), f.end());
+    std::sort(w.begin(), w.end());
+    profile.costs[b].forward_ms = f[f.size() / 2];
+    profile.costs[b].backward_ms = w[w.size() / 2];
+  }
+  // The probes' gradients and batch-norm statistics are not training's.
+  for (const at::Tensor& p : model.parameters()) {
+    at::Tensor handle = p;
+    handle.mutable_grad() = at::Tensor();
   }
   std::vector<at::Tensor> now = model.buffers();
   for (size_t i = 0; i < now.size(); ++i) now[i].copy_(buffers[i]);
   return profile;
+}
+
+void share_block_costs(BlockProfile& profile, Communicator& replicas, Communicator& pipeline) {
+  at::Tensor costs = at::empty({static_cast<int64_t>(profile.costs.size()), 2}, at::kDouble);
+  for (size_t b = 0; b < profile.costs.size(); ++b) {
+    costs[static_cast<int64_t>(b)][0] = profile.costs[b].forward_ms;
+    costs[static_cast<int64_t>(b)][1] = profile.costs[b].backward_ms;
+  }
+  // Rank 0's to stage 0 of every replica, then from stage 0 along each replica's pipeline.
+  replicas.broadcast(costs, 0, "the blocks' measured times");
+  pipeline.broadcast(costs, 0, "the blocks' measured times");
+  for (size_t b = 0; b < profile.costs.size(); ++b) {
+    profile.costs[b].forward_ms = costs[static_cast<int64_t>(b)][0].item<double>();
+    profile.costs[b].backward_ms = costs[static_cast<int64_t>(b)][1].item<double>();
+  }
 }
 
 std::vector<int64_t> PipelineLayout::input_sizes(int vs, int64_t n) const {
@@ -150,6 +215,7 @@ PipelineLayout make_pipeline_layout(const Config& config, const Model& model, Bl
   for (const StagePlan& s : layout.partition.stages) layout.first_block.push_back(s.first_block);
   layout.first_block.push_back(blocks);
   layout.profile = std::move(profile);
+  layout.costs = p.stage_blocks.empty() ? p.stage_costs : "the user's";
   return layout;
 }
 
@@ -158,7 +224,7 @@ std::string describe_pipeline(const PipelineLayout& layout) {
                      std::to_string(layout.shape.stages) + " stages";
   if (layout.shape.virtual_stages > 1) text += " x " + std::to_string(layout.shape.virtual_stages) + " chunks";
   text += ", " + std::to_string(layout.shape.micro_batches) + " micro-batches of " +
-          std::to_string(layout.profile.micro_batch) + "; blocks balanced by modelled time:\n";
+          std::to_string(layout.profile.micro_batch) + "; blocks balanced by " + layout.costs + " time:\n";
   text += format_stage_table(layout.profile.costs, layout.partition);
   PartitionOptions options;
   options.stages = layout.virtual_stages();

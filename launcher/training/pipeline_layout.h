@@ -8,6 +8,7 @@
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
 #include "models/model.h"
+#include "parallel/communicator.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/stage_partition.h"
 
@@ -26,11 +27,15 @@ struct BlockProfile {
   int64_t micro_batch = 0;                      // the probe's batch size
 };
 
-// Runs one training-mode forward of `micro` through the model in a fresh interpreter, on host
-// memory (outside any budget), restoring the buffers it changed (batch-norm statistics). Costs
-// are the modelled kernel costs (runtime/kernel_cost.h): the same on every rank and every run,
-// so the partition is too. Backward is counted at twice the forward.
+// Runs training-mode forwards and backwards of `micro` through the model in fresh interpreters,
+// on host memory (outside any budget), restoring what they changed (gradients, batch-norm
+// statistics). parallel.stage_costs = "measured": each block's kernels timed, the median of three
+// probes after a warm-up; "modeled": the modelled kernel costs (runtime/kernel_cost.h, backward
+// twice the forward), the same on every rank and every run without any message.
 BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& config);
+// Measured times differ between ranks: every rank takes rank 0's (collective over the replica
+// groups, then the pipelines), so that all cut the model alike.
+void share_block_costs(BlockProfile& profile, Communicator& replicas, Communicator& pipeline);
 
 struct PipelineLayout {
   ScheduleKind kind = ScheduleKind::k1f1b;
@@ -38,6 +43,7 @@ struct PipelineLayout {
   std::vector<int> first_block;  // per virtual stage, and one past the last block at the end
   Partition partition;           // per virtual stage: predicted time and memory
   BlockProfile profile;
+  std::string costs = "measured";  // what balanced the stages: parallel.stage_costs
 
   int virtual_stages() const { return shape.stages * shape.virtual_stages; }
   int blocks_begin(int vs) const { return first_block[static_cast<size_t>(vs)]; }

@@ -30,7 +30,7 @@ std::unique_ptr<LossScaler> make_loss_scaler(const TrainingConfig& t) {
 
 // launcher/training/trainer_pipeline.cpp
 std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const DataSplits& data, Model& model,
-                                                   std::shared_ptr<Communicator> pipeline);
+                                                   Communicator* replicas, std::shared_ptr<Communicator> pipeline);
 
 Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
                  std::shared_ptr<CpuArena> arena, std::shared_ptr<Communicator> replicas,
@@ -39,7 +39,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
       optimizer_(make_optimizer(config.training, params_)),
       sampler_(data_.train->size(), config.training.global_batch_size, static_cast<uint64_t>(config.job.seed),
                config.data.shuffle, replicas ? replicas->rank() : 0, replicas ? replicas->size() : 1),
-      pipeline_(make_pipeline_stage(config, data_, *model_, std::move(pipeline))),
+      pipeline_(make_pipeline_stage(config, data_, *model_, replicas.get(), std::move(pipeline))),
       arena_(std::move(arena)), scaler_(make_loss_scaler(config.training)),
       // A stage reduces the parameters it trains. Its point-to-point messages come from the main
       // thread while backward runs, so its all-reduce waits for the step's end (MPI is

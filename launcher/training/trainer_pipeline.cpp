@@ -4,14 +4,19 @@
 namespace ht {
 
 std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const DataSplits& data, Model& model,
-                                                   std::shared_ptr<Communicator> pipeline) {
+                                                   Communicator* replicas, std::shared_ptr<Communicator> pipeline) {
   if (config.parallel.pipeline_parallel <= 1) return nullptr;
   TORCH_CHECK(pipeline && pipeline->size() == config.parallel.pipeline_parallel, "Trainer: a pipeline group of ",
               pipeline ? pipeline->size() : 0, " ranks for parallel.pipeline_parallel = ",
               config.parallel.pipeline_parallel);
-  // Every rank probes the same blocks with the same data: the same layout everywhere.
+  // Every rank probes the same blocks with the same data; measured times are rank 0's everywhere.
   const Batch probe = data.train->slice(0, config.micro_batch_size());
-  PipelineLayout layout = make_pipeline_layout(config, model, profile_blocks(model, probe, config));
+  BlockProfile profile = profile_blocks(model, probe, config);
+  if (config.parallel.stage_costs == "measured") {
+    LocalCommunicator alone;
+    share_block_costs(profile, replicas ? *replicas : alone, *pipeline);
+  }
+  PipelineLayout layout = make_pipeline_layout(config, model, std::move(profile));
   return std::make_unique<PipelineStage>(model, std::move(layout), std::move(pipeline),
                                          at::Device(config.training.device));
 }

@@ -93,10 +93,17 @@ TEST_F(ConfigErrors, UnreadableConfigFile) {
               HasSubstr("missing.toml: cannot read the config file (does it exist? try configs/quickstart.toml)"));
 }
 
-TEST_F(ConfigErrors, FeaturesNotBuiltYetAreRefused) {
-  EXPECT_THAT(error_in(kGood, {"--parallel.pipeline_parallel=2"}),
-              HasSubstr("argument --parallel.pipeline_parallel=2: parallel.pipeline_parallel = 2: pipeline "
-                        "parallelism is not built yet; remove the key or use 1"));
+// Pipeline keys: a schedule that does not exist is refused; a pipeline key without stages is said
+// to do nothing. (What needs the ranks, pipeline_parallel against -np, is tested under mpirun.)
+TEST_F(ConfigErrors, PipelineKeys) {
+  EXPECT_THAT(error_in(kGood, {"--parallel.pipeline_parallel=2", "--parallel.pipeline_schedule=zb_h2"}),
+              HasSubstr("\"zb_h2\" is not allowed"));
+  EXPECT_THAT(error_in(kGood, {"--parallel.pipeline_parallel=0"}), HasSubstr("parallel.pipeline_parallel"));
+  const LoadedConfig loaded =
+      load_config(dir_.write("p.toml", kGood), {override_of("--parallel.virtual_stages=2")});
+  ASSERT_EQ(loaded.warnings.size(), 1u);
+  EXPECT_THAT(loaded.warnings[0], HasSubstr("parallel.virtual_stages has no effect: it applies only when "
+                                            "parallel.pipeline_parallel > 1"));
 }
 
 TEST_F(ConfigErrors, MixedPrecision) {
