@@ -37,8 +37,8 @@ std::vector<ConfigOverride> overrides_from(const std::vector<std::string>& extra
 }
 
 // "1,2,4" or "1..8" (every count from 1 to 8).
-std::vector<int> parse_ranks(const std::string& text) {
-  const std::string hint = "; write a list such as --ranks 1,2,4 or a range such as --ranks 1..8";
+std::vector<int> parse_ranks(const std::string& text, const std::string& option = "--ranks") {
+  const std::string hint = "; write a list such as " + option + " 1,2,4 or a range such as " + option + " 1..8";
   std::vector<int> out;
   auto number = [&](const std::string& word) {
     size_t used = 0;
@@ -49,14 +49,14 @@ std::vector<int> parse_ranks(const std::string& text) {
       used = 0;
     }
     if (used != word.size() || word.empty() || v < 1) {
-      throw UserError("--ranks " + text + ": '" + word + "' is not a rank count of 1 or more" + hint);
+      throw UserError(option + " " + text + ": '" + word + "' is not a count of 1 or more" + hint);
     }
     return v;
   };
   const size_t dots = text.find("..");
   if (dots != std::string::npos) {
     const int first = number(text.substr(0, dots)), last = number(text.substr(dots + 2));
-    if (last < first) throw UserError("--ranks " + text + ": the range is empty" + hint);
+    if (last < first) throw UserError(option + " " + text + ": the range is empty" + hint);
     for (int r = first; r <= last; ++r) out.push_back(r);
     return out;
   }
@@ -94,11 +94,13 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
                "writes the best as <job.output_dir>/plan.toml."};
   app.name("hybrid_train plan");
   app.allow_extras();
-  std::string ranks, memory, objective = "time", precisions;
+  std::string ranks, stages, memory, objective = "time", precisions;
   int max_ranks = 0;
   app.add_option("config", cl.config_path, "the job's TOML file, e.g. configs/resnet18_fmnist.toml");
   app.add_option("--ranks", ranks, "rank counts to consider: 1,2,4 or 1..8 (default: 1, 2, 4, ... up to this "
                                    "machine's hardware threads, or [cluster]'s devices)");
+  app.add_option("--stages", stages, "pipeline stages to consider, each a divisor of a rank count: 1,2,4 (default: "
+                                     "1, 2 and 4, up to the model's blocks)");
   app.add_option("--device-memory", memory, "memory per device (rank), e.g. 16GiB (default: memory.budget, else "
                                             "[cluster].device_memory, else this machine's memory shared by the ranks)");
   app.add_option("--objective", objective, "time (fastest step) or cost (fewest device-hours per epoch)")
@@ -119,6 +121,7 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   }
   PlanArgs& a = cl.plan_command.args;
   if (!ranks.empty()) a.ranks = parse_ranks(ranks);
+  if (!stages.empty()) a.stages = parse_ranks(stages, "--stages");
   if (!memory.empty()) {
     const auto bytes = parse_byte_size(memory, 0);
     if (!bytes || *bytes <= 0) {

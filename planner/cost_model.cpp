@@ -1,6 +1,7 @@
 #include "planner/cost_model.h"
 
 #include "planner/dtr_replay.h"
+#include "planner/pipeline_terms.h"
 #include "schedule/checkpoint_segments.h"
 #include "schedule/solver.h"
 
@@ -314,7 +315,7 @@ int64_t batch_bytes(const ModelProfile& profile, int64_t samples) {
 Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
   Prediction p;
   memory_terms(profile, plan, p);
-  const int ranks_on_node = std::min(plan.ranks, machine.devices_per_node);
+  const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
                           machine.device_speed;
@@ -328,6 +329,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
 
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
   p.compute_ms = fb * static_cast<double>(plan.accumulation);
+  if (plan.stages > 1) pipeline_terms(profile, plan, fb, p);
   // Optimizer and batch gather: measured per step; the gather grows with the rank's batch.
   const auto points = base_points(profile, plan.precision);
   const ProfilePoint& ref = *points.back();
@@ -338,15 +340,16 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   std::nth_element(optimizer.begin(), optimizer.begin() + static_cast<long>(optimizer.size() / 2), optimizer.end());
   p.optimizer_ms = (optimizer[optimizer.size() / 2] + other * static_cast<double>(plan.micro_batch * plan.accumulation) /
                                                           static_cast<double>(ref.micro_batch)) * slowdown;
-  p.allreduce_ms = allreduce_ms(machine, plan.ranks, profile.gradient_bytes);
+  p.allreduce_ms = allreduce_ms(machine, plan.ranks, p.gradient_bytes);  // a stage reduces its own share
   // Buckets reduce while the last micro-batch's backward runs, on their own engine (a GPU's
   // copy engines and NCCL's stream). CPU ranks reduce with the cores that compute: nothing hides.
-  const double hideable = machine.shared_host ? 0.0 : fb * backward_share(ref);
+  // A pipeline stage reduces after its step's last backward (launcher/training/trainer.cpp).
+  const double hideable = machine.shared_host || plan.stages > 1 ? 0.0 : fb * backward_share(ref);
   p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - hideable);
   p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms;
   const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);
   p.samples_per_s = global / (p.step_ms / 1e3);
-  p.device_hours_per_epoch = plan.ranks * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);
+  p.device_hours_per_epoch = plan.devices() * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);
 
   if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory && p.fits) {
     p.fits = false;

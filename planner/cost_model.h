@@ -14,12 +14,15 @@ namespace ht {
 
 // One way to train the job: what the search chooses among.
 struct Plan {
-  int ranks = 1;                  // data-parallel ranks
+  int ranks = 1;                  // data-parallel ranks (replicas)
   int64_t micro_batch = 0;        // samples per micro-batch on a rank
   int64_t accumulation = 1;       // micro-batches per step on a rank
   std::string precision = "off";  // training.mixed_precision
   std::string policy = "none";    // memory.policy: none, an eviction policy (dtr), or static plans (static, auto, segments)
   int64_t budget_bytes = 0;       // memory.budget; 0: none
+  int stages = 1;                 // pipeline stages per replica (parallel.pipeline_parallel)
+  std::string schedule = "1f1b";  // parallel.pipeline_schedule, with stages > 1
+  int devices() const { return ranks * stages; }
 };
 
 // What the model predicts for a plan, each term on its own.
@@ -40,6 +43,8 @@ struct Prediction {
   double optimizer_ms = 0;            // optimizer step, clipping, the batch's gather
   double allreduce_ms = 0;            // all-reduce of the gradients, in all
   double allreduce_exposed_ms = 0;    // the part not hidden under backward
+  double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
+  double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
   int64_t evictions = 0;              // per step (replay), or values a static plan drops
   bool static_plan = false;           // steps run on a static plan (else, under a budget, DTR)
   double step_ms = 0;

@@ -43,6 +43,7 @@ struct ModelProfile {
   int64_t parameters = 0;         // count
   // Arena bytes (each tensor rounded as the arena rounds), exact, from the model itself:
   int64_t parameter_bytes = 0;
+  std::vector<int64_t> block_parameter_bytes;  // per model block: what it registers
   int64_t gradient_bytes = 0;     // the gradient block
   int64_t optimizer_state_bytes = 0;
   int64_t input_sample_bytes = 0;   // one sample's input, unrounded

@@ -1,6 +1,7 @@
 #include "planner/search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace ht {
@@ -20,7 +21,7 @@ bool better(const RankedPlan& a, const RankedPlan& b, Objective objective) {
     return x.device_hours_per_epoch < y.device_hours_per_epoch;
   }
   if (x.step_ms != y.step_ms) return x.step_ms < y.step_ms;
-  return a.plan.ranks < b.plan.ranks;
+  return a.plan.devices() < b.plan.devices();
 }
 
 // The best fitting plan that `pick` accepts, or null.
@@ -35,8 +36,9 @@ const RankedPlan* best_where(const std::vector<RankedPlan>& ranked, Pick&& pick)
 }  // namespace
 
 std::string describe_plan(const Plan& p) {
-  std::string s = std::to_string(p.ranks) + (p.ranks == 1 ? " rank" : " ranks") + ", micro-batch " +
-                  std::to_string(p.micro_batch);
+  std::string s = std::to_string(p.devices()) + (p.devices() == 1 ? " rank" : " ranks");
+  if (p.stages > 1) s += " (" + std::to_string(p.stages) + " " + p.schedule + " stages x " + std::to_string(p.ranks) + ")";
+  s += ", micro-batch " + std::to_string(p.micro_batch);
   if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
   s += p.precision == "off" ? ", fp32" : ", " + p.precision;
   if (p.policy != "none") s += ", " + p.policy;
@@ -45,17 +47,25 @@ std::string describe_plan(const Plan& p) {
 
 std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, const SearchOptions& options) {
   std::vector<Plan> plans;
-  for (int ranks : options.ranks) {
-    if (ranks < 1 || global_batch % ranks != 0) continue;
+  for (int devices : options.ranks) {
+   for (int stages : options.stages) {
+    if (devices < 1 || stages < 1 || devices % stages != 0) continue;
+    const int ranks = devices / stages;
+    if (global_batch % ranks != 0) continue;
     const int64_t local = global_batch / ranks;
     for (int64_t accumulation = 1; accumulation <= std::min<int64_t>(local, options.max_accumulation);
          accumulation *= 2) {
       if (local % accumulation != 0) break;
+      if (stages > 1 && accumulation < stages) continue;  // a pipeline with fewer micro-batches than stages idles
       for (const std::string& precision : options.precisions) {
         for (const std::string& policy : options.policies) {
           if (policy != "none" && device_memory <= 0) continue;  // eviction needs a budget
+          // Stages each run DTR as one rank does, but the replay models one rank's whole model:
+          // pipelines are searched without eviction.
+          if (stages > 1 && policy != "none") continue;
           Plan p;
           p.ranks = ranks;
+          p.stages = stages;
           p.micro_batch = local / accumulation;
           p.accumulation = accumulation;
           p.precision = precision;
@@ -65,6 +75,7 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
         }
       }
     }
+   }
   }
   return plans;
 }
@@ -86,17 +97,17 @@ std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objecti
   const Prediction& w = win.prediction;
   std::string text;
   // Adding ranks: against the best plan with fewer ranks, or with more when the winner has fewer.
-  const RankedPlan* fewer = best_where(ranked, [&](const RankedPlan& r) { return r.plan.ranks < win.plan.ranks; });
-  const RankedPlan* more = best_where(ranked, [&](const RankedPlan& r) { return r.plan.ranks > win.plan.ranks; });
+  const RankedPlan* fewer = best_where(ranked, [&](const RankedPlan& r) { return r.plan.devices() < win.plan.devices(); });
+  const RankedPlan* more = best_where(ranked, [&](const RankedPlan& r) { return r.plan.devices() > win.plan.devices(); });
   if (fewer != nullptr) {
     const Prediction& f = fewer->prediction;
-    text += std::to_string(win.plan.ranks) + " ranks give " + fixed(w.samples_per_s / f.samples_per_s) +
-            "x the throughput of the best " + std::to_string(fewer->plan.ranks) + "-rank plan (" +
+    text += std::to_string(win.plan.devices()) + " ranks give " + fixed(w.samples_per_s / f.samples_per_s) +
+            "x the throughput of the best " + std::to_string(fewer->plan.devices()) + "-rank plan (" +
             describe_plan(fewer->plan) + ") for " + fixed(w.device_hours_per_epoch / f.device_hours_per_epoch) +
             "x the device-hours.";
   } else if (more != nullptr) {
     const Prediction& m = more->prediction;
-    text += "The best " + std::to_string(more->plan.ranks) + "-rank plan (" + describe_plan(more->plan) + ") would give " +
+    text += "The best " + std::to_string(more->plan.devices()) + "-rank plan (" + describe_plan(more->plan) + ") would give " +
             fixed(m.samples_per_s / w.samples_per_s) + "x the throughput for " +
             fixed(m.device_hours_per_epoch / w.device_hours_per_epoch) + "x the device-hours" +
             (objective == Objective::kCost ? ": not worth its cost." : ".");
@@ -108,12 +119,18 @@ std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objecti
             "x the step it would take with memory to spare.";
   } else {
     const RankedPlan* saver = best_where(ranked, [&](const RankedPlan& r) {
-      return r.plan.ranks <= win.plan.ranks && r.plan.policy != "none" && r.prediction.recompute_ms > 0;
+      return r.plan.devices() <= win.plan.devices() && r.plan.policy != "none" && r.prediction.recompute_ms > 0;
     });
     if (saver != nullptr) {
       text += std::string(text.empty() ? "" : " ") + "Recomputation instead (" + describe_plan(saver->plan) +
               ") would cost " + fixed(saver->prediction.step_ms / w.step_ms) + "x per step.";
     }
+  }
+  if (win.plan.stages > 1 && w.compute_ms > 0) {
+    text += std::string(text.empty() ? "" : " ") + "Its " + std::to_string(win.plan.stages) + " stages idle " +
+            std::to_string(static_cast<int>(std::lround(100 * w.bubble_ms / w.compute_ms))) +
+            "% of the step's compute (the pipeline's bubble); the slowest stage is " + fixed(w.stage_imbalance) +
+            "x the mean.";
   }
   return text;
 }

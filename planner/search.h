@@ -14,11 +14,12 @@ namespace ht {
 enum class Objective { kTime, kCost };  // fastest step, or fewest device-hours per epoch
 
 struct SearchOptions {
-  std::vector<int> ranks{1};                          // rank counts to consider
+  std::vector<int> ranks{1};                          // rank counts to consider (replicas x stages)
   Objective objective = Objective::kTime;
   std::vector<std::string> precisions{"off", "bf16"};
   std::vector<std::string> policies{"none", "dtr"};   // eviction policies need device memory
   int max_accumulation = 32;                          // micro-batches per step, at most
+  std::vector<int> stages{1};                         // pipeline stages to consider, each dividing a rank count
 };
 
 struct RankedPlan {

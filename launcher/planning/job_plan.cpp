@@ -140,6 +140,11 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   request.one_thread_point = out.machine.shared_host && most > 1;
   out.profile = profile_job(config, train, info, request);
 
+  // Stages: at most the model's blocks (a stage holds one or more).
+  const int blocks = static_cast<int>(out.profile.block_parameter_bytes.size());
+  search.stages.clear();
+  for (int s : args.stages)
+    if (s == 1 || s <= blocks) search.stages.push_back(s);
   const std::vector<Plan> plans =
       candidate_plans(config.training.global_batch_size, out.machine.device_memory, search);
   out.ranked = rank_plans(plans, [&](const Plan& p) { return predict(out.profile, out.machine, p); }, args.objective);
@@ -151,6 +156,8 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
 Config config_for_plan(const Config& base, const Plan& plan) {
   Config c = base;
   c.parallel.data_parallel = plan.ranks;
+  c.parallel.pipeline_parallel = plan.stages;
+  if (plan.stages > 1) c.parallel.pipeline_schedule = plan.schedule;
   c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
   c.training.mixed_precision = plan.precision;
   c.memory.policy = plan.policy;

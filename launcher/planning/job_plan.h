@@ -17,6 +17,7 @@ namespace ht {
 // What is planned for; empty fields take the defaults documented in the README.
 struct PlanArgs {
   std::vector<int> ranks;                // rank counts; empty: 1, 2, 4, ... up to the machine's
+  std::vector<int> stages{1, 2, 4};      // pipeline stages (each dividing a rank count, at most the blocks)
   int64_t device_memory = 0;             // bytes per rank; 0: the config's budget, else the machine's
   Objective objective = Objective::kTime;
   int max_ranks = 0;                     // 0: no cap

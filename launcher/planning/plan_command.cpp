@@ -24,7 +24,7 @@ std::string plan_toml(const Config& config, const JobPlan& plan) {
  char step[32];
   std::snprintf(step, sizeof step, "%.1f", r.step_ms);
   head += "# Predicted: peak " + format_bytes(r.peak_bytes) + " per rank, step " + step +
-          " ms.\n# Train it: " + (p.ranks > 1 ? "mpirun -np " + std::to_string(p.ranks) + " " : std::string()) +
+          " ms.\n# Train it: " + (p.devices() > 1 ? "mpirun -np " + std::to_string(p.devices()) + " " : std::string()) +
           "hybrid_train " + config.job.output_dir + "/plan.toml\n";
   return head + resolved_toml(config_for_plan(config, p));
 }
@@ -33,11 +33,13 @@ JsonObject plan_record(const RankedPlan& r) {
   JsonObject o;
   const Plan& p = r.plan;
   const Prediction& d = r.prediction;
-  o.add("ranks", static_cast<int64_t>(p.ranks)).add("micro_batch", p.micro_batch).add("accumulation", p.accumulation)
+  o.add("ranks", static_cast<int64_t>(p.devices())).add("data_parallel", static_cast<int64_t>(p.ranks))
+      .add("pipeline_parallel", static_cast<int64_t>(p.stages)).add("micro_batch", p.micro_batch).add("accumulation", p.accumulation)
       .add("precision", p.precision).add("policy", p.policy).add("budget_bytes", p.budget_bytes)
       .add("fits", d.fits).add("peak_bytes", d.peak_bytes).add("activation_bytes", d.activation_bytes)
       .add("step_ms", d.step_ms).add("compute_ms", d.compute_ms).add("recompute_ms", d.recompute_ms)
       .add("optimizer_ms", d.optimizer_ms).add("allreduce_exposed_ms", d.allreduce_exposed_ms)
+      .add("bubble_ms", d.bubble_ms)
       .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
       .add("device_hours_per_epoch", d.device_hours_per_epoch);
   return o;

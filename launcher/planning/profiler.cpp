@@ -167,6 +167,7 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     if (config.training.channels_last) model->use_channels_last();
     profile.parameters = model->num_parameters();
     profile.parameter_bytes = tensor_bytes(model->parameters()) + tensor_bytes(model->buffers());
+    for (const auto& block : model->blocks()) profile.block_parameter_bytes.push_back(tensor_bytes(block->parameters()));
     Profiling p{config, train, info, arena, model, *out};
     const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);
     const std::string& first = request.precisions.front();

@@ -113,6 +113,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
   if (grid.is_root()) {
     PlanArgs args;
     args.ranks = {static_cast<int>(config.replicas())};
+    args.stages = {1};  // the job's grid is fixed by now
     args.device_memory = config.memory.budget_bytes;
     args.precisions = {config.training.mixed_precision};
     if (!automatic) args.policies = {"none"};  // the configured plan is predicted below

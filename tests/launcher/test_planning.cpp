@@ -258,7 +258,8 @@ TEST(PlanCommand, BadInputExitsTwoWritingNothing) {
   const struct {
     std::string args, message;
   } cases[] = {
-      {"--ranks 0", "--ranks 0: '0' is not a rank count of 1 or more; write a list such as --ranks 1,2,4"},
+      {"--ranks 0", "--ranks 0: '0' is not a count of 1 or more; write a list such as --ranks 1,2,4"},
+      {"--stages 2,x", "--stages 2,x: 'x' is not a count of 1 or more; write a list such as --stages 1,2,4"},
       {"--ranks 4..2", "--ranks 4..2: the range is empty"},
       {"--device-memory lots", "--device-memory lots: not a memory size"},
       {"--device-memory 64KiB", "cannot hold model convnet's parameters, gradients and sgd state"},

@@ -105,5 +105,44 @@ TEST(CostModel, PeakIsTheSumOfItsParts) {
   EXPECT_FALSE(predict(p, m, plan).fits);
 }
 
+// Pipeline stages: four equal blocks on two 1F1B stages, each holding half the parameters. The
+// step is the schedule's: (m + p - 1) stage-times of a micro-batch, (p - 1) of them idle on each
+// stage (the bubble); the first stage holds its half of p micro-batches' activations, and its
+// half of the gradients and optimizer state (every stage keeps all parameters).
+TEST(CostModel, PipelineStagesPayTheBubbleAndHoldTheirShare) {
+  ModelProfile p = two_points();
+  for (ProfilePoint& pt : p.points) pt.blocks.assign(4, BlockTime{1.0, 2.0});
+  p.block_parameter_bytes.assign(4, p.parameter_bytes / 4);
+  Machine m;
+  m.host_threads = 4;
+  m.devices_per_node = 2;
+  Plan one;
+  one.micro_batch = 8;
+  one.accumulation = 4;
+  Plan piped = one;
+  piped.stages = 2;
+  Plan replicas = one;  // two ranks on the host as well: the same threads per rank
+  replicas.ranks = 2;
+  const Prediction whole = predict(p, m, one), r = predict(p, m, piped);
+  const double fb = predict(p, m, replicas).compute_ms / 4;  // one micro-batch through the whole model
+  EXPECT_NEAR(r.compute_ms, (4 + 2 - 1) * fb / 2, 1e-9);
+  EXPECT_NEAR(r.bubble_ms, (2 - 1) * fb / 2, 1e-9);
+  EXPECT_EQ(r.gradient_bytes, whole.gradient_bytes / 2);
+  EXPECT_EQ(r.optimizer_state_bytes, whole.optimizer_state_bytes / 2);
+  EXPECT_EQ(r.model_bytes, whole.model_bytes);
+  EXPECT_EQ(r.activation_bytes, 2 * (whole.activation_bytes / 2));  // 1F1B: p in flight, half the model
+  EXPECT_NEAR(r.stage_imbalance, 1.0, 1e-9);
+  // GPipe holds all four micro-batches on the first stage.
+  piped.schedule = "gpipe";
+  EXPECT_EQ(predict(p, m, piped).activation_bytes, 4 * (whole.activation_bytes / 2));
+  // More stages than blocks: refused, saying why.
+  piped.stages = 8;
+  piped.accumulation = 8;
+  piped.micro_batch = 4;
+  const Prediction too_many = predict(p, m, piped);
+  EXPECT_FALSE(too_many.fits);
+  EXPECT_NE(too_many.why_not.find("more stages than the model's 4 blocks"), std::string::npos) << too_many.why_not;
+}
+
 }  // namespace
 }  // namespace ht::test

@@ -62,6 +62,27 @@ TEST(Search, CandidatesCoverRanksMicroBatchesPrecisionsAndPolicies) {
   EXPECT_TRUE(candidate_plans(64, 0, o).size() * 2 == plans.size()) << "no budget: no eviction plans";
 }
 
+TEST(Search, PipelineStagesDivideTheRanksAndHaveAMicroBatchPerStage) {
+  SearchOptions o;
+  o.ranks = {1, 2, 4};
+  o.stages = {1, 2};
+  o.precisions = {"off"};
+  o.policies = {"none", "dtr"};
+  const std::vector<Plan> plans = candidate_plans(64, 1 << 20, o);
+  int piped = 0;
+  for (const Plan& p : plans) {
+    if (p.stages == 1) continue;
+    ++piped;
+    EXPECT_EQ(p.stages, 2);
+    EXPECT_NE(p.devices(), 1) << "one rank cannot hold two stages";
+    EXPECT_GE(p.accumulation, p.stages) << "a pipeline needs a micro-batch per stage";
+    EXPECT_EQ(p.policy, "none") << "stages are searched without eviction";
+    EXPECT_EQ(p.micro_batch * p.accumulation * p.ranks, 64);
+  }
+  EXPECT_GT(piped, 0);
+  EXPECT_NE(describe_plan(plans.back()).find("stages"), std::string::npos);
+}
+
 TEST(Search, PicksTheTrueOptimumForEitherObjective) {
   SearchOptions o;
   o.ranks = {1, 2, 4, 8};

@@ -1,0 +1,105 @@
+#include "planner/pipeline_terms.h"
+
+#include "parallel/pipeline_schedule.h"
+#include "parallel/stage_partition.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace ht {
+namespace {
+
+// The point whose blocks were timed, nearest the plan's micro-batch at the plan's precision.
+const ProfilePoint* timed_point(const ModelProfile& profile, const Plan& plan) {
+  const ProfilePoint* best = nullptr;
+  for (const ProfilePoint& pt : profile.points) {
+    if (pt.blocks.empty() || pt.precision != plan.precision || pt.threads != profile.threads) continue;
+    if (best == nullptr || std::llabs(pt.micro_batch - plan.micro_batch) < std::llabs(best->micro_batch - plan.micro_batch))
+      best = &pt;
+  }
+  return best;
+}
+
+// Each block's cost at the plan's micro-batch: its share of the measured block times scaled to
+// `fb_ms`, activations in proportion to its time (the profile records them for the whole step),
+// state from its parameters (gradients and optimizer state in the whole model's proportion).
+std::vector<BlockCost> block_costs(const ModelProfile& profile, const ProfilePoint& pt, double fb_ms,
+                                   int64_t activations) {
+  double measured = 0;
+  for (const BlockTime& b : pt.blocks) measured += b.forward_ms + b.backward_ms;
+  const double scale = measured > 0 ? fb_ms / measured : 0;
+  const double state_per_byte =
+      profile.parameter_bytes > 0
+          ? static_cast<double>(profile.gradient_bytes + profile.optimizer_state_bytes) / profile.parameter_bytes
+          : 0;
+  std::vector<BlockCost> costs;
+  for (size_t b = 0; b < pt.blocks.size(); ++b) {
+    BlockCost c;
+    c.forward_ms = pt.blocks[b].forward_ms * scale;
+    c.backward_ms = pt.blocks[b].backward_ms * scale;
+    const double share = measured > 0 ? (pt.blocks[b].forward_ms + pt.blocks[b].backward_ms) / measured : 0;
+    c.activation_bytes = static_cast<int64_t>(share * static_cast<double>(activations));
+    const int64_t params = b < profile.block_parameter_bytes.size() ? profile.block_parameter_bytes[b] : 0;
+    c.state_bytes = static_cast<int64_t>(static_cast<double>(params) * state_per_byte);
+    c.parameters = params / 4;
+    costs.push_back(c);
+  }
+  return costs;
+}
+
+}  // namespace
+
+void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms, Prediction& p) {
+  const ProfilePoint* pt = timed_point(profile, plan);
+  const ScheduleKind kind = schedule_from_name(plan.schedule).value_or(ScheduleKind::k1f1b);
+  const ScheduleShape shape{plan.stages, static_cast<int>(plan.accumulation), 1};
+  if (pt == nullptr || static_cast<int>(pt->blocks.size()) < plan.stages || !schedule_refusal(kind, shape).empty()) {
+    p.fits = false;
+    p.why_not = pt == nullptr ? "no profiled block times to cut into stages"
+                              : static_cast<int>(pt->blocks.size()) < plan.stages
+                                    ? "more stages than the model's " + std::to_string(pt->blocks.size()) + " blocks"
+                                    : schedule_refusal(kind, shape);
+    return;
+  }
+  const std::vector<BlockCost> costs = block_costs(profile, *pt, fb_ms, p.activation_bytes);
+  const PipelineSchedule schedule = make_schedule(kind, shape);
+  const SimulationResult unit = simulate(schedule, shape);
+  PartitionOptions options;
+  options.stages = plan.stages;
+  options.in_flight = unit.peak_in_flight;
+  const Partition partition = balance_stages(costs, options);
+  // The step: the schedule simulated with each stage's own times (its share of a micro-batch).
+  double forward = 0, backward = 0;
+  for (const BlockCost& c : costs) {
+    forward += c.forward_ms;
+    backward += c.backward_ms;
+  }
+  SimulationCosts sim;
+  const double mean = partition.mean_ms > 0 ? partition.mean_ms : 1;
+  sim.forward = forward / plan.stages;
+  sim.backward_input = sim.backward_weight = backward / plan.stages / 2;
+  for (const StagePlan& s : partition.stages) sim.stage_scale.push_back(s.ms / mean);
+  const SimulationResult run = simulate(schedule, shape, sim);
+  p.compute_ms = run.makespan;
+  p.bubble_ms = run.makespan * run.bubble;
+  // Memory: the fullest stage. Activations replace one micro-batch's whole-model set.
+  int64_t fullest = 0, state = 0;
+  for (const StagePlan& s : partition.stages) {
+    if (s.peak_bytes > fullest) {
+      fullest = s.peak_bytes;
+      state = 0;
+      for (int b = s.first_block; b < s.first_block + s.blocks; ++b) state += costs[static_cast<size_t>(b)].state_bytes;
+    }
+  }
+  const int64_t whole_state = p.gradient_bytes + p.optimizer_state_bytes;
+  const int64_t activations = fullest - state;
+  const double state_share = whole_state > 0 ? static_cast<double>(state) / static_cast<double>(whole_state) : 0;
+  p.gradient_bytes = static_cast<int64_t>(static_cast<double>(p.gradient_bytes) * state_share);
+  p.optimizer_state_bytes = static_cast<int64_t>(static_cast<double>(p.optimizer_state_bytes) * state_share);
+  p.activation_bytes = activations;
+  p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
+                 p.activation_bytes;
+  p.stage_imbalance = partition.slowest_ms / mean;
+}
+
+}  // namespace ht
