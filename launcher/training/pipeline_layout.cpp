@@ -215,7 +215,7 @@ PipelineLayout make_pipeline_layout(const Config& config, const Model& model, Bl
   for (const StagePlan& s : layout.partition.stages) layout.first_block.push_back(s.first_block);
   layout.first_block.push_back(blocks);
   layout.profile = std::move(profile);
-  layout.costs = p.stage_blocks.empty() ? p.stage_costs : "the user's";
+  layout.costs = p.stage_blocks.empty() ? p.stage_costs : "stage_blocks";
   return layout;
 }
 
@@ -224,8 +224,16 @@ std::string describe_pipeline(const PipelineLayout& layout) {
                      std::to_string(layout.shape.stages) + " stages";
   if (layout.shape.virtual_stages > 1) text += " x " + std::to_string(layout.shape.virtual_stages) + " chunks";
   text += ", " + std::to_string(layout.shape.micro_batches) + " micro-batches of " +
-          std::to_string(layout.profile.micro_batch) + "; blocks balanced by " + layout.costs + " time:\n";
+          std::to_string(layout.profile.micro_batch) + "; " +
+          (layout.costs == "stage_blocks" ? std::string("blocks as parallel.stage_blocks says")
+                                          : "blocks balanced by " + layout.costs + " time") + ":\n";
   text += format_stage_table(layout.profile.costs, layout.partition);
+  text += "\nblock ms (forward + backward of a micro-batch):";
+  for (const BlockCost& c : layout.profile.costs) {
+    char block[96];
+    std::snprintf(block, sizeof block, " %s %.3f", c.name.c_str(), c.forward_ms + c.backward_ms);
+    text += block;
+  }
   PartitionOptions options;
   options.stages = layout.virtual_stages();
   const Partition by_params = partition_by_parameters(layout.profile.costs, options);

@@ -43,7 +43,7 @@ struct PipelineLayout {
   std::vector<int> first_block;  // per virtual stage, and one past the last block at the end
   Partition partition;           // per virtual stage: predicted time and memory
   BlockProfile profile;
-  std::string costs = "measured";  // what balanced the stages: parallel.stage_costs
+  std::string costs = "measured";  // what balanced the stages: parallel.stage_costs, or "stage_blocks"
 
   int virtual_stages() const { return shape.stages * shape.virtual_stages; }
   int blocks_begin(int vs) const { return first_block[static_cast<size_t>(vs)]; }
