@@ -18,7 +18,7 @@
 namespace ht {
 namespace {
 
-void print_plan(const Config& c, const DataInfo& data, const Model& model, const Trainer& trainer,
+void print_plan(const Config& c, const DataInfo& data, int64_t parameters, const Trainer& trainer,
                 const ProcessGrid& grid, const ThreadPools& threads) {
   std::printf("data: %s\n", data.description.c_str());
   if (grid.world > 1) {
@@ -27,7 +27,7 @@ void print_plan(const Config& c, const DataInfo& data, const Model& model, const
                 static_cast<long long>(c.local_batch_size()));
   }
   std::printf("model: %s, %lld parameters, on %s, threads %s\n", c.model.name.c_str(),
-              static_cast<long long>(model.num_parameters()), c.training.device.c_str(), threads.describe().c_str());
+              static_cast<long long>(parameters), c.training.device.c_str(), threads.describe().c_str());
   if (const PipelineStage* stage = trainer.pipeline()) std::printf("%s\n", describe_pipeline(stage->layout()).c_str());
   std::printf("training: %lld steps (%lld per epoch), global batch %lld in %lld micro-batch(es) of %lld, "
               "%s lr %g (%s)\n",
@@ -37,10 +37,10 @@ void print_plan(const Config& c, const DataInfo& data, const Model& model, const
               c.training.schedule.c_str());
 }
 
-JsonObject summary_of(const Config& c, const Model& model, const TrainResult& r, const RunPrediction& p) {
+JsonObject summary_of(const Config& c, int64_t model_parameters, const TrainResult& r, const RunPrediction& p) {
   JsonObject s;
   s.add("job", c.job.name).add("config", c.source).add("model", c.model.name)
-      .add("parameters", model.num_parameters()).add("device", c.training.device).add("steps", r.steps)
+      .add("parameters", model_parameters).add("device", c.training.device).add("steps", r.steps)
       .add("resumed_from_step", r.resumed_from_step).add("final_loss", r.final_loss)
       .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
       .add("predicted_peak_bytes", p.prediction.peak_bytes).add("predicted_step_ms", p.prediction.step_ms)
@@ -108,9 +108,9 @@ std::optional<std::string> resume_point(const Config& config) {
 }
 
 // The summary file and the closing line.
-void report(const Config& config, const Model& model, const TrainResult& result, const RunPrediction& predicted,
-            RunOutput& output) {
-  output.summary(summary_of(config, model, result, predicted));
+void report(const Config& config, int64_t model_parameters, const TrainResult& result,
+            const RunPrediction& predicted, RunOutput& output) {
+  output.summary(summary_of(config, model_parameters, result, predicted));
   std::printf("done: %lld steps in %.0f s, final loss %.4f", static_cast<long long>(result.steps), result.seconds,
               result.final_loss);
   if (result.eval && result.eval->accuracy) std::printf(", eval accuracy %.4f", *result.eval->accuracy);
@@ -151,12 +151,17 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   std::shared_ptr<Model> model;
   bool channels_last = false;  // some weights were restrided
   try {
+    // A pipeline stage builds the whole model (the seed's order of initialization) on host memory
+    // and keeps only its own share in device memory (PipelineStage::keep_only_own).
+    std::optional<HostAllocationScope> whole_model_on_host;
+    if (config.parallel.pipeline_parallel > 1) whole_model_on_host.emplace();
     model = make_model(config, info);
     model->move_to(at::Device(config.training.device), at::kFloat);
     if (config.training.channels_last) channels_last = model->use_channels_last() > 0;
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }
+  const int64_t parameters = model->num_parameters();  // a pipeline stage then keeps only its own
   const std::optional<std::string> resume = resume_point(config);
   std::optional<Trainer> made;
   try {
@@ -172,7 +177,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const std::string resolved = resolved_toml(config);
   if (!quiet && root) {
     std::printf("hybrid_train %s: job \"%s\"\n%s\n", HT_VERSION, config.job.name.c_str(), resolved.c_str());
-    print_plan(config, info, *model, trainer, *grid, threads);
+    print_plan(config, info, parameters, trainer, *grid, threads);
     std::printf("%s\n\n", predicted.text.c_str());
     std::fflush(stdout);
   }
@@ -189,7 +194,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
     }
     throw budget_too_small(config, e, trainer, channels_last);
   }
-  if (root) report(config, *model, result, predicted, *output);
+  if (root) report(config, parameters, result, predicted, *output);
   return {model, result};
 }
 

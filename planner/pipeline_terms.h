@@ -2,9 +2,8 @@
 // A pipeline plan's terms (Plan::stages > 1): the profiled blocks cut into stages as the trainer
 // cuts them (parallel/stage_partition.h, balanced by time), the step as the schedule's simulation
 // runs those stages' times (parallel/pipeline_schedule.h: the bubble comes out of it), and each
-// stage's memory: every parameter (a stage keeps the whole model, training only its share), its
-// share of gradients and optimizer state, and the activations of the micro-batches its schedule
-// keeps in flight. Point-to-point time is not modelled: it is small beside a block's compute on
+// stage's memory: its share of parameters, gradients and optimizer state, and the activations of
+// the micro-batches its schedule keeps in flight. Point-to-point time is not modelled: it is small beside a block's compute on
 // one host, and grows with the network between hosts (measured by bench_pipeline).
 
 #include "planner/cost_model.h"

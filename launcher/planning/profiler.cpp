@@ -29,6 +29,7 @@ Config point_config(const Config& job, int64_t micro, const std::string& precisi
   c.training.steps = 100;  // never reached: the profiler runs the steps it measures
   c.training.mixed_precision = precision;
   c.parallel.data_parallel = 1;
+  c.parallel.pipeline_parallel = 1;  // one rank runs the whole model: the blocks' times are what stages cut
   c.memory.policy = "none";
   c.memory.trace = false;
   c.checkpoint.interval = 0;

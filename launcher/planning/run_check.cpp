@@ -21,6 +21,8 @@ Plan plan_of(const Config& c) {
   p.precision = c.training.mixed_precision;
   p.policy = c.memory.policy;
   p.budget_bytes = c.memory.budget_bytes;
+  p.stages = static_cast<int>(c.parallel.pipeline_parallel);
+  p.schedule = c.parallel.pipeline_schedule;
   return p;
 }
 
@@ -102,9 +104,27 @@ void apply(Config& c, const Decision& d) {
 RunPrediction check_run_fits(Config& config, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
   if (config.parallel.pipeline_parallel > 1) {
-    // The planner models one rank holding the whole model; a stage's share is not modelled yet.
+    // Predicted for the log and the metrics, never refused: the pipeline terms model 1F1B-like
+    // stages without eviction and without the transfers (planner/pipeline_terms.h).
     out.prediction.peak_bytes = -1;
-    out.text = "predicted: not for pipeline stages (the planner does not model them yet; see the stage table)";
+    if (grid.is_root()) {
+      PlanArgs args;
+      args.ranks = {static_cast<int>(config.replicas() * config.parallel.pipeline_parallel)};
+      args.stages = {static_cast<int>(config.parallel.pipeline_parallel)};
+      args.device_memory = config.memory.budget_bytes;
+      args.precisions = {config.training.mixed_precision};
+      args.policies = {"none"};
+      const JobPlan plan = plan_job(config, *data.train, data.info, args);
+      out.plan = plan_of(config);
+      out.plan.policy = "none";
+      out.prediction = predict(plan.profile, plan.machine, out.plan);
+      char text[256];
+      std::snprintf(text, sizeof text, "predicted: peak %s on the fullest stage, step %.1f ms with a bubble of %.1f ms "
+                    "(%s; %s)", format_bytes(out.prediction.peak_bytes).c_str(), out.prediction.step_ms,
+                    out.prediction.bubble_ms, plan_words(out.plan).c_str(),
+                    config.memory.policy == "none" ? "never refused" : "without the memory policy; never refused");
+      out.text = text;
+    }
     return out;
   }
   const bool automatic = config.parallel.strategy == "auto";

@@ -140,6 +140,12 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p
   states[state_key<Key>(param)] = std::move(s);
 }
 
+void drop_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  auto& states = optimizer.state();
+  using Key = typename std::decay_t<decltype(states)>::key_type;
+  states.erase(state_key<Key>(param));
+}
+
 void clear_grads(const std::vector<at::Tensor>& params) {
   for (const at::Tensor& p : params) {
     at::Tensor handle = p;  // shares the TensorImpl: resets the parameter's own gradient

@@ -57,6 +57,8 @@ std::vector<at::Tensor> optimizer_state(torch::optim::Optimizer& optimizer, cons
 std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param);
 void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                          const std::vector<at::Tensor>& state);
+// Forgets `param`'s state (a pipeline stage keeps only its own parameters' state).
+void drop_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 
 // Sets every gradient to undefined (libtorch 1.13's zero_grad() zeroes in place instead).
 void clear_grads(const std::vector<at::Tensor>& params);

@@ -3,6 +3,9 @@
 // activations, so they are blocking, in an order every rank derives from the model alone.
 #include "launcher/training/optimizer.h"
 #include "launcher/training/pipeline_stage.h"
+#include "memory/cpu_device_allocator.h"
+
+#include <unordered_set>
 
 namespace ht {
 namespace {
@@ -72,6 +75,57 @@ double PipelineStage::sum(double value, const char* what) {
   at::Tensor t = at::scalar_tensor(value, at::kDouble).reshape({1});
   pipeline_->allreduce_sum(t, what);
   return t.item<double>();
+}
+
+void PipelineStage::keep_only_own(Model& model) {
+  at::NoGradGuard no_grad;
+  std::unordered_set<const void*> mine;
+  for (const at::Tensor& p : params_) mine.insert(p.unsafeGetTensorImpl());
+  const std::vector<int> buffer_owner = buffer_owners(model, layout_);
+  auto keep = [](at::Tensor t, bool own) {
+    // set_data keeps the TensorImpl: the modules, the tied copy and the optimizer still hold it.
+    t.set_data(own ? t.detach().clone(at::MemoryFormat::Preserve) : at::empty({0}, t.options()));
+  };
+  for (const at::Tensor& p : model.parameters()) {
+    model_parameters_ += p.numel();
+    full_param_sizes_.emplace_back(p.sizes().begin(), p.sizes().end());
+    own_param_.push_back(mine.count(p.unsafeGetTensorImpl()) > 0);
+    keep(p, own_param_.back());
+  }
+  const std::vector<at::Tensor> buffers = model.buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    full_buffer_sizes_.emplace_back(buffers[i].sizes().begin(), buffers[i].sizes().end());
+    own_buffer_.push_back(buffer_owner[i] == rank());
+    keep(buffers[i], own_buffer_.back());
+  }
+}
+
+void PipelineStage::with_full_model(Model& model, torch::optim::Optimizer& optimizer, const std::function<void()>& fn) {
+  at::NoGradGuard no_grad;
+  const std::vector<at::Tensor> params = model.parameters(), buffers = model.buffers();
+  {
+    HostAllocationScope host;  // the other stages' tensors are not this stage's device memory
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!own_param_[i]) at::Tensor(params[i]).set_data(at::zeros(full_param_sizes_[i], params[i].options()));
+    for (size_t i = 0; i < buffers.size(); ++i)
+      if (!own_buffer_[i]) at::Tensor(buffers[i]).set_data(at::zeros(full_buffer_sizes_[i], buffers[i].options()));
+  }
+  struct Empty {  // also when fn throws
+    PipelineStage& stage;
+    const std::vector<at::Tensor>& params;
+    const std::vector<at::Tensor>& buffers;
+    torch::optim::Optimizer& optimizer;
+    ~Empty() {
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (stage.own_param_[i]) continue;
+        at::Tensor(params[i]).set_data(at::empty({0}, params[i].options()));
+        drop_optimizer_state(optimizer, params[i]);
+      }
+      for (size_t i = 0; i < buffers.size(); ++i)
+        if (!stage.own_buffer_[i]) at::Tensor(buffers[i]).set_data(at::empty({0}, buffers[i].options()));
+    }
+  } empty{*this, params, buffers, optimizer};
+  fn();
 }
 
 void PipelineStage::gather_to_first_stage(Model& model, torch::optim::Optimizer& optimizer) {

@@ -17,6 +17,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -63,9 +64,19 @@ class PipelineStage {
   // The sum over the stages of a number only some of them have (the loss: 0 elsewhere).
   double sum(double value, const char* what);
 
-  // Before a checkpoint: rank 0 receives every parameter, buffer and optimizer state it does not
-  // train, so that it writes one model-wide layout (the one a single rank writes).
+  // A stage keeps only what it trains: the parameters (and buffers) of its blocks and the tied
+  // weights they use move into device memory (the budget's arena, when one is active); every other
+  // one becomes an empty tensor. The model was built on host memory (launcher/job.cpp).
+  void keep_only_own(Model& model);
+  // Runs `fn` with every parameter and buffer at its full size again (the others' as zeros, on
+  // host memory), then empties them again and drops their optimizer state: for a checkpoint's
+  // save or load, which see the whole model.
+  void with_full_model(Model& model, torch::optim::Optimizer& optimizer, const std::function<void()>& fn);
+  // Before a checkpoint, inside with_full_model: rank 0 receives every parameter, buffer and
+  // optimizer state it does not train, so that it writes one model-wide layout (a single rank's).
   void gather_to_first_stage(Model& model, torch::optim::Optimizer& optimizer);
+  // The whole model's parameter count (a stage's tensors of other stages are empty).
+  int64_t model_parameters() const { return model_parameters_; }
 
  private:
   struct InFlight {
@@ -90,6 +101,9 @@ class PipelineStage {
   std::vector<Action> actions_;
   std::vector<at::Tensor> params_;
   std::vector<TiedParameter> tied_;
+  std::vector<std::vector<int64_t>> full_param_sizes_, full_buffer_sizes_;  // model order
+  std::vector<bool> own_param_, own_buffer_;
+  int64_t model_parameters_ = 0;
   // During a step.
   const Batch* batch_ = nullptr;
   int64_t micro_size_ = 0;

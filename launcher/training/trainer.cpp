@@ -132,7 +132,13 @@ void Trainer::trace_step_ended() {
 }
 
 void Trainer::resume_from(const std::string& folder) {
-  state_ = CheckpointStore::load(folder, *model_, *optimizer_);
+  if (pipeline_) {
+    // The checkpoint holds the whole model; a stage keeps its own share of it.
+    pipeline_->with_full_model(*model_, *optimizer_,
+                               [&] { state_ = CheckpointStore::load(folder, *model_, *optimizer_); });
+  } else {
+    state_ = CheckpointStore::load(folder, *model_, *optimizer_);
+  }
   sampler_.seek(state_.sampler);
   interp_.set_seed_counter(state_.seed_counter);
   if (scaler_ && state_.loss_scaler) scaler_->restore(*state_.loss_scaler);
@@ -395,8 +401,13 @@ void Trainer::save_checkpoint() {
   HostAllocationScope host;  // serialization buffers are host memory, not the device's
   if (pipeline_) {
     // Every stage's first replica takes part; rank 0 writes the whole model.
-    pipeline_->gather_to_first_stage(*model_, *optimizer_);
-    if (pipeline_->rank() != 0) return;
+    std::string folder;
+    pipeline_->with_full_model(*model_, *optimizer_, [&] {
+      pipeline_->gather_to_first_stage(*model_, *optimizer_);
+      if (pipeline_->rank() == 0) folder = checkpoints_.save(*model_, *optimizer_, state_);
+    });
+    if (!folder.empty()) progress_.line("checkpoint " + folder);
+    return;
   }
   const std::string folder = checkpoints_.save(*model_, *optimizer_, state_);
   progress_.line("checkpoint " + folder);

@@ -17,8 +17,10 @@ std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const D
     share_block_costs(profile, replicas ? *replicas : alone, *pipeline);
   }
   PipelineLayout layout = make_pipeline_layout(config, model, std::move(profile));
-  return std::make_unique<PipelineStage>(model, std::move(layout), std::move(pipeline),
-                                         at::Device(config.training.device));
+  auto stage = std::make_unique<PipelineStage>(model, std::move(layout), std::move(pipeline),
+                                               at::Device(config.training.device));
+  stage->keep_only_own(model);
+  return stage;
 }
 
 bool Trainer::writes_outputs() const {

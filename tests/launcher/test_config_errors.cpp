@@ -2,6 +2,8 @@
 // key, the bad value and what is allowed.
 #include "tests/support/temp_dir.h"
 
+#include "launcher/config/config_validation.h"
+#include "launcher/user_error.h"
 #include "memory/byte_size.h"
 
 #include <ATen/Context.h>
@@ -104,6 +106,28 @@ TEST_F(ConfigErrors, PipelineKeys) {
   ASSERT_EQ(loaded.warnings.size(), 1u);
   EXPECT_THAT(loaded.warnings[0], HasSubstr("parallel.virtual_stages has no effect: it applies only when "
                                             "parallel.pipeline_parallel > 1"));
+  // With the grid known (as main() applies it): what the micro-batches and the policy allow.
+  auto refusal = [&](std::vector<std::string> args, int64_t replicas) {
+    std::vector<ConfigOverride> overrides;
+    for (const std::string& a : args) overrides.push_back(override_of(a));
+    LoadedConfig c = load_config(dir_.write("q.toml", kGood), overrides);
+    try {
+      apply_data_parallel(c.config, replicas);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_THAT(refusal({"--parallel.pipeline_parallel=2", "--parallel.virtual_stages=2"}, 1),
+              HasSubstr("virtual_stages > 1 is only for interleaved_1f1b"));
+  EXPECT_THAT(refusal({"--parallel.pipeline_parallel=4", "--parallel.pipeline_schedule=interleaved_1f1b",
+                       "--parallel.virtual_stages=2", "--training.micro_batch_size=0"}, 1),
+              HasSubstr("interleaved_1f1b needs micro-batches to be a multiple of the 4 stages"));
+  EXPECT_THAT(refusal({"--parallel.pipeline_parallel=2", "--memory.policy=static", "--memory.budget=1GiB"}, 1),
+              HasSubstr("use memory.policy = \"dtr\""));
+  EXPECT_THAT(refusal({"--parallel.pipeline_parallel=2", "--parallel.strategy=auto"}, 1),
+              HasSubstr("the planner does not search pipeline stages yet"));
+  EXPECT_EQ(refusal({"--parallel.pipeline_parallel=2"}, 1), "(accepted)");
 }
 
 TEST_F(ConfigErrors, MixedPrecision) {
