@@ -47,17 +47,6 @@ struct Options {
   bool quick = false;
 };
 
-std::optional<double> json_number(const std::string& line, const std::string& key) {
-  const std::string k = "\"" + key + "\": ";
-  const size_t at = line.find(k);
-  if (at == std::string::npos) return std::nullopt;
-  const char* s = line.c_str() + at + k.size();
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (end == s) return std::nullopt;
-  return v;
-}
-
 std::vector<double> json_list(const std::string& line, const std::string& key) {
   const std::string k = "\"" + key + "\": [";
   const size_t at = line.find(k);

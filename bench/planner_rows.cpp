@@ -49,18 +49,6 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-// The number after "key": in a metrics line; nothing when absent or null.
-std::optional<double> json_number(const std::string& line, const std::string& key) {
-  const std::string k = "\"" + key + "\":";
-  const size_t at = line.find(k);
-  if (at == std::string::npos) return std::nullopt;
-  const char* s = line.c_str() + at + k.size();
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (end == s) return std::nullopt;
-  return v;
-}
-
 std::string last_lines(const std::string& text, int n) {
   size_t at = text.size();
   while (n-- > 0 && at > 0) {

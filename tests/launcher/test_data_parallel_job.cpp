@@ -1,6 +1,7 @@
 // `mpirun -np N hybrid_train`: N ranks with global batch B end with the parameters of one rank
 // with global batch B, within fp32 reduction order; rank 0 alone writes the outputs.
 #include "launcher/config/config_text.h"
+#include "tests/support/mpi_job.h"
 #include "tests/support/ranks.h"
 #include "tests/support/temp_dir.h"
 
@@ -42,22 +43,6 @@ threads = 1
 interval = 6
 )";
 
-std::map<std::string, at::Tensor> read_model(const std::string& path) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  std::map<std::string, at::Tensor> tensors;
-  for (const std::string& key : archive.keys()) {
-    at::Tensor t;
-    if (archive.try_read(key, t) || archive.try_read(key, t, true)) tensors[key] = t;
-  }
-  return tensors;
-}
-
-int run(const std::string& command) { return std::system((command + " > /dev/null 2>&1").c_str()); }
-
-std::string mpirun(int ranks) {
-  return std::string("mpirun --allow-run-as-root --oversubscribe -np ") + std::to_string(ranks) + " ";
-}
 
 class DataParallelJob : public ::testing::TestWithParam<int> {
  protected:

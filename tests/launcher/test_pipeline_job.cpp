@@ -4,6 +4,7 @@
 // schedule; a tied weight's two gradients are summed in another order (within fp32 rounding),
 // except with one micro-batch, where the sum of two is the same either way.
 #include "launcher/config/config_text.h"
+#include "tests/support/mpi_job.h"
 #include "tests/support/ranks.h"
 #include "tests/support/temp_dir.h"
 
@@ -70,17 +71,6 @@ threads = 1
 interval = 3
 )";
 
-std::map<std::string, at::Tensor> read_model(const std::string& path) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  std::map<std::string, at::Tensor> tensors;
-  for (const std::string& key : archive.keys()) {
-    at::Tensor t;
-    if (archive.try_read(key, t) || archive.try_read(key, t, true)) tensors[key] = t;
-  }
-  return tensors;
-}
-
 // Every tensor of both checkpoints' model.pt equal (tolerance 0: bit for bit).
 void expect_same_model(const std::string& a, const std::string& b, double tolerance = 0) {
   const auto one = read_model(a), other = read_model(b);
@@ -97,13 +87,8 @@ void expect_same_model(const std::string& a, const std::string& b, double tolera
   }
 }
 
-int run(const std::string& command) { return std::system((command + " > /dev/null 2>&1").c_str()); }
 int run_logged(const std::string& command, const std::string& log) {
   return std::system((command + " > " + log + " 2>&1").c_str());
-}
-
-std::string mpirun(int ranks) {
-  return std::string("mpirun --allow-run-as-root --oversubscribe -np ") + std::to_string(ranks) + " ";
 }
 
 bool have_mpirun() { return run("mpirun --version") == 0; }
