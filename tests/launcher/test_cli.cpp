@@ -62,47 +62,47 @@ class BadInputProcess : public ::testing::Test {
   TempDir dir_;
 };
 
-const char* kMlp = "[model]\nname = \"mlp\"\n[data]\ndataset = \"synthetic\"\n";
+const char* kCliMlp = "[model]\nname = \"mlp\"\n[data]\ndataset = \"synthetic\"\n";
 
 TEST_F(BadInputProcess, EachKindExitsTwoWritingNothing) {
-  expect_refused(std::string(kMlp) + "[trainig]\n", "", "job.toml:5:2: unknown section [trainig]");
-  expect_refused(kMlp, "--training.stpes=3", "argument --training.stpes=3: unknown key");
-  expect_refused(kMlp, "--training.steps=-1", "argument --training.steps=-1: training.steps: -1 is out of range");
-  expect_refused(kMlp, "--training.steps=x", "argument --training.steps=x: training.steps: expected an integer");
+  expect_refused(std::string(kCliMlp) + "[trainig]\n", "", "job.toml:5:2: unknown section [trainig]");
+  expect_refused(kCliMlp, "--training.stpes=3", "argument --training.stpes=3: unknown key");
+  expect_refused(kCliMlp, "--training.steps=-1", "argument --training.steps=-1: training.steps: -1 is out of range");
+  expect_refused(kCliMlp, "--training.steps=x", "argument --training.steps=x: training.steps: expected an integer");
   expect_refused("[data]\ndataset = \"synthetic\"\n", "", "job.toml: model.name is required");
-  expect_refused(kMlp, "--model.name=vgg", "argument --model.name=vgg: model.name: \"vgg\" is not allowed");
+  expect_refused(kCliMlp, "--model.name=vgg", "argument --model.name=vgg: model.name: \"vgg\" is not allowed");
   expect_refused("[model\n", "", "job.toml:1:7: TOML syntax error");
   expect_refused("[model]\nname = \"mlp\"\n[data]\ndataset = \"fashion_mnist\"\npath = \"/nonexistent\"\n", "",
                  "job.toml: data.path = \"/nonexistent\": no train-images-idx3-ubyte[.gz] in this folder");
   expect_refused("[model]\nname = \"gpt\"\n[data]\ndataset = \"text\"\npath = \"/nonexistent.txt\"\n", "",
                  "job.toml: data.path = \"/nonexistent.txt\": cannot read this text file");
-  expect_refused(kMlp, "--checkpoint.resume=/nonexistent/step_1", "checkpoint.resume = \"/nonexistent/step_1\"");
-  expect_refused(kMlp, "--data.synthetic_samples=8 --training.global_batch_size=16",
+  expect_refused(kCliMlp, "--checkpoint.resume=/nonexistent/step_1", "checkpoint.resume = \"/nonexistent/step_1\"");
+  expect_refused(kCliMlp, "--data.synthetic_samples=8 --training.global_batch_size=16",
                  "data: 8 training samples are fewer than training.global_batch_size = 16");
 }
 
 TEST_F(BadInputProcess, ImpossibleBudgetsExitTwoWritingNothing) {
-  expect_refused(kMlp, "--memory.budget=lots", "argument --memory.budget=lots: memory.budget = \"lots\" is not a "
+  expect_refused(kCliMlp, "--memory.budget=lots", "argument --memory.budget=lots: memory.budget = \"lots\" is not a "
                  "memory size");
   // The MLP's 855,050 parameters take 3.26 MiB; with gradients and momentum 9.79 MiB.
-  expect_refused(kMlp, "--memory.policy=dtr --memory.budget=1MiB",
+  expect_refused(kCliMlp, "--memory.policy=dtr --memory.budget=1MiB",
                  "job.toml: memory.budget = \"1MiB\" (1.00 MiB) cannot hold the model's parameters, gradients and "
                  "sgd state (9.79 MiB)");
-  expect_refused(kMlp, "--memory.budget=5MiB", "(5.00 MiB) cannot hold the model's parameters, gradients and sgd");
+  expect_refused(kCliMlp, "--memory.budget=5MiB", "(5.00 MiB) cannot hold the model's parameters, gradients and sgd");
   // The state fits in 11 MiB, the step's working set (13.6 MiB predicted) does not, at any
   // micro-batch size (the first layer's weight gradient alone takes 3 MiB): refused before the
   // first step. (tests/launcher/test_planning.cpp: a refusal that names plans that fit.)
   for (const char* policy : {"none", "dtr"}) {
-    expect_refused(kMlp, std::string("--memory.budget=11MiB --memory.policy=") + policy,
+    expect_refused(kCliMlp, std::string("--memory.budget=11MiB --memory.policy=") + policy,
                    "job.toml: predicted peak 13.6 MiB per rank (");
-    expect_refused(kMlp, std::string("--memory.budget=11MiB --memory.policy=") + policy,
+    expect_refused(kCliMlp, std::string("--memory.budget=11MiB --memory.policy=") + policy,
                    "does not fit memory.budget = \"11MiB\" (11.0 MiB); no micro-batch size, precision or memory "
                    "policy fits at 1 rank(s)");
   }
   // Told to go on anyway, the run stops at its first out-of-memory, and removes what it had begun.
   for (const char* policy : {"none", "dtr"}) {
     const std::string out = dir_.path(std::string("out_") + policy);
-    const ProcessResult r = run_binary(dir_.write("job.toml", kMlp) + " --job.output_dir=" + out +
+    const ProcessResult r = run_binary(dir_.write("job.toml", kCliMlp) + " --job.output_dir=" + out +
                                        " --memory.budget=10MiB --memory.check_fit=false --memory.trace=true "
                                        "--memory.policy=" + policy);
     EXPECT_EQ(r.status, 2) << r.output;

@@ -27,7 +27,7 @@ using ::testing::HasSubstr;
 
 // 8 blocks (7 hidden layers and the head), dropout on: the seeds each stage draws must be the
 // ones one rank draws.
-const char* kMlp = R"([model]
+const char* kPipelineMlp = R"([model]
 name = "mlp"
 hidden = [24, 24, 24, 24, 24, 24, 24]
 dropout = 0.1
@@ -105,7 +105,7 @@ TEST_P(PipelineJob, StagesTrainTheSingleRankModelBitForBit) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   const Case c = GetParam();
   TempDir dir;
-  const std::string config = dir.write("job.toml", kMlp);
+  const std::string config = dir.write("job.toml", kPipelineMlp);
   ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + " --job.output_dir=" + dir.path("one")), 0);
   const std::string log = dir.path("log.txt");
   ASSERT_EQ(run_logged(mpirun(c.stages) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=" +
@@ -161,7 +161,7 @@ TEST(PipelineJobTied, GptWithTiedWeightsOnTwoStages) {
 TEST(PipelineJobGrid, TwoReplicasOfTwoStages) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
-  const std::string config = dir.write("job.toml", kMlp);
+  const std::string config = dir.write("job.toml", kPipelineMlp);
   const std::string log = dir.path("log.txt");
   // Without dropout: each replica draws its own masks, by design, so only then is one rank the
   // oracle of two replicas (within fp32 reduction order); two replicas of one stage are the
@@ -182,7 +182,7 @@ TEST(PipelineJobGrid, TwoReplicasOfTwoStages) {
 TEST(PipelineJobCheckpoint, ResumesWithAnotherStageCount) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
-  const std::string config = dir.write("job.toml", kMlp);
+  const std::string config = dir.write("job.toml", kPipelineMlp);
   const std::string one = std::string(HT_BINARY) + " " + config + " --checkpoint.interval=2 ";
   const std::string two = mpirun(2) + HT_BINARY + " " + config + " --checkpoint.interval=2 --parallel.pipeline_parallel=2 ";
   ASSERT_EQ(run(one + "--job.output_dir=" + dir.path("straight")), 0);
@@ -251,7 +251,7 @@ TEST(PipelineJobMemory, DtrUnderABudgetOnEachStage) {
 TEST(PipelineJobErrors, RefusalsSayWhatWouldWork) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
-  const std::string config = dir.write("job.toml", kMlp);
+  const std::string config = dir.write("job.toml", kPipelineMlp);
   const std::string log = dir.path("log.txt");
   auto fails_with = [&](const std::string& command, const std::string& message) {
     EXPECT_EQ(run_logged(command, log) >> 8, 2) << command;
@@ -277,7 +277,7 @@ TEST(PipelineJobErrors, RefusalsSayWhatWouldWork) {
 TEST(PipelineJobFailures, AHungStageEndsTheJobWithinTheTimeout) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
-  const std::string config = dir.write("job.toml", std::string(kMlp) + "[metrics]\nlog_interval = 1\n");
+  const std::string config = dir.write("job.toml", std::string(kPipelineMlp) + "[metrics]\nlog_interval = 1\n");
   const std::string out = dir.path("hung_pipeline_output");
   std::system(("(" + mpirun(2) + HT_BINARY + " " + config + " --training.steps=1000000 --checkpoint.interval=0 " +
                "--parallel.pipeline_parallel=2 --parallel.timeout_s=3 --job.output_dir=" + out + " > " +

@@ -20,8 +20,8 @@
 namespace ht {
 namespace {
 
-constexpr int64_t kA = static_cast<int64_t>(CpuArena::kAlignment);
-constexpr int64_t kU = 64 * 1024;  // the unit of the arena tests
+constexpr int64_t kStepAlign = static_cast<int64_t>(CpuArena::kAlignment);
+constexpr int64_t kStepUnit = 64 * 1024;  // the unit of the arena tests
 
 struct AdvisorInstalled {
   explicit AdvisorInstalled(PlacementAdvisor* advisor) { set_placement_advisor(advisor); }
@@ -30,8 +30,8 @@ struct AdvisorInstalled {
 
 TEST(StepLayout, IdleItGivesNoAdviceAndCountsNothing) {
   StepLayout layout;
-  EXPECT_FALSE(layout.offset_for(kA).has_value());
-  layout.on_allocated(0, kA, false);
+  EXPECT_FALSE(layout.offset_for(kStepAlign).has_value());
+  layout.on_allocated(0, kStepAlign, false);
   layout.on_freed(0);
   EXPECT_EQ(layout.hits(), 0);
   EXPECT_EQ(layout.misses(), 0);
@@ -39,9 +39,9 @@ TEST(StepLayout, IdleItGivesNoAdviceAndCountsNothing) {
   EXPECT_THROW(layout.begin_replay(), std::logic_error) << "nothing recorded";
   EXPECT_THROW(layout.end_recording(), std::logic_error);
   EXPECT_THROW(layout.end_replay(), std::logic_error);
-  layout.begin_recording({}, 1024 * kA);
+  layout.begin_recording({}, 1024 * kStepAlign);
   EXPECT_THROW(layout.begin_replay(), std::logic_error) << "still recording";
-  EXPECT_FALSE(layout.offset_for(kA).has_value()) << "recording gives no advice";
+  EXPECT_FALSE(layout.offset_for(kStepAlign).has_value()) << "recording gives no advice";
   layout.end_recording();
   EXPECT_TRUE(layout.has_plan());
   EXPECT_EQ(layout.planned_peak_bytes(), 0);
@@ -51,14 +51,14 @@ TEST(StepLayout, IdleItGivesNoAdviceAndCountsNothing) {
 TEST(StepLayout, RecordsLifetimesAndServesThePlanInOrder) {
   StepLayout layout;
   // An obstacle at [8, 10) units freed during the step, one at [60, 64) for ever.
-  layout.begin_recording({{8 * kA, 2 * kA}, {60 * kA, 4 * kA}}, 64 * kA);
-  layout.on_allocated(0, 4 * kA, false);       // block 0, tick 0
-  layout.on_allocated(4 * kA, 2 * kA, false);  // block 1, tick 1
-  layout.on_freed(8 * kA);                     // obstacle 0, tick 2
+  layout.begin_recording({{8 * kStepAlign, 2 * kStepAlign}, {60 * kStepAlign, 4 * kStepAlign}}, 64 * kStepAlign);
+  layout.on_allocated(0, 4 * kStepAlign, false);       // block 0, tick 0
+  layout.on_allocated(4 * kStepAlign, 2 * kStepAlign, false);  // block 1, tick 1
+  layout.on_freed(8 * kStepAlign);                     // obstacle 0, tick 2
   layout.on_freed(0);                          // block 0, tick 3
-  layout.on_allocated(0, kA, false);           // block 2, tick 4, never freed
-  layout.on_freed(4 * kA);                     // block 1, tick 5
-  layout.on_freed(12345 * kA);                 // not a block: ignored
+  layout.on_allocated(0, kStepAlign, false);           // block 2, tick 4, never freed
+  layout.on_freed(4 * kStepAlign);                     // block 1, tick 5
+  layout.on_freed(12345 * kStepAlign);                 // not a block: ignored
   layout.end_recording();
   const std::vector<StepLayout::Block> blocks = layout.blocks();
   ASSERT_EQ(blocks.size(), 3U);
@@ -69,8 +69,8 @@ TEST(StepLayout, RecordsLifetimesAndServesThePlanInOrder) {
   ASSERT_EQ(obstacles.size(), 2U);
   EXPECT_EQ(obstacles[0].block.end, 2);
   EXPECT_EQ(obstacles[1].block.end, 6);
-  EXPECT_EQ(layout.lower_bound_bytes(), 6 * kA);
-  EXPECT_EQ(layout.planned_peak_bytes(), 6 * kA);
+  EXPECT_EQ(layout.lower_bound_bytes(), 6 * kStepAlign);
+  EXPECT_EQ(layout.planned_peak_bytes(), 6 * kStepAlign);
   EXPECT_TRUE(layout.plan_fits());
   std::vector<LayoutBlock> all;
   std::vector<int64_t> offsets;
@@ -85,13 +85,13 @@ TEST(StepLayout, RecordsLifetimesAndServesThePlanInOrder) {
   EXPECT_FALSE(find_overlap(all, offsets).has_value());
 
   layout.begin_replay();
-  EXPECT_EQ(layout.offset_for(2 * kA), blocks[1].offset) << "the second first: worker threads reorder";
-  EXPECT_EQ(layout.offset_for(4 * kA), blocks[0].offset);
-  EXPECT_FALSE(layout.offset_for(3 * kA).has_value()) << "no block of that size is expected";
-  EXPECT_EQ(layout.offset_for(kA), blocks[2].offset);
-  EXPECT_FALSE(layout.offset_for(kA).has_value()) << "each block is served once";
+  EXPECT_EQ(layout.offset_for(2 * kStepAlign), blocks[1].offset) << "the second first: worker threads reorder";
+  EXPECT_EQ(layout.offset_for(4 * kStepAlign), blocks[0].offset);
+  EXPECT_FALSE(layout.offset_for(3 * kStepAlign).has_value()) << "no block of that size is expected";
+  EXPECT_EQ(layout.offset_for(kStepAlign), blocks[2].offset);
+  EXPECT_FALSE(layout.offset_for(kStepAlign).has_value()) << "each block is served once";
   for (int i = 0; i < 3; ++i) layout.on_allocated(blocks[i].offset, blocks[i].bytes, true);
-  layout.on_allocated(40 * kA, 3 * kA, false);
+  layout.on_allocated(40 * kStepAlign, 3 * kStepAlign, false);
   layout.end_replay();
   EXPECT_EQ(layout.hits(), 3);
   EXPECT_EQ(layout.misses(), 1);
@@ -101,18 +101,18 @@ TEST(StepLayout, RecordsLifetimesAndServesThePlanInOrder) {
 TEST(StepLayout, AReplayThatDivergedGivesUpTheBlockItPassedAndGoesOn) {
   StepLayout layout;
   layout.begin_recording({}, 1 << 20);
-  layout.on_allocated(0, 2 * kA, false);
-  for (int64_t i = 1; i < 40; ++i) layout.on_allocated(i * 2 * kA, kA, false);
+  layout.on_allocated(0, 2 * kStepAlign, false);
+  for (int64_t i = 1; i < 40; ++i) layout.on_allocated(i * 2 * kStepAlign, kStepAlign, false);
   layout.end_recording();
   layout.begin_replay();
-  EXPECT_FALSE(layout.offset_for(3 * kA).has_value());  // where the 2-unit block was
+  EXPECT_FALSE(layout.offset_for(3 * kStepAlign).has_value());  // where the 2-unit block was
   for (int i = 1; i < 40; ++i) {
-    ASSERT_TRUE(layout.offset_for(kA).has_value()) << i;
+    ASSERT_TRUE(layout.offset_for(kStepAlign).has_value()) << i;
     if (i == 20) {
-      EXPECT_FALSE(layout.offset_for(5 * kA).has_value()) << "an extra allocation";
+      EXPECT_FALSE(layout.offset_for(5 * kStepAlign).has_value()) << "an extra allocation";
     }
   }
-  EXPECT_FALSE(layout.offset_for(2 * kA).has_value()) << "given up after 16 later ones were served";
+  EXPECT_FALSE(layout.offset_for(2 * kStepAlign).has_value()) << "given up after 16 later ones were served";
   layout.end_replay();
 }
 
@@ -181,13 +181,13 @@ void check_and_free(at::Tensor& t, uint8_t value) {
 // and a 4-unit block cannot use their two separate holes. The arguments make replays that
 // diverge.
 void fragmenting_step(int64_t a_units = 2, int64_t e_units = 4, bool extra = false) {
-  at::Tensor a = filled(a_units * kU, 1), b = filled(2 * kU, 2), c = filled(2 * kU, 3), d = filled(2 * kU, 4);
-  at::Tensor t1 = filled(kU, 5);
+  at::Tensor a = filled(a_units * kStepUnit, 1), b = filled(2 * kStepUnit, 2), c = filled(2 * kStepUnit, 3), d = filled(2 * kStepUnit, 4);
+  at::Tensor t1 = filled(kStepUnit, 5);
   check_and_free(t1, 5);
-  at::Tensor x = extra ? filled(5 * kU + 100, 9) : at::Tensor();
+  at::Tensor x = extra ? filled(5 * kStepUnit + 100, 9) : at::Tensor();
   check_and_free(a, 1);
   check_and_free(c, 3);
-  at::Tensor e = filled(e_units * kU, 6), t2 = filled(kU, 7);
+  at::Tensor e = filled(e_units * kStepUnit, 6), t2 = filled(kStepUnit, 7);
   check_and_free(t2, 7);
   if (extra) check_and_free(x, 9);
   check_and_free(b, 2);
@@ -197,12 +197,12 @@ void fragmenting_step(int64_t a_units = 2, int64_t e_units = 4, bool extra = fal
 
 class StepLayoutInArena : public ::testing::Test {
  protected:
-  static constexpr int64_t kCapacity = 48 * kU;
+  static constexpr int64_t kCapacity = 48 * kStepUnit;
   void SetUp() override {
     // Sixteen units from the top, every other one freed again: eight pinned units (the
     // "parameters") with one-unit holes between them, above 33 free units.
     std::vector<at::Tensor> units;
-    for (int i = 0; i < 16; ++i) units.push_back(filled(kU, 100));
+    for (int i = 0; i < 16; ++i) units.push_back(filled(kStepUnit, 100));
     for (int i = 0; i < 16; ++i) {
       if (i % 2 == 0) pins_.push_back(units[static_cast<size_t>(i)]);
     }
@@ -213,7 +213,7 @@ class StepLayoutInArena : public ::testing::Test {
 };
 
 TEST_F(StepLayoutInArena, AReplayedStepIsThePlanEveryTimeAndFragmentsLessThanTheOnlineRule) {
-  ASSERT_EQ(arena_->stats().largest_free_block, 33 * kU);
+  ASSERT_EQ(arena_->stats().largest_free_block, 33 * kStepUnit);
   StepLayout layout;
   AdvisorInstalled installed(&layout);
   FragmentationProbe probe(*arena_);
@@ -222,14 +222,14 @@ TEST_F(StepLayoutInArena, AReplayedStepIsThePlanEveryTimeAndFragmentsLessThanThe
   layout.end_recording();
   const int64_t online_min_free = probe.min_largest_free;
   const int64_t recorded_in_use = probe.max_in_use;
-  EXPECT_EQ(online_min_free, 21 * kU) << "the 4-unit block went below the four";
+  EXPECT_EQ(online_min_free, 21 * kStepUnit) << "the 4-unit block went below the four";
   EXPECT_EQ(layout.blocks().size(), 7U);
   EXPECT_EQ(layout.obstacles().size(), 8U);
-  EXPECT_EQ(layout.lower_bound_bytes(), 9 * kU);
-  EXPECT_EQ(layout.planned_peak_bytes(), 9 * kU) << "the plan reaches the bound here";
+  EXPECT_EQ(layout.lower_bound_bytes(), 9 * kStepUnit);
+  EXPECT_EQ(layout.planned_peak_bytes(), 9 * kStepUnit) << "the plan reaches the bound here";
   EXPECT_TRUE(layout.plan_fits());
   const int64_t planned_min_free = planned_min_largest_free(layout, kCapacity);
-  EXPECT_EQ(planned_min_free, 24 * kU);
+  EXPECT_EQ(planned_min_free, 24 * kStepUnit);
 
   const int64_t failed_before = arena_->stats().failed_allocations;
   for (int step = 0; step < 3; ++step) {
@@ -244,7 +244,7 @@ TEST_F(StepLayoutInArena, AReplayedStepIsThePlanEveryTimeAndFragmentsLessThanThe
     EXPECT_EQ(probe.max_in_use, recorded_in_use) << "the same bytes, placed differently";
   }
   EXPECT_EQ(arena_->stats().failed_allocations, failed_before) << "no advice was refused";
-  EXPECT_EQ(arena_->stats().in_use, 8 * kU);
+  EXPECT_EQ(arena_->stats().in_use, 8 * kStepUnit);
 }
 
 TEST_F(StepLayoutInArena, ADivergingReplayMissesAndStillAllocatesCorrectly) {
@@ -262,7 +262,7 @@ TEST_F(StepLayoutInArena, ADivergingReplayMissesAndStillAllocatesCorrectly) {
   EXPECT_FALSE(layout.replay_matched());
   EXPECT_EQ(layout.misses(), 2);
   EXPECT_EQ(layout.hits(), 6);
-  EXPECT_EQ(arena_->stats().in_use, 8 * kU) << "every block went back";
+  EXPECT_EQ(arena_->stats().in_use, 8 * kStepUnit) << "every block went back";
 
   // Another size for the first block: b takes a's planned block (same size, next in the
   // window), and the shift costs more misses; still every block is correct.
@@ -272,7 +272,7 @@ TEST_F(StepLayoutInArena, ADivergingReplayMissesAndStillAllocatesCorrectly) {
   EXPECT_FALSE(layout.replay_matched());
   EXPECT_GE(layout.misses(), 2);
   EXPECT_EQ(layout.hits() + layout.misses(), 7);
-  EXPECT_EQ(arena_->stats().in_use, 8 * kU);
+  EXPECT_EQ(arena_->stats().in_use, 8 * kStepUnit);
 
   layout.begin_replay();  // the step as recorded again: the plan still holds
   fragmenting_step();
@@ -315,8 +315,8 @@ TEST_F(StepLayoutInArena, ConcurrentAllocationsDuringAReplayStayCorrect) {
   AdvisorInstalled installed(&layout);
   const auto work = [](uint8_t id) {
     for (int i = 0; i < 20; ++i) {
-      at::Tensor a = filled((1 + i % 3) * kA * 8, id);
-      at::Tensor b = filled(kA * 8, static_cast<uint8_t>(id + 100));
+      at::Tensor a = filled((1 + i % 3) * kStepAlign * 8, id);
+      at::Tensor b = filled(kStepAlign * 8, static_cast<uint8_t>(id + 100));
       check_and_free(a, id);
       check_and_free(b, static_cast<uint8_t>(id + 100));
     }
@@ -334,7 +334,7 @@ TEST_F(StepLayoutInArena, ConcurrentAllocationsDuringAReplayStayCorrect) {
   run_threads();
   layout.end_replay();
   EXPECT_EQ(layout.hits() + layout.misses(), 160);
-  EXPECT_EQ(arena_->stats().in_use, 8 * kU);
+  EXPECT_EQ(arena_->stats().in_use, 8 * kStepUnit);
 }
 
 }  // namespace

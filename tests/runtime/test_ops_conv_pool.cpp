@@ -4,8 +4,6 @@
 namespace ht::test {
 namespace {
 
-at::Tensor rnd(std::vector<int64_t> sizes) { return at::randn(sizes, at::kDouble); }
-
 TEST(OpsConvPool, Conv2dStridePaddingGroups) {
   at::manual_seed(0);
   struct Case {

@@ -4,8 +4,6 @@
 namespace ht::test {
 namespace {
 
-at::Tensor rnd(std::vector<int64_t> sizes) { return at::randn(sizes, at::kDouble); }
-
 TEST(OpsLinear, LinearWithAndWithoutBias2dAnd3d) {
   at::manual_seed(0);
   for (std::vector<int64_t> xs : {std::vector<int64_t>{5, 3}, std::vector<int64_t>{2, 4, 3}}) {

@@ -4,8 +4,6 @@
 namespace ht::test {
 namespace {
 
-at::Tensor rnd(std::vector<int64_t> sizes) { return at::randn(sizes, at::kDouble); }
-
 TEST(OpsNorm, BatchNormTrainingUpdatesRunningStatsOnce) {
   at::manual_seed(0);
   const at::Tensor x = rnd({4, 3, 5, 5}), w = rnd({3}), b = rnd({3});

@@ -5,8 +5,6 @@
 namespace ht::test {
 namespace {
 
-at::Tensor rnd(std::vector<int64_t> sizes) { return at::randn(sizes, at::kDouble); }
-
 TEST(OpsShape, ReshapeViewTransposePermute) {
   at::manual_seed(0);
   const at::Tensor x = rnd({2, 3, 4});

@@ -42,4 +42,7 @@ void check_op(const OpCheck& check);
 inline std::vector<Tensor> one(Tensor t) { return {std::move(t)}; }
 inline std::vector<at::Tensor> one(at::Tensor t) { return {std::move(t)}; }
 
+// A random double tensor: the op checks' inputs.
+inline at::Tensor rnd(std::vector<int64_t> sizes) { return at::randn(sizes, at::kDouble); }
+
 }  // namespace ht::test
