@@ -131,10 +131,15 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, const std::string& preci
 
 // The smaller and larger micro-batch to measure: a point costs about its step time, so the larger
 // is the largest a plan uses unless that step would take more than the cap; beyond it, the model
-// extrapolates.
+// extrapolates. The step's cost here is the modelled one (runtime/kernel_cost.h; backward taken
+// as twice forward), not the measured one: which sizes are measured, and so every prediction
+// made from them, must not change with how busy the machine is (a loaded CI machine once halved
+// the larger size and extrapolated a peak 8% low).
 std::pair<int64_t, int64_t> point_sizes(const ProfilePoint& small, const ProfileRequest& r) {
   const int64_t largest = r.largest_micro_batch;
-  const double per_sample = small.step_ms / static_cast<double>(small.micro_batch);
+  double forward_ms = 0;
+  for (const TraceKernel& k : small.trace.kernels) forward_ms += k.modeled_ms;
+  const double per_sample = 3 * forward_ms / static_cast<double>(small.micro_batch);
   int64_t hi = largest;
   while (hi > 2 * small.micro_batch && per_sample * static_cast<double>(hi) > r.point_ms_cap) hi /= 2;
   return {small.micro_batch, hi};
