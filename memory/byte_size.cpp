@@ -1,5 +1,6 @@
 #include "memory/byte_size.h"
 
+#include <fstream>
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,6 +60,17 @@ std::string format_bytes(int64_t bytes) {
 
 int64_t host_physical_memory_bytes() {
   return static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE));
+}
+
+int64_t host_available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return host_physical_memory_bytes() / 2;  // no /proc: assume half is free
 }
 
 }  // namespace ht

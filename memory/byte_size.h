@@ -17,5 +17,8 @@ std::string format_bytes(int64_t bytes);
 
 // Physical memory of this machine: what "60%" of a CPU device means.
 int64_t host_physical_memory_bytes();
+// Memory the system could give now without swapping (/proc/meminfo's MemAvailable): what host
+// swap's default budget is a share of.
+int64_t host_available_memory_bytes();
 
 }  // namespace ht

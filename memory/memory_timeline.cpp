@@ -30,6 +30,21 @@ void MemoryTimeline::evicted(const char* op, uint64_t tensor_id, int64_t bytes) 
                  {{"tensor", static_cast<double>(tensor_id)}, {"bytes", static_cast<double>(bytes)}});
 }
 
+void MemoryTimeline::copy(bool to_host, uint64_t tensor_id, int64_t bytes, std::chrono::steady_clock::time_point start,
+                          std::chrono::steady_clock::time_point end) {
+  if (!recording()) return;
+  const double ts = std::chrono::duration<double, std::micro>(start - start_).count();
+  const double dur = std::chrono::duration<double, std::micro>(end - start).count();
+  trace_.span(to_host ? "swap out" : "swap in", to_host ? "swap_out" : "swap_in", ts, dur,
+              {{"tensor", static_cast<double>(tensor_id)}, {"bytes", static_cast<double>(bytes)}}, to_host ? 2 : 3);
+}
+
+void MemoryTimeline::copy_wait(uint64_t tensor_id, double ms) {
+  if (!recording()) return;
+  const double end = now_us();
+  trace_.span("swap wait", "swap_wait", end - ms * 1e3, ms * 1e3, {{"tensor", static_cast<double>(tensor_id)}});
+}
+
 void MemoryTimeline::marker(const std::string& name) {
   if (recording()) trace_.instant(name, "step", now_us());
 }

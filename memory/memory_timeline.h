@@ -27,6 +27,11 @@ class MemoryTimeline final : public AllocationObserver {
   void kernel(const char* op, bool recompute, double ms);  // a kernel that just ended
   void evicted(const char* op, uint64_t tensor_id, int64_t bytes);
   void marker(const std::string& name);                    // e.g. "step 3"
+  // Host swap: a copy between device and host that ran from `start` to `end` (on tracks 2 for
+  // copies out and 3 for copies in, beside compute), and compute waiting `ms` for one.
+  void copy(bool to_host, uint64_t tensor_id, int64_t bytes, std::chrono::steady_clock::time_point start,
+            std::chrono::steady_clock::time_point end);
+  void copy_wait(uint64_t tensor_id, double ms);
   void on_allocated(const void* data, int64_t bytes) override;
   void on_freed(const void* data, int64_t bytes) override;
 

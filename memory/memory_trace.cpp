@@ -54,8 +54,8 @@ std::string event_head(const char* name, const char* category, const char* ph, d
   return event;
 }
 
-void append_tail(std::string& event, MemoryTrace::Args args) {
-  event += ",\"pid\":1,\"tid\":1";
+void append_tail(std::string& event, MemoryTrace::Args args, int tid = 1) {
+  event += ",\"pid\":1,\"tid\":" + std::to_string(tid);
   if (args.size() != 0) {
     event += ",\"args\":{";
     bool first = true;
@@ -91,11 +91,11 @@ MemoryTrace::~MemoryTrace() {
 }
 
 void MemoryTrace::span(const std::string& name, const char* category, double ts_us,
-                       double dur_us, Args args) {
+                       double dur_us, Args args, int tid) {
   std::string event = event_head(name.c_str(), category, "X", ts_us);
   event += ",\"dur\":";
   append_number(event, dur_us);
-  append_tail(event, args);
+  append_tail(event, args, tid);
   write_event(event);
 }
 

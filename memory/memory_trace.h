@@ -27,9 +27,10 @@ class MemoryTrace {
   // Times are in microseconds, the unit of the format. Non-finite numbers are written as 0,
   // since JSON has no NaN or infinity. Recording after close() throws std::logic_error.
 
-  // ph "X": a span [ts_us, ts_us + dur_us) with a name, a category and numeric args.
+  // ph "X": a span [ts_us, ts_us + dur_us) with a name, a category and numeric args, on track
+  // `tid` (1: compute; spans that overlap compute, such as copies, get tracks of their own).
   void span(const std::string& name, const char* category, double ts_us, double dur_us,
-            Args args = {});
+            Args args = {}, int tid = 1);
   // ph "i" (scope "t"): an instant event.
   void instant(const std::string& name, const char* category, double ts_us, Args args = {});
   // ph "C": a counter sample; each arg is one series of the counter track named `name`.

@@ -1,0 +1,132 @@
+#include "memory/host_link.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace ht {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+
+}  // namespace
+
+bool CopyJob::done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+double CopyJob::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (done_) return 0;
+  const Clock::time_point start = Clock::now();
+  cv_.wait(lock, [&] { return done_; });
+  return ms_between(start, Clock::now());
+}
+
+CopyQueue::CopyQueue(double bytes_per_ms) : bytes_per_ms_(bytes_per_ms), worker_([this] { run(); }) {}
+
+CopyQueue::~CopyQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void CopyQueue::push(const std::shared_ptr<CopyJob>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(job);
+    queued_bytes_ += job->bytes;
+  }
+  cv_.notify_all();
+}
+
+double CopyQueue::backlog_ms() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_per_ms_ > 0 ? static_cast<double>(queued_bytes_) / bytes_per_ms_ : 0;
+}
+
+LinkStats CopyQueue::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CopyQueue::run() {
+  while (true) {
+    std::shared_ptr<CopyJob> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued is done
+      job = queue_.front();
+    }
+    const Clock::time_point start = Clock::now();
+    std::memcpy(job->dst_.data_ptr(), job->src_.storage().data(), static_cast<size_t>(job->bytes));
+    const Clock::time_point copied = Clock::now();
+    // Hold the copy until the modelled link would have finished it.
+    if (bytes_per_ms_ > 0) {
+      const auto modeled = std::chrono::duration<double, std::milli>(static_cast<double>(job->bytes) / bytes_per_ms_);
+      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(modeled));
+    }
+    const Clock::time_point end = std::max(Clock::now(), copied);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.pop_front();
+      queued_bytes_ -= job->bytes;
+      ++stats_.copies;
+      stats_.bytes += job->bytes;
+      stats_.busy_ms += ms_between(start, end);
+      stats_.memcpy_ms += ms_between(start, copied);
+    }
+    {
+      std::lock_guard<std::mutex> lock(job->mutex_);
+      job->started_ = start;
+      job->finished_ = end;
+      job->done_ = true;
+      // The ends go back to whoever else holds them (the caller frees them on its own thread).
+      job->src_ = at::Tensor();
+      job->dst_ = at::Tensor();
+    }
+    job->cv_.notify_all();
+  }
+}
+
+HostLink::HostLink(double gbps) : gbps_(gbps), to_host_(gbps * 1e6), to_device_(gbps * 1e6) {}
+
+std::shared_ptr<CopyJob> HostLink::copy(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) {
+  const auto bytes = static_cast<int64_t>(src.storage().nbytes());
+  TORCH_CHECK(dst.storage_offset() == 0 && dst.is_contiguous(), "HostLink::copy: the destination must be a whole storage");
+  TORCH_CHECK(static_cast<int64_t>(dst.storage().nbytes()) >= bytes, "HostLink::copy: ", bytes,
+              " bytes into a storage of ", dst.storage().nbytes());
+  auto job = std::make_shared<CopyJob>(direction, src, dst, bytes);
+  queue(direction).push(job);
+  return job;
+}
+
+double HostLink::transfer_ms(int64_t bytes) const {
+  return gbps_ > 0 ? static_cast<double>(bytes) / (gbps_ * 1e6) : 0;
+}
+
+double measure_memcpy_gbps(int64_t bytes) {
+  std::vector<char> a(static_cast<size_t>(bytes), 1), b(static_cast<size_t>(bytes), 0);
+  std::memcpy(b.data(), a.data(), a.size());  // fault the pages in
+  double best_ms = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const Clock::time_point start = Clock::now();
+    std::memcpy(b.data(), a.data(), a.size());
+    best_ms = std::min(best_ms, ms_between(start, Clock::now()));
+  }
+  return static_cast<double>(bytes) / (std::max(best_ms, 1e-3) * 1e6);
+}
+
+}  // namespace ht
