@@ -36,6 +36,10 @@ void MemoryManager::configure(MemoryOptions options) {
   evictor_ = options_.eviction ? std::make_unique<Evictor>(*options_.eviction, options_.arena.get()) : nullptr;
   TORCH_CHECK(options_.arena != nullptr || !options_.static_plans,
               "MemoryManager::configure: static plans need a budget (an arena)");
+  TORCH_CHECK(!options_.swap || (options_.arena != nullptr && evictor_ != nullptr),
+              "MemoryManager::configure: host swap needs a budget and an eviction policy");
+  swap_ = options_.swap ? std::make_unique<HostSwap>(*options_.swap, *options_.arena) : nullptr;
+  if (swap_) swap_->set_timeline(options_.timeline);
   planner_ = options_.static_plans
                  ? std::make_unique<StaticPlanner>(*options_.static_plans, *options_.arena, remat_,
                                                    [this](TensorInfo& t) { evict(t, /*planned=*/true); })
@@ -43,6 +47,8 @@ void MemoryManager::configure(MemoryOptions options) {
 }
 
 void MemoryManager::begin_step() {
+  backward_seen_ = false;
+  if (swap_) swap_->step_begins();
   if (planner_) planner_->begin_step();
 }
 
@@ -62,6 +68,17 @@ void MemoryManager::block_begins(int block) {
 
 void MemoryManager::forward_outputs(const ComputePath& path, const std::vector<Tensor>& outputs, bool taped) {
   if (planner_) planner_->forward_op(path, outputs, taped);
+  if (!swap_ || !taped) return;
+  // What this op's backward will read: candidates for a copy to host.
+  const OpTraits& traits = path.op->traits();
+  const bool heavy = traits.work != Work::kMemory;  // a convolution or a matmul reads it
+  auto consider = [&](TensorInfo* t) {
+    if (t != nullptr) swap_->consider(t->is_view() ? *t->base : *t, heavy);
+  };
+  for (size_t i = 0; i < path.inputs.size(); ++i)
+    if (traits.saves_inputs & (1u << i)) consider(path.inputs[i].get());
+  for (size_t j = 0; j < path.outputs.size(); ++j)
+    if (traits.saves_outputs & (1u << j)) consider(path.outputs[j]);
 }
 
 void MemoryManager::backward_stage_begins(const ComputePath& path, const std::vector<const TensorInfo*>& saved) {
@@ -73,6 +90,7 @@ void MemoryManager::backward_stage_ends(const ComputePath& path) {
 }
 
 void MemoryManager::reset_peak() {
+  if (swap_) swap_->reset_peak();
   stats_.peak_resident_bytes = stats_.resident_bytes;
   stats_.fragmentation_at_peak = 0;
   fragmentation_sampled_at_ = -1;
@@ -93,6 +111,8 @@ void MemoryManager::before_kernel(const ComputePath& path, bool recompute) {
 }
 
 void MemoryManager::before_backward(const ComputePath& path) {
+  if (swap_ && !backward_seen_) swap_->backward_begins();
+  backward_seen_ = true;
   prepare(0);
   if (planner_) planner_->kernel_begins(/*recompute=*/false, /*backward=*/true);
   if (kernel_observer_ != nullptr) kernel_observer_->kernel_begins(path, /*recompute=*/false, /*backward=*/true);
@@ -118,7 +138,7 @@ void MemoryManager::prepare(int64_t expected_bytes) {
   if (!evictor_ || (planner_ && planner_->executing())) return;
   const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(options_.arena->capacity()));
   while (options_.arena->stats().in_use + expected_bytes > target) {
-    TensorInfo* victim = evictor_->pick_victim(roots_, remat_.now());
+    TensorInfo* victim = next_victim();
     if (victim == nullptr) break;  // what is left is pinned; an allocation may still fail
     evict(*victim);
   }
@@ -138,7 +158,7 @@ void MemoryManager::after_kernel(const ComputePath& path, bool recompute, double
 bool MemoryManager::make_room(size_t bytes) {
   // Eviction touches the interpreter, which belongs to one thread; an allocation on an ATen
   // worker fails instead, and the interpreter retries the kernel after making room here.
-  if (!evictor_ || making_room_ || std::this_thread::get_id() != owner_) return false;
+  if (!evictor_ || making_room_ || prefetching_ || std::this_thread::get_id() != owner_) return false;
   // Another interpreter's device memory (benchmarks switch arenas): not ours to free.
   if (active_arena() != options_.arena.get()) return false;
   making_room_ = true;
@@ -153,7 +173,8 @@ bool MemoryManager::make_room(size_t bytes) {
     // A block of `need` may be one eviction away (a tensor between free neighbours) even when
     // the policy's favourite is elsewhere; failing that, the policy frees memory step by step.
     TensorInfo* victim = pick_for_fragmentation(need);
-    if (victim == nullptr) victim = evictor_->pick_victim(roots_, remat_.now());
+    if (victim == nullptr) victim = next_victim();
+    if (victim == nullptr && swap_ && swap_->cancel_prefetch()) continue;  // bytes copied back too early
     if (victim == nullptr) {
       // Everything evictable is gone: what remains is needed now, so no smaller budget works.
       stats_.min_budget_bytes = std::max(stats_.min_budget_bytes, s.in_use + need);
@@ -184,7 +205,51 @@ TensorInfo* MemoryManager::pick_for_fragmentation(int64_t bytes) {
   return best;
 }
 
+TensorInfo* MemoryManager::next_victim() {
+  if (swap_) {
+    while (true) {
+      if (TensorInfo* copied = swap_->pick_victim(roots_)) return copied;
+      if (!swap_->wait_for_copy_out(roots_)) break;
+    }
+  }
+  TensorInfo* victim = evictor_->pick_victim(roots_, remat_.now());
+  if (victim != nullptr && swap_) {
+    // What recomputing it would cost: its producer, and the evicted neighbourhood it depends on.
+    const KernelCosts costs = options_.eviction->costs;
+    const double own = costs == KernelCosts::kModeled ? victim->modeled_ms() : victim->compute_ms();
+    swap_->copy_before_drop(*victim, own + evicted_neighbourhood_cost(*victim, costs));
+  }
+  return victim;
+}
+
+at::Tensor MemoryManager::swap_in(TensorInfo& t) {
+  TORCH_INTERNAL_ASSERT(swap_ != nullptr, "swap_in without host swap");
+  // Its bytes are allocated here, on this thread: the arena makes room by evicting if it must.
+  set_out_of_memory_handler(this);
+  return swap_->bring_back(t);
+}
+
+bool MemoryManager::prefetch(TensorInfo& t) {
+  if (!swap_) return false;
+  const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(options_.arena->capacity()));
+  return swap_->prefetch(t, [&](int64_t bytes) {
+    if (active_arena() != options_.arena.get()) return at::Tensor();  // not ours to allocate in now
+    if (options_.arena->stats().in_use + round_to_block(static_cast<size_t>(bytes)) > target) return at::Tensor();
+    set_out_of_memory_handler(this);
+    prefetching_ = true;
+    at::Tensor out;
+    try {
+      out = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    } catch (const OutOfBudget&) {
+      // no block large enough without evicting: try again later
+    }
+    prefetching_ = false;
+    return out;
+  });
+}
+
 void MemoryManager::evict(TensorInfo& victim, bool planned) {
+  if (swap_ && victim.on_host()) swap_->dropped(victim);
   if (options_.timeline != nullptr) {
     options_.timeline->evicted(victim.producer ? victim.producer->op->traits().name : "?", victim.id, victim.nbytes);
   }
@@ -227,6 +292,7 @@ void MemoryManager::on_dropped(TensorInfo& t) {
 
 void MemoryManager::on_destroyed(TensorInfo& t) {
   if (t.resident()) forget(t);
+  if (swap_) swap_->release(t);
   if (evictor_) evictor_->policy().on_destroyed(t);
   if (planner_) planner_->on_destroyed(t);
 }

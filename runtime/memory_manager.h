@@ -12,6 +12,7 @@
 
 #include "memory/cpu_device_allocator.h"
 #include "runtime/eviction_policy.h"
+#include "runtime/host_swap.h"
 #include "runtime/kernel_observer.h"
 #include "runtime/memory_hooks.h"
 #include "memory/out_of_memory.h"
@@ -38,6 +39,9 @@ struct MemoryOptions {
   // Static plans for steps that repeat (runtime/static_plan.h), DTR (`eviction`) for the rest
   // and as their safety net; null: none. Needs a budget.
   std::optional<StaticPlanOptions> static_plans;
+  // Host swap (runtime/host_swap.h): copies to host memory, taken before recomputation; null:
+  // none. Needs a budget and `eviction` (what is not swapped is recomputed).
+  std::optional<SwapOptions> swap;
 
   // A budget of `arena`, evicting with `heuristic` (default options) or never.
   static MemoryOptions budget(std::shared_ptr<CpuArena> arena, std::optional<EvictionHeuristic> heuristic) {
@@ -92,6 +96,20 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   void on_destroyed(TensorInfo& t) override;
   bool make_room(size_t bytes) override;
 
+  // Host swap. A dropped tensor with a host copy comes back by the copy (the interpreter asks
+  // before it would recompute); backward prefetches saved values `prefetch_lookahead()` entries
+  // ahead, into free memory only (false: no room now).
+  bool swapping() const { return swap_ != nullptr; }
+  bool comes_back_by_copy(const TensorInfo& t) const { return swap_ && t.host != nullptr && !t.resident(); }
+  at::Tensor swap_in(TensorInfo& t);
+  bool prefetch(TensorInfo& t);
+  int prefetch_lookahead() const { return swap_ ? swap_->options().lookahead_entries : 0; }
+  // `t` was released (nobody will read it): its host copy goes too.
+  void release_host_copy(TensorInfo& t) {
+    if (swap_) swap_->release(t);
+  }
+  const SwapStats* swap_stats() const { return swap_ ? &swap_->stats() : nullptr; }
+
   // Runs `kernel`. Only this manager's thread may evict, so an allocation on an ATen worker
   // thread that does not fit fails instead: make room here for what the kernel held then plus
   // what it asked, and run it again (kernels are functional; random ones replay their seed).
@@ -120,7 +138,10 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
 
   const MemoryStats& stats() const { return stats_; }
   void reset_peak();
-  void set_timeline(MemoryTimeline* timeline) { options_.timeline = timeline; }
+  void set_timeline(MemoryTimeline* timeline) {
+    options_.timeline = timeline;
+    if (swap_) swap_->set_timeline(timeline);
+  }
   // Told of every kernel's start and end (the planner's profiled step); null: nobody.
   void set_kernel_observer(KernelObserver* observer) { kernel_observer_ = observer; }
   // Resident root tensors that own bytes: the candidates a policy chooses from.
@@ -134,12 +155,18 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   // `planned`: a static plan drops it (counted by the planner, not as an eviction).
   void evict(TensorInfo& victim, bool planned = false);
   TensorInfo* pick_for_fragmentation(int64_t bytes);
+  // The next tensor to drop for room: one with a host copy (free), else, after waiting for
+  // copies to host still running, the eviction policy's choice (recomputed); null if none.
+  TensorInfo* next_victim();
   void forget(TensorInfo& t);
 
   Rematerializer& remat_;
   MemoryOptions options_;
   std::unique_ptr<Evictor> evictor_;
   std::unique_ptr<StaticPlanner> planner_;
+  std::unique_ptr<HostSwap> swap_;
+  bool prefetching_ = false;  // a prefetch allocates: make_room must not evict for it
+  bool backward_seen_ = false;
   std::thread::id owner_ = std::this_thread::get_id();
   KernelObserver* kernel_observer_ = nullptr;
   bool making_room_ = false;

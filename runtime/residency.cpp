@@ -2,7 +2,8 @@
 //  - a record holds data while anyone will read it (handles, pins) or a resident view shares it;
 //  - a view shares its root's storage: the root is kept while any view is resident, and evicting
 //    a root evicts its views; a dropped view is regenerated from its base by its view op;
-//  - leaves and outputs of non-recomputable ops keep their data while their record lives.
+//  - leaves and outputs of non-recomputable ops keep their data while their record lives;
+//  - a dropped tensor with a copy in host memory (host swap) comes back by the copy.
 #include "runtime/interpreter.h"
 
 #include <algorithm>
@@ -60,6 +61,7 @@ void Interpreter::release_if_unused(TensorInfo& t) {
     return;
   if (!t.producer || !t.producer->op->traits().recomputable) return;
   drop(t);
+  memory_.release_host_copy(t);  // nobody will read it: its copy in host memory goes too
 }
 
 void Interpreter::on_handle_released(TensorInfo& t) {
@@ -112,6 +114,11 @@ const at::Tensor& Interpreter::materialize(TensorInfo& target) {
     ComputePath* path = t->producer.get();
     if (!stack.back().expanded) {
       if (t->resident()) {  // regenerated meanwhile, as another output of an op call
+        stack.pop_back();
+        continue;
+      }
+      if (memory_.comes_back_by_copy(*t)) {  // host swap: a copy back, never a recomputation
+        attach(*t, memory_.swap_in(*t));
         stack.pop_back();
         continue;
       }

@@ -69,7 +69,10 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   std::unordered_map<const c10::TensorImpl*, int64_t> pending;
   if (listener != nullptr) pending = pending_leaves(*listener);
   std::vector<TapeEntry> owing;  // kInputs: entries whose weights' part is still to run
+  const int lookahead = interp.memory().prefetch_lookahead();
+  auto ahead = entries_.rbegin();  // host swap: the next entry whose saved values to prefetch
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (lookahead > 0) prefetch_saved(interp, it, ahead, lookahead);
     if (run_entry(interp, *it, part)) {
       owing.push_back(std::move(*it));
       continue;
@@ -84,6 +87,20 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
     *it = TapeEntry{};
   }
   entries_.assign(std::make_move_iterator(owing.rbegin()), std::make_move_iterator(owing.rend()));
+}
+
+void Tape::prefetch_saved(Interpreter& interp, std::vector<TapeEntry>::reverse_iterator now,
+                          std::vector<TapeEntry>::reverse_iterator& ahead, int lookahead) {
+  if (ahead < now) ahead = now;
+  for (; ahead != entries_.rend() && ahead - now < lookahead; ++ahead) {
+    for (auto* saved : {&ahead->saved_inputs, &ahead->saved_outputs}) {
+      for (const Tensor& s : *saved) {
+        if (!s.defined()) continue;
+        TensorInfo* root = s.info()->is_view() ? s.info()->base : s.info();
+        if (!interp.memory().prefetch(*root)) return;  // no room now: the same entry next time
+      }
+    }
+  }
 }
 
 std::unordered_map<const c10::TensorImpl*, int64_t> Tape::pending_leaves(GradientListener& listener) const {

@@ -51,6 +51,10 @@ class Tape {
   // Runs one entry's backward for the inputs `part` selects; returns whether it still owes the
   // weights' part (kInputs only), its output gradients then kept in entry.deferred_grads.
   bool run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part);
+  // Host swap: starts copying back the saved values of entries up to `lookahead` ahead of `now`
+  // (in backward's order), from `ahead` on, while they fit; `ahead` moves past what was started.
+  void prefetch_saved(Interpreter& interp, std::vector<TapeEntry>::reverse_iterator now,
+                      std::vector<TapeEntry>::reverse_iterator& ahead, int lookahead);
   // For each leaf value that needs a gradient, the entries that take it as input; tells `listener`.
   std::unordered_map<const c10::TensorImpl*, int64_t> pending_leaves(GradientListener& listener) const;
   std::vector<TapeEntry> entries_;

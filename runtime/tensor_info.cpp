@@ -1,5 +1,6 @@
 #include "runtime/tensor_info.h"
 
+#include "memory/host_link.h"
 #include "runtime/interpreter.h"
 #include "runtime/op.h"
 
@@ -37,8 +38,11 @@ TensorInfo::~TensorInfo() { owner->on_record_destroyed(*this); }
 double TensorInfo::compute_ms() const { return producer ? producer->compute_ms : 0.0; }
 double TensorInfo::modeled_ms() const { return producer ? producer->modeled_ms : 0.0; }
 
+bool TensorInfo::copying_to_host() const { return host != nullptr && host->out && !host->out->done(); }
+bool TensorInfo::on_host() const { return host != nullptr && host->out && host->out->done(); }
+
 bool TensorInfo::evictable() const {
-  if (is_leaf || !resident() || pin_count > 0) return false;
+  if (is_leaf || !resident() || pin_count > 0 || copying_to_host()) return false;
   if (!producer || !producer->op->traits().recomputable) return false;
   for (const TensorInfo* v : views) {
     if (v->resident() && v->pin_count > 0) return false;

@@ -12,14 +12,29 @@
 
 namespace ht {
 
+class CopyJob;
 class Interpreter;
 class Op;
 struct ComputePath;
 
-// Where a tensor's data is now. Host swap will add an on-host state.
+// Where a tensor's data is on the device. A dropped tensor may also have a copy in host memory
+// (TensorInfo::host, host swap): then it comes back by a copy instead of a recomputation.
 enum class Residency : uint8_t {
   kResident,  // `value` holds the data
   kEvicted,   // data dropped (evicted, or no longer referenced); regenerable from `producer`
+};
+
+// A root tensor's bytes in host memory (memory.policy = "swap" or "hybrid"; runtime/host_swap.h).
+// Values are immutable, so a copy, once made, stays valid while the record lives.
+struct HostCopy {
+  at::Tensor host;                // the storage's bytes, outside the arena
+  std::shared_ptr<CopyJob> out;   // device -> host: the copy is valid once it is done
+  std::shared_ptr<CopyJob> in;    // host -> device in flight (a prefetch); null otherwise
+  at::Tensor incoming;            // the device bytes `in` fills
+  // The value's layout in its storage, to rebuild it from the bytes.
+  c10::SmallVector<int64_t, 5> strides;
+  int64_t storage_offset = 0;
+  bool prefetched = false;  // `in` was started ahead of use (not by the read that needed it)
 };
 
 struct TensorInfo {
@@ -63,13 +78,21 @@ struct TensorInfo {
   // Reverse mode: the gradient accumulated so far during backward().
   at::Tensor grad;
 
+  // Host swap: its copy in host memory, made or being made; null: none.
+  std::unique_ptr<HostCopy> host;
+
   bool resident() const { return residency == Residency::kResident; }
   bool is_view() const { return base != nullptr; }
   // Time the producing kernel took, and its modelled cost (runtime/kernel_cost.h); 0 for leaves.
   double compute_ms() const;
   double modeled_ms() const;
-  // May the memory manager drop this tensor's data now?
+  // May the memory manager drop this tensor's data now? (Not while its copy to host is running:
+  // the copy reads it.)
   bool evictable() const;
+  // A copy to host was started and has not finished.
+  bool copying_to_host() const;
+  // Its bytes are in host memory: a drop costs a copy back, not a recomputation.
+  bool on_host() const;
 };
 
 // One op call: the op (with its arguments), its inputs and its outputs.

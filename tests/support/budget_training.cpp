@@ -22,6 +22,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed});
   MemoryOptions memory = MemoryOptions::budget(arena, heuristic);
   memory.static_plans = savers.static_plans;
+  memory.swap = savers.swap;
   interp.memory().configure(memory);
   interp.set_autocast(savers.autocast);
   TORCH_CHECK(batch % savers.micro_batches == 0, "train_in_budget: batch ", batch, " in ", savers.micro_batches,
@@ -64,6 +65,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
   }
   run.stats = interp.memory().stats();
   if (const StaticPlanner* planner = interp.memory().static_planner()) run.plan_stats = planner->stats();
+  if (const SwapStats* swap = interp.memory().swap_stats()) run.swap_stats = *swap;
   run.peak_in_use = arena->stats().peak_in_use;
   return run;
 }

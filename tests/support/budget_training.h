@@ -24,6 +24,7 @@ struct BudgetRun {
   int64_t fixed_bytes = 0;
   MemoryStats stats;
   StaticPlanStats plan_stats;          // with static plans
+  SwapStats swap_stats;                // with host swap
   int64_t live_records_after = 0;      // interpreter records alive after the last step
 };
 
@@ -33,6 +34,8 @@ struct SaverOptions {
   int64_t micro_batches = 1;               // gradient accumulation over equal slices of the batch
   // Static plans for the repeating step, with `heuristic` (DTR) as their fallback and safety net.
   std::optional<StaticPlanOptions> static_plans;
+  // Host swap (swap or hybrid), with `heuristic` (DTR) recomputing what is not swapped.
+  std::optional<SwapOptions> swap;
 };
 
 BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<EvictionHeuristic> heuristic,
