@@ -95,8 +95,12 @@ struct MemoryConfig {
   int64_t trace_steps = 2;
   bool host_cache = true;  // keep freed CPU memory for reuse (memory/host_block_cache.h)
   bool check_fit = true;   // refuse a run the planner predicts cannot fit (launcher/planning/run_check.h)
+  // Host swap (policies swap and hybrid): host memory for copies, and the link's modelled rate.
+  std::string host_budget;        // empty: half of the host's available memory
+  double host_link_gbps = 25;     // PCIe Gen4 x16 in practice, per direction
   // Derived by validation from `budget`, not read from the file: bytes, 0 for unlimited.
   int64_t budget_bytes = 0;
+  int64_t host_budget_bytes = 0;  // derived from `host_budget`
 };
 
 // Machines not at hand, for the planner: without it, `hybrid_train plan` measures this one.

@@ -234,8 +234,12 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "sequence from its first step, DTR for steps that leave it), auto (a plan once a sequence "
                     "repeats, DTR otherwise), segments (torch's checkpoint_sequential: sqrt(n) segments of "
                     "blocks, recomputed whole); or DTR with an eviction heuristic: dtr (the paper's h_DTR), "
-                    "dtr_eq (its union-find approximation), megengine (fragmentation-aware), lru or largest")
-                  .choices({"none", "static", "auto", "segments", "dtr", "dtr_eq", "megengine", "lru", "largest"}));
+                    "dtr_eq (its union-find approximation), megengine (fragmentation-aware), lru or largest; or "
+                    "host swap: swap (vDNN: convolution and matmul outputs copied to host memory in forward, "
+                    "prefetched in backward) or hybrid (Capuchin: swap what the link hides under forward, "
+                    "recompute the rest by DTR's score)")
+                  .choices({"none", "static", "auto", "segments", "dtr", "dtr_eq", "megengine", "lru", "largest", "swap",
+                            "hybrid"}));
   f.push_back(Field(&C::memory, &MemoryConfig::budget, "memory", "budget",
                     "device memory per rank, parameters, gradients and optimizer state included: \"1.5GiB\", "
                     "\"800MiB\", \"2GB\", bytes, or \"60%\" of the device; empty: unlimited"));
@@ -264,6 +268,17 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "place every block of a planned step at an offset laid out ahead of time, so that it cannot "
                     "fragment; false: the arena's own placement")
                   .only_when(planning_words, planning));
+  auto swapping = [](const Config& c) { return c.memory.policy == "swap" || c.memory.policy == "hybrid"; };
+  const char* swapping_words = "memory.policy is swap or hybrid";
+  f.push_back(Field(&C::memory, &MemoryConfig::host_budget, "memory", "host_budget",
+                    "host memory for swapped activations: bytes with a unit (\"8GiB\") or a share of the host's "
+                    "available memory (\"50%\"); empty: half of it. A copy that would pass it is not made (the "
+                    "tensor is recomputed instead)")
+                  .only_when(swapping_words, swapping));
+  f.push_back(Field(&C::memory, &MemoryConfig::host_link_gbps, "memory", "host_link_gbps",
+                    "GB/s of the link between device and host memory, each way (PCIe Gen4 x16 gives about 25 "
+                    "in practice); on CPU ranks copies take the time this link would take")
+                  .min(0.01).only_when(swapping_words, swapping));
   f.push_back(Field(&C::memory, &MemoryConfig::trace, "memory", "trace",
                     "write <job.output_dir>/memory_trace.json: kernels, recomputations, evictions, allocations "
                     "and bytes in use, for chrome://tracing or Perfetto"));

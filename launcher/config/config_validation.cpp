@@ -124,10 +124,32 @@ class Rules {
                         "or train on \"cpu\"");
       }
     }
+    if (m.policy == "swap" || m.policy == "hybrid") host_budget();
     if (m.policy != "none" && m.budget.empty()) {
       throw UserError(loc("memory.policy") + "memory.policy = \"" + m.policy + "\" evicts to fit a budget, and "
                       "memory.budget is not set; set it too, e.g. memory.budget = \"2GiB\" or \"50%\"");
     }
+  }
+
+  void host_budget() {
+    auto& m = c_.memory;
+    const int64_t available = host_available_memory_bytes();
+    if (m.host_budget.empty()) {
+      m.host_budget_bytes = available / 2;
+      return;
+    }
+    const auto bytes = parse_byte_size(m.host_budget, available);
+    if (!bytes) {
+      throw UserError(loc("memory.host_budget") + "memory.host_budget = \"" + m.host_budget +
+                      "\" is not a memory size; use bytes with a unit (\"8GiB\", \"500MB\") or a share of the host's "
+                      "available memory (\"50%\")");
+    }
+    if (*bytes > available) {
+      throw UserError(loc("memory.host_budget") + "memory.host_budget = \"" + m.host_budget + "\" (" +
+                      format_bytes(*bytes) + ") is more than this host's available memory (" + format_bytes(available) +
+                      "); use at most that, e.g. \"50%\"");
+    }
+    m.host_budget_bytes = *bytes;
   }
 
   void cluster_memory() {

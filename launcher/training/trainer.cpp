@@ -1,9 +1,12 @@
 #include "launcher/training/trainer.h"
 
 #include "launcher/training/optimizer.h"
+#include "memory/byte_size.h"
 #include "memory/cpu_device_allocator.h"
+#include "memory/host_link.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 
 namespace ht {
@@ -61,6 +64,16 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   replicas_.broadcast_state(model_->buffers());
   model_->train();
   interp_.set_autocast(autocast_type(config.training));
+  const bool swapping = config.memory.policy == "swap" || config.memory.policy == "hybrid";
+  if (swapping && arena_) {
+    host_link_ = std::make_shared<HostLink>(config.memory.host_link_gbps);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "host swap: a link of %.1f GB/s each way (memcpy on this host: %.1f GB/s), host memory for "
+                  "copies %s",
+                  config.memory.host_link_gbps, measure_memcpy_gbps(), format_bytes(config.memory.host_budget_bytes).c_str());
+    progress_.line(line);
+  }
   interp_.memory().configure(memory_options());
   if (interp_.memory().static_planner() != nullptr) {
     // Segments end at blocks; the capture of a step notes where each began.
@@ -100,7 +113,15 @@ MemoryOptions Trainer::memory_options() const {
     }
     EvictionOptions eviction;  // DTR: the policy, or the safety net and fallback of static plans
     // the schema admits only these names
-    eviction.heuristic = planning ? EvictionHeuristic::kDtr : *eviction_heuristic_from_name(m.policy);
+    const bool swapping = m.policy == "swap" || m.policy == "hybrid";
+    eviction.heuristic = planning || swapping ? EvictionHeuristic::kDtr : *eviction_heuristic_from_name(m.policy);
+    if (swapping) {
+      SwapOptions swap;
+      swap.rule = m.policy == "swap" ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
+      swap.link = host_link_;
+      swap.host_budget_bytes = m.host_budget_bytes;
+      options.swap = swap;
+    }
     eviction.sqrt_sampling = m.sqrt_sampling;
     eviction.ignore_small = m.ignore_small;
     eviction.costs = *kernel_costs_from_name(m.kernel_costs);  // the schema admits only these names
@@ -175,6 +196,7 @@ Trainer::StepResult Trainer::train_step() {
   if (arena_) arena_->reset_peak();
   interp_.memory().reset_peak();
   const MemoryStats before = interp_.memory().stats();
+  const SwapStats swap_before = interp_.memory().swap_stats() ? *interp_.memory().swap_stats() : SwapStats{};
   trace_step_begins();
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
@@ -226,6 +248,13 @@ Trainer::StepResult Trainer::train_step() {
   r.recomputations = after.recomputations - before.recomputations;
   r.recompute_ms = after.recompute_ms - before.recompute_ms;
   r.fragmentation = after.fragmentation_at_peak;
+  if (const SwapStats* swap = interp_.memory().swap_stats()) {
+    r.swap_out_bytes = swap->bytes_out - swap_before.bytes_out;
+    r.swap_in_bytes = swap->bytes_in - swap_before.bytes_in;
+    r.swap_in_hidden_bytes = swap->bytes_in_hidden - swap_before.bytes_in_hidden;
+    r.swap_wait_ms = swap->wait_ms - swap_before.wait_ms;
+    r.host_peak_bytes = swap->peak_host_bytes;
+  }
   if (pipeline_) gather_stage_stats(r);
   trace_step_ended();
   return r;
@@ -363,6 +392,11 @@ void Trainer::log_step(const StepResult& r) {
         .add("plan_solve_ms", p.plan_solve_ms).add("plan_evictions", p.plan_evictions)
         .add("plan_recomputations", p.plan_recomputations).add("layout_misses", p.layout_misses)
         .add("planned_peak_bytes", p.last_planned_peak);
+  }
+  if (host_link_) {
+    record.add("swap_out_bytes", r.swap_out_bytes).add("swap_in_bytes", r.swap_in_bytes)
+        .add("swap_in_hidden_bytes", r.swap_in_hidden_bytes).add("swap_wait_ms", r.swap_wait_ms)
+        .add("host_peak_bytes", r.host_peak_bytes);
   }
   if (predicted_peak_bytes_ >= 0) {
     record.add("predicted_peak_bytes", predicted_peak_bytes_).add("predicted_step_ms", predicted_step_ms_);

@@ -97,6 +97,10 @@ class Trainer {
     // The memory manager during this step.
     int64_t evictions = 0, recomputations = 0;
     double recompute_ms = 0, fragmentation = 0;
+    // Host swap during this step: bytes each way, compute's waiting, bytes in that were back
+    // before their read (hidden), and the host memory's peak.
+    int64_t swap_out_bytes = 0, swap_in_bytes = 0, swap_in_hidden_bytes = 0, host_peak_bytes = 0;
+    double swap_wait_ms = 0;
     DataParallelStats comm;
     // Per pipeline stage (pipeline parallelism): compute, waiting, bytes sent, memory peak.
     std::vector<double> stage_compute_ms, stage_wait_ms, stage_p2p_bytes, stage_peak_bytes;
@@ -122,6 +126,7 @@ class Trainer {
   Sampler sampler_;
   std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<CpuArena> arena_;
+  std::shared_ptr<HostLink> host_link_;  // host swap's link; null without it
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
   std::unique_ptr<LossScaler> scaler_;         // fp16

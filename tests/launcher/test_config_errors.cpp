@@ -146,6 +146,34 @@ TEST_F(ConfigErrors, MixedPrecision) {
                                             "and needs no loss scaling)"));
 }
 
+TEST_F(ConfigErrors, HostSwap) {
+  const std::vector<std::string> hybrid{"--memory.policy=hybrid", "--memory.budget=64MiB"};
+  auto with = [&](std::vector<std::string> args, const std::string& more) {
+    args.push_back(more);
+    return error_in(kGood, args);
+  };
+  EXPECT_THAT(with(hybrid, "--memory.host_budget=plenty"),
+              HasSubstr("argument --memory.host_budget=plenty: memory.host_budget = \"plenty\" is not a memory size; "
+                        "use bytes with a unit (\"8GiB\", \"500MB\") or a share of the host's available memory "
+                        "(\"50%\")"));
+  EXPECT_THAT(with(hybrid, "--memory.host_budget=1000000GiB"),
+              HasSubstr("is more than this host's available memory"));
+  EXPECT_THAT(with(hybrid, "--memory.host_link_gbps=0"), HasSubstr("memory.host_link_gbps: 0.0 is out of range: must be >= 0.01"));
+  EXPECT_THAT(error_in(std::string(kGood) + "[memory]\npolicy = \"swap\"\n"),
+              HasSubstr("memory.policy = \"swap\" evicts to fit a budget, and memory.budget is not set"));
+  auto host_bytes = [&](const std::vector<std::string>& args) {
+    std::vector<ConfigOverride> overrides;
+    for (const auto& a : args) overrides.push_back(override_of(a));
+    return load_config(dir_.write("h.toml", kGood), overrides).config.memory.host_budget_bytes;
+  };
+  EXPECT_EQ(host_bytes({"--memory.policy=swap", "--memory.budget=64MiB", "--memory.host_budget=2GiB"}), int64_t{2} << 30);
+  EXPECT_GT(host_bytes(hybrid), 0) << "the default: half of the available memory";
+  const LoadedConfig loaded = load_config(dir_.write("w.toml", kGood), {override_of("--memory.host_link_gbps=8")});
+  ASSERT_EQ(loaded.warnings.size(), 1u);
+  EXPECT_THAT(loaded.warnings[0], HasSubstr("memory.host_link_gbps has no effect: it applies only when memory.policy "
+                                            "is swap or hybrid"));
+}
+
 TEST_F(ConfigErrors, MemoryBudget) {
   EXPECT_THAT(error_in(kGood, {"--memory.budget=lots"}),
               HasSubstr("argument --memory.budget=lots: memory.budget = \"lots\" is not a memory size; use bytes "

@@ -333,6 +333,34 @@ TEST(Training, MemoryTraceIsAChromeTraceOfTheFirstSteps) {
   EXPECT_FALSE(std::filesystem::exists(dir.path("out/memory_trace.json.tmp")));
 }
 
+// Host swap as users run it: hybrid_train with memory.policy = "swap" and "hybrid" at 0.7 of the
+// unbudgeted peak trains the unbudgeted run's parameters, logs what crossed the link each step,
+// and the memory trace shows the copies (out and in) beside compute.
+TEST(Training, HostSwapTrainsTheSameParametersAndTracesItsCopies) {
+  TempDir dir;
+  const JobOutcome roomy = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("roomy"),
+                                                              "--memory.budget=1GiB"}), true);
+  const std::string budget = std::to_string(roomy.result.mem_peak_bytes * 7 / 10);
+  for (const char* policy : {"swap", "hybrid"}) {
+    const std::string out = dir.path(policy);
+    const JobOutcome run = run_job(config_for(dir, kResNet, {"--job.output_dir=" + out, std::string("--memory.policy=") + policy,
+                                                             "--memory.budget=" + budget, "--memory.host_link_gbps=50",
+                                                             "--memory.trace=true", "--memory.trace_steps=2"}), true);
+    const auto a = state_of(*roomy.model), b = state_of(*run.model);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << policy << ": parameter/buffer " << i;
+    const std::string metrics = read_file(out + "/metrics.jsonl");
+    for (const char* key : {"\"swap_in_bytes\"", "\"swap_in_hidden_bytes\"", "\"swap_wait_ms\"", "\"host_peak_bytes\""})
+      EXPECT_THAT(metrics, HasSubstr(key)) << policy;
+    EXPECT_TRUE(std::regex_search(metrics, std::regex("\"swap_out_bytes\": [1-9]"))) << policy << ": " << metrics;
+    const std::string trace = read_file(out + "/memory_trace.json");
+    EXPECT_THAT(trace, HasSubstr("\"cat\":\"swap_out\"")) << policy;
+    if (std::string(policy) == "swap") {
+      EXPECT_THAT(trace, HasSubstr("\"cat\":\"swap_in\""));
+    }
+  }
+}
+
 TEST(Training, AccumulationOfOneMicroBatchIsThePlainRunAndFourIsClose) {
   TempDir dir;
   const std::string toml = std::string(kBase) + "[model]\nname = \"mlp\"\nhidden = [16]\n";
