@@ -69,6 +69,7 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   MemoryOptions options = MemoryOptions::budget(arena_, policy);
   options.eviction_threshold = eviction_threshold;
   options.static_plans = savers.static_plans;
+  options.swap = savers.swap;
   if (options.eviction) options.eviction->costs = savers.kernel_costs;
   interp_->memory().configure(options);
   if (savers.static_plans) {
@@ -88,6 +89,13 @@ StepSample BudgetRunner::step() {
   fixed_bytes_ = arena_->stats().in_use;
   arena_->reset_peak();
   const MemoryStats before = interp_->memory().stats();
+  const SwapStats swap_before = interp_->memory().swap_stats() ? *interp_->memory().swap_stats() : SwapStats{};
+  const HostLink* link = interp_->memory().swapping() ? interp_->memory().options().swap->link.get() : nullptr;
+  LinkStats out_before, in_before;
+  if (link != nullptr) {
+    out_before = link->stats(CopyDirection::kToHost);
+    in_before = link->stats(CopyDirection::kToDevice);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   {
     StepSample s;
@@ -112,6 +120,16 @@ StepSample BudgetRunner::step() {
     s.recomputations = after.recomputations - before.recomputations;
     s.peak_in_use = arena_->stats().peak_in_use;
     peak_in_use_ = std::max(peak_in_use_, s.peak_in_use);
+    if (const SwapStats* swap = interp_->memory().swap_stats()) {
+      s.swap_out_bytes = swap->bytes_out - swap_before.bytes_out;
+      s.swap_in_bytes = swap->bytes_in - swap_before.bytes_in;
+      s.swap_in_hidden_bytes = swap->bytes_in_hidden - swap_before.bytes_in_hidden;
+      s.swap_wait_ms = swap->wait_ms - swap_before.wait_ms;
+      // Copies still running at the step's end count in the next step.
+      const LinkStats out = link->stats(CopyDirection::kToHost), in = link->stats(CopyDirection::kToDevice);
+      s.link_busy_ms = out.busy_ms - out_before.busy_ms + in.busy_ms - in_before.busy_ms;
+      s.link_bytes = out.bytes - out_before.bytes + in.bytes - in_before.bytes;
+    }
     return s;
   }
 }

@@ -35,6 +35,11 @@ std::vector<Workload> large_workloads(bool quick);
 struct StepSample {
   double ms = 0, recompute_ms = 0, loss = 0;
   int64_t evictions = 0, recomputations = 0, peak_in_use = 0;
+  // Host swap in this step: bytes each way, bytes in that were back before their read, compute
+  // waiting for copies, and the link's busy time each way.
+  int64_t swap_out_bytes = 0, swap_in_bytes = 0, swap_in_hidden_bytes = 0;
+  double swap_wait_ms = 0, link_busy_ms = 0;
+  int64_t link_bytes = 0;
 };
 
 // The other memory savers: mixed precision, and gradient accumulation over equal micro-batches
@@ -46,6 +51,8 @@ struct Savers {
   std::optional<StaticPlanOptions> static_plans;
   // What DTR weighs (memory.kernel_costs).
   KernelCosts kernel_costs = KernelCosts::kModeled;
+  // Host swap (runtime/host_swap.h), DTR recomputing what is not swapped.
+  std::optional<SwapOptions> swap;
 };
 
 struct Unoptimized {

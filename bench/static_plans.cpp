@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-large", o.large, "leave out ResNet-50 and the 12-layer GPT");
   CLI11_PARSE(app, argc, argv);
   ht::CpuAllocationCounter::install();
-  const ht::ThreadPools pools = ht::set_compute_threads(ht::default_thread_count(1));
+  ht::set_compute_threads(ht::default_thread_count(1));
   std::vector<Workload> models = workloads(o.quick);
   if (o.large) {
     for (Workload& w : large_workloads(o.quick)) models.push_back(std::move(w));
