@@ -89,10 +89,14 @@ TEST_P(ModelStatic, SegmentsTrainBitIdentically) {
     expect_identical_and_no_leaks(plain, run, c.name + " in segments");
     EXPECT_GE(run.plan_stats.plans, 1);
     // The supernet takes another path every step: its plans never run (each step diverges).
-    if (c.name != "supernet") EXPECT_GT(run.plan_stats.plan_recomputations, 0) << "segments recompute what they dropped";
+    if (c.name != "supernet") {
+      EXPECT_GT(run.plan_stats.plan_recomputations, 0) << "segments recompute what they dropped";
+    }
     // Segments save memory where blocks are alike (GPT's layers, ResNet's stages); the convnet,
     // whose first block holds most of its activations, needs more with them than without.
-    if (c.name == "gpt" || c.name == "resnet18") EXPECT_LT(run.plan_stats.last_planned_peak, plain.peak_in_use);
+    if (c.name == "gpt" || c.name == "resnet18") {
+      EXPECT_LT(run.plan_stats.last_planned_peak, plain.peak_in_use);
+    }
   }
 }
 
