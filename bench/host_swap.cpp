@@ -54,7 +54,7 @@ Savers savers_for(const std::string& policy, double gbps, const Options& o) {
 
 struct Row {
   bool fits = false;
-  double slowdown = 0, recompute_share = 0, out_mib = 0, hidden = -1, link_rate = -1;
+  double slowdown = 0, recompute_share = 0, recomputations = 0, out_mib = 0, hidden = -1, link_rate = -1;
   bool identical = true;
 };
 
@@ -63,7 +63,7 @@ Row measure_row(const Workload& w, int64_t budget, const std::string& policy, do
   BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
   BudgetRunner run(w, w.batch, budget, EvictionHeuristic::kDtr, MemoryOptions{}.eviction_threshold,
                    savers_for(policy, gbps, o));
-  std::vector<double> ratios, recompute;
+  std::vector<double> ratios, recompute, recomputations;
   double out = 0, in = 0, hidden = 0, busy = 0, link_bytes = 0;
   try {
     for (int i = 0; i < o.warmup; ++i) row.identical &= plain.step().loss == run.step().loss;
@@ -71,6 +71,7 @@ Row measure_row(const Workload& w, int64_t budget, const std::string& policy, do
       row.identical &= a.loss == b.loss;
       ratios.push_back(b.ms / a.ms);
       recompute.push_back(b.recompute_ms / b.ms);
+      recomputations.push_back(static_cast<double>(b.recomputations));
       out += static_cast<double>(b.swap_out_bytes);
       in += static_cast<double>(b.swap_in_bytes);
       hidden += static_cast<double>(b.swap_in_hidden_bytes);
@@ -83,6 +84,7 @@ Row measure_row(const Workload& w, int64_t budget, const std::string& policy, do
   row.fits = true;
   row.slowdown = median(ratios);
   row.recompute_share = median(recompute);
+  row.recomputations = median(recomputations);
   row.out_mib = out / o.reps / (1 << 20);
   if (in > 0) row.hidden = hidden / in;
   if (busy > 0) row.link_rate = link_bytes / busy / (gbps * 1e6);
@@ -103,9 +105,9 @@ void print_row(const Workload& w, double ratio, const std::string& policy, const
     std::snprintf(s, sizeof s, "%.0f%%", 100 * v);
     return std::string(s);
   };
-  std::printf("| %-22s | %5.2f | %-6s | %6s | %8.1f | %7.3fx | %8.1f%% | %8.1f | %6s | %6s | %-9s |\n",
+  std::printf("| %-22s | %5.2f | %-6s | %6s | %8.1f | %7.3fx | %8.1f%% | %7.0f | %8.1f | %6s | %6s | %-9s |\n",
               w.name.c_str(), ratio, policy.c_str(), link.c_str(), budget / 1048576.0, r.slowdown,
-              100 * r.recompute_share, r.out_mib, pct(r.hidden).c_str(), pct(r.link_rate).c_str(),
+              100 * r.recompute_share, r.recomputations, r.out_mib, pct(r.hidden).c_str(), pct(r.link_rate).c_str(),
               r.identical ? "identical" : "DIFFERENT");
   std::fflush(stdout);
 }
@@ -167,9 +169,9 @@ void run(const Workload& w, const Options& o) {
   const Unoptimized u = plain.unoptimized();
   std::printf("\n%s: fixed %.1f MiB, unbudgeted peak %.1f MiB, activations %.1f MiB\n\n", w.name.c_str(),
               u.fixed_bytes / 1048576.0, u.peak_in_use / 1048576.0, (u.peak_in_use - u.fixed_bytes) / 1048576.0);
-  std::printf("| %-22s | %5s | %-6s | %6s | %8s | %8s | %9s | %8s | %6s | %6s | %-9s |\n", "model", "ratio", "policy",
-              "GB/s", "budget", "slowdown", "recompute", "MiB out", "hidden", "link", "losses");
-  std::printf("|%s|\n", std::string(124, '-').c_str());
+  std::printf("| %-22s | %5s | %-6s | %6s | %8s | %8s | %9s | %7s | %8s | %6s | %6s | %-9s |\n", "model", "ratio",
+              "policy", "GB/s", "budget", "slowdown", "recompute", "kernels", "MiB out", "hidden", "link", "losses");
+  std::printf("|%s|\n", std::string(134, '-').c_str());
   std::map<std::pair<double, double>, std::map<std::string, Row>> rows;  // (ratio, link) -> policy -> row
   for (double ratio : o.ratios) {
     const int64_t budget = u.budget_at(ratio);

@@ -20,15 +20,30 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 bool CopyJob::done() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return done_;
+  return copied_ && Clock::now() >= finished_;
 }
 
 double CopyJob::wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (done_) return 0;
   const Clock::time_point start = Clock::now();
-  cv_.wait(lock, [&] { return done_; });
+  Clock::time_point finish;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (copied_ && start >= finished_) return 0;
+    cv_.wait(lock, [&] { return copied_; });
+    finish = finished_;
+  }
+  std::this_thread::sleep_until(finish);
   return ms_between(start, Clock::now());
+}
+
+Clock::time_point CopyJob::started() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return started_;
+}
+
+Clock::time_point CopyJob::finished() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return finished_;
 }
 
 CopyQueue::CopyQueue(double bytes_per_ms) : bytes_per_ms_(bytes_per_ms), worker_([this] { run(); }) {}
@@ -45,15 +60,22 @@ CopyQueue::~CopyQueue() {
 void CopyQueue::push(const std::shared_ptr<CopyJob>& job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    const Clock::time_point start = std::max(Clock::now(), free_at_);
+    const double ms = bytes_per_ms_ > 0 ? static_cast<double>(job->bytes) / bytes_per_ms_ : 0;
+    free_at_ = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+    {
+      std::lock_guard<std::mutex> job_lock(job->mutex_);
+      job->started_ = start;
+      job->finished_ = free_at_;
+    }
     queue_.push_back(job);
-    queued_bytes_ += job->bytes;
   }
   cv_.notify_all();
 }
 
 double CopyQueue::backlog_ms() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return bytes_per_ms_ > 0 ? static_cast<double>(queued_bytes_) / bytes_per_ms_ : 0;
+  return std::max(0.0, ms_between(Clock::now(), free_at_));
 }
 
 LinkStats CopyQueue::stats() const {
@@ -69,35 +91,28 @@ void CopyQueue::run() {
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and everything queued is done
       job = queue_.front();
+      queue_.pop_front();
     }
     const Clock::time_point start = Clock::now();
     std::memcpy(job->dst_.data_ptr(), job->src_.storage().data(), static_cast<size_t>(job->bytes));
-    const Clock::time_point copied = Clock::now();
-    // Hold the copy until the modelled link would have finished it.
-    if (bytes_per_ms_ > 0) {
-      const auto modeled = std::chrono::duration<double, std::milli>(static_cast<double>(job->bytes) / bytes_per_ms_);
-      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(modeled));
-    }
-    const Clock::time_point end = std::max(Clock::now(), copied);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.pop_front();
-      queued_bytes_ -= job->bytes;
-      ++stats_.copies;
-      stats_.bytes += job->bytes;
-      stats_.busy_ms += ms_between(start, end);
-      stats_.memcpy_ms += ms_between(start, copied);
-    }
+    const Clock::time_point end = Clock::now();
+    Clock::time_point started, finished;
     {
       std::lock_guard<std::mutex> lock(job->mutex_);
-      job->started_ = start;
-      job->finished_ = end;
-      job->done_ = true;
+      job->copied_ = true;  // done once its modelled time has passed too
+      started = job->started_;
+      finished = job->finished_;
       // The ends go back to whoever else holds them (the caller frees them on its own thread).
       job->src_ = at::Tensor();
       job->dst_ = at::Tensor();
     }
     job->cv_.notify_all();
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.copies;
+    stats_.late_ms += std::max(0.0, ms_between(finished, end));
+    stats_.bytes += job->bytes;
+    stats_.busy_ms += ms_between(started, finished);
+    stats_.memcpy_ms += ms_between(start, end);
   }
 }
 

@@ -3,11 +3,13 @@
 // or "hybrid"): one copy queue each way, each with its own worker thread, as a GPU has one copy
 // engine (stream) each way over a full-duplex PCIe link.
 //
-// On CPU ranks the device is the arena and the host is memory outside it: a worker copies the
-// bytes (memcpy) and then holds the copy until the time the configured link would have taken
-// (memory.host_link_gbps), so a swap costs on a workstation, and in every test, what it would
-// cost over PCIe, and whatever part of it runs beside compute is hidden as it would be on a GPU.
-// Copies in one direction run one after another, in the order they were asked for.
+// On CPU ranks the device is the arena and the host is memory outside it. The link is a clock
+// of its own: a copy starts when the one before it in its direction has finished (or when it is
+// asked for, if the link is idle) and takes bytes / memory.host_link_gbps; a worker moves the
+// bytes (memcpy) meanwhile, and a copy is done once both the bytes have moved and its modelled
+// time has passed. So a swap costs on a workstation, and in every test, what it would cost over
+// PCIe, and the part of it that runs beside compute is hidden as it would be on a GPU; and the
+// link's time is exact, not inflated by how late a sleeping thread wakes up.
 //
 // Nothing here touches the allocator: the caller allocates both ends (the device end in the
 // arena, the host end outside it) on its own thread and hands them over; a job holds both until
@@ -39,24 +41,26 @@ class CopyJob {
   bool done() const;
   // Blocks until the copy is done; returns how long it waited, ms (0 if it was done).
   double wait();
-  // Valid once done(): when the link started and finished it (finish: the modelled end).
-  std::chrono::steady_clock::time_point started() const { return started_; }
-  std::chrono::steady_clock::time_point finished() const { return finished_; }
+  // When the link starts and finishes it (the modelled times). A copy whose bytes moved later
+  // than that (the worker was late) is done when they have.
+  std::chrono::steady_clock::time_point started() const;
+  std::chrono::steady_clock::time_point finished() const;
 
  private:
   friend class CopyQueue;
   at::Tensor src_, dst_;  // held until done: the caller may drop its own references
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  bool done_ = false;
+  bool copied_ = false;  // the bytes have moved
   std::chrono::steady_clock::time_point started_, finished_;
 };
 
 struct LinkStats {
   int64_t copies = 0;
   int64_t bytes = 0;
-  double busy_ms = 0;    // the link's time on copies (modelled, or the memcpy where slower)
-  double memcpy_ms = 0;  // of which the bytes' actual copying
+  double busy_ms = 0;    // the link's time on copies (modelled)
+  double memcpy_ms = 0;  // the workers' time moving the bytes
+  double late_ms = 0;    // how far the bytes moved after their modelled end (a busy host's workers)
 };
 
 // One direction: a queue and its worker.
@@ -80,7 +84,7 @@ class CopyQueue {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<CopyJob>> queue_;
-  int64_t queued_bytes_ = 0;  // in queue_ or being copied
+  std::chrono::steady_clock::time_point free_at_{};  // when the last copy asked for finishes
   bool stopping_ = false;
   LinkStats stats_;
   std::thread worker_;

@@ -138,7 +138,9 @@ void MemoryManager::prepare(int64_t expected_bytes) {
   if (!evictor_ || (planner_ && planner_->executing())) return;
   const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(options_.arena->capacity()));
   while (options_.arena->stats().in_use + expected_bytes > target) {
-    TensorInfo* victim = next_victim();
+    bool freed = false;
+    TensorInfo* victim = next_victim(&freed);
+    if (victim == nullptr && freed) continue;
     if (victim == nullptr) break;  // what is left is pinned; an allocation may still fail
     evict(*victim);
   }
@@ -173,8 +175,9 @@ bool MemoryManager::make_room(size_t bytes) {
     // A block of `need` may be one eviction away (a tensor between free neighbours) even when
     // the policy's favourite is elsewhere; failing that, the policy frees memory step by step.
     TensorInfo* victim = pick_for_fragmentation(need);
-    if (victim == nullptr) victim = next_victim();
-    if (victim == nullptr && swap_ && swap_->cancel_prefetch()) continue;  // bytes copied back too early
+    bool freed = false;
+    if (victim == nullptr) victim = next_victim(&freed);
+    if (victim == nullptr && freed) continue;
     if (victim == nullptr) {
       // Everything evictable is gone: what remains is needed now, so no smaller budget works.
       stats_.min_budget_bytes = std::max(stats_.min_budget_bytes, s.in_use + need);
@@ -205,11 +208,16 @@ TensorInfo* MemoryManager::pick_for_fragmentation(int64_t bytes) {
   return best;
 }
 
-TensorInfo* MemoryManager::next_victim() {
+TensorInfo* MemoryManager::next_victim(bool* freed) {
   if (swap_) {
     while (true) {
       if (TensorInfo* copied = swap_->pick_victim(roots_)) return copied;
       if (!swap_->wait_for_copy_out(roots_)) break;
+    }
+    // Bytes copied back ahead of their read cost a copy to get again; a recomputation costs more.
+    if (swap_->cancel_prefetch()) {
+      *freed = true;
+      return nullptr;
     }
   }
   TensorInfo* victim = evictor_->pick_victim(roots_, remat_.now());

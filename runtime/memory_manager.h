@@ -156,8 +156,9 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   void evict(TensorInfo& victim, bool planned = false);
   TensorInfo* pick_for_fragmentation(int64_t bytes);
   // The next tensor to drop for room: one with a host copy (free), else, after waiting for
-  // copies to host still running, the eviction policy's choice (recomputed); null if none.
-  TensorInfo* next_victim();
+  // copies to host still running, the eviction policy's choice (recomputed); null if none, or
+  // if it gave back a prefetch's bytes instead (`*freed`).
+  TensorInfo* next_victim(bool* freed);
   void forget(TensorInfo& t);
 
   Rematerializer& remat_;

