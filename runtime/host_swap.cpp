@@ -23,7 +23,7 @@ bool contraction_or_convolution(const TensorInfo& t) {
 
 }  // namespace
 
-HostSwap::HostSwap(SwapOptions options, CpuArena& arena) : options_(std::move(options)), arena_(arena) {
+HostSwap::HostSwap(SwapOptions options) : options_(std::move(options)) {
   TORCH_CHECK(options_.link != nullptr, "HostSwap: no host link");
 }
 

@@ -32,7 +32,6 @@
 
 namespace ht {
 
-class CpuArena;
 class MemoryTimeline;
 
 enum class SwapRule : uint8_t {
@@ -63,7 +62,7 @@ struct SwapStats {
 
 class HostSwap {
  public:
-  HostSwap(SwapOptions options, CpuArena& arena);
+  explicit HostSwap(SwapOptions options);
   ~HostSwap();
   const SwapOptions& options() const { return options_; }
   const SwapStats& stats() const { return stats_; }
@@ -114,7 +113,6 @@ class HostSwap {
   void forget_prefetch(TensorInfo& t);
 
   SwapOptions options_;
-  CpuArena& arena_;
   MemoryTimeline* timeline_ = nullptr;
   SwapStats stats_;
   std::vector<TensorInfo*> prefetching_;  // tensors whose copy back was started ahead of use, in order

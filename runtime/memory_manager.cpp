@@ -38,7 +38,7 @@ void MemoryManager::configure(MemoryOptions options) {
               "MemoryManager::configure: static plans need a budget (an arena)");
   TORCH_CHECK(!options_.swap || (options_.arena != nullptr && evictor_ != nullptr),
               "MemoryManager::configure: host swap needs a budget and an eviction policy");
-  swap_ = options_.swap ? std::make_unique<HostSwap>(*options_.swap, *options_.arena) : nullptr;
+  swap_ = options_.swap ? std::make_unique<HostSwap>(*options_.swap) : nullptr;
   if (swap_) swap_->set_timeline(options_.timeline);
   planner_ = options_.static_plans
                  ? std::make_unique<StaticPlanner>(*options_.static_plans, *options_.arena, remat_,
