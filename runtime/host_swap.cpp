@@ -55,12 +55,10 @@ void HostSwap::account_host(int64_t delta) {
 }
 
 void HostSwap::consider(TensorInfo& t, bool read_by_heavy_op) {
-  if (t.host != nullptr || t.is_leaf || t.is_view() || !t.resident() || !t.value.has_storage()) return;
-  if (!t.producer || !t.producer->op->traits().recomputable) return;  // could not be dropped anyway
-  const auto bytes = static_cast<int64_t>(t.value.storage().nbytes());
-  if (bytes < options_.min_bytes) return;
+  if (t.host != nullptr || !t.resident()) return;
+  // A root's nbytes is its storage's: what a copy would move (start_out checks the rest).
   if (options_.rule == SwapRule::kConvAndMatmul ? !(read_by_heavy_op || contraction_or_convolution(t))
-                                                : !hidden_under_forward(bytes)) {
+                                                : !hidden_under_forward(t.nbytes)) {
     return;
   }
   start_out(t);
