@@ -177,6 +177,7 @@ schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, 
   for (size_t k = 0; k < out.forward.size(); ++k) {
     schedule::ForwardOp& op = out.forward[k];
     op.cost_ms = scaled(op.cost_ms, a->graph.forward[k].cost_ms, matched ? b->graph.forward[k].cost_ms : 0);
+    op.modeled_ms = scaled(op.modeled_ms, a->graph.forward[k].modeled_ms, matched ? b->graph.forward[k].modeled_ms : 0);
     op.working_bytes = std::llround(scaled(static_cast<double>(op.working_bytes),
                                            static_cast<double>(a->graph.forward[k].working_bytes),
                                            matched ? static_cast<double>(b->graph.forward[k].working_bytes) : 0));
@@ -288,10 +289,11 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
     schedule::SolveOptions options;
     options.budget_bytes = budget;
     options.use_mip = false;
-    schedule::SolveResult r = schedule::solve(graph, options);
+    // Weighed as the run weighs it (memory.kernel_costs = "modeled", the default), timed as measured.
+    schedule::SolveResult r = schedule::solve(schedule::weighed_by_model(graph), options);
     if (r.status == schedule::SolveStatus::kInfeasible) return;
     chosen = std::move(r.schedule);
-    cost = r.cost;
+    cost = schedule::simulate(graph, chosen);
   }
   // Evictions are the values backward needs that the plan drops; every schedule frees the rest
   // after their last forward use, as a run without a budget does.

@@ -167,10 +167,13 @@ void StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, c
     schedule::SolveOptions opts;
     opts.budget_bytes = plan_budget();
     opts.time_limit_s = options_.solve_time_limit_s;
-    schedule::SolveResult r = schedule::solve(graph, opts);
+    opts.use_mip = options_.solve_time_limit_s > 0;
+    schedule::SolveResult r =
+        schedule::solve(options_.modeled_costs ? schedule::weighed_by_model(graph) : graph, opts);
+    if (options_.modeled_costs) r.cost = schedule::simulate(graph, r.schedule);  // the measured times
     stats_.last_solver = r.solver;
     stats_.last_status = schedule::solve_status_name(r.status);
-    stats_.last_predicted_ms = r.objective_ms;
+    stats_.last_predicted_ms = r.cost.recompute_ms;
     stats_.last_gap = r.gap;
     stats_.last_planned_peak = r.cost.peak_bytes;
     if (r.status == schedule::SolveStatus::kInfeasible) {

@@ -36,7 +36,10 @@ enum class PlanSource : uint8_t {
 struct StaticPlanOptions {
   PlanSource source = PlanSource::kSolver;
   int sightings_before_planning = 1;  // 1: plan a sequence after its first step; 2: once it repeats
-  double solve_time_limit_s = 10;
+  double solve_time_limit_s = 10;  // 0: the segments heuristic alone (no MIP): the same plan every run
+  // Weigh recomputation by the modelled kernel costs (runtime/kernel_cost.h), not the measured
+  // ones: with the heuristic alone, the same step gets the same plan on every run.
+  bool modeled_costs = false;
   // Bytes of the budget the plan leaves free (rounding of blocks the capture could not see).
   double budget_margin = schedule::kDefaultBudgetMargin;
   bool static_layout = true;  // place blocks at planned offsets (memory/step_layout.h)

@@ -91,6 +91,7 @@ uint64_t StepCapture::forward_op(const ComputePath& path, const std::vector<Tens
   forward_index_[&path] = k;
   schedule::ForwardOp op;
   op.cost_ms = path.compute_ms;
+  op.modeled_ms = path.modeled_ms;
   const OpTraits& traits = path.op->traits();
   uint64_t sig = hash_name(traits.name);
   for (size_t i = 0; i < path.inputs.size(); ++i) {

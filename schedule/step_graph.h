@@ -20,6 +20,7 @@ struct Value {
 
 struct ForwardOp {
   double cost_ms = 0;        // measured kernel time: what recomputing it costs
+  double modeled_ms = 0;     // runtime/kernel_cost.h's model of it: the same on every run
   std::vector<int> inputs;   // values it reads (leaves, always resident, are not listed)
   std::vector<int> outputs;  // values it computes
   int64_t working_bytes = 0; // temporaries beyond its inputs and outputs while it runs
@@ -43,5 +44,10 @@ struct StepGraph {
   // Fills derived fields (last_backward_read) and checks indices; throws std::invalid_argument.
   void finish();
 };
+
+// The same graph with every op's cost its modelled one: what a plan weighs under
+// memory.kernel_costs = "modeled", so that the same step gets the same plan on every run, loaded
+// machine or idle. Simulate the chosen schedule on the measured graph for its time.
+StepGraph weighed_by_model(StepGraph graph);
 
 }  // namespace ht::schedule

@@ -262,8 +262,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   };
   const char* planning_words = "memory.policy is static, auto or segments";
   f.push_back(Field(&C::memory, &MemoryConfig::solve_time_s, "memory", "solve_time_s",
-                    "time limit of the solver for one static plan (the segments heuristic answers when it runs out)")
-                  .min(0.01).only_when(planning_words, planning));
+                    "time limit of the solver for one static plan (the segments heuristic answers when it runs out); "
+                    "0: the heuristic alone, weighing memory.kernel_costs, so that a step gets the same plan on every run")
+                  .min(0).only_when(planning_words, planning));
   f.push_back(Field(&C::memory, &MemoryConfig::static_layout, "memory", "static_layout",
                     "place every block of a planned step at an offset laid out ahead of time, so that it cannot "
                     "fragment; false: the arena's own placement")

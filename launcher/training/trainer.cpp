@@ -108,6 +108,9 @@ MemoryOptions Trainer::memory_options() const {
       plans.source = m.policy == "segments" ? PlanSource::kSegments : PlanSource::kSolver;
       plans.sightings_before_planning = m.policy == "auto" ? 2 : 1;
       plans.solve_time_limit_s = m.solve_time_s;
+      // The heuristic alone weighs modelled costs: the same plan every run. The MIP weighs measured
+      // times (README, "What is not built yet": with modelled ones, ResNet-18's plan replays badly).
+      plans.modeled_costs = m.solve_time_s == 0 && m.kernel_costs == "modeled";
       plans.static_layout = m.static_layout;
       options.static_plans = plans;
     }
