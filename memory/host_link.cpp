@@ -94,7 +94,11 @@ void CopyQueue::run() {
       queue_.pop_front();
     }
     const Clock::time_point start = Clock::now();
-    std::memcpy(job->dst_.data_ptr(), job->src_.storage().data(), static_cast<size_t>(job->bytes));
+    if (job->convert) {
+      job->dst_.copy_(job->src_);
+    } else {
+      std::memcpy(job->dst_.data_ptr(), job->src_.storage().data(), static_cast<size_t>(job->bytes));
+    }
     const Clock::time_point end = Clock::now();
     Clock::time_point started, finished;
     {
@@ -124,6 +128,15 @@ std::shared_ptr<CopyJob> HostLink::copy(CopyDirection direction, const at::Tenso
   TORCH_CHECK(static_cast<int64_t>(dst.storage().nbytes()) >= bytes, "HostLink::copy: ", bytes,
               " bytes into a storage of ", dst.storage().nbytes());
   auto job = std::make_shared<CopyJob>(direction, src, dst, bytes);
+  queue(direction).push(job);
+  return job;
+}
+
+std::shared_ptr<CopyJob> HostLink::convert(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) {
+  TORCH_CHECK(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel(),
+              "HostLink::convert: contiguous tensors of as many elements, got ", src.numel(), " and ", dst.numel());
+  const int64_t bytes = src.numel() * static_cast<int64_t>(std::min(src.element_size(), dst.element_size()));
+  auto job = std::make_shared<CopyJob>(direction, src, dst, bytes, /*convert=*/true);
   queue(direction).push(job);
   return job;
 }

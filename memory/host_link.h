@@ -32,11 +32,12 @@ enum class CopyDirection : uint8_t { kToHost, kToDevice };
 // One copy, from the caller's side. Times are on the steady clock.
 class CopyJob {
  public:
-  CopyJob(CopyDirection direction, at::Tensor src, at::Tensor dst, int64_t bytes)
-      : direction(direction), bytes(bytes), src_(std::move(src)), dst_(std::move(dst)) {}
+  CopyJob(CopyDirection direction, at::Tensor src, at::Tensor dst, int64_t bytes, bool convert = false)
+      : direction(direction), bytes(bytes), convert(convert), src_(std::move(src)), dst_(std::move(dst)) {}
 
   const CopyDirection direction;
-  const int64_t bytes;
+  const int64_t bytes;   // what crosses the link
+  const bool convert;    // dst.copy_(src) between dtypes, not a memcpy of src's storage
 
   bool done() const;
   // Blocks until the copy is done; returns how long it waited, ms (0 if it was done).
@@ -99,6 +100,10 @@ class HostLink {
   // Copies the bytes of `src`'s whole storage into `dst` (a contiguous tensor of its own storage,
   // as large or larger), on `direction`'s worker.
   std::shared_ptr<CopyJob> copy(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst);
+  // Copies `src` into `dst` (contiguous, as many elements, another floating type: memory.compress's
+  // fp32 activations crossing as bf16); the link carries the narrower type's bytes. On a GPU the
+  // conversion is a kernel beside the copy engine's transfer; here the worker converts as it copies.
+  std::shared_ptr<CopyJob> convert(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst);
   double backlog_ms(CopyDirection direction) const { return queue(direction).backlog_ms(); }
   // The modelled time of `bytes` alone on the link, ms.
   double transfer_ms(int64_t bytes) const;

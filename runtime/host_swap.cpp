@@ -15,6 +15,14 @@ double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
+// A float32 storage's bytes as one flat float tensor (what crosses as bf16 under compression).
+at::Tensor as_floats(const at::Tensor& bytes_or_value, int64_t bytes) {
+  return at::empty({0}, at::TensorOptions().dtype(at::kFloat).device(bytes_or_value.device()))
+      .set_(bytes_or_value.storage(), 0, {bytes / 4}, {1});
+}
+
+int64_t host_bytes(const HostCopy& h) { return static_cast<int64_t>(h.host.nbytes()); }
+
 bool contraction_or_convolution(const TensorInfo& t) {
   if (!t.producer) return false;
   const Work w = t.producer->op->traits().work;
@@ -49,6 +57,10 @@ bool HostSwap::hidden_under_forward(int64_t bytes) const {
   return backlog + copy <= last_forward_ms_ - ms_since(step_start_);
 }
 
+bool HostSwap::crosses_narrow(const at::Tensor& value) const {
+  return options_.bf16_on_link && value.scalar_type() == at::kFloat && value.storage().nbytes() % 4 == 0;
+}
+
 void HostSwap::account_host(int64_t delta) {
   stats_.host_bytes += delta;
   stats_.peak_host_bytes = std::max(stats_.peak_host_bytes, stats_.host_bytes);
@@ -58,7 +70,7 @@ void HostSwap::consider(TensorInfo& t, bool read_by_heavy_op) {
   if (t.host != nullptr || !t.resident()) return;
   // A root's nbytes is its storage's: what a copy would move (start_out checks the rest).
   if (options_.rule == SwapRule::kConvAndMatmul ? !(read_by_heavy_op || contraction_or_convolution(t))
-                                                : !hidden_under_forward(t.nbytes)) {
+                                                : !hidden_under_forward(t.nbytes / (crosses_narrow(t.value) ? 2 : 1))) {
     return;
   }
   start_out(t);
@@ -69,28 +81,33 @@ bool HostSwap::start_out(TensorInfo& t) {
   if (!t.producer || !t.producer->op->traits().recomputable) return false;
   const auto bytes = static_cast<int64_t>(t.value.storage().nbytes());
   if (bytes < options_.min_bytes) return false;
-  if (stats_.host_bytes + bytes > options_.host_budget_bytes) {
+  const bool narrow = crosses_narrow(t.value);
+  const int64_t kept = narrow ? bytes / 2 : bytes;
+  if (stats_.host_bytes + kept > options_.host_budget_bytes) {
     ++stats_.refused_host_full;
     return false;
   }
   auto copy = std::make_unique<HostCopy>();
   {
     HostAllocationScope host_memory;  // outside the arena
-    copy->host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    copy->host = narrow ? at::empty({bytes / 4}, at::TensorOptions().dtype(at::kBFloat16))
+                        : at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
   }
+  copy->device_bytes = bytes;
   copy->strides.assign(t.value.strides().begin(), t.value.strides().end());
   copy->storage_offset = t.value.storage_offset();
-  copy->out = options_.link->copy(CopyDirection::kToHost, t.value, copy->host);
+  copy->out = narrow ? options_.link->convert(CopyDirection::kToHost, as_floats(t.value, bytes), copy->host)
+                     : options_.link->copy(CopyDirection::kToHost, t.value, copy->host);
   t.host = std::move(copy);
-  account_host(bytes);
+  account_host(kept);
   ++stats_.copies_out;
-  stats_.bytes_out += bytes;
+  stats_.bytes_out += kept;
   return true;
 }
 
 bool HostSwap::copy_before_drop(TensorInfo& victim, double recompute_ms) {
   if (options_.rule != SwapRule::kHidden || victim.host != nullptr || !victim.value.has_storage()) return false;
-  const auto bytes = static_cast<int64_t>(victim.value.storage().nbytes());
+  const auto bytes = static_cast<int64_t>(victim.value.storage().nbytes()) / (crosses_narrow(victim.value) ? 2 : 1);
   const double copy_ms = options_.link->backlog_ms(CopyDirection::kToHost) + options_.link->transfer_ms(bytes);
   if (copy_ms >= recompute_ms || !start_out(victim)) return false;
   const double waited = victim.host->out->wait();
@@ -124,10 +141,12 @@ bool HostSwap::wait_for_copy_out(const std::vector<TensorInfo*>& candidates) {
 void HostSwap::start_in(TensorInfo& t, at::Tensor device_bytes, bool prefetched) {
   HostCopy& h = *t.host;
   h.incoming = std::move(device_bytes);
-  h.in = options_.link->copy(CopyDirection::kToDevice, h.host, h.incoming);
+  h.in = h.host.scalar_type() == at::kByte
+             ? options_.link->copy(CopyDirection::kToDevice, h.host, h.incoming)
+             : options_.link->convert(CopyDirection::kToDevice, h.host, as_floats(h.incoming, h.device_bytes));
   h.prefetched = prefetched;
   ++stats_.copies_in;
-  stats_.bytes_in += h.host.numel();
+  stats_.bytes_in += host_bytes(h);
   if (prefetched) {
     ++stats_.prefetched_in;
     prefetching_.push_back(&t);
@@ -156,12 +175,12 @@ at::Tensor HostSwap::bring_back(TensorInfo& t) {
   TORCH_INTERNAL_ASSERT(t.host != nullptr && !t.resident(), "bring_back: tensor ", t.id, " has no host copy");
   HostCopy& h = *t.host;
   if (!h.out->done()) stats_.wait_ms += h.out->wait();  // dropped only once copied: defensive
-  if (!h.in) start_in(t, at::empty({h.host.numel()}, at::TensorOptions().dtype(at::kByte)), /*prefetched=*/false);
+  if (!h.in) start_in(t, at::empty({h.device_bytes}, at::TensorOptions().dtype(at::kByte)), /*prefetched=*/false);
   const double waited = h.in->wait();
   stats_.wait_ms += waited;
-  if (h.prefetched && waited == 0) stats_.bytes_in_hidden += h.host.numel();
+  if (h.prefetched && waited == 0) stats_.bytes_in_hidden += host_bytes(h);
   if (timeline_ != nullptr) {
-    timeline_->copy(/*to_host=*/false, t.id, h.host.numel(), h.in->started(), h.in->finished());
+    timeline_->copy(/*to_host=*/false, t.id, host_bytes(h), h.in->started(), h.in->finished());
     if (waited > 0) timeline_->copy_wait(t.id, waited);
   }
   if (h.prefetched) forget_prefetch(t);
@@ -177,7 +196,7 @@ at::Tensor HostSwap::bring_back(TensorInfo& t) {
 void HostSwap::dropped(TensorInfo& t) {
   ++stats_.drops;
   if (timeline_ != nullptr && t.host != nullptr && t.host->out) {
-    timeline_->copy(/*to_host=*/true, t.id, t.host->host.numel(), t.host->out->started(), t.host->out->finished());
+    timeline_->copy(/*to_host=*/true, t.id, host_bytes(*t.host), t.host->out->started(), t.host->out->finished());
   }
 }
 
@@ -187,7 +206,7 @@ void HostSwap::release(TensorInfo& t) {
   if (t.host->out) t.host->out->wait();
   if (t.host->in) t.host->in->wait();
   if (t.host->prefetched) forget_prefetch(t);
-  account_host(-t.host->host.numel());
+  account_host(-host_bytes(*t.host));
   t.host.reset();
 }
 

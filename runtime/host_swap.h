@@ -45,6 +45,7 @@ struct SwapOptions {
   int64_t host_budget_bytes = 0;   // host memory for copies; a copy that would pass it is not made
   int64_t min_bytes = 64 << 10;    // smaller tensors are not worth a copy
   int lookahead_entries = 24;      // backward prefetches the saved values of this many entries ahead
+  bool bf16_on_link = false;       // memory.compress = "bf16": fp32 values cross, and wait on host, as bf16
 };
 
 struct SwapStats {
@@ -110,6 +111,8 @@ class HostSwap {
   bool start_out(TensorInfo& t);
   void start_in(TensorInfo& t, at::Tensor device_bytes, bool prefetched);
   void account_host(int64_t delta);
+  // Under memory.compress = "bf16", an fp32 value crosses the link (and waits on host) as bf16.
+  bool crosses_narrow(const at::Tensor& value) const;
   void forget_prefetch(TensorInfo& t);
 
   SwapOptions options_;
@@ -126,7 +129,7 @@ template <typename Allocate>
 bool HostSwap::prefetch(TensorInfo& t, Allocate&& allocate) {
   if (t.resident() || t.host == nullptr || !t.on_host()) return true;
   if (t.host->in) return true;
-  at::Tensor bytes = allocate(static_cast<int64_t>(t.host->host.numel()));
+  at::Tensor bytes = allocate(t.host->device_bytes);
   if (!bytes.defined()) return false;
   start_in(t, std::move(bytes), /*prefetched=*/true);
   return true;

@@ -70,6 +70,10 @@ class Interpreter final : public Rematerializer {
   // declares (OpTraits::precision) to `low` (bf16 or fp16) or to fp32. nullopt: off.
   void set_autocast(std::optional<at::ScalarType> low) { autocast_ = low; }
   std::optional<at::ScalarType> autocast() const { return autocast_; }
+  // memory.compress: relu keeps a 1-bit mask for backward instead of its output (bit-identical
+  // gradients; runtime/ops/relu_mask.cpp).
+  void set_relu_masks(bool on) { relu_masks_ = on; }
+  bool relu_masks() const { return relu_masks_; }
   // Within one forward every use of a weight shares one low-precision copy. backward() forgets
   // them (the tape keeps what it saved); a forward without backward (evaluation) calls this.
   void clear_cast_cache() { cast_cache_.clear(); }
@@ -122,6 +126,7 @@ class Interpreter final : public Rematerializer {
   const GradientBuffer* gradient_buffer_ = nullptr;
   GradientListener* gradient_listener_ = nullptr;
   bool grad_enabled_ = true;
+  bool relu_masks_ = false;
   uint64_t seed_counter_ = 0;
   uint64_t next_id_ = 0;
   uint64_t tick_ = 0;

@@ -27,7 +27,8 @@ enum class Residency : uint8_t {
 // A root tensor's bytes in host memory (memory.policy = "swap" or "hybrid"; runtime/host_swap.h).
 // Values are immutable, so a copy, once made, stays valid while the record lives.
 struct HostCopy {
-  at::Tensor host;                // the storage's bytes, outside the arena
+  at::Tensor host;                // the storage's bytes, outside the arena (bf16 elements under memory.compress = "bf16")
+  int64_t device_bytes = 0;       // the storage's bytes on the device
   std::shared_ptr<CopyJob> out;   // device -> host: the copy is valid once it is done
   std::shared_ptr<CopyJob> in;    // host -> device in flight (a prefetch); null otherwise
   at::Tensor incoming;            // the device bytes `in` fills

@@ -98,6 +98,7 @@ struct MemoryConfig {
   // Host swap (policies swap and hybrid): host memory for copies, and the link's modelled rate.
   std::string host_budget;        // empty: half of the host's available memory
   double host_link_gbps = 25;     // PCIe Gen4 x16 in practice, per direction
+  std::string compress = "off";   // off, lossless (1-bit relu masks), bf16 (and bf16 across the link)
   // Derived by validation from `budget`, not read from the file: bytes, 0 for unlimited.
   int64_t budget_bytes = 0;
   int64_t host_budget_bytes = 0;  // derived from `host_budget`

@@ -280,6 +280,12 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "GB/s of the link between device and host memory, each way (PCIe Gen4 x16 gives about 25 "
                     "in practice); on CPU ranks copies take the time this link would take")
                   .min(0.01).only_when(swapping_words, swapping));
+  f.push_back(Field(&C::memory, &MemoryConfig::compress, "memory", "compress",
+                    "what backward keeps, smaller: off; lossless (relu keeps a 1-bit mask of where it was positive "
+                    "instead of its output; the same bits as off); bf16 (lossless, and fp32 activations cross the "
+                    "host link and wait on host as bf16: half the bytes, changes bits; needs memory.policy swap or "
+                    "hybrid)")
+                  .choices({"off", "lossless", "bf16"}));
   f.push_back(Field(&C::memory, &MemoryConfig::trace, "memory", "trace",
                     "write <job.output_dir>/memory_trace.json: kernels, recomputations, evictions, allocations "
                     "and bytes in use, for chrome://tracing or Perfetto"));

@@ -125,6 +125,11 @@ class Rules {
       }
     }
     if (m.policy == "swap" || m.policy == "hybrid") host_budget();
+    if (m.compress == "bf16" && m.policy != "swap" && m.policy != "hybrid") {
+      throw UserError(loc("memory.compress") + "memory.compress = \"bf16\" shrinks what crosses the host link, and "
+                      "memory.policy = \"" + m.policy + "\" swaps nothing; set memory.policy = \"swap\" or \"hybrid\" "
+                      "(with memory.budget), or memory.compress = \"lossless\"");
+    }
     if (m.policy != "none" && m.budget.empty()) {
       throw UserError(loc("memory.policy") + "memory.policy = \"" + m.policy + "\" evicts to fit a budget, and "
                       "memory.budget is not set; set it too, e.g. memory.budget = \"2GiB\" or \"50%\"");

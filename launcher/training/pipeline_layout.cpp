@@ -69,6 +69,7 @@ BlockProfile probe_once(Model& model, const Batch& micro, const Config& config, 
   profile.micro_batch = micro.input.size(0);
   Interpreter interp;
   interp.set_autocast(autocast_of(config.training));
+  interp.set_relu_masks(config.memory.compress != "off");
   interp.memory().set_kernel_observer(&times);
   const int64_t per_byte = state_bytes_per_parameter_byte(config.training);
   const at::Device device(config.training.device);

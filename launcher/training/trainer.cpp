@@ -64,6 +64,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   replicas_.broadcast_state(model_->buffers());
   model_->train();
   interp_.set_autocast(autocast_type(config.training));
+  interp_.set_relu_masks(config.memory.compress != "off");
   const bool swapping = config.memory.policy == "swap" || config.memory.policy == "hybrid";
   if (swapping && arena_) {
     host_link_ = std::make_shared<HostLink>(config.memory.host_link_gbps);
@@ -123,6 +124,7 @@ MemoryOptions Trainer::memory_options() const {
       swap.rule = m.policy == "swap" ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
       swap.link = host_link_;
       swap.host_budget_bytes = m.host_budget_bytes;
+      swap.bf16_on_link = m.compress == "bf16";
       options.swap = swap;
     }
     eviction.sqrt_sampling = m.sqrt_sampling;

@@ -200,7 +200,11 @@ Tensor mul(const Tensor& a, double s) {
 Tensor div(const Tensor& a, double s) {
   return detail::apply_first(std::make_shared<ScalarOp>(Arith::kDiv, s), {a});
 }
-Tensor relu(const Tensor& x) { return activation(Activation::kRelu, x); }
+Tensor relu(const Tensor& x) {
+  Interpreter& interp = x.interp();
+  if (interp.relu_masks() && interp.grad_enabled() && x.requires_grad()) return detail::relu_with_mask(x);
+  return activation(Activation::kRelu, x);
+}
 Tensor gelu(const Tensor& x, bool tanh_approximation) {
   return activation(tanh_approximation ? Activation::kGeluTanh : Activation::kGelu, x);
 }

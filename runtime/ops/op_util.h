@@ -25,4 +25,7 @@ inline uint32_t bit_if(bool cond, int i) { return cond ? (1u << i) : 0u; }
 
 inline int64_t normalize_dim(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
 
+// relu keeping a 1-bit mask for backward instead of its output (runtime/ops/relu_mask.cpp).
+Tensor relu_with_mask(const Tensor& x);
+
 }  // namespace ht::detail

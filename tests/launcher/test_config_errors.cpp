@@ -172,6 +172,11 @@ TEST_F(ConfigErrors, HostSwap) {
   ASSERT_EQ(loaded.warnings.size(), 1u);
   EXPECT_THAT(loaded.warnings[0], HasSubstr("memory.host_link_gbps has no effect: it applies only when memory.policy "
                                             "is swap or hybrid"));
+  EXPECT_THAT(error_in(kGood, {"--memory.compress=bf16", "--memory.policy=dtr", "--memory.budget=64MiB"}),
+              HasSubstr("memory.compress = \"bf16\" shrinks what crosses the host link, and memory.policy = \"dtr\" "
+                        "swaps nothing; set memory.policy = \"swap\" or \"hybrid\" (with memory.budget), or "
+                        "memory.compress = \"lossless\""));
+  EXPECT_THAT(error_in(kGood, {"--memory.compress=zip"}), HasSubstr("memory.compress"));
 }
 
 TEST_F(ConfigErrors, MemoryBudget) {

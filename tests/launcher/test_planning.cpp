@@ -8,6 +8,7 @@
 #include "launcher/user_error.h"
 #include "memory/cpu_device_allocator.h"
 #include "tests/support/run_binary.h"
+#include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"
 
 #include <gmock/gmock.h>
@@ -128,19 +129,6 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
   }
 }
 
-// The last train record's number for `key` in a run's metrics.jsonl.
-double last_train_number(const std::string& metrics, const std::string& key) {
-  std::ifstream in(metrics);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (line.find("\"train\"") != std::string::npos) last = line;
-  std::smatch m;
-  if (!std::regex_search(last, m, std::regex("\"" + key + "\": ([-0-9.e+]+)"))) {
-    ADD_FAILURE() << key << " not in the last train record of " << metrics;
-    return -1;
-  }
-  return std::stod(m[1]);
-}
 
 // One case: the run's peak with room to spare, then a budget of `share` of it with LRU eviction
 // (its choices depend on sizes and order, not on timed kernels, so a run repeats itself).

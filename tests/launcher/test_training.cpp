@@ -5,6 +5,7 @@
 #include "launcher/training/optimizer.h"
 #include "launcher/user_error.h"
 #include "memory/cpu_device_allocator.h"
+#include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"
 
 #include <gmock/gmock.h>
@@ -358,6 +359,45 @@ TEST(Training, HostSwapTrainsTheSameParametersAndTracesItsCopies) {
     if (std::string(policy) == "swap") {
       EXPECT_THAT(trace, HasSubstr("\"cat\":\"swap_in\""));
     }
+  }
+}
+
+// memory.compress = "lossless": every relu keeps a 1-bit mask for backward instead of its output.
+// The MLP's relu feeds dropout, which saves nothing of it: the output goes after forward, and the
+// parameters are the uncompressed run's bit for bit. "bf16" (under host swap) moves half the bytes
+// across the link and trains to nearly the same parameters.
+TEST(Training, CompressionKeepsMasksLosslesslyAndHalvesTheLinksBytes) {
+  TempDir dir;
+  // Activations of 16 x 2048 floats: 128 KiB, above the size host swap copies.
+  const std::string toml = std::string(kBase) + "[model]\nname = \"mlp\"\nhidden = [2048, 2048]\ndropout = 0.1\n";
+  auto run = [&](const std::string& name, std::vector<std::string> args) {
+    args.push_back("--job.output_dir=" + dir.path(name));
+    args.push_back("--memory.budget=1GiB");
+    return run_job(config_for(dir, toml, args), true);
+  };
+  const JobOutcome off = run("off", {}), lossless = run("lossless", {"--memory.compress=lossless"});
+  const auto a = state_of(*off.model), b = state_of(*lossless.model);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter/buffer " << i;
+  const double held_off = last_train_number(dir.path("off/metrics.jsonl"), "activation_peak_bytes");
+  const double held_masks = last_train_number(dir.path("lossless/metrics.jsonl"), "activation_peak_bytes");
+  EXPECT_LT(held_masks, held_off) << "relu outputs no longer held for backward";
+
+  // Host swap of the same job, off and bf16: vDNN's rule copies the matmuls' outputs, fp32.
+  const std::string budget = "--memory.budget=" + std::to_string(off.result.mem_peak_bytes * 9 / 10);
+  const std::vector<std::string> swap{"--memory.policy=swap", budget, "--memory.host_link_gbps=50"};
+  auto with = [&](std::vector<std::string> args, const std::string& more) {
+    args.push_back(more);
+    return args;
+  };
+  const JobOutcome swapped = run("swap", swap), narrow = run("swap_bf16", with(swap, "--memory.compress=bf16"));
+  const double full = last_train_number(dir.path("swap/metrics.jsonl"), "swap_out_bytes");
+  const double half = last_train_number(dir.path("swap_bf16/metrics.jsonl"), "swap_out_bytes");
+  ASSERT_GT(full, 0);
+  EXPECT_NEAR(half / full, 0.5, 0.1) << full << " bytes out, " << half << " as bf16";
+  const auto c = state_of(*swapped.model), d = state_of(*narrow.model);
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_TRUE(at::allclose(c[i], d[i], 1e-2, 1e-3)) << "bf16's rounding of what was swapped: parameter " << i;
   }
 }
 

@@ -30,6 +30,21 @@ TEST(HostLink, CopiesEveryByteEachWay) {
   EXPECT_EQ(link.stats(CopyDirection::kToHost).copies, 1);
 }
 
+// memory.compress = "bf16": fp32 crosses as bf16, each way, and the link carries bf16's bytes.
+TEST(HostLink, ConvertsToTheNarrowerTypeAndCountsItsBytes) {
+  HostLink link(100);
+  const at::Tensor device = at::randn({1000});
+  const at::Tensor host = at::empty({1000}, at::kBFloat16);
+  link.convert(CopyDirection::kToHost, device, host)->wait();
+  EXPECT_TRUE(host.equal(device.to(at::kBFloat16)));
+  const at::Tensor back = at::empty({1000});
+  link.convert(CopyDirection::kToDevice, host, back)->wait();
+  EXPECT_TRUE(back.equal(device.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_EQ(link.stats(CopyDirection::kToHost).bytes, 2000);
+  EXPECT_EQ(link.stats(CopyDirection::kToDevice).bytes, 2000);
+  EXPECT_THROW(link.convert(CopyDirection::kToHost, device, at::empty({999}, at::kBFloat16)), c10::Error);
+}
+
 TEST(HostLink, NeverFasterThanTheConfiguredRate) {
   constexpr double kGbps = 0.5;  // 0.5 MB per ms
   HostLink link(kGbps);

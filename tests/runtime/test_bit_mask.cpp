@@ -1,0 +1,59 @@
+// memory.compress's 1-bit masks: packing round-trips every shape, and relu's backward from the mask
+// is threshold_backward's bit for bit, while backward no longer holds relu's output.
+#include "runtime/bit_mask.h"
+#include "tests/support/op_check.h"
+
+namespace ht::test {
+namespace {
+
+TEST(BitMask, RoundTripsEveryShape) {
+  at::manual_seed(11);
+  for (const std::vector<int64_t>& sizes : std::vector<std::vector<int64_t>>{{1}, {8}, {7}, {3, 5}, {2, 3, 7, 5}, {0}}) {
+    SCOPED_TRACE(::testing::Message() << "sizes " << at::IntArrayRef(sizes));
+    const at::Tensor mask = at::rand(sizes).gt(0.5);
+    const at::Tensor packed = pack_bits(mask);
+    EXPECT_EQ(packed.numel(), (mask.numel() + 7) / 8);
+    EXPECT_EQ(packed.scalar_type(), at::kByte);
+    EXPECT_TRUE(unpack_bits(packed, sizes).equal(mask));
+  }
+  const at::Tensor first = at::zeros({9}, at::kBool).index_fill(0, at::tensor({0, 8}, at::kLong), true);
+  EXPECT_EQ(pack_bits(first)[0].item<int>(), 1) << "element i is bit i % 8";
+  EXPECT_EQ(pack_bits(first)[1].item<int>(), 1);
+  EXPECT_THROW(unpack_bits(pack_bits(first), {17}), c10::Error);
+  EXPECT_THROW(pack_bits(at::zeros({3})), c10::Error);
+}
+
+TEST(BitMask, ReluFromTheMaskIsTheSameGradientAndHoldsOnlyTheMask) {
+  at::manual_seed(12);
+  at::Tensor x = at::randn({64, 33}, at::kFloat);
+  x.index_put_({0, 0}, 0.0);  // the boundary: relu's gradient at 0 is 0 in both
+  const at::Tensor upstream = at::randn({64, 33});
+  auto grad_of = [&](bool masks, int64_t* held) {
+    Interpreter interp;
+    interp.set_relu_masks(masks);
+    const at::Tensor weight = x.clone().requires_grad_(true);
+    Tensor loss;
+    {
+      Tensor in = interp.param(weight);
+      Tensor y = relu(in);
+      EXPECT_TRUE(y.value().equal(at::relu(x)));
+      loss = sum(mul(relu(y), interp.input(upstream)));
+    }
+    *held = interp.memory().stats().resident_bytes;  // what backward holds now
+    interp.backward(loss);
+    return weight.grad().clone();
+  };
+  int64_t held_plain = 0, held_masks = 0;
+  const at::Tensor plain = grad_of(false, &held_plain), masked = grad_of(true, &held_masks);
+  EXPECT_TRUE(masked.equal(plain));
+  EXPECT_LT(held_masks, held_plain);
+  // Against libtorch autograd, on every test device.
+  check_op({{x}, [](Interpreter& interp, auto& t) {
+              interp.set_relu_masks(true);
+              return one(relu(t[0]));
+            },
+            [](auto& t) { return one(at::relu(t[0])); }});
+}
+
+}  // namespace
+}  // namespace ht::test
