@@ -103,20 +103,25 @@ void CopyQueue::run() {
     Clock::time_point started, finished;
     {
       std::lock_guard<std::mutex> lock(job->mutex_);
-      job->copied_ = true;  // done once its modelled time has passed too
       started = job->started_;
       finished = job->finished_;
+    }
+    {  // counted before the job is done: whoever waits for it then sees it in stats()
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.copies;
+      stats_.late_ms += std::max(0.0, ms_between(finished, end));
+      stats_.bytes += job->bytes;
+      stats_.busy_ms += ms_between(started, finished);
+      stats_.memcpy_ms += ms_between(start, end);
+    }
+    {
+      std::lock_guard<std::mutex> lock(job->mutex_);
+      job->copied_ = true;  // done once its modelled time has passed too
       // The ends go back to whoever else holds them (the caller frees them on its own thread).
       job->src_ = at::Tensor();
       job->dst_ = at::Tensor();
     }
     job->cv_.notify_all();
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.copies;
-    stats_.late_ms += std::max(0.0, ms_between(finished, end));
-    stats_.bytes += job->bytes;
-    stats_.busy_ms += ms_between(started, finished);
-    stats_.memcpy_ms += ms_between(start, end);
   }
 }
 
