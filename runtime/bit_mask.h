@@ -3,7 +3,7 @@
 // ReLU's backward reads only whether each output was positive, so the ReLU under compression
 // (runtime/ops/relu_mask.cpp) keeps this for backward instead of its output: 1/32 of an fp32
 // output's bytes, and the output itself is freed after its last forward use unless another op
-// saves it. ATen ops only, so it runs wherever the tensor is (CPU or CUDA).
+// saves it. A loop on CPU; ATen ops elsewhere (CUDA).
 
 #include <ATen/core/Tensor.h>
 

@@ -23,32 +23,40 @@ TEST(BitMask, RoundTripsEveryShape) {
   EXPECT_THROW(pack_bits(at::zeros({3})), c10::Error);
 }
 
+// The gradient's values and its layout (which decides later kernels' summation order) both match,
+// for a matrix and for a channels-last image batch.
 TEST(BitMask, ReluFromTheMaskIsTheSameGradientAndHoldsOnlyTheMask) {
   at::manual_seed(12);
-  at::Tensor x = at::randn({64, 33}, at::kFloat);
-  x.index_put_({0, 0}, 0.0);  // the boundary: relu's gradient at 0 is 0 in both
-  const at::Tensor upstream = at::randn({64, 33});
-  auto grad_of = [&](bool masks, int64_t* held) {
-    Interpreter interp;
-    interp.set_relu_masks(masks);
-    const at::Tensor weight = x.clone().requires_grad_(true);
-    Tensor loss;
-    {
-      Tensor in = interp.param(weight);
-      Tensor y = relu(in);
-      EXPECT_TRUE(y.value().equal(at::relu(x)));
-      loss = sum(mul(relu(y), interp.input(upstream)));
-    }
-    *held = interp.memory().stats().resident_bytes;  // what backward holds now
-    interp.backward(loss);
-    return weight.grad().clone();
-  };
-  int64_t held_plain = 0, held_masks = 0;
-  const at::Tensor plain = grad_of(false, &held_plain), masked = grad_of(true, &held_masks);
-  EXPECT_TRUE(masked.equal(plain));
-  EXPECT_LT(held_masks, held_plain);
+  const at::Tensor image = at::randn({4, 6, 5, 3}).contiguous(at::MemoryFormat::ChannelsLast);
+  for (at::Tensor x : {at::randn({64, 33}), image}) {
+    SCOPED_TRACE(::testing::Message() << "sizes " << x.sizes() << " strides " << x.strides());
+    x.data_ptr<float>()[0] = 0;  // the boundary: relu's gradient at 0 is 0 in both
+    const at::Tensor upstream = at::randn(x.sizes());
+    auto grad_of = [&](bool masks, int64_t* held) {
+      Interpreter interp;
+      interp.set_relu_masks(masks);
+      const at::Tensor weight = x.clone().requires_grad_(true);  // clone keeps the layout
+      Tensor loss;
+      {
+        Tensor in = interp.param(weight);
+        Tensor y = relu(in);
+        EXPECT_TRUE(y.value().equal(at::relu(x)));
+        Tensor z = relu(y);
+        EXPECT_EQ(z.value().strides(), x.strides());
+        loss = sum(mul(z, interp.input(upstream)));
+      }
+      *held = interp.memory().stats().resident_bytes;  // what backward holds now
+      interp.backward(loss);
+      return weight.grad().clone(at::MemoryFormat::Preserve);
+    };
+    int64_t held_plain = 0, held_masks = 0;
+    const at::Tensor plain = grad_of(false, &held_plain), masked = grad_of(true, &held_masks);
+    EXPECT_TRUE(masked.equal(plain));
+    EXPECT_EQ(masked.strides(), plain.strides());
+    EXPECT_LT(held_masks, held_plain);
+  }
   // Against libtorch autograd, on every test device.
-  check_op({{x}, [](Interpreter& interp, auto& t) {
+  check_op({{at::randn({5, 7})}, [](Interpreter& interp, auto& t) {
               interp.set_relu_masks(true);
               return one(relu(t[0]));
             },
