@@ -1,6 +1,7 @@
 #include "launcher/training/checkpoint.h"
 
 #include "launcher/user_error.h"
+#include "memory/cpu_device_allocator.h"
 
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -51,10 +52,18 @@ std::string folder_name(int64_t step) {
 
 // Every parameter and buffer under its full name ("blocks.0.linear.weight"). libtorch's
 // Module::load would silently take a tensor of another shape; this checks names, shapes and dtypes.
+// Each tensor is written from a host copy with a storage of its own, so the file is the same
+// whatever the tensors' layout in device memory (under a budget they share one block:
+// launcher/training/compact.h) and the copy takes no device memory.
+at::Tensor standalone(const at::Tensor& t) {
+  HostAllocationScope host;
+  return t.detach().clone().requires_grad_(t.requires_grad());
+}
+
 void write_model(const Model& model, const fs::path& path) {
   torch::serialize::OutputArchive archive;
-  for (const auto& p : model.named_parameters()) archive.write(p.key(), p.value());
-  for (const auto& b : model.named_buffers()) archive.write(b.key(), b.value(), /*is_buffer=*/true);
+  for (const auto& p : model.named_parameters()) archive.write(p.key(), standalone(p.value()));
+  for (const auto& b : model.named_buffers()) archive.write(b.key(), standalone(b.value()), /*is_buffer=*/true);
   archive.save_to(path.string());
 }
 

@@ -1,9 +1,12 @@
 #include "launcher/training/optimizer.h"
 
+#include "launcher/training/compact.h"
+
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <type_traits>
 
@@ -138,6 +141,44 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p
   auto s = std::make_unique<torch::optim::SGDParamState>();
   s->momentum_buffer(state.at(0));
   states[state_key<Key>(param)] = std::move(s);
+}
+
+bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params) {
+  // The state tensors to move: not the scalars (AdamW's step), and only non-empty ones.
+  std::vector<std::vector<at::Tensor>> states;
+  std::vector<at::Tensor> moving;
+  for (const at::Tensor& p : params) {
+    states.push_back(optimizer_state(optimizer, p));
+    for (const at::Tensor& t : states.back()) {
+      if (t.dim() > 0 && t.numel() > 0) moving.push_back(t);
+    }
+  }
+  if (moving.empty()) return false;  // no state yet: the optimizer has not stepped
+  const at::Device device = moving.front().device();
+  auto rebind = [&](const std::vector<at::Tensor>& replacements) {
+    size_t k = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (states[i].empty()) continue;
+      std::vector<at::Tensor> state = states[i];
+      for (at::Tensor& t : state) {
+        if (t.dim() > 0 && t.numel() > 0) t = replacements[k++];
+      }
+      set_optimizer_state(optimizer, params[i], state);
+    }
+  };
+  const std::vector<at::Tensor> host = copies_on_host(moving);
+  rebind(host);
+  states.clear();  // the old device tensors go now, before the block is allocated
+  moving.clear();
+  for (const at::Tensor& p : params) states.push_back(optimizer_state(optimizer, p));
+  std::vector<at::Tensor> placed;
+  try {
+    placed = into_one_block(host, device);
+  } catch (const c10::Error&) {  // no one piece that large: each where it fits, as before
+    for (const at::Tensor& t : host) placed.push_back(into_one_block({t}, device).front());
+  }
+  rebind(placed);
+  return true;
 }
 
 void drop_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {

@@ -57,6 +57,12 @@ std::vector<at::Tensor> optimizer_state(torch::optim::Optimizer& optimizer, cons
 std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param);
 void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                          const std::vector<at::Tensor>& state);
+// Moves the optimizer state of `params` into one block per dtype and device, in parameter order,
+// allocated now (at the arena's top, beside the parameters and their gradients). State made
+// lazily in the first step lands between that step's temporaries, which leave holes in the
+// memory that lives across steps when they go; activations then find less memory in one piece.
+// A copy: the same bits. False if there is no state yet or no room for the copy (nothing moved).
+bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params);
 // Forgets `param`'s state (a pipeline stage keeps only its own parameters' state).
 void drop_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 

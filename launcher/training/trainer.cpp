@@ -1,5 +1,6 @@
 #include "launcher/training/trainer.h"
 
+#include "launcher/training/compact.h"
 #include "launcher/training/optimizer.h"
 #include "memory/byte_size.h"
 #include "memory/cpu_device_allocator.h"
@@ -80,6 +81,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     // Segments end at blocks; the capture of a step notes where each began.
     model_->set_block_listener([this](int block) { interp_.memory().block_begins(block); });
   }
+  if (arena_) compact_parameters();
   if (arena_ || replicas_.size() > 1) {
     // Under a budget, gradients get one block beside the parameters (memory/gradient_buffer.h).
     // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
@@ -95,6 +97,23 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     progress_.line("warning: parallel.overlap: this MPI library gives no MPI_THREAD_SERIALIZED; gradients are "
                    "all-reduced after backward");
   }
+}
+
+void Trainer::compact_parameters() {
+  // launcher/training/compact.h: the parameters and buffers in one block per dtype at the arena's
+  // top, before the gradient block goes below them. (set_data keeps each parameter's identity: the optimizer's
+  // state, the gradient slots and tied uses all key on it.)
+  std::vector<at::Tensor> in_arena;
+  std::vector<at::Tensor> state = params_;
+  for (const at::Tensor& b : model_->buffers()) state.push_back(b);  // batch norm's statistics: among them
+  for (const at::Tensor& t : state) {
+    if (t.numel() > 0 && t.is_non_overlapping_and_dense() && arena_->contains(t.data_ptr())) in_arena.push_back(t);
+  }
+  if (in_arena.empty()) return;
+  const std::vector<at::Tensor> host = copies_on_host(in_arena);
+  for (size_t i = 0; i < in_arena.size(); ++i) in_arena[i].set_data(host[i]);
+  const std::vector<at::Tensor> placed = into_one_block(host, device_);
+  for (size_t i = 0; i < in_arena.size(); ++i) in_arena[i].set_data(placed[i]);
 }
 
 MemoryOptions Trainer::memory_options() const {
@@ -236,6 +255,7 @@ Trainer::StepResult Trainer::train_step() {
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
   clear_grads(params_);
+  if (arena_ && !state_compacted_) state_compacted_ = compact_optimizer_state(*optimizer_, params_);
   r.optimizer_ms = seconds_since(optimizer_start) * 1e3;
   ++state_.step;
   if (scaler_) state_.loss_scaler = scaler_->state();

@@ -105,7 +105,8 @@ class Trainer {
     // Per pipeline stage (pipeline parallelism): compute, waiting, bytes sent, memory peak.
     std::vector<double> stage_compute_ms, stage_wait_ms, stage_p2p_bytes, stage_peak_bytes;
   };
-  MemoryOptions memory_options() const;  // from config.memory; the trace is set when it opens
+  MemoryOptions memory_options() const;
+  void compact_parameters();  // from config.memory; the trace is set when it opens
   void trace_step_begins();
   void trace_step_ended();
   StepResult train_step();
@@ -126,6 +127,7 @@ class Trainer {
   Sampler sampler_;
   std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<CpuArena> arena_;
+  bool state_compacted_ = false;  // the optimizer state moved into one block (compact_optimizer_state)
   std::shared_ptr<HostLink> host_link_;  // host swap's link; null without it
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
