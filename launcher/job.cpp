@@ -46,6 +46,10 @@ JsonObject summary_of(const Config& c, int64_t model_parameters, const TrainResu
       .add("predicted_peak_bytes", p.prediction.peak_bytes).add("predicted_step_ms", p.prediction.step_ms)
       .add("wall_s", r.seconds)
       .add("samples_per_s", r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0.0);
+  if (c.memory.policy == "swap" || c.memory.policy == "hybrid") {
+    s.add("predicted_swap_out_bytes", p.prediction.swap_out_bytes).add("predicted_swap_link_ms", p.prediction.swap_link_ms)
+        .add("predicted_swap_exposed_ms", p.prediction.swap_exposed_ms);
+  }
   if (r.eval) {
     s.add("eval_loss", r.eval->loss);
     if (r.eval->accuracy) s.add("eval_accuracy", *r.eval->accuracy);

@@ -2,6 +2,7 @@
 
 #include "planner/dtr_replay.h"
 #include "planner/pipeline_terms.h"
+#include "planner/swap_terms.h"
 #include "schedule/checkpoint_segments.h"
 #include "schedule/solver.h"
 
@@ -327,6 +328,10 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     } else {
       eviction_terms(profile, plan, slowdown, p);
     }
+    if (plan.policy == "swap" || plan.policy == "hybrid") {
+      const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+      swap_terms(trace, plan.policy, machine, slowdown, p.evictions > 0, plan.accumulation, p);
+    }
   }
 
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
@@ -348,7 +353,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   // A pipeline stage reduces after its step's last backward (launcher/training/trainer.cpp).
   const double hideable = machine.shared_host || plan.stages > 1 ? 0.0 : fb * backward_share(ref);
   p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - hideable);
-  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms;
+  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms;
   const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);
   p.samples_per_s = global / (p.step_ms / 1e3);
   p.device_hours_per_epoch = plan.devices() * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);

@@ -46,6 +46,10 @@ struct Prediction {
   double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
   int64_t evictions = 0;              // per step (replay), or values a static plan drops
+  // Host swap (policies swap and hybrid; planner/swap_terms.h), per step.
+  int64_t swap_out_bytes = 0;         // copied to host memory
+  double swap_link_ms = 0;            // the link's time for those bytes out and back in
+  double swap_exposed_ms = 0;         // the part compute waits for (not hidden under it)
   bool static_plan = false;           // steps run on a static plan (else, under a budget, DTR)
   double step_ms = 0;
   double samples_per_s = 0;           // global batch per step time

@@ -22,6 +22,7 @@ struct Machine {
   double intra_node_latency_us = 5;
   double inter_node_latency_us = 20;
   double device_speed = 1.0;     // compute speed relative to the device profiled here
+  double host_link_gbps = 25;    // device <-> host memory, each way (host swap: memory.host_link_gbps)
   int max_ranks() const { return nodes * devices_per_node; }
 };
 

@@ -61,6 +61,7 @@ void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool b
   TraceKernel k;
   k.backward = backward;
   k.recomputable = traits.recomputable;
+  k.heavy = traits.work != Work::kMemory;
   for (size_t i = 0; i < path.inputs.size(); ++i) {
     // Backward reads only what the op saved; forward reads every input.
     if (!backward || (traits.saves_inputs & (1u << i))) add_input(k.inputs, *path.inputs[i]);

@@ -58,6 +58,7 @@ void drop_idle_eviction(std::vector<RankedPlan>& ranked) {
 
 Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
   Machine m;
+  m.host_link_gbps = config.memory.host_link_gbps;
   const ClusterConfig& k = config.cluster;
   if (k.nodes > 0) {
     m.nodes = static_cast<int>(k.nodes);
