@@ -126,6 +126,15 @@ TensorInfo* HostSwap::pick_victim(const std::vector<TensorInfo*>& candidates) co
   return best;
 }
 
+TensorInfo* HostSwap::later_victim(const std::vector<TensorInfo*>& candidates, const TensorInfo& sooner) const {
+  TensorInfo* best = nullptr;
+  for (TensorInfo* t : candidates) {
+    if (t == &sooner || t->id >= sooner.id || t->host == nullptr || t->host->in || !t->evictable() || !t->on_host()) continue;
+    if (best == nullptr || t->id < best->id) best = t;
+  }
+  return best;
+}
+
 bool HostSwap::wait_for_copy_out(const std::vector<TensorInfo*>& candidates) {
   TensorInfo* oldest = nullptr;
   for (TensorInfo* t : candidates) {

@@ -83,6 +83,9 @@ class HostSwap {
   bool copy_before_drop(TensorInfo& victim, double recompute_ms);
   // A resident root whose host copy is done, to drop for free (the largest); null if none.
   TensorInfo* pick_victim(const std::vector<TensorInfo*>& candidates) const;
+  // A resident root with a finished host copy that backward reads after `sooner` (made before it
+  // in forward; the earliest made), to drop for a prefetch of `sooner`; null if none.
+  TensorInfo* later_victim(const std::vector<TensorInfo*>& candidates, const TensorInfo& sooner) const;
   // Waits for the oldest copy to host still running among `candidates` (its tensor can then be
   // dropped); false if none is running.
   bool wait_for_copy_out(const std::vector<TensorInfo*>& candidates);

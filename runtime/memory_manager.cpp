@@ -242,7 +242,14 @@ bool MemoryManager::prefetch(TensorInfo& t) {
   const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(options_.arena->capacity()));
   return swap_->prefetch(t, [&](int64_t bytes) {
     if (active_arena() != options_.arena.get()) return at::Tensor();  // not ours to allocate in now
-    if (options_.arena->stats().in_use + round_to_block(static_cast<size_t>(bytes)) > target) return at::Tensor();
+    const int64_t need = round_to_block(static_cast<size_t>(bytes));
+    // Room for a value backward reads sooner: drop copied values it reads later (they come back
+    // by their own prefetch); nothing is ever recomputed for a prefetch.
+    while (options_.arena->stats().in_use + need > target) {
+      TensorInfo* later = swap_->later_victim(roots_, t);
+      if (later == nullptr) return at::Tensor();
+      evict(*later);
+    }
     set_out_of_memory_handler(this);
     prefetching_ = true;
     at::Tensor out;
