@@ -1,6 +1,7 @@
 #include "launcher/training/optimizer.h"
 
 #include "launcher/training/compact.h"
+#include "memory/out_of_memory.h"
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -174,7 +175,7 @@ bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vect
   std::vector<at::Tensor> placed;
   try {
     placed = into_one_block(host, device);
-  } catch (const c10::Error&) {  // no one piece that large: each where it fits, as before
+  } catch (const OutOfBudget&) {  // no one piece that large: each where it fits, as before
     for (const at::Tensor& t : host) placed.push_back(into_one_block({t}, device).front());
   }
   rebind(placed);
