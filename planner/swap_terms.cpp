@@ -1,12 +1,14 @@
 #include "planner/swap_terms.h"
 
+#include "runtime/host_swap.h"
+
 #include <algorithm>
 #include <vector>
 
 namespace ht {
 namespace {
 
-constexpr int64_t kMinSwapBytes = 64 << 10;  // runtime/host_swap.h: SwapOptions::min_bytes
+const int64_t kMinSwapBytes = SwapOptions{}.min_bytes;  // the runtime's own threshold
 
 // The values backward reads that host swap may copy (producer that can run again, 64 KiB or
 // more), and whether a convolution or matmul made or reads each.
@@ -38,6 +40,10 @@ void swap_terms(const StepTrace& trace, const std::string& policy, const Machine
   const double bytes_per_ms = std::max(machine.host_link_gbps, 1e-6) * 1e6;
   double forward_ms = 0, backward_ms = 0;
   for (const TraceKernel& k : trace.kernels) (k.backward ? backward_ms : forward_ms) += k.ms * slowdown;
+  std::vector<std::vector<size_t>> made_by(trace.kernels.size());  // each kernel's candidates
+  for (size_t t = 0; t < trace.tensors.size(); ++t) {
+    if (c.saved[t]) made_by[static_cast<size_t>(trace.tensors[t].producer)].push_back(t);
+  }
   // Forward in order: when each kernel ends, the values it made join the link's queue.
   int64_t out_bytes = 0;
   double clock = 0, link_free = 0;
@@ -46,8 +52,7 @@ void swap_terms(const StepTrace& trace, const std::string& policy, const Machine
     const TraceKernel& k = trace.kernels[static_cast<size_t>(e.index)];
     if (k.backward) break;
     clock += k.ms * slowdown;
-    for (size_t t = 0; t < trace.tensors.size(); ++t) {
-      if (trace.tensors[t].producer != e.index || !c.saved[t]) continue;
+    for (size_t t : made_by[static_cast<size_t>(e.index)]) {
       const double end = std::max(link_free, clock) + static_cast<double>(trace.tensors[t].bytes) / bytes_per_ms;
       const bool copy = policy == "swap" ? c.heavy[t] != 0 : end <= forward_ms;
       if (!copy) continue;

@@ -1,6 +1,7 @@
 #include "launcher/training/compact.h"
 
 #include "memory/cpu_device_allocator.h"
+#include "memory/out_of_memory.h"
 
 #include <ATen/ATen.h>
 
@@ -38,6 +39,16 @@ std::vector<at::Tensor> into_one_block(const std::vector<at::Tensor>& host, cons
     out.push_back(slot);
   }
   return out;
+}
+
+std::vector<at::Tensor> back_on_device(const std::vector<at::Tensor>& host, const at::Device& device) {
+  try {
+    return into_one_block(host, device);
+  } catch (const OutOfBudget&) {
+    std::vector<at::Tensor> placed;
+    for (const at::Tensor& t : host) placed.push_back(into_one_block({t}, device).front());
+    return placed;
+  }
 }
 
 }  // namespace ht

@@ -18,5 +18,8 @@ std::vector<at::Tensor> copies_on_host(const std::vector<at::Tensor>& tensors);
 // `host` copied into one new block per dtype on `device`, in order, each with its sizes and
 // strides: the tensors to use from now on. Throws what the allocator throws if the block does not fit.
 std::vector<at::Tensor> into_one_block(const std::vector<at::Tensor>& host, const at::Device& device);
+// into_one_block, or, where no one piece that large is free, each tensor back where it fits: state
+// is never left on host. Throws only if even that does not fit.
+std::vector<at::Tensor> back_on_device(const std::vector<at::Tensor>& host, const at::Device& device);
 
 }  // namespace ht

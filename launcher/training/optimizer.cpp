@@ -1,7 +1,6 @@
 #include "launcher/training/optimizer.h"
 
 #include "launcher/training/compact.h"
-#include "memory/out_of_memory.h"
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -172,13 +171,7 @@ bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vect
   states.clear();  // the old device tensors go now, before the block is allocated
   moving.clear();
   for (const at::Tensor& p : params) states.push_back(optimizer_state(optimizer, p));
-  std::vector<at::Tensor> placed;
-  try {
-    placed = into_one_block(host, device);
-  } catch (const OutOfBudget&) {  // no one piece that large: each where it fits, as before
-    for (const at::Tensor& t : host) placed.push_back(into_one_block({t}, device).front());
-  }
-  rebind(placed);
+  rebind(back_on_device(host, device));
   return true;
 }
 

@@ -4,7 +4,6 @@
 #include "launcher/training/optimizer.h"
 #include "memory/byte_size.h"
 #include "memory/cpu_device_allocator.h"
-#include "memory/out_of_memory.h"
 #include "memory/host_link.h"
 
 #include <chrono>
@@ -113,12 +112,7 @@ void Trainer::compact_parameters() {
   if (in_arena.empty()) return;
   const std::vector<at::Tensor> host = copies_on_host(in_arena);
   for (size_t i = 0; i < in_arena.size(); ++i) in_arena[i].set_data(host[i]);
-  std::vector<at::Tensor> placed;
-  try {
-    placed = into_one_block(host, device_);
-  } catch (const OutOfBudget&) {  // no one piece that large: each back where it fits, never left on host
-    for (const at::Tensor& t : host) placed.push_back(into_one_block({t}, device_).front());
-  }
+  const std::vector<at::Tensor> placed = back_on_device(host, device_);
   for (size_t i = 0; i < in_arena.size(); ++i) in_arena[i].set_data(placed[i]);
 }
 
