@@ -210,6 +210,10 @@ void HostSwap::dropped(TensorInfo& t) {
 }
 
 void HostSwap::release(TensorInfo& t) {
+  if (t.parked_grad != nullptr) {
+    account_host(-host_bytes(t.parked_grad->copy));
+    t.parked_grad.reset();  // its copy out was waited for when it was parked
+  }
   if (t.host == nullptr) return;
   // Wait for copies in flight, so that both ends are freed here, on this thread.
   if (t.host->out) t.host->out->wait();
@@ -217,6 +221,66 @@ void HostSwap::release(TensorInfo& t) {
   if (t.host->prefetched) forget_prefetch(t);
   account_host(-host_bytes(*t.host));
   t.host.reset();
+}
+
+}  // namespace ht
+
+namespace ht {
+
+bool HostSwap::park_gradient(TensorInfo& t) {
+  const at::Tensor& g = t.grad;
+  if (!g.defined() || t.parked_grad != nullptr || !g.has_storage() || g.sizes() != at::IntArrayRef(t.sizes)) return false;
+  // Another holder (add's backward hands one tensor to both inputs) would keep the bytes alive.
+  if (g.use_count() != 1 || g.storage().use_count() != 1) return false;
+  const auto bytes = static_cast<int64_t>(g.storage().nbytes());
+  if (bytes < options_.min_bytes) return false;
+  if (stats_.host_bytes + bytes > options_.host_budget_bytes) {
+    ++stats_.refused_host_full;
+    return false;
+  }
+  auto parked = std::make_unique<ParkedGradient>();
+  {
+    HostAllocationScope host_memory;  // outside the arena
+    parked->copy.host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  }
+  parked->copy.device_bytes = bytes;
+  parked->copy.strides.assign(g.strides().begin(), g.strides().end());
+  parked->copy.storage_offset = g.storage_offset();
+  parked->dtype = g.scalar_type();
+  parked->copy.out = options_.link->copy(CopyDirection::kToHost, g, parked->copy.host);
+  const double waited = parked->copy.out->wait();  // its bytes are needed now
+  stats_.wait_ms += waited;
+  if (timeline_ != nullptr) {
+    timeline_->copy(/*to_host=*/true, t.id, bytes, parked->copy.out->started(), parked->copy.out->finished());
+    if (waited > 0) timeline_->copy_wait(t.id, waited);
+  }
+  t.parked_grad = std::move(parked);
+  t.grad = at::Tensor();  // the job has finished with it: the device bytes are free
+  account_host(bytes);
+  ++stats_.gradients_parked;
+  ++stats_.copies_out;
+  stats_.bytes_out += bytes;
+  return true;
+}
+
+at::Tensor HostSwap::unpark_gradient(TensorInfo& t) {
+  TORCH_INTERNAL_ASSERT(t.parked_grad != nullptr, "unpark_gradient: tensor ", t.id, " has no parked gradient");
+  HostCopy& h = t.parked_grad->copy;
+  at::Tensor bytes = at::empty({h.device_bytes}, at::TensorOptions().dtype(at::kByte));
+  std::shared_ptr<CopyJob> in = options_.link->copy(CopyDirection::kToDevice, h.host, bytes);
+  const double waited = in->wait();
+  stats_.wait_ms += waited;
+  ++stats_.copies_in;
+  stats_.bytes_in += h.device_bytes;
+  if (timeline_ != nullptr) {
+    timeline_->copy(/*to_host=*/false, t.id, h.device_bytes, in->started(), in->finished());
+    if (waited > 0) timeline_->copy_wait(t.id, waited);
+  }
+  at::Tensor grad = at::empty({0}, at::TensorOptions().dtype(t.parked_grad->dtype).device(bytes.device()));
+  grad.set_(bytes.storage(), h.storage_offset, t.sizes, h.strides);
+  account_host(-host_bytes(h));
+  t.parked_grad.reset();
+  return grad;
 }
 
 }  // namespace ht

@@ -58,6 +58,7 @@ struct SwapStats {
   int64_t copied_before_drop = 0;   // hybrid: victims copied out (waited for) rather than recomputed
   int64_t prefetches_cancelled = 0; // prefetches given back when memory ran short
   double wait_ms = 0;               // compute waiting for copies (in, or out to free memory)
+  int64_t gradients_parked = 0;     // backward's gradients in flight moved to host (bytes counted in and out)
   int64_t host_bytes = 0, peak_host_bytes = 0;
 };
 
@@ -105,8 +106,16 @@ class HostSwap {
   // started last (read furthest ahead), which will be copied again when read. False if none.
   bool cancel_prefetch();
 
-  // `t` no longer needs its host copy (its record goes, or nobody will read it again).
+  // `t` no longer needs its host copy (its record goes, or nobody will read it again); a parked
+  // gradient goes too.
   void release(TensorInfo& t);
+
+  // Backward's gradient in flight for `t` (t.grad, nobody else holding its storage) to host
+  // memory, waiting for the copy, so that its device bytes are free: the last resort when memory
+  // runs out and no value can be dropped. False if it cannot be (shared, too small, host full).
+  bool park_gradient(TensorInfo& t);
+  // The parked gradient of `t`, back on the device (waits for the copy); its host bytes go.
+  at::Tensor unpark_gradient(TensorInfo& t);
 
  private:
   bool hidden_under_forward(int64_t bytes) const;

@@ -178,6 +178,7 @@ bool MemoryManager::make_room(size_t bytes) {
     bool freed = false;
     if (victim == nullptr) victim = next_victim(&freed);
     if (victim == nullptr && freed) continue;
+    if (victim == nullptr && park_a_gradient()) continue;
     if (victim == nullptr) {
       // Everything evictable is gone: what remains is needed now, so no smaller budget works.
       stats_.min_budget_bytes = std::max(stats_.min_budget_bytes, s.in_use + need);
@@ -263,6 +264,31 @@ bool MemoryManager::prefetch(TensorInfo& t) {
   });
 }
 
+void MemoryManager::gradient_pending(TensorInfo& t) {
+  if (swap_ && !t.is_leaf && t.grad.defined()) pending_grads_.push_back(&t);
+}
+
+at::Tensor MemoryManager::take_gradient(TensorInfo& t) {
+  if (!swap_) return std::move(t.grad);
+  auto it = std::find(pending_grads_.begin(), pending_grads_.end(), &t);
+  if (it != pending_grads_.end()) pending_grads_.erase(it);
+  if (t.parked_grad == nullptr) return std::move(t.grad);
+  set_out_of_memory_handler(this);  // its bytes are allocated here, on this thread
+  return swap_->unpark_gradient(t);
+}
+
+bool MemoryManager::park_a_gradient() {
+  if (!swap_) return false;
+  // Backward runs the tape in reverse, so the record made first in forward (the smallest id)
+  // has its gradient read last.
+  std::vector<TensorInfo*> order(pending_grads_);
+  std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) { return a->id < b->id; });
+  for (TensorInfo* t : order) {
+    if (swap_->park_gradient(*t)) return true;
+  }
+  return false;
+}
+
 void MemoryManager::evict(TensorInfo& victim, bool planned) {
   if (swap_ && victim.on_host()) swap_->dropped(victim);
   if (options_.timeline != nullptr) {
@@ -307,6 +333,10 @@ void MemoryManager::on_dropped(TensorInfo& t) {
 
 void MemoryManager::on_destroyed(TensorInfo& t) {
   if (t.resident()) forget(t);
+  if (swap_ && t.has_gradient()) {
+    auto it = std::find(pending_grads_.begin(), pending_grads_.end(), &t);
+    if (it != pending_grads_.end()) pending_grads_.erase(it);
+  }
   if (swap_) swap_->release(t);
   if (evictor_) evictor_->policy().on_destroyed(t);
   if (planner_) planner_->on_destroyed(t);

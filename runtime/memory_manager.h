@@ -110,6 +110,14 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   }
   const SwapStats* swap_stats() const { return swap_ ? &swap_->stats() : nullptr; }
 
+  // Backward's gradients in flight (TensorInfo::grad of records whose producer's entry has not
+  // run yet). Under host swap they are the last resort when memory runs out: make_room parks
+  // the one read last on host before it gives up (a residual block's shortcut gradient waits a
+  // whole branch). The tape tells when it sets one and takes it through take_gradient.
+  void gradient_pending(TensorInfo& t);
+  // t's gradient (brought back if parked; undefined if none), no longer pending.
+  at::Tensor take_gradient(TensorInfo& t);
+
   // Runs `kernel`. Only this manager's thread may evict, so an allocation on an ATen worker
   // thread that does not fit fails instead: make room here for what the kernel held then plus
   // what it asked, and run it again (kernels are functional; random ones replay their seed).
@@ -160,6 +168,8 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   // if it gave back a prefetch's bytes instead (`*freed`).
   TensorInfo* next_victim(bool* freed);
   void forget(TensorInfo& t);
+  // Parks the pending gradient read last (runtime/host_swap.h); false if none can go.
+  bool park_a_gradient();
 
   Rematerializer& remat_;
   MemoryOptions options_;
@@ -175,6 +185,7 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   MemoryStats stats_;
   std::vector<TensorInfo*> roots_;
   std::unordered_map<TensorInfo*, size_t> root_slot_;  // index in roots_
+  std::vector<TensorInfo*> pending_grads_;  // host swap only: records with a gradient in flight
 };
 
 }  // namespace ht

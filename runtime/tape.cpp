@@ -11,7 +11,11 @@ namespace ht {
 void accumulate_grad(TensorInfo& t, at::Tensor grad) {
   if (!t.requires_grad || !grad.defined()) return;
   if (!t.is_leaf) {
-    t.grad = t.grad.defined() ? t.grad + grad : std::move(grad);
+    // Taken first: memory made for the sum may not park what the sum reads.
+    MemoryManager& memory = t.owner->memory();
+    at::Tensor so_far = memory.take_gradient(t);
+    t.grad = so_far.defined() ? so_far + grad : std::move(grad);
+    memory.gradient_pending(t);
     return;
   }
   // A leaf's gradient lives in its at::Tensor's .grad(), where torch::optim reads it. As
@@ -126,8 +130,8 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   } else {
     for (size_t j = 0; j < path.outputs.size(); ++j) {
       TensorInfo* out = path.outputs[j];
-      if (out != nullptr && out->grad.defined()) {
-        grad_outputs[j] = std::move(out->grad);
+      if (out != nullptr && out->has_gradient()) {
+        grad_outputs[j] = interp.memory().take_gradient(*out);
         out->grad.reset();
         any_grad = true;
       }
@@ -170,8 +174,8 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
       if (saved[k].defined()) values[k] = interp.materialize(*saved[k].info());
     return values;
   };
-  const std::vector<at::Tensor> inputs = values_of(entry.saved_inputs);
-  const std::vector<at::Tensor> outputs = values_of(entry.saved_outputs);
+  std::vector<at::Tensor> inputs = values_of(entry.saved_inputs);
+  std::vector<at::Tensor> outputs = values_of(entry.saved_outputs);
   interp.memory().before_backward(path);
 
   std::vector<at::Tensor> grads;
@@ -182,6 +186,11 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
     });
   }
   interp.memory().after_backward(path);
+  // The kernel is done with what it read: let go of it before the gradients are added up (a
+  // sum allocates; an evicted saved value or an output gradient held here would free nothing).
+  inputs.clear();
+  outputs.clear();
+  grad_outputs.clear();
   pin_all(-1);
   interp.memory().backward_stage_ends(path);
   TORCH_INTERNAL_ASSERT(grads.size() == path.inputs.size(), path.op->traits().name,

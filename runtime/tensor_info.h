@@ -38,6 +38,14 @@ struct HostCopy {
   bool prefetched = false;  // `in` was started ahead of use (not by the read that needed it)
 };
 
+// Backward's gradient for a record, waiting for its producer's entry, moved to host memory when
+// memory ran short and nothing else could go (host swap; MemoryManager::park_a_gradient). Its
+// shape is the record's; it comes back, bit for bit, when the entry takes it.
+struct ParkedGradient {
+  HostCopy copy;  // `in` unused: the gradient is brought back by the read that needs it
+  at::ScalarType dtype = at::ScalarType::Undefined;
+};
+
 struct TensorInfo {
   TensorInfo(Interpreter* owner, uint64_t id) : owner(owner), id(id) {}
   ~TensorInfo();
@@ -76,8 +84,10 @@ struct TensorInfo {
   uint64_t last_access = 0;  // interpreter tick of the last read or write
   uint32_t recompute_count = 0;
 
-  // Reverse mode: the gradient accumulated so far during backward().
+  // Reverse mode: the gradient accumulated so far during backward(), or, under host swap, parked
+  // on host (then `grad` is undefined). Read it through MemoryManager::take_gradient.
   at::Tensor grad;
+  std::unique_ptr<ParkedGradient> parked_grad;
 
   // Host swap: its copy in host memory, made or being made; null: none.
   std::unique_ptr<HostCopy> host;
@@ -94,6 +104,8 @@ struct TensorInfo {
   bool copying_to_host() const;
   // Its bytes are in host memory: a drop costs a copy back, not a recomputation.
   bool on_host() const;
+  // Backward has a gradient for it (on the device or parked on host).
+  bool has_gradient() const { return grad.defined() || parked_grad != nullptr; }
 };
 
 // One op call: the op (with its arguments), its inputs and its outputs.

@@ -110,6 +110,46 @@ TEST(HostSwap, BackwardPrefetchesAndGivesHostMemoryBack) {
   }
 }
 
+// Backward's gradient in flight (waiting for its producer's entry, as a residual block's shortcut
+// gradient waits a whole branch) is the last thing memory can come from: with nothing left to
+// drop, make_room parks it on host, and it comes back with its bits and strides when taken.
+TEST(HostSwap, AGradientInFlightIsParkedOnHostWhenNothingElseCanGo) {
+  at::manual_seed(0);
+  SwapFixture f(50, SwapRule::kHidden);  // 64 MiB of device memory
+  Interpreter& interp = f.interp;
+  interp.memory().begin_step();
+  Tensor x = interp.input(at::randn({1024, 1024}));  // 4 MiB each
+  Tensor w = interp.param(at::randn({1024, 1024}).requires_grad_());
+  Tensor h = linear(x, w);
+  TensorInfo& t = *h.info();
+  t.grad = at::empty_strided({1024, 1024}, {1, 1024});  // on the device, in a layout of its own
+  t.grad.normal_();
+  at::Tensor expected;
+  {
+    HostAllocationScope host;
+    expected = t.grad.clone();
+  }
+  const std::vector<int64_t> strides(t.grad.strides().begin(), t.grad.strides().end());
+  interp.memory().gradient_pending(t);
+  // 16 MiB in use: dropping h leaves 52 MiB free, short of this; parking the gradient gives 56.
+  at::Tensor big = at::empty({int64_t{54} << 20}, at::TensorOptions().dtype(at::kByte));
+  EXPECT_FALSE(t.grad.defined());
+  ASSERT_NE(t.parked_grad, nullptr);
+  EXPECT_TRUE(t.has_gradient());
+  EXPECT_EQ(interp.memory().swap_stats()->gradients_parked, 1);
+  big.reset();
+  const at::Tensor back = interp.memory().take_gradient(t);
+  EXPECT_EQ(t.parked_grad, nullptr);
+  EXPECT_TRUE(f.arena->contains(back.data_ptr())) << "back in device memory";
+  EXPECT_TRUE(back.equal(expected));
+  EXPECT_EQ(std::vector<int64_t>(back.strides().begin(), back.strides().end()), strides);
+  EXPECT_EQ(interp.memory().swap_stats()->host_bytes, h.info()->host ? static_cast<int64_t>(h.info()->host->host.nbytes()) : 0)
+      << "the parked bytes went back";
+  EXPECT_THROW(at::empty({int64_t{60} << 20}, at::TensorOptions().dtype(at::kByte)), OutOfBudget)
+      << "a gradient already taken is not parked again";
+  interp.memory().end_step();
+}
+
 TEST(HostSwap, AFullHostBudgetMakesNoCopy) {
   at::manual_seed(0);
   SwapFixture f(50, SwapRule::kConvAndMatmul, /*host_budget=*/1024);
