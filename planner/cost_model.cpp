@@ -214,6 +214,11 @@ double allreduce_ms(const Machine& machine, int ranks, int64_t bytes) {
 
 namespace {
 
+// memory.optimizer_state = "host" takes effect only where the run opens a host link.
+bool state_waits_on_host(const Plan& plan) {
+  return plan.state_on_host && (plan.policy == "swap" || plan.policy == "hybrid");
+}
+
 // Memory per rank without eviction: every term exact but the activations, which are measured.
 void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
   const int64_t local = plan.micro_batch * plan.accumulation;
@@ -235,7 +240,8 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
                    : plan.policy == "largest" ? ReplayPolicy::kLargest
                                               : ReplayPolicy::kDtr;  // dtr, and its variants
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-  trace.persistent_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes;
+  const int64_t state_on_device = state_waits_on_host(plan) ? 0 : p.optimizer_state_bytes;
+  trace.persistent_bytes = p.model_bytes + p.gradient_bytes + state_on_device + p.sampler_bytes;
   const ReplayResult r = replay_step(trace, options);
   // What the replay cannot see (the temporaries of kernels it re-runs, the arena as earlier steps
   // left it) can cut the last few percent into pieces: a plan fits only if the replay also runs
@@ -244,6 +250,8 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   tighter.budget_bytes = options.budget_bytes * 95 / 100;
   const ReplayResult margin = replay_step(trace, tighter);
   p.peak_bytes = r.feasible ? r.peak_bytes : std::max(p.peak_bytes, r.min_budget_bytes);
+  // The optimizer's step holds all of the state, beside the parameters and their gradients.
+  if (state_waits_on_host(plan)) p.peak_bytes = std::max(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes);
   p.evictions = r.evictions * plan.accumulation;
   p.recompute_ms = r.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
   if (r.feasible && !margin.feasible) {
@@ -331,6 +339,11 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     if (plan.policy == "swap" || plan.policy == "hybrid") {
       const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
       swap_terms(trace, plan.policy, machine, slowdown, p.evictions > 0, plan.accumulation, p);
+      if (state_waits_on_host(plan)) {  // out after the step and back before the next, waited for
+        const double state_ms = 2.0 * static_cast<double>(p.optimizer_state_bytes) / (machine.host_link_gbps * 1e6);
+        p.swap_link_ms += state_ms;
+        p.swap_exposed_ms += state_ms;
+      }
     }
   }
 

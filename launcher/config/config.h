@@ -99,6 +99,7 @@ struct MemoryConfig {
   std::string host_budget;        // empty: half of the host's available memory
   double host_link_gbps = 25;     // PCIe Gen4 x16 in practice, per direction
   std::string compress = "off";   // off, lossless (1-bit relu masks), bf16 (and bf16 across the link)
+  std::string optimizer_state = "device";  // device, or host: waits on host between optimizer steps
   // Derived by validation from `budget`, not read from the file: bytes, 0 for unlimited.
   int64_t budget_bytes = 0;
   int64_t host_budget_bytes = 0;  // derived from `host_budget`

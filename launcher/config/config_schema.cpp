@@ -286,6 +286,11 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "host link and wait on host as bf16: half the bytes, changes bits; needs memory.policy swap or "
                     "hybrid)")
                   .choices({"off", "lossless", "bf16"}));
+  f.push_back(Field(&C::memory, &MemoryConfig::optimizer_state, "memory", "optimizer_state",
+                    "where the optimizer state waits between optimizer steps: device; or host (ZeRO-Offload's "
+                    "place: copied over the host link after each step and back before the next, so forward and "
+                    "backward have its bytes for activations; the same bits; needs memory.policy swap or hybrid)")
+                  .choices({"device", "host"}));
   f.push_back(Field(&C::memory, &MemoryConfig::trace, "memory", "trace",
                     "write <job.output_dir>/memory_trace.json: kernels, recomputations, evictions, allocations "
                     "and bytes in use, for chrome://tracing or Perfetto"));

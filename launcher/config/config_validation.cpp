@@ -130,6 +130,11 @@ class Rules {
                       "memory.policy = \"" + m.policy + "\" swaps nothing; set memory.policy = \"swap\" or \"hybrid\" "
                       "(with memory.budget), or memory.compress = \"lossless\"");
     }
+    if (m.optimizer_state == "host" && m.policy != "swap" && m.policy != "hybrid") {
+      throw UserError(loc("memory.optimizer_state") + "memory.optimizer_state = \"host\" moves the optimizer state over "
+                      "the host link, which memory.policy = \"" + m.policy + "\" does not open; set memory.policy = "
+                      "\"swap\" or \"hybrid\" (with memory.budget), or memory.optimizer_state = \"device\"");
+    }
     if (m.policy != "none" && m.budget.empty()) {
       throw UserError(loc("memory.policy") + "memory.policy = \"" + m.policy + "\" evicts to fit a budget, and "
                       "memory.budget is not set; set it too, e.g. memory.budget = \"2GiB\" or \"50%\"");

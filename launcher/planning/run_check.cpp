@@ -23,6 +23,7 @@ Plan plan_of(const Config& c) {
   p.budget_bytes = c.memory.budget_bytes;
   p.stages = static_cast<int>(c.parallel.pipeline_parallel);
   p.schedule = c.parallel.pipeline_schedule;
+  p.state_on_host = c.memory.optimizer_state == "host";
   return p;
 }
 

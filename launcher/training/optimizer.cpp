@@ -143,8 +143,8 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p
   states[state_key<Key>(param)] = std::move(s);
 }
 
-bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params) {
-  // The state tensors to move: not the scalars (AdamW's step), and only non-empty ones.
+bool move_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                          const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& move) {
   std::vector<std::vector<at::Tensor>> states;
   std::vector<at::Tensor> moving;
   for (const at::Tensor& p : params) {
@@ -154,24 +154,31 @@ bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vect
     }
   }
   if (moving.empty()) return false;  // no state yet: the optimizer has not stepped
-  const at::Device device = moving.front().device();
-  auto rebind = [&](const std::vector<at::Tensor>& replacements) {
-    size_t k = 0;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (states[i].empty()) continue;
-      std::vector<at::Tensor> state = states[i];
-      for (at::Tensor& t : state) {
-        if (t.dim() > 0 && t.numel() > 0) t = replacements[k++];
-      }
-      set_optimizer_state(optimizer, params[i], state);
-    }
-  };
-  const std::vector<at::Tensor> host = copies_on_host(moving);
-  rebind(host);
-  states.clear();  // the old device tensors go now, before the block is allocated
+  const std::vector<at::Tensor> replacements = move(moving);
+  TORCH_INTERNAL_ASSERT(replacements.size() == moving.size(), "move_optimizer_state: ", replacements.size(),
+                        " tensors for ", moving.size());
   moving.clear();
-  for (const at::Tensor& p : params) states.push_back(optimizer_state(optimizer, p));
-  rebind(back_on_device(host, device));
+  size_t k = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (states[i].empty()) continue;
+    std::vector<at::Tensor> state = std::move(states[i]);
+    for (at::Tensor& t : state) {
+      if (t.dim() > 0 && t.numel() > 0) t = replacements[k++];
+    }
+    set_optimizer_state(optimizer, params[i], state);
+  }
+  return true;
+}
+
+bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params) {
+  at::Device device = at::kCPU;
+  // To host first: the old device tensors go before the block is allocated, so it lands where they were.
+  const bool moved = move_optimizer_state(optimizer, params, [&](const std::vector<at::Tensor>& state) {
+    device = state.front().device();
+    return copies_on_host(state);
+  });
+  if (!moved) return false;
+  move_optimizer_state(optimizer, params, [&](const std::vector<at::Tensor>& host) { return back_on_device(host, device); });
   return true;
 }
 

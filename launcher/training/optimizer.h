@@ -63,6 +63,11 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p
 // memory that lives across steps when they go; activations then find less memory in one piece.
 // A copy: the same bits. False if there is no state yet or no room for the copy (nothing moved).
 bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params);
+// Replaces the optimizer state tensors of `params` (those with elements; not AdamW's step count)
+// by `move(them)`, in parameter order: the old tensors go once nothing else holds them. False if
+// there is no state yet (nothing moved).
+bool move_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                          const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& move);
 // Forgets `param`'s state (a pipeline stage keeps only its own parameters' state).
 void drop_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 

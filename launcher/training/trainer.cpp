@@ -1,6 +1,7 @@
 #include "launcher/training/trainer.h"
 
 #include "launcher/training/compact.h"
+#include "launcher/training/state_offload.h"
 #include "launcher/training/optimizer.h"
 #include "memory/byte_size.h"
 #include "memory/cpu_device_allocator.h"
@@ -75,6 +76,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
                   "copies %s",
                   config.memory.host_link_gbps, measure_memcpy_gbps(), format_bytes(config.memory.host_budget_bytes).c_str());
     progress_.line(line);
+    if (config.memory.optimizer_state == "host") state_offload_ = std::make_unique<StateOffload>(host_link_);
   }
   interp_.memory().configure(memory_options());
   if (interp_.memory().static_planner() != nullptr) {
@@ -251,11 +253,20 @@ Trainer::StepResult Trainer::train_step() {
     stages.gradient_norm = [this] { return pipeline_->gradient_norm(); };
     stages.all_finite = [this](bool finite) { return pipeline_->all_stages(finite); };
   }
+  const StateOffloadStats state_before = state_offload_ ? state_offload_->stats() : StateOffloadStats{};
+  state_to_device();
   const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get(), stages);
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
   clear_grads(params_);
   if (arena_ && !state_compacted_) state_compacted_ = compact_optimizer_state(*optimizer_, params_);
+  state_to_host();
+  if (state_offload_) {
+    const StateOffloadStats& s = state_offload_->stats();
+    r.state_out_bytes = s.bytes_out - state_before.bytes_out;
+    r.state_in_bytes = s.bytes_in - state_before.bytes_in;
+    r.state_wait_ms = s.wait_ms - state_before.wait_ms;
+  }
   r.optimizer_ms = seconds_since(optimizer_start) * 1e3;
   ++state_.step;
   if (scaler_) state_.loss_scaler = scaler_->state();
@@ -283,6 +294,21 @@ Trainer::StepResult Trainer::train_step() {
   if (pipeline_) gather_stage_stats(r);
   trace_step_ended();
   return r;
+}
+
+void Trainer::state_to_device() {
+  if (!state_on_host_) return;
+  move_optimizer_state(*optimizer_, params_, [&](const std::vector<at::Tensor>& host) {
+    return state_offload_->to_device(host, device_);
+  });
+  state_on_host_ = false;
+}
+
+void Trainer::state_to_host() {
+  if (!state_offload_) return;
+  state_on_host_ = move_optimizer_state(*optimizer_, params_, [&](const std::vector<at::Tensor>& state) {
+    return state_offload_->to_host(state);
+  });
 }
 
 Trainer::StepMeasurement Trainer::measure_step() {
@@ -422,6 +448,10 @@ void Trainer::log_step(const StepResult& r) {
     record.add("swap_out_bytes", r.swap_out_bytes).add("swap_in_bytes", r.swap_in_bytes)
         .add("swap_in_hidden_bytes", r.swap_in_hidden_bytes).add("swap_wait_ms", r.swap_wait_ms)
         .add("host_peak_bytes", r.host_peak_bytes);
+  }
+  if (state_offload_) {
+    record.add("state_out_bytes", r.state_out_bytes).add("state_in_bytes", r.state_in_bytes)
+        .add("state_wait_ms", r.state_wait_ms);
   }
   if (predicted_peak_bytes_ >= 0) {
     record.add("predicted_peak_bytes", predicted_peak_bytes_).add("predicted_step_ms", predicted_step_ms_);

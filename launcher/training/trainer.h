@@ -13,6 +13,7 @@
 #include "memory/cpu_arena.h"
 #include "launcher/training/loss_scaler.h"
 #include "launcher/training/pipeline_stage.h"
+#include "launcher/training/state_offload.h"
 #include "parallel/data_parallel.h"
 #include "memory/memory_timeline.h"
 #include "runtime/interpreter.h"
@@ -101,12 +102,19 @@ class Trainer {
     // before their read (hidden), and the host memory's peak.
     int64_t swap_out_bytes = 0, swap_in_bytes = 0, swap_in_hidden_bytes = 0, host_peak_bytes = 0;
     double swap_wait_ms = 0;
+    // memory.optimizer_state = "host": the optimizer state's bytes each way and the step's wait.
+    int64_t state_out_bytes = 0, state_in_bytes = 0;
+    double state_wait_ms = 0;
     DataParallelStats comm;
     // Per pipeline stage (pipeline parallelism): compute, waiting, bytes sent, memory peak.
     std::vector<double> stage_compute_ms, stage_wait_ms, stage_p2p_bytes, stage_peak_bytes;
   };
   MemoryOptions memory_options() const;
   void compact_parameters();  // from config.memory; the trace is set when it opens
+  // memory.optimizer_state = "host": the state back on the device for the optimizer's step, and
+  // to host after it (launcher/training/state_offload.h).
+  void state_to_device();
+  void state_to_host();
   void trace_step_begins();
   void trace_step_ended();
   StepResult train_step();
@@ -128,6 +136,8 @@ class Trainer {
   std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<CpuArena> arena_;
   bool state_compacted_ = false;  // the optimizer state moved into one block (compact_optimizer_state)
+  std::unique_ptr<StateOffload> state_offload_;  // memory.optimizer_state = "host"; null otherwise
+  bool state_on_host_ = false;                   // the optimizer state waits on host now
   std::shared_ptr<HostLink> host_link_;  // host swap's link; null without it
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas

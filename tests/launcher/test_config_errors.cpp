@@ -177,6 +177,11 @@ TEST_F(ConfigErrors, HostSwap) {
                         "swaps nothing; set memory.policy = \"swap\" or \"hybrid\" (with memory.budget), or "
                         "memory.compress = \"lossless\""));
   EXPECT_THAT(error_in(kGood, {"--memory.compress=zip"}), HasSubstr("memory.compress"));
+  EXPECT_THAT(error_in(kGood, {"--memory.optimizer_state=host", "--memory.policy=dtr", "--memory.budget=64MiB"}),
+              HasSubstr("memory.optimizer_state = \"host\" moves the optimizer state over the host link, which "
+                        "memory.policy = \"dtr\" does not open; set memory.policy = \"swap\" or \"hybrid\" (with "
+                        "memory.budget), or memory.optimizer_state = \"device\""));
+  EXPECT_THAT(error_in(kGood, {"--memory.optimizer_state=disk"}), HasSubstr("memory.optimizer_state"));
 }
 
 TEST_F(ConfigErrors, MemoryBudget) {

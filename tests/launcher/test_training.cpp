@@ -401,6 +401,32 @@ TEST(Training, CompressionKeepsMasksLosslesslyAndHalvesTheLinksBytes) {
   }
 }
 
+// memory.optimizer_state = "host": the state waits on host between optimizer steps (ZeRO-Offload's
+// place) and comes back for each step with its bits, so the parameters are those of the run that
+// keeps it on the device, and every step moves the whole state out and back over the link.
+TEST(Training, OptimizerStateWaitsOnHostAndComesBackWithItsBits) {
+  TempDir dir;
+  const std::string toml = std::string(kBase) + "[model]\nname = \"mlp\"\nhidden = [256, 256]\n";
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    auto run = [&](const std::string& where) {
+      return run_job(config_for(dir, toml, {"--job.output_dir=" + dir.path(optimizer + where),
+                                            "--training.optimizer=" + optimizer, "--memory.budget=256MiB",
+                                            "--memory.policy=hybrid", "--memory.optimizer_state=" + where}),
+                     true);
+    };
+    const JobOutcome device = run("device"), host = run("host");
+    const auto a = state_of(*device.model), b = state_of(*host.model);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << optimizer << ": parameter/buffer " << i;
+    int64_t parameter_bytes = 0;
+    for (const auto& p : host.model->parameters()) parameter_bytes += p.numel() * 4;
+    const double state = (optimizer == "sgd" ? 1 : 2) * static_cast<double>(parameter_bytes);  // momentum; AdamW's moments
+    const std::string metrics = dir.path(optimizer + "host/metrics.jsonl");
+    EXPECT_EQ(last_train_number(metrics, "state_out_bytes"), state) << optimizer;
+    EXPECT_EQ(last_train_number(metrics, "state_in_bytes"), state) << optimizer;
+  }
+}
+
 TEST(Training, AccumulationOfOneMicroBatchIsThePlainRunAndFourIsClose) {
   TempDir dir;
   const std::string toml = std::string(kBase) + "[model]\nname = \"mlp\"\nhidden = [16]\n";
