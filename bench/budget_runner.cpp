@@ -1,5 +1,7 @@
 #include "bench/budget_runner.h"
 
+#include "launcher/training/optimizer.h"
+
 #include "models/gpt.h"
 #include "models/resnet.h"
 
@@ -71,6 +73,8 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   options.static_plans = savers.static_plans;
   options.swap = savers.swap;
   if (options.eviction) options.eviction->costs = savers.kernel_costs;
+  TORCH_CHECK(!savers.optimizer_state_on_host || savers.swap, "BudgetRunner: the optimizer state on host needs swap's link");
+  if (savers.optimizer_state_on_host) state_offload_ = std::make_unique<StateOffload>(savers.swap->link);
   interp_->memory().configure(options);
   if (savers.static_plans) {
     model_->set_block_listener([this](int block) { interp_->memory().block_begins(block); });
@@ -111,8 +115,19 @@ StepSample BudgetRunner::step() {
       loss.reset();
       interp_->memory().end_step();
     }
+    const std::vector<at::Tensor> params = model_->parameters();
+    if (state_on_host_) {
+      move_optimizer_state(*sgd_, params, [&](const std::vector<at::Tensor>& host) {
+        return state_offload_->to_device(host, at::kCPU);
+      });
+    }
     sgd_->step();
     for (at::Tensor& p : model_->parameters()) p.mutable_grad() = at::Tensor();
+    if (state_offload_) {
+      state_on_host_ = move_optimizer_state(*sgd_, params, [&](const std::vector<at::Tensor>& device) {
+        return state_offload_->to_host(device);
+      });
+    }
     s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const MemoryStats& after = interp_->memory().stats();
     s.recompute_ms = after.recompute_ms - before.recompute_ms;

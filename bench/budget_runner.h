@@ -3,6 +3,7 @@
 // with or without eviction, one step at a time, so that two of them can be interleaved.
 
 #include "bench/bench_util.h"
+#include "launcher/training/state_offload.h"
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
 #include "runtime/eviction_policy.h"
@@ -53,6 +54,9 @@ struct Savers {
   KernelCosts kernel_costs = KernelCosts::kModeled;
   // Host swap (runtime/host_swap.h), DTR recomputing what is not swapped.
   std::optional<SwapOptions> swap;
+  // With `swap`: the optimizer state waits on host between steps, over swap's link
+  // (memory.optimizer_state = "host"; launcher/training/state_offload.h).
+  bool optimizer_state_on_host = false;
 };
 
 struct Unoptimized {
@@ -81,6 +85,8 @@ class BudgetRunner {
   std::unique_ptr<torch::optim::SGD> sgd_;
   std::unique_ptr<GradientBuffer> gradients_;
   std::unique_ptr<Interpreter> interp_;
+  std::unique_ptr<StateOffload> state_offload_;  // Savers::optimizer_state_on_host
+  bool state_on_host_ = false;
   at::Tensor input_, target_;  // host
   int64_t micro_batches_ = 1;
   int64_t fixed_bytes_ = 0, peak_in_use_ = 0;

@@ -5,12 +5,15 @@
 //   dtr     recompute only (the link plays no part: one row per ratio);
 //   static  a static plan of the repeating step (recompute only, solved; DTR outside it);
 //   swap    vDNN: copies around convolutions and matmuls, DTR only when nothing is left to swap;
-//   hybrid  Capuchin: swap what the link hides under forward, recompute the rest.
+//   hybrid  Capuchin: swap what the link hides under forward, recompute the rest;
+//   swap+state, hybrid+state: the same, with the optimizer state waiting on host between steps
+//           (memory.optimizer_state = "host"), against the same budget.
 // Columns: slowdown (median step-time ratio), recompute share of the step, MiB copied out per
 // step, the share of bytes copied back that were there before their read (hidden), the link's
 // rate while busy against the configured one, and bit-identity of the losses with the unbudgeted
 // run (a difference is a failure: exit 1). Then, per model and link at the smallest ratio,
-// hybrid against the better of swap-only and recompute-only; and the largest batch that trains
+// hybrid against the better of swap-only and recompute-only (hybrid+state against swap+state and
+// recompute-only); and the largest batch that trains
 // with hybrid in the budget the base batch needs unbudgeted, against none.
 #include "bench/budget_runner.h"
 #include "runtime/thread_pools.h"
@@ -31,10 +34,13 @@ struct Options {
   int warmup = 2, reps = 3;
   std::vector<double> ratios{0.5, 0.3, 0.2};
   std::vector<double> links{25, 8};
-  std::vector<std::string> policies{"dtr", "static", "swap", "hybrid"};
+  // "+state": the optimizer state waits on host between steps (memory.optimizer_state = "host").
+  std::vector<std::string> policies{"dtr", "static", "swap", "hybrid", "swap+state", "hybrid+state"};
   double solve_time_s = 2;
   bool max_batch = true;
 };
+
+bool linked(const std::string& policy) { return policy.rfind("swap", 0) == 0 || policy.rfind("hybrid", 0) == 0; }
 
 Savers savers_for(const std::string& policy, double gbps, const Options& o) {
   Savers s;
@@ -42,9 +48,10 @@ Savers savers_for(const std::string& policy, double gbps, const Options& o) {
     StaticPlanOptions plans;
     plans.solve_time_limit_s = o.solve_time_s;
     s.static_plans = plans;
-  } else if (policy == "swap" || policy == "hybrid") {
+  } else if (linked(policy)) {
     SwapOptions swap;
-    swap.rule = policy == "swap" ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
+    swap.rule = policy.rfind("swap", 0) == 0 ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
+    s.optimizer_state_on_host = policy.find("+state") != std::string::npos;
     swap.link = std::make_shared<HostLink>(gbps);
     swap.host_budget_bytes = int64_t{8} << 30;
     s.swap = swap;
@@ -95,7 +102,7 @@ Row measure_row(const Workload& w, int64_t budget, const std::string& policy, do
 void print_row(const Workload& w, double ratio, const std::string& policy, const std::string& link, int64_t budget,
                const Row& r) {
   if (!r.fits) {
-    std::printf("| %-22s | %5.2f | %-6s | %6s | %8.1f | does not fit |\n", w.name.c_str(), ratio, policy.c_str(),
+    std::printf("| %-22s | %5.2f | %-12s | %6s | %8.1f | does not fit |\n", w.name.c_str(), ratio, policy.c_str(),
                 link.c_str(), budget / 1048576.0);
     return;
   }
@@ -105,7 +112,7 @@ void print_row(const Workload& w, double ratio, const std::string& policy, const
     std::snprintf(s, sizeof s, "%.0f%%", 100 * v);
     return std::string(s);
   };
-  std::printf("| %-22s | %5.2f | %-6s | %6s | %8.1f | %7.3fx | %8.1f%% | %7.0f | %8.1f | %6s | %6s | %-9s |\n",
+  std::printf("| %-22s | %5.2f | %-12s | %6s | %8.1f | %7.3fx | %8.1f%% | %7.0f | %8.1f | %6s | %6s | %-9s |\n",
               w.name.c_str(), ratio, policy.c_str(), link.c_str(), budget / 1048576.0, r.slowdown,
               100 * r.recompute_share, r.recomputations, r.out_mib, pct(r.hidden).c_str(), pct(r.link_rate).c_str(),
               r.identical ? "identical" : "DIFFERENT");
@@ -175,14 +182,14 @@ void run(const Workload& w, const Options& o) {
   const Unoptimized u = plain.unoptimized();
   std::printf("\n%s: fixed %.1f MiB, unbudgeted peak %.1f MiB, activations %.1f MiB\n\n", w.name.c_str(),
               u.fixed_bytes / 1048576.0, u.peak_in_use / 1048576.0, (u.peak_in_use - u.fixed_bytes) / 1048576.0);
-  std::printf("| %-22s | %5s | %-6s | %6s | %8s | %8s | %9s | %7s | %8s | %6s | %6s | %-9s |\n", "model", "ratio",
+  std::printf("| %-22s | %5s | %-12s | %6s | %8s | %8s | %9s | %7s | %8s | %6s | %6s | %-9s |\n", "model", "ratio",
               "policy", "GB/s", "budget", "slowdown", "recompute", "kernels", "MiB out", "hidden", "link", "losses");
-  std::printf("|%s|\n", std::string(134, '-').c_str());
+  std::printf("|%s|\n", std::string(140, '-').c_str());
   std::map<std::pair<double, double>, std::map<std::string, Row>> rows;  // (ratio, link) -> policy -> row
   for (double ratio : o.ratios) {
     const int64_t budget = u.budget_at(ratio);
     for (const std::string& policy : o.policies) {
-      const bool linked = policy == "swap" || policy == "hybrid";
+      const bool linked = bench::linked(policy);
       for (double gbps : o.links) {
         const Row r = measure_row(w, budget, policy, gbps, o);
         print_row(w, ratio, policy, linked ? std::to_string(static_cast<int>(gbps)) : "-", budget, r);
@@ -197,14 +204,21 @@ void run(const Workload& w, const Options& o) {
   const double smallest = *std::min_element(o.ratios.begin(), o.ratios.end());
   for (double gbps : o.links) {
     auto& at = rows[{smallest, gbps}];
-    if (!at.count("hybrid") || !at.count("swap") || !at.count("dtr")) continue;
-    const Row &h = at["hybrid"], &s = at["swap"], &d = at["dtr"];
-    double best = 1e30;
-    for (const Row* r : {&s, &d})
-      if (r->fits) best = std::min(best, r->slowdown);
-    std::printf("%s at %.2f, %.0f GB/s: hybrid %.3fx vs the better of swap-only and recompute-only %.3fx: %s\n",
-                w.name.c_str(), smallest, gbps, h.slowdown, best,
-                !h.fits ? "hybrid does not fit" : h.slowdown < best ? "faster" : "NOT faster");
+    for (const std::string hybrid : {"hybrid", "hybrid+state"}) {
+      if (!at.count(hybrid)) continue;
+      // Against recompute-only, and swap-only with the optimizer state where hybrid has it.
+      const std::string swap = hybrid == "hybrid" ? "swap" : "swap+state";
+      if (!at.count(swap) || !at.count("dtr")) continue;
+      double best = 1e30;
+      for (const Row* r : {&at[swap], &at["dtr"]})
+        if (r->fits) best = std::min(best, r->slowdown);
+      const Row& h = at[hybrid];
+      std::printf("%s at %.2f, %.0f GB/s: %s %.3fx vs the better of swap-only and recompute-only %s: %s\n",
+                  w.name.c_str(), smallest, gbps, hybrid.c_str(), h.slowdown,
+                  best < 1e30 ? (std::to_string(best).substr(0, 5) + "x").c_str() : "(neither fits)",
+                  !h.fits ? "does not fit" : h.slowdown < best ? (best < 1e30 ? "faster" : "fits where neither does")
+                                                               : "NOT faster");
+    }
   }
 }
 
@@ -223,13 +237,15 @@ int main(int argc, char** argv) {
   ht::bench::Options o;
   int threads = 1;
   bool quick = false, no_max_batch = false, only_max_batch = false;
-  std::string only, ratios = "0.5,0.3,0.2", links = "25,8";
+  std::string only, ratios = "0.5,0.3,0.2", links = "25,8", policies;
   app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads, "compute threads (0: all hardware threads)");
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
   app.add_option("--links", links, "comma-separated link bandwidths, GB/s each way");
+  app.add_option("--policies", policies, "comma-separated: dtr, static, swap, hybrid, swap+state, hybrid+state "
+                                         "(+state: the optimizer state waits on host between steps)");
   app.add_option("--solve-time", o.solve_time_s, "static plans: the solver's time limit per plan, s");
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
   app.add_flag("--no-max-batch", no_max_batch, "skip the largest-batch search");
@@ -241,6 +257,19 @@ int main(int argc, char** argv) {
   } catch (const std::exception&) {
     std::fprintf(stderr, "bench_host_swap: --ratios and --links take comma-separated numbers, e.g. 0.5,0.3\n");
     return 2;
+  }
+  if (!policies.empty()) {
+    o.policies.clear();
+    std::stringstream in(policies);
+    for (std::string item; std::getline(in, item, ',');) {
+      if (item != "dtr" && item != "static" && item != "swap" && item != "hybrid" && item != "swap+state" &&
+          item != "hybrid+state") {
+        std::fprintf(stderr, "bench_host_swap: --policies: unknown policy \"%s\"; use dtr, static, swap, hybrid, "
+                             "swap+state or hybrid+state\n", item.c_str());
+        return 2;
+      }
+      o.policies.push_back(item);
+    }
   }
   o.max_batch = !no_max_batch;
   ht::CpuAllocationCounter::install();
