@@ -7,6 +7,7 @@
 #include "launcher/planning/run_check.h"
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
+#include "launcher/training/stop_signals.h"
 #include "launcher/user_error.h"
 #include "memory/byte_size.h"
 #include "memory/cpu_arena.h"
@@ -42,6 +43,7 @@ JsonObject summary_of(const Config& c, int64_t model_parameters, const TrainResu
   s.add("job", c.job.name).add("config", c.source).add("model", c.model.name)
       .add("parameters", model_parameters).add("device", c.training.device).add("steps", r.steps)
       .add("resumed_from_step", r.resumed_from_step).add("final_loss", r.final_loss)
+      .add("stopped_by", std::string(r.stopped_by != 0 ? signal_name(r.stopped_by) : ""))
       .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
       .add("predicted_peak_bytes", p.prediction.peak_bytes).add("predicted_step_ms", p.prediction.step_ms)
       .add("wall_s", r.seconds)
@@ -115,6 +117,13 @@ std::optional<std::string> resume_point(const Config& config) {
 void report(const Config& config, int64_t model_parameters, const TrainResult& result,
             const RunPrediction& predicted, RunOutput& output) {
   output.summary(summary_of(config, model_parameters, result, predicted));
+  if (result.stopped_by != 0) {
+    std::printf("stopped by %s after step %lld (%.0f s, loss %.4f): checkpoint in %s; resume with the same command "
+                "and --checkpoint.resume=latest\n",
+                signal_name(result.stopped_by), static_cast<long long>(result.steps), result.seconds,
+                result.final_loss, config.checkpoint_dir().c_str());
+    return;
+  }
   std::printf("done: %lld steps in %.0f s, final loss %.4f", static_cast<long long>(result.steps), result.seconds,
               result.final_loss);
   if (result.eval && result.eval->accuracy) std::printf(", eval accuracy %.4f", *result.eval->accuracy);
@@ -188,6 +197,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   std::optional<RunOutput> output;
   if (root) output.emplace(config.job.output_dir, resolved, resume.has_value());
   const int64_t first_step = trainer.state().step;
+  const StopSignals stop_signals;  // SIGTERM, SIGINT: stop after a step, with a checkpoint
   TrainResult result;
   try {
     result = trainer.run(output ? &*output : nullptr);

@@ -59,8 +59,9 @@ int main(int argc, char** argv) {
       for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
     }
     training = true;
-    ht::run_job(loaded.config, false, &grid);
-    return 0;
+    const ht::JobOutcome outcome = ht::run_job(loaded.config, false, &grid);
+    // Stopped by a signal (a checkpoint written): the shell's code for that signal's end.
+    return outcome.result.stopped_by != 0 ? 128 + outcome.result.stopped_by : 0;
   } catch (const ht::UserError& e) {
     return fail(grid, training, ht::kUserErrorExitCode, "error", e.what());
   } catch (const ht::CommunicationError& e) {

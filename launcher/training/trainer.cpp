@@ -2,6 +2,7 @@
 
 #include "launcher/training/compact.h"
 #include "launcher/training/state_offload.h"
+#include "launcher/training/stop_signals.h"
 #include "launcher/training/optimizer.h"
 #include "memory/byte_size.h"
 #include "memory/cpu_device_allocator.h"
@@ -343,8 +344,15 @@ TrainResult Trainer::run(RunOutput* output) {
     if (state_.step % config_.metrics.log_interval == 0 || state_.step == total_steps_) log_step(last);
     if (eval_due()) log_eval(evaluate());
     const int64_t every = config_.checkpoint.interval;
-    if (every > 0 && (state_.step % every == 0 || state_.step == total_steps_) && replicas_.rank() == 0) {
-      save_checkpoint();
+    const bool due = every > 0 && (state_.step % every == 0 || state_.step == total_steps_);
+    if (due && replicas_.rank() == 0) save_checkpoint();
+    if (const int signal = agreed_stop_signal()) {
+      if (!due && replicas_.rank() == 0) save_checkpoint();
+      // No rank ends before the checkpoint is written: mpirun ends the whole job when one does.
+      replicas_.group().barrier("the checkpoint before stopping");
+      if (pipeline_) pipeline_->group().barrier("the checkpoint before stopping");
+      result_.stopped_by = signal;
+      break;
     }
   }
   progress_.finish();
@@ -352,6 +360,23 @@ TrainResult Trainer::run(RunOutput* output) {
   result_.seconds = seconds_since(start);
   result_.samples = (state_.step - first) * config_.training.global_batch_size;
   return result_;
+}
+
+int Trainer::agreed_stop_signal() {
+  const int mine = StopSignals::received();
+  if (replicas_.size() == 1 && !pipeline_) return mine;
+  // [ranks that received one, the sum of their signals], summed over the replicas of this stage,
+  // then over the stages: every rank of the job sees the same sums.
+  at::Tensor votes;
+  {
+    HostAllocationScope host;  // a collective's buffer, not device memory
+    votes = at::tensor({mine != 0 ? 1.0f : 0.0f, static_cast<float>(mine)});
+  }
+  replicas_.group().allreduce_sum(votes, "the stop request");
+  if (pipeline_) pipeline_->group().allreduce_sum(votes, "the stop request");
+  const float ranks = votes[0].item<float>();
+  if (ranks == 0) return 0;
+  return mine != 0 ? mine : static_cast<int>(std::lround(votes[1].item<float>() / ranks));
 }
 
 bool Trainer::eval_due() const {

@@ -40,6 +40,7 @@ struct TrainResult {
   int64_t mem_peak_bytes = -1;  // -1: not measured on this device
   double seconds = 0;
   int64_t samples = 0;
+  int stopped_by = 0;  // the signal that stopped training after `steps` (stop_signals.h); 0: ran to the end
 };
 
 class Trainer {
@@ -126,6 +127,8 @@ class Trainer {
   void log_step(const StepResult& r);
   void log_eval(const EvalResult& e);
   void save_checkpoint();
+  // The signal any rank of the job received (stop_signals.h), agreed by all: 0 to go on.
+  int agreed_stop_signal();
 
   const Config& config_;
   DataSplits data_;

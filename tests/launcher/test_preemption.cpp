@@ -1,0 +1,175 @@
+// SIGTERM and SIGINT (Slurm's preemption, a user's Ctrl-C): the run finishes its step, writes a
+// checkpoint and ends with 128 + the signal; resumed, it trains on to the parameters of a run that
+// was never stopped. A second signal ends it at once and leaves no half-written checkpoint; under
+// mpirun, a signal to one rank stops every rank after the same step.
+#include "launcher/training/checkpoint.h"
+#include "tests/support/mpi_job.h"
+#include "tests/support/ranks.h"
+#include "tests/support/run_binary.h"
+#include "tests/support/temp_dir.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A constant learning rate: the total step count changes only where a run stops.
+const char* kJob = R"([model]
+name = "mlp"
+hidden = [64, 64]
+[data]
+dataset = "synthetic"
+synthetic_samples = 512
+synthetic_eval_samples = 64
+synthetic_shape = [3, 8, 8]
+synthetic_classes = 4
+[training]
+global_batch_size = 32
+lr = 0.05
+schedule = "constant"
+threads = 1
+[metrics]
+log_interval = 1
+)";
+
+int train_records(const std::string& metrics) {
+  const std::string text = read_file(metrics);
+  int n = 0;
+  for (size_t at = text.find("\"event\": \"train\""); at != std::string::npos; at = text.find("\"event\": \"train\"", at + 1)) ++n;
+  return n;
+}
+
+// Polls `done` every 50 ms for up to `seconds`; whether it became true.
+template <typename Done>
+bool wait_for(Done&& done, double seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+// A job in the background (under `launcher`, e.g. mpirun, or none), writing into `out`; the
+// exit status lands in <out>.rc.
+struct Background {
+  Background(const std::string& launcher, const std::string& args, const std::string& out)
+      : out(out), rc_file(out + ".rc"), log(out + ".log") {
+    std::system(("(" + launcher + HT_BINARY + " " + args + " --job.output_dir=" + out + " > " + log +
+                 " 2>&1; echo $? > " + rc_file + ") &").c_str());
+  }
+  ~Background() {
+    for (pid_t pid : ranks_running(out)) ::kill(pid, SIGKILL);  // never leave one behind
+  }
+  // Once `records` steps are logged: the ranks' pids.
+  std::vector<pid_t> training(int records, size_t ranks) {
+    std::vector<pid_t> pids;
+    wait_for([&] {
+      pids = ranks_running(out);
+      return pids.size() == ranks && train_records(out + "/metrics.jsonl") >= records;
+    }, 120);
+    return pids;
+  }
+  std::string wait_rc() {
+    wait_for([&] { return !read_file(rc_file).empty(); }, 120);
+    return read_file(rc_file);
+  }
+  std::string out, rc_file, log;
+};
+
+int64_t steps_in_summary(const std::string& out) {
+  std::smatch m;
+  const std::string summary = read_file(out + "/summary.json");
+  if (!std::regex_search(summary, m, std::regex("\"steps\": ([0-9]+)"))) return -1;
+  return std::stoll(m[1]);
+}
+
+std::string step_folder(const std::string& checkpoints, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return checkpoints + "/" + name;
+}
+
+TEST(Preemption, SigtermStopsAfterAStepAndTheResumedRunIsTheUninterruptedOne) {
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kJob);
+  Background job("", config + " --training.steps=1000000 --checkpoint.interval=0", dir.path("stopped"));
+  const std::vector<pid_t> pids = job.training(3, 1);
+  ASSERT_EQ(pids.size(), 1u) << read_file(job.log);
+  ::kill(pids[0], SIGTERM);
+  EXPECT_EQ(job.wait_rc(), "143\n") << read_file(job.log);
+  EXPECT_THAT(read_file(job.log), HasSubstr("stopped by SIGTERM after step"));
+  EXPECT_THAT(read_file(job.out + "/summary.json"), HasSubstr("\"stopped_by\": \"SIGTERM\""));
+  const int64_t n = steps_in_summary(job.out);
+  ASSERT_GE(n, 3);
+  const std::string checkpoints = job.out + "/checkpoints";
+  EXPECT_EQ(CheckpointStore::verify(step_folder(checkpoints, n)), "") << "a checkpoint of the last step";
+
+  // Resumed from it, and a run never stopped, to the same step: the same bytes.
+  const std::string to = " --training.steps=" + std::to_string(n + 3) + " --checkpoint.interval=1000000";
+  const ProcessResult resumed = run_binary(config + to + " --checkpoint.resume=latest --checkpoint.dir=" + checkpoints +
+                                           " --job.output_dir=" + dir.path("resumed"));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const ProcessResult plain = run_binary(config + to + " --job.output_dir=" + dir.path("plain"));
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  const std::string a = read_file(step_folder(checkpoints, n + 3) + "/model.pt");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == read_file(step_folder(dir.path("plain/checkpoints"), n + 3) + "/model.pt"))
+      << "resumed after the signal, the parameters are the uninterrupted run's";
+}
+
+// The second signal comes while the first stop (and a checkpoint every step) is under way.
+TEST(Preemption, ASecondSignalEndsAtOnceAndLeavesNoHalfWrittenCheckpoint) {
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kJob);
+  Background job("", config + " --training.steps=1000000 --checkpoint.interval=1 --checkpoint.keep=1000",
+                 dir.path("twice"));
+  const std::vector<pid_t> pids = job.training(3, 1);
+  ASSERT_EQ(pids.size(), 1u) << read_file(job.log);
+  ::kill(pids[0], SIGTERM);
+  ::kill(pids[0], SIGINT);
+  const std::string rc = job.wait_rc();
+  if (rc == "130\n") {
+    EXPECT_THAT(read_file(job.log), HasSubstr("a second signal: ending now, without a checkpoint"));
+  } else {
+    EXPECT_EQ(rc, "143\n") << "the first stop was over before the second signal: " << read_file(job.log);
+  }
+  const std::vector<std::string> saved = CheckpointStore(job.out + "/checkpoints", 1000).list();
+  ASSERT_FALSE(saved.empty());
+  for (const std::string& folder : saved) EXPECT_EQ(CheckpointStore::verify(folder), "") << folder;
+  const ProcessResult resumed = run_binary(config + " --training.steps=" + std::to_string(saved.size() + 5) +
+                                           " --checkpoint.resume=latest --checkpoint.dir=" + job.out +
+                                           "/checkpoints --job.output_dir=" + dir.path("resumed"));
+  EXPECT_EQ(resumed.status, 0) << resumed.output;
+}
+
+TEST(Preemption, ASignalToOneRankStopsEveryRankAfterTheSameStep) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kJob);
+  Background job(mpirun(2), config + " --training.steps=1000000 --checkpoint.interval=0", dir.path("ranks"));
+  const std::vector<pid_t> pids = job.training(3, 2);
+  ASSERT_EQ(pids.size(), 2u) << read_file(job.log);
+  ::kill(pids[1], SIGTERM);  // one rank only, whichever it is
+  const std::string rc = job.wait_rc();
+  EXPECT_NE(rc, "0\n");
+  const std::string log = read_file(job.log);
+  EXPECT_THAT(log, HasSubstr("stopped by SIGTERM after step")) << log;
+  const int64_t n = steps_in_summary(job.out);
+  ASSERT_GE(n, 3) << log;
+  EXPECT_EQ(CheckpointStore::verify(step_folder(job.out + "/checkpoints", n)), "") << log;
+}
+
+}  // namespace
+}  // namespace ht::test
