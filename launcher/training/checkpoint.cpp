@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <unistd.h>
 
@@ -60,11 +61,18 @@ at::Tensor standalone(const at::Tensor& t) {
   return t.detach().clone().requires_grad_(t.requires_grad());
 }
 
-void write_model(const Model& model, const fs::path& path) {
+// An archive's bytes, in memory: the checkpoint's size is known before anything is written.
+std::string bytes_of(torch::serialize::OutputArchive& archive) {
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+std::string model_bytes(const Model& model) {
   torch::serialize::OutputArchive archive;
   for (const auto& p : model.named_parameters()) archive.write(p.key(), standalone(p.value()));
   for (const auto& b : model.named_buffers()) archive.write(b.key(), standalone(b.value()), /*is_buffer=*/true);
-  archive.save_to(path.string());
+  return bytes_of(archive);
 }
 
 void read_model(Model& model, const fs::path& path) {
@@ -91,7 +99,7 @@ void read_model(Model& model, const fs::path& path) {
   }
 }
 
-void write_trainer_state(const TrainerState& s, const fs::path& path) {
+std::string trainer_state_bytes(const TrainerState& s) {
   torch::serialize::OutputArchive archive;
   archive.write("step", c10::IValue(s.step));
   archive.write("epoch", c10::IValue(s.sampler.epoch));
@@ -102,7 +110,20 @@ void write_trainer_state(const TrainerState& s, const fs::path& path) {
     archive.write("loss_scale_good_steps", c10::IValue(s.loss_scaler->good_steps));
     archive.write("skipped_steps", c10::IValue(s.loss_scaler->skipped_steps));
   }
-  archive.save_to(path.string());
+  return bytes_of(archive);
+}
+
+// Writes `bytes` to `path`; false if the file system refused some of it (full, or a quota).
+bool write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+uint32_t crc_of(const std::string& bytes) {
+  return static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
+                                     static_cast<uInt>(bytes.size())));
 }
 
 TrainerState read_trainer_state(const fs::path& path) {
@@ -134,28 +155,50 @@ std::string CheckpointStore::save(const Model& model, const torch::optim::Optimi
   fs::create_directories(dir);
   const fs::path tmp = dir / ("." + folder_name(state.step) + ".tmp");
   const fs::path final_path = dir / folder_name(state.step);
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  write_model(model, tmp / "model.pt");
+  // Every file's bytes first, in memory: what the checkpoint needs is known before the disk is
+  // touched, and a disk that fills while it is written leaves the previous checkpoint as it was.
+  std::string optimizer_bytes;
   {
     torch::serialize::OutputArchive archive;
     optimizer.save(archive);
-    archive.save_to((tmp / "optimizer.pt").string());
+    optimizer_bytes = bytes_of(archive);
   }
-  write_trainer_state(state, tmp / "trainer.pt");
+  const std::string files[] = {model_bytes(model), optimizer_bytes, trainer_state_bytes(state)};
   std::ostringstream manifest;
-  for (const char* file : kFiles) {
-    fsync_path(tmp / file, false);
-    const auto [bytes, crc] = checksum(tmp / file);
-    manifest << file << ' ' << bytes << ' ' << crc << '\n';
+  uint64_t needed = 0;
+  for (size_t i = 0; i < std::size(kFiles); ++i) {
+    manifest << kFiles[i] << ' ' << files[i].size() << ' ' << crc_of(files[i]) << '\n';
+    needed += files[i].size();
   }
-  {
-    std::ofstream out(tmp / "MANIFEST");
-    out << manifest.str();
-    if (!out.flush()) throw UserError((tmp / "MANIFEST").string() + ": write failed; is the disk full?");
+  needed += manifest.str().size();
+  auto no_room = [&](const std::string& what) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    const std::vector<std::string> previous = list();
+    return UserError(dir.string() + ": " + what + " writing the checkpoint of step " + std::to_string(state.step) +
+                     ", which needs " + std::to_string(needed) + " bytes (" + std::to_string(fs::space(dir, ignored).available) +
+                     " free now); nothing of it was kept, and " +
+                     (previous.empty() ? std::string("there is no earlier checkpoint")
+                                       : "the previous checkpoint, " + previous.front() + ", is as it was") +
+                     ". Free space there, or set checkpoint.dir to a disk with room (a new checkpoint is written whole "
+                     "before those beyond checkpoint.keep are deleted)");
+  };
+  std::error_code ec;
+  const fs::space_info space = fs::space(dir, ec);
+  if (!ec && space.available < needed) throw no_room("not enough free space for");
+  try {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    auto write = [&](const char* name, const std::string& bytes) {
+      if (!write_file(tmp / name, bytes)) throw std::runtime_error(std::string("the disk refused ") + name + " (full, or a quota)");
+      fsync_path(tmp / name, false);
+    };
+    for (size_t i = 0; i < std::size(kFiles); ++i) write(kFiles[i], files[i]);
+    write("MANIFEST", manifest.str());
+    fsync_path(tmp, true);
+  } catch (const std::exception& e) {  // the space went meanwhile (another writer), or a quota
+    throw no_room(e.what() + std::string(";"));
   }
-  fsync_path(tmp / "MANIFEST", false);
-  fsync_path(tmp, true);
   fs::remove_all(final_path);
   fs::rename(tmp, final_path);
   fsync_path(dir, true);

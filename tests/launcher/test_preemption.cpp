@@ -1,7 +1,8 @@
-// SIGTERM and SIGINT (Slurm's preemption, a user's Ctrl-C): the run finishes its step, writes a
-// checkpoint and ends with 128 + the signal; resumed, it trains on to the parameters of a run that
-// was never stopped. A second signal ends it at once and leaves no half-written checkpoint; under
-// mpirun, a signal to one rank stops every rank after the same step.
+// Faults a run survives without losing work. SIGTERM and SIGINT (Slurm's preemption, a user's
+// Ctrl-C): the run finishes its step, writes a checkpoint and ends with 128 + the signal; resumed,
+// it trains on to the parameters of a run that was never stopped. A second signal ends it at once
+// and leaves no half-written checkpoint; under mpirun, a signal to one rank stops every rank after
+// the same step. A disk that fills while a checkpoint is written leaves the previous one intact.
 #include "launcher/training/checkpoint.h"
 #include "tests/support/mpi_job.h"
 #include "tests/support/ranks.h"
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/mount.h>
 
 #include <chrono>
 #include <cstdio>
@@ -169,6 +171,46 @@ TEST(Preemption, ASignalToOneRankStopsEveryRankAfterTheSameStep) {
   const int64_t n = steps_in_summary(job.out);
   ASSERT_GE(n, 3) << log;
   EXPECT_EQ(CheckpointStore::verify(step_folder(job.out + "/checkpoints", n)), "") << log;
+}
+
+// A folder on a tmpfs of its own size (root only: mount), unmounted when it goes.
+struct SmallDisk {
+  SmallDisk(const std::string& path, const std::string& size) : path(path) {
+    std::filesystem::create_directories(path);
+    mounted = ::mount("tmpfs", path.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
+  }
+  ~SmallDisk() {
+    if (mounted) ::umount(path.c_str());
+  }
+  std::string path;
+  bool mounted = false;
+};
+
+TEST(CheckpointFaults, ADiskThatFillsKeepsThePreviousCheckpointAndSaysWhatItNeeds) {
+  TempDir dir;
+  // One checkpoint of this MLP takes about 140 KB (parameters and momentum): the first fits, the
+  // second (written before the first is deleted) does not.
+  SmallDisk disk(dir.path("disk"), "200k");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  const std::string config = dir.write("job.toml", kJob);
+  const std::string checkpoints = disk.path + "/checkpoints";
+  const ProcessResult full = run_binary(config + " --training.steps=5 --checkpoint.interval=1 --checkpoint.keep=1" +
+                                        " --checkpoint.dir=" + checkpoints + " --job.output_dir=" + dir.path("run"));
+  EXPECT_EQ(full.status, 2) << full.output;
+  EXPECT_THAT(full.output, ::testing::ContainsRegex(checkpoints + ": not enough free space for writing the "
+                                                   "checkpoint of step 2, which needs [0-9]+ bytes \\([0-9]+ free now\\)"));
+  EXPECT_THAT(full.output, HasSubstr("the previous checkpoint, " + step_folder(checkpoints, 1) + ", is as it was"));
+  const std::vector<std::string> saved = CheckpointStore(checkpoints, 10).list();
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(CheckpointStore::verify(saved[0]), "");
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
+    EXPECT_EQ(entry.path().filename().string().rfind(".", 0), std::string::npos) << "a temporary left: " << entry.path();
+  }
+  // resume = latest finds it (and stops again at the same wall: the disk is still full).
+  const ProcessResult resumed = run_binary(config + " --training.steps=1 --checkpoint.resume=latest --checkpoint.dir=" +
+                                           checkpoints + " --job.output_dir=" + dir.path("resumed"));
+  EXPECT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(read_file(dir.path("resumed/summary.json")), HasSubstr("\"resumed_from_step\": 1"));
 }
 
 }  // namespace
