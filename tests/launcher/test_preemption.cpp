@@ -173,6 +173,77 @@ TEST(Preemption, ASignalToOneRankStopsEveryRankAfterTheSameStep) {
   EXPECT_EQ(CheckpointStore::verify(step_folder(job.out + "/checkpoints", n)), "") << log;
 }
 
+int64_t step_of(const std::string& folder) {
+  return std::stoll(std::filesystem::path(folder).filename().string().substr(5));  // step_00000042
+}
+
+// kill -9 of one rank mid-run: the job ends (mpirun ends the others) well within the collective
+// timeout, and the whole job resumed from its newest checkpoint trains on to the parameters of a
+// job never stopped.
+TEST(Preemption, AKilledRankEndsTheJobAndTheResumedJobIsTheUninterruptedOne) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kJob);
+  Background job(mpirun(2), config + " --training.steps=1000000 --checkpoint.interval=2 --checkpoint.keep=1000 " +
+                 "--parallel.timeout_s=20", dir.path("killed"));
+  const std::vector<pid_t> pids = job.training(6, 2);
+  ASSERT_EQ(pids.size(), 2u) << read_file(job.log);
+  ::kill(pids[1], SIGKILL);
+  const std::string rc = job.wait_rc();
+  ASSERT_FALSE(rc.empty()) << "the job still ran 120 s after a rank was killed";
+  EXPECT_NE(rc, "0\n");
+  std::vector<std::string> warnings;
+  const std::optional<std::string> latest = resolve_resume("latest", job.out + "/checkpoints", warnings);
+  ASSERT_TRUE(latest.has_value()) << read_file(job.log);
+  const int64_t n = step_of(*latest);
+  ASSERT_GE(n, 2);
+
+  const std::string to = " --training.steps=" + std::to_string(n + 3) + " --checkpoint.interval=1000000";
+  ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + to + " --checkpoint.resume=latest --checkpoint.dir=" +
+                job.out + "/checkpoints --job.output_dir=" + dir.path("resumed")), 0);
+  ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + to + " --job.output_dir=" + dir.path("plain")), 0);
+  const std::string a = read_file(step_folder(job.out + "/checkpoints", n + 3) + "/model.pt");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == read_file(step_folder(dir.path("plain/checkpoints"), n + 3) + "/model.pt"))
+      << "resumed after a rank died, the parameters are those of a job never stopped";
+}
+
+// Saved by 2 ranks, resumed by 1 and by 4: the same step and data position (same global batch),
+// so the losses go on alike; parameters differ only by the order fp32 sums the replicas' shares.
+TEST(Preemption, ResumingWithAnotherNumberOfRanksGoesOnFromTheSameStepAndData) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kJob);
+  ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + " --training.steps=6 --checkpoint.interval=6 --job.output_dir=" +
+                dir.path("two")), 0);
+  const std::string saved = step_folder(dir.path("two/checkpoints"), 6);
+  auto resume = [&](int ranks) {
+    const std::string out = dir.path("on" + std::to_string(ranks));
+    const std::string command = std::string(HT_BINARY) + " " + config + " --training.steps=9 --checkpoint.interval=9 " +
+                                "--checkpoint.resume=" + saved + " --job.output_dir=" + out;
+    EXPECT_EQ(run(ranks > 1 ? mpirun(ranks) + command : command), 0) << ranks << " ranks";
+    return out;
+  };
+  const std::string on2 = resume(2), on1 = resume(1), on4 = resume(4);
+  for (const std::string& out : {on1, on4}) {
+    EXPECT_THAT(read_file(out + "/summary.json"), HasSubstr("\"resumed_from_step\": 6")) << out;
+    for (int step = 7; step <= 9; ++step) {
+      auto loss_at = [&](const std::string& o) {
+        std::smatch m;
+        const std::string metrics = read_file(o + "/metrics.jsonl");
+        const std::regex record("\"step\": " + std::to_string(step) + ", \"epoch\": [0-9]+, \"loss\": ([0-9.e+-]+)");
+        return std::regex_search(metrics, m, record) ? std::stod(m[1]) : -1.0;
+      };
+      EXPECT_NEAR(loss_at(out), loss_at(on2), 1e-4) << out << " step " << step;
+      EXPECT_GE(loss_at(out), 0) << out << " step " << step;
+    }
+    const auto a = read_model(out + "/checkpoints/step_00000009/model.pt");
+    const auto b = read_model(on2 + "/checkpoints/step_00000009/model.pt");
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, t] : a) EXPECT_TRUE(at::allclose(t, b.at(name), 1e-4, 1e-5)) << out << " " << name;
+  }
+}
+
 // A folder on a tmpfs of its own size (root only: mount), unmounted when it goes.
 struct SmallDisk {
   SmallDisk(const std::string& path, const std::string& size) : path(path) {
