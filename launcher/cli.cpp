@@ -137,8 +137,28 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
 
 }  // namespace
 
+CommandLine parse_report_command_line(int argc, const char* const* argv) {
+  CommandLine cl;
+  CLI::App app{"hybrid_train report: writes RUN_DIR/report.html, one self-contained page (loss, step time, memory, "
+               "the memory trace, the planner's prediction beside the run) from the files a run wrote there. "
+               "Every run writes it at its end too."};
+  app.name("hybrid_train report");
+  app.add_option("run_dir", cl.report_dir, "a run's job.output_dir, e.g. runs/quickstart");
+  try {
+    app.parse(argc - 1, argv + 1);
+  } catch (const CLI::ParseError& e) {
+    cl.exit_code = app.exit(e) == 0 ? 0 : kUserErrorExitCode;
+    return cl;
+  }
+  if (cl.report_dir.empty()) {
+    throw UserError("no run folder given; usage: hybrid_train report RUN_DIR, e.g. hybrid_train report runs/quickstart");
+  }
+  return cl;
+}
+
 CommandLine parse_command_line(int argc, const char* const* argv) {
   if (argc >= 2 && std::string(argv[1]) == "plan") return parse_plan_command_line(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "report") return parse_report_command_line(argc, argv);
   CommandLine cl;
   CLI::App app{"hybrid_train: trains the model a config file describes, through an interpreter that can "
                "trade compute for memory."};
@@ -149,7 +169,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   bool markdown = false;
   app.add_flag("--config-reference-markdown", markdown, "print the config reference as Markdown and exit")
       ->group("");  // hidden: the README's reference is generated with it
-  app.footer("\nhybrid_train plan CONFIG.toml --help: the planner.\n" + config_reference_text() +
+  app.footer("\nhybrid_train plan CONFIG.toml --help: the planner.\nhybrid_train report RUN_DIR: a run's report.html.\n" +
+             config_reference_text() +
              "\nOverrides win over the file and are type-checked like it, e.g. --training.steps=20.");
   try {
     app.parse(argc, argv);

@@ -15,6 +15,7 @@ struct CommandLine {
   std::vector<ConfigOverride> overrides;
   int exit_code = -1;  // >= 0: the command line was fully handled (help, version, error)
   bool plan = false;   // `hybrid_train plan`: plan, do not train
+  std::string report_dir;  // `hybrid_train report RUN_DIR`: write its report.html, do not train
   PlanCommand plan_command;
 };
 

@@ -5,6 +5,7 @@
 #include "launcher/data/dataset.h"
 #include "launcher/model_factory.h"
 #include "launcher/planning/run_check.h"
+#include "launcher/report/html_report.h"
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
 #include "launcher/training/stop_signals.h"
@@ -117,6 +118,7 @@ std::optional<std::string> resume_point(const Config& config) {
 void report(const Config& config, int64_t model_parameters, const TrainResult& result,
             const RunPrediction& predicted, RunOutput& output) {
   output.summary(summary_of(config, model_parameters, result, predicted));
+  write_html_report(config.job.output_dir);
   if (result.stopped_by != 0) {
     std::printf("stopped by %s after step %lld (%.0f s, loss %.4f): checkpoint in %s; resume with the same command "
                 "and --checkpoint.resume=latest\n",

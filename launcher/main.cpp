@@ -4,6 +4,7 @@
 #include "launcher/config/config_loader.h"
 #include "launcher/config/config_validation.h"
 #include "launcher/job.h"
+#include "launcher/report/html_report.h"
 #include "launcher/user_error.h"
 #include "parallel/process_grid.h"
 #include "runtime/thread_pools.h"
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
   try {
     const ht::CommandLine cl = ht::parse_command_line(argc, argv);
     if (cl.exit_code >= 0) return cl.exit_code;
+    if (!cl.report_dir.empty()) {
+      std::printf("report: %s\n", ht::write_html_report(cl.report_dir).c_str());
+      return 0;
+    }
     ht::LoadedConfig loaded = ht::load_config(cl.config_path, cl.overrides);
     if (cl.plan) {
       if (grid.world > 1) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what hybrid_train builds and runs on, from Debian 12's packages.
+# Installs what hybrid_train builds and runs on, from Debian 12's packages. With --tests, also what
+# only the tests use: Chromium, in which a test opens a run's report.html (headless).
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -13,6 +14,7 @@ packages=(
   googletest libgtest-dev libbenchmark-dev
   dataset-fashion-mnist
 )
+if [ "${1:-}" = "--tests" ]; then packages+=(chromium); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

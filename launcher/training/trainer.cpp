@@ -456,6 +456,7 @@ void Trainer::log_step(const StepResult& r) {
   JsonObject record;
   record.add("event", "train").add("step", state_.step).add("epoch", state_.sampler.epoch).add("loss", r.loss)
       .add("lr", r.lr).add("grad_norm", r.grad_norm).add("step_ms", r.ms)
+      .add("forward_backward_ms", r.forward_backward_ms).add("optimizer_ms", r.optimizer_ms)
       .add("samples_per_s", static_cast<double>(config_.training.global_batch_size) / (r.ms / 1e3))
       .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
       .add("mem_budget_bytes", arena_ ? std::optional<int64_t>(arena_->capacity()) : std::nullopt)
