@@ -1,0 +1,70 @@
+#include "launcher/training/trainer.h"
+
+// The trainer's records in metrics.jsonl (and their log lines): one per logged step, one per
+// evaluation. What each field means is in the README ("Outputs").
+
+namespace ht {
+
+void Trainer::log_step(const StepResult& r) {
+  if (output_ == nullptr) return;
+  const MemoryStats& mem = interp_.memory().stats();
+  JsonObject record;
+  record.add("event", "train").add("step", state_.step).add("epoch", state_.sampler.epoch).add("loss", r.loss)
+      .add("lr", r.lr).add("grad_norm", r.grad_norm).add("step_ms", r.ms)
+      .add("forward_backward_ms", r.forward_backward_ms).add("optimizer_ms", r.optimizer_ms)
+      .add("samples_per_s", static_cast<double>(config_.training.global_batch_size) / (r.ms / 1e3))
+      .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
+      .add("mem_budget_bytes", arena_ ? std::optional<int64_t>(arena_->capacity()) : std::nullopt)
+      .add("activation_peak_bytes", mem.peak_resident_bytes).add("evictions", r.evictions)
+      .add("recomputations", r.recomputations).add("recompute_ms", r.recompute_ms)
+      .add("fragmentation", r.fragmentation);
+  if (const StaticPlanner* planner = interp_.memory().static_planner()) {
+    const StaticPlanStats& p = planner->stats();
+    record.add("plan_hits", p.plan_hits).add("plan_diverged", p.plan_diverged).add("plans", p.plans)
+        .add("plan_solve_ms", p.plan_solve_ms).add("plan_evictions", p.plan_evictions)
+        .add("plan_recomputations", p.plan_recomputations).add("layout_misses", p.layout_misses)
+        .add("planned_peak_bytes", p.last_planned_peak);
+  }
+  if (host_link_) {
+    record.add("swap_out_bytes", r.swap_out_bytes).add("swap_in_bytes", r.swap_in_bytes)
+        .add("swap_in_hidden_bytes", r.swap_in_hidden_bytes).add("swap_wait_ms", r.swap_wait_ms)
+        .add("host_peak_bytes", r.host_peak_bytes);
+  }
+  if (state_offload_) {
+    record.add("state_out_bytes", r.state_out_bytes).add("state_in_bytes", r.state_in_bytes)
+        .add("state_wait_ms", r.state_wait_ms);
+  }
+  if (predicted_peak_bytes_ >= 0) {
+    record.add("predicted_peak_bytes", predicted_peak_bytes_).add("predicted_step_ms", predicted_step_ms_);
+  }
+  if (pipeline_) {
+    record.add("stage_compute_ms", r.stage_compute_ms).add("stage_wait_ms", r.stage_wait_ms)
+        .add("stage_p2p_bytes", r.stage_p2p_bytes).add("stage_peak_bytes", r.stage_peak_bytes);
+  }
+  if (replicas_.size() > 1) {
+    record.add("buckets", r.comm.buckets).add("buckets_started_in_backward", r.comm.started_in_backward);
+    record.add("comm_ms", r.comm.comm_ms).add("comm_bytes", r.comm.comm_bytes).add("overlap", r.comm.overlap);
+  }
+  if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
+  output_->metrics(record);
+}
+
+void Trainer::log_eval(const EvalResult& e) {
+  if (output_ == nullptr) return;
+  JsonObject record;
+  record.add("event", "eval").add("step", state_.step).add("eval_loss", e.loss).add("eval_samples", e.samples)
+      .add("eval_s", e.seconds);
+  std::string text = "eval at step " + std::to_string(state_.step) + ": loss " + std::to_string(e.loss);
+  if (e.accuracy) {
+    record.add("eval_accuracy", *e.accuracy);
+    text += ", accuracy " + std::to_string(*e.accuracy);
+  }
+  if (e.perplexity) {
+    record.add("eval_perplexity", *e.perplexity);
+    text += ", perplexity " + std::to_string(*e.perplexity);
+  }
+  output_->metrics(record);
+  progress_.line(text);
+}
+
+}  // namespace ht
