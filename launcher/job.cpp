@@ -118,7 +118,11 @@ std::optional<std::string> resume_point(const Config& config) {
 void report(const Config& config, int64_t model_parameters, const TrainResult& result,
             const RunPrediction& predicted, RunOutput& output) {
   output.summary(summary_of(config, model_parameters, result, predicted));
-  write_html_report(config.job.output_dir);
+  try {
+    write_html_report(config.job.output_dir);
+  } catch (const std::exception& e) {  // the run itself went well: say so, and what is missing
+    std::fprintf(stderr, "hybrid_train: warning: no report.html: %s\n", e.what());
+  }
   if (result.stopped_by != 0) {
     std::printf("stopped by %s after step %lld (%.0f s, loss %.4f): checkpoint in %s; resume with the same command "
                 "and --checkpoint.resume=latest\n",
