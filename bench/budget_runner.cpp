@@ -1,7 +1,5 @@
 #include "bench/budget_runner.h"
 
-#include "launcher/training/optimizer.h"
-
 #include "models/gpt.h"
 #include "models/resnet.h"
 
@@ -116,18 +114,10 @@ StepSample BudgetRunner::step() {
       interp_->memory().end_step();
     }
     const std::vector<at::Tensor> params = model_->parameters();
-    if (state_on_host_) {
-      move_optimizer_state(*sgd_, params, [&](const std::vector<at::Tensor>& host) {
-        return state_offload_->to_device(host, at::kCPU);
-      });
-    }
+    if (state_offload_) state_offload_->to_device(*sgd_, params, at::kCPU);
     sgd_->step();
     for (at::Tensor& p : model_->parameters()) p.mutable_grad() = at::Tensor();
-    if (state_offload_) {
-      state_on_host_ = move_optimizer_state(*sgd_, params, [&](const std::vector<at::Tensor>& device) {
-        return state_offload_->to_host(device);
-      });
-    }
+    if (state_offload_) state_offload_->to_host(*sgd_, params);
     s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const MemoryStats& after = interp_->memory().stats();
     s.recompute_ms = after.recompute_ms - before.recompute_ms;

@@ -86,7 +86,6 @@ class BudgetRunner {
   std::unique_ptr<GradientBuffer> gradients_;
   std::unique_ptr<Interpreter> interp_;
   std::unique_ptr<StateOffload> state_offload_;  // Savers::optimizer_state_on_host
-  bool state_on_host_ = false;
   at::Tensor input_, target_;  // host
   int64_t micro_batches_ = 1;
   int64_t fixed_bytes_ = 0, peak_in_use_ = 0;

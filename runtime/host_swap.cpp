@@ -223,10 +223,6 @@ void HostSwap::release(TensorInfo& t) {
   t.host.reset();
 }
 
-}  // namespace ht
-
-namespace ht {
-
 bool HostSwap::park_gradient(TensorInfo& t) {
   const at::Tensor& g = t.grad;
   if (!g.defined() || t.parked_grad != nullptr || !g.has_storage() || g.sizes() != at::IntArrayRef(t.sizes)) return false;

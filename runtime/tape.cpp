@@ -132,7 +132,6 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
       TensorInfo* out = path.outputs[j];
       if (out != nullptr && out->has_gradient()) {
         grad_outputs[j] = interp.memory().take_gradient(*out);
-        out->grad.reset();
         any_grad = true;
       }
     }

@@ -1,5 +1,6 @@
 #include "launcher/training/state_offload.h"
 
+#include "launcher/training/optimizer.h"
 #include "memory/cpu_device_allocator.h"
 #include "memory/host_link.h"
 
@@ -34,17 +35,25 @@ std::vector<at::Tensor> StateOffload::move(const std::vector<at::Tensor>& tensor
   return out;
 }
 
-std::vector<at::Tensor> StateOffload::to_host(const std::vector<at::Tensor>& device) {
-  return move(device, /*to_host=*/true, [](int64_t bytes) {
-    HostAllocationScope host;  // outside the arena
-    return at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+void StateOffload::to_host(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params) {
+  if (on_host_) return;
+  on_host_ = move_optimizer_state(optimizer, params, [&](const std::vector<at::Tensor>& state) {
+    return move(state, /*to_host=*/true, [](int64_t bytes) {
+      HostAllocationScope host;  // outside the arena
+      return at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    });
   });
 }
 
-std::vector<at::Tensor> StateOffload::to_device(const std::vector<at::Tensor>& host, const at::Device& device) {
-  return move(host, /*to_host=*/false, [&](int64_t bytes) {
-    return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+void StateOffload::to_device(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                             const at::Device& device) {
+  if (!on_host_) return;
+  move_optimizer_state(optimizer, params, [&](const std::vector<at::Tensor>& state) {
+    return move(state, /*to_host=*/false, [&](int64_t bytes) {
+      return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
+    });
   });
+  on_host_ = false;
 }
 
 }  // namespace ht

@@ -8,6 +8,7 @@
 // both ends are the same memory, and the copy is what the link charges.
 
 #include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <memory>
@@ -26,11 +27,12 @@ class StateOffload {
  public:
   explicit StateOffload(std::shared_ptr<HostLink> link) : link_(std::move(link)) {}
 
-  // `device` tensors copied to host memory (outside the arena), storage by storage over the link,
-  // waiting for the copies: the tensors to hold from now on (the caller lets go of the old ones).
-  std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& device);
-  // The reverse, into new device storages (the arena's, under a budget).
-  std::vector<at::Tensor> to_device(const std::vector<at::Tensor>& host, const at::Device& device);
+  // After an optimizer step: the state of `params` to host memory (outside the arena), storage by
+  // storage over the link, waiting for the copies. Nothing to do before the first step makes it.
+  void to_host(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params);
+  // Before one: the state back into new storages on `device` (the arena's, under a budget), if
+  // it is on host.
+  void to_device(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params, const at::Device& device);
   const StateOffloadStats& stats() const { return stats_; }
 
  private:
@@ -41,6 +43,7 @@ class StateOffload {
 
   std::shared_ptr<HostLink> link_;
   StateOffloadStats stats_;
+  bool on_host_ = false;
 };
 
 }  // namespace ht

@@ -255,14 +255,14 @@ Trainer::StepResult Trainer::train_step() {
     stages.all_finite = [this](bool finite) { return pipeline_->all_stages(finite); };
   }
   const StateOffloadStats state_before = state_offload_ ? state_offload_->stats() : StateOffloadStats{};
-  state_to_device();
+  if (state_offload_) state_offload_->to_device(*optimizer_, params_, device_);
   const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get(), stages);
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
   clear_grads(params_);
   if (arena_ && !state_compacted_) state_compacted_ = compact_optimizer_state(*optimizer_, params_);
-  state_to_host();
   if (state_offload_) {
+    state_offload_->to_host(*optimizer_, params_);
     const StateOffloadStats& s = state_offload_->stats();
     r.state_out_bytes = s.bytes_out - state_before.bytes_out;
     r.state_in_bytes = s.bytes_in - state_before.bytes_in;
@@ -295,21 +295,6 @@ Trainer::StepResult Trainer::train_step() {
   if (pipeline_) gather_stage_stats(r);
   trace_step_ended();
   return r;
-}
-
-void Trainer::state_to_device() {
-  if (!state_on_host_) return;
-  move_optimizer_state(*optimizer_, params_, [&](const std::vector<at::Tensor>& host) {
-    return state_offload_->to_device(host, device_);
-  });
-  state_on_host_ = false;
-}
-
-void Trainer::state_to_host() {
-  if (!state_offload_) return;
-  state_on_host_ = move_optimizer_state(*optimizer_, params_, [&](const std::vector<at::Tensor>& state) {
-    return state_offload_->to_host(state);
-  });
 }
 
 Trainer::StepMeasurement Trainer::measure_step() {

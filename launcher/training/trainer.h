@@ -112,10 +112,6 @@ class Trainer {
   };
   MemoryOptions memory_options() const;
   void compact_parameters();  // from config.memory; the trace is set when it opens
-  // memory.optimizer_state = "host": the state back on the device for the optimizer's step, and
-  // to host after it (launcher/training/state_offload.h).
-  void state_to_device();
-  void state_to_host();
   void trace_step_begins();
   void trace_step_ended();
   StepResult train_step();
@@ -139,8 +135,8 @@ class Trainer {
   std::unique_ptr<PipelineStage> pipeline_;
   std::shared_ptr<CpuArena> arena_;
   bool state_compacted_ = false;  // the optimizer state moved into one block (compact_optimizer_state)
-  std::unique_ptr<StateOffload> state_offload_;  // memory.optimizer_state = "host"; null otherwise
-  bool state_on_host_ = false;                   // the optimizer state waits on host now
+  // memory.optimizer_state = "host": the state on host but for the optimizer's step; null otherwise.
+  std::unique_ptr<StateOffload> state_offload_;
   std::shared_ptr<HostLink> host_link_;  // host swap's link; null without it
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
