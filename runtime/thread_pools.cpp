@@ -4,10 +4,14 @@
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace ht {
@@ -31,9 +35,43 @@ std::string ThreadPools::describe() const {
   return s + ")";
 }
 
+int cpus_from_cgroup_quota(const std::string& cpu_max) {
+  std::istringstream in(cpu_max);
+  std::string quota;
+  long long period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  char* end = nullptr;
+  const long long q = std::strtoll(quota.c_str(), &end, 10);
+  if (end == quota.c_str() || *end != '\0' || q <= 0) return 0;
+  return static_cast<int>((q + period - 1) / period);
+}
+
+namespace {
+
+// The CPUs this process may run on (its affinity mask), or the hardware's when unknown.
+int cpus_bound_to(int hardware) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return hardware;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// The container's CPU quota from cgroup v2 (0: none, or not cgroup v2).
+int cgroup_cpu_quota() {
+  std::ifstream in("/sys/fs/cgroup/cpu.max");
+  std::string text;
+  if (!in || !std::getline(in, text)) return 0;
+  return cpus_from_cgroup_quota(text);
+}
+
+}  // namespace
+
 int default_thread_count(int ranks_on_this_host) {
+  const int ranks = std::max(1, ranks_on_this_host);
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, hardware / std::max(1, ranks_on_this_host));
+  int threads = std::min(hardware / ranks, cpus_bound_to(hardware));
+  if (const int quota = cgroup_cpu_quota(); quota > 0) threads = std::min(threads, quota / ranks);
+  return std::max(1, threads);
 }
 
 void restart_with_passive_openmp(char** argv) {

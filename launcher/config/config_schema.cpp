@@ -125,7 +125,8 @@ void add_training_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::training, &TrainingConfig::device, "training", "device", "cpu, cuda or cuda:N"));
   f.push_back(Field(&C::training, &TrainingConfig::threads, "training", "threads",
                     "compute threads of a rank: ATen's, oneDNN's and OpenBLAS's pools; 0: the host's hardware threads "
-                    "shared among its ranks").min(0));
+                    "shared among its ranks, or fewer where the rank is bound to fewer CPUs or a container's CPU "
+                    "quota allows fewer").min(0));
   f.push_back(Field(&C::training, &TrainingConfig::channels_last, "training", "channels_last",
                     "convolution weights, and so activations, in channels-last layout (NHWC): oneDNN's and "
                     "cuDNN's fast path for convolution, batch norm and pooling; false: NCHW. Same results up to "

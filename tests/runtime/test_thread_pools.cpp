@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <thread>
 
 namespace ht {
@@ -29,10 +31,39 @@ TEST(ThreadPools, OneCountGovernsAtenAndOpenBlas) {
 
 TEST(ThreadPools, RanksOnAHostShareItsHardwareThreads) {
   const int hardware = static_cast<int>(std::thread::hardware_concurrency());
-  EXPECT_EQ(default_thread_count(1), std::max(1, hardware));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_LE(default_thread_count(1), std::min(hardware, CPU_COUNT(&set)));  // never beyond its CPUs
+  EXPECT_GE(default_thread_count(1), 1);
   EXPECT_EQ(default_thread_count(hardware), 1);
   EXPECT_EQ(default_thread_count(4 * hardware), 1);  // never none
-  EXPECT_EQ(default_thread_count(0), std::max(1, hardware));
+  EXPECT_EQ(default_thread_count(0), default_thread_count(1));
+}
+
+TEST(ThreadPools, ACpuBindingLimitsTheThreads) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // as mpirun --bind-to core does
+  const int bound = default_thread_count(1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(bound, 1);
+}
+
+TEST(ThreadPools, ReadsAContainersCpuQuota) {
+  EXPECT_EQ(cpus_from_cgroup_quota("200000 100000"), 2);   // docker --cpus=2
+  EXPECT_EQ(cpus_from_cgroup_quota("150000 100000\n"), 2); // 1.5 CPUs: 2 threads, rounded up
+  EXPECT_EQ(cpus_from_cgroup_quota("50000 100000"), 1);
+  EXPECT_EQ(cpus_from_cgroup_quota("max 100000"), 0);      // no quota
+  EXPECT_EQ(cpus_from_cgroup_quota(""), 0);
+  EXPECT_EQ(cpus_from_cgroup_quota("12ab 100000"), 0);
+  EXPECT_EQ(cpus_from_cgroup_quota("100000 0"), 0);
 }
 
 }  // namespace
