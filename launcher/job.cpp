@@ -102,10 +102,12 @@ UserError budget_too_small(const Config& c, const OutOfBudget& e, const Trainer&
   return UserError(text);
 }
 
-// The checkpoint folder to resume from, if any, warning about what was skipped.
-std::optional<std::string> resume_point(const Config& config) {
+// The checkpoint folder to resume from, if any, warning about what was skipped (once per job: the
+// root rank says it).
+std::optional<std::string> resume_point(const Config& config, bool root) {
   std::vector<std::string> warnings;
   const auto resume = resolve_resume(config.checkpoint.resume, config.checkpoint_dir(), warnings);
+  if (!root) return resume;
   for (const std::string& w : warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
   if (config.checkpoint.resume == "latest" && !resume) {
     std::fprintf(stderr, "hybrid_train: warning: checkpoint.resume = \"latest\" but %s holds no checkpoint; "
@@ -181,7 +183,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
     throw parameters_do_not_fit(config, info);
   }
   const int64_t parameters = model->num_parameters();  // a pipeline stage then keeps only its own
-  const std::optional<std::string> resume = resume_point(config);
+  const std::optional<std::string> resume = resume_point(config, root);
   std::optional<Trainer> made;
   try {
     made.emplace(config, std::move(data), model, arena, grid->data_parallel_group,  // the gradients' block
