@@ -150,7 +150,7 @@ function line(title, xlabel, ylabel, series, opts) {
   return card;
 }
 // Stacked bars per step: parts [{name, values: [...]}] over steps [...].
-function bars(title, steps, parts, xlabel) {
+function bars(title, steps, parts, xlabel, ylabel) {
   const card = document.createElement('div');
   card.className = 'card';
   if (steps.length === 0) { card.textContent = title + ': no data in this run'; return card; }
@@ -158,7 +158,7 @@ function bars(title, steps, parts, xlabel) {
   // Logged steps may be every log_interval-th: bars as wide as the mean gap between them.
   const gap = steps.length > 1 ? (steps[steps.length - 1] - steps[0]) / (steps.length - 1) : 1;
   const f = frame(title, steps[0] - gap / 2, steps[steps.length - 1] + gap / 2, 0, Math.max(...totals) * 1.05 || 1,
-                  xlabel || 'step', 'ms');
+                  xlabel || 'step', ylabel || 'ms');
   const w = Math.max(1, (f.sx(steps[0] + gap) - f.sx(steps[0])) * 0.8);
   steps.forEach((s, i) => {
     let base = 0;
@@ -277,6 +277,18 @@ guarded('trace', () => {
                              {name: 'copies to and from host', color: '#2a9d5b'}, {name: 'waits for a copy', color: '#7b5cd6'}]));
   }
   section('Memory trace', card);
+});
+guarded('replicas', () => {
+  const ranked = train.filter(r => Array.isArray(r.rank_step_ms));
+  if (ranked.length === 0) return;
+  const ranks = ranked[0].rank_step_ms.length, ids = Array.from({length: ranks}, (_, k) => k);
+  const per = key => ids.map(k => median(ranked.map(r => r[key][k])));
+  const step = per('rank_step_ms'), compute = per('rank_compute_ms'), wait = per('rank_wait_ms'), opt = per('rank_optimizer_ms');
+  section('Per data-parallel rank (median over logged steps)',
+    bars('Where each rank\'s step went (a slow rank shows as the others\' waiting)', ids,
+         [{name: 'forward and backward', values: compute}, {name: 'waiting for the all-reduce', values: wait},
+          {name: 'optimizer', values: opt}, {name: 'other', values: ids.map(k => Math.max(0, step[k] - compute[k] - wait[k] - opt[k]))}], 'rank'),
+    bars('Memory peak per rank', ids, [{name: 'peak', values: per('rank_peak_bytes').map(v => v * MB)}], 'rank', 'MiB'));
 });
 guarded('ranks', () => {
   const staged = train.filter(r => Array.isArray(r.stage_compute_ms));

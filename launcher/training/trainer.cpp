@@ -326,7 +326,10 @@ TrainResult Trainer::run(RunOutput* output) {
                      std::to_string(scaler_->scale()));
     }
     progress_.step(state_.step, last.loss, last.lr, config_.training.global_batch_size / (last.ms / 1e3));
-    if (state_.step % config_.metrics.log_interval == 0 || state_.step == total_steps_) log_step(last);
+    if (state_.step % config_.metrics.log_interval == 0 || state_.step == total_steps_) {
+      if (replicas_.size() > 1) gather_replica_stats(last);
+      log_step(last);
+    }
     if (eval_due()) log_eval(evaluate());
     const int64_t every = config_.checkpoint.interval;
     const bool due = every > 0 && (state_.step % every == 0 || state_.step == total_steps_);

@@ -109,6 +109,10 @@ class Trainer {
     DataParallelStats comm;
     // Per pipeline stage (pipeline parallelism): compute, waiting, bytes sent, memory peak.
     std::vector<double> stage_compute_ms, stage_wait_ms, stage_p2p_bytes, stage_peak_bytes;
+    // Per data-parallel replica, on logged steps: the step, forward and backward, waiting for the
+    // all-reduce after backward, the optimizer, the memory peak (a slow rank shows as the others'
+    // waiting).
+    std::vector<double> rank_step_ms, rank_compute_ms, rank_wait_ms, rank_optimizer_ms, rank_peak_bytes;
   };
   MemoryOptions memory_options() const;
   void compact_parameters();  // from config.memory; the trace is set when it opens
@@ -118,6 +122,7 @@ class Trainer {
   double forward_backward(const Batch& micro, double loss_scale, bool last);
   double pipeline_step(const Batch& batch, StepResult& r);
   void gather_stage_stats(StepResult& r);
+  void gather_replica_stats(StepResult& r);  // a collective of the replicas: every one calls it
   bool writes_outputs() const;  // rank 0 of the job
   bool eval_due() const;
   void log_step(const StepResult& r);

@@ -41,12 +41,38 @@ void Trainer::log_step(const StepResult& r) {
     record.add("stage_compute_ms", r.stage_compute_ms).add("stage_wait_ms", r.stage_wait_ms)
         .add("stage_p2p_bytes", r.stage_p2p_bytes).add("stage_peak_bytes", r.stage_peak_bytes);
   }
+  if (!r.rank_step_ms.empty()) {
+    record.add("rank_step_ms", r.rank_step_ms).add("rank_compute_ms", r.rank_compute_ms)
+        .add("rank_wait_ms", r.rank_wait_ms).add("rank_optimizer_ms", r.rank_optimizer_ms)
+        .add("rank_peak_bytes", r.rank_peak_bytes);
+  }
   if (replicas_.size() > 1) {
     record.add("buckets", r.comm.buckets).add("buckets_started_in_backward", r.comm.started_in_backward);
     record.add("comm_ms", r.comm.comm_ms).add("comm_bytes", r.comm.comm_bytes).add("overlap", r.comm.overlap);
   }
   if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
   output_->metrics(record);
+}
+
+void Trainer::gather_replica_stats(StepResult& r) {
+  const int ranks = replicas_.size(), me = replicas_.rank();
+  at::Tensor table = at::zeros({5, ranks}, at::kDouble);
+  table[0][me] = r.ms;
+  table[1][me] = r.forward_backward_ms;
+  table[2][me] = r.comm.wait_ms;
+  table[3][me] = r.optimizer_ms;
+  table[4][me] = static_cast<double>(r.mem_peak_bytes);
+  replicas_.group().allreduce_sum(table, "the replicas' step statistics");
+  auto row = [&](int i) {
+    std::vector<double> v(static_cast<size_t>(ranks));
+    for (int k = 0; k < ranks; ++k) v[static_cast<size_t>(k)] = table[i][k].item<double>();
+    return v;
+  };
+  r.rank_step_ms = row(0);
+  r.rank_compute_ms = row(1);
+  r.rank_wait_ms = row(2);
+  r.rank_optimizer_ms = row(3);
+  r.rank_peak_bytes = row(4);
 }
 
 void Trainer::log_eval(const EvalResult& e) {

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -70,6 +71,14 @@ TEST_P(DataParallelJob, RanksTrainTheSingleRankModel) {
   EXPECT_THAT(metrics, HasSubstr("\"comm_ms\""));
   EXPECT_THAT(metrics, HasSubstr("\"comm_bytes\""));
   EXPECT_THAT(metrics, HasSubstr("\"overlap\""));
+  // Each logged step has every rank's step time, gathered to the one that writes the records.
+  const size_t at = metrics.rfind("\"rank_step_ms\": [");
+  ASSERT_NE(at, std::string::npos);
+  const std::string times = metrics.substr(at, metrics.find(']', at) - at);
+  EXPECT_EQ(std::count(times.begin(), times.end(), ','), ranks - 1) << times;
+  EXPECT_EQ(times.find("[0,"), std::string::npos) << "rank 0's time is there: " << times;
+  EXPECT_EQ(times.find(", 0,"), std::string::npos) << "and every other rank's: " << times;
+  EXPECT_THAT(metrics, HasSubstr("\"rank_wait_ms\": ["));
   EXPECT_THAT(read_file(dir.path("many/config.resolved.toml")), HasSubstr("data_parallel = " + std::to_string(ranks)));
 }
 

@@ -4,6 +4,7 @@
 // (build/test_artifacts/report.png).
 #include "launcher/report/html_report.h"
 #include "launcher/user_error.h"
+#include "tests/support/mpi_job.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/temp_dir.h"
 
@@ -122,6 +123,30 @@ TEST(Report, HeadlessChromiumRendersEveryChartWithoutAScriptError) {
   EXPECT_EQ(std::system((browser + flags + "--window-size=1200,2600 --screenshot=" + png + " " + url +
                          " > /dev/null 2>&1").c_str()), 0);
   EXPECT_GT(std::filesystem::exists(png) ? std::filesystem::file_size(png) : 0, 10000u) << "a screenshot of the page";
+}
+
+// Under mpirun, the page has each data-parallel rank's step (compute, waiting for the all-reduce,
+// the optimizer) and memory peak, from the records' rank_* arrays.
+TEST(Report, ADataParallelRunShowsEachRanksStep) {
+  const std::string browser = chromium();
+  if (browser.empty()) GTEST_SKIP() << "no Chromium here: bash scripts/install-deps.sh --tests installs it";
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string out = dir.path("run");
+  ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + dir.write("job.toml", kReportJob) + " --memory.trace=false --job.output_dir=" + out), 0);
+  const std::string dom_file = dir.path("dom.html");
+  ASSERT_EQ(std::system((browser + " --headless=new --no-sandbox --disable-gpu --dump-dom file://" + out +
+                         "/report.html > " + dom_file + " 2>/dev/null").c_str()), 0);
+  const std::string dom = read_file(dom_file);
+  EXPECT_THAT(dom, HasSubstr("data-rendered=\"true\""));
+  EXPECT_THAT(dom, Not(HasSubstr("class=\"script-error\""))) << dom.substr(0, 2000);
+  EXPECT_THAT(dom, HasSubstr("Per data-parallel rank"));
+  for (const char* chart : {"Where each rank", "Memory peak per rank"}) {
+    const size_t at = dom.find(std::string("data-title=\"") + chart);
+    ASSERT_NE(at, std::string::npos) << "chart \"" << chart << "\"";
+    const size_t end = dom.find("</svg>", at);
+    EXPECT_NE(dom.substr(at, end - at).find("class=\"series\""), std::string::npos) << "chart \"" << chart << "\" drawn";
+  }
 }
 
 }  // namespace
