@@ -1,4 +1,5 @@
 // The trainer's pipeline-parallel step (launcher/training/pipeline_stage.h does the stage's work).
+#include "launcher/training/per_rank.h"
 #include "launcher/training/trainer.h"
 
 namespace ht {
@@ -48,23 +49,15 @@ double Trainer::pipeline_step(const Batch& batch, StepResult& r) {
 }
 
 void Trainer::gather_stage_stats(StepResult& r) {
-  const int stages = pipeline_->layout().shape.stages, me = pipeline_->rank();
-  at::Tensor table = at::zeros({4, stages}, at::kDouble);
   const PipelineStats& s = pipeline_->stats();
-  table[0][me] = s.compute_ms;
-  table[1][me] = s.wait_ms;
-  table[2][me] = static_cast<double>(s.p2p_bytes);
-  table[3][me] = static_cast<double>(r.mem_peak_bytes);
-  pipeline_->group().allreduce_sum(table, "the stages' step statistics");
-  auto row = [&](int i) {
-    std::vector<double> v(static_cast<size_t>(stages));
-    for (int k = 0; k < stages; ++k) v[static_cast<size_t>(k)] = table[i][k].item<double>();
-    return v;
-  };
-  r.stage_compute_ms = row(0);
-  r.stage_wait_ms = row(1);
-  r.stage_p2p_bytes = row(2);
-  r.stage_peak_bytes = row(3);
+  auto rows = gather_per_rank(pipeline_->group(),
+                              {s.compute_ms, s.wait_ms, static_cast<double>(s.p2p_bytes),
+                               static_cast<double>(r.mem_peak_bytes)},
+                              "the stages' step statistics");
+  r.stage_compute_ms = std::move(rows[0]);
+  r.stage_wait_ms = std::move(rows[1]);
+  r.stage_p2p_bytes = std::move(rows[2]);
+  r.stage_peak_bytes = std::move(rows[3]);
 }
 
 }  // namespace ht

@@ -1,3 +1,4 @@
+#include "launcher/training/per_rank.h"
 #include "launcher/training/trainer.h"
 
 // The trainer's records in metrics.jsonl (and their log lines): one per logged step, one per
@@ -55,24 +56,15 @@ void Trainer::log_step(const StepResult& r) {
 }
 
 void Trainer::gather_replica_stats(StepResult& r) {
-  const int ranks = replicas_.size(), me = replicas_.rank();
-  at::Tensor table = at::zeros({5, ranks}, at::kDouble);
-  table[0][me] = r.ms;
-  table[1][me] = r.forward_backward_ms;
-  table[2][me] = r.comm.wait_ms;
-  table[3][me] = r.optimizer_ms;
-  table[4][me] = static_cast<double>(r.mem_peak_bytes);
-  replicas_.group().allreduce_sum(table, "the replicas' step statistics");
-  auto row = [&](int i) {
-    std::vector<double> v(static_cast<size_t>(ranks));
-    for (int k = 0; k < ranks; ++k) v[static_cast<size_t>(k)] = table[i][k].item<double>();
-    return v;
-  };
-  r.rank_step_ms = row(0);
-  r.rank_compute_ms = row(1);
-  r.rank_wait_ms = row(2);
-  r.rank_optimizer_ms = row(3);
-  r.rank_peak_bytes = row(4);
+  auto rows = gather_per_rank(replicas_.group(),
+                              {r.ms, r.forward_backward_ms, r.comm.wait_ms, r.optimizer_ms,
+                               static_cast<double>(r.mem_peak_bytes)},
+                              "the replicas' step statistics");
+  r.rank_step_ms = std::move(rows[0]);
+  r.rank_compute_ms = std::move(rows[1]);
+  r.rank_wait_ms = std::move(rows[2]);
+  r.rank_optimizer_ms = std::move(rows[3]);
+  r.rank_peak_bytes = std::move(rows[4]);
 }
 
 void Trainer::log_eval(const EvalResult& e) {
