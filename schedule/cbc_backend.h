@@ -17,6 +17,9 @@ struct MipOutcome {
   double bound = 0;           // best lower bound the solver proved (0 when it proved none)
 };
 
+// Whether this build has CBC (schedule/CMakeLists.txt): without it solve_with_cbc finds nothing.
+bool mip_solver_built();
+
 // `start`: a feasible point (its integer columns are used), or empty.
 MipOutcome solve_with_cbc(const LpModel& lp, const std::vector<double>& start, double time_limit_s);
 

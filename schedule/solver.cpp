@@ -112,7 +112,7 @@ SolveResult solve(const StepGraph& graph, const SolveOptions& options) {
   const detail::HeuristicResult h =
       detail::segments_heuristic(graph, needs, options.budget_bytes, detail::mip_budget(options.budget_bytes));
   SolveResult result = heuristic_result(h);
-  const bool mip = options.use_mip && static_cast<int64_t>(graph.values.size()) <= options.max_mip_values &&
+  const bool mip = options.use_mip && detail::mip_solver_built() && static_cast<int64_t>(graph.values.size()) <= options.max_mip_values &&
                    mip_columns(needs) <= kMaxMipColumns;
   if (mip && result.status != SolveStatus::kOptimal) run_mip(graph, needs, h, options, result);
   if (result.status == SolveStatus::kOptimal) result.bound_ms = result.objective_ms;
