@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds hybrid_train on the GPU machine (CUDA 13, PyTorch in its python3, no package registry),
+# in one command, against that PyTorch's libtorch, into build-device/ (kept between commands
+# there, so a second run rebuilds only what changed). What that machine lacks comes in .deps/,
+# made here by scripts/device-deps.sh and carried by the device tool:
+#
+#   bash scripts/device-deps.sh                               (here, once)
+#   run(command="bash scripts/device-build.sh", carry=[".deps"])   (there)
+#
+# It first prints what the machine has (compilers, CUDA, PyTorch, NCCL, MPI, the GPU), then
+# configures without COIN-OR CBC (static plans use the segments heuristic) and without MPI unless
+# mpirun and its headers are there, and builds the targets given (default: hybrid_train and the
+# engine's test programs). Environment: PYTHON (default python3), HT_DEVICE_CMAKE_ARGS (more
+# cmake arguments), HT_BUILD_DIR (default build-device).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+build=${HT_BUILD_DIR:-build-device}
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(hybrid_train test_runtime test_memory test_models test_parallel test_planner test_launcher)
+
+echo "== device-build: what this machine has"
+for tool in cmake ninja g++ nvcc mpirun nvidia-smi ccache; do
+  if command -v "$tool" >/dev/null; then
+    printf '%-10s %s\n' "$tool" "$("$tool" --version 2>&1 | grep -m1 -iE 'version|release|[0-9]+\.[0-9]+' || true)"
+  else
+    printf '%-10s missing\n' "$tool"
+  fi
+done
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+"$python" - <<'PY' || { echo "device-build: $python cannot import torch; set PYTHON to the python with PyTorch" >&2; exit 2; }
+import importlib.util, os, torch
+print(f"torch      {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
+      f"GPU available {torch.cuda.is_available()}" + (f": {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
+print(f"nccl       torch's {torch.cuda.nccl.version() if torch.cuda.is_available() else 'n/a'}; wheel "
+      + ("nvidia-nccl at " + os.path.dirname(importlib.util.find_spec('nvidia.nccl').submodule_search_locations[0])
+         if importlib.util.find_spec('nvidia') and importlib.util.find_spec('nvidia.nccl') else "missing"))
+PY
+prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+[ -d .deps/include ] || { echo "device-build: .deps/ is missing: run bash scripts/device-deps.sh on the build machine and carry .deps" >&2; exit 2; }
+
+args=(-S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DHT_DEPS_DIR="$PWD/.deps"
+      -DHT_REQUIRE_CBC=OFF -DHT_BUILD_BENCH=OFF)
+command -v ninja >/dev/null && [ ! -f "$build/Makefile" ] && args+=(-G Ninja)
+[ -d /usr/local/cuda ] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
+# libtorch's CMake probes the GPU for its architecture list when none is given.
+[ -n "${TORCH_CUDA_ARCH_LIST:-}" ] || export TORCH_CUDA_ARCH_LIST="9.0"
+if ! command -v mpirun >/dev/null; then args+=(-DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON); fi
+# shellcheck disable=SC2206
+args+=(${HT_DEVICE_CMAKE_ARGS:-})
+echo "== device-build: cmake ${args[*]}"
+start=$(date +%s)
+cmake "${args[@]}" 2>&1 | grep -vE '^-- (Looking|Performing|Check|Detecting)' 
+echo "== device-build: building ${targets[*]} with $(nproc) jobs"
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+echo "== device-build: done in $(( $(date +%s) - start )) s: $build/launcher/hybrid_train"
