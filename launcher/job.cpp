@@ -8,6 +8,7 @@
 #include "launcher/report/html_report.h"
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
+#include "launcher/training/device_group.h"
 #include "launcher/training/stop_signals.h"
 #include "launcher/user_error.h"
 #include "memory/byte_size.h"
@@ -147,6 +148,8 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   Config config = config_in;
   apply_data_parallel(config, grid->data_parallel);  // main() did it already; tests call run_job directly
   const bool root = grid->is_root();
+  // On GPUs: this rank's device, and NCCL between the replicas (before anything touches the GPU).
+  const std::shared_ptr<Communicator> replicas = replica_group_for_device(config, *grid);
   CpuAllocationCounter::install();
   set_host_memory_caching(config.memory.host_cache);
 
@@ -186,7 +189,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const std::optional<std::string> resume = resume_point(config, root);
   std::optional<Trainer> made;
   try {
-    made.emplace(config, std::move(data), model, arena, grid->data_parallel_group,  // the gradients' block
+    made.emplace(config, std::move(data), model, arena, replicas,  // the gradients' block
                  grid->pipeline_group);
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);

@@ -7,8 +7,13 @@
 namespace ht {
 namespace {
 
-// t *= scale without ATen: a scalar argument would allocate a tensor, on this thread.
+// t *= scale without ATen on host memory: a scalar argument would allocate a tensor, on this
+// thread (from the budget's arena).
 void scale_in_place(at::Tensor& t, double scale) {
+  if (!t.is_cpu()) {  // a device tensor (NCCL): a kernel on ATen's stream, after the all-reduce
+    t.mul_(scale);
+    return;
+  }
   const int64_t n = t.numel();
   if (t.scalar_type() == at::kFloat) {
     float* x = t.data_ptr<float>();

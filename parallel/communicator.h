@@ -1,8 +1,8 @@
 #pragma once
 // Collectives on at::Tensors between the ranks of one group. The trainer sees only this
 // interface; MpiCommunicator (CPU tensors) implements it over MPI, LocalCommunicator is a group of
-// one (a run without mpirun), where every collective is the identity. NCCL (CUDA tensors) comes
-// with a GPU session.
+// one (a run without mpirun), where every collective is the identity. NcclCommunicator
+// (nccl_communicator.h) carries CUDA tensors, in builds with NCCL.
 
 #include <ATen/core/Tensor.h>
 

@@ -1,0 +1,37 @@
+#include "launcher/training/device_group.h"
+
+#include "launcher/user_error.h"
+
+#ifdef HT_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+#endif
+
+#include <string>
+
+namespace ht {
+
+std::shared_ptr<Communicator> replica_group_for_device(Config& config, const ProcessGrid& grid) {
+  std::string& device = config.training.device;
+  if (device.rfind("cuda", 0) != 0 || grid.world == 1) return grid.data_parallel_group;
+  const std::string where = config.source + ": training.device = \"" + device + "\" with " +
+                            std::to_string(grid.world) + " ranks";
+  if (grid.pipeline_parallel > 1) {
+    throw UserError(where + " and parallel.pipeline_parallel = " + std::to_string(grid.pipeline_parallel) +
+                    ": pipeline stages on GPUs (NCCL's point to point) are not built; use data parallelism "
+                    "alone on GPUs, or pipelines on \"cpu\"");
+  }
+#ifdef HT_HAVE_NCCL
+  const int gpus = visible_cuda_devices();
+  if (gpus == 0) throw UserError(where + ": this rank sees no GPU; check CUDA_VISIBLE_DEVICES, or use \"cpu\"");
+  const int index = device == "cuda" ? grid.local_rank % gpus : std::stoi(device.substr(5));
+  device = "cuda:" + std::to_string(index);
+  if (grid.data_parallel == 1) return grid.data_parallel_group;
+  return std::make_shared<NcclCommunicator>(*grid.data_parallel_group, index, grid.rank);
+#else
+  throw UserError(where + ": averaging gradients between GPUs needs NCCL, and this build has none; rebuild where "
+                  "the CUDA toolkit's NCCL is found (or give cmake -DHT_NCCL_ROOT=<folder with include/nccl.h>), "
+                  "or use \"cpu\"");
+#endif
+}
+
+}  // namespace ht

@@ -1,0 +1,215 @@
+#include "parallel/nccl_communicator.h"
+
+#include <ATen/ATen.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#ifdef HT_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace ht {
+namespace {
+
+ncclDataType_t nccl_type(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    default:
+      throw CommunicationError(std::string("NCCL cannot carry ") + what + ": its dtype " +
+                               std::string(c10::toString(t.scalar_type())) + " has no NCCL type");
+  }
+}
+
+// ATen's current stream on `device` where libtorch has CUDA; otherwise the legacy default
+// stream, which every other blocking stream waits for.
+cudaStream_t compute_stream(int device) {
+#ifdef HT_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+#else
+  (void)device;
+  return nullptr;
+#endif
+}
+
+}  // namespace
+
+struct NcclCommunicator::State {
+  ncclComm_t comm = nullptr;
+  cudaEvent_t done = nullptr;
+  void* staging = nullptr;  // device buffer for host tensors
+  size_t staging_bytes = 0;
+};
+
+int visible_cuda_devices() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+NcclCommunicator::NcclCommunicator(Communicator& bootstrap, int device, int world_rank)
+    : state_(std::make_unique<State>()), rank_(bootstrap.rank()), size_(bootstrap.size()), device_(device),
+      world_rank_(world_rank) {
+  set_timeout(bootstrap.timeout());
+  set_context(bootstrap.context());
+  if (cudaSetDevice(device_) != cudaSuccess) {
+    fail("setting up NCCL", "the device", "cudaSetDevice(" + std::to_string(device_) + ") failed: " +
+                                              cudaGetErrorString(cudaGetLastError()) + " (" +
+                                              std::to_string(visible_cuda_devices()) + " devices visible)");
+  }
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (rank_ == 0) {
+    const ncclResult_t rc = ncclGetUniqueId(&id);
+    if (rc != ncclSuccess) fail("setting up NCCL", "its unique id", ncclGetErrorString(rc));
+  }
+  at::Tensor bytes = at::empty({static_cast<int64_t>(sizeof(id))}, at::kByte);
+  std::memcpy(bytes.data_ptr(), &id, sizeof(id));
+  bootstrap.broadcast(bytes, 0, "NCCL's unique id");
+  std::memcpy(&id, bytes.data_ptr(), sizeof(id));
+  // Nonblocking, so that a rank that never joins shows as a timeout here, not a hang.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t rc = ncclCommInitRankConfig(&state_->comm, size_, id, rank_, &config);
+  if (rc != ncclSuccess && rc != ncclInProgress) fail("setting up NCCL", "the communicator", ncclGetErrorString(rc));
+  settle("setting up NCCL", "the communicator");
+  if (cudaEventCreateWithFlags(&state_->done, cudaEventDisableTiming) != cudaSuccess) {
+    fail("setting up NCCL", "its completion event", cudaGetErrorString(cudaGetLastError()));
+  }
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (!state_) return;
+  cudaSetDevice(device_);
+  if (state_->comm != nullptr) ncclCommDestroy(state_->comm);
+  if (state_->done != nullptr) cudaEventDestroy(state_->done);
+  if (state_->staging != nullptr) cudaFree(state_->staging);
+}
+
+void NcclCommunicator::fail(const std::string& collective, const char* what, const std::string& why) {
+  throw CommunicationError("rank " + std::to_string(world_rank_) + ", " + context() + ": " + collective + " of " + what +
+                           " (NCCL, cuda:" + std::to_string(device_) + ") failed: " + why);
+}
+
+void NcclCommunicator::run(Op op, at::Tensor& t, int peer, const char* collective, const char* what) {
+  if (!t.is_contiguous()) fail(collective, what, "the tensor is not contiguous");
+  if (t.is_cuda() && t.get_device() != device_) {
+    fail(collective, what, "the tensor is on cuda:" + std::to_string(t.get_device()) + ", this rank's NCCL on cuda:" +
+                               std::to_string(device_));
+  }
+  cudaSetDevice(device_);
+  const cudaStream_t stream = compute_stream(device_);
+  const ncclDataType_t type = nccl_type(t, what);
+  const size_t bytes = t.nbytes(), count = static_cast<size_t>(t.numel());
+  void* data = t.data_ptr();
+  const bool host = !t.is_cuda();
+  if (host) {  // through this communicator's device buffer
+    if (bytes > state_->staging_bytes) {
+      if (state_->staging != nullptr) cudaFree(state_->staging);
+      state_->staging = nullptr;
+      if (cudaMalloc(&state_->staging, bytes) != cudaSuccess) {
+        fail(collective, what, "no device memory for " + std::to_string(bytes) + " bytes of a host tensor");
+      }
+      state_->staging_bytes = bytes;
+    }
+    if (op != Op::kRecv) cudaMemcpyAsync(state_->staging, data, bytes, cudaMemcpyHostToDevice, stream);
+    data = state_->staging;
+  }
+  ncclResult_t rc = ncclSuccess;
+  switch (op) {
+    case Op::kAllReduce: rc = ncclAllReduce(data, data, count, type, ncclSum, state_->comm, stream); break;
+    case Op::kBroadcast: rc = ncclBroadcast(data, data, count, type, peer, state_->comm, stream); break;
+    case Op::kSend: rc = ncclSend(data, count, type, peer, state_->comm, stream); break;
+    case Op::kRecv: rc = ncclRecv(data, count, type, peer, state_->comm, stream); break;
+  }
+  if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what, ncclGetErrorString(rc));
+  settle(collective, what);  // enqueued on the stream before the event behind it is recorded
+  if (host && op != Op::kSend) cudaMemcpyAsync(t.data_ptr(), state_->staging, bytes, cudaMemcpyDeviceToHost, stream);
+  if (cudaEventRecord(state_->done, stream) != cudaSuccess) fail(collective, what, cudaGetErrorString(cudaGetLastError()));
+  wait(collective, what);
+}
+
+// A nonblocking communicator returns from a call before the work is set up or enqueued
+// (ncclInProgress): until its state says done, no other call may be made on it, bounded by the
+// timeout (a rank that never joins the communicator shows here).
+void NcclCommunicator::settle(const char* collective, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  ncclResult_t rc = ncclInProgress;
+  for (;;) {
+    ncclCommGetAsyncError(state_->comm, &rc);
+    if (rc != ncclInProgress) break;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout()) {
+      ncclCommAbort(state_->comm);
+      state_->comm = nullptr;
+      fail(collective, what, "not under way after " + std::to_string(timeout()) +
+                                 " s (parallel.timeout_s): another rank has died, hangs, or never joined");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  if (rc != ncclSuccess) fail(collective, what, ncclGetErrorString(rc));
+}
+
+// Until the event after the collective has passed: NCCL's asynchronous errors and the timeout
+// are checked meanwhile, and a collective past its timeout aborts the communicator.
+void NcclCommunicator::wait(const char* collective, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t status = cudaEventQuery(state_->done);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) fail(collective, what, cudaGetErrorString(status));
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(state_->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) fail(collective, what, ncclGetErrorString(async));
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout()) {
+      ncclCommAbort(state_->comm);
+      state_->comm = nullptr;
+      fail(collective, what, "not done after " + std::to_string(timeout()) +
+                                 " s (parallel.timeout_s): another rank has died or hangs");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void NcclCommunicator::allreduce_sum(at::Tensor& t, const char* what) {
+  run(Op::kAllReduce, t, 0, "the all-reduce", what);
+}
+
+void NcclCommunicator::broadcast(at::Tensor& t, int root, const char* what) {
+  run(Op::kBroadcast, t, root, "the broadcast", what);
+}
+
+void NcclCommunicator::barrier(const char* what) {
+  at::Tensor one = at::ones({1}, at::kFloat);
+  run(Op::kAllReduce, one, 0, "the barrier", what);
+}
+
+void NcclCommunicator::send(const at::Tensor& t, int to, const char* what) {
+  at::Tensor view = t;
+  run(Op::kSend, view, to, "the send", what);
+}
+
+void NcclCommunicator::recv(at::Tensor& t, int from, const char* what) {
+  run(Op::kRecv, t, from, "the receive", what);
+}
+
+std::unique_ptr<Transfer> NcclCommunicator::isend(const at::Tensor&, int to, int, const std::string& what) {
+  fail("a send to rank " + std::to_string(to), what.c_str(),
+       "pipeline stages over NCCL are not built (NCCL matches messages in posting order, not by tag)");
+}
+
+std::unique_ptr<Transfer> NcclCommunicator::irecv(at::Tensor&, int from, int, const std::string& what) {
+  fail("a receive from rank " + std::to_string(from), what.c_str(),
+       "pipeline stages over NCCL are not built (NCCL matches messages in posting order, not by tag)");
+}
+
+}  // namespace ht

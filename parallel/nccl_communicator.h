@@ -1,0 +1,66 @@
+#pragma once
+// Communicator over NCCL, for data parallelism on GPUs (training.device = "cuda" under mpirun).
+//
+// - Bootstrap: rank 0 of `bootstrap` (the MPI group of the same ranks) makes NCCL's unique id and
+//   broadcasts it as 128 bytes over that group; no other MPI call is made after.
+// - The device: cudaSetDevice(device) before anything touches the GPU (the launcher passes the
+//   rank's local rank modulo the GPUs it sees).
+// - Order: collectives run on the stream ATen computes on (its current stream, where libtorch has
+//   CUDA; the legacy default stream otherwise), so they follow the kernels that produced their
+//   input and precede those that read the result, with no host synchronization for that.
+// - Blocking, as MpiCommunicator's: each call returns when its collective has completed, polled
+//   with its NCCL error state; past the timeout the communicator is aborted and the error names the
+//   rank, the context and the collective (another rank died or hangs).
+// - Host tensors (the per-parameter "had a gradient" flags, a loss) cross through a device buffer
+//   of this communicator's.
+// - Point to point by tag (pipeline stages) is refused: NCCL matches messages in posting order,
+//   not by tag. Pipelines on GPUs need their own schedule of sends and receives first.
+//
+// Built where the CUDA toolkit and NCCL are found (parallel/CMakeLists.txt: HT_HAVE_NCCL). Not yet
+// run on a GPU: README, "What is not built yet".
+
+#include "parallel/communicator.h"
+
+#include <memory>
+#include <string>
+
+namespace ht {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // `bootstrap`: a group of the same ranks in the same order (MPI). `device`: the CUDA device
+  // index this rank uses. `world_rank` names this process in error messages.
+  NcclCommunicator(Communicator& bootstrap, int device, int world_rank);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allreduce_sum(at::Tensor& t, const char* what) override;
+  void broadcast(at::Tensor& t, int root, const char* what) override;
+  void barrier(const char* what) override;
+  void send(const at::Tensor& t, int to, const char* what) override;
+  void recv(at::Tensor& t, int from, const char* what) override;
+  std::unique_ptr<Transfer> isend(const at::Tensor& t, int to, int tag, const std::string& what) override;
+  std::unique_ptr<Transfer> irecv(at::Tensor& t, int from, int tag, const std::string& what) override;
+  std::string backend() const override { return "nccl"; }
+  // One call at a time from any thread: cudaSetDevice is per thread, and every call sets it.
+  bool allows_worker_thread() const override { return true; }
+
+ private:
+  struct State;  // NCCL's and CUDA's handles, kept out of this header
+  enum class Op { kAllReduce, kBroadcast, kSend, kRecv };
+  void run(Op op, at::Tensor& t, int peer, const char* collective, const char* what);
+  void settle(const char* collective, const char* what);
+  void wait(const char* collective, const char* what);
+  [[noreturn]] void fail(const std::string& collective, const char* what, const std::string& why);
+
+  std::unique_ptr<State> state_;
+  int rank_ = 0, size_ = 1, device_ = 0, world_rank_ = 0;
+};
+
+// The CUDA devices this process sees (0 where none, or no driver).
+int visible_cuda_devices();
+
+}  // namespace ht

@@ -1,0 +1,58 @@
+// NcclCommunicator (parallel/nccl_communicator.h), in builds that have NCCL. Without a GPU (CI):
+// setting it up fails with an error that names the rank, the device and what it saw, and leaves
+// nothing behind. With one (the GPU machine): a group of one sets up through its bootstrap and
+// carries host tensors through its device buffer, every collective an identity.
+#include "parallel/communicator.h"
+
+#include <gtest/gtest.h>
+
+#ifdef HT_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+
+#include <ATen/ATen.h>
+
+namespace ht {
+namespace {
+
+TEST(NcclCommunicator, WithoutAGpuSettingUpSaysWhatItSaw) {
+  if (visible_cuda_devices() > 0) GTEST_SKIP() << "a GPU is here: NcclCommunicator.AGroupOfOne runs instead";
+  LocalCommunicator bootstrap;
+  bootstrap.set_context("step 3");
+  try {
+    NcclCommunicator nccl(bootstrap, 0, 5);
+    FAIL() << "set up NCCL without a GPU";
+  } catch (const CommunicationError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("rank 5, step 3"), std::string::npos) << text;
+    EXPECT_NE(text.find("cuda:0"), std::string::npos) << text;
+    EXPECT_NE(text.find("0 devices visible"), std::string::npos) << text;
+  }
+}
+
+TEST(NcclCommunicator, AGroupOfOne) {
+  if (visible_cuda_devices() == 0) GTEST_SKIP() << "no GPU here";
+  LocalCommunicator bootstrap;
+  NcclCommunicator nccl(bootstrap, 0, 0);
+  EXPECT_EQ(nccl.size(), 1);
+  EXPECT_EQ(nccl.backend(), "nccl");
+  at::Tensor flags = at::tensor({1.0f, 0.0f, 2.5f});  // host memory, as DataParallel's flags
+  nccl.allreduce_sum(flags, "the flags");
+  EXPECT_TRUE(at::equal(flags, at::tensor({1.0f, 0.0f, 2.5f})));
+  at::Tensor loss = at::tensor({0.75}, at::kDouble);
+  nccl.broadcast(loss, 0, "the loss");
+  EXPECT_EQ(loss.item<double>(), 0.75);
+  nccl.barrier("the end");
+  at::Tensor strided = at::ones({4, 4}).t();
+  EXPECT_THROW(nccl.allreduce_sum(strided, "a transposed tensor"), CommunicationError);
+  at::Tensor activation = at::ones({2});
+  EXPECT_THROW(nccl.isend(activation, 0, 1, "an activation"), CommunicationError);
+}
+
+}  // namespace
+}  // namespace ht
+
+#else
+
+TEST(NcclCommunicator, NotInThisBuild) { GTEST_SKIP() << "built without NCCL (parallel/CMakeLists.txt)"; }
+
+#endif
