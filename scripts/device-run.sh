@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 18's GPU list, in order, in one command on the GPU machine (after device-deps.sh here):
+#
+#   run(command="bash scripts/device-run.sh", carry=[".deps"])
+#
+#   1. the build (scripts/device-build.sh; build-device/ is kept while the machine stays warm);
+#   2. the engine's test programs, whose op and model checks also run on CUDA where a GPU is;
+#   3. hybrid_train on CUDA: the quick start, gpt_tiny in bf16 and in fp16 with loss scaling.
+#
+# Each step's whole log goes to $OUT (the device tool brings it back), a line per step here.
+# A step that fails does not stop the next. HT_DEVICE_STEPS=tests,jobs skips the build.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device-out}
+mkdir -p "$out"
+steps=${HT_DEVICE_STEPS:-build,tests,jobs}
+say() { echo "device-run: $*" | tee -a "$out/summary.txt"; }
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+
+if [[ $steps == *build* ]]; then
+  start=$SECONDS
+  bash scripts/device-build.sh >"$out/build.log" 2>&1
+  status=$?
+  grep -E "^(cmake|ninja|g\+\+|nvcc|mpirun|torch|nccl) " "$out/build.log"
+  say "build: exit $status in $((SECONDS - start)) s"
+  [ "$status" = 0 ] || { tail -40 "$out/build.log"; exit 1; }
+fi
+
+if [[ $steps == *tests* ]]; then
+  for t in test_runtime test_memory test_models test_parallel test_planner; do
+    [ -x "build-device/tests/$t" ] || { say "$t: not built"; continue; }
+    start=$SECONDS
+    timeout 300 "build-device/tests/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+    status=$?
+    say "$t: exit $status in $((SECONDS - start)) s; $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$out/$t.log" | head -20
+  done
+fi
+
+if [[ $steps == *jobs* ]]; then
+  job() {  # name, config, overrides...
+    local name=$1
+    shift
+    start=$SECONDS
+    timeout 240 build-device/launcher/hybrid_train "$@" --training.device=cuda --job.output_dir="$out/runs/$name" \
+      >"$out/$name.log" 2>&1
+    say "$name: exit $? in $((SECONDS - start)) s: $(grep -E '^(done|hybrid_train: error|stopped)' "$out/$name.log" | tail -1)"
+  }
+  job quickstart configs/quickstart.toml --training.steps=300
+  job gpt_bf16 configs/gpt_tiny.toml --training.steps=200 --training.mixed_precision=bf16
+  job gpt_fp16 configs/gpt_tiny.toml --training.steps=200 --training.mixed_precision=fp16
+fi
