@@ -97,8 +97,8 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   std::string ranks, stages, memory, objective = "time", precisions;
   int max_ranks = 0;
   app.add_option("config", cl.config_path, "the job's TOML file, e.g. configs/resnet18_fmnist.toml");
-  app.add_option("--ranks", ranks, "rank counts to consider: 1,2,4 or 1..8 (default: 1, 2, 4, ... up to this "
-                                   "machine's hardware threads, or [cluster]'s devices)");
+  app.add_option("--ranks", ranks, "rank counts to consider: 1,2,4 or 1..8 (default: 1, 2, 4, ... up to the "
+                                   "CPUs this process may use, or [cluster]'s devices)");
   app.add_option("--stages", stages, "pipeline stages to consider, each a divisor of a rank count: 1,2,4 (default: "
                                      "1, 2 and 4, up to the model's blocks)");
   app.add_option("--device-memory", memory, "memory per device (rank), e.g. 16GiB (default: memory.budget, else "

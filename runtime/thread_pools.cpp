@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -56,12 +55,34 @@ int cpus_bound_to(int hardware) {
   return std::max(1, CPU_COUNT(&set));
 }
 
-// The container's CPU quota from cgroup v2 (0: none, or not cgroup v2).
-int cgroup_cpu_quota() {
-  std::ifstream in("/sys/fs/cgroup/cpu.max");
+std::string first_line(const std::string& file) {
+  std::ifstream in(file);
   std::string text;
-  if (!in || !std::getline(in, text)) return 0;
-  return cpus_from_cgroup_quota(text);
+  return in && std::getline(in, text) ? text : std::string();
+}
+
+// The CPU quota of this process's cgroup, 0 for none. cgroup v2: cpu.max in the path that
+// /proc/self/cgroup gives ("0::/kubepods/..."; "0::/" in a container's own cgroup namespace).
+// cgroup v1: cpu.cfs_quota_us and cpu.cfs_period_us of the cpu controller's path (-1: none).
+int cgroup_cpu_quota() {
+  std::string v2, v1;
+  std::ifstream self("/proc/self/cgroup");
+  for (std::string line; std::getline(self, line);) {
+    if (line.rfind("0::", 0) == 0) v2 = line.substr(3);
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
+    if (controllers.find(",cpu,") != std::string::npos) v1 = line.substr(b + 1);
+  }
+  for (const std::string& dir : {"/sys/fs/cgroup" + v2, std::string("/sys/fs/cgroup")}) {
+    const std::string text = first_line(dir + "/cpu.max");
+    if (!text.empty()) return cpus_from_cgroup_quota(text);
+  }
+  for (const std::string& dir : {"/sys/fs/cgroup/cpu" + v1, "/sys/fs/cgroup/cpu,cpuacct" + v1, std::string("/sys/fs/cgroup/cpu")}) {
+    const std::string quota = first_line(dir + "/cpu.cfs_quota_us");
+    if (!quota.empty()) return cpus_from_cgroup_quota(quota + " " + first_line(dir + "/cpu.cfs_period_us"));
+  }
+  return 0;
 }
 
 }  // namespace

@@ -21,12 +21,13 @@ struct ThreadPools {
 // Threads a rank should use when the config says 0: the CPUs it may use, at least 1. That is the
 // least of the host's hardware threads shared among its ranks, the CPUs this process is bound to
 // (mpirun's --bind-to, Slurm's task affinity, a container's cpuset) and a container's CPU quota
-// shared among the ranks (Kubernetes' cpu limit, docker --cpus: the cgroup's cpu.max). Without
-// the last two, a rank in a 16-CPU pod on a 128-core node ran 128 threads, throttled.
+// shared among the ranks (Kubernetes' cpu limit, docker --cpus: cgroup v2's cpu.max, or v1's
+// cpu.cfs_quota_us). Without the last two, a rank in a 16-CPU pod on a 128-core node ran 128
+// threads, throttled.
 int default_thread_count(int ranks_on_this_host);
 
-// The CPUs that a cgroup v2 cpu.max text allows ("150000 100000": 2, rounded up); 0 for no quota
-// ("max 100000") or a text that is not one.
+// The CPUs that a quota and period allow (cgroup v2's cpu.max text, "150000 100000": 2, rounded
+// up); 0 for no quota ("max 100000", v1's "-1 100000") or a text that is not one.
 int cpus_from_cgroup_quota(const std::string& cpu_max);
 
 // OpenMP's workers (ATen's and oneDNN's pool) spin after each parallel region by default, taking

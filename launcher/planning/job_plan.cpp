@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 namespace ht {
@@ -30,7 +29,9 @@ double copy_gbps() {
   return best;
 }
 
-int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+// The CPUs this process may use: the host's threads, fewer under a binding or a container's CPU
+// quota (runtime/thread_pools.h).
+int usable_cpus() { return default_thread_count(1); }
 
 // An eviction plan that evicts nothing is its plan without eviction, listed twice: keep the one
 // without, unless it alone does not fit.
@@ -80,7 +81,7 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
   }
   // This machine: CPU ranks share its cores and its memory; MPI moves gradients through shared
   // memory, a copy in and a copy out.
-  m.host_threads = config.training.threads > 0 ? static_cast<int>(config.training.threads) : hardware_threads();
+  m.host_threads = config.training.threads > 0 ? static_cast<int>(config.training.threads) : usable_cpus();
   m.devices_per_node = std::max(1, max_ranks);
   m.shared_host = true;
   // One rank reduces nothing: the copy benchmark (128 MiB touched) would only slow every run down.
@@ -97,7 +98,7 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
     memory_from = "host memory shared by the ranks";
   }
   char text[256];
-  std::snprintf(text, sizeof text, "this machine, %d hardware threads shared by its ranks, %s per rank (%s)",
+  std::snprintf(text, sizeof text, "this machine, %d CPUs shared by its ranks, %s per rank (%s)",
                 m.host_threads, format_bytes(m.device_memory).c_str(), memory_from);
   std::string description = text;
   if (gbps > 0) {
@@ -122,7 +123,7 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   std::vector<int> ranks = args.ranks;
   const int machine_ranks = config.cluster.nodes > 0
                                 ? static_cast<int>(config.cluster.nodes * config.cluster.devices_per_node)
-                                : hardware_threads();
+                                : usable_cpus();
   if (ranks.empty()) {
     for (int r = 1; r <= machine_ranks; r *= 2) ranks.push_back(r);
   }

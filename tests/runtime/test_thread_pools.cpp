@@ -61,6 +61,7 @@ TEST(ThreadPools, ReadsAContainersCpuQuota) {
   EXPECT_EQ(cpus_from_cgroup_quota("150000 100000\n"), 2); // 1.5 CPUs: 2 threads, rounded up
   EXPECT_EQ(cpus_from_cgroup_quota("50000 100000"), 1);
   EXPECT_EQ(cpus_from_cgroup_quota("max 100000"), 0);      // no quota
+  EXPECT_EQ(cpus_from_cgroup_quota("-1 100000"), 0);       // none, as cgroup v1 says it
   EXPECT_EQ(cpus_from_cgroup_quota(""), 0);
   EXPECT_EQ(cpus_from_cgroup_quota("12ab 100000"), 0);
   EXPECT_EQ(cpus_from_cgroup_quota("100000 0"), 0);
