@@ -75,7 +75,7 @@ say "one-node Slurm up: $(sinfo -h -o '%P %D node, %c CPUs, %t')"
 
 # Waits for a job to end for good (a requeued job goes back to PENDING), printing its state.
 wait_job() {
-  local id=$1 limit=$2 state="" last="" start=$SECONDS
+  local id=$1 limit=$2 state="" restarts="" last="" start=$SECONDS
   while [ $((SECONDS - start)) -lt "$limit" ]; do
     state=$(scontrol show job "$id" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
     restarts=$(scontrol show job "$id" | grep -o 'Restarts=[0-9]*' | cut -d= -f2)

@@ -25,7 +25,6 @@ std::shared_ptr<Communicator> replica_group_for_device(Config& config, const Pro
   if (gpus == 0) throw UserError(where + ": this rank sees no GPU; check CUDA_VISIBLE_DEVICES, or use \"cpu\"");
   const int index = device == "cuda" ? grid.local_rank % gpus : std::stoi(device.substr(5));
   device = "cuda:" + std::to_string(index);
-  if (grid.data_parallel == 1) return grid.data_parallel_group;
   return std::make_shared<NcclCommunicator>(*grid.data_parallel_group, index, grid.rank);
 #else
   throw UserError(where + ": averaging gradients between GPUs needs NCCL, and this build has none; rebuild where "

@@ -7,13 +7,7 @@
 # docker/test-image.sh (root, not in CI).
 set -u
 src="$1"
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-failures=0
-check() {  # check NAME CONDITION...
-  local name=$1; shift
-  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; failures=$((failures + 1)); fi
-}
+source "$(dirname "$0")/check.sh"
 mkdir -p "$dir/bin"
 # srun: starts the command once per local rank (2), as Slurm's tasks on one node.
 cat >"$dir/bin/srun" <<'SH'

@@ -3,13 +3,7 @@
 # bad input with exit status 2, one line naming what would work, and nothing written.
 set -u
 script="$1/scripts/memory_timeline.py"
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-failures=0
-check() {  # check NAME CONDITION...
-  local name=$1; shift
-  if "$@"; then echo "ok: $name"; else echo "FAILED: $name"; failures=$((failures + 1)); fi
-}
+source "$(dirname "$0")/check.sh"
 cat > "$dir/trace.json" <<'JSON'
 {"traceEvents":[
 {"name":"step 1","cat":"step","ph":"i","ts":0,"s":"t"},
