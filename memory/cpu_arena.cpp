@@ -9,6 +9,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace ht {
 namespace {
@@ -45,13 +46,32 @@ CpuArena::CpuArena(int64_t capacity_bytes) {
   add_free(0, capacity_);
 }
 
+CpuArena::CpuArena(void* base, int64_t capacity_bytes, std::function<void(void*)> release)
+    : release_(std::move(release)) {
+  if (base == nullptr || reinterpret_cast<uintptr_t>(base) % kAlignment != 0) {
+    throw std::runtime_error("CpuArena: the range's base must be a non-null multiple of " +
+                             std::to_string(kAlignment) + " bytes");
+  }
+  capacity_ = capacity_bytes / kAlign * kAlign;
+  if (capacity_ <= 0) {
+    throw std::runtime_error("CpuArena: capacity must be at least " + std::to_string(kAlign) + " bytes, got " +
+                             std::to_string(capacity_bytes));
+  }
+  base_ = static_cast<char*>(base);
+  add_free(0, capacity_);
+}
+
 CpuArena::~CpuArena() {
   if (!allocated_.empty()) {
     std::fprintf(stderr,
                  "warning: CpuArena destroyed with %zu blocks (%lld bytes) in use; "
-                 "leaking its %lld-byte mapping\n",
+                 "leaking its %lld-byte range\n",
                  allocated_.size(), static_cast<long long>(in_use_),
                  static_cast<long long>(capacity_));
+    return;
+  }
+  if (release_) {
+    release_(base_);
     return;
   }
   munmap(base_, static_cast<size_t>(capacity_));

@@ -1,11 +1,13 @@
 #pragma once
-// A fixed-capacity region from which CPU "device" tensors are carved, so that a memory budget
+// A fixed-capacity region from which "device" tensors are carved, so that a memory budget
 // behaves like a device's: a request can fail, and freed memory can be too scattered to serve
 // one. The bookkeeping lives on the ordinary heap, never in the region, which holds tensor data
-// only. Pure C++: the ATen allocator that wraps it lives elsewhere.
+// only: so the same arena serves a CPU rank (an mmap'd range) and a GPU (one cudaMalloc block,
+// memory/cuda_arena.h). Pure C++: the ATen allocators that wrap it live elsewhere.
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -40,6 +42,10 @@ class CpuArena {
   // Capacity is rounded up to kAlignment. Pages are reserved, not committed, so untouched
   // capacity costs nothing. Throws std::runtime_error if capacity <= 0 or mmap fails.
   explicit CpuArena(int64_t capacity_bytes);
+  // Over a range the caller owns (a cudaMalloc block): `base` aligned to kAlignment, capacity
+  // rounded down to it. The arena never reads or writes the range; `release` gives it back when
+  // the arena is destroyed with no block in use. Throws std::runtime_error on a bad range.
+  CpuArena(void* base, int64_t capacity_bytes, std::function<void(void*)> release);
   // Leaks the mapping (with a warning) while blocks are in use: tensors may still point in.
   ~CpuArena();
   CpuArena(const CpuArena&) = delete;
@@ -101,6 +107,7 @@ class CpuArena {
 
   char* base_ = nullptr;
   int64_t capacity_ = 0;
+  std::function<void(void*)> release_;  // set: the caller's range; unset: our mapping
 
   mutable std::mutex mutex_;
   std::map<int64_t, int64_t> free_by_offset_;            // offset -> size, for coalescing

@@ -1,5 +1,6 @@
 #include "memory/cpu_device_allocator.h"
 
+#include "memory/arena_registry.h"
 #include "memory/cpu_arena.h"
 #include "memory/host_block_cache.h"
 #include "runtime/compat.h"
@@ -17,70 +18,47 @@
 namespace ht {
 namespace {
 
-// Arenas that may still hold blocks: the live scope's, and retired ones until their last block
-// is freed (a tensor may outlive the scope it was allocated in).
-class ArenaRegistry {
- public:
-  void add(std::shared_ptr<CpuArena> arena) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Entry& e : entries_) {
-      if (e.arena == arena) {  // active again (benchmarks switch between arenas)
-        e.retired = false;
-        return;
-      }
-    }
-    entries_.push_back({std::move(arena), false});
-    size_.store(entries_.size(), std::memory_order_release);
-  }
-  void retire(const CpuArena* arena) {
-    std::shared_ptr<CpuArena> last;  // destroyed outside the lock
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].arena.get() != arena) continue;
-      entries_[i].retired = true;
-      if (arena->stats().blocks_in_use == 0) last = erase(i);
-      return;
-    }
-  }
-  // Frees `data` if an arena holds it; returns its block size, or -1 if no arena holds it.
-  int64_t release(void* data) {
-    if (size_.load(std::memory_order_acquire) == 0) return -1;
-    std::shared_ptr<CpuArena> last;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      CpuArena& arena = *entries_[i].arena;
-      if (!arena.contains(data)) continue;
-      const int64_t bytes = arena.block_bytes(data);
-      arena.deallocate(data);
-      if (entries_[i].retired && arena.stats().blocks_in_use == 0) last = erase(i);
-      return bytes;
-    }
-    return -1;
-  }
-
- private:
-  struct Entry {
-    std::shared_ptr<CpuArena> arena;
-    bool retired;
-  };
-  std::shared_ptr<CpuArena> erase(size_t i) {
-    std::shared_ptr<CpuArena> arena = std::move(entries_[i].arena);
-    entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
-    size_.store(entries_.size(), std::memory_order_release);
-    return arena;
-  }
-  std::mutex mu_;
-  std::vector<Entry> entries_;
-  std::atomic<size_t> size_{0};
-};
-
 std::atomic<CpuArena*> g_active_arena{nullptr};
+std::atomic<CpuArena*> g_cuda_arena{nullptr};
 std::atomic<OutOfMemoryHandler*> g_oom_handler{nullptr};
 std::atomic<AllocationObserver*> g_observer{nullptr};
 std::atomic<PlacementAdvisor*> g_advisor{nullptr};
 // Process-wide, not per thread: a kernel's allocations on ATen's worker threads belong with it.
 std::atomic<Placement> g_placement{Placement::kOther};
 thread_local bool t_host_allocation = false;
+
+[[noreturn]] void throw_out_of_budget(const CpuArena& arena, size_t n) {
+  const ArenaStats s = arena.stats();
+  throw OutOfBudget("out of device memory: " + std::to_string(n) + " bytes asked, " + std::to_string(s.in_use) +
+                        " of " + std::to_string(s.capacity) + " in use, largest free block " +
+                        std::to_string(s.largest_free_block),
+                    static_cast<int64_t>(n), s.in_use, s.capacity, s.largest_free_block);
+}
+
+// The block at the advisor's offset, or null (no advice, or the range is not free). Tried
+// once, before the usual placement: making room evicts by the memory manager's choice, which
+// need not free the planned range, so retrying it after would rarely help.
+void* advised(CpuArena& arena, PlacementAdvisor& advisor, size_t n) {
+  if (n > static_cast<size_t>(arena.capacity())) return nullptr;  // fails below, as ever
+  const std::optional<int64_t> offset = advisor.offset_for(CpuArena::rounded_size(n));
+  return offset.has_value() ? arena.allocate_at(*offset, n) : nullptr;
+}
+
+// Before the arena takes the block back: once it has, another thread may be given the same
+// offset, and its on_allocated must not reach the advisor ahead of this on_freed. Only the
+// active arena's blocks: the advisor's offsets mean nothing in a retired one.
+void report_free_to_advisor(const void* data) {
+  PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
+  if (advisor == nullptr) return;
+  const CpuArena* arena = active_arena();
+  if (arena == nullptr || !arena->contains(data)) return;
+  const int64_t offset = arena->offset_of_block(data);
+  if (offset >= 0) advisor->on_freed(offset);
+}
+
+void report_free_to_observer(const void* data, int64_t bytes) {
+  if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_freed(data, bytes);
+}
 
 // Owns CPU memory directly: from the active arena, or from the host (the block cache, or
 // posix_memalign) with a small header recording the block's size and where it came from. The
@@ -116,36 +94,9 @@ class DeviceAllocator final : public c10::Allocator {
 
  private:
   void* from_arena(CpuArena& arena, size_t n) const {
-    // Small blocks go with the rest even from a forward kernel: left among activations, a few
-    // bytes that outlive their neighbours split two holes that could have made one (PyTorch's
-    // caching allocator keeps a small pool apart for the same reason).
-    const int64_t small = std::min<int64_t>(int64_t{1} << 20, arena.capacity() / 256);
-    const bool activation = g_placement.load(std::memory_order_relaxed) == Placement::kActivation &&
-                            static_cast<int64_t>(n) >= small;
-    const CpuArena::End end = activation ? CpuArena::End::kLow : CpuArena::End::kHigh;
-    // Loaded once, so the advisor that advised is the one told the outcome.
-    PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
-    void* data = advisor != nullptr ? advised(arena, *advisor, n) : nullptr;
-    const bool as_advised = data != nullptr;
-    if (data == nullptr) data = arena.allocate(n, advisor != nullptr && advisor->holds_low_end() ? CpuArena::End::kHigh : end);
-    while (data == nullptr) {
-      OutOfMemoryHandler* handler = g_oom_handler.load(std::memory_order_acquire);
-      if (handler == nullptr || !handler->make_room(n)) throw_out_of_budget(arena, n);
-      data = arena.allocate(n, end);
-    }
-    const int64_t bytes = arena.block_bytes(data);
-    add(bytes);
-    if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_allocated(data, bytes);
-    if (advisor != nullptr) advisor->on_allocated(arena.offset_of_block(data), bytes, as_advised);
+    void* data = allocate_in_arena(arena, n);
+    add(arena.block_bytes(data));
     return data;
-  }
-  // The block at the advisor's offset, or null (no advice, or the range is not free). Tried
-  // once, before the usual placement: making room evicts by the memory manager's choice, which
-  // need not free the planned range, so retrying it after would rarely help.
-  static void* advised(CpuArena& arena, PlacementAdvisor& advisor, size_t n) {
-    if (n > static_cast<size_t>(arena.capacity())) return nullptr;  // fails below, as ever
-    const std::optional<int64_t> offset = advisor.offset_for(CpuArena::rounded_size(n));
-    return offset.has_value() ? arena.allocate_at(*offset, n) : nullptr;
   }
   // Precedes every host block: what the counter added, and the cache's capacity (0: malloc'd).
   struct HostHeader {
@@ -166,21 +117,12 @@ class DeviceAllocator final : public c10::Allocator {
     add(static_cast<int64_t>(n));
     return static_cast<char*>(base) + kHeader;
   }
-  [[noreturn]] static void throw_out_of_budget(const CpuArena& arena, size_t n) {
-    const ArenaStats s = arena.stats();
-    throw OutOfBudget("out of device memory: " + std::to_string(n) + " bytes asked, " + std::to_string(s.in_use) +
-                          " of " + std::to_string(s.capacity) + " in use, largest free block " +
-                          std::to_string(s.largest_free_block),
-                      static_cast<int64_t>(n), s.in_use, s.capacity, s.largest_free_block);
-  }
   static void release(void* data) {
     if (data == nullptr) return;
     DeviceAllocator& self = instance();
-    report_free_to_advisor(data);
-    const int64_t arena_bytes = self.registry_.release(data);
+    const int64_t arena_bytes = release_to_arenas(self.registry_, data);
     if (arena_bytes >= 0) {
       self.current_.fetch_sub(arena_bytes, std::memory_order_relaxed);
-      if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_freed(data, arena_bytes);
       return;
     }
     void* base = static_cast<char*>(data) - kHeader;
@@ -191,17 +133,6 @@ class DeviceAllocator final : public c10::Allocator {
     } else {
       std::free(base);
     }
-  }
-  // Before the arena takes the block back: once it has, another thread may be given the same
-  // offset, and its on_allocated must not reach the advisor ahead of this on_freed. Only the
-  // active arena's blocks: the advisor's offsets mean nothing in a retired one.
-  static void report_free_to_advisor(const void* data) {
-    PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
-    if (advisor == nullptr) return;
-    const CpuArena* arena = g_active_arena.load(std::memory_order_acquire);
-    if (arena == nullptr || !arena->contains(data)) return;
-    const int64_t offset = arena->offset_of_block(data);
-    if (offset >= 0) advisor->on_freed(offset);
   }
   void add(int64_t bytes) const {
     const int64_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -263,7 +194,43 @@ PlacementScope::~PlacementScope() { g_placement.store(previous_, std::memory_ord
 HostAllocationScope::HostAllocationScope() : previous_(t_host_allocation) { t_host_allocation = true; }
 HostAllocationScope::~HostAllocationScope() { t_host_allocation = previous_; }
 
-CpuArena* active_arena() { return g_active_arena.load(std::memory_order_acquire); }
+CpuArena* active_arena() {
+  CpuArena* cpu = g_active_arena.load(std::memory_order_acquire);
+  return cpu != nullptr ? cpu : g_cuda_arena.load(std::memory_order_acquire);
+}
+void set_cuda_arena(CpuArena* arena) { g_cuda_arena.store(arena, std::memory_order_release); }
+
+void* allocate_in_arena(CpuArena& arena, size_t n) {
+  // Small blocks go with the rest even from a forward kernel: left among activations, a few
+  // bytes that outlive their neighbours split two holes that could have made one (PyTorch's
+  // caching allocator keeps a small pool apart for the same reason).
+  const int64_t small = std::min<int64_t>(int64_t{1} << 20, arena.capacity() / 256);
+  const bool activation = g_placement.load(std::memory_order_relaxed) == Placement::kActivation &&
+                          static_cast<int64_t>(n) >= small;
+  const CpuArena::End end = activation ? CpuArena::End::kLow : CpuArena::End::kHigh;
+  // Loaded once, so the advisor that advised is the one told the outcome.
+  PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
+  void* data = advisor != nullptr ? advised(arena, *advisor, n) : nullptr;
+  const bool as_advised = data != nullptr;
+  if (data == nullptr) data = arena.allocate(n, advisor != nullptr && advisor->holds_low_end() ? CpuArena::End::kHigh : end);
+  while (data == nullptr) {
+    OutOfMemoryHandler* handler = g_oom_handler.load(std::memory_order_acquire);
+    if (handler == nullptr || !handler->make_room(n)) throw_out_of_budget(arena, n);
+    data = arena.allocate(n, end);
+  }
+  const int64_t bytes = arena.block_bytes(data);
+  if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_allocated(data, bytes);
+  if (advisor != nullptr) advisor->on_allocated(arena.offset_of_block(data), bytes, as_advised);
+  return data;
+}
+
+int64_t release_to_arenas(ArenaRegistry& arenas, void* data) {
+  if (data == nullptr) return -1;
+  report_free_to_advisor(data);
+  const int64_t bytes = arenas.release(data);
+  if (bytes >= 0) report_free_to_observer(data, bytes);
+  return bytes;
+}
 void set_out_of_memory_handler(OutOfMemoryHandler* handler) { g_oom_handler.store(handler, std::memory_order_release); }
 OutOfMemoryHandler* out_of_memory_handler() { return g_oom_handler.load(std::memory_order_acquire); }
 void set_allocation_observer(AllocationObserver* observer) { g_observer.store(observer, std::memory_order_release); }

@@ -20,6 +20,7 @@
 
 namespace ht {
 
+class ArenaRegistry;
 class CpuArena;
 
 class CpuAllocationCounter {
@@ -121,8 +122,18 @@ void set_host_memory_caching(bool on);
 bool host_memory_caching();
 HostCacheStats host_memory_cache_stats();
 
-// The arena of the live ArenaScope, or null.
+// The arena device memory comes from: the live ArenaScope's on a CPU rank, the CUDA arena
+// (memory/cuda_arena.h) on a GPU with a budget; null otherwise. One per process.
 CpuArena* active_arena();
+// For memory/cuda_arena.cpp: the arena every CUDA tensor comes from, for the rest of the process.
+void set_cuda_arena(CpuArena* arena);
+// What an allocation in an arena goes through, whoever allocates (the CPU wrapper here, the
+// CUDA allocator over its arena): the placement and the advisor's offset, the handler's room
+// when the arena is full (OutOfBudget when it cannot make any), the observer. Any thread.
+void* allocate_in_arena(CpuArena& arena, size_t n);
+// Gives `data` back to the arena in `arenas` that holds it (advisor and observer told); returns
+// its rounded size, or -1 when no arena holds it (nullptr included).
+int64_t release_to_arenas(ArenaRegistry& arenas, void* data);
 // Who is asked to make room when the active arena is full (the memory manager running a kernel).
 void set_out_of_memory_handler(OutOfMemoryHandler* handler);
 OutOfMemoryHandler* out_of_memory_handler();

@@ -43,6 +43,31 @@ TEST(CpuArena, RoundsCapacityAndAlignsEveryBlock) {
   for (void* p : blocks) arena.deallocate(p);
 }
 
+// A CUDA arena is this arena over a cudaMalloc block: the bookkeeping never touches the range.
+TEST(CpuArena, OverACallersRange) {
+  alignas(64) static char range[8 * 64 + 40];
+  int released = 0;
+  {
+    CpuArena arena(range, sizeof range, [&](void* p) {
+      EXPECT_EQ(p, static_cast<void*>(range));
+      ++released;
+    });
+    EXPECT_EQ(arena.capacity(), 8 * kA);  // rounded down: the range ends where it ends
+    void* a = arena.allocate(3 * kA);
+    void* b = arena.allocate(5 * kA, CpuArena::End::kHigh);
+    EXPECT_EQ(a, static_cast<void*>(range));
+    EXPECT_EQ(b, static_cast<void*>(range + 3 * kA));
+    EXPECT_EQ(arena.allocate(1), nullptr);  // full
+    arena.deallocate(a);
+    arena.deallocate(b);
+    EXPECT_EQ(released, 0);
+  }
+  EXPECT_EQ(released, 1);  // given back with no block in use
+  EXPECT_THROW(CpuArena(nullptr, 1024, [](void*) {}), std::runtime_error);
+  EXPECT_THROW(CpuArena(range + 8, 1024, [](void*) {}), std::runtime_error);  // not aligned
+  EXPECT_THROW(CpuArena(range, kA - 1, [](void*) {}), std::runtime_error);    // no room for a block
+}
+
 TEST(CpuArena, ZeroByteRequestsGetDistinctPointers) {
   CpuArena arena(4 * kA);
   void* a = arena.allocate(0);

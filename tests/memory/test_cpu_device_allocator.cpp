@@ -1,5 +1,6 @@
 #include "memory/cpu_device_allocator.h"
 
+#include "memory/arena_registry.h"
 #include "memory/cpu_arena.h"
 
 #include <ATen/ATen.h>
@@ -89,6 +90,45 @@ TEST(ArenaScope, AFullArenaAsksTheHandlerThenThrowsOutOfBudget) {
   }
   EXPECT_EQ(handler.calls, 2);
   set_out_of_memory_handler(nullptr);
+}
+
+// The path the CUDA allocator takes (memory/cuda_arena.h), on an arena over host memory: the
+// placement, the handler's room, the observer, and the way back through a registry of arenas.
+TEST(ArenaAllocation, AnyAllocatorServesFromAnArenaTheSameWay) {
+  struct Seen : AllocationObserver {
+    int64_t allocated = 0, freed = 0;
+    void on_allocated(const void*, int64_t bytes) override { allocated += bytes; }
+    void on_freed(const void*, int64_t bytes) override { freed += bytes; }
+  } seen;
+  struct Refuse : OutOfMemoryHandler {
+    int calls = 0;
+    bool make_room(size_t) override { return ++calls, false; }
+  } refuse;
+  alignas(64) static char range[16 * 1024];
+  auto arena = std::make_shared<CpuArena>(range, sizeof range, [](void*) {});
+  ArenaRegistry arenas;
+  arenas.add(arena);
+  set_allocation_observer(&seen);
+  set_out_of_memory_handler(&refuse);
+  void* other = allocate_in_arena(*arena, 4096);  // not an activation: the top
+  void* activation = nullptr;
+  {
+    PlacementScope forward(Placement::kActivation);
+    activation = allocate_in_arena(*arena, 8192);  // at least capacity / 256: the bottom
+  }
+  EXPECT_EQ(activation, static_cast<void*>(range));
+  EXPECT_EQ(other, static_cast<void*>(range + sizeof range - 4096));
+  EXPECT_THROW(allocate_in_arena(*arena, 8192), OutOfBudget);
+  EXPECT_EQ(refuse.calls, 1);
+  EXPECT_EQ(release_to_arenas(arenas, activation), 8192);
+  EXPECT_EQ(release_to_arenas(arenas, other), 4096);
+  int elsewhere = 0;
+  EXPECT_EQ(release_to_arenas(arenas, &elsewhere), -1);  // not in any arena: the caller's to free
+  set_out_of_memory_handler(nullptr);
+  set_allocation_observer(nullptr);
+  EXPECT_EQ(seen.allocated, 12288);
+  EXPECT_EQ(seen.freed, 12288);
+  EXPECT_EQ(arena->stats().in_use, 0);
 }
 
 }  // namespace
