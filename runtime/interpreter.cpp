@@ -1,10 +1,10 @@
 #include "runtime/interpreter.h"
 
 #include "runtime/kernel_cost.h"
+#include "runtime/kernel_timer.h"
 
 #include <ATen/core/grad_mode.h>
 
-#include <chrono>
 #include <cstdio>
 
 namespace ht {
@@ -136,19 +136,22 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   memory_.before_kernel(path, recompute);
   // Our tape does reverse mode: libtorch must not record a graph of its own.
   at::AutoGradMode no_autograd(false);
-  // Host time. On CUDA this measures the launch, not the kernel (asynchronous); measured costs
-  // on GPUs need CUDA events (see README, "What is not built yet"). Eviction weighs the modelled
-  // cost by default (runtime/kernel_cost.h), which needs no timing.
-  std::chrono::steady_clock::time_point start;
+  // The host's clock, and on a GPU CUDA events around the kernel where its time is read
+  // (runtime/kernel_timer.h). Eviction weighs the modelled cost by default
+  // (runtime/kernel_cost.h), which needs no timing.
+  KernelTimer timer(in_values.empty() ? at::Device(at::kCPU) : in_values.front().device(),
+                    memory_.reads_kernel_times());
   PlacementScope activations(Placement::kActivation);  // evictable: the arena's bottom
   std::vector<at::Tensor> outs = memory_.run_with_room([&] {
-    start = std::chrono::steady_clock::now();  // a rerun after making room times itself alone
-    return path.op->forward(in_values, ForwardContext{recompute});
+    timer.start();  // a rerun after making room times itself alone
+    auto o = path.op->forward(in_values, ForwardContext{recompute});
+    timer.stop();
+    return o;
   });
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms = timer.host_ms();
   if (!recompute) {
     path.compute_ms = ms;
+    path.pending_ms = timer.device_time();
     path.modeled_ms = modeled_kernel_ms(path.op->traits(), in_values, outs);
   }
   memory_.after_kernel(path, recompute, ms);

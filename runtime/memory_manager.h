@@ -82,6 +82,13 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   void configure(MemoryOptions options);
   const MemoryOptions& options() const { return options_; }
   CpuArena* arena() const { return options_.arena.get(); }
+  // Whether anything reads kernels' measured times (ComputePath::kernel_ms()): eviction weighing
+  // measured costs, host swap's copy-or-recompute choice, the step capture of static plans and
+  // the planner's profile. On a GPU, kernels get CUDA events only then.
+  bool reads_kernel_times() const {
+    return options_.static_plans.has_value() || options_.swap.has_value() ||
+           (options_.eviction.has_value() && options_.eviction->costs == KernelCosts::kMeasured);
+  }
   int64_t arena_in_use() const;  // 0 without a budget
 
   void before_kernel(const ComputePath& path, bool recompute) override;

@@ -90,7 +90,7 @@ uint64_t StepCapture::forward_op(const ComputePath& path, const std::vector<Tens
   const int k = static_cast<int>(graph_.forward.size());
   forward_index_[&path] = k;
   schedule::ForwardOp op;
-  op.cost_ms = path.compute_ms;
+  op.cost_ms = path.kernel_ms();  // on a GPU, waits for this kernel (capture steps only)
   op.modeled_ms = path.modeled_ms;
   const OpTraits& traits = path.op->traits();
   uint64_t sig = hash_name(traits.name);

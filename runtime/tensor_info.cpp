@@ -2,6 +2,7 @@
 
 #include "memory/host_link.h"
 #include "runtime/interpreter.h"
+#include "runtime/kernel_timer.h"
 #include "runtime/op.h"
 
 #include <algorithm>
@@ -35,7 +36,7 @@ void release_lineage(std::vector<std::shared_ptr<TensorInfo>>& refs) {
 
 TensorInfo::~TensorInfo() { owner->on_record_destroyed(*this); }
 
-double TensorInfo::compute_ms() const { return producer ? producer->compute_ms : 0.0; }
+double TensorInfo::compute_ms() const { return producer ? producer->kernel_ms() : 0.0; }
 double TensorInfo::modeled_ms() const { return producer ? producer->modeled_ms : 0.0; }
 
 bool TensorInfo::copying_to_host() const { return host != nullptr && host->out && !host->out->done(); }
@@ -69,6 +70,14 @@ at::IntArrayRef BackwardArgs::input_sizes(size_t i) const { return input_infos[i
 at::ScalarType BackwardArgs::input_dtype(size_t i) const { return input_infos[i]->dtype; }
 at::TensorOptions BackwardArgs::input_options(size_t i) const {
   return at::TensorOptions().dtype(input_infos[i]->dtype).device(input_infos[i]->device);
+}
+
+double ComputePath::kernel_ms() const {
+  if (pending_ms) {
+    compute_ms = pending_ms->ms();
+    pending_ms.reset();
+  }
+  return compute_ms;
 }
 
 }  // namespace ht

@@ -16,6 +16,7 @@ class CopyJob;
 class Interpreter;
 class Op;
 struct ComputePath;
+class DeviceKernelTime;
 
 // Where a tensor's data is on the device. A dropped tensor may also have a copy in host memory
 // (TensorInfo::host, host swap): then it comes back by a copy instead of a recomputation.
@@ -120,8 +121,14 @@ struct ComputePath {
   // regenerated: this is "fake deletion".
   std::vector<std::shared_ptr<TensorInfo>> inputs;
   std::vector<TensorInfo*> outputs;  // null once an output's record is gone
-  double compute_ms = 0;  // measured, when it first ran
+  // Measured when it first ran: the host's clock on the CPU; on a GPU its CUDA events
+  // (runtime/kernel_timer.h), read when first asked. Read it through kernel_ms().
+  mutable double compute_ms = 0;
+  mutable std::shared_ptr<DeviceKernelTime> pending_ms;  // the events not read yet; null otherwise
   double modeled_ms = 0;  // runtime/kernel_cost.h: the same on every run
+
+  // compute_ms, reading the events first if they have not been read (waits for the kernel).
+  double kernel_ms() const;
 };
 
 }  // namespace ht
