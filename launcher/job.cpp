@@ -14,9 +14,11 @@
 #include "memory/byte_size.h"
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
+#include "memory/cuda_arena.h"
 #include "runtime/thread_pools.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 namespace ht {
 namespace {
@@ -47,7 +49,8 @@ JsonObject summary_of(const Config& c, int64_t model_parameters, const TrainResu
       .add("resumed_from_step", r.resumed_from_step).add("final_loss", r.final_loss)
       .add("stopped_by", std::string(r.stopped_by != 0 ? signal_name(r.stopped_by) : ""))
       .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
-      .add("predicted_peak_bytes", p.prediction.peak_bytes).add("predicted_step_ms", p.prediction.step_ms)
+      .add("predicted_peak_bytes", p.prediction.peak_bytes >= 0 ? std::optional<int64_t>(p.prediction.peak_bytes) : std::nullopt)
+      .add("predicted_step_ms", p.prediction.step_ms >= 0 ? std::optional<double>(p.prediction.step_ms) : std::nullopt)
       .add("wall_s", r.seconds)
       .add("samples_per_s", r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0.0);
   if (c.memory.policy == "swap" || c.memory.policy == "hybrid") {
@@ -140,6 +143,15 @@ void report(const Config& config, int64_t model_parameters, const TrainResult& r
   std::printf("; outputs in %s\n", config.job.output_dir.c_str());
 }
 
+// A run trains bit-identically with or without a budget's recomputations, and across a resume:
+// on a GPU that takes kernels that give the same bits every time (cuDNN's deterministic
+// algorithms, cuBLAS with a fixed workspace), at some cost in speed. Before CUDA starts.
+void deterministic_cuda_kernels() {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicCuDNN(true);
+  at::globalContext().setBenchmarkCuDNN(false);
+}
+
 }  // namespace
 
 JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid) {
@@ -150,6 +162,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const bool root = grid->is_root();
   // On GPUs: this rank's device, and NCCL between the replicas (before anything touches the GPU).
   const std::shared_ptr<Communicator> replicas = replica_group_for_device(config, *grid);
+  if (config.training.device != "cpu") deterministic_cuda_kernels();
   CpuAllocationCounter::install();
   set_host_memory_caching(config.memory.host_cache);
 
@@ -165,11 +178,25 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
                                                       : default_thread_count(grid->local_size));
   // Device memory: with a budget, every tensor from here on (parameters, gradients, optimizer
   // state, batches, activations) comes from an arena of that size. The datasets above stay host.
+  // On a GPU the arena is one cudaMalloc block that hybrid_train's CUDA allocator serves from
+  // (memory/cuda_arena.h); without a budget, ATen's caching allocator serves as ever.
   std::shared_ptr<CpuArena> arena;
   std::optional<ArenaScope> device_memory;
+  std::optional<CudaArenaScope> gpu_memory;
   if (config.memory.budget_bytes > 0) {
-    arena = std::make_shared<CpuArena>(config.memory.budget_bytes);
-    device_memory.emplace(arena);
+    const at::Device device(config.training.device);
+    if (device.is_cuda()) {
+      install_cuda_allocator();  // before anything allocates on the GPU
+      try {
+        arena = make_cuda_arena(config.memory.budget_bytes, device.has_index() ? device.index() : 0);
+      } catch (const std::runtime_error& e) {
+        throw UserError(budget_text(config) + ": " + e.what() + "; use a smaller memory.budget");
+      }
+      gpu_memory.emplace(arena);
+    } else {
+      arena = std::make_shared<CpuArena>(config.memory.budget_bytes);
+      device_memory.emplace(arena);
+    }
   }
   at::manual_seed(config.job.seed);
   std::shared_ptr<Model> model;

@@ -19,6 +19,12 @@
 #define HT_ALLOCATOR_COPY_DATA
 #endif
 
+#if TORCH_VERSION_MAJOR >= 2
+// libtorch 2.0 can replace its CUDA allocator (torch/csrc/cuda/CUDAPluggableAllocator.h): what a
+// budget on a GPU is built on (memory/cuda_arena.h).
+#define HT_CUDA_PLUGGABLE_ALLOCATOR 1
+#endif
+
 namespace ht::compat {
 
 // A private generator for `device`, seeded with `seed`: random ops draw from it so that a

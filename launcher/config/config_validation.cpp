@@ -6,9 +6,11 @@
 #include "launcher/data/fashion_mnist.h"
 #include "launcher/user_error.h"
 #include "memory/byte_size.h"
+#include "memory/cuda_arena.h"
 
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <regex>
 
 namespace ht {
@@ -57,6 +59,14 @@ class Rules {
     if (d != "cpu" && !at::hasCUDA()) {
       throw UserError(loc("training.device") + "training.device = \"" + d +
                       "\" but this build's libtorch has no CUDA or no GPU is visible; use \"cpu\"");
+    }
+  }
+
+  void planner_on_gpu() const {
+    if (c_.parallel.strategy == "auto" && c_.training.device != "cpu") {
+      throw UserError(loc("parallel.strategy") + "parallel.strategy = \"auto\" on training.device = \"" +
+                      c_.training.device + "\": the planner profiles CPU ranks only (not built for GPUs yet); use "
+                      "parallel.strategy = \"manual\" with memory.budget and memory.policy");
     }
   }
 
@@ -112,17 +122,17 @@ class Rules {
   void memory_budget() {
     auto& m = c_.memory;
     if (!m.budget.empty()) {
-      const auto bytes = parse_byte_size(m.budget, host_physical_memory_bytes());
+      const bool gpu = c_.training.device != "cpu";
+      // The GPU is asked only for a share: no rank should touch another's GPU before choosing its own.
+      const bool share = m.budget.find('%') != std::string::npos;
+      const int64_t device_bytes = !gpu ? host_physical_memory_bytes() : share ? cuda_device_memory_bytes(gpu_index()) : -1;
+      const auto bytes = parse_byte_size(m.budget, std::max<int64_t>(device_bytes, 0));
       if (!bytes) {
         throw UserError(loc("memory.budget") + "memory.budget = \"" + m.budget + "\" is not a memory size; use "
                         "bytes with a unit (\"1.5GiB\", \"800MiB\", \"2GB\") or a share of the device (\"60%\")");
       }
       m.budget_bytes = *bytes;
-      if (c_.training.device != "cpu") {
-        throw UserError(loc("memory.budget") + "memory.budget on training.device = \"" + c_.training.device +
-                        "\": budgets on CUDA (the caching allocator's limit) are not built yet; remove memory.budget "
-                        "or train on \"cpu\"");
-      }
+      if (gpu) gpu_budget(device_bytes);
     }
     if (m.policy == "swap" || m.policy == "hybrid") host_budget();
     if (m.compress == "bf16" && m.policy != "swap" && m.policy != "hybrid") {
@@ -139,6 +149,32 @@ class Rules {
       throw UserError(loc("memory.policy") + "memory.policy = \"" + m.policy + "\" evicts to fit a budget, and "
                       "memory.budget is not set; set it too, e.g. memory.budget = \"2GiB\" or \"50%\"");
     }
+  }
+
+  // A budget on a GPU is an arena over one cudaMalloc block (memory/cuda_arena.h).
+  void gpu_budget(int64_t device_bytes) const {
+    const auto& m = c_.memory;
+    const std::string head = "memory.budget on training.device = \"" + c_.training.device + "\": ";
+    if (!cuda_budgets_built()) {
+      throw UserError(loc("memory.budget") + head + cuda_budgets_missing() + "; remove memory.budget or train on \"cpu\"");
+    }
+    if (m.budget.find('%') != std::string::npos && device_bytes <= 0) {
+      throw UserError(loc("memory.budget") + head + "cannot read the GPU's memory size for a share; give bytes, "
+                      "e.g. \"20GiB\"");
+    }
+    if (device_bytes > 0 && m.budget_bytes > device_bytes) {
+      throw UserError(loc("memory.budget") + head + format_bytes(m.budget_bytes) + " is more than the GPU's " +
+                      format_bytes(device_bytes) + "; use at most that, e.g. \"90%\"");
+    }
+    if (m.policy == "swap" || m.policy == "hybrid") {
+      throw UserError(loc("memory.policy") + "memory.policy = \"" + m.policy + "\" on training.device = \"" +
+                      c_.training.device + "\": host swap on CUDA is not built yet (its copies need a stream of their "
+                      "own, ordered with the kernels'); use memory.policy = \"dtr\", or swap on \"cpu\"");
+    }
+  }
+  int gpu_index() const {
+    const std::string& d = c_.training.device;
+    return d.size() > 5 ? std::stoi(d.substr(5)) : 0;  // "cuda": the local rank's, alike on a node
   }
 
   void host_budget() {
@@ -193,6 +229,7 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   Rules rules(config, where);
   rules.features_not_built();
   rules.batch_sizes();
+  rules.planner_on_gpu();  // before device(): it holds whether or not this machine has a GPU
   rules.device();
   rules.mixed_precision();
   rules.learning_rate();

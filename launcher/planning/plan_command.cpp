@@ -59,6 +59,10 @@ void check_machine(const Config& config, const JobPlan& plan) {
 }  // namespace
 
 int run_plan_command(const Config& config, const PlanCommand& command) {
+  if (config.training.device != "cpu") {
+    throw UserError(config.source + ": training.device = \"" + config.training.device + "\": plan profiles CPU ranks "
+                    "only (not built for GPUs yet); plan with --training.device=cpu");
+  }
   const int threads = config.training.threads > 0 ? static_cast<int>(config.training.threads) : default_thread_count(1);
   set_compute_threads(threads);
   CpuAllocationCounter::install();

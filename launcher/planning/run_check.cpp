@@ -104,6 +104,14 @@ void apply(Config& c, const Decision& d) {
 
 RunPrediction check_run_fits(Config& config, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
+  if (config.training.device != "cpu") {
+    // The profile measures a CPU rank's arena; on a GPU it would also take ATen's CUDA allocator
+    // before a budget's arena could (memory/cuda_arena.h). Not predicted, never refused.
+    out.prediction.peak_bytes = -1;
+    out.prediction.step_ms = -1;
+    if (grid.is_root()) out.text = "predicted: nothing on " + config.training.device + " (the planner profiles CPU ranks only)";
+    return out;
+  }
   if (config.parallel.pipeline_parallel > 1) {
     // Predicted for the log and the metrics, never refused: the pipeline terms model 1F1B-like
     // stages without eviction and without the transfers (planner/pipeline_terms.h).

@@ -25,6 +25,9 @@ class JsonObject {
   JsonObject& add(const std::string& key, std::optional<int64_t> v) {
     return v ? add(key, *v) : raw(key, "null");
   }
+  JsonObject& add(const std::string& key, std::optional<double> v) {
+    return v ? add(key, *v) : raw(key, "null");
+  }
   JsonObject& add(const std::string& key, const std::vector<double>& v) {
     std::string text = "[";
     for (size_t i = 0; i < v.size(); ++i) {

@@ -6,6 +6,7 @@
 #include "launcher/training/optimizer.h"
 #include "memory/byte_size.h"
 #include "memory/cpu_device_allocator.h"
+#include "memory/cuda_arena.h"
 #include "memory/host_link.h"
 
 #include <chrono>
@@ -220,7 +221,11 @@ double Trainer::forward_backward(const Batch& micro, double loss_scale, bool las
 Trainer::StepResult Trainer::train_step() {
   CpuAllocationCounter& counter = CpuAllocationCounter::install();
   counter.reset_peak();
-  if (arena_) arena_->reset_peak();
+  if (arena_) {
+    arena_->reset_peak();
+  } else if (device_.is_cuda()) {
+    reset_cuda_allocated_peak(device_.has_index() ? device_.index() : 0);
+  }
   interp_.memory().reset_peak();
   const MemoryStats before = interp_.memory().stats();
   const SwapStats swap_before = interp_.memory().swap_stats() ? *interp_.memory().swap_stats() : SwapStats{};
@@ -279,6 +284,8 @@ Trainer::StepResult Trainer::train_step() {
     r.mem_peak_bytes = arena_->stats().peak_in_use;
   } else if (device_.is_cpu()) {
     r.mem_peak_bytes = counter.peak_bytes();
+  } else if (device_.is_cuda()) {  // ATen's caching allocator: bytes in tensors, not its cache
+    r.mem_peak_bytes = cuda_allocated_peak_bytes(device_.has_index() ? device_.index() : 0);
   }
   const MemoryStats& after = interp_.memory().stats();
   r.evictions = after.evictions - before.evictions;

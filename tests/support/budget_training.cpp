@@ -2,6 +2,7 @@
 
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
+#include "memory/cuda_arena.h"
 #include "models/convnet.h"
 #include "models/gpt.h"
 #include "models/resnet.h"
@@ -17,12 +18,22 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
                           int steps, int64_t batch, const SaverOptions& savers) {
   constexpr uint64_t kSeed = 4;
   BudgetRun run;
-  auto arena = std::make_shared<CpuArena>(capacity);
-  ArenaScope device(arena);
+  const bool gpu = savers.device.is_cuda();
+  auto arena = gpu ? make_cuda_arena(capacity, savers.device.has_index() ? savers.device.index() : 0)
+                   : std::make_shared<CpuArena>(capacity);
+  std::optional<ArenaScope> cpu_memory;
+  std::optional<CudaArenaScope> gpu_memory;
+  if (gpu) {
+    gpu_memory.emplace(arena);
+  } else {
+    cpu_memory.emplace(arena);
+  }
+  const auto to_host = at::TensorOptions().device(at::kCPU);
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed});
   MemoryOptions memory = MemoryOptions::budget(arena, heuristic);
   memory.static_plans = savers.static_plans;
   memory.swap = savers.swap;
+  if (memory.eviction && savers.costs) memory.eviction->costs = *savers.costs;
   interp.memory().configure(memory);
   interp.set_autocast(savers.autocast);
   TORCH_CHECK(batch % savers.micro_batches == 0, "train_in_budget: batch ", batch, " in ", savers.micro_batches,
@@ -31,6 +42,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
   try {
     at::manual_seed(kSeed);
     std::shared_ptr<Model> model = c.make();
+    if (gpu) model->move_to(savers.device, at::kFloat);
     model->set_block_listener([&interp](int block) { interp.memory().block_begins(block); });
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     GradientBuffer gradients(model->parameters());
@@ -38,7 +50,11 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
     for (int step = 0; step < steps; ++step) {
       run.fixed_bytes = arena->stats().in_use;  // the gradients' block included
       at::manual_seed(100 + step);
-      auto [x, y] = c.data(batch);
+      auto [x, y] = c.data(batch);  // drawn on the host: the same batches on either device
+      if (gpu) {
+        x = x.to(savers.device);
+        y = y.to(savers.device);
+      }
       for (int64_t k = 0; k < savers.micro_batches; ++k) {
         interp.memory().begin_step();
         Tensor loss = model->loss(model->forward(interp.input(x.narrow(0, k * micro, micro))),
@@ -46,7 +62,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
         interp.backward({loss}, {at::full(loss.sizes(), 1.0 / static_cast<double>(savers.micro_batches),
                                           loss.options())});
         HostAllocationScope host;  // what the test keeps is not the model's memory
-        run.losses.push_back(loss.value().clone());
+        run.losses.push_back(loss.value().to(to_host, false, /*copy=*/true));
         loss.reset();
         interp.memory().end_step();
       }
@@ -55,8 +71,8 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
       run.in_use_after.push_back(arena->stats().in_use);
     }
     HostAllocationScope host;
-    for (const at::Tensor& p : model->parameters()) run.state.push_back(p.detach().clone());
-    for (const at::Tensor& b : model->buffers()) run.state.push_back(b.clone());
+    for (const at::Tensor& p : model->parameters()) run.state.push_back(p.detach().to(to_host, false, true));
+    for (const at::Tensor& b : model->buffers()) run.state.push_back(b.to(to_host, false, true));
     run.live_records_after = interp.live_records();
   } catch (const OutOfBudget& e) {
     interp.memory().end_step(/*completed=*/false);

@@ -36,6 +36,11 @@ struct SaverOptions {
   std::optional<StaticPlanOptions> static_plans;
   // Host swap (swap or hybrid), with `heuristic` (DTR) recomputing what is not swapped.
   std::optional<SwapOptions> swap;
+  // Where the model trains. On CUDA the arena is one cudaMalloc block (memory/cuda_arena.h); what
+  // the run keeps (losses, state) is copied to host memory, so the two devices compare alike.
+  at::Device device = at::kCPU;
+  // What eviction weighs (with `heuristic`): the default is EvictionOptions'.
+  std::optional<KernelCosts> costs;
 };
 
 BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<EvictionHeuristic> heuristic,
