@@ -1,11 +1,52 @@
 #include "bench/budget_runner.h"
 
+#include "memory/cuda_arena.h"
 #include "models/gpt.h"
 #include "models/resnet.h"
 
 #include <chrono>
 
 namespace ht::bench {
+namespace {
+
+// The runner's arena made active for a while: ATen's CPU allocator or the CUDA one serves from it.
+class DeviceMemory {
+ public:
+  DeviceMemory(const std::shared_ptr<CpuArena>& arena, const at::Device& device) {
+    if (device.is_cuda()) {
+      gpu_.emplace(arena);
+    } else {
+      cpu_.emplace(arena);
+    }
+  }
+
+ private:
+  std::optional<ArenaScope> cpu_;
+  std::optional<CudaArenaScope> gpu_;
+};
+
+std::shared_ptr<CpuArena> make_arena(int64_t bytes, const at::Device& device) {
+  if (!device.is_cuda()) return std::make_shared<CpuArena>(bytes);
+  install_cuda_allocator();
+  return make_cuda_arena(bytes, device.has_index() ? device.index() : 0);
+}
+
+}  // namespace
+
+at::Device& bench_device() {
+  static at::Device device(at::kCPU);
+  return device;
+}
+
+int64_t unlimited_bytes() {
+  static const int64_t bytes = [] {
+    if (!bench_device().is_cuda()) return int64_t{16} << 30;
+    const int64_t total = cuda_device_memory_bytes(bench_device().has_index() ? bench_device().index() : 0);
+    TORCH_CHECK(total > 0, "unlimited_bytes: cannot read the GPU's memory");
+    return (total * 45 / 100) / 64 * 64;
+  }();
+  return bytes;
+}
 
 std::vector<Workload> workloads(bool quick) {
   const int64_t s = quick ? 4 : 1;  // --quick: same shapes, scaled down, for a smoke run
@@ -22,7 +63,32 @@ std::vector<Workload> workloads(bool quick) {
                  [=] { return std::make_shared<Gpt>(GptOptions{256, t, 6, 8, d, 0.1}); },
                  [=](int64_t b) {
                    return std::make_pair(at::randint(256, {b, t}, at::kLong), at::randint(256, {b, t}, at::kLong));
-                 }});
+                 },
+                 "--model gpt --layers 6 --heads 8 --vocab 256 --embd " + std::to_string(d) + " --seq " +
+                     std::to_string(t) + " --batch " + std::to_string(batch)});
+  }
+  return w;
+}
+
+std::vector<Workload> gpu_workloads(bool quick) {
+  const int64_t s = quick ? 4 : 1;
+  std::vector<Workload> w;
+  {
+    const int64_t batch = 64 / s, size = 224 / s;
+    w.push_back({"resnet50 " + std::to_string(size) + "x" + std::to_string(size) + " b" + std::to_string(batch), batch,
+                 [] { return std::make_shared<ResNet>(ResNetOptions{50, 64, {}, 3, 1000, false}); },
+                 [=](int64_t b) { return std::make_pair(at::randn({b, 3, size, size}), at::randint(1000, {b}, at::kLong)); },
+                 "--model resnet50 --classes 1000 --batch " + std::to_string(batch) + " --size " + std::to_string(size)});
+  }
+  {
+    const int64_t batch = 8 / s, t = 1024 / s, d = 768 / s, vocab = 50257;
+    w.push_back({"gpt2-small T" + std::to_string(t) + " b" + std::to_string(batch), batch,
+                 [=] { return std::make_shared<Gpt>(GptOptions{vocab, t, 12, 12, d, 0.1}); },
+                 [=](int64_t b) {
+                   return std::make_pair(at::randint(vocab, {b, t}, at::kLong), at::randint(vocab, {b, t}, at::kLong));
+                 },
+                 "--model gpt --layers 12 --heads 12 --vocab " + std::to_string(vocab) + " --embd " + std::to_string(d) +
+                     " --seq " + std::to_string(t) + " --batch " + std::to_string(batch)});
   }
   return w;
 }
@@ -54,12 +120,13 @@ int64_t Unoptimized::budget_at(double ratio) const {
 
 BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std::optional<EvictionHeuristic> policy,
                            double eviction_threshold, const Savers& savers)
-    : arena_(std::make_shared<CpuArena>(budget)), micro_batches_(savers.micro_batches) {
+    : arena_(make_arena(budget, bench_device())), device_(bench_device()), micro_batches_(savers.micro_batches) {
   TORCH_CHECK(batch % micro_batches_ == 0, "BudgetRunner: batch ", batch, " in ", micro_batches_, " micro-batches");
   at::manual_seed(0);
   std::tie(input_, target_) = w.data(batch);  // host memory: the data set's side
-  ArenaScope device(arena_);
+  DeviceMemory device(arena_, device_);
   model_ = w.make();
+  if (device_.is_cuda()) model_->move_to(device_, at::kFloat);
   model_->train();
   sgd_ = std::make_unique<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
   gradients_ = std::make_unique<GradientBuffer>(model_->parameters());
@@ -86,7 +153,7 @@ BudgetRunner::~BudgetRunner() {
 }
 
 StepSample BudgetRunner::step() {
-  ArenaScope device(arena_);
+  DeviceMemory device(arena_, device_);
   // Parameters, their gradients' buffer, optimizer state.
   fixed_bytes_ = arena_->stats().in_use;
   arena_->reset_peak();
@@ -105,8 +172,9 @@ StepSample BudgetRunner::step() {
     for (int64_t k = 0; k < micro_batches_; ++k) {
       // Each micro-batch is copied into device memory, as a GPU run copies it from the host.
       interp_->memory().begin_step();
-      Tensor loss = model_->loss(model_->forward(interp_->input(input_.narrow(0, k * micro, micro).clone())),
-                                 interp_->input(target_.narrow(0, k * micro, micro).clone()));
+      const auto on_device = at::TensorOptions().device(device_);
+      Tensor loss = model_->loss(model_->forward(interp_->input(input_.narrow(0, k * micro, micro).to(on_device, false, true))),
+                                 interp_->input(target_.narrow(0, k * micro, micro).to(on_device, false, true)));
       const double scale = 1.0 / static_cast<double>(micro_batches_);
       interp_->backward({loss}, {at::full(loss.sizes(), scale, loss.options())});
       s.loss += loss.value().item<double>() * scale;
@@ -118,6 +186,8 @@ StepSample BudgetRunner::step() {
     sgd_->step();
     for (at::Tensor& p : model_->parameters()) p.mutable_grad() = at::Tensor();
     if (state_offload_) state_offload_->to_host(*sgd_, params);
+    // On a GPU the step is over when its kernels are: reading one value waits for the stream.
+    if (device_.is_cuda()) params.front().view(-1).slice(0, 0, 1).item<float>();
     s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const MemoryStats& after = interp_->memory().stats();
     s.recompute_ms = after.recompute_ms - before.recompute_ms;

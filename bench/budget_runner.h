@@ -20,18 +20,29 @@
 
 namespace ht::bench {
 
-constexpr int64_t kUnlimited = int64_t{16} << 30;  // reserved address space, not committed memory
+// Where the runners train (bench --device): the CPU, whose arenas are mmap'd ranges, or a GPU,
+// whose arenas are cudaMalloc blocks in front of ATen's caching allocator (memory/cuda_arena.h).
+at::Device& bench_device();
+// An arena no run fills: 16 GiB of reserved address space on the CPU (not committed memory); on
+// a GPU 45% of its free memory at the first call (two runners are alive at once).
+int64_t unlimited_bytes();
 
 struct Workload {
   std::string name;
   int64_t batch;  // the base batch
   std::function<std::shared_ptr<Model>()> make;
   std::function<std::pair<at::Tensor, at::Tensor>(int64_t batch)> data;  // (input, target)
+  // The same model and batch for bench/peer/gpu_peer.py (PyTorch eager and checkpointing); empty:
+  // the peer has no such model.
+  std::string peer_args;
 };
 // ResNet-18 (small-input stem) on 32x32 images and a 6-layer GPT; --quick scales them down.
 std::vector<Workload> workloads(bool quick);
 // One larger model of each kind: ResNet-50 on 64x64 images and a 12-layer GPT.
 std::vector<Workload> large_workloads(bool quick);
+// What a GPU is measured on: ResNet-50 at 224x224 (ImageNet stem, 1000 classes) and a GPT the
+// size of GPT-2 small (12 layers, d 768, 12 heads, T 1024, vocabulary 50257).
+std::vector<Workload> gpu_workloads(bool quick);
 
 struct StepSample {
   double ms = 0, recompute_ms = 0, loss = 0;
@@ -81,6 +92,7 @@ class BudgetRunner {
 
  private:
   std::shared_ptr<CpuArena> arena_;
+  at::Device device_;
   std::shared_ptr<Model> model_;
   std::unique_ptr<torch::optim::SGD> sgd_;
   std::unique_ptr<GradientBuffer> gradients_;

@@ -7,6 +7,8 @@
 // sides must agree bit for bit. Then the largest batch that trains at a fixed budget without and
 // with DTR, and the per-sample throughput ratio.
 #include "bench/budget_runner.h"
+#include "bench/peer_rows.h"
+#include "memory/cuda_arena.h"
 #include "runtime/thread_pools.h"
 
 #include <ATen/Parallel.h>
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <thread>
 
@@ -31,6 +34,15 @@ struct Options {
   std::vector<KernelCosts> costs{KernelCosts::kModeled};
   bool max_batch = true;
   double threshold = MemoryOptions{}.eviction_threshold;
+  std::string peer;  // a Python that runs bench/peer/gpu_peer.py; empty: no peer rows
+  std::string peer_script = "bench/peer/gpu_peer.py";
+  int threads = 1;
+};
+
+// What the run without a budget measured, for the peer's rows.
+struct Baseline {
+  double step_ms = 0;
+  int64_t peak_in_use = 0;
 };
 
 // One (ratio, policy, costs) row: B under the budget interleaved with A unoptimized.
@@ -38,7 +50,7 @@ void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std
                 KernelCosts costs, const Options& o) {
   const int64_t budget = u.budget_at(ratio);
   // Both sides start from the same initialization, so their losses must agree at every step.
-  BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
+  BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
   Savers savers;
   savers.kernel_costs = costs;
   BudgetRunner dtr(w, w.batch, budget, *eviction_heuristic_from_name(policy_name), o.threshold, savers);
@@ -156,10 +168,12 @@ void max_batch_row(const Workload& w, const Unoptimized& u, const Options& o) {
   std::fflush(stdout);
 }
 
-void run(const Workload& w, const Options& o) {
-  BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
+Baseline run(const Workload& w, const Options& o) {
+  BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
   // The optimizer state exists from the end of step 1: the peak is that of step 2 on.
   for (int i = 0; i < std::max(2, o.warmup + 1); ++i) plain.step();
+  std::vector<double> plain_ms;
+  for (int i = 0; i < o.reps && !o.peer.empty(); ++i) plain_ms.push_back(plain.step().ms);
   const Unoptimized u = plain.unoptimized();
   std::printf("\n%s: fixed %.1f MiB (parameters, gradients, optimizer state), unoptimized peak %.1f MiB, activations %.1f MiB\n\n",
               w.name.c_str(), u.fixed_bytes / 1048576.0, u.peak_in_use / 1048576.0,
@@ -178,6 +192,25 @@ void run(const Workload& w, const Options& o) {
       }
     }
   }
+  return {plain_ms.empty() ? 0.0 : median(plain_ms), u.peak_in_use};
+}
+
+// After this process's runners are gone, so the peer has the device to itself.
+void peer_rows(const Workload& w, const Baseline& ours, const Options& o) {
+  if (o.peer.empty()) return;
+  if (w.peer_args.empty()) {
+    std::printf("\n%s: the peer has no such model\n", w.name.c_str());
+    return;
+  }
+  const std::string args = w.peer_args + " --device " + bench_device().str() + " --steps " + std::to_string(o.reps) +
+                           " --warmup " + std::to_string(std::max(1, o.warmup)) + " --threads " + std::to_string(o.threads);
+  std::string failure;
+  const std::vector<PeerRow> rows = run_peer(o.peer, o.peer_script, args, failure);
+  if (rows.empty()) {
+    std::printf("\n%s: the peer failed: %s\n", w.name.c_str(), failure.c_str());
+    return;
+  }
+  print_peer_rows(w.name, ours.step_ms, ours.peak_in_use, rows);
 }
 
 std::vector<std::string> split(const std::string& text) {
@@ -191,7 +224,7 @@ std::vector<std::string> split(const std::string& text) {
 }  // namespace ht::bench
 
 int main(int argc, char** argv) {
-  CLI::App app{"DTR under a memory budget vs. the unoptimized training step (CPU arena)"};
+  CLI::App app{"DTR under a memory budget vs. the unoptimized training step (an arena on the CPU or the GPU)"};
   ht::bench::Options o;
   int threads = 1;
   bool quick = false;
@@ -206,6 +239,12 @@ int main(int argc, char** argv) {
   app.add_option("--eviction-threshold", o.threshold, "evict before each op down to this share of the budget")
       ->check(CLI::Range(0.1, 1.0));
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
+  std::string device = "cpu";
+  app.add_option("--device", device, "cpu, or cuda: ResNet-50 at 224 and a GPT-2-small-sized GPT in an arena on the GPU")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--peer", o.peer, "a Python with PyTorch: runs bench/peer/gpu_peer.py (eager, torch.utils.checkpoint) "
+                 "on the same model and batch, rows beside ours (python3 on the GPU machine, /usr/bin/python3 here)");
+  app.add_option("--peer-script", o.peer_script, "the peer's script, from where the benchmark runs");
   bool no_max_batch = false, only_max_batch = false;
   app.add_flag("--no-max-batch", no_max_batch, "skip the largest-batch search");
   app.add_flag("--only-max-batch", only_max_batch, "only the largest-batch search");
@@ -231,16 +270,30 @@ int main(int argc, char** argv) {
   for (const std::string& r : ht::bench::split(ratios)) o.ratios.push_back(std::stod(r));
   o.max_batch = !no_max_batch;
 
+  if (device == "cuda" && !(at::hasCUDA() && ht::cuda_budgets_built())) {
+    std::fprintf(stderr, "bench_dtr_budget: --device cuda: %s\n",
+                 ht::cuda_budgets_built() ? "no GPU is visible" : ht::cuda_budgets_missing().c_str());
+    return 2;
+  }
+  ht::bench::bench_device() = at::Device(device);
+  if (device == "cuda") {
+    // As hybrid_train does on a GPU: kernels that give the same bits every run.
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
   ht::CpuAllocationCounter::install();
   const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
-  std::printf("DTR under a budget vs. unoptimized; %d reps after %d warm-up, threads %s, eviction "
-              "threshold %.2f\n", o.reps, o.warmup, pools.describe().c_str(), o.threshold);
+  o.threads = threads > 0 ? threads : ht::default_thread_count(1);
+  std::printf("DTR under a budget vs. unoptimized on %s; %d reps after %d warm-up, threads %s, eviction "
+              "threshold %.2f\n", device.c_str(), o.reps, o.warmup, pools.describe().c_str(), o.threshold);
   std::printf("budget = fixed + ratio x (unoptimized peak - fixed); parameters, gradients and optimizer state "
               "inside the budget\n");
-  const auto workloads = ht::bench::workloads(quick);
+  const auto workloads = device == "cuda" ? ht::bench::gpu_workloads(quick) : ht::bench::workloads(quick);
   for (const auto& w : workloads) {
     if (only_max_batch || (!only.empty() && w.name.rfind(only, 0) != 0)) continue;
-    ht::bench::run(w, o);
+    const ht::bench::Baseline ours = ht::bench::run(w, o);
+    ht::bench::peer_rows(w, ours, o);
   }
   if (o.max_batch) {
     std::printf("\nlargest batch at the budget the unoptimized base batch needs + 10%% (policy none vs dtr), "
@@ -250,7 +303,7 @@ int main(int argc, char** argv) {
     std::printf("|%s|\n", std::string(124, '-').c_str());
     for (const auto& w : workloads) {
       if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
-      ht::bench::BudgetRunner plain(w, w.batch, ht::bench::kUnlimited, std::nullopt);
+      ht::bench::BudgetRunner plain(w, w.batch, ht::bench::unlimited_bytes(), std::nullopt);
       for (int i = 0; i < std::max(2, o.warmup + 1); ++i) plain.step();
       ht::bench::max_batch_row(w, plain.unoptimized(), o);
     }

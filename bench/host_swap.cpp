@@ -67,7 +67,7 @@ struct Row {
 
 Row measure_row(const Workload& w, int64_t budget, const std::string& policy, double gbps, const Options& o) {
   Row row;
-  BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
+  BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
   BudgetRunner run(w, w.batch, budget, EvictionHeuristic::kDtr, MemoryOptions{}.eviction_threshold,
                    savers_for(policy, gbps, o));
   std::vector<double> ratios, recompute, recomputations;
@@ -177,7 +177,7 @@ void max_batch_row(const Workload& w, const Unoptimized& u, const Options& o) {
 }
 
 void run(const Workload& w, const Options& o) {
-  BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
+  BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
   for (int i = 0; i < 3; ++i) plain.step();
   const Unoptimized u = plain.unoptimized();
   std::printf("\n%s: fixed %.1f MiB, unbudgeted peak %.1f MiB, activations %.1f MiB\n\n", w.name.c_str(),
@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
                 std::string(100, '-').c_str());
     for (const auto& w : workloads) {
       if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
-      ht::bench::BudgetRunner plain(w, w.batch, ht::bench::kUnlimited, std::nullopt);
+      ht::bench::BudgetRunner plain(w, w.batch, ht::bench::unlimited_bytes(), std::nullopt);
       for (int i = 0; i < 3; ++i) plain.step();
       ht::bench::max_batch_row(w, plain.unoptimized(), o);
     }

@@ -39,7 +39,7 @@ struct Measured {
 };
 
 Measured measure(const Workload& w, int64_t batch, const Savers& savers, int steps) {
-  BudgetRunner r(w, batch, kUnlimited, std::nullopt, MemoryOptions{}.eviction_threshold, savers);
+  BudgetRunner r(w, batch, unlimited_bytes(), std::nullopt, MemoryOptions{}.eviction_threshold, savers);
   Measured m;
   for (int i = 0; i < steps; ++i) m.losses.push_back(r.step().loss);
   m.memory = r.unoptimized();
@@ -48,13 +48,13 @@ Measured measure(const Workload& w, int64_t batch, const Savers& savers, int ste
 
 void row(const Workload& w, int64_t batch, const Config& c, const Measured& plain, const Options& o) {
   const Measured own = measure(w, batch, c.savers, std::max(2, o.warmup + o.reps));
-  const int64_t budget = c.dtr ? own.memory.budget_at(o.dtr_ratio) : kUnlimited;
+  const int64_t budget = c.dtr ? own.memory.budget_at(o.dtr_ratio) : unlimited_bytes();
   std::vector<double> times, recompute;
   // Without DTR the configuration's unoptimized peak; with it, what its arena reached.
   int64_t peak = c.dtr ? 0 : own.memory.peak_in_use;
   std::string losses = "-";
   try {
-    BudgetRunner base(w, batch, kUnlimited, std::nullopt);
+    BudgetRunner base(w, batch, unlimited_bytes(), std::nullopt);
     BudgetRunner runner(w, batch, budget, c.dtr ? std::optional(EvictionHeuristic::kDtr) : std::nullopt,
                         MemoryOptions{}.eviction_threshold, c.savers);
     bool identical = true;

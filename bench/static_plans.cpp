@@ -48,7 +48,7 @@ StaticPlanOptions plan_options(PlanSource source, const Options& o) {
 Row measure(const Workload& w, int64_t budget, EvictionHeuristic policy, std::optional<StaticPlanOptions> plans,
             const Options& o) {
   Row row;
-  BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
+  BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
   Savers savers;
   savers.static_plans = plans;
   BudgetRunner run(w, w.batch, budget, policy, MemoryOptions{}.eviction_threshold, savers);
@@ -117,7 +117,7 @@ void budget_rows(const Workload& w, const Unoptimized& u, const Options& o, Targ
 
 // Segments at their own memory, and the static plan at the same memory.
 void segments_row(const Workload& w, const Options& o, Targets& t) {
-  const Row seg = measure(w, kUnlimited, EvictionHeuristic::kDtr, plan_options(PlanSource::kSegments, o), o);
+  const Row seg = measure(w, unlimited_bytes(), EvictionHeuristic::kDtr, plan_options(PlanSource::kSegments, o), o);
   if (!seg.ran) {
     std::printf("| %-22s | segments did not run: %s |\n", w.name.c_str(), seg.failure.c_str());
     return;
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
   std::printf("| model | ratio | budget MiB | DTR | static | DTR/static | predicted recompute ms | gap | solve ms | "
               "solver | peak vs planned | layout misses |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Workload& w : models) {
-    BudgetRunner plain(w, w.batch, kUnlimited, std::nullopt);
+    BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
     plain.step();
     plain.step();
     budget_rows(w, plain.unoptimized(), o, t);

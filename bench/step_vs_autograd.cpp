@@ -4,6 +4,7 @@
 // allocated above the step's starting level, counted for both sides by one allocator hook.
 #include "bench/bench_util.h"
 #include "memory/cpu_device_allocator.h"
+#include "memory/cuda_arena.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
@@ -42,6 +43,10 @@ struct Side {
   double last_loss = 0;
 };
 
+// --device: where both sides train. On a GPU both allocate from ATen's caching allocator, whose
+// statistics count the bytes in tensors (the CPU's are counted by our allocator hook).
+at::Device g_device(at::kCPU);
+
 void step(Side& side, const Workload& w, uint64_t seed) {
   Interpreter interp(InterpreterOptions{side.mode, seed});
   Tensor loss = side.model->loss(side.model->forward(interp.input(w.input)), interp.input(w.target));
@@ -49,23 +54,35 @@ void step(Side& side, const Workload& w, uint64_t seed) {
   side.last_loss = loss.value().item<double>();
   side.sgd->step();
   for (at::Tensor& p : side.model->parameters()) p.mutable_grad() = at::Tensor();
+  // On a GPU the step is over when its kernels are: reading one value waits for the stream.
+  if (g_device.is_cuda()) side.model->parameters().front().view(-1).slice(0, 0, 1).item<float>();
+}
+
+int64_t allocated_now() {
+  return g_device.is_cuda() ? cuda_allocated_bytes(0) : CpuAllocationCounter::install().current_bytes();
 }
 
 void measure(Side& side, const Workload& w, uint64_t seed) {
   CpuAllocationCounter& counter = CpuAllocationCounter::install();
   counter.reset_peak();
-  const int64_t start_bytes = counter.current_bytes();
+  if (g_device.is_cuda()) reset_cuda_allocated_peak(0);
+  const int64_t start_bytes = allocated_now();
   const auto t0 = std::chrono::steady_clock::now();
   step(side, w, seed);
   side.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  side.peak_bytes = std::max(side.peak_bytes, counter.peak_bytes() - start_bytes);
+  const int64_t peak = g_device.is_cuda() ? cuda_allocated_peak_bytes(0) : counter.peak_bytes();
+  side.peak_bytes = std::max(side.peak_bytes, peak - start_bytes);
 }
 
-void run(const Workload& w, int warmup, int reps) {
+void run(const Workload& on_host, int warmup, int reps) {
+  Workload w = on_host;
+  w.input = w.input.to(g_device);
+  w.target = w.target.to(g_device);
   auto make_side = [&](ExecutionMode mode) {
     Side s;
     at::manual_seed(0);
     s.model = w.make();
+    if (g_device.is_cuda()) s.model->move_to(g_device, at::kFloat);
     s.model->train();
     s.sgd = std::make_unique<torch::optim::SGD>(s.model->parameters(), torch::optim::SGDOptions(1e-3));
     s.mode = mode;
@@ -125,6 +142,25 @@ std::vector<Workload> workloads(bool quick) {
   return w;
 }
 
+// What a GPU is measured on: ResNet-50 at 224x224 and a GPT the size of GPT-2 small.
+std::vector<Workload> gpu_workloads(bool quick) {
+  const int64_t s = quick ? 4 : 1;
+  std::vector<Workload> w;
+  {
+    const int64_t batch = 64 / s, size = 224 / s;
+    w.push_back({"resnet50 " + std::to_string(size) + "x" + std::to_string(size) + " b" + std::to_string(batch),
+                 [] { return std::make_shared<ResNet>(ResNetOptions{50, 64, {}, 3, 1000, false}); },
+                 at::randn({batch, 3, size, size}), at::randint(1000, {batch}, at::kLong)});
+  }
+  {
+    const int64_t batch = 8 / s, t = 1024 / s, d = 768 / s, vocab = 50257;
+    w.push_back({"gpt2-small T" + std::to_string(t) + " b" + std::to_string(batch),
+                 [=] { return std::make_shared<Gpt>(GptOptions{vocab, t, 12, 12, d, 0.1}); },
+                 at::randint(vocab, {batch, t}, at::kLong), at::randint(vocab, {batch, t}, at::kLong)});
+  }
+  return w;
+}
+
 // Interpreter overhead per op: a chain of tiny adds, so that kernel time is negligible.
 void op_overhead() {
   constexpr int kOps = 20000;
@@ -171,7 +207,7 @@ void op_overhead() {
 }  // namespace ht::bench
 
 int main(int argc, char** argv) {
-  CLI::App app{"Training step: hybrid_train's interpreter vs. libtorch autograd (CPU)"};
+  CLI::App app{"Training step: hybrid_train's interpreter vs. libtorch autograd (CPU, or a GPU)"};
   int reps = 7, warmup = 2, threads = 0;
   bool quick = false, keep_freed = false;
   std::string only;
@@ -180,6 +216,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
+  std::string device = "cpu";
+  app.add_option("--device", device, "cpu, or cuda: ResNet-50 at 224 and a GPT-2-small-sized GPT on the GPU")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--keep-freed-memory", keep_freed,
                "tell glibc to keep freed memory in the process (no re-faulting of returned pages), "
                "as a caching allocator does");
@@ -189,21 +228,26 @@ int main(int argc, char** argv) {
     mallopt(M_MMAP_THRESHOLD, 256 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
+  if (device == "cuda" && !at::hasCUDA()) {
+    std::fprintf(stderr, "bench_step_vs_autograd: --device cuda: no GPU is visible, or this libtorch has no CUDA\n");
+    return 2;
+  }
+  ht::bench::g_device = at::Device(device);
   ht::CpuAllocationCounter::install();
   const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
   at::manual_seed(0);
-  std::printf("step time and peak memory, interpreter / libtorch autograd; %d reps after %d warm-up, "
+  std::printf("step time and peak memory, interpreter / libtorch autograd on %s; %d reps after %d warm-up, "
               "threads %s, glibc %s freed memory\n\n",
-              reps, warmup, pools.describe().c_str(), keep_freed ? "keeps" : "returns (default)");
+              device.c_str(), reps, warmup, pools.describe().c_str(), keep_freed ? "keeps" : "returns (default)");
   std::printf("| %-26s | %7s | %-11s | %9s | %9s | %7s | %7s |\n", "model", "time", "(min-max)",
               "peak MiB", "peak MiB", "memory", "loss");
   std::printf("| %-26s | %7s | %-11s | %9s | %9s | %7s | %7s |\n", "", "ratio", "", "autograd",
               "ours", "ratio", "rel gap");
   std::printf("|%s|\n", std::string(97, '-').c_str());
-  for (const auto& w : ht::bench::workloads(quick)) {
+  for (const auto& w : device == "cuda" ? ht::bench::gpu_workloads(quick) : ht::bench::workloads(quick)) {
     if (!only.empty() && w.name.rfind(only, 0) != 0) continue;
     ht::bench::run(w, warmup, reps);
   }
-  if (only.empty()) ht::bench::op_overhead();
+  if (only.empty() && device == "cpu") ht::bench::op_overhead();
   return 0;
 }

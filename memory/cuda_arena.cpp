@@ -142,6 +142,15 @@ int64_t cuda_allocated_peak_bytes(int device) {
   return stats.allocated_bytes[0].peak;  // [0]: StatType::AGGREGATE
 }
 
+int64_t cuda_allocated_bytes(int device) {
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+  const auto stats = native_allocator()->getDeviceStats(device);
+#else
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+#endif
+  return stats.allocated_bytes[0].current;
+}
+
 void reset_cuda_allocated_peak(int device) {
 #ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
   native_allocator()->resetPeakStats(device);

@@ -61,6 +61,7 @@ class CudaArenaScope {
 // The caching allocator's peak of bytes in tensors on `device` (outside arenas) since the last
 // reset: device memory of a run without a budget. -1 without CUDA.
 int64_t cuda_allocated_peak_bytes(int device);
+int64_t cuda_allocated_bytes(int device);  // now
 void reset_cuda_allocated_peak(int device);
 
 }  // namespace ht

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 build=${HT_BUILD_DIR:-build-device}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(hybrid_train test_cuda_memory test_runtime test_memory test_models test_parallel test_planner test_launcher)
+[ ${#targets[@]} -gt 0 ] || targets=(hybrid_train bench_step_vs_autograd bench_dtr_budget test_cuda_memory test_runtime test_memory test_models test_parallel test_planner test_launcher)
 
 echo "== device-build: what this machine has"
 for tool in cmake ninja g++ nvcc mpirun nvidia-smi ccache; do
@@ -40,7 +40,7 @@ prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 [ -d .deps/include ] || { echo "device-build: .deps/ is missing: run bash scripts/device-deps.sh on the build machine and carry .deps" >&2; exit 2; }
 
 args=(-S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DHT_DEPS_DIR="$PWD/.deps"
-      -DHT_REQUIRE_CBC=OFF -DHT_BUILD_BENCH=OFF)
+      -DHT_REQUIRE_CBC=OFF -DHT_BUILD_BENCH=ON)
 command -v ninja >/dev/null && [ ! -f "$build/Makefile" ] && args+=(-G Ninja)
 [ -d /usr/local/cuda ] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
 # libtorch's CMake probes the GPU for its architecture list when none is given.

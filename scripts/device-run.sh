@@ -6,7 +6,13 @@
 #   1. the build (scripts/device-build.sh; build-device/ is kept while the machine stays warm);
 #   2. the engine's test programs, whose op and model checks also run on CUDA where a GPU is;
 #   3. hybrid_train on CUDA: the quick start, gpt_tiny in bf16 and in fp16 with loss scaling;
-#   4. gpt_tiny with and without a DTR budget on CUDA: the same model.pt, byte for byte.
+#   4. gpt_tiny with and without a DTR budget on CUDA: the same model.pt, byte for byte;
+#   5. the measured tables: bench_step_vs_autograd (interpreter vs autograd) and bench_dtr_budget
+#      (DTR at 0.5/0.3/0.2 of activations, the largest batch, and PyTorch eager and
+#      torch.utils.checkpoint in this machine's python3), on ResNet-50 at 224 and GPT-2 small.
+#
+# The whole list may not fit one command's 10 minutes: split it with HT_DEVICE_STEPS, e.g.
+# "build,tests" first, then "jobs,budget", then "bench" (build-device/ stays while warm).
 #
 # Each step's whole log goes to $OUT (the device tool brings it back), a line per step here.
 # A step that fails does not stop the next. HT_DEVICE_STEPS=tests,jobs,budget skips the build.
@@ -14,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-out}
 mkdir -p "$out"
-steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget}
+steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,bench}
 say() { echo "device-run: $*" | tee -a "$out/summary.txt"; }
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 
@@ -75,4 +81,16 @@ PY
   else
     say "budget: model.pt differs or is missing (plain ${plain:-none}, dtr ${dtr:-none})"
   fi
+fi
+
+if [[ $steps == *bench* ]]; then
+  bench() {  # name, arguments...
+    local name=$1
+    shift
+    start=$SECONDS
+    timeout 300 "build-device/bench/$name" --device cuda "$@" >"$out/$name.log" 2>&1
+    say "$name: exit $? in $((SECONDS - start)) s (table in $name.log)"
+  }
+  bench bench_step_vs_autograd --reps 7 --warmup 2
+  bench bench_dtr_budget --policies dtr --ratios 0.5,0.3,0.2 --reps 5 --warmup 2 --peer python3
 fi

@@ -68,6 +68,46 @@ class ResNet18(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1).flatten(1))
 
 
+class Bottleneck(nn.Module):
+    """models/resnet.cpp's: conv1x1, conv3x3(stride), conv1x1(x4), each with bn, + shortcut."""
+
+    def __init__(self, cin, planes, stride):
+        super().__init__()
+        self.conv1, self.bn1 = _conv(cin, planes, 1, 1), nn.BatchNorm2d(planes)
+        self.conv2, self.bn2 = _conv(planes, planes, 3, stride), nn.BatchNorm2d(planes)
+        self.conv3, self.bn3 = _conv(planes, 4 * planes, 1, 1), nn.BatchNorm2d(4 * planes)
+        self.shortcut = nn.Identity()
+        if stride != 1 or cin != 4 * planes:
+            self.shortcut = nn.Sequential(_conv(cin, 4 * planes, 1, stride), nn.BatchNorm2d(4 * planes))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = F.relu(self.bn2(self.conv2(h)))
+        return F.relu(self.bn3(self.conv3(h)) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 with the ImageNet stem (7x7 stride 2, max pool), models/resnet.cpp's with
+    small_input = false. `blocks` lists the stem, every residual block and the head, the units a
+    user checkpoints. (B,3,H,W) -> (B,classes)"""
+
+    def __init__(self, classes=1000, width=64, in_channels=3):
+        super().__init__()
+        stem = nn.Sequential(_conv(in_channels, width, 7, 2), nn.BatchNorm2d(width), nn.ReLU(),
+                             nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [stem], width
+        for stage, count in enumerate((3, 4, 6, 3)):
+            planes = width << stage
+            for i in range(count):
+                blocks.append(Bottleneck(cin, planes, 2 if stage > 0 and i == 0 else 1))
+                cin = 4 * planes
+        self.blocks = nn.ModuleList(blocks)
+        self.fc = nn.Linear(cin, classes)
+
+    def head(self, x):
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, d, heads, dropout):
         super().__init__()

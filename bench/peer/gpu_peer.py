@@ -1,0 +1,109 @@
+"""The peer a user would pick on a GPU: PyTorch eager, and torch.utils.checkpoint around every
+block, on bench_dtr_budget's workloads (same model, batch and optimizer: SGD lr 1e-3 momentum 0.9).
+
+  gpu_peer.py --model resnet50 --batch 64 --size 224 [--device cuda] [--steps 5 --warmup 2]
+  gpu_peer.py --model gpt --batch 8 --seq 1024 --vocab 50257 --layers 12 --heads 12 --embd 768
+
+bench_dtr_budget --peer python3 runs it and prints its rows beside its own. One line per mode:
+
+  peer-row <mode> <median step ms> <peak bytes, or -1 on the CPU>
+
+The peak is torch.cuda.max_memory_allocated() over the measured steps: bytes in tensors, as
+hybrid_train's arena counts them. Runs with PyTorch 2.x on the GPU machine and with Debian's
+python3-torch (1.13) on the CPU.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from peer_models import Gpt, ResNet50
+
+
+def model_and_batch(args, device):
+    torch.manual_seed(0)
+    if args.model == "resnet50":
+        model = ResNet50(classes=args.classes)
+        x = torch.randn(args.batch, 3, args.size, args.size)
+        y = torch.randint(args.classes, (args.batch,))
+    else:
+        model = Gpt(args.vocab, args.seq, args.layers, args.heads, args.embd, 0.1)
+        x = torch.randint(args.vocab, (args.batch, args.seq))
+        y = torch.randint(args.vocab, (args.batch, args.seq))
+    return model.to(device), x.to(device), y.to(device)
+
+
+def forward(model, x, checkpointed):
+    """The model's forward, each block under torch.utils.checkpoint when `checkpointed`."""
+    run = (lambda blk, h: checkpoint(blk, h, use_reentrant=False)) if checkpointed else (lambda blk, h: blk(h))
+    if isinstance(model, ResNet50):
+        h = x
+        for blk in model.blocks:
+            h = run(blk, h)
+        return model.head(h)
+    pos = torch.arange(x.size(1), device=x.device)
+    h = F.dropout(model.wte(x) + model.wpe(pos), model.dropout, model.training)
+    for blk in model.blocks:
+        h = run(blk, h)
+    return F.linear(model.ln_f(h), model.wte.weight)
+
+
+def measure(args, device, checkpointed):
+    model, x, y = model_and_batch(args, device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    cuda = device.type == "cuda"
+    times = []
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup and cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        out = forward(model, x, checkpointed)
+        loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    peak = torch.cuda.max_memory_allocated() if cuda else -1
+    del model, opt, out, loss
+    if cuda:
+        torch.cuda.empty_cache()
+    return statistics.median(times), peak
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["resnet50", "gpt"], required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=50257)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--embd", type=int, default=768)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
+    args = p.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        # As hybrid_train does on a GPU: the same bits every run (and the same cost for it).
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    print(f"PyTorch {torch.__version__} on {device}: {args.model} batch {args.batch}", flush=True)
+    for mode, checkpointed in (("eager", False), ("checkpoint", True)):
+        ms, peak = measure(args, device, checkpointed)
+        print(f"peer-row {mode} {ms:.3f} {peak}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
