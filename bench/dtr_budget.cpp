@@ -9,6 +9,7 @@
 #include "bench/budget_runner.h"
 #include "bench/peer_rows.h"
 #include "memory/cuda_arena.h"
+#include "runtime/determinism.h"
 #include "runtime/thread_pools.h"
 
 #include <ATen/Parallel.h>
@@ -16,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <sstream>
 #include <thread>
 
@@ -276,12 +276,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   ht::bench::bench_device() = at::Device(device);
-  if (device == "cuda") {
-    // As hybrid_train does on a GPU: kernels that give the same bits every run.
-    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
-    at::globalContext().setDeterministicCuDNN(true);
-    at::globalContext().setBenchmarkCuDNN(false);
-  }
+  if (device == "cuda") ht::use_deterministic_cuda_kernels();  // as hybrid_train does on a GPU
   ht::CpuAllocationCounter::install();
   const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
   o.threads = threads > 0 ? threads : ht::default_thread_count(1);

@@ -8,6 +8,7 @@
 #include "models/gpt.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
+#include "runtime/determinism.h"
 #include "runtime/thread_pools.h"
 
 #include <ATen/Parallel.h>
@@ -233,6 +234,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   ht::bench::g_device = at::Device(device);
+  if (device == "cuda") ht::use_deterministic_cuda_kernels();  // as hybrid_train does on a GPU, both sides
   ht::CpuAllocationCounter::install();
   const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
   at::manual_seed(0);

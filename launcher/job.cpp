@@ -15,10 +15,10 @@
 #include "memory/cpu_arena.h"
 #include "memory/cpu_device_allocator.h"
 #include "memory/cuda_arena.h"
+#include "runtime/determinism.h"
 #include "runtime/thread_pools.h"
 
 #include <cstdio>
-#include <cstdlib>
 
 namespace ht {
 namespace {
@@ -143,15 +143,6 @@ void report(const Config& config, int64_t model_parameters, const TrainResult& r
   std::printf("; outputs in %s\n", config.job.output_dir.c_str());
 }
 
-// A run trains bit-identically with or without a budget's recomputations, and across a resume:
-// on a GPU that takes kernels that give the same bits every time (cuDNN's deterministic
-// algorithms, cuBLAS with a fixed workspace), at some cost in speed. Before CUDA starts.
-void deterministic_cuda_kernels() {
-  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  at::globalContext().setDeterministicCuDNN(true);
-  at::globalContext().setBenchmarkCuDNN(false);
-}
-
 }  // namespace
 
 JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid) {
@@ -162,7 +153,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const bool root = grid->is_root();
   // On GPUs: this rank's device, and NCCL between the replicas (before anything touches the GPU).
   const std::shared_ptr<Communicator> replicas = replica_group_for_device(config, *grid);
-  if (config.training.device != "cpu") deterministic_cuda_kernels();
+  if (config.training.device != "cpu") use_deterministic_cuda_kernels();  // before CUDA starts
   CpuAllocationCounter::install();
   set_host_memory_caching(config.memory.host_cache);
 

@@ -13,6 +13,7 @@ hybrid_train's arena counts them. Runs with PyTorch 2.x on the GPU machine and w
 python3-torch (1.13) on the CPU.
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -97,8 +98,11 @@ def main():
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda":
-        # As hybrid_train does on a GPU: the same bits every run (and the same cost for it).
+        # As hybrid_train does on a GPU (runtime/determinism.h): the same bits every run, and the
+        # same cost for it.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        torch.use_deterministic_algorithms(True, warn_only=True)
     print(f"PyTorch {torch.__version__} on {device}: {args.model} batch {args.batch}", flush=True)
     for mode, checkpointed in (("eager", False), ("checkpoint", True)):
         ms, peak = measure(args, device, checkpointed)

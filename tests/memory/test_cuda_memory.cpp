@@ -9,12 +9,11 @@
 //    cuDNN, as the program sets), with modeled and with measured (CUDA-event) kernel costs.
 #include "memory/cpu_device_allocator.h"
 #include "memory/cuda_arena.h"
+#include "runtime/determinism.h"
 #include "runtime/kernel_timer.h"
 #include "tests/support/budget_training.h"
 
 #include <gtest/gtest.h>
-
-#include <cstdlib>
 
 namespace ht::test {
 namespace {
@@ -27,10 +26,8 @@ class CudaMemory : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!gpu()) GTEST_SKIP() << "no GPU, or a build without CUDA budgets: " << cuda_budgets_missing();
-    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+    use_deterministic_cuda_kernels();  // as the program does on a GPU
     install_cuda_allocator();
-    at::globalContext().setDeterministicCuDNN(true);
-    at::globalContext().setBenchmarkCuDNN(false);
   }
   const at::TensorOptions cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
 };
