@@ -51,6 +51,15 @@ void release(void* data, size_t, int, cudaStream_t) {
 }
 #endif
 
+// The caching allocator's statistics (its type differs between libtorch versions).
+auto caching_allocator_stats(int device) {
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+  return native_allocator()->getDeviceStats(device);
+#else
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+#endif
+}
+
 }  // namespace
 
 bool cuda_budgets_built() {
@@ -134,22 +143,10 @@ CudaArenaScope::~CudaArenaScope() {
 }
 
 int64_t cuda_allocated_peak_bytes(int device) {
-#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
-  const auto stats = native_allocator()->getDeviceStats(device);
-#else
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
-#endif
-  return stats.allocated_bytes[0].peak;  // [0]: StatType::AGGREGATE
+  return caching_allocator_stats(device).allocated_bytes[0].peak;  // [0]: StatType::AGGREGATE
 }
 
-int64_t cuda_allocated_bytes(int device) {
-#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
-  const auto stats = native_allocator()->getDeviceStats(device);
-#else
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
-#endif
-  return stats.allocated_bytes[0].current;
-}
+int64_t cuda_allocated_bytes(int device) { return caching_allocator_stats(device).allocated_bytes[0].current; }
 
 void reset_cuda_allocated_peak(int device) {
 #ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
