@@ -153,7 +153,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const bool root = grid->is_root();
   // On GPUs: this rank's device, and NCCL between the replicas (before anything touches the GPU).
   const std::shared_ptr<Communicator> replicas = replica_group_for_device(config, *grid);
-  if (config.training.device != "cpu") use_deterministic_cuda_kernels();  // before CUDA starts
+  if (config.training.device != "cpu") use_deterministic_cuda_kernels();  // before any kernel runs
   CpuAllocationCounter::install();
   set_host_memory_caching(config.memory.host_cache);
 

@@ -3,7 +3,8 @@
 // GPU that takes kernels that give the same bits every run: cuDNN's deterministic algorithms (no
 // benchmarking), cuBLAS with a fixed workspace, and ATen's deterministic variants where an op
 // has one. An op without one (max pooling's backward on CUDA adds with atomics) only warns:
-// there bit-identity is not promised. Called before CUDA starts; costs some speed.
+// there bit-identity is not promised. Called before any kernel runs (cuBLAS reads its workspace
+// setting when its first handle is made); costs some speed.
 
 #include <ATen/Context.h>
 
