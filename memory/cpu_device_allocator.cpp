@@ -94,8 +94,9 @@ class DeviceAllocator final : public c10::Allocator {
 
  private:
   void* from_arena(CpuArena& arena, size_t n) const {
-    void* data = allocate_in_arena(arena, n);
-    add(arena.block_bytes(data));
+    int64_t bytes = 0;
+    void* data = allocate_in_arena(arena, n, &bytes);
+    add(bytes);
     return data;
   }
   // Precedes every host block: what the counter added, and the cache's capacity (0: malloc'd).
@@ -200,7 +201,7 @@ CpuArena* active_arena() {
 }
 void set_cuda_arena(CpuArena* arena) { g_cuda_arena.store(arena, std::memory_order_release); }
 
-void* allocate_in_arena(CpuArena& arena, size_t n) {
+void* allocate_in_arena(CpuArena& arena, size_t n, int64_t* block_bytes) {
   // Small blocks go with the rest even from a forward kernel: left among activations, a few
   // bytes that outlive their neighbours split two holes that could have made one (PyTorch's
   // caching allocator keeps a small pool apart for the same reason).
@@ -221,6 +222,7 @@ void* allocate_in_arena(CpuArena& arena, size_t n) {
   const int64_t bytes = arena.block_bytes(data);
   if (AllocationObserver* o = g_observer.load(std::memory_order_acquire)) o->on_allocated(data, bytes);
   if (advisor != nullptr) advisor->on_allocated(arena.offset_of_block(data), bytes, as_advised);
+  if (block_bytes != nullptr) *block_bytes = bytes;
   return data;
 }
 

@@ -130,7 +130,8 @@ void set_cuda_arena(CpuArena* arena);
 // What an allocation in an arena goes through, whoever allocates (the CPU wrapper here, the
 // CUDA allocator over its arena): the placement and the advisor's offset, the handler's room
 // when the arena is full (OutOfBudget when it cannot make any), the observer. Any thread.
-void* allocate_in_arena(CpuArena& arena, size_t n);
+// `block_bytes`, if given, gets the block's rounded size.
+void* allocate_in_arena(CpuArena& arena, size_t n, int64_t* block_bytes = nullptr);
 // Gives `data` back to the arena in `arenas` that holds it (advisor and observer told); returns
 // its rounded size, or -1 when no arena holds it (nullptr included).
 int64_t release_to_arenas(ArenaRegistry& arenas, void* data);
