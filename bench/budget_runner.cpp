@@ -1,6 +1,6 @@
 #include "bench/budget_runner.h"
 
-#include "memory/cuda_arena.h"
+#include "alloc/cuda_arena.h"
 #include "models/gpt.h"
 #include "models/resnet.h"
 
@@ -130,7 +130,8 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   model_->train();
   sgd_ = std::make_unique<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
   gradients_ = std::make_unique<GradientBuffer>(model_->parameters());
-  interp_ = std::make_unique<Interpreter>(InterpreterOptions{ExecutionMode::kInterpreted, 1});
+  memory_ = std::make_unique<MemoryManager>();
+  interp_ = std::make_unique<Interpreter>(InterpreterOptions{ExecutionMode::kInterpreted, 1}, memory_.get());
   interp_->set_gradient_buffer(gradients_.get());
   interp_->set_autocast(savers.autocast);
   MemoryOptions options = MemoryOptions::budget(arena_, policy);
@@ -140,9 +141,9 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   if (options.eviction) options.eviction->costs = savers.kernel_costs;
   TORCH_CHECK(!savers.optimizer_state_on_host || savers.swap, "BudgetRunner: the optimizer state on host needs swap's link");
   if (savers.optimizer_state_on_host) state_offload_ = std::make_unique<StateOffload>(savers.swap->link);
-  interp_->memory().configure(options);
+  memory_->configure(options);
   if (savers.static_plans) {
-    model_->set_block_listener([this](int block) { interp_->memory().block_begins(block); });
+    model_->set_block_listener([this](int block) { memory_->block_begins(block); });
   }
 }
 
@@ -157,9 +158,9 @@ StepSample BudgetRunner::step() {
   // Parameters, their gradients' buffer, optimizer state.
   fixed_bytes_ = arena_->stats().in_use;
   arena_->reset_peak();
-  const MemoryStats before = interp_->memory().stats();
-  const SwapStats swap_before = interp_->memory().swap_stats() ? *interp_->memory().swap_stats() : SwapStats{};
-  const HostLink* link = interp_->memory().swapping() ? interp_->memory().options().swap->link.get() : nullptr;
+  const MemoryStats before = memory_->stats();
+  const SwapStats swap_before = memory_->swap_stats() ? *memory_->swap_stats() : SwapStats{};
+  const HostLink* link = memory_->swapping() ? memory_->options().swap->link.get() : nullptr;
   LinkStats out_before, in_before;
   if (link != nullptr) {
     out_before = link->stats(CopyDirection::kToHost);
@@ -171,7 +172,7 @@ StepSample BudgetRunner::step() {
     const int64_t micro = input_.size(0) / micro_batches_;
     for (int64_t k = 0; k < micro_batches_; ++k) {
       // Each micro-batch is copied into device memory, as a GPU run copies it from the host.
-      interp_->memory().begin_step();
+      memory_->begin_step();
       const auto on_device = at::TensorOptions().device(device_);
       Tensor loss = model_->loss(model_->forward(interp_->input(input_.narrow(0, k * micro, micro).to(on_device, false, true))),
                                  interp_->input(target_.narrow(0, k * micro, micro).to(on_device, false, true)));
@@ -179,7 +180,7 @@ StepSample BudgetRunner::step() {
       interp_->backward({loss}, {at::full(loss.sizes(), scale, loss.options())});
       s.loss += loss.value().item<double>() * scale;
       loss.reset();
-      interp_->memory().end_step();
+      memory_->end_step();
     }
     const std::vector<at::Tensor> params = model_->parameters();
     if (state_offload_) state_offload_->to_device(*sgd_, params, at::kCPU);
@@ -189,13 +190,13 @@ StepSample BudgetRunner::step() {
     // On a GPU the step is over when its kernels are: reading one value waits for the stream.
     if (device_.is_cuda()) params.front().view(-1).slice(0, 0, 1).item<float>();
     s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const MemoryStats& after = interp_->memory().stats();
+    const MemoryStats& after = memory_->stats();
     s.recompute_ms = after.recompute_ms - before.recompute_ms;
     s.evictions = after.evictions - before.evictions;
     s.recomputations = after.recomputations - before.recomputations;
     s.peak_in_use = arena_->stats().peak_in_use;
     peak_in_use_ = std::max(peak_in_use_, s.peak_in_use);
-    if (const SwapStats* swap = interp_->memory().swap_stats()) {
+    if (const SwapStats* swap = memory_->swap_stats()) {
       s.swap_out_bytes = swap->bytes_out - swap_before.bytes_out;
       s.swap_in_bytes = swap->bytes_in - swap_before.bytes_in;
       s.swap_in_hidden_bytes = swap->bytes_in_hidden - swap_before.bytes_in_hidden;

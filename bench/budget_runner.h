@@ -4,9 +4,10 @@
 
 #include "bench/bench_util.h"
 #include "launcher/training/state_offload.h"
-#include "memory/cpu_arena.h"
-#include "memory/cpu_device_allocator.h"
-#include "runtime/eviction_policy.h"
+#include "alloc/cpu_arena.h"
+#include "alloc/cpu_device_allocator.h"
+#include "memory/eviction_policy.h"
+#include "memory/memory_manager.h"
 #include "models/model.h"
 #include "runtime/interpreter.h"
 
@@ -21,7 +22,7 @@
 namespace ht::bench {
 
 // Where the runners train (bench --device): the CPU, whose arenas are mmap'd ranges, or a GPU,
-// whose arenas are cudaMalloc blocks in front of ATen's caching allocator (memory/cuda_arena.h).
+// whose arenas are cudaMalloc blocks in front of ATen's caching allocator (alloc/cuda_arena.h).
 at::Device& bench_device();
 // An arena no run fills: 16 GiB of reserved address space on the CPU (not committed memory); on
 // a GPU 45% of its free memory at the first call (two runners are alive at once).
@@ -59,11 +60,11 @@ struct StepSample {
 struct Savers {
   std::optional<at::ScalarType> autocast;
   int64_t micro_batches = 1;
-  // Static plans for the repeating step (runtime/static_plan.h), DTR as their fallback.
+  // Static plans for the repeating step (memory/static_plan.h), DTR as their fallback.
   std::optional<StaticPlanOptions> static_plans;
   // What DTR weighs (memory.kernel_costs).
   KernelCosts kernel_costs = KernelCosts::kModeled;
-  // Host swap (runtime/host_swap.h), DTR recomputing what is not swapped.
+  // Host swap (memory/host_swap.h), DTR recomputing what is not swapped.
   std::optional<SwapOptions> swap;
   // With `swap`: the optimizer state waits on host between steps, over swap's link
   // (memory.optimizer_state = "host"; launcher/training/state_offload.h).
@@ -88,7 +89,7 @@ class BudgetRunner {
   // Measured over the steps so far (fixed: before the last one).
   Unoptimized unoptimized() const { return {fixed_bytes_, peak_in_use_}; }
   // null without static plans.
-  const StaticPlanner* static_planner() const { return interp_->memory().static_planner(); }
+  const StaticPlanner* static_planner() const { return memory_->static_planner(); }
 
  private:
   std::shared_ptr<CpuArena> arena_;
@@ -96,6 +97,7 @@ class BudgetRunner {
   std::shared_ptr<Model> model_;
   std::unique_ptr<torch::optim::SGD> sgd_;
   std::unique_ptr<GradientBuffer> gradients_;
+  std::unique_ptr<MemoryManager> memory_;  // outlives interp_
   std::unique_ptr<Interpreter> interp_;
   std::unique_ptr<StateOffload> state_offload_;  // Savers::optimizer_state_on_host
   at::Tensor input_, target_;  // host

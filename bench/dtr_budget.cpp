@@ -8,7 +8,7 @@
 // with DTR, and the per-sample throughput ratio.
 #include "bench/budget_runner.h"
 #include "bench/peer_rows.h"
-#include "memory/cuda_arena.h"
+#include "alloc/cuda_arena.h"
 #include "runtime/determinism.h"
 #include "runtime/thread_pools.h"
 

@@ -10,7 +10,7 @@
 // a missed accuracy target is reported, not an error: timings on a shared machine vary.
 #include "bench/bench_util.h"
 #include "bench/planner_rows.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/cpu_device_allocator.h"
 #include "runtime/thread_pools.h"
 
 #include <CLI/CLI.hpp>

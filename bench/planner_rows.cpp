@@ -4,7 +4,7 @@
 #include "launcher/config/config_loader.h"
 #include "launcher/config/config_text.h"
 #include "launcher/data/dataset.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/cpu_device_allocator.h"
 #include "planner/plan_report.h"
 #include "runtime/thread_pools.h"
 

@@ -3,8 +3,8 @@
 // warm-up. Prints the median step-time ratio with its min-max spread, and the peak bytes ATen
 // allocated above the step's starting level, counted for both sides by one allocator hook.
 #include "bench/bench_util.h"
-#include "memory/cpu_device_allocator.h"
-#include "memory/cuda_arena.h"
+#include "alloc/cpu_device_allocator.h"
+#include "alloc/cuda_arena.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
 #include "models/resnet.h"

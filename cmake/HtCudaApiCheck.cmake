@@ -3,7 +3,7 @@
 # ships its CUDA headers (Debian's libtorch-dev does) and the CUDA toolkit is found (CI), they
 # are compiled anyway and not linked, so a mistake against libtorch's CUDA API or CUDA's runtime
 # API fails CI, not the GPU session.
-# What is guarded by libtorch's version (runtime/compat.h: the pluggable allocator of 2.x) is
+# What is guarded by libtorch's version (base/compat.h: the pluggable allocator of 2.x) is
 # compiled on the GPU machine only. Debian leaves out one generated header, which
 # cmake/cuda_api_check/ stands in for (after libtorch's own folders, so a real one wins).
 if(HT_TORCH_CUDA OR NOT CUDAToolkit_FOUND)

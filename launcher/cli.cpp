@@ -2,7 +2,7 @@
 
 #include "launcher/config/config_text.h"
 #include "launcher/user_error.h"
-#include "memory/byte_size.h"
+#include "alloc/byte_size.h"
 
 #include <CLI/CLI.hpp>
 

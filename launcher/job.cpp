@@ -11,10 +11,10 @@
 #include "launcher/training/device_group.h"
 #include "launcher/training/stop_signals.h"
 #include "launcher/user_error.h"
-#include "memory/byte_size.h"
-#include "memory/cpu_arena.h"
-#include "memory/cpu_device_allocator.h"
-#include "memory/cuda_arena.h"
+#include "alloc/byte_size.h"
+#include "alloc/cpu_arena.h"
+#include "alloc/cpu_device_allocator.h"
+#include "alloc/cuda_arena.h"
 #include "runtime/determinism.h"
 #include "runtime/thread_pools.h"
 
@@ -170,7 +170,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   // Device memory: with a budget, every tensor from here on (parameters, gradients, optimizer
   // state, batches, activations) comes from an arena of that size. The datasets above stay host.
   // On a GPU the arena is one cudaMalloc block that hybrid_train's CUDA allocator serves from
-  // (memory/cuda_arena.h); without a budget, ATen's caching allocator serves as ever.
+  // (alloc/cuda_arena.h); without a budget, ATen's caching allocator serves as ever.
   std::shared_ptr<CpuArena> arena;
   std::optional<ArenaScope> device_memory;
   std::optional<CudaArenaScope> gpu_memory;

@@ -11,7 +11,7 @@
 // thread's all-reduce while backward goes on. Buckets start in bucket order on every rank, so
 // the ranks' collectives always match, whatever order their gradients finish in.
 
-#include "memory/gradient_buffer.h"
+#include "alloc/gradient_buffer.h"
 #include "parallel/collective_worker.h"
 #include "parallel/communicator.h"
 #include "runtime/gradient_listener.h"

@@ -269,7 +269,7 @@ bool plans_statically(const std::string& policy) {
   return policy == "static" || policy == "auto" || policy == "segments";
 }
 
-// Under static plans (runtime/static_plan.h), as the runtime runs them: the first step of a
+// Under static plans (memory/static_plan.h), as the runtime runs them: the first step of a
 // sequence (two under auto) runs under DTR while it is captured, so nothing is planned unless DTR
 // can run that step, and a sequence no plan fits stays under DTR: DTR's replay is the prediction
 // then. Otherwise the profiled step's graph at the plan's micro-batch is planned for the budget

@@ -1,6 +1,6 @@
 #include "planner/dtr_replay.h"
 
-#include "memory/cpu_arena.h"
+#include "alloc/cpu_arena.h"
 
 #include <algorithm>
 #include <stdexcept>

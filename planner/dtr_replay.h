@@ -3,7 +3,7 @@
 // through the memory manager's eviction rules at a smaller budget, without running any kernel,
 // to predict evictions, recomputation and whether the budget works at all. It mirrors
 // memory/memory_manager.cpp (prepare, make_room, fragmentation-first victims),
-// memory/eviction_policy.cpp (scores) and runtime/residency.cpp (regeneration), and places
+// memory/eviction_policy.cpp (scores) and runtime/interpreter_residency.cpp (regeneration), and places
 // blocks in a real CpuArena of the budget's size (address space only), so fragmentation is the
 // engine's own. Where it departs from the engine, for want of what a trace does not record:
 //  - the interpreter ticks on every access; the replay once per kernel and per regeneration;

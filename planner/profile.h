@@ -30,7 +30,7 @@ struct ProfilePoint {
   int64_t batch_bytes = 0;        // the step's batch (input and target), rounded
   std::vector<BlockTime> blocks;  // per model block; the loss is not a block
   StepTrace trace;                // for the DTR replay
-  // The same step as static plans capture it (runtime/step_capture.h), for predicting a plan.
+  // The same step as static plans capture it (memory/step_capture.h), for predicting a plan.
   schedule::StepGraph graph;
   std::vector<int> block_starts;  // forward op index at which each model block began (segments)
   // Peak minus what does not scale with the micro-batch: the activations' share.

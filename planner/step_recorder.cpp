@@ -1,6 +1,6 @@
 #include "planner/step_recorder.h"
 
-#include "runtime/memory_manager.h"
+#include "memory/memory_manager.h"
 #include "runtime/op.h"
 #include "runtime/tensor_info.h"
 

@@ -5,8 +5,8 @@
 // for the micro-batch to record, then take() the trace. Recording runs without eviction: the
 // trace is what the step needs, the replay decides what a budget would drop.
 
-#include "memory/cpu_device_allocator.h"
-#include "runtime/kernel_observer.h"
+#include "alloc/cpu_device_allocator.h"
+#include "memory/kernel_observer.h"
 #include "planner/step_trace.h"
 
 #include <chrono>

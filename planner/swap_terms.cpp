@@ -1,6 +1,6 @@
 #include "planner/swap_terms.h"
 
-#include "runtime/host_swap.h"
+#include "memory/host_swap.h"
 
 #include <algorithm>
 #include <vector>

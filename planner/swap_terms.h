@@ -1,5 +1,5 @@
 #pragma once
-// Host swap in a prediction (memory.policy = "swap" or "hybrid"; runtime/host_swap.h), from the
+// Host swap in a prediction (memory.policy = "swap" or "hybrid"; memory/host_swap.h), from the
 // profiled step's trace, as the runtime's rules choose:
 // - swap (vDNN): every value backward reads that a convolution or a matmul made or reads, of
 //   64 KiB or more, with a producer that can run again, is copied out in forward;

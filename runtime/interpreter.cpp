@@ -1,5 +1,6 @@
 #include "runtime/interpreter.h"
 
+#include "alloc/cpu_device_allocator.h"
 #include "runtime/kernel_cost.h"
 #include "runtime/kernel_timer.h"
 
@@ -9,11 +10,15 @@
 
 namespace ht {
 
-Interpreter::Interpreter(InterpreterOptions options) : options_(options), memory_(*this) {}
+Interpreter::Interpreter(InterpreterOptions options, MemoryHooks* memory)
+    : options_(options), memory_(memory != nullptr ? memory : &no_memory_) {
+  memory_->bind(this);
+}
 
 Interpreter::~Interpreter() {
   tape_.clear();
   cast_cache_.clear();
+  memory_->bind(nullptr);
   if (live_records_ != 0) {
     // Handles that outlive their interpreter would point at freed memory: a programming error.
     std::fprintf(stderr, "hybrid_train: internal error: %lld tensor records outlive their interpreter\n",
@@ -120,7 +125,7 @@ std::vector<Tensor> Interpreter::apply(std::shared_ptr<const Op> op,
     attach(*handles.back().info(), std::move(outs[j]));
   }
   if (needs_grad) tape_.record(path, handles);
-  memory_.forward_outputs(*path, handles, needs_grad);
+  memory_->forward_outputs(*path, handles, needs_grad);
   return handles;
 }
 
@@ -133,16 +138,16 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
     in->last_access = now;
     in_values.push_back(in->value);
   }
-  memory_.before_kernel(path, recompute);
+  memory_->before_kernel(path, recompute);
   // Our tape does reverse mode: libtorch must not record a graph of its own.
   at::AutoGradMode no_autograd(false);
   // The host's clock, and on a GPU CUDA events around the kernel where its time is read
   // (runtime/kernel_timer.h). Eviction weighs the modelled cost by default
   // (runtime/kernel_cost.h), which needs no timing.
   KernelTimer timer(in_values.empty() ? at::Device(at::kCPU) : in_values.front().device(),
-                    memory_.reads_kernel_times());
+                    memory_->reads_kernel_times());
   PlacementScope activations(Placement::kActivation);  // evictable: the arena's bottom
-  std::vector<at::Tensor> outs = memory_.run_with_room([&] {
+  std::vector<at::Tensor> outs = run_with_room(*memory_, [&] {
     timer.start();  // a rerun after making room times itself alone
     auto o = path.op->forward(in_values, ForwardContext{recompute});
     timer.stop();
@@ -154,7 +159,7 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
     path.pending_ms = timer.device_time();
     path.modeled_ms = modeled_kernel_ms(path.op->traits(), in_values, outs);
   }
-  memory_.after_kernel(path, recompute, ms);
+  memory_->after_kernel(path, recompute, ms);
   return outs;
 }
 

@@ -3,9 +3,9 @@
 // the inputs resident (regenerating dropped ones), runs and times the kernel, records the
 // ComputePath and, when gradients are wanted, a tape entry for reverse mode. One per rank.
 
-#include "memory/gradient_buffer.h"
-#include "runtime/memory_manager.h"
+#include "alloc/gradient_buffer.h"
 #include "runtime/gradient_listener.h"
+#include "runtime/memory_hooks.h"
 #include "runtime/op.h"
 #include "runtime/tape.h"
 #include "runtime/tensor.h"
@@ -30,7 +30,9 @@ struct InterpreterOptions {
 
 class Interpreter final : public Rematerializer {
  public:
-  explicit Interpreter(InterpreterOptions options = {});
+  // `memory`: the memory manager that drives it (memory/memory_manager.h), which must outlive it;
+  // null: none (MemoryHooks' defaults: nothing counted, evicted or swapped).
+  explicit Interpreter(InterpreterOptions options = {}, MemoryHooks* memory = nullptr);
   ~Interpreter() override;
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
@@ -79,14 +81,15 @@ class Interpreter final : public Rematerializer {
   void clear_cast_cache() { cast_cache_.clear(); }
 
   ExecutionMode mode() const { return options_.mode; }
-  // Parameters' gradients go into these slots (memory/gradient_buffer.h); null: kept as computed.
+  // Parameters' gradients go into these slots (alloc/gradient_buffer.h); null: kept as computed.
   void set_gradient_buffer(const GradientBuffer* buffer) { gradient_buffer_ = buffer; }
   const GradientBuffer* gradient_buffer() const { return gradient_buffer_; }
   // Told when each leaf's gradient is final during backward(); null: nobody (runtime/gradient_listener.h).
   void set_gradient_listener(GradientListener* listener) { gradient_listener_ = listener; }
   GradientListener* gradient_listener() const { return gradient_listener_; }
-  MemoryManager& memory() { return memory_; }
-  const MemoryManager& memory() const { return memory_; }
+  // The memory manager given to the constructor, or MemoryHooks' defaults.
+  MemoryHooks& memory_hooks() { return *memory_; }
+  const MemoryHooks& memory_hooks() const { return *memory_; }
   const Tape& tape() const { return tape_; }
   int64_t live_records() const { return live_records_; }
 
@@ -108,7 +111,7 @@ class Interpreter final : public Rematerializer {
   friend class Tape;
   std::shared_ptr<TensorInfo> new_record(const at::Tensor& value);
   Tensor make_leaf(const at::Tensor& value, bool requires_grad);
-  // The inputs cast for autocast, or empty when the op takes them as they are (runtime/autocast.cpp).
+  // The inputs cast for autocast, or empty when the op takes them as they are (runtime/interpreter_autocast.cpp).
   std::vector<Tensor> autocast_inputs(const Op& op, const std::vector<Tensor>& inputs);
   Tensor cast_for_autocast(const Tensor& x, at::ScalarType dtype);
   std::vector<Tensor> apply_autograd(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs);
@@ -121,7 +124,8 @@ class Interpreter final : public Rematerializer {
                   size_t output_index);
 
   InterpreterOptions options_;
-  MemoryManager memory_;
+  MemoryHooks no_memory_;
+  MemoryHooks* const memory_;
   Tape tape_;
   const GradientBuffer* gradient_buffer_ = nullptr;
   GradientListener* gradient_listener_ = nullptr;

@@ -12,7 +12,7 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
   if (!t.requires_grad || !grad.defined()) return;
   if (!t.is_leaf) {
     // Taken first: memory made for the sum may not park what the sum reads.
-    MemoryManager& memory = t.owner->memory();
+    MemoryHooks& memory = t.owner->memory_hooks();
     at::Tensor so_far = memory.take_gradient(t);
     t.grad = so_far.defined() ? so_far + grad : std::move(grad);
     memory.gradient_pending(t);
@@ -73,7 +73,7 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   std::unordered_map<const c10::TensorImpl*, int64_t> pending;
   if (listener != nullptr) pending = pending_leaves(*listener);
   std::vector<TapeEntry> owing;  // kInputs: entries whose weights' part is still to run
-  const int lookahead = interp.memory().prefetch_lookahead();
+  const int lookahead = interp.memory_hooks().prefetch_lookahead();
   auto ahead = entries_.rbegin();  // host swap: the next entry whose saved values to prefetch
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     if (lookahead > 0) prefetch_saved(interp, it, ahead, lookahead);
@@ -101,7 +101,7 @@ void Tape::prefetch_saved(Interpreter& interp, std::vector<TapeEntry>::reverse_i
       for (const Tensor& s : *saved) {
         if (!s.defined()) continue;
         TensorInfo* root = s.info()->is_view() ? s.info()->base : s.info();
-        if (!interp.memory().prefetch(*root)) return;  // no room now: the same entry next time
+        if (!interp.memory_hooks().prefetch(*root)) return;  // no room now: the same entry next time
       }
     }
   }
@@ -131,7 +131,7 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
     for (size_t j = 0; j < path.outputs.size(); ++j) {
       TensorInfo* out = path.outputs[j];
       if (out != nullptr && out->has_gradient()) {
-        grad_outputs[j] = interp.memory().take_gradient(*out);
+        grad_outputs[j] = interp.memory_hooks().take_gradient(*out);
         any_grad = true;
       }
     }
@@ -149,12 +149,12 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   }
   if (owes_weights) entry.deferred_grads = grad_outputs;  // shares the tensors: no copy
   if (!any_input) return owes_weights;
-  if (interp.memory().static_planner() != nullptr) {  // only static plans look at stages
+  if (interp.memory_hooks().watches_backward_stages()) {  // only static plans look at stages
     std::vector<const TensorInfo*> saved;
     for (auto* list : {&entry.saved_inputs, &entry.saved_outputs})
       for (const Tensor& s : *list)
         if (s.defined()) saved.push_back(s.info());
-    interp.memory().backward_stage_begins(path, saved);
+    interp.memory_hooks().backward_stage_begins(path, saved);
   }
 
   std::vector<TensorInfo*> input_infos(path.inputs.size());
@@ -175,23 +175,23 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   };
   std::vector<at::Tensor> inputs = values_of(entry.saved_inputs);
   std::vector<at::Tensor> outputs = values_of(entry.saved_outputs);
-  interp.memory().before_backward(path);
+  interp.memory_hooks().before_backward(path);
 
   std::vector<at::Tensor> grads;
   {
     at::AutoGradMode no_autograd(false);
-    grads = interp.memory().run_with_room([&] {
+    grads = run_with_room(interp.memory_hooks(), [&] {
       return path.op->backward(BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
     });
   }
-  interp.memory().after_backward(path);
+  interp.memory_hooks().after_backward(path);
   // The kernel is done with what it read: let go of it before the gradients are added up (a
   // sum allocates; an evicted saved value or an output gradient held here would free nothing).
   inputs.clear();
   outputs.clear();
   grad_outputs.clear();
   pin_all(-1);
-  interp.memory().backward_stage_ends(path);
+  interp.memory_hooks().backward_stage_ends(path);
   TORCH_INTERNAL_ASSERT(grads.size() == path.inputs.size(), path.op->traits().name,
                         ": backward returned ", grads.size(), " gradients for ",
                         path.inputs.size(), " inputs");

@@ -1,6 +1,6 @@
 #include "runtime/tensor_info.h"
 
-#include "memory/host_link.h"
+#include "alloc/host_link.h"
 #include "runtime/interpreter.h"
 #include "runtime/kernel_timer.h"
 #include "runtime/op.h"

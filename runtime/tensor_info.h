@@ -25,7 +25,7 @@ enum class Residency : uint8_t {
   kEvicted,   // data dropped (evicted, or no longer referenced); regenerable from `producer`
 };
 
-// A root tensor's bytes in host memory (memory.policy = "swap" or "hybrid"; runtime/host_swap.h).
+// A root tensor's bytes in host memory (memory.policy = "swap" or "hybrid"; memory/host_swap.h).
 // Values are immutable, so a copy, once made, stays valid while the record lives.
 struct HostCopy {
   at::Tensor host;                // the storage's bytes, outside the arena (bf16 elements under memory.compress = "bf16")

@@ -1,7 +1,7 @@
 #pragma once
 // One training step as the interpreter ran it, as plain data: the forward op calls in order,
 // then the backward stages (tape entries) in order. This is all a static plan is computed from
-// (runtime/static_plan.h builds it from the recorded step); nothing here knows tensors.
+// (memory/static_plan.h builds it from the recorded step); nothing here knows tensors.
 
 #include <cstdint>
 #include <vector>

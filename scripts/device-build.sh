@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 build=${HT_BUILD_DIR:-build-device}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(hybrid_train bench_step_vs_autograd bench_dtr_budget test_cuda_memory test_runtime test_memory test_models test_parallel test_planner test_launcher)
+[ ${#targets[@]} -gt 0 ] || targets=(hybrid_train bench_step_vs_autograd bench_dtr_budget test_cuda_memory test_alloc test_runtime test_memory test_models test_parallel test_planner test_launcher)
 
 echo "== device-build: what this machine has"
 for tool in cmake ninja g++ nvcc mpirun nvidia-smi ccache; do

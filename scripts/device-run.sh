@@ -34,7 +34,7 @@ if [[ $steps == *build* ]]; then
 fi
 
 if [[ $steps == *tests* ]]; then
-  for t in test_cuda_memory test_runtime test_memory test_models test_parallel test_planner; do
+  for t in test_cuda_memory test_alloc test_runtime test_memory test_models test_parallel test_planner; do
     [ -x "build-device/tests/$t" ] || { say "$t: not built"; continue; }
     start=$SECONDS
     timeout 300 "build-device/tests/$t" --gtest_brief=1 >"$out/$t.log" 2>&1

@@ -93,7 +93,7 @@ struct MemoryConfig {
   bool static_layout = true;  // static plans: blocks at planned offsets
   bool trace = false;
   int64_t trace_steps = 2;
-  bool host_cache = true;  // keep freed CPU memory for reuse (memory/host_block_cache.h)
+  bool host_cache = true;  // keep freed CPU memory for reuse (alloc/host_block_cache.h)
   bool check_fit = true;   // refuse a run the planner predicts cannot fit (launcher/planning/run_check.h)
   // Host swap (policies swap and hybrid): host memory for copies, and the link's modelled rate.
   std::string host_budget;        // empty: half of the host's available memory

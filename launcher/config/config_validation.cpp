@@ -5,8 +5,8 @@
 #include "launcher/config/config_schema.h"
 #include "launcher/data/fashion_mnist.h"
 #include "launcher/user_error.h"
-#include "memory/byte_size.h"
-#include "memory/cuda_arena.h"
+#include "alloc/byte_size.h"
+#include "alloc/cuda_arena.h"
 
 #include <ATen/Context.h>
 
@@ -151,7 +151,7 @@ class Rules {
     }
   }
 
-  // A budget on a GPU is an arena over one cudaMalloc block (memory/cuda_arena.h).
+  // A budget on a GPU is an arena over one cudaMalloc block (alloc/cuda_arena.h).
   void gpu_budget(int64_t device_bytes) const {
     const auto& m = c_.memory;
     const std::string head = "memory.budget on training.device = \"" + c_.training.device + "\": ";

@@ -1,7 +1,7 @@
 #include "launcher/planning/job_plan.h"
 
 #include "launcher/planning/profiler.h"
-#include "memory/byte_size.h"
+#include "alloc/byte_size.h"
 #include "runtime/thread_pools.h"
 
 #include <ATen/Parallel.h>

@@ -5,8 +5,8 @@
 #include "launcher/report/json.h"
 #include "launcher/report/run_output.h"
 #include "launcher/user_error.h"
-#include "memory/byte_size.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/byte_size.h"
+#include "alloc/cpu_device_allocator.h"
 #include "planner/plan_report.h"
 #include "runtime/thread_pools.h"
 

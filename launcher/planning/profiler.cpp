@@ -2,9 +2,9 @@
 
 #include "launcher/model_factory.h"
 #include "launcher/training/trainer.h"
-#include "memory/byte_size.h"
-#include "memory/cpu_arena.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/byte_size.h"
+#include "alloc/cpu_arena.h"
+#include "alloc/cpu_device_allocator.h"
 #include "planner/cost_model.h"
 #include "planner/step_recorder.h"
 #include "runtime/thread_pools.h"
@@ -50,7 +50,7 @@ DataSplits point_data(const Dataset& train, const DataInfo& info, int64_t sample
 // Every step is captured as static plans see it (nothing planned, nothing evicted): the
 // planner predicts a plan at any budget from the recorded step's graph.
 void capture_steps(Trainer& trainer) {
-  MemoryManager& memory = trainer.interpreter().memory();
+  MemoryManager& memory = trainer.memory();
   MemoryOptions options = memory.options();
   StaticPlanOptions capture;
   capture.capture_only = true;
@@ -85,7 +85,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, const std::string& preci
   point.threads = threads;
   Trainer::StepMeasurement m;
   {
-    MemoryManager& memory = trainer.interpreter().memory();
+    MemoryManager& memory = trainer.memory();
     StepRecorder recorder(memory, p.arena->stats().in_use);
     p.model->set_block_listener([&](int block) {
       recorder.enter_block(block);

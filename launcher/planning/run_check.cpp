@@ -3,7 +3,7 @@
 #include "launcher/planning/job_plan.h"
 #include "launcher/planning/profiler.h"
 #include "launcher/user_error.h"
-#include "memory/byte_size.h"
+#include "alloc/byte_size.h"
 
 #include <ATen/Parallel.h>
 
@@ -106,7 +106,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
   RunPrediction out;
   if (config.training.device != "cpu") {
     // The profile measures a CPU rank's arena; on a GPU it would also take ATen's CUDA allocator
-    // before a budget's arena could (memory/cuda_arena.h). Not predicted, never refused.
+    // before a budget's arena could (alloc/cuda_arena.h). Not predicted, never refused.
     out.prediction.peak_bytes = -1;
     out.prediction.step_ms = -1;
     if (grid.is_root()) out.text = "predicted: nothing on " + config.training.device + " (the planner profiles CPU ranks only)";

@@ -1,7 +1,7 @@
 #include "launcher/training/checkpoint.h"
 
 #include "launcher/user_error.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/cpu_device_allocator.h"
 
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>

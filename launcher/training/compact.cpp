@@ -1,7 +1,7 @@
 #include "launcher/training/compact.h"
 
-#include "memory/cpu_device_allocator.h"
-#include "memory/out_of_memory.h"
+#include "alloc/cpu_device_allocator.h"
+#include "alloc/out_of_memory.h"
 
 #include <ATen/ATen.h>
 

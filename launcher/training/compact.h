@@ -1,7 +1,7 @@
 #pragma once
 // State that lives across training steps (parameters, optimizer state) moved into one block per
 // dtype, by way of host memory. Under a budget the arena keeps such memory at its top, apart from
-// activations at its bottom (memory/cpu_device_allocator.h); but tensors made one by one beside
+// activations at its bottom (alloc/cpu_device_allocator.h); but tensors made one by one beside
 // temporaries (weights converted to channels-last at build, momentum made lazily in the first
 // optimizer step) leave holes among them when the temporaries go, and every hole is memory a
 // large activation cannot use. Copied out first, the old blocks are freed before the new one is

@@ -1,8 +1,9 @@
 #include "launcher/training/pipeline_layout.h"
 
 #include "launcher/user_error.h"
-#include "memory/cpu_device_allocator.h"
-#include "runtime/kernel_observer.h"
+#include "alloc/cpu_device_allocator.h"
+#include "memory/kernel_observer.h"
+#include "memory/memory_manager.h"
 
 #include <algorithm>
 #include <chrono>
@@ -67,21 +68,22 @@ namespace {
 BlockProfile probe_once(Model& model, const Batch& micro, const Config& config, BlockTimes& times) {
   BlockProfile profile;
   profile.micro_batch = micro.input.size(0);
-  Interpreter interp;
+  MemoryManager memory;
+  Interpreter interp({}, &memory);
   interp.set_autocast(autocast_of(config.training));
   interp.set_relu_masks(config.memory.compress != "off");
-  interp.memory().set_kernel_observer(&times);
+  memory.set_kernel_observer(&times);
   const int64_t per_byte = state_bytes_per_parameter_byte(config.training);
   const at::Device device(config.training.device);
   Tensor x = interp.input(micro.input.to(device));
   for (size_t b = 0; b < model.blocks().size(); ++b) {
     const auto& block = model.blocks()[b];
     times.enter(static_cast<int>(b));
-    const int64_t before = interp.memory().stats().resident_bytes;
+    const int64_t before = memory.stats().resident_bytes;
     const uint64_t seeds = interp.seed_counter();
     x = block->forward(x);
     BlockCost cost;
-    cost.activation_bytes = std::max<int64_t>(0, interp.memory().stats().resident_bytes - before);
+    cost.activation_bytes = std::max<int64_t>(0, memory.stats().resident_bytes - before);
     for (const at::Tensor& p : block->parameters()) {
       cost.parameters += p.numel();
       cost.state_bytes += static_cast<int64_t>(p.nbytes()) * per_byte;
@@ -92,7 +94,7 @@ BlockProfile probe_once(Model& model, const Batch& micro, const Config& config, 
     profile.out_dtype.push_back(x.value().scalar_type());
   }
   interp.backward(model.loss(x, interp.input(micro.target.to(device))));
-  interp.memory().set_kernel_observer(nullptr);
+  memory.set_kernel_observer(nullptr);
   return profile;
 }
 

@@ -3,7 +3,7 @@
 // activations, so they are blocking, in an order every rank derives from the model alone.
 #include "launcher/training/optimizer.h"
 #include "launcher/training/pipeline_stage.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/cpu_device_allocator.h"
 
 #include <unordered_set>
 

@@ -1,8 +1,8 @@
 #include "launcher/training/state_offload.h"
 
 #include "launcher/training/optimizer.h"
-#include "memory/cpu_device_allocator.h"
-#include "memory/host_link.h"
+#include "alloc/cpu_device_allocator.h"
+#include "alloc/host_link.h"
 
 #include <ATen/ATen.h>
 

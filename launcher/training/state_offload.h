@@ -2,7 +2,7 @@
 // memory.optimizer_state = "host": the optimizer state waits in host memory between optimizer
 // steps, as ZeRO-Offload keeps it there, so that forward and backward have its bytes for
 // activations (momentum alone is as large as the parameters; AdamW's two moments twice that).
-// It crosses the host link (memory/host_link.h) after each step and back before the next, whole
+// It crosses the host link (alloc/host_link.h) after each step and back before the next, whole
 // storages at a time (after compaction, one block per dtype), and comes back with the same bits,
 // sizes and strides. On a GPU the optimizer could step on host instead (CPU-Adam); on CPU ranks
 // both ends are the same memory, and the copy is what the link charges.

@@ -4,10 +4,10 @@
 #include "launcher/training/state_offload.h"
 #include "launcher/training/stop_signals.h"
 #include "launcher/training/optimizer.h"
-#include "memory/byte_size.h"
-#include "memory/cpu_device_allocator.h"
-#include "memory/cuda_arena.h"
-#include "memory/host_link.h"
+#include "alloc/byte_size.h"
+#include "alloc/cpu_device_allocator.h"
+#include "alloc/cuda_arena.h"
+#include "alloc/host_link.h"
 
 #include <chrono>
 #include <cstdio>
@@ -54,7 +54,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
       replicas_(replicas ? replicas : std::make_shared<LocalCommunicator>(),
                 pipeline_ ? pipeline_->parameters() : params_, config.parallel.bucket_mb << 20,
                 config.parallel.overlap && !pipeline_),
-      interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}),
+      interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}, &memory_),
       checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
       total_steps_(config.training.steps > 0 ? config.training.steps
                                              : config.training.epochs * sampler_.batches_per_epoch()),
@@ -80,14 +80,14 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     progress_.line(line);
     if (config.memory.optimizer_state == "host") state_offload_ = std::make_unique<StateOffload>(host_link_);
   }
-  interp_.memory().configure(memory_options());
-  if (interp_.memory().static_planner() != nullptr) {
+  memory_.configure(memory_options());
+  if (memory_.static_planner() != nullptr) {
     // Segments end at blocks; the capture of a step notes where each began.
-    model_->set_block_listener([this](int block) { interp_.memory().block_begins(block); });
+    model_->set_block_listener([this](int block) { memory_.block_begins(block); });
   }
   if (arena_) compact_parameters();
   if (arena_ || replicas_.size() > 1) {
-    // Under a budget, gradients get one block beside the parameters (memory/gradient_buffer.h).
+    // Under a budget, gradients get one block beside the parameters (alloc/gradient_buffer.h).
     // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
     // reduced in place: no copies, and no memory beyond the gradients while backward runs.
     gradients_ = std::make_unique<GradientBuffer>(replicas_.reduction_order());
@@ -165,7 +165,7 @@ void Trainer::trace_step_begins() {
     // Opened at the first traced step, not before: a run that fails its checks writes nothing.
     timeline_ = std::make_unique<MemoryTimeline>(config_.job.output_dir + "/memory_trace.json", arena_.get());
     // The trace must see this interpreter's kernels: it was configured without one.
-    interp_.memory().set_timeline(timeline_.get());
+    memory_.set_timeline(timeline_.get());
   }
   timeline_->set_recording(true);
   timeline_->marker("step " + std::to_string(state_.step + 1));
@@ -197,13 +197,13 @@ void Trainer::resume_from(const std::string& folder) {
 }
 
 double Trainer::forward_backward(const Batch& micro, double loss_scale, bool last) {
-  // One micro-batch is the step a static plan captures and runs (runtime/static_plan.h).
+  // One micro-batch is the step a static plan captures and runs (memory/static_plan.h).
   struct Step {
     MemoryManager& memory;
     explicit Step(MemoryManager& m) : memory(m) { memory.begin_step(); }
     // A step that threw is not one to plan from.
     ~Step() { memory.end_step(/*completed=*/std::uncaught_exceptions() == 0); }
-  } step{interp_.memory()};
+  } step{memory_};
   Tensor loss = model_->loss(model_->forward(interp_.input(micro.input.to(device_))),
                              interp_.input(micro.target.to(device_)));
   // The last micro-batch's backward starts the all-reduce of each bucket whose gradients it has
@@ -226,9 +226,9 @@ Trainer::StepResult Trainer::train_step() {
   } else if (device_.is_cuda()) {
     reset_cuda_allocated_peak(device_.has_index() ? device_.index() : 0);
   }
-  interp_.memory().reset_peak();
-  const MemoryStats before = interp_.memory().stats();
-  const SwapStats swap_before = interp_.memory().swap_stats() ? *interp_.memory().swap_stats() : SwapStats{};
+  memory_.reset_peak();
+  const MemoryStats before = memory_.stats();
+  const SwapStats swap_before = memory_.swap_stats() ? *memory_.swap_stats() : SwapStats{};
   trace_step_begins();
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
@@ -287,12 +287,12 @@ Trainer::StepResult Trainer::train_step() {
   } else if (device_.is_cuda()) {  // ATen's caching allocator: bytes in tensors, not its cache
     r.mem_peak_bytes = cuda_allocated_peak_bytes(device_.has_index() ? device_.index() : 0);
   }
-  const MemoryStats& after = interp_.memory().stats();
+  const MemoryStats& after = memory_.stats();
   r.evictions = after.evictions - before.evictions;
   r.recomputations = after.recomputations - before.recomputations;
   r.recompute_ms = after.recompute_ms - before.recompute_ms;
   r.fragmentation = after.fragmentation_at_peak;
-  if (const SwapStats* swap = interp_.memory().swap_stats()) {
+  if (const SwapStats* swap = memory_.swap_stats()) {
     r.swap_out_bytes = swap->bytes_out - swap_before.bytes_out;
     r.swap_in_bytes = swap->bytes_in - swap_before.bytes_in;
     r.swap_in_hidden_bytes = swap->bytes_in_hidden - swap_before.bytes_in_hidden;
@@ -385,9 +385,10 @@ EvalResult Trainer::evaluate() {
   const auto start = std::chrono::steady_clock::now();
   // Its own interpreter: evaluation never draws from the training seed stream, so when and how
   // often it runs cannot change training.
-  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1});
+  MemoryManager memory;
+  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1}, &memory);
   interp.set_autocast(autocast_type(config_.training));
-  interp.memory().configure(memory_options());  // the same device memory and policy
+  memory.configure(memory_options());  // the same device memory and policy
   NoGradGuard no_grad(interp);
   model_->eval();
   const Dataset& eval = *data_.eval;

@@ -10,12 +10,13 @@
 #include "launcher/data/sampler.h"
 #include "launcher/report/run_output.h"
 #include "launcher/training/checkpoint.h"
-#include "memory/cpu_arena.h"
+#include "alloc/cpu_arena.h"
 #include "launcher/training/loss_scaler.h"
 #include "launcher/training/pipeline_stage.h"
 #include "launcher/training/state_offload.h"
 #include "parallel/data_parallel.h"
-#include "memory/memory_timeline.h"
+#include "alloc/memory_timeline.h"
+#include "memory/memory_manager.h"
 #include "runtime/interpreter.h"
 
 #include <torch/optim/optimizer.h>
@@ -63,7 +64,7 @@ class Trainer {
   EvalResult evaluate();
   // Ends the memory trace now (the run stops early).
   void close_trace() {
-    interp_.memory().set_timeline(nullptr);
+    memory_.set_timeline(nullptr);
     timeline_.reset();
   }
 
@@ -85,7 +86,8 @@ class Trainer {
   int64_t steps_per_epoch() const { return sampler_.batches_per_epoch(); }
   const TrainerState& state() const { return state_; }
   Model& model() { return *model_; }
-  const MemoryManager& memory() const { return interp_.memory(); }
+  const MemoryManager& memory() const { return memory_; }
+  MemoryManager& memory() { return memory_; }
   Interpreter& interpreter() { return interp_; }
   // This rank's pipeline stage; null without pipeline parallelism.
   const PipelineStage* pipeline() const { return pipeline_.get(); }
@@ -147,6 +149,7 @@ class Trainer {
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
   std::unique_ptr<LossScaler> scaler_;         // fp16
   DataParallel replicas_;
+  MemoryManager memory_;  // before interp_: it outlives the interpreter's records
   Interpreter interp_;
   CheckpointStore checkpoints_;
   RunOutput* output_ = nullptr;  // during run()

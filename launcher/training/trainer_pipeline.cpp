@@ -40,7 +40,7 @@ double Trainer::pipeline_step(const Batch& batch, StepResult& r) {
       MemoryManager& memory;
       explicit Step(MemoryManager& m) : memory(m) { memory.begin_step(); }
       ~Step() { memory.end_step(/*completed=*/std::uncaught_exceptions() == 0); }
-    } step{interp_.memory()};
+    } step{memory_};
     loss = pipeline_->train_step(interp_, batch, config_.micro_batch_size(), loss_seed);
   }
   pipeline_->sum_tied_gradients();

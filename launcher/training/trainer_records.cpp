@@ -8,7 +8,7 @@ namespace ht {
 
 void Trainer::log_step(const StepResult& r) {
   if (output_ == nullptr) return;
-  const MemoryStats& mem = interp_.memory().stats();
+  const MemoryStats& mem = memory_.stats();
   JsonObject record;
   record.add("event", "train").add("step", state_.step).add("epoch", state_.sampler.epoch).add("loss", r.loss)
       .add("lr", r.lr).add("grad_norm", r.grad_norm).add("step_ms", r.ms)
@@ -19,7 +19,7 @@ void Trainer::log_step(const StepResult& r) {
       .add("activation_peak_bytes", mem.peak_resident_bytes).add("evictions", r.evictions)
       .add("recomputations", r.recomputations).add("recompute_ms", r.recompute_ms)
       .add("fragmentation", r.fragmentation);
-  if (const StaticPlanner* planner = interp_.memory().static_planner()) {
+  if (const StaticPlanner* planner = memory_.static_planner()) {
     const StaticPlanStats& p = planner->stats();
     record.add("plan_hits", p.plan_hits).add("plan_diverged", p.plan_diverged).add("plans", p.plans)
         .add("plan_solve_ms", p.plan_solve_ms).add("plan_evictions", p.plan_evictions)

@@ -1,7 +1,7 @@
 // Dropout: the one random op. Its mask comes from a private generator seeded with a number
 // drawn from the interpreter's seed stream when the op is applied, so a recomputation (or the
 // reference run in autograd mode) draws the same mask and the global generator is untouched.
-#include "runtime/compat.h"
+#include "base/compat.h"
 #include "runtime/ops/op_util.h"
 
 namespace ht {

@@ -4,7 +4,7 @@
 
 #include "launcher/config/config_validation.h"
 #include "launcher/user_error.h"
-#include "memory/byte_size.h"
+#include "alloc/byte_size.h"
 
 #include <ATen/Context.h>
 

@@ -6,7 +6,7 @@
 #include "launcher/planning/job_plan.h"
 #include "launcher/planning/profiler.h"
 #include "launcher/user_error.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/cpu_device_allocator.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"

@@ -4,7 +4,7 @@
 #include "launcher/job.h"
 #include "launcher/training/optimizer.h"
 #include "launcher/user_error.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/cpu_device_allocator.h"
 #include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"
 

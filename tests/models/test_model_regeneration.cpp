@@ -2,6 +2,7 @@
 // (which regenerates what it reads) and training stays bit-identical: losses, parameters and
 // batch-norm running statistics, dropout masks included, over several optimizer steps.
 #include "tests/support/model_cases.h"
+#include "memory/memory_manager.h"
 #include "tests/support/op_check.h"
 
 #include <torch/optim/sgd.h>
@@ -20,15 +21,16 @@ Trajectory train(const ModelCase& c, bool drop_after_forward) {
   at::manual_seed(kSeed);
   std::shared_ptr<Model> model = c.make();
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed});
+  MemoryManager memory;
+  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed}, &memory);
   Trajectory out;
   for (int step = 0; step < 3; ++step) {
     at::manual_seed(100 + step);
     auto [x, y] = c.data(4);
     Tensor loss = model->loss(model->forward(interp.input(x)), interp.input(y));
     if (drop_after_forward) {
-      interp.memory().evict_all();
-      EXPECT_EQ(interp.memory().stats().resident_bytes, 0) << "every activation dropped";
+      memory.evict_all();
+      EXPECT_EQ(memory.stats().resident_bytes, 0) << "every activation dropped";
     }
     interp.backward(loss);
     out.losses.push_back(loss.value().clone());
@@ -37,7 +39,7 @@ Trajectory train(const ModelCase& c, bool drop_after_forward) {
   }
   for (const at::Tensor& p : model->parameters()) out.state.push_back(p.detach().clone());
   for (const at::Tensor& b : model->buffers()) out.state.push_back(b.clone());
-  out.recomputations = interp.memory().stats().recomputations;
+  out.recomputations = memory.stats().recomputations;
   return out;
 }
 

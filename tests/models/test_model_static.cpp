@@ -1,4 +1,4 @@
-// Static plans' contract (runtime/static_plan.h): a plan drops, recomputes and frees exactly what
+// Static plans' contract (memory/static_plan.h): a plan drops, recomputes and frees exactly what
 // it says, so a step run by a plan trains bit-identically to the run without a budget, for every
 // model, at every budget a plan fits; a supernet switches between its paths' plans and DTR; a
 // shape that changes makes the step leave its plan (DTR finishes it) and a new plan follows.
@@ -6,8 +6,9 @@
 #include "models/gpt.h"
 #include "models/resnet.h"
 #include "models/supernet.h"
-#include "memory/cpu_arena.h"
-#include "memory/cpu_device_allocator.h"
+#include "alloc/cpu_arena.h"
+#include "alloc/cpu_device_allocator.h"
+#include "memory/memory_manager.h"
 #include "runtime/interpreter.h"
 #include "tests/support/budget_training.h"
 
@@ -117,18 +118,19 @@ TEST(StaticPlanReplay, DivergesOnANewShapeAndPlansAgain) {
   auto run = [&](int64_t capacity, bool plans, PlanSource source) {
     auto arena = std::make_shared<CpuArena>(capacity);
     ArenaScope device(arena);
-    Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 4});
-    MemoryOptions memory = MemoryOptions::budget(arena, EvictionHeuristic::kDtr);
+    MemoryManager memory;
+    Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 4}, &memory);
+    MemoryOptions options = MemoryOptions::budget(arena, EvictionHeuristic::kDtr);
     if (plans) {
       StaticPlanOptions p;
       p.source = source;
       p.solve_time_limit_s = 1;
-      memory.static_plans = p;
+      options.static_plans = p;
     }
-    interp.memory().configure(memory);
+    memory.configure(options);
     at::manual_seed(4);
     std::shared_ptr<Model> model = gpt.make();
-    model->set_block_listener([&interp](int block) { interp.memory().block_begins(block); });
+    model->set_block_listener([&memory](int block) { memory.block_begins(block); });
     GradientBuffer gradients(model->parameters());
     interp.set_gradient_buffer(&gradients);
     std::vector<double> losses;
@@ -136,15 +138,15 @@ TEST(StaticPlanReplay, DivergesOnANewShapeAndPlansAgain) {
     for (int64_t t : {32, 32, 16, 16, 32, 32}) {
       at::manual_seed(100 + t);
       at::Tensor x = at::randint(17, {8, t}, at::kLong), y = at::randint(17, {8, t}, at::kLong);
-      interp.memory().begin_step();
+      memory.begin_step();
       Tensor loss = model->loss(model->forward(interp.input(x)), interp.input(y));
       interp.backward(loss);
       losses.push_back(loss.value().item<double>());
       loss.reset();
-      interp.memory().end_step();
+      memory.end_step();
       clear_grads(*model);  // no optimizer: the fixed memory stays as it is, plans stay valid
     }
-    const StaticPlanner* planner = interp.memory().static_planner();
+    const StaticPlanner* planner = memory.static_planner();
     return std::make_pair(losses, planner != nullptr ? planner->stats() : StaticPlanStats{});
   };
   const auto [plain_losses, none] = run(int64_t{1} << 30, false, PlanSource::kSolver);

@@ -2,7 +2,7 @@
 // (and recomputing what is not copied) trains bit-identically to the run without a budget, for
 // every model, with both swap rules, at the budgets the DTR tests use; memory never exceeds the
 // budget, host memory never exceeds its own, and nothing is left behind on either side.
-#include "memory/host_link.h"
+#include "alloc/host_link.h"
 #include "runtime/interpreter.h"
 #include "tests/support/budget_training.h"
 

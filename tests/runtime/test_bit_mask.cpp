@@ -1,6 +1,7 @@
 // memory.compress's 1-bit masks: packing round-trips every shape, and relu's backward from the mask
 // is threshold_backward's bit for bit, while backward no longer holds relu's output.
 #include "runtime/bit_mask.h"
+#include "memory/memory_manager.h"
 #include "tests/support/op_check.h"
 
 namespace ht::test {
@@ -33,7 +34,8 @@ TEST(BitMask, ReluFromTheMaskIsTheSameGradientAndHoldsOnlyTheMask) {
     x.data_ptr<float>()[0] = 0;  // the boundary: relu's gradient at 0 is 0 in both
     const at::Tensor upstream = at::randn(x.sizes());
     auto grad_of = [&](bool masks, int64_t* held) {
-      Interpreter interp;
+      MemoryManager memory;
+      Interpreter interp{{}, &memory};
       interp.set_relu_masks(masks);
       const at::Tensor weight = x.clone().requires_grad_(true);  // clone keeps the layout
       Tensor loss;
@@ -45,7 +47,7 @@ TEST(BitMask, ReluFromTheMaskIsTheSameGradientAndHoldsOnlyTheMask) {
         EXPECT_EQ(z.value().strides(), x.strides());
         loss = sum(mul(z, interp.input(upstream)));
       }
-      *held = interp.memory().stats().resident_bytes;  // what backward holds now
+      *held = memory.stats().resident_bytes;  // what backward holds now
       interp.backward(loss);
       return weight.grad().clone(at::MemoryFormat::Preserve);
     };

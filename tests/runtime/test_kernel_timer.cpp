@@ -1,5 +1,5 @@
 // Kernel times (runtime/kernel_timer.h): the host's clock on the CPU; on a GPU, CUDA events read
-// when first asked for (tests/memory/test_cuda_memory.cpp times real kernels there).
+// when first asked for (tests/alloc/test_cuda_memory.cpp times real kernels there).
 #include "runtime/kernel_timer.h"
 #include "runtime/tensor_info.h"
 

@@ -1,6 +1,6 @@
 // dropout: the mask comes from the interpreter's seed stream, forward and gradient match the
 // same mask computed by hand under autograd, and evaluation is the identity.
-#include "runtime/compat.h"
+#include "base/compat.h"
 #include "tests/support/op_check.h"
 
 namespace ht::test {

@@ -1,5 +1,6 @@
 // Reverse mode: what the tape keeps, when it lets go, and how gradients accumulate.
 #include "tests/support/op_check.h"
+#include "memory/memory_manager.h"
 
 #include <algorithm>
 
@@ -7,23 +8,25 @@ namespace ht::test {
 namespace {
 
 TEST(Tape, SavedValuesAreReleasedByBackward) {
-  Interpreter interp;
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
   at::Tensor w = at::randn({16, 16}).requires_grad_(true);
   Tensor h = interp.input(at::randn({4, 16}));
   for (int i = 0; i < 5; ++i) h = relu(linear(h, interp.param(w)));
   Tensor loss = sum(h);
   h.reset();
-  EXPECT_EQ(interp.memory().stats().resident_tensors, 6) << "5 relu outputs saved + the loss";
+  EXPECT_EQ(memory.stats().resident_tensors, 6) << "5 relu outputs saved + the loss";
   interp.backward(loss);
   EXPECT_EQ(interp.tape().size(), 0u);
-  EXPECT_EQ(interp.memory().stats().resident_tensors, 1) << "only the loss the user holds";
+  EXPECT_EQ(memory.stats().resident_tensors, 1) << "only the loss the user holds";
   loss.reset();
-  EXPECT_EQ(interp.memory().stats().resident_tensors, 0);
+  EXPECT_EQ(memory.stats().resident_tensors, 0);
   EXPECT_EQ(interp.live_records(), 0);
 }
 
 TEST(Tape, NoGradRecordsNothing) {
-  Interpreter interp;
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
   at::Tensor w = at::randn({3, 3}).requires_grad_(true);
   NoGradGuard no_grad(interp);
   Tensor y = linear(interp.input(at::randn({2, 3})), interp.param(w));
@@ -36,7 +39,8 @@ TEST(Tape, SharedParameterAccumulatesAndRepeatedBackwardAdds) {
   at::manual_seed(3);
   at::Tensor w = at::randn({4, 4}, at::kDouble).requires_grad_(true);
   const at::Tensor a = at::randn({2, 4}, at::kDouble), b = at::randn({2, 4}, at::kDouble);
-  Interpreter interp;
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
   for (int step = 0; step < 2; ++step) {
     Tensor y = add(linear(interp.input(a), interp.param(w)), linear(interp.input(b), interp.param(w)));
     interp.backward(sum(y));
@@ -47,7 +51,8 @@ TEST(Tape, SharedParameterAccumulatesAndRepeatedBackwardAdds) {
 }
 
 TEST(Tape, RejectsNonScalarLossAndMismatchedGradients) {
-  Interpreter interp;
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
   at::Tensor w = at::randn({3}).requires_grad_(true);
   Tensor y = mul(interp.param(w), 2.0);
   EXPECT_THROW(interp.backward(y), c10::Error);
@@ -55,14 +60,16 @@ TEST(Tape, RejectsNonScalarLossAndMismatchedGradients) {
 }
 
 TEST(Tape, AnyOneElementLossIsAScalar) {
-  Interpreter interp;
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
   at::Tensor w = at::ones({1}).requires_grad_(true);
   interp.backward(mul(interp.param(w), 3.0));  // shape [1], not []
   EXPECT_EQ(w.grad().item<float>(), 3.0f);
 }
 
 TEST(Tape, BranchNotReachingLossIsSkipped) {
-  Interpreter interp;
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
   at::Tensor w = at::randn({3}).requires_grad_(true), u = at::randn({3}).requires_grad_(true);
   Tensor used = mul(interp.param(w), 2.0);
   Tensor unused = mul(interp.param(u), 3.0);
@@ -90,7 +97,8 @@ TEST(Tape, ListenerHearsOfEachGradientOnceWhenItIsFinal) {
   at::Tensor w1 = at::randn({8, 8}, at::kDouble).requires_grad_(true);
   at::Tensor w2 = at::randn({8, 8}, at::kDouble).requires_grad_(true);
   at::Tensor w3 = at::randn({8, 8}, at::kDouble).requires_grad_(true);
-  Interpreter interp;
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
   Tensor h = linear(interp.input(at::randn({3, 8}, at::kDouble)), interp.param(w1));
   h = linear(relu(h), interp.param(w2));
   h = linear(h, interp.param(w1));

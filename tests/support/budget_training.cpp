@@ -1,12 +1,13 @@
 #include "tests/support/budget_training.h"
 
-#include "memory/cpu_arena.h"
-#include "memory/cpu_device_allocator.h"
-#include "memory/cuda_arena.h"
+#include "alloc/cpu_arena.h"
+#include "alloc/cpu_device_allocator.h"
+#include "alloc/cuda_arena.h"
 #include "models/convnet.h"
 #include "models/gpt.h"
 #include "models/resnet.h"
 #include "models/supernet.h"
+#include "memory/memory_manager.h"
 #include "runtime/interpreter.h"
 
 #include <gtest/gtest.h>
@@ -29,12 +30,13 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
     cpu_memory.emplace(arena);
   }
   const auto to_host = at::TensorOptions().device(at::kCPU);
-  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed});
-  MemoryOptions memory = MemoryOptions::budget(arena, heuristic);
-  memory.static_plans = savers.static_plans;
-  memory.swap = savers.swap;
-  if (memory.eviction && savers.costs) memory.eviction->costs = *savers.costs;
-  interp.memory().configure(memory);
+  MemoryManager memory;
+  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, kSeed}, &memory);
+  MemoryOptions options = MemoryOptions::budget(arena, heuristic);
+  options.static_plans = savers.static_plans;
+  options.swap = savers.swap;
+  if (options.eviction && savers.costs) options.eviction->costs = *savers.costs;
+  memory.configure(options);
   interp.set_autocast(savers.autocast);
   TORCH_CHECK(batch % savers.micro_batches == 0, "train_in_budget: batch ", batch, " in ", savers.micro_batches,
               " micro-batches");
@@ -43,7 +45,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
     at::manual_seed(kSeed);
     std::shared_ptr<Model> model = c.make();
     if (gpu) model->move_to(savers.device, at::kFloat);
-    model->set_block_listener([&interp](int block) { interp.memory().block_begins(block); });
+    model->set_block_listener([&memory](int block) { memory.block_begins(block); });
     torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     GradientBuffer gradients(model->parameters());
     interp.set_gradient_buffer(&gradients);
@@ -56,7 +58,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
         y = y.to(savers.device);
       }
       for (int64_t k = 0; k < savers.micro_batches; ++k) {
-        interp.memory().begin_step();
+        memory.begin_step();
         Tensor loss = model->loss(model->forward(interp.input(x.narrow(0, k * micro, micro))),
                                   interp.input(y.narrow(0, k * micro, micro)));
         interp.backward({loss}, {at::full(loss.sizes(), 1.0 / static_cast<double>(savers.micro_batches),
@@ -64,7 +66,7 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
         HostAllocationScope host;  // what the test keeps is not the model's memory
         run.losses.push_back(loss.value().to(to_host, false, /*copy=*/true));
         loss.reset();
-        interp.memory().end_step();
+        memory.end_step();
       }
       sgd.step();
       clear_grads(*model);
@@ -75,13 +77,13 @@ BudgetRun train_in_budget(const ModelCase& c, int64_t capacity, std::optional<Ev
     for (const at::Tensor& b : model->buffers()) run.state.push_back(b.to(to_host, false, true));
     run.live_records_after = interp.live_records();
   } catch (const OutOfBudget& e) {
-    interp.memory().end_step(/*completed=*/false);
+    memory.end_step(/*completed=*/false);
     run.out_of_budget = true;
     run.failure = std::string(e.what()) + " (in step " + std::to_string(run.losses.size() + 1) + ")";
   }
-  run.stats = interp.memory().stats();
-  if (const StaticPlanner* planner = interp.memory().static_planner()) run.plan_stats = planner->stats();
-  if (const SwapStats* swap = interp.memory().swap_stats()) run.swap_stats = *swap;
+  run.stats = memory.stats();
+  if (const StaticPlanner* planner = memory.static_planner()) run.plan_stats = planner->stats();
+  if (const SwapStats* swap = memory.swap_stats()) run.swap_stats = *swap;
   run.peak_in_use = arena->stats().peak_in_use;
   return run;
 }

@@ -3,8 +3,8 @@
 // (parameters, gradients, optimizer state, batches, activations) in an arena of a given size,
 // evicting with a given policy, and keep what a bit-identity check compares.
 
-#include "runtime/eviction_policy.h"
-#include "runtime/memory_manager.h"
+#include "memory/eviction_policy.h"
+#include "memory/memory_manager.h"
 #include "tests/support/model_cases.h"
 
 #include <optional>
@@ -36,7 +36,7 @@ struct SaverOptions {
   std::optional<StaticPlanOptions> static_plans;
   // Host swap (swap or hybrid), with `heuristic` (DTR) recomputing what is not swapped.
   std::optional<SwapOptions> swap;
-  // Where the model trains. On CUDA the arena is one cudaMalloc block (memory/cuda_arena.h); what
+  // Where the model trains. On CUDA the arena is one cudaMalloc block (alloc/cuda_arena.h); what
   // the run keeps (losses, state) is copied to host memory, so the two devices compare alike.
   at::Device device = at::kCPU;
   // What eviction weighs (with `heuristic`): the default is EvictionOptions'.

@@ -1,0 +1,123 @@
+#pragma once
+// A fixed-capacity region from which "device" tensors are carved, so that a memory budget
+// behaves like a device's: a request can fail, and freed memory can be too scattered to serve
+// one. The bookkeeping lives on the ordinary heap, never in the region, which holds tensor data
+// only: so the same arena serves a CPU rank (an mmap'd range) and a GPU (one cudaMalloc block,
+// alloc/cuda_arena.h). Pure C++: the ATen allocators that wrap it live elsewhere.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace ht {
+
+struct ArenaStats {
+  int64_t capacity = 0;            // bytes reserved
+  int64_t in_use = 0;              // bytes in allocated blocks (rounded sizes)
+  int64_t peak_in_use = 0;         // since construction or reset_peak()
+  int64_t free_bytes = 0;          // capacity - in_use
+  int64_t largest_free_block = 0;
+  int64_t blocks_in_use = 0;
+  int64_t free_blocks = 0;
+  int64_t allocations = 0;         // successful allocate() calls
+  int64_t failed_allocations = 0;  // allocate() calls that returned nullptr
+  // 1 - largest_free_block / free_bytes (0 when nothing is free): how much of the free memory
+  // cannot serve one request.
+  double fragmentation() const;
+};
+
+// Best-fit allocator over one mmap'd range. Thread-safe: ATen worker threads may allocate and
+// free concurrently, so one mutex guards the bookkeeping; every operation is O(log n).
+class CpuArena {
+ public:
+  // What c10's CPU allocator guarantees, so vectorised kernels see the alignment they expect.
+  static constexpr size_t kAlignment = 64;
+
+  // Capacity is rounded up to kAlignment. Pages are reserved, not committed, so untouched
+  // capacity costs nothing. Throws std::runtime_error if capacity <= 0 or mmap fails.
+  explicit CpuArena(int64_t capacity_bytes);
+  // Over a range the caller owns (a cudaMalloc block): `base` aligned to kAlignment, capacity
+  // rounded down to it. The arena never reads or writes the range; `release` gives it back when
+  // the arena is destroyed with no block in use. Throws std::runtime_error on a bad range.
+  CpuArena(void* base, int64_t capacity_bytes, std::function<void(void*)> release);
+  // Leaks the mapping (with a warning) while blocks are in use: tensors may still point in.
+  ~CpuArena();
+  CpuArena(const CpuArena&) = delete;
+  CpuArena& operator=(const CpuArena&) = delete;
+
+  // Which end of the arena a block comes from. Keeping what lives across training steps
+  // (parameters, their gradients, optimizer state) apart from what lives within one
+  // (activations) keeps either from cutting the other's free memory into pieces.
+  enum class End { kLow, kHigh };
+  // kLow: the lowest free block that fits, carved from its low end; kHigh: the highest, carved
+  // from its high end. (Best fit, tried too, left no more room for DTR than first fit from
+  // each end.) Returns nullptr, never throws, when nothing fits. A zero-byte request takes
+  // kAlignment bytes so the pointer is unique.
+  void* allocate(size_t bytes, End end = End::kLow);
+  // Carves exactly [offset, offset + rounded size) out of the free block that holds it, for a
+  // static layout planned offline (alloc/static_layout.h), whose offsets must be honoured to
+  // the byte. Returns nullptr, never throws, when offset is not a multiple of kAlignment, the
+  // range leaves the arena or any of it is in use; counts like allocate() (a refusal is a
+  // failed allocation). Offsets are bytes from the arena's base.
+  void* allocate_at(int64_t offset, size_t bytes);
+  // The size a request of `bytes` takes: rounded up to kAlignment, kAlignment for zero.
+  // `bytes` must not exceed capacity() (larger requests fail before rounding).
+  static int64_t rounded_size(size_t bytes);
+  // Merges the block with its free neighbours. Throws std::logic_error unless p starts an
+  // allocated block; nullptr is a no-op.
+  void deallocate(void* p);
+
+  // Lock-free: compares against the reserved range only.
+  bool contains(const void* p) const;
+  // Rounded size of the allocated block starting at p; 0 if p starts no allocated block.
+  int64_t block_bytes(const void* p) const;
+  // Bytes of the free blocks immediately before and after the allocated block at p (0 if none
+  // or not a block): what evicting it would add to a contiguous hole beyond its own size.
+  int64_t adjacent_free_bytes(const void* p) const;
+  // Previous free neighbour + block + next free neighbour: the hole freeing p would create.
+  int64_t free_span_if_freed(const void* p) const;
+  // Offset from the base of the allocated block starting at p; -1 if p starts no allocated block.
+  int64_t offset_of_block(const void* p) const;
+  // Every allocated block as (offset, rounded size), by offset: what a layout must go around.
+  std::vector<std::pair<int64_t, int64_t>> allocated_blocks() const;
+
+  ArenaStats stats() const;
+  void reset_peak();  // peak_in_use = in_use
+  // A second peak, for one kernel's working memory (memory/step_capture.h), that leaves the
+  // step's peak alone: window_peak() is the highest in_use since begin_peak_window().
+  void begin_peak_window();
+  int64_t window_peak() const;
+  int64_t capacity() const;
+
+ private:
+  // Offsets, not pointers, so the bookkeeping never depends on where the mapping landed.
+  int64_t offset_of(const void* p) const;
+  void add_free(int64_t offset, int64_t size);
+  void remove_free(std::map<int64_t, int64_t>::iterator it);
+  // Books [offset, offset + size), already taken out of the free maps; caller holds the lock.
+  void* take(int64_t offset, int64_t size);
+  // Sizes of the free blocks adjacent to [offset, offset + size); caller holds the lock.
+  std::pair<int64_t, int64_t> free_neighbours(int64_t offset, int64_t size) const;
+
+  char* base_ = nullptr;
+  int64_t capacity_ = 0;
+  std::function<void(void*)> release_;  // set: the caller's range; unset: our mapping
+
+  mutable std::mutex mutex_;
+  std::map<int64_t, int64_t> free_by_offset_;            // offset -> size, for coalescing
+  std::set<std::pair<int64_t, int64_t>> free_by_size_;   // (size, offset), for best fit
+  std::unordered_map<int64_t, int64_t> allocated_;       // offset -> rounded size
+  int64_t in_use_ = 0;
+  int64_t peak_in_use_ = 0;
+  int64_t window_peak_ = 0;
+  int64_t allocations_ = 0;
+  int64_t failed_allocations_ = 0;
+};
+
+}  // namespace ht

@@ -1,0 +1,159 @@
+#include "alloc/cuda_arena.h"
+
+#include "alloc/arena_registry.h"
+#include "alloc/cpu_device_allocator.h"
+#include "base/compat.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+
+namespace ht {
+namespace {
+
+std::string mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+// The arenas CUDA blocks may be in, and the active one (also in active_arena()).
+ArenaRegistry& cuda_arenas() {
+  static auto* registry = new ArenaRegistry();  // never destroyed: tensors are freed during exit too
+  return *registry;
+}
+std::atomic<CpuArena*> g_cuda_active{nullptr};
+
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+namespace cca = c10::cuda::CUDACachingAllocator;
+// ATen's own caching allocator, which serves every request outside an arena.
+std::atomic<cca::CUDAAllocator*> g_native{nullptr};
+
+// ATen's caching allocator, wherever the hook put it.
+cca::CUDAAllocator* native_allocator() {
+  cca::CUDAAllocator* native = g_native.load(std::memory_order_acquire);
+  return native != nullptr ? native : cca::get();
+}
+
+void* allocate(size_t n, int, cudaStream_t stream) {
+  if (CpuArena* arena = g_cuda_active.load(std::memory_order_acquire)) return allocate_in_arena(*arena, n);
+  // Never null, not even for zero bytes: the hook books blocks by pointer.
+  return native_allocator()->raw_alloc_with_stream(std::max<size_t>(n, 1), stream);
+}
+
+void release(void* data, size_t, int, cudaStream_t) {
+  if (data == nullptr || release_to_arenas(cuda_arenas(), data) >= 0) return;
+  native_allocator()->raw_delete(data);
+}
+#endif
+
+// The caching allocator's statistics (its type differs between libtorch versions).
+auto caching_allocator_stats(int device) {
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+  return native_allocator()->getDeviceStats(device);
+#else
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+#endif
+}
+
+}  // namespace
+
+bool cuda_budgets_built() {
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string cuda_budgets_missing() {
+  return cuda_budgets_built() ? std::string()
+                              : "budgets on CUDA need libtorch 2.0 or later (its pluggable CUDA allocator); this "
+                                "build's libtorch is " TORCH_VERSION;
+}
+
+int64_t cuda_device_memory_bytes(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it for whoever asks next
+    return -1;
+  }
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
+void install_cuda_allocator() {
+#ifndef HT_CUDA_PLUGGABLE_ALLOCATOR
+  throw std::runtime_error("install_cuda_allocator: " + cuda_budgets_missing());
+#else
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (g_native.load() != nullptr) return;
+  cca::CUDAAllocator* native = cca::get();
+  static auto ours = torch::cuda::CUDAPluggableAllocator::createCustomAllocator(allocate, release);
+  try {
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(ours);
+  } catch (const c10::Error&) {
+    throw std::runtime_error("install_cuda_allocator: ATen allocated on a GPU before hybrid_train's allocator was "
+                             "installed; it must come first");
+  }
+  c10::SetAllocator(c10::DeviceType::CUDA, ours.get(), /*priority=*/1);
+  // The hook replaced it before its first use, so nothing initialized it: we do, as ATen would.
+  native->init(c10::cuda::device_count());
+  g_native.store(native, std::memory_order_release);
+#endif
+}
+
+std::shared_ptr<CpuArena> make_cuda_arena(int64_t bytes, int device) {
+  const std::string what = mib(bytes) + " on cuda:" + std::to_string(device);
+  if (cudaSetDevice(device) != cudaSuccess) {
+    throw std::runtime_error("device memory of " + what + ": cannot select the GPU: " +
+                             cudaGetErrorString(cudaGetLastError()));
+  }
+  void* base = nullptr;
+  const cudaError_t status = cudaMalloc(&base, static_cast<size_t>(bytes));
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    throw std::runtime_error("device memory of " + what + ": cudaMalloc failed (" + cudaGetErrorString(status) +
+                             "); the GPU has " + mib(static_cast<int64_t>(free)) + " free of " +
+                             mib(static_cast<int64_t>(total)));
+  }
+  return std::make_shared<CpuArena>(base, bytes, [](void* p) { cudaFree(p); });
+}
+
+CudaArenaScope::CudaArenaScope(std::shared_ptr<CpuArena> arena) : arena_(std::move(arena)) {
+  TORCH_CHECK(arena_ != nullptr, "CudaArenaScope: no arena");
+  TORCH_CHECK(cuda_budgets_built(), "CudaArenaScope: ", cuda_budgets_missing());
+  TORCH_CHECK(active_arena() == nullptr, "CudaArenaScope: another arena is already active (one device memory per process)");
+  install_cuda_allocator();
+  cuda_arenas().add(arena_);
+  g_cuda_active.store(arena_.get(), std::memory_order_release);
+  set_cuda_arena(arena_.get());
+}
+
+CudaArenaScope::~CudaArenaScope() {
+  set_cuda_arena(nullptr);
+  g_cuda_active.store(nullptr, std::memory_order_release);
+  cuda_arenas().retire(arena_.get());
+}
+
+int64_t cuda_allocated_peak_bytes(int device) {
+  return caching_allocator_stats(device).allocated_bytes[0].peak;  // [0]: StatType::AGGREGATE
+}
+
+int64_t cuda_allocated_bytes(int device) { return caching_allocator_stats(device).allocated_bytes[0].current; }
+
+void reset_cuda_allocated_peak(int device) {
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+  native_allocator()->resetPeakStats(device);
+#else
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+#endif
+}
+
+}  // namespace ht

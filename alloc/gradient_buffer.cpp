@@ -1,0 +1,56 @@
+#include "alloc/gradient_buffer.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <utility>
+
+namespace ht {
+
+GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params) {
+  std::map<std::pair<int, std::string>, std::vector<const at::Tensor*>> groups;
+  for (const at::Tensor& p : params) {
+    if (p.requires_grad()) groups[{static_cast<int>(p.scalar_type()), p.device().str()}].push_back(&p);
+  }
+  for (const auto& [key, members] : groups) {
+    int64_t numel = 0;
+    for (const at::Tensor* p : members) numel += p->numel();
+    at::Tensor block = at::empty({numel}, members.front()->options().requires_grad(false));
+    int64_t offset = 0;
+    for (const at::Tensor* p : members) {
+      // The slot has its parameter's layout (channels-last convolution weights too), so a
+      // gradient reads the same with or without the buffer, reductions over it included.
+      TORCH_CHECK(p->is_non_overlapping_and_dense(), "GradientBuffer: a parameter with gaps in its layout");
+      at::Tensor view = block.narrow(0, offset, p->numel()).as_strided(p->sizes(), p->strides());
+      slots_.emplace(p->unsafeGetTensorImpl(), Slot{std::move(view), blocks_.size(), offset});
+      offset += p->numel();
+    }
+    blocks_.push_back(std::move(block));
+  }
+}
+
+at::Tensor GradientBuffer::slot(const at::Tensor& param) const {
+  auto it = slots_.find(param.unsafeGetTensorImpl());
+  return it == slots_.end() ? at::Tensor() : it->second.view;
+}
+
+at::Tensor GradientBuffer::span(const std::vector<at::Tensor>& params) const {
+  if (params.empty()) return {};
+  size_t block = 0;
+  int64_t first = 0, end = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = slots_.find(params[i].unsafeGetTensorImpl());
+    if (it == slots_.end()) return {};
+    const Slot& s = it->second;
+    if (i == 0) {
+      block = s.block;
+      first = s.offset;
+    } else if (s.block != block || s.offset != end) {
+      return {};
+    }
+    end = s.offset + s.view.numel();
+  }
+  return blocks_[block].narrow(0, first, end - first);
+}
+
+}  // namespace ht

@@ -1,0 +1,33 @@
+#include "alloc/cuda_arena.h"
+
+#include <stdexcept>
+
+// A build whose libtorch has no CUDA (alloc/CMakeLists.txt): the config refuses budgets on GPUs
+// with cuda_budgets_missing(), so nothing here that throws is reached from a job.
+
+namespace ht {
+
+bool cuda_budgets_built() { return false; }
+
+std::string cuda_budgets_missing() {
+  return "this build's libtorch has no CUDA; build against a CUDA libtorch (scripts/device-build.sh)";
+}
+
+int64_t cuda_device_memory_bytes(int) { return -1; }
+
+void install_cuda_allocator() { throw std::runtime_error("install_cuda_allocator: " + cuda_budgets_missing()); }
+
+std::shared_ptr<CpuArena> make_cuda_arena(int64_t, int) {
+  throw std::runtime_error("make_cuda_arena: " + cuda_budgets_missing());
+}
+
+CudaArenaScope::CudaArenaScope(std::shared_ptr<CpuArena>) {
+  throw std::runtime_error("CudaArenaScope: " + cuda_budgets_missing());
+}
+CudaArenaScope::~CudaArenaScope() = default;
+
+int64_t cuda_allocated_peak_bytes(int) { return -1; }
+int64_t cuda_allocated_bytes(int) { return -1; }
+void reset_cuda_allocated_peak(int) {}
+
+}  // namespace ht

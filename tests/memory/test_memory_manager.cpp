@@ -1,0 +1,175 @@
+// The memory manager under a budget: device memory is an arena of the budget's size, eviction
+// keeps work within it, and what cannot fit fails with the numbers a user needs.
+#include "alloc/cpu_arena.h"
+#include "alloc/cpu_device_allocator.h"
+#include "memory/memory_manager.h"
+#include "runtime/interpreter.h"
+#include "runtime/ops.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace ht {
+namespace {
+
+constexpr int64_t kKiB = 1024;
+
+// An interpreter whose tensors live in an arena of `capacity` bytes, evicting by `heuristic`
+// (none: never evict).
+struct Budgeted {
+  Budgeted(int64_t capacity, std::optional<EvictionHeuristic> heuristic)
+      : arena(std::make_shared<CpuArena>(capacity)), scope(arena) {
+    memory.configure(MemoryOptions::budget(arena, heuristic));
+  }
+  std::shared_ptr<CpuArena> arena;
+  ArenaScope scope;
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
+};
+
+// A chain y_i = tanh(y_{i-1}) of `n` tensors of 64 KiB, every handle kept, then the sum of
+// all: 64 KiB * n must be live at once without eviction.
+at::Tensor chain_sum(Interpreter& interp, int n) {
+  Tensor x = interp.input(at::linspace(-1, 1, 16 * kKiB));
+  std::vector<Tensor> ys{tanh(x)};
+  for (int i = 1; i < n; ++i) ys.push_back(tanh(ys.back()));
+  Tensor total = ys[0];
+  for (int i = 1; i < n; ++i) total = add(total, ys[i]);
+  return total.value().clone();
+}
+
+TEST(MemoryManager, EvictsToStayWithinTheBudgetAndComputesTheSameBits) {
+  at::Tensor expected;
+  {
+    MemoryManager plain_memory;
+    Interpreter plain{{}, &plain_memory};
+    expected = chain_sum(plain, 40);  // 2.5 MiB of activations
+  }
+  for (EvictionHeuristic h : {EvictionHeuristic::kDtr, EvictionHeuristic::kDtrEq, EvictionHeuristic::kMegEngine,
+                              EvictionHeuristic::kLru, EvictionHeuristic::kLargest}) {
+    Budgeted b(640 * kKiB, h);  // room for 10 of the 40 tensors
+    at::Tensor sum = chain_sum(b.interp, 40);
+    EXPECT_TRUE(sum.equal(expected)) << eviction_heuristic_name(h);
+    const MemoryStats& s = b.memory.stats();
+    EXPECT_GT(s.evictions, 0) << eviction_heuristic_name(h);
+    EXPECT_GT(s.recomputations, 0) << eviction_heuristic_name(h);
+    EXPECT_LE(b.arena->stats().peak_in_use, 640 * kKiB);
+    EXPECT_LE(s.peak_resident_bytes, 640 * kKiB);
+    EXPECT_EQ(s.min_budget_bytes, 0) << "memory never ran out for good";
+  }
+}
+
+TEST(MemoryManager, WithoutEvictionAFullBudgetIsAnError) {
+  Budgeted b(640 * kKiB, std::nullopt);
+  try {
+    chain_sum(b.interp, 40);
+    FAIL() << "expected OutOfBudget";
+  } catch (const OutOfBudget& e) {
+    EXPECT_EQ(e.capacity, 640 * kKiB);
+    EXPECT_EQ(e.requested, 64 * kKiB);
+    EXPECT_GT(e.in_use + e.requested, e.capacity);
+  }
+  EXPECT_EQ(b.memory.stats().evictions, 0);
+}
+
+TEST(MemoryManager, ImpossibleBudgetReportsTheSmallestThatCouldWork) {
+  // One op needs its input (64 KiB, a leaf) and its output (64 KiB) at once: 96 KiB cannot work.
+  Budgeted b(96 * kKiB, EvictionHeuristic::kDtr);
+  Tensor x = b.interp.input(at::ones({16 * kKiB}));
+  EXPECT_THROW(relu(x), OutOfBudget);
+  EXPECT_EQ(b.memory.stats().min_budget_bytes, 128 * kKiB);
+}
+
+TEST(MemoryManager, BudgetBelowThePinnedSet) {
+  // The inputs alone overflow it: the leaf allocation itself fails, before any op.
+  Budgeted b(32 * kKiB, EvictionHeuristic::kDtr);
+  EXPECT_THROW(b.interp.input(at::ones({16 * kKiB})), OutOfBudget);
+}
+
+TEST(MemoryManager, FragmentedMemoryEvictsTheTensorThatJoinsAHole) {
+  // [x][a][hole][b][hole][c][filler], 64 KiB each: 128 KiB are free, in two holes. For 160 KiB,
+  // only evicting b (hole + b + hole = 192 KiB) makes one block large enough, though lru
+  // would pick a.
+  Budgeted b(2048 * kKiB, EvictionHeuristic::kLru);
+  auto block = [] { return at::empty({16 * kKiB}); };  // 64 KiB
+  Tensor x = b.interp.input(block());
+  PlacementScope among_activations(Placement::kActivation);  // as a kernel's outputs would be
+  Tensor a = relu(x);
+  at::Tensor hole1 = block();
+  Tensor bb = relu(x);
+  at::Tensor hole2 = block();
+  Tensor c = relu(x);
+  at::Tensor filler = at::empty({b.arena->stats().largest_free_block / 4});
+  ASSERT_LT(a.value().data_ptr(), hole1.data_ptr());
+  ASSERT_LT(hole1.data_ptr(), bb.value().data_ptr());
+  ASSERT_LT(bb.value().data_ptr(), hole2.data_ptr());
+  ASSERT_LT(hole2.data_ptr(), c.value().data_ptr());
+  hole1.reset();
+  hole2.reset();
+  bb.info()->last_access = c.info()->last_access = b.interp.now();  // lru alone would evict a
+  ASSERT_EQ(b.arena->stats().largest_free_block, 64 * kKiB);
+  EXPECT_TRUE(b.memory.make_room(160 * kKiB));
+  EXPECT_FALSE(bb.info()->resident());
+  EXPECT_TRUE(a.info()->resident());
+  EXPECT_TRUE(c.info()->resident());
+  EXPECT_EQ(b.memory.stats().evictions, 1);
+  EXPECT_EQ(b.arena->stats().largest_free_block, 192 * kKiB);
+}
+
+TEST(MemoryManager, OnlyTheInterpreterThreadMayEvict) {
+  Budgeted b(1024 * kKiB, EvictionHeuristic::kDtr);
+  Tensor x = b.interp.input(at::ones({16 * kKiB}));
+  Tensor y = relu(x);
+  bool made_room = true;
+  std::thread other([&] { made_room = b.memory.make_room(4096 * kKiB); });
+  other.join();
+  EXPECT_FALSE(made_room);
+  EXPECT_TRUE(y.info()->resident());
+  EXPECT_EQ(b.memory.stats().evictions, 0);
+}
+
+TEST(MemoryManager, RetriesAKernelWhoseWorkerThreadRanOutOfMemory) {
+  // A kernel that allocates on another thread, as ATen's parallel kernels may: that thread may
+  // not evict, so the allocation fails; run_with_room makes room here and runs it again.
+  Budgeted b(256 * kKiB, EvictionHeuristic::kLru);
+  Tensor x = b.interp.input(at::ones({16 * kKiB}));
+  Tensor y = relu(x);  // 64 KiB, evictable
+  Tensor z = relu(x);  // 64 KiB, evictable
+  int attempts = 0;
+  at::Tensor result = b.memory.run_with_room([&] {
+    ++attempts;
+    at::Tensor out;
+    std::exception_ptr failure;
+    std::thread worker([&] {
+      try {
+        out = at::empty({24 * kKiB});  // 96 KiB: more than the 64 KiB free
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    });
+    worker.join();
+    if (failure) std::rethrow_exception(failure);
+    return out;
+  });
+  EXPECT_EQ(attempts, 2);
+  EXPECT_EQ(result.numel(), 24 * kKiB);
+  EXPECT_GE(b.memory.stats().evictions, 1);
+}
+
+TEST(MemoryManager, EvictAllDropsEveryEvictableRootAndItsViews) {
+  MemoryManager memory;
+  Interpreter interp{{}, &memory};
+  Tensor x = interp.input(at::ones({4, 8}));
+  Tensor y = relu(x);
+  Tensor v = transpose(y, 0, 1);
+  EXPECT_EQ(memory.evict_all(), 1);
+  EXPECT_FALSE(y.info()->resident());
+  EXPECT_FALSE(v.info()->resident());
+  EXPECT_EQ(memory.stats().resident_bytes, 0);
+  EXPECT_TRUE(v.value().equal(at::ones({8, 4})));
+}
+
+}  // namespace
+}  // namespace ht
