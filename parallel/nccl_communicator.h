@@ -17,7 +17,7 @@
 //   not by tag. Pipelines on GPUs need their own schedule of sends and receives first.
 //
 // Built where the CUDA toolkit and NCCL are found (parallel/CMakeLists.txt: HT_HAVE_NCCL). Not yet
-// run on a GPU: README, "What is not built yet".
+// run on a GPU: docs/status.md.
 
 #include "parallel/communicator.h"
 

@@ -12,9 +12,6 @@ bool operator!=(const Action& a, const Action& b) { return !(a == b); }
 
 namespace {
 
-constexpr ScheduleKind kAllKinds[] = {ScheduleKind::kGpipe, ScheduleKind::k1f1b, ScheduleKind::kInterleaved1f1b,
-                                      ScheduleKind::kZbH1};
-
 const char* kind_word(ActionKind kind) {
   switch (kind) {
     case ActionKind::kForward: return "forward";
@@ -33,30 +30,8 @@ std::string multiples_above(int m, int stages) {
 
 }  // namespace
 
-std::optional<ScheduleKind> schedule_from_name(const std::string& name) {
-  for (ScheduleKind kind : kAllKinds)
-    if (name == schedule_name(kind)) return kind;
-  return std::nullopt;
-}
-
-const char* schedule_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGpipe: return "gpipe";
-    case ScheduleKind::k1f1b: return "1f1b";
-    case ScheduleKind::kInterleaved1f1b: return "interleaved_1f1b";
-    case ScheduleKind::kZbH1: return "zb_h1";
-  }
-  return "?";
-}
-
-std::vector<std::string> schedule_names() {
-  std::vector<std::string> names;
-  for (ScheduleKind kind : kAllKinds) names.emplace_back(schedule_name(kind));
-  return names;
-}
-
 std::string schedule_refusal(ScheduleKind kind, ScheduleShape s) {
-  const std::string name = schedule_name(kind);
+  const std::string name = choice_name(kind);
   if (s.stages < 1) return "a pipeline needs at least 1 stage, got " + std::to_string(s.stages);
   if (s.micro_batches < 1) return "a step needs at least 1 micro-batch, got " + std::to_string(s.micro_batches);
   if (s.virtual_stages < 1) return "virtual_stages must be at least 1, got " + std::to_string(s.virtual_stages);

@@ -6,6 +6,9 @@
 // pure data, so it can be checked and simulated here without a model: the trainer only walks its
 // rank's list, receiving what an action needs and sending what it produces.
 
+#include "base/choice.h"
+
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,18 +33,20 @@ bool operator!=(const Action& a, const Action& b);
 // Per rank, the actions it runs, strictly in that order.
 using PipelineSchedule = std::vector<std::vector<Action>>;
 
-enum class ScheduleKind { kGpipe, k1f1b, kInterleaved1f1b, kZbH1 };
+// Named as a config or command line spells them (base/choice.h).
+enum class ScheduleKind : uint8_t { kGpipe, k1f1b, kInterleaved1f1b, kZbH1 };
+template <>
+struct ChoiceNames<ScheduleKind> {
+  static constexpr std::pair<ScheduleKind, const char*> table[] = {
+      {ScheduleKind::kGpipe, "gpipe"}, {ScheduleKind::k1f1b, "1f1b"},
+      {ScheduleKind::kInterleaved1f1b, "interleaved_1f1b"}, {ScheduleKind::kZbH1, "zb_h1"}};
+};
 
 struct ScheduleShape {
   int stages = 1;          // pipeline ranks
   int micro_batches = 1;   // per step
   int virtual_stages = 1;  // chunks per rank (> 1 only for interleaved_1f1b)
 };
-
-// Names as a config or command line spells them: "gpipe", "1f1b", "interleaved_1f1b", "zb_h1".
-std::optional<ScheduleKind> schedule_from_name(const std::string& name);
-const char* schedule_name(ScheduleKind kind);
-std::vector<std::string> schedule_names();  // for "expected one of ..." messages
 
 // "" when make_schedule(kind, shape) can run that shape, else one sentence saying what is wrong
 // and what would work, so a config error reads as advice rather than a crash.

@@ -6,11 +6,22 @@
 // balancing the measured milliseconds under a per-stage memory limit avoids that.
 // Plain data and pure functions: no tensors, no communicator.
 
+#include "base/choice.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace ht {
+
+// What the block times that balance the stages are (parallel.stage_costs): measured on this run
+// (rank 0's probe), or modelled from the ops' shapes (runtime/kernel_cost.h).
+enum class StageCosts : uint8_t { kMeasured, kModeled };
+template <>
+struct ChoiceNames<StageCosts> {
+  static constexpr std::pair<StageCosts, const char*> table[] = {{StageCosts::kMeasured, "measured"},
+                                                                 {StageCosts::kModeled, "modeled"}};
+};
 
 // One block's profiled cost (one measured step, or the planner's profile).
 struct BlockCost {

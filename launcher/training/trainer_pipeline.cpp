@@ -1,4 +1,4 @@
-// The trainer's pipeline-parallel step (launcher/training/pipeline_stage.h does the stage's work).
+// The trainer's pipeline-parallel step (parallel/pipeline_stage.h does the stage's work).
 #include "launcher/training/per_rank.h"
 #include "launcher/training/trainer.h"
 
@@ -13,7 +13,7 @@ std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const D
   // Every rank probes the same blocks with the same data; measured times are rank 0's everywhere.
   const Batch probe = data.train->slice(0, config.micro_batch_size());
   BlockProfile profile = profile_blocks(model, probe, config);
-  if (config.parallel.stage_costs == "measured") {
+  if (config.parallel.stage_costs == StageCosts::kMeasured) {
     LocalCommunicator alone;
     share_block_costs(profile, replicas ? *replicas : alone, *pipeline);
   }
@@ -41,7 +41,7 @@ double Trainer::pipeline_step(const Batch& batch, StepResult& r) {
       explicit Step(MemoryManager& m) : memory(m) { memory.begin_step(); }
       ~Step() { memory.end_step(/*completed=*/std::uncaught_exceptions() == 0); }
     } step{memory_};
-    loss = pipeline_->train_step(interp_, batch, config_.micro_batch_size(), loss_seed);
+    loss = pipeline_->train_step(interp_, batch.input, batch.target, config_.micro_batch_size(), loss_seed);
   }
   pipeline_->sum_tied_gradients();
   // Only the stage holding the loss has it; the others add zeros, exactly.

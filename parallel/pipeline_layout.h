@@ -3,12 +3,9 @@
 // activation crossing a stage boundary, the random seeds each block draws, and which parameters
 // each rank trains. Every rank computes it alike from the model and the config (every rank builds
 // the whole model from the same seed), so nothing of it is exchanged and no message carries a
-// shape.
+// shape. launcher/training/pipeline_setup.h makes it from the job's config.
 
-#include "launcher/config/config.h"
-#include "launcher/data/dataset.h"
 #include "models/model.h"
-#include "parallel/communicator.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/stage_partition.h"
 
@@ -27,23 +24,14 @@ struct BlockProfile {
   int64_t micro_batch = 0;                      // the probe's batch size
 };
 
-// Runs training-mode forwards and backwards of `micro` through the model in fresh interpreters,
-// on host memory (outside any budget), restoring what they changed (gradients, batch-norm
-// statistics). parallel.stage_costs = "measured": each block's kernels timed, the median of three
-// probes after a warm-up; "modeled": the modelled kernel costs (runtime/kernel_cost.h, backward
-// twice the forward), the same on every rank and every run without any message.
-BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& config);
-// Measured times differ between ranks: every rank takes rank 0's (collective over the replica
-// groups, then the pipelines), so that all cut the model alike.
-void share_block_costs(BlockProfile& profile, Communicator& replicas, Communicator& pipeline);
-
 struct PipelineLayout {
   ScheduleKind kind = ScheduleKind::k1f1b;
   ScheduleShape shape;
   std::vector<int> first_block;  // per virtual stage, and one past the last block at the end
   Partition partition;           // per virtual stage: predicted time and memory
   BlockProfile profile;
-  std::string costs = "measured";  // what balanced the stages: parallel.stage_costs, or "stage_blocks"
+  StageCosts costs = StageCosts::kMeasured;  // what the blocks' times are
+  bool counts_given = false;                 // the stages' blocks were given (parallel.stage_blocks), not balanced
 
   int virtual_stages() const { return shape.stages * shape.virtual_stages; }
   int blocks_begin(int vs) const { return first_block[static_cast<size_t>(vs)]; }
@@ -56,11 +44,20 @@ struct PipelineLayout {
   uint64_t seeds_per_micro_batch() const { return seeds_before(static_cast<int>(profile.seeds.size())); }
 };
 
-// Partitions the blocks into config.parallel.pipeline_parallel x virtual_stages stages:
-// parallel.stage_blocks when given, else balanced by modelled time within the memory each stage
-// holds (state, plus activations times the micro-batches its schedule keeps in flight).
-// UserError naming the key and what would work when the model cannot be cut so.
-PipelineLayout make_pipeline_layout(const Config& config, const Model& model, BlockProfile profile);
+// How each virtual stage's blocks are chosen.
+struct PipelineRequest {
+  ScheduleKind kind = ScheduleKind::k1f1b;
+  ScheduleShape shape;
+  std::vector<int> stage_blocks;   // blocks per virtual stage; empty: balanced by the blocks' times
+  int64_t memory_limit_bytes = 0;  // what a stage may hold (state, and activations times the
+                                   // micro-batches its schedule keeps in flight); 0: no limit
+  StageCosts costs = StageCosts::kMeasured;  // what profile's times are
+};
+
+// Partitions the model's blocks into request.shape's virtual stages: request.stage_blocks when
+// given, else balanced by time within the memory limit. std::invalid_argument saying why when the
+// model cannot be cut so.
+PipelineLayout lay_out_pipeline(const PipelineRequest& request, const Model& model, BlockProfile profile);
 
 // The stage table printed at start, with the split by parameter count beside it.
 std::string describe_pipeline(const PipelineLayout& layout);

@@ -1,6 +1,4 @@
-#include "launcher/training/pipeline_stage.h"
-
-#include "launcher/training/optimizer.h"
+#include "parallel/pipeline_stage.h"
 
 #include <chrono>
 
@@ -103,7 +101,7 @@ void PipelineStage::forward(Interpreter& interp, const Action& a) {
   const int64_t offset = a.micro_batch * micro_size_;
   Tensor x;
   if (vs == 0) {
-    x = interp.input(batch_->input.narrow(0, offset, micro_size_).to(device_));
+    x = interp.input(input_.narrow(0, offset, micro_size_).to(device_));
   } else {
     at::Tensor received = take_received(a);
     x = interp.stage_input(received);
@@ -116,7 +114,7 @@ void PipelineStage::forward(Interpreter& interp, const Action& a) {
                           layout_.seeds_before(first));
   for (int b = first; b < end; ++b) x = model_.blocks()[static_cast<size_t>(b)]->forward(x);
   if (vs + 1 == layout_.virtual_stages()) {
-    f.loss = model_.loss(x, interp.input(batch_->target.narrow(0, offset, micro_size_).to(device_)));
+    f.loss = model_.loss(x, interp.input(target_.narrow(0, offset, micro_size_).to(device_)));
     loss_sum_ += f.loss.value().item<double>() / static_cast<double>(layout_.shape.micro_batches);
   } else {
     f.output = x;
@@ -166,8 +164,10 @@ void PipelineStage::backward(Interpreter& interp, const Action& a) {
   }
 }
 
-double PipelineStage::train_step(Interpreter& interp, const Batch& batch, int64_t micro_size, double loss_seed) {
-  batch_ = &batch;
+double PipelineStage::train_step(Interpreter& interp, const at::Tensor& input, const at::Tensor& target,
+                                 int64_t micro_size, double loss_seed) {
+  input_ = input;
+  target_ = target;
   micro_size_ = micro_size;
   loss_seed_ = loss_seed;
   loss_sum_ = 0;
@@ -188,7 +188,8 @@ double PipelineStage::train_step(Interpreter& interp, const Batch& batch, int64_
   TORCH_CHECK(in_flight_.empty() && receives_.empty(), "pipeline: the schedule left work undone");
   interp.set_seed_counter(seed_base_ + static_cast<uint64_t>(layout_.shape.micro_batches) *
                                            layout_.seeds_per_micro_batch());
-  batch_ = nullptr;
+  input_ = at::Tensor();
+  target_ = at::Tensor();
   return loss_sum_;
 }
 

@@ -9,15 +9,14 @@
 // cross as bytes), weight gradients accumulate in micro-batch order as on one rank, dropout draws
 // the seeds one rank would (each block's seeds are known from the layout), and the step's
 // gradient norm is the one rank's formula over per-parameter norms gathered in model order.
+//
+// What the trainer adds around it (making the layout from the config, the whole model for a
+// checkpoint) is in launcher/training/pipeline_setup.h.
 
-#include "launcher/data/dataset.h"
-#include "launcher/training/pipeline_layout.h"
 #include "parallel/communicator.h"
+#include "parallel/pipeline_layout.h"
 #include "runtime/interpreter.h"
 
-#include <torch/optim/optimizer.h>
-
-#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -43,11 +42,12 @@ class PipelineStage {
   // The parameters this rank trains (model order).
   const std::vector<at::Tensor>& parameters() const { return params_; }
 
-  // One step's actions over `batch` (micro-batches of `micro_size`). Backward of each micro-batch
+  // One step's actions over the batch (`input`, `target`: micro-batches of `micro_size`). Backward of each micro-batch
   // starts from loss x `loss_seed` (1 / micro-batches, times the fp16 loss scale). Returns the
   // mean loss over the micro-batches on the rank that holds the loss, 0 on the others. The
   // interpreter's seed counter ends where one rank's would.
-  double train_step(Interpreter& interp, const Batch& batch, int64_t micro_size, double loss_seed);
+  double train_step(Interpreter& interp, const at::Tensor& input, const at::Tensor& target, int64_t micro_size,
+                    double loss_seed);
   const PipelineStats& stats() const { return stats_; }
 
   // Evaluation of one batch of n: the model's output on the rank that holds the loss; undefined
@@ -57,8 +57,9 @@ class PipelineStage {
   // A tied weight's two gradients (first and last stage) summed on both, in the same order, so
   // both copies step alike.
   void sum_tied_gradients();
-  // The whole model's gradient norm, as one rank's clip_grad_norm computes it.
-  double gradient_norm();
+  // Every parameter's gradient norm, gathered from the stage that trains it, in model order
+  // (parameters without a gradient left out): what one rank's clip_grad_norm combines.
+  at::Tensor gradient_norms();
   // Whether every stage's gradients are finite (fp16).
   bool all_stages(bool finite);
   // The sum over the stages of a number only some of them have (the loss: 0 elsewhere).
@@ -68,13 +69,13 @@ class PipelineStage {
   // weights they use move into device memory (the budget's arena, when one is active); every other
   // one becomes an empty tensor. The model was built on host memory (launcher/job.cpp).
   void keep_only_own(Model& model);
-  // Runs `fn` with every parameter and buffer at its full size again (the others' as zeros, on
-  // host memory), then empties them again and drops their optimizer state: for a checkpoint's
-  // save or load, which see the whole model.
-  void with_full_model(Model& model, torch::optim::Optimizer& optimizer, const std::function<void()>& fn);
-  // Before a checkpoint, inside with_full_model: rank 0 receives every parameter, buffer and
-  // optimizer state it does not train, so that it writes one model-wide layout (a single rank's).
-  void gather_to_first_stage(Model& model, torch::optim::Optimizer& optimizer);
+  // What keep_only_own left: per parameter and buffer (model order), its full size and whether
+  // this rank holds it.
+  struct Share {
+    std::vector<std::vector<int64_t>> param_sizes, buffer_sizes;
+    std::vector<bool> own_param, own_buffer;
+  };
+  const Share& share() const { return share_; }
   // The whole model's parameter count (a stage's tensors of other stages are empty).
   int64_t model_parameters() const { return model_parameters_; }
 
@@ -101,11 +102,10 @@ class PipelineStage {
   std::vector<Action> actions_;
   std::vector<at::Tensor> params_;
   std::vector<TiedParameter> tied_;
-  std::vector<std::vector<int64_t>> full_param_sizes_, full_buffer_sizes_;  // model order
-  std::vector<bool> own_param_, own_buffer_;
+  Share share_;
   int64_t model_parameters_ = 0;
   // During a step.
-  const Batch* batch_ = nullptr;
+  at::Tensor input_, target_;
   int64_t micro_size_ = 0;
   double loss_seed_ = 1, loss_sum_ = 0;
   uint64_t seed_base_ = 0;
