@@ -53,10 +53,11 @@ void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std
   BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
   Savers savers;
   savers.kernel_costs = costs;
-  BudgetRunner dtr(w, w.batch, budget, *eviction_heuristic_from_name(policy_name), o.threshold, savers);
+  const EvictionHeuristic heuristic = *parse_choice<EvictionHeuristic>(policy_name);  // checked by the options
+  BudgetRunner dtr(w, w.batch, budget, heuristic, o.threshold, savers);
   // The costs a policy weighs are named when the run compares them.
-  const std::string policy = o.costs.size() > 1 && policy_name != "lru" && policy_name != "largest"
-                                 ? policy_name + "/" + kernel_costs_name(costs)
+  const std::string policy = o.costs.size() > 1 && weighs_costs(heuristic)
+                                 ? policy_name + "/" + choice_name(costs)
                                  : policy_name;
   std::vector<double> ratios, recompute_share, evictions, peaks;
   bool identical = true;
@@ -185,10 +186,10 @@ Baseline run(const Workload& w, const Options& o) {
   std::printf("|%s|\n", std::string(136, '-').c_str());
   for (double ratio : o.ratios) {
     for (const std::string& policy : o.policies) {
-      const bool weighs_costs = policy != "lru" && policy != "largest";
+      const bool weighs = weighs_costs(*parse_choice<EvictionHeuristic>(policy));
       for (KernelCosts costs : o.costs) {
         budget_row(w, u, ratio, policy, costs, o);
-        if (!weighs_costs) break;  // the same row whatever the costs
+        if (!weighs) break;  // the same row whatever the costs
       }
     }
   }
@@ -251,7 +252,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.policies = ht::bench::split(policies);
   for (const std::string& p : o.policies) {
-    if (!ht::eviction_heuristic_from_name(p)) {
+    if (!ht::parse_choice<ht::EvictionHeuristic>(p)) {
       std::fprintf(stderr, "bench_dtr_budget: --policies: unknown policy \"%s\"; use dtr, dtr_eq, megengine, lru "
                    "or largest\n", p.c_str());
       return 2;
@@ -259,7 +260,7 @@ int main(int argc, char** argv) {
   }
   o.costs.clear();
   for (const std::string& c : ht::bench::split(costs)) {
-    const std::optional<ht::KernelCosts> k = ht::kernel_costs_from_name(c);
+    const std::optional<ht::KernelCosts> k = ht::parse_choice<ht::KernelCosts>(c);
     if (!k) {
       std::fprintf(stderr, "bench_dtr_budget: --costs: unknown \"%s\"; use modeled, measured or both\n", c.c_str());
       return 2;

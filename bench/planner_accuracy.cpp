@@ -39,7 +39,7 @@ struct RowSpec {
   JobSpec job;
   int ranks = 1;
   int64_t micro = 0, accumulation = 1;
-  std::string precision = "off";
+  MixedPrecision precision = MixedPrecision::kOff;
   double dtr_share = 0;  // > 0: dtr in a budget of this share of the plan's peak without eviction
   int steps = 0;         // 0: --steps
 };
@@ -97,18 +97,18 @@ std::vector<RowSpec> row_specs(const Jobs& j, bool quick) {
   // ResNet-18 steps take the better part of a second here: fewer of them.
   return {{"ConvNet", j.convnet(), 1, 64, 1},
           {"ConvNet", j.convnet(), 1, 16, 4},
-          {"ConvNet", j.convnet(), 1, 64, 1, "bf16"},
-          {"ConvNet", j.convnet(), 1, 64, 1, "off", 0.65},
+          {"ConvNet", j.convnet(), 1, 64, 1, MixedPrecision::kBf16},
+          {"ConvNet", j.convnet(), 1, 64, 1, MixedPrecision::kOff, 0.65},
           {"ConvNet", j.convnet(), 2, 32, 1},
-          {"ResNet-18", j.resnet(32), 1, 32, 1, "off", 0, 8},
-          {"ResNet-18", j.resnet(32), 1, 32, 1, "bf16", 0.65, 8},
-          {"ResNet-18", j.resnet(32), 2, 16, 1, "off", 0, 8},
+          {"ResNet-18", j.resnet(32), 1, 32, 1, MixedPrecision::kOff, 0, 8},
+          {"ResNet-18", j.resnet(32), 1, 32, 1, MixedPrecision::kBf16, 0.65, 8},
+          {"ResNet-18", j.resnet(32), 2, 16, 1, MixedPrecision::kOff, 0, 8},
           {"GPT-small", j.gpt_small(), 1, 32, 1},
-          {"GPT-small", j.gpt_small(), 1, 8, 4, "bf16"},
+          {"GPT-small", j.gpt_small(), 1, 8, 4, MixedPrecision::kBf16},
           {"GPT-small", j.gpt_small(), 4, 8, 1},
           {"GPT-large", j.gpt_large(), 1, 32, 1},
-          {"GPT-large", j.gpt_large(), 1, 32, 1, "off", 0.65},
-          {"GPT-large", j.gpt_large(), 2, 8, 2, "bf16"},
+          {"GPT-large", j.gpt_large(), 1, 32, 1, MixedPrecision::kOff, 0.65},
+          {"GPT-large", j.gpt_large(), 2, 8, 2, MixedPrecision::kBf16},
           {"supernet", j.supernet(), 1, 64, 1},
           {"supernet", j.supernet(), 4, 16, 1}};
 }
@@ -126,7 +126,7 @@ std::vector<ScenarioSpec> scenario_specs(const Jobs& j, bool quick) {
 PlanArgs row_args(const std::vector<RowSpec>& specs, const RowSpec& row) {
   PlanArgs a;
   a.device_memory = kRoomy;
-  a.policies = {"none"};  // a row's plan is given, not searched for
+  a.policies = {MemoryPolicy::kNone};  // a row's plan is given, not searched for
   for (const RowSpec& s : specs) {
     if (s.job.config != row.job.config || s.job.overrides != row.job.overrides) continue;
     if (std::find(a.ranks.begin(), a.ranks.end(), s.ranks) == a.ranks.end()) a.ranks.push_back(s.ranks);
@@ -136,7 +136,7 @@ PlanArgs row_args(const std::vector<RowSpec>& specs, const RowSpec& row) {
   }
   std::sort(a.ranks.begin(), a.ranks.end());
   // The first precision sets the profiler's smaller point; the configs' own is fp32.
-  std::stable_partition(a.precisions.begin(), a.precisions.end(), [](const std::string& p) { return p == "off"; });
+  std::stable_partition(a.precisions.begin(), a.precisions.end(), [](MixedPrecision p) { return p == MixedPrecision::kOff; });
   return a;
 }
 
@@ -146,13 +146,13 @@ Row plan_row(PlanCache& cache, const std::vector<RowSpec>& specs, const RowSpec&
   row.planned = &cache.get(s.job, row_args(specs, s));
   const ModelProfile& profile = row.planned->plan.profile;
   const Machine& machine = row.planned->plan.machine;
-  row.plan = Plan{s.ranks, s.micro, s.accumulation, s.precision, "none", machine.device_memory};
+  row.plan = Plan{s.ranks, s.micro, s.accumulation, s.precision, MemoryPolicy::kNone, machine.device_memory};
   row.predicted = predict(profile, machine, row.plan);
   // DTR at the smallest share of the peak without eviction, from dtr_share up, that the planner
   // thinks works: where the model's own state is most of the peak (ResNet-18), 65% cannot.
   const auto unconstrained = static_cast<double>(row.predicted.peak_bytes);
   for (double share = s.dtr_share; share > 0 && share < 0.99; share += 0.05) {
-    row.plan.policy = "dtr";
+    row.plan.policy = MemoryPolicy::kDtr;
     row.plan.budget_bytes = std::llround(unconstrained * share);
     row.predicted = predict(profile, machine, row.plan);
     if (row.predicted.fits) break;
@@ -165,8 +165,8 @@ double error_pct(double predicted, double measured) { return 100.0 * (predicted 
 std::string short_plan(const Plan& p) {
   char text[96];
   std::snprintf(text, sizeof text, "%d  %3lld x %-2lld  %-4s  %s", p.ranks, static_cast<long long>(p.micro_batch),
-                static_cast<long long>(p.accumulation), p.precision == "off" ? "fp32" : p.precision.c_str(),
-                p.policy == "none" ? "none" : (p.policy + " @ " + std::to_string(std::lround(p.budget_bytes / kMiB)) +
+                static_cast<long long>(p.accumulation), p.precision == MixedPrecision::kOff ? "fp32" : choice_name(p.precision),
+                !evicts(p.policy) ? "none" : (choice_name(p.policy) + std::string(" @ ") + std::to_string(std::lround(p.budget_bytes / kMiB)) +
                                                " MiB").c_str());
   return text;
 }

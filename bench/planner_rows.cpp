@@ -28,9 +28,9 @@ std::string key_of(const JobSpec& job, const PlanArgs& a) {
   k += " |";
   for (int r : a.ranks) k += " " + std::to_string(r);
   k += " | " + std::to_string(a.device_memory) + " |";
-  for (const std::string& p : a.precisions) k += " " + p;
+  for (MixedPrecision p : a.precisions) k += std::string(" ") + choice_name(p);
   k += " |";
-  for (const std::string& p : a.policies) k += " " + p;
+  for (MemoryPolicy p : a.policies) k += std::string(" ") + choice_name(p);
   return k;
 }
 

@@ -70,17 +70,18 @@ std::vector<int> parse_ranks(const std::string& text, const std::string& option 
   return out;
 }
 
-std::vector<std::string> parse_precisions(const std::string& text) {
-  std::vector<std::string> out;
+std::vector<MixedPrecision> parse_precisions(const std::string& text) {
+  std::vector<MixedPrecision> out;
   size_t start = 0;
   while (true) {
     const size_t comma = text.find(',', start);
     const std::string word = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (word != "off" && word != "bf16" && word != "fp16") {
+    const std::optional<MixedPrecision> precision = parse_choice<MixedPrecision>(word);
+    if (!precision) {
       throw UserError("--precisions " + text + ": '" + word + "' is not a precision; use off, bf16 or fp16, e.g. "
                       "--precisions off,bf16");
     }
-    out.push_back(word);
+    out.push_back(*precision);
     if (comma == std::string::npos) return out;
     start = comma + 1;
   }
@@ -168,7 +169,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("config", cl.config_path, "the job's TOML file, e.g. configs/quickstart.toml");
   bool markdown = false;
   app.add_flag("--config-reference-markdown", markdown, "print the config reference as Markdown and exit")
-      ->group("");  // hidden: the README's reference is generated with it
+      ->group("");  // hidden: docs/config-reference.md is generated with it
   app.footer("\nhybrid_train plan CONFIG.toml --help: the planner.\nhybrid_train report RUN_DIR: a run's report.html.\n" +
              config_reference_text() +
              "\nOverrides win over the file and are type-checked like it, e.g. --training.steps=20.");

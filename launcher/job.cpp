@@ -31,20 +31,20 @@ void print_plan(const Config& c, const DataInfo& data, int64_t parameters, const
                 grid.world, grid.data_parallel, grid.pipeline_parallel, grid.data_parallel_group->backend().c_str(),
                 static_cast<long long>(c.local_batch_size()));
   }
-  std::printf("model: %s, %lld parameters, on %s, threads %s\n", c.model.name.c_str(),
+  std::printf("model: %s, %lld parameters, on %s, threads %s\n", choice_name(c.model.name),
               static_cast<long long>(parameters), c.training.device.c_str(), threads.describe().c_str());
   if (const PipelineStage* stage = trainer.pipeline()) std::printf("%s\n", describe_pipeline(stage->layout()).c_str());
   std::printf("training: %lld steps (%lld per epoch), global batch %lld in %lld micro-batch(es) of %lld, "
               "%s lr %g (%s)\n",
               static_cast<long long>(trainer.total_steps()), static_cast<long long>(trainer.steps_per_epoch()),
               static_cast<long long>(c.training.global_batch_size), static_cast<long long>(c.micro_batches()),
-              static_cast<long long>(c.micro_batch_size()), c.training.optimizer.c_str(), c.training.lr,
-              c.training.schedule.c_str());
+              static_cast<long long>(c.micro_batch_size()), choice_name(c.training.optimizer), c.training.lr,
+              choice_name(c.training.schedule));
 }
 
 JsonObject summary_of(const Config& c, int64_t model_parameters, const TrainResult& r, const RunPrediction& p) {
   JsonObject s;
-  s.add("job", c.job.name).add("config", c.source).add("model", c.model.name)
+  s.add("job", c.job.name).add("config", c.source).add("model", std::string(choice_name(c.model.name)))
       .add("parameters", model_parameters).add("device", c.training.device).add("steps", r.steps)
       .add("resumed_from_step", r.resumed_from_step).add("final_loss", r.final_loss)
       .add("stopped_by", std::string(r.stopped_by != 0 ? signal_name(r.stopped_by) : ""))
@@ -53,7 +53,7 @@ JsonObject summary_of(const Config& c, int64_t model_parameters, const TrainResu
       .add("predicted_step_ms", p.prediction.step_ms >= 0 ? std::optional<double>(p.prediction.step_ms) : std::nullopt)
       .add("wall_s", r.seconds)
       .add("samples_per_s", r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0.0);
-  if (c.memory.policy == "swap" || c.memory.policy == "hybrid") {
+  if (swaps(c.memory.policy)) {
     s.add("predicted_swap_out_bytes", p.prediction.swap_out_bytes).add("predicted_swap_link_ms", p.prediction.swap_link_ms)
         .add("predicted_swap_exposed_ms", p.prediction.swap_exposed_ms);
   }
@@ -87,14 +87,21 @@ UserError parameters_do_not_fit(const Config& c, const DataInfo& data) {
 // `channels_last`: the model's convolution weights are channels-last.
 UserError budget_too_small(const Config& c, const OutOfBudget& e, const Trainer& trainer, bool channels_last) {
   const MemoryStats& m = trainer.memory().stats();
-  const int64_t at_least = std::max(m.min_budget_bytes, e.in_use + e.requested);
-  std::string text = budget_text(c) + " is too small for model " + c.model.name + " at micro-batch " +
+  const int64_t need = CpuArena::rounded_size(static_cast<size_t>(e.requested));
+  std::string text = budget_text(c) + " is too small for model " + choice_name(c.model.name) + " at micro-batch " +
                      std::to_string(c.micro_batch_size()) + ": in step " + std::to_string(trainer.state().step + 1) +
-                     " an allocation of " + format_bytes(e.requested) + " found " + format_bytes(e.largest_free) +
-                     " free in one block with " + format_bytes(e.in_use) + " held by what cannot be evicted " +
-                     "(parameters, gradients, optimizer state, the batch and the tensors the op reads)";
-  text += "; no budget below " + format_bytes(at_least) + " can work (measured up to this op; later ops may need more)";
-  text += c.memory.policy == "none"
+                     " an allocation of " + format_bytes(need) + " found no room beside the " + format_bytes(e.in_use) +
+                     " held by what cannot be evicted (parameters, gradients, optimizer state, the batch and the "
+                     "tensors the op reads)";
+  if (e.in_use + need > e.capacity) {
+    const int64_t at_least = std::max(m.min_budget_bytes, e.in_use + need);
+    text += ": " + format_bytes(e.in_use + need) + ", more than the budget; no budget below " + format_bytes(at_least) +
+            " can work (measured up to this op; later ops may need more)";
+  } else {
+    text += ", which left " + format_bytes(e.capacity - e.in_use) + " free, but in pieces, the largest " +
+            format_bytes(e.largest_free) + ": fragmentation";
+  }
+  text += !evicts(c.memory.policy)
               ? ". Use memory.policy = \"dtr\" to evict and recompute activations, raise memory.budget, or lower "
                 "training.micro_batch_size"
               : ". Raise memory.budget (each MiB above the minimum means less recomputation) or lower "
@@ -170,9 +177,12 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   // Device memory: with a budget, every tensor from here on (parameters, gradients, optimizer
   // state, batches, activations) comes from an arena of that size. The datasets above stay host.
   // On a GPU the arena is one cudaMalloc block that hybrid_train's CUDA allocator serves from
-  // (alloc/cuda_arena.h); without a budget, ATen's caching allocator serves as ever.
+  // (alloc/cuda_arena.h); without a budget, ATen's caching allocator serves as ever. A CPU rank
+  // without a budget counts the same tensors as its device memory (DeviceMemoryScope), so that
+  // its measured peak means the bytes the planner predicts, with or without a budget.
   std::shared_ptr<CpuArena> arena;
   std::optional<ArenaScope> device_memory;
+  std::optional<DeviceMemoryScope> unbudgeted_device_memory;
   std::optional<CudaArenaScope> gpu_memory;
   if (config.memory.budget_bytes > 0) {
     const at::Device device(config.training.device);
@@ -188,6 +198,8 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
       arena = std::make_shared<CpuArena>(config.memory.budget_bytes);
       device_memory.emplace(arena);
     }
+  } else if (at::Device(config.training.device).is_cpu()) {
+    unbudgeted_device_memory.emplace();
   }
   at::manual_seed(config.job.seed);
   std::shared_ptr<Model> model;
@@ -218,7 +230,9 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
 
   const std::string resolved = resolved_toml(config);
   if (!quiet && root) {
-    std::printf("hybrid_train %s: job \"%s\"\n%s\n", HT_VERSION, config.job.name.c_str(), resolved.c_str());
+    std::printf("hybrid_train %s: job \"%s\" from %s; set there or on the command line (every key: %s/config.resolved.toml):\n%s\n",
+                HT_VERSION, config.job.name.c_str(), config.source.c_str(), config.job.output_dir.c_str(),
+                config_changes_text(config).c_str());
     print_plan(config, info, parameters, trainer, *grid, threads);
     std::printf("%s\n\n", predicted.text.c_str());
     std::fflush(stdout);

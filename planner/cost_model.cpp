@@ -1,5 +1,6 @@
 #include "planner/cost_model.h"
 
+#include "alloc/byte_size.h"
 #include "planner/dtr_replay.h"
 #include "planner/pipeline_terms.h"
 #include "planner/swap_terms.h"
@@ -14,12 +15,12 @@ namespace ht {
 namespace {
 
 // The points of `precision` measured with the profile's full thread count, by micro-batch.
-std::vector<const ProfilePoint*> base_points(const ModelProfile& profile, const std::string& precision) {
+std::vector<const ProfilePoint*> base_points(const ModelProfile& profile, MixedPrecision precision) {
   std::vector<const ProfilePoint*> out;
   for (const ProfilePoint& p : profile.points) {
     if (p.precision == precision && p.threads == profile.threads) out.push_back(&p);
   }
-  if (out.empty()) throw std::invalid_argument("no profiled point at precision " + precision);
+  if (out.empty()) throw std::invalid_argument(std::string("no profiled point at precision ") + choice_name(precision));
   std::sort(out.begin(), out.end(), [](const auto* a, const auto* b) { return a->micro_batch < b->micro_batch; });
   return out;
 }
@@ -97,7 +98,7 @@ bool same_structure(const schedule::StepGraph& a, const schedule::StepGraph& b) 
 
 }  // namespace
 
-double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
+double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                            int threads) {
   const auto points = base_points(profile, precision);
   const auto [a, b] = bracket(points, micro_batch);
@@ -112,7 +113,7 @@ double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, con
   return std::max(ms, 1e-3) * thread_factor(profile, threads);
 }
 
-int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, const std::string& precision) {
+int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision) {
   const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
   const double bytes = affine(micro_batch, *a, static_cast<double>(a->activation_bytes()), *b,
                               static_cast<double>(b->activation_bytes()));
@@ -120,7 +121,7 @@ int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, const
 }
 
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
-                    const std::string& precision) {
+                    MixedPrecision precision) {
   const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
   // The nearer point's trace, resized.
   const ProfilePoint& near =
@@ -157,7 +158,7 @@ StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t lo
   return out;
 }
 
-schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
+schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                               std::vector<int>* block_starts) {
   const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
   const ProfilePoint& near =
@@ -216,7 +217,7 @@ namespace {
 
 // memory.optimizer_state = "host" takes effect only where the run opens a host link.
 bool state_waits_on_host(const Plan& plan) {
-  return plan.state_on_host && (plan.policy == "swap" || plan.policy == "hybrid");
+  return plan.state_on_host && swaps(plan.policy);
 }
 
 // Memory per rank without eviction: every term exact but the activations, which are measured.
@@ -236,9 +237,7 @@ void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) 
 void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
   ReplayOptions options;
   options.budget_bytes = plan.budget_bytes;
-  options.policy = plan.policy == "lru" ? ReplayPolicy::kLru
-                   : plan.policy == "largest" ? ReplayPolicy::kLargest
-                                              : ReplayPolicy::kDtr;  // dtr, and its variants
+  options.policy = *eviction_heuristic(plan.policy);
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   const int64_t state_on_device = state_waits_on_host(plan) ? 0 : p.optimizer_state_bytes;
   trace.persistent_bytes = p.model_bytes + p.gradient_bytes + state_on_device + p.sampler_bytes;
@@ -256,17 +255,13 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   p.recompute_ms = r.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
   if (r.feasible && !margin.feasible) {
     p.fits = false;
-    p.why_not = "fits only without the 5% margin the replay keeps for fragmentation it cannot see";
+    p.why_not = "eviction runs it in " + format_bytes(options.budget_bytes) + " but not in 95% of it (" +
+                format_bytes(tighter.budget_bytes) + "), the margin kept for fragmentation the replay cannot see: " +
+                margin.failure;
   } else if (!r.feasible) {
     p.fits = false;
-    p.why_not = r.min_budget_bytes > 0
-                    ? "no budget below " + std::to_string(r.min_budget_bytes >> 20) + " MiB can run it: " + r.failure
-                    : "eviction cannot run it: " + r.failure;
+    p.why_not = "eviction cannot run it: " + r.failure;
   }
-}
-
-bool plans_statically(const std::string& policy) {
-  return policy == "static" || policy == "auto" || policy == "segments";
 }
 
 // Under static plans (memory/static_plan.h), as the runtime runs them: the first step of a
@@ -290,7 +285,7 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
   const auto budget = static_cast<int64_t>(static_cast<double>(plan.budget_bytes) * (1.0 - schedule::kDefaultBudgetMargin));
   schedule::Schedule chosen;
   schedule::ScheduleCost cost;
-  if (plan.policy == "segments") {
+  if (plan.policy == MemoryPolicy::kSegments) {
     chosen = schedule::checkpoint_segments(graph, block_starts);
     cost = schedule::simulate(graph, chosen);
     if (!cost.valid || cost.peak_bytes > plan.budget_bytes) return;
@@ -330,13 +325,13 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
                           machine.device_speed;
-  if (plan.policy != "none" && plan.budget_bytes > 0) {
+  if (evicts(plan.policy) && plan.budget_bytes > 0) {
     if (plans_statically(plan.policy)) {
       static_plan_terms(profile, plan, slowdown, p);
     } else {
       eviction_terms(profile, plan, slowdown, p);
     }
-    if (plan.policy == "swap" || plan.policy == "hybrid") {
+    if (swaps(plan.policy)) {
       const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
       swap_terms(trace, plan.policy, machine, slowdown, p.evictions > 0, plan.accumulation, p);
       if (state_waits_on_host(plan)) {  // out after the step and back before the next, waited for
@@ -374,7 +369,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory && p.fits) {
     p.fits = false;
     p.why_not = "needs more than the device's memory";
-  } else if (plan.policy == "none" && plan.budget_bytes > 0 && p.peak_bytes > plan.budget_bytes && p.fits) {
+  } else if (!evicts(plan.policy) && plan.budget_bytes > 0 && p.peak_bytes > plan.budget_bytes && p.fits) {
     p.fits = false;
     p.why_not = "needs more than the budget";
   }

@@ -4,8 +4,11 @@
 // (pipeline stages: bubble and in-flight micro-batches; static plans; host swap: link time and
 // its hidden share) adds its own term and its own options without rewriting the others.
 
+#include "memory/memory_policy.h"
+#include "parallel/pipeline_schedule.h"
 #include "planner/machine.h"
 #include "planner/profile.h"
+#include "runtime/mixed_precision.h"
 
 #include <cstdint>
 #include <string>
@@ -17,11 +20,11 @@ struct Plan {
   int ranks = 1;                  // data-parallel ranks (replicas)
   int64_t micro_batch = 0;        // samples per micro-batch on a rank
   int64_t accumulation = 1;       // micro-batches per step on a rank
-  std::string precision = "off";  // training.mixed_precision
-  std::string policy = "none";    // memory.policy: none, an eviction policy (dtr), or static plans (static, auto, segments)
+  MixedPrecision precision = MixedPrecision::kOff;  // training.mixed_precision
+  MemoryPolicy policy = MemoryPolicy::kNone;        // memory.policy
   int64_t budget_bytes = 0;       // memory.budget; 0: none
   int stages = 1;                 // pipeline stages per replica (parallel.pipeline_parallel)
-  std::string schedule = "1f1b";  // parallel.pipeline_schedule, with stages > 1
+  ScheduleKind schedule = ScheduleKind::k1f1b;  // parallel.pipeline_schedule, with stages > 1
   // memory.optimizer_state = "host" (policies swap and hybrid): the optimizer state waits on host
   // during forward and backward, and crosses the link twice a step.
   bool state_on_host = false;
@@ -63,18 +66,18 @@ struct Prediction {
 // profiled points: affine in the micro-batch between (or beyond) the two measured sizes, scaled
 // by the measured effect of fewer threads. Throws std::invalid_argument if no point has the
 // precision.
-double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
+double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                            int threads);
 // Activation bytes of one micro-batch: affine between the two measured sizes.
-int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, const std::string& precision);
+int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision);
 // The step trace scaled to `micro_batch` (sizes and times interpolated between the measured
 // traces when they match op for op, proportional otherwise) with the batch of `local_batch`.
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
-                    const std::string& precision);
+                    MixedPrecision precision);
 // The profiled step's graph (as static plans capture it) at `micro_batch`: bytes, kernel times and
 // working bytes interpolated as trace_for does; `block_starts` (may be null) gets where each
 // model block began. Empty when the profile captured no graph.
-schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, const std::string& precision,
+schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                               std::vector<int>* block_starts);
 // Bytes of a step's batch of `samples` in the arena: the gathered input and target.
 int64_t batch_bytes(const ModelProfile& profile, int64_t samples);

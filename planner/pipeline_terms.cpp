@@ -52,7 +52,7 @@ std::vector<BlockCost> block_costs(const ModelProfile& profile, const ProfilePoi
 
 void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms, Prediction& p) {
   const ProfilePoint* pt = timed_point(profile, plan);
-  const ScheduleKind kind = schedule_from_name(plan.schedule).value_or(ScheduleKind::k1f1b);
+  const ScheduleKind kind = plan.schedule;
   const ScheduleShape shape{plan.stages, static_cast<int>(plan.accumulation), 1};
   if (pt == nullptr || static_cast<int>(pt->blocks.size()) < plan.stages || !schedule_refusal(kind, shape).empty()) {
     p.fits = false;

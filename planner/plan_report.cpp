@@ -62,7 +62,7 @@ std::string profile_text(const ModelProfile& p, const Machine& machine) {
   s += "  micro-batch  precision  threads  fwd+bwd ms  optimizer ms  peak MiB  activations MiB  largest op MiB\n";
   for (const ProfilePoint& pt : p.points) {
     s += printf_string("  %11lld  %9s  %7d  %10.1f  %12.1f  %8s  %15s  %14s\n", static_cast<long long>(pt.micro_batch),
-                       pt.precision.c_str(), pt.threads, pt.forward_backward_ms, pt.optimizer_ms,
+                       choice_name(pt.precision), pt.threads, pt.forward_backward_ms, pt.optimizer_ms,
                        mib(pt.peak_bytes).c_str(), mib(pt.activation_bytes()).c_str(),
                        mib(largest_op_working_set(pt.trace)).c_str());
   }
@@ -89,11 +89,11 @@ std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows) {
   for (size_t i = 0; i < std::min(rows, ranked.size()); ++i) {
     const Plan& p = ranked[i].plan;
     const Prediction& r = ranked[i].prediction;
-    const std::string stages = p.stages > 1 ? std::to_string(p.stages) + " " + p.schedule : "1";
+    const std::string stages = p.stages > 1 ? std::to_string(p.stages) + " " + choice_name(p.schedule) : "1";
     s += printf_string("%3zu  %5d  %6s  %7lld x %-4lld  %9s  %6s  %13s  %4s  %7.1f  %7.1f  %6.1f  %9.1f  %9.1f  %10.1f  "
                        "%9.1f  %14.4f\n",
                        i + 1, p.devices(), stages.c_str(), static_cast<long long>(p.micro_batch),
-                       static_cast<long long>(p.accumulation), p.precision.c_str(), p.policy.c_str(),
+                       static_cast<long long>(p.accumulation), choice_name(p.precision), choice_name(p.policy),
                        mib(r.peak_bytes).c_str(), r.fits ? "yes" : "no", r.step_ms, r.compute_ms, r.bubble_ms,
                        r.recompute_ms, r.optimizer_ms, r.allreduce_exposed_ms, r.samples_per_s,
                        r.device_hours_per_epoch);

@@ -4,6 +4,7 @@
 // Plain data: the launcher measures it (launcher/planning/profiler.h), the planner reasons on it.
 
 #include "planner/step_trace.h"
+#include "runtime/mixed_precision.h"
 #include "schedule/step_graph.h"
 
 #include <cstdint>
@@ -20,7 +21,7 @@ struct BlockTime {
 // One measured step of one micro-batch (global batch = micro-batch size), after a warm-up step.
 struct ProfilePoint {
   int64_t micro_batch = 0;
-  std::string precision = "off";  // training.mixed_precision
+  MixedPrecision precision = MixedPrecision::kOff;  // training.mixed_precision
   int threads = 1;                // compute threads it ran with
   double step_ms = 0;             // the whole step
   double forward_backward_ms = 0;  // forward and backward of the micro-batch

@@ -37,11 +37,11 @@ const RankedPlan* best_where(const std::vector<RankedPlan>& ranked, Pick&& pick)
 
 std::string describe_plan(const Plan& p) {
   std::string s = std::to_string(p.devices()) + (p.devices() == 1 ? " rank" : " ranks");
-  if (p.stages > 1) s += " (" + std::to_string(p.stages) + " " + p.schedule + " stages x " + std::to_string(p.ranks) + ")";
+  if (p.stages > 1) s += " (" + std::to_string(p.stages) + " " + choice_name(p.schedule) + " stages x " + std::to_string(p.ranks) + ")";
   s += ", micro-batch " + std::to_string(p.micro_batch);
   if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
-  s += p.precision == "off" ? ", fp32" : ", " + p.precision;
-  if (p.policy != "none") s += ", " + p.policy;
+  s += p.precision == MixedPrecision::kOff ? std::string(", fp32") : std::string(", ") + choice_name(p.precision);
+  if (evicts(p.policy)) s += std::string(", ") + choice_name(p.policy);
   return s;
 }
 
@@ -57,12 +57,12 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
          accumulation *= 2) {
       if (local % accumulation != 0) break;
       if (stages > 1 && accumulation < stages) continue;  // a pipeline with fewer micro-batches than stages idles
-      for (const std::string& precision : options.precisions) {
-        for (const std::string& policy : options.policies) {
-          if (policy != "none" && device_memory <= 0) continue;  // eviction needs a budget
+      for (MixedPrecision precision : options.precisions) {
+        for (MemoryPolicy policy : options.policies) {
+          if (evicts(policy) && device_memory <= 0) continue;  // eviction needs a budget
           // Stages each run DTR as one rank does, but the replay models one rank's whole model:
           // pipelines are searched without eviction.
-          if (stages > 1 && policy != "none") continue;
+          if (stages > 1 && evicts(policy)) continue;
           Plan p;
           p.ranks = ranks;
           p.stages = stages;
@@ -113,13 +113,13 @@ std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objecti
             (objective == Objective::kCost ? ": not worth its cost." : ".");
   }
   // Trading compute for memory.
-  if (win.plan.policy != "none" && w.recompute_ms > 0) {
+  if (evicts(win.plan.policy) && w.recompute_ms > 0) {
     text += std::string(text.empty() ? "" : " ") + "Recomputation (" + std::to_string(w.evictions) +
             " evictions a step) costs " + fixed(w.step_ms / (w.step_ms - w.recompute_ms)) +
             "x the step it would take with memory to spare.";
   } else {
     const RankedPlan* saver = best_where(ranked, [&](const RankedPlan& r) {
-      return r.plan.devices() <= win.plan.devices() && r.plan.policy != "none" && r.prediction.recompute_ms > 0;
+      return r.plan.devices() <= win.plan.devices() && evicts(r.plan.policy) && r.prediction.recompute_ms > 0;
     });
     if (saver != nullptr) {
       text += std::string(text.empty() ? "" : " ") + "Recomputation instead (" + describe_plan(saver->plan) +

@@ -16,8 +16,8 @@ enum class Objective { kTime, kCost };  // fastest step, or fewest device-hours 
 struct SearchOptions {
   std::vector<int> ranks{1};                          // rank counts to consider (replicas x stages)
   Objective objective = Objective::kTime;
-  std::vector<std::string> precisions{"off", "bf16"};
-  std::vector<std::string> policies{"none", "dtr"};   // eviction policies need device memory
+  std::vector<MixedPrecision> precisions{MixedPrecision::kOff, MixedPrecision::kBf16};
+  std::vector<MemoryPolicy> policies{MemoryPolicy::kNone, MemoryPolicy::kDtr};  // eviction needs device memory
   int max_accumulation = 32;                          // micro-batches per step, at most
   std::vector<int> stages{1};                         // pipeline stages to consider, each dividing a rank count
 };

@@ -34,7 +34,7 @@ Candidates candidates_of(const StepTrace& trace) {
 
 }  // namespace
 
-void swap_terms(const StepTrace& trace, const std::string& policy, const Machine& machine, double slowdown,
+void swap_terms(const StepTrace& trace, MemoryPolicy policy, const Machine& machine, double slowdown,
                 bool evicts, int64_t accumulation, Prediction& p) {
   const Candidates c = candidates_of(trace);
   const double bytes_per_ms = std::max(machine.host_link_gbps, 1e-6) * 1e6;
@@ -54,7 +54,7 @@ void swap_terms(const StepTrace& trace, const std::string& policy, const Machine
     clock += k.ms * slowdown;
     for (size_t t : made_by[static_cast<size_t>(e.index)]) {
       const double end = std::max(link_free, clock) + static_cast<double>(trace.tensors[t].bytes) / bytes_per_ms;
-      const bool copy = policy == "swap" ? c.heavy[t] != 0 : end <= forward_ms;
+      const bool copy = policy == MemoryPolicy::kSwap ? c.heavy[t] != 0 : end <= forward_ms;
       if (!copy) continue;
       out_bytes += trace.tensors[t].bytes;
       link_free = end;

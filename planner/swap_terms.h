@@ -21,7 +21,7 @@ namespace ht {
 // Fills p.swap_* for one micro-batch's `trace` (its kernel times scaled by `slowdown`), times
 // `accumulation`; `evicts`: the budget makes DTR's replay evict (so copied values are dropped
 // and come back).
-void swap_terms(const StepTrace& trace, const std::string& policy, const Machine& machine, double slowdown,
+void swap_terms(const StepTrace& trace, MemoryPolicy policy, const Machine& machine, double slowdown,
                 bool evicts, int64_t accumulation, Prediction& p);
 
 }  // namespace ht

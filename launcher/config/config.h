@@ -2,13 +2,53 @@
 // The job's configuration: one struct per TOML section, with defaults. Every field's type,
 // documentation, allowed values and the rules that check it live in one table,
 // launcher/config/config_schema.cpp; parsing, overrides, --help, the resolved config and the
-// README reference are all generated from that table.
+// reference page (docs/config-reference.md) are all generated from that table. A closed set of
+// choices is an enum (base/choice.h), parsed from its name once, here at the config's boundary.
+
+#include "memory/memory_policy.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/stage_partition.h"
+#include "runtime/mixed_precision.h"
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace ht {
+
+enum class ModelKind : uint8_t { kMlp, kConvnet, kResnet, kGpt, kSupernet };
+template <>
+struct ChoiceNames<ModelKind> {
+  static constexpr std::pair<ModelKind, const char*> table[] = {
+      {ModelKind::kMlp, "mlp"}, {ModelKind::kConvnet, "convnet"}, {ModelKind::kResnet, "resnet"},
+      {ModelKind::kGpt, "gpt"}, {ModelKind::kSupernet, "supernet"}};
+};
+// Whether a model takes images (every one but gpt, which takes tokens).
+inline bool takes_images(ModelKind m) { return m != ModelKind::kGpt; }
+enum class DatasetKind : uint8_t { kFashionMnist, kSynthetic, kText };
+template <>
+struct ChoiceNames<DatasetKind> {
+  static constexpr std::pair<DatasetKind, const char*> table[] = {
+      {DatasetKind::kFashionMnist, "fashion_mnist"}, {DatasetKind::kSynthetic, "synthetic"}, {DatasetKind::kText, "text"}};
+};
+enum class OptimizerKind : uint8_t { kSgd, kAdamw };
+template <>
+struct ChoiceNames<OptimizerKind> {
+  static constexpr std::pair<OptimizerKind, const char*> table[] = {{OptimizerKind::kSgd, "sgd"},
+                                                                    {OptimizerKind::kAdamw, "adamw"}};
+};
+enum class LrSchedule : uint8_t { kConstant, kCosine };
+template <>
+struct ChoiceNames<LrSchedule> {
+  static constexpr std::pair<LrSchedule, const char*> table[] = {{LrSchedule::kConstant, "constant"},
+                                                                 {LrSchedule::kCosine, "cosine"}};
+};
+// parallel.strategy: train as configured, or as the planner's fastest plan.
+enum class Strategy : uint8_t { kManual, kAuto };
+template <>
+struct ChoiceNames<Strategy> {
+  static constexpr std::pair<Strategy, const char*> table[] = {{Strategy::kManual, "manual"}, {Strategy::kAuto, "auto"}};
+};
 
 struct JobConfig {
   std::string name = "run";
@@ -18,7 +58,7 @@ struct JobConfig {
 
 // Architecture knobs of every model; each applies to the models the schema says.
 struct ModelConfig {
-  std::string name;                              // required
+  ModelKind name = ModelKind::kMlp;              // required
   std::vector<int64_t> hidden{256, 256};         // mlp
   std::vector<int64_t> channels{32, 64};         // convnet
   int64_t fc_hidden = 128;                       // convnet
@@ -33,7 +73,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string dataset;                       // required: fashion_mnist | synthetic | text
+  DatasetKind dataset = DatasetKind::kFashionMnist;  // required
   std::string path;                          // folder (fashion_mnist) or file (text)
   double eval_fraction = 0.1;                // text: share held out for evaluation
   int64_t synthetic_samples = 4096;
@@ -51,10 +91,10 @@ struct TrainingConfig {
   int64_t epochs = 1;
   int64_t global_batch_size = 64;
   int64_t micro_batch_size = 0;
-  std::string optimizer = "sgd";
+  OptimizerKind optimizer = OptimizerKind::kSgd;
   double lr = 0.05;
   double min_lr = 0.0;
-  std::string schedule = "cosine";
+  LrSchedule schedule = LrSchedule::kCosine;
   int64_t warmup_steps = 0;
   double momentum = 0.9;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
@@ -62,7 +102,7 @@ struct TrainingConfig {
   double grad_clip = 0.0;
   int64_t eval_interval = 0;
   int64_t eval_batches = 0;
-  std::string mixed_precision = "off";
+  MixedPrecision mixed_precision = MixedPrecision::kOff;
   double loss_scale = 65536.0;  // fp16: dynamic loss scaling (launcher/training/loss_scaler.h)
   double loss_scale_growth = 2.0;
   double loss_scale_backoff = 0.5;
@@ -70,25 +110,25 @@ struct TrainingConfig {
 };
 
 struct ParallelConfig {
-  std::string strategy = "manual";  // auto: plan first (planner/), train with its choice
+  Strategy strategy = Strategy::kManual;  // auto: plan first (planner/), train with its choice
   int64_t data_parallel = 0;  // 0: every rank of the job (world / pipeline_parallel)
   int64_t pipeline_parallel = 1;
-  std::string pipeline_schedule = "1f1b";
+  ScheduleKind pipeline_schedule = ScheduleKind::k1f1b;
   int64_t virtual_stages = 1;         // interleaved_1f1b: model chunks per rank
   std::vector<int64_t> stage_blocks;  // blocks per stage; empty: balanced by the blocks' times
-  std::string stage_costs = "measured";  // the times: measured (rank 0's probe) or modeled
+  StageCosts stage_costs = StageCosts::kMeasured;  // the times: measured (rank 0's probe) or modeled
   int64_t bucket_mb = 25;
   bool overlap = true;  // all-reduce buckets on a worker thread while backward runs
   double timeout_s = 300;
 };
 
 struct MemoryConfig {
-  std::string policy = "none";
+  MemoryPolicy policy = MemoryPolicy::kNone;
   std::string budget;
   double eviction_threshold = 0.9;
   bool sqrt_sampling = false;
   bool ignore_small = true;
-  std::string kernel_costs = "modeled";  // what eviction weighs: modeled (deterministic) or measured
+  KernelCosts kernel_costs = KernelCosts::kModeled;  // what eviction weighs: modeled (deterministic) or measured
   double solve_time_s = 10;   // static plans: the solver's time limit per plan
   bool static_layout = true;  // static plans: blocks at planned offsets
   bool trace = false;
@@ -98,8 +138,8 @@ struct MemoryConfig {
   // Host swap (policies swap and hybrid): host memory for copies, and the link's modelled rate.
   std::string host_budget;        // empty: half of the host's available memory
   double host_link_gbps = 25;     // PCIe Gen4 x16 in practice, per direction
-  std::string compress = "off";   // off, lossless (1-bit relu masks), bf16 (and bf16 across the link)
-  std::string optimizer_state = "device";  // device, or host: waits on host between optimizer steps
+  Compression compress = Compression::kOff;
+  StatePlace optimizer_state = StatePlace::kDevice;  // host: waits on host between optimizer steps
   // Derived by validation from `budget`, not read from the file: bytes, 0 for unlimited.
   int64_t budget_bytes = 0;
   int64_t host_budget_bytes = 0;  // derived from `host_budget`

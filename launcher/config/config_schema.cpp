@@ -14,7 +14,8 @@ template <> constexpr ValueType value_type_of<std::string>() { return ValueType:
 template <> constexpr ValueType value_type_of<std::vector<int64_t>>() { return ValueType::kIntList; }
 
 // Builds a FieldSpec from member pointers, so reading and writing the struct cannot disagree
-// with the declared type.
+// with the declared type. An enum with a name table (base/choice.h) is written as its name, and
+// its names are the field's choices: the loader checks them before `set` parses one.
 class Field {
  public:
   template <typename Section, typename T>
@@ -23,19 +24,28 @@ class Field {
     spec_.section = section;
     spec_.key = key;
     spec_.doc = doc;
-    spec_.type = value_type_of<T>();
-    spec_.set = [=](Config& c, const ConfigValue& v) { (c.*section_member).*member = std::get<T>(v); };
-    spec_.get = [=](const Config& c) { return ConfigValue((c.*section_member).*member); };
+    if constexpr (is_choice<T>::value) {
+      spec_.type = ValueType::kString;
+      spec_.choices = choice_names<T>();
+      spec_.set = [=](Config& c, const ConfigValue& v) {
+        (c.*section_member).*member = *parse_choice<T>(std::get<std::string>(v));
+      };
+      spec_.get = [=](const Config& c) { return ConfigValue(std::string(choice_name((c.*section_member).*member))); };
+    } else {
+      spec_.type = value_type_of<T>();
+      spec_.set = [=](Config& c, const ConfigValue& v) { (c.*section_member).*member = std::get<T>(v); };
+      spec_.get = [=](const Config& c) { return ConfigValue((c.*section_member).*member); };
+    }
   }
   Field& choices(std::vector<std::string> values) { spec_.choices = std::move(values); return *this; }
   Field& min(double v) { spec_.min = v; return *this; }
   Field& max(double v) { spec_.max = v; return *this; }
   Field& required() { spec_.required = true; return *this; }
-  Field& only_for_models(const std::vector<std::string>& models) {
+  Field& only_for_models(const std::vector<ModelKind>& models) {
     std::string words;
-    for (const auto& m : models) words += (words.empty() ? "" : " or ") + m;
+    for (ModelKind m : models) words += (words.empty() ? "" : " or ") + std::string(choice_name(m));
     return only_when("model.name = " + words, [models](const Config& c) {
-      for (const auto& m : models)
+      for (ModelKind m : models)
         if (c.model.name == m) return true;
       return false;
     });
@@ -52,7 +62,7 @@ class Field {
   FieldSpec spec_;
 };
 
-bool uses_images(const Config& c) { return c.model.name != "gpt"; }
+bool uses_images(const Config& c) { return takes_images(c.model.name); }
 
 using C = Config;
 
@@ -66,48 +76,48 @@ void add_job_fields(std::vector<FieldSpec>& f) {
 
 void add_model_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::model, &ModelConfig::name, "model", "name", "which model to train")
-                  .choices({"mlp", "convnet", "resnet", "gpt", "supernet"}).required());
+                  .required());
   f.push_back(Field(&C::model, &ModelConfig::hidden, "model", "hidden", "hidden layer widths")
-                  .min(1).only_for_models({"mlp"}));
+                  .min(1).only_for_models({ModelKind::kMlp}));
   f.push_back(Field(&C::model, &ModelConfig::channels, "model", "channels",
                     "channels of each conv block (each halves the resolution)")
-                  .min(1).only_for_models({"convnet"}));
+                  .min(1).only_for_models({ModelKind::kConvnet}));
   f.push_back(Field(&C::model, &ModelConfig::fc_hidden, "model", "fc_hidden", "width of the classifier's hidden layer")
-                  .min(1).only_for_models({"convnet"}));
+                  .min(1).only_for_models({ModelKind::kConvnet}));
   f.push_back(Field(&C::model, &ModelConfig::depth, "model", "depth", "18 and 34 use BasicBlock, 50 Bottleneck")
-                  .min(18).max(50).only_for_models({"resnet"}));
+                  .min(18).max(50).only_for_models({ModelKind::kResnet}));
   f.push_back(Field(&C::model, &ModelConfig::width, "model", "width",
                     "channels of the first stage (resnet, doubled per stage) or of every block (supernet)")
-                  .min(1).only_for_models({"resnet", "supernet"}));
+                  .min(1).only_for_models({ModelKind::kResnet, ModelKind::kSupernet}));
   f.push_back(Field(&C::model, &ModelConfig::stage_blocks, "model", "stage_blocks",
                     "blocks per stage; empty: the depth's standard layout")
-                  .min(1).only_for_models({"resnet"}));
+                  .min(1).only_for_models({ModelKind::kResnet}));
   f.push_back(Field(&C::model, &ModelConfig::small_input, "model", "small_input",
                     "3x3 stride-1 stem for small images; false: ImageNet's 7x7 stride-2 stem and max pool")
-                  .only_for_models({"resnet"}));
-  f.push_back(Field(&C::model, &ModelConfig::n_layer, "model", "n_layer", "transformer blocks").min(1).only_for_models({"gpt"}));
-  f.push_back(Field(&C::model, &ModelConfig::n_head, "model", "n_head", "attention heads").min(1).only_for_models({"gpt"}));
-  f.push_back(Field(&C::model, &ModelConfig::n_embd, "model", "n_embd", "embedding width").min(1).only_for_models({"gpt"}));
+                  .only_for_models({ModelKind::kResnet}));
+  f.push_back(Field(&C::model, &ModelConfig::n_layer, "model", "n_layer", "transformer blocks").min(1).only_for_models({ModelKind::kGpt}));
+  f.push_back(Field(&C::model, &ModelConfig::n_head, "model", "n_head", "attention heads").min(1).only_for_models({ModelKind::kGpt}));
+  f.push_back(Field(&C::model, &ModelConfig::n_embd, "model", "n_embd", "embedding width").min(1).only_for_models({ModelKind::kGpt}));
   f.push_back(Field(&C::model, &ModelConfig::block_size, "model", "block_size", "sequence length (tokens per sample)")
-                  .min(1).only_for_models({"gpt"}));
+                  .min(1).only_for_models({ModelKind::kGpt}));
   f.push_back(Field(&C::model, &ModelConfig::num_blocks, "model", "num_blocks", "choice blocks")
-                  .min(1).only_for_models({"supernet"}));
+                  .min(1).only_for_models({ModelKind::kSupernet}));
   f.push_back(Field(&C::model, &ModelConfig::dropout, "model", "dropout", "dropout probability")
-                  .min(0).max(0.99).only_for_models({"mlp", "convnet", "gpt"}));
+                  .min(0).max(0.99).only_for_models({ModelKind::kMlp, ModelKind::kConvnet, ModelKind::kGpt}));
 }
 
 void add_data_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::data, &DataConfig::dataset, "data", "dataset",
                     "fashion_mnist (idx files), synthetic (generated, learnable), text (characters of a file, for gpt)")
-                  .choices({"fashion_mnist", "synthetic", "text"}).required());
+                  .required());
   f.push_back(Field(&C::data, &DataConfig::path, "data", "path",
                     "fashion_mnist: folder of the idx files (default: Debian's); text: the file")
                   .only_when("data.dataset = fashion_mnist or text",
-                             [](const Config& c) { return c.data.dataset != "synthetic"; }));
+                             [](const Config& c) { return c.data.dataset != DatasetKind::kSynthetic; }));
   f.push_back(Field(&C::data, &DataConfig::eval_fraction, "data", "eval_fraction", "share of the text held out for evaluation")
                   .min(0.001).max(0.5)
-                  .only_when("data.dataset = text", [](const Config& c) { return c.data.dataset == "text"; }));
-  auto synthetic = [](const Config& c) { return c.data.dataset == "synthetic"; };
+                  .only_when("data.dataset = text", [](const Config& c) { return c.data.dataset == DatasetKind::kText; }));
+  auto synthetic = [](const Config& c) { return c.data.dataset == DatasetKind::kSynthetic; };
   f.push_back(Field(&C::data, &DataConfig::synthetic_samples, "data", "synthetic_samples", "training samples")
                   .min(1).only_when("data.dataset = synthetic", synthetic));
   f.push_back(Field(&C::data, &DataConfig::synthetic_eval_samples, "data", "synthetic_eval_samples", "evaluation samples")
@@ -131,7 +141,7 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "convolution weights, and so activations, in channels-last layout (NHWC): oneDNN's and "
                     "cuDNN's fast path for convolution, batch norm and pooling; false: NCHW. Same results up to "
                     "summation order")
-                  .only_for_models({"convnet", "resnet", "supernet"}));
+                  .only_for_models({ModelKind::kConvnet, ModelKind::kResnet, ModelKind::kSupernet}));
   f.push_back(Field(&C::training, &TrainingConfig::steps, "training", "steps", "optimizer steps; 0: train for `epochs`").min(0));
   f.push_back(Field(&C::training, &TrainingConfig::epochs, "training", "epochs", "passes over the training set")
                   .min(1).only_when("training.steps = 0", [](const Config& c) { return c.training.steps == 0; }));
@@ -141,16 +151,15 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "samples per forward/backward on one rank; global_batch_size / ranks must be a multiple; 0: "
                     "the rank's whole share of the global batch")
                   .min(0));
-  f.push_back(Field(&C::training, &TrainingConfig::optimizer, "training", "optimizer", "sgd (with momentum) or adamw")
-                  .choices({"sgd", "adamw"}));
+  f.push_back(Field(&C::training, &TrainingConfig::optimizer, "training", "optimizer", "sgd (with momentum) or adamw"));
   f.push_back(Field(&C::training, &TrainingConfig::lr, "training", "lr", "peak learning rate").min(0));
   f.push_back(Field(&C::training, &TrainingConfig::min_lr, "training", "min_lr", "learning rate at the end of the cosine")
-                  .min(0).only_when("training.schedule = cosine", [](const Config& c) { return c.training.schedule == "cosine"; }));
+                  .min(0).only_when("training.schedule = cosine", [](const Config& c) { return c.training.schedule == LrSchedule::kCosine; }));
   f.push_back(Field(&C::training, &TrainingConfig::schedule, "training", "schedule",
-                    "learning rate after warmup: constant, or cosine decay to min_lr").choices({"constant", "cosine"}));
+                    "learning rate after warmup: constant, or cosine decay to min_lr"));
   f.push_back(Field(&C::training, &TrainingConfig::warmup_steps, "training", "warmup_steps", "linear warmup from 0 to lr").min(0));
-  auto sgd = [](const Config& c) { return c.training.optimizer == "sgd"; };
-  auto adamw = [](const Config& c) { return c.training.optimizer == "adamw"; };
+  auto sgd = [](const Config& c) { return c.training.optimizer == OptimizerKind::kSgd; };
+  auto adamw = [](const Config& c) { return c.training.optimizer == OptimizerKind::kAdamw; };
   f.push_back(Field(&C::training, &TrainingConfig::momentum, "training", "momentum", "SGD momentum")
                   .min(0).max(0.9999).only_when("training.optimizer = sgd", sgd));
   f.push_back(Field(&C::training, &TrainingConfig::beta1, "training", "beta1", "AdamW first-moment decay")
@@ -168,9 +177,8 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "batches per evaluation; 0: the whole evaluation split").min(0));
   f.push_back(Field(&C::training, &TrainingConfig::mixed_precision, "training", "mixed_precision",
                     "off (fp32), or matmul, linear and conv in bf16 or fp16 with fp32 master weights, norms, "
-                    "softmax, losses and reductions; fp16 needs CUDA and uses dynamic loss scaling")
-                  .choices({"off", "bf16", "fp16"}));
-  auto fp16 = [](const Config& c) { return c.training.mixed_precision == "fp16"; };
+                    "softmax, losses and reductions; fp16 needs CUDA and uses dynamic loss scaling"));
+  auto fp16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kFp16; };
   const char* fp16_words = "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range and needs no loss scaling)";
   f.push_back(Field(&C::training, &TrainingConfig::loss_scale, "training", "loss_scale",
                     "initial loss scale; a step with an inf or NaN gradient is skipped and the scale backs off")
@@ -189,8 +197,7 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::parallel, &ParallelConfig::strategy, "parallel", "strategy",
                     "manual: train as configured; auto: run the planner first (as `hybrid_train plan`) and train "
                     "with its fastest plan for the ranks started and this device's memory (micro-batch size, "
-                    "memory policy and budget; the precision stays as configured)")
-                  .choices({"manual", "auto"}));
+                    "memory policy and budget; the precision stays as configured)"));
   f.push_back(Field(&C::parallel, &ParallelConfig::data_parallel, "parallel", "data_parallel",
                     "data-parallel replicas: the ranks mpirun starts (-np N); 0: all of them")
                   .min(0));
@@ -205,7 +212,7 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "forward, one backward: at most pipeline_parallel held), interleaved_1f1b (virtual_stages "
                     "chunks per rank: a smaller bubble for more messages), zb_h1 (zero bubble: backward split "
                     "into input and weight gradients, the latter filling the bubble)")
-                  .choices({"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}).only_when(piped_words, piped));
+                  .only_when(piped_words, piped));
   f.push_back(Field(&C::parallel, &ParallelConfig::virtual_stages, "parallel", "virtual_stages",
                     "interleaved_1f1b: model chunks per rank (stage s holds chunks s, s + pp, ...)")
                   .min(1).max(16).only_when(piped_words, piped));
@@ -217,7 +224,7 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "the block times stages are balanced by: measured (a forward and backward of one micro-batch "
                     "timed per block on rank 0 at start, the median of three) or modeled (from the ops' shapes: "
                     "the same every run, no message, but blind to how fast each kernel really runs)")
-                  .choices({"measured", "modeled"}).only_when(piped_words, piped));
+                  .only_when(piped_words, piped));
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
                   .min(1));
   f.push_back(Field(&C::parallel, &ParallelConfig::overlap, "parallel", "overlap",
@@ -228,7 +235,7 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "collective (another rank died or hangs)")
                   .min(1));
   // [memory]
-  auto evicting = [](const Config& c) { return c.memory.policy != "none"; };
+  auto evicting = [](const Config& c) { return evicts(c.memory.policy); };
   const char* evicting_words = "memory.policy is not \"none\"";
   f.push_back(Field(&C::memory, &MemoryConfig::policy, "memory", "policy",
                     "none (never evict: the budget is a hard limit); static plans: static (a plan for each op "
@@ -238,9 +245,7 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "dtr_eq (its union-find approximation), megengine (fragmentation-aware), lru or largest; or "
                     "host swap: swap (vDNN: convolution and matmul outputs copied to host memory in forward, "
                     "prefetched in backward) or hybrid (Capuchin: swap what the link hides under forward, "
-                    "recompute the rest by DTR's score)")
-                  .choices({"none", "static", "auto", "segments", "dtr", "dtr_eq", "megengine", "lru", "largest", "swap",
-                            "hybrid"}));
+                    "recompute the rest by DTR's score)"));
   f.push_back(Field(&C::memory, &MemoryConfig::budget, "memory", "budget",
                     "device memory per rank, parameters, gradients and optimizer state included: \"1.5GiB\", "
                     "\"800MiB\", \"2GB\", bytes, or \"60%\" of the device; empty: unlimited"));
@@ -257,10 +262,8 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "what eviction takes for the cost of recomputing a tensor: modeled (from the op's shapes, "
                     "the same on every run, so a budget that trains once trains every time) or measured (the "
                     "kernel's time on this run: as noisy as the machine)")
-                  .choices({"modeled", "measured"}).only_when(evicting_words, evicting));
-  auto planning = [](const Config& c) {
-    return c.memory.policy == "static" || c.memory.policy == "auto" || c.memory.policy == "segments";
-  };
+                  .only_when(evicting_words, evicting));
+  auto planning = [](const Config& c) { return plans_statically(c.memory.policy); };
   const char* planning_words = "memory.policy is static, auto or segments";
   f.push_back(Field(&C::memory, &MemoryConfig::solve_time_s, "memory", "solve_time_s",
                     "time limit of the solver for one static plan (the segments heuristic answers when it runs out); "
@@ -270,7 +273,7 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "place every block of a planned step at an offset laid out ahead of time, so that it cannot "
                     "fragment; false: the arena's own placement")
                   .only_when(planning_words, planning));
-  auto swapping = [](const Config& c) { return c.memory.policy == "swap" || c.memory.policy == "hybrid"; };
+  auto swapping = [](const Config& c) { return swaps(c.memory.policy); };
   const char* swapping_words = "memory.policy is swap or hybrid";
   f.push_back(Field(&C::memory, &MemoryConfig::host_budget, "memory", "host_budget",
                     "host memory for swapped activations: bytes with a unit (\"8GiB\") or a share of the host's "
@@ -285,13 +288,11 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "what backward keeps, smaller: off; lossless (relu keeps a 1-bit mask of where it was positive "
                     "instead of its output; the same bits as off); bf16 (lossless, and fp32 activations cross the "
                     "host link and wait on host as bf16: half the bytes, changes bits; needs memory.policy swap or "
-                    "hybrid)")
-                  .choices({"off", "lossless", "bf16"}));
+                    "hybrid)"));
   f.push_back(Field(&C::memory, &MemoryConfig::optimizer_state, "memory", "optimizer_state",
                     "where the optimizer state waits between optimizer steps: device; or host (ZeRO-Offload's "
                     "place: copied over the host link after each step and back before the next, so forward and "
-                    "backward have its bytes for activations; the same bits; needs memory.policy swap or hybrid)")
-                  .choices({"device", "host"}));
+                    "backward have its bytes for activations; the same bits; needs memory.policy swap or hybrid)"));
   f.push_back(Field(&C::memory, &MemoryConfig::trace, "memory", "trace",
                     "write <job.output_dir>/memory_trace.json: kernels, recomputations, evictions, allocations "
                     "and bytes in use, for chrome://tracing or Perfetto"));

@@ -1,7 +1,7 @@
 #pragma once
 // The table of every config key: its type, documentation, allowed values, when it matters, and
 // how to read and write it in Config. Parsing, command-line overrides, validation, warnings,
-// --help, the resolved config and the README's reference are all driven by this one table.
+// --help, the resolved config and docs/config-reference.md are all driven by this one table.
 
 #include "launcher/config/config.h"
 

@@ -43,6 +43,22 @@ std::string resolved_toml(const Config& config) {
   return out;
 }
 
+std::string config_changes_text(const Config& config) {
+  const Config defaults;
+  std::string out;
+  for (const std::string& section : config_sections()) {
+    std::string line;
+    for (const FieldSpec& f : config_schema()) {
+      if (f.section != section) continue;
+      const std::string value = to_toml(f.get(config));
+      if (!f.required && value == to_toml(f.get(defaults))) continue;
+      line += (line.empty() ? "" : ", ") + f.key + " = " + value;
+    }
+    if (!line.empty()) out += "  [" + section + "] " + line + "\n";
+  }
+  return out;
+}
+
 std::string config_reference_text() {
   std::string out = "Config keys (in CONFIG.toml, or as --section.key=value):\n";
   for (const std::string& section : config_sections()) {
@@ -60,7 +76,14 @@ std::string config_reference_text() {
 }
 
 std::string config_reference_markdown() {
-  std::string out;
+  std::string out =
+      "# Config reference\n\n"
+      "Every key of a job's TOML file, by section. Each may also be given on the command line as\n"
+      "`--section.key=value`, which wins over the file ([running.md](running.md)). This page is\n"
+      "generated from the schema, `launcher/config/config_schema.cpp`, which also drives parsing,\n"
+      "checking, `--help` and the resolved config; regenerate it with\n"
+      "`./build/launcher/hybrid_train --config-reference-markdown > docs/config-reference.md`\n"
+      "(a test fails while the two differ).\n";
   for (const std::string& section : config_sections()) {
     out += "\n`[" + section + "]`\n\n| key | type | default | meaning |\n| --- | --- | --- | --- |\n";
     for (const FieldSpec& f : config_schema()) {

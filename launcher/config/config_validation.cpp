@@ -63,7 +63,7 @@ class Rules {
   }
 
   void planner_on_gpu() const {
-    if (c_.parallel.strategy == "auto" && c_.training.device != "cpu") {
+    if (c_.parallel.strategy == Strategy::kAuto && c_.training.device != "cpu") {
       throw UserError(loc("parallel.strategy") + "parallel.strategy = \"auto\" on training.device = \"" +
                       c_.training.device + "\": the planner profiles CPU ranks only (not built for GPUs yet); use "
                       "parallel.strategy = \"manual\" with memory.budget and memory.policy");
@@ -71,7 +71,7 @@ class Rules {
   }
 
   void mixed_precision() const {
-    if (c_.training.mixed_precision == "fp16" && c_.training.device == "cpu") {
+    if (c_.training.mixed_precision == MixedPrecision::kFp16 && c_.training.device == "cpu") {
       throw UserError(loc("training.mixed_precision") + "training.mixed_precision = \"fp16\" on training.device = "
                       "\"cpu\": ATen lacks most fp16 CPU kernels; use \"bf16\" on the CPU, or fp16 with "
                       "training.device = \"cuda\"");
@@ -87,10 +87,10 @@ class Rules {
 
   void model_shape() const {
     const auto& m = c_.model;
-    if (m.name == "resnet" && m.depth != 18 && m.depth != 34 && m.depth != 50) {
+    if (m.name == ModelKind::kResnet && m.depth != 18 && m.depth != 34 && m.depth != 50) {
       throw UserError(loc("model.depth") + "model.depth = " + std::to_string(m.depth) + ": use 18, 34 or 50");
     }
-    if (m.name == "gpt" && m.n_embd % m.n_head != 0) {
+    if (m.name == ModelKind::kGpt && m.n_embd % m.n_head != 0) {
       throw UserError(loc("model.n_head") + "model.n_embd = " + std::to_string(m.n_embd) +
                       " is not divisible by model.n_head = " + std::to_string(m.n_head) +
                       "; choose n_head dividing n_embd");
@@ -99,22 +99,22 @@ class Rules {
 
   void model_and_data() {
     auto& d = c_.data;
-    const bool tokens = c_.model.name == "gpt";
-    if (tokens && d.dataset == "fashion_mnist") {
+    const bool tokens = !takes_images(c_.model.name);
+    if (tokens && d.dataset == DatasetKind::kFashionMnist) {
       throw UserError(loc("data.dataset") + "model.name = \"gpt\" trains on tokens: use data.dataset = \"text\" "
                       "or \"synthetic\", not \"fashion_mnist\"");
     }
-    if (!tokens && d.dataset == "text") {
+    if (!tokens && d.dataset == DatasetKind::kText) {
       throw UserError(loc("data.dataset") + "data.dataset = \"text\" gives tokens, which only model.name = \"gpt\" "
-                      "takes; use \"fashion_mnist\" or \"synthetic\" for " + c_.model.name);
+                      "takes; use \"fashion_mnist\" or \"synthetic\" for " + choice_name(c_.model.name));
     }
-    if (d.dataset == "fashion_mnist" && d.path.empty()) d.path = kDefaultFashionMnistDir;
-    if (d.dataset == "text" && d.path.empty()) {
+    if (d.dataset == DatasetKind::kFashionMnist && d.path.empty()) d.path = kDefaultFashionMnistDir;
+    if (d.dataset == DatasetKind::kText && d.path.empty()) {
       throw UserError(loc("data.dataset") + "data.path is required with data.dataset = \"text\": a text file, e.g. "
                       "\"/usr/share/common-licenses/GPL-3\"");
     }
-    if (!tokens && d.dataset == "synthetic" && c_.model.name != "mlp" && d.synthetic_shape.size() != 3) {
-      throw UserError(loc("data.synthetic_shape") + "model.name = \"" + c_.model.name +
+    if (!tokens && d.dataset == DatasetKind::kSynthetic && c_.model.name != ModelKind::kMlp && d.synthetic_shape.size() != 3) {
+      throw UserError(loc("data.synthetic_shape") + "model.name = \"" + choice_name(c_.model.name) +
                       "\" takes images: data.synthetic_shape must be [channels, height, width]");
     }
   }
@@ -134,19 +134,20 @@ class Rules {
       m.budget_bytes = *bytes;
       if (gpu) gpu_budget(device_bytes);
     }
-    if (m.policy == "swap" || m.policy == "hybrid") host_budget();
-    if (m.compress == "bf16" && m.policy != "swap" && m.policy != "hybrid") {
+    const std::string policy = choice_name(m.policy);
+    if (swaps(m.policy)) host_budget();
+    if (m.compress == Compression::kBf16 && !swaps(m.policy)) {
       throw UserError(loc("memory.compress") + "memory.compress = \"bf16\" shrinks what crosses the host link, and "
-                      "memory.policy = \"" + m.policy + "\" swaps nothing; set memory.policy = \"swap\" or \"hybrid\" "
+                      "memory.policy = \"" + policy + "\" swaps nothing; set memory.policy = \"swap\" or \"hybrid\" "
                       "(with memory.budget), or memory.compress = \"lossless\"");
     }
-    if (m.optimizer_state == "host" && m.policy != "swap" && m.policy != "hybrid") {
+    if (m.optimizer_state == StatePlace::kHost && !swaps(m.policy)) {
       throw UserError(loc("memory.optimizer_state") + "memory.optimizer_state = \"host\" moves the optimizer state over "
-                      "the host link, which memory.policy = \"" + m.policy + "\" does not open; set memory.policy = "
+                      "the host link, which memory.policy = \"" + policy + "\" does not open; set memory.policy = "
                       "\"swap\" or \"hybrid\" (with memory.budget), or memory.optimizer_state = \"device\"");
     }
-    if (m.policy != "none" && m.budget.empty()) {
-      throw UserError(loc("memory.policy") + "memory.policy = \"" + m.policy + "\" evicts to fit a budget, and "
+    if (evicts(m.policy) && m.budget.empty()) {
+      throw UserError(loc("memory.policy") + "memory.policy = \"" + policy + "\" evicts to fit a budget, and "
                       "memory.budget is not set; set it too, e.g. memory.budget = \"2GiB\" or \"50%\"");
     }
   }
@@ -166,8 +167,8 @@ class Rules {
       throw UserError(loc("memory.budget") + head + format_bytes(m.budget_bytes) + " is more than the GPU's " +
                       format_bytes(device_bytes) + "; use at most that, e.g. \"90%\"");
     }
-    if (m.policy == "swap" || m.policy == "hybrid") {
-      throw UserError(loc("memory.policy") + "memory.policy = \"" + m.policy + "\" on training.device = \"" +
+    if (swaps(m.policy)) {
+      throw UserError(loc("memory.policy") + "memory.policy = \"" + choice_name(m.policy) + "\" on training.device = \"" +
                       c_.training.device + "\": host swap on CUDA is not built yet (its copies need a stream of their "
                       "own, ordered with the kernels'); use memory.policy = \"dtr\", or swap on \"cpu\"");
     }
@@ -249,26 +250,25 @@ void check_pipeline(const Config& c) {
   if (p.pipeline_parallel == 1) return;
   const ScheduleShape shape{static_cast<int>(p.pipeline_parallel), static_cast<int>(c.micro_batches()),
                             static_cast<int>(p.virtual_stages)};
-  const std::string why = schedule_refusal(*schedule_from_name(p.pipeline_schedule), shape);
+  const std::string why = schedule_refusal(p.pipeline_schedule, shape);
   if (!why.empty()) {
-    throw UserError(where + "parallel.pipeline_schedule = \"" + p.pipeline_schedule + "\" with " +
+    throw UserError(where + "parallel.pipeline_schedule = \"" + choice_name(p.pipeline_schedule) + "\" with " +
                     std::to_string(shape.micro_batches) + " micro-batches per step (training.micro_batch_size = " +
                     std::to_string(c.micro_batch_size()) + "): " + why);
   }
-  const std::string& policy = c.memory.policy;
-  if (policy == "static" || policy == "auto" || policy == "segments") {
-    throw UserError(where + "memory.policy = \"" + policy + "\" with parallel.pipeline_parallel = " +
+  if (plans_statically(c.memory.policy)) {
+    throw UserError(where + "memory.policy = \"" + choice_name(c.memory.policy) + "\" with parallel.pipeline_parallel = " +
                     std::to_string(p.pipeline_parallel) + ": static plans capture one micro-batch's step, and a "
                     "pipeline stage interleaves several; use memory.policy = \"dtr\" (or another eviction "
                     "policy) on each stage");
   }
-  if (p.strategy == "auto") {
+  if (p.strategy == Strategy::kAuto) {
     throw UserError(where + "parallel.strategy = \"auto\" with parallel.pipeline_parallel = " +
                     std::to_string(p.pipeline_parallel) + ": the planner does not search pipeline stages yet; "
                     "use parallel.strategy = \"manual\"");
   }
-  if (c.model.name == "spos") {
-    throw UserError(where + "model.name = \"spos\" with parallel.pipeline_parallel > 1: a supernet's path "
+  if (c.model.name == ModelKind::kSupernet) {
+    throw UserError(where + "model.name = \"supernet\" with parallel.pipeline_parallel > 1: a supernet's path "
                     "changes every step, and a stage's activations must keep one shape; use pipeline_parallel = 1");
   }
 }

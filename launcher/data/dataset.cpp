@@ -25,20 +25,20 @@ namespace {
 DataSplits read_splits(const Config& config) {
   const DataConfig& d = config.data;
   DataSplits splits;
-  if (d.dataset == "fashion_mnist") {
+  if (d.dataset == DatasetKind::kFashionMnist) {
     ImageSet train = load_fashion_mnist(d.path, "train");
     ImageSet test = load_fashion_mnist(d.path, "test");
     splits.train = std::make_unique<Dataset>(train.images, train.labels);
     splits.eval = std::make_unique<Dataset>(test.images, test.labels);
     splits.info = {Task::kClassification, {1, 28, 28}, 10,
                    "Fashion-MNIST from " + d.path + " (60000 train, 10000 test)"};
-  } else if (d.dataset == "text") {
+  } else if (d.dataset == DatasetKind::kText) {
     TextCorpus corpus = load_text_corpus(d.path, config.model.block_size, d.eval_fraction);
     splits.train = std::make_unique<Dataset>(corpus.train_inputs, corpus.train_targets);
     splits.eval = std::make_unique<Dataset>(corpus.eval_inputs, corpus.eval_targets);
     splits.info = {Task::kLanguageModel, {config.model.block_size}, corpus.vocab_size, corpus.description};
   } else {
-    const bool tokens = config.model.name == "gpt";
+    const bool tokens = !takes_images(config.model.name);
     SyntheticData data = tokens ? make_synthetic_tokens(d, config.model.block_size, config.job.seed)
                                 : make_synthetic_images(d, config.job.seed);
     splits.train = std::make_unique<Dataset>(data.train_inputs, data.train_targets);
@@ -54,7 +54,7 @@ DataSplits make_datasets(const Config& config) {
   try {
     return read_splits(config);
   } catch (const UserError& e) {
-    if (config.data.dataset == "synthetic") throw;
+    if (config.data.dataset == DatasetKind::kSynthetic) throw;
     throw UserError(config.source + ": data.path = \"" + config.data.path + "\": " + e.what());
   }
 }

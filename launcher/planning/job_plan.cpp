@@ -39,14 +39,14 @@ void drop_idle_eviction(std::vector<RankedPlan>& ranked) {
   auto twin_fits = [&](const Plan& p) {
     for (const RankedPlan& r : ranked) {
       const Plan& q = r.plan;
-      if (q.policy == "none" && q.ranks == p.ranks && q.micro_batch == p.micro_batch && q.precision == p.precision)
+      if (!evicts(q.policy) && q.ranks == p.ranks && q.micro_batch == p.micro_batch && q.precision == p.precision)
         return r.prediction.fits;
     }
     return false;
   };
   std::vector<char> drop;
   for (const RankedPlan& r : ranked) {
-    drop.push_back(r.plan.policy != "none" && r.prediction.evictions == 0 && twin_fits(r.plan));
+    drop.push_back(evicts(r.plan.policy) && r.prediction.evictions == 0 && twin_fits(r.plan));
   }
   std::vector<RankedPlan> kept;
   for (size_t i = 0; i < ranked.size(); ++i) {
@@ -118,7 +118,7 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   search.precisions = args.precisions;
   if (search.precisions.empty()) {
     search.precisions = {config.training.mixed_precision};
-    if (config.training.mixed_precision != "bf16") search.precisions.push_back("bf16");
+    if (config.training.mixed_precision != MixedPrecision::kBf16) search.precisions.push_back(MixedPrecision::kBf16);
   }
   std::vector<int> ranks = args.ranks;
   const int machine_ranks = config.cluster.nodes > 0
@@ -132,7 +132,7 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   search.ranks = ranks;
   const int most = ranks.empty() ? 1 : *std::max_element(ranks.begin(), ranks.end());
   out.machine = machine_for(config, args, most);
-  if (config.training.device != "cpu") search.policies = {"none"};  // budgets are CPU-only for now
+  if (config.training.device != "cpu") search.policies = {MemoryPolicy::kNone};  // budgets are CPU-only for now
 
   ProfileRequest request;
   request.precisions = search.precisions;

@@ -14,15 +14,15 @@
 
 namespace ht {
 
-// What is planned for; empty fields take the defaults documented in the README.
+// What is planned for; empty fields take the defaults (docs/planner.md, "Options").
 struct PlanArgs {
   std::vector<int> ranks;                // rank counts; empty: 1, 2, 4, ... up to the machine's
   std::vector<int> stages{1, 2, 4};      // pipeline stages (each dividing a rank count, at most the blocks)
   int64_t device_memory = 0;             // bytes per rank; 0: the config's budget, else the machine's
   Objective objective = Objective::kTime;
   int max_ranks = 0;                     // 0: no cap
-  std::vector<std::string> precisions;   // empty: the config's and bf16
-  std::vector<std::string> policies{"none", "dtr", "static"};
+  std::vector<MixedPrecision> precisions;  // empty: the config's and bf16
+  std::vector<MemoryPolicy> policies{MemoryPolicy::kNone, MemoryPolicy::kDtr, MemoryPolicy::kStatic};
 };
 
 struct JobPlan {

@@ -35,7 +35,7 @@ JsonObject plan_record(const RankedPlan& r) {
   const Prediction& d = r.prediction;
   o.add("ranks", static_cast<int64_t>(p.devices())).add("data_parallel", static_cast<int64_t>(p.ranks))
       .add("pipeline_parallel", static_cast<int64_t>(p.stages)).add("micro_batch", p.micro_batch).add("accumulation", p.accumulation)
-      .add("precision", p.precision).add("policy", p.policy).add("budget_bytes", p.budget_bytes)
+      .add("precision", std::string(choice_name(p.precision))).add("policy", std::string(choice_name(p.policy))).add("budget_bytes", p.budget_bytes)
       .add("fits", d.fits).add("peak_bytes", d.peak_bytes).add("activation_bytes", d.activation_bytes)
       .add("step_ms", d.step_ms).add("compute_ms", d.compute_ms).add("recompute_ms", d.recompute_ms)
       .add("optimizer_ms", d.optimizer_ms).add("allreduce_exposed_ms", d.allreduce_exposed_ms)
@@ -50,7 +50,7 @@ void check_machine(const Config& config, const JobPlan& plan) {
   const int64_t state = plan.profile.parameter_bytes + plan.profile.gradient_bytes + plan.profile.optimizer_state_bytes;
   if (plan.machine.device_memory > 0 && plan.machine.device_memory <= state) {
     throw UserError("--device-memory " + format_bytes(plan.machine.device_memory) + " cannot hold model " +
-                    config.model.name + "'s parameters, gradients and " + config.training.optimizer + " state (" +
+                    choice_name(config.model.name) + "'s parameters, gradients and " + choice_name(config.training.optimizer) + " state (" +
                     format_bytes(state) + "); give a device larger than that, e.g. --device-memory " +
                     format_bytes(state * 2) + ", or plan a smaller model");
   }
@@ -68,7 +68,7 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   CpuAllocationCounter::install();
   set_host_memory_caching(config.memory.host_cache);
   const DataSplits data = make_datasets(config);
-  std::printf("hybrid_train plan %s: model %s, global batch %lld\n", config.source.c_str(), config.model.name.c_str(),
+  std::printf("hybrid_train plan %s: model %s, global batch %lld\n", config.source.c_str(), choice_name(config.model.name),
               static_cast<long long>(config.training.global_batch_size));
   std::fflush(stdout);
   const JobPlan plan = plan_job(config, *data.train, data.info, command.args);

@@ -22,7 +22,7 @@ int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
 }
 
 // The config of one profiled point: one micro-batch per step, nothing written, nothing evicted.
-Config point_config(const Config& job, int64_t micro, const std::string& precision) {
+Config point_config(const Config& job, int64_t micro, MixedPrecision precision) {
   Config c = job;
   c.training.global_batch_size = micro;
   c.training.micro_batch_size = 0;
@@ -30,7 +30,7 @@ Config point_config(const Config& job, int64_t micro, const std::string& precisi
   c.training.mixed_precision = precision;
   c.parallel.data_parallel = 1;
   c.parallel.pipeline_parallel = 1;  // one rank runs the whole model: the blocks' times are what stages cut
-  c.memory.policy = "none";
+  c.memory.policy = MemoryPolicy::kNone;
   c.memory.trace = false;
   c.checkpoint.interval = 0;
   return c;
@@ -68,7 +68,7 @@ struct Profiling {
   ModelProfile& profile;
 };
 
-ProfilePoint measure_point(Profiling& p, int64_t micro, const std::string& precision, int threads) {
+ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision, int threads) {
   set_compute_threads(threads);
   const Config c = point_config(p.config, micro, precision);
   const int64_t before = p.arena->stats().in_use;
@@ -151,8 +151,8 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
                          const ProfileRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   ModelProfile profile;
-  profile.model = config.model.name;
-  profile.optimizer = config.training.optimizer;
+  profile.model = choice_name(config.model.name);
+  profile.optimizer = choice_name(config.training.optimizer);
   profile.global_batch = config.training.global_batch_size;
   profile.train_samples = train.size();
   profile.steps_per_epoch = std::max<int64_t>(1, train.size() / profile.global_batch);
@@ -176,10 +176,10 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     for (const auto& block : model->blocks()) profile.block_parameter_bytes.push_back(tensor_bytes(block->parameters()));
     Profiling p{config, train, info, arena, model, *out};
     const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);
-    const std::string& first = request.precisions.front();
+    const MixedPrecision first = request.precisions.front();
     ProfilePoint small = measure_point(p, std::max<int64_t>(1, largest / 8), first, request.threads);
     const auto [lo, hi] = point_sizes(small, request);
-    for (const std::string& precision : request.precisions) {
+    for (MixedPrecision precision : request.precisions) {
       if (precision != first) profile.points.push_back(measure_point(p, lo, precision, request.threads));
       if (hi != lo) profile.points.push_back(measure_point(p, hi, precision, request.threads));
     }

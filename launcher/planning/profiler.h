@@ -14,7 +14,7 @@
 namespace ht {
 
 struct ProfileRequest {
-  std::vector<std::string> precisions{"off"};  // training.mixed_precision values to measure
+  std::vector<MixedPrecision> precisions{MixedPrecision::kOff};  // training.mixed_precision values to measure
   int64_t largest_micro_batch = 1;             // the largest micro-batch a plan may use
   int threads = 1;                             // compute threads of one rank alone here
   bool one_thread_point = false;               // also measure with one thread (ranks sharing cores)

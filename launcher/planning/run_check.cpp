@@ -23,7 +23,7 @@ Plan plan_of(const Config& c) {
   p.budget_bytes = c.memory.budget_bytes;
   p.stages = static_cast<int>(c.parallel.pipeline_parallel);
   p.schedule = c.parallel.pipeline_schedule;
-  p.state_on_host = c.memory.optimizer_state == "host";
+  p.state_on_host = c.memory.optimizer_state == StatePlace::kHost;
   return p;
 }
 
@@ -41,17 +41,23 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
   const int64_t state = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes;
   if (state >= limit) {
     return UserError(c.source + ": " + where + " cannot hold the model's parameters, gradients and " +
-                     c.training.optimizer + " state (" + format_bytes(state) + "), before any activation; raise " +
+                     choice_name(c.training.optimizer) + " state (" + format_bytes(state) + "), before any activation; raise " +
                      (budget ? "memory.budget" : "the memory") + " above " + format_bytes(state) +
                      " or train a smaller model");
   }
-  // A replay that found no way through says why; "needs more than the budget" adds nothing.
-  const bool replay_failed = p.why_not.rfind("needs more", 0) != 0 && !p.why_not.empty();
-  std::string text = c.source + ": predicted peak " + format_bytes(p.peak_bytes) + " per rank (" +
-                     (replay_failed ? p.why_not + "; " : "") + "model state " + format_bytes(state) +
-                     ", activations " + format_bytes(p.activation_bytes) + ") does not fit " + where;
+  // Under eviction the replay says why (its numbers add up to the budget); without, the peak's
+  // terms add up to the peak.
+  std::string text;
+  if (evicts(c.memory.policy) && budget) {
+    text = c.source + ": memory.policy = \"" + choice_name(c.memory.policy) + "\" cannot train in " + where + ": " +
+           p.why_not;
+  } else {
+    text = c.source + ": predicted peak " + format_bytes(p.peak_bytes) + " per rank (model state " +
+           format_bytes(state) + ", batch and sampler " + format_bytes(p.batch_bytes + p.sampler_bytes) +
+           ", activations " + format_bytes(p.activation_bytes) + ") does not fit " + where;
+  }
   // Channels-last convolutions need temporaries the size of a weight, which fragment a small budget.
-  const bool images = c.model.name == "convnet" || c.model.name == "resnet" || c.model.name == "supernet";
+  const bool images = takes_images(c.model.name) && c.model.name != ModelKind::kMlp;
   const std::string layout_hint = images && c.training.channels_last
                                       ? "; near the minimum, training.channels_last = false can help"
                                       : "";
@@ -66,8 +72,10 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
     const Plan& q = fitting[i].plan;
     const Prediction& r = fitting[i].prediction;
     text += std::string(i ? ";" : "") + " training.micro_batch_size = " + std::to_string(q.micro_batch);
-    if (q.precision != c.training.mixed_precision) text += ", training.mixed_precision = \"" + q.precision + "\"";
-    if (q.policy != "none") text += ", memory.policy = \"" + q.policy + "\"";
+    if (q.precision != c.training.mixed_precision) {
+      text += std::string(", training.mixed_precision = \"") + choice_name(q.precision) + "\"";
+    }
+    if (evicts(q.policy)) text += std::string(", memory.policy = \"") + choice_name(q.policy) + "\"";
     text += " peaks at " + format_bytes(r.peak_bytes) + " (" + std::to_string(100 * r.peak_bytes / limit) +
             "% of it) at " + ratio(r.step_ms, p.step_ms) + " the step time";
   }
@@ -79,21 +87,22 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
 struct Decision {
   bool refuse = false;
   int64_t micro_batch = 0;
-  int64_t policy = 0;  // index into kPolicies
+  MemoryPolicy policy = MemoryPolicy::kNone;
   int64_t budget_bytes = 0;
 };
-const std::vector<std::string> kPolicies{"none", "dtr", "dtr_eq", "megengine", "lru", "largest", "static", "auto", "segments"};
 
 Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
-  at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, d.policy, d.budget_bytes}, at::kLong);
+  at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
+                             d.budget_bytes}, at::kLong);
   grid.data_parallel_group->broadcast(t, 0, "the plan of rank 0");
-  return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), t[2].item<int64_t>(), t[3].item<int64_t>()};
+  return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
+          t[3].item<int64_t>()};
 }
 
 void apply(Config& c, const Decision& d) {
   c.training.micro_batch_size = d.micro_batch == c.local_batch_size() ? 0 : d.micro_batch;
-  c.memory.policy = kPolicies[static_cast<size_t>(d.policy)];
+  c.memory.policy = d.policy;
   if (d.budget_bytes != c.memory.budget_bytes) {
     c.memory.budget = std::to_string(d.budget_bytes);
     c.memory.budget_bytes = d.budget_bytes;
@@ -122,21 +131,21 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       args.stages = {static_cast<int>(config.parallel.pipeline_parallel)};
       args.device_memory = config.memory.budget_bytes;
       args.precisions = {config.training.mixed_precision};
-      args.policies = {"none"};
+      args.policies = {MemoryPolicy::kNone};
       const JobPlan plan = plan_job(config, *data.train, data.info, args);
       out.plan = plan_of(config);
-      out.plan.policy = "none";
+      out.plan.policy = MemoryPolicy::kNone;
       out.prediction = predict(plan.profile, plan.machine, out.plan);
       char text[256];
       std::snprintf(text, sizeof text, "predicted: peak %s on the fullest stage, step %.1f ms with a bubble of %.1f ms "
                     "(%s; %s)", format_bytes(out.prediction.peak_bytes).c_str(), out.prediction.step_ms,
                     out.prediction.bubble_ms, plan_words(out.plan).c_str(),
-                    config.memory.policy == "none" ? "never refused" : "without the memory policy; never refused");
+                    !evicts(config.memory.policy) ? "never refused" : "without the memory policy; never refused");
       out.text = text;
     }
     return out;
   }
-  const bool automatic = config.parallel.strategy == "auto";
+  const bool automatic = config.parallel.strategy == Strategy::kAuto;
   Decision decision;
   std::optional<UserError> refusal;
   if (grid.is_root()) {
@@ -145,7 +154,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     args.stages = {1};  // the job's grid is fixed by now
     args.device_memory = config.memory.budget_bytes;
     args.precisions = {config.training.mixed_precision};
-    if (!automatic) args.policies = {"none"};  // the configured plan is predicted below
+    if (!automatic) args.policies = {MemoryPolicy::kNone};  // the configured plan is predicted below
     JobPlan plan = plan_job(config, *data.train, data.info, args);
     out.limit_bytes = plan.machine.device_memory;
     out.plan = plan_of(config);
@@ -167,8 +176,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       refusal = does_not_fit(config, out.prediction, out.limit_bytes, fitting);
     }
     decision = {refusal.has_value(), out.plan.micro_batch,
-                std::find(kPolicies.begin(), kPolicies.end(), out.plan.policy) - kPolicies.begin(),
-                out.plan.policy != "none" ? out.limit_bytes : config.memory.budget_bytes};
+                out.plan.policy, evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes};
   }
   decision = share(grid, decision);
   if (decision.refuse) throw refusal ? *refusal : UserError("rank 0 found that the run cannot fit");

@@ -14,7 +14,7 @@ namespace ht {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingConfig& t,
                                                         const std::vector<at::Tensor>& params) {
-  if (t.optimizer == "adamw") {
+  if (t.optimizer == OptimizerKind::kAdamw) {
     return std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
   }
@@ -26,7 +26,7 @@ double learning_rate_at(const TrainingConfig& t, int64_t step, int64_t total_ste
   if (step < t.warmup_steps) {
     return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
   }
-  if (t.schedule == "constant") return t.lr;
+  if (t.schedule == LrSchedule::kConstant) return t.lr;
   const int64_t decay_steps = std::max<int64_t>(1, total_steps - t.warmup_steps - 1);
   const double progress =
       std::min(1.0, static_cast<double>(step - t.warmup_steps) / static_cast<double>(decay_steps));

@@ -20,15 +20,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// training.mixed_precision as the interpreter's autocast type.
-std::optional<at::ScalarType> autocast_type(const TrainingConfig& t) {
-  if (t.mixed_precision == "bf16") return at::kBFloat16;
-  if (t.mixed_precision == "fp16") return at::kHalf;
-  return std::nullopt;
-}
-
 std::unique_ptr<LossScaler> make_loss_scaler(const TrainingConfig& t) {
-  if (t.mixed_precision != "fp16") return nullptr;
+  if (t.mixed_precision != MixedPrecision::kFp16) return nullptr;
   return std::make_unique<LossScaler>(
       LossScalerOptions{t.loss_scale, t.loss_scale_growth, t.loss_scale_backoff, t.loss_scale_growth_interval});
 }
@@ -67,10 +60,9 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   if (replicas_.size() > 1 || pipeline_) progress_.use_log_lines();
   replicas_.broadcast_state(model_->buffers());
   model_->train();
-  interp_.set_autocast(autocast_type(config.training));
-  interp_.set_relu_masks(config.memory.compress != "off");
-  const bool swapping = config.memory.policy == "swap" || config.memory.policy == "hybrid";
-  if (swapping && arena_) {
+  interp_.set_autocast(autocast_type(config.training.mixed_precision));
+  interp_.set_relu_masks(config.memory.compress != Compression::kOff);
+  if (swaps(config.memory.policy) && arena_) {
     host_link_ = std::make_shared<HostLink>(config.memory.host_link_gbps);
     char line[256];
     std::snprintf(line, sizeof line,
@@ -78,7 +70,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
                   "copies %s",
                   config.memory.host_link_gbps, measure_memcpy_gbps(), format_bytes(config.memory.host_budget_bytes).c_str());
     progress_.line(line);
-    if (config.memory.optimizer_state == "host") state_offload_ = std::make_unique<StateOffload>(host_link_);
+    if (config.memory.optimizer_state == StatePlace::kHost) state_offload_ = std::make_unique<StateOffload>(host_link_);
   }
   memory_.configure(memory_options());
   if (memory_.static_planner() != nullptr) {
@@ -125,34 +117,31 @@ MemoryOptions Trainer::memory_options() const {
   options.arena = arena_;
   const MemoryConfig& m = config_.memory;
   options.eviction_threshold = m.eviction_threshold;
-  if (arena_ && m.policy != "none") {
-    const bool planning = m.policy == "static" || m.policy == "auto" || m.policy == "segments";
-    if (planning) {
+  if (arena_ && evicts(m.policy)) {
+    if (plans_statically(m.policy)) {
       StaticPlanOptions plans;
-      plans.source = m.policy == "segments" ? PlanSource::kSegments : PlanSource::kSolver;
-      plans.sightings_before_planning = m.policy == "auto" ? 2 : 1;
+      plans.source = m.policy == MemoryPolicy::kSegments ? PlanSource::kSegments : PlanSource::kSolver;
+      plans.sightings_before_planning = m.policy == MemoryPolicy::kAuto ? 2 : 1;
       plans.solve_time_limit_s = m.solve_time_s;
       // The heuristic alone weighs modelled costs: the same plan every run. The MIP weighs measured
-      // times (README, "What is not built yet": with modelled ones, ResNet-18's plan replays badly).
-      plans.modeled_costs = m.solve_time_s == 0 && m.kernel_costs == "modeled";
+      // times (docs/status.md, "What is not built yet": with modelled ones, ResNet-18's plan replays badly).
+      plans.modeled_costs = m.solve_time_s == 0 && m.kernel_costs == KernelCosts::kModeled;
       plans.static_layout = m.static_layout;
       options.static_plans = plans;
     }
     EvictionOptions eviction;  // DTR: the policy, or the safety net and fallback of static plans
-    // the schema admits only these names
-    const bool swapping = m.policy == "swap" || m.policy == "hybrid";
-    eviction.heuristic = planning || swapping ? EvictionHeuristic::kDtr : *eviction_heuristic_from_name(m.policy);
-    if (swapping) {
+    eviction.heuristic = *eviction_heuristic(m.policy);
+    if (swaps(m.policy)) {
       SwapOptions swap;
-      swap.rule = m.policy == "swap" ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
+      swap.rule = m.policy == MemoryPolicy::kSwap ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
       swap.link = host_link_;
       swap.host_budget_bytes = m.host_budget_bytes;
-      swap.bf16_on_link = m.compress == "bf16";
+      swap.bf16_on_link = m.compress == Compression::kBf16;
       options.swap = swap;
     }
     eviction.sqrt_sampling = m.sqrt_sampling;
     eviction.ignore_small = m.ignore_small;
-    eviction.costs = *kernel_costs_from_name(m.kernel_costs);  // the schema admits only these names
+    eviction.costs = m.kernel_costs;
     eviction.seed = static_cast<uint64_t>(config_.job.seed);
     options.eviction = eviction;
   }
@@ -183,7 +172,7 @@ void Trainer::trace_step_ended() {
 void Trainer::resume_from(const std::string& folder) {
   if (pipeline_) {
     // The checkpoint holds the whole model; a stage keeps its own share of it.
-    pipeline_->with_full_model(*model_, *optimizer_,
+    with_full_model(*pipeline_, *model_, *optimizer_,
                                [&] { state_ = CheckpointStore::load(folder, *model_, *optimizer_); });
   } else {
     state_ = CheckpointStore::load(folder, *model_, *optimizer_);
@@ -256,7 +245,7 @@ Trainer::StepResult Trainer::train_step() {
   const auto optimizer_start = std::chrono::steady_clock::now();
   StepAcrossStages stages;
   if (pipeline_) {
-    stages.gradient_norm = [this] { return pipeline_->gradient_norm(); };
+    stages.gradient_norm = [this] { return combine_norms(pipeline_->gradient_norms()); };
     stages.all_finite = [this](bool finite) { return pipeline_->all_stages(finite); };
   }
   const StateOffloadStats state_before = state_offload_ ? state_offload_->stats() : StateOffloadStats{};
@@ -279,11 +268,12 @@ Trainer::StepResult Trainer::train_step() {
   state_.sampler = sampler_.position();
   state_.seed_counter = interp_.seed_counter();
   r.ms = seconds_since(start) * 1e3;
-  // With a budget, the arena's peak is the device memory in use, rounding included.
+  // The rank's device memory, host data excluded: with a budget the arena's peak (rounding
+  // included), without one on the CPU what the job counts as device memory (DeviceMemoryScope).
   if (arena_) {
     r.mem_peak_bytes = arena_->stats().peak_in_use;
   } else if (device_.is_cpu()) {
-    r.mem_peak_bytes = counter.peak_bytes();
+    r.mem_peak_bytes = counter.device_peak_bytes();
   } else if (device_.is_cuda()) {  // ATen's caching allocator: bytes in tensors, not its cache
     r.mem_peak_bytes = cuda_allocated_peak_bytes(device_.has_index() ? device_.index() : 0);
   }
@@ -387,7 +377,7 @@ EvalResult Trainer::evaluate() {
   // often it runs cannot change training.
   MemoryManager memory;
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1}, &memory);
-  interp.set_autocast(autocast_type(config_.training));
+  interp.set_autocast(autocast_type(config_.training.mixed_precision));
   memory.configure(memory_options());  // the same device memory and policy
   NoGradGuard no_grad(interp);
   model_->eval();
@@ -451,8 +441,8 @@ void Trainer::save_checkpoint() {
   if (pipeline_) {
     // Every stage's first replica takes part; rank 0 writes the whole model.
     std::string folder;
-    pipeline_->with_full_model(*model_, *optimizer_, [&] {
-      pipeline_->gather_to_first_stage(*model_, *optimizer_);
+    with_full_model(*pipeline_, *model_, *optimizer_, [&] {
+      gather_to_first_stage(*pipeline_, *model_, *optimizer_);
       if (pipeline_->rank() == 0) folder = checkpoints_.save(*model_, *optimizer_, state_);
     });
     if (!folder.empty()) progress_.line("checkpoint " + folder);

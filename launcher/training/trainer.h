@@ -12,7 +12,7 @@
 #include "launcher/training/checkpoint.h"
 #include "alloc/cpu_arena.h"
 #include "launcher/training/loss_scaler.h"
-#include "launcher/training/pipeline_stage.h"
+#include "launcher/training/pipeline_setup.h"
 #include "launcher/training/state_offload.h"
 #include "parallel/data_parallel.h"
 #include "alloc/memory_timeline.h"

@@ -2,7 +2,7 @@
 #include "launcher/training/trainer.h"
 
 // The trainer's records in metrics.jsonl (and their log lines): one per logged step, one per
-// evaluation. What each field means is in the README ("Outputs").
+// evaluation. What each field means is in docs/running.md.
 
 namespace ht {
 

@@ -129,7 +129,7 @@ TEST_P(CudaDtr, BitIdenticalToTheRunWithoutABudget) {
       SaverOptions savers = on_gpu;
       savers.costs = costs;
       const int64_t budget = budget_at(plain, ratio);
-      const std::string what = c->name + " at " + std::to_string(ratio) + " with " + kernel_costs_name(costs) + " costs";
+      const std::string what = c->name + " at " + std::to_string(ratio) + " with " + choice_name(costs) + " costs";
       const BudgetRun run = train_in_budget(*c, budget, EvictionHeuristic::kDtr, 3, 16, savers);
       if (run.out_of_budget && ratio < 0.5) {
         std::printf("[ out of reach ] %s: %s\n", what.c_str(), run.failure.c_str());

@@ -39,7 +39,7 @@ TEST(Compact, OptimizerStepsOnFromTheMovedStateBitForBit) {
   for (const char* name : {"sgd", "adamw"}) {
     SCOPED_TRACE(name);
     TrainingConfig t;
-    t.optimizer = name;
+    t.optimizer = *parse_choice<OptimizerKind>(name);
     t.momentum = 0.9;
     t.weight_decay = 0.01;
     const std::vector<at::Tensor> a = make_params(), b = make_params();

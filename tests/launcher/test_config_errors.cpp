@@ -249,7 +249,7 @@ TEST_F(ConfigErrors, OverridesAreTypeCheckedAndWin) {
   const Config c = load_config(file, {override_of("--training.steps=20"), override_of("--model.name=gpt"),
                                       override_of("--model.hidden=[8, 4]")}).config;
   EXPECT_EQ(c.training.steps, 20);
-  EXPECT_EQ(c.model.name, "gpt");  // a string may be typed without quotes
+  EXPECT_EQ(c.model.name, ModelKind::kGpt);  // a string may be typed without quotes
   EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{8, 4}));
 }
 

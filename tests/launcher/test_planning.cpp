@@ -1,10 +1,12 @@
 // The planner against the engine it predicts: the profile's model state to the byte, predicted
 // peaks against measured ones, the DTR replay against a real run's evictions, `hybrid_train plan`
 // and parallel.strategy = "auto" as users run them, and a refusal whose suggestion fits.
+#include "launcher/config/config_schema.h"
 #include "launcher/job.h"
 #include "launcher/model_factory.h"
 #include "launcher/planning/job_plan.h"
 #include "launcher/planning/profiler.h"
+#include "launcher/planning/run_check.h"
 #include "launcher/user_error.h"
 #include "alloc/cpu_device_allocator.h"
 #include "tests/support/run_binary.h"
@@ -99,12 +101,12 @@ TEST(Planning, ProfileCountsModelStateToTheByte) {
     const std::vector<at::Tensor> params = model->parameters();
     int64_t param_bytes = arena_sum(params), param_elements = 0;
     for (const at::Tensor& t : params) param_elements += t.numel();
-    EXPECT_EQ(p.parameter_bytes, param_bytes + arena_sum(model->buffers())) << c.model.name;
-    EXPECT_EQ(p.gradient_bytes, arena_bytes(param_elements * 4)) << c.model.name << ": one fp32 block";
+    EXPECT_EQ(p.parameter_bytes, param_bytes + arena_sum(model->buffers())) << choice_name(c.model.name);
+    EXPECT_EQ(p.gradient_bytes, arena_bytes(param_elements * 4)) << choice_name(c.model.name) << ": one fp32 block";
     // SGD with momentum: one buffer per parameter; AdamW: two; moved into one block after the
     // first step (launcher/training/compact.h).
-    EXPECT_EQ(p.optimizer_state_bytes, arena_bytes((c.training.optimizer == "adamw" ? 2 : 1) * param_elements * 4))
-        << c.model.name;
+    EXPECT_EQ(p.optimizer_state_bytes, arena_bytes((c.training.optimizer == OptimizerKind::kAdamw ? 2 : 1) * param_elements * 4))
+        << choice_name(c.model.name);
   }
 }
 
@@ -119,6 +121,10 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
       {kConv, {"--memory.budget=256MiB", "--training.micro_batch_size=8"}},
       {kConv, {"--memory.budget=256MiB", "--training.mixed_precision=bf16"}},
       {kGptToPlan, {"--memory.budget=256MiB", "--training.micro_batch_size=4"}},
+      // Without a budget the same bytes: the rank's device memory, not the 4 MiB data set beside
+      // it (counted until the measurement excluded host data: 3-7x the prediction).
+      {kConv, {"--data.synthetic_samples=4096"}},
+      {kGptToPlan, {"--data.synthetic_samples=8192", "--training.micro_batch_size=4"}},
   };
   for (const Case& k : cases) {
     std::vector<std::string> args = k.args;
@@ -127,7 +133,8 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
     const double predicted = json_number(dir.path("run/summary.json"), "predicted_peak_bytes");
     const double measured = json_number(dir.path("run/summary.json"), "mem_peak_bytes");
     // Activations are measured at two sizes and interpolated; the rest is exact.
-    EXPECT_NEAR(predicted / measured, 1.0, 0.05) << k.args.back() << ": " << predicted << " vs " << measured;
+    EXPECT_NEAR(predicted / measured, 1.0, 0.05) << k.args.front() << " " << k.args.back() << ": " << predicted
+                                                 << " vs " << measured;
   }
 }
 
@@ -146,7 +153,7 @@ void expect_replay_matches(const char* toml, int64_t micro, double share) {
   machine.device_memory = tight.memory.budget_bytes;
   Plan plan;
   plan.micro_batch = micro;
-  plan.policy = "lru";
+  plan.policy = MemoryPolicy::kLru;
   plan.budget_bytes = tight.memory.budget_bytes;
   const Prediction predicted = predict(profile, machine, plan);
   ASSERT_TRUE(predicted.fits) << predicted.why_not;
@@ -156,11 +163,12 @@ void expect_replay_matches(const char* toml, int64_t micro, double share) {
   const double measured = last_train_number(dir.path("tight/metrics.jsonl"), "evictions");
   std::printf("replay: %lld evictions predicted, %.0f measured at %.0f%% of the peak\n",
               static_cast<long long>(predicted.evictions), measured, share * 100);
-  // The stated tolerance: within a factor of two. The replay evicts more than the engine (1.4-1.5x
-  // on these models); planner/dtr_replay.h lists what of the engine it cannot mirror.
+  // The replay scores, chooses and ticks as the engine does (memory/eviction_score.h), and here it
+  // evicts exactly as often (17 and 32 at 70% and 60%, 2026-11-25). The tolerance, 10%, is for
+  // what it still cannot mirror (planner/dtr_replay.h): a trace records no kernel's other outputs.
   const double ratio = static_cast<double>(predicted.evictions) / measured;
-  EXPECT_GE(ratio, 0.5) << predicted.evictions << " predicted, " << measured << " measured";
-  EXPECT_LE(ratio, 2.0) << predicted.evictions << " predicted, " << measured << " measured";
+  EXPECT_GE(ratio, 0.9) << predicted.evictions << " predicted, " << measured << " measured";
+  EXPECT_LE(ratio, 1.1) << predicted.evictions << " predicted, " << measured << " measured";
 }
 
 TEST(Planning, ReplayPredictsARealRunsEvictions) {
@@ -186,7 +194,7 @@ TEST(Planning, PredictsTheStaticPlanARunMakes) {
   machine.device_memory = tight.memory.budget_bytes;
   Plan plan;
   plan.micro_batch = 16;
-  plan.policy = "static";
+  plan.policy = MemoryPolicy::kStatic;
   plan.budget_bytes = tight.memory.budget_bytes;
   const Prediction predicted = predict(profile, machine, plan);
   ASSERT_TRUE(predicted.fits) << predicted.why_not;
@@ -195,7 +203,7 @@ TEST(Planning, PredictsTheStaticPlanARunMakes) {
   EXPECT_GT(predicted.recompute_ms, 0);
   EXPECT_LE(predicted.peak_bytes, tight.memory.budget_bytes);
   // Without a static plan the same budget is predicted by DTR's replay: not a plan.
-  plan.policy = "dtr";
+  plan.policy = MemoryPolicy::kDtr;
   EXPECT_FALSE(predict(profile, machine, plan).static_plan);
 
   run_job(tight, true);
@@ -320,6 +328,35 @@ TEST(PlanCommand, ARefusalsSuggestionFitsAndAutoTrainsIt) {
   EXPECT_LE(json_number(dir.path("fix/summary.json"), "mem_peak_bytes"), peak * 8 / 10);
   run_job(config_for(dir, kConv, {budget, "--parallel.strategy=auto", "--job.output_dir=" + dir.path("auto")}), true);
   EXPECT_LE(json_number(dir.path("auto/summary.json"), "mem_peak_bytes"), peak * 8 / 10);
+}
+
+// parallel.strategy = "auto" with a policy the search does not consider (swap, hybrid), where no
+// plan fits and memory.check_fit = false lets the run go on: the configured policy stays. (Until
+// policies were an enum, rank 0 sent the index of the policy in a list of nine names that lacked
+// these two, and every rank read one past the list's end.)
+TEST(Planning, AutoKeepsAConfiguredPolicyTheSearchDoesNotConsider) {
+  TempDir dir;
+  for (const char* policy : {"swap", "hybrid"}) {
+    Config c = config_for(dir, kConv, {"--parallel.strategy=auto", std::string("--memory.policy=") + policy,
+                                       "--memory.budget=64KiB", "--memory.check_fit=false"});
+    const DataSplits data = make_datasets(c);
+    const RunPrediction p = check_run_fits(c, data, ProcessGrid{});
+    EXPECT_FALSE(p.prediction.fits) << "64 KiB cannot hold the model";
+    EXPECT_EQ(choice_name(c.memory.policy), std::string(policy));
+    EXPECT_EQ(c.memory.budget_bytes, 64 << 10);
+  }
+}
+
+// The planner's policies, the config's names and the trainer's questions come from one enum.
+TEST(Planning, EveryMemoryPolicyIsOneNameTheSchemaAcceptsAndThePlannerPredicts) {
+  const FieldSpec* field = find_field("memory", "policy");
+  ASSERT_NE(field, nullptr);
+  EXPECT_EQ(field->choices, choice_names<MemoryPolicy>());
+  for (MemoryPolicy p : all_choices<MemoryPolicy>()) {
+    EXPECT_EQ(parse_choice<MemoryPolicy>(choice_name(p)), p);
+    EXPECT_EQ(eviction_heuristic(p).has_value(), evicts(p)) << choice_name(p);
+    EXPECT_FALSE(plans_statically(p) && swaps(p)) << choice_name(p);
+  }
 }
 
 }  // namespace

@@ -80,11 +80,11 @@ struct Background {
     wait_for([&] {
       pids = ranks_running(out);
       return pids.size() == ranks && train_records(out + "/metrics.jsonl") >= records;
-    }, 120);
+    }, 300);
     return pids;
   }
   std::string wait_rc() {
-    wait_for([&] { return !read_file(rc_file).empty(); }, 120);
+    wait_for([&] { return !read_file(rc_file).empty(); }, 300);
     return read_file(rc_file);
   }
   std::string out, rc_file, log;

@@ -115,7 +115,7 @@ TEST(Report, HeadlessChromiumRendersEveryChartWithoutAScriptError) {
         << "chart \"" << chart << "\" with a drawn series";
   }
   EXPECT_THAT(dom, HasSubstr("class=\"mark\"")) << "the trace's evictions, copies or waits marked";
-  EXPECT_THAT(dom, HasSubstr("peak memory per rank")) << "the prediction beside the run";
+  EXPECT_THAT(dom, HasSubstr("peak device memory per rank")) << "the prediction beside the run";
   const std::filesystem::path artifacts(HT_ARTIFACT_DIR);
   std::filesystem::create_directories(artifacts);
   const std::string png = (artifacts / "report.png").string();

@@ -504,7 +504,7 @@ TEST(Training, WarmupThenCosineToMinLr) {
   t.lr = 1.0;
   t.min_lr = 0.1;
   t.warmup_steps = 4;
-  t.schedule = "cosine";
+  t.schedule = LrSchedule::kCosine;
   EXPECT_DOUBLE_EQ(learning_rate_at(t, 0, 14), 0.25);
   EXPECT_DOUBLE_EQ(learning_rate_at(t, 3, 14), 1.0);
   EXPECT_DOUBLE_EQ(learning_rate_at(t, 4, 14), 1.0);
@@ -512,7 +512,7 @@ TEST(Training, WarmupThenCosineToMinLr) {
   EXPECT_DOUBLE_EQ(learning_rate_at(t, 9, 14), 0.1 + 0.45 * (1.0 + std::cos(M_PI * 5.0 / 9.0)));
   for (int64_t s = 5; s < 14; ++s) EXPECT_LT(learning_rate_at(t, s, 14), learning_rate_at(t, s - 1, 14));
   EXPECT_DOUBLE_EQ(learning_rate_at(t, 13, 14), 0.1);
-  t.schedule = "constant";
+  t.schedule = LrSchedule::kConstant;
   EXPECT_DOUBLE_EQ(learning_rate_at(t, 13, 14), 1.0);
 }
 

@@ -72,7 +72,7 @@ TEST_P(ModelDtr, BitIdenticalAtEveryBudgetDownToTheSmallest) {
 
   const double smallest = smallest_ratio(c, plain, policy);
   RecordProperty("smallest_activation_ratio", std::to_string(smallest));
-  std::printf("[ smallest ] %s %s: %.3f of the activation memory\n", c.name.c_str(), eviction_heuristic_name(policy),
+  std::printf("[ smallest ] %s %s: %.3f of the activation memory\n", c.name.c_str(), choice_name(policy),
               smallest);
   EXPECT_LE(smallest, kSmallestAtMost.at(c.name)) << "the budget DTR needs grew";
   // Eviction choices weigh measured kernel times, so where blocks land, and whether a budget near
@@ -80,7 +80,7 @@ TEST_P(ModelDtr, BitIdenticalAtEveryBudgetDownToTheSmallest) {
   // a margin of 0.1 above the smallest that worked.
   constexpr double kMargin = 0.1;
   for (double ratio : {0.8, 0.5, 0.3, std::min(1.0, smallest + kMargin)}) {
-    const std::string what = std::string(eviction_heuristic_name(policy)) + " at " + std::to_string(ratio);
+    const std::string what = std::string(choice_name(policy)) + " at " + std::to_string(ratio);
     if (ratio < smallest + kMargin) continue;  // out of this model's reach: nothing to compare
     const int64_t budget = budget_at(plain, ratio);
     const BudgetRun run = train_in_budget(c, budget, policy, 3, kBatch);
@@ -120,7 +120,7 @@ TEST(ModelDtrComposition, Bf16AndAccumulationOfFour) {
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return std::get<0>(info.param) + "_" + eviction_heuristic_name(std::get<1>(info.param));
+  return std::get<0>(info.param) + "_" + choice_name(std::get<1>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -24,11 +24,11 @@ SimulationResult run(ScheduleKind kind, ScheduleShape shape, SimulationCosts cos
 
 TEST(PipelineSchedule, NamesRoundTrip) {
   const std::vector<std::string> expected{"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"};
-  EXPECT_EQ(schedule_names(), expected);
-  for (ScheduleKind kind : kKinds) EXPECT_EQ(schedule_from_name(schedule_name(kind)), kind);
-  EXPECT_FALSE(schedule_from_name("zb_h2").has_value());
-  EXPECT_FALSE(schedule_from_name("GPipe").has_value()) << "names are exact";
-  EXPECT_FALSE(schedule_from_name("").has_value());
+  EXPECT_EQ(choice_names<ScheduleKind>(), expected);
+  for (ScheduleKind kind : kKinds) EXPECT_EQ(parse_choice<ScheduleKind>(choice_name(kind)), kind);
+  EXPECT_FALSE(parse_choice<ScheduleKind>("zb_h2").has_value());
+  EXPECT_FALSE(parse_choice<ScheduleKind>("GPipe").has_value()) << "names are exact";
+  EXPECT_FALSE(parse_choice<ScheduleKind>("").has_value());
 }
 
 TEST(PipelineSchedule, RefusalsSayWhatWouldWork) {
@@ -71,7 +71,7 @@ TEST(PipelineSchedule, EveryGeneratorIsValidAndDeadlockFreeOnAGrid) {
           const ScheduleShape shape{p, m, v};
           if (!schedule_refusal(kind, shape).empty()) continue;
           ++shapes;
-          SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(p) + " m=" + std::to_string(m) +
+          SCOPED_TRACE(std::string(choice_name(kind)) + " p=" + std::to_string(p) + " m=" + std::to_string(m) +
                        " v=" + std::to_string(v));
           const PipelineSchedule schedule = make_schedule(kind, shape);
           ASSERT_EQ(check_schedule(schedule, shape), "") << schedule_to_string(schedule, shape);
@@ -204,7 +204,7 @@ TEST(PipelineSchedule, SimulatedBubblesMatchTheTheory) {
           const ScheduleShape shape{p, m, v};
           if (!schedule_refusal(kind, shape).empty() || (kind == ScheduleKind::kZbH1 && m < p)) continue;
           EXPECT_NEAR(run(kind, shape).bubble, theoretical_bubble(kind, shape), 1e-9)
-              << schedule_name(kind) << " p=" << p << " m=" << m << " v=" << v;
+              << choice_name(kind) << " p=" << p << " m=" << m << " v=" << v;
         }
 }
 

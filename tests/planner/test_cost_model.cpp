@@ -42,20 +42,20 @@ ModelProfile two_points() {
 TEST(CostModel, AffineInTheMicroBatchBetweenAndBeyondTheMeasuredSizes) {
   ModelProfile p = two_points();
   p.points[0].forward_backward_ms = 6.0;  // 2 + 0.5 x 8
-  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 16, "off", 4), 10.0);
-  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 64, "off", 4), 34.0);
-  EXPECT_EQ(activation_bytes(p, 16, "off"), 5000 + 16000);
-  EXPECT_EQ(activation_bytes(p, 128, "off"), 5000 + 128000);
-  EXPECT_THROW(forward_backward_ms(p, 16, "bf16", 4), std::invalid_argument);
+  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 16, MixedPrecision::kOff, 4), 10.0);
+  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 64, MixedPrecision::kOff, 4), 34.0);
+  EXPECT_EQ(activation_bytes(p, 16, MixedPrecision::kOff), 5000 + 16000);
+  EXPECT_EQ(activation_bytes(p, 128, MixedPrecision::kOff), 5000 + 128000);
+  EXPECT_THROW(forward_backward_ms(p, 16, MixedPrecision::kBf16, 4), std::invalid_argument);
   // Below the smallest size, never less than its share of the smallest measured step.
   p.points[1].forward_backward_ms = 6.0 + 24 * 2.0;  // steep: the line crosses zero at 5
-  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 2, "off", 4), 6.0 * 2 / 8);
+  EXPECT_DOUBLE_EQ(forward_backward_ms(p, 2, MixedPrecision::kOff, 4), 6.0 * 2 / 8);
 }
 
 TEST(CostModel, FewerThreadsByAmdahlsLawThroughTheOneThreadPoint) {
   const ModelProfile p = two_points();
   // At micro-batch 8: 6 ms with 4 threads, 21 with 1: serial 1, parallel 20.
-  EXPECT_NEAR(forward_backward_ms(p, 8, "off", 2) / forward_backward_ms(p, 8, "off", 4), (1.0 + 10.0) / 6.0, 1e-9);
+  EXPECT_NEAR(forward_backward_ms(p, 8, MixedPrecision::kOff, 2) / forward_backward_ms(p, 8, MixedPrecision::kOff, 4), (1.0 + 10.0) / 6.0, 1e-9);
 }
 
 TEST(CostModel, RanksSharingAHostShareItsThreads) {
@@ -100,7 +100,7 @@ TEST(CostModel, PeakIsTheSumOfItsParts) {
   EXPECT_EQ(r.activation_bytes, 5000 + 16000);
   EXPECT_EQ(r.peak_bytes, 3000 * 64 + r.sampler_bytes + r.batch_bytes + r.activation_bytes);
   EXPECT_TRUE(r.fits);
-  EXPECT_DOUBLE_EQ(r.compute_ms, 4 * forward_backward_ms(p, 16, "off", 4));
+  EXPECT_DOUBLE_EQ(r.compute_ms, 4 * forward_backward_ms(p, 16, MixedPrecision::kOff, 4));
   m.device_memory = r.peak_bytes - 1;
   EXPECT_FALSE(predict(p, m, plan).fits);
 }
@@ -133,7 +133,7 @@ TEST(CostModel, PipelineStagesPayTheBubbleAndHoldTheirShare) {
   EXPECT_EQ(r.activation_bytes, 2 * (whole.activation_bytes / 2));  // 1F1B: p in flight, half the model
   EXPECT_NEAR(r.stage_imbalance, 1.0, 1e-9);
   // GPipe holds all four micro-batches on the first stage.
-  piped.schedule = "gpipe";
+  piped.schedule = ScheduleKind::kGpipe;
   EXPECT_EQ(predict(p, m, piped).activation_bytes, 4 * (whole.activation_bytes / 2));
   // More stages than blocks: refused, saying why.
   piped.stages = 8;

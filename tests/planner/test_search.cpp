@@ -19,11 +19,11 @@ using ::testing::HasSubstr;
 Prediction synthetic(const Plan& p) {
   Prediction r;
   const double per_rank = static_cast<double>(p.micro_batch * p.accumulation);
-  r.compute_ms = per_rank * (p.precision == "bf16" ? 0.8 : 1.0) + 2.0 * static_cast<double>(p.accumulation);
+  r.compute_ms = per_rank * (p.precision == MixedPrecision::kBf16 ? 0.8 : 1.0) + 2.0 * static_cast<double>(p.accumulation);
   r.allreduce_exposed_ms = p.ranks > 1 ? 6.0 : 0.0;
-  r.activation_bytes = p.micro_batch * (p.precision == "bf16" ? 2 : 4);
+  r.activation_bytes = p.micro_batch * (p.precision == MixedPrecision::kBf16 ? 2 : 4);
   r.peak_bytes = 100 + r.activation_bytes;
-  if (p.policy != "none") {
+  if (p.policy != MemoryPolicy::kNone) {
     r.recompute_ms = 0.3 * r.compute_ms;
     r.evictions = 5;
     r.peak_bytes = std::min<int64_t>(r.peak_bytes, p.budget_bytes);
@@ -66,8 +66,8 @@ TEST(Search, PipelineStagesDivideTheRanksAndHaveAMicroBatchPerStage) {
   SearchOptions o;
   o.ranks = {1, 2, 4};
   o.stages = {1, 2};
-  o.precisions = {"off"};
-  o.policies = {"none", "dtr"};
+  o.precisions = {MixedPrecision::kOff};
+  o.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr};
   const std::vector<Plan> plans = candidate_plans(64, 1 << 20, o);
   int piped = 0;
   for (const Plan& p : plans) {
@@ -76,7 +76,7 @@ TEST(Search, PipelineStagesDivideTheRanksAndHaveAMicroBatchPerStage) {
     EXPECT_EQ(p.stages, 2);
     EXPECT_NE(p.devices(), 1) << "one rank cannot hold two stages";
     EXPECT_GE(p.accumulation, p.stages) << "a pipeline needs a micro-batch per stage";
-    EXPECT_EQ(p.policy, "none") << "stages are searched without eviction";
+    EXPECT_EQ(p.policy, MemoryPolicy::kNone) << "stages are searched without eviction";
     EXPECT_EQ(p.micro_batch * p.accumulation * p.ranks, 64);
   }
   EXPECT_GT(piped, 0);
@@ -112,7 +112,7 @@ TEST(Search, ARankCapOfOnePicksAMemorySaver) {
   const Plan& pick = ranked[0].plan;
   ASSERT_TRUE(ranked[0].prediction.fits);
   // 64 samples at once need 100 + 4 x 64 bytes: the pick accumulates, or evicts, or halves precision.
-  EXPECT_TRUE(pick.accumulation > 1 || pick.policy != "none" || pick.precision == "bf16");
+  EXPECT_TRUE(pick.accumulation > 1 || pick.policy != MemoryPolicy::kNone || pick.precision == MixedPrecision::kBf16);
   EXPECT_LE(ranked[0].prediction.peak_bytes, 200);
 }
 
