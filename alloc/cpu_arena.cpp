@@ -148,6 +148,11 @@ void* CpuArena::allocate_at(int64_t offset, size_t bytes) {
   return take(offset, size);
 }
 
+CpuArena::End CpuArena::end_for(size_t bytes, bool activation) const {
+  const int64_t small = std::min<int64_t>(int64_t{1} << 20, capacity() / 256);
+  return activation && static_cast<int64_t>(bytes) >= small ? End::kLow : End::kHigh;
+}
+
 int64_t CpuArena::rounded_size(size_t bytes) {
   return bytes == 0 ? kAlign : round_up(static_cast<int64_t>(bytes));
 }

@@ -69,6 +69,12 @@ class CpuArena {
   // The size a request of `bytes` takes: rounded up to kAlignment, kAlignment for zero.
   // `bytes` must not exceed capacity() (larger requests fail before rounding).
   static int64_t rounded_size(size_t bytes);
+  // Where a block goes: an activation's (a forward kernel's) at the low end, unless it is small;
+  // everything else at the high end. Small blocks go with the rest even from a forward kernel:
+  // left among activations, a few bytes that outlive their neighbours split two holes that could
+  // have made one (PyTorch's caching allocator keeps a small pool apart for the same reason).
+  // The allocator (cpu_device_allocator.cpp) and the planner's replay both place by this rule.
+  End end_for(size_t bytes, bool activation) const;
   // Merges the block with its free neighbours. Throws std::logic_error unless p starts an
   // allocated block; nullptr is a no-op.
   void deallocate(void* p);

@@ -5,25 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <unordered_set>
 
 namespace ht {
 namespace {
 
-// A kernel timed at 0 (a view, a tiny op) still costs something to regenerate; without a floor
-// every such tensor would score 0 and be evicted first however often it comes back.
-constexpr double kMinCostMs = 1e-6;
-// megengine: a tensor evicted and regenerated k times scores kRecomputePenalty^k higher.
-constexpr double kRecomputePenalty = 1.25;
-
-double regeneration_cost(const TensorInfo& t, KernelCosts costs) {
-  return std::max(costs == KernelCosts::kModeled ? t.modeled_ms() : t.compute_ms(), kMinCostMs);
+double cost_of(const TensorInfo& t, KernelCosts costs) {
+  return regeneration_cost(costs == KernelCosts::kModeled ? t.modeled_ms() : t.compute_ms());
 }
-double staleness(const TensorInfo& t, uint64_t now) {
-  return static_cast<double>(now > t.last_access ? now - t.last_access : 0) + 1.0;
-}
-double bytes_of(const TensorInfo& t) { return static_cast<double>(std::max<int64_t>(t.nbytes, 1)); }
 
 // Dropped and regenerable: what a recomputation of a neighbour would have to redo.
 bool is_evicted(const TensorInfo* t) {
@@ -41,13 +30,37 @@ void for_each_neighbour(const TensorInfo& t, Fn&& fn) {
   }
 }
 
+// The records' graph as eviction_score.h walks it.
+class RecordGraph {
+ public:
+  explicit RecordGraph(KernelCosts costs) : costs_(costs) {}
+  template <typename Fn>
+  void for_each_neighbour(const TensorInfo* t, Fn&& fn) const { ht::for_each_neighbour(*t, fn); }
+  bool evicted(const TensorInfo* t) const { return is_evicted(t); }
+  bool mark_producer(const TensorInfo* t) { return counted_.insert(t->producer.get()).second; }
+  double cost(const TensorInfo* t) const { return cost_of(*t, costs_); }
+
+ private:
+  KernelCosts costs_;
+  std::unordered_set<const ComputePath*> counted_;
+};
+
 double local_evicted_cost(const TensorInfo& t, KernelCosts costs) {
   std::unordered_set<const ComputePath*> counted{t.producer.get()};
   double cost = 0;
   for_each_neighbour(t, [&](const TensorInfo* n) {
-    if (is_evicted(n) && counted.insert(n->producer.get()).second) cost += regeneration_cost(*n, costs);
+    if (is_evicted(n) && counted.insert(n->producer.get()).second) cost += cost_of(*n, costs);
   });
   return cost;
+}
+
+EvictionCandidate plain_candidate(const TensorInfo& t, KernelCosts costs) {
+  EvictionCandidate c;
+  c.cost_ms = cost_of(t, costs);
+  c.bytes = CpuArena::rounded_size(static_cast<size_t>(t.nbytes));  // what evicting it frees
+  c.last_access = t.last_access;
+  c.recompute_count = t.recompute_count;
+  return c;
 }
 
 // The policies that weigh recomputation, by the job's kernel costs.
@@ -56,7 +69,7 @@ class CostWeighingPolicy : public EvictionPolicy {
   explicit CostWeighingPolicy(KernelCosts costs) : costs_(costs) {}
 
  protected:
-  double cost_of(const TensorInfo& t) const { return regeneration_cost(t, costs_); }
+  double cost_of(const TensorInfo& t) const { return ht::cost_of(t, costs_); }
   const KernelCosts costs_;
 };
 
@@ -64,7 +77,7 @@ class DtrPolicy final : public CostWeighingPolicy {
  public:
   using CostWeighingPolicy::CostWeighingPolicy;
   double score(const TensorInfo& t, uint64_t now) const override {
-    return (cost_of(t) + evicted_neighbourhood_cost(t, costs_)) / (bytes_of(t) * staleness(t, now));
+    return eviction_score(EvictionHeuristic::kDtr, candidate_of(t, costs_), now);
   }
 };
 
@@ -74,7 +87,7 @@ class DtrEqPolicy final : public CostWeighingPolicy {
  public:
   using CostWeighingPolicy::CostWeighingPolicy;
   double score(const TensorInfo& t, uint64_t now) const override {
-    double cost = cost_of(t);
+    EvictionCandidate c = plain_candidate(t, costs_);
     std::vector<int> roots;
     for_each_neighbour(t, [&](const TensorInfo* n) {
       auto it = n != nullptr ? index_.find(n) : index_.end();
@@ -82,8 +95,8 @@ class DtrEqPolicy final : public CostWeighingPolicy {
       const int root = find(it->second);
       if (std::find(roots.begin(), roots.end(), root) == roots.end()) roots.push_back(root);
     });
-    for (int r : roots) cost += nodes_[r].cost;
-    return cost / (bytes_of(t) * staleness(t, now));
+    for (int r : roots) c.neighbourhood_ms += nodes_[r].cost;
+    return eviction_score(EvictionHeuristic::kDtrEq, c, now);
   }
   void on_dropped(const TensorInfo& t) override {
     if (!is_evicted(&t) || index_.count(&t) != 0) return;
@@ -134,13 +147,13 @@ class MegEnginePolicy final : public CostWeighingPolicy {
  public:
   MegEnginePolicy(const CpuArena* arena, KernelCosts costs) : CostWeighingPolicy(costs), arena_(arena) {}
   double score(const TensorInfo& t, uint64_t now) const override {
-    double free_neighbours = 0;
+    EvictionCandidate c = plain_candidate(t, costs_);
+    c.neighbourhood_ms = local_evicted_cost(t, costs_);
     if (arena_ != nullptr && t.value.defined() && t.value.has_storage()) {
       const void* data = t.value.storage().data();
-      if (arena_->contains(data)) free_neighbours = static_cast<double>(arena_->adjacent_free_bytes(data));
+      if (arena_->contains(data)) c.free_neighbour_bytes = arena_->adjacent_free_bytes(data);
     }
-    const double cost = (cost_of(t) + local_evicted_cost(t, costs_)) * std::pow(kRecomputePenalty, t.recompute_count);
-    return cost / ((bytes_of(t) + free_neighbours) * staleness(t, now));
+    return eviction_score(EvictionHeuristic::kMegEngine, c, now);
   }
 
  private:
@@ -149,66 +162,29 @@ class MegEnginePolicy final : public CostWeighingPolicy {
 
 class LruPolicy final : public EvictionPolicy {
  public:
-  double score(const TensorInfo& t, uint64_t now) const override { return -staleness(t, now); }
+  double score(const TensorInfo& t, uint64_t now) const override {
+    return eviction_score(EvictionHeuristic::kLru, plain_candidate(t, KernelCosts::kModeled), now);
+  }
 };
 
 class LargestPolicy final : public EvictionPolicy {
  public:
-  double score(const TensorInfo& t, uint64_t /*now*/) const override { return -bytes_of(t); }
+  double score(const TensorInfo& t, uint64_t now) const override {
+    return eviction_score(EvictionHeuristic::kLargest, plain_candidate(t, KernelCosts::kModeled), now);
+  }
 };
 
 }  // namespace
 
-std::optional<EvictionHeuristic> eviction_heuristic_from_name(const std::string& name) {
-  for (EvictionHeuristic h : {EvictionHeuristic::kDtr, EvictionHeuristic::kDtrEq, EvictionHeuristic::kMegEngine,
-                              EvictionHeuristic::kLru, EvictionHeuristic::kLargest}) {
-    if (name == eviction_heuristic_name(h)) return h;
-  }
-  return std::nullopt;
+double evicted_neighbourhood_cost(const TensorInfo& t, KernelCosts costs) {
+  RecordGraph graph(costs);
+  return ht::evicted_neighbourhood_cost(graph, &t);
 }
 
-const char* eviction_heuristic_name(EvictionHeuristic heuristic) {
-  switch (heuristic) {
-    case EvictionHeuristic::kDtr: return "dtr";
-    case EvictionHeuristic::kDtrEq: return "dtr_eq";
-    case EvictionHeuristic::kMegEngine: return "megengine";
-    case EvictionHeuristic::kLru: return "lru";
-    case EvictionHeuristic::kLargest: return "largest";
-  }
-  return "?";
-}
-
-std::optional<KernelCosts> kernel_costs_from_name(const std::string& name) {
-  for (KernelCosts c : {KernelCosts::kModeled, KernelCosts::kMeasured}) {
-    if (name == kernel_costs_name(c)) return c;
-  }
-  return std::nullopt;
-}
-
-const char* kernel_costs_name(KernelCosts costs) {
-  return costs == KernelCosts::kModeled ? "modeled" : "measured";
-}
-
-double evicted_neighbourhood_cost(const TensorInfo& t, KernelCosts costs, int limit) {
-  // The evicted component around t, walked with an explicit stack; an op call's cost counts once
-  // (regenerating one output of it regenerates the others).
-  std::unordered_set<const ComputePath*> counted{t.producer.get()};
-  std::vector<const TensorInfo*> stack;
-  double cost = 0;
-  auto visit = [&](const TensorInfo* n) {
-    if (!is_evicted(n) || static_cast<int>(counted.size()) > limit) return;
-    if (counted.insert(n->producer.get()).second) {
-      cost += regeneration_cost(*n, costs);
-      stack.push_back(n);
-    }
-  };
-  for_each_neighbour(t, visit);
-  while (!stack.empty()) {
-    const TensorInfo* n = stack.back();
-    stack.pop_back();
-    for_each_neighbour(*n, visit);
-  }
-  return cost;
+EvictionCandidate candidate_of(const TensorInfo& t, KernelCosts costs) {
+  EvictionCandidate c = plain_candidate(t, costs);
+  c.neighbourhood_ms = evicted_neighbourhood_cost(t, costs);
+  return c;
 }
 
 std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionHeuristic heuristic, const CpuArena* arena,
@@ -226,20 +202,6 @@ std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionHeuristic heuristic
 Evictor::Evictor(EvictionOptions options, const CpuArena* arena)
     : options_(options), policy_(make_eviction_policy(options.heuristic, arena, options.costs)), rng_(options.seed) {}
 
-TensorInfo* Evictor::best_of(const std::vector<TensorInfo*>& pool, uint64_t now, double min_bytes) const {
-  TensorInfo* best = nullptr;
-  double best_score = std::numeric_limits<double>::infinity();
-  for (TensorInfo* t : pool) {
-    if (static_cast<double>(t->nbytes) < min_bytes || !t->evictable()) continue;
-    const double s = policy_->score(*t, now);
-    if (best == nullptr || s < best_score) {
-      best = t;
-      best_score = s;
-    }
-  }
-  return best;
-}
-
 TensorInfo* Evictor::pick_victim(const std::vector<TensorInfo*>& candidates, uint64_t now) {
   if (candidates.empty()) return nullptr;
   std::vector<TensorInfo*> sample;
@@ -251,16 +213,15 @@ TensorInfo* Evictor::pick_victim(const std::vector<TensorInfo*>& candidates, uin
     for (size_t i = 0; i < k; ++i) sample.push_back(candidates[pick(rng_)]);
     pool = &sample;
   }
-  double min_bytes = 0;
-  if (options_.ignore_small) {
-    double total = 0;
-    for (const TensorInfo* t : *pool) total += static_cast<double>(t->nbytes);
-    min_bytes = 0.01 * total / static_cast<double>(pool->size());
-  }
-  if (TensorInfo* v = best_of(*pool, now, min_bytes)) return v;
-  if (TensorInfo* v = best_of(*pool, now, 0)) return v;
+  auto bytes_of = [](const TensorInfo* t) { return CpuArena::rounded_size(static_cast<size_t>(t->nbytes)); };
+  auto evictable = [](const TensorInfo* t) { return t->evictable(); };
+  auto score = [&](const TensorInfo* t) { return policy_->score(*t, now); };
+  int64_t v = choose_victim(*pool, options_.ignore_small, bytes_of, evictable, score);
+  if (v >= 0) return (*pool)[static_cast<size_t>(v)];
   // The sample held nothing evictable (all pinned, say): look at everything before giving up.
-  return pool == &candidates ? nullptr : best_of(candidates, now, 0);
+  if (pool == &candidates) return nullptr;
+  v = lowest_score(candidates, evictable, score);
+  return v >= 0 ? candidates[static_cast<size_t>(v)] : nullptr;
 }
 
 }  // namespace ht

@@ -1,8 +1,10 @@
 #pragma once
 // Eviction policies: which resident tensor to drop when memory is short. A policy only scores
 // candidates (lower score: evict first) and may keep its own view of the evicted graph; the
-// memory manager evicts, regenerates and accounts (memory_manager.h). Policies, after the DTR
-// paper (Kirisame et al. 2021) and MegEngine's engineering of it:
+// memory manager evicts, regenerates and accounts (memory_manager.h). The scores, the rules of
+// the victim's choice and e* are defined once in eviction_score.h, shared with the planner's
+// replay; this file applies them to tensor records. Policies, after the DTR paper (Kirisame et
+// al. 2021) and MegEngine's engineering of it:
 //   dtr        h = (c + e*) / (m * s): compute cost c plus the cost of the evicted neighbourhood
 //              e* (evicted tensors that evicting this one would make dearer to regenerate),
 //              over bytes m times staleness s;
@@ -11,6 +13,9 @@
 //              (evicting next to free memory grows a contiguous block), and a factor per earlier
 //              recomputation (a tensor that keeps coming back is expensive to evict);
 //   lru        least recently used first;  largest  largest first (baselines).
+
+#include "base/choice.h"
+#include "memory/eviction_score.h"
 
 #include <cstdint>
 #include <memory>
@@ -25,18 +30,16 @@ namespace ht {
 struct TensorInfo;
 class CpuArena;
 
-enum class EvictionHeuristic : uint8_t { kDtr, kDtrEq, kMegEngine, kLru, kLargest };
-
 // What a policy takes for the cost of recomputing a tensor's producer (memory.kernel_costs).
 enum class KernelCosts : uint8_t {
   kModeled,   // runtime/kernel_cost.h: deterministic, so a budget that trains once trains every time
   kMeasured,  // the kernel's measured time: closer to the truth, and as noisy as the machine
 };
-std::optional<KernelCosts> kernel_costs_from_name(const std::string& name);
-const char* kernel_costs_name(KernelCosts costs);
-
-std::optional<EvictionHeuristic> eviction_heuristic_from_name(const std::string& name);
-const char* eviction_heuristic_name(EvictionHeuristic heuristic);
+template <>
+struct ChoiceNames<KernelCosts> {
+  static constexpr std::pair<KernelCosts, const char*> table[] = {{KernelCosts::kModeled, "modeled"},
+                                                                  {KernelCosts::kMeasured, "measured"}};
+};
 
 struct EvictionOptions {
   EvictionHeuristic heuristic = EvictionHeuristic::kDtr;
@@ -73,15 +76,15 @@ class Evictor {
   EvictionPolicy& policy() { return *policy_; }
 
  private:
-  TensorInfo* best_of(const std::vector<TensorInfo*>& pool, uint64_t now, double min_bytes) const;
-
   EvictionOptions options_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::mt19937_64 rng_;
 };
 
-// Exposed for tests: the compute cost (ms) of the evicted neighbourhood of `t` that the dtr
-// policy adds to t's own cost; each producing op call is counted once, at most `limit` of them.
-double evicted_neighbourhood_cost(const TensorInfo& t, KernelCosts costs = KernelCosts::kModeled, int limit = 256);
+// The compute cost (ms) of the evicted neighbourhood of `t` that the dtr policy adds to t's own
+// cost (eviction_score.h: evicted_neighbourhood_cost, over tensor records).
+double evicted_neighbourhood_cost(const TensorInfo& t, KernelCosts costs = KernelCosts::kModeled);
+// What `heuristic` knows of `t` (neighbourhood_ms: e*, as dtr weighs it).
+EvictionCandidate candidate_of(const TensorInfo& t, KernelCosts costs);
 
 }  // namespace ht

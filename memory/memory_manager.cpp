@@ -7,15 +7,9 @@
 #include "runtime/tensor_info.h"
 
 #include <algorithm>
-#include <limits>
 
 namespace ht {
 namespace {
-
-int64_t round_to_block(size_t bytes) {
-  const auto a = static_cast<int64_t>(CpuArena::kAlignment);
-  return std::max<int64_t>(a, (static_cast<int64_t>(bytes) + a - 1) / a * a);
-}
 
 const void* data_of(const TensorInfo& t) {
   return t.value.defined() && t.value.has_storage() ? t.value.storage().data() : nullptr;
@@ -175,7 +169,7 @@ bool MemoryManager::make_room(size_t bytes) {
   // Another interpreter's device memory (benchmarks switch arenas): not ours to free.
   if (active_arena() != options_.arena.get()) return false;
   making_room_ = true;
-  const int64_t need = round_to_block(bytes);
+  const int64_t need = CpuArena::rounded_size(bytes);
   bool ok = false;
   while (true) {
     const ArenaStats s = options_.arena->stats();
@@ -203,21 +197,16 @@ bool MemoryManager::make_room(size_t bytes) {
 
 TensorInfo* MemoryManager::pick_for_fragmentation(int64_t bytes) {
   // Among the tensors whose block, joined with its free neighbours, makes a hole of `bytes`,
-  // the policy's favourite; null if evicting no single tensor does.
-  TensorInfo* best = nullptr;
-  double best_score = std::numeric_limits<double>::infinity();
+  // the policy's favourite (eviction_score.h); null if evicting no single tensor does.
   const CpuArena& arena = *options_.arena;
-  for (TensorInfo* t : roots_) {
-    const void* data = data_of(*t);
-    if (data == nullptr || !arena.contains(data) || !t->evictable()) continue;
-    if (arena.free_span_if_freed(data) < bytes) continue;
-    const double s = evictor_->policy().score(*t, remat_->now());
-    if (best == nullptr || s < best_score) {
-      best = t;
-      best_score = s;
-    }
-  }
-  return best;
+  const int64_t v = lowest_score(
+      roots_,
+      [&](const TensorInfo* t) {
+        const void* data = data_of(*t);
+        return data != nullptr && arena.contains(data) && t->evictable() && arena.free_span_if_freed(data) >= bytes;
+      },
+      [&](const TensorInfo* t) { return evictor_->policy().score(*t, remat_->now()); });
+  return v >= 0 ? roots_[static_cast<size_t>(v)] : nullptr;
 }
 
 TensorInfo* MemoryManager::next_victim(bool* freed) {
@@ -235,9 +224,8 @@ TensorInfo* MemoryManager::next_victim(bool* freed) {
   TensorInfo* victim = evictor_->pick_victim(roots_, remat_->now());
   if (victim != nullptr && swap_) {
     // What recomputing it would cost: its producer, and the evicted neighbourhood it depends on.
-    const KernelCosts costs = options_.eviction->costs;
-    const double own = costs == KernelCosts::kModeled ? victim->modeled_ms() : victim->compute_ms();
-    swap_->copy_before_drop(*victim, own + evicted_neighbourhood_cost(*victim, costs));
+    const EvictionCandidate c = candidate_of(*victim, options_.eviction->costs);
+    swap_->copy_before_drop(*victim, c.cost_ms + c.neighbourhood_ms);
   }
   return victim;
 }
@@ -254,7 +242,7 @@ bool MemoryManager::prefetch(TensorInfo& t) {
   const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(options_.arena->capacity()));
   return swap_->prefetch(t, [&](int64_t bytes) {
     if (active_arena() != options_.arena.get()) return at::Tensor();  // not ours to allocate in now
-    const int64_t need = round_to_block(static_cast<size_t>(bytes));
+    const int64_t need = CpuArena::rounded_size(static_cast<size_t>(bytes));
     // Room for a value backward reads sooner: drop copied values it reads later (they come back
     // by their own prefetch); nothing is ever recomputed for a prefetch.
     while (options_.arena->stats().in_use + need > target) {
@@ -305,6 +293,7 @@ void MemoryManager::evict(TensorInfo& victim, bool planned) {
   if (options_.timeline != nullptr) {
     options_.timeline->evicted(victim.producer ? victim.producer->op->traits().name : "?", victim.id, victim.nbytes);
   }
+  if (!planned && kernel_observer_ != nullptr) kernel_observer_->evicted(victim);
   remat_->evict(victim);
   if (!planned) ++stats_.evictions;
 }

@@ -1,5 +1,5 @@
 #pragma once
-// The per-rank memory manager (DESIGN.md, "The memory manager"). It keeps exact accounting of
+// The per-rank memory manager (docs/design.md, docs/memory.md). It keeps exact accounting of
 // the interpreter's non-leaf tensors and, given a budget, keeps device memory within it:
 //  - the budget is a real capacity: an arena (cpu_arena.h) that ATen allocates from while an
 //    ArenaScope is alive (cpu_device_allocator.h);

@@ -1,6 +1,8 @@
 #include "planner/dtr_replay.h"
 
+#include "alloc/byte_size.h"
 #include "alloc/cpu_arena.h"
+#include "memory/eviction_score.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -9,15 +11,8 @@
 namespace ht {
 namespace {
 
-constexpr double kMinCostMs = 1e-6;       // eviction_policy.cpp's floor
-constexpr int kNeighbourhoodLimit = 256;  // evicted_neighbourhood_cost's default limit
 using End = CpuArena::End;
 using Kind = TraceEvent::Kind;
-
-int64_t round_to_block(int64_t bytes) {
-  const auto a = static_cast<int64_t>(CpuArena::kAlignment);
-  return std::max<int64_t>(a, (bytes + a - 1) / a * a);
-}
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -113,9 +108,9 @@ class Replay {
  private:
   void on_allocated(int t) {
     const TraceTensor& tt = trace_.tensors[t];
-    void* data = place(tt.bytes, tt.low_end ? End::kLow : End::kHigh);
+    void* data = place(tt.bytes, arena_.end_for(static_cast<size_t>(tt.bytes), tt.low_end));
     if (data == nullptr) {
-      return fail_for_room(open_.empty() ? "an allocation outside kernels" : "kernel " + str(open_.back()), tt.bytes);
+      return fail_for_room(open_.empty() ? "an allocation outside kernels" : kernel_words(open_.back()), tt.bytes);
     }
     make_resident(t, data);
     // The engine attaches a kernel's outputs only when it returns: until then no policy sees them.
@@ -163,8 +158,8 @@ class Replay {
         }
         if (!regenerable(t)) {
           const std::string lineage = t == target ? "" : ", whose lineage holds tensor " + str(t);
-          return fail("kernel " + str(reader) + " needs tensor " + str(target) + lineage +
-                      ", freed and with no recomputable producer.");
+          return fail(kernel_words(reader) + " needs tensor " + str(target) + lineage +
+                      ", freed and with no recomputable producer");
         }
         stack.back().expanded = true;
         for (int in : producer_of(t).inputs) ++slots_[in].pins;
@@ -192,9 +187,9 @@ class Replay {
     std::vector<int> placed;
     for (int out : outputs_[k]) {
       if (!attaches(out)) continue;
-      void* data = place(trace_.tensors[out].bytes, End::kLow);
+      void* data = place(trace_.tensors[out].bytes, arena_.end_for(static_cast<size_t>(trace_.tensors[out].bytes), true));
       if (data == nullptr) {
-        const std::string who = "kernel " + str(k) + " (regenerated for kernel " + str(reader) + ")";
+        const std::string who = kernel_words(k) + ", regenerated for " + kernel_words(reader) + ",";
         return fail_for_room(who, trace_.tensors[out].bytes);
       }
       make_resident(out, data);
@@ -209,14 +204,32 @@ class Replay {
   void* place(int64_t bytes, End end) {
     const auto n = static_cast<size_t>(bytes);
     void* data = arena_.allocate(n, end);
-    if (data == nullptr && make_room(round_to_block(bytes))) data = arena_.allocate(n, end);
+    if (data == nullptr && make_room(CpuArena::rounded_size(n))) data = arena_.allocate(n, end);
     return data;
   }
 
+  // Why a block of `bytes` found no room with everything evictable evicted: the budget is too
+  // small for what must be held at once, or its free memory is in pieces. The numbers add up.
   void fail_for_room(const std::string& who, int64_t bytes) {
-    fail(who + " needs " + str(bytes) + " bytes with " + str(arena_.stats().in_use) +
-         " bytes in use that cannot be evicted, more than the budget of " + str(arena_.capacity()) +
-         " bytes (at least " + str(result_.min_budget_bytes) + " needed).");
+    const ArenaStats s = arena_.stats();
+    const int64_t need = CpuArena::rounded_size(static_cast<size_t>(bytes)), budget = arena_.capacity();
+    if (s.in_use + need > budget) {
+      return fail(who + " needs " + format_bytes(need) + " beside " + format_bytes(s.in_use) +
+                  " that cannot be evicted: " + exact(s.in_use + need) + ", more than the budget's " + exact(budget));
+    }
+    fail(who + " needs a block of " + exact(need) + "; the " + format_bytes(s.in_use) + " that cannot be evicted leave " +
+         format_bytes(budget - s.in_use) + " of the budget's " + format_bytes(budget) + " free, but in pieces, the largest " +
+         exact(s.largest_free_block) + ": fragmentation");
+  }
+
+  // Bytes two of which are compared: "8.00 MiB (8388608 bytes)".
+  static std::string exact(int64_t bytes) { return format_bytes(bytes) + " (" + str(bytes) + " bytes)"; }
+
+  // "kernel 45 (linear's backward, block 2)"
+  std::string kernel_words(int k) const {
+    const TraceKernel& kernel = trace_.kernels[static_cast<size_t>(k)];
+    std::string words = "kernel " + str(k) + " (" + kernel.op + (kernel.backward ? "'s backward" : "");
+    return words + (kernel.block >= 0 ? ", block " + str(kernel.block) : std::string()) + ")";
   }
 
   bool make_room(int64_t need) {
@@ -225,7 +238,7 @@ class Replay {
       if (s.largest_free_block >= need) return true;
       // A block of `need` may be one eviction away (a tensor between free neighbours) even when
       // the policy's favourite is elsewhere; failing that, the policy frees memory step by step.
-      int victim = best_where([&](int t) { return arena_.free_span_if_freed(slots_[t].data) >= need; });
+      int victim = best_where([&](int t) { return evictable(t) && arena_.free_span_if_freed(slots_[t].data) >= need; });
       if (victim < 0) victim = pick_victim();
       if (victim < 0) {
         // Everything evictable is gone: what remains is needed now, so no smaller budget works.
@@ -245,76 +258,64 @@ class Replay {
     }
   }
 
+  // The engine's choice (eviction_score.h), over the trace's tensors.
   int pick_victim() {
-    if (roots_.empty()) return -1;
-    // As Evictor::pick_victim: the mean is over the whole pool, pinned tensors included.
-    double min_bytes = 0;
-    if (options_.ignore_small) {
-      double total = 0;
-      for (int t : roots_) total += static_cast<double>(trace_.tensors[t].bytes);
-      min_bytes = 0.01 * total / static_cast<double>(roots_.size());
-    }
-    const int v = best_where([&](int t) { return static_cast<double>(trace_.tensors[t].bytes) >= min_bytes; });
-    return v >= 0 ? v : best_where([](int) { return true; });
+    const int64_t v = choose_victim(
+        roots_, options_.ignore_small, [&](int t) { return trace_.tensors[t].bytes; },
+        [&](int t) { return evictable(t); }, [&](int t) { return score(t); });
+    return v >= 0 ? roots_[static_cast<size_t>(v)] : -1;
   }
 
-  template <typename Pred>
-  int best_where(Pred&& pred) const {
-    int best = -1;
-    double best_score = 0;
-    for (int t : roots_) {
-      if (!evictable(t) || !pred(t)) continue;
-      const double s = score(t);
-      if (best < 0 || s < best_score) best = t, best_score = s;
-    }
-    return best;
+  template <typename Usable>
+  int best_where(Usable&& usable) const {
+    const int64_t v = lowest_score(roots_, usable, [&](int t) { return score(t); });
+    return v >= 0 ? roots_[static_cast<size_t>(v)] : -1;
   }
 
   double score(int t) const {
-    const double m = static_cast<double>(std::max<int64_t>(trace_.tensors[t].bytes, 1));
-    const uint64_t last = slots_[t].last_access;
-    const double staleness = static_cast<double>(now_ > last ? now_ - last : 0) + 1.0;
-    switch (options_.policy) {
-      case ReplayPolicy::kLru: return -staleness;
-      case ReplayPolicy::kLargest: return -m;
-      case ReplayPolicy::kDtr: break;
+    // dtr_eq and megengine are replayed as dtr (dtr_replay.h).
+    const EvictionHeuristic h = weighs_costs(options_.policy) ? EvictionHeuristic::kDtr : options_.policy;
+    EvictionCandidate c;
+    c.cost_ms = cost_of(t);
+    c.bytes = trace_.tensors[t].bytes;
+    c.last_access = slots_[t].last_access;
+    if (h == EvictionHeuristic::kDtr) {
+      Neighbours graph(*this);
+      c.neighbourhood_ms = evicted_neighbourhood_cost(graph, t);
     }
-    return (cost_of(t) + neighbourhood_cost(t)) / (m * staleness);
+    return eviction_score(h, c, now_);
   }
 
-  // The evicted component around t, over producer inputs and users' outputs; an op call's cost
-  // counts once (regenerating one output of it regenerates the others). Kernels are marked with
-  // a generation, not put in a set: this runs for every candidate at every eviction.
-  double neighbourhood_cost(int t) const {
-    if (++generation_ == 0) {  // wrapped: old marks could match
-      std::fill(mark_.begin(), mark_.end(), 0);
-      generation_ = 1;
-    }
-    const uint32_t generation = generation_;
-    mark_[trace_.tensors[t].producer] = generation;
-    int counted = 1;
-    std::vector<int>& stack = walk_;
-    stack.clear();
-    double cost = 0;
-    auto visit = [&](int n) {
-      const int p = trace_.tensors[n].producer;
-      if (slots_[n].state != State::kDropped || p < 0 || mark_[p] == generation) return;
-      if (counted > kNeighbourhoodLimit) return;
-      mark_[p] = generation;
-      ++counted;
-      cost += cost_of(n);
-      stack.push_back(n);
-    };
-    for (int n = t;; n = stack.back(), stack.pop_back()) {
-      if (trace_.tensors[n].producer >= 0) {
-        for (int in : producer_of(n).inputs) visit(in);
+  // The trace as eviction_score.h walks it (e*): a tensor's neighbours are its producer's inputs
+  // and its users' outputs. Kernels are marked with a generation, not put in a set: this runs for
+  // every candidate at every eviction.
+  struct Neighbours {
+    const Replay& r;
+    uint32_t generation;
+    explicit Neighbours(const Replay& replay) : r(replay), generation(++replay.generation_) {
+      if (generation == 0) {  // wrapped: old marks could match
+        std::fill(r.mark_.begin(), r.mark_.end(), 0);
+        generation = r.generation_ = 1;
       }
-      for (int user : users_[n]) {
-        for (int out : outputs_[user]) visit(out);
-      }
-      if (stack.empty()) return cost;
     }
-  }
+    template <typename Fn>
+    void for_each_neighbour(int n, Fn&& fn) const {
+      if (r.trace_.tensors[n].producer >= 0) {
+        for (int in : r.producer_of(n).inputs) fn(in);
+      }
+      for (int user : r.users_[n]) {
+        for (int out : r.outputs_[user]) fn(out);
+      }
+    }
+    bool evicted(int n) const { return r.slots_[n].state == State::kDropped && r.trace_.tensors[n].producer >= 0; }
+    bool mark_producer(int n) {
+      uint32_t& mark = r.mark_[r.trace_.tensors[n].producer];
+      if (mark == generation) return false;
+      mark = generation;
+      return true;
+    }
+    double cost(int n) const { return r.cost_of(n); }
+  };
 
   void make_resident(int t, void* data) {
     slots_[t].state = State::kResident;
@@ -338,7 +339,12 @@ class Replay {
     root_slot_[t] = -1;
   }
 
-  void evict(int t) { release(t), ++result_.evictions; }
+  void evict(int t) {
+    result_.victim_scores.push_back(score(t));
+    release(t);
+    ++result_.evictions;
+    result_.victims.push_back(t);
+  }
 
   void unpin(int t) {  // as release_if_unused: a freed tensor goes once no frame reads it
     if (--slots_[t].pins == 0 && slots_[t].freed && slots_[t].state == State::kResident) release(t);
@@ -351,7 +357,7 @@ class Replay {
   const TraceKernel& producer_of(int t) const { return trace_.kernels[trace_.tensors[t].producer]; }
   double cost_of(int t) const {
     const TraceKernel& k = producer_of(t);
-    return std::max(options_.modeled_costs ? k.modeled_ms : k.ms, kMinCostMs);
+    return regeneration_cost(options_.modeled_costs ? k.modeled_ms : k.ms);
   }
   bool regenerable(int t) const {
     return slots_[t].state == State::kDropped && trace_.tensors[t].producer >= 0 && producer_of(t).recomputable;
@@ -375,9 +381,8 @@ class Replay {
   // between equal scores fall the same way.
   std::vector<int> roots_, root_slot_;
   std::vector<int> open_;  // kernels begun and not ended
-  mutable std::vector<uint32_t> mark_;  // by kernel: neighbourhood_cost's generation
+  mutable std::vector<uint32_t> mark_;  // by kernel: Neighbours' generation
   mutable uint32_t generation_ = 0;
-  mutable std::vector<int> walk_;
   void* persistent_ = nullptr;
   uint64_t now_ = 0;
   ReplayResult result_;

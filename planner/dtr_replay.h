@@ -1,33 +1,38 @@
 #pragma once
 // Offline DTR replay (the DTR paper's simulator approach): runs a recorded step (step_trace.h)
 // through the memory manager's eviction rules at a smaller budget, without running any kernel,
-// to predict evictions, recomputation and whether the budget works at all. It mirrors
-// memory/memory_manager.cpp (prepare, make_room, fragmentation-first victims),
-// memory/eviction_policy.cpp (scores) and runtime/interpreter_residency.cpp (regeneration), and places
+// to predict evictions, recomputation and whether the budget works at all. Its scores, its choice
+// of the victim and DTR's e* are the engine's own code (memory/eviction_score.h), on the engine's
+// clock (one tick per kernel); its loop mirrors memory/memory_manager.cpp (prepare, make_room,
+// fragmentation-first victims) and runtime/interpreter_residency.cpp (regeneration), and it places
 // blocks in a real CpuArena of the budget's size (address space only), so fragmentation is the
-// engine's own. Where it departs from the engine, for want of what a trace does not record:
-//  - the interpreter ticks on every access; the replay once per kernel and per regeneration;
+// engine's own. On a step without views it evicts what the engine evicts, in the same order
+// (tests/planner/test_replay_engine.cpp). Where it departs from the engine, for want of what a
+// trace does not record:
 //  - a freed tensor with a recomputable producer is taken for a dropped record that a later op
 //    call's lineage still holds: it counts in e* and is regenerated in passing, as materialize
 //    does. Records nothing refers to are gone in the engine, so late in backward e* may count a
 //    few more than the engine sees;
 //  - a regeneration allocates only the outputs it attaches, not the kernel's other outputs and
 //    temporaries; make_room is mirrored, not run_with_room's retry of a kernel that threw
-//    OutOfBudget; no sqrt sampling (off by default in the engine), no views.
+//    OutOfBudget;
+//  - no views (a view's reads count as its root's), no sqrt sampling (off by default in the
+//    engine); dtr_eq and megengine are replayed as dtr, whose classes and free neighbours differ.
 
+#include "memory/eviction_policy.h"
 #include "planner/step_trace.h"
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ht {
-
-enum class ReplayPolicy : uint8_t { kDtr, kLru, kLargest };
 
 struct ReplayOptions {
   int64_t budget_bytes = 0;          // arena capacity; must be positive
   double eviction_threshold = 0.9;   // as memory.eviction_threshold
-  ReplayPolicy policy = ReplayPolicy::kDtr;
+  // dtr, lru and largest as the engine scores them; dtr_eq and megengine are replayed as dtr.
+  EvictionHeuristic policy = EvictionHeuristic::kDtr;
   bool ignore_small = true;          // as EvictionOptions::ignore_small
   bool modeled_costs = true;         // as memory.kernel_costs = "modeled": score by TraceKernel::modeled_ms
 };
@@ -42,6 +47,8 @@ struct ReplayResult {
   int64_t min_budget_bytes = 0;  // when infeasible for lack of room: in_use + the request that
                                  // failed (as MemoryStats::min_budget_bytes); 0 otherwise
   std::string failure;           // when infeasible: one sentence naming the kernel index and bytes
+  std::vector<int> victims;      // the tensors evicted, in order (trace indices)
+  std::vector<double> victim_scores;  // each one's score when it went (memory/eviction_score.h)
 };
 
 // Throws std::invalid_argument if budget_bytes <= 0 or the trace names a tensor or kernel out

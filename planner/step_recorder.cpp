@@ -59,6 +59,7 @@ void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool b
   if (!recording_ || recompute) return;  // profiled steps run without eviction: no recomputation
   const OpTraits& traits = path.op->traits();
   TraceKernel k;
+  k.op = traits.name;
   k.backward = backward;
   k.recomputable = traits.recomputable;
   k.heavy = traits.work != Work::kMemory;

@@ -12,13 +12,14 @@ namespace ht {
 
 // A block of device memory allocated during the step.
 struct TraceTensor {
-  int64_t bytes = 0;   // as requested; the arena rounds it
+  int64_t bytes = 0;   // its block in the arena (CpuArena::rounded_size of the request)
   int producer = -1;   // index of the forward kernel whose output it is; -1: not regenerable
                        // (gradients, temporaries, the batch)
-  bool low_end = false;  // allocated while a forward kernel ran: the arena's activation end
+  bool low_end = false;  // allocated while a forward kernel ran: an activation (CpuArena::end_for places it)
 };
 
 struct TraceKernel {
+  const char* op = "?";      // the op's name (OpTraits::name: a literal), for messages
   double ms = 0;             // measured time of the kernel
   double modeled_ms = 0;     // its modelled cost (runtime/kernel_cost.h); forward kernels only
   std::vector<int> inputs;   // trace tensors it reads (forward: its inputs; backward: saved values)

@@ -93,7 +93,9 @@ class Interpreter final : public Rematerializer {
   const Tape& tape() const { return tape_; }
   int64_t live_records() const { return live_records_; }
 
-  // Rematerializer: what the memory manager (and tests) may ask.
+  // Rematerializer: what the memory manager (and tests) may ask. The clock advances once per
+  // kernel (forward, regeneration or backward); a tensor's last access is the tick of the last
+  // kernel that read or made it. The planner's replay keeps the same clock (planner/dtr_replay.h).
   void evict(TensorInfo& t) override;
   void regenerate(TensorInfo& t) override { materialize(t); }
   uint64_t now() const override { return tick_; }
@@ -105,7 +107,7 @@ class Interpreter final : public Rematerializer {
   void on_handle_acquired(TensorInfo& t) { ++t.handle_refs; }
   void on_handle_released(TensorInfo& t);
   void on_record_destroyed(TensorInfo& t);
-  uint64_t tick() { return ++tick_; }
+  uint64_t tick() { return ++tick_; }  // a kernel is about to run
 
  private:
   friend class Tape;

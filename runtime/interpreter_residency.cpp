@@ -1,4 +1,4 @@
-// Interpreter: residency of tensor data. Rules (README, "Views and residency"):
+// Interpreter: residency of tensor data. Rules (docs/engine.md):
 //  - a record holds data while anyone will read it (handles, pins) or a resident view shares it;
 //  - a view shares its root's storage: the root is kept while any view is resident, and evicting
 //    a root evicts its views; a dropped view is regenerated from its base by its view op;
@@ -37,7 +37,7 @@ void Interpreter::attach(TensorInfo& t, at::Tensor value) {
   TORCH_INTERNAL_ASSERT(!t.resident(), "attach: already resident");
   t.value = std::move(value);
   t.residency = Residency::kResident;
-  t.last_access = tick();
+  t.last_access = tick_;  // made by the kernel that ran at this tick
   if (t.base != nullptr) {
     TORCH_INTERNAL_ASSERT(t.base->resident(), "attach: a view became resident without its root");
     ++t.base->resident_views;
@@ -97,7 +97,7 @@ void Interpreter::evict(TensorInfo& t) {
 
 const at::Tensor& Interpreter::materialize(TensorInfo& target) {
   if (target.resident()) {
-    target.last_access = tick();
+    target.last_access = tick_;
     return target.value;
   }
   // Explicit work stack (MegEngine's design): a frame is expanded once (its producer's inputs
@@ -149,7 +149,7 @@ const at::Tensor& Interpreter::materialize(TensorInfo& target) {
     }
   }
   --target.pin_count;
-  target.last_access = tick();
+  target.last_access = tick_;
   return target.value;
 }
 

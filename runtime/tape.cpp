@@ -175,6 +175,12 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   };
   std::vector<at::Tensor> inputs = values_of(entry.saved_inputs);
   std::vector<at::Tensor> outputs = values_of(entry.saved_outputs);
+  // A backward kernel is one tick of the interpreter's clock, as a forward one is: what it reads
+  // is accessed then.
+  const uint64_t now = interp.tick();
+  for (auto* saved : {&entry.saved_inputs, &entry.saved_outputs})
+    for (Tensor& s : *saved)
+      if (s.defined()) s.info()->last_access = now;
   interp.memory_hooks().before_backward(path);
 
   std::vector<at::Tensor> grads;

@@ -91,7 +91,7 @@ TEST(EvictionPolicy, WeighsModeledCostsUnlessToldToMeasure) {
       dear.info()->producer->modeled_ms = 10;
       slow.info()->last_access = dear.info()->last_access = 900;
       EXPECT_EQ(g.victim(), costs == KernelCosts::kModeled ? slow.info() : dear.info())
-          << eviction_heuristic_name(h) << " weighing " << kernel_costs_name(costs) << " costs";
+          << choice_name(h) << " weighing " << choice_name(costs) << " costs";
     }
   }
 }
@@ -197,11 +197,12 @@ TEST(EvictionPolicy, NeverPicksWhatCannotBeEvicted) {
 TEST(EvictionPolicy, SmallTensorFilterSkipsTensorsUnderOnePercentOfTheMean) {
   for (bool ignore_small : {false, true}) {
     Graph g(EvictionHeuristic::kLru, /*sqrt_sampling=*/false, ignore_small);
+    // Sizes are what evicting frees, whole blocks of the arena: tiny's 4 bytes take 64.
     Tensor tiny = relu(g.leaf(1));
     tiny.info()->last_access = 1;  // the stalest by far
     std::vector<Tensor> big;
     for (int i = 0; i < 10; ++i) {
-      big.push_back(relu(g.leaf(1024)));
+      big.push_back(relu(g.leaf(16384)));
       big.back().info()->last_access = 500 + i;
     }
     EXPECT_EQ(g.victim(), ignore_small ? big[0].info() : tiny.info()) << "ignore_small " << ignore_small;
@@ -235,11 +236,11 @@ TEST(EvictionPolicy, SqrtSamplingScoresAFewCandidates) {
 
 TEST(EvictionPolicy, NamesRoundTrip) {
   for (const char* name : {"dtr", "dtr_eq", "megengine", "lru", "largest"}) {
-    const auto h = eviction_heuristic_from_name(name);
+    const auto h = parse_choice<EvictionHeuristic>(name);
     ASSERT_TRUE(h.has_value()) << name;
-    EXPECT_STREQ(eviction_heuristic_name(*h), name);
+    EXPECT_STREQ(choice_name(*h), name);
   }
-  EXPECT_FALSE(eviction_heuristic_from_name("dtr-eq").has_value());
+  EXPECT_FALSE(parse_choice<EvictionHeuristic>("dtr-eq").has_value());
 }
 
 }  // namespace

@@ -51,10 +51,10 @@ TEST(MemoryManager, EvictsToStayWithinTheBudgetAndComputesTheSameBits) {
                               EvictionHeuristic::kLru, EvictionHeuristic::kLargest}) {
     Budgeted b(640 * kKiB, h);  // room for 10 of the 40 tensors
     at::Tensor sum = chain_sum(b.interp, 40);
-    EXPECT_TRUE(sum.equal(expected)) << eviction_heuristic_name(h);
+    EXPECT_TRUE(sum.equal(expected)) << choice_name(h);
     const MemoryStats& s = b.memory.stats();
-    EXPECT_GT(s.evictions, 0) << eviction_heuristic_name(h);
-    EXPECT_GT(s.recomputations, 0) << eviction_heuristic_name(h);
+    EXPECT_GT(s.evictions, 0) << choice_name(h);
+    EXPECT_GT(s.recomputations, 0) << choice_name(h);
     EXPECT_LE(b.arena->stats().peak_in_use, 640 * kKiB);
     EXPECT_LE(s.peak_resident_bytes, 640 * kKiB);
     EXPECT_EQ(s.min_budget_bytes, 0) << "memory never ran out for good";
