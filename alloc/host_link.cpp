@@ -55,6 +55,9 @@ CopyQueue::~CopyQueue() {
   }
   cv_.notify_all();
   worker_.join();
+  // The worker moved every byte queued; a copy is done only once its modelled time has passed
+  // too. Wait that out, so that no job outlives its link half done (CopyJob::done()).
+  std::this_thread::sleep_until(free_at_);
 }
 
 void CopyQueue::push(const std::shared_ptr<CopyJob>& job) {

@@ -69,7 +69,7 @@ class CopyQueue {
  public:
   // `bytes_per_ms`: the modelled rate; <= 0: as fast as memcpy.
   explicit CopyQueue(double bytes_per_ms);
-  ~CopyQueue();  // finishes what was queued
+  ~CopyQueue();  // finishes what was queued, and waits out its modelled time
   CopyQueue(const CopyQueue&) = delete;
   CopyQueue& operator=(const CopyQueue&) = delete;
 
