@@ -26,6 +26,8 @@ std::atomic<PlacementAdvisor*> g_advisor{nullptr};
 // Process-wide, not per thread: a kernel's allocations on ATen's worker threads belong with it.
 std::atomic<Placement> g_placement{Placement::kOther};
 thread_local bool t_host_allocation = false;
+// DeviceMemoryScopes alive: host-served allocations outside a HostAllocationScope are device memory.
+std::atomic<int> g_device_scopes{0};
 
 [[noreturn]] void throw_out_of_budget(const CpuArena& arena, size_t n) {
   const ArenaStats s = arena.stats();
@@ -81,9 +83,14 @@ class DeviceAllocator final : public c10::Allocator {
   static DeviceAllocator& instance();
   ArenaRegistry& registry() { return registry_; }
 
-  int64_t current() const { return current_.load(std::memory_order_relaxed); }
-  int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
-  void reset_peak() { peak_.store(current(), std::memory_order_relaxed); }
+  int64_t current() const { return all_.current(); }
+  int64_t peak() const { return all_.peak(); }
+  int64_t device_current() const { return device_.current(); }
+  int64_t device_peak() const { return device_.peak(); }
+  void reset_peak() {
+    all_.reset_peak();
+    device_.reset_peak();
+  }
   HostBlockCache& cache() { return cache_; }
   // Blocks already handed out keep going where they came from (their header says).
   void set_caching(bool on) {
@@ -96,12 +103,14 @@ class DeviceAllocator final : public c10::Allocator {
   void* from_arena(CpuArena& arena, size_t n) const {
     int64_t bytes = 0;
     void* data = allocate_in_arena(arena, n, &bytes);
-    add(bytes);
+    all_.add(bytes);
+    device_.add(bytes);  // an arena is device memory
     return data;
   }
-  // Precedes every host block: what the counter added, and the cache's capacity (0: malloc'd).
+  // Precedes every host block: what the counters added, and the cache's capacity (0: malloc'd).
   struct HostHeader {
     int64_t bytes;
+    int64_t device_bytes;  // bytes, or 0 if it is not device memory (DeviceMemoryScope)
     int64_t cached_capacity;
   };
   static_assert(sizeof(HostHeader) <= kHeader, "the header must fit in front of an aligned block");
@@ -114,8 +123,11 @@ class DeviceAllocator final : public c10::Allocator {
     } else if (posix_memalign(&base, kAlignment, n + kHeader) != 0) {
       throw std::bad_alloc();
     }
-    *static_cast<HostHeader*>(base) = {static_cast<int64_t>(n), static_cast<int64_t>(capacity)};
-    add(static_cast<int64_t>(n));
+    const bool device = g_device_scopes.load(std::memory_order_relaxed) > 0 && !t_host_allocation;
+    const auto bytes = static_cast<int64_t>(n);
+    *static_cast<HostHeader*>(base) = {bytes, device ? bytes : 0, static_cast<int64_t>(capacity)};
+    all_.add(bytes);
+    if (device) device_.add(bytes);
     return static_cast<char*>(base) + kHeader;
   }
   static void release(void* data) {
@@ -123,30 +135,42 @@ class DeviceAllocator final : public c10::Allocator {
     DeviceAllocator& self = instance();
     const int64_t arena_bytes = release_to_arenas(self.registry_, data);
     if (arena_bytes >= 0) {
-      self.current_.fetch_sub(arena_bytes, std::memory_order_relaxed);
+      self.all_.sub(arena_bytes);
+      self.device_.sub(arena_bytes);
       return;
     }
     void* base = static_cast<char*>(data) - kHeader;
     const HostHeader header = *static_cast<HostHeader*>(base);
-    self.current_.fetch_sub(header.bytes, std::memory_order_relaxed);
+    self.all_.sub(header.bytes);
+    self.device_.sub(header.device_bytes);
     if (header.cached_capacity > 0) {
       self.cache_.release(base, static_cast<size_t>(header.cached_capacity), self.caching());
     } else {
       std::free(base);
     }
   }
-  void add(int64_t bytes) const {
-    const int64_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-    int64_t seen = peak_.load(std::memory_order_relaxed);
-    while (now > seen && !peak_.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  // Bytes in use and their peak, updated from any thread.
+  class Level {
+   public:
+    void add(int64_t bytes) {
+      const int64_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+      int64_t seen = peak_.load(std::memory_order_relaxed);
+      while (now > seen && !peak_.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+      }
     }
-  }
+    void sub(int64_t bytes) { current_.fetch_sub(bytes, std::memory_order_relaxed); }
+    int64_t current() const { return current_.load(std::memory_order_relaxed); }
+    int64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+    void reset_peak() { peak_.store(current(), std::memory_order_relaxed); }
+
+   private:
+    std::atomic<int64_t> current_{0}, peak_{0};
+  };
 
   ArenaRegistry registry_;
   mutable HostBlockCache cache_;
   std::atomic<bool> caching_{false};
-  mutable std::atomic<int64_t> current_{0};
-  mutable std::atomic<int64_t> peak_{0};
+  mutable Level all_, device_;
 };
 
 DeviceAllocator& DeviceAllocator::instance() {
@@ -170,6 +194,11 @@ CpuAllocationCounter& CpuAllocationCounter::install() {
 int64_t CpuAllocationCounter::current_bytes() const { return DeviceAllocator::instance().current(); }
 int64_t CpuAllocationCounter::peak_bytes() const { return DeviceAllocator::instance().peak(); }
 void CpuAllocationCounter::reset_peak() { DeviceAllocator::instance().reset_peak(); }
+int64_t CpuAllocationCounter::device_bytes() const { return DeviceAllocator::instance().device_current(); }
+int64_t CpuAllocationCounter::device_peak_bytes() const { return DeviceAllocator::instance().device_peak(); }
+
+DeviceMemoryScope::DeviceMemoryScope() { g_device_scopes.fetch_add(1, std::memory_order_relaxed); }
+DeviceMemoryScope::~DeviceMemoryScope() { g_device_scopes.fetch_sub(1, std::memory_order_relaxed); }
 
 void set_host_memory_caching(bool on) { DeviceAllocator::instance().set_caching(on); }
 bool host_memory_caching() { return DeviceAllocator::instance().caching(); }
@@ -202,13 +231,8 @@ CpuArena* active_arena() {
 void set_cuda_arena(CpuArena* arena) { g_cuda_arena.store(arena, std::memory_order_release); }
 
 void* allocate_in_arena(CpuArena& arena, size_t n, int64_t* block_bytes) {
-  // Small blocks go with the rest even from a forward kernel: left among activations, a few
-  // bytes that outlive their neighbours split two holes that could have made one (PyTorch's
-  // caching allocator keeps a small pool apart for the same reason).
-  const int64_t small = std::min<int64_t>(int64_t{1} << 20, arena.capacity() / 256);
-  const bool activation = g_placement.load(std::memory_order_relaxed) == Placement::kActivation &&
-                          static_cast<int64_t>(n) >= small;
-  const CpuArena::End end = activation ? CpuArena::End::kLow : CpuArena::End::kHigh;
+  const CpuArena::End end =
+      arena.end_for(n, g_placement.load(std::memory_order_relaxed) == Placement::kActivation);
   // Loaded once, so the advisor that advised is the one told the outcome.
   PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
   void* data = advisor != nullptr ? advised(arena, *advisor, n) : nullptr;

@@ -28,9 +28,16 @@ class CpuAllocationCounter {
   // Installs the wrapping allocator on first use; later calls return the same counter.
   static CpuAllocationCounter& install();
 
+  // Every CPU allocation ATen makes.
   int64_t current_bytes() const;
   int64_t peak_bytes() const;
-  // Starts a new peak measurement from the current level.
+  // The rank's device memory alone: what an active arena holds, or without one what is allocated
+  // while a DeviceMemoryScope is alive; never what a HostAllocationScope allocates (data sets,
+  // checkpoint buffers, host copies). The same bytes with and without a budget, and the bytes
+  // the planner predicts.
+  int64_t device_bytes() const;
+  int64_t device_peak_bytes() const;
+  // Starts new peak measurements (both) from the current levels.
   void reset_peak();
 
  private:
@@ -80,6 +87,17 @@ class ArenaScope {
 
  private:
   std::shared_ptr<CpuArena> arena_;
+};
+
+// A CPU rank without a budget: while alive, CPU allocations outside a HostAllocationScope are the
+// rank's device memory (CpuAllocationCounter::device_bytes), as an arena's would be. Process-wide,
+// as an ArenaScope is; they nest.
+class DeviceMemoryScope {
+ public:
+  DeviceMemoryScope();
+  ~DeviceMemoryScope();
+  DeviceMemoryScope(const DeviceMemoryScope&) = delete;
+  DeviceMemoryScope& operator=(const DeviceMemoryScope&) = delete;
 };
 
 // Where a new block goes in the arena. The outputs of forward kernels (activations, which the

@@ -303,7 +303,10 @@ guarded('predictions', () => {
   const rows = [['', 'predicted', 'measured']];
   const mib = v => v == null || !Number.isFinite(v) ? '-' : (v * MB).toFixed(1) + ' MiB';
   const msf = v => v == null || !Number.isFinite(v) ? '-' : v.toFixed(1) + ' ms';
-  rows.push(['peak memory per rank', mib(summary.predicted_peak_bytes), mib(Math.max(...train.map(r => r.mem_peak_bytes || 0)))]);
+  // Both sides count the same bytes: the rank's device memory (its arena, or what it would hold),
+  // never host data such as the data set.
+  rows.push(['peak device memory per rank: parameters, gradients, optimizer state, batch, activations (not host data)',
+             mib(summary.predicted_peak_bytes), mib(Math.max(...train.map(r => r.mem_peak_bytes || 0)))]);
   rows.push(['step time (median after 3 steps)', msf(summary.predicted_step_ms), msf(median(steady.map(r => r.step_ms)))]);
   if (summary.predicted_swap_out_bytes != null) rows.push(['swapped out per step', mib(summary.predicted_swap_out_bytes), mib(median(steady.map(r => r.swap_out_bytes)))]);
   const info = [['job', summary.job || ''], ['model', `${summary.model || ''} (${summary.parameters ?? '?'} parameters)`],
