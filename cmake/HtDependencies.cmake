@@ -45,6 +45,12 @@ endif()
 # GoogleTest, for the tests: Debian's, or built from its sources (GTest::gtest, gtest_main, gmock).
 macro(ht_find_gtest)
   find_package(GTest QUIET)
+  # Debian ships GoogleMock apart (libgmock-dev): without it GTest::gmock is missing, and a test
+  # program that links it fails to configure far from here. Say so here.
+  if(TARGET GTest::gtest AND NOT TARGET GTest::gmock)
+    message(FATAL_ERROR "GoogleTest found without GoogleMock: install libgmock-dev (bash scripts/install-deps.sh "
+                        "--tests), or build without tests (-DHT_BUILD_TESTS=OFF)")
+  endif()
   if(NOT TARGET GTest::gtest)
     if(NOT EXISTS ${HT_DEPS_DIR}/googletest/CMakeLists.txt)
       message(FATAL_ERROR "GoogleTest not found: install libgtest-dev googletest, give -DHT_DEPS_DIR=<folder with "

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for f in /usr/include/CLI/CLI.hpp /usr/include/toml++/toml.h /usr/include/zlib.h /usr/src/googletest/CMakeLists.txt; do
-  [ -e "$f" ] || { echo "device-deps: $f is missing; run bash scripts/install-deps.sh first" >&2; exit 2; }
+  [ -e "$f" ] || { echo "device-deps: $f is missing; run bash scripts/install-deps.sh --tests first" >&2; exit 2; }
 done
 rm -rf .deps
 mkdir -p .deps/include

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what hybrid_train builds and runs on, from Debian 12's packages. With --tests, also what
-# only the tests use: Chromium, in which a test opens a run's report.html (headless).
+# Installs what hybrid_train builds and trains with, from Debian 12's packages (the README's first
+# command). With --tests, also what only the tests use (the README's second command): GoogleTest
+# with GoogleMock, and Chromium, in which a test opens a run's report.html (headless).
+# scripts/test-bare-debian.sh checks both lists on a bare Debian 12 (debootstrap --variant=minbase).
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
@@ -10,11 +12,10 @@ packages=(
   libopenmpi-dev openmpi-bin
   libcli11-dev libtomlplusplus-dev
   coinor-libcbc-dev                      # the MIP solver of static plans (schedule/)
-  python3                                # scripts/memory_timeline.py and its test
-  googletest libgtest-dev libbenchmark-dev
+  python3                                # scripts/memory_timeline.py
   dataset-fashion-mnist
 )
-if [ "${1:-}" = "--tests" ]; then packages+=(chromium); fi
+if [ "${1:-}" = "--tests" ]; then packages+=(googletest libgtest-dev libgmock-dev chromium); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
