@@ -1,5 +1,5 @@
 #pragma once
-// Static plans for steps that repeat (README, "Static plans"). Every step is captured
+// Static plans for steps that repeat (docs/memory.md). Every step is captured
 // (memory/step_capture.h); once a step's op sequence has been seen often enough, a plan is
 // computed for it under the budget (schedule/solver.h) and cached by the sequence's hash. While
 // a later step matches a cached plan op by op, the plan runs it: it drops what the plan drops

@@ -6,7 +6,7 @@
 // otherwise, never for later work. What asks: eviction's measured costs (memory.kernel_costs =
 // "measured"), host swap's copy-or-recompute choice, and the step capture that the planner's
 // profile and static plans read. The memory manager's recompute_ms and the memory timeline
-// take the host time, which on a GPU is the launch (README, "What is not built yet").
+// take the host time, which on a GPU is the launch (docs/status.md).
 
 #include <ATen/ATen.h>
 

@@ -90,7 +90,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 Tensor cast(const Tensor& x, at::ScalarType dtype);
 
 // --- Shape ------------------------------------------------------------------------------------
-// Views share their base's storage (see README, "Views and residency").
+// Views share their base's storage (docs/engine.md).
 Tensor reshape(const Tensor& x, std::vector<int64_t> shape);
 Tensor view(const Tensor& x, std::vector<int64_t> shape);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);

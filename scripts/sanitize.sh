@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds hybrid_train and its tests with AddressSanitizer and UndefinedBehaviorSanitizer into
 # build-sanitize/ (RelWithDebInfo: line numbers in reports) and runs the test suite there; any
-# report fails its test. Slow (a full build, and tests 2-3x slower): not part of CI; the README
+# report fails its test. Slow (a full build, and tests 2-3x slower): not part of CI; docs/testing.md
 # says when it last passed. Extra arguments go to ctest (e.g. -R HostSwap).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 // Shape ops (reshape, view, transpose, permute, slice, cat, split) and reductions (sum, mean).
 // View ops return tensors that share their input's storage; the interpreter notices the alias
-// and treats the output as a view of the input's root (README, "Views and residency").
+// and treats the output as a view of the input's root (docs/engine.md).
 #include "runtime/ops/op_util.h"
 
 #include <algorithm>

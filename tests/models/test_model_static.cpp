@@ -54,7 +54,7 @@ TEST_P(ModelStatic, PlannedStepsTrainBitIdentically) {
       // What is asserted: the cases below. The first step of a sequence runs under DTR, which
       // cannot train the convnet at 0.8 or the supernet at 0.3; the first planned step runs on
       // the arena's own placement (its layout is recorded then), which fragments ResNet-18 at
-      // 0.3 (README, "Static plans": what is not built).
+      // 0.3 (docs/status.md: what is not built).
       const bool asserted = (c.name == "gpt") || (c.name != "convnet" && ratio >= 0.5);
       if (!asserted && run.out_of_budget) {
         std::printf("[ not held ] %s: %s\n", what.c_str(), run.failure.c_str());
