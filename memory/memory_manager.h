@@ -126,13 +126,6 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   void gradient_pending(TensorInfo& t) override;
   at::Tensor take_gradient(TensorInfo& t) override;
 
-  // Runs `kernel`, making room and running it again when an allocation on an ATen worker thread
-  // did not fit (only this manager's thread may evict): runtime/memory_hooks.h.
-  template <typename Kernel>
-  auto run_with_room(Kernel&& kernel) -> decltype(kernel()) {
-    return ht::run_with_room(*this, std::forward<Kernel>(kernel));
-  }
-
   // Around one micro-batch's forward and backward (the trainer's): what static plans capture,
   // plan and run. Outside a step (evaluation, tests) no plan applies.
   void begin_step();

@@ -138,7 +138,7 @@ TEST(MemoryManager, RetriesAKernelWhoseWorkerThreadRanOutOfMemory) {
   Tensor y = relu(x);  // 64 KiB, evictable
   Tensor z = relu(x);  // 64 KiB, evictable
   int attempts = 0;
-  at::Tensor result = b.memory.run_with_room([&] {
+  at::Tensor result = run_with_room(b.memory, [&] {
     ++attempts;
     at::Tensor out;
     std::exception_ptr failure;
