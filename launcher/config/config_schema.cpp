@@ -37,7 +37,6 @@ class Field {
       spec_.get = [=](const Config& c) { return ConfigValue((c.*section_member).*member); };
     }
   }
-  Field& choices(std::vector<std::string> values) { spec_.choices = std::move(values); return *this; }
   Field& min(double v) { spec_.min = v; return *this; }
   Field& max(double v) { spec_.max = v; return *this; }
   Field& required() { spec_.required = true; return *this; }

@@ -20,7 +20,7 @@ struct FieldSpec {
   std::string section, key;
   ValueType type = ValueType::kString;
   std::string doc;                     // one line
-  std::vector<std::string> choices;    // allowed strings (empty: any)
+  std::vector<std::string> choices;    // allowed strings: an enum field's names (base/choice.h); empty: any
   std::optional<double> min, max;      // numbers, and every element of a list
   bool required = false;
   // When the key has an effect; setting it explicitly when it has none gives a warning.
