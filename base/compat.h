@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <array>
 #include <cstring>
+#include <tuple>
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
 // libtorch 2.3 made c10::Allocator::allocate non-const and added a pure copy_data().
@@ -25,6 +27,12 @@
 #define HT_CUDA_PLUGGABLE_ALLOCATOR 1
 #endif
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+// libtorch 2.1 has ATen's fused attention kernels with the signatures used below
+// (at::_scaled_dot_product_efficient_attention and its backward, at::_fused_sdp_choice).
+#define HT_FUSED_ATTENTION 1
+#endif
+
 namespace ht::compat {
 
 // A private generator for `device`, seeded with `seed`: random ops draw from it so that a
@@ -34,5 +42,55 @@ inline at::Generator seeded_generator(const at::Device& device, uint64_t seed) {
   gen.set_current_seed(seed);
   return gen;
 }
+
+// Fused attention for runtime/ops/attention.cpp: ATen's memory-efficient kernel, forward and
+// backward, which keeps the log-sum-exp instead of the T x S scores as that op does. Taken where
+// ATen would run a fused kernel itself (a CUDA flash or memory-efficient choice) for these
+// inputs, with H == Hkv and no dropout; elsewhere the op's blockwise kernel runs. Compiled only
+// against libtorch >= 2.1 and NOT yet built or run here (CI has 1.13): check it on the GPU machine.
+// Its log-sum-exp is ATen's, (B, H, T) or padded along T, and only its backward reads it.
+#ifdef HT_FUSED_ATTENTION
+inline bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    bool causal, double scale) {
+  if (!q.is_cuda() || q.scalar_type() == at::kDouble || q.size(1) != k.size(1)) return false;
+  const int64_t backend = at::_fused_sdp_choice(q, k, v, {}, 0.0, causal, scale);
+  return backend == 1 || backend == 2;  // sdp::SDPBackend::flash_attention, efficient_attention
+}
+
+// -> (out (B, H, T, hd), log-sum-exp fp32)
+inline std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                                                  const at::Tensor& v, bool causal,
+                                                                  double scale) {
+  auto r = at::_scaled_dot_product_efficient_attention(q, k, v, {}, /*compute_log_sumexp=*/true,
+                                                       /*dropout_p=*/0.0, causal, scale);
+  return {std::get<0>(r), std::get<1>(r)};
+}
+
+// -> (dq, dk, dv); undefined where `needs` is false.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, bool causal, double scale,
+    std::array<bool, 3> needs) {
+  const at::Tensor no_philox = at::empty({}, at::dtype(at::kLong));  // unread without dropout
+  auto r = at::_scaled_dot_product_efficient_attention_backward(
+      grad.contiguous(), q, k, v, /*attn_bias=*/at::Tensor(), out, lse, no_philox, no_philox,
+      /*dropout_p=*/0.0, {needs[0], needs[1], needs[2], false}, causal, scale);
+  return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+}
+#else
+inline bool fused_attention_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+                                    double) {
+  return false;
+}
+inline std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tensor&, const at::Tensor&,
+                                                                  const at::Tensor&, bool, double) {
+  TORCH_CHECK(false, "fused attention needs libtorch >= 2.1");
+}
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, bool, double, std::array<bool, 3>) {
+  TORCH_CHECK(false, "fused attention needs libtorch >= 2.1");
+}
+#endif
 
 }  // namespace ht::compat

@@ -23,10 +23,10 @@ at::Tensor as_floats(const at::Tensor& bytes_or_value, int64_t bytes) {
 
 int64_t host_bytes(const HostCopy& h) { return static_cast<int64_t>(h.host.nbytes()); }
 
-bool contraction_or_convolution(const TensorInfo& t) {
-  if (!t.producer) return false;
-  const Work w = t.producer->op->traits().work;
-  return w == Work::kContraction || w == Work::kConvolution;
+// Made by a kernel that does arithmetic, not moves bytes: a contraction, a convolution or
+// attention (dear to recompute, so worth the link's time).
+bool made_by_heavy_op(const TensorInfo& t) {
+  return t.producer && t.producer->op->traits().work != Work::kMemory;
 }
 
 }  // namespace
@@ -69,7 +69,7 @@ void HostSwap::account_host(int64_t delta) {
 void HostSwap::consider(TensorInfo& t, bool read_by_heavy_op) {
   if (t.host != nullptr || !t.resident()) return;
   // A root's nbytes is its storage's: what a copy would move (start_out checks the rest).
-  if (options_.rule == SwapRule::kConvAndMatmul ? !(read_by_heavy_op || contraction_or_convolution(t))
+  if (options_.rule == SwapRule::kConvAndMatmul ? !(read_by_heavy_op || made_by_heavy_op(t))
                                                 : !hidden_under_forward(t.nbytes / (crosses_narrow(t.value) ? 2 : 1))) {
     return;
   }

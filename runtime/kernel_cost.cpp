@@ -10,7 +10,18 @@ bool aliases_an_input(const at::Tensor& out, const std::vector<at::Tensor>& inpu
   return false;
 }
 
-double flops(const OpTraits& traits, const std::vector<at::Tensor>& inputs, const at::Tensor& out) {
+// Attention's two contractions, q k^T and P v, at 2 flops a multiply-add: 4 B H T S hd, from
+// q (B, H, T, hd) and k (B, Hkv, S, hd); causal: half (the keys after each query are skipped).
+double attention_flops(const std::vector<at::Tensor>& inputs, bool causal) {
+  if (inputs.size() < 2 || inputs[0].dim() != 4 || inputs[1].dim() != 4) return 0;
+  const double all = 4 * static_cast<double>(inputs[0].numel()) * static_cast<double>(inputs[1].size(2));
+  return causal ? all / 2 : all;
+}
+
+// `first`: out is the op's first output (attention's work is counted once, on its output, not
+// again on its log-sum-exp).
+double flops(const OpTraits& traits, const std::vector<at::Tensor>& inputs, const at::Tensor& out,
+             bool first) {
   const auto n = static_cast<double>(out.numel());
   switch (traits.work) {
     case Work::kMemory:
@@ -22,6 +33,9 @@ double flops(const OpTraits& traits, const std::vector<at::Tensor>& inputs, cons
       const at::Tensor& w = inputs[1];  // (out_channels, in_channels / groups, kh, kw)
       return 2 * n * static_cast<double>(w.numel() / w.size(0));
     }
+    case Work::kAttention:
+    case Work::kCausalAttention:
+      return first ? attention_flops(inputs, traits.work == Work::kCausalAttention) : 0;
   }
   return 0;
 }
@@ -31,10 +45,11 @@ double flops(const OpTraits& traits, const std::vector<at::Tensor>& inputs, cons
 double modeled_kernel_ms(const OpTraits& traits, const std::vector<at::Tensor>& inputs,
                          const std::vector<at::Tensor>& outputs) {
   double written = 0, work = 0;
-  for (const at::Tensor& out : outputs) {
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    const at::Tensor& out = outputs[j];
     if (!out.defined() || aliases_an_input(out, inputs)) continue;
     written += static_cast<double>(out.nbytes());
-    work += flops(traits, inputs, out);
+    work += flops(traits, inputs, out, j == 0);
   }
   if (written == 0) return 0;  // views only
   double read = 0;

@@ -32,6 +32,10 @@ enum class Work : uint8_t {
   kMemory,       // elementwise, norms, softmax, pooling, shape copies: bytes moved
   kContraction,  // linear, matmul, bmm: 2 x outputs x the contracted (last) dimension of input 0
   kConvolution,  // conv2d: 2 x outputs x a filter's size (input 1: out_channels x the rest)
+  // attention: two contractions over (B, H, T, S, hd), q k^T and P v, at 2 flops a multiply-add:
+  // 4 B H T S hd; causal attention computes only the keys up to each query, about half of it.
+  kAttention,
+  kCausalAttention,
 };
 
 // What an op declares about itself, as data (never a list of names elsewhere).

@@ -22,6 +22,8 @@ Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
+// x * sigmoid(x) (SwiGLU's gate)
+Tensor silu(const Tensor& x);
 // x where mask is false, `value` where it is true (mask: bool, broadcast to x).
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
@@ -70,11 +72,40 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
 // x (..., *normalized_shape), weight/bias (*normalized_shape)
 Tensor layer_norm(const Tensor& x, std::vector<int64_t> normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps);
+// x (..., D), weight (D): x / sqrt(mean(x^2 over D) + eps) * weight, computed in fp32 (Llama's
+// RMSNorm). Saves x and the (..., 1) reciprocal root mean square.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+
+// --- Positions --------------------------------------------------------------------------------
+// Rotary position embedding, interleaved pairs (Meta's Llama and torchtitan layout: features
+// (2i, 2i+1) of each head rotate by angle p * theta^(-2i/hd)). x (B, T, H, hd), hd even ->
+// same; positions start at `offset`. Saves nothing: backward rotates the gradient back.
+Tensor rope(const Tensor& x, double theta, int64_t offset = 0);
 
 // --- Random -----------------------------------------------------------------------------------
 // Zeroes elements with probability p and scales the rest by 1/(1-p). The mask is drawn from a
 // seed taken from the interpreter's seed stream, so a recomputation draws the same mask.
 Tensor dropout(const Tensor& x, double p, bool training);
+
+// --- Attention --------------------------------------------------------------------------------
+// q (B, H, T, hd), k and v (B, Hkv, S, hd) with H a multiple of Hkv (grouped-query attention)
+// -> (B, H, T, hd): softmax(q k^T * scale [+ causal mask]) v, scale = 1/sqrt(hd) unless given.
+// Causal: query t sees keys 0..t, and T must equal S. One op with a forward and a backward
+// kernel (runtime/ops/attention.cpp): it saves q, k, v, the output and the log-sum-exp of each
+// row (B, H, T; fp32, or double for double inputs), never the T x S scores, and backward
+// recomputes the scores block by block (on CUDA with libtorch >= 2.1, ATen's fused kernel where
+// it applies: base/compat.h). Dropout on the probabilities (training, dropout_p > 0)
+// draws its masks from a seed taken from the interpreter's seed stream, as dropout() does.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                 double dropout_p = 0.0, bool training = true,
+                 std::optional<double> scale = std::nullopt);
+
+namespace detail {
+// For tests: the keep-mask (B, H, T, S) bool that attention() on these shapes drew with op seed
+// `seed` (the interpreter's next_seed() when it was applied); false above a causal diagonal.
+at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_sizes, bool causal,
+                                  double dropout_p, uint64_t seed, const at::Device& device);
+}  // namespace detail
 
 // --- Softmax and losses -----------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);
@@ -93,6 +124,8 @@ Tensor cast(const Tensor& x, at::ScalarType dtype);
 // Views share their base's storage (docs/engine.md).
 Tensor reshape(const Tensor& x, std::vector<int64_t> shape);
 Tensor view(const Tensor& x, std::vector<int64_t> shape);
+// A dense copy of x, or x itself (a view) when it is dense already.
+Tensor contiguous(const Tensor& x);
 Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
 Tensor permute(const Tensor& x, std::vector<int64_t> dims);
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);

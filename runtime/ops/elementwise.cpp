@@ -106,7 +106,7 @@ class ScalarOp final : public Op {
   double s_;
 };
 
-enum class Activation { kRelu, kGelu, kGeluTanh, kTanh, kSigmoid };
+enum class Activation { kRelu, kGelu, kGeluTanh, kTanh, kSigmoid, kSilu };
 
 class ActivationOp final : public Op {
  public:
@@ -119,6 +119,7 @@ class ActivationOp final : public Op {
       case Activation::kGeluTanh: return {at::gelu(in[0], "tanh")};
       case Activation::kTanh: return {at::tanh(in[0])};
       case Activation::kSigmoid: return {at::sigmoid(in[0])};
+      case Activation::kSilu: return {at::silu(in[0])};
     }
     return {};
   }
@@ -131,12 +132,13 @@ class ActivationOp final : public Op {
       case Activation::kGeluTanh: return {at::gelu_backward(g, a.inputs[0], "tanh")};
       case Activation::kTanh: return {at::tanh_backward(g, a.outputs[0])};
       case Activation::kSigmoid: return {at::sigmoid_backward(g, a.outputs[0])};
+      case Activation::kSilu: return {at::silu_backward(g, a.inputs[0])};
     }
     return {at::Tensor()};
   }
 
  private:
-  // relu, tanh and sigmoid differentiate from their output, gelu from its input.
+  // relu, tanh and sigmoid differentiate from their output, gelu and silu from their input.
   static OpTraits traits_for(Activation kind) {
     OpTraits t;
     switch (kind) {
@@ -145,8 +147,10 @@ class ActivationOp final : public Op {
       case Activation::kGeluTanh: t.name = "gelu_tanh"; break;
       case Activation::kTanh: t.name = "tanh"; break;
       case Activation::kSigmoid: t.name = "sigmoid"; break;
+      case Activation::kSilu: t.name = "silu"; break;
     }
-    const bool from_input = kind == Activation::kGelu || kind == Activation::kGeluTanh;
+    const bool from_input =
+        kind == Activation::kGelu || kind == Activation::kGeluTanh || kind == Activation::kSilu;
     (from_input ? t.saves_inputs : t.saves_outputs) = OpTraits::bits({0});
     return t;
   }
@@ -181,7 +185,8 @@ Tensor activation(Activation kind, const Tensor& x) {
       std::make_shared<ActivationOp>(Activation::kGelu),
       std::make_shared<ActivationOp>(Activation::kGeluTanh),
       std::make_shared<ActivationOp>(Activation::kTanh),
-      std::make_shared<ActivationOp>(Activation::kSigmoid)};
+      std::make_shared<ActivationOp>(Activation::kSigmoid),
+      std::make_shared<ActivationOp>(Activation::kSilu)};
   return detail::apply_first(ops[static_cast<int>(kind)], {x});
 }
 
@@ -210,6 +215,7 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
 }
 Tensor tanh(const Tensor& x) { return activation(Activation::kTanh, x); }
 Tensor sigmoid(const Tensor& x) { return activation(Activation::kSigmoid, x); }
+Tensor silu(const Tensor& x) { return activation(Activation::kSilu, x); }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   TORCH_CHECK(mask.dtype() == at::kBool, "masked_fill: mask must be bool, got ", mask.dtype());
   return detail::apply_first(std::make_shared<MaskedFillOp>(value), {x, mask});

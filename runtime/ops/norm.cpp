@@ -1,4 +1,4 @@
-// Normalization: batch norm (training and evaluation) and layer norm.
+// Normalization: batch norm (training and evaluation), layer norm and RMS norm.
 #include "runtime/ops/op_util.h"
 
 #include <array>
@@ -79,6 +79,35 @@ class LayerNormOp final : public Op {
   double eps_;
 };
 
+// Outputs (y, rstd): rstd (..., 1) = 1 / sqrt(mean(x^2) + eps). libtorch 1.13 has no RMS norm
+// kernel, so both directions are a few ATen calls; backward saves x, the weight (a parameter) and
+// rstd, never x^2 or the normalized x:
+//   gx = rstd * (g w - x_hat * mean(g w * x_hat)),  gw = sum(g * x_hat) over the leading dims.
+class RmsNormOp final : public Op {
+ public:
+  explicit RmsNormOp(double eps)
+      : Op(OpTraits::named("rms_norm").saving_inputs({0, 1}).saving_outputs({1}).in_float32()), eps_(eps) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    at::Tensor rstd = at::rsqrt(in[0].square().mean(-1, /*keepdim=*/true).add_(eps_));
+    return {in[0] * rstd * in[1], rstd};
+  }
+  TensorList backward(const BackwardArgs& a) const override {
+    const at::Tensor& g = a.grad_outputs[0];
+    const at::Tensor x_hat = a.inputs[0] * a.outputs[1];
+    at::Tensor gx, gw;
+    if (a.needs_input_grad[0]) {
+      const at::Tensor gy = g * a.inputs[1];
+      gx = (gy - x_hat * (gy * x_hat).mean(-1, /*keepdim=*/true)).mul_(a.outputs[1]);
+    }
+    if (a.needs_input_grad[1]) gw = at::sum_to(g * x_hat, a.input_sizes(1));
+    return {gx, gw};
+  }
+
+ private:
+  double eps_;
+};
+
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -98,6 +127,12 @@ Tensor layer_norm(const Tensor& x, std::vector<int64_t> normalized_shape, const 
   TORCH_CHECK(weight.defined() && bias.defined(), "layer_norm: weight and bias are required");
   return detail::apply_first(std::make_shared<LayerNormOp>(std::move(normalized_shape), eps),
                              {x, weight, bias});
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  TORCH_CHECK(weight.defined() && weight.dim() == 1 && x.dim() >= 1 && x.size(-1) == weight.size(0),
+              "rms_norm: weight must be (D) for x (..., D); got ", weight.sizes(), " and ", x.sizes());
+  return detail::apply_first(std::make_shared<RmsNormOp>(eps), {x, weight});
 }
 
 }  // namespace ht

@@ -1,4 +1,4 @@
-// Shape ops (reshape, view, transpose, permute, slice, cat, split) and reductions (sum, mean).
+// Shape ops (reshape, view, contiguous, transpose, permute, slice, cat, split) and reductions (sum, mean).
 // View ops return tensors that share their input's storage; the interpreter notices the alias
 // and treats the output as a view of the input's root (docs/engine.md).
 #include "runtime/ops/op_util.h"
@@ -26,6 +26,16 @@ class ReshapeOp final : public Op {
  private:
   std::vector<int64_t> shape_;
   bool must_view_;
+};
+
+// A dense copy of a strided view, or the view itself (an alias) when it is dense already. What
+// a view that outlives its base's other uses needs: saved for backward, a slice keeps its whole
+// base alive; its copy keeps only itself.
+class ContiguousOp final : public Op {
+ public:
+  ContiguousOp() : Op(OpTraits::named("contiguous")) {}
+  TensorList forward(const TensorList& in, const ForwardContext&) const override { return {in[0].contiguous()}; }
+  TensorList backward(const BackwardArgs& a) const override { return {a.grad_outputs[0]}; }
 };
 
 // Transpose is a permutation of two dimensions.
@@ -161,6 +171,11 @@ std::vector<int64_t> normalized(std::vector<int64_t> dims, int64_t ndim) {
 
 Tensor reshape(const Tensor& x, std::vector<int64_t> shape) {
   return detail::apply_first(std::make_shared<ReshapeOp>(std::move(shape), false), {x});
+}
+
+Tensor contiguous(const Tensor& x) {
+  static const auto op = std::make_shared<ContiguousOp>();
+  return detail::apply_first(op, {x});
 }
 
 Tensor view(const Tensor& x, std::vector<int64_t> shape) {

@@ -34,6 +34,17 @@ TEST(KernelCost, ConvolutionIsOutputsTimesAFiltersSize) {
   EXPECT_DOUBLE_EQ(y.info()->modeled_ms(), flops_ms(2.0 * 512 * 27) + bytes_ms(moved));
 }
 
+TEST(KernelCost, AttentionIsItsTwoContractionsAndHalfOfThemWhenCausal) {
+  Interpreter interp;
+  // q (2, 4, 16, 8), k and v (2, 2, 16, 8): q k^T and P v, 2 x 4 x 16 x 16 x 8 multiply-adds each.
+  Tensor q = interp.input(at::ones({2, 4, 16, 8}));
+  Tensor k = interp.input(at::ones({2, 2, 16, 8})), v = interp.input(at::ones({2, 2, 16, 8}));
+  const double flops = 4.0 * (2 * 4 * 16 * 16 * 8);
+  const double moved = 4.0 * (1024 + 2 * 512 + 1024 + 2 * 4 * 16);  // q, k, v; out and lse
+  EXPECT_DOUBLE_EQ(attention(q, k, v, false).info()->modeled_ms(), flops_ms(flops) + bytes_ms(moved));
+  EXPECT_DOUBLE_EQ(attention(q, k, v, true).info()->modeled_ms(), flops_ms(flops / 2) + bytes_ms(moved));
+}
+
 TEST(KernelCost, ElementwiseMovesBytesAndViewsCostNothing) {
   Interpreter interp;
   Tensor x = interp.input(at::ones({32, 32}));

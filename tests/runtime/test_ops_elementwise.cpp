@@ -56,6 +56,8 @@ TEST(OpsElementwise, Activations) {
             [](auto& t) { return one(at::tanh(t[0])); }});
   check_op({{x}, [](auto&, auto& t) { return one(sigmoid(t[0])); },
             [](auto& t) { return one(at::sigmoid(t[0])); }});
+  check_op({{x}, [](auto&, auto& t) { return one(silu(t[0])); },
+            [](auto& t) { return one(at::silu(t[0])); }});
 }
 
 TEST(OpsElementwise, MaskedFill) {

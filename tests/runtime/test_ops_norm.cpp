@@ -1,4 +1,4 @@
-// batch_norm and layer_norm: forward, gradients and running statistics equal libtorch (float64).
+// batch_norm, layer_norm and rms_norm: forward, gradients and running statistics equal libtorch (float64).
 #include "tests/support/op_check.h"
 
 namespace ht::test {
@@ -53,6 +53,23 @@ TEST(OpsNorm, LayerNorm) {
   check_op({{rnd({3, 4, 6}), rnd({4, 6}), rnd({4, 6})},
             [](auto&, auto& t) { return one(layer_norm(t[0], {4, 6}, t[1], t[2], 1e-5)); },
             [](auto& t) { return one(at::layer_norm(t[0], {4, 6}, t[1], t[2], 1e-5)); }});
+}
+
+// The reference is Llama's definition written out: x * rsqrt(mean(x^2) + eps) * w.
+TEST(OpsNorm, RmsNormIsLlamasDefinition) {
+  at::manual_seed(4);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 5, 8}, std::vector<int64_t>{7, 3}}) {
+    const int64_t d = shape.back();
+    check_op({{rnd(shape), rnd({d})},
+              [](auto&, auto& t) { return one(rms_norm(t[0], t[1], 1e-5)); },
+              [](auto& t) { return one(t[0] * at::rsqrt(t[0].pow(2).mean(-1, true) + 1e-5) * t[1]); }});
+  }
+}
+
+TEST(OpsNorm, RmsNormRefusesAWeightOfTheWrongWidth) {
+  Interpreter interp;
+  const Tensor x = interp.input(at::ones({2, 4})), w = interp.param(at::ones({3}));
+  EXPECT_THROW(rms_norm(x, w, 1e-5), c10::Error);
 }
 
 }  // namespace

@@ -21,6 +21,17 @@ TEST(OpsShape, ReshapeViewTransposePermute) {
             [](auto& t) { return one(t[0].transpose(1, 2).reshape({2, 12})); }});
 }
 
+TEST(OpsShape, ContiguousCopiesAStridedViewAndAliasesADenseOne) {
+  at::manual_seed(4);
+  const at::Tensor x = rnd({3, 8});
+  check_op({{x}, [](auto&, auto& t) { return one(contiguous(slice(t[0], 1, 2, 6))); },
+            [](auto& t) { return one(t[0].slice(1, 2, 6).contiguous()); }});
+  Interpreter interp;
+  const Tensor dense = interp.input(at::ones({2, 3}));
+  EXPECT_TRUE(contiguous(dense).value().is_alias_of(dense.value()));
+  EXPECT_FALSE(contiguous(transpose(dense, 0, 1)).value().is_alias_of(dense.value()));
+}
+
 TEST(OpsShape, SliceWithStepAndNegativeBounds) {
   at::manual_seed(1);
   const at::Tensor x = rnd({5, 7});

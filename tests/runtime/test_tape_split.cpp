@@ -79,7 +79,7 @@ TEST_P(TapeSplit, MicroBatchTapesAndTwoPartBackwardGiveTheSameBits) {
   expect_bit_equal(pipelined(*model, micro, /*split=*/true), reference, "inputs' then weights' parts");
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TapeSplit, ::testing::Values("mlp", "convnet", "resnet18", "gpt"),
+INSTANTIATE_TEST_SUITE_P(Models, TapeSplit, ::testing::Values("mlp", "convnet", "resnet18", "gpt", "llama"),
                          [](const auto& info) { return info.param; });
 
 TEST(TapeSplit, TheInputsPartGivesTheStageInputItsGradientAndNoWeightOne) {

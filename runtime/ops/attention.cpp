@@ -1,0 +1,288 @@
+// Attention as one op that never stores the T x S scores (issue 30). Composed from matmul,
+// softmax and masked_fill, attention saves its (B, H, T, S) probabilities for backward: at
+// GPT-2's T = 1024 they outweigh every other activation of a block, and DTR can only drop and
+// recompute them whole. As one op, forward and backward are each one kernel over ATen calls:
+// forward returns the output and, hidden, the log-sum-exp of each query row (B, H, T); backward
+// recomputes the probabilities from q, k and that log-sum-exp, one block of queries at a time
+// (FlashAttention-2's backward, with D = rowsum(dO * O)). What the tape holds is q, k, v, the
+// output and the log-sum-exp: O(T), never T x S.
+//
+// Two kernels, chosen from the inputs alone (so forward, a recomputation and backward agree):
+// - blockwise (every device, every libtorch): queries in blocks of kBlockRows rows, each block's
+//   scores (B, Hkv, G * rows, keys) computed in fp32 (double for double inputs), softmaxed whole
+//   and dropped before the next block. Causal masking is done inside each block (a block's keys
+//   stop at its last query, so key blocks above the diagonal are never computed). Grouped-query
+//   attention folds a key head's G query heads into the rows, so K and V are never repeated.
+// - fused (libtorch >= 2.1 on CUDA, base/compat.h): ATen's memory-efficient attention forward
+//   and backward, where ATen would pick a fused kernel, with no dropout and H == Hkv.
+//
+// Dropout (blockwise only): the keep-mask of block b comes from a private generator seeded with
+// seed + b, the seed drawn from the interpreter's stream when the op is applied (as
+// runtime/ops/dropout.cpp does), so a recomputation and backward redraw the same masks bit for bit.
+#include "base/compat.h"
+#include "runtime/ops/op_util.h"
+
+#include <array>
+#include <cmath>
+#include <limits>
+
+namespace ht {
+namespace {
+
+using TensorList = std::vector<at::Tensor>;
+
+// Queries per block. Fixed, not sized to the machine: the dropout masks are drawn per block, so
+// the blocks must be the same in every run. A block's scores, B * H * 128 * S floats, are the
+// largest temporary (16 MiB at B = 4, H = 8, S = 1024).
+constexpr int64_t kBlockRows = 128;
+
+// q (B, H, T, hd), k and v (B, Hkv, S, hd); G = H / Hkv query heads share a key head.
+struct AttentionDims {
+  int64_t B, H, Hkv, G, T, S, hd;
+  static AttentionDims of(at::IntArrayRef q, at::IntArrayRef k) {
+    return {q[0], q[1], k[1], q[1] / k[1], q[2], k[2], q[3]};
+  }
+  int64_t blocks() const { return (T + kBlockRows - 1) / kBlockRows; }
+};
+
+struct AttentionConfig {
+  bool causal = false;
+  double dropout_p = 0;  // 0 unless training
+  double scale = 1;
+  uint64_t seed = 0;  // dropout's, when dropout_p > 0
+};
+
+// Queries [t0, t0 + n) of every head, against keys [0, keys).
+struct QueryBlock {
+  int64_t index, t0, n, keys;
+  static QueryBlock of(int64_t b, const AttentionDims& d, bool causal) {
+    const int64_t t0 = b * kBlockRows, n = std::min(kBlockRows, d.T - t0);
+    return {b, t0, n, causal ? t0 + n : d.S};  // causal: T == S, no key past the last query
+  }
+};
+
+// fp32 for fp32, bf16 and fp16 inputs; double stays double (the gradient checks).
+at::ScalarType accumulate_type(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// Rows [t0, t0 + n) of x (B, H, T, e) in the accumulate type, folded per key head:
+// (B, Hkv, G * n, e), row g * n + r being head g's query t0 + r. Times `scale` if given.
+at::Tensor block_rows(const at::Tensor& x, const QueryBlock& blk, const AttentionDims& d,
+                      at::ScalarType acc, double scale = 1) {
+  at::Tensor rows = x.view({d.B, d.Hkv, d.G, d.T, x.size(3)}).narrow(3, blk.t0, blk.n).to(acc);
+  if (scale != 1) rows = rows.mul(scale);  // a new tensor, laid out as x (x may be transposed)
+  return rows.reshape({d.B, d.Hkv, d.G * blk.n, x.size(3)});  // copies unless laid out in rows
+}
+
+// Scores of one block, (B, Hkv, G * n, keys): (q * scale) k^T, -inf where a key comes after
+// its query. The mask is (G * n, keys) bools, built for this block only.
+at::Tensor block_scores(const at::Tensor& q_rows, const at::Tensor& k, const QueryBlock& blk,
+                        const AttentionDims& d, bool causal) {
+  at::Tensor s = at::matmul(q_rows, k.narrow(2, 0, blk.keys).transpose(-2, -1));
+  if (!causal) return s;
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(s.device());
+  const at::Tensor query = at::arange(blk.t0, blk.t0 + blk.n, longs).repeat({d.G}).unsqueeze(1);
+  return s.masked_fill_(at::arange(blk.keys, longs) > query, -std::numeric_limits<double>::infinity());
+}
+
+// Block b's dropout factor, (B, Hkv, G * n, keys): 0 or 1 / (1 - p), shaped like `scores`.
+at::Tensor keep_factor(const at::Tensor& scores, const QueryBlock& blk, const AttentionConfig& cfg) {
+  at::Generator gen = compat::seeded_generator(scores.device(), cfg.seed + blk.index);
+  at::Tensor keep =
+      at::empty(scores.sizes(), scores.options().dtype(at::kBool)).bernoulli_(1.0 - cfg.dropout_p, gen);
+  return keep.to(scores.scalar_type()).mul_(1.0 / (1.0 - cfg.dropout_p));
+}
+
+// Forward of one block: (out (B, Hkv, G * n, hd), log-sum-exp (B, Hkv, G * n)). Out-of-place
+// where autograd would need the overwritten value (ExecutionMode::kAutograd records this code).
+std::pair<at::Tensor, at::Tensor> forward_block(const at::Tensor& q_rows, const at::Tensor& k,
+                                                const at::Tensor& v, const QueryBlock& blk,
+                                                const AttentionDims& d, const AttentionConfig& cfg) {
+  at::Tensor s = block_scores(q_rows, k, blk, d, cfg.causal);
+  const at::Tensor m = s.detach().amax(-1, /*keepdim=*/true);  // out does not depend on it
+  const at::Tensor p = s.sub_(m).exp_();  // in place: autograd needs neither s nor s - m
+  const at::Tensor l = p.sum(-1, /*keepdim=*/true);
+  const at::Tensor pv = cfg.dropout_p > 0 ? p * keep_factor(p, blk, cfg) : p;
+  at::Tensor out = at::matmul(pv, v.narrow(2, 0, blk.keys)) / l;
+  return {out, (m + l.log()).squeeze(-1)};
+}
+
+// -> (out (B, H, T, hd) in q's type, lse (B, H, T) in the accumulate type).
+TensorList blockwise_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const AttentionConfig& cfg) {
+  const AttentionDims d = AttentionDims::of(q.sizes(), k.sizes());
+  const at::ScalarType acc = accumulate_type(q);
+  const at::Tensor kc = k.to(acc).contiguous(), vc = v.to(acc).contiguous();
+  TensorList outs, lses;
+  for (int64_t b = 0; b < d.blocks(); ++b) {
+    const QueryBlock blk = QueryBlock::of(b, d, cfg.causal);
+    auto [o, lse] = forward_block(block_rows(q, blk, d, acc, cfg.scale), kc, vc, blk, d, cfg);
+    outs.push_back(o.view({d.B, d.Hkv, d.G, blk.n, d.hd}));
+    lses.push_back(lse.view({d.B, d.Hkv, d.G, blk.n}));
+  }
+  if (outs.empty()) {  // T = 0
+    return {at::empty(q.sizes(), q.options()), at::empty({d.B, d.H, 0}, q.options().dtype(acc))};
+  }
+  return {at::cat(outs, 3).view({d.B, d.H, d.T, d.hd}).to(q.scalar_type()),
+          at::cat(lses, 3).view({d.B, d.H, d.T})};
+}
+
+// What one block of backward reads and adds to.
+struct AttentionBackwardState {
+  at::Tensor q, k, v, grad, out, lse;  // as saved; k and v in the accumulate type
+  at::Tensor dk, dv;                   // (B, Hkv, S, hd), accumulated over the blocks
+  std::vector<bool> needs;
+};
+
+// One block of FlashAttention-2's backward; returns its dq rows (B, Hkv, G, n, hd), undefined
+// when q needs no gradient; adds into dk and dv (over the block's keys only).
+at::Tensor backward_block(AttentionBackwardState& st, const QueryBlock& blk, const AttentionDims& d,
+                          const AttentionConfig& cfg) {
+  const at::ScalarType acc = st.k.scalar_type();
+  const at::Tensor q_rows = block_rows(st.q, blk, d, acc, cfg.scale);
+  const at::Tensor g_rows = block_rows(st.grad, blk, d, acc);
+  const at::Tensor lse = block_rows(st.lse.unsqueeze(-1), blk, d, acc);  // (B, Hkv, G * n, 1)
+  const at::Tensor s = block_scores(q_rows, st.k, blk, d, cfg.causal);
+  const at::Tensor keep = cfg.dropout_p > 0 ? keep_factor(s, blk, cfg) : at::Tensor();
+  const at::Tensor p = s.sub_(lse).exp_();  // the forward's probabilities, recomputed
+  if (st.needs[2]) {
+    const at::Tensor pv = keep.defined() ? p * keep : p;
+    st.dv.narrow(2, 0, blk.keys).add_(at::matmul(pv.transpose(-2, -1), g_rows));
+  }
+  if (!st.needs[0] && !st.needs[1]) return {};
+  // dS = P * (dP - D), dP = dO V^T (times the dropout factor), D = rowsum(dO * O).
+  const at::Tensor rowsum = (g_rows * block_rows(st.out, blk, d, acc)).sum(-1, /*keepdim=*/true);
+  at::Tensor dp = at::matmul(g_rows, st.v.narrow(2, 0, blk.keys).transpose(-2, -1));
+  if (keep.defined()) dp.mul_(keep);
+  const at::Tensor ds = dp.sub_(rowsum).mul_(p);
+  if (st.needs[1]) st.dk.narrow(2, 0, blk.keys).add_(at::matmul(ds.transpose(-2, -1), q_rows));
+  if (!st.needs[0]) return {};
+  return at::matmul(ds, st.k.narrow(2, 0, blk.keys))
+      .mul_(cfg.scale)
+      .view({d.B, d.Hkv, d.G, blk.n, d.hd});
+}
+
+// -> (dq, dk, dv) in their inputs' types; undefined where not needed.
+TensorList blockwise_backward(const BackwardArgs& a, const AttentionConfig& cfg) {
+  const at::Tensor& q = a.inputs[0];
+  const AttentionDims d = AttentionDims::of(q.sizes(), a.inputs[1].sizes());
+  const at::ScalarType acc = accumulate_type(q);
+  AttentionBackwardState st{q, a.inputs[1].to(acc).contiguous(), a.inputs[2].to(acc).contiguous(),
+                            a.grad_outputs[0], a.outputs[0], a.outputs[1], {}, {}, a.needs_input_grad};
+  st.dk = at::zeros(st.k.sizes(), st.k.options());
+  st.dv = at::zeros(st.v.sizes(), st.v.options());
+  TensorList dq_blocks;
+  for (int64_t b = 0; b < d.blocks(); ++b) {
+    at::Tensor dq = backward_block(st, QueryBlock::of(b, d, cfg.causal), d, cfg);
+    if (dq.defined()) dq_blocks.push_back(std::move(dq));
+  }
+  TensorList grads(3);
+  if (st.needs[0]) {
+    grads[0] = dq_blocks.empty() ? at::zeros_like(q)
+                                 : at::cat(dq_blocks, 3).view(q.sizes()).to(q.scalar_type());
+  }
+  if (st.needs[1]) grads[1] = st.dk.to(a.inputs[1].scalar_type());
+  if (st.needs[2]) grads[2] = st.dv.to(a.inputs[2].scalar_type());
+  return grads;
+}
+
+// Outputs (out, lse); backward reads q, k, v, out and lse (lse as the kernel that ran wrote it:
+// (B, H, T) from the blockwise one, ATen's layout from the fused one). Counted as attention's
+// multiply-adds by the modelled cost (runtime/kernel_cost.cpp), causal ones at half.
+class AttentionOp final : public Op {
+ public:
+  explicit AttentionOp(const AttentionConfig& cfg) : Op(traits_for(cfg)), cfg_(cfg) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    if (fused(in)) {
+      auto [out, lse] = compat::fused_attention_forward(in[0], in[1], in[2], cfg_.causal, cfg_.scale);
+      return {out, lse};
+    }
+    return blockwise_forward(in[0], in[1], in[2], cfg_);
+  }
+
+  TensorList backward(const BackwardArgs& a) const override {
+    if (!a.grad_outputs[0].defined()) return TensorList(3);  // only the hidden lse had one
+    if (!fused(a.inputs)) return blockwise_backward(a, cfg_);
+    const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1], a.needs_input_grad[2]};
+    auto [dq, dk, dv] =
+        compat::fused_attention_backward(a.grad_outputs[0], a.inputs[0], a.inputs[1], a.inputs[2],
+                                         a.outputs[0], a.outputs[1], cfg_.causal, cfg_.scale, mask);
+    return {dq, dk, dv};
+  }
+
+ private:
+  static OpTraits traits_for(const AttentionConfig& cfg) {
+    OpTraits t =
+        OpTraits::named("attention").saving_inputs({0, 1, 2}).saving_outputs({0, 1}).in_low_precision();
+    t.doing(cfg.causal ? Work::kCausalAttention : Work::kAttention);
+    if (cfg.dropout_p > 0) t.drawing_random_numbers();
+    return t;
+  }
+  // The same answer in forward and backward: it reads only what both see.
+  bool fused(const TensorList& in) const {
+    return cfg_.dropout_p == 0 &&
+           compat::fused_attention_applies(in[0], in[1], in[2], cfg_.causal, cfg_.scale);
+  }
+  AttentionConfig cfg_;
+};
+
+void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                            double dropout_p) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention: q, k and v must be (B, H, T, hd), (B, Hkv, S, hd), (B, Hkv, S, hd); got ",
+              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes(), "attention: k and v must have one shape, got ", k.sizes(), " and ",
+              v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3),
+              "attention: q and k must agree on B and hd, got ", q.sizes(), " and ", k.sizes());
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+              "attention: q's heads must be a multiple of k's (grouped-query), got ", q.size(1), " and ",
+              k.size(1));
+  TORCH_CHECK(k.size(2) > 0, "attention: no keys");
+  TORCH_CHECK(!causal || q.size(2) == k.size(2),
+              "attention: causal attention needs as many queries as keys, got T = ", q.size(2),
+              ", S = ", k.size(2));
+  TORCH_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && at::isFloatingType(q.dtype()),
+              "attention: q, k and v must share one floating type");
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "attention: dropout_p must be in [0, 1), got ",
+              dropout_p);
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                 bool training, std::optional<double> scale) {
+  check_attention_shapes(q, k, v, causal, dropout_p);
+  AttentionConfig cfg;
+  cfg.causal = causal;
+  cfg.dropout_p = training ? dropout_p : 0.0;
+  cfg.scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  if (cfg.dropout_p > 0) cfg.seed = q.interp().next_seed();
+  return detail::apply_first(std::make_shared<AttentionOp>(cfg), {q, k, v});
+}
+
+namespace detail {
+
+at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_sizes, bool causal,
+                                  double dropout_p, uint64_t seed, const at::Device& device) {
+  const AttentionDims d = AttentionDims::of(q_sizes, k_sizes);
+  AttentionConfig cfg;
+  cfg.causal = causal;
+  cfg.dropout_p = dropout_p;
+  cfg.seed = seed;
+  at::Tensor mask =
+      at::zeros({d.B, d.Hkv, d.G, d.T, d.S}, at::TensorOptions().dtype(at::kBool).device(device));
+  for (int64_t b = 0; b < d.blocks(); ++b) {
+    const QueryBlock blk = QueryBlock::of(b, d, causal);
+    const at::Tensor like =
+        at::empty({d.B, d.Hkv, d.G * blk.n, blk.keys}, at::TensorOptions().device(device));
+    const at::Tensor keep = keep_factor(like, blk, cfg).ne(0).view({d.B, d.Hkv, d.G, blk.n, blk.keys});
+    mask.narrow(3, blk.t0, blk.n).narrow(4, 0, blk.keys).copy_(keep);
+  }
+  return mask.view({d.B, d.H, d.T, d.S});
+}
+
+}  // namespace detail
+}  // namespace ht
