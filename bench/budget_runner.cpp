@@ -1,7 +1,7 @@
 #include "bench/budget_runner.h"
 
 #include "alloc/cuda_arena.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/resnet.h"
 
 #include <chrono>
@@ -60,7 +60,7 @@ std::vector<Workload> workloads(bool quick) {
   {
     const int64_t batch = 8 / s, t = 128 / s, d = 256 / s;
     w.push_back({"gpt 6L d" + std::to_string(d) + " T" + std::to_string(t) + " b" + std::to_string(batch), batch,
-                 [=] { return std::make_shared<Gpt>(GptOptions{256, t, 6, 8, d, 0.1}); },
+                 [=] { return std::make_shared<Decoder>(DecoderOptions::gpt2(256, t, 6, 8, d, 0.1)); },
                  [=](int64_t b) {
                    return std::make_pair(at::randint(256, {b, t}, at::kLong), at::randint(256, {b, t}, at::kLong));
                  },
@@ -83,7 +83,7 @@ std::vector<Workload> gpu_workloads(bool quick) {
   {
     const int64_t batch = 8 / s, t = 1024 / s, d = 768 / s, vocab = 50257;
     w.push_back({"gpt2-small T" + std::to_string(t) + " b" + std::to_string(batch), batch,
-                 [=] { return std::make_shared<Gpt>(GptOptions{vocab, t, 12, 12, d, 0.1}); },
+                 [=] { return std::make_shared<Decoder>(DecoderOptions::gpt2(vocab, t, 12, 12, d, 0.1)); },
                  [=](int64_t b) {
                    return std::make_pair(at::randint(vocab, {b, t}, at::kLong), at::randint(vocab, {b, t}, at::kLong));
                  },
@@ -105,7 +105,7 @@ std::vector<Workload> large_workloads(bool quick) {
   {
     const int64_t batch = 8 / s, t = 128 / s, d = 256 / s;
     w.push_back({"gpt 12L d" + std::to_string(d) + " T" + std::to_string(t) + " b" + std::to_string(batch), batch,
-                 [=] { return std::make_shared<Gpt>(GptOptions{256, t, 12, 8, d, 0.1}); },
+                 [=] { return std::make_shared<Decoder>(DecoderOptions::gpt2(256, t, 12, 8, d, 0.1)); },
                  [=](int64_t b) {
                    return std::make_pair(at::randint(256, {b, t}, at::kLong), at::randint(256, {b, t}, at::kLong));
                  }});

@@ -5,7 +5,7 @@
 #include "bench/bench_util.h"
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/cuda_arena.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
 #include "runtime/determinism.h"
@@ -131,7 +131,7 @@ std::vector<Workload> workloads(bool quick) {
   {
     const int64_t batch = 8 / s, t = 128 / s, d = 256 / s;
     w.push_back({"gpt 6L d" + std::to_string(d) + " T" + std::to_string(t) + " b" + std::to_string(batch),
-                 [=] { return std::make_shared<Gpt>(GptOptions{256, t, 6, 8, d, 0.1}); },
+                 [=] { return std::make_shared<Decoder>(DecoderOptions::gpt2(256, t, 6, 8, d, 0.1)); },
                  at::randint(256, {batch, t}, at::kLong), at::randint(256, {batch, t}, at::kLong)});
   }
   {
@@ -156,7 +156,7 @@ std::vector<Workload> gpu_workloads(bool quick) {
   {
     const int64_t batch = 8 / s, t = 1024 / s, d = 768 / s, vocab = 50257;
     w.push_back({"gpt2-small T" + std::to_string(t) + " b" + std::to_string(batch),
-                 [=] { return std::make_shared<Gpt>(GptOptions{vocab, t, 12, 12, d, 0.1}); },
+                 [=] { return std::make_shared<Decoder>(DecoderOptions::gpt2(vocab, t, 12, 12, d, 0.1)); },
                  at::randint(vocab, {batch, t}, at::kLong), at::randint(vocab, {batch, t}, at::kLong)});
   }
   return w;

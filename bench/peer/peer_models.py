@@ -1,7 +1,7 @@
 """The models of hybrid_train's models/ written the way a PyTorch user would write them.
 
 Same architecture, initialization and defaults as the C++ side (models/convnet.cpp,
-models/resnet.cpp, models/gpt.cpp), so that a training step does the same arithmetic.
+models/resnet.cpp, models/decoder.cpp with GPT-2's layout), so that a training step does the same arithmetic.
 """
 import math
 
@@ -118,10 +118,15 @@ class CausalSelfAttention(nn.Module):
         b, t, d = x.shape
         q, k, v = self.c_attn(x).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        att = F.dropout(F.softmax(att.masked_fill(mask, float("-inf")), dim=-1), self.dropout, self.training)
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        p = self.dropout if self.training else 0.0
+        if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2.x: what a user writes today
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:  # PyTorch 1.13 (Debian's): the T x T scores, as nanoGPT wrote it then
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            att = F.dropout(F.softmax(att.masked_fill(mask, float("-inf")), dim=-1), p, self.training)
+            y = att @ v
+        y = y.transpose(1, 2).reshape(b, t, d)
         return F.dropout(self.c_proj(y), self.dropout, self.training)
 
 
@@ -134,7 +139,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         h = x + self.attn(self.ln1(x))
-        return h + F.dropout(self.proj(F.gelu(self.fc(self.ln2(h)))), self.dropout, self.training)
+        return h + F.dropout(self.proj(F.gelu(self.fc(self.ln2(h)), approximate="tanh")), self.dropout, self.training)
 
 
 class Gpt(nn.Module):

@@ -77,7 +77,7 @@ TEST_P(ModelAmp, Bf16EqualsAutogradWithTheSameCastsAndTracksFp32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ModelAmp,
-                         ::testing::Values("mlp", "convnet", "resnet18", "resnet50_imagenet_stem", "gpt", "supernet"));
+                         ::testing::Values("mlp", "convnet", "resnet18", "resnet50_imagenet_stem", "gpt", "llama", "supernet"));
 
 }  // namespace
 }  // namespace ht::test

@@ -55,7 +55,7 @@ TEST_P(ModelGradients, EqualLibtorchAutograd) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ModelGradients,
                          ::testing::Values("mlp", "convnet", "resnet18", "resnet50_imagenet_stem",
-                                           "gpt", "supernet"));
+                                           "gpt", "llama", "supernet"));
 
 }  // namespace
 }  // namespace ht::test

@@ -40,7 +40,7 @@ TEST_P(ModelLeaks, NothingSurvivesAStep) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ModelLeaks,
                          ::testing::Values("mlp", "convnet", "resnet18", "resnet50_imagenet_stem",
-                                           "gpt", "supernet"));
+                                           "gpt", "llama", "supernet"));
 
 }  // namespace
 }  // namespace ht::test

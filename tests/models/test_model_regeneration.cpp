@@ -60,7 +60,7 @@ TEST_P(ModelRegeneration, DroppingEverythingIsBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(AllModels, ModelRegeneration,
                          ::testing::Values("mlp", "convnet", "resnet18", "resnet50_imagenet_stem",
-                                           "gpt", "supernet"));
+                                           "gpt", "llama", "supernet"));
 
 }  // namespace
 }  // namespace ht::test

@@ -3,7 +3,7 @@
 // model, at every budget a plan fits; a supernet switches between its paths' plans and DTR; a
 // shape that changes makes the step leave its plan (DTR finishes it) and a new plan follows.
 #include "models/convnet.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/resnet.h"
 #include "models/supernet.h"
 #include "alloc/cpu_arena.h"
@@ -52,10 +52,11 @@ TEST_P(ModelStatic, PlannedStepsTrainBitIdentically) {
       const BudgetRun run = train_in_budget(c, budget, EvictionHeuristic::kDtr, kSteps, kBatch,
                                             with_plans(PlanSource::kSolver));
       // What is asserted: the cases below. The first step of a sequence runs under DTR, which
-      // cannot train the convnet at 0.8 or the supernet at 0.3; the first planned step runs on
-      // the arena's own placement (its layout is recorded then), which fragments ResNet-18 at
-      // 0.3 (docs/status.md: what is not built).
-      const bool asserted = (c.name == "gpt") || (c.name != "convnet" && ratio >= 0.5);
+      // cannot train the convnet at 0.8, the supernet at 0.3, nor the transformers at 0.3 since
+      // attention saves O(T) (its smallest DTR ratio is 0.30-0.34 now); the first planned step
+      // runs on the arena's own placement (its layout is recorded then), which fragments
+      // ResNet-18 at 0.3 (docs/status.md: what is not built).
+      const bool asserted = c.name != "convnet" && ratio >= 0.5;
       if (!asserted && run.out_of_budget) {
         std::printf("[ not held ] %s: %s\n", what.c_str(), run.failure.c_str());
         continue;
@@ -95,13 +96,13 @@ TEST_P(ModelStatic, SegmentsTrainBitIdentically) {
     }
     // Segments save memory where blocks are alike (GPT's layers, ResNet's stages); the convnet,
     // whose first block holds most of its activations, needs more with them than without.
-    if (c.name == "gpt" || c.name == "resnet18") {
+    if (c.name == "gpt" || c.name == "llama" || c.name == "resnet18") {
       EXPECT_LT(run.plan_stats.last_planned_peak, plain.peak_in_use);
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllModels, ModelStatic, ::testing::Values("convnet", "resnet18", "gpt", "supernet"),
+INSTANTIATE_TEST_SUITE_P(AllModels, ModelStatic, ::testing::Values("convnet", "resnet18", "gpt", "llama", "supernet"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
@@ -114,7 +115,7 @@ namespace {
 // the new sequence gets its own plan); going back to the first shape finds the first plan again.
 // Losses are those of the run without a budget throughout.
 TEST(StaticPlanReplay, DivergesOnANewShapeAndPlansAgain) {
-  const ModelCase gpt{"gpt", [] { return std::make_shared<Gpt>(GptOptions{17, 32, 4, 2, 32, 0.0}); }, nullptr};
+  const ModelCase gpt{"gpt", [] { return std::make_shared<Decoder>(DecoderOptions::gpt2(17, 32, 4, 2, 32, 0.0)); }, nullptr};
   auto run = [&](int64_t capacity, bool plans, PlanSource source) {
     auto arena = std::make_shared<CpuArena>(capacity);
     ArenaScope device(arena);

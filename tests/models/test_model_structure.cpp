@@ -1,6 +1,5 @@
 // Model structure: parameter counts of the standard architectures, blocks, tied weights,
 // the supernet's changing graph, and bad options.
-#include "models/gpt.h"
 #include "models/resnet.h"
 #include "models/supernet.h"
 #include "tests/support/model_cases.h"
@@ -23,21 +22,6 @@ TEST(ModelStructure, ResNetBlocksAreStemResidualBlocksAndHead) {
   ResNet r18(ResNetOptions{18, 8, {}, 3, 10, true});
   EXPECT_EQ(r18.blocks().size(), 1u + 8u + 1u);
   EXPECT_THROW(ResNet(ResNetOptions{20, 8, {}, 3, 10, true}), c10::Error);
-}
-
-TEST(ModelStructure, GptCountsEachParameterOnceWithTiedHead) {
-  // V*D + T*D + L*(12 D^2 + 13 D) + 2 D
-  const int64_t v = 17, t = 8, l = 2, d = 16;
-  Gpt gpt(GptOptions{v, t, l, 2, d, 0.0});
-  EXPECT_EQ(gpt.num_parameters(), v * d + t * d + l * (12 * d * d + 13 * d) + 2 * d);
-  EXPECT_EQ(gpt.blocks().size(), static_cast<size_t>(l + 2));
-  EXPECT_THROW(Gpt(GptOptions{v, t, l, 3, d, 0.0}), c10::Error) << "n_embd % n_head";
-}
-
-TEST(ModelStructure, GptRejectsSequencesLongerThanBlockSize) {
-  Gpt gpt(GptOptions{17, 8, 1, 2, 16, 0.0});
-  Interpreter interp;
-  EXPECT_THROW(gpt.forward(interp.input(at::zeros({1, 9}, at::kLong))), c10::Error);
 }
 
 TEST(ModelStructure, SupernetGraphChangesAcrossSteps) {

@@ -4,7 +4,7 @@
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/cuda_arena.h"
 #include "models/convnet.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/resnet.h"
 #include "models/supernet.h"
 #include "memory/memory_manager.h"
@@ -101,9 +101,13 @@ const std::vector<ModelCase>& budget_cases() {
                  images(1, 16, 5)});
     v.push_back({"resnet18", [] { return std::make_shared<ResNet>(ResNetOptions{18, 8, {}, 3, 5, true}); },
                  images(3, 16, 5)});
-    v.push_back({"gpt", [] { return std::make_shared<Gpt>(GptOptions{17, 32, 4, 2, 32, 0.1}); },
+    v.push_back({"gpt", [] { return std::make_shared<Decoder>(DecoderOptions::gpt2(17, 32, 4, 2, 32, 0.1)); },
                  [](int64_t b) {
                    return std::make_pair(at::randint(17, {b, 32}, at::kLong), at::randint(17, {b, 32}, at::kLong));
+                 }});
+    v.push_back({"llama", [] { return std::make_shared<Decoder>(DecoderOptions::llama(19, 32, 4, 4, 2, 32)); },
+                 [](int64_t b) {
+                   return std::make_pair(at::randint(19, {b, 32}, at::kLong), at::randint(19, {b, 32}, at::kLong));
                  }});
     v.push_back({"supernet", [] { return std::make_shared<Supernet>(SupernetOptions{3, 16, 6, 16, 5}); },
                  images(3, 16, 5)});

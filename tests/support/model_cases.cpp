@@ -1,7 +1,7 @@
 #include "tests/support/model_cases.h"
 
 #include "models/convnet.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
 #include "models/supernet.h"
@@ -34,10 +34,17 @@ std::vector<ModelCase> small_model_cases() {
                    },
                    images(3, 16, 5)});
   cases.push_back({"gpt",
-                   [] { return std::make_shared<Gpt>(GptOptions{17, 8, 2, 2, 16, 0.1}); },
+                   [] { return std::make_shared<Decoder>(DecoderOptions::gpt2(17, 8, 2, 2, 16, 0.1)); },
                    [](int64_t b) {
                      return std::make_pair(at::randint(17, {b, 8}, at::kLong),
                                            at::randint(17, {b, 8}, at::kLong));
+                   }});
+  // Grouped-query attention (4 heads, 2 key/value heads), rotary positions, untied head.
+  cases.push_back({"llama",
+                   [] { return std::make_shared<Decoder>(DecoderOptions::llama(19, 8, 2, 4, 2, 16)); },
+                   [](int64_t b) {
+                     return std::make_pair(at::randint(19, {b, 8}, at::kLong),
+                                           at::randint(19, {b, 8}, at::kLong));
                    }});
   cases.push_back({"supernet",
                    [] { return std::make_shared<Supernet>(SupernetOptions{3, 8, 6, 3, 5}); },

@@ -1,0 +1,221 @@
+#include "models/decoder.h"
+
+#include <cmath>
+#include <limits>
+
+namespace ht {
+namespace {
+
+// LayerNorm with bias (GPT-2) or RMSNorm (Llama), by the family: one class, so every layer has
+// the same parameter names in both.  (..., D) -> same
+class Norm : public torch::nn::Module {
+ public:
+  explicit Norm(const DecoderOptions& o) : rms_(o.is_llama()), eps_(o.norm_eps) {
+    weight = register_parameter("weight", at::ones({o.n_embd}));
+    if (!rms_) bias = register_parameter("bias", at::zeros({o.n_embd}));
+  }
+  Tensor forward(const Tensor& x) {
+    const Tensor w = param_like(x, weight);
+    return rms_ ? rms_norm(x, w, eps_) : layer_norm(x, {weight.size(0)}, w, param_like(x, bias), eps_);
+  }
+  at::Tensor weight, bias;
+
+ private:
+  bool rms_;
+  double eps_;
+};
+
+// x = dropout(wte[idx] (+ wpe[0..T)))     idx (B, T) -> x (B, T, D)
+class EmbeddingBlock : public Block {
+ public:
+  explicit EmbeddingBlock(const DecoderOptions& o)
+      : wte(register_module("wte", std::make_shared<Embedding>(o.vocab_size, o.n_embd))), options_(o) {
+    if (!o.is_llama()) wpe = register_module("wpe", std::make_shared<Embedding>(o.block_size, o.n_embd));
+  }
+
+  Tensor forward(const Tensor& idx) override {
+    const int64_t t = idx.size(1);
+    TORCH_CHECK(t <= options_.block_size, "decoder: sequence length ", t, " exceeds block_size ",
+                options_.block_size);
+    Tensor x = wte->forward(idx);
+    if (wpe) {
+      const auto opts = at::TensorOptions().dtype(at::kLong).device(idx.device());
+      x = add(x, wpe->forward(idx.interp().input(at::arange(t, opts))));
+    }
+    return dropout(x, options_.dropout, is_training());
+  }
+
+  std::shared_ptr<Embedding> wte, wpe;
+
+ private:
+  DecoderOptions options_;
+};
+
+// softmax(q k^T / sqrt(hd), causal) v as separate ops, saving the (B, H, T, T) scores,
+// probabilities and dropout mask. q (B, H, T, hd), k and v (B, Hkv, T, hd) -> (B, H, T, hd)
+Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p, bool training) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), hd = q.size(3), groups = h / k.size(1);
+  auto repeat = [&](const Tensor& z) {  // (B, Hkv, T, hd) -> (B, H, T, hd), each head `groups` times
+    if (groups == 1) return z;
+    return reshape(cat(std::vector<Tensor>(groups, reshape(z, {b, k.size(1), 1, t, hd})), 2), {b, h, t, hd});
+  };
+  Tensor att = mul(matmul(q, transpose(repeat(k), -2, -1)), 1.0 / std::sqrt(static_cast<double>(hd)));
+  const Tensor mask = q.interp().input(at::ones({t, t}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1));
+  att = masked_fill(att, mask, -std::numeric_limits<double>::infinity());
+  return matmul(dropout(softmax(att, -1), dropout_p, training), repeat(v));
+}
+
+// Causal self-attention, grouped-query when n_kv_heads < n_head.  (B, T, D) -> (B, T, D)
+// Queries, keys and values come from one fused projection (GPT-2's c_attn, Megatron's QKV): one
+// GEMM, and under autocast one low-precision copy of its input saved for backward instead of
+// three, whose gradient the GEMM sums in fp32.
+class SelfAttention : public torch::nn::Module {
+ public:
+  explicit SelfAttention(const DecoderOptions& o) : options_(o) {
+    const int64_t q = o.n_head * o.head_dim(), kv = o.kv_heads() * o.head_dim();
+    const bool bias = !o.is_llama();
+    wqkv = register_module("wqkv", std::make_shared<Linear>(o.n_embd, q + 2 * kv, bias));
+    wo = register_module("wo", std::make_shared<Linear>(q, o.n_embd, bias));
+  }
+
+  Tensor forward(const Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), hd = options_.head_dim();
+    const int64_t h = options_.n_head, hkv = options_.kv_heads();
+    const Tensor qkv = wqkv->forward(x);  // (B, T, (H + 2 Hkv) hd)
+    auto heads = [&](int64_t from, int64_t n) {  // columns [from, from + n) hd as (B, T, n, hd)
+      return reshape(slice(qkv, 2, from * hd, (from + n) * hd), {b, t, n, hd});
+    };
+    Tensor q = heads(0, h), k = heads(h, hkv), v = heads(h + hkv, hkv);
+    if (options_.is_llama()) {
+      // Rotated q and k are new tensors; v alone, saved for backward as a view, would keep all
+      // of qkv alive (48 of Llama 3 8B's 128-wide heads for its 8): a dense copy keeps 8.
+      q = rope(q, options_.rope_theta);
+      k = rope(k, options_.rope_theta);
+      v = contiguous(v);
+    }
+    // (B, H, T, hd) and (B, Hkv, T, hd) in; the op saves O(T) state, never the T x T scores.
+    const Tensor qh = transpose(q, 1, 2), kh = transpose(k, 1, 2), vh = transpose(v, 1, 2);
+    const Tensor y = options_.naive_attention ? naive_attention(qh, kh, vh, options_.dropout, is_training())
+                                              : attention(qh, kh, vh, /*causal=*/true, options_.dropout, is_training());
+    const Tensor merged = reshape(transpose(y, 1, 2), {b, t, h * hd});
+    return dropout(wo->forward(merged), options_.dropout, is_training());
+  }
+
+  std::shared_ptr<Linear> wqkv, wo;
+
+ private:
+  DecoderOptions options_;
+};
+
+// GPT-2: proj(gelu_tanh(fc(x))); Llama: w2(silu(gate) * up), [gate | up] = w13(x), Meta's w1
+// and w3 fused for the same reason as wqkv.  (B, T, D) -> (B, T, D)
+class FeedForward : public torch::nn::Module {
+ public:
+  explicit FeedForward(const DecoderOptions& o) : options_(o), hidden_(o.mlp_hidden()) {
+    if (o.is_llama()) {
+      w13 = register_module("w13", std::make_shared<Linear>(o.n_embd, 2 * hidden_, false));
+      w2 = register_module("w2", std::make_shared<Linear>(hidden_, o.n_embd, false));
+    } else {
+      fc = register_module("fc", std::make_shared<Linear>(o.n_embd, hidden_));
+      proj = register_module("proj", std::make_shared<Linear>(hidden_, o.n_embd));
+    }
+  }
+
+  Tensor forward(const Tensor& x) {
+    Tensor y;
+    if (options_.is_llama()) {
+      const Tensor gate_up = w13->forward(x);  // (B, T, 2F)
+      y = w2->forward(mul(silu(slice(gate_up, 2, 0, hidden_)), slice(gate_up, 2, hidden_, 2 * hidden_)));
+    } else {
+      y = proj->forward(gelu(fc->forward(x), /*tanh_approximation=*/true));
+    }
+    return dropout(y, options_.dropout, is_training());
+  }
+  // The projection back onto the residual stream (scaled at initialization).
+  Linear& out() { return options_.is_llama() ? *w2 : *proj; }
+
+  std::shared_ptr<Linear> fc, proj, w13, w2;
+
+ private:
+  DecoderOptions options_;
+  int64_t hidden_;
+};
+
+// x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)).  (B, T, D) -> (B, T, D)
+class DecoderLayer : public Block {
+ public:
+  explicit DecoderLayer(const DecoderOptions& o)
+      : attn_norm(register_module("attn_norm", std::make_shared<Norm>(o))),
+        attn(register_module("attn", std::make_shared<SelfAttention>(o))),
+        mlp_norm(register_module("mlp_norm", std::make_shared<Norm>(o))),
+        mlp(register_module("mlp", std::make_shared<FeedForward>(o))) {}
+
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = add(x, attn->forward(attn_norm->forward(x)));
+    return add(h, mlp->forward(mlp_norm->forward(h)));
+  }
+
+  std::shared_ptr<Norm> attn_norm;
+  std::shared_ptr<SelfAttention> attn;
+  std::shared_ptr<Norm> mlp_norm;
+  std::shared_ptr<FeedForward> mlp;
+};
+
+// logits = norm(x) @ W^T, W the head's own (V, D) or the token embedding's.  (B, T, D) -> (B, T, V)
+class HeadBlock : public Block {
+ public:
+  HeadBlock(const DecoderOptions& o, at::Tensor tied_weight)
+      : norm_(register_module("norm", std::make_shared<Norm>(o))), tied_(tied_weight.defined()) {
+    // A tied weight is not registered again: one parameter, two uses.
+    weight_ = tied_ ? std::move(tied_weight) : register_module("lm_head", std::make_shared<Linear>(o.n_embd, o.vocab_size, false))->weight;
+  }
+
+  Tensor forward(const Tensor& x) override { return linear(norm_->forward(x), param_like(x, weight_)); }
+  std::vector<at::Tensor> shared_parameters() const override {
+    return tied_ ? std::vector<at::Tensor>{weight_} : std::vector<at::Tensor>{};
+  }
+
+ private:
+  std::shared_ptr<Norm> norm_;
+  bool tied_;
+  at::Tensor weight_;
+};
+
+}  // namespace
+
+Decoder::Decoder(const DecoderOptions& o) : options_(o) {
+  const std::string problem = o.problem();
+  TORCH_CHECK(problem.empty(), "decoder: ", problem);
+  auto embed = std::make_shared<EmbeddingBlock>(o);
+  add_block("embed", embed);
+  std::vector<std::shared_ptr<DecoderLayer>> layers;
+  for (int64_t i = 0; i < o.n_layer; ++i) {
+    layers.push_back(std::make_shared<DecoderLayer>(o));
+    add_block("h" + std::to_string(i), layers.back());
+  }
+  add_block("head", std::make_shared<HeadBlock>(o, o.tied() ? embed->wte->weight : at::Tensor()));
+
+  // GPT-2's initialization, which torchtitan's Llama follows in spirit: matrices N(0, 0.02), the
+  // projections onto the residual stream N(0, 0.02 / sqrt(2 n_layer)), biases 0, norms 1.
+  at::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    at::Tensor& p = item.value();
+    if (p.dim() >= 2) {
+      p.normal_(0.0, 0.02);
+    } else if (item.key().find("norm") == std::string::npos) {
+      p.zero_();
+    }
+  }
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer));
+  for (auto& layer : layers) {
+    layer->attn->wo->weight.normal_(0.0, residual_std);
+    layer->mlp->out().weight.normal_(0.0, residual_std);
+  }
+}
+
+Tensor Decoder::loss(const Tensor& output, const Tensor& target) {
+  const int64_t v = output.size(-1);
+  return cross_entropy(reshape(output, {-1, v}), reshape(target, {-1}));
+}
+
+}  // namespace ht

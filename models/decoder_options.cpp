@@ -1,0 +1,78 @@
+#include "models/decoder_options.h"
+
+namespace ht {
+
+DecoderOptions DecoderOptions::gpt2(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
+                                    int64_t n_embd, double dropout) {
+  DecoderOptions o;
+  o.family = DecoderFamily::kGpt2;
+  o.vocab_size = vocab_size;
+  o.block_size = block_size;
+  o.n_layer = n_layer;
+  o.n_head = n_head;
+  o.n_embd = n_embd;
+  o.dropout = dropout;
+  return o;
+}
+
+DecoderOptions DecoderOptions::llama(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
+                                     int64_t n_kv_heads, int64_t n_embd) {
+  DecoderOptions o;
+  o.family = DecoderFamily::kLlama;
+  o.vocab_size = vocab_size;
+  o.block_size = block_size;
+  o.n_layer = n_layer;
+  o.n_head = n_head;
+  o.n_kv_heads = n_kv_heads;
+  o.n_embd = n_embd;
+  o.tie_embeddings = false;
+  return o;
+}
+
+// Meta's rule (llama/model.py, FeedForward): int(2 * 4d / 3), times the multiplier, rounded up.
+// Llama 3 8B: 4096 -> 10922 -> 14198 (x 1.3) -> 14336 (multiple of 1024).
+int64_t DecoderOptions::mlp_hidden() const {
+  if (!is_llama()) return 4 * n_embd;
+  int64_t hidden = 2 * (4 * n_embd) / 3;
+  if (ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
+  const int64_t m = multiple_of > 0 ? multiple_of : 1;
+  return m * ((hidden + m - 1) / m);
+}
+
+int64_t DecoderOptions::parameter_count() const {
+  const int64_t d = n_embd, hd = head_dim(), q = n_head * hd, kv = kv_heads() * hd, f = mlp_hidden();
+  const bool bias = !is_llama();
+  const int64_t norm = bias ? 2 * d : d;
+  const int64_t attention = d * q + 2 * d * kv + q * d + (bias ? q + 2 * kv + d : 0);
+  const int64_t mlp = is_llama() ? 3 * d * f : 2 * d * f + f + d;
+  const int64_t layer = 2 * norm + attention + mlp;
+  const int64_t embed = vocab_size * d + (is_llama() ? 0 : block_size * d);
+  const int64_t head = norm + (tied() ? 0 : vocab_size * d);
+  return embed + n_layer * layer + head;
+}
+
+std::string DecoderOptions::problem() const {
+  auto str = [](int64_t v) { return std::to_string(v); };
+  if (vocab_size < 1 || block_size < 1 || n_layer < 1 || n_head < 1 || n_embd < 1) {
+    return "model.vocab_size, block_size, n_layer, n_head and n_embd must be at least 1";
+  }
+  if (n_embd % n_head != 0) {
+    return "model.n_embd = " + str(n_embd) + " is not a multiple of model.n_head = " + str(n_head) +
+           "; choose n_head dividing n_embd";
+  }
+  if (kv_heads() > n_head || n_head % kv_heads() != 0) {
+    return "model.n_head = " + str(n_head) + " is not a multiple of model.n_kv_heads = " + str(kv_heads()) +
+           "; choose n_kv_heads dividing n_head";
+  }
+  if (!is_llama() && n_kv_heads != 0 && n_kv_heads != n_head) {
+    return "model.n_kv_heads applies to llama only (GPT-2 has one key/value head per head)";
+  }
+  if (is_llama() && head_dim() % 2 != 0) {
+    return "rotary positions need an even head dimension; model.n_embd / model.n_head is " + str(head_dim());
+  }
+  if (is_llama() && rope_theta <= 1.0) return "model.rope_theta must be above 1";
+  if (norm_eps <= 0) return "model.norm_eps must be positive";
+  return {};
+}
+
+}  // namespace ht

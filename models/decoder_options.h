@@ -1,0 +1,68 @@
+#pragma once
+// The shape of a decoder-only transformer, as plain data: one set of options serves GPT-2 and
+// the Llama family (models/decoder.h builds it). What the shape alone determines (the MLP's
+// hidden width by the family's rule, the parameter count) is computed here without building
+// anything, so a 70B shape can be printed, checked and refused before a byte is allocated.
+//
+//                 GPT-2                          Llama (2, 3)
+//   positions     learned (wpe)                  rotary (rope_theta), on q and k
+//   norm          LayerNorm with bias            RMSNorm, weight only
+//   MLP           GELU (tanh), 4 x n_embd        SwiGLU, hidden by ffn_dim_multiplier/multiple_of
+//   attention     n_head heads, biases           grouped-query (n_kv_heads), no biases
+//   output head   tied to the token embedding    tied or not (tie_embeddings)
+
+#include "base/choice.h"
+
+#include <cstdint>
+#include <string>
+
+namespace ht {
+
+enum class DecoderFamily : uint8_t { kGpt2, kLlama };
+template <>
+struct ChoiceNames<DecoderFamily> {
+  static constexpr std::pair<DecoderFamily, const char*> table[] = {{DecoderFamily::kGpt2, "gpt"},
+                                                                    {DecoderFamily::kLlama, "llama"}};
+};
+
+struct DecoderOptions {
+  DecoderFamily family = DecoderFamily::kGpt2;
+  int64_t vocab_size = 256;
+  int64_t block_size = 128;  // longest sequence (GPT-2: rows of the position table)
+  int64_t n_layer = 6;
+  int64_t n_head = 8;
+  int64_t n_kv_heads = 0;  // Llama: key/value heads (grouped-query attention); 0: n_head
+  int64_t n_embd = 256;
+  // Llama's MLP width: 2/3 of 4 x n_embd, times ffn_dim_multiplier (0: none), rounded up to a
+  // multiple of multiple_of. GPT-2's is 4 x n_embd.
+  double ffn_dim_multiplier = 0;
+  int64_t multiple_of = 256;
+  double rope_theta = 10000;  // Llama 2: 10000; Llama 3: 500000
+  double norm_eps = 1e-5;
+  bool tie_embeddings = true;  // GPT-2 always ties; Llama 3 8B and 70B do not
+  double dropout = 0.0;        // GPT-2: embeddings, attention probabilities, residual branches
+  // Attention composed of matmul, masked_fill, softmax, dropout and matmul, which saves the
+  // T x T scores and probabilities for backward: the baseline of bench/attention.cpp and an
+  // oracle in tests. Never from a config: the attention op computes the same function.
+  bool naive_attention = false;
+
+  // GPT-2's layout at the given size.
+  static DecoderOptions gpt2(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
+                             int64_t n_embd, double dropout);
+  // Llama's layout at the given size (multiple_of 256, no multiplier, theta 10000, untied).
+  static DecoderOptions llama(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
+                              int64_t n_kv_heads, int64_t n_embd);
+
+  bool is_llama() const { return family == DecoderFamily::kLlama; }
+  bool tied() const { return !is_llama() || tie_embeddings; }
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_head; }
+  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t mlp_hidden() const;
+  // Every parameter, counted from the shape (a tied matrix once).
+  int64_t parameter_count() const;
+  // What is wrong with the shape, or empty: widths that do not divide, odd head dimension for
+  // rotary positions, and the like. Keys are named as in [model].
+  std::string problem() const;
+};
+
+}  // namespace ht
