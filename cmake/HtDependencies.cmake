@@ -1,7 +1,8 @@
 # The libraries hybrid_train builds on, found as Debian installs them, or, on a machine without
 # them (the GPU machine: PyTorch's libtorch, no Debian packages), from HT_DEPS_DIR, the folder
-# scripts/device-deps.sh fills here and the device tool carries there: CLI11's and toml++'s
-# headers (header-only), zlib's headers, GoogleTest's sources. Each target has one name either way.
+# scripts/device-deps.sh fills here and the device tool carries there: CLI11's, toml++'s and
+# nlohmann/json's headers (header-only), zlib's headers, GoogleTest's sources. Each target has
+# one name either way.
 
 set(HT_DEPS_DIR "" CACHE PATH "headers and sources for a machine without Debian's packages (scripts/device-deps.sh)")
 
@@ -26,6 +27,17 @@ if(NOT TARGET tomlplusplus::tomlplusplus)
   add_library(tomlplusplus::tomlplusplus INTERFACE IMPORTED)
   target_include_directories(tomlplusplus::tomlplusplus INTERFACE ${HT_TOML_INCLUDE})
   target_compile_definitions(tomlplusplus::tomlplusplus INTERFACE TOML_HEADER_ONLY=1)
+endif()
+
+# nlohmann/json (header-only): safetensors headers and transformers' config.json (launcher/export/).
+find_package(nlohmann_json 3 QUIET)
+if(NOT TARGET nlohmann_json::nlohmann_json)
+  find_path(HT_NLOHMANN_JSON_INCLUDE nlohmann/json.hpp HINTS ${HT_DEPS_DIR}/include)
+  if(NOT HT_NLOHMANN_JSON_INCLUDE)
+    message(FATAL_ERROR "nlohmann/json not found: install nlohmann-json3-dev, or give -DHT_DEPS_DIR=<folder with include/nlohmann>")
+  endif()
+  add_library(nlohmann_json::nlohmann_json INTERFACE IMPORTED)
+  target_include_directories(nlohmann_json::nlohmann_json INTERFACE ${HT_NLOHMANN_JSON_INCLUDE})
 endif()
 
 # zlib: every Linux has libz.so.1; a machine without zlib1g-dev lacks its headers and the

@@ -8,7 +8,8 @@
 #   run(command="bash scripts/device-build.sh", carry=[".deps"])   (there)
 #
 # It first prints what the machine has (compilers, CUDA, PyTorch, NCCL, MPI, the GPU), then
-# configures without COIN-OR CBC (static plans use the segments heuristic) and without MPI unless
+# configures without COIN-OR CBC (static plans use the segments heuristic), without SentencePiece
+# (no tokenize command; token files tokenized elsewhere train there) and without MPI unless
 # mpirun and its headers are there, and builds the targets given (default: hybrid_train and the
 # engine's test programs). Environment: PYTHON (default python3), HT_DEVICE_CMAKE_ARGS (more
 # cmake arguments), HT_BUILD_DIR (default build-device).
@@ -40,7 +41,7 @@ prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 [ -d .deps/include ] || { echo "device-build: .deps/ is missing: run bash scripts/device-deps.sh on the build machine and carry .deps" >&2; exit 2; }
 
 args=(-S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DHT_DEPS_DIR="$PWD/.deps"
-      -DHT_REQUIRE_CBC=OFF -DHT_BUILD_BENCH=ON)
+      -DHT_REQUIRE_CBC=OFF -DHT_REQUIRE_SENTENCEPIECE=OFF -DHT_BUILD_BENCH=ON)
 command -v ninja >/dev/null && [ ! -f "$build/Makefile" ] && args+=(-G Ninja)
 [ -d /usr/local/cuda ] && args+=(-DCUDAToolkit_ROOT=/usr/local/cuda)
 # libtorch's CMake probes the GPU for its architecture list when none is given.

@@ -2,18 +2,19 @@
 # Fills .deps/ (ignored by git) with what the GPU machine lacks and the build needs, from this
 # machine's Debian packages, for the device tool to carry there (`carry: [".deps"]`):
 #   .deps/include/CLI, .deps/include/toml++   CLI11 and toml++ (header-only there)
+#   .deps/include/nlohmann                    nlohmann/json (header-only)
 #   .deps/include/zlib.h, zconf.h             zlib's headers (every Linux has libz.so.1)
 #   .deps/googletest                          GoogleTest's sources, built there with the tests
 # COIN-OR CBC and Open MPI are not carried: the device build goes without the MIP (static plans
 # take the segments heuristic) and without MPI (one GPU). scripts/device-build.sh uses .deps/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for f in /usr/include/CLI/CLI.hpp /usr/include/toml++/toml.h /usr/include/zlib.h /usr/src/googletest/CMakeLists.txt; do
+for f in /usr/include/CLI/CLI.hpp /usr/include/toml++/toml.h /usr/include/nlohmann/json.hpp /usr/include/zlib.h /usr/src/googletest/CMakeLists.txt; do
   [ -e "$f" ] || { echo "device-deps: $f is missing; run bash scripts/install-deps.sh --tests first" >&2; exit 2; }
 done
 rm -rf .deps
 mkdir -p .deps/include
-cp -r /usr/include/CLI /usr/include/toml++ .deps/include/
+cp -r /usr/include/CLI /usr/include/toml++ /usr/include/nlohmann .deps/include/
 cp /usr/include/zlib.h /usr/include/zconf.h .deps/include/
 cp -r /usr/src/googletest .deps/googletest
 echo "device-deps: .deps/ holds $(du -sh .deps | cut -f1) (the device tool carries up to 64 MiB)"

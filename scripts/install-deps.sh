@@ -10,12 +10,15 @@ packages=(
   cmake g++ make ccache pkg-config zlib1g-dev
   libtorch-dev libopenblas0-pthread      # without OpenBLAS, libtorch falls back to reference BLAS
   libopenmpi-dev openmpi-bin
-  libcli11-dev libtomlplusplus-dev
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   coinor-libcbc-dev                      # the MIP solver of static plans (schedule/)
+  libsentencepiece-dev                   # the tokenizer: hybrid_train tokenize, data.tokenizer
   python3                                # scripts/memory_timeline.py
   dataset-fashion-mnist
+  python3-doc                            # English text for tokenizing: the Python docs' reST sources
 )
-if [ "${1:-}" = "--tests" ]; then packages+=(googletest libgtest-dev libgmock-dev chromium); fi
+# python3-torch and python3-numpy: the independent reference of the Hugging Face export (tests/python/).
+if [ "${1:-}" = "--tests" ]; then packages+=(googletest libgtest-dev libgmock-dev chromium python3-torch python3-numpy); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
