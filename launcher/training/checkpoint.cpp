@@ -260,6 +260,17 @@ TrainerState CheckpointStore::load(const std::string& folder, Model& model, torc
   }
 }
 
+void CheckpointStore::load_model(const std::string& folder, Model& model) {
+  try {
+    read_model(model, fs::path(folder) / "model.pt");
+  } catch (const UserError& e) {
+    throw UserError(folder + ": this checkpoint does not fit the model its run's config describes: " + e.what());
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw UserError(folder + "/model.pt: cannot read it: " + what.substr(0, what.find('\n')));
+  }
+}
+
 std::optional<std::string> resolve_resume(const std::string& resume, const std::string& dir,
                                           std::vector<std::string>& warnings) {
   if (resume.empty()) return std::nullopt;

@@ -37,6 +37,9 @@ class CheckpointStore {
   static std::string verify(const std::string& folder);
   // Loads a verified checkpoint; throws UserError if it does not fit the model or optimizer.
   static TrainerState load(const std::string& folder, Model& model, torch::optim::Optimizer& optimizer);
+  // Loads only the model's parameters and buffers (hybrid_train export and sample); UserError if
+  // they do not fit the model.
+  static void load_model(const std::string& folder, Model& model);
 
  private:
   std::string dir_;
