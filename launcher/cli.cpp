@@ -157,9 +157,55 @@ CommandLine parse_report_command_line(int argc, const char* const* argv) {
   return cl;
 }
 
+CommandLine parse_tokenize_command_line(int argc, const char* const* argv) {
+  CommandLine cl;
+  cl.tokenize = true;
+  TokenizeArgs& a = cl.tokenize_args;
+  CLI::App app{"hybrid_train tokenize: trains a SentencePiece tokenizer on text files (or loads one) and encodes "
+               "them into a token file in llm.c's format, for data.dataset = \"tokens\". E.g. hybrid_train tokenize "
+               "--input '/usr/share/doc/python3.11/html/_sources/**/*.rst.txt' --model-prefix data/pydoc "
+               "--output data/pydoc.bin --eval-fraction 0.05"};
+  app.name("hybrid_train tokenize");
+  std::string model_type = "bpe";
+  app.add_option("--input", a.inputs, "text files, globs (quoted; ** crosses folders) or folders (every file below), "
+                                      "in the order given, each glob's and folder's files sorted")->expected(1, -1);
+  app.add_option("--model-prefix", a.model_prefix, "train a tokenizer; write PREFIX.model and PREFIX.vocab");
+  app.add_option("--model", a.model, "encode with this tokenizer (a PREFIX.model written before)");
+  app.add_option("--output", a.output, "the token file to write, PATH.bin (uint16 when the vocabulary fits in 65536 "
+                                       "ids, else uint32); without it, train the tokenizer only");
+  app.add_option("--vocab-size", a.vocab_size, "pieces of a trained tokenizer (at least 256 + 4 + the text's "
+                                               "distinct characters: bytes fall back)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->capture_default_str();
+  app.add_option("--model-type", model_type, "bpe or unigram")->check(CLI::IsMember({"bpe", "unigram"}))->capture_default_str();
+  app.add_option("--eval-fraction", a.eval_fraction, "the last share of the text (from a line's start) to PATH_val.bin "
+                                                     "(data.eval_path)")
+      ->check(CLI::Range(0.0, 0.5))->capture_default_str();
+  app.add_option("--max-sentences", a.max_sentences, "lines sampled to train on (bounds time and memory; every line "
+                                                     "is encoded)")
+      ->check(CLI::Range(int64_t{1000}, int64_t{1} << 40))->capture_default_str();
+  try {
+    app.parse(argc - 1, argv + 1);
+  } catch (const CLI::ParseError& e) {
+    cl.exit_code = app.exit(e) == 0 ? 0 : kUserErrorExitCode;
+    return cl;
+  }
+  a.model_type = *parse_choice<TokenizerModel>(model_type);
+  return cl;
+}
+
 CommandLine parse_command_line(int argc, const char* const* argv) {
   if (argc >= 2 && std::string(argv[1]) == "plan") return parse_plan_command_line(argc, argv);
   if (argc >= 2 && std::string(argv[1]) == "report") return parse_report_command_line(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "tokenize") return parse_tokenize_command_line(argc, argv);
+  if (argc >= 2 && (std::string(argv[1]) == "export" || std::string(argv[1]) == "sample")) {
+    CommandLine cl;
+    if (std::string(argv[1]) == "export") {
+      cl.exit_code = parse_export_args(argc, argv, cl.export_args.emplace());
+    } else {
+      cl.exit_code = parse_sample_args(argc, argv, cl.sample_args.emplace());
+    }
+    return cl;
+  }
   CommandLine cl;
   CLI::App app{"hybrid_train: trains the model a config file describes, through an interpreter that can "
                "trade compute for memory."};
@@ -170,7 +216,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   bool markdown = false;
   app.add_flag("--config-reference-markdown", markdown, "print the config reference as Markdown and exit")
       ->group("");  // hidden: docs/config-reference.md is generated with it
-  app.footer("\nhybrid_train plan CONFIG.toml --help: the planner.\nhybrid_train report RUN_DIR: a run's report.html.\n" +
+  app.footer("\nhybrid_train plan CONFIG.toml --help: the planner.\nhybrid_train report RUN_DIR: a run's report.html.\n"
+             "hybrid_train tokenize --help: text files to a SentencePiece tokenizer and token files.\n"
+             "hybrid_train export RUN_DIR --help: a run's weights as a Hugging Face checkpoint.\n"
+             "hybrid_train sample RUN_DIR --prompt TEXT --help: text from a run's weights.\n" +
              config_reference_text() +
              "\nOverrides win over the file and are type-checked like it, e.g. --training.steps=20.");
   try {

@@ -3,7 +3,9 @@
 #include "launcher/config/config_text.h"
 #include "launcher/config/config_validation.h"
 #include "launcher/data/dataset.h"
+#include "launcher/export/hf_checkpoint.h"
 #include "launcher/model_factory.h"
+#include "launcher/planning/model_size.h"
 #include "launcher/planning/run_check.h"
 #include "launcher/report/html_report.h"
 #include "launcher/report/run_output.h"
@@ -61,6 +63,7 @@ JsonObject summary_of(const Config& c, int64_t model_parameters, const TrainResu
     s.add("eval_loss", r.eval->loss);
     if (r.eval->accuracy) s.add("eval_accuracy", *r.eval->accuracy);
     if (r.eval->perplexity) s.add("eval_perplexity", *r.eval->perplexity);
+    if (r.eval->bits_per_byte) s.add("eval_bits_per_byte", *r.eval->bits_per_byte);
   }
   return s;
 }
@@ -147,6 +150,7 @@ void report(const Config& config, int64_t model_parameters, const TrainResult& r
               result.final_loss);
   if (result.eval && result.eval->accuracy) std::printf(", eval accuracy %.4f", *result.eval->accuracy);
   if (result.eval && result.eval->perplexity) std::printf(", eval perplexity %.3f", *result.eval->perplexity);
+  if (result.eval && result.eval->bits_per_byte) std::printf(" (%.3f bits per byte)", *result.eval->bits_per_byte);
   std::printf("; outputs in %s\n", config.job.output_dir.c_str());
 }
 
@@ -166,8 +170,10 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
 
   // Everything that can fail on bad input happens before anything is written: the data, then the
   // prediction of this run's peak (a run that cannot fit is refused here, not at its first OOM).
-  DataSplits data = make_datasets(config);
+  if (config.model.vocab_size > 0) refuse_a_model_too_large_here(config, config.model.vocab_size, grid->local_size, "train");
+  DataSplits data = make_datasets(config, root && !quiet);  // token files: one rank shows their check
   const DataInfo info = data.info;
+  refuse_a_model_too_large_here(config, info.classes, grid->local_size, "train");
   const RunPrediction predicted = check_run_fits(config, data, *grid);
   // Every pool a rank computes with gets the same count; by default the ranks on a host share
   // its hardware threads (libtorch's own default, physical cores, ignores both OpenBLAS and them).
@@ -210,6 +216,9 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
     std::optional<HostAllocationScope> whole_model_on_host;
     if (config.parallel.pipeline_parallel > 1) whole_model_on_host.emplace();
     model = make_model(config, info);
+    for (const std::string& w : initialize_from_hf(*model, config, decoder_options(config.model, info.classes))) {
+      if (root) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
+    }
     model->move_to(at::Device(config.training.device), at::kFloat);
     if (config.training.channels_last) channels_last = model->use_channels_last() > 0;
   } catch (const OutOfBudget&) {

@@ -1,5 +1,6 @@
 // hybrid_train CONFIG.toml [--section.key=value ...]: parse, build, train, report. Under mpirun
-// every rank runs this; rank 0 prints and writes. hybrid_train plan CONFIG.toml: the planner.
+// every rank runs this; rank 0 prints and writes. hybrid_train plan CONFIG.toml: the planner;
+// hybrid_train tokenize: text to token files.
 #include "launcher/cli.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/config/config_validation.h"
@@ -44,9 +45,18 @@ int main(int argc, char** argv) {
   try {
     const ht::CommandLine cl = ht::parse_command_line(argc, argv);
     if (cl.exit_code >= 0) return cl.exit_code;
+    if (cl.export_args) return ht::run_export(*cl.export_args);
+    if (cl.sample_args) return ht::run_sample(*cl.sample_args);
     if (!cl.report_dir.empty()) {
       std::printf("report: %s\n", ht::write_html_report(cl.report_dir).c_str());
       return 0;
+    }
+    if (cl.tokenize) {
+      if (grid.world > 1) {
+        throw ht::UserError("hybrid_train tokenize runs as one process (its encoding uses every core); start it "
+                            "without mpirun (or srun)");
+      }
+      return ht::run_tokenize_command(cl.tokenize_args);
     }
     ht::LoadedConfig loaded = ht::load_config(cl.config_path, cl.overrides);
     if (cl.plan) {

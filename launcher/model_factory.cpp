@@ -2,7 +2,7 @@
 
 #include "launcher/user_error.h"
 #include "models/convnet.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 #include "models/resnet.h"
 #include "models/supernet.h"
@@ -21,6 +21,20 @@ int64_t square_image_size(const Config& c, const DataInfo& data) {
 }
 
 }  // namespace
+
+DecoderOptions decoder_options(const ModelConfig& m, int64_t data_vocab) {
+  DecoderOptions o = m.name == ModelKind::kLlama
+                         ? DecoderOptions::llama(data_vocab, m.block_size, m.n_layer, m.n_head, m.n_kv_heads, m.n_embd)
+                         : DecoderOptions::gpt2(data_vocab, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout);
+  if (m.vocab_size > 0) o.vocab_size = m.vocab_size;
+  o.ffn_dim_multiplier = m.ffn_dim_multiplier;
+  o.multiple_of = m.multiple_of;
+  o.rope_theta = m.rope_theta;
+  o.norm_eps = m.norm_eps;
+  o.tie_embeddings = m.name == ModelKind::kGpt || m.tie_embeddings;
+  o.dropout = m.dropout;
+  return o;
+}
 
 std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data) {
   const ModelConfig& m = c.model;
@@ -48,8 +62,13 @@ std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data) {
     const int64_t size = square_image_size(c, data);
     return std::make_shared<Supernet>(SupernetOptions{data.sample_shape[0], size, m.width, m.num_blocks, data.classes});
   }
-  TORCH_INTERNAL_ASSERT(m.name == ModelKind::kGpt, "unknown model ", choice_name(m.name), " passed validation");
-  return std::make_shared<Gpt>(GptOptions{data.classes, m.block_size, m.n_layer, m.n_head, m.n_embd, m.dropout});
+  TORCH_INTERNAL_ASSERT(is_decoder(m.name), "unknown model ", choice_name(m.name), " passed validation");
+  if (m.vocab_size > 0 && m.vocab_size < data.classes) {
+    throw UserError(c.source + ": model.vocab_size = " + std::to_string(m.vocab_size) + " is smaller than the data's " +
+                    std::to_string(data.classes) + " token ids (" + data.description +
+                    "); use at least that, or 0 for the data's");
+  }
+  return std::make_shared<Decoder>(decoder_options(m, data.classes));
 }
 
 }  // namespace ht

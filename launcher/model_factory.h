@@ -4,11 +4,16 @@
 
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
+#include "models/decoder_options.h"
 #include "models/model.h"
 
 #include <memory>
 
 namespace ht {
+
+// The decoder's shape from [model] (model.name = "gpt" or "llama"), for a vocabulary of
+// `data_vocab` tokens unless model.vocab_size says more.
+DecoderOptions decoder_options(const ModelConfig& model, int64_t data_vocab);
 
 // Throws UserError when the model and the data do not fit together.
 std::shared_ptr<Model> make_model(const Config& config, const DataInfo& data);

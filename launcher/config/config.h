@@ -16,20 +16,30 @@
 
 namespace ht {
 
-enum class ModelKind : uint8_t { kMlp, kConvnet, kResnet, kGpt, kSupernet };
+enum class ModelKind : uint8_t { kMlp, kConvnet, kResnet, kGpt, kSupernet, kLlama };
 template <>
 struct ChoiceNames<ModelKind> {
   static constexpr std::pair<ModelKind, const char*> table[] = {
       {ModelKind::kMlp, "mlp"}, {ModelKind::kConvnet, "convnet"}, {ModelKind::kResnet, "resnet"},
-      {ModelKind::kGpt, "gpt"}, {ModelKind::kSupernet, "supernet"}};
+      {ModelKind::kGpt, "gpt"}, {ModelKind::kSupernet, "supernet"}, {ModelKind::kLlama, "llama"}};
 };
-// Whether a model takes images (every one but gpt, which takes tokens).
-inline bool takes_images(ModelKind m) { return m != ModelKind::kGpt; }
-enum class DatasetKind : uint8_t { kFashionMnist, kSynthetic, kText };
+// The decoder-only transformers (models/decoder.h): GPT-2's layout and the Llama family's.
+inline bool is_decoder(ModelKind m) { return m == ModelKind::kGpt || m == ModelKind::kLlama; }
+// Whether a model takes images (every one but the decoders, which take tokens).
+inline bool takes_images(ModelKind m) { return !is_decoder(m); }
+enum class DatasetKind : uint8_t { kFashionMnist, kSynthetic, kText, kTokens };
 template <>
 struct ChoiceNames<DatasetKind> {
   static constexpr std::pair<DatasetKind, const char*> table[] = {
-      {DatasetKind::kFashionMnist, "fashion_mnist"}, {DatasetKind::kSynthetic, "synthetic"}, {DatasetKind::kText, "text"}};
+      {DatasetKind::kFashionMnist, "fashion_mnist"}, {DatasetKind::kSynthetic, "synthetic"}, {DatasetKind::kText, "text"},
+      {DatasetKind::kTokens, "tokens"}};
+};
+// data.token_dtype: how token files store a token: as llm.c's header says, or headerless uint16/uint32.
+enum class TokenDtype : uint8_t { kHeader, kUint16, kUint32 };
+template <>
+struct ChoiceNames<TokenDtype> {
+  static constexpr std::pair<TokenDtype, const char*> table[] = {
+      {TokenDtype::kHeader, "header"}, {TokenDtype::kUint16, "uint16"}, {TokenDtype::kUint32, "uint32"}};
 };
 enum class OptimizerKind : uint8_t { kSgd, kAdamw };
 template <>
@@ -66,16 +76,28 @@ struct ModelConfig {
   int64_t width = 64;                            // resnet, supernet
   std::vector<int64_t> stage_blocks;             // resnet
   bool small_input = true;                       // resnet
-  int64_t n_layer = 6, n_head = 8, n_embd = 256;  // gpt
-  int64_t block_size = 128;                      // gpt
+  int64_t n_layer = 6, n_head = 8, n_embd = 256;  // gpt, llama
+  int64_t block_size = 128;                      // gpt, llama
+  int64_t vocab_size = 0;                        // gpt, llama; 0: the data's
+  int64_t n_kv_heads = 0;                        // llama; 0: n_head
+  double ffn_dim_multiplier = 0;                 // llama; 0: none
+  int64_t multiple_of = 256;                     // llama
+  double rope_theta = 10000;                     // llama
+  double norm_eps = 1e-5;                        // gpt, llama
+  bool tie_embeddings = false;                   // llama (gpt always ties)
+  std::string init_from;                         // gpt, llama: a Hugging Face checkpoint to start from
   int64_t num_blocks = 4;                        // supernet
-  double dropout = 0.0;                          // mlp, convnet, gpt
+  double dropout = 0.0;                          // mlp, convnet, gpt, llama
 };
 
 struct DataConfig {
   DatasetKind dataset = DatasetKind::kFashionMnist;  // required
-  std::string path;                          // folder (fashion_mnist) or file (text)
-  double eval_fraction = 0.1;                // text: share held out for evaluation
+  std::string path;                          // folder (fashion_mnist), file (text), file or glob (tokens)
+  std::string eval_path;                     // tokens: file or glob of the held-out split; empty: the tail
+  double eval_fraction = 0.1;                // text, tokens: share held out for evaluation
+  TokenDtype token_dtype = TokenDtype::kHeader;  // tokens: llm.c's header, or headerless uint16/uint32
+  int64_t vocab_size = 0;                    // tokens: 0: from the header's format
+  std::string tokenizer;                     // text: a SentencePiece model; empty: characters
   int64_t synthetic_samples = 4096;
   int64_t synthetic_eval_samples = 1024;
   std::vector<int64_t> synthetic_shape{3, 32, 32};

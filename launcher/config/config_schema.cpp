@@ -94,28 +94,79 @@ void add_model_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::model, &ModelConfig::small_input, "model", "small_input",
                     "3x3 stride-1 stem for small images; false: ImageNet's 7x7 stride-2 stem and max pool")
                   .only_for_models({ModelKind::kResnet}));
-  f.push_back(Field(&C::model, &ModelConfig::n_layer, "model", "n_layer", "transformer blocks").min(1).only_for_models({ModelKind::kGpt}));
-  f.push_back(Field(&C::model, &ModelConfig::n_head, "model", "n_head", "attention heads").min(1).only_for_models({ModelKind::kGpt}));
-  f.push_back(Field(&C::model, &ModelConfig::n_embd, "model", "n_embd", "embedding width").min(1).only_for_models({ModelKind::kGpt}));
+  const std::vector<ModelKind> decoders{ModelKind::kGpt, ModelKind::kLlama};
+  f.push_back(Field(&C::model, &ModelConfig::n_layer, "model", "n_layer", "transformer blocks").min(1).only_for_models(decoders));
+  f.push_back(Field(&C::model, &ModelConfig::n_head, "model", "n_head", "attention heads").min(1).only_for_models(decoders));
+  f.push_back(Field(&C::model, &ModelConfig::n_embd, "model", "n_embd", "embedding width").min(1).only_for_models(decoders));
   f.push_back(Field(&C::model, &ModelConfig::block_size, "model", "block_size", "sequence length (tokens per sample)")
-                  .min(1).only_for_models({ModelKind::kGpt}));
+                  .min(1).only_for_models(decoders));
+  f.push_back(Field(&C::model, &ModelConfig::vocab_size, "model", "vocab_size",
+                    "token ids the embedding holds; 0: the data's vocabulary (larger: padded, as GPT-2's 50304)")
+                  .min(0).only_for_models(decoders));
+  f.push_back(Field(&C::model, &ModelConfig::n_kv_heads, "model", "n_kv_heads",
+                    "key/value heads (grouped-query attention), dividing n_head; 0: n_head")
+                  .min(0).only_for_models({ModelKind::kLlama}));
+  f.push_back(Field(&C::model, &ModelConfig::ffn_dim_multiplier, "model", "ffn_dim_multiplier",
+                    "SwiGLU width: 2/3 of 4 x n_embd times this (Llama 3: 1.3); 0: none")
+                  .min(0).only_for_models({ModelKind::kLlama}));
+  f.push_back(Field(&C::model, &ModelConfig::multiple_of, "model", "multiple_of",
+                    "SwiGLU width rounded up to a multiple of this (Llama 3 8B: 1024)")
+                  .min(1).only_for_models({ModelKind::kLlama}));
+  f.push_back(Field(&C::model, &ModelConfig::rope_theta, "model", "rope_theta",
+                    "rotary positions' base (Llama 2: 10000, Llama 3: 500000)")
+                  .min(1.0001).only_for_models({ModelKind::kLlama}));
+  f.push_back(Field(&C::model, &ModelConfig::norm_eps, "model", "norm_eps", "epsilon of LayerNorm (gpt) or RMSNorm (llama)")
+                  .min(1e-12).only_for_models(decoders));
+  f.push_back(Field(&C::model, &ModelConfig::tie_embeddings, "model", "tie_embeddings",
+                    "the output head uses the token embedding's weight (gpt always does)")
+                  .only_for_models({ModelKind::kLlama}));
+  f.push_back(Field(&C::model, &ModelConfig::init_from, "model", "init_from",
+                    "start from these weights: a Hugging Face checkpoint (a folder with model.safetensors and "
+                    "config.json, e.g. one hybrid_train export wrote, or a .safetensors file) of the configured "
+                    "shape; empty: random initialization")
+                  .only_for_models(decoders));
   f.push_back(Field(&C::model, &ModelConfig::num_blocks, "model", "num_blocks", "choice blocks")
                   .min(1).only_for_models({ModelKind::kSupernet}));
   f.push_back(Field(&C::model, &ModelConfig::dropout, "model", "dropout", "dropout probability")
-                  .min(0).max(0.99).only_for_models({ModelKind::kMlp, ModelKind::kConvnet, ModelKind::kGpt}));
+                  .min(0).max(0.99).only_for_models({ModelKind::kMlp, ModelKind::kConvnet, ModelKind::kGpt, ModelKind::kLlama}));
 }
 
 void add_data_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::data, &DataConfig::dataset, "data", "dataset",
-                    "fashion_mnist (idx files), synthetic (generated, learnable), text (characters of a file, for gpt)")
+                    "fashion_mnist (idx files), synthetic (generated, learnable), text (characters of a file, or its "
+                    "SentencePiece tokens), tokens (token files: llm.c's .bin shards or headerless uint16/uint32, "
+                    "memory-mapped)")
                   .required());
   f.push_back(Field(&C::data, &DataConfig::path, "data", "path",
-                    "fashion_mnist: folder of the idx files (default: Debian's); text: the file")
-                  .only_when("data.dataset = fashion_mnist or text",
+                    "fashion_mnist: folder of the idx files (default: Debian's); text: the file, or a glob or folder of files joined in path order; tokens: a file or a "
+                    "glob of shards, e.g. \"data/fineweb_train_*.bin\" (sorted)")
+                  .only_when("data.dataset = fashion_mnist, text or tokens",
                              [](const Config& c) { return c.data.dataset != DatasetKind::kSynthetic; }));
-  f.push_back(Field(&C::data, &DataConfig::eval_fraction, "data", "eval_fraction", "share of the text held out for evaluation")
+  auto token_files = [](const Config& c) { return c.data.dataset == DatasetKind::kTokens; };
+  f.push_back(Field(&C::data, &DataConfig::eval_path, "data", "eval_path",
+                    "tokens: a file or glob of the held-out split; empty: the last eval_fraction of the windows")
+                  .only_when("data.dataset = tokens", token_files));
+  f.push_back(Field(&C::data, &DataConfig::eval_fraction, "data", "eval_fraction",
+                    "share of the text (or of the token windows) held out for evaluation")
                   .min(0.001).max(0.5)
-                  .only_when("data.dataset = text", [](const Config& c) { return c.data.dataset == DatasetKind::kText; }));
+                  .only_when("data.dataset = text, or tokens without data.eval_path", [](const Config& c) {
+                    return c.data.dataset == DatasetKind::kText ||
+                           (c.data.dataset == DatasetKind::kTokens && c.data.eval_path.empty());
+                  }));
+  f.push_back(Field(&C::data, &DataConfig::token_dtype, "data", "token_dtype",
+                    "header (llm.c's 1024-byte header says: uint16 for magic 20240520, uint32 for 20240801), or "
+                    "uint16 / uint32 for headerless files (nanoGPT's)")
+                  .only_when("data.dataset = tokens", token_files));
+  f.push_back(Field(&C::data, &DataConfig::vocab_size, "data", "vocab_size",
+                    "tokens: ids are below this; 0: the header's (50257 for magic 20240520, 128256 for 20240801); "
+                    "required for headerless files")
+                  .min(0).only_when("data.dataset = tokens", token_files));
+  f.push_back(Field(&C::data, &DataConfig::tokenizer, "data", "tokenizer",
+                    "text: a SentencePiece model (from hybrid_train tokenize) the file is tokenized with at start; "
+                    "empty: its characters. tokens: the model the files were made with, for hybrid_train sample")
+                  .only_when("data.dataset = text or tokens", [](const Config& c) {
+                    return c.data.dataset == DatasetKind::kText || c.data.dataset == DatasetKind::kTokens;
+                  }));
   auto synthetic = [](const Config& c) { return c.data.dataset == DatasetKind::kSynthetic; };
   f.push_back(Field(&C::data, &DataConfig::synthetic_samples, "data", "synthetic_samples", "training samples")
                   .min(1).only_when("data.dataset = synthetic", synthetic));

@@ -4,6 +4,7 @@
 
 #include "launcher/config/config_schema.h"
 #include "launcher/data/fashion_mnist.h"
+#include "launcher/model_factory.h"
 #include "launcher/user_error.h"
 #include "alloc/byte_size.h"
 #include "alloc/cuda_arena.h"
@@ -90,10 +91,9 @@ class Rules {
     if (m.name == ModelKind::kResnet && m.depth != 18 && m.depth != 34 && m.depth != 50) {
       throw UserError(loc("model.depth") + "model.depth = " + std::to_string(m.depth) + ": use 18, 34 or 50");
     }
-    if (m.name == ModelKind::kGpt && m.n_embd % m.n_head != 0) {
-      throw UserError(loc("model.n_head") + "model.n_embd = " + std::to_string(m.n_embd) +
-                      " is not divisible by model.n_head = " + std::to_string(m.n_head) +
-                      "; choose n_head dividing n_embd");
+    if (is_decoder(m.name)) {
+      const std::string problem = decoder_options(m, std::max<int64_t>(m.vocab_size, 1)).problem();
+      if (!problem.empty()) throw UserError(loc("model.n_head") + problem);
     }
   }
 
@@ -101,14 +101,15 @@ class Rules {
     auto& d = c_.data;
     const bool tokens = !takes_images(c_.model.name);
     if (tokens && d.dataset == DatasetKind::kFashionMnist) {
-      throw UserError(loc("data.dataset") + "model.name = \"gpt\" trains on tokens: use data.dataset = \"text\" "
+      throw UserError(loc("data.dataset") + "model.name = \"" + std::string(choice_name(c_.model.name)) + "\" trains on tokens: use data.dataset = \"text\" "
                       "or \"synthetic\", not \"fashion_mnist\"");
     }
-    if (!tokens && d.dataset == DatasetKind::kText) {
-      throw UserError(loc("data.dataset") + "data.dataset = \"text\" gives tokens, which only model.name = \"gpt\" "
-                      "takes; use \"fashion_mnist\" or \"synthetic\" for " + choice_name(c_.model.name));
+    if (!tokens && (d.dataset == DatasetKind::kText || d.dataset == DatasetKind::kTokens)) {
+      throw UserError(loc("data.dataset") + "data.dataset = \"" + choice_name(d.dataset) + "\" gives tokens, which only the decoders (model.name = \"gpt\" or \"llama\") "
+                      "take; use \"fashion_mnist\" or \"synthetic\" for " + choice_name(c_.model.name));
     }
     if (d.dataset == DatasetKind::kFashionMnist && d.path.empty()) d.path = kDefaultFashionMnistDir;
+    if (d.dataset == DatasetKind::kTokens) token_files();
     if (d.dataset == DatasetKind::kText && d.path.empty()) {
       throw UserError(loc("data.dataset") + "data.path is required with data.dataset = \"text\": a text file, e.g. "
                       "\"/usr/share/common-licenses/GPL-3\"");
@@ -116,6 +117,19 @@ class Rules {
     if (!tokens && d.dataset == DatasetKind::kSynthetic && c_.model.name != ModelKind::kMlp && d.synthetic_shape.size() != 3) {
       throw UserError(loc("data.synthetic_shape") + "model.name = \"" + choice_name(c_.model.name) +
                       "\" takes images: data.synthetic_shape must be [channels, height, width]");
+    }
+  }
+
+  void token_files() const {
+    const auto& d = c_.data;
+    if (d.path.empty()) {
+      throw UserError(loc("data.dataset") + "data.path is required with data.dataset = \"tokens\": a token file or a "
+                      "glob of shards, e.g. \"data/fineweb_train_*.bin\" (hybrid_train tokenize writes them from text)");
+    }
+    if (d.token_dtype != TokenDtype::kHeader && d.vocab_size == 0) {
+      throw UserError(loc("data.token_dtype") + "data.token_dtype = \"" + choice_name(d.token_dtype) + "\" reads "
+                      "headerless files, which do not say their vocabulary; set data.vocab_size too (e.g. 50257 for "
+                      "GPT-2's tokens)");
     }
   }
 

@@ -2,6 +2,7 @@
 
 #include "launcher/config/config_text.h"
 #include "launcher/data/dataset.h"
+#include "launcher/planning/model_size.h"
 #include "launcher/report/json.h"
 #include "launcher/report/run_output.h"
 #include "launcher/user_error.h"
@@ -67,7 +68,9 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   set_compute_threads(threads);
   CpuAllocationCounter::install();
   set_host_memory_caching(config.memory.host_cache);
+  if (config.model.vocab_size > 0) refuse_a_model_too_large_here(config, config.model.vocab_size, 1, "plan");
   const DataSplits data = make_datasets(config);
+  refuse_a_model_too_large_here(config, data.info.classes, 1, "plan");
   std::printf("hybrid_train plan %s: model %s, global batch %lld\n", config.source.c_str(), choice_name(config.model.name),
               static_cast<long long>(config.training.global_batch_size));
   std::fflush(stdout);

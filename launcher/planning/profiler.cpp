@@ -41,8 +41,8 @@ DataSplits point_data(const Dataset& train, const DataInfo& info, int64_t sample
   HostAllocationScope host;
   DataSplits d;
   const Batch b = train.slice(0, std::min(samples, train.size()));
-  d.train = std::make_unique<Dataset>(b.input.clone(), b.target.clone());
-  d.eval = std::make_unique<Dataset>(b.input.clone(), b.target.clone());
+  d.train = std::make_unique<TensorDataset>(b.input.clone(), b.target.clone());
+  d.eval = std::make_unique<TensorDataset>(b.input.clone(), b.target.clone());
   d.info = info;
   return d;
 }

@@ -431,6 +431,7 @@ EvalResult Trainer::evaluate() {
     r.accuracy = static_cast<double>(correct) / static_cast<double>(samples);
   } else {
     r.perplexity = std::exp(r.loss);
+    if (data_.info.eval_bytes_per_token > 0) r.bits_per_byte = r.loss / std::log(2.0) / data_.info.eval_bytes_per_token;
   }
   result_.eval = r;
   return r;

@@ -30,6 +30,9 @@ struct EvalResult {
   double loss = 0;
   std::optional<double> accuracy;    // classification
   std::optional<double> perplexity;  // language models
+  // Language models whose data knows its bytes of text per token: loss / ln 2 / bytes per token,
+  // the one number that compares across vocabularies (characters, SentencePiece, GPT-2's).
+  std::optional<double> bits_per_byte;
   int64_t samples = 0;
   double seconds = 0;  // wall time of the evaluation, this rank's
 };

@@ -81,6 +81,10 @@ void Trainer::log_eval(const EvalResult& e) {
     record.add("eval_perplexity", *e.perplexity);
     text += ", perplexity " + std::to_string(*e.perplexity);
   }
+  if (e.bits_per_byte) {
+    record.add("eval_bits_per_byte", *e.bits_per_byte);
+    text += ", " + std::to_string(*e.bits_per_byte) + " bits per byte";
+  }
   output_->metrics(record);
   progress_.line(text);
 }

@@ -75,7 +75,7 @@ TEST_F(BadInputProcess, EachKindExitsTwoWritingNothing) {
   expect_refused("[model]\nname = \"mlp\"\n[data]\ndataset = \"fashion_mnist\"\npath = \"/nonexistent\"\n", "",
                  "job.toml: data.path = \"/nonexistent\": no train-images-idx3-ubyte[.gz] in this folder");
   expect_refused("[model]\nname = \"gpt\"\n[data]\ndataset = \"text\"\npath = \"/nonexistent.txt\"\n", "",
-                 "job.toml: data.path = \"/nonexistent.txt\": cannot read this text file");
+                 "job.toml: data.path = \"/nonexistent.txt\": cannot read /nonexistent.txt");
   expect_refused(kCliMlp, "--checkpoint.resume=/nonexistent/step_1", "checkpoint.resume = \"/nonexistent/step_1\"");
   expect_refused(kCliMlp, "--data.synthetic_samples=8 --training.global_batch_size=16",
                  "data: 8 training samples are fewer than training.global_batch_size = 16");

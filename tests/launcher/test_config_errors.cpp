@@ -83,7 +83,7 @@ TEST_F(ConfigErrors, MissingRequiredValue) {
 TEST_F(ConfigErrors, UnknownModelSuggestsNearest) {
   EXPECT_THAT(error_in("[model]\nname = \"resnt\"\n[data]\ndataset = \"synthetic\"\n"),
               HasSubstr("job.toml:2:8: model.name: \"resnt\" is not allowed; expected one of \"mlp\" \"convnet\" "
-                        "\"resnet\" \"gpt\" \"supernet\" (did you mean \"resnet\"?)"));
+                        "\"resnet\" \"gpt\" \"supernet\" \"llama\" (did you mean \"resnet\"?)"));
 }
 
 TEST_F(ConfigErrors, TomlSyntaxError) {
@@ -225,7 +225,9 @@ TEST_F(ConfigErrors, CrossKeyRules) {
                         "only"));
   EXPECT_THAT(error_in(kGood, {"--training.min_lr=1.0"}), HasSubstr("training.min_lr = 1.0 exceeds training.lr"));
   EXPECT_THAT(error_in("[model]\nname = \"gpt\"\nn_head = 3\n[data]\ndataset = \"synthetic\"\n"),
-              HasSubstr("job.toml:3:10: model.n_embd = 256 is not divisible by model.n_head = 3"));
+              HasSubstr("job.toml:3:10: model.n_embd = 256 is not a multiple of model.n_head = 3"));
+  EXPECT_THAT(error_in("[model]\nname = \"llama\"\nn_kv_heads = 3\n[data]\ndataset = \"synthetic\"\n"),
+              HasSubstr("model.n_head = 8 is not a multiple of model.n_kv_heads = 3"));
   EXPECT_THAT(error_in("[model]\nname = \"resnet\"\ndepth = 20\n[data]\ndataset = \"synthetic\"\n"),
               HasSubstr("model.depth = 20: use 18, 34 or 50"));
 }
@@ -234,7 +236,7 @@ TEST_F(ConfigErrors, ModelAndDataMustFit) {
   EXPECT_THAT(error_in("[model]\nname = \"gpt\"\n[data]\ndataset = \"fashion_mnist\"\n"),
               HasSubstr("model.name = \"gpt\" trains on tokens"));
   EXPECT_THAT(error_in("[model]\nname = \"convnet\"\n[data]\ndataset = \"text\"\npath = \"x\"\n"),
-              HasSubstr("only model.name = \"gpt\" takes"));
+              HasSubstr("only the decoders (model.name = \"gpt\" or \"llama\") take"));
   EXPECT_THAT(error_in("[model]\nname = \"gpt\"\n[data]\ndataset = \"text\"\n"),
               HasSubstr("data.path is required with data.dataset = \"text\""));
 }

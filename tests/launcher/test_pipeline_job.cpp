@@ -157,6 +157,23 @@ TEST(PipelineJobTied, GptWithTiedWeightsOnTwoStages) {
                     dir.path("piped4/checkpoints/step_00000003/model.pt"), 1e-5);
 }
 
+// The Llama layout on two stages, its head untied (its own weight on the last stage) and tied
+// (a copy there, kept in sync): one micro-batch, so the piped run is the single rank's bit for bit.
+TEST(PipelineJobTied, LlamaTiedAndUntiedOnTwoStages) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kGpt);
+  for (const std::string tied : {"false", "true"}) {
+    SCOPED_TRACE("tie_embeddings = " + tied);
+    const std::string llama = " --model.name=llama --model.n_kv_heads=1 --model.multiple_of=16 --model.tie_embeddings=" + tied;
+    ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + llama + " --job.output_dir=" + dir.path("one" + tied)), 0);
+    ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + llama + " --parallel.pipeline_parallel=2 --job.output_dir=" +
+                  dir.path("piped" + tied)), 0);
+    expect_same_model(dir.path("one" + tied + "/checkpoints/step_00000003/model.pt"),
+                      dir.path("piped" + tied + "/checkpoints/step_00000003/model.pt"));
+  }
+}
+
 // Two replicas of two stages: each stage's gradients are averaged over its replicas.
 TEST(PipelineJobGrid, TwoReplicasOfTwoStages) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";

@@ -1,0 +1,68 @@
+#include "launcher/planning/model_size.h"
+
+#include "alloc/byte_size.h"
+#include "alloc/cuda_arena.h"
+#include "launcher/model_factory.h"
+#include "launcher/user_error.h"
+
+#include <ATen/Context.h>
+
+#include <cstdio>
+
+namespace ht {
+namespace {
+
+// Bytes of optimizer state per parameter: AdamW's two moments, SGD's momentum buffer.
+int64_t optimizer_bytes_per_parameter(const TrainingConfig& t) {
+  if (t.optimizer == OptimizerKind::kAdamw) return 8;
+  return t.momentum > 0 ? 4 : 0;
+}
+
+std::string billions(int64_t parameters) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fB", static_cast<double>(parameters) / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+std::optional<ModelStateSize> model_state_from_shape(const Config& c, int64_t data_vocab) {
+  if (!is_decoder(c.model.name)) return std::nullopt;
+  const DecoderOptions shape = decoder_options(c.model, data_vocab);
+  ModelStateSize s;
+  s.parameters = shape.parameter_count();
+  s.bytes = s.parameters * (4 + 4 + optimizer_bytes_per_parameter(c.training));
+  return s;
+}
+
+void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int ranks_on_host, const char* command) {
+  const std::optional<ModelStateSize> state = model_state_from_shape(c, data_vocab);
+  if (!state) return;
+  const at::Device device(c.training.device);
+  std::string where;
+  int64_t limit = 0;
+  if (c.memory.budget_bytes > 0) {
+    limit = c.memory.budget_bytes;
+    where = "memory.budget = \"" + c.memory.budget + "\"";
+  } else if (device.is_cuda()) {
+    limit = cuda_device_memory_bytes(device.has_index() ? device.index() : 0);
+    where = "the GPU's memory";
+  } else {
+    limit = host_available_memory_bytes() / std::max(ranks_on_host, 1);
+    where = ranks_on_host > 1 ? "this host's available memory shared by " + std::to_string(ranks_on_host) + " ranks"
+                              : "this host's available memory";
+  }
+  if (limit <= 0 || state->bytes <= limit) return;
+  const int stages = static_cast<int>(c.parallel.pipeline_parallel);
+  if (stages > 1 && state->bytes / stages <= limit) return;  // each stage holds its share
+  throw UserError(
+      c.source + ": model.name = \"" + choice_name(c.model.name) + "\" at this shape has " + billions(state->parameters) +
+      " parameters; with their gradients and " + choice_name(c.training.optimizer) + " state that is " +
+      format_bytes(state->bytes) + (stages > 1 ? " (" + format_bytes(state->bytes / stages) + " per pipeline stage)" : "") +
+      ", more than " + where + " (" + format_bytes(limit) + ") can hold, so `hybrid_train " + command +
+      "` stops before building it. Train it on GPUs with enough memory across data, pipeline and (later) sharded or "
+      "tensor parallelism, or choose a smaller shape in [model]; planning a model that does not fit this machine "
+      "needs a traced step (docs/status.md)");
+}
+
+}  // namespace ht

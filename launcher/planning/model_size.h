@@ -1,0 +1,30 @@
+#pragma once
+// Before anything large is allocated: a transformer's own state (parameters, their gradients,
+// the optimizer's state) counted from its shape alone, against what one rank here can hold. An
+// 8B-parameter Llama needs 128 GB of fp32 state with AdamW; building it on a 24 GB machine used
+// to end in an arena's "cannot reserve" or the kernel's out-of-memory killer. Profiling (what
+// `plan` and the pre-run check do today) needs the model built, so such a shape is refused here,
+// with its numbers, until the planner traces a step without building it.
+
+#include "launcher/config/config.h"
+
+#include <cstdint>
+#include <optional>
+
+namespace ht {
+
+struct ModelStateSize {
+  int64_t parameters = 0;
+  int64_t bytes = 0;  // fp32 parameters and gradients, and the optimizer's state
+};
+
+// From the shape alone (decoders; nullopt for the other models, whose size needs the data's
+// shape and stays small). `data_vocab`: the data's vocabulary, unless model.vocab_size is set.
+std::optional<ModelStateSize> model_state_from_shape(const Config& config, int64_t data_vocab);
+
+// Throws UserError (exit 2) when the state cannot fit one rank: the budget if one is set, else
+// the device's memory, or this host's available memory shared by `ranks_on_host` ranks. `command`
+// says what was asked ("train", "plan") for the message.
+void refuse_a_model_too_large_here(const Config& config, int64_t data_vocab, int ranks_on_host, const char* command);
+
+}  // namespace ht

@@ -1,0 +1,44 @@
+// The shipped transformer configs at real sizes: each one's parameter count, from its shape
+// alone, is the published count of the model it is named after; those too large for this
+// machine are refused (exit 2, with the numbers) before anything large is allocated.
+#include "launcher/config/config_loader.h"
+#include "launcher/planning/model_size.h"
+#include "tests/support/run_binary.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+int64_t parameters_of(const std::string& config_name) {
+  const Config c = load_config(std::string(HT_SOURCE_DIR) + "/configs/" + config_name, {}).config;
+  const std::optional<ModelStateSize> size = model_state_from_shape(c, c.model.vocab_size);
+  return size ? size->parameters : -1;
+}
+
+TEST(ModelConfigs, ParameterCountsAreThePublishedOnes) {
+  EXPECT_EQ(parameters_of("gpt2_124m.toml"), 124439808);      // Hugging Face's gpt2
+  EXPECT_EQ(parameters_of("llama3_8b.toml"), 8030261248);     // Meta-Llama-3-8B
+  EXPECT_EQ(parameters_of("llama3_70b.toml"), 70553706496);   // Meta-Llama-3-70B
+  EXPECT_NEAR(static_cast<double>(parameters_of("gpt3_175b.toml")) / 175.0e9, 1.0, 0.005);  // "175.0B"
+}
+
+TEST(ModelConfigs, ShapesTooLargeForThisMachineAreRefusedBeforeBuilding) {
+  for (const char* name : {"llama3_8b.toml", "llama3_70b.toml", "gpt3_175b.toml"}) {
+    const std::string path = std::string(HT_SOURCE_DIR) + "/configs/" + name;
+    for (const std::string command : {"", "plan "}) {
+      const ProcessResult r = run_binary(command + path + " --job.output_dir=/tmp/ht-too-large-never-written");
+      EXPECT_EQ(r.status, 2) << name << ": " << r.output;
+      EXPECT_THAT(r.output, HasSubstr("parameters; with their gradients and adamw state")) << name;
+      EXPECT_THAT(r.output, HasSubstr("stops before building it")) << name;
+    }
+  }
+  EXPECT_NE(access("/tmp/ht-too-large-never-written", F_OK), 0) << "a refused run writes nothing";
+}
+
+}  // namespace
+}  // namespace ht::test
