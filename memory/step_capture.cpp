@@ -77,10 +77,20 @@ int StepCapture::add_value(const std::shared_ptr<TensorInfo>& record, int produc
 
 void StepCapture::kernel_begins() {
   resident_at_kernel_ = resident_bytes_;
+  kernel_peak_ = 0;
+  evicted_in_kernel_ = 0;
+  in_kernel_ = true;
   arena_->begin_peak_window();
 }
 
-void StepCapture::kernel_ends() { kernel_peak_ = arena_->window_peak(); }
+void StepCapture::kernel_ends() {
+  fold_window();
+  in_kernel_ = false;
+}
+
+void StepCapture::fold_window() {
+  kernel_peak_ = std::max(kernel_peak_, arena_->window_peak() + evicted_in_kernel_);
+}
 
 int64_t StepCapture::working_bytes(int64_t outputs) const {
   return std::max<int64_t>(0, kernel_peak_ - graph_.fixed_bytes - resident_at_kernel_ - outputs);
@@ -154,6 +164,17 @@ void StepCapture::on_dropped(const TensorInfo& t) {
   if (v < 0 || t.is_view() || !resident_[v]) return;
   resident_[v] = 0;
   resident_bytes_ -= graph_.values[v].bytes;
+  if (!in_kernel_) return;
+  // Inside a kernel only eviction drops a value: the allocator had no room for the kernel (the
+  // budget, or no hole large enough) and DTR freed this one, so the arena's peak from here on
+  // understates the kernel's need. A plan that keeps the value needs both: counted resident when
+  // the kernel began, its bytes count on top of the peaks that follow. (A step's first capture
+  // runs under DTR and its plan is solved from it: Planning.PredictsTheStaticPlanARunMakes's GPT
+  // evicted 131072 bytes inside log_softmax's backward, measured 51392 working bytes of 102592,
+  // and its plan, solved for a peak of 1187136, peaked at 1238272.)
+  fold_window();  // the value's bytes are already back in the arena
+  evicted_in_kernel_ += graph_.values[v].bytes;
+  arena_->begin_peak_window();
 }
 
 void StepCapture::backward_stage_ran() {

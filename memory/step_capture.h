@@ -29,7 +29,8 @@ class StepCapture {
   StepCapture(CpuArena* arena, int64_t fixed_bytes);
 
   // A kernel of the step begins / ends (fresh forward kernels and backward stages, never
-  // recomputations): the capture measures what it needed beyond the values resident.
+  // recomputations): the capture measures what it needed beyond the values resident, counting
+  // values evicted to make room for it (under DTR) as still there, as a plan would keep them.
   void kernel_begins();
   void kernel_ends();
   // Forward op call number forward_ops(), just run: its outputs (handles, hidden ones included);
@@ -64,6 +65,8 @@ class StepCapture {
   int64_t bytes_of(const TensorInfo& t) const;
   // What the kernel just measured needed beyond fixed bytes, values resident and `outputs`.
   int64_t working_bytes(int64_t outputs) const;
+  // Folds the arena's peak since the window began into kernel_peak_.
+  void fold_window();
 
   CpuArena* arena_;
   schedule::StepGraph graph_;
@@ -75,7 +78,11 @@ class StepCapture {
   std::unordered_map<const ComputePath*, int> forward_index_;
   int64_t resident_bytes_ = 0;
   int64_t resident_at_kernel_ = 0;  // value bytes resident when the kernel began
-  int64_t kernel_peak_ = 0;         // the arena's peak during the last kernel
+  // The last kernel's peak demand: the arena's peak, plus the bytes of values evicted during
+  // the kernel before that peak.
+  int64_t kernel_peak_ = 0;
+  bool in_kernel_ = false;
+  int64_t evicted_in_kernel_ = 0;  // value bytes dropped since the kernel began
 };
 
 }  // namespace ht

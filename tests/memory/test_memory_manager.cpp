@@ -171,5 +171,50 @@ TEST(MemoryManager, EvictAllDropsEveryEvictableRootAndItsViews) {
   EXPECT_TRUE(v.value().equal(at::ones({8, 4})));
 }
 
+// One step of mul(x, w) then `n` tanh, captured as static plans capture it, with every eviction
+// made from inside a kernel (the allocator asking for room). Returns the step's graph.
+schedule::StepGraph captured_tanh_step(int64_t capacity, int n, int64_t* evictions) {
+  auto arena = std::make_shared<CpuArena>(capacity);
+  ArenaScope scope(arena);
+  MemoryManager memory;
+  MemoryOptions options = MemoryOptions::budget(arena, EvictionHeuristic::kLru);
+  options.eviction_threshold = 1.0;  // nothing evicted before a kernel: only while it runs
+  StaticPlanOptions capture;
+  capture.capture_only = true;
+  options.static_plans = capture;
+  Interpreter interp{{}, &memory};
+  memory.configure(options);
+  Tensor x = interp.input(at::linspace(-1, 1, 16 * kKiB));
+  Tensor w = interp.param(at::full({16 * kKiB}, 0.5).requires_grad_());
+  memory.begin_step();
+  Tensor y = mul(x, w);
+  for (int i = 0; i < n; ++i) y = tanh(y);
+  Tensor loss = sum(y);
+  y.reset();
+  interp.backward(loss);
+  loss.reset();
+  memory.end_step();
+  *evictions = memory.stats().evictions;
+  return memory.static_planner()->last_step()->graph;
+}
+
+TEST(MemoryManager, CapturedWorkingMemoryCountsWhatTheKernelEvicted) {
+  // A static plan is solved from a step captured under DTR. A kernel that had to evict to run
+  // needed those bytes all the same: a plan keeping the victim must leave room for both, so the
+  // capture measures every kernel as it would with room to spare. (Measured as the arena's peak
+  // alone, three of tanh's backward stages here read 65600 bytes of 131136.)
+  int64_t roomy_evictions = 0, tight_evictions = 0;
+  const schedule::StepGraph roomy = captured_tanh_step(64 * 1024 * kKiB, 8, &roomy_evictions);
+  const schedule::StepGraph tight = captured_tanh_step(448 * kKiB, 8, &tight_evictions);
+  ASSERT_EQ(roomy_evictions, 0);
+  ASSERT_GT(tight_evictions, 0);
+  ASSERT_EQ(roomy.forward.size(), tight.forward.size());
+  ASSERT_EQ(roomy.backward.size(), tight.backward.size());
+  for (size_t k = 0; k < roomy.forward.size(); ++k)
+    EXPECT_EQ(roomy.forward[k].working_bytes, tight.forward[k].working_bytes) << "forward op " << k;
+  for (size_t s = 0; s < roomy.backward.size(); ++s)
+    EXPECT_EQ(roomy.backward[s].working_bytes, tight.backward[s].working_bytes) << "backward stage " << s;
+}
+
 }  // namespace
 }  // namespace ht
