@@ -9,8 +9,9 @@
 //
 // Two kernels, chosen from the inputs alone (so forward, a recomputation and backward agree):
 // - blockwise (every device, every libtorch): queries in blocks of kBlockRows rows, each block's
-//   scores (B, Hkv, G * rows, keys) computed in fp32 (double for double inputs), softmaxed whole
-//   and dropped before the next block. Causal masking is done inside each block (a block's keys
+//   scores (B, Hkv, G * rows, keys) from a GEMM in the inputs' type (bf16 on bf16 units, as the
+//   composed attention's GEMMs run), softmaxed in fp32 (double for double inputs), and dropped
+//   before the next block; dK and dV are summed over the blocks in fp32. Causal masking is done inside each block (a block's keys
 //   stop at its last query, so key blocks above the diagonal are never computed). Grouped-query
 //   attention folds a key head's G query heads into the rows, so K and V are never repeated.
 // - fused (libtorch >= 2.1 on CUDA, base/compat.h): ATen's memory-efficient attention forward
@@ -79,7 +80,7 @@ at::Tensor block_rows(const at::Tensor& x, const QueryBlock& blk, const Attentio
 // its query. The mask is (G * n, keys) bools, built for this block only.
 at::Tensor block_scores(const at::Tensor& q_rows, const at::Tensor& k, const QueryBlock& blk,
                         const AttentionDims& d, bool causal) {
-  at::Tensor s = at::matmul(q_rows, k.narrow(2, 0, blk.keys).transpose(-2, -1));
+  at::Tensor s = at::matmul(q_rows, k.narrow(2, 0, blk.keys).transpose(-2, -1)).to(accumulate_type(q_rows));
   if (!causal) return s;
   const auto longs = at::TensorOptions().dtype(at::kLong).device(s.device());
   const at::Tensor query = at::arange(blk.t0, blk.t0 + blk.n, longs).repeat({d.G}).unsqueeze(1);
@@ -104,7 +105,7 @@ std::pair<at::Tensor, at::Tensor> forward_block(const at::Tensor& q_rows, const 
   const at::Tensor p = s.sub_(m).exp_();  // in place: autograd needs neither s nor s - m
   const at::Tensor l = p.sum(-1, /*keepdim=*/true);
   const at::Tensor pv = cfg.dropout_p > 0 ? p * keep_factor(p, blk, cfg) : p;
-  at::Tensor out = at::matmul(pv, v.narrow(2, 0, blk.keys)) / l;
+  at::Tensor out = at::matmul(pv.to(v.scalar_type()), v.narrow(2, 0, blk.keys)).to(p.scalar_type()) / l;
   return {out, (m + l.log()).squeeze(-1)};
 }
 
@@ -113,11 +114,13 @@ TensorList blockwise_forward(const at::Tensor& q, const at::Tensor& k, const at:
                              const AttentionConfig& cfg) {
   const AttentionDims d = AttentionDims::of(q.sizes(), k.sizes());
   const at::ScalarType acc = accumulate_type(q);
-  const at::Tensor kc = k.to(acc).contiguous(), vc = v.to(acc).contiguous();
+  // GEMMs in the inputs' type (bf16's run on the CPU's bf16 units, as the composed attention's
+  // do), softmax and sums in `acc`.
+  const at::Tensor kc = k.contiguous(), vc = v.contiguous();
   TensorList outs, lses;
   for (int64_t b = 0; b < d.blocks(); ++b) {
     const QueryBlock blk = QueryBlock::of(b, d, cfg.causal);
-    auto [o, lse] = forward_block(block_rows(q, blk, d, acc, cfg.scale), kc, vc, blk, d, cfg);
+    auto [o, lse] = forward_block(block_rows(q, blk, d, q.scalar_type(), cfg.scale), kc, vc, blk, d, cfg);
     outs.push_back(o.view({d.B, d.Hkv, d.G, blk.n, d.hd}));
     lses.push_back(lse.view({d.B, d.Hkv, d.G, blk.n}));
   }
@@ -130,7 +133,7 @@ TensorList blockwise_forward(const at::Tensor& q, const at::Tensor& k, const at:
 
 // What one block of backward reads and adds to.
 struct AttentionBackwardState {
-  at::Tensor q, k, v, grad, out, lse;  // as saved; k and v in the accumulate type
+  at::Tensor q, k, v, grad, out, lse;  // as saved: GEMMs run in their type, the rest in fp32
   at::Tensor dk, dv;                   // (B, Hkv, S, hd), accumulated over the blocks
   std::vector<bool> needs;
 };
@@ -139,26 +142,28 @@ struct AttentionBackwardState {
 // when q needs no gradient; adds into dk and dv (over the block's keys only).
 at::Tensor backward_block(AttentionBackwardState& st, const QueryBlock& blk, const AttentionDims& d,
                           const AttentionConfig& cfg) {
-  const at::ScalarType acc = st.k.scalar_type();
-  const at::Tensor q_rows = block_rows(st.q, blk, d, acc, cfg.scale);
-  const at::Tensor g_rows = block_rows(st.grad, blk, d, acc);
+  const at::ScalarType acc = st.dk.scalar_type(), gemm = st.k.scalar_type();
+  const at::Tensor q_rows = block_rows(st.q, blk, d, gemm, cfg.scale);
+  const at::Tensor g_rows = block_rows(st.grad, blk, d, gemm);
   const at::Tensor lse = block_rows(st.lse.unsqueeze(-1), blk, d, acc);  // (B, Hkv, G * n, 1)
   const at::Tensor s = block_scores(q_rows, st.k, blk, d, cfg.causal);
   const at::Tensor keep = cfg.dropout_p > 0 ? keep_factor(s, blk, cfg) : at::Tensor();
   const at::Tensor p = s.sub_(lse).exp_();  // the forward's probabilities, recomputed
   if (st.needs[2]) {
     const at::Tensor pv = keep.defined() ? p * keep : p;
-    st.dv.narrow(2, 0, blk.keys).add_(at::matmul(pv.transpose(-2, -1), g_rows));
+    st.dv.narrow(2, 0, blk.keys).add_(at::matmul(pv.to(gemm).transpose(-2, -1), g_rows));
   }
   if (!st.needs[0] && !st.needs[1]) return {};
   // dS = P * (dP - D), dP = dO V^T (times the dropout factor), D = rowsum(dO * O).
-  const at::Tensor rowsum = (g_rows * block_rows(st.out, blk, d, acc)).sum(-1, /*keepdim=*/true);
-  at::Tensor dp = at::matmul(g_rows, st.v.narrow(2, 0, blk.keys).transpose(-2, -1));
+  const at::Tensor rowsum = (g_rows.to(acc) * block_rows(st.out, blk, d, acc)).sum(-1, /*keepdim=*/true);
+  at::Tensor dp = at::matmul(g_rows, st.v.narrow(2, 0, blk.keys).transpose(-2, -1)).to(acc);
   if (keep.defined()) dp.mul_(keep);
   const at::Tensor ds = dp.sub_(rowsum).mul_(p);
-  if (st.needs[1]) st.dk.narrow(2, 0, blk.keys).add_(at::matmul(ds.transpose(-2, -1), q_rows));
+  const at::Tensor ds_gemm = ds.to(gemm);
+  if (st.needs[1]) st.dk.narrow(2, 0, blk.keys).add_(at::matmul(ds_gemm.transpose(-2, -1), q_rows));
   if (!st.needs[0]) return {};
-  return at::matmul(ds, st.k.narrow(2, 0, blk.keys))
+  return at::matmul(ds_gemm, st.k.narrow(2, 0, blk.keys))
+      .to(acc)
       .mul_(cfg.scale)
       .view({d.B, d.Hkv, d.G, blk.n, d.hd});
 }
@@ -168,10 +173,10 @@ TensorList blockwise_backward(const BackwardArgs& a, const AttentionConfig& cfg)
   const at::Tensor& q = a.inputs[0];
   const AttentionDims d = AttentionDims::of(q.sizes(), a.inputs[1].sizes());
   const at::ScalarType acc = accumulate_type(q);
-  AttentionBackwardState st{q, a.inputs[1].to(acc).contiguous(), a.inputs[2].to(acc).contiguous(),
+  AttentionBackwardState st{q, a.inputs[1].contiguous(), a.inputs[2].contiguous(),
                             a.grad_outputs[0], a.outputs[0], a.outputs[1], {}, {}, a.needs_input_grad};
-  st.dk = at::zeros(st.k.sizes(), st.k.options());
-  st.dv = at::zeros(st.v.sizes(), st.v.options());
+  st.dk = at::zeros(st.k.sizes(), st.k.options().dtype(acc));  // sums over blocks in fp32
+  st.dv = at::zeros(st.v.sizes(), st.v.options().dtype(acc));
   TensorList dq_blocks;
   for (int64_t b = 0; b < d.blocks(); ++b) {
     at::Tensor dq = backward_block(st, QueryBlock::of(b, d, cfg.causal), d, cfg);
