@@ -2,29 +2,33 @@
 
 namespace ht {
 
-DecoderOptions DecoderOptions::gpt2(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
-                                    int64_t n_embd, double dropout) {
+namespace {
+
+DecoderOptions shaped(DecoderFamily family, int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
+                      int64_t n_embd) {
   DecoderOptions o;
-  o.family = DecoderFamily::kGpt2;
+  o.family = family;
   o.vocab_size = vocab_size;
   o.block_size = block_size;
   o.n_layer = n_layer;
   o.n_head = n_head;
   o.n_embd = n_embd;
+  return o;
+}
+
+}  // namespace
+
+DecoderOptions DecoderOptions::gpt2(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
+                                    int64_t n_embd, double dropout) {
+  DecoderOptions o = shaped(DecoderFamily::kGpt2, vocab_size, block_size, n_layer, n_head, n_embd);
   o.dropout = dropout;
   return o;
 }
 
 DecoderOptions DecoderOptions::llama(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
                                      int64_t n_kv_heads, int64_t n_embd) {
-  DecoderOptions o;
-  o.family = DecoderFamily::kLlama;
-  o.vocab_size = vocab_size;
-  o.block_size = block_size;
-  o.n_layer = n_layer;
-  o.n_head = n_head;
+  DecoderOptions o = shaped(DecoderFamily::kLlama, vocab_size, block_size, n_layer, n_head, n_embd);
   o.n_kv_heads = n_kv_heads;
-  o.n_embd = n_embd;
   o.tie_embeddings = false;
   return o;
 }

@@ -1,21 +1,12 @@
 #include "launcher/data/byte_progress.h"
 
+#include "launcher/report/run_output.h"
+
 #include <unistd.h>
 
 #include <cstdio>
 
 namespace ht {
-namespace {
-
-std::string progress_clock(double seconds) {
-  const long s = static_cast<long>(seconds);
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
-  return buf;
-}
-
-}  // namespace
-
 std::string decimal_bytes(int64_t bytes) {
   const char* units[] = {"B", "kB", "MB", "GB", "TB"};
   double v = static_cast<double>(bytes);
@@ -56,7 +47,7 @@ void ByteProgress::update(int64_t done, const std::string& detail) {
   char text[300];
   std::snprintf(text, sizeof(text), "%s: %s/%s, %.0f%%%s%s, %s, ETA %s", label_.c_str(), decimal_bytes(done).c_str(),
                 decimal_bytes(total_).c_str(), 100 * share, detail.empty() ? "" : ", ", detail.c_str(),
-                progress_clock(elapsed).c_str(), progress_clock(eta).c_str());
+                clock_text(elapsed).c_str(), clock_text(eta).c_str());
   if (tty_) {
     std::printf("\r\033[K%s", text);
     line_open_ = true;

@@ -27,16 +27,12 @@ void write_file_atomically(const std::string& path_text, const std::string& text
   std::filesystem::rename(tmp, path);
 }
 
-namespace {
-
 std::string clock_text(double seconds) {
   const long s = static_cast<long>(seconds);
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
   return buf;
 }
-
-}  // namespace
 
 RunOutput::RunOutput(const std::string& dir, const std::string& resolved_config, bool append)
     : dir_(dir), append_(append) {

@@ -35,6 +35,9 @@ class RunOutput {
   std::ofstream metrics_;
 };
 
+// Seconds as h:mm:ss, as progress lines print elapsed time and ETA.
+std::string clock_text(double seconds);
+
 class Progress {
  public:
   Progress(int64_t total_steps, int64_t log_interval);
