@@ -31,7 +31,7 @@ DecoderOptions decoder_options(const ModelConfig& m, int64_t data_vocab) {
   o.multiple_of = m.multiple_of;
   o.rope_theta = m.rope_theta;
   o.norm_eps = m.norm_eps;
-  o.tie_embeddings = m.name == ModelKind::kGpt || m.tie_embeddings;
+  o.tie_embeddings = m.tie_embeddings;  // GPT-2 ties whatever it says (DecoderOptions::tied)
   o.dropout = m.dropout;
   return o;
 }

@@ -48,13 +48,7 @@ void ByteProgress::update(int64_t done, const std::string& detail) {
   std::snprintf(text, sizeof(text), "%s: %s/%s, %.0f%%%s%s, %s, ETA %s", label_.c_str(), decimal_bytes(done).c_str(),
                 decimal_bytes(total_).c_str(), 100 * share, detail.empty() ? "" : ", ", detail.c_str(),
                 clock_text(elapsed).c_str(), clock_text(eta).c_str());
-  if (tty_) {
-    std::printf("\r\033[K%s", text);
-    line_open_ = true;
-  } else {
-    std::printf("%s\n", text);
-  }
-  std::fflush(stdout);
+  draw_progress_line(text, tty_, line_open_);
 }
 
 void ByteProgress::finish() {

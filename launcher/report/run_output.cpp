@@ -27,6 +27,16 @@ void write_file_atomically(const std::string& path_text, const std::string& text
   std::filesystem::rename(tmp, path);
 }
 
+void draw_progress_line(const char* text, bool tty, bool& line_open) {
+  if (tty) {
+    std::printf("\r\033[K%s", text);
+    line_open = true;
+  } else {
+    std::printf("%s\n", text);
+  }
+  std::fflush(stdout);
+}
+
 std::string clock_text(double seconds) {
   const long s = static_cast<long>(seconds);
   char buf[32];
@@ -92,13 +102,7 @@ void Progress::step(int64_t step, double loss, double lr, double samples_per_s) 
   std::snprintf(text, sizeof(text), "step %lld/%lld  loss %.4f  lr %.3g  %.0f samples/s  elapsed %s  ETA %s",
                 static_cast<long long>(step), static_cast<long long>(total_), loss, lr, samples_per_s,
                 clock_text(elapsed).c_str(), clock_text(per_step * static_cast<double>(total_ - step)).c_str());
-  if (tty_) {
-    std::printf("\r\033[K%s", text);
-    line_open_ = true;
-  } else {
-    std::printf("%s\n", text);
-  }
-  std::fflush(stdout);
+  draw_progress_line(text, tty_, line_open_);
 }
 
 void Progress::line(const std::string& text) {

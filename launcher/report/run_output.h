@@ -37,6 +37,9 @@ class RunOutput {
 
 // Seconds as h:mm:ss, as progress lines print elapsed time and ETA.
 std::string clock_text(double seconds);
+// Prints a progress line: redrawn in place on a terminal (line_open then says a newline is owed),
+// one line each otherwise (logs).
+void draw_progress_line(const char* text, bool tty, bool& line_open);
 
 class Progress {
  public:
