@@ -33,9 +33,11 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 import importlib.util, os, torch
 print(f"torch      {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
       f"GPU available {torch.cuda.is_available()}" + (f": {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
-print(f"nccl       torch's {torch.cuda.nccl.version() if torch.cuda.is_available() else 'n/a'}; wheel "
-      + ("nvidia-nccl at " + os.path.dirname(importlib.util.find_spec('nvidia.nccl').submodule_search_locations[0])
-         if importlib.util.find_spec('nvidia') and importlib.util.find_spec('nvidia.nccl') else "missing"))
+try:
+    wheel = [h for h in __import__("glob").glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "**", "nccl.h"), recursive=True)]
+    print(f"nccl       torch's {torch.cuda.nccl.version() if torch.cuda.is_available() else 'n/a'}; header {wheel[0] if wheel else 'not beside torch'}")
+except Exception as e:  # a report line only: never a reason to stop the build
+    print(f"nccl       not read: {e}")
 PY
 prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 [ -d .deps/include ] || { echo "device-build: .deps/ is missing: run bash scripts/device-deps.sh on the build machine and carry .deps" >&2; exit 2; }
@@ -47,11 +49,27 @@ command -v ninja >/dev/null && [ ! -f "$build/Makefile" ] && args+=(-G Ninja)
 # libtorch's CMake probes the GPU for its architecture list when none is given.
 [ -n "${TORCH_CUDA_ARCH_LIST:-}" ] || export TORCH_CUDA_ARCH_LIST="9.0"
 if ! command -v mpirun >/dev/null; then args+=(-DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON); fi
+# NCCL: the toolkit's, or the nvidia-nccl wheel beside PyTorch (its include/nccl.h, lib/libnccl.so.2).
+if [ ! -e /usr/local/cuda/include/nccl.h ]; then
+  nccl_h=$("$python" - <<'PY' 2>/dev/null
+import glob, os, sysconfig
+for root in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+    for h in sorted(glob.glob(os.path.join(root, "nvidia", "**", "nccl.h"), recursive=True)):
+        print(h); raise SystemExit
+PY
+)
+  [ -n "$nccl_h" ] && args+=(-DHT_NCCL_ROOT="$(dirname "$(dirname "$nccl_h")")")
+fi
 # shellcheck disable=SC2206
 args+=(${HT_DEVICE_CMAKE_ARGS:-})
 echo "== device-build: cmake ${args[*]}"
 start=$(date +%s)
 cmake "${args[@]}" 2>&1 | grep -vE '^-- (Looking|Performing|Check|Detecting)' 
 echo "== device-build: building ${targets[*]} with $(nproc) jobs"
-cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+# HT_KEEP_GOING=1: past a failing file, so that one build shows every error (ninja or make).
+keep=()
+if [ -n "${HT_KEEP_GOING:-}" ]; then
+  if [ -f "$build/build.ninja" ]; then keep=(-- -k 0); else keep=(-- -k); fi
+fi
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" "${keep[@]}"
 echo "== device-build: done in $(( $(date +%s) - start )) s: $build/launcher/hybrid_train"

@@ -5,6 +5,7 @@
 #   .deps/include/nlohmann                    nlohmann/json (header-only)
 #   .deps/include/zlib.h, zconf.h             zlib's headers (every Linux has libz.so.1)
 #   .deps/googletest                          GoogleTest's sources, built there with the tests
+#   .deps/fashion-mnist                       the quick start's data, where dataset-fashion-mnist is installed
 # COIN-OR CBC and Open MPI are not carried: the device build goes without the MIP (static plans
 # take the segments heuristic) and without MPI (one GPU). scripts/device-build.sh uses .deps/.
 set -euo pipefail
@@ -17,4 +18,6 @@ mkdir -p .deps/include
 cp -r /usr/include/CLI /usr/include/toml++ /usr/include/nlohmann .deps/include/
 cp /usr/include/zlib.h /usr/include/zconf.h .deps/include/
 cp -r /usr/src/googletest .deps/googletest
+# The quick start's data (scripts/device-run.sh passes --data.path=.deps/fashion-mnist).
+[ -d /usr/share/datasets/fashion-mnist ] && cp -r /usr/share/datasets/fashion-mnist .deps/fashion-mnist
 echo "device-deps: .deps/ holds $(du -sh .deps | cut -f1) (the device tool carries up to 64 MiB)"

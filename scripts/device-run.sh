@@ -1,62 +1,98 @@
 #!/usr/bin/env bash
-# Issue 18's GPU list, in order, in one command on the GPU machine (after device-deps.sh here):
+# Issue 35's GPU list, in order, in one command on the GPU machine (after device-deps.sh here):
 #
-#   run(command="bash scripts/device-run.sh", carry=[".deps"])
+#   run(command="bash scripts/device-run.sh", carry=[".deps"], timeout_s=600)
 #
-#   1. the build (scripts/device-build.sh; build-device/ is kept while the machine stays warm);
-#   2. the engine's test programs, whose op and model checks also run on CUDA where a GPU is;
-#   3. hybrid_train on CUDA: the quick start, gpt_tiny in bf16 and in fp16 with loss scaling;
+#   1. the build (scripts/device-build.sh, going on past a failing file so that one run shows
+#      every error): hybrid_train, the CUDA memory tests and the benchmarks first;
+#   2. the engine's test programs, whose op and model checks also run on CUDA where a GPU is:
+#      the CUDA memory tests first and alone, then (built while steps 3 and 4 run) the others side
+#      by side, 2 threads each;
+#   3. hybrid_train on CUDA: the quick start, gpt_tiny in bf16 and in fp16 with loss scaling, the
+#      Llama debug config in bf16;
 #   4. gpt_tiny with and without a DTR budget on CUDA: the same model.pt, byte for byte;
-#   5. the measured tables: bench_step_vs_autograd (interpreter vs autograd) and bench_dtr_budget
-#      (DTR at 0.5/0.3/0.2 of activations, the largest batch, and PyTorch eager and
-#      torch.utils.checkpoint in this machine's python3), on ResNet-50 at 224 and GPT-2 small.
+#   5. the measured tables: bench_step_vs_autograd (interpreter vs autograd), bench_dtr_budget
+#      (DTR at 0.5/0.3/0.2 of activations, with PyTorch eager and torch.utils.checkpoint in this
+#      machine's python3), then its largest-batch search, on ResNet-50 at 224 and GPT-2 small.
 #
-# The whole list may not fit one command's 10 minutes: split it with HT_DEVICE_STEPS, e.g.
-# "build,tests" first, then "jobs,budget", then "bench" (build-device/ stays while warm).
+# A session holds the machine for about 15 minutes, its start included, and the machine comes back
+# bare: so every step runs under one deadline (HT_DEVICE_DEADLINE seconds from the start, default
+# 530, inside the tool's 600), each step's time limit cut to what is left, and what is not reached
+# is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,bench) picks steps.
 #
-# Each step's whole log goes to $OUT (the device tool brings it back), a line per step here.
-# A step that fails does not stop the next. HT_DEVICE_STEPS=tests,jobs,budget skips the build.
+# The tool brings back at most 8 files: everything lands in $OUT/summary.txt (a line per step) and
+# $OUT/logs.tgz (each step's whole log), packed again after every step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device-out}
-mkdir -p "$out"
+logs=device-logs
+rm -rf "$logs" && mkdir -p "$out" "$logs"
 steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,bench}
+deadline=$((SECONDS + ${HT_DEVICE_DEADLINE:-530}))
+bin=${HT_BUILD_DIR:-build-device}
 say() { echo "device-run: $*" | tee -a "$out/summary.txt"; }
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+pack() { tar czf "$out/logs.tgz" "$logs" 2>/dev/null; }
+# left MAX: seconds a step may take, at most MAX, never past the deadline (0 when it has passed).
+left() { local l=$((deadline - SECONDS)); ((l < 0)) && l=0; ((l > $1)) && l=$1; echo "$l"; }
+say "started $(date -u +%FT%TZ) at commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
 
+tests=(test_runtime test_memory test_models test_alloc test_parallel test_planner test_launcher)
+build() {  # log name, time limit, targets...: one build, a summary line and its first errors
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  HT_KEEP_GOING=1 timeout "$limit" bash scripts/device-build.sh "$@" >"$logs/$name.log" 2>&1
+  local status=$?
+  say "$name: exit $status in $((SECONDS - start)) s; $(grep -c 'error:' "$logs/$name.log") error lines"
+  grep -m 30 -E 'error:|FAILED:|CMake Error' "$logs/$name.log" | tee -a "$out/summary.txt"
+}
+# First what the jobs and the benchmarks need, then (in the background, while the CUDA memory
+# tests and the jobs run) the other test programs.
+test_build=
 if [[ $steps == *build* ]]; then
-  start=$SECONDS
-  bash scripts/device-build.sh >"$out/build.log" 2>&1
-  status=$?
-  grep -E "^(cmake|ninja|g\+\+|nvcc|mpirun|torch|nccl) " "$out/build.log"
-  say "build: exit $status in $((SECONDS - start)) s"
-  [ "$status" = 0 ] || { tail -40 "$out/build.log"; exit 1; }
+  build build "$(left 330)" hybrid_train test_cuda_memory bench_step_vs_autograd bench_dtr_budget
+  grep -E "^(cmake|ninja|g\+\+|nvcc|mpirun|torch|nccl) |^NVIDIA|^-- hybrid_train" "$logs/build.log" | tee -a "$out/summary.txt"
+  pack
+  if [[ $steps == *tests* ]]; then
+    build build_tests "$(left 300)" "${tests[@]}" &
+    test_build=$!
+  fi
 fi
 
+gtest() {  # program, time limit, log: runs one test program, a summary line when it ends
+  local t=$1 limit=$2 start=$SECONDS
+  if [ ! -x "$bin/tests/$t" ]; then say "$t: not built"; return; fi
+  if ((limit == 0)); then say "$t: not run (deadline)"; return; fi
+  timeout "$limit" "$bin/tests/$t" --gtest_brief=1 >"$logs/$t.log" 2>&1
+  local status=$?
+  say "$t: exit $status in $((SECONDS - start)) s; $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/$t.log" | head -20 | tee -a "$out/summary.txt"
+}
+
 if [[ $steps == *tests* ]]; then
-  for t in test_cuda_memory test_alloc test_runtime test_memory test_models test_parallel test_planner; do
-    [ -x "build-device/tests/$t" ] || { say "$t: not built"; continue; }
-    start=$SECONDS
-    timeout 300 "build-device/tests/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
-    status=$?
-    say "$t: exit $status in $((SECONDS - start)) s; $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr '\n' ' ')"
-    grep -E '^\[  FAILED  \] [A-Za-z]' "$out/$t.log" | head -20
-  done
+  gtest test_cuda_memory "$(left 90)"
+  pack
 fi
 
 job() {  # name, config, overrides...
-    local name=$1
-    shift
-    start=$SECONDS
-    timeout 240 build-device/launcher/hybrid_train "$@" --training.device=cuda --job.output_dir="$out/runs/$name" \
-      >"$out/$name.log" 2>&1
-    say "$name: exit $? in $((SECONDS - start)) s: $(grep -E '^(done|hybrid_train: error|stopped)' "$out/$name.log" | tail -1)"
+  local name=$1 start=$SECONDS limit
+  shift
+  limit=$(left 90)
+  if ((limit == 0)); then say "$name: not run (deadline)"; return; fi
+  timeout "$limit" "$bin/launcher/hybrid_train" "$@" --training.device=cuda --job.output_dir="$logs/runs/$name" \
+    >"$logs/$name.log" 2>&1
+  say "$name: exit $? in $((SECONDS - start)) s: $(grep -E '^(done|hybrid_train: error|stopped)' "$logs/$name.log" | tail -1)"
 }
 
+# The quick start's data: Debian's dataset-fashion-mnist, carried in .deps/ by device-deps.sh.
+fmnist=()
+[ -d .deps/fashion-mnist ] && fmnist=(--data.path=.deps/fashion-mnist)
 if [[ $steps == *jobs* ]]; then
-  job quickstart configs/quickstart.toml --training.steps=300
+  job quickstart configs/quickstart.toml --training.epochs=1 "${fmnist[@]}"
   job gpt_bf16 configs/gpt_tiny.toml --training.steps=200 --training.mixed_precision=bf16
   job gpt_fp16 configs/gpt_tiny.toml --training.steps=200 --training.mixed_precision=fp16
+  job llama_bf16 configs/llama_debug.toml --training.steps=200 --training.mixed_precision=bf16
+  pack
 fi
 
 if [[ $steps == *budget* ]]; then
@@ -64,7 +100,7 @@ if [[ $steps == *budget* ]]; then
   # (the peak above that), the DTR paper's convention.
   common=(configs/gpt_tiny.toml --training.steps=60 --checkpoint.interval=60 --model.dropout=0)
   job gpt_plain "${common[@]}"
-  budget=$(python3 - "$out/runs/gpt_plain/metrics.jsonl" <<'PY'
+  budget=$(python3 - "$logs/runs/gpt_plain/metrics.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"mem_peak_bytes"' in l]
 peak = max(r["mem_peak_bytes"] for r in rows if r.get("mem_peak_bytes"))
@@ -73,24 +109,44 @@ print(int(peak - act / 2))
 PY
 )
   say "budget: ${budget:-?} bytes (the plain run's peak less half its activations)"
-  job gpt_dtr "${common[@]}" --memory.budget="$budget" --memory.policy=dtr
-  plain=$(ls -d "$out"/runs/gpt_plain/checkpoints/*/ 2>/dev/null | tail -1)
-  dtr=$(ls -d "$out"/runs/gpt_dtr/checkpoints/*/ 2>/dev/null | tail -1)
+  job gpt_dtr "${common[@]}" --memory.budget="${budget:-0}" --memory.policy=dtr
+  plain=$(ls -d "$logs"/runs/gpt_plain/checkpoints/*/ 2>/dev/null | tail -1)
+  dtr=$(ls -d "$logs"/runs/gpt_dtr/checkpoints/*/ 2>/dev/null | tail -1)
   if [ -n "$plain" ] && [ -n "$dtr" ] && cmp "$plain/model.pt" "$dtr/model.pt"; then
-    say "budget: model.pt byte-identical with and without the budget; $(grep -c '"evictions": *[1-9]' "$out/runs/gpt_dtr/metrics.jsonl") logged steps evicted"
+    say "budget: model.pt byte-identical with and without the budget; $(grep -c '"evictions": *[1-9]' "$logs/runs/gpt_dtr/metrics.jsonl") logged steps evicted"
   else
     say "budget: model.pt differs or is missing (plain ${plain:-none}, dtr ${dtr:-none})"
   fi
+  pack
+fi
+
+# The other test programs side by side (2 threads each); they end before the benchmarks time anything.
+if [[ $steps == *tests* ]]; then
+  [ -n "$test_build" ] && wait "$test_build"
+  background=()
+  for t in "${tests[@]}"; do
+    OMP_NUM_THREADS=2 gtest "$t" "$(left 200)" &
+    background+=($!)
+  done
+  for p in "${background[@]}"; do wait "$p"; done
+  pack
 fi
 
 if [[ $steps == *bench* ]]; then
-  bench() {  # name, arguments...
-    local name=$1
-    shift
-    start=$SECONDS
-    timeout 300 "build-device/bench/$name" --device cuda "$@" >"$out/$name.log" 2>&1
-    say "$name: exit $? in $((SECONDS - start)) s (table in $name.log)"
+  bench() {  # log name, limit, program, arguments...
+    local name=$1 limit=$2 program=$3 start=$SECONDS
+    shift 3
+    if [ ! -x "$bin/bench/$program" ]; then say "$name: not built"; return; fi
+    if ((limit == 0)); then say "$name: not run (deadline)"; return; fi
+    timeout "$limit" "$bin/bench/$program" --device cuda "$@" >"$logs/$name.log" 2>&1
+    say "$name: exit $? in $((SECONDS - start)) s"
+    cat "$logs/$name.log" >>"$out/summary.txt"
+    pack
   }
-  bench bench_step_vs_autograd --reps 7 --warmup 2
-  bench bench_dtr_budget --policies dtr --ratios 0.5,0.3,0.2 --reps 5 --warmup 2 --peer python3
+  bench step_vs_autograd "$(left 120)" bench_step_vs_autograd --reps 5 --warmup 2
+  bench dtr_budget "$(left 180)" bench_dtr_budget --policies dtr --ratios 0.5,0.3,0.2 --reps 3 --warmup 1 \
+    --peer python3 --no-max-batch
+  bench dtr_max_batch "$(left 600)" bench_dtr_budget --policies dtr --only-max-batch --reps 2 --warmup 1
 fi
+say "ended $(date -u +%FT%TZ), $SECONDS s after the start"
+pack
