@@ -42,6 +42,19 @@ int64_t ArenaRegistry::release(void* data) {
   return -1;
 }
 
+ArenaRegistry::Held ArenaRegistry::retired_but_held() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Held held;
+  for (const Entry& e : entries_) {
+    if (!e.retired) continue;
+    const ArenaStats stats = e.arena->stats();
+    ++held.arenas;
+    held.capacity += stats.capacity;
+    held.in_use += stats.in_use;
+  }
+  return held;
+}
+
 std::shared_ptr<CpuArena> ArenaRegistry::erase(size_t i) {
   std::shared_ptr<CpuArena> arena = std::move(entries_[i].arena);
   entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));

@@ -21,6 +21,14 @@ class ArenaRegistry {
   void retire(const CpuArena* arena);
   // Frees `data` if an arena holds it; returns its block size, or -1 if no arena holds it.
   int64_t release(void* data);
+  // Retired arenas that live on because a block is still in use: how many, and their capacity
+  // (what an out-of-memory message names, since a GPU arena holds its whole cudaMalloc block).
+  struct Held {
+    int arenas = 0;
+    int64_t capacity = 0;
+    int64_t in_use = 0;
+  };
+  Held retired_but_held();
 
  private:
   struct Entry {

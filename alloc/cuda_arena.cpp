@@ -4,6 +4,7 @@
 #include "alloc/cpu_device_allocator.h"
 #include "base/compat.h"
 
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
@@ -48,6 +49,25 @@ void* allocate(size_t n, int, cudaStream_t stream) {
 void release(void* data, size_t, int, cudaStream_t) {
   if (data == nullptr || release_to_arenas(cuda_arenas(), data) >= 0) return;
   native_allocator()->raw_delete(data);
+}
+
+// ATen keeps some GPU memory for the rest of the process: cuBLAS's and cuBLASLt's workspaces,
+// made by the first matrix product on a stream. Made inside an arena they sit in that budget and
+// keep the arena (its whole cudaMalloc block) alive past its scope. Seen on an H200 with libtorch
+// 2.11 (2026-11-26): the first run in an arena held 1 MiB more after its steps than every run
+// after it, and bench_dtr_budget's later arenas found the GPU full. So they are made here, from
+// the caching allocator, whenever an arena starts to serve (with the workspaces cached, a few tiny
+// products): per-process library state, outside every budget, as the CUDA context itself is.
+void make_library_workspaces() {
+  const auto on_gpu = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device());
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const at::Tensor a = at::ones({16, 16}, on_gpu.dtype(dtype));
+    const at::Tensor bias = at::ones({16}, on_gpu.dtype(dtype));
+    at::mm(a, a);
+    at::addmm(bias, a, a);  // cuBLASLt's path (a product with a bias) where ATen takes it
+    at::addmm(a, a, a);
+    at::bmm(a.unsqueeze(0), a.unsqueeze(0));
+  }
 }
 #endif
 
@@ -114,14 +134,26 @@ std::shared_ptr<CpuArena> make_cuda_arena(int64_t bytes, int device) {
                              cudaGetErrorString(cudaGetLastError()));
   }
   void* base = nullptr;
-  const cudaError_t status = cudaMalloc(&base, static_cast<size_t>(bytes));
+  cudaError_t status = cudaMalloc(&base, static_cast<size_t>(bytes));
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+  if (status == cudaErrorMemoryAllocation) {  // the caching allocator's idle blocks may be in the way
+    cudaGetLastError();
+    native_allocator()->emptyCache();
+    status = cudaMalloc(&base, static_cast<size_t>(bytes));
+  }
+#endif
   if (status != cudaSuccess) {
     cudaGetLastError();
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
+    const ArenaRegistry::Held held = cuda_arenas().retired_but_held();
     throw std::runtime_error("device memory of " + what + ": cudaMalloc failed (" + cudaGetErrorString(status) +
                              "); the GPU has " + mib(static_cast<int64_t>(free)) + " free of " +
-                             mib(static_cast<int64_t>(total)));
+                             mib(static_cast<int64_t>(total)) +
+                             (held.arenas == 0 ? std::string()
+                                               : "; " + std::to_string(held.arenas) + " ended arenas (" +
+                                                     mib(held.capacity) + ") are kept by " + mib(held.in_use) +
+                                                     " of tensors still alive"));
   }
   return std::make_shared<CpuArena>(base, bytes, [](void* p) { cudaFree(p); });
 }
@@ -131,6 +163,9 @@ CudaArenaScope::CudaArenaScope(std::shared_ptr<CpuArena> arena) : arena_(std::mo
   TORCH_CHECK(cuda_budgets_built(), "CudaArenaScope: ", cuda_budgets_missing());
   TORCH_CHECK(active_arena() == nullptr, "CudaArenaScope: another arena is already active (one device memory per process)");
   install_cuda_allocator();
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+  make_library_workspaces();  // outside the arena: they outlive it
+#endif
   cuda_arenas().add(arena_);
   g_cuda_active.store(arena_.get(), std::memory_order_release);
   set_cuda_arena(arena_.get());

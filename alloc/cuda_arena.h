@@ -6,8 +6,8 @@
 // placement by lifetime, a static layout's offsets, and an allocation that does not fit asks
 // the memory manager to evict before it fails); outside one, ATen's caching allocator serves it
 // as ever, so a run without a budget is PyTorch's own baseline. So a budget on a GPU keeps the CPU
-// arena's guarantees: a real limit (nothing beyond the block, cuDNN's and cuBLAS's workspaces
-// included), fragmentation visible (the arena's own map), eviction on failure (inside the
+// arena's guarantees: a real limit (nothing beyond the block, the workspaces kernels ask for
+// included; only the libraries' per-process workspaces, made before an arena serves, are outside), fragmentation visible (the arena's own map), eviction on failure (inside the
 // allocation, not after an exception). The caching allocator's own limit (setMemoryFraction)
 // gives the first only: its cached blocks hide fragmentation, and its out-of-memory error leaves
 // a kernel half run for the caller to repeat.

@@ -46,6 +46,8 @@ double relative_error(const at::Tensor& got, const at::Tensor& expected) {
   return ((got - expected).norm() / expected.norm()).item<double>();
 }
 
+int64_t not_finite(const at::Tensor& t) { return t.isfinite().logical_not().sum().item<int64_t>(); }
+
 double cosine(const at::Tensor& a, const at::Tensor& b) {
   return (at::dot(a, b) / (a.norm() * b.norm())).item<double>();
 }
@@ -60,7 +62,9 @@ TEST_P(ModelAmp, Bf16EqualsAutogradWithTheSameCastsAndTracksFp32) {
   EXPECT_EQ(bf16.loss.scalar_type(), at::kFloat) << "the loss is computed in fp32";
 
   EXPECT_TRUE(bf16.loss.equal(reference.loss)) << "same kernels, same casts";
-  EXPECT_LE(relative_error(bf16.grads, reference.grads), 1e-2) << "backward kernels may round bf16 differently";
+  EXPECT_LE(relative_error(bf16.grads, reference.grads), 1e-2)
+      << "backward kernels may round bf16 differently; values not finite: " << not_finite(bf16.grads) << " of ours, "
+      << not_finite(reference.grads) << " of autograd's, of " << reference.grads.numel();
 
   const double loss_error = ((bf16.loss - fp32.loss).abs() / fp32.loss.abs()).item<double>();
   const double grad_error = relative_error(bf16.grads, fp32.grads);
