@@ -13,6 +13,7 @@
 #endif
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
@@ -51,24 +52,6 @@ void release(void* data, size_t, int, cudaStream_t) {
   native_allocator()->raw_delete(data);
 }
 
-// ATen keeps some GPU memory for the rest of the process: cuBLAS's and cuBLASLt's workspaces,
-// made by the first matrix product on a stream. Made inside an arena they sit in that budget and
-// keep the arena (its whole cudaMalloc block) alive past its scope. Seen on an H200 with libtorch
-// 2.11 (2026-11-26): the first run in an arena held 1 MiB more after its steps than every run
-// after it, and bench_dtr_budget's later arenas found the GPU full. So they are made here, from
-// the caching allocator, whenever an arena starts to serve (with the workspaces cached, a few tiny
-// products): per-process library state, outside every budget, as the CUDA context itself is.
-void make_library_workspaces() {
-  const auto on_gpu = at::TensorOptions().device(at::kCUDA, c10::cuda::current_device());
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-    const at::Tensor a = at::ones({16, 16}, on_gpu.dtype(dtype));
-    const at::Tensor bias = at::ones({16}, on_gpu.dtype(dtype));
-    at::mm(a, a);
-    at::addmm(bias, a, a);  // cuBLASLt's path (a product with a bias) where ATen takes it
-    at::addmm(a, a, a);
-    at::bmm(a.unsqueeze(0), a.unsqueeze(0));
-  }
-}
 #endif
 
 // The caching allocator's statistics (its type differs between libtorch versions).
@@ -81,6 +64,35 @@ auto caching_allocator_stats(int device) {
 }
 
 }  // namespace
+
+// ATen keeps some GPU memory for the rest of the process: cuBLAS's and cuBLASLt's workspaces,
+// made by the first matrix product on a stream. Made inside an arena they sit in that budget and
+// keep the arena (its whole cudaMalloc block) alive past its scope. Seen on an H200 with libtorch
+// 2.11 (2026-11-26): the first run in an arena held 1 MiB more after its steps than every run
+// after it, and bench_dtr_budget's later arenas found the GPU full. So they are made from the
+// caching allocator whenever an arena starts to serve (with the workspaces cached, a few tiny
+// products), and before a run without a budget measures its peak: per-process library state,
+// outside every budget and every peak, as the CUDA context itself is.
+int64_t make_cuda_library_workspaces(int device) {
+  static std::mutex mu;
+  static std::map<int, int64_t> made;  // device -> bytes, measured the first time
+  std::lock_guard<std::mutex> lock(mu);
+  TORCH_CHECK(active_arena() == nullptr, "make_cuda_library_workspaces: inside an arena");
+  const int64_t before = caching_allocator_stats(device).allocated_bytes[0].current;
+  {
+    const auto on_gpu = at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      const at::Tensor a = at::ones({16, 16}, on_gpu.dtype(dtype));
+      const at::Tensor bias = at::ones({16}, on_gpu.dtype(dtype));
+      at::mm(a, a);
+      at::addmm(bias, a, a);  // cuBLASLt's path (a product with a bias) where ATen takes it
+      at::addmm(a, a, a);
+      at::bmm(a.unsqueeze(0), a.unsqueeze(0));
+    }
+  }
+  const int64_t grown = caching_allocator_stats(device).allocated_bytes[0].current - before;
+  return made.emplace(device, grown).first->second;  // the first call's bytes: later ones find them made
+}
 
 bool cuda_budgets_built() {
 #ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
@@ -163,9 +175,7 @@ CudaArenaScope::CudaArenaScope(std::shared_ptr<CpuArena> arena) : arena_(std::mo
   TORCH_CHECK(cuda_budgets_built(), "CudaArenaScope: ", cuda_budgets_missing());
   TORCH_CHECK(active_arena() == nullptr, "CudaArenaScope: another arena is already active (one device memory per process)");
   install_cuda_allocator();
-#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
-  make_library_workspaces();  // outside the arena: they outlive it
-#endif
+  make_cuda_library_workspaces(c10::cuda::current_device());  // outside the arena: they outlive it
   cuda_arenas().add(arena_);
   g_cuda_active.store(arena_.get(), std::memory_order_release);
   set_cuda_arena(arena_.get());

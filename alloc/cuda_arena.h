@@ -58,6 +58,13 @@ class CudaArenaScope {
   std::shared_ptr<CpuArena> arena_;
 };
 
+// Makes ATen's per-process GPU workspaces on `device` (cuBLAS's and cuBLASLt's, made by the first
+// matrix product on a stream) now, from the caching allocator, outside any arena, and returns
+// their bytes as the caching allocator counts them (measured at the first call for the device:
+// 0 where a product ran before it). A CudaArenaScope calls it; a run without a budget calls it
+// before measuring, and leaves those bytes out of its peak. -1 without CUDA.
+int64_t make_cuda_library_workspaces(int device);
+
 // The caching allocator's peak of bytes in tensors on `device` (outside arenas) since the last
 // reset: device memory of a run without a budget. -1 without CUDA.
 int64_t cuda_allocated_peak_bytes(int device);

@@ -26,6 +26,7 @@ CudaArenaScope::CudaArenaScope(std::shared_ptr<CpuArena>) {
 }
 CudaArenaScope::~CudaArenaScope() = default;
 
+int64_t make_cuda_library_workspaces(int) { return -1; }
 int64_t cuda_allocated_peak_bytes(int) { return -1; }
 int64_t cuda_allocated_bytes(int) { return -1; }
 void reset_cuda_allocated_peak(int) {}

@@ -8,6 +8,7 @@
 //    torchtitan, DeepSpeed and Megatron do), the slowest stage over the mean, predicted for
 //    pp = 2 and 4 and measured for pp = 2.
 // Exits non-zero when a pipeline's loss is not the single rank's or a run fails.
+#include "base/remove_tree.h"
 #include "bench/bench_util.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/data/dataset.h"
@@ -88,7 +89,7 @@ Run train(const Options& o, const Job& job, int stages, const std::string& name,
           int threads = 1) {
   Run r;
   const std::string out = o.scratch + "/" + name;
-  std::filesystem::remove_all(out);
+  ht::remove_tree(out);
   std::string command = (stages > 1 ? std::string(HT_MPIEXEC) + " --allow-run-as-root --oversubscribe -np " +
                                           std::to_string(stages) + " " : std::string()) +
                         o.binary + " " + job.config + " " + job.args + " --job.output_dir=" + out +

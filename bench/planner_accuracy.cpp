@@ -8,6 +8,7 @@
 // micro-batch, memory policy or precision are all trained; the pick should be within 5% of the
 // fastest of them. A failed run, or a measured peak over its plan's budget, is an error (exit 1);
 // a missed accuracy target is reported, not an error: timings on a shared machine vary.
+#include "base/remove_tree.h"
 #include "bench/bench_util.h"
 #include "bench/planner_rows.h"
 #include "alloc/cpu_device_allocator.h"
@@ -412,6 +413,6 @@ int main(int argc, char** argv) {
   }
   std::printf("wall time %.0f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   // A failed run's output stays for reading.
-  if (!outcome.failed && !o.keep_runs) std::filesystem::remove_all(scratch);
+  if (!outcome.failed && !o.keep_runs) ht::remove_tree(scratch);
   return outcome.failed ? 1 : 0;
 }

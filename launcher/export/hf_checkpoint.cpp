@@ -4,6 +4,7 @@
 #include "launcher/report/run_output.h"
 #include "launcher/user_error.h"
 #include "alloc/cpu_device_allocator.h"
+#include "base/remove_tree.h"
 
 #include <nlohmann/json.hpp>
 
@@ -208,7 +209,7 @@ int64_t export_hf(const Model& model, const DecoderOptions& o, const std::string
     write_safetensors(weights, outputs, dtype, {{"format", "pt"}});
     write_file_atomically(config, hf_config(o, dtype).dump(2) + "\n");
   } catch (const UserError&) {
-    if (!existed) fs::remove_all(dir, ec);  // nothing half written: a folder this made goes too
+    if (!existed) remove_tree(dir, ec);  // nothing half written: a folder this made goes too
     throw;
   }
   return static_cast<int64_t>(fs::file_size(weights) + fs::file_size(config));

@@ -2,6 +2,7 @@
 
 #include "launcher/user_error.h"
 #include "alloc/cpu_device_allocator.h"
+#include "base/remove_tree.h"
 
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -173,7 +174,7 @@ std::string CheckpointStore::save(const Model& model, const torch::optim::Optimi
   needed += manifest.str().size();
   auto no_room = [&](const std::string& what) {
     std::error_code ignored;
-    fs::remove_all(tmp, ignored);
+    remove_tree(tmp, ignored);
     const std::vector<std::string> previous = list();
     return UserError(dir.string() + ": " + what + " writing the checkpoint of step " + std::to_string(state.step) +
                      ", which needs " + std::to_string(needed) + " bytes (" + std::to_string(fs::space(dir, ignored).available) +
@@ -187,7 +188,7 @@ std::string CheckpointStore::save(const Model& model, const torch::optim::Optimi
   const fs::space_info space = fs::space(dir, ec);
   if (!ec && space.available < needed) throw no_room("not enough free space for");
   try {
-    fs::remove_all(tmp);
+    remove_tree(tmp);
     fs::create_directories(tmp);
     auto write = [&](const char* name, const std::string& bytes) {
       if (!write_file(tmp / name, bytes)) throw std::runtime_error(std::string("the disk refused ") + name + " (full, or a quota)");
@@ -199,12 +200,12 @@ std::string CheckpointStore::save(const Model& model, const torch::optim::Optimi
   } catch (const std::exception& e) {  // the space went meanwhile (another writer), or a quota
     throw no_room(e.what() + std::string(";"));
   }
-  fs::remove_all(final_path);
+  remove_tree(final_path);
   fs::rename(tmp, final_path);
   fsync_path(dir, true);
   // Keep the newest `keep`.
   const std::vector<std::string> all = list();
-  for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) fs::remove_all(all[i]);
+  for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) remove_tree(all[i]);
   return final_path.string();
 }
 

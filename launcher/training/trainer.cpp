@@ -73,6 +73,10 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     if (config.memory.optimizer_state == StatePlace::kHost) state_offload_ = std::make_unique<StateOffload>(host_link_);
   }
   memory_.configure(memory_options());
+  if (!arena_ && device_.is_cuda()) {
+    library_workspace_bytes_ =
+        std::max<int64_t>(0, make_cuda_library_workspaces(device_.has_index() ? device_.index() : 0));
+  }
   if (memory_.static_planner() != nullptr) {
     // Segments end at blocks; the capture of a step notes where each began.
     model_->set_block_listener([this](int block) { memory_.block_begins(block); });
@@ -274,8 +278,9 @@ Trainer::StepResult Trainer::train_step() {
     r.mem_peak_bytes = arena_->stats().peak_in_use;
   } else if (device_.is_cpu()) {
     r.mem_peak_bytes = counter.device_peak_bytes();
-  } else if (device_.is_cuda()) {  // ATen's caching allocator: bytes in tensors, not its cache
-    r.mem_peak_bytes = cuda_allocated_peak_bytes(device_.has_index() ? device_.index() : 0);
+  } else if (device_.is_cuda()) {  // ATen's caching allocator: bytes in tensors, not its cache nor cuBLAS's
+    r.mem_peak_bytes =
+        cuda_allocated_peak_bytes(device_.has_index() ? device_.index() : 0) - library_workspace_bytes_;
   }
   const MemoryStats& after = memory_.stats();
   r.evictions = after.evictions - before.evictions;

@@ -162,6 +162,9 @@ class Trainer {
   TrainerState state_;
   TrainResult result_;
   int64_t predicted_peak_bytes_ = -1;  // -1: no prediction
+  // On a GPU without a budget: cuBLAS's workspaces, which the caching allocator counts and the
+  // measured peak leaves out (make_cuda_library_workspaces).
+  int64_t library_workspace_bytes_ = 0;
   double predicted_step_ms_ = 0;
 };
 

@@ -31,6 +31,28 @@ void flip_a_byte(const std::string& path) {
   f.write(&ch, 1);
 }
 
+// What rotation and cleanup delete with (base/remove_tree.h, not std::filesystem::remove_all).
+TEST(Checkpoint, RemoveTreeTakesAFolderAndLeavesWhatLinksPointTo) {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  fs::create_directories(dir.path("tree/a/b"));
+  dir.write("tree/a/b/file", "x");
+  dir.write("tree/top", "y");
+  const std::string outside = dir.write("outside", "kept");
+  fs::create_symlink(outside, dir.path("tree/a/link"));
+  fs::create_directories(dir.path("elsewhere/inner"));
+  fs::create_directory_symlink(dir.path("elsewhere"), dir.path("tree/dirlink"));
+  remove_tree(dir.path("tree"));
+  EXPECT_FALSE(fs::exists(dir.path("tree")));
+  EXPECT_TRUE(fs::exists(outside)) << "a link is removed, not what it points to";
+  EXPECT_TRUE(fs::exists(dir.path("elsewhere/inner")));
+  std::error_code ec;
+  remove_tree(dir.path("never_there"), ec);
+  EXPECT_FALSE(ec) << "a missing path is no error, as with remove_all";
+  remove_tree(dir.path("outside"));
+  EXPECT_FALSE(fs::exists(outside)) << "a plain file goes too";
+}
+
 TEST(Checkpoint, RoundTripRestoresModelOptimizerAndState) {
   TempDir dir;
   Fixture a;

@@ -3,6 +3,7 @@
 // (greedy: the same every time; sampled: the same for the same seed) and its Hugging Face
 // checkpoint; a run on SentencePiece tokens samples through its tokenizer; and the arguments and
 // folders each command refuses (exit 2, naming them).
+#include "base/remove_tree.h"
 #include "launcher/export/safetensors.h"
 #include "launcher/tokenize/tokenizer.h"
 #include "tests/support/run_binary.h"
@@ -102,7 +103,7 @@ TEST(Sample, BadArgumentsAndFoldersExitWithStatus2NamingThem) {
     EXPECT_EQ(r.status, 2) << args << ": " << r.output;
     EXPECT_THAT(r.output, HasSubstr(expected)) << args;
   }
-  std::filesystem::remove_all(run + "/checkpoints");
+  remove_tree(run + "/checkpoints");
   const ProcessResult none = run_binary("export " + run);
   EXPECT_EQ(none.status, 2);
   EXPECT_THAT(none.output, HasSubstr("no checkpoint in"));

@@ -65,7 +65,10 @@ TEST_P(ModelAmp, Bf16EqualsAutogradWithTheSameCastsAndTracksFp32) {
   EXPECT_LE(relative_error(bf16.grads, reference.grads), 1e-2)
       << "backward kernels may round bf16 differently; values not finite: " << not_finite(bf16.grads) << " of ours, "
       << not_finite(reference.grads) << " of autograd's, of " << reference.grads.numel() << "; largest magnitude "
-      << bf16.grads.abs().max().item<double>() << " ours, " << reference.grads.abs().max().item<double>() << " autograd's";
+      << bf16.grads.abs().max().item<double>() << " ours, " << reference.grads.abs().max().item<double>()
+      << " autograd's; norms " << (bf16.grads - reference.grads).norm().item<double>() << " of the difference, "
+      << reference.grads.norm().item<double>() << " autograd's, " << reference.grads.square().sum().item<double>()
+      << " its sum of squares";
 
   const double loss_error = ((bf16.loss - fp32.loss).abs() / fp32.loss.abs()).item<double>();
   const double grad_error = relative_error(bf16.grads, fp32.grads);

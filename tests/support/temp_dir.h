@@ -1,6 +1,7 @@
 #pragma once
 // A fresh folder per test, removed afterwards, and helpers to put config files in it.
 
+#include "base/remove_tree.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/user_error.h"
 
@@ -24,10 +25,10 @@ class TempDir {
     for (char& ch : name)
       if (ch == '/') ch = '_';  // parameterized tests are named Suite/Test/0
     path_ = (std::filesystem::temp_directory_path() / name).string();
-    std::filesystem::remove_all(path_);
+    remove_tree(path_);
     std::filesystem::create_directories(path_);
   }
-  ~TempDir() { std::filesystem::remove_all(path_); }
+  ~TempDir() { remove_tree(path_); }
   std::string path(const std::string& name = "") const { return (std::filesystem::path(path_) / name).string(); }
   std::string write(const std::string& name, const std::string& text) const {
     std::ofstream(path(name)) << text;
