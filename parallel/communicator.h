@@ -9,6 +9,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ht {
 
@@ -39,6 +40,18 @@ class Communicator {
   virtual void allreduce_sum(at::Tensor& t, const char* what) = 0;
   virtual void broadcast(at::Tensor& t, int root, const char* what) = 0;
   virtual void barrier(const char* what) = 0;
+  // Reduce-scatter: the sum over the group of every rank's `full` (contiguous, sum(counts)
+  // elements); this rank receives its part, elements [offset, offset + counts[rank]) where offset
+  // is the sum of the counts before its own, into `shard` (contiguous, counts[rank] elements,
+  // apart from `full`). Counts may differ between ranks (uneven shards); a backend whose
+  // collective needs equal ones pads internally, never changing a result.
+  virtual void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const std::vector<int64_t>& counts,
+                                  const char* what) = 0;
+  // All-gather: every rank's `shard` (counts[rank] elements) into `full` (sum(counts) elements)
+  // at that rank's offset, on every rank. `shard` may be `full`'s own slice at this rank's offset
+  // (in place, no copy of it); any dtype: the bytes cross as they are.
+  virtual void all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
+                          const char* what) = 0;
   // Point to point (pipeline stages): `t` contiguous; recv fills it, so its shape and dtype must
   // be the sender's.
   virtual void send(const at::Tensor& t, int to, const char* what) = 0;
@@ -65,6 +78,12 @@ class Communicator {
   std::string context_ = "start";
 };
 
+// Checks the arguments of a reduce-scatter or all-gather against the group (`counts` one per rank,
+// non-negative; `full` and `shard` contiguous, of one dtype and of sum(counts) and counts[rank]
+// elements) and returns this rank's offset into `full`; throws CommunicationError naming `what`.
+int64_t check_shard_arguments(const Communicator& group, const at::Tensor& full, const at::Tensor& shard,
+                              const std::vector<int64_t>& counts, const char* collective, const char* what);
+
 class LocalCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -72,6 +91,11 @@ class LocalCommunicator final : public Communicator {
   void allreduce_sum(at::Tensor&, const char*) override {}
   void broadcast(at::Tensor&, int, const char*) override {}
   void barrier(const char*) override {}
+  // A group of one: the shard is the whole (a copy where they are two tensors).
+  void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const std::vector<int64_t>& counts,
+                          const char* what) override;
+  void all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
+                  const char* what) override;
   void send(const at::Tensor&, int to, const char* what) override { no_peer(to, what); }
   void recv(at::Tensor&, int from, const char* what) override { no_peer(from, what); }
   std::unique_ptr<Transfer> isend(const at::Tensor&, int to, int, const std::string& what) override {

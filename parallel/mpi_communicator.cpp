@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +21,17 @@ MPI_Datatype mpi_type(const at::Tensor& t, const char* what) {
     default:
       throw std::runtime_error(std::string("MPI collective on ") + what + ": " + c10::toString(t.scalar_type()) +
                                " tensors are not supported (float, double, int32, int64 are)");
+  }
+}
+
+// For moving bytes without arithmetic: an unsigned type of the element's size, so that counts
+// stay element counts for any dtype (bf16 included, which MPI has no type for).
+MPI_Datatype mpi_bytes_type(const at::Tensor& t) {
+  switch (t.element_size()) {
+    case 1: return MPI_UINT8_T;
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    default: return MPI_UINT64_T;
   }
 }
 
@@ -106,6 +118,59 @@ void MpiCommunicator::broadcast(at::Tensor& t, int root, const char* what) {
   check_tensor(t, what);
   Watched watched(*this, "the broadcast", what);
   check(MPI_Bcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), root, comm_), "the broadcast", what);
+}
+
+namespace {
+
+// MPI's counts are ints.
+std::vector<int> int_counts(const std::vector<int64_t>& counts, const char* collective, const char* what) {
+  std::vector<int> out;
+  out.reserve(counts.size());
+  for (int64_t c : counts) {
+    if (c > std::numeric_limits<int>::max()) {
+      throw std::runtime_error(std::string(collective) + " of " + what + ": " + std::to_string(c) +
+                               " elements for one rank, more than MPI's counts hold (2^31 - 1); use smaller buckets");
+    }
+    out.push_back(static_cast<int>(c));
+  }
+  return out;
+}
+
+}  // namespace
+
+void MpiCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const std::vector<int64_t>& counts,
+                                         const char* what) {
+  check_tensor(full, what);
+  check_tensor(shard, what);
+  check_shard_arguments(*this, full, shard, counts, "the reduce-scatter", what);
+  const std::vector<int> ints = int_counts(counts, "the reduce-scatter", what);
+  Watched watched(*this, "the reduce-scatter", what);
+  check(MPI_Reduce_scatter(full.data_ptr(), shard.data_ptr(), ints.data(), mpi_type(full, what), MPI_SUM, comm_),
+        "the reduce-scatter", what);
+}
+
+void MpiCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
+                                 const char* what) {
+  check_tensor(full, what);
+  check_tensor(shard, what);
+  const int64_t offset = check_shard_arguments(*this, full, shard, counts, "the all-gather", what);
+  const std::vector<int> ints = int_counts(counts, "the all-gather", what);
+  std::vector<int> displacements(ints.size());
+  int64_t at = 0;
+  for (size_t r = 0; r < ints.size(); ++r) {
+    if (at > std::numeric_limits<int>::max()) {
+      throw std::runtime_error(std::string("the all-gather of ") + what + ": offsets past 2^31 - 1 elements; use smaller buckets");
+    }
+    displacements[r] = static_cast<int>(at);
+    at += counts[r];
+  }
+  const MPI_Datatype type = mpi_bytes_type(full);
+  const bool in_place = static_cast<const char*>(shard.data_ptr()) ==
+                        static_cast<const char*>(full.data_ptr()) + offset * static_cast<int64_t>(full.element_size());
+  Watched watched(*this, "the all-gather", what);
+  check(MPI_Allgatherv(in_place ? MPI_IN_PLACE : shard.data_ptr(), in_place ? 0 : ints[static_cast<size_t>(rank_)],
+                       type, full.data_ptr(), ints.data(), displacements.data(), type, comm_),
+        "the all-gather", what);
 }
 
 void MpiCommunicator::send(const at::Tensor& t, int to, const char* what) {

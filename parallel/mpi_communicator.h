@@ -29,6 +29,12 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(at::Tensor& t, const char* what) override;
   void broadcast(at::Tensor& t, int root, const char* what) override;
   void barrier(const char* what) override;
+  // MPI_Reduce_scatter (float, double, int32, int64) and MPI_Allgatherv (any dtype, by element
+  // size): uneven counts are MPI's own; at most 2^31 - 1 elements a rank.
+  void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const std::vector<int64_t>& counts,
+                          const char* what) override;
+  void all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
+                  const char* what) override;
   void send(const at::Tensor& t, int to, const char* what) override;
   void recv(at::Tensor& t, int from, const char* what) override;
   // Any dtype: the bytes of a contiguous tensor cross as they are.

@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -178,6 +179,74 @@ void NcclCommunicator::wait(const char* collective, const char* what) {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+void NcclCommunicator::prepare_shards(const at::Tensor& full, const at::Tensor& shard, const std::vector<int64_t>& counts,
+                                     const char* collective, const char* what) {
+  check_shard_arguments(*this, full, shard, counts, collective, what);
+  if (!full.is_cuda() || full.get_device() != device_) {
+    fail(collective, what, "needs tensors on this rank's cuda:" + std::to_string(device_));
+  }
+  cudaSetDevice(device_);
+}
+
+void NcclCommunicator::complete(int enqueued, const char* collective, const char* what) {
+  const auto rc = static_cast<ncclResult_t>(enqueued);
+  if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what, ncclGetErrorString(rc));
+  settle(collective, what);
+}
+
+void NcclCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard,
+                                          const std::vector<int64_t>& counts, const char* what) {
+  const char* collective = "the reduce-scatter";
+  prepare_shards(full, shard, counts, collective, what);
+  const cudaStream_t stream = compute_stream(device_);
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  const bool even = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == most; });
+  at::Tensor send = full, recv = shard;
+  if (!even) {  // rank r's part at r x most, zeros after it
+    send = at::zeros({most * size_}, full.options());
+    int64_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      send.narrow(0, r * most, counts[r]).copy_(full.narrow(0, offset, counts[r]));
+      offset += counts[r];
+    }
+    recv = at::empty({most}, full.options());
+  }
+  complete(ncclReduceScatter(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(most), nccl_type(full, what),
+                             ncclSum, state_->comm, stream),
+           collective, what);
+  if (!even) shard.copy_(recv.narrow(0, 0, shard.numel()));
+  if (cudaEventRecord(state_->done, stream) != cudaSuccess) fail(collective, what, cudaGetErrorString(cudaGetLastError()));
+  wait(collective, what);
+}
+
+void NcclCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
+                                  const char* what) {
+  const char* collective = "the all-gather";
+  prepare_shards(full, shard, counts, collective, what);
+  const cudaStream_t stream = compute_stream(device_);
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  const bool even = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == most; });
+  at::Tensor send = shard, recv = full;
+  if (!even) {
+    send = at::zeros({most}, full.options());
+    send.narrow(0, 0, shard.numel()).copy_(shard);
+    recv = at::empty({most * size_}, full.options());
+  }
+  // Even and in place (the shard is the whole's own slice) is NCCL's in-place all-gather.
+  complete(ncclAllGather(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(most), nccl_type(full, what),
+                         state_->comm, stream),
+           collective, what);
+  if (!even) {
+    int64_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      full.narrow(0, offset, counts[r]).copy_(recv.narrow(0, r * most, counts[r]));
+      offset += counts[r];
+    }
+  }
+  if (cudaEventRecord(state_->done, stream) != cudaSuccess) fail(collective, what, cudaGetErrorString(cudaGetLastError()));
+  wait(collective, what);
 }
 
 void NcclCommunicator::allreduce_sum(at::Tensor& t, const char* what) {

@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ht {
 
@@ -40,6 +41,13 @@ class NcclCommunicator final : public Communicator {
   void allreduce_sum(at::Tensor& t, const char* what) override;
   void broadcast(at::Tensor& t, int root, const char* what) override;
   void barrier(const char* what) override;
+  // ncclReduceScatter and ncclAllGather on CUDA tensors. NCCL's counts are equal: uneven ones go
+  // through zero-padded copies (rank r's part at r x the largest count), one whole's worth of
+  // temporary device memory.
+  void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const std::vector<int64_t>& counts,
+                          const char* what) override;
+  void all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
+                  const char* what) override;
   void send(const at::Tensor& t, int to, const char* what) override;
   void recv(at::Tensor& t, int from, const char* what) override;
   std::unique_ptr<Transfer> isend(const at::Tensor& t, int to, int tag, const std::string& what) override;
@@ -54,6 +62,11 @@ class NcclCommunicator final : public Communicator {
   void run(Op op, at::Tensor& t, int peer, const char* collective, const char* what);
   void settle(const char* collective, const char* what);
   void wait(const char* collective, const char* what);
+  // After a collective was enqueued on ATen's stream: settles it, then waits for it (with the
+  // copies queued behind it).
+  void complete(int enqueued, const char* collective, const char* what);  // an ncclResult_t
+  void prepare_shards(const at::Tensor& full, const at::Tensor& shard, const std::vector<int64_t>& counts,
+                     const char* collective, const char* what);
   [[noreturn]] void fail(const std::string& collective, const char* what, const std::string& why);
 
   std::unique_ptr<State> state_;

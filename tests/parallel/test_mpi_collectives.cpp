@@ -37,6 +37,77 @@ TEST(MpiCollectives, AllreduceAndBroadcast) {
   EXPECT_THROW(c.allreduce_sum(half, "a half tensor"), std::runtime_error) << "says which types work";
 }
 
+// Counts that differ between ranks (rank r has r + 2 elements; rank 0 none where there are 3
+// or more: an empty shard) and values that name their rank and position.
+std::vector<int64_t> uneven_counts(int n) {
+  std::vector<int64_t> counts;
+  for (int r = 0; r < n; ++r) counts.push_back(n >= 3 && r == 0 ? 0 : r + 2);
+  return counts;
+}
+
+TEST(MpiCollectives, ReduceScatterSumsEachRanksPartUnevenCountsToo) {
+  Communicator& c = *grid().data_parallel_group;
+  const int n = c.size(), r = c.rank();
+  for (const std::vector<int64_t>& counts : {std::vector<int64_t>(static_cast<size_t>(n), 3), uneven_counts(n)}) {
+    int64_t total = 0, offset = 0;
+    for (int k = 0; k < n; ++k) {
+      if (k == r) offset = total;
+      total += counts[static_cast<size_t>(k)];
+    }
+    // Rank k contributes (k + 1) x (position + 1): the sum is n(n+1)/2 x (position + 1).
+    at::Tensor full = at::arange(1, total + 1, at::kFloat) * static_cast<float>(r + 1);
+    at::Tensor shard = at::empty({counts[static_cast<size_t>(r)]}, at::kFloat);
+    c.reduce_scatter_sum(full, shard, counts, "a test tensor");
+    const at::Tensor expected =
+        at::arange(offset + 1, offset + shard.numel() + 1, at::kFloat) * static_cast<float>(n * (n + 1) / 2);
+    EXPECT_TRUE(shard.equal(expected)) << "rank " << r << ": " << shard << " expected " << expected;
+  }
+}
+
+TEST(MpiCollectives, AllGatherPutsEveryShardInPlaceAnyDtype) {
+  Communicator& c = *grid().data_parallel_group;
+  const int n = c.size(), r = c.rank();
+  const std::vector<int64_t> counts = uneven_counts(n);
+  int64_t total = 0, offset = 0;
+  for (int k = 0; k < n; ++k) {
+    if (k == r) offset = total;
+    total += counts[static_cast<size_t>(k)];
+  }
+  const at::Tensor expected = at::arange(total, at::kFloat);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    // Out of place: a shard of its own.
+    at::Tensor shard = expected.narrow(0, offset, counts[static_cast<size_t>(r)]).to(dtype).contiguous();
+    at::Tensor full = at::full({total}, -1, dtype);
+    c.all_gather(shard, full, counts, "a test tensor");
+    EXPECT_TRUE(full.equal(expected.to(dtype))) << c10::toString(dtype) << ": " << full;
+    // In place: the shard is the whole's own slice, the rest is stale.
+    at::Tensor whole = at::full({total}, -1, dtype);
+    whole.narrow(0, offset, counts[static_cast<size_t>(r)]).copy_(shard);
+    at::Tensor own = whole.narrow(0, offset, counts[static_cast<size_t>(r)]);
+    c.all_gather(own, whole, counts, "a test tensor");
+    EXPECT_TRUE(whole.equal(expected.to(dtype))) << "in place, " << c10::toString(dtype) << ": " << whole;
+  }
+}
+
+TEST(MpiCollectives, ShardedCollectivesNameWhatIsWrong) {
+  Communicator& c = *grid().data_parallel_group;
+  at::Tensor full = at::zeros({10}), shard = at::zeros({1});
+  try {
+    c.reduce_scatter_sum(full, shard, {10}, "the gradients");
+    FAIL() << "one count for a group of several";
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(std::string(e.what()).find("the reduce-scatter of the gradients: 1 counts for a group of"),
+              std::string::npos) << e.what();
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(c.size()), 2);
+  try {
+    c.all_gather(shard, full, counts, "the parameters");
+    FAIL() << "a whole of the wrong size";
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(std::string(e.what()).find("the whole has 10 elements, the counts sum to"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MpiCollectives, GradientsAreAveragedAcrossBucketsAndMissingOnes) {
   Communicator& c = *grid().data_parallel_group;
   const int n = c.size(), r = c.rank();

@@ -1,0 +1,50 @@
+#include "parallel/communicator.h"
+
+#include <ATen/ATen.h>
+
+#include <numeric>
+
+namespace ht {
+
+int64_t check_shard_arguments(const Communicator& group, const at::Tensor& full, const at::Tensor& shard,
+                              const std::vector<int64_t>& counts, const char* collective, const char* what) {
+  auto fail = [&](const std::string& why) {
+    throw CommunicationError("rank " + std::to_string(group.rank()) + ", " + group.context() + ": " + collective +
+                             " of " + what + ": " + why);
+  };
+  if (counts.size() != static_cast<size_t>(group.size())) {
+    fail(std::to_string(counts.size()) + " counts for a group of " + std::to_string(group.size()));
+  }
+  int64_t total = 0, offset = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] < 0) fail("a negative count for rank " + std::to_string(r));
+    if (static_cast<int>(r) == group.rank()) offset = total;
+    total += counts[r];
+  }
+  if (!full.is_contiguous() || !shard.is_contiguous()) fail("needs contiguous tensors");
+  if (full.scalar_type() != shard.scalar_type() || full.device() != shard.device()) {
+    fail("the whole and the shard differ in dtype or device");
+  }
+  if (full.numel() != total) {
+    fail("the whole has " + std::to_string(full.numel()) + " elements, the counts sum to " + std::to_string(total));
+  }
+  if (shard.numel() != counts[static_cast<size_t>(group.rank())]) {
+    fail("this rank's shard has " + std::to_string(shard.numel()) + " elements, its count is " +
+         std::to_string(counts[static_cast<size_t>(group.rank())]));
+  }
+  return offset;
+}
+
+void LocalCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard,
+                                           const std::vector<int64_t>& counts, const char* what) {
+  check_shard_arguments(*this, full, shard, counts, "the reduce-scatter", what);
+  if (!shard.is_same(full)) shard.copy_(full.view_as(shard));
+}
+
+void LocalCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
+                                   const char* what) {
+  check_shard_arguments(*this, full, shard, counts, "the all-gather", what);
+  if (shard.data_ptr() != full.data_ptr()) full.copy_(shard.view_as(full));
+}
+
+}  // namespace ht
