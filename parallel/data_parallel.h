@@ -42,6 +42,7 @@ class DataParallel final : public GradientListener {
   int size() const { return group_->size(); }
   int rank() const { return group_->rank(); }
   Communicator& group() { return *group_; }
+  const std::shared_ptr<Communicator>& shared_group() const { return group_; }
   bool overlaps() const { return worker_ != nullptr; }
 
   // The parameters that need gradients, in reduction order. A GradientBuffer made in this order

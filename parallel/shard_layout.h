@@ -12,11 +12,24 @@
 // all-gather can run as soon as that bucket is ready, as its all-reduce does today. Nothing is
 // padded: MPI's collectives take uneven counts, and NCCL's padding stays inside its communicator.
 
+#include "base/choice.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace ht {
+
+// parallel.shard: what the ranks of a data-parallel group split among them, ZeRO's stages:
+// the optimizer state (stage 1), and the gradients (stage 2), and the parameters (stage 3).
+enum class ShardLevel : uint8_t { kNone, kOptimizer, kGradients, kParameters };
+template <>
+struct ChoiceNames<ShardLevel> {
+  static constexpr std::pair<ShardLevel, const char*> table[] = {{ShardLevel::kNone, "none"},
+                                                                 {ShardLevel::kOptimizer, "optimizer"},
+                                                                 {ShardLevel::kGradients, "gradients"},
+                                                                 {ShardLevel::kParameters, "parameters"}};
+};
 
 // n elements among `ranks`, as even as possible (the first n mod ranks get one more).
 std::vector<int64_t> even_counts(int64_t n, int ranks);

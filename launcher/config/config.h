@@ -7,6 +7,7 @@
 
 #include "memory/memory_policy.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/shard_layout.h"
 #include "parallel/stage_partition.h"
 #include "runtime/mixed_precision.h"
 
@@ -142,6 +143,7 @@ struct ParallelConfig {
   int64_t bucket_mb = 25;
   bool overlap = true;  // all-reduce buckets on a worker thread while backward runs
   double timeout_s = 300;
+  ShardLevel shard = ShardLevel::kNone;  // what the data-parallel ranks split among them (ZeRO)
 };
 
 struct MemoryConfig {

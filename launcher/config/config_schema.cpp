@@ -280,6 +280,12 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::parallel, &ParallelConfig::overlap, "parallel", "overlap",
                     "start each bucket's all-reduce, on a worker thread, as soon as backward has finished its "
                     "gradients; false: all-reduce after backward"));
+  f.push_back(Field(&C::parallel, &ParallelConfig::shard, "parallel", "shard",
+                    "what the data-parallel ranks split among them, ZeRO's stages: none (each rank holds all of "
+                    "the model's state), optimizer (each rank keeps and updates the optimizer state of 1/N of the "
+                    "parameters; the updated parameters are all-gathered after the step: ZeRO-1), gradients (as "
+                    "optimizer, and each rank keeps only its share of the summed gradients: ZeRO-2), parameters "
+                    "(as gradients, and the parameters too, gathered per block when used: ZeRO-3)"));
   f.push_back(Field(&C::parallel, &ParallelConfig::timeout_s, "parallel", "timeout_s",
                     "a collective not done after this many seconds ends the job, naming the rank, the step and the "
                     "collective (another rank died or hangs)")

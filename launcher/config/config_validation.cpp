@@ -213,6 +213,20 @@ class Rules {
     m.host_budget_bytes = *bytes;
   }
 
+  void sharding() const {
+    const ParallelConfig& p = c_.parallel;
+    if (p.shard == ShardLevel::kNone) return;
+    const std::string head = loc("parallel.shard") + "parallel.shard = \"" + choice_name(p.shard) + "\"";
+    if (p.shard == ShardLevel::kParameters) {
+      throw UserError(head + ": sharded parameters (ZeRO-3, gathered per block) are not built yet; use "
+                      "\"gradients\" (ZeRO-2) or \"optimizer\" (ZeRO-1)");
+    }
+    if (p.strategy == Strategy::kAuto) {
+      throw UserError(head + " with parallel.strategy = \"auto\": the planner does not search sharding levels yet; "
+                      "use parallel.strategy = \"manual\", or leave parallel.shard out");
+    }
+  }
+
   void cluster_memory() {
     auto& k = c_.cluster;
     if (k.nodes == 0) return;
@@ -252,6 +266,7 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.model_and_data();
   rules.memory_budget();
   rules.cluster_memory();
+  rules.sharding();
   return rules.ineffective_options();
 }
 
@@ -280,6 +295,11 @@ void check_pipeline(const Config& c) {
     throw UserError(where + "parallel.strategy = \"auto\" with parallel.pipeline_parallel = " +
                     std::to_string(p.pipeline_parallel) + ": the planner does not search pipeline stages yet; "
                     "use parallel.strategy = \"manual\"");
+  }
+  if (p.shard != ShardLevel::kNone) {
+    throw UserError(where + "parallel.shard = \"" + choice_name(p.shard) + "\" with parallel.pipeline_parallel = " +
+                    std::to_string(p.pipeline_parallel) + ": sharding within a pipeline stage's data-parallel group "
+                    "is not built yet; use parallel.shard = \"none\" with stages, or pipeline_parallel = 1");
   }
   if (c.model.name == ModelKind::kSupernet) {
     throw UserError(where + "model.name = \"supernet\" with parallel.pipeline_parallel > 1: a supernet's path "

@@ -30,6 +30,7 @@ Config point_config(const Config& job, int64_t micro, MixedPrecision precision) 
   c.training.mixed_precision = precision;
   c.parallel.data_parallel = 1;
   c.parallel.pipeline_parallel = 1;  // one rank runs the whole model: the blocks' times are what stages cut
+  c.parallel.shard = ShardLevel::kNone;  // one rank holds the whole state; the cost model divides it
   c.memory.policy = MemoryPolicy::kNone;
   c.memory.trace = false;
   c.checkpoint.interval = 0;

@@ -9,6 +9,7 @@
 #include "alloc/cuda_arena.h"
 #include "alloc/host_link.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -81,7 +82,8 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     // Segments end at blocks; the capture of a step notes where each began.
     model_->set_block_listener([this](int block) { memory_.block_begins(block); });
   }
-  if (arena_) compact_parameters();
+  const bool sharded = config.parallel.shard != ShardLevel::kNone && replicas_.size() > 1;
+  if (arena_ || sharded) compact_parameters(sharded);
   if (arena_ || replicas_.size() > 1) {
     // Under a budget, gradients get one block beside the parameters (alloc/gradient_buffer.h).
     // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
@@ -89,6 +91,11 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     gradients_ = std::make_unique<GradientBuffer>(replicas_.reduction_order());
     interp_.set_gradient_buffer(gradients_.get());
     replicas_.use_gradient_buffer(gradients_.get());
+  }
+  if (sharded) set_up_sharding();
+  if (config.parallel.shard != ShardLevel::kNone && replicas_.size() == 1) {
+    progress_.line("warning: parallel.shard = \"" + std::string(choice_name(config.parallel.shard)) +
+                   "\" has no effect with one data-parallel rank: each rank's share is the whole");
   }
   if (config.parallel.overlap && replicas_.size() > 1 && pipeline_) {
     progress_.line("warning: parallel.overlap: a pipeline stage all-reduces its gradients after the step's last "
@@ -99,21 +106,33 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   }
 }
 
-void Trainer::compact_parameters() {
+void Trainer::compact_parameters(bool in_reduction_order) {
   // launcher/training/compact.h: the parameters and buffers in one block per dtype at the arena's
   // top, before the gradient block goes below them. (set_data keeps each parameter's identity: the optimizer's
   // state, the gradient slots and tied uses all key on it.)
-  std::vector<at::Tensor> in_arena;
-  std::vector<at::Tensor> state = params_;
-  for (const at::Tensor& b : model_->buffers()) state.push_back(b);  // batch norm's statistics: among them
-  for (const at::Tensor& t : state) {
-    if (t.numel() > 0 && t.is_non_overlapping_and_dense() && arena_->contains(t.data_ptr())) in_arena.push_back(t);
+  std::vector<at::Tensor> state = in_reduction_order ? replicas_.reduction_order() : params_;
+  for (const at::Tensor& p : params_) {  // any the reduction leaves out (no gradient) after them
+    if (std::none_of(state.begin(), state.end(), [&](const at::Tensor& t) { return t.is_same(p); })) state.push_back(p);
   }
-  if (in_arena.empty()) return;
-  const std::vector<at::Tensor> host = copies_on_host(in_arena);
-  for (size_t i = 0; i < in_arena.size(); ++i) in_arena[i].set_data(host[i]);
-  const std::vector<at::Tensor> placed = back_on_device(host, device_);
-  for (size_t i = 0; i < in_arena.size(); ++i) in_arena[i].set_data(placed[i]);
+  for (const at::Tensor& b : model_->buffers()) state.push_back(b);  // batch norm's statistics: among them
+  std::vector<at::Tensor> moving;
+  for (const at::Tensor& t : state) {
+    if (t.numel() > 0 && t.is_non_overlapping_and_dense() && (!arena_ || arena_->contains(t.data_ptr()))) {
+      moving.push_back(t);
+    }
+  }
+  if (moving.empty()) return;
+  const std::vector<at::Tensor> host = copies_on_host(moving);
+  for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(host[i]);
+  // Sharding needs each bucket's parameters in one piece: one block or none.
+  const std::vector<at::Tensor> placed = in_reduction_order ? into_one_block(host, device_) : back_on_device(host, device_);
+  for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(placed[i]);
+}
+
+void Trainer::set_up_sharding() {
+  shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), params_, replicas_.buckets(), *gradients_);
+  // The optimizer of this rank's pieces replaces the one over every parameter.
+  optimizer_ = make_optimizer(config_.training, shard_->pieces());
 }
 
 MemoryOptions Trainer::memory_options() const {
@@ -178,6 +197,11 @@ void Trainer::resume_from(const std::string& folder) {
     // The checkpoint holds the whole model; a stage keeps its own share of it.
     with_full_model(*pipeline_, *model_, *optimizer_,
                                [&] { state_ = CheckpointStore::load(folder, *model_, *optimizer_); });
+  } else if (shard_) {
+    // The checkpoint holds the whole state, whatever the number of ranks that wrote it.
+    const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
+    state_ = CheckpointStore::load(folder, *model_, *full);
+    shard_->take_state(*full, *optimizer_);
   } else {
     state_ = CheckpointStore::load(folder, *model_, *optimizer_);
   }
@@ -253,14 +277,20 @@ Trainer::StepResult Trainer::train_step() {
     stages.all_finite = [this](bool finite) { return pipeline_->all_stages(finite); };
   }
   const StateOffloadStats state_before = state_offload_ ? state_offload_->stats() : StateOffloadStats{};
-  if (state_offload_) state_offload_->to_device(*optimizer_, params_, device_);
+  if (state_offload_) state_offload_->to_device(*optimizer_, state_params(), device_);
+  if (shard_) shard_->attach_gradients();  // this rank's pieces of the averaged gradients
   const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get(), stages);
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
+  if (shard_) {
+    shard_->detach_gradients();
+    if (outcome.stepped) shard_->gather_parameters();  // a skipped step changed no piece on any rank
+    r.shard = shard_->stats();
+  }
   clear_grads(params_);
-  if (arena_ && !state_compacted_) state_compacted_ = compact_optimizer_state(*optimizer_, params_);
+  if (arena_ && !state_compacted_) state_compacted_ = compact_optimizer_state(*optimizer_, state_params());
   if (state_offload_) {
-    state_offload_->to_host(*optimizer_, params_);
+    state_offload_->to_host(*optimizer_, state_params());
     const StateOffloadStats& s = state_offload_->stats();
     r.state_out_bytes = s.bytes_out - state_before.bytes_out;
     r.state_in_bytes = s.bytes_in - state_before.bytes_in;
@@ -335,9 +365,9 @@ TrainResult Trainer::run(RunOutput* output) {
     if (eval_due()) log_eval(evaluate());
     const int64_t every = config_.checkpoint.interval;
     const bool due = every > 0 && (state_.step % every == 0 || state_.step == total_steps_);
-    if (due && replicas_.rank() == 0) save_checkpoint();
+    if (due) save_checkpoint();
     if (const int signal = agreed_stop_signal()) {
-      if (!due && replicas_.rank() == 0) save_checkpoint();
+      if (!due) save_checkpoint();
       // No rank ends before the checkpoint is written: mpirun ends the whole job when one does.
       replicas_.group().barrier("the checkpoint before stopping");
       if (pipeline_) pipeline_->group().barrier("the checkpoint before stopping");
@@ -444,6 +474,11 @@ EvalResult Trainer::evaluate() {
 
 void Trainer::save_checkpoint() {
   HostAllocationScope host;  // serialization buffers are host memory, not the device's
+  if (shard_) {
+    save_sharded_checkpoint();
+    return;
+  }
+  if (replicas_.rank() != 0) return;  // the replicas hold the same state: rank 0 writes it
   if (pipeline_) {
     // Every stage's first replica takes part; rank 0 writes the whole model.
     std::string folder;
@@ -455,6 +490,17 @@ void Trainer::save_checkpoint() {
     return;
   }
   const std::string folder = checkpoints_.save(*model_, *optimizer_, state_);
+  progress_.line("checkpoint " + folder);
+}
+
+void Trainer::save_sharded_checkpoint() {
+  // Every replica takes part: the state is gathered into one unsharded optimizer (on the host),
+  // which rank 0 writes in the one layout every run reads.
+  replicas_.group().set_context("the checkpoint after step " + std::to_string(state_.step));
+  const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
+  shard_->gather_state(*optimizer_, *full);
+  if (replicas_.rank() != 0) return;
+  const std::string folder = checkpoints_.save(*model_, *full, state_);
   progress_.line("checkpoint " + folder);
 }
 

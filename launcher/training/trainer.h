@@ -12,6 +12,7 @@
 #include "launcher/training/checkpoint.h"
 #include "alloc/cpu_arena.h"
 #include "launcher/training/loss_scaler.h"
+#include "launcher/training/optimizer_shard.h"
 #include "launcher/training/pipeline_setup.h"
 #include "launcher/training/state_offload.h"
 #include "parallel/data_parallel.h"
@@ -112,6 +113,7 @@ class Trainer {
     int64_t state_out_bytes = 0, state_in_bytes = 0;
     double state_wait_ms = 0;
     DataParallelStats comm;
+    ShardStats shard;  // parallel.shard: the all-gather of the updated parameters
     // Per pipeline stage (pipeline parallelism): compute, waiting, bytes sent, memory peak.
     std::vector<double> stage_compute_ms, stage_wait_ms, stage_p2p_bytes, stage_peak_bytes;
     // Per data-parallel replica, on logged steps: the step, forward and backward, waiting for the
@@ -120,7 +122,13 @@ class Trainer {
     std::vector<double> rank_step_ms, rank_compute_ms, rank_wait_ms, rank_optimizer_ms, rank_peak_bytes;
   };
   MemoryOptions memory_options() const;
-  void compact_parameters();  // from config.memory; the trace is set when it opens
+  // The parameters and buffers into one block per dtype (under a budget, and with sharding: then
+  // the parameters in DataParallel's reduction order first, each bucket one span).
+  void compact_parameters(bool in_reduction_order);
+  void set_up_sharding();
+  // What optimizer_ keeps state for: the parameters, or this rank's pieces of them (sharded).
+  const std::vector<at::Tensor>& state_params() const { return shard_ ? shard_->pieces() : params_; }
+  void save_sharded_checkpoint();
   void trace_step_begins();
   void trace_step_ended();
   StepResult train_step();
@@ -150,6 +158,7 @@ class Trainer {
   std::shared_ptr<HostLink> host_link_;  // host swap's link; null without it
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
+  std::unique_ptr<OptimizerShard> shard_;      // parallel.shard with more than one replica
   std::unique_ptr<LossScaler> scaler_;         // fp16
   DataParallel replicas_;
   MemoryManager memory_;  // before interp_: it outlives the interpreter's records

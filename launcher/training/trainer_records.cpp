@@ -51,6 +51,10 @@ void Trainer::log_step(const StepResult& r) {
     record.add("buckets", r.comm.buckets).add("buckets_started_in_backward", r.comm.started_in_backward);
     record.add("comm_ms", r.comm.comm_ms).add("comm_bytes", r.comm.comm_bytes).add("overlap", r.comm.overlap);
   }
+  if (shard_) {
+    record.add("shard_elements", shard_->elements()).add("gather_ms", r.shard.gather_ms)
+        .add("gather_bytes", r.shard.gather_bytes);
+  }
   if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
   output_->metrics(record);
 }

@@ -1,0 +1,175 @@
+#include "launcher/training/optimizer_shard.h"
+
+#include "launcher/training/optimizer.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+namespace ht {
+namespace {
+
+// The tensors' elements as one flat view of their storage; they must lie one after another.
+at::Tensor flat_span(const std::vector<at::Tensor>& members) {
+  const at::Tensor& first = members.front();
+  int64_t n = 0;
+  for (const at::Tensor& t : members) {
+    TORCH_CHECK(t.is_non_overlapping_and_dense() && t.storage().is_alias_of(first.storage()) &&
+                    t.storage_offset() == first.storage_offset() + n,
+                "OptimizerShard: a bucket's parameters do not lie one after another in one block");
+    n += t.numel();
+  }
+  at::Tensor flat = at::empty({0}, first.options().requires_grad(false));
+  flat.set_(first.storage(), first.storage_offset(), {n}, {1});
+  return flat;
+}
+
+}  // namespace
+
+at::Tensor memory_order(const at::Tensor& t) {
+  std::vector<int64_t> dims(static_cast<size_t>(t.dim()));
+  std::iota(dims.begin(), dims.end(), 0);
+  std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  return t.permute(dims).view({-1});
+}
+
+at::Tensor from_memory_order(const at::Tensor& flat, const at::Tensor& like) {
+  at::Tensor out = at::empty_strided(like.sizes(), like.strides(), flat.options());
+  memory_order(out).copy_(flat);
+  return out;
+}
+
+OptimizerShard::OptimizerShard(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
+                               const std::vector<std::vector<size_t>>& buckets, const GradientBuffer& gradients)
+    : group_(std::move(group)), params_(std::move(params)) {
+  at::NoGradGuard no_grad;
+  const auto rank = static_cast<size_t>(group_->rank());
+  for (const std::vector<size_t>& members : buckets) {
+    Bucket b;
+    b.members = members;
+    std::vector<at::Tensor> tensors;
+    std::vector<int64_t> elements;
+    for (size_t k : members) {
+      tensors.push_back(params_[k]);
+      elements.push_back(params_[k].numel());
+    }
+    b.params = flat_span(tensors);
+    b.grads = gradients.span(tensors);
+    TORCH_CHECK(b.grads.defined(), "OptimizerShard: a bucket's gradients do not lie one after another in one block");
+    b.shards = shard_bucket(elements, group_->size());
+    for (const ShardPiece& p : b.shards.pieces[rank]) {
+      layout_.push_back(Piece{buckets_.size(), p});
+      pieces_.push_back(b.params.narrow(0, p.at, p.length));
+    }
+    buckets_.push_back(std::move(b));
+  }
+}
+
+int64_t OptimizerShard::elements() const {
+  int64_t n = 0;
+  for (const at::Tensor& p : pieces_) n += p.numel();
+  return n;
+}
+
+void OptimizerShard::attach_gradients() {
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& p = layout_[i];
+    at::Tensor piece = pieces_[i];
+    piece.mutable_grad() = param_of(p).grad().defined()
+                               ? buckets_[p.bucket].grads.narrow(0, p.where.at, p.where.length)
+                               : at::Tensor();
+  }
+}
+
+void OptimizerShard::detach_gradients() {
+  for (at::Tensor piece : pieces_) piece.mutable_grad() = at::Tensor();
+}
+
+void OptimizerShard::gather_parameters() {
+  at::NoGradGuard no_grad;
+  const auto start = std::chrono::steady_clock::now();
+  const auto rank = static_cast<size_t>(group_->rank());
+  stats_ = {};
+  for (Bucket& b : buckets_) {
+    at::Tensor own = b.params.narrow(0, b.shards.begins[rank], b.shards.counts[rank]);
+    group_->all_gather(own, b.params, b.shards.counts, "the updated parameters");
+    stats_.gather_bytes += (b.shards.elements - b.shards.counts[rank]) * static_cast<int64_t>(b.params.element_size());
+  }
+  stats_.gather_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+void OptimizerShard::gather_state(torch::optim::Optimizer& sharded, torch::optim::Optimizer& full) {
+  at::NoGradGuard no_grad;
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&sharded) != nullptr;
+  const int kinds = adamw ? 2 : 1;  // exp_avg and exp_avg_sq; or the momentum buffer
+  const int first = adamw ? 1 : 0;  // AdamW's state begins with its step count
+  const auto rank = static_cast<size_t>(group_->rank());
+  size_t piece = 0;  // this rank's first piece of the bucket
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const size_t members = b.members.size();
+    // Per member, from the rank that holds its first element: [has state, step count].
+    at::Tensor meta = at::zeros({static_cast<int64_t>(2 * members)}, at::kLong);
+    std::vector<std::vector<at::Tensor>> own;  // this rank's pieces of this bucket: their state
+    for (size_t i = piece; i < layout_.size() && layout_[i].bucket == bi; ++i) {
+      own.push_back(optimizer_state(sharded, pieces_[i]));
+      const ShardPiece& w = layout_[i].where;
+      if (w.offset == 0 && !own.back().empty()) {
+        meta[static_cast<int64_t>(2 * w.member)] = 1;
+        if (adamw) meta[static_cast<int64_t>(2 * w.member + 1)] = own.back()[0].item<int64_t>();
+      }
+    }
+    group_->allreduce_sum(meta, "the optimizer state's step counts");
+    std::vector<at::Tensor> whole;
+    for (int k = 0; k < kinds; ++k) {
+      at::Tensor local = at::zeros({b.shards.counts[rank]}, b.params.options());
+      for (size_t j = 0; j < own.size(); ++j) {
+        if (own[j].empty()) continue;
+        const ShardPiece& w = layout_[piece + j].where;
+        local.narrow(0, w.at - b.shards.begins[rank], w.length).copy_(own[j][static_cast<size_t>(first + k)]);
+      }
+      at::Tensor gathered = at::empty({b.shards.elements}, b.params.options());
+      group_->all_gather(local, gathered, b.shards.counts, "the optimizer state");
+      whole.push_back(gathered.to(at::kCPU));  // the checkpoint's copy lives on the host
+    }
+    const at::Tensor has = meta.to(at::kCPU);
+    int64_t start = 0;
+    for (size_t m = 0; m < members; ++m) {
+      const at::Tensor& param = params_[b.members[m]];
+      if (has[static_cast<int64_t>(2 * m)].item<int64_t>() != 0) {
+        std::vector<at::Tensor> state;
+        if (adamw) state.push_back(at::scalar_tensor(has[static_cast<int64_t>(2 * m + 1)].item<int64_t>(), at::kLong));
+        for (const at::Tensor& w : whole) state.push_back(from_memory_order(w.narrow(0, start, param.numel()), param));
+        set_optimizer_state(full, param, state);
+      }
+      start += param.numel();
+    }
+    piece += own.size();
+  }
+}
+
+void OptimizerShard::take_state(torch::optim::Optimizer& full, torch::optim::Optimizer& sharded) const {
+  at::NoGradGuard no_grad;
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&full) != nullptr;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const at::Tensor& param = param_of(layout_[i]);
+    std::vector<at::Tensor> state = optimizer_state(full, param);
+    if (state.empty()) {
+      drop_optimizer_state(sharded, pieces_[i]);
+      continue;
+    }
+    const ShardPiece& w = layout_[i].where;
+    for (size_t k = adamw ? 1 : 0; k < state.size(); ++k) {
+      // In the parameter's own layout first: pieces are ranges of its memory order.
+      at::Tensor aligned = at::empty_strided(param.sizes(), param.strides(), state[k].options());
+      aligned.copy_(state[k]);
+      state[k] = memory_order(aligned).narrow(0, w.offset, w.length).to(pieces_[i].device()).clone();
+    }
+    set_optimizer_state(sharded, pieces_[i], state);
+  }
+}
+
+}  // namespace ht
