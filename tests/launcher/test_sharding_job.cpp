@@ -1,0 +1,185 @@
+// `mpirun -np N hybrid_train --parallel.shard=optimizer` (ZeRO-1): each rank keeps the optimizer
+// state of its share of the parameters only, and trains bit for bit what the unsharded
+// data-parallel run trains (the same all-reduce; AdamW and SGD step element by element); its
+// checkpoints hold the one unsharded layout, so a run resumes at any rank count, sharded or not.
+#include "tests/support/mpi_job.h"
+#include "tests/support/temp_dir.h"
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Two buckets of 1 MiB (363 k parameters), AdamW, clipping that bites (grad_clip 0.5).
+const char* kMlp = R"([model]
+name = "mlp"
+hidden = [512, 384]
+[data]
+dataset = "synthetic"
+synthetic_samples = 240
+synthetic_eval_samples = 48
+synthetic_shape = [3, 8, 8]
+synthetic_classes = 5
+[training]
+steps = 4
+global_batch_size = 12
+optimizer = "adamw"
+lr = 0.01
+warmup_steps = 2
+grad_clip = 0.5
+threads = 1
+[parallel]
+bucket_mb = 1
+[checkpoint]
+interval = 2
+keep = 3
+)";
+
+std::string model_at(const TempDir& dir, const std::string& run, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08d", step);
+  return read_file(dir.path(run + "/checkpoints/" + name + "/model.pt"));
+}
+
+// The number after `"key": ` in the last line of a metrics file that has it.
+int64_t last_number(const std::string& metrics, const std::string& key) {
+  const size_t at = metrics.rfind("\"" + key + "\": ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(metrics.substr(at + key.size() + 4));
+}
+
+class ShardedJob : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  }
+};
+
+TEST_P(ShardedJob, OptimizerStateShardsTrainTheUnshardedModelBitForBit) {
+  const int ranks = GetParam();
+  TempDir dir;
+  const std::string job = mpirun(ranks) + HT_BINARY + " " + dir.write("job.toml", kMlp);
+  ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("whole")), 0);
+  ASSERT_EQ(run(job + " --parallel.shard=optimizer --job.output_dir=" + dir.path("sharded")), 0);
+  const std::string whole = model_at(dir, "whole", 4);
+  ASSERT_FALSE(whole.empty());
+  EXPECT_TRUE(whole == model_at(dir, "sharded", 4)) << "model.pt differs at " << ranks << " ranks";
+  // Each rank updates its share: rank 0 (the fullest) at most one element per bucket over 1/N.
+  const std::string metrics = read_file(dir.path("sharded/metrics.jsonl"));
+  const int64_t parameters = 192 * 512 + 512 + 512 * 384 + 384 + 384 * 5 + 5;
+  const int64_t share = last_number(metrics, "shard_elements");
+  EXPECT_GE(share, parameters / ranks);
+  EXPECT_LE(share, parameters / ranks + 2);
+  EXPECT_GT(last_number(metrics, "gather_bytes"), 0);
+  // A third of AdamW's state per rank less (two of every four fp32 copies of the model):
+  // the memory it saves shows in the rank's peak.
+  const int64_t saved = 8 * (parameters - share);
+  EXPECT_LE(last_number(metrics, "mem_peak_bytes"),
+            last_number(read_file(dir.path("whole/metrics.jsonl")), "mem_peak_bytes") - saved * 9 / 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(TwoThreeAndFourRanks, ShardedJob, ::testing::Values(2, 3, 4));
+
+// 2 ranks, then 3, then 4, each resuming the last one's checkpoint: sharded, the chain ends on
+// the unsharded chain's model, bit for bit (each step's reduction is the same; only the state's
+// split changes, gathered into the checkpoint and split again at another count).
+TEST(ShardedJobResume, AcrossTwoThreeAndFourRanksAsTheUnshardedChain) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kMlp);
+  for (const std::string shard : {"none", "optimizer"}) {
+    const std::string out = " --parallel.shard=" + shard + " --job.output_dir=" + dir.path(shard);
+    ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + out + " --training.steps=2"), 0);
+    ASSERT_EQ(run(mpirun(3) + HT_BINARY + " " + config + out + " --training.steps=4 --checkpoint.resume=latest"), 0);
+    ASSERT_EQ(run(mpirun(4) + HT_BINARY + " " + config + out + " --training.steps=6 --checkpoint.resume=latest"), 0);
+  }
+  const std::string whole = model_at(dir, "none", 6);
+  ASSERT_FALSE(whole.empty());
+  EXPECT_TRUE(whole == model_at(dir, "optimizer", 6)) << "model.pt differs after 2 -> 3 -> 4 ranks";
+}
+
+// bf16, 3 micro-batches per rank, SGD with momentum (one state tensor, not AdamW's two), and
+// uneven shards (3 ranks): still the unsharded model.
+TEST(ShardedJobComposition, Bf16AccumulationAndSgdOnThreeRanks) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string job = mpirun(3) + HT_BINARY + " " + dir.write("job.toml", kMlp) +
+                          " --training.optimizer=sgd --training.momentum=0.9 --training.mixed_precision=bf16 "
+                          "--training.micro_batch_size=2 --training.lr=0.05";
+  ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("whole")), 0);
+  ASSERT_EQ(run(job + " --parallel.shard=optimizer --job.output_dir=" + dir.path("sharded")), 0);
+  EXPECT_TRUE(model_at(dir, "whole", 4) == model_at(dir, "sharded", 4)) << "model.pt differs";
+}
+
+// Within one layout a budget changes no bit: sharded on 2 ranks, evicting under DTR at 40% of the
+// peak, against the same sharded job without a budget.
+TEST(ShardedJobComposition, DtrAtFortyPercentChangesNoBit) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", R"([model]
+name = "llama"
+n_layer = 8
+n_head = 4
+n_kv_heads = 2
+n_embd = 32
+multiple_of = 16
+block_size = 64
+[data]
+dataset = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[training]
+steps = 3
+global_batch_size = 64
+micro_batch_size = 16
+optimizer = "adamw"
+eval_batches = 1
+threads = 1
+[parallel]
+shard = "optimizer"
+[checkpoint]
+interval = 3
+)");
+  const std::string job = mpirun(2) + HT_BINARY + " " + config;
+  ASSERT_EQ(run(job + " --memory.budget=1GiB --job.output_dir=" + dir.path("roomy")), 0);
+  const int64_t peak = last_number(read_file(dir.path("roomy/metrics.jsonl")), "mem_peak_bytes");
+  ASSERT_GT(peak, 0);
+  ASSERT_EQ(run(job + " --memory.policy=dtr --memory.budget=" + std::to_string(peak * 2 / 5) + " --job.output_dir=" +
+                dir.path("dtr")),
+            0);
+  EXPECT_TRUE(model_at(dir, "roomy", 3) == model_at(dir, "dtr", 3)) << "model.pt differs";
+  EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")))
+      << "the budget made DTR evict";
+}
+
+TEST(ShardedJobErrors, LevelsNotBuiltPipelinesAutoAndOneRank) {
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kMlp);
+  const std::string log = dir.path("log.txt");
+  auto fails_with = [&](const std::string& args, const std::string& text) {
+    const int rc = std::system((std::string(HT_BINARY) + " " + config + " " + args + " --job.output_dir=" +
+                                dir.path("x") + " > " + log + " 2>&1").c_str());
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << args;
+    EXPECT_THAT(read_file(log), HasSubstr(text));
+  };
+  fails_with("--parallel.shard=parameters",
+             "parallel.shard = \"parameters\": sharded parameters (ZeRO-3, gathered per block) are not built yet");
+  fails_with("--parallel.shard=optimizer --parallel.strategy=auto",
+             "parallel.shard = \"optimizer\" with parallel.strategy = \"auto\"");
+  fails_with("--parallel.shard=everything", "parallel.shard");
+  // One rank: a warning, and the run trains.
+  ASSERT_EQ(std::system((std::string(HT_BINARY) + " " + config + " --parallel.shard=optimizer --training.steps=1 " +
+                         "--checkpoint.interval=0 --job.output_dir=" + dir.path("one") + " > " + log + " 2>&1").c_str()),
+            0);
+  EXPECT_THAT(read_file(log), HasSubstr("warning: parallel.shard = \"optimizer\" has no effect with one "
+                                        "data-parallel rank"));
+  if (run("mpirun --version") != 0) return;
+  const int rc = std::system((mpirun(2) + HT_BINARY + " " + config + " --parallel.shard=optimizer " +
+                              "--parallel.pipeline_parallel=2 --job.output_dir=" + dir.path("y") + " > " + log +
+                              " 2>&1").c_str());
+  EXPECT_NE(rc, 0);
+  EXPECT_THAT(read_file(log), HasSubstr("parallel.shard = \"optimizer\" with parallel.pipeline_parallel = 2: sharding "
+                                        "within a pipeline stage's data-parallel group is not built yet"));
+}
+
+}  // namespace
+}  // namespace ht::test
