@@ -3,6 +3,7 @@
 #include "alloc/byte_size.h"
 #include "planner/dtr_replay.h"
 #include "planner/pipeline_terms.h"
+#include "planner/shard_terms.h"
 #include "planner/swap_terms.h"
 #include "schedule/checkpoint_segments.h"
 #include "schedule/solver.h"
@@ -120,6 +121,12 @@ int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, Mixed
   return std::max<int64_t>(0, std::llround(bytes));
 }
 
+int64_t optimizer_working_bytes(const ModelProfile& profile, MixedPrecision precision) {
+  int64_t bytes = 0;
+  for (const ProfilePoint* q : base_points(profile, precision)) bytes = std::max(bytes, q->optimizer_working_bytes());
+  return bytes;
+}
+
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
                     MixedPrecision precision) {
   const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
@@ -229,8 +236,9 @@ void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) 
   p.sampler_bytes = sampler_bytes(profile.train_samples);
   p.batch_bytes = batch_bytes(profile, local);
   p.activation_bytes = activation_bytes(profile, plan.micro_batch, plan.precision);
+  p.optimizer_working_bytes = optimizer_working_bytes(profile, plan.precision);
   p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
-                 p.activation_bytes;
+                 std::max(p.activation_bytes, p.optimizer_working_bytes);
 }
 
 // Under a budget with eviction: the recorded step replayed through the policy at the budget.
@@ -241,6 +249,9 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   const int64_t state_on_device = state_waits_on_host(plan) ? 0 : p.optimizer_state_bytes;
   trace.persistent_bytes = p.model_bytes + p.gradient_bytes + state_on_device + p.sampler_bytes;
+  // Sharded, the optimizer steps pieces: its temporaries are shard_memory_terms', not the trace's.
+  const bool sharded = plan.shard != ShardLevel::kNone && plan.ranks > 1;
+  if (sharded) trace = without_optimizer_phase(trace);
   const ReplayResult r = replay_step(trace, options);
   // What the replay cannot see (the temporaries of kernels it re-runs, the arena as earlier steps
   // left it) can cut the last few percent into pieces: a plan fits only if the replay also runs
@@ -248,7 +259,10 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   ReplayOptions tighter = options;
   tighter.budget_bytes = options.budget_bytes * 95 / 100;
   const ReplayResult margin = replay_step(trace, tighter);
+  const int64_t optimizer_peak = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes +
+                                 p.batch_bytes + p.optimizer_working_bytes;
   p.peak_bytes = r.feasible ? r.peak_bytes : std::max(p.peak_bytes, r.min_budget_bytes);
+  if (sharded) p.peak_bytes = std::max(p.peak_bytes, optimizer_peak);
   // The optimizer's step holds all of the state, beside the parameters and their gradients.
   if (state_waits_on_host(plan)) p.peak_bytes = std::max(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes);
   p.evictions = r.evictions * plan.accumulation;
@@ -321,6 +335,7 @@ int64_t batch_bytes(const ModelProfile& profile, int64_t samples) {
 Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
   Prediction p;
   memory_terms(profile, plan, p);
+  shard_memory_terms(profile, plan, p);
   const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
@@ -361,7 +376,8 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   // A pipeline stage reduces after its step's last backward (launcher/training/trainer.cpp).
   const double hideable = machine.shared_host || plan.stages > 1 ? 0.0 : fb * backward_share(ref);
   p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - hideable);
-  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms;
+  shard_time_terms(profile, machine, plan, p);
+  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms;
   const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);
   p.samples_per_s = global / (p.step_ms / 1e3);
   p.device_hours_per_epoch = plan.devices() * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);

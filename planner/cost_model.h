@@ -6,6 +6,7 @@
 
 #include "memory/memory_policy.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/shard_layout.h"
 #include "planner/machine.h"
 #include "planner/profile.h"
 #include "runtime/mixed_precision.h"
@@ -28,6 +29,7 @@ struct Plan {
   // memory.optimizer_state = "host" (policies swap and hybrid): the optimizer state waits on host
   // during forward and backward, and crosses the link twice a step.
   bool state_on_host = false;
+  ShardLevel shard = ShardLevel::kNone;  // parallel.shard (planner/shard_terms.h)
   int devices() const { return ranks * stages; }
 };
 
@@ -40,7 +42,10 @@ struct Prediction {
   int64_t sampler_bytes = 0;          // the epoch's order of samples
   int64_t batch_bytes = 0;            // the rank's share of the global batch
   int64_t activation_bytes = 0;       // the largest working set of forward and backward
-  int64_t peak_bytes = 0;             // the sum, or under a budget with eviction the replay's peak
+  int64_t optimizer_working_bytes = 0;  // the optimizer step's temporaries (beside the state)
+  // The state and batch plus the larger of the two working sets, or under a budget with eviction
+  // the replay's peak.
+  int64_t peak_bytes = 0;
   bool fits = true;                   // peak within the device memory (and the budget feasible)
   std::string why_not;                // when it does not fit
   // Time per step (ms) on one rank.
@@ -49,6 +54,7 @@ struct Prediction {
   double optimizer_ms = 0;            // optimizer step, clipping, the batch's gather
   double allreduce_ms = 0;            // all-reduce of the gradients, in all
   double allreduce_exposed_ms = 0;    // the part not hidden under backward
+  double gather_ms = 0;               // sharding: the updated parameters' all-gather after the step
   double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
   int64_t evictions = 0;              // per step (replay), or values a static plan drops
@@ -70,6 +76,8 @@ double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, Mix
                            int threads);
 // Activation bytes of one micro-batch: affine between the two measured sizes.
 int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision);
+// The optimizer step's working bytes: the largest measured at `precision` (no micro-batch in it).
+int64_t optimizer_working_bytes(const ModelProfile& profile, MixedPrecision precision);
 // The step trace scaled to `micro_batch` (sizes and times interpolated between the measured
 // traces when they match op for op, proportional otherwise) with the batch of `local_batch`.
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,

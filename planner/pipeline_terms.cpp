@@ -100,7 +100,7 @@ void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms,
   p.optimizer_state_bytes = static_cast<int64_t>(static_cast<double>(p.optimizer_state_bytes) * state_share);
   p.activation_bytes = activations;
   p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
-                 p.activation_bytes;
+                 std::max(p.activation_bytes, p.optimizer_working_bytes);
   p.stage_imbalance = partition.slowest_ms / mean;
 }
 

@@ -7,6 +7,7 @@
 #include "runtime/mixed_precision.h"
 #include "schedule/step_graph.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +28,11 @@ struct ProfilePoint {
   double forward_backward_ms = 0;  // forward and backward of the micro-batch
   double optimizer_ms = 0;        // gradient unscale, clip, optimizer step, zeroing
   int64_t peak_bytes = 0;         // arena peak of the step, everything included
+  // The step's two phases: forward and backward (to the end of the last micro-batch's backward),
+  // and the optimizer's (the gradients' averaging, clipping, the step, zeroing); peak_bytes is
+  // the larger.
+  int64_t forward_backward_peak_bytes = 0;
+  int64_t optimizer_peak_bytes = 0;
   int64_t persistent_bytes = 0;   // arena bytes in use when the step began
   int64_t batch_bytes = 0;        // the step's batch (input and target), rounded
   std::vector<BlockTime> blocks;  // per model block; the loss is not a block
@@ -34,8 +40,13 @@ struct ProfilePoint {
   // The same step as static plans capture it (memory/step_capture.h), for predicting a plan.
   schedule::StepGraph graph;
   std::vector<int> block_starts;  // forward op index at which each model block began (segments)
-  // Peak minus what does not scale with the micro-batch: the activations' share.
-  int64_t activation_bytes() const { return peak_bytes - persistent_bytes - batch_bytes; }
+  // Forward and backward's peak minus what does not scale with the micro-batch: the activations'.
+  int64_t activation_bytes() const { return forward_backward_peak_bytes - persistent_bytes - batch_bytes; }
+  // The optimizer's working memory above the state and the batch: temporaries the size of the
+  // largest tensor it steps (AdamW: two), whatever the micro-batch.
+  int64_t optimizer_working_bytes() const {
+    return optimizer_peak_bytes > 0 ? std::max<int64_t>(0, optimizer_peak_bytes - persistent_bytes - batch_bytes) : 0;
+  }
 };
 
 struct ModelProfile {
@@ -47,6 +58,9 @@ struct ModelProfile {
   std::vector<int64_t> block_parameter_bytes;  // per model block: what it registers
   int64_t gradient_bytes = 0;     // the gradient block
   int64_t optimizer_state_bytes = 0;
+  // Each of DataParallel's buckets (parallel.bucket_mb), in reduction order: its parameters'
+  // element counts, what sharding splits among the ranks (planner/shard_terms.h).
+  std::vector<std::vector<int64_t>> buckets;
   int64_t input_sample_bytes = 0;   // one sample's input, unrounded
   int64_t target_sample_bytes = 0;  // one sample's target
   int64_t train_samples = 0;      // the training set's size (the sampler keeps an order of it)

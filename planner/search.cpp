@@ -42,6 +42,9 @@ std::string describe_plan(const Plan& p) {
   if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
   s += p.precision == MixedPrecision::kOff ? std::string(", fp32") : std::string(", ") + choice_name(p.precision);
   if (evicts(p.policy)) s += std::string(", ") + choice_name(p.policy);
+  if (p.ranks > 1 && p.shard == ShardLevel::kOptimizer) s += ", optimizer state sharded";
+  if (p.ranks > 1 && p.shard == ShardLevel::kGradients) s += ", gradients and optimizer state sharded";
+  if (p.ranks > 1 && p.shard == ShardLevel::kParameters) s += ", parameters, gradients and optimizer state sharded";
   return s;
 }
 
@@ -63,15 +66,20 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
           // Stages each run DTR as one rank does, but the replay models one rank's whole model:
           // pipelines are searched without eviction.
           if (stages > 1 && evicts(policy)) continue;
-          Plan p;
-          p.ranks = ranks;
-          p.stages = stages;
-          p.micro_batch = local / accumulation;
-          p.accumulation = accumulation;
-          p.precision = precision;
-          p.policy = policy;
-          p.budget_bytes = device_memory;
-          plans.push_back(p);
+          for (ShardLevel shard : options.shards) {
+            // Sharding splits a replica group's state: several replicas, no stages (not built with them).
+            if (shard != ShardLevel::kNone && (ranks == 1 || stages > 1)) continue;
+            Plan p;
+            p.ranks = ranks;
+            p.stages = stages;
+            p.micro_batch = local / accumulation;
+            p.accumulation = accumulation;
+            p.precision = precision;
+            p.policy = policy;
+            p.budget_bytes = device_memory;
+            p.shard = shard;
+            plans.push_back(p);
+          }
         }
       }
     }

@@ -20,6 +20,8 @@ struct SearchOptions {
   std::vector<MemoryPolicy> policies{MemoryPolicy::kNone, MemoryPolicy::kDtr};  // eviction needs device memory
   int max_accumulation = 32;                          // micro-batches per step, at most
   std::vector<int> stages{1};                         // pipeline stages to consider, each dividing a rank count
+  // Sharding levels for plans of several replicas and one stage (one replica: none only).
+  std::vector<ShardLevel> shards{ShardLevel::kNone};
 };
 
 struct RankedPlan {

@@ -219,11 +219,11 @@ class Rules {
     const std::string head = loc("parallel.shard") + "parallel.shard = \"" + choice_name(p.shard) + "\"";
     if (p.shard == ShardLevel::kParameters) {
       throw UserError(head + ": sharded parameters (ZeRO-3, gathered per block) are not built yet; use "
-                      "\"gradients\" (ZeRO-2) or \"optimizer\" (ZeRO-1)");
+                      "\"optimizer\" (ZeRO-1)");
     }
-    if (p.strategy == Strategy::kAuto) {
-      throw UserError(head + " with parallel.strategy = \"auto\": the planner does not search sharding levels yet; "
-                      "use parallel.strategy = \"manual\", or leave parallel.shard out");
+    if (p.shard == ShardLevel::kGradients) {
+      throw UserError(head + ": sharded gradients (ZeRO-2, reduce-scattered per bucket) are not built yet; use "
+                      "\"optimizer\" (ZeRO-1)");
     }
   }
 

@@ -115,6 +115,7 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   SearchOptions search;
   search.objective = args.objective;
   search.policies = args.policies;
+  search.shards = args.shards;
   search.precisions = args.precisions;
   if (search.precisions.empty()) {
     search.precisions = {config.training.mixed_precision};
@@ -160,6 +161,7 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   c.parallel.data_parallel = plan.ranks;
   c.parallel.pipeline_parallel = plan.stages;
   if (plan.stages > 1) c.parallel.pipeline_schedule = plan.schedule;
+  c.parallel.shard = plan.shard;
   c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
   c.training.mixed_precision = plan.precision;
   c.memory.policy = plan.policy;

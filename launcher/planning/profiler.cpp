@@ -5,6 +5,7 @@
 #include "alloc/byte_size.h"
 #include "alloc/cpu_arena.h"
 #include "alloc/cpu_device_allocator.h"
+#include "parallel/data_parallel.h"
 #include "planner/cost_model.h"
 #include "planner/step_recorder.h"
 #include "runtime/thread_pools.h"
@@ -118,7 +119,11 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
   point.forward_backward_ms = median(&Trainer::StepMeasurement::forward_backward_ms);
   point.optimizer_ms = median(&Trainer::StepMeasurement::optimizer_ms);
   // A graph that changes every step (the supernet) peaks differently each step: the highest.
-  for (const auto& s : steps) point.peak_bytes = std::max(point.peak_bytes, s.peak_bytes);
+  for (const auto& s : steps) {
+    point.peak_bytes = std::max(point.peak_bytes, s.peak_bytes);
+    point.forward_backward_peak_bytes = std::max(point.forward_backward_peak_bytes, s.forward_backward_peak_bytes);
+    point.optimizer_peak_bytes = std::max(point.optimizer_peak_bytes, s.optimizer_peak_bytes);
+  }
   point.persistent_bytes = m.in_use_before;  // the sampler's order of the point's data included
   point.batch_bytes = batch_bytes(p.profile, micro);
   point.blocks.assign(p.model->blocks().size(), BlockTime{});
@@ -175,6 +180,16 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     profile.parameters = model->num_parameters();
     profile.parameter_bytes = tensor_bytes(model->parameters()) + tensor_bytes(model->buffers());
     for (const auto& block : model->blocks()) profile.block_parameter_bytes.push_back(tensor_bytes(block->parameters()));
+    {  // the buckets sharding splits, as DataParallel makes them at the job's bucket size
+      const DataParallel buckets(std::make_shared<LocalCommunicator>(), model->parameters(), config.parallel.bucket_mb << 20);
+      const std::vector<at::Tensor> order = buckets.reduction_order();
+      size_t k = 0;
+      for (const std::vector<size_t>& members : buckets.buckets()) {
+        std::vector<int64_t> elements;
+        for (size_t i = 0; i < members.size(); ++i) elements.push_back(order[k++].numel());
+        profile.buckets.push_back(std::move(elements));
+      }
+    }
     Profiling p{config, train, info, arena, model, *out};
     const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);
     const MixedPrecision first = request.precisions.front();

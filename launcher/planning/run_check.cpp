@@ -24,6 +24,7 @@ Plan plan_of(const Config& c) {
   p.stages = static_cast<int>(c.parallel.pipeline_parallel);
   p.schedule = c.parallel.pipeline_schedule;
   p.state_on_host = c.memory.optimizer_state == StatePlace::kHost;
+  p.shard = c.parallel.shard;
   return p;
 }
 
@@ -54,7 +55,10 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
   } else {
     text = c.source + ": predicted peak " + format_bytes(p.peak_bytes) + " per rank (model state " +
            format_bytes(state) + ", batch and sampler " + format_bytes(p.batch_bytes + p.sampler_bytes) +
-           ", activations " + format_bytes(p.activation_bytes) + ") does not fit " + where;
+           (p.optimizer_working_bytes > p.activation_bytes
+                ? ", the optimizer step's temporaries " + format_bytes(p.optimizer_working_bytes)
+                : ", activations " + format_bytes(p.activation_bytes)) +
+           ") does not fit " + where;
   }
   // Channels-last convolutions need temporaries the size of a weight, which fragment a small budget.
   const bool images = takes_images(c.model.name) && c.model.name != ModelKind::kMlp;
@@ -62,7 +66,8 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
                                       ? "; near the minimum, training.channels_last = false can help"
                                       : "";
   if (fitting.empty()) {
-    text += "; no micro-batch size, precision or memory policy fits at " + std::to_string(c.replicas()) +
+    const char* choices = c.replicas() > 1 ? ", memory policy or sharding level" : " or memory policy";
+    text += std::string("; no micro-batch size, precision") + choices + " fits at " + std::to_string(c.replicas()) +
             " rank(s): raise the memory, or add ranks (hybrid_train plan " + c.source + " shows how many)" +
             layout_hint;
     return UserError(text);
@@ -76,6 +81,7 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
       text += std::string(", training.mixed_precision = \"") + choice_name(q.precision) + "\"";
     }
     if (evicts(q.policy)) text += std::string(", memory.policy = \"") + choice_name(q.policy) + "\"";
+    if (q.shard != c.parallel.shard) text += std::string(", parallel.shard = \"") + choice_name(q.shard) + "\"";
     text += " peaks at " + format_bytes(r.peak_bytes) + " (" + std::to_string(100 * r.peak_bytes / limit) +
             "% of it) at " + ratio(r.step_ms, p.step_ms) + " the step time";
   }
@@ -89,20 +95,22 @@ struct Decision {
   int64_t micro_batch = 0;
   MemoryPolicy policy = MemoryPolicy::kNone;
   int64_t budget_bytes = 0;
+  ShardLevel shard = ShardLevel::kNone;
 };
 
 Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
   at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
-                             d.budget_bytes}, at::kLong);
+                             d.budget_bytes, static_cast<int64_t>(d.shard)}, at::kLong);
   grid.data_parallel_group->broadcast(t, 0, "the plan of rank 0");
   return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
-          t[3].item<int64_t>()};
+          t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>())};
 }
 
 void apply(Config& c, const Decision& d) {
   c.training.micro_batch_size = d.micro_batch == c.local_batch_size() ? 0 : d.micro_batch;
   c.memory.policy = d.policy;
+  c.parallel.shard = d.shard;
   if (d.budget_bytes != c.memory.budget_bytes) {
     c.memory.budget = std::to_string(d.budget_bytes);
     c.memory.budget_bytes = d.budget_bytes;
@@ -155,6 +163,8 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     args.device_memory = config.memory.budget_bytes;
     args.precisions = {config.training.mixed_precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};  // the configured plan is predicted below
+    // Automatic: the planner picks the level, unless the config fixes one.
+    if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
     JobPlan plan = plan_job(config, *data.train, data.info, args);
     out.limit_bytes = plan.machine.device_memory;
     out.plan = plan_of(config);
@@ -165,9 +175,13 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     if (!out.prediction.fits && config.memory.check_fit) {
       // Alternatives at these ranks and this precision, eviction included.
       args.policies = PlanArgs{}.policies;
+      SearchOptions alternatives;
+      alternatives.ranks = args.ranks;
+      alternatives.precisions = {config.training.mixed_precision};
+      alternatives.policies = args.policies;
+      alternatives.shards = {ShardLevel::kNone, ShardLevel::kOptimizer};
       const std::vector<Plan> plans =
-          candidate_plans(config.training.global_batch_size, plan.machine.device_memory,
-                          SearchOptions{args.ranks, Objective::kTime, {config.training.mixed_precision}, args.policies});
+          candidate_plans(config.training.global_batch_size, plan.machine.device_memory, alternatives);
       std::vector<RankedPlan> fitting;
       for (RankedPlan& r : rank_plans(plans, [&](const Plan& q) { return predict(plan.profile, plan.machine, q); },
                                       Objective::kTime)) {
@@ -175,8 +189,8 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       }
       refusal = does_not_fit(config, out.prediction, out.limit_bytes, fitting);
     }
-    decision = {refusal.has_value(), out.plan.micro_batch,
-                out.plan.policy, evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes};
+    decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
+                evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard};
   }
   decision = share(grid, decision);
   if (decision.refuse) throw refusal ? *refusal : UserError("rank 0 found that the run cannot fit");

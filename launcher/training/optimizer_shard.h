@@ -1,7 +1,8 @@
 #pragma once
-// Sharded optimizer state (parallel.shard = "optimizer", ZeRO's first stage; and "gradients",
-// its second): each rank of a data-parallel group keeps and updates the optimizer state of its
-// share of the parameters only, 1/N of it.
+// Sharded optimizer state (parallel.shard = "optimizer", ZeRO's first stage): each rank of a
+// data-parallel group keeps and updates the optimizer state of its share of the parameters only,
+// 1/N of it. The gradients are all-reduced whole as without sharding (ZeRO-2's reduce-scatter
+// and ZeRO-3's gathered parameters are not built yet).
 //
 // The parameters lie in one block in DataParallel's reduction order (Trainer places them so), as
 // the gradients do in theirs; so each bucket of both is one flat span, and a rank's share of a

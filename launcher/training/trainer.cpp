@@ -235,14 +235,26 @@ double Trainer::forward_backward(const Batch& micro, double loss_scale, bool las
   return loss.value().item<double>();
 }
 
-Trainer::StepResult Trainer::train_step() {
-  CpuAllocationCounter& counter = CpuAllocationCounter::install();
-  counter.reset_peak();
+int64_t Trainer::device_peak_bytes() const {
+  if (arena_) return arena_->stats().peak_in_use;
+  if (device_.is_cpu()) return CpuAllocationCounter::install().device_peak_bytes();
+  if (device_.is_cuda()) {
+    return cuda_allocated_peak_bytes(device_.has_index() ? device_.index() : 0) - library_workspace_bytes_;
+  }
+  return -1;
+}
+
+void Trainer::reset_device_peak() {
+  CpuAllocationCounter::install().reset_peak();
   if (arena_) {
     arena_->reset_peak();
   } else if (device_.is_cuda()) {
     reset_cuda_allocated_peak(device_.has_index() ? device_.index() : 0);
   }
+}
+
+Trainer::StepResult Trainer::train_step() {
+  reset_device_peak();
   memory_.reset_peak();
   const MemoryStats before = memory_.stats();
   const SwapStats swap_before = memory_.swap_stats() ? *memory_.swap_stats() : SwapStats{};
@@ -264,6 +276,10 @@ Trainer::StepResult Trainer::train_step() {
     }
   }
   r.forward_backward_ms = seconds_since(compute_start) * 1e3;
+  // The two phases' peaks apart: forward and backward's grows with the micro-batch, the
+  // optimizer's with the largest tensor it steps (the planner scales each on its own).
+  r.forward_backward_peak_bytes = device_peak_bytes();
+  reset_device_peak();
   // This rank's gradients of its slice are complete: average them over the replicas, once per
   // optimizer step, never per micro-batch (with overlap, most buckets are under way already).
   replicas_.average_gradients();
@@ -302,16 +318,8 @@ Trainer::StepResult Trainer::train_step() {
   state_.sampler = sampler_.position();
   state_.seed_counter = interp_.seed_counter();
   r.ms = seconds_since(start) * 1e3;
-  // The rank's device memory, host data excluded: with a budget the arena's peak (rounding
-  // included), without one on the CPU what the job counts as device memory (DeviceMemoryScope).
-  if (arena_) {
-    r.mem_peak_bytes = arena_->stats().peak_in_use;
-  } else if (device_.is_cpu()) {
-    r.mem_peak_bytes = counter.device_peak_bytes();
-  } else if (device_.is_cuda()) {  // ATen's caching allocator: bytes in tensors, not its cache nor cuBLAS's
-    r.mem_peak_bytes =
-        cuda_allocated_peak_bytes(device_.has_index() ? device_.index() : 0) - library_workspace_bytes_;
-  }
+  r.optimizer_peak_bytes = device_peak_bytes();
+  r.mem_peak_bytes = std::max(r.forward_backward_peak_bytes, r.optimizer_peak_bytes);
   const MemoryStats& after = memory_.stats();
   r.evictions = after.evictions - before.evictions;
   r.recomputations = after.recomputations - before.recomputations;
@@ -337,6 +345,8 @@ Trainer::StepMeasurement Trainer::measure_step() {
   m.forward_backward_ms = r.forward_backward_ms;
   m.optimizer_ms = r.optimizer_ms;
   m.peak_bytes = arena_ ? r.mem_peak_bytes : -1;
+  m.forward_backward_peak_bytes = arena_ ? r.forward_backward_peak_bytes : -1;
+  m.optimizer_peak_bytes = arena_ ? r.optimizer_peak_bytes : -1;
   return m;
 }
 

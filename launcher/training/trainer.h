@@ -76,6 +76,8 @@ class Trainer {
   struct StepMeasurement {
     double step_ms = 0, forward_backward_ms = 0, optimizer_ms = 0;
     int64_t peak_bytes = -1;       // the arena's peak (with a budget)
+    int64_t forward_backward_peak_bytes = -1;  // its peak to the end of the last backward
+    int64_t optimizer_peak_bytes = -1;  // its peak from the gradients' averaging to the step's end
     int64_t in_use_before = 0;     // the arena's bytes in use when the step began
   };
   StepMeasurement measure_step();
@@ -101,7 +103,9 @@ class Trainer {
     double loss = 0, grad_norm = 0, lr = 0, ms = 0;
     double forward_backward_ms = 0, optimizer_ms = 0;  // parts of ms
     bool skipped = false;  // fp16: a gradient was not finite
-    int64_t mem_peak_bytes = -1;
+    int64_t mem_peak_bytes = -1;        // the step's: the larger of its two phases
+    int64_t forward_backward_peak_bytes = -1;  // to the end of the last micro-batch's backward
+    int64_t optimizer_peak_bytes = -1;  // from the gradients' averaging on: the optimizer's working memory
     // The memory manager during this step.
     int64_t evictions = 0, recomputations = 0;
     double recompute_ms = 0, fragmentation = 0;
@@ -129,6 +133,11 @@ class Trainer {
   // What optimizer_ keeps state for: the parameters, or this rank's pieces of them (sharded).
   const std::vector<at::Tensor>& state_params() const { return shard_ ? shard_->pieces() : params_; }
   void save_sharded_checkpoint();
+  // The rank's device memory, host data excluded: with a budget the arena's (rounding included),
+  // without one on the CPU what the job counts as device memory (DeviceMemoryScope), on a GPU the
+  // caching allocator's bytes in tensors, not its cache nor cuBLAS's. -1: not measured.
+  int64_t device_peak_bytes() const;
+  void reset_device_peak();
   void trace_step_begins();
   void trace_step_ended();
   StepResult train_step();

@@ -151,7 +151,25 @@ interval = 3
       << "the budget made DTR evict";
 }
 
-TEST(ShardedJobErrors, LevelsNotBuiltPipelinesAutoAndOneRank) {
+// The planner knows the level: 2 ranks whose whole state (4.54 MiB) and optimizer temporaries
+// do not fit 5 MiB are refused with a sharded plan that does, and strategy = "auto" trains it,
+// predicting its peak to within the arena's rounding.
+TEST(ShardedJobPlanning, ARefusalNamesAShardedPlanAndAutoTrainsIt) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string job = mpirun(2) + HT_BINARY + " " + dir.write("job.toml", kMlp) + " --memory.budget=5MiB";
+  const std::string log = dir.path("log.txt");
+  EXPECT_NE(std::system((job + " --job.output_dir=" + dir.path("refused") + " > " + log + " 2>&1").c_str()), 0);
+  EXPECT_THAT(read_file(log), HasSubstr("does not fit memory.budget = \"5MiB\""));
+  EXPECT_THAT(read_file(log), HasSubstr("parallel.shard = \"optimizer\" peaks at"));
+  ASSERT_EQ(run(job + " --parallel.strategy=auto --job.output_dir=" + dir.path("auto")), 0);
+  const std::string metrics = read_file(dir.path("auto/metrics.jsonl"));
+  EXPECT_GT(last_number(metrics, "shard_elements"), 0) << "the plan it trained is sharded";
+  const int64_t predicted = last_number(metrics, "predicted_peak_bytes"), measured = last_number(metrics, "mem_peak_bytes");
+  EXPECT_LE(std::abs(predicted - measured), 64) << "predicted " << predicted << ", measured " << measured;
+}
+
+TEST(ShardedJobErrors, LevelsNotBuiltPipelinesAndOneRank) {
   TempDir dir;
   const std::string config = dir.write("job.toml", kMlp);
   const std::string log = dir.path("log.txt");
@@ -163,8 +181,8 @@ TEST(ShardedJobErrors, LevelsNotBuiltPipelinesAutoAndOneRank) {
   };
   fails_with("--parallel.shard=parameters",
              "parallel.shard = \"parameters\": sharded parameters (ZeRO-3, gathered per block) are not built yet");
-  fails_with("--parallel.shard=optimizer --parallel.strategy=auto",
-             "parallel.shard = \"optimizer\" with parallel.strategy = \"auto\"");
+  fails_with("--parallel.shard=gradients",
+             "parallel.shard = \"gradients\": sharded gradients (ZeRO-2, reduce-scattered per bucket) are not built yet");
   fails_with("--parallel.shard=everything", "parallel.shard");
   // One rank: a warning, and the run trains.
   ASSERT_EQ(std::system((std::string(HT_BINARY) + " " + config + " --parallel.shard=optimizer --training.steps=1 " +

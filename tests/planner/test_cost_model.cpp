@@ -29,6 +29,7 @@ ModelProfile two_points() {
     pt.persistent_bytes = 3000 * 64;
     pt.batch_bytes = batch_bytes(p, m);
     pt.peak_bytes = pt.persistent_bytes + pt.batch_bytes + 5000 + 1000 * m;
+    pt.forward_backward_peak_bytes = pt.peak_bytes;
     p.points.push_back(pt);
   }
   ProfilePoint one = p.points[0];

@@ -1,0 +1,258 @@
+// Sharded data parallelism (parallel.shard) on this machine, under mpirun -np N (N >= 2), in one
+// invocation:
+// 1. the collectives sharding uses beside all-reduce: reduce-scatter and all-gather of the
+//    communicator (MPI) against message size, nccl-tests style: time (median), algorithm
+//    bandwidth (bytes / time) and bus bandwidth (all-reduce x 2(N-1)/N, the other two x (N-1)/N);
+// 2. model state per rank at each level built (none, optimizer) on a GPT-2-small-shaped decoder
+//    (12 layers, d 768, vocabulary 50257) and ResNet-18, with AdamW: the fullest rank's bytes of
+//    parameters, gradients and optimizer state, measured (the tensors' bytes), against the
+//    planner's terms (planner/shard_terms.h) and ZeRO's formula for fp32 (4P + 4P + 8P/N). Exits
+//    1 when a measured state differs from the planner's by a byte;
+// 3. the step at the same per-rank batch, sharded against unsharded, interleaved (A B, B A, ...):
+//    the time ratio and the all-gather's share of the sharded step.
+#include "bench/bench_util.h"
+#include "launcher/training/compact.h"
+#include "launcher/training/optimizer.h"
+#include "launcher/training/optimizer_shard.h"
+#include "models/decoder.h"
+#include "models/resnet.h"
+#include "parallel/data_parallel.h"
+#include "parallel/process_grid.h"
+#include "planner/shard_terms.h"
+#include "runtime/interpreter.h"
+#include "runtime/thread_pools.h"
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+
+namespace ht::bench {
+namespace {
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Every rank's median, averaged (the table's one number per size).
+double mean_of_medians(Communicator& c, std::vector<double> us) {
+  at::Tensor m = at::full({1}, median(std::move(us)), at::kDouble);
+  c.allreduce_sum(m, "the timings");
+  return m.item<double>() / c.size();
+}
+
+void collectives_table(Communicator& c, int reps, bool quick) {
+  const int n = c.size();
+  if (c.rank() == 0) {
+    std::printf("\ncollectives (float32) over %d ranks, %s, median of %d; bus bandwidth as nccl-tests: all-reduce "
+                "x 2(N-1)/N, reduce-scatter and all-gather x (N-1)/N:\n\n", n, c.backend().c_str(), reps);
+    std::printf("| %10s | %-14s | %10s | %12s | %12s |\n", "bytes", "collective", "time us", "algbw MB/s", "busbw MB/s");
+    std::printf("|%s|\n", std::string(72, '-').c_str());
+  }
+  for (int64_t bytes = 64 << 10; bytes <= (quick ? (1 << 20) : (64 << 20)); bytes *= 16) {
+    const int64_t elements = bytes / 4;
+    const std::vector<int64_t> counts = even_counts(elements, n);
+    at::Tensor full = at::ones({elements}), shard = at::ones({counts[static_cast<size_t>(c.rank())]});
+    const std::pair<const char*, std::function<void()>> ops[] = {
+        {"all-reduce", [&] { c.allreduce_sum(full, "a benchmark tensor"); }},
+        {"reduce-scatter", [&] { c.reduce_scatter_sum(full, shard, counts, "a benchmark tensor"); }},
+        {"all-gather", [&] { c.all_gather(shard, full, counts, "a benchmark tensor"); }}};
+    for (const auto& [name, op] : ops) {
+      op();  // warm-up
+      std::vector<double> us;
+      for (int i = 0; i < reps; ++i) {
+        c.barrier("the benchmark");
+        const double start = now_ms();
+        op();
+        us.push_back((now_ms() - start) * 1e3);
+      }
+      const double time_us = mean_of_medians(c, us);
+      const double algbw = static_cast<double>(bytes) / time_us;  // bytes per us = MB/s
+      const double factor = std::string(name) == "all-reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+      if (c.rank() == 0) {
+        std::printf("| %10lld | %-14s | %10.1f | %12.1f | %12.1f |\n", static_cast<long long>(bytes), name, time_us,
+                    algbw, algbw * factor);
+      }
+    }
+  }
+}
+
+struct BenchModel {
+  std::string name;
+  int64_t batch;
+  std::function<std::shared_ptr<Model>()> make;
+  std::function<std::pair<at::Tensor, at::Tensor>(int64_t)> data;
+};
+
+std::vector<BenchModel> models(bool quick) {
+  std::vector<BenchModel> out;
+  {
+    const int64_t layers = quick ? 2 : 12, d = quick ? 64 : 768, t = quick ? 32 : 128, vocab = quick ? 256 : 50257;
+    out.push_back({"gpt2-small-shaped T" + std::to_string(t) + " b1" + (quick ? " (quick)" : ""), 1,
+                   [=] { return std::make_shared<Decoder>(DecoderOptions::gpt2(vocab, t, layers, quick ? 4 : 12, d, 0.0)); },
+                   [=](int64_t b) {
+                     return std::make_pair(at::randint(vocab, {b, t}, at::kLong), at::randint(vocab, {b, t}, at::kLong));
+                   }});
+  }
+  {
+    const int64_t width = quick ? 16 : 64;
+    out.push_back({"resnet18 32x32 b8" + std::string(quick ? " (quick)" : ""), 8,
+                   [=] { return std::make_shared<ResNet>(ResNetOptions{18, width, {}, 3, 10, true}); },
+                   [](int64_t b) { return std::make_pair(at::randn({b, 3, 32, 32}), at::randint(10, {b}, at::kLong)); }});
+  }
+  return out;
+}
+
+// One replica as the trainer sets it up for sharding: the parameters in one block in reduction
+// order, the gradient block likewise, and both an unsharded AdamW and this rank's sharded one.
+struct Replica {
+  Replica(const BenchModel& m, const std::shared_ptr<Communicator>& group)
+      : model(m.make()), params(model->parameters()),
+        replicas(group, params, int64_t{25} << 20, /*overlap=*/group->allows_worker_thread()) {
+    std::vector<at::Tensor> order = replicas.reduction_order();
+    const std::vector<at::Tensor> host = copies_on_host(order);
+    const std::vector<at::Tensor> placed = into_one_block(host, at::kCPU);
+    for (size_t i = 0; i < order.size(); ++i) order[i].set_data(placed[i]);
+    gradients = std::make_unique<GradientBuffer>(order);
+    replicas.use_gradient_buffer(gradients.get());
+    shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), *gradients);
+    TrainingConfig t;
+    t.optimizer = OptimizerKind::kAdamw;
+    t.lr = 1e-4;
+    whole = make_optimizer(t, params);
+    sharded = make_optimizer(t, shard->pieces());
+    std::tie(input, target) = m.data(m.batch);
+    model->train();
+  }
+  // One training step; returns its time (and the all-gather's, sharded).
+  std::pair<double, double> step(bool sharding) {
+    Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 1});
+    interp.set_gradient_buffer(gradients.get());
+    const double start = now_ms();
+    Tensor loss = model->loss(model->forward(interp.input(input)), interp.input(target));
+    if (replicas.overlaps()) interp.set_gradient_listener(&replicas);
+    interp.backward(loss);
+    interp.set_gradient_listener(nullptr);
+    replicas.average_gradients();
+    double gather_ms = 0;
+    if (sharding) {
+      shard->attach_gradients();
+      sharded->step();
+      shard->detach_gradients();
+      shard->gather_parameters();
+      gather_ms = shard->stats().gather_ms;
+    } else {
+      whole->step();
+    }
+    clear_grads(params);
+    return {now_ms() - start, gather_ms};
+  }
+  int64_t state_bytes(bool sharding) {
+    int64_t bytes = 0;
+    torch::optim::Optimizer& opt = sharding ? *sharded : *whole;
+    for (const at::Tensor& p : sharding ? shard->pieces() : params)
+      for (const at::Tensor& s : optimizer_state(opt, p))
+        if (s.dim() > 0) bytes += static_cast<int64_t>(s.nbytes());
+    return bytes;
+  }
+  std::shared_ptr<Model> model;
+  std::vector<at::Tensor> params;
+  DataParallel replicas;
+  std::unique_ptr<GradientBuffer> gradients;
+  std::unique_ptr<OptimizerShard> shard;
+  std::unique_ptr<torch::optim::Optimizer> whole, sharded;
+  at::Tensor input, target;
+};
+
+// The planner's buckets of the replica (element counts in reduction order).
+std::vector<std::vector<int64_t>> bucket_elements(Replica& r) {
+  const std::vector<at::Tensor> order = r.replicas.reduction_order();
+  std::vector<std::vector<int64_t>> out;
+  size_t k = 0;
+  for (const auto& members : r.replicas.buckets()) {
+    out.emplace_back();
+    for (size_t i = 0; i < members.size(); ++i) out.back().push_back(order[k++].numel());
+  }
+  return out;
+}
+
+// Returns false when a measured state differs from the planner's.
+bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, int warmup, int reps) {
+  Communicator& c = *group;
+  at::manual_seed(0);  // the same model and batch on every rank
+  Replica r(m, group);
+  const int n = c.size();
+  int64_t parameters = 0;
+  for (const at::Tensor& p : r.params) parameters += p.numel();
+  std::vector<double> ms[2], gather_share;
+  for (int i = 0; i < warmup + reps; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      const bool sharding = (i + j) % 2 == 1;
+      c.barrier("the benchmark");
+      const auto [t, gather] = r.step(sharding);
+      if (i < warmup) continue;
+      ms[sharding].push_back(t);
+      if (sharding) gather_share.push_back(gather / t);
+    }
+  }
+  // The fullest rank's state (rank 0 owns the larger shares), every rank's for the check.
+  const int64_t whole_state = r.state_bytes(false), shard_state = r.state_bytes(true);
+  const int64_t predicted_shard = 8 * shard_elements(bucket_elements(r), n);
+  const int64_t predicted_here = 8 * r.shard->elements();  // this rank's share: the same rule
+  at::Tensor wrong = at::full({1}, shard_state != predicted_here || whole_state != 8 * parameters ? 1.0 : 0.0, at::kDouble);
+  c.allreduce_sum(wrong, "the check");
+  const double t_none = mean_of_medians(c, ms[0]), t_shard = mean_of_medians(c, ms[1]);
+  const double share = mean_of_medians(c, gather_share);
+  if (c.rank() != 0) return wrong.item<double>() == 0;
+  const double mib = 1024.0 * 1024.0;
+  const double formula = (4.0 * parameters + 4.0 * parameters + 8.0 * parameters / n) / mib;
+  const double measured = (8.0 * parameters + static_cast<double>(shard_state)) / mib;
+  std::printf("| %-34s | %11lld | %10.2f | %10.2f | %10.2f | %10.2f | %10.2f | %9s | %7.1f | %7.1f | %6.3fx | %7.1f%% |\n",
+              m.name.c_str(), static_cast<long long>(parameters), 16.0 * parameters / mib, measured,
+              static_cast<double>(predicted_shard + 8 * parameters) / mib, formula, static_cast<double>(shard_state) / mib,
+              wrong.item<double>() == 0 && shard_state == predicted_shard ? "exact" : "DIFFERS", t_none, t_shard,
+              t_shard / t_none, 100 * share);
+  std::fflush(stdout);
+  return wrong.item<double>() == 0 && shard_state == predicted_shard;
+}
+
+}  // namespace
+}  // namespace ht::bench
+
+int main(int argc, char** argv) {
+  CLI::App app{"Sharded data parallelism: collectives, model state per rank, step time (run under mpirun -np N)"};
+  int reps = 5, warmup = 1, threads = 1;
+  bool quick = false;
+  app.add_option("--reps", reps, "measured repetitions")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "unmeasured repetitions first")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "compute threads per rank: ATen, oneDNN and OpenBLAS")->check(CLI::PositiveNumber);
+  app.add_flag("--quick", quick, "scaled-down models and messages, for a smoke run");
+  CLI11_PARSE(app, argc, argv);
+  ht::ProcessGrid grid = ht::make_process_grid();
+  if (grid.world < 2) {
+    std::fprintf(stderr, "bench_sharding: run it under mpirun with 2 or more ranks, e.g. mpirun "
+                 "--allow-run-as-root --oversubscribe -np 2 %s\n", argv[0]);
+    ht::finalize_process_grid();
+    return 2;
+  }
+  const ht::ThreadPools pools = ht::set_compute_threads(threads);
+  ht::bench::collectives_table(*grid.data_parallel_group, quick ? 3 : 20, quick);
+  if (grid.is_root()) {
+    std::printf("\nmodel state per rank (parameters + gradients + AdamW state, MiB) and the step, %d ranks, parallel.shard "
+                "= none vs optimizer, threads per rank %s, median of %d interleaved rounds:\n\n",
+                grid.world, pools.describe().c_str(), reps);
+    std::printf("| %-34s | %11s | %10s | %10s | %10s | %10s | %10s | %9s | %7s | %7s | %7s | %8s |\n", "model",
+                "parameters", "none MiB", "optimizer", "predicted", "4P+4P+8P/N", "state", "vs plan", "none ms",
+                "shard ms", "ratio", "gather");
+    std::printf("|%s|\n", std::string(164, '-').c_str());
+  }
+  bool exact = true;
+  for (const auto& m : ht::bench::models(quick)) exact = ht::bench::measure(m, grid.data_parallel_group, warmup, reps) && exact;
+  ht::finalize_process_grid();
+  if (!exact) {
+    std::fprintf(stderr, "bench_sharding: a rank's measured optimizer state differs from the planner's terms\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,42 @@
+#pragma once
+// Sharded data parallelism (parallel.shard; launcher/training/optimizer_shard.h) in a prediction.
+// Plain functions of shapes and layout, so that a planner for clusters reuses them:
+// - memory: at "optimizer" (ZeRO-1) a rank keeps the optimizer state of its share of each bucket,
+//   the shares as parallel/shard_layout.h splits them; the parameters and the gradient block stay
+//   whole. Under a budget the state lies in one block per dtype (compact_optimizer_state), so its
+//   bytes are the arena's rounding of the share's elements times the state's bytes per element
+//   (8 for AdamW, 4 for SGD with momentum, 0 without). The optimizer step's temporaries shrink
+//   with the largest piece a rank steps (measured whole with the largest parameter). The rank
+//   with the highest peak is the prediction;
+// - time: after the step, each bucket's updated parameters are all-gathered (a ring: ranks - 1
+//   steps of bytes / ranks each), not hidden under anything.
+// The ZeRO paper's formulas (2P + 2P + 12P/N for fp16 parameters with fp32 master weights and
+// Adam at the first stage) are a check in the tests and docs: this project keeps fp32 parameters
+// and fp32 gradients, so its terms are 4P + 4P + 8P/N with AdamW.
+
+#include "planner/cost_model.h"
+#include "planner/machine.h"
+#include "planner/profile.h"
+#include "planner/step_trace.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace ht {
+
+// Elements of the model rank 0 (the fullest) of `ranks` updates: its share of each bucket.
+int64_t shard_elements(const std::vector<std::vector<int64_t>>& buckets, int ranks);
+// The optimizer state's bytes per parameter element in `profile` (measured whole: 8, 4 or 0).
+int64_t state_bytes_per_element(const ModelProfile& profile);
+// Ring all-gather of `bytes` in all over `ranks` (alpha-beta): ranks - 1 steps of bytes / ranks.
+double allgather_ms(const Machine& machine, int ranks, int64_t bytes);
+
+// Fills what plan.shard changes in `p`: the optimizer state's bytes per rank (and the peak with
+// them), and the all-gather after the step (p.gather_ms, counted in p.step_ms by the caller).
+void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p);
+void shard_time_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, Prediction& p);
+// The recorded step up to its last kernel: what the optimizer allocates after backward (sized by
+// the whole parameters) left out, for a replay whose optimizer steps pieces.
+StepTrace without_optimizer_phase(const StepTrace& trace);
+
+}  // namespace ht
