@@ -27,6 +27,11 @@ double allgather_ms(const Machine& machine, int ranks, int64_t bytes) {
   return (ranks - 1) * (latency_us * 1e-3 + chunk / (gbps * 1e9) * 1e3);
 }
 
+double shard_step_share(const ModelProfile& profile, const Plan& plan) {
+  if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || profile.buckets.empty() || profile.parameters <= 0) return 1;
+  return static_cast<double>(shard_elements(profile.buckets, plan.ranks)) / static_cast<double>(profile.parameters);
+}
+
 void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
   if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || profile.buckets.empty()) return;
   const int64_t per_element = state_bytes_per_element(profile);

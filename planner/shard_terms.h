@@ -31,6 +31,9 @@ int64_t state_bytes_per_element(const ModelProfile& profile);
 // Ring all-gather of `bytes` in all over `ranks` (alpha-beta): ranks - 1 steps of bytes / ranks.
 double allgather_ms(const Machine& machine, int ranks, int64_t bytes);
 
+// The share of the optimizer step's measured time a sharded rank spends: the share of the
+// elements it steps (the fullest rank's); 1 unsharded.
+double shard_step_share(const ModelProfile& profile, const Plan& plan);
 // Fills what plan.shard changes in `p`: the optimizer state's bytes per rank (and the peak with
 // them), and the all-gather after the step (p.gather_ms, counted in p.step_ms by the caller).
 void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p);

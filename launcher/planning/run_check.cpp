@@ -58,7 +58,8 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
            (p.optimizer_working_bytes > p.activation_bytes
                 ? ", the optimizer step's temporaries " + format_bytes(p.optimizer_working_bytes)
                 : ", activations " + format_bytes(p.activation_bytes)) +
-           ") does not fit " + where;
+           (p.peak_bytes <= limit ? ") leaves less than 3% of " + where + " free, which fragmentation takes"
+                                  : ") does not fit " + where);
   }
   // Channels-last convolutions need temporaries the size of a weight, which fragment a small budget.
   const bool images = takes_images(c.model.name) && c.model.name != ModelKind::kMlp;
