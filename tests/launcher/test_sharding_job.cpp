@@ -113,6 +113,20 @@ TEST(ShardedJobComposition, Bf16AccumulationAndSgdOnThreeRanks) {
 
 // Within one layout a budget changes no bit: sharded on 2 ranks, evicting under DTR at 40% of the
 // peak, against the same sharded job without a budget.
+// memory.optimizer_state = "host" moves the rank's share only (half of AdamW's 8 bytes a parameter
+// at 2 ranks), and changes no bit.
+TEST(ShardedJobComposition, TheStateOnHostIsTheRanksShare) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string job = mpirun(2) + HT_BINARY + " " + dir.write("job.toml", kMlp) +
+                          " --memory.budget=12MiB --memory.policy=hybrid --memory.optimizer_state=host";
+  ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("whole")), 0);
+  ASSERT_EQ(run(job + " --parallel.shard=optimizer --job.output_dir=" + dir.path("sharded")), 0);
+  EXPECT_TRUE(model_at(dir, "whole", 4) == model_at(dir, "sharded", 4)) << "model.pt differs";
+  const std::string metrics = read_file(dir.path("sharded/metrics.jsonl"));
+  EXPECT_EQ(last_number(metrics, "state_out_bytes"), 8 * last_number(metrics, "shard_elements"));
+}
+
 TEST(ShardedJobComposition, DtrAtFortyPercentChangesNoBit) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
