@@ -43,6 +43,12 @@ cudaStream_t compute_stream(int device) {
 #endif
 }
 
+// The largest of the ranks' counts, and whether every rank has it (NCCL's own case, unpadded).
+std::pair<int64_t, bool> largest_count(const std::vector<int64_t>& counts) {
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  return {most, std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == most; })};
+}
+
 }  // namespace
 
 struct NcclCommunicator::State {
@@ -201,8 +207,7 @@ void NcclCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& sh
   const char* collective = "the reduce-scatter";
   prepare_shards(full, shard, counts, collective, what);
   const cudaStream_t stream = compute_stream(device_);
-  const int64_t most = *std::max_element(counts.begin(), counts.end());
-  const bool even = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == most; });
+  const auto [most, even] = largest_count(counts);
   at::Tensor send = full, recv = shard;
   if (!even) {  // rank r's part at r x most, zeros after it
     send = at::zeros({most * size_}, full.options());
@@ -226,8 +231,7 @@ void NcclCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, con
   const char* collective = "the all-gather";
   prepare_shards(full, shard, counts, collective, what);
   const cudaStream_t stream = compute_stream(device_);
-  const int64_t most = *std::max_element(counts.begin(), counts.end());
-  const bool even = std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == most; });
+  const auto [most, even] = largest_count(counts);
   at::Tensor send = shard, recv = full;
   if (!even) {
     send = at::zeros({most}, full.options());

@@ -106,35 +106,6 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   }
 }
 
-void Trainer::compact_parameters(bool in_reduction_order) {
-  // launcher/training/compact.h: the parameters and buffers in one block per dtype at the arena's
-  // top, before the gradient block goes below them. (set_data keeps each parameter's identity: the optimizer's
-  // state, the gradient slots and tied uses all key on it.)
-  std::vector<at::Tensor> state = in_reduction_order ? replicas_.reduction_order() : params_;
-  for (const at::Tensor& p : params_) {  // any the reduction leaves out (no gradient) after them
-    if (std::none_of(state.begin(), state.end(), [&](const at::Tensor& t) { return t.is_same(p); })) state.push_back(p);
-  }
-  for (const at::Tensor& b : model_->buffers()) state.push_back(b);  // batch norm's statistics: among them
-  std::vector<at::Tensor> moving;
-  for (const at::Tensor& t : state) {
-    if (t.numel() > 0 && t.is_non_overlapping_and_dense() && (!arena_ || arena_->contains(t.data_ptr()))) {
-      moving.push_back(t);
-    }
-  }
-  if (moving.empty()) return;
-  const std::vector<at::Tensor> host = copies_on_host(moving);
-  for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(host[i]);
-  // Sharding needs each bucket's parameters in one piece: one block or none.
-  const std::vector<at::Tensor> placed = in_reduction_order ? into_one_block(host, device_) : back_on_device(host, device_);
-  for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(placed[i]);
-}
-
-void Trainer::set_up_sharding() {
-  shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), params_, replicas_.buckets(), *gradients_);
-  // The optimizer of this rank's pieces replaces the one over every parameter.
-  optimizer_ = make_optimizer(config_.training, shard_->pieces());
-}
-
 MemoryOptions Trainer::memory_options() const {
   MemoryOptions options;
   options.arena = arena_;
@@ -190,27 +161,6 @@ void Trainer::trace_step_ended() {
     timeline_->close();
     progress_.line("memory trace: " + timeline_->path());
   }
-}
-
-void Trainer::resume_from(const std::string& folder) {
-  if (pipeline_) {
-    // The checkpoint holds the whole model; a stage keeps its own share of it.
-    with_full_model(*pipeline_, *model_, *optimizer_,
-                               [&] { state_ = CheckpointStore::load(folder, *model_, *optimizer_); });
-  } else if (shard_) {
-    // The checkpoint holds the whole state, whatever the number of ranks that wrote it.
-    const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
-    state_ = CheckpointStore::load(folder, *model_, *full);
-    shard_->take_state(*full, *optimizer_);
-  } else {
-    state_ = CheckpointStore::load(folder, *model_, *optimizer_);
-  }
-  sampler_.seek(state_.sampler);
-  interp_.set_seed_counter(state_.seed_counter);
-  if (scaler_ && state_.loss_scaler) scaler_->restore(*state_.loss_scaler);
-  replicas_.broadcast_state(model_->buffers());  // every rank read the same files; make sure
-  result_.resumed_from_step = state_.step;
-  progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
 }
 
 double Trainer::forward_backward(const Batch& micro, double loss_scale, bool last) {
@@ -480,38 +430,6 @@ EvalResult Trainer::evaluate() {
   }
   result_.eval = r;
   return r;
-}
-
-void Trainer::save_checkpoint() {
-  HostAllocationScope host;  // serialization buffers are host memory, not the device's
-  if (shard_) {
-    save_sharded_checkpoint();
-    return;
-  }
-  if (replicas_.rank() != 0) return;  // the replicas hold the same state: rank 0 writes it
-  if (pipeline_) {
-    // Every stage's first replica takes part; rank 0 writes the whole model.
-    std::string folder;
-    with_full_model(*pipeline_, *model_, *optimizer_, [&] {
-      gather_to_first_stage(*pipeline_, *model_, *optimizer_);
-      if (pipeline_->rank() == 0) folder = checkpoints_.save(*model_, *optimizer_, state_);
-    });
-    if (!folder.empty()) progress_.line("checkpoint " + folder);
-    return;
-  }
-  const std::string folder = checkpoints_.save(*model_, *optimizer_, state_);
-  progress_.line("checkpoint " + folder);
-}
-
-void Trainer::save_sharded_checkpoint() {
-  // Every replica takes part: the state is gathered into one unsharded optimizer (on the host),
-  // which rank 0 writes in the one layout every run reads.
-  replicas_.group().set_context("the checkpoint after step " + std::to_string(state_.step));
-  const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
-  shard_->gather_state(*optimizer_, *full);
-  if (replicas_.rank() != 0) return;
-  const std::string folder = checkpoints_.save(*model_, *full, state_);
-  progress_.line("checkpoint " + folder);
 }
 
 }  // namespace ht
