@@ -165,10 +165,12 @@ double error_pct(double predicted, double measured) { return 100.0 * (predicted 
 
 std::string short_plan(const Plan& p) {
   char text[96];
-  std::snprintf(text, sizeof text, "%d  %3lld x %-2lld  %-4s  %s", p.ranks, static_cast<long long>(p.micro_batch),
+  std::snprintf(text, sizeof text, "%d%s %3lld x %-2lld  %-4s  %s%s", p.devices(),
+                p.stages > 1 ? ("(" + std::to_string(p.stages) + "st)").c_str() : "", static_cast<long long>(p.micro_batch),
                 static_cast<long long>(p.accumulation), p.precision == MixedPrecision::kOff ? "fp32" : choice_name(p.precision),
                 !evicts(p.policy) ? "none" : (choice_name(p.policy) + std::string(" @ ") + std::to_string(std::lround(p.budget_bytes / kMiB)) +
-                                               " MiB").c_str());
+                                               " MiB").c_str(),
+                p.ranks > 1 && p.shard != ShardLevel::kNone ? " zero1" : "");
   return text;
 }
 

@@ -157,9 +157,9 @@ Measurement measure(const Runner& runner, const Config& config, const Plan& plan
   std::ofstream(toml) << resolved_toml(c);
   // A run that hangs (a rank lost under mpirun) must not hang the benchmark.
   std::string command = "timeout -k 10 900 ";
-  if (plan.ranks > 1) {
-    command += shell_quote(runner.mpirun) + " --allow-run-as-root --oversubscribe -np " + std::to_string(plan.ranks) +
-               " ";
+  if (plan.devices() > 1) {  // replicas x pipeline stages
+    command += shell_quote(runner.mpirun) + " --allow-run-as-root --oversubscribe -np " +
+               std::to_string(plan.devices()) + " ";
   }
   command += shell_quote(runner.binary) + " " + shell_quote(toml.string()) + " --training.steps=" +
              std::to_string(steps) +

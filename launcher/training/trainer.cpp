@@ -251,7 +251,7 @@ Trainer::StepResult Trainer::train_step() {
   if (shard_) {
     shard_->detach_gradients();
     if (outcome.stepped) shard_->gather_parameters();  // a skipped step changed no piece on any rank
-    r.shard = shard_->stats();
+    r.shard = outcome.stepped ? shard_->stats() : ShardStats{};
   }
   clear_grads(params_);
   if (arena_ && !state_compacted_) state_compacted_ = compact_optimizer_state(*optimizer_, state_params());
