@@ -13,8 +13,8 @@
 #endif
 
 #include <algorithm>
-#include <map>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 
@@ -51,7 +51,6 @@ void release(void* data, size_t, int, cudaStream_t) {
   if (data == nullptr || release_to_arenas(cuda_arenas(), data) >= 0) return;
   native_allocator()->raw_delete(data);
 }
-
 #endif
 
 // The caching allocator's statistics (its type differs between libtorch versions).
@@ -70,13 +69,14 @@ auto caching_allocator_stats(int device) {
 // keep the arena (its whole cudaMalloc block) alive past its scope. Seen on an H200 with libtorch
 // 2.11 (2026-11-26): the first run in an arena held 1 MiB more after its steps than every run
 // after it, and bench_dtr_budget's later arenas found the GPU full. So they are made from the
-// caching allocator whenever an arena starts to serve (with the workspaces cached, a few tiny
-// products), and before a run without a budget measures its peak: per-process library state,
-// outside every budget and every peak, as the CUDA context itself is.
+// caching allocator before the first arena on a device serves, and before a run without a budget
+// measures its peak: per-process library state, outside every budget and every peak, as the CUDA
+// context itself is.
 int64_t make_cuda_library_workspaces(int device) {
   static std::mutex mu;
   static std::map<int, int64_t> made;  // device -> bytes, measured the first time
   std::lock_guard<std::mutex> lock(mu);
+  if (auto it = made.find(device); it != made.end()) return it->second;  // made: cached for the process
   TORCH_CHECK(active_arena() == nullptr, "make_cuda_library_workspaces: inside an arena");
   const int64_t before = caching_allocator_stats(device).allocated_bytes[0].current;
   {
@@ -91,7 +91,7 @@ int64_t make_cuda_library_workspaces(int device) {
     }
   }
   const int64_t grown = caching_allocator_stats(device).allocated_bytes[0].current - before;
-  return made.emplace(device, grown).first->second;  // the first call's bytes: later ones find them made
+  return made.emplace(device, grown).first->second;
 }
 
 bool cuda_budgets_built() {

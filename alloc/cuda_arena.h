@@ -7,7 +7,8 @@
 // the memory manager to evict before it fails); outside one, ATen's caching allocator serves it
 // as ever, so a run without a budget is PyTorch's own baseline. So a budget on a GPU keeps the CPU
 // arena's guarantees: a real limit (nothing beyond the block, the workspaces kernels ask for
-// included; only the libraries' per-process workspaces, made before an arena serves, are outside), fragmentation visible (the arena's own map), eviction on failure (inside the
+// included; only the libraries' per-process workspaces, made before an arena serves, are
+// outside), fragmentation visible (the arena's own map), eviction on failure (inside the
 // allocation, not after an exception). The caching allocator's own limit (setMemoryFraction)
 // gives the first only: its cached blocks hide fragmentation, and its out-of-memory error leaves
 // a kernel half run for the caller to repeat.
@@ -60,9 +61,10 @@ class CudaArenaScope {
 
 // Makes ATen's per-process GPU workspaces on `device` (cuBLAS's and cuBLASLt's, made by the first
 // matrix product on a stream) now, from the caching allocator, outside any arena, and returns
-// their bytes as the caching allocator counts them (measured at the first call for the device:
-// 0 where a product ran before it). A CudaArenaScope calls it; a run without a budget calls it
-// before measuring, and leaves those bytes out of its peak. -1 without CUDA.
+// their bytes as the caching allocator counts them (measured at the first call for the device,
+// which alone runs the products: 0 where a product ran before it). A CudaArenaScope calls it; a
+// run without a budget calls it before measuring, and leaves those bytes out of its peak. -1
+// without CUDA.
 int64_t make_cuda_library_workspaces(int device);
 
 // The caching allocator's peak of bytes in tensors on `device` (outside arenas) since the last

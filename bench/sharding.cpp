@@ -165,18 +165,6 @@ struct Replica {
   at::Tensor input, target;
 };
 
-// The planner's buckets of the replica (element counts in reduction order).
-std::vector<std::vector<int64_t>> bucket_elements(Replica& r) {
-  const std::vector<at::Tensor> order = r.replicas.reduction_order();
-  std::vector<std::vector<int64_t>> out;
-  size_t k = 0;
-  for (const auto& members : r.replicas.buckets()) {
-    out.emplace_back();
-    for (size_t i = 0; i < members.size(); ++i) out.back().push_back(order[k++].numel());
-  }
-  return out;
-}
-
 // Returns false when a measured state differs from the planner's.
 bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, int warmup, int reps) {
   Communicator& c = *group;
@@ -198,7 +186,7 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
   }
   // The fullest rank's state (rank 0 owns the larger shares), every rank's for the check.
   const int64_t whole_state = r.state_bytes(false), shard_state = r.state_bytes(true);
-  const int64_t predicted_shard = 8 * shard_elements(bucket_elements(r), n);
+  const int64_t predicted_shard = 8 * shard_elements(r.replicas.bucket_elements(), n);
   const int64_t predicted_here = 8 * r.shard->elements();  // this rank's share: the same rule
   at::Tensor wrong = at::full({1}, shard_state != predicted_here || whole_state != 8 * parameters ? 1.0 : 0.0, at::kDouble);
   c.allreduce_sum(wrong, "the check");

@@ -57,6 +57,15 @@ std::vector<std::vector<size_t>> DataParallel::buckets() const {
   return members;
 }
 
+std::vector<std::vector<int64_t>> DataParallel::bucket_elements() const {
+  std::vector<std::vector<int64_t>> out;
+  for (const Bucket& b : buckets_) {
+    out.emplace_back();
+    for (size_t k : b.members) out.back().push_back(params_[k].numel());
+  }
+  return out;
+}
+
 void DataParallel::use_gradient_buffer(const GradientBuffer* buffer) {
   buffer_ = buffer;
   for (Bucket& b : buckets_) {

@@ -67,6 +67,8 @@ class DataParallel final : public GradientListener {
 
   // The buckets, as indices into the parameters, in reduction order.
   std::vector<std::vector<size_t>> buckets() const;
+  // The same, as their parameters' element counts (what sharding splits; planner/shard_terms.h).
+  std::vector<std::vector<int64_t>> bucket_elements() const;
   const DataParallelStats& stats() const { return stats_; }
 
  private:

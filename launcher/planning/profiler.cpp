@@ -180,16 +180,9 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     profile.parameters = model->num_parameters();
     profile.parameter_bytes = tensor_bytes(model->parameters()) + tensor_bytes(model->buffers());
     for (const auto& block : model->blocks()) profile.block_parameter_bytes.push_back(tensor_bytes(block->parameters()));
-    {  // the buckets sharding splits, as DataParallel makes them at the job's bucket size
-      const DataParallel buckets(std::make_shared<LocalCommunicator>(), model->parameters(), config.parallel.bucket_mb << 20);
-      const std::vector<at::Tensor> order = buckets.reduction_order();
-      size_t k = 0;
-      for (const std::vector<size_t>& members : buckets.buckets()) {
-        std::vector<int64_t> elements;
-        for (size_t i = 0; i < members.size(); ++i) elements.push_back(order[k++].numel());
-        profile.buckets.push_back(std::move(elements));
-      }
-    }
+    // The buckets sharding splits, as DataParallel makes them at the job's bucket size.
+    profile.buckets = DataParallel(std::make_shared<LocalCommunicator>(), model->parameters(),
+                                   config.parallel.bucket_mb << 20).bucket_elements();
     Profiling p{config, train, info, arena, model, *out};
     const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);
     const MixedPrecision first = request.precisions.front();

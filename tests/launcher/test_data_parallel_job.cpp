@@ -107,26 +107,7 @@ TEST(DataParallelJobErrors, ABatchThatDoesNotDivideOrAWrongReplicaCount) {
 TEST(DataParallelJobComposition, DtrAtFortyPercentAndAccumulationOnTwoRanks) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
-  const std::string config = dir.write("job.toml", R"([model]
-name = "llama"
-n_layer = 8
-n_head = 4
-n_kv_heads = 2
-n_embd = 32
-multiple_of = 16
-block_size = 64
-[data]
-dataset = "text"
-path = "/usr/share/common-licenses/GPL-3"
-[training]
-steps = 3
-global_batch_size = 64
-micro_batch_size = 16
-eval_batches = 1
-threads = 1
-[checkpoint]
-interval = 3
-)");
+  const std::string config = dir.write("job.toml", kEightLayerLlama);
   const std::string job = mpirun(2) + HT_BINARY + " " + config;
   ASSERT_EQ(run(job + " --memory.budget=1GiB --job.output_dir=" + dir.path("roomy")), 0);
   const std::string summary = read_file(dir.path("roomy/summary.json"));

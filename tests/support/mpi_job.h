@@ -21,6 +21,30 @@ inline std::map<std::string, at::Tensor> read_model(const std::string& path) {
   return tensors;
 }
 
+// A Llama of 8 layers whose activations are most of its peak, 2 ranks x 2 micro-batches of 16, 3
+// steps, a checkpoint at the end: the job the multi-rank tests put under a DTR budget (a small
+// ResNet's parameters, optimizer state and largest op leave no 40% budget workable).
+inline constexpr const char* kEightLayerLlama = R"([model]
+name = "llama"
+n_layer = 8
+n_head = 4
+n_kv_heads = 2
+n_embd = 32
+multiple_of = 16
+block_size = 64
+[data]
+dataset = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[training]
+steps = 3
+global_batch_size = 64
+micro_batch_size = 16
+eval_batches = 1
+threads = 1
+[checkpoint]
+interval = 3
+)";
+
 // The exit status of `command`, its output discarded.
 inline int run(const std::string& command) { return std::system((command + " > /dev/null 2>&1").c_str()); }
 
