@@ -13,13 +13,17 @@
 #   4. gpt_tiny with and without a DTR budget on CUDA: the same model.pt, byte for byte;
 #   5. the measured tables: bench_step_vs_autograd (interpreter vs autograd), bench_dtr_budget
 #      (DTR at 0.5/0.3/0.2 of activations, with PyTorch eager and torch.utils.checkpoint in this
-#      machine's python3), then its largest-batch search, on ResNet-50 at 224 and GPT-2 small.
+#      machine's python3), then its largest-batch search, on ResNet-50 at 224 and GPT-2 small;
+#      bench_attention (the attention op against composed attention and PyTorch's SDPA);
+#   6. calibrate: scripts/device-calibrate.py, the GPU's matmul and bandwidth curves for the
+#      planner's device catalog, into $OUT/calibration.json.
 #
 # A session holds the machine for about 15 minutes, its start included, and the machine comes back
 # bare: so every step runs under one deadline (HT_DEVICE_DEADLINE seconds from the start, default
 # 530, inside the tool's 600), each step's time limit cut to what is left, and what is not reached
-# is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,bench) picks steps; instead of bench,
-# autograd, dtr and maxbatch pick benchmarks.
+# is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,bench,calibrate) picks steps; instead
+# of bench, autograd, dtr, maxbatch and attention pick benchmarks. HT_DEVICE_TEST_LIMIT (default
+# 200) caps each test program's seconds.
 #
 # The tool brings back at most 8 files: everything lands in $OUT/summary.txt (a line per step) and
 # $OUT/logs.tgz (each step's whole log), packed again after every step.
@@ -28,7 +32,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-device-out}
 logs=device-logs
 rm -rf "$logs" && mkdir -p "$out" "$logs"
-steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,bench}
+steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,bench,calibrate}
 deadline=$((SECONDS + ${HT_DEVICE_DEADLINE:-530}))
 bin=${HT_BUILD_DIR:-build-device}
 say() { echo "device-run: $*" | tee -a "$out/summary.txt"; }
@@ -56,7 +60,7 @@ build() {  # log name, time limit, targets...: one build, a summary line and its
 # tests and the jobs run) the other test programs.
 test_build=
 if [[ $steps == *build* ]]; then
-  build build "$(left 330)" hybrid_train test_cuda_memory bench_step_vs_autograd bench_dtr_budget
+  build build "$(left 330)" hybrid_train test_cuda_memory bench_step_vs_autograd bench_dtr_budget bench_attention
   grep -E "^(cmake|ninja|g\+\+|nvcc|mpirun|torch|nccl) |^NVIDIA|^-- hybrid_train" "$logs/build.log" | tee -a "$out/summary.txt"
   pack
   if [[ $steps == *tests* ]]; then
@@ -141,12 +145,21 @@ PY
   pack
 fi
 
+# GPU time by CUDA events: the background build does not disturb it.
+if [[ $steps == *calibrate* ]]; then
+  start=$SECONDS
+  timeout "$(left 120)" python3 scripts/device-calibrate.py --out "$out/calibration.json" >"$logs/calibrate.log" 2>&1
+  say "calibrate: exit $? in $((SECONDS - start)) s"
+  cat "$logs/calibrate.log" >>"$out/summary.txt"
+  pack
+fi
+
 # The other test programs side by side (2 threads each); they end before the benchmarks time anything.
 if [[ $steps == *tests* ]]; then
   [ -n "$test_build" ] && wait "$test_build"
   background=()
   for t in "${tests[@]}"; do
-    OMP_NUM_THREADS=2 gtest "$t" "$(left 200)" &
+    OMP_NUM_THREADS=2 gtest "$t" "$(left "${HT_DEVICE_TEST_LIMIT:-200}")" &
     background+=($!)
   done
   for p in "${background[@]}"; do wait "$p"; done
@@ -154,7 +167,7 @@ if [[ $steps == *tests* ]]; then
 fi
 
 want() { [[ $steps == *bench* || $steps == *$1* ]]; }  # bench: all three; or by name
-if want autograd || want dtr || want maxbatch; then
+if want autograd || want dtr || want maxbatch || want attention; then
   bench() {  # log name, limit, program, arguments...
     local name=$1 limit=$2 program=$3 start=$SECONDS
     shift 3
@@ -168,6 +181,7 @@ if want autograd || want dtr || want maxbatch; then
   want autograd && bench step_vs_autograd "$(left 120)" bench_step_vs_autograd --reps 5 --warmup 2
   want dtr && bench dtr_budget "$(left 180)" bench_dtr_budget --policies dtr --ratios 0.5,0.3,0.2 --reps 3 --warmup 1 \
     --peer python3 --no-max-batch
+  want attention && bench attention "$(left 150)" bench_attention --reps 5 --warmup 2
   want maxbatch && bench dtr_max_batch "$(left 600)" bench_dtr_budget --policies dtr --only-max-batch --reps 2 --warmup 1
 fi
 say "ended $(date -u +%FT%TZ), $SECONDS s after the start"

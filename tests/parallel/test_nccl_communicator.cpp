@@ -48,6 +48,29 @@ TEST(NcclCommunicator, AGroupOfOne) {
   EXPECT_THROW(nccl.isend(activation, 0, 1, "an activation"), CommunicationError);
 }
 
+// NCCL's own reduce-scatter and all-gather with one rank: its part is the whole, the sum is itself.
+// The padded path for uneven counts needs several ranks, so several GPUs (docs/gpu.md).
+TEST(NcclCommunicator, AGroupOfOneReduceScattersAndGathers) {
+  if (visible_cuda_devices() == 0) GTEST_SKIP() << "no GPU here";
+  LocalCommunicator bootstrap;
+  NcclCommunicator nccl(bootstrap, 0, 0);
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+  at::Tensor full = at::arange(7, cuda.dtype(at::kFloat));
+  at::Tensor shard = at::zeros({7}, cuda.dtype(at::kFloat));
+  nccl.reduce_scatter_sum(full, shard, {7}, "the gradients");
+  EXPECT_TRUE(at::equal(shard.cpu(), at::arange(7, at::kFloat)));
+  at::Tensor gathered = at::zeros({7}, cuda.dtype(at::kBFloat16));
+  nccl.all_gather(shard.to(at::kBFloat16), gathered, {7}, "the parameters");
+  EXPECT_TRUE(at::equal(gathered.cpu(), at::arange(7, at::kBFloat16)));
+  at::Tensor host = at::zeros({7});
+  try {
+    nccl.all_gather(shard, host, {7}, "host parameters");
+    FAIL() << "gathered into host memory";
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ht
 
