@@ -22,6 +22,7 @@
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/cuda_arena.h"
 #include "models/decoder.h"
+#include "base/compat.h"
 #include "runtime/determinism.h"
 #include "runtime/thread_pools.h"
 
@@ -225,6 +226,16 @@ int main(int argc, char** argv) {
                 ours / 1e6, off, naive / 1e6, naive / op, korthikanti(x, true) / 1e6, korthikanti(x, false) / 1e6);
     std::fflush(stdout);
   }
+#ifdef HT_FUSED_ATTENTION
+  if (g_device.is_cuda()) {  // which kernel ATen itself would pick for the layer's q, k, v (contiguous)
+    const int64_t hd = embd / heads;
+    const at::Tensor q = at::randn({batch, heads, lengths.front(), hd}, at::TensorOptions().device(g_device).dtype(at::kBFloat16));
+    std::printf("\nATen's fused choice for (%lld, %lld, %lld, %lld) bf16, causal: %lld (1 flash, 2 memory-efficient, 3 cuDNN, 0 math)\n",
+                static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(lengths.front()),
+                static_cast<long long>(hd),
+                static_cast<long long>(at::_fused_sdp_choice(q, q, q, {}, 0.0, true, 1.0 / std::sqrt(static_cast<double>(hd)))));
+  }
+#endif
   std::printf("\nStep (forward + backward of 2 layers, embedding and head included), ours and naive interleaved:\n\n");
   std::printf("| T | naive / op (median) | spread | PyTorch eager / op | |loss op - naive| | peak MiB op | PyTorch peak MiB |\n"
               "| --- | --- | --- | --- | --- | --- | --- |\n");
@@ -260,6 +271,9 @@ int main(int argc, char** argv) {
     // agree to dropout's noise; without dropout, to bf16 rounding.
     const double allowed = dropout > 0 ? 0.05 : 0.02;
     ok = ok && timing.loss_gap <= allowed;
+    const ht::detail::AttentionKernelCounts kernels = ht::detail::attention_kernel_counts();
+    std::printf("<!-- attention op forwards so far: %lld fused, %lld blockwise -->\n", static_cast<long long>(kernels.fused),
+                static_cast<long long>(kernels.blockwise));
     std::printf("| %lld | %.2fx | %.2f-%.2f | %s | %.4f | %s | %s |\n", static_cast<long long>(t), timing.ratio, timing.lo,
                 timing.hi, peer_ratio.c_str(), timing.loss_gap, our_peak.c_str(), peer_peak.c_str());
     std::fflush(stdout);

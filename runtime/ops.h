@@ -105,6 +105,12 @@ namespace detail {
 // `seed` (the interpreter's next_seed() when it was applied); false above a causal diagonal.
 at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_sizes, bool causal,
                                   double dropout_p, uint64_t seed, const at::Device& device);
+// For benchmarks and tests: forward calls of the attention op so far, by kernel (ATen's fused
+// kernel on a GPU, or the blockwise one).
+struct AttentionKernelCounts {
+  int64_t fused = 0, blockwise = 0;
+};
+AttentionKernelCounts attention_kernel_counts();
 }  // namespace detail
 
 // --- Softmax and losses -----------------------------------------------------------------------

@@ -5,7 +5,8 @@
 // libtorch loads the system's libprotobuf. Linked into hybrid_train, the two copies bind to each
 // other's functions and the process crashes before main (in libprotobuf's static initialization).
 // So SentencePiece lives in a library of its own (libht_sentencepiece.so, made from
-// sentencepiece_backend.cpp), which tokenizer.cpp loads with dlopen(RTLD_LOCAL | RTLD_DEEPBIND):
+// sentencepiece_backend.cpp), which tokenizer.cpp loads with dlopen(RTLD_LOCAL | RTLD_DEEPBIND)
+// (DEEPBIND only where a shared libprotobuf is loaded: tokenizer.cpp says why):
 // its symbols stay out of the process's global scope, and it binds to its own protobuf first.
 // Calls cross by virtual functions only, which need no symbol lookup.
 

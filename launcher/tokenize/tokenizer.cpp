@@ -9,8 +9,10 @@
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -30,6 +32,23 @@ struct Tokenizer::Impl {
 
 namespace {
 
+int note_protobuf(struct dl_phdr_info* info, size_t, void* found) {
+  if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, "libprotobuf") != nullptr) *static_cast<bool*>(found) = true;
+  return 0;
+}
+
+// RTLD_DEEPBIND where the process already holds a shared libprotobuf (Debian's libtorch loads
+// the system's; sentencepiece_backend.h says why SentencePiece must not bind to it). Elsewhere
+// not: with PyTorch's wheels (protobuf inside libtorch, hidden; the GPU machine's libtorch 2.11)
+// a deep-bound libsentencepiece bound to libstdc++ apart from the process's own copies of its
+// streams, and freed a locale it did not make ("free(): invalid pointer" in its static
+// initialization, on the GPU machine's Ubuntu SentencePiece).
+int backend_dlopen_flags() {
+  bool protobuf = false;
+  dl_iterate_phdr(note_protobuf, &protobuf);
+  return RTLD_NOW | RTLD_LOCAL | (protobuf ? RTLD_DEEPBIND : 0);
+}
+
 // The library beside the executable or in ../lib (an installed build), else where this build made it.
 SentencePieceBackendFactory load_backend_library(std::string& error) {
   std::vector<std::string> places;
@@ -42,7 +61,7 @@ SentencePieceBackendFactory load_backend_library(std::string& error) {
   places.emplace_back(HT_SENTENCEPIECE_LIBRARY);
   for (const std::string& path : places) {
     if (path.empty() || !std::filesystem::exists(path, ec)) continue;
-    void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);  // kept for the process
+    void* library = ::dlopen(path.c_str(), backend_dlopen_flags());  // kept for the process
     if (library == nullptr) {
       error = std::string("cannot load ") + path + ": " + ::dlerror();
       continue;

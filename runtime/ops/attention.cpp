@@ -23,6 +23,7 @@
 #include "base/compat.h"
 #include "runtime/ops/op_util.h"
 
+#include <atomic>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -195,12 +196,16 @@ TensorList blockwise_backward(const BackwardArgs& a, const AttentionConfig& cfg)
 // Outputs (out, lse); backward reads q, k, v, out and lse (lse as the kernel that ran wrote it:
 // (B, H, T) from the blockwise one, ATen's layout from the fused one). Counted as attention's
 // multiply-adds by the modelled cost (runtime/kernel_cost.cpp), causal ones at half.
+std::atomic<int64_t> g_fused_forwards{0}, g_blockwise_forwards{0};
+
 class AttentionOp final : public Op {
  public:
   explicit AttentionOp(const AttentionConfig& cfg) : Op(traits_for(cfg)), cfg_(cfg) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
-    if (fused(in)) {
+    const bool take_fused = fused(in);
+    ++(take_fused ? g_fused_forwards : g_blockwise_forwards);
+    if (take_fused) {
       auto [out, lse] = compat::fused_attention_forward(in[0], in[1], in[2], cfg_.causal, cfg_.scale);
       return {out, lse};
     }
@@ -269,6 +274,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
 }
 
 namespace detail {
+
+AttentionKernelCounts attention_kernel_counts() { return {g_fused_forwards.load(), g_blockwise_forwards.load()}; }
 
 at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_sizes, bool causal,
                                   double dropout_p, uint64_t seed, const at::Device& device) {

@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <map>
+#include <sstream>
 
 namespace ht::test {
 namespace {
@@ -21,6 +22,7 @@ namespace {
 struct Step {
   at::Tensor loss;
   at::Tensor grads;  // every parameter's gradient, flattened and joined
+  std::vector<std::vector<int64_t>> shapes;  // of each parameter in grads, in order
 };
 
 Step train_step(const ModelCase& c, std::optional<at::ScalarType> autocast, ExecutionMode mode) {
@@ -34,12 +36,33 @@ Step train_step(const ModelCase& c, std::optional<at::ScalarType> autocast, Exec
   Tensor loss = model->loss(model->forward(interp.input(x)), interp.input(y));
   interp.backward(loss);
   std::vector<at::Tensor> grads;
+  std::vector<std::vector<int64_t>> shapes;
   for (const at::Tensor& p : model->parameters()) {
     if (!p.grad().defined()) continue;  // the supernet's paths not taken
     EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << "fp32 gradients for fp32 master weights";
     grads.push_back(p.grad().flatten());
+    shapes.push_back(p.sizes().vec());
   }
-  return {loss.value().detach().clone(), at::cat(grads)};
+  return {loss.value().detach().clone(), at::cat(grads), shapes};
+}
+
+// Which parameters differ, for a failure's message: index, shape, relative error, largest magnitudes.
+std::string differing_parameters(const Step& ours, const Step& reference) {
+  std::ostringstream out;
+  int64_t offset = 0;
+  for (size_t i = 0; i < reference.shapes.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t d : reference.shapes[i]) n *= d;
+    const at::Tensor a = ours.grads.narrow(0, offset, n), b = reference.grads.narrow(0, offset, n);
+    offset += n;
+    const double err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
+    if (err <= 1e-2) continue;
+    out << "\n  parameter " << i << " " << at::IntArrayRef(reference.shapes[i]) << ": largest difference "
+        << err << " of autograd's largest, |ours| <= " << a.abs().max().item<double>() << ", |autograd's| <= "
+        << b.abs().max().item<double>() << ", " << (a - b).abs().gt(1e-2 * b.abs().max()).sum().item<int64_t>()
+        << " elements off";
+  }
+  return out.str();
 }
 
 double relative_error(const at::Tensor& got, const at::Tensor& expected) {
@@ -68,7 +91,12 @@ TEST_P(ModelAmp, Bf16EqualsAutogradWithTheSameCastsAndTracksFp32) {
       << bf16.grads.abs().max().item<double>() << " ours, " << reference.grads.abs().max().item<double>()
       << " autograd's; norms " << (bf16.grads - reference.grads).norm().item<double>() << " of the difference, "
       << reference.grads.norm().item<double>() << " autograd's, " << reference.grads.square().sum().item<double>()
-      << " its sum of squares";
+      << " its sum of squares" << differing_parameters(bf16, reference) << "\n  autograd again: "
+      << (relative_error(bf16.grads, reference.grads) <= 1e-2
+              ? std::string("-")
+              : train_step(c, at::kBFloat16, ExecutionMode::kAutograd).grads.equal(reference.grads)
+                    ? std::string("the same gradients")
+                    : std::string("other gradients (a kernel reads memory it did not write?)"));
 
   const double loss_error = ((bf16.loss - fp32.loss).abs() / fp32.loss.abs()).item<double>();
   const double grad_error = relative_error(bf16.grads, fp32.grads);

@@ -62,9 +62,9 @@ TEST(NcclCommunicator, AGroupOfOneReduceScattersAndGathers) {
   at::Tensor gathered = at::zeros({7}, cuda.dtype(at::kBFloat16));
   nccl.all_gather(shard.to(at::kBFloat16), gathered, {7}, "the parameters");
   EXPECT_TRUE(at::equal(gathered.cpu(), at::arange(7, at::kBFloat16)));
-  at::Tensor host = at::zeros({7});
+  at::Tensor host = at::zeros({7}), host_shard = at::zeros({7});
   try {
-    nccl.all_gather(shard, host, {7}, "host parameters");
+    nccl.all_gather(host_shard, host, {7}, "host parameters");
     FAIL() << "gathered into host memory";
   } catch (const CommunicationError& e) {
     EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
