@@ -53,8 +53,11 @@ inline at::Generator seeded_generator(const at::Device& device, uint64_t seed) {
 inline bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     bool causal, double scale) {
   if (!q.is_cuda() || q.scalar_type() == at::kDouble || q.size(1) != k.size(1)) return false;
+  // sdp::SDPBackend: 1 flash, 2 memory-efficient, 3 cuDNN. libtorch 2.11 picks cuDNN on an H200
+  // for GPT-2's heads (bf16, hd 64), and the blockwise kernel then ran, 3-14x slower than SDPA:
+  // inputs that any fused kernel takes, the memory-efficient one (the most general) takes too.
   const int64_t backend = at::_fused_sdp_choice(q, k, v, {}, 0.0, causal, scale);
-  return backend == 1 || backend == 2;  // sdp::SDPBackend::flash_attention, efficient_attention
+  return backend == 1 || backend == 2 || backend == 3;
 }
 
 // -> (out (B, H, T, hd), log-sum-exp fp32)

@@ -16,9 +16,11 @@
 #include <gmock/gmock.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <sys/wait.h>
 
 namespace ht::test {
@@ -133,8 +135,18 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
     const double predicted = json_number(dir.path("run/summary.json"), "predicted_peak_bytes");
     const double measured = json_number(dir.path("run/summary.json"), "mem_peak_bytes");
     // Activations are measured at two sizes and interpolated; the rest is exact.
-    EXPECT_NEAR(predicted / measured, 1.0, 0.05) << k.args.front() << " " << k.args.back() << ": " << predicted
-                                                 << " vs " << measured;
+    if (std::abs(predicted / measured - 1.0) <= 0.05) continue;
+    // Off: what the profile measured, for the failure's message (on libtorch 2.11's CPU, the
+    // GPU machine's, the ConvNet at micro-batch 8 measured 14% under its prediction).
+    const Config c = config_for(dir, k.toml, args);
+    std::ostringstream points;
+    for (const ProfilePoint& p : profile_of(c, c.micro_batch_size()).points) {
+      points << "\n  profiled micro-batch " << p.micro_batch << ": forward-backward peak " << p.forward_backward_peak_bytes
+             << ", persistent " << p.persistent_bytes << ", batch " << p.batch_bytes << ", activations "
+             << p.activation_bytes() << ", optimizer peak " << p.optimizer_peak_bytes;
+    }
+    ADD_FAILURE() << k.args.front() << " " << k.args.back() << ": predicted " << predicted << " vs measured " << measured
+                  << " bytes (within 5% expected)" << points.str();
   }
 }
 

@@ -9,12 +9,16 @@
 // above), because batch norm's backward subtracts two nearly equal terms and amplifies bf16's
 // rounding; for them the gradient is held to cosine >= 0.75. Whether that matters for training is
 // what the Fashion-MNIST test (a ConvNet with batch norm, tests/launcher/test_training.cpp) checks.
+// Where autograd does not repeat itself (oneDNN's bf16 convolutions: ours_and_oracle below) the
+// oracle runs with oneDNN off.
 #include "tests/support/model_cases.h"
 #include "tests/support/op_check.h"
 
 #include <cstdio>
 #include <map>
 #include <sstream>
+
+#include <torch/version.h>
 
 namespace ht::test {
 namespace {
@@ -47,7 +51,7 @@ Step train_step(const ModelCase& c, std::optional<at::ScalarType> autocast, Exec
 }
 
 // Which parameters differ, for a failure's message: index, shape, relative error, largest magnitudes.
-std::string differing_parameters(const Step& ours, const Step& reference) {
+std::string differing_parameters(const Step& ours, const Step& reference, double tolerance = 1e-2) {
   std::ostringstream out;
   int64_t offset = 0;
   for (size_t i = 0; i < reference.shapes.size(); ++i) {
@@ -56,10 +60,10 @@ std::string differing_parameters(const Step& ours, const Step& reference) {
     const at::Tensor a = ours.grads.narrow(0, offset, n), b = reference.grads.narrow(0, offset, n);
     offset += n;
     const double err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
-    if (err <= 1e-2) continue;
+    if (tolerance == 0 ? a.equal(b) : err <= tolerance) continue;
     out << "\n  parameter " << i << " " << at::IntArrayRef(reference.shapes[i]) << ": largest difference "
         << err << " of autograd's largest, |ours| <= " << a.abs().max().item<double>() << ", |autograd's| <= "
-        << b.abs().max().item<double>() << ", " << (a - b).abs().gt(1e-2 * b.abs().max()).sum().item<int64_t>()
+        << b.abs().max().item<double>() << ", " << (a - b).abs().gt(tolerance * b.abs().max()).sum().item<int64_t>()
         << " elements off";
   }
   return out.str();
@@ -75,6 +79,28 @@ double cosine(const at::Tensor& a, const at::Tensor& b) {
   return (at::dot(a, b) / (a.norm() * b.norm())).item<double>();
 }
 
+// Ours and the gradients to hold them to: libtorch autograd's with the same casts, when it gives
+// them twice. With oneDNN's bf16 convolutions it does not always: on ResNet-50's stem, one
+// 16x16x3x3 convolution's weight gradient came out with 16-64 elements of order 1e16-1e34, other
+// ones run to run (libtorch 1.13 here and 2.11 on the GPU machine's CPU; a kernel that reads memory
+// it did not write), while our step gives the same sane gradients every time. Then both sides run
+// again with oneDNN off, where autograd repeats itself, and are compared there (said on stdout).
+std::pair<Step, Step> ours_and_oracle(const ModelCase& c, const Step& ours, const Step& reference) {
+  const Step again = train_step(c, at::kBFloat16, ExecutionMode::kAutograd);
+  if (again.grads.equal(reference.grads)) return {ours, reference};
+  std::printf("[ amp ] %s: libtorch %s's autograd gave other gradients in a second run of the same step:%s\n",
+              c.name.c_str(), TORCH_VERSION, differing_parameters(again, reference, 0).c_str());
+  const bool was = at::globalContext().userEnabledMkldnn();
+  at::globalContext().setUserEnabledMkldnn(false);
+  std::pair<Step, Step> without{train_step(c, at::kBFloat16, ExecutionMode::kInterpreted),
+                                train_step(c, at::kBFloat16, ExecutionMode::kAutograd)};
+  EXPECT_TRUE(train_step(c, at::kBFloat16, ExecutionMode::kAutograd).grads.equal(without.second.grads))
+      << "libtorch's autograd gives other gradients run to run, with oneDNN and without";
+  at::globalContext().setUserEnabledMkldnn(was);
+  std::printf("[ amp ] %s: compared with oneDNN off, where autograd repeats itself\n", c.name.c_str());
+  return without;
+}
+
 class ModelAmp : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelAmp, Bf16EqualsAutogradWithTheSameCastsAndTracksFp32) {
@@ -83,20 +109,15 @@ TEST_P(ModelAmp, Bf16EqualsAutogradWithTheSameCastsAndTracksFp32) {
   const Step bf16 = train_step(c, at::kBFloat16, ExecutionMode::kInterpreted);
   const Step reference = train_step(c, at::kBFloat16, ExecutionMode::kAutograd);
   EXPECT_EQ(bf16.loss.scalar_type(), at::kFloat) << "the loss is computed in fp32";
-
   EXPECT_TRUE(bf16.loss.equal(reference.loss)) << "same kernels, same casts";
-  EXPECT_LE(relative_error(bf16.grads, reference.grads), 1e-2)
-      << "backward kernels may round bf16 differently; values not finite: " << not_finite(bf16.grads) << " of ours, "
-      << not_finite(reference.grads) << " of autograd's, of " << reference.grads.numel() << "; largest magnitude "
-      << bf16.grads.abs().max().item<double>() << " ours, " << reference.grads.abs().max().item<double>()
-      << " autograd's; norms " << (bf16.grads - reference.grads).norm().item<double>() << " of the difference, "
-      << reference.grads.norm().item<double>() << " autograd's, " << reference.grads.square().sum().item<double>()
-      << " its sum of squares" << differing_parameters(bf16, reference) << "\n  autograd again: "
-      << (relative_error(bf16.grads, reference.grads) <= 1e-2
-              ? std::string("-")
-              : train_step(c, at::kBFloat16, ExecutionMode::kAutograd).grads.equal(reference.grads)
-                    ? std::string("the same gradients")
-                    : std::string("other gradients (a kernel reads memory it did not write?)"));
+  EXPECT_TRUE(train_step(c, at::kBFloat16, ExecutionMode::kInterpreted).grads.equal(bf16.grads))
+      << "our step gives the same gradients every time";
+  const auto [ours, oracle] = ours_and_oracle(c, bf16, reference);
+  EXPECT_LE(relative_error(ours.grads, oracle.grads), 1e-2)
+      << "backward kernels may round bf16 differently; values not finite: " << not_finite(ours.grads) << " of ours, "
+      << not_finite(oracle.grads) << " of autograd's, of " << oracle.grads.numel() << "; largest magnitude "
+      << ours.grads.abs().max().item<double>() << " ours, " << oracle.grads.abs().max().item<double>()
+      << " autograd's" << differing_parameters(ours, oracle);
 
   const double loss_error = ((bf16.loss - fp32.loss).abs() / fp32.loss.abs()).item<double>();
   const double grad_error = relative_error(bf16.grads, fp32.grads);
