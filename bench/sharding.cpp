@@ -212,6 +212,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Sharded data parallelism: collectives, model state per rank, step time (run under mpirun -np N)"};
   int reps = 5, warmup = 1, threads = 1;
   bool quick = false;
+  std::string only;
+  app.add_option("--only", only,
+                 "models whose name holds this text (e.g. resnet18: 8 oversubscribed ranks of the GPT-2 shape need "
+                 "18 GB)");
   app.add_option("--reps", reps, "measured repetitions")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "unmeasured repetitions first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads, "compute threads per rank: ATen, oneDNN and OpenBLAS")->check(CLI::PositiveNumber);
@@ -236,7 +240,10 @@ int main(int argc, char** argv) {
     std::printf("|%s|\n", std::string(164, '-').c_str());
   }
   bool exact = true;
-  for (const auto& m : ht::bench::models(quick)) exact = ht::bench::measure(m, grid.data_parallel_group, warmup, reps) && exact;
+  for (const auto& m : ht::bench::models(quick)) {
+    if (m.name.find(only) == std::string::npos) continue;
+    exact = ht::bench::measure(m, grid.data_parallel_group, warmup, reps) && exact;
+  }
   ht::finalize_process_grid();
   if (!exact) {
     std::fprintf(stderr, "bench_sharding: a rank's measured optimizer state differs from the planner's terms\n");
