@@ -170,10 +170,10 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
 
   // Everything that can fail on bad input happens before anything is written: the data, then the
   // prediction of this run's peak (a run that cannot fit is refused here, not at its first OOM).
-  if (config.model.vocab_size > 0) refuse_a_model_too_large_here(config, config.model.vocab_size, grid->local_size, "train");
+  if (config.model.vocab_size > 0) refuse_a_model_too_large_here(config, config.model.vocab_size, grid->local_size, "train", grid->data_parallel);
   DataSplits data = make_datasets(config, root && !quiet);  // token files: one rank shows their check
   const DataInfo info = data.info;
-  refuse_a_model_too_large_here(config, info.classes, grid->local_size, "train");
+  refuse_a_model_too_large_here(config, info.classes, grid->local_size, "train", grid->data_parallel);
   const RunPrediction predicted = check_run_fits(config, data, *grid);
   // Every pool a rank computes with gets the same count; by default the ranks on a host share
   // its hardware threads (libtorch's own default, physical cores, ignores both OpenBLAS and them).

@@ -35,9 +35,18 @@ std::optional<ModelStateSize> model_state_from_shape(const Config& c, int64_t da
   return s;
 }
 
-void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int ranks_on_host, const char* command) {
-  const std::optional<ModelStateSize> state = model_state_from_shape(c, data_vocab);
+int64_t state_bytes_per_rank(const Config& c, const ModelStateSize& state, int replicas) {
+  const int64_t optimizer = state.parameters * optimizer_bytes_per_parameter(c.training);
+  if (c.parallel.shard == ShardLevel::kNone || replicas <= 1) return state.bytes;
+  return state.bytes - optimizer + (optimizer + replicas - 1) / replicas;
+}
+
+void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int ranks_on_host, const char* command,
+                                   int replicas) {
+  std::optional<ModelStateSize> state = model_state_from_shape(c, data_vocab);
   if (!state) return;
+  const int64_t whole = state->bytes;
+  state->bytes = state_bytes_per_rank(c, *state, replicas);  // what one rank holds
   const at::Device device(c.training.device);
   std::string where;
   int64_t limit = 0;
@@ -58,11 +67,15 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
   throw UserError(
       c.source + ": model.name = \"" + choice_name(c.model.name) + "\" at this shape has " + billions(state->parameters) +
       " parameters; with their gradients and " + choice_name(c.training.optimizer) + " state that is " +
-      format_bytes(state->bytes) + (stages > 1 ? " (" + format_bytes(state->bytes / stages) + " per pipeline stage)" : "") +
+      format_bytes(whole) +
+      (state->bytes < whole ? " (" + format_bytes(state->bytes) + " a rank with parallel.shard = \"" +
+                                  choice_name(c.parallel.shard) + "\" over " + std::to_string(replicas) + " ranks)"
+                            : std::string()) +
+      (stages > 1 ? " (" + format_bytes(state->bytes / stages) + " per pipeline stage)" : "") +
       ", more than " + where + " (" + format_bytes(limit) + ") can hold, so `hybrid_train " + command +
-      "` stops before building it. Train it on GPUs with enough memory across data, pipeline and (later) sharded or "
-      "tensor parallelism, or choose a smaller shape in [model]; planning a model that does not fit this machine "
-      "needs a traced step (docs/status.md)");
+      "` stops before building it. Give each rank less: more data-parallel ranks with parallel.shard = "
+      "\"optimizer\" (each keeps 1/N of the optimizer state), pipeline stages, or GPUs with more memory; or choose a "
+      "smaller shape in [model]; planning a model that does not fit this machine needs a traced step (docs/status.md)");
 }
 
 }  // namespace ht

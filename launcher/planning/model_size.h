@@ -22,9 +22,15 @@ struct ModelStateSize {
 // shape and stays small). `data_vocab`: the data's vocabulary, unless model.vocab_size is set.
 std::optional<ModelStateSize> model_state_from_shape(const Config& config, int64_t data_vocab);
 
-// Throws UserError (exit 2) when the state cannot fit one rank: the budget if one is set, else
-// the device's memory, or this host's available memory shared by `ranks_on_host` ranks. `command`
-// says what was asked ("train", "plan") for the message.
-void refuse_a_model_too_large_here(const Config& config, int64_t data_vocab, int ranks_on_host, const char* command);
+// One rank's share of `state`: the optimizer's state split over `replicas` data-parallel ranks
+// where parallel.shard shards it (a rank's share rounded up), else all of it.
+int64_t state_bytes_per_rank(const Config& config, const ModelStateSize& state, int replicas);
+
+// Throws UserError (exit 2) when a rank's state cannot fit one rank: the budget if one is set,
+// else the device's memory, or this host's available memory shared by `ranks_on_host` ranks.
+// `replicas`: the data-parallel ranks that share sharded state. `command` says what was asked
+// ("train", "plan") for the message.
+void refuse_a_model_too_large_here(const Config& config, int64_t data_vocab, int ranks_on_host, const char* command,
+                                   int replicas = 1);
 
 }  // namespace ht

@@ -30,6 +30,18 @@ TEST(ModelConfigs, ParameterCountsAreThePublishedOnes) {
   EXPECT_NEAR(static_cast<double>(parameters_of("gpt3_175b.toml")) / 175.0e9, 1.0, 0.005);  // "175.0B"
 }
 
+// A rank that shards the optimizer state holds its share of it: an 8B Llama with AdamW over 8
+// ranks keeps 8 of its 16 bytes a parameter whole (parameters and gradients) and 8/8 of the rest.
+TEST(ModelConfigs, ARanksStateIsItsShareWhereTheOptimizerIsSharded) {
+  Config c = load_config(std::string(HT_SOURCE_DIR) + "/configs/llama3_8b.toml", {}).config;
+  const ModelStateSize size = *model_state_from_shape(c, c.model.vocab_size);
+  EXPECT_EQ(state_bytes_per_rank(c, size, 8), size.bytes) << "parallel.shard = none keeps it all";
+  c.parallel.shard = ShardLevel::kOptimizer;
+  EXPECT_EQ(state_bytes_per_rank(c, size, 1), size.bytes) << "one rank's share is the whole";
+  EXPECT_EQ(state_bytes_per_rank(c, size, 8), size.parameters * 8 + size.parameters);
+  EXPECT_EQ(state_bytes_per_rank(c, size, 3), size.parameters * 8 + (size.parameters * 8 + 2) / 3) << "rounded up";
+}
+
 // The host's available memory decides: an 8B model's 120 GiB of state fits the GPU machine's
 // 128 GiB host (which then went on to look for its data), so there a budget below it stands in.
 TEST(ModelConfigs, ShapesTooLargeForThisMachineAreRefusedBeforeBuilding) {
