@@ -161,6 +161,40 @@ TEST(ShardedJobPlanning, ARefusalNamesAShardedPlanAndAutoTrainsIt) {
   EXPECT_LE(std::abs(predicted - measured), 64) << "predicted " << predicted << ", measured " << measured;
 }
 
+// A sharded run's checkpoint holds the one unsharded layout, so `hybrid_train export` reads it as
+// any other: a GPT trained with ZeRO-1 on 3 ranks exports the very file the unsharded run does.
+TEST(ShardedJobExport, AShardedRunExportsTheUnshardedRunsSafetensors) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("gpt.toml", R"([model]
+name = "gpt"
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 16
+[data]
+dataset = "synthetic"
+synthetic_samples = 96
+synthetic_eval_samples = 8
+synthetic_shape = [16]
+synthetic_classes = 50
+[training]
+steps = 3
+global_batch_size = 12
+optimizer = "adamw"
+[checkpoint]
+interval = 3
+)");
+  for (const std::string shard : {"none", "optimizer"}) {
+    ASSERT_EQ(run(mpirun(3) + HT_BINARY + " " + config + " --parallel.shard=" + shard + " --job.output_dir=" +
+                  dir.path(shard)), 0);
+    ASSERT_EQ(run(std::string(HT_BINARY) + " export " + dir.path(shard)), 0) << shard;
+  }
+  const std::string whole = read_file(dir.path("none/hf/model.safetensors"));
+  ASSERT_FALSE(whole.empty());
+  EXPECT_TRUE(whole == read_file(dir.path("optimizer/hf/model.safetensors"))) << "the exported weights differ";
+}
+
 TEST(ShardedJobErrors, LevelsNotBuiltPipelinesAndOneRank) {
   TempDir dir;
   const std::string config = dir.write("job.toml", kMlp);
