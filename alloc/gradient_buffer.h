@@ -14,13 +14,21 @@
 
 namespace ht {
 
-class GradientBuffer {
+// Where backward puts a parameter's gradient: the tape asks for the slot of a parameter the first
+// time a backward gives it a gradient (runtime/tape.cpp). An undefined slot: keep the tensor.
+class GradientSlots {
+ public:
+  virtual ~GradientSlots() = default;
+  virtual at::Tensor slot(const at::Tensor& param) const = 0;
+};
+
+class GradientBuffer final : public GradientSlots {
  public:
   // Slots for every parameter that requires a gradient, in the order given; one block per dtype
   // and device.
   explicit GradientBuffer(const std::vector<at::Tensor>& params);
   // The slot of `param`'s gradient (a view of the block, its shape), or undefined.
-  at::Tensor slot(const at::Tensor& param) const;
+  at::Tensor slot(const at::Tensor& param) const override;
   // The slots of `params`, one after another in one block, as one flat view; undefined when they
   // are not laid out so.
   at::Tensor span(const std::vector<at::Tensor>& params) const;

@@ -116,7 +116,7 @@ struct Replica {
     for (size_t i = 0; i < order.size(); ++i) order[i].set_data(placed[i]);
     gradients = std::make_unique<GradientBuffer>(order);
     replicas.use_gradient_buffer(gradients.get());
-    shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), *gradients);
+    shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), gradients.get());
     TrainingConfig t;
     t.optimizer = OptimizerKind::kAdamw;
     t.lr = 1e-4;

@@ -78,7 +78,7 @@ Row search(const Options& o, const std::string& toml, int ranks, ShardLevel leve
   args.stages = {1};
   args.precisions = {MixedPrecision::kOff};
   args.policies = {MemoryPolicy::kNone};
-  args.shards = {ShardLevel::kNone, ShardLevel::kOptimizer};
+  args.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients};
   // The plan of this many ranks at this level, micro-batch 1 (the only one a batch of 1 a rank has).
   auto plan_at = [&](int64_t layers) -> const RankedPlan* {
     for (const RankedPlan& r : plans.get(job_at(layers), args).plan.ranked) {
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string scratch = "/tmp/ht_bench_sharding_capacity";
   CLI::App app{"The largest GPT (layers at a fixed width) that trains in a fixed per-rank budget, parallel.shard = "
-               "none vs optimizer: measured against the planner's prediction"};
+               "none, optimizer and gradients: measured against the planner's prediction"};
   app.add_option("--budget", o.budget, "memory.budget per rank");
   app.add_option("--width", o.width, "n_embd");
   app.add_option("--heads", o.heads, "n_head");
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
   PlanCache plans;
   std::vector<Row> rows;
   for (int n : o.ranks) {
-    for (ht::ShardLevel level : {ht::ShardLevel::kNone, ht::ShardLevel::kOptimizer}) {
+    for (ht::ShardLevel level : {ht::ShardLevel::kNone, ht::ShardLevel::kOptimizer, ht::ShardLevel::kGradients}) {
       rows.push_back(search(o, toml, n, level, plans));
     }
   }
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
               "vs none | what stopped one more layer |\n| --- | --- | --- | --- | --- | --- | --- |\n");
   bool ok = true;
   for (const Row& r : rows) {
-    const Row& none = rows[static_cast<size_t>(&r - rows.data()) / 2 * 2];
+    const Row& none = rows[static_cast<size_t>(&r - rows.data()) / 3 * 3];
     const std::string layers = std::to_string(std::max<int64_t>(r.measured, 1));
     const ht::Config c = ht::load_config(toml, {{"model.n_layer", layers, "--model.n_layer=" + layers}}).config;
     const auto size = ht::model_state_from_shape(c, 256);

@@ -39,16 +39,28 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   // Each rank's share and its largest piece: the optimizer's temporaries are the size of the
   // largest tensor it steps, measured whole with the largest parameter.
   std::vector<int64_t> elements(static_cast<size_t>(plan.ranks)), largest_piece(static_cast<size_t>(plan.ranks));
-  int64_t largest = 0;
+  std::vector<int64_t> gradient_shards(static_cast<size_t>(plan.ranks));  // "gradients": one tensor a bucket
+  int64_t largest = 0, largest_bucket = 0;
   for (const std::vector<int64_t>& members : profile.buckets) {
-    for (int64_t n : members) largest = std::max(largest, n);
+    int64_t bucket = 0;
+    for (int64_t n : members) {
+      largest = std::max(largest, n);
+      bucket += n;
+    }
+    largest_bucket = std::max(largest_bucket, bucket);
     const BucketShards s = shard_bucket(members, plan.ranks);
     for (size_t r = 0; r < elements.size(); ++r) {
       elements[r] += s.counts[r];
+      gradient_shards[r] += arena_bytes(element * s.counts[r]);
       for (const ShardPiece& piece : s.pieces[r]) largest_piece[r] = std::max(largest_piece[r], piece.length);
     }
   }
-  const int64_t fixed = p.model_bytes + p.gradient_bytes + p.sampler_bytes + p.batch_bytes;
+  // "gradients": the shards, and the block of the bucket backward fills (the largest, taken as if
+  // it stayed: blocks live from a bucket's first gradient to its reduce-scatter) in place of the
+  // whole gradient block.
+  const bool gradients_sharded = plan.shard >= ShardLevel::kGradients;
+  const int64_t in_flight = gradients_sharded ? arena_bytes(element * largest_bucket) : 0;
+  const int64_t fixed = p.model_bytes + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
   const int64_t whole_working = p.optimizer_working_bytes;
   int64_t peak = -1;
   for (size_t r = 0; r < elements.size(); ++r) {
@@ -57,11 +69,13 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
         largest == 0 ? 0
                      : std::llround(static_cast<double>(whole_working) * static_cast<double>(arena_bytes(element * largest_piece[r])) /
                                     static_cast<double>(arena_bytes(element * largest)));
-    const int64_t rank_peak = fixed + state + std::max(p.activation_bytes, working);
+    const int64_t gradients = gradients_sharded ? gradient_shards[r] + in_flight : 0;
+    const int64_t rank_peak = fixed + gradients + state + std::max(p.activation_bytes, working);
     if (rank_peak > peak) {  // the fullest rank is the prediction
       peak = rank_peak;
       p.optimizer_state_bytes = state;
       p.optimizer_working_bytes = working;
+      if (gradients_sharded) p.gradient_bytes = gradients;
     }
   }
   p.peak_bytes = peak;
@@ -74,6 +88,12 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
     for (int64_t n : members) elements += n;
   const int64_t bytes = profile.parameters > 0 ? elements * (profile.gradient_bytes / profile.parameters) : 0;
   p.gather_ms = allgather_ms(machine, plan.ranks, bytes);
+  if (plan.shard >= ShardLevel::kGradients) {
+    // A reduce-scatter (a ring's half of an all-reduce) for every micro-batch, on the thread that
+    // runs backward: nothing hides it.
+    p.allreduce_ms = allgather_ms(machine, plan.ranks, bytes) * static_cast<double>(plan.accumulation);
+    p.allreduce_exposed_ms = p.allreduce_ms;
+  }
 }
 
 StepTrace without_optimizer_phase(const StepTrace& trace) {

@@ -6,10 +6,15 @@
 //   whole. Under a budget the state lies in one block per dtype (compact_optimizer_state), so its
 //   bytes are the arena's rounding of the share's elements times the state's bytes per element
 //   (8 for AdamW, 4 for SGD with momentum, 0 without). The optimizer step's temporaries shrink
-//   with the largest piece a rank steps (measured whole with the largest parameter). The rank
-//   with the highest peak is the prediction;
+//   with the largest piece a rank steps (measured whole with the largest parameter). At
+//   "gradients" (ZeRO-2) the gradient block gives way to the rank's share of each bucket (one
+//   tensor a bucket) and the block of the largest bucket, taken as resident (a bucket's block
+//   lives from its first gradient to its reduce-scatter). The rank with the highest peak is the
+//   prediction;
 // - time: after the step, each bucket's updated parameters are all-gathered (a ring: ranks - 1
-//   steps of bytes / ranks each), not hidden under anything.
+//   steps of bytes / ranks each), not hidden under anything. At "gradients" the all-reduce
+//   becomes a reduce-scatter per micro-batch (the same ring's cost), on the thread running
+//   backward: exposed.
 // The ZeRO paper's formulas (2P + 2P + 12P/N for fp16 parameters with fp32 master weights and
 // Adam at the first stage) are a check in the tests and docs: this project keeps fp32 parameters
 // and fp32 gradients, so its terms are 4P + 4P + 8P/N with AdamW.

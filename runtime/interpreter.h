@@ -82,8 +82,8 @@ class Interpreter final : public Rematerializer {
 
   ExecutionMode mode() const { return options_.mode; }
   // Parameters' gradients go into these slots (alloc/gradient_buffer.h); null: kept as computed.
-  void set_gradient_buffer(const GradientBuffer* buffer) { gradient_buffer_ = buffer; }
-  const GradientBuffer* gradient_buffer() const { return gradient_buffer_; }
+  void set_gradient_buffer(const GradientSlots* buffer) { gradient_buffer_ = buffer; }
+  const GradientSlots* gradient_buffer() const { return gradient_buffer_; }
   // Told when each leaf's gradient is final during backward(); null: nobody (runtime/gradient_listener.h).
   void set_gradient_listener(GradientListener* listener) { gradient_listener_ = listener; }
   GradientListener* gradient_listener() const { return gradient_listener_; }
@@ -129,7 +129,7 @@ class Interpreter final : public Rematerializer {
   MemoryHooks no_memory_;
   MemoryHooks* const memory_;
   Tape tape_;
-  const GradientBuffer* gradient_buffer_ = nullptr;
+  const GradientSlots* gradient_buffer_ = nullptr;
   GradientListener* gradient_listener_ = nullptr;
   bool grad_enabled_ = true;
   bool relu_masks_ = false;

@@ -22,7 +22,7 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
   // libtorch's AccumulateGrad does, steal the tensor when nobody else holds it (it may be shared,
   // e.g. add's backward hands one tensor to both inputs), and add in place afterwards.
   at::Tensor& acc = t.value.mutable_grad();
-  const GradientBuffer* buffer = t.owner->gradient_buffer();
+  const GradientSlots* buffer = t.owner->gradient_buffer();
   if (!acc.defined() && buffer != nullptr) {
     at::Tensor slot = buffer->slot(t.value);
     if (slot.defined()) {

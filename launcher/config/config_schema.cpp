@@ -284,7 +284,8 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "what the data-parallel ranks split among them, ZeRO's stages: none (each rank holds all of "
                     "the model's state), optimizer (each rank keeps and updates the optimizer state of 1/N of the "
                     "parameters; the updated parameters are all-gathered after the step: ZeRO-1), gradients (as "
-                    "optimizer, and each rank keeps only its share of the summed gradients: ZeRO-2; not built yet), "
+                    "optimizer, and each rank keeps only its share of the summed gradients, reduce-scattered per bucket "
+                    "every micro-batch: ZeRO-2), "
                     "parameters (as gradients, and the parameters too, gathered per block when used: ZeRO-3; not "
                     "built yet)"));
   f.push_back(Field(&C::parallel, &ParallelConfig::timeout_s, "parallel", "timeout_s",

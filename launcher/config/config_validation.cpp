@@ -1,5 +1,6 @@
 #include "launcher/config/config_validation.h"
 
+#include "memory/memory_policy.h"
 #include "parallel/pipeline_schedule.h"
 
 #include "launcher/config/config_schema.h"
@@ -221,9 +222,11 @@ class Rules {
       throw UserError(head + ": sharded parameters (ZeRO-3, gathered per block) are not built yet; use "
                       "\"optimizer\" (ZeRO-1)");
     }
-    if (p.shard == ShardLevel::kGradients) {
-      throw UserError(head + ": sharded gradients (ZeRO-2, reduce-scattered per bucket) are not built yet; use "
-                      "\"optimizer\" (ZeRO-1)");
+    if (p.shard == ShardLevel::kGradients && plans_statically(c_.memory.policy)) {
+      throw UserError(head + " with memory.policy = \"" + choice_name(c_.memory.policy) +
+                      "\": a static plan places every tensor of a captured step, and sharded gradients make each "
+                      "bucket's block outside the ops it captures; use memory.policy = \"dtr\" (or \"none\"), or "
+                      "parallel.shard = \"optimizer\"");
     }
   }
 

@@ -43,7 +43,7 @@ at::Tensor from_memory_order(const at::Tensor& flat, const at::Tensor& like) {
 }
 
 OptimizerShard::OptimizerShard(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
-                               const std::vector<std::vector<size_t>>& buckets, const GradientBuffer& gradients)
+                               const std::vector<std::vector<size_t>>& buckets, const GradientBuffer* gradients)
     : group_(std::move(group)), params_(std::move(params)) {
   at::NoGradGuard no_grad;
   const auto rank = static_cast<size_t>(group_->rank());
@@ -57,8 +57,10 @@ OptimizerShard::OptimizerShard(std::shared_ptr<Communicator> group, std::vector<
       elements.push_back(params_[k].numel());
     }
     b.params = flat_span(tensors);
-    b.grads = gradients.span(tensors);
-    TORCH_CHECK(b.grads.defined(), "OptimizerShard: a bucket's gradients do not lie one after another in one block");
+    if (gradients != nullptr) {
+      b.grads = gradients->span(tensors);
+      TORCH_CHECK(b.grads.defined(), "OptimizerShard: a bucket's gradients do not lie one after another in one block");
+    }
     b.shards = shard_bucket(elements, group_->size());
     for (const ShardPiece& p : b.shards.pieces[rank]) {
       layout_.push_back(Piece{buckets_.size(), p});
@@ -80,6 +82,18 @@ void OptimizerShard::attach_gradients() {
     at::Tensor piece = pieces_[i];
     piece.mutable_grad() = param_of(p).grad().defined()
                                ? buckets_[p.bucket].grads.narrow(0, p.where.at, p.where.length)
+                               : at::Tensor();
+  }
+}
+
+void OptimizerShard::attach_gradients(const GradientShards& shards) {
+  const auto rank = static_cast<size_t>(group_->rank());
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& p = layout_[i];
+    const Bucket& b = buckets_[p.bucket];
+    at::Tensor piece = pieces_[i];
+    piece.mutable_grad() = shards.had_anywhere(b.members[p.where.member])
+                               ? shards.shard(p.bucket).narrow(0, p.where.at - b.shards.begins[rank], p.where.length)
                                : at::Tensor();
   }
 }

@@ -1,8 +1,9 @@
 #pragma once
 // Sharded optimizer state (parallel.shard = "optimizer", ZeRO's first stage): each rank of a
 // data-parallel group keeps and updates the optimizer state of its share of the parameters only,
-// 1/N of it. The gradients are all-reduced whole as without sharding (ZeRO-2's reduce-scatter
-// and ZeRO-3's gathered parameters are not built yet).
+// 1/N of it. At the first level the gradients are all-reduced whole as without sharding; at the
+// second (parallel/gradient_shards.h) each rank receives only its range of each bucket's sum.
+// ZeRO-3's gathered parameters are not built yet.
 //
 // The parameters lie in one block in DataParallel's reduction order (Trainer places them so), as
 // the gradients do in theirs; so each bucket of both is one flat span, and a rank's share of a
@@ -19,6 +20,7 @@
 
 #include "alloc/gradient_buffer.h"
 #include "parallel/communicator.h"
+#include "parallel/gradient_shards.h"
 #include "parallel/shard_layout.h"
 
 #include <torch/optim/optimizer.h>
@@ -37,9 +39,9 @@ class OptimizerShard {
  public:
   // `params`: DataParallel's parameters (its indices), `buckets` its buckets in reduction order;
   // each bucket's parameters must lie one after another in one block, and their gradients in
-  // `gradients` likewise (the trainer lays both out so).
+  // `gradients` likewise (the trainer lays both out so); null `gradients`: sharded gradients.
   OptimizerShard(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
-                 const std::vector<std::vector<size_t>>& buckets, const GradientBuffer& gradients);
+                 const std::vector<std::vector<size_t>>& buckets, const GradientBuffer* gradients);
 
   // What this rank's optimizer steps: 1-D views of the parameters' storage, in bucket order.
   const std::vector<at::Tensor>& pieces() const { return pieces_; }
@@ -49,6 +51,9 @@ class OptimizerShard {
   // Each piece's gradient becomes the same range of its parameter's gradient slot, or none where
   // the parameter has no gradient (call after the gradients are averaged).
   void attach_gradients();
+  // The same from sharded gradients (made over the same buckets): each piece's gradient is its
+  // range of this rank's share, or none where its parameter had none on any rank.
+  void attach_gradients(const GradientShards& shards);
   void detach_gradients();
   // Every rank's updated pieces into every rank's parameters: one all-gather per bucket.
   void gather_parameters();

@@ -84,7 +84,12 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   }
   const bool sharded = config.parallel.shard != ShardLevel::kNone && replicas_.size() > 1;
   if (arena_ || sharded) compact_parameters(sharded);
-  if (arena_ || replicas_.size() > 1) {
+  if (sharded && config.parallel.shard >= ShardLevel::kGradients) {
+    // Each bucket's block only while backward fills it, then this rank's share of its sum
+    // (parallel/gradient_shards.h).
+    grad_shards_ = std::make_unique<GradientShards>(replicas_.shared_group(), params_, replicas_.buckets());
+    interp_.set_gradient_buffer(grad_shards_.get());
+  } else if (arena_ || replicas_.size() > 1) {
     // Under a budget, gradients get one block beside the parameters (alloc/gradient_buffer.h).
     // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
     // reduced in place: no copies, and no memory beyond the gradients while backward runs.
@@ -179,9 +184,14 @@ double Trainer::forward_backward(const Batch& micro, double loss_scale, bool las
     Interpreter& interp;
     ~Listening() { interp.set_gradient_listener(nullptr); }  // also when backward throws
   } listening{interp_};
-  interp_.set_gradient_listener(last && replicas_.overlaps() ? &replicas_ : nullptr);
+  // Sharded gradients: every backward reduce-scatters its buckets as they are done.
+  GradientListener* listener = grad_shards_ ? static_cast<GradientListener*>(grad_shards_.get())
+                               : last && replicas_.overlaps() ? &replicas_
+                                                              : nullptr;
+  interp_.set_gradient_listener(listener);
   // d(scale * loss) = scale * d(loss): seeding backward with the scale adds no op to the graph.
   interp_.backward({loss}, {at::full(loss.sizes(), loss_scale, loss.options())});
+  if (grad_shards_) grad_shards_->backward_ended();
   return loss.value().item<double>();
 }
 
@@ -232,8 +242,13 @@ Trainer::StepResult Trainer::train_step() {
   reset_device_peak();
   // This rank's gradients of its slice are complete: average them over the replicas, once per
   // optimizer step, never per micro-batch (with overlap, most buckets are under way already).
-  replicas_.average_gradients();
-  r.comm = replicas_.stats();
+  if (grad_shards_) {
+    grad_shards_->finish_step();
+    r.comm = grad_shards_->stats();
+  } else {
+    replicas_.average_gradients();
+    r.comm = replicas_.stats();
+  }
   r.loss = replicas_.mean(r.loss, "the loss");
   r.lr = learning_rate_at(config_.training, state_.step, total_steps_);
   const auto optimizer_start = std::chrono::steady_clock::now();
@@ -241,11 +256,19 @@ Trainer::StepResult Trainer::train_step() {
   if (pipeline_) {
     stages.gradient_norm = [this] { return combine_norms(pipeline_->gradient_norms()); };
     stages.all_finite = [this](bool finite) { return pipeline_->all_stages(finite); };
+  } else if (grad_shards_) {
+    stages = shard_step_hooks();  // each rank holds its share of the gradients
   }
   const StateOffloadStats state_before = state_offload_ ? state_offload_->stats() : StateOffloadStats{};
   if (state_offload_) state_offload_->to_device(*optimizer_, state_params(), device_);
-  if (shard_) shard_->attach_gradients();  // this rank's pieces of the averaged gradients
-  const StepOutcome outcome = optimizer_step(*optimizer_, params_, config_.training, r.lr, scaler_.get(), stages);
+  if (grad_shards_) {
+    shard_->attach_gradients(*grad_shards_);  // this rank's share of the averaged gradients
+  } else if (shard_) {
+    shard_->attach_gradients();  // this rank's pieces of the averaged gradients
+  }
+  // With sharded gradients only the pieces have any: unscaled, checked and clipped there.
+  const std::vector<at::Tensor>& stepped = grad_shards_ ? shard_->pieces() : params_;
+  const StepOutcome outcome = optimizer_step(*optimizer_, stepped, config_.training, r.lr, scaler_.get(), stages);
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
   if (shard_) {

@@ -12,6 +12,7 @@
 #include "launcher/training/checkpoint.h"
 #include "alloc/cpu_arena.h"
 #include "launcher/training/loss_scaler.h"
+#include "launcher/training/optimizer.h"
 #include "launcher/training/optimizer_shard.h"
 #include "launcher/training/pipeline_setup.h"
 #include "launcher/training/state_offload.h"
@@ -130,6 +131,9 @@ class Trainer {
   // the parameters in DataParallel's reduction order first, each bucket one span).
   void compact_parameters(bool in_reduction_order);
   void set_up_sharding();
+  // The optimizer step's checks when each rank holds its share of the gradients: the global norm
+  // (the ranks' sums of squares, summed) and every rank's finite check.
+  StepAcrossStages shard_step_hooks();
   // What optimizer_ keeps state for: the parameters, or this rank's pieces of them (sharded).
   const std::vector<at::Tensor>& state_params() const { return shard_ ? shard_->pieces() : params_; }
   void save_sharded_checkpoint();
@@ -168,6 +172,7 @@ class Trainer {
   std::unique_ptr<MemoryTimeline> timeline_;  // config.memory.trace
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
   std::unique_ptr<OptimizerShard> shard_;      // parallel.shard with more than one replica
+  std::unique_ptr<GradientShards> grad_shards_;  // parallel.shard = "gradients": instead of gradients_
   std::unique_ptr<LossScaler> scaler_;         // fp16
   DataParallel replicas_;
   MemoryManager memory_;  // before interp_: it outlives the interpreter's records

@@ -5,6 +5,7 @@
 #include "alloc/cpu_device_allocator.h"
 
 #include <algorithm>
+#include <cmath>
 
 // The trainer's model state: where the parameters live (one block; in the all-reduce's order when
 // sharded), the sharded optimizer, and checkpoints (written and resumed in the one unsharded
@@ -36,9 +37,25 @@ void Trainer::compact_parameters(bool in_reduction_order) {
 }
 
 void Trainer::set_up_sharding() {
-  shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), params_, replicas_.buckets(), *gradients_);
+  shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), params_, replicas_.buckets(), gradients_.get());
   // The optimizer of this rank's pieces replaces the one over every parameter.
   optimizer_ = make_optimizer(config_.training, shard_->pieces());
+}
+
+StepAcrossStages Trainer::shard_step_hooks() {
+  StepAcrossStages hooks;
+  hooks.gradient_norm = [this] {
+    const at::Tensor norms = gradient_norms(shard_->pieces());
+    at::Tensor squares = at::full({1}, norms.numel() > 0 ? norms.square().sum().item<double>() : 0.0, at::kDouble);
+    replicas_.group().allreduce_sum(squares, "the gradient norm");
+    return std::sqrt(squares.item<double>());
+  };
+  hooks.all_finite = [this](bool finite) {
+    at::Tensor not_finite = at::full({1}, finite ? 0.0 : 1.0, at::kDouble);  // ranks that saw inf or NaN
+    replicas_.group().allreduce_sum(not_finite, "the finite check");
+    return not_finite.item<double>() == 0.0;
+  };
+  return hooks;
 }
 
 void Trainer::resume_from(const std::string& folder) {

@@ -44,7 +44,7 @@ TEST(OptimizerShard, AGroupOfOneStepsThePiecesAsTheWholeAndKeepsItsState) {
   Model sharded, whole;
   GradientBuffer gradients(sharded.params);
   auto group = std::make_shared<LocalCommunicator>();
-  OptimizerShard shard(group, sharded.params, {{0, 1}}, gradients);
+  OptimizerShard shard(group, sharded.params, {{0, 1}}, &gradients);
   ASSERT_EQ(shard.pieces().size(), 2u) << "one piece per parameter when one rank owns all";
   EXPECT_EQ(shard.elements(), 48 + 7);
   TrainingConfig t;
