@@ -127,9 +127,15 @@ TEST(ShardedJobComposition, GradientShardsWithAccumulationAndBf16OnThreeRanks) {
                           " --training.optimizer=sgd --training.momentum=0.9 --training.mixed_precision=bf16 "
                           "--training.micro_batch_size=2 --training.lr=0.05";
   ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("whole")), 0);
-  ASSERT_EQ(run(job + " --parallel.shard=gradients --job.output_dir=" + dir.path("sharded")), 0);
+  ASSERT_EQ(run(job + " --parallel.shard=gradients --memory.budget=1GiB --job.output_dir=" + dir.path("sharded")), 0);
   expect_close_models(dir.path("whole/checkpoints/step_00000004/model.pt"),
                       dir.path("sharded/checkpoints/step_00000004/model.pt"));
+  // The planner's peak for the level: the shards and the largest bucket's block for the
+  // gradient block (measured equal to the byte when this test was written).
+  const std::string metrics = read_file(dir.path("sharded/metrics.jsonl"));
+  const int64_t predicted = last_number(metrics, "predicted_peak_bytes"), measured = last_number(metrics, "mem_peak_bytes");
+  ASSERT_GT(measured, 0);
+  EXPECT_LE(std::abs(predicted - measured), measured / 50) << "predicted " << predicted << ", measured " << measured;
 }
 
 // Within the level a budget changes no bit: the buckets' blocks are made under the budget while
