@@ -36,9 +36,11 @@ std::optional<ModelStateSize> model_state_from_shape(const Config& c, int64_t da
 }
 
 int64_t state_bytes_per_rank(const Config& c, const ModelStateSize& state, int replicas) {
-  const int64_t optimizer = state.parameters * optimizer_bytes_per_parameter(c.training);
   if (c.parallel.shard == ShardLevel::kNone || replicas <= 1) return state.bytes;
-  return state.bytes - optimizer + (optimizer + replicas - 1) / replicas;
+  // The optimizer's state, and at "gradients" the fp32 gradients too, split over the replicas.
+  const int64_t split = state.parameters * (optimizer_bytes_per_parameter(c.training) +
+                                            (c.parallel.shard >= ShardLevel::kGradients ? 4 : 0));
+  return state.bytes - split + (split + replicas - 1) / replicas;
 }
 
 void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int ranks_on_host, const char* command,

@@ -22,8 +22,8 @@ struct ModelStateSize {
 // shape and stays small). `data_vocab`: the data's vocabulary, unless model.vocab_size is set.
 std::optional<ModelStateSize> model_state_from_shape(const Config& config, int64_t data_vocab);
 
-// One rank's share of `state`: the optimizer's state split over `replicas` data-parallel ranks
-// where parallel.shard shards it (a rank's share rounded up), else all of it.
+// One rank's share of `state`: the optimizer's state (and at "gradients" the gradients) split over
+// `replicas` data-parallel ranks where parallel.shard shards it (a share rounded up), else all of it.
 int64_t state_bytes_per_rank(const Config& config, const ModelStateSize& state, int replicas);
 
 // Throws UserError (exit 2) when a rank's state cannot fit one rank: the budget if one is set,
