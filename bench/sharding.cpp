@@ -17,6 +17,7 @@
 #include "models/decoder.h"
 #include "models/resnet.h"
 #include "parallel/data_parallel.h"
+#include "parallel/gradient_shards.h"
 #include "parallel/process_grid.h"
 #include "planner/shard_terms.h"
 #include "runtime/interpreter.h"
@@ -117,6 +118,7 @@ struct Replica {
     gradients = std::make_unique<GradientBuffer>(order);
     replicas.use_gradient_buffer(gradients.get());
     shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), gradients.get());
+    grad_shards = std::make_unique<GradientShards>(group, params, replicas.buckets());
     TrainingConfig t;
     t.optimizer = OptimizerKind::kAdamw;
     t.lr = 1e-4;
@@ -125,18 +127,35 @@ struct Replica {
     std::tie(input, target) = m.data(m.batch);
     model->train();
   }
-  // One training step; returns its time (and the all-gather's, sharded).
-  std::pair<double, double> step(bool sharding) {
+  // One training step at `level` (0 none, 1 optimizer, 2 gradients, as the trainer runs each);
+  // returns its time (and the all-gather's, sharded).
+  std::pair<double, double> step(int level) {
+    const bool sharding = level > 0;
     Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 1});
-    interp.set_gradient_buffer(gradients.get());
+    interp.set_gradient_buffer(level == 2 ? static_cast<const GradientSlots*>(grad_shards.get()) : gradients.get());
     const double start = now_ms();
     Tensor loss = model->loss(model->forward(interp.input(input)), interp.input(target));
-    if (replicas.overlaps()) interp.set_gradient_listener(&replicas);
+    if (level == 2) {
+      interp.set_gradient_listener(grad_shards.get());
+    } else if (replicas.overlaps()) {
+      interp.set_gradient_listener(&replicas);
+    }
     interp.backward(loss);
     interp.set_gradient_listener(nullptr);
-    replicas.average_gradients();
+    if (level == 2) {
+      grad_shards->backward_ended();
+      grad_shards->finish_step();
+    } else {
+      replicas.average_gradients();
+    }
     double gather_ms = 0;
-    if (sharding) {
+    if (level == 2) {
+      shard->attach_gradients(*grad_shards);
+      sharded->step();
+      shard->detach_gradients();
+      shard->gather_parameters();
+      gather_ms = shard->stats().gather_ms;
+    } else if (sharding) {
       shard->attach_gradients();
       sharded->step();
       shard->detach_gradients();
@@ -161,9 +180,20 @@ struct Replica {
   DataParallel replicas;
   std::unique_ptr<GradientBuffer> gradients;
   std::unique_ptr<OptimizerShard> shard;
+  std::unique_ptr<GradientShards> grad_shards;
   std::unique_ptr<torch::optim::Optimizer> whole, sharded;
   at::Tensor input, target;
 };
+
+// ZeRO-2's row of a model, printed after the ZeRO-1 table: rank 0's gradient shards and step.
+struct Zero2Row {
+  std::string name;
+  int64_t parameters, gradient_shard_bytes;
+  double ms, none_ms;
+  int64_t shard_elements = 0;  // rank 0's
+  bool exact = false;          // its shards' bytes are the planner's 4 x shard_elements
+};
+std::vector<Zero2Row> g_zero2;
 
 // Returns false when a measured state differs from the planner's.
 bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, int warmup, int reps) {
@@ -173,17 +203,18 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
   const int n = c.size();
   int64_t parameters = 0;
   for (const at::Tensor& p : r.params) parameters += p.numel();
-  std::vector<double> ms[2], gather_share;
+  std::vector<double> ms[3], gather_share;
   for (int i = 0; i < warmup + reps; ++i) {
-    for (int j = 0; j < 2; ++j) {
-      const bool sharding = (i + j) % 2 == 1;
+    for (int j = 0; j < 3; ++j) {
+      const int level = (i + j) % 3;  // the order rotates: none, optimizer, gradients, ...
       c.barrier("the benchmark");
-      const auto [t, gather] = r.step(sharding);
+      const auto [t, gather] = r.step(level);
       if (i < warmup) continue;
-      ms[sharding].push_back(t);
-      if (sharding) gather_share.push_back(gather / t);
+      ms[level].push_back(t);
+      if (level == 1) gather_share.push_back(gather / t);
     }
   }
+  g_zero2.push_back(Zero2Row{m.name, parameters, r.grad_shards->shard_bytes(), mean_of_medians(c, ms[2]), 0});
   // The fullest rank's state (rank 0 owns the larger shares), every rank's for the check.
   const int64_t whole_state = r.state_bytes(false), shard_state = r.state_bytes(true);
   const int64_t predicted_shard = 8 * shard_elements(r.replicas.bucket_elements(), n);
@@ -191,6 +222,9 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
   at::Tensor wrong = at::full({1}, shard_state != predicted_here || whole_state != 8 * parameters ? 1.0 : 0.0, at::kDouble);
   c.allreduce_sum(wrong, "the check");
   const double t_none = mean_of_medians(c, ms[0]), t_shard = mean_of_medians(c, ms[1]);
+  g_zero2.back().none_ms = t_none;
+  g_zero2.back().shard_elements = r.shard->elements();
+  g_zero2.back().exact = g_zero2.back().gradient_shard_bytes == 4 * shard_elements(r.replicas.bucket_elements(), n);
   const double share = mean_of_medians(c, gather_share);
   if (c.rank() != 0) return wrong.item<double>() == 0;
   const double mib = 1024.0 * 1024.0;
@@ -243,6 +277,22 @@ int main(int argc, char** argv) {
   for (const auto& m : ht::bench::models(quick)) {
     if (m.name.find(only) == std::string::npos) continue;
     exact = ht::bench::measure(m, grid.data_parallel_group, warmup, reps) && exact;
+  }
+  if (grid.is_root() && !ht::bench::g_zero2.empty()) {
+    std::printf("\nparallel.shard = gradients (ZeRO-2) on the same replicas, in the same rounds: rank 0's gradient shards "
+                "(one per bucket, the fullest rank) against 4P/N, its model state, and the step:\n\n");
+    std::printf("| %-34s | %10s | %10s | %10s | %9s | %12s | %7s | %8s | %7s |\n", "model", "grads MiB", "shards", "4P/N",
+                "vs plan", "state MiB", "none ms", "zero2 ms", "ratio");
+    std::printf("|%s|\n", std::string(120, '-').c_str());
+    const int n = grid.world;
+    for (const auto& z : ht::bench::g_zero2) {
+      const double mib = 1024.0 * 1024.0, p = static_cast<double>(z.parameters);
+      const double shards = static_cast<double>(z.gradient_shard_bytes) / mib;
+      std::printf("| %-34s | %10.2f | %10.2f | %10.2f | %9s | %12.2f | %7.1f | %8.1f | %6.3fx |\n", z.name.c_str(),
+                  4.0 * p / mib, shards, 4.0 * p / n / mib, z.exact ? "exact" : "DIFFERS",
+                  (4.0 * p + 8.0 * z.shard_elements) / mib + shards, z.none_ms, z.ms, z.ms / z.none_ms);
+      exact = exact && z.exact;
+    }
   }
   ht::finalize_process_grid();
   if (!exact) {
