@@ -58,15 +58,8 @@ TEST_P(DataParallelJob, RanksTrainTheSingleRankModel) {
   const std::string config = dir.write("job.toml", kMlp);
   ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + " --job.output_dir=" + dir.path("one")), 0);
   ASSERT_EQ(run(mpirun(ranks) + HT_BINARY + " " + config + " --job.output_dir=" + dir.path("many")), 0);
-  const auto one = read_model(dir.path("one/checkpoints/step_00000006/model.pt"));
-  const auto many = read_model(dir.path("many/checkpoints/step_00000006/model.pt"));
-  ASSERT_FALSE(one.empty());
-  ASSERT_EQ(one.size(), many.size());
-  for (const auto& [key, t] : one) {
-    ASSERT_TRUE(many.count(key)) << key;
-    EXPECT_TRUE(at::allclose(many.at(key), t, 1e-4, 1e-6)) << key << ": max difference "
-                                                           << (many.at(key) - t).abs().max().item<double>();
-  }
+  expect_close_models(dir.path("one/checkpoints/step_00000006/model.pt"),
+                      dir.path("many/checkpoints/step_00000006/model.pt"), 1e-4, 1e-6);
   const std::string metrics = read_file(dir.path("many/metrics.jsonl"));
   EXPECT_THAT(metrics, HasSubstr("\"comm_ms\""));
   EXPECT_THAT(metrics, HasSubstr("\"comm_bytes\""));

@@ -52,16 +52,7 @@ int64_t last_number(const std::string& metrics, const std::string& key) {
 // update by the root of its second moment, so for an element whose gradients are near zero a
 // rounding-level difference in them moves the update by a share of lr (0.01 here): 4 steps, at
 // most 5e-5 absolute.
-void expect_close_models(const std::string& a, const std::string& b) {
-  const auto one = read_model(a), other = read_model(b);
-  ASSERT_FALSE(one.empty()) << a;
-  ASSERT_EQ(one.size(), other.size());
-  for (const auto& [key, t] : one) {
-    ASSERT_TRUE(other.count(key)) << key;
-    EXPECT_TRUE(at::allclose(other.at(key), t, 1e-4, 5e-5)) << key << ": max difference "
-                                                           << (other.at(key) - t).abs().max().item<double>();
-  }
-}
+void expect_close_models(const std::string& a, const std::string& b) { ht::test::expect_close_models(a, b, 1e-4, 5e-5); }
 
 class ShardedJob : public ::testing::TestWithParam<int> {
  protected:

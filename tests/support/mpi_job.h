@@ -2,6 +2,8 @@
 // What the tests that run hybrid_train under mpirun share: the command prefix, a quiet run, and a
 // checkpoint's model.pt read back by tensor name.
 
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
 #include <torch/serialize/input-archive.h>
 
 #include <cstdlib>
@@ -19,6 +21,18 @@ inline std::map<std::string, at::Tensor> read_model(const std::string& path) {
     if (archive.try_read(key, t) || archive.try_read(key, t, true)) tensors[key] = t;
   }
   return tensors;
+}
+
+// Every tensor of two model.pt files close: at::allclose(other, one, rtol, atol) for each name.
+inline void expect_close_models(const std::string& a, const std::string& b, double rtol, double atol) {
+  const auto one = read_model(a), other = read_model(b);
+  ASSERT_FALSE(one.empty()) << a;
+  ASSERT_EQ(one.size(), other.size());
+  for (const auto& [key, t] : one) {
+    ASSERT_TRUE(other.count(key)) << key;
+    EXPECT_TRUE(at::allclose(other.at(key), t, rtol, atol)) << key << ": max difference "
+                                                          << (other.at(key) - t).abs().max().item<double>();
+  }
 }
 
 // A Llama of 8 layers whose activations are most of its peak, 2 ranks x 2 micro-batches of 16, 3
