@@ -242,6 +242,7 @@ Trainer::StepResult Trainer::train_step() {
   reset_device_peak();
   // This rank's gradients of its slice are complete: average them over the replicas, once per
   // optimizer step, never per micro-batch (with overlap, most buckets are under way already).
+  // Sharded gradients were reduce-scattered by every micro-batch's backward: their sums become means.
   if (grad_shards_) {
     grad_shards_->finish_step();
     r.comm = grad_shards_->stats();
