@@ -9,6 +9,7 @@
 #include "launcher/planning/run_check.h"
 #include "launcher/user_error.h"
 #include "alloc/cpu_device_allocator.h"
+#include "tests/support/mpi_job.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"
@@ -44,25 +45,7 @@ global_batch_size = 32
 log_interval = 1
 )";
 
-const char* kGptToPlan = R"([model]
-name = "gpt"
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 16
-[data]
-dataset = "synthetic"
-synthetic_samples = 256
-synthetic_eval_samples = 16
-synthetic_shape = [16]
-synthetic_classes = 50
-[training]
-steps = 4
-global_batch_size = 16
-optimizer = "adamw"
-[metrics]
-log_interval = 1
-)";
+const char* kGptToPlan = kTinyGpt;
 
 // A number from a JSON file written by the run: "key": value.
 double json_number(const std::string& path, const std::string& key) {

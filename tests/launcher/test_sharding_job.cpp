@@ -54,6 +54,23 @@ int64_t last_number(const std::string& metrics, const std::string& key) {
 // most 5e-5 absolute.
 void expect_close_models(const std::string& a, const std::string& b) { ht::test::expect_close_models(a, b, 1e-4, 5e-5); }
 
+// Within one level a budget changes no bit: the 8-layer Llama sharded on 2 ranks, evicting under
+// DTR at 40% of its peak, against the same sharded job with room to spare.
+void expect_dtr_at_forty_percent_changes_no_bit(const std::string& level) {
+  TempDir dir;
+  const std::string job = mpirun(2) + HT_BINARY + " " + dir.write("job.toml", kEightLayerLlama) +
+                          " --training.optimizer=adamw --parallel.shard=" + level;
+  ASSERT_EQ(run(job + " --memory.budget=1GiB --job.output_dir=" + dir.path("roomy")), 0);
+  const int64_t peak = last_number(read_file(dir.path("roomy/metrics.jsonl")), "mem_peak_bytes");
+  ASSERT_GT(peak, 0);
+  ASSERT_EQ(run(job + " --memory.policy=dtr --memory.budget=" + std::to_string(peak * 2 / 5) + " --job.output_dir=" +
+                dir.path("dtr")),
+            0);
+  EXPECT_TRUE(model_at(dir, "roomy", 3) == model_at(dir, "dtr", 3)) << level << ": model.pt differs";
+  EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")))
+      << level << ": the budget made DTR evict";
+}
+
 class ShardedJob : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -133,18 +150,7 @@ TEST(ShardedJobComposition, GradientShardsWithAccumulationAndBf16OnThreeRanks) {
 // backward regenerates what DTR evicted.
 TEST(ShardedJobComposition, GradientShardsUnderDtrAtFortyPercentChangeNoBit) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
-  TempDir dir;
-  const std::string job = mpirun(2) + HT_BINARY + " " + dir.write("job.toml", kEightLayerLlama) +
-                          " --training.optimizer=adamw --parallel.shard=gradients";
-  ASSERT_EQ(run(job + " --memory.budget=1GiB --job.output_dir=" + dir.path("roomy")), 0);
-  const int64_t peak = last_number(read_file(dir.path("roomy/metrics.jsonl")), "mem_peak_bytes");
-  ASSERT_GT(peak, 0);
-  ASSERT_EQ(run(job + " --memory.policy=dtr --memory.budget=" + std::to_string(peak * 2 / 5) + " --job.output_dir=" +
-                dir.path("dtr")),
-            0);
-  EXPECT_TRUE(model_at(dir, "roomy", 3) == model_at(dir, "dtr", 3)) << "model.pt differs";
-  EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")))
-      << "the budget made DTR evict";
+  expect_dtr_at_forty_percent_changes_no_bit("gradients");
 }
 
 // 2 ranks, then 3, then 4, each resuming the last one's checkpoint: sharded, the chain ends on
@@ -182,8 +188,6 @@ TEST(ShardedJobComposition, Bf16AccumulationAndSgdOnThreeRanks) {
   EXPECT_TRUE(model_at(dir, "whole", 4) == model_at(dir, "sharded", 4)) << "model.pt differs";
 }
 
-// Within one layout a budget changes no bit: sharded on 2 ranks, evicting under DTR at 40% of the
-// peak, against the same sharded job without a budget.
 // memory.optimizer_state = "host" moves the rank's share only (half of AdamW's 8 bytes a parameter
 // at 2 ranks), and changes no bit.
 TEST(ShardedJobComposition, TheStateOnHostIsTheRanksShare) {
@@ -198,20 +202,10 @@ TEST(ShardedJobComposition, TheStateOnHostIsTheRanksShare) {
   EXPECT_EQ(last_number(metrics, "state_out_bytes"), 8 * last_number(metrics, "shard_elements"));
 }
 
+// ZeRO-1 under DTR at 40% (expect_dtr_at_forty_percent_changes_no_bit).
 TEST(ShardedJobComposition, DtrAtFortyPercentChangesNoBit) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
-  TempDir dir;
-  const std::string job = mpirun(2) + HT_BINARY + " " + dir.write("job.toml", kEightLayerLlama) +
-                          " --training.optimizer=adamw --parallel.shard=optimizer";
-  ASSERT_EQ(run(job + " --memory.budget=1GiB --job.output_dir=" + dir.path("roomy")), 0);
-  const int64_t peak = last_number(read_file(dir.path("roomy/metrics.jsonl")), "mem_peak_bytes");
-  ASSERT_GT(peak, 0);
-  ASSERT_EQ(run(job + " --memory.policy=dtr --memory.budget=" + std::to_string(peak * 2 / 5) + " --job.output_dir=" +
-                dir.path("dtr")),
-            0);
-  EXPECT_TRUE(model_at(dir, "roomy", 3) == model_at(dir, "dtr", 3)) << "model.pt differs";
-  EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")))
-      << "the budget made DTR evict";
+  expect_dtr_at_forty_percent_changes_no_bit("optimizer");
 }
 
 // The planner knows the level: 2 ranks whose whole state (4.54 MiB) and optimizer temporaries
@@ -237,28 +231,10 @@ TEST(ShardedJobPlanning, ARefusalNamesAShardedPlanAndAutoTrainsIt) {
 TEST(ShardedJobExport, AShardedRunExportsTheUnshardedRunsSafetensors) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
-  const std::string config = dir.write("gpt.toml", R"([model]
-name = "gpt"
-n_layer = 2
-n_head = 2
-n_embd = 32
-block_size = 16
-[data]
-dataset = "synthetic"
-synthetic_samples = 96
-synthetic_eval_samples = 8
-synthetic_shape = [16]
-synthetic_classes = 50
-[training]
-steps = 3
-global_batch_size = 12
-optimizer = "adamw"
-[checkpoint]
-interval = 3
-)");
+  const std::string config = dir.write("gpt.toml", kTinyGpt);
   for (const std::string shard : {"none", "optimizer"}) {
-    ASSERT_EQ(run(mpirun(3) + HT_BINARY + " " + config + " --parallel.shard=" + shard + " --job.output_dir=" +
-                  dir.path(shard)), 0);
+    ASSERT_EQ(run(mpirun(3) + HT_BINARY + " " + config + " --training.global_batch_size=12 --training.steps=3 " +
+                  "--checkpoint.interval=3 --parallel.shard=" + shard + " --job.output_dir=" + dir.path(shard)), 0);
     ASSERT_EQ(run(std::string(HT_BINARY) + " export " + dir.path(shard)), 0) << shard;
   }
   const std::string whole = read_file(dir.path("none/hf/model.safetensors"));

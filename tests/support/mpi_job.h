@@ -35,6 +35,28 @@ inline void expect_close_models(const std::string& a, const std::string& b, doub
   }
 }
 
+// A GPT of 2 layers at width 32 on synthetic tokens, AdamW: the small decoder the planning and
+// sharding tests train.
+inline constexpr const char* kTinyGpt = R"([model]
+name = "gpt"
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 16
+[data]
+dataset = "synthetic"
+synthetic_samples = 256
+synthetic_eval_samples = 16
+synthetic_shape = [16]
+synthetic_classes = 50
+[training]
+steps = 4
+global_batch_size = 16
+optimizer = "adamw"
+[metrics]
+log_interval = 1
+)";
+
 // A Llama of 8 layers whose activations are most of its peak, 2 ranks x 2 micro-batches of 16, 3
 // steps, a checkpoint at the end: the job the multi-rank tests put under a DTR budget (a small
 // ResNet's parameters, optimizer state and largest op leave no 40% budget workable).
