@@ -133,6 +133,11 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   std::vector<at::Tensor> in_values;
   in_values.reserve(path.inputs.size());
   const uint64_t now = tick();
+  // Recomputations read resident inputs without materialize(): a weight among them (sharded
+  // parameters) is made resident here; every input is pinned meanwhile.
+  if (parameter_source_ != nullptr) {
+    for (auto& in : path.inputs) read_weight(*in);
+  }
   for (auto& in : path.inputs) {
     TORCH_INTERNAL_ASSERT(in->resident(), "run_kernel: input not resident");
     in->last_access = now;

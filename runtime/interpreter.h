@@ -7,6 +7,7 @@
 #include "runtime/gradient_listener.h"
 #include "runtime/memory_hooks.h"
 #include "runtime/op.h"
+#include "runtime/parameter_source.h"
 #include "runtime/tape.h"
 #include "runtime/tensor.h"
 
@@ -87,6 +88,9 @@ class Interpreter final : public Rematerializer {
   // Told when each leaf's gradient is final during backward(); null: nobody (runtime/gradient_listener.h).
   void set_gradient_listener(GradientListener* listener) { gradient_listener_ = listener; }
   GradientListener* gradient_listener() const { return gradient_listener_; }
+  // Asked before every read of a weight (sharded parameters, runtime/parameter_source.h); null:
+  // weights are resident while their records live.
+  void set_parameter_source(ParameterSource* source) { parameter_source_ = source; }
   // The memory manager given to the constructor, or MemoryHooks' defaults.
   MemoryHooks& memory_hooks() { return *memory_; }
   const MemoryHooks& memory_hooks() const { return *memory_; }
@@ -119,6 +123,8 @@ class Interpreter final : public Rematerializer {
   std::vector<Tensor> apply_autograd(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs);
   // Runs path.op over its (resident) inputs, pinned meanwhile; times it.
   std::vector<at::Tensor> run_kernel(ComputePath& path, bool recompute);
+  // A weight, or a view of one, is about to be read: the parameter source makes its data resident.
+  void read_weight(const TensorInfo& t);
   void attach(TensorInfo& t, at::Tensor value);
   void drop(TensorInfo& t);
   void release_if_unused(TensorInfo& t);
@@ -131,6 +137,7 @@ class Interpreter final : public Rematerializer {
   Tape tape_;
   const GradientSlots* gradient_buffer_ = nullptr;
   GradientListener* gradient_listener_ = nullptr;
+  ParameterSource* parameter_source_ = nullptr;
   bool grad_enabled_ = true;
   bool relu_masks_ = false;
   uint64_t seed_counter_ = 0;

@@ -95,8 +95,19 @@ void Interpreter::evict(TensorInfo& t) {
   if (t.resident()) drop(t);  // dropping the last view may already have released it
 }
 
+void Interpreter::read_weight(const TensorInfo& t) {
+  // A view of a weight (a transpose kept for backward) reads the weight's storage too.
+  const TensorInfo& root = t.base != nullptr ? *t.base : t;
+  if (root.is_weight && parameter_source_ != nullptr) parameter_source_->before_read(root.value, *memory_);
+}
+
 const at::Tensor& Interpreter::materialize(TensorInfo& target) {
   if (target.resident()) {
+    if (parameter_source_ != nullptr) {
+      ++target.pin_count;  // making room for a gathered weight must not drop what is returned
+      read_weight(target);
+      --target.pin_count;
+    }
     target.last_access = tick_;
     return target.value;
   }
