@@ -1,5 +1,7 @@
 #include "models/model.h"
 
+#include <unordered_map>
+
 namespace ht {
 
 Tensor Model::forward(const Tensor& input) {
@@ -21,6 +23,19 @@ int64_t Model::num_parameters() const {
   int64_t n = 0;
   for (const at::Tensor& p : parameters()) n += p.numel();
   return n;
+}
+
+std::vector<int> Model::parameter_blocks() const {
+  std::unordered_map<const c10::TensorImpl*, int> block_of;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    for (const at::Tensor& p : blocks_[b]->parameters()) block_of.emplace(p.unsafeGetTensorImpl(), static_cast<int>(b));
+  }
+  std::vector<int> out;
+  for (const at::Tensor& p : parameters()) {
+    auto it = block_of.find(p.unsafeGetTensorImpl());
+    out.push_back(it == block_of.end() ? -1 : it->second);
+  }
+  return out;
 }
 
 void Model::move_to(const at::Device& device, at::ScalarType float_dtype) {

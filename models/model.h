@@ -34,6 +34,9 @@ class Model : public torch::nn::Module {
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
   const std::vector<std::string>& block_names() const { return block_names_; }
   int64_t num_parameters() const;
+  // Per parameter (in parameters() order), the index of the block that registers it; -1 for one
+  // no block holds. Sharded parameters gather a block's parameters together (parallel/data_parallel.h).
+  std::vector<int> parameter_blocks() const;
   // Moves parameters and buffers to `device` and casts the floating ones to `float_dtype`.
   // (libtorch's Module::to(device, dtype) also casts integer and bool buffers.)
   void move_to(const at::Device& device, at::ScalarType float_dtype);

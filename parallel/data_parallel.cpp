@@ -15,9 +15,10 @@ double ms_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params, int64_t bucket_bytes,
-                           bool overlap)
+                           bool overlap, const std::vector<int>& units)
     : group_(std::move(group)), params_(std::move(params)), had_here_(params_.size(), 0.0f) {
   TORCH_CHECK(bucket_bytes > 0, "DataParallel: bucket size must be positive");
+  TORCH_CHECK(units.empty() || units.size() == params_.size(), "DataParallel: one unit per parameter");
   // Reverse order: the last layers' gradients are ready first. A parameter larger than a bucket
   // gets a bucket of its own; parameters of another dtype than the bucket's start a new one.
   std::vector<std::vector<size_t>> groups;
@@ -28,7 +29,8 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> group, std::vector<at::
     if (!p.requires_grad()) continue;
     const int64_t nbytes = static_cast<int64_t>(p.nbytes());
     const bool other_type = !bucket.empty() && params_[bucket.front()].scalar_type() != p.scalar_type();
-    if (!bucket.empty() && (bytes + nbytes > bucket_bytes || other_type)) {
+    const bool other_unit = !bucket.empty() && !units.empty() && units[bucket.front()] != units[k];
+    if (!bucket.empty() && (bytes + nbytes > bucket_bytes || other_type || other_unit)) {
       groups.push_back(std::move(bucket));
       bucket.clear();
       bytes = 0;

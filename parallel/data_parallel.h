@@ -36,8 +36,11 @@ struct DataParallelStats {
 class DataParallel final : public GradientListener {
  public:
   // `overlap` needs a communicator that allows a worker thread; it is ignored for a group of one.
+  // `units`: per parameter, the unit it belongs to (a model's block); a bucket then never holds
+  // two units' parameters (sharded parameters gather a block's buckets before it runs, FSDP's
+  // unit). Empty: buckets by size alone.
   DataParallel(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params, int64_t bucket_bytes,
-               bool overlap = false);
+               bool overlap = false, const std::vector<int>& units = {});
 
   int size() const { return group_->size(); }
   int rank() const { return group_->rank(); }

@@ -105,6 +105,7 @@ void GradientShards::start(Bucket& b) {
   for (size_t k : b.members) params_[k].mutable_grad() = at::Tensor();
   b.block = at::Tensor();
   b.reduced = true;
+  if (bucket_done_) bucket_done_(static_cast<size_t>(&b - buckets_.data()));
 }
 
 void GradientShards::finish_step() {

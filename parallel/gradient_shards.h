@@ -24,6 +24,7 @@
 #include "parallel/shard_layout.h"
 #include "runtime/gradient_listener.h"
 
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -42,6 +43,9 @@ class GradientShards final : public GradientSlots, public GradientListener {
   // GradientListener, for every micro-batch's backward.
   void backward_begins(const std::vector<const c10::TensorImpl*>& pending) override;
   void gradient_ready(const at::Tensor& param) override;
+  // Called with a bucket's index once it is reduce-scattered: no entry of this backward will add
+  // to its gradients (sharded parameters free the bucket's gathered parameters then).
+  void set_bucket_done(std::function<void(size_t)> done) { bucket_done_ = std::move(done); }
   // After each backward: the buckets it did not start (parameters it gave no gradient), in order.
   void backward_ended();
   // After the step's last backward: which parameters had a gradient on some rank (one small
@@ -76,6 +80,7 @@ class GradientShards final : public GradientSlots, public GradientListener {
   std::unordered_map<const c10::TensorImpl*, std::pair<size_t, size_t>> where_;  // bucket, member
   std::vector<float> had_here_;      // per parameter, this step
   std::vector<float> had_anywhere_;  // per parameter, the last finished step
+  std::function<void(size_t)> bucket_done_;
   size_t next_ = 0;                  // the next bucket to start in this backward
   int backwards_ = 0;                // reduced into the sums this step
   double ms_ = 0;

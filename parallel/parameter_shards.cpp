@@ -1,0 +1,151 @@
+#include "parallel/parameter_shards.h"
+
+#include "alloc/cpu_device_allocator.h"
+#include "runtime/memory_hooks.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+namespace ht {
+namespace {
+
+c10::StorageImpl& storage_of(const at::Tensor& t) { return *t.storage().unsafeGetStorageImpl(); }
+
+}  // namespace
+
+ParameterShards::ParameterShards(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
+                                 const std::vector<std::vector<size_t>>& buckets, const at::Device& device)
+    : group_(std::move(group)), params_(std::move(params)) {
+  at::NoGradGuard no_grad;
+  const auto rank = static_cast<size_t>(group_->rank());
+  for (const std::vector<size_t>& members : buckets) {
+    Bucket b;
+    b.members = members;
+    const at::TensorOptions options = params_[members.front()].options().requires_grad(false).device(device);
+    std::vector<int64_t> elements;
+    int64_t n = 0;
+    for (size_t k : members) {
+      const at::Tensor& p = params_[k];
+      TORCH_CHECK(p.is_non_overlapping_and_dense(), "ParameterShards: a parameter with gaps in its layout");
+      TORCH_CHECK(p.scalar_type() == options.dtype(), "ParameterShards: a bucket of two dtypes");
+      bucket_of_[p.unsafeGetTensorImpl()] = buckets_.size();
+      elements.push_back(p.numel());
+      n += p.numel();
+    }
+    b.shards = shard_bucket(elements, group_->size());
+    {
+      // The bucket's own storage, in host memory while it is filled: the whole model never needs
+      // device memory at once.
+      HostAllocationScope host;
+      b.whole = at::empty({n}, options);
+    }
+    int64_t at = 0;
+    for (size_t k : members) {
+      at::Tensor& p = params_[k];
+      at::Tensor slot = b.whole.as_strided(p.sizes(), p.strides(), at);
+      slot.copy_(p);
+      p.set_data(slot);  // the same at::Tensor (its identity), now a view of the bucket's storage
+      at += p.numel();
+    }
+    shards_.push_back(b.whole.narrow(0, b.shards.begins[rank], b.shards.counts[rank]).clone());
+    b.gathered = true;
+    buckets_.push_back(std::move(b));
+    release(buckets_.back());
+  }
+}
+
+ParameterShards::~ParameterShards() = default;
+
+int64_t ParameterShards::shard_bytes() const {
+  int64_t n = 0;
+  for (const at::Tensor& s : shards_) n += static_cast<int64_t>(s.nbytes());
+  return n;
+}
+
+int64_t ParameterShards::largest_bucket_bytes() const {
+  int64_t n = 0;
+  for (const Bucket& b : buckets_) n = std::max(n, b.shards.elements * static_cast<int64_t>(b.whole.element_size()));
+  return n;
+}
+
+void ParameterShards::before_read(const at::Tensor& weight, MemoryHooks& memory) {
+  auto it = bucket_of_.find(weight.unsafeGetTensorImpl());
+  if (it == bucket_of_.end()) return;  // not sharded (no gradient): always resident
+  Bucket& b = buckets_[it->second];
+  if (!b.gathered) gather(b, memory);
+}
+
+void ParameterShards::gather(Bucket& b, MemoryHooks& memory) {
+  at::NoGradGuard no_grad;
+  const auto start = std::chrono::steady_clock::now();
+  const size_t i = static_cast<size_t>(&b - buckets_.data());
+  const int64_t bytes = b.shards.elements * static_cast<int64_t>(b.whole.element_size());
+  // Its memory first (the memory manager may evict to make room), then the collective, which no
+  // retry may repeat.
+  at::Tensor fresh = run_with_room(memory, [&] { return at::empty({b.shards.elements}, b.whole.options()); });
+  c10::StorageImpl& storage = storage_of(b.whole);
+  storage.set_data_ptr_noswap(storage_of(fresh).set_data_ptr(at::DataPtr(nullptr, fresh.device())));
+  storage.set_nbytes(static_cast<size_t>(bytes));
+  group_->all_gather(shards_[i], b.whole, b.shards.counts, "the parameters");
+  b.gathered = true;
+  ++stats_.gathers;
+  stats_.bytes += bytes - static_cast<int64_t>(shards_[i].nbytes());
+  stats_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+void ParameterShards::release(Bucket& b) {
+  if (!b.gathered) return;
+  c10::StorageImpl& storage = storage_of(b.whole);
+  storage.set_data_ptr_noswap(at::DataPtr(nullptr, b.whole.device()));
+  storage.set_nbytes(0);
+  b.gathered = false;
+}
+
+void ParameterShards::set_block_uses(const std::vector<std::vector<at::Tensor>>& block_params) {
+  uses_.assign(block_params.size(), std::vector<bool>(buckets_.size(), false));
+  for (size_t blk = 0; blk < block_params.size(); ++blk) {
+    for (const at::Tensor& p : block_params[blk]) {
+      auto it = bucket_of_.find(p.unsafeGetTensorImpl());
+      if (it != bucket_of_.end()) uses_[blk][it->second] = true;
+    }
+  }
+}
+
+void ParameterShards::block_begins(int block) {
+  // After the last block: the last blocks' buckets are what backward reads first; they stay.
+  if (block < 0 || static_cast<size_t>(block) >= uses_.size()) return;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!uses_[static_cast<size_t>(block)][b]) release(buckets_[b]);
+  }
+}
+
+void ParameterShards::bucket_done(size_t b) { release(buckets_.at(b)); }
+
+void ParameterShards::release_all() {
+  for (Bucket& b : buckets_) release(b);
+}
+
+void ParameterShards::gather_all(MemoryHooks& memory) {
+  for (Bucket& b : buckets_) {
+    if (!b.gathered) gather(b, memory);
+  }
+}
+
+void ParameterShards::take_from_whole() {
+  at::NoGradGuard no_grad;
+  const auto rank = static_cast<size_t>(group_->rank());
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    TORCH_CHECK(b.gathered, "ParameterShards::take_from_whole: bucket ", i, " is not gathered");
+    shards_[i].copy_(b.whole.narrow(0, b.shards.begins[rank], b.shards.counts[rank]));
+  }
+}
+
+ParameterGatherStats ParameterShards::take_stats() {
+  const ParameterGatherStats s = stats_;
+  stats_ = {};
+  return s;
+}
+
+}  // namespace ht
