@@ -212,9 +212,11 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   bool channels_last = false;  // some weights were restrided
   try {
     // A pipeline stage builds the whole model (the seed's order of initialization) on host memory
-    // and keeps only its own share in device memory (PipelineStage::keep_only_own).
+    // and keeps only its own share in device memory (PipelineStage::keep_only_own); so does a rank
+    // whose parameters are sharded (ParameterShards keeps its share of each bucket).
     std::optional<HostAllocationScope> whole_model_on_host;
-    if (config.parallel.pipeline_parallel > 1) whole_model_on_host.emplace();
+    const bool shards_parameters = config.parallel.shard == ShardLevel::kParameters && config.replicas() > 1;
+    if (config.parallel.pipeline_parallel > 1 || shards_parameters) whole_model_on_host.emplace();
     model = make_model(config, info);
     for (const std::string& w : initialize_from_hf(*model, config, decoder_options(config.model, info.classes))) {
       if (root) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());

@@ -218,15 +218,38 @@ class Rules {
     const ParallelConfig& p = c_.parallel;
     if (p.shard == ShardLevel::kNone) return;
     const std::string head = loc("parallel.shard") + "parallel.shard = \"" + choice_name(p.shard) + "\"";
-    if (p.shard == ShardLevel::kParameters) {
-      throw UserError(head + ": sharded parameters (ZeRO-3, gathered per block) are not built yet; use "
-                      "\"optimizer\" (ZeRO-1)");
-    }
+    if (p.shard == ShardLevel::kParameters) parameter_sharding(head);
     if (p.shard == ShardLevel::kGradients && plans_statically(c_.memory.policy)) {
       throw UserError(head + " with memory.policy = \"" + choice_name(c_.memory.policy) +
                       "\": a static plan places every tensor of a captured step, and sharded gradients make each "
                       "bucket's block outside the ops it captures; use memory.policy = \"dtr\" (or \"none\"), or "
                       "parallel.shard = \"optimizer\"");
+    }
+  }
+
+  // ZeRO-3 gathers a bucket's parameters where a kernel first reads one: every rank must read at
+  // the same points, so whatever decides what is resident must decide the same on every rank.
+  void parameter_sharding(const std::string& head) const {
+    const ParallelConfig& p = c_.parallel;
+    const MemoryConfig& m = c_.memory;
+    if (p.pipeline_parallel > 1) {
+      throw UserError(head + " with parallel.pipeline_parallel = " + std::to_string(p.pipeline_parallel) +
+                      ": a stage's parameters would be gathered while its point-to-point messages hold MPI (as "
+                      "DeepSpeed refuses ZeRO-3 with pipelines); use parallel.shard = \"optimizer\" with stages, "
+                      "or no stages");
+    }
+    if (plans_statically(m.policy) || swaps(m.policy)) {
+      throw UserError(head + " with memory.policy = \"" + choice_name(m.policy) + "\": " +
+                      (swaps(m.policy) ? "host swap decides by when copies finish, which differs between ranks, and "
+                                         "a parameter gather must happen at the same point on every rank"
+                                       : "a static plan places every tensor of a captured step, and gathered "
+                                         "parameters are made outside the ops it captures") +
+                      "; use memory.policy = \"dtr\" (or \"none\"), or parallel.shard = \"gradients\"");
+    }
+    if (m.kernel_costs == KernelCosts::kMeasured && evicts(m.policy) && m.budget_bytes != 0) {
+      throw UserError(head + " with memory.kernel_costs = \"measured\": measured times differ between ranks, so "
+                      "their evictions, and the parameter gathers that recomputations need, would too; use "
+                      "memory.kernel_costs = \"modeled\"");
     }
   }
 

@@ -24,7 +24,8 @@ struct PlanArgs {
   std::vector<MixedPrecision> precisions;  // empty: the config's and bf16
   std::vector<MemoryPolicy> policies{MemoryPolicy::kNone, MemoryPolicy::kDtr, MemoryPolicy::kStatic};
   // Sharding levels (parallel.shard) for plans of several replicas; the built ones by default.
-  std::vector<ShardLevel> shards{ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients};
+  std::vector<ShardLevel> shards{ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients,
+                                 ShardLevel::kParameters};
 };
 
 struct JobPlan {

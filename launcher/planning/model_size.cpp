@@ -37,9 +37,11 @@ std::optional<ModelStateSize> model_state_from_shape(const Config& c, int64_t da
 
 int64_t state_bytes_per_rank(const Config& c, const ModelStateSize& state, int replicas) {
   if (c.parallel.shard == ShardLevel::kNone || replicas <= 1) return state.bytes;
-  // The optimizer's state, and at "gradients" the fp32 gradients too, split over the replicas.
+  // The optimizer's state, at "gradients" the fp32 gradients too, and at "parameters" the fp32
+  // parameters as well, split over the replicas.
   const int64_t split = state.parameters * (optimizer_bytes_per_parameter(c.training) +
-                                            (c.parallel.shard >= ShardLevel::kGradients ? 4 : 0));
+                                            (c.parallel.shard >= ShardLevel::kGradients ? 4 : 0) +
+                                            (c.parallel.shard >= ShardLevel::kParameters ? 4 : 0));
   return state.bytes - split + (split + replicas - 1) / replicas;
 }
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_map>
 
 namespace ht {
 namespace {
@@ -151,6 +152,28 @@ std::pair<int64_t, int64_t> point_sizes(const ProfilePoint& small, const Profile
   return {small.micro_batch, hi};
 }
 
+// The buckets sharded parameters use (cut where blocks end) and which of them each block reads.
+void record_block_buckets(const Model& model, int64_t bucket_bytes, ModelProfile& profile) {
+  const std::vector<at::Tensor> params = model.parameters();
+  const DataParallel cut(std::make_shared<LocalCommunicator>(), params, bucket_bytes, false, model.parameter_blocks());
+  profile.block_buckets = cut.bucket_elements();
+  std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
+  const std::vector<std::vector<size_t>> buckets = cut.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (size_t k : buckets[b]) bucket_of[params[k].unsafeGetTensorImpl()] = b;
+  profile.block_bucket_uses.clear();
+  for (const auto& block : model.blocks()) {
+    std::vector<at::Tensor> read = block->parameters();
+    for (const at::Tensor& tied : block->shared_parameters()) read.push_back(tied);
+    std::vector<size_t> uses;
+    for (const at::Tensor& p : read) {
+      auto it = bucket_of.find(p.unsafeGetTensorImpl());
+      if (it != bucket_of.end() && std::find(uses.begin(), uses.end(), it->second) == uses.end()) uses.push_back(it->second);
+    }
+    profile.block_bucket_uses.push_back(std::move(uses));
+  }
+}
+
 }  // namespace
 
 ModelProfile profile_job(const Config& config, const Dataset& train, const DataInfo& info,
@@ -183,6 +206,7 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     // The buckets sharding splits, as DataParallel makes them at the job's bucket size.
     profile.buckets = DataParallel(std::make_shared<LocalCommunicator>(), model->parameters(),
                                    config.parallel.bucket_mb << 20).bucket_elements();
+    record_block_buckets(*model, config.parallel.bucket_mb << 20, profile);
     Profiling p{config, train, info, arena, model, *out};
     const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);
     const MixedPrecision first = request.precisions.front();

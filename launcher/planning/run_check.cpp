@@ -180,7 +180,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       alternatives.ranks = args.ranks;
       alternatives.precisions = {config.training.mixed_precision};
       alternatives.policies = args.policies;
-      alternatives.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients};
+      alternatives.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};
       const std::vector<Plan> plans =
           candidate_plans(config.training.global_batch_size, plan.machine.device_memory, alternatives);
       std::vector<RankedPlan> fitting;

@@ -43,8 +43,9 @@ at::Tensor from_memory_order(const at::Tensor& flat, const at::Tensor& like) {
 }
 
 OptimizerShard::OptimizerShard(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
-                               const std::vector<std::vector<size_t>>& buckets, const GradientBuffer* gradients)
-    : group_(std::move(group)), params_(std::move(params)) {
+                               const std::vector<std::vector<size_t>>& buckets, const GradientBuffer* gradients,
+                               const std::vector<at::Tensor>* parameter_shards)
+    : group_(std::move(group)), params_(std::move(params)), pieces_of_shards_(parameter_shards != nullptr) {
   at::NoGradGuard no_grad;
   const auto rank = static_cast<size_t>(group_->rank());
   for (const std::vector<size_t>& members : buckets) {
@@ -56,7 +57,9 @@ OptimizerShard::OptimizerShard(std::shared_ptr<Communicator> group, std::vector<
       tensors.push_back(params_[k]);
       elements.push_back(params_[k].numel());
     }
-    b.params = flat_span(tensors);
+    // Sharded parameters have no whole span between uses: the bucket's shard stands for it
+    // where only its dtype and device are asked (gather_state).
+    b.params = parameter_shards != nullptr ? (*parameter_shards)[buckets_.size()] : flat_span(tensors);
     if (gradients != nullptr) {
       b.grads = gradients->span(tensors);
       TORCH_CHECK(b.grads.defined(), "OptimizerShard: a bucket's gradients do not lie one after another in one block");
@@ -64,7 +67,9 @@ OptimizerShard::OptimizerShard(std::shared_ptr<Communicator> group, std::vector<
     b.shards = shard_bucket(elements, group_->size());
     for (const ShardPiece& p : b.shards.pieces[rank]) {
       layout_.push_back(Piece{buckets_.size(), p});
-      pieces_.push_back(b.params.narrow(0, p.at, p.length));
+      pieces_.push_back(parameter_shards != nullptr
+                            ? (*parameter_shards)[buckets_.size()].narrow(0, p.at - b.shards.begins[rank], p.length)
+                            : b.params.narrow(0, p.at, p.length));
     }
     buckets_.push_back(std::move(b));
   }
@@ -103,6 +108,7 @@ void OptimizerShard::detach_gradients() {
 }
 
 void OptimizerShard::gather_parameters() {
+  TORCH_CHECK(!pieces_of_shards_, "OptimizerShard: sharded parameters are gathered where they are read");
   at::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
   const auto rank = static_cast<size_t>(group_->rank());

@@ -3,7 +3,8 @@
 // data-parallel group keeps and updates the optimizer state of its share of the parameters only,
 // 1/N of it. At the first level the gradients are all-reduced whole as without sharding; at the
 // second (parallel/gradient_shards.h) each rank receives only its range of each bucket's sum.
-// ZeRO-3's gathered parameters are not built yet.
+// At the third (parallel/parameter_shards.h) the parameters live as each rank's range too, and the
+// pieces are views of that range.
 //
 // The parameters lie in one block in DataParallel's reduction order (Trainer places them so), as
 // the gradients do in theirs; so each bucket of both is one flat span, and a rank's share of a
@@ -40,8 +41,12 @@ class OptimizerShard {
   // `params`: DataParallel's parameters (its indices), `buckets` its buckets in reduction order;
   // each bucket's parameters must lie one after another in one block, and their gradients in
   // `gradients` likewise (the trainer lays both out so); null `gradients`: sharded gradients.
+  // `parameter_shards`: sharded parameters (parallel/parameter_shards.h), this rank's range of
+  // each bucket, which the pieces are views of instead of the parameters' storage; then there
+  // is nothing to gather after the step (the next forward gathers).
   OptimizerShard(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
-                 const std::vector<std::vector<size_t>>& buckets, const GradientBuffer* gradients);
+                 const std::vector<std::vector<size_t>>& buckets, const GradientBuffer* gradients,
+                 const std::vector<at::Tensor>* parameter_shards = nullptr);
 
   // What this rank's optimizer steps: 1-D views of the parameters' storage, in bucket order.
   const std::vector<at::Tensor>& pieces() const { return pieces_; }
@@ -82,6 +87,7 @@ class OptimizerShard {
   std::vector<Bucket> buckets_;
   std::vector<Piece> layout_;       // one per piece, in bucket order
   std::vector<at::Tensor> pieces_;  // the optimizer's parameters, as layout_
+  bool pieces_of_shards_ = false;   // views of sharded parameters' shards
   ShardStats stats_;
 };
 

@@ -27,6 +27,12 @@ std::unique_ptr<LossScaler> make_loss_scaler(const TrainingConfig& t) {
       LossScalerOptions{t.loss_scale, t.loss_scale_growth, t.loss_scale_backoff, t.loss_scale_growth_interval});
 }
 
+// Sharded parameters are gathered a block at a time: their buckets end where blocks do.
+std::vector<int> bucket_units(const Config& config, const Model& model) {
+  if (config.parallel.shard != ShardLevel::kParameters || config.replicas() <= 1) return {};
+  return model.parameter_blocks();
+}
+
 }  // namespace
 
 // launcher/training/trainer_pipeline.cpp
@@ -47,7 +53,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
       // initialized for one thread at a time).
       replicas_(replicas ? replicas : std::make_shared<LocalCommunicator>(),
                 pipeline_ ? pipeline_->parameters() : params_, config.parallel.bucket_mb << 20,
-                config.parallel.overlap && !pipeline_),
+                config.parallel.overlap && !pipeline_, bucket_units(config, *model_)),
       interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}, &memory_),
       checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
       total_steps_(config.training.steps > 0 ? config.training.steps
@@ -83,12 +89,17 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     model_->set_block_listener([this](int block) { memory_.block_begins(block); });
   }
   const bool sharded = config.parallel.shard != ShardLevel::kNone && replicas_.size() > 1;
-  if (arena_ || sharded) compact_parameters(sharded);
+  if (sharded && config.parallel.shard == ShardLevel::kParameters) {
+    shard_parameters();  // each rank keeps its share; buckets gathered where read
+  } else if (arena_ || sharded) {
+    compact_parameters(sharded);
+  }
   if (sharded && config.parallel.shard >= ShardLevel::kGradients) {
     // Each bucket's block only while backward fills it, then this rank's share of its sum
     // (parallel/gradient_shards.h).
     grad_shards_ = std::make_unique<GradientShards>(replicas_.shared_group(), params_, replicas_.buckets());
     interp_.set_gradient_buffer(grad_shards_.get());
+    if (param_shards_) grad_shards_->set_bucket_done([this](size_t b) { param_shards_->bucket_done(b); });
   } else if (arena_ || replicas_.size() > 1) {
     // Under a budget, gradients get one block beside the parameters (alloc/gradient_buffer.h).
     // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
@@ -192,6 +203,7 @@ double Trainer::forward_backward(const Batch& micro, double loss_scale, bool las
   // d(scale * loss) = scale * d(loss): seeding backward with the scale adds no op to the graph.
   interp_.backward({loss}, {at::full(loss.sizes(), loss_scale, loss.options())});
   if (grad_shards_) grad_shards_->backward_ended();
+  if (param_shards_) param_shards_->release_all();  // the next forward gathers from its first block
   return loss.value().item<double>();
 }
 
@@ -274,8 +286,14 @@ Trainer::StepResult Trainer::train_step() {
   r.skipped = !outcome.stepped;
   if (shard_) {
     shard_->detach_gradients();
-    if (outcome.stepped) shard_->gather_parameters();  // a skipped step changed no piece on any rank
-    r.shard = outcome.stepped ? shard_->stats() : ShardStats{};
+    if (param_shards_) {
+      // Sharded parameters: the next forward gathers the updated shards; this step's gathers.
+      const ParameterGatherStats g = param_shards_->take_stats();
+      r.shard = ShardStats{g.ms, g.bytes};
+    } else {
+      if (outcome.stepped) shard_->gather_parameters();  // a skipped step changed no piece on any rank
+      r.shard = outcome.stepped ? shard_->stats() : ShardStats{};
+    }
   }
   clear_grads(params_);
   if (arena_ && !state_compacted_) state_compacted_ = compact_optimizer_state(*optimizer_, state_params());
@@ -397,6 +415,7 @@ EvalResult Trainer::evaluate() {
   MemoryManager memory;
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1}, &memory);
   interp.set_autocast(autocast_type(config_.training.mixed_precision));
+  interp.set_parameter_source(param_shards_.get());
   memory.configure(memory_options());  // the same device memory and policy
   NoGradGuard no_grad(interp);
   model_->eval();
@@ -412,9 +431,15 @@ EvalResult Trainer::evaluate() {
   const int64_t batches = total / batch + (total % batch ? 1 : 0);
   double loss_sum = 0;
   int64_t correct = 0, samples = 0;
-  for (int64_t b = replicas_.rank(); b < batches; b += replicas_.size()) {
-    const int64_t n = std::min(batch, total - b * batch);
-    const Batch data = eval.slice(b * batch, n);
+  // Sharded parameters are gathered by every rank together: every rank runs as many forwards,
+  // a rank past the last batch repeating its own last one and counting it nowhere.
+  const int64_t ranks = replicas_.size();
+  const int64_t rounds = param_shards_ ? (batches + ranks - 1) / ranks * ranks : batches;
+  for (int64_t b = replicas_.rank(); b < rounds; b += ranks) {
+    const bool counted = b < batches;
+    const int64_t which = counted ? b : std::max<int64_t>(0, b - ranks);
+    const int64_t n = std::min(batch, total - which * batch);
+    const Batch data = eval.slice(which * batch, n);
     const at::Tensor target = data.target.to(device_);
     Tensor out = pipeline_ ? pipeline_->forward_only(interp, data.input, n)
                            : model_->forward(interp.input(data.input.to(device_)));
@@ -422,13 +447,16 @@ EvalResult Trainer::evaluate() {
       interp.clear_cast_cache();
       continue;
     }
-    loss_sum += model_->loss(out, interp.input(target)).value().item<double>() * static_cast<double>(n);
+    const double loss = model_->loss(out, interp.input(target)).value().item<double>();
+    interp.clear_cast_cache();  // no backward ends this forward
+    if (!counted) continue;
+    loss_sum += loss * static_cast<double>(n);
     if (data_.info.task == Task::kClassification) {
       correct += out.value().argmax(1).eq(target).sum().item<int64_t>();
     }
     samples += n;
-    interp.clear_cast_cache();  // no backward ends this forward
   }
+  if (param_shards_) param_shards_->release_all();
   model_->train();
   if (replicas_.size() > 1 || pipeline_) {
     replicas_.group().set_context("evaluation after step " + std::to_string(state_.step));

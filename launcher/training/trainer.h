@@ -17,6 +17,7 @@
 #include "launcher/training/pipeline_setup.h"
 #include "launcher/training/state_offload.h"
 #include "parallel/data_parallel.h"
+#include "parallel/parameter_shards.h"
 #include "alloc/memory_timeline.h"
 #include "memory/memory_manager.h"
 #include "runtime/interpreter.h"
@@ -131,6 +132,9 @@ class Trainer {
   // the parameters in DataParallel's reduction order first, each bucket one span).
   void compact_parameters(bool in_reduction_order);
   void set_up_sharding();
+  // parallel.shard = "parameters": each rank keeps its share of each bucket; the rest of the
+  // state (buffers, parameters without gradients) into one block as compact_parameters puts it.
+  void shard_parameters();
   // The optimizer step's checks when each rank holds its share of the gradients: the global norm
   // (the ranks' sums of squares, summed) and every rank's finite check.
   StepAcrossStages shard_step_hooks();
@@ -173,6 +177,7 @@ class Trainer {
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
   std::unique_ptr<OptimizerShard> shard_;      // parallel.shard with more than one replica
   std::unique_ptr<GradientShards> grad_shards_;  // parallel.shard = "gradients": instead of gradients_
+  std::unique_ptr<ParameterShards> param_shards_;  // parallel.shard = "parameters"
   std::unique_ptr<LossScaler> scaler_;         // fp16
   DataParallel replicas_;
   MemoryManager memory_;  // before interp_: it outlives the interpreter's records

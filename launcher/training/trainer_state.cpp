@@ -36,8 +36,38 @@ void Trainer::compact_parameters(bool in_reduction_order) {
   for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(placed[i]);
 }
 
+void Trainer::shard_parameters() {
+  param_shards_ = std::make_unique<ParameterShards>(replicas_.shared_group(), params_, replicas_.buckets(), device_);
+  interp_.set_parameter_source(param_shards_.get());
+  std::vector<std::vector<at::Tensor>> uses;
+  for (const auto& block : model_->blocks()) {
+    std::vector<at::Tensor> read = block->parameters();
+    for (const at::Tensor& tied : block->shared_parameters()) read.push_back(tied);
+    uses.push_back(std::move(read));
+  }
+  param_shards_->set_block_uses(uses);
+  model_->set_block_listener([this](int block) { param_shards_->block_begins(block); });
+  // The rest (buffers, parameters no bucket holds) as compact_parameters places them: one block.
+  const std::vector<at::Tensor> sharded = replicas_.reduction_order();
+  std::vector<at::Tensor> rest;
+  for (const at::Tensor& p : params_) {
+    if (std::none_of(sharded.begin(), sharded.end(), [&](const at::Tensor& t) { return t.is_same(p); })) rest.push_back(p);
+  }
+  for (const at::Tensor& b : model_->buffers()) rest.push_back(b);
+  std::vector<at::Tensor> moving;
+  for (const at::Tensor& t : rest) {
+    if (t.numel() > 0 && t.is_non_overlapping_and_dense()) moving.push_back(t);
+  }
+  if (moving.empty()) return;
+  const std::vector<at::Tensor> host = copies_on_host(moving);
+  for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(host[i]);
+  const std::vector<at::Tensor> placed = back_on_device(host, device_);
+  for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(placed[i]);
+}
+
 void Trainer::set_up_sharding() {
-  shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), params_, replicas_.buckets(), gradients_.get());
+  shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), params_, replicas_.buckets(), gradients_.get(),
+                                            param_shards_ ? &param_shards_->shards() : nullptr);
   // The optimizer of this rank's pieces replaces the one over every parameter.
   optimizer_ = make_optimizer(config_.training, shard_->pieces());
 }
@@ -66,15 +96,24 @@ void Trainer::resume_from(const std::string& folder) {
   } else if (shard_) {
     // The checkpoint holds the whole state, whatever the number of ranks that wrote it.
     const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
+    if (param_shards_) {
+      HostAllocationScope host;  // the whole parameters only while each rank takes its share
+      param_shards_->gather_all(interp_.memory_hooks());
+    }
     state_ = CheckpointStore::load(folder, *model_, *full);
     shard_->take_state(*full, *optimizer_);
+    if (param_shards_) {
+      replicas_.broadcast_state(model_->buffers());  // while the parameters are whole
+      param_shards_->take_from_whole();
+      param_shards_->release_all();
+    }
   } else {
     state_ = CheckpointStore::load(folder, *model_, *optimizer_);
   }
   sampler_.seek(state_.sampler);
   interp_.set_seed_counter(state_.seed_counter);
   if (scaler_ && state_.loss_scaler) scaler_->restore(*state_.loss_scaler);
-  replicas_.broadcast_state(model_->buffers());  // every rank read the same files; make sure
+  if (!param_shards_) replicas_.broadcast_state(model_->buffers());  // every rank read the same files; make sure
   result_.resumed_from_step = state_.step;
   progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
 }
@@ -106,6 +145,14 @@ void Trainer::save_sharded_checkpoint() {
   replicas_.group().set_context("the checkpoint after step " + std::to_string(state_.step));
   const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
   shard_->gather_state(*optimizer_, *full);
+  // Sharded parameters: gathered whole on the host (this function's scope) to be written.
+  if (param_shards_) param_shards_->gather_all(interp_.memory_hooks());
+  struct Release {
+    ParameterShards* shards;
+    ~Release() {
+      if (shards) shards->release_all();
+    }
+  } release{param_shards_.get()};
   if (replicas_.rank() != 0) return;
   const std::string folder = checkpoints_.save(*model_, *full, state_);
   progress_.line("checkpoint " + folder);
