@@ -61,6 +61,10 @@ struct ModelProfile {
   // Each of DataParallel's buckets (parallel.bucket_mb), in reduction order: its parameters'
   // element counts, what sharding splits among the ranks (planner/shard_terms.h).
   std::vector<std::vector<int64_t>> buckets;
+  // The same with buckets cut where blocks end (what sharded parameters gather a block at a
+  // time), and per block the indices of those buckets it reads (its own and tied ones).
+  std::vector<std::vector<int64_t>> block_buckets;
+  std::vector<std::vector<size_t>> block_bucket_uses;
   int64_t input_sample_bytes = 0;   // one sample's input, unrounded
   int64_t target_sample_bytes = 0;  // one sample's target
   int64_t train_samples = 0;      // the training set's size (the sampler keeps an order of it)

@@ -69,8 +69,11 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
           for (ShardLevel shard : options.shards) {
             // Sharding splits a replica group's state: several replicas, no stages (not built with them).
             if (shard != ShardLevel::kNone && (ranks == 1 || stages > 1)) continue;
-            // Sharded gradients' blocks are made outside the ops a static plan captures (refused).
-            if (shard == ShardLevel::kGradients && plans_statically(policy)) continue;
+            // Sharded gradients' blocks and gathered parameters are made outside the ops a static
+            // plan captures; gathers must come at the same points on every rank, which host
+            // swap's timing does not give (both refused by the config).
+            if (shard >= ShardLevel::kGradients && plans_statically(policy)) continue;
+            if (shard == ShardLevel::kParameters && swaps(policy)) continue;
             Plan p;
             p.ranks = ranks;
             p.stages = stages;

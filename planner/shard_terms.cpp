@@ -27,31 +27,70 @@ double allgather_ms(const Machine& machine, int ranks, int64_t bytes) {
   return (ranks - 1) * (latency_us * 1e-3 + chunk / (gbps * 1e9) * 1e3);
 }
 
+const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& profile, ShardLevel level) {
+  return level == ShardLevel::kParameters && !profile.block_buckets.empty() ? profile.block_buckets : profile.buckets;
+}
+
+int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes, bool backward_reads_weights) {
+  const std::vector<std::vector<int64_t>>& buckets = profile.block_buckets;
+  std::vector<int64_t> bytes;
+  for (const std::vector<int64_t>& members : buckets) {
+    int64_t n = 0;
+    for (int64_t e : members) n += e;
+    bytes.push_back(arena_bytes(element_bytes * n));
+  }
+  // Buckets more than one block reads (tied weights) stay gathered from their first reader's
+  // backward to the end of backward: count them beside every block.
+  std::vector<int> readers(buckets.size(), 0);
+  for (const std::vector<size_t>& uses : profile.block_bucket_uses)
+    for (size_t b : uses) ++readers[b];
+  // Backward reading the fp32 weights gathers each block's buckets again: the most any block
+  // reads. Under autocast it reads the low-precision copies forward kept (activations): only
+  // what forward left gathered at its end, where activations peak (the last block's buckets).
+  int64_t most = 0;
+  std::vector<std::vector<size_t>> readers_at_peak = profile.block_bucket_uses;
+  if (!backward_reads_weights && !readers_at_peak.empty()) readers_at_peak = {readers_at_peak.back()};
+  for (const std::vector<size_t>& uses : readers_at_peak) {
+    std::vector<bool> held(buckets.size(), false);
+    for (size_t b : uses) held[b] = true;
+    for (size_t b = 0; b < buckets.size(); ++b) held[b] = held[b] || readers[b] > 1;
+    int64_t n = 0;
+    for (size_t b = 0; b < buckets.size(); ++b) n += held[b] ? bytes[b] : 0;
+    most = std::max(most, n);
+  }
+  return most;
+}
+
 double shard_step_share(const ModelProfile& profile, const Plan& plan) {
-  if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || profile.buckets.empty() || profile.parameters <= 0) return 1;
-  return static_cast<double>(shard_elements(profile.buckets, plan.ranks)) / static_cast<double>(profile.parameters);
+  const auto& buckets = sharded_buckets(profile, plan.shard);
+  if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty() || profile.parameters <= 0) return 1;
+  return static_cast<double>(shard_elements(buckets, plan.ranks)) / static_cast<double>(profile.parameters);
 }
 
 void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
-  if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || profile.buckets.empty()) return;
+  const auto& buckets = sharded_buckets(profile, plan.shard);
+  if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty()) return;
   const int64_t per_element = state_bytes_per_element(profile);
   const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
   // Each rank's share and its largest piece: the optimizer's temporaries are the size of the
   // largest tensor it steps, measured whole with the largest parameter.
   std::vector<int64_t> elements(static_cast<size_t>(plan.ranks)), largest_piece(static_cast<size_t>(plan.ranks));
   std::vector<int64_t> gradient_shards(static_cast<size_t>(plan.ranks));  // "gradients": one tensor a bucket
-  int64_t largest = 0, largest_bucket = 0;
-  for (const std::vector<int64_t>& members : profile.buckets) {
+  std::vector<int64_t> parameter_shards(static_cast<size_t>(plan.ranks));  // "parameters": one tensor a bucket
+  int64_t largest = 0, largest_bucket = 0, bucketed = 0;
+  for (const std::vector<int64_t>& members : buckets) {
     int64_t bucket = 0;
     for (int64_t n : members) {
       largest = std::max(largest, n);
       bucket += n;
     }
     largest_bucket = std::max(largest_bucket, bucket);
+    bucketed += bucket;
     const BucketShards s = shard_bucket(members, plan.ranks);
     for (size_t r = 0; r < elements.size(); ++r) {
       elements[r] += s.counts[r];
       gradient_shards[r] += arena_bytes(element * s.counts[r]);
+      parameter_shards[r] += arena_bytes(4 * s.counts[r]);
       for (const ShardPiece& piece : s.pieces[r]) largest_piece[r] = std::max(largest_piece[r], piece.length);
     }
   }
@@ -60,7 +99,14 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   // whole gradient block.
   const bool gradients_sharded = plan.shard >= ShardLevel::kGradients;
   const int64_t in_flight = gradients_sharded ? arena_bytes(element * largest_bucket) : 0;
-  const int64_t fixed = p.model_bytes + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
+  // "parameters": the bucketed parameters give way to the rank's shards (fp32) and the buckets
+  // gathered at once (parallel/parameter_shards.h): the most any block reads, tied buckets held.
+  const bool parameters_sharded = plan.shard == ShardLevel::kParameters;
+  // Gathered buckets exist while forward and backward run, not in the optimizer's phase.
+  const int64_t gathered =
+      parameters_sharded ? gathered_parameter_bytes(profile, 4, plan.precision == MixedPrecision::kOff) : 0;
+  const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed) : p.model_bytes;
+  const int64_t fixed = model + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
   const int64_t whole_working = p.optimizer_working_bytes;
   int64_t peak = -1;
   for (size_t r = 0; r < elements.size(); ++r) {
@@ -70,12 +116,14 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
                      : std::llround(static_cast<double>(whole_working) * static_cast<double>(arena_bytes(element * largest_piece[r])) /
                                     static_cast<double>(arena_bytes(element * largest)));
     const int64_t gradients = gradients_sharded ? gradient_shards[r] + in_flight : 0;
-    const int64_t rank_peak = fixed + gradients + state + std::max(p.activation_bytes, working);
+    const int64_t parameters = parameters_sharded ? parameter_shards[r] : 0;
+    const int64_t rank_peak = fixed + parameters + gradients + state + std::max(p.activation_bytes + gathered, working);
     if (rank_peak > peak) {  // the fullest rank is the prediction
       peak = rank_peak;
       p.optimizer_state_bytes = state;
       p.optimizer_working_bytes = working;
       if (gradients_sharded) p.gradient_bytes = gradients;
+      if (parameters_sharded) p.model_bytes = model + parameters;
     }
   }
   p.peak_bytes = peak;
@@ -84,10 +132,14 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
 void shard_time_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, Prediction& p) {
   if (plan.shard == ShardLevel::kNone || plan.ranks <= 1) return;
   int64_t elements = 0;
-  for (const std::vector<int64_t>& members : profile.buckets)
+  for (const std::vector<int64_t>& members : sharded_buckets(profile, plan.shard))
     for (int64_t n : members) elements += n;
   const int64_t bytes = profile.parameters > 0 ? elements * (profile.gradient_bytes / profile.parameters) : 0;
-  p.gather_ms = allgather_ms(machine, plan.ranks, bytes);
+  // After the step, one all-gather of the updated parameters; sharded parameters instead gather
+  // every bucket before its forward and again before its backward, each micro-batch, inline
+  // (no prefetch yet): exposed.
+  const double gathers = plan.shard == ShardLevel::kParameters ? 2.0 * static_cast<double>(plan.accumulation) : 1.0;
+  p.gather_ms = allgather_ms(machine, plan.ranks, bytes) * gathers;
   if (plan.shard >= ShardLevel::kGradients) {
     // A reduce-scatter (a ring's half of an all-reduce) for every micro-batch, on the thread that
     // runs backward: nothing hides it.
