@@ -42,6 +42,8 @@ TEST(ModelConfigs, ARanksStateIsItsShareWhereTheOptimizerIsSharded) {
   EXPECT_EQ(state_bytes_per_rank(c, size, 3), size.parameters * 8 + (size.parameters * 8 + 2) / 3) << "rounded up";
   c.parallel.shard = ShardLevel::kGradients;  // the gradients' 4 bytes split too
   EXPECT_EQ(state_bytes_per_rank(c, size, 8), size.parameters * 4 + size.parameters * 12 / 8);
+  c.parallel.shard = ShardLevel::kParameters;  // and the parameters' 4: all 16 over the ranks
+  EXPECT_EQ(state_bytes_per_rank(c, size, 8), size.parameters * 16 / 8);
 }
 
 // The host's available memory decides: an 8B model's 120 GiB of state fits the GPU machine's
