@@ -81,6 +81,43 @@ TEST(ShardTerms, AllGatherIsARingOfRanksMinusOneSteps) {
   EXPECT_NEAR(allgather_ms(m, 4, 40'000'000), 3 * (1.0 + 0.005), 1e-9);
 }
 
+// ZeRO-3: three blocks of one bucket each, block 0's bucket read by the last block too (a tied
+// embedding). A rank keeps its parameter shards; while forward and backward run, the buckets
+// gathered at the activations' peak come on top: in fp32 the most any block reads with the tied
+// bucket held (block 1's 4000 + block 0's 600), under bf16 only what the last block read.
+TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
+  ModelProfile profile = adamw_profile();
+  profile.block_buckets = {{10, 100}, {4000}, {500}};  // reduction order: last block's first
+  profile.block_bucket_uses = {{2}, {1}, {0, 2}};      // per block, in block order
+  profile.buckets = {{10, 100, 4000, 500}};
+  profile.parameters = 4610;
+  profile.parameter_bytes = arena_bytes(4 * 4610);
+  profile.gradient_bytes = arena_bytes(4 * 4610);
+  profile.optimizer_state_bytes = arena_bytes(8 * 4610);
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, true), arena_bytes(4 * 4000) + arena_bytes(4 * 500));
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, false), arena_bytes(4 * 110) + arena_bytes(4 * 500));
+  Plan plan;
+  plan.ranks = 2;
+  plan.shard = ShardLevel::kParameters;
+  Prediction p = whole(profile, 100000);
+  shard_memory_terms(profile, plan, p);
+  // Shards of 55 + 2000 + 250 elements a rank, fp32, one tensor a bucket; the parameters gone.
+  const int64_t shards = arena_bytes(4 * 55) + arena_bytes(4 * 2000) + arena_bytes(4 * 250);
+  EXPECT_EQ(p.model_bytes, shards);
+  EXPECT_EQ(p.optimizer_state_bytes, arena_bytes(8 * 2305));
+  EXPECT_EQ(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + 100000 +
+                              gathered_parameter_bytes(profile, 4, true));
+  // Two all-gathers of every bucket a micro-batch (forward and backward), none after the step.
+  Machine m;
+  m.devices_per_node = 8;
+  m.intra_node_gbps = 10;
+  m.intra_node_latency_us = 0;
+  plan.accumulation = 3;
+  Prediction t;
+  shard_time_terms(profile, m, plan, t);
+  EXPECT_NEAR(t.gather_ms, 6 * allgather_ms(m, 2, 4 * 4610), 1e-12);
+}
+
 TEST(ShardTerms, TheSearchOffersLevelsToSeveralReplicasWithoutStages) {
   SearchOptions options;
   options.ranks = {1, 2, 4};
