@@ -9,7 +9,9 @@
 //    planner's terms (planner/shard_terms.h) and ZeRO's formula for fp32 (4P + 4P + 8P/N). Exits
 //    1 when a measured state differs from the planner's by a byte;
 // 3. the step at the same per-rank batch, sharded against unsharded, interleaved (A B, B A, ...):
-//    the time ratio and the all-gather's share of the sharded step.
+//    the time ratio and the all-gather's share of the sharded step;
+// 4. the same for ZeRO-2 (gradients) and ZeRO-3 (parameters: a second replica whose parameters
+//    live as shards, gathered a block at a time where they are read, as the trainer runs them).
 #include "bench/bench_util.h"
 #include "launcher/training/compact.h"
 #include "launcher/training/optimizer.h"
@@ -18,6 +20,7 @@
 #include "models/resnet.h"
 #include "parallel/data_parallel.h"
 #include "parallel/gradient_shards.h"
+#include "parallel/parameter_shards.h"
 #include "parallel/process_grid.h"
 #include "planner/shard_terms.h"
 #include "runtime/interpreter.h"
@@ -185,6 +188,59 @@ struct Replica {
   at::Tensor input, target;
 };
 
+// A replica whose parameters are sharded (ZeRO-3), set up as the trainer sets it up: buckets cut
+// at blocks, each rank's share of each, gradients reduce-scattered, the optimizer over the shards.
+struct ShardedReplica {
+  ShardedReplica(const BenchModel& m, const std::shared_ptr<Communicator>& group)
+      : model(m.make()), params(model->parameters()),
+        replicas(group, params, int64_t{25} << 20, false, model->parameter_blocks()) {
+    shards = std::make_unique<ParameterShards>(group, params, replicas.buckets(), at::Device(at::kCPU));
+    std::vector<std::vector<at::Tensor>> uses;
+    for (const auto& block : model->blocks()) {
+      uses.push_back(block->parameters());
+      for (const at::Tensor& tied : block->shared_parameters()) uses.back().push_back(tied);
+    }
+    shards->set_block_uses(uses);
+    model->set_block_listener([this](int block) { shards->block_begins(block); });
+    grad_shards = std::make_unique<GradientShards>(group, params, replicas.buckets());
+    grad_shards->set_bucket_done([this](size_t b) { shards->bucket_done(b); });
+    shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), nullptr, &shards->shards());
+    TrainingConfig t;
+    t.optimizer = OptimizerKind::kAdamw;
+    t.lr = 1e-4;
+    optimizer = make_optimizer(t, shard->pieces());
+    std::tie(input, target) = m.data(m.batch);
+    model->train();
+  }
+  // One step; returns its time and the all-gathers' share of it.
+  std::pair<double, double> step() {
+    Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 1});
+    interp.set_gradient_buffer(grad_shards.get());
+    interp.set_parameter_source(shards.get());
+    const double start = now_ms();
+    Tensor loss = model->loss(model->forward(interp.input(input)), interp.input(target));
+    interp.set_gradient_listener(grad_shards.get());
+    interp.backward(loss);
+    interp.set_gradient_listener(nullptr);
+    grad_shards->backward_ended();
+    shards->release_all();
+    grad_shards->finish_step();
+    shard->attach_gradients(*grad_shards);
+    optimizer->step();
+    shard->detach_gradients();
+    const double ms = now_ms() - start;
+    return {ms, shards->take_stats().ms / ms};
+  }
+  std::shared_ptr<Model> model;
+  std::vector<at::Tensor> params;
+  DataParallel replicas;
+  std::unique_ptr<ParameterShards> shards;
+  std::unique_ptr<GradientShards> grad_shards;
+  std::unique_ptr<OptimizerShard> shard;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  at::Tensor input, target;
+};
+
 // ZeRO-2's row of a model, printed after the ZeRO-1 table: rank 0's gradient shards and step.
 struct Zero2Row {
   std::string name;
@@ -195,6 +251,15 @@ struct Zero2Row {
 };
 std::vector<Zero2Row> g_zero2;
 
+// ZeRO-3's row: rank 0's parameter shards, its state, the step and the gathers' share of it.
+struct Zero3Row {
+  std::string name;
+  int64_t parameters = 0, parameter_shard_bytes = 0, gradient_shard_bytes = 0, state_bytes = 0;
+  bool exact = false;  // parameter and gradient shards are the planner's 4 x shard_elements(block buckets)
+  double ms = 0, none_ms = 0, gather_share = 0;
+};
+std::vector<Zero3Row> g_zero3;
+
 // Returns false when a measured state differs from the planner's.
 bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, int warmup, int reps) {
   Communicator& c = *group;
@@ -203,16 +268,32 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
   const int n = c.size();
   int64_t parameters = 0;
   for (const at::Tensor& p : r.params) parameters += p.numel();
-  std::vector<double> ms[3], gather_share;
+  at::manual_seed(0);
+  ShardedReplica r3(m, group);  // the same initial model
+  std::vector<double> ms[4], gather_share, gather3_share;
   for (int i = 0; i < warmup + reps; ++i) {
-    for (int j = 0; j < 3; ++j) {
-      const int level = (i + j) % 3;  // the order rotates: none, optimizer, gradients, ...
+    for (int j = 0; j < 4; ++j) {
+      const int level = (i + j) % 4;  // the order rotates: none, optimizer, gradients, parameters, ...
       c.barrier("the benchmark");
-      const auto [t, gather] = r.step(level);
+      const auto [t, gather] = level == 3 ? r3.step() : r.step(level);
       if (i < warmup) continue;
       ms[level].push_back(t);
       if (level == 1) gather_share.push_back(gather / t);
+      if (level == 3) gather3_share.push_back(gather);
     }
+  }
+  {
+    Zero3Row z{m.name, parameters, 0, r3.grad_shards->shard_bytes(), 0};
+    for (const at::Tensor& s : r3.shards->shards()) z.parameter_shard_bytes += static_cast<int64_t>(s.nbytes());
+    for (const at::Tensor& p : r3.shard->pieces())
+      for (const at::Tensor& st : optimizer_state(*r3.optimizer, p))
+        if (st.dim() > 0) z.state_bytes += static_cast<int64_t>(st.nbytes());
+    const int64_t elements = shard_elements(r3.replicas.bucket_elements(), n);
+    z.exact = z.parameter_shard_bytes == 4 * elements && z.gradient_shard_bytes == 4 * elements &&
+              z.state_bytes == 8 * elements;
+    z.ms = mean_of_medians(c, ms[3]);
+    z.gather_share = mean_of_medians(c, gather3_share);
+    g_zero3.push_back(z);
   }
   g_zero2.push_back(Zero2Row{m.name, parameters, r.grad_shards->shard_bytes(), mean_of_medians(c, ms[2]), 0});
   // The fullest rank's state (rank 0 owns the larger shares), every rank's for the check.
@@ -223,6 +304,7 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
   c.allreduce_sum(wrong, "the check");
   const double t_none = mean_of_medians(c, ms[0]), t_shard = mean_of_medians(c, ms[1]);
   g_zero2.back().none_ms = t_none;
+  g_zero3.back().none_ms = t_none;
   g_zero2.back().shard_elements = r.shard->elements();
   g_zero2.back().exact = g_zero2.back().gradient_shard_bytes == 4 * shard_elements(r.replicas.bucket_elements(), n);
   const double share = mean_of_medians(c, gather_share);
@@ -291,6 +373,24 @@ int main(int argc, char** argv) {
       std::printf("| %-34s | %10.2f | %10.2f | %10.2f | %9s | %12.2f | %7.1f | %8.1f | %6.3fx |\n", z.name.c_str(),
                   4.0 * p / mib, shards, 4.0 * p / n / mib, z.exact ? "exact" : "DIFFERS",
                   (4.0 * p + 8.0 * z.shard_elements) / mib + shards, z.none_ms, z.ms, z.ms / z.none_ms);
+      exact = exact && z.exact;
+    }
+  }
+  if (grid.is_root() && !ht::bench::g_zero3.empty()) {
+    std::printf("\nparallel.shard = parameters (ZeRO-3) on a replica of its own (buckets cut at blocks), in the same "
+                "rounds: rank 0's parameter, gradient and AdamW shards against 4P/N + 4P/N + 8P/N, the step, and the "
+                "all-gathers' share of it:\n\n");
+    std::printf("| %-34s | %10s | %10s | %10s | %9s | %7s | %8s | %7s | %8s |\n", "model", "none MiB", "state MiB",
+                "16P/N", "vs plan", "none ms", "zero3 ms", "ratio", "gathers");
+    std::printf("|%s|\n", std::string(122, '-').c_str());
+    const int n = grid.world;
+    for (const auto& z : ht::bench::g_zero3) {
+      const double mib = 1024.0 * 1024.0, p = static_cast<double>(z.parameters);
+      std::printf("| %-34s | %10.2f | %10.2f | %10.2f | %9s | %7.1f | %8.1f | %6.3fx | %7.1f%% |\n", z.name.c_str(),
+                  16.0 * p / mib,
+                  static_cast<double>(z.parameter_shard_bytes + z.gradient_shard_bytes + z.state_bytes) / mib,
+                  16.0 * p / n / mib, z.exact ? "exact" : "DIFFERS", z.none_ms, z.ms, z.ms / z.none_ms,
+                  100 * z.gather_share);
       exact = exact && z.exact;
     }
   }

@@ -78,7 +78,7 @@ Row search(const Options& o, const std::string& toml, int ranks, ShardLevel leve
   args.stages = {1};
   args.precisions = {MixedPrecision::kOff};
   args.policies = {MemoryPolicy::kNone};
-  args.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients};
+  args.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};
   // The plan of this many ranks at this level, micro-batch 1 (the only one a batch of 1 a rank has).
   auto plan_at = [&](int64_t layers) -> const RankedPlan* {
     for (const RankedPlan& r : plans.get(job_at(layers), args).plan.ranked) {
@@ -126,7 +126,9 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string scratch = "/tmp/ht_bench_sharding_capacity";
   CLI::App app{"The largest GPT (layers at a fixed width) that trains in a fixed per-rank budget, parallel.shard = "
-               "none, optimizer and gradients: measured against the planner's prediction"};
+               "none, optimizer, gradients and parameters: measured against the planner's prediction"};
+  std::vector<std::string> levels{"none", "optimizer", "gradients", "parameters"};
+  app.add_option("--levels", levels, "parallel.shard levels (none's row is the ratios' base)")->delimiter(',');
   app.add_option("--budget", o.budget, "memory.budget per rank");
   app.add_option("--width", o.width, "n_embd");
   app.add_option("--heads", o.heads, "n_head");
@@ -157,15 +159,24 @@ int main(int argc, char** argv) {
   PlanCache plans;
   std::vector<Row> rows;
   for (int n : o.ranks) {
-    for (ht::ShardLevel level : {ht::ShardLevel::kNone, ht::ShardLevel::kOptimizer, ht::ShardLevel::kGradients}) {
-      rows.push_back(search(o, toml, n, level, plans));
+    for (const std::string& name : levels) {
+      const std::optional<ht::ShardLevel> level = ht::parse_choice<ht::ShardLevel>(name);
+      if (!level) {
+        std::fprintf(stderr, "bench_sharding_capacity: --levels: \"%s\" is not a level; use none, optimizer, "
+                     "gradients or parameters\n", name.c_str());
+        return 2;
+      }
+      rows.push_back(search(o, toml, n, *level, plans));
     }
   }
   std::printf("\n| ranks | parallel.shard | largest model, measured (layers) | parameters | predicted (layers) | "
               "vs none | what stopped one more layer |\n| --- | --- | --- | --- | --- | --- | --- |\n");
   bool ok = true;
   for (const Row& r : rows) {
-    const Row& none = rows[static_cast<size_t>(&r - rows.data()) / 3 * 3];
+    const Row* none = nullptr;  // this rank count's unsharded row, if measured
+    for (const Row& q : rows) {
+      if (q.ranks == r.ranks && q.level == ht::ShardLevel::kNone) none = &q;
+    }
     const std::string layers = std::to_string(std::max<int64_t>(r.measured, 1));
     const ht::Config c = ht::load_config(toml, {{"model.n_layer", layers, "--model.n_layer=" + layers}}).config;
     const auto size = ht::model_state_from_shape(c, 256);
@@ -174,7 +185,8 @@ int main(int argc, char** argv) {
     std::printf("| %d | %s | %lld | %s | %lld | %.2fx | %s |\n", r.ranks, ht::choice_name(r.level),
                 static_cast<long long>(r.measured), size ? std::to_string(size->parameters).c_str() : "?",
                 static_cast<long long>(r.predicted),
-                none.measured > 0 ? static_cast<double>(r.measured) / static_cast<double>(none.measured) : 0.0,
+                none != nullptr && none->measured > 0 ? static_cast<double>(r.measured) / static_cast<double>(none->measured)
+                                                      : 0.0,
                 r.measured >= o.max_layers ? "(--max-layers)" : shorter(r.failure()).c_str());
   }
   if (!ok) std::printf("\nFAILED: a prediction is more than 10%% (and one layer) off the measurement\n");
