@@ -286,8 +286,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "parameters; the updated parameters are all-gathered after the step: ZeRO-1), gradients (as "
                     "optimizer, and each rank keeps only its share of the summed gradients, reduce-scattered per bucket "
                     "every micro-batch: ZeRO-2), "
-                    "parameters (as gradients, and the parameters too, gathered per block when used: ZeRO-3; not "
-                    "built yet)"));
+                    "parameters (as gradients, and the parameters too: each block's are all-gathered where a kernel "
+                    "reads them and freed after: ZeRO-3, FSDP's full sharding; not with pipeline stages, host swap, "
+                    "static plans or measured kernel costs)"));
   f.push_back(Field(&C::parallel, &ParallelConfig::timeout_s, "parallel", "timeout_s",
                     "a collective not done after this many seconds ends the job, naming the rank, the step and the "
                     "collective (another rank died or hangs)")
