@@ -4,6 +4,7 @@
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/memory_timeline.h"
 #include "runtime/op.h"
+#include "runtime/parameter_source.h"
 #include "runtime/tensor_info.h"
 
 #include <algorithm>
@@ -222,12 +223,42 @@ TensorInfo* MemoryManager::next_victim(bool* freed) {
     }
   }
   TensorInfo* victim = evictor_->pick_victim(roots_, remat_->now());
+  if (drop_parameters_before(victim)) {
+    *freed = true;
+    return nullptr;
+  }
   if (victim != nullptr && swap_) {
     // What recomputing it would cost: its producer, and the evicted neighbourhood it depends on.
     const EvictionCandidate c = candidate_of(*victim, options_.eviction->costs);
     swap_->copy_before_drop(*victim, c.cost_ms + c.neighbourhood_ms);
   }
   return victim;
+}
+
+bool MemoryManager::drop_parameters_before(TensorInfo* victim) {
+  ParameterSource* source = remat_->parameter_source();
+  if (source == nullptr) return false;
+  const std::vector<DroppableParameters> gathered = source->droppable();
+  if (gathered.empty()) return false;
+  const uint64_t now = remat_->now();
+  const EvictionHeuristic heuristic = options_.eviction->heuristic;
+  const DroppableParameters* best = nullptr;
+  double best_score = 0;
+  for (const DroppableParameters& g : gathered) {
+    EvictionCandidate c;
+    c.cost_ms = regeneration_cost(g.cost_ms);
+    c.bytes = g.bytes;
+    c.last_access = g.last_access;
+    const double score = eviction_score(heuristic, c, now);
+    if (best == nullptr || score < best_score) {
+      best = &g;
+      best_score = score;
+    }
+  }
+  if (victim != nullptr && evictor_->policy().score(*victim, now) <= best_score) return false;
+  source->drop(best->id);
+  ++stats_.evictions;
+  return true;
 }
 
 at::Tensor MemoryManager::swap_in(TensorInfo& t) {

@@ -159,6 +159,9 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   // copies to host still running, the eviction policy's choice (recomputed); null if none, or
   // if it gave back a prefetch's bytes instead (`*freed`).
   TensorInfo* next_victim(bool* freed);
+  // Gathered parameters (sharded, runtime/parameter_source.h) compete with `victim` (may be null)
+  // by the policy's score: drops the best of them if it scores lower. True if it dropped one.
+  bool drop_parameters_before(TensorInfo* victim);
   void forget(TensorInfo& t);
   // Parks the pending gradient read last (memory/host_swap.h); false if none can go.
   bool park_a_gradient();

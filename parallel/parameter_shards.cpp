@@ -1,6 +1,7 @@
 #include "parallel/parameter_shards.h"
 
 #include "alloc/cpu_device_allocator.h"
+#include "runtime/kernel_cost.h"
 #include "runtime/memory_hooks.h"
 
 #include <ATen/ATen.h>
@@ -69,11 +70,42 @@ int64_t ParameterShards::largest_bucket_bytes() const {
   return n;
 }
 
-void ParameterShards::before_read(const at::Tensor& weight, MemoryHooks& memory) {
+double modeled_gather_ms(int64_t bytes) { return static_cast<double>(bytes) / kModeledBytesPerMs; }
+
+void ParameterShards::before_read(const at::Tensor& weight, MemoryHooks& memory, uint64_t now) {
   auto it = bucket_of_.find(weight.unsafeGetTensorImpl());
   if (it == bucket_of_.end()) return;  // not sharded (no gradient): always resident
   Bucket& b = buckets_[it->second];
+  if (!frames_.empty()) {  // held before gathering: making room for it must not drop it
+    ++b.holds;
+    frames_.back().push_back(it->second);
+  }
+  b.last_access = now;
   if (!b.gathered) gather(b, memory);
+}
+
+void ParameterShards::end_reads() {
+  TORCH_INTERNAL_ASSERT(!frames_.empty(), "ParameterShards: end_reads without begin_reads");
+  for (size_t b : frames_.back()) --buckets_[b].holds;
+  frames_.pop_back();
+}
+
+std::vector<DroppableParameters> ParameterShards::droppable() const {
+  std::vector<DroppableParameters> out;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    if (!b.gathered || b.holds > 0) continue;
+    const int64_t bytes = b.shards.elements * static_cast<int64_t>(b.whole.element_size());
+    out.push_back(DroppableParameters{i, bytes, modeled_gather_ms(bytes), b.last_access});
+  }
+  return out;
+}
+
+void ParameterShards::drop(size_t id) {
+  Bucket& b = buckets_.at(id);
+  TORCH_CHECK(b.holds == 0, "ParameterShards: dropping a bucket a kernel reads");
+  release(b);
+  ++stats_.drops;
 }
 
 void ParameterShards::gather(Bucket& b, MemoryHooks& memory) {
@@ -96,6 +128,7 @@ void ParameterShards::gather(Bucket& b, MemoryHooks& memory) {
 
 void ParameterShards::release(Bucket& b) {
   if (!b.gathered) return;
+  TORCH_INTERNAL_ASSERT(b.holds == 0, "ParameterShards: freeing a bucket a kernel reads");
   c10::StorageImpl& storage = storage_of(b.whole);
   storage.set_data_ptr_noswap(at::DataPtr(nullptr, b.whole.device()));
   storage.set_nbytes(0);
@@ -114,7 +147,8 @@ void ParameterShards::set_block_uses(const std::vector<std::vector<at::Tensor>>&
 
 void ParameterShards::block_begins(int block) {
   // After the last block: the last blocks' buckets are what backward reads first; they stay.
-  if (block < 0 || static_cast<size_t>(block) >= uses_.size()) return;
+  // Managed: the memory manager drops what it needs the room of.
+  if (managed_ || block < 0 || static_cast<size_t>(block) >= uses_.size()) return;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!uses_[static_cast<size_t>(block)][b]) release(buckets_[b]);
   }

@@ -17,11 +17,14 @@
 //   - in forward, when a block begins that does not use it (the model's block listener);
 //   - in backward, once its gradients are final (GradientShards reduce-scattered it);
 //   - after each backward and each evaluation, whatever is left.
-// That is FSDP's default (reshard after forward), chosen for every bucket. Every rank runs the
-// same ops in the same order and decides these points alike; a memory budget keeps it so because
-// evictions under parallel.shard = "parameters" weigh modelled costs only (the config refuses
-// measured ones, host swap and static plans), so recomputations, and the gathers they need, come
-// at the same points on every rank.
+// That is FSDP's default (reshard after forward), chosen for every bucket, and what happens
+// without a memory budget. Under a budget with eviction (set_managed), forward frees nothing:
+// a gathered bucket stays until the memory manager needs its room, weighed beside activations by
+// the same score (cost: a modelled all-gather; its bytes; its staleness), or until backward is
+// done with it. Every rank runs the same ops in the same order and decides these points alike; a
+// budget keeps it so because evictions under parallel.shard = "parameters" weigh modelled costs
+// only (the config refuses measured ones, host swap and static plans), so drops, recomputations
+// and the gathers they need come at the same points on every rank.
 
 #include "parallel/communicator.h"
 #include "parallel/shard_layout.h"
@@ -37,7 +40,12 @@ struct ParameterGatherStats {
   int64_t gathers = 0;  // buckets gathered
   int64_t bytes = 0;    // bytes this rank received in them
   double ms = 0;        // time in the all-gathers (allocation included)
+  int64_t drops = 0;    // gathered buckets the memory manager dropped for room
 };
+
+// The modelled cost of gathering `bytes` again (what eviction weighs a gathered bucket by): a
+// copy at runtime/kernel_cost.h's memory-bound rate. Deterministic, as every rank must agree.
+double modeled_gather_ms(int64_t bytes);
 
 class ParameterShards final : public ParameterSource {
  public:
@@ -49,8 +57,15 @@ class ParameterShards final : public ParameterSource {
                   const std::vector<std::vector<size_t>>& buckets, const at::Device& device);
   ~ParameterShards() override;
 
-  // ParameterSource: gathers `weight`'s bucket unless it is gathered.
-  void before_read(const at::Tensor& weight, MemoryHooks& memory) override;
+  // ParameterSource: gathers `weight`'s bucket unless it is gathered, and holds it while a
+  // kernel's reads are open.
+  void before_read(const at::Tensor& weight, MemoryHooks& memory, uint64_t now) override;
+  void begin_reads() override { frames_.emplace_back(); }
+  void end_reads() override;
+  std::vector<DroppableParameters> droppable() const override;
+  void drop(size_t id) override;
+  // Under a budget with eviction: forward keeps gathered buckets for the memory manager to drop.
+  void set_managed(bool managed) { managed_ = managed; }
 
   // What each block of the model reads (its parameters and tied ones), in block order.
   void set_block_uses(const std::vector<std::vector<at::Tensor>>& block_params);
@@ -79,6 +94,8 @@ class ParameterShards final : public ParameterSource {
     at::Tensor whole;             // a flat view of the bucket's storage (its memory only while gathered)
     BucketShards shards;
     bool gathered = false;
+    int holds = 0;             // open kernel reads of it
+    uint64_t last_access = 0;  // the interpreter's tick of its last read
   };
   void gather(Bucket& b, MemoryHooks& memory);
   void release(Bucket& b);
@@ -89,6 +106,8 @@ class ParameterShards final : public ParameterSource {
   std::vector<at::Tensor> shards_;
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of_;
   std::vector<std::vector<bool>> uses_;  // per block: which buckets it reads
+  std::vector<std::vector<size_t>> frames_;  // per open kernel, the buckets it read
+  bool managed_ = false;
   ParameterGatherStats stats_;
 };
 

@@ -134,7 +134,8 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   in_values.reserve(path.inputs.size());
   const uint64_t now = tick();
   // Recomputations read resident inputs without materialize(): a weight among them (sharded
-  // parameters) is made resident here; every input is pinned meanwhile.
+  // parameters) is made resident here, and held until the kernel is done; every input is pinned.
+  const ParameterReads reads(parameter_source_);
   if (parameter_source_ != nullptr) {
     for (auto& in : path.inputs) read_weight(*in);
   }

@@ -91,6 +91,7 @@ class Interpreter final : public Rematerializer {
   // Asked before every read of a weight (sharded parameters, runtime/parameter_source.h); null:
   // weights are resident while their records live.
   void set_parameter_source(ParameterSource* source) { parameter_source_ = source; }
+  ParameterSource* parameter_source() const override { return parameter_source_; }
   // The memory manager given to the constructor, or MemoryHooks' defaults.
   MemoryHooks& memory_hooks() { return *memory_; }
   const MemoryHooks& memory_hooks() const { return *memory_; }

@@ -98,7 +98,7 @@ void Interpreter::evict(TensorInfo& t) {
 void Interpreter::read_weight(const TensorInfo& t) {
   // A view of a weight (a transpose kept for backward) reads the weight's storage too.
   const TensorInfo& root = t.base != nullptr ? *t.base : t;
-  if (root.is_weight && parameter_source_ != nullptr) parameter_source_->before_read(root.value, *memory_);
+  if (root.is_weight && parameter_source_ != nullptr) parameter_source_->before_read(root.value, *memory_, tick_);
 }
 
 const at::Tensor& Interpreter::materialize(TensorInfo& target) {

@@ -23,6 +23,7 @@ struct TensorInfo;
 struct ComputePath;
 class Tensor;
 class Rematerializer;
+class ParameterSource;
 
 class MemoryHooks {
  public:
@@ -92,6 +93,8 @@ class Rematerializer {
   virtual void regenerate(TensorInfo& t) = 0;
   // The interpreter's clock (ticks, one per access): what staleness is measured in.
   virtual uint64_t now() const = 0;
+  // Where gathered weights come from (sharded parameters): memory the manager may drop too.
+  virtual ParameterSource* parameter_source() const { return nullptr; }
 };
 
 }  // namespace ht

@@ -5,20 +5,58 @@
 // The interpreter asks before every read of a weight (a forward kernel, a recomputation, a
 // backward entry), on the thread running them; every rank runs the same ops in the same order,
 // so every rank asks at the same points and the gathers match. null: weights are always resident.
+//
+// Gathered memory the memory manager may free as it evicts activations: droppable() lists what
+// no kernel in flight reads (the interpreter brackets each kernel's reads with begin_reads() and
+// end_reads(); they nest, as a backward entry's reads contain the recomputations they trigger),
+// with a modelled cost of gathering it again, and drop() frees one. The memory manager weighs
+// them with the activations by the same score (memory/eviction_score.h).
 
 #include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
 
 namespace ht {
 
 class MemoryHooks;
 
+struct DroppableParameters {
+  size_t id = 0;
+  int64_t bytes = 0;
+  double cost_ms = 0;         // modelled: the same on every rank, so every rank drops alike
+  uint64_t last_access = 0;   // the interpreter's clock
+};
+
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
-  // `weight` (a parameter's at::Tensor, as given to Interpreter::param) is about to be read: make
-  // its data resident. Memory it needs comes through `memory` (run_with_room: the memory manager
-  // may evict activations to make room).
-  virtual void before_read(const at::Tensor& weight, MemoryHooks& memory) = 0;
+  // `weight` (a parameter's at::Tensor, as given to Interpreter::param) is about to be read at the
+  // interpreter's tick `now`: make its data resident. Memory it needs comes through `memory`
+  // (run_with_room: the memory manager may evict activations to make room).
+  virtual void before_read(const at::Tensor& weight, MemoryHooks& memory, uint64_t now) = 0;
+  // A kernel's reads begin and end: what is read between them must stay resident.
+  virtual void begin_reads() {}
+  virtual void end_reads() {}
+  // Gathered memory no kernel in flight reads, which the memory manager may drop.
+  virtual std::vector<DroppableParameters> droppable() const { return {}; }
+  virtual void drop(size_t id) {}
+};
+
+// Brackets one kernel's reads (null source: nothing).
+class ParameterReads {
+ public:
+  explicit ParameterReads(ParameterSource* source) : source_(source) {
+    if (source_ != nullptr) source_->begin_reads();
+  }
+  ~ParameterReads() {
+    if (source_ != nullptr) source_->end_reads();
+  }
+  ParameterReads(const ParameterReads&) = delete;
+  ParameterReads& operator=(const ParameterReads&) = delete;
+
+ private:
+  ParameterSource* source_;
 };
 
 }  // namespace ht

@@ -4,6 +4,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <optional>
 #include <unordered_map>
 
 namespace ht {
@@ -167,6 +168,8 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
         if (s.defined()) s.info()->pin_count += delta;
   };
   pin_all(+1);
+  // Weights read from here to the kernel's end stay gathered (sharded parameters).
+  std::optional<ParameterReads> reads(std::in_place, interp.parameter_source());
   auto values_of = [&](std::vector<Tensor>& saved) {
     std::vector<at::Tensor> values(saved.size());
     for (size_t k = 0; k < saved.size(); ++k)
@@ -196,6 +199,7 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   inputs.clear();
   outputs.clear();
   grad_outputs.clear();
+  reads.reset();
   pin_all(-1);
   interp.memory_hooks().backward_stage_ends(path);
   TORCH_INTERNAL_ASSERT(grads.size() == path.inputs.size(), path.op->traits().name,

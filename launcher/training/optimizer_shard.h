@@ -34,6 +34,7 @@ namespace ht {
 struct ShardStats {
   double gather_ms = 0;      // the all-gathers of the updated parameters, last step
   int64_t gather_bytes = 0;  // bytes this rank received in them
+  int64_t drops = 0;         // sharded parameters: gathered buckets the memory manager dropped
 };
 
 class OptimizerShard {

@@ -289,7 +289,7 @@ Trainer::StepResult Trainer::train_step() {
     if (param_shards_) {
       // Sharded parameters: the next forward gathers the updated shards; this step's gathers.
       const ParameterGatherStats g = param_shards_->take_stats();
-      r.shard = ShardStats{g.ms, g.bytes};
+      r.shard = ShardStats{g.ms, g.bytes, g.drops};
     } else {
       if (outcome.stepped) shard_->gather_parameters();  // a skipped step changed no piece on any rank
       r.shard = outcome.stepped ? shard_->stats() : ShardStats{};

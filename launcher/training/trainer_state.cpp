@@ -39,6 +39,8 @@ void Trainer::compact_parameters(bool in_reduction_order) {
 void Trainer::shard_parameters() {
   param_shards_ = std::make_unique<ParameterShards>(replicas_.shared_group(), params_, replicas_.buckets(), device_);
   interp_.set_parameter_source(param_shards_.get());
+  // Under a budget with eviction the memory manager decides which gathered buckets to drop.
+  param_shards_->set_managed(arena_ != nullptr && evicts(config_.memory.policy));
   std::vector<std::vector<at::Tensor>> uses;
   for (const auto& block : model_->blocks()) {
     std::vector<at::Tensor> read = block->parameters();

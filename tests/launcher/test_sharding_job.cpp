@@ -72,10 +72,12 @@ void expect_dtr_at_forty_percent_changes_no_bit(const std::string& level) {
   EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")))
       << level << ": the budget made DTR evict";
   if (level == "parameters") {
-    // Recomputations read weights whose buckets had been freed: both ranks gathered them again,
-    // at the same points (or the job would hang), and more bytes came in than without a budget.
-    EXPECT_GT(last_number(read_file(dir.path("dtr/metrics.jsonl")), "gather_bytes"),
-              last_number(read_file(dir.path("roomy/metrics.jsonl")), "gather_bytes"));
+    // The memory manager dropped gathered buckets beside activations, and recomputations and
+    // backward gathered them again: both ranks at the same points (or the job would hang), and
+    // more bytes came in than by FSDP's rule without eviction.
+    const std::string dtr = read_file(dir.path("dtr/metrics.jsonl"));
+    EXPECT_GT(last_number(dtr, "parameter_drops"), 0);
+    EXPECT_GT(last_number(dtr, "gather_bytes"), last_number(read_file(dir.path("roomy/metrics.jsonl")), "gather_bytes"));
   }
 }
 
@@ -185,11 +187,31 @@ TEST(ShardedJobComposition, GradientShardsUnderDtrAtFortyPercentChangeNoBit) {
   expect_dtr_at_forty_percent_changes_no_bit("gradients");
 }
 
-// ZeRO-3 under DTR at 40%: evictions and recomputations weigh modelled costs, so both ranks decide
-// alike and gather the parameters a recomputation reads at the same points.
+// ZeRO-3 under DTR at 40%: gathered buckets stay until the memory manager drops them, weighed
+// beside activations; evictions weigh modelled costs, so both ranks decide alike and gather what a
+// recomputation or backward reads at the same points.
 TEST(ShardedJobComposition, ParameterShardsUnderDtrAtFortyPercentChangeNoBit) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   expect_dtr_at_forty_percent_changes_no_bit("parameters");
+}
+
+// The same with one rank sharing its core with a busy loop: a loaded rank times its kernels
+// differently, but eviction weighs modelled costs, so both ranks still evict, recompute and
+// gather at the same points (else the job hangs or differs).
+TEST(ShardedJobComposition, ParameterShardsUnderDtrWithOneRankLoaded) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string args = dir.write("job.toml", kEightLayerLlama) +
+                           " --training.optimizer=adamw --parallel.shard=parameters";
+  ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + args + " --memory.budget=1GiB --job.output_dir=" + dir.path("roomy")), 0);
+  const int64_t peak = last_number(read_file(dir.path("roomy/metrics.jsonl")), "mem_peak_bytes");
+  ASSERT_GT(peak, 0);
+  const std::string dtr = std::string(HT_BINARY) + " " + args + " --memory.policy=dtr --memory.budget=" +
+                          std::to_string(peak * 2 / 5) + " --job.output_dir=" + dir.path("loaded");
+  // MPMD: rank 0 as it is, rank 1 beside `yes` on the same cores.
+  ASSERT_EQ(run(mpirun(1) + dtr + " : -np 1 sh -c 'yes > /dev/null & y=$!; " + dtr + "; r=$?; kill $y; exit $r'"), 0);
+  EXPECT_TRUE(model_at(dir, "roomy", 3) == model_at(dir, "loaded", 3)) << "model.pt differs";
+  EXPECT_THAT(read_file(dir.path("loaded/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")));
 }
 
 // ZeRO-3 with bf16 (the weights' bf16 copies made from gathered parameters), 3 micro-batches per

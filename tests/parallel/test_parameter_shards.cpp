@@ -1,0 +1,91 @@
+// ParameterShards (parallel/parameter_shards.h) in a group of one, where a gather is a copy of the
+// shard: what stays resident, when buckets are freed, what the memory manager may drop and what
+// it may not (a bucket a kernel's open reads hold).
+#include "parallel/parameter_shards.h"
+#include "runtime/memory_hooks.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+namespace ht {
+namespace {
+
+bool resident(const at::Tensor& t) { return t.storage().data() != nullptr; }
+
+struct Shards {
+  std::vector<at::Tensor> params{at::randn({4, 3}), at::randn({5}), at::randn({2, 2})};
+  std::vector<at::Tensor> original;
+  MemoryHooks memory;  // nothing to evict: allocations succeed or throw
+  std::unique_ptr<ParameterShards> shards;
+  Shards() {
+    for (const at::Tensor& p : params) original.push_back(p.clone());
+    // Buckets in reduction order: the last parameter alone, then the first two together.
+    shards = std::make_unique<ParameterShards>(std::make_shared<LocalCommunicator>(), params,
+                                               std::vector<std::vector<size_t>>{{2}, {1, 0}}, at::Device(at::kCPU));
+    shards->set_block_uses({{params[0], params[1]}, {params[2]}});
+  }
+};
+
+TEST(ParameterShards, ShardsHoldTheValuesAndAGatherRestoresABucket) {
+  Shards s;
+  for (const at::Tensor& p : s.params) EXPECT_FALSE(resident(p)) << "freed once sharded";
+  ASSERT_EQ(s.shards->shards().size(), 2u);
+  EXPECT_EQ(s.shards->shard_bytes(), 4 * (4 + 5 + 12)) << "one rank: its share is everything";
+  s.shards->before_read(s.params[1], s.memory, 1);
+  EXPECT_TRUE(resident(s.params[0]) && resident(s.params[1])) << "the whole bucket";
+  EXPECT_FALSE(resident(s.params[2]));
+  EXPECT_TRUE(at::equal(s.params[0], s.original[0]) && at::equal(s.params[1], s.original[1]));
+  const ParameterGatherStats stats = s.shards->take_stats();
+  EXPECT_EQ(stats.gathers, 1);
+  EXPECT_EQ(stats.bytes, 0) << "nothing came from another rank";
+}
+
+TEST(ParameterShards, ForwardFreesWhatTheNextBlockDoesNotReadUnlessManaged) {
+  Shards s;
+  s.shards->block_begins(0);
+  s.shards->before_read(s.params[0], s.memory, 1);
+  s.shards->block_begins(1);  // block 1 reads the other bucket only
+  EXPECT_FALSE(resident(s.params[0]));
+  s.shards->set_managed(true);
+  s.shards->before_read(s.params[0], s.memory, 2);
+  s.shards->block_begins(1);
+  EXPECT_TRUE(resident(s.params[0])) << "managed: the memory manager decides";
+  s.shards->bucket_done(1);
+  EXPECT_FALSE(resident(s.params[0])) << "backward is done with it";
+}
+
+TEST(ParameterShards, OpenReadsHoldABucketAgainstDropping) {
+  Shards s;
+  s.shards->begin_reads();
+  s.shards->before_read(s.params[2], s.memory, 7);
+  EXPECT_TRUE(s.shards->droppable().empty()) << "a kernel reads it";
+  s.shards->end_reads();
+  const std::vector<DroppableParameters> droppable = s.shards->droppable();
+  ASSERT_EQ(droppable.size(), 1u);
+  EXPECT_EQ(droppable[0].id, 0u);
+  EXPECT_EQ(droppable[0].bytes, 16);
+  EXPECT_EQ(droppable[0].last_access, 7u);
+  EXPECT_DOUBLE_EQ(droppable[0].cost_ms, modeled_gather_ms(16));
+  s.shards->drop(droppable[0].id);
+  EXPECT_FALSE(resident(s.params[2]));
+  EXPECT_EQ(s.shards->take_stats().drops, 1);
+  s.shards->before_read(s.params[2], s.memory, 8);
+  EXPECT_TRUE(at::equal(s.params[2], s.original[2])) << "gathered again, the same values";
+}
+
+TEST(ParameterShards, ACheckpointGathersAllAndTakesItsShareBack) {
+  Shards s;
+  s.shards->gather_all(s.memory);
+  for (const at::Tensor& p : s.params) EXPECT_TRUE(resident(p));
+  {
+    at::NoGradGuard no_grad;
+    s.params[1].fill_(3.0f);  // as a loaded checkpoint writes into the parameters
+  }
+  s.shards->take_from_whole();
+  s.shards->release_all();
+  s.shards->before_read(s.params[1], s.memory, 1);
+  EXPECT_TRUE(at::equal(s.params[1], at::full({5}, 3.0f)));
+}
+
+}  // namespace
+}  // namespace ht
