@@ -40,6 +40,10 @@ struct ProfilePoint {
   // The same step as static plans capture it (memory/step_capture.h), for predicting a plan.
   schedule::StepGraph graph;
   std::vector<int> block_starts;  // forward op index at which each model block began (segments)
+  // The buckets (ModelProfile::block_buckets) holding a weight backward read at this precision:
+  // what sharded parameters gather again in backward (under autocast a block whose weights are all
+  // cast reads only the copies forward kept; a norm's fp32 weight is read again).
+  std::vector<size_t> backward_read_buckets;
   // Forward and backward's peak minus what does not scale with the micro-batch: the activations'.
   int64_t activation_bytes() const { return forward_backward_peak_bytes - persistent_bytes - batch_bytes; }
   // The optimizer's working memory above the state and the batch: temporaries the size of the

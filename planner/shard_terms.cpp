@@ -31,33 +31,37 @@ const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& pro
   return level == ShardLevel::kParameters && !profile.block_buckets.empty() ? profile.block_buckets : profile.buckets;
 }
 
-int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes, bool backward_reads_weights) {
+int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes,
+                                 const std::vector<size_t>* backward_reads) {
   const std::vector<std::vector<int64_t>>& buckets = profile.block_buckets;
+  const std::vector<std::vector<size_t>>& uses = profile.block_bucket_uses;
+  if (buckets.empty() || uses.empty()) return 0;
   std::vector<int64_t> bytes;
   for (const std::vector<int64_t>& members : buckets) {
     int64_t n = 0;
     for (int64_t e : members) n += e;
     bytes.push_back(arena_bytes(element_bytes * n));
   }
-  // Buckets more than one block reads (tied weights) stay gathered from their first reader's
-  // backward to the end of backward: count them beside every block.
+  // Buckets more than one block reads (tied weights) stay gathered from their first read in
+  // backward to its end.
   std::vector<int> readers(buckets.size(), 0);
-  for (const std::vector<size_t>& uses : profile.block_bucket_uses)
-    for (size_t b : uses) ++readers[b];
-  // Backward reading the fp32 weights gathers each block's buckets again: the most any block
-  // reads. Under autocast it reads the low-precision copies forward kept (activations): only
-  // what forward left gathered at its end, where activations peak (the last block's buckets).
-  int64_t most = 0;
-  std::vector<std::vector<size_t>> readers_at_peak = profile.block_bucket_uses;
-  if (!backward_reads_weights && !readers_at_peak.empty()) readers_at_peak = {readers_at_peak.back()};
-  for (const std::vector<size_t>& uses : readers_at_peak) {
-    std::vector<bool> held(buckets.size(), false);
-    for (size_t b : uses) held[b] = true;
-    for (size_t b = 0; b < buckets.size(); ++b) held[b] = held[b] || readers[b] > 1;
+  for (const std::vector<size_t>& u : uses)
+    for (size_t b : u) ++readers[b];
+  std::vector<bool> read_back(buckets.size(), backward_reads == nullptr);
+  if (backward_reads != nullptr)
+    for (size_t b : *backward_reads) read_back[b] = true;
+  auto held = [&](const std::vector<size_t>& block, bool backward) {
     int64_t n = 0;
-    for (size_t b = 0; b < buckets.size(); ++b) n += held[b] ? bytes[b] : 0;
-    most = std::max(most, n);
-  }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const bool in_block = std::find(block.begin(), block.end(), b) != block.end();
+      if ((in_block || readers[b] > 1) && (!backward || read_back[b])) n += bytes[b];
+    }
+    return n;
+  };
+  // Forward ends with the last block's buckets gathered (what backward reads first); backward
+  // gathers each block's buckets that it reads again.
+  int64_t most = held(uses.back(), /*backward=*/false);
+  for (const std::vector<size_t>& block : uses) most = std::max(most, held(block, /*backward=*/true));
   return most;
 }
 
@@ -103,8 +107,12 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   // gathered at once (parallel/parameter_shards.h): the most any block reads, tied buckets held.
   const bool parameters_sharded = plan.shard == ShardLevel::kParameters;
   // Gathered buckets exist while forward and backward run, not in the optimizer's phase.
-  const int64_t gathered =
-      parameters_sharded ? gathered_parameter_bytes(profile, 4, plan.precision == MixedPrecision::kOff) : 0;
+  // What backward reads again, as the profile saw it at the plan's precision (all, if unseen).
+  const std::vector<size_t>* backward_reads = nullptr;
+  for (const ProfilePoint& point : profile.points) {
+    if (point.precision == plan.precision) backward_reads = &point.backward_read_buckets;
+  }
+  const int64_t gathered = parameters_sharded ? gathered_parameter_bytes(profile, 4, backward_reads) : 0;
   const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed) : p.model_bytes;
   const int64_t fixed = model + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
   const int64_t whole_working = p.optimizer_working_bytes;

@@ -17,10 +17,12 @@
 //   backward: exposed.
 // - at "parameters" (ZeRO-3) the buckets are cut where blocks end (profile.block_buckets); the
 //   bucketed parameters give way to the rank's fp32 shards and, while forward and backward run,
-//   the buckets gathered at once (gathered_parameter_bytes), and the one
+//   the buckets gathered at once (gathered_parameter_bytes: backward gathers again only the
+//   buckets whose weights it reads, which the profile records; under autocast a block whose
+//   weights are all cast reads only the copies forward kept), and the one
 //   all-gather after the step becomes two per bucket and micro-batch (before its forward and its
-//   backward), exposed. The bf16 copies of gathered weights that forward keeps for backward are
-//   activations, measured as such.
+//   backward; fewer in fact where backward reads no weight: an overestimate), exposed. The bf16
+//   copies of gathered weights that forward keeps for backward are activations, measured as such.
 // The ZeRO paper's formulas (2P + 2P + 12P/N for fp16 parameters with fp32 master weights and
 // Adam at the first stage) are a check in the tests and docs: this project keeps fp32 parameters
 // and fp32 gradients, so its terms are 4P + 4P + 8P/N with AdamW.
@@ -37,10 +39,12 @@ namespace ht {
 
 // The buckets `level` shards: the profile's, or at "parameters" those cut at blocks.
 const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& profile, ShardLevel level);
-// Bytes of sharded parameters gathered where activations peak (elements of `element_bytes`):
-// with `backward_reads_weights` (fp32) the most any block reads, else the last block's; with
+// Bytes of sharded parameters gathered at once at most while forward and backward run (elements
+// of `element_bytes`): the last block's buckets as forward ends, or a block's buckets that
+// backward reads again (`backward_reads`, indices into profile.block_buckets; null: all), with
 // the buckets several blocks read (tied weights) held throughout.
-int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes, bool backward_reads_weights);
+int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes,
+                                 const std::vector<size_t>* backward_reads);
 // Elements of the model rank 0 (the fullest) of `ranks` updates: its share of each bucket.
 int64_t shard_elements(const std::vector<std::vector<int64_t>>& buckets, int ranks);
 // The optimizer state's bytes per parameter element in `profile` (measured whole: 8, 4 or 0).

@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace ht {
 namespace {
@@ -69,6 +71,18 @@ struct Profiling {
   std::shared_ptr<CpuArena> arena;
   std::shared_ptr<Model> model;
   ModelProfile& profile;
+  std::unordered_map<const c10::TensorImpl*, size_t> block_bucket_of;  // a parameter's bucket, cut at blocks
+};
+
+// Which weights backward reads (asked as sharded parameters would ask): every read after the
+// last block's forward, until the next forward begins. It gathers nothing.
+class BackwardReads final : public ParameterSource {
+ public:
+  void before_read(const at::Tensor& weight, MemoryHooks&, uint64_t) override {
+    if (in_backward) read.insert(weight.unsafeGetTensorImpl());
+  }
+  bool in_backward = false;
+  std::unordered_set<const c10::TensorImpl*> read;
 };
 
 ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision, int threads) {
@@ -90,12 +104,22 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
   {
     MemoryManager& memory = trainer.memory();
     StepRecorder recorder(memory, p.arena->stats().in_use);
+    BackwardReads reads;
+    trainer.interpreter().set_parameter_source(&reads);
     p.model->set_block_listener([&](int block) {
       recorder.enter_block(block);
       memory.block_begins(block);
+      reads.in_backward = block < 0;
     });
     m = trainer.measure_step();
     p.model->set_block_listener(nullptr);
+    trainer.interpreter().set_parameter_source(nullptr);
+    std::set<size_t> buckets;
+    for (const c10::TensorImpl* w : reads.read) {
+      auto it = p.block_bucket_of.find(w);
+      if (it != p.block_bucket_of.end()) buckets.insert(it->second);
+    }
+    point.backward_read_buckets.assign(buckets.begin(), buckets.end());
     point.trace = recorder.take();
     if (const CapturedStep* step = memory.static_planner()->last_step()) {
       point.graph = step->graph;
@@ -152,8 +176,10 @@ std::pair<int64_t, int64_t> point_sizes(const ProfilePoint& small, const Profile
   return {small.micro_batch, hi};
 }
 
-// The buckets sharded parameters use (cut where blocks end) and which of them each block reads.
-void record_block_buckets(const Model& model, int64_t bucket_bytes, ModelProfile& profile) {
+// The buckets sharded parameters use (cut where blocks end) and which of them each block reads;
+// returns each parameter's bucket.
+std::unordered_map<const c10::TensorImpl*, size_t> record_block_buckets(const Model& model, int64_t bucket_bytes,
+                                                                        ModelProfile& profile) {
   const std::vector<at::Tensor> params = model.parameters();
   const DataParallel cut(std::make_shared<LocalCommunicator>(), params, bucket_bytes, false, model.parameter_blocks());
   profile.block_buckets = cut.bucket_elements();
@@ -172,6 +198,7 @@ void record_block_buckets(const Model& model, int64_t bucket_bytes, ModelProfile
     }
     profile.block_bucket_uses.push_back(std::move(uses));
   }
+  return bucket_of;
 }
 
 }  // namespace
@@ -206,8 +233,8 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     // The buckets sharding splits, as DataParallel makes them at the job's bucket size.
     profile.buckets = DataParallel(std::make_shared<LocalCommunicator>(), model->parameters(),
                                    config.parallel.bucket_mb << 20).bucket_elements();
-    record_block_buckets(*model, config.parallel.bucket_mb << 20, profile);
-    Profiling p{config, train, info, arena, model, *out};
+    Profiling p{config, train, info, arena, model, *out,
+                record_block_buckets(*model, config.parallel.bucket_mb << 20, profile)};
     const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);
     const MixedPrecision first = request.precisions.front();
     ProfilePoint small = measure_point(p, std::max<int64_t>(1, largest / 8), first, request.threads);

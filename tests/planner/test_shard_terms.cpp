@@ -83,8 +83,9 @@ TEST(ShardTerms, AllGatherIsARingOfRanksMinusOneSteps) {
 
 // ZeRO-3: three blocks of one bucket each, block 0's bucket read by the last block too (a tied
 // embedding). A rank keeps its parameter shards; while forward and backward run, the buckets
-// gathered at the activations' peak come on top: in fp32 the most any block reads with the tied
-// bucket held (block 1's 4000 + block 0's 600), under bf16 only what the last block read.
+// gathered at once come on top: where backward reads every weight (fp32) the most any block reads
+// with the tied bucket held (block 1's 4000 + block 0's 500), where it reads none only what the
+// last block left gathered as forward ended.
 TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
   ModelProfile profile = adamw_profile();
   profile.block_buckets = {{10, 100}, {4000}, {500}};  // reduction order: last block's first
@@ -94,8 +95,13 @@ TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
   profile.parameter_bytes = arena_bytes(4 * 4610);
   profile.gradient_bytes = arena_bytes(4 * 4610);
   profile.optimizer_state_bytes = arena_bytes(8 * 4610);
-  EXPECT_EQ(gathered_parameter_bytes(profile, 4, true), arena_bytes(4 * 4000) + arena_bytes(4 * 500));
-  EXPECT_EQ(gathered_parameter_bytes(profile, 4, false), arena_bytes(4 * 110) + arena_bytes(4 * 500));
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, nullptr), arena_bytes(4 * 4000) + arena_bytes(4 * 500))
+      << "backward reads every weight (fp32): the most a block reads, the tied bucket held";
+  const std::vector<size_t> none;
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, &none), arena_bytes(4 * 110) + arena_bytes(4 * 500))
+      << "backward reads only kept copies: what the last block left gathered";
+  const std::vector<size_t> norms{1};  // block 1's bucket holds a weight read in fp32 (a norm's)
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, &norms), arena_bytes(4 * 4000));
   Plan plan;
   plan.ranks = 2;
   plan.shard = ShardLevel::kParameters;
@@ -106,7 +112,7 @@ TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
   EXPECT_EQ(p.model_bytes, shards);
   EXPECT_EQ(p.optimizer_state_bytes, arena_bytes(8 * 2305));
   EXPECT_EQ(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + 100000 +
-                              gathered_parameter_bytes(profile, 4, true));
+                              gathered_parameter_bytes(profile, 4, nullptr));
   // Two all-gathers of every bucket a micro-batch (forward and backward), none after the step.
   Machine m;
   m.devices_per_node = 8;
