@@ -157,6 +157,8 @@ class Trainer {
   bool eval_due() const;
   void log_step(const StepResult& r);
   void log_eval(const EvalResult& e);
+  // The ranks' sums of an evaluation combined into its result (a collective with several ranks).
+  EvalResult finish_evaluation(double loss_sum, int64_t correct, int64_t samples, double seconds);
   void save_checkpoint();
   // The signal any rank of the job received (stop_signals.h), agreed by all: 0 to go on.
   int agreed_stop_signal();
