@@ -170,7 +170,9 @@ std::string short_plan(const Plan& p) {
                 static_cast<long long>(p.accumulation), p.precision == MixedPrecision::kOff ? "fp32" : choice_name(p.precision),
                 !evicts(p.policy) ? "none" : (choice_name(p.policy) + std::string(" @ ") + std::to_string(std::lround(p.budget_bytes / kMiB)) +
                                                " MiB").c_str(),
-                p.ranks > 1 && p.shard != ShardLevel::kNone ? " zero1" : "");
+                p.ranks > 1 && p.shard != ShardLevel::kNone
+                    ? (" zero" + std::to_string(static_cast<int>(p.shard))).c_str()
+                    : "");
   return text;
 }
 
