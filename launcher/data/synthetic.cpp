@@ -65,15 +65,23 @@ SyntheticData make_synthetic_images(const DataConfig& d, int64_t seed) {
 SyntheticData make_synthetic_tokens(const DataConfig& d, int64_t block_size, int64_t seed) {
   const int64_t vocab = d.synthetic_classes;
   at::Generator chain_gen = generator(seed, 4);
-  // Peaked transition rows: each token has a few likely successors.
-  const at::Tensor transitions = at::softmax(at::randn({vocab, vocab}, chain_gen) * 3.0, 1);
+  // Peaked transition rows: each token has a few likely successors. A dense vocab x vocab table
+  // up to kDenseVocab symbols; above, where it would not fit (GPT-2's 50257 symbols: 10 GB), each
+  // token keeps kSuccessors random successors with peaked weights: the same kind of chain in
+  // O(vocab) memory.
+  constexpr int64_t kDenseVocab = 4096, kSuccessors = 16;
+  const bool dense = vocab <= kDenseVocab;
+  const at::Tensor transitions = dense ? at::softmax(at::randn({vocab, vocab}, chain_gen) * 3.0, 1)
+                                       : at::softmax(at::randn({vocab, kSuccessors}, chain_gen) * 3.0, 1);
+  const at::Tensor successors = dense ? at::Tensor() : at::randint(vocab, {vocab, kSuccessors}, chain_gen, at::kLong);
   auto split = [&](int64_t n, uint64_t stream, at::Tensor& x, at::Tensor& y) {
     at::Generator gen = generator(seed, stream);
     at::Tensor seq = at::empty({n, block_size + 1}, at::kLong);
     at::Tensor current = at::randint(vocab, {n}, gen, at::kLong);
     seq.select(1, 0).copy_(current);
     for (int64_t t = 1; t <= block_size; ++t) {
-      current = at::multinomial(transitions.index_select(0, current), 1, true, gen).squeeze(1);
+      const at::Tensor pick = at::multinomial(transitions.index_select(0, current), 1, true, gen);
+      current = dense ? pick.squeeze(1) : successors.index_select(0, current).gather(1, pick).squeeze(1);
       seq.select(1, t).copy_(current);
     }
     x = seq.narrow(1, 0, block_size).contiguous();

@@ -1,5 +1,6 @@
 // Data: the sampler's order (deterministic per seed and epoch, resumable, sharded like the
 // single-rank run) and the three datasets.
+#include "alloc/cpu_device_allocator.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/data/dataset.h"
 #include "launcher/data/fashion_mnist.h"
@@ -87,6 +88,33 @@ synthetic_classes = 11
   EXPECT_TRUE(b.input.narrow(1, 1, 15).equal(b.target.narrow(1, 0, 15))) << "target is the input shifted";
   EXPECT_LT(b.input.max().item<int64_t>(), 11);
   EXPECT_EQ(d.info.task, Task::kLanguageModel);
+}
+
+// GPT-2's vocabulary: a dense transition table would take 10 GB (and did, four ranks of it killed
+// a 4-rank run); the chain keeps a few successors a token instead.
+TEST(Datasets, SyntheticTokensAtARealVocabularyStaySmall) {
+  TempDir dir;
+  const std::string file = dir.write("t.toml", R"([model]
+name = "gpt"
+block_size = 32
+[data]
+dataset = "synthetic"
+synthetic_samples = 16
+synthetic_eval_samples = 4
+synthetic_classes = 50257
+)");
+  CpuAllocationCounter& counter = CpuAllocationCounter::install();
+  counter.reset_peak();
+  DataSplits d;
+  {
+    DeviceMemoryScope counted;
+    d = make_datasets(load_config(file, {}).config);
+  }
+  EXPECT_LT(counter.device_peak_bytes(), int64_t{64} << 20) << "no vocab x vocab table";
+  const Batch b = d.train->slice(0, 16);
+  EXPECT_TRUE(b.input.narrow(1, 1, 31).equal(b.target.narrow(1, 0, 31)));
+  EXPECT_LT(b.input.max().item<int64_t>(), 50257);
+  EXPECT_GT(std::get<0>(at::_unique(b.input)).size(0), 100) << "the chain moves through the vocabulary";
 }
 
 TEST(Datasets, TextCorpusWindowsAndVocabulary) {
