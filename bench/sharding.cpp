@@ -195,12 +195,7 @@ struct ShardedReplica {
       : model(m.make()), params(model->parameters()),
         replicas(group, params, int64_t{25} << 20, false, model->parameter_blocks()) {
     shards = std::make_unique<ParameterShards>(group, params, replicas.buckets(), at::Device(at::kCPU));
-    std::vector<std::vector<at::Tensor>> uses;
-    for (const auto& block : model->blocks()) {
-      uses.push_back(block->parameters());
-      for (const at::Tensor& tied : block->shared_parameters()) uses.back().push_back(tied);
-    }
-    shards->set_block_uses(uses);
+    shards->set_block_uses(model->parameters_read_by_blocks());
     model->set_block_listener([this](int block) { shards->block_begins(block); });
     grad_shards = std::make_unique<GradientShards>(group, params, replicas.buckets());
     grad_shards->set_bucket_done([this](size_t b) { shards->bucket_done(b); });

@@ -38,6 +38,15 @@ std::vector<int> Model::parameter_blocks() const {
   return out;
 }
 
+std::vector<std::vector<at::Tensor>> Model::parameters_read_by_blocks() const {
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& block : blocks_) {
+    out.push_back(block->parameters());
+    for (const at::Tensor& tied : block->shared_parameters()) out.back().push_back(tied);
+  }
+  return out;
+}
+
 void Model::move_to(const at::Device& device, at::ScalarType float_dtype) {
   at::NoGradGuard no_grad;
   for (at::Tensor& t : parameters()) t.set_data(t.to(device, float_dtype));

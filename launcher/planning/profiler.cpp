@@ -188,9 +188,7 @@ std::unordered_map<const c10::TensorImpl*, size_t> record_block_buckets(const Mo
   for (size_t b = 0; b < buckets.size(); ++b)
     for (size_t k : buckets[b]) bucket_of[params[k].unsafeGetTensorImpl()] = b;
   profile.block_bucket_uses.clear();
-  for (const auto& block : model.blocks()) {
-    std::vector<at::Tensor> read = block->parameters();
-    for (const at::Tensor& tied : block->shared_parameters()) read.push_back(tied);
+  for (const std::vector<at::Tensor>& read : model.parameters_read_by_blocks()) {
     std::vector<size_t> uses;
     for (const at::Tensor& p : read) {
       auto it = bucket_of.find(p.unsafeGetTensorImpl());

@@ -41,13 +41,7 @@ void Trainer::shard_parameters() {
   interp_.set_parameter_source(param_shards_.get());
   // Under a budget with eviction the memory manager decides which gathered buckets to drop.
   param_shards_->set_managed(arena_ != nullptr && evicts(config_.memory.policy));
-  std::vector<std::vector<at::Tensor>> uses;
-  for (const auto& block : model_->blocks()) {
-    std::vector<at::Tensor> read = block->parameters();
-    for (const at::Tensor& tied : block->shared_parameters()) read.push_back(tied);
-    uses.push_back(std::move(read));
-  }
-  param_shards_->set_block_uses(uses);
+  param_shards_->set_block_uses(model_->parameters_read_by_blocks());
   model_->set_block_listener([this](int block) { param_shards_->block_begins(block); });
   // The rest (buffers, parameters no bucket holds) as compact_parameters places them: one block.
   const std::vector<at::Tensor> sharded = replicas_.reduction_order();
