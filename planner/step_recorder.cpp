@@ -66,6 +66,8 @@ void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool b
   for (size_t i = 0; i < path.inputs.size(); ++i) {
     // Backward reads only what the op saved; forward reads every input.
     if (!backward || (traits.saves_inputs & (1u << i))) add_input(k.inputs, *path.inputs[i]);
+    const TensorInfo& in = *path.inputs[i];
+    if (backward && in.is_leaf && in.is_weight && in.requires_grad) k.weight_gradients = true;
   }
   if (backward) {
     for (size_t j = 0; j < path.outputs.size(); ++j) {

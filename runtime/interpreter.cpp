@@ -124,7 +124,7 @@ std::vector<Tensor> Interpreter::apply(std::shared_ptr<const Op> op,
     handles.emplace_back(std::move(info));
     attach(*handles.back().info(), std::move(outs[j]));
   }
-  if (needs_grad) tape_.record(path, handles);
+  if (needs_grad) tape_.record(path, handles, block_);
   memory_->forward_outputs(*path, handles, needs_grad);
   return handles;
 }

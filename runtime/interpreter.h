@@ -91,6 +91,9 @@ class Interpreter final : public Rematerializer {
   // Asked before every read of a weight (sharded parameters, runtime/parameter_source.h); null:
   // weights are resident while their records live.
   void set_parameter_source(ParameterSource* source) { parameter_source_ = source; }
+  // The model block forward is in (the model's block listener; -1: none): tape entries record it,
+  // and backward tells the parameter source as it reaches each block's entries.
+  void set_block(int block) { block_ = block; }
   ParameterSource* parameter_source() const override { return parameter_source_; }
   // The memory manager given to the constructor, or MemoryHooks' defaults.
   MemoryHooks& memory_hooks() { return *memory_; }
@@ -139,6 +142,7 @@ class Interpreter final : public Rematerializer {
   const GradientSlots* gradient_buffer_ = nullptr;
   GradientListener* gradient_listener_ = nullptr;
   ParameterSource* parameter_source_ = nullptr;
+  int block_ = -1;
   bool grad_enabled_ = true;
   bool relu_masks_ = false;
   uint64_t seed_counter_ = 0;

@@ -35,6 +35,9 @@ class ParameterSource {
   // interpreter's tick `now`: make its data resident. Memory it needs comes through `memory`
   // (run_with_room: the memory manager may evict activations to make room).
   virtual void before_read(const at::Tensor& weight, MemoryHooks& memory, uint64_t now) = 0;
+  // Backward begins running the entries of model block `block` (as recorded by
+  // Interpreter::set_block in forward): a source may gather ahead of the blocks before it.
+  virtual void backward_enters(int block) {}
   // A kernel's reads begin and end: what is read between them must stay resident.
   virtual void begin_reads() {}
   virtual void end_reads() {}

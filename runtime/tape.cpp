@@ -1,5 +1,7 @@
 #include "runtime/tape.h"
 
+#include "runtime/parameter_source.h"
+
 #include "runtime/interpreter.h"
 
 #include <ATen/core/grad_mode.h>
@@ -39,10 +41,11 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
   }
 }
 
-void Tape::record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs) {
+void Tape::record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs, int block) {
   const OpTraits& traits = path->op->traits();
   TapeEntry entry;
   entry.path = path;
+  entry.block = block;
   entry.saved_inputs.resize(path->inputs.size());
   for (size_t i = 0; i < path->inputs.size(); ++i) {
     if (traits.saves_inputs & (1u << i)) entry.saved_inputs[i] = Tensor(path->inputs[i]);
@@ -76,8 +79,14 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   std::vector<TapeEntry> owing;  // kInputs: entries whose weights' part is still to run
   const int lookahead = interp.memory_hooks().prefetch_lookahead();
   auto ahead = entries_.rbegin();  // host swap: the next entry whose saved values to prefetch
+  ParameterSource* parameters = interp.parameter_source();
+  int block = -1;  // the block whose entries run (sharded parameters gather ahead of the next)
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     if (lookahead > 0) prefetch_saved(interp, it, ahead, lookahead);
+    if (parameters != nullptr && it->block >= 0 && it->block != block) {
+      block = it->block;
+      parameters->backward_enters(block);
+    }
     if (run_entry(interp, *it, part)) {
       owing.push_back(std::move(*it));
       continue;

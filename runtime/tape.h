@@ -18,6 +18,7 @@ struct TapeEntry {
   std::vector<Tensor> saved_outputs;  // per output: likewise
   // After a BackwardPart::kInputs pass: the output gradients its weights' part will read.
   std::vector<at::Tensor> deferred_grads;
+  int block = -1;  // the model block whose forward recorded it (Interpreter::set_block); -1: none
 };
 
 // Which gradients one backward computes. Zero-bubble pipeline schedules split it: the inputs'
@@ -33,7 +34,7 @@ enum class BackwardPart {
 
 class Tape {
  public:
-  void record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs);
+  void record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs, int block = -1);
   void backward(Interpreter& interp, const std::vector<Tensor>& roots,
                 const std::vector<at::Tensor>& grads, BackwardPart part = BackwardPart::kAll);
   void clear() { entries_.clear(); }
