@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace ht {
@@ -52,24 +53,54 @@ CollectiveWorker::~CollectiveWorker() {
   }
 }
 
-void CollectiveWorker::allreduce(at::Tensor t, double scale, const char* what) {
-  TORCH_CHECK(t.is_contiguous(), "CollectiveWorker: ", what, " must be contiguous");
+uint64_t CollectiveWorker::enqueue(Job job) {
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->queue.push_back(Job{std::move(t), scale, what});
+    ticket = job.ticket = ++state_->queued;
+    state_->queue.push_back(std::move(job));
   }
   state_->wake.notify_one();
+  return ticket;
+}
+
+void CollectiveWorker::allreduce(at::Tensor t, double scale, const char* what) {
+  TORCH_CHECK(t.is_contiguous(), "CollectiveWorker: ", what, " must be contiguous");
+  Job job;
+  job.tensor = std::move(t);
+  job.scale = scale;
+  job.what = what;
+  enqueue(std::move(job));
+}
+
+uint64_t CollectiveWorker::submit(std::function<void(Communicator&)> run) {
+  Job job;
+  job.run = std::move(run);
+  return enqueue(std::move(job));
+}
+
+// With the lock held, after an error: what is still queued will not run (its collectives would
+// wait for ranks that are ending too).
+std::exception_ptr CollectiveWorker::take_error() {
+  std::exception_ptr error = state_->error;
+  state_->error = nullptr;
+  state_->completed += state_->queue.size();
+  state_->queue.clear();
+  return error;
+}
+
+double CollectiveWorker::wait_for(uint64_t ticket) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->done.wait(lock, [&] { return state_->completed >= ticket || state_->error; });
+  if (state_->error) std::rethrow_exception(take_error());
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 double CollectiveWorker::wait() {
   std::unique_lock<std::mutex> lock(state_->mutex);
   state_->done.wait(lock, [&] { return (state_->queue.empty() && !state_->running) || state_->error; });
-  if (state_->error) {
-    std::exception_ptr error = state_->error;
-    state_->error = nullptr;
-    state_->queue.clear();
-    std::rethrow_exception(error);
-  }
+  if (state_->error) std::rethrow_exception(take_error());
   const double ms = state_->busy_ms;
   state_->busy_ms = 0;
   return ms;
@@ -87,15 +118,21 @@ void CollectiveWorker::serve(const std::shared_ptr<State>& state, const std::sha
     std::exception_ptr error;
     const auto start = std::chrono::steady_clock::now();
     try {
-      group->allreduce_sum(job.tensor, job.what);
-      if (job.scale != 1) scale_in_place(job.tensor, job.scale);
+      if (job.run) {
+        job.run(*group);
+      } else {
+        group->allreduce_sum(job.tensor, job.what);
+        if (job.scale != 1) scale_in_place(job.tensor, job.scale);
+      }
     } catch (...) {
       error = std::current_exception();
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     job.tensor.reset();  // the owner's tensor; let go before reporting done
+    job.run = nullptr;
     lock.lock();
     state->running = false;
+    state->completed = std::max(state->completed, job.ticket);
     state->busy_ms += ms;
     if (error && !state->error) state->error = error;
     state->done.notify_all();

@@ -1,16 +1,21 @@
 #pragma once
-// A thread that runs a group's all-reduces in the order they were queued, so that the thread
-// running backward goes on computing meanwhile (parallel/data_parallel.h). The communicator must
-// accept calls from a thread other than the main one (Communicator::allows_worker_thread()), and
-// its owner must not call it itself until wait() has returned: calls are serialized, never
-// concurrent. The worker touches only the tensors it was given, in place: it allocates nothing,
-// so a memory budget's arena sees no allocation from it.
+// A thread that runs a group's collectives in the order they were queued, so that the thread
+// running forward and backward goes on computing meanwhile: DataParallel's all-reduces during
+// backward (parallel/data_parallel.h), sharded parameters' prefetched all-gathers and the
+// reduce-scatters beside them (parallel/parameter_shards.h). The communicator must accept calls
+// from a thread other than the main one (Communicator::allows_worker_thread()), and while anything
+// queued has not completed, every other call into MPI must go through the same worker: calls are
+// serialized, never concurrent, and every rank issues its collectives in the one order it queues
+// them in. The worker touches only the tensors it was given, in place: it allocates nothing, so a
+// memory budget's arena sees no allocation from it.
 
 #include "parallel/communicator.h"
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -29,6 +34,15 @@ class CollectiveWorker {
   // Queues: sum `t` (contiguous) over the group in place, then multiply it by `scale`. `t` must not
   // be touched until wait() returns.
   void allreduce(at::Tensor t, double scale, const char* what);
+  // Queues `run` (collectives on the group, on tensors its owner keeps alive and untouched until
+  // it is done); returns its ticket, for wait_for.
+  uint64_t submit(std::function<void(Communicator&)> run);
+  // Until the job with `ticket` (and so every job queued before it) is done; rethrows the first
+  // error. Returns the milliseconds this thread waited.
+  double wait_for(uint64_t ticket);
+  // Queues `run` and waits for it: a collective in its turn, on the worker (the caller's own
+  // collectives while the worker may be busy).
+  void run(std::function<void(Communicator&)> run) { wait_for(submit(std::move(run))); }
   // Until everything queued is done; rethrows the first error. Returns the milliseconds the
   // worker spent in collectives since the previous wait().
   double wait();
@@ -38,6 +52,8 @@ class CollectiveWorker {
     at::Tensor tensor;
     double scale = 1;
     const char* what = "";
+    std::function<void(Communicator&)> run;  // set: a submitted job, instead of the all-reduce
+    uint64_t ticket = 0;
   };
   // Shared with the thread, so that a detached thread never outlives what it uses.
   struct State {
@@ -48,7 +64,10 @@ class CollectiveWorker {
     bool stop = false;
     std::exception_ptr error;
     double busy_ms = 0;
+    uint64_t queued = 0, completed = 0;  // tickets: jobs queued, and done, since the start
   };
+  uint64_t enqueue(Job job);
+  std::exception_ptr take_error();
   static void serve(const std::shared_ptr<State>& state, const std::shared_ptr<Communicator>& group);
 
   std::shared_ptr<State> state_;

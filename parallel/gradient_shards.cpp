@@ -93,10 +93,10 @@ void GradientShards::start(Bucket& b) {
   if (!b.block.defined()) make_block(b);  // no gradient here this backward: zeros take part
   const auto start = std::chrono::steady_clock::now();
   if (backwards_ == 0) {
-    group_->reduce_scatter_sum(b.block, b.sum, b.shards.counts, "the gradients");
+    collective([&](Communicator& c) { c.reduce_scatter_sum(b.block, b.sum, b.shards.counts, "the gradients"); });
   } else {
     at::Tensor part = at::empty_like(b.sum);
-    group_->reduce_scatter_sum(b.block, part, b.shards.counts, "the gradients");
+    collective([&](Communicator& c) { c.reduce_scatter_sum(b.block, part, b.shards.counts, "the gradients"); });
     b.sum.add_(part);
   }
   ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -108,6 +108,14 @@ void GradientShards::start(Bucket& b) {
   if (bucket_done_) bucket_done_(static_cast<size_t>(&b - buckets_.data()));
 }
 
+void GradientShards::collective(const std::function<void(Communicator&)>& run) {
+  if (worker_) {
+    worker_->run(run);  // the tensors it uses outlive the wait
+  } else {
+    run(*group_);
+  }
+}
+
 void GradientShards::finish_step() {
   at::NoGradGuard no_grad;
   stats_ = {};
@@ -116,7 +124,7 @@ void GradientShards::finish_step() {
   // Whether each parameter had a gradient on some rank, so that one no rank touched keeps none.
   at::Tensor had = at::tensor(had_here_);
   const auto start = std::chrono::steady_clock::now();
-  group_->allreduce_sum(had, "the gradient flags");
+  collective([&](Communicator& c) { c.allreduce_sum(had, "the gradient flags"); });
   ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::copy(had.data_ptr<float>(), had.data_ptr<float>() + had.numel(), had_anywhere_.begin());
   // As DataParallel's mean: the sum times 1/N.

@@ -16,9 +16,11 @@
 // add in another order than the unsharded run's (each micro-batch summed over the ranks, then the
 // micro-batches; not each rank's micro-batches, then the ranks): the same within fp32's rounding,
 // bit for bit where one micro-batch is summed by two ranks. The collectives run on the thread
-// running backward (no overlap yet).
+// running backward (no overlap yet), or, when sharded parameters prefetch their gathers, on the
+// worker that owns the group then (set_worker), in their turn: the thread waits for them.
 
 #include "alloc/gradient_buffer.h"
+#include "parallel/collective_worker.h"
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/shard_layout.h"
@@ -46,6 +48,8 @@ class GradientShards final : public GradientSlots, public GradientListener {
   // Called with a bucket's index once it is reduce-scattered: no entry of this backward will add
   // to its gradients (sharded parameters free the bucket's gathered parameters then).
   void set_bucket_done(std::function<void(size_t)> done) { bucket_done_ = std::move(done); }
+  // The group's collectives go through `worker` (which owns it while gathers may be under way).
+  void set_worker(std::shared_ptr<CollectiveWorker> worker) { worker_ = std::move(worker); }
   // After each backward: the buckets it did not start (parameters it gave no gradient), in order.
   void backward_ended();
   // After the step's last backward: which parameters had a gradient on some rank (one small
@@ -73,6 +77,7 @@ class GradientShards final : public GradientSlots, public GradientListener {
   void make_block(Bucket& b) const;
   void start_ready_buckets();
   void start(Bucket& b);
+  void collective(const std::function<void(Communicator&)>& run);  // on the worker if any, waited for
 
   std::shared_ptr<Communicator> group_;
   std::vector<at::Tensor> params_;
@@ -81,6 +86,7 @@ class GradientShards final : public GradientSlots, public GradientListener {
   std::vector<float> had_here_;      // per parameter, this step
   std::vector<float> had_anywhere_;  // per parameter, the last finished step
   std::function<void(size_t)> bucket_done_;
+  std::shared_ptr<CollectiveWorker> worker_;
   size_t next_ = 0;                  // the next bucket to start in this backward
   int backwards_ = 0;                // reduced into the sums this step
   double ms_ = 0;

@@ -13,6 +13,10 @@ namespace {
 
 c10::StorageImpl& storage_of(const at::Tensor& t) { return *t.storage().unsafeGetStorageImpl(); }
 
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 ParameterShards::ParameterShards(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
@@ -81,7 +85,12 @@ void ParameterShards::before_read(const at::Tensor& weight, MemoryHooks& memory,
     frames_.back().push_back(it->second);
   }
   b.last_access = now;
-  if (!b.gathered) gather(b, memory);
+  if (!b.gathered) {
+    gather(b, &memory, /*now=*/true);
+  } else {
+    finish(b);
+  }
+  if (backward_) backward_reads(it->second);
 }
 
 void ParameterShards::end_reads() {
@@ -94,7 +103,7 @@ std::vector<DroppableParameters> ParameterShards::droppable() const {
   std::vector<DroppableParameters> out;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     const Bucket& b = buckets_[i];
-    if (!b.gathered || b.holds > 0) continue;
+    if (!b.gathered || b.holds > 0 || b.ticket != 0) continue;
     const int64_t bytes = b.shards.elements * static_cast<int64_t>(b.whole.element_size());
     out.push_back(DroppableParameters{i, bytes, modeled_gather_ms(bytes), b.last_access});
   }
@@ -108,26 +117,51 @@ void ParameterShards::drop(size_t id) {
   ++stats_.drops;
 }
 
-void ParameterShards::gather(Bucket& b, MemoryHooks& memory) {
+void ParameterShards::gather(Bucket& b, MemoryHooks* memory, bool now) {
   at::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
   const size_t i = static_cast<size_t>(&b - buckets_.data());
   const int64_t bytes = b.shards.elements * static_cast<int64_t>(b.whole.element_size());
   // Its memory first (the memory manager may evict to make room), then the collective, which no
   // retry may repeat.
-  at::Tensor fresh = run_with_room(memory, [&] { return at::empty({b.shards.elements}, b.whole.options()); });
+  auto allocate = [&] { return at::empty({b.shards.elements}, b.whole.options()); };
+  at::Tensor fresh = memory != nullptr ? run_with_room(*memory, allocate) : allocate();
   c10::StorageImpl& storage = storage_of(b.whole);
   storage.set_data_ptr_noswap(storage_of(fresh).set_data_ptr(at::DataPtr(nullptr, fresh.device())));
   storage.set_nbytes(static_cast<size_t>(bytes));
-  group_->all_gather(shards_[i], b.whole, b.shards.counts, "the parameters");
   b.gathered = true;
   ++stats_.gathers;
   stats_.bytes += bytes - static_cast<int64_t>(shards_[i].nbytes());
-  stats_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!worker_) {
+    group_->all_gather(shards_[i], b.whole, b.shards.counts, "the parameters");
+    const double ms = ms_since(start);
+    stats_.ms += ms;
+    stats_.waited_ms += ms;
+    return;
+  }
+  // On the worker: this object keeps the shard, the bucket's storage and its counts alive and
+  // untouched until finish() (the worker's copies of the tensors are never the last).
+  b.ticket = worker_->submit([shard = shards_[i], whole = b.whole, counts = b.shards.counts, times = worker_ms_,
+                              i](Communicator& group) mutable {
+    const auto begin = std::chrono::steady_clock::now();
+    group.all_gather(shard, whole, counts, "the parameters");
+    (*times)[i] = ms_since(begin);
+  });
+  stats_.ms += ms_since(start);  // the allocation
+  if (now) finish(b);
+}
+
+void ParameterShards::finish(Bucket& b) {
+  if (b.ticket == 0) return;
+  const uint64_t ticket = b.ticket;
+  b.ticket = 0;
+  stats_.waited_ms += worker_->wait_for(ticket);
+  stats_.ms += (*worker_ms_)[static_cast<size_t>(&b - buckets_.data())];
 }
 
 void ParameterShards::release(Bucket& b) {
   if (!b.gathered) return;
+  finish(b);  // the worker may be writing into it
   TORCH_INTERNAL_ASSERT(b.holds == 0, "ParameterShards: freeing a bucket a kernel reads");
   c10::StorageImpl& storage = storage_of(b.whole);
   storage.set_data_ptr_noswap(at::DataPtr(nullptr, b.whole.device()));
@@ -145,24 +179,90 @@ void ParameterShards::set_block_uses(const std::vector<std::vector<at::Tensor>>&
   }
 }
 
+void ParameterShards::set_prefetch(std::shared_ptr<CollectiveWorker> worker, int depth) {
+  TORCH_CHECK(!managed_, "ParameterShards: prefetching under a managed budget");
+  worker_ = depth > 0 ? std::move(worker) : nullptr;
+  depth_ = depth;
+  worker_ms_ = std::make_shared<std::vector<double>>(buckets_.size(), 0.0);
+}
+
 void ParameterShards::block_begins(int block) {
   // After the last block: the last blocks' buckets are what backward reads first; they stay.
   // Managed: the memory manager drops what it needs the room of.
   if (managed_ || block < 0 || static_cast<size_t>(block) >= uses_.size()) return;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (!uses_[static_cast<size_t>(block)][b]) release(buckets_[b]);
+  // This block and, prefetching, the next `depth` blocks that read any bucket.
+  std::vector<size_t> blocks{static_cast<size_t>(block)};
+  for (size_t j = blocks.front() + 1; worker_ && j < uses_.size() && blocks.size() <= static_cast<size_t>(depth_); ++j) {
+    if (std::find(uses_[j].begin(), uses_[j].end(), true) != uses_[j].end()) blocks.push_back(j);
   }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const bool kept = std::any_of(blocks.begin(), blocks.end(), [&](size_t j) { return uses_[j][b]; });
+    if (!kept) release(buckets_[b]);
+  }
+  if (worker_) prefetch_blocks(blocks, /*backward=*/false);
+}
+
+void ParameterShards::prefetch_blocks(const std::vector<size_t>& blocks, bool backward) {
+  for (size_t j : blocks) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (uses_[j][b] && (!backward || read_back_[b]) && !buckets_[b].gathered) gather(buckets_[b], nullptr, false);
+    }
+  }
+}
+
+void ParameterShards::backward_begins() {
+  backward_ = true;
+  backward_block_ = uses_.size();
+  read_back_.resize(buckets_.size(), false);
+  reading_back_.assign(buckets_.size(), false);
+}
+
+void ParameterShards::backward_reads(size_t bucket) {
+  reading_back_[bucket] = true;
+  if (!worker_) return;
+  // Backward goes down the blocks: the block it reads now is the last that reads this bucket and
+  // is not past where backward already was (a tied bucket is read by a late and an early block).
+  // (Where the tape tells which block's entries run, backward_enters has moved there already.)
+  for (size_t j = std::min(backward_block_ + 1, uses_.size()); j-- > 0;) {
+    if (uses_[j][bucket]) {
+      if (j < backward_block_) reach(j);
+      return;
+    }
+  }
+}
+
+void ParameterShards::backward_enters(int block) {
+  if (backward_ && worker_ && block >= 0 && static_cast<size_t>(block) < backward_block_) {
+    reach(static_cast<size_t>(block));
+  }
+}
+
+void ParameterShards::reach(size_t block) {
+  backward_block_ = block;
+  // The `depth` blocks before it that the last backward read weights of.
+  std::vector<size_t> ahead;
+  for (size_t j = block; j-- > 0 && ahead.size() < static_cast<size_t>(depth_);) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (uses_[j][b] && read_back_[b]) {
+        ahead.push_back(j);
+        break;
+      }
+    }
+  }
+  prefetch_blocks(ahead, /*backward=*/true);
 }
 
 void ParameterShards::bucket_done(size_t b) { release(buckets_.at(b)); }
 
 void ParameterShards::release_all() {
   for (Bucket& b : buckets_) release(b);
+  if (backward_) read_back_ = reading_back_;  // what the next backward prefetches
+  backward_ = false;
 }
 
 void ParameterShards::gather_all(MemoryHooks& memory) {
   for (Bucket& b : buckets_) {
-    if (!b.gathered) gather(b, memory);
+    if (!b.gathered) gather(b, &memory, /*now=*/true);
   }
 }
 

@@ -18,7 +18,17 @@
 //   - in backward, once its gradients are final (GradientShards reduce-scattered it);
 //   - after each backward and each evaluation, whatever is left.
 // That is FSDP's default (reshard after forward), chosen for every bucket, and what happens
-// without a memory budget. Under a budget with eviction (set_managed), forward frees nothing:
+// without a memory budget. There the gathers are prefetched (set_prefetch): they run on a
+// communication thread (parallel/collective_worker.h) that owns the group while a step runs,
+// `depth` blocks ahead of the one computing: in forward the next blocks' buckets as a block
+// begins; in backward, as a block's first weight is read, the buckets of the blocks before it
+// that the previous backward read (under autocast a block whose weights are all cast reads only
+// the copies forward kept; the first backward learns it and prefetches nothing). A read waits for
+// its bucket's gather only if it is still under way. Prefetching is deterministic: it follows the
+// block order and what every rank read alike, so every rank queues the same collectives in the
+// same order. Backward learns where it is from the tape (each entry records the block whose
+// forward made it: backward_enters) or, without that, from the first read of a block's weights.
+// Under a budget with eviction (set_managed), forward frees nothing:
 // a gathered bucket stays until the memory manager needs its room, weighed beside activations by
 // the same score (cost: a modelled all-gather; its bytes; its staleness), or until backward is
 // done with it. Every rank runs the same ops in the same order and decides these points alike; a
@@ -26,10 +36,12 @@
 // only (the config refuses measured ones, host swap and static plans), so drops, recomputations
 // and the gathers they need come at the same points on every rank.
 
+#include "parallel/collective_worker.h"
 #include "parallel/communicator.h"
 #include "parallel/shard_layout.h"
 #include "runtime/parameter_source.h"
 
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -39,8 +51,11 @@ namespace ht {
 struct ParameterGatherStats {
   int64_t gathers = 0;  // buckets gathered
   int64_t bytes = 0;    // bytes this rank received in them
-  double ms = 0;        // time in the all-gathers (allocation included)
+  double ms = 0;        // time in the all-gathers (allocation included; on the communication thread when prefetched)
+  double waited_ms = 0;  // of it, the time the thread computing waited for them (all of it without prefetch)
   int64_t drops = 0;    // gathered buckets the memory manager dropped for room
+  // Share of the gathers' time hidden under compute: 1 - waited / ms.
+  double hidden() const { return ms > 0 ? std::max(0.0, 1.0 - waited_ms / ms) : 0.0; }
 };
 
 // The modelled cost of gathering `bytes` again (what eviction weighs a gathered bucket by): a
@@ -64,15 +79,25 @@ class ParameterShards final : public ParameterSource {
   void end_reads() override;
   std::vector<DroppableParameters> droppable() const override;
   void drop(size_t id) override;
-  // Under a budget with eviction: forward keeps gathered buckets for the memory manager to drop.
+  // Under a budget with eviction: forward keeps gathered buckets for the memory manager to drop
+  // (and nothing is prefetched: the manager decides what stays, not the block order).
   void set_managed(bool managed) { managed_ = managed; }
+  // Gathers run on `worker` (which every other collective of the group must go through while
+  // the step runs: GradientShards::set_worker), up to `depth` blocks ahead. Not with set_managed.
+  void set_prefetch(std::shared_ptr<CollectiveWorker> worker, int depth);
+  bool prefetches() const { return worker_ != nullptr; }
 
   // What each block of the model reads (its parameters and tied ones), in block order.
   void set_block_uses(const std::vector<std::vector<at::Tensor>>& block_params);
   // The model's block listener: block `block` begins (-1: the last has ended).
   void block_begins(int block);
+  // A backward begins (reads until release_all are backward's).
+  void backward_begins();
+  // ParameterSource: backward runs block `block`'s entries: gathers ahead of the blocks before it.
+  void backward_enters(int block) override;
   // Backward is done with bucket `b` (its gradients were reduce-scattered).
   void bucket_done(size_t b);
+  // Every bucket freed (a gather under way first completes); ends a backward.
   void release_all();
   // Every bucket gathered (checkpoints): collective, every rank calls it.
   void gather_all(MemoryHooks& memory);
@@ -93,12 +118,19 @@ class ParameterShards final : public ParameterSource {
     std::vector<size_t> members;  // indices into params_
     at::Tensor whole;             // a flat view of the bucket's storage (its memory only while gathered)
     BucketShards shards;
-    bool gathered = false;
+    bool gathered = false;     // its memory is there (its data too, unless ticket is set)
+    uint64_t ticket = 0;       // its gather, queued on the worker and not yet waited for
     int holds = 0;             // open kernel reads of it
     uint64_t last_access = 0;  // the interpreter's tick of its last read
   };
-  void gather(Bucket& b, MemoryHooks& memory);
+  // Its memory (through `memory`'s room-making, or plainly when null: not managed), then the
+  // collective: inline, or queued on the worker (and waited for when `now`).
+  void gather(Bucket& b, MemoryHooks* memory, bool now);
+  void finish(Bucket& b);  // waits for its queued gather
   void release(Bucket& b);
+  void prefetch_blocks(const std::vector<size_t>& blocks, bool backward);
+  void backward_reads(size_t bucket);
+  void reach(size_t block);  // backward has come to `block`: prefetch the `depth` before it
 
   std::shared_ptr<Communicator> group_;
   std::vector<at::Tensor> params_;
@@ -108,6 +140,15 @@ class ParameterShards final : public ParameterSource {
   std::vector<std::vector<bool>> uses_;  // per block: which buckets it reads
   std::vector<std::vector<size_t>> frames_;  // per open kernel, the buckets it read
   bool managed_ = false;
+  std::shared_ptr<CollectiveWorker> worker_;
+  int depth_ = 0;
+  // Written by the worker, one per bucket: its last gather's time (shared, so that a worker left
+  // running when training fails never writes into freed memory).
+  std::shared_ptr<std::vector<double>> worker_ms_;
+  bool backward_ = false;
+  size_t backward_block_ = 0;          // the block backward has reached (reads go down the blocks)
+  std::vector<bool> read_back_;        // buckets the last finished backward read
+  std::vector<bool> reading_back_;     // buckets this backward has read so far
   ParameterGatherStats stats_;
 };
 

@@ -1,8 +1,7 @@
 #include "runtime/tape.h"
 
-#include "runtime/parameter_source.h"
-
 #include "runtime/interpreter.h"
+#include "runtime/parameter_source.h"
 
 #include <ATen/core/grad_mode.h>
 

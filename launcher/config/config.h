@@ -144,6 +144,7 @@ struct ParallelConfig {
   bool overlap = true;  // all-reduce buckets on a worker thread while backward runs
   double timeout_s = 300;
   ShardLevel shard = ShardLevel::kNone;  // what the data-parallel ranks split among them (ZeRO)
+  int64_t prefetch = 1;  // shard = parameters: blocks whose gathers run ahead, on a communication thread
 };
 
 struct MemoryConfig {

@@ -289,6 +289,14 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "parameters (as gradients, and the parameters too: each block's are all-gathered where a kernel "
                     "reads them and freed after: ZeRO-3, FSDP's full sharding; not with pipeline stages, host swap, "
                     "static plans or measured kernel costs)"));
+  f.push_back(Field(&C::parallel, &ParallelConfig::prefetch, "parallel", "prefetch",
+                    "sharded parameters: how many blocks ahead of the one computing have their parameters "
+                    "all-gathered, on a communication thread, while it computes (forward and backward; FSDP's "
+                    "prefetch); 0: each bucket is gathered where it is first read. Off under a memory budget "
+                    "with eviction, where the memory manager decides what stays gathered")
+                  .min(0).max(8)
+                  .only_when("parallel.shard = \"parameters\"",
+                             [](const Config& c) { return c.parallel.shard == ShardLevel::kParameters; }));
   f.push_back(Field(&C::parallel, &ParallelConfig::timeout_s, "parallel", "timeout_s",
                     "a collective not done after this many seconds ends the job, naming the rank, the step and the "
                     "collective (another rank died or hangs)")

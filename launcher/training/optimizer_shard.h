@@ -35,6 +35,7 @@ struct ShardStats {
   double gather_ms = 0;      // the all-gathers of the updated parameters, last step
   int64_t gather_bytes = 0;  // bytes this rank received in them
   int64_t drops = 0;         // sharded parameters: gathered buckets the memory manager dropped
+  double gather_hidden = 0;  // sharded parameters, prefetched: the share of gather_ms hidden under compute
 };
 
 class OptimizerShard {

@@ -100,6 +100,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     grad_shards_ = std::make_unique<GradientShards>(replicas_.shared_group(), params_, replicas_.buckets());
     interp_.set_gradient_buffer(grad_shards_.get());
     if (param_shards_) grad_shards_->set_bucket_done([this](size_t b) { param_shards_->bucket_done(b); });
+    if (collectives_) grad_shards_->set_worker(collectives_);  // the thread that owns the group while gathers run
   } else if (arena_ || replicas_.size() > 1) {
     // Under a budget, gradients get one block beside the parameters (alloc/gradient_buffer.h).
     // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
@@ -200,6 +201,7 @@ double Trainer::forward_backward(const Batch& micro, double loss_scale, bool las
                                : last && replicas_.overlaps() ? &replicas_
                                                               : nullptr;
   interp_.set_gradient_listener(listener);
+  if (param_shards_) param_shards_->backward_begins();
   // d(scale * loss) = scale * d(loss): seeding backward with the scale adds no op to the graph.
   interp_.backward({loss}, {at::full(loss.sizes(), loss_scale, loss.options())});
   if (grad_shards_) grad_shards_->backward_ended();
@@ -289,7 +291,7 @@ Trainer::StepResult Trainer::train_step() {
     if (param_shards_) {
       // Sharded parameters: the next forward gathers the updated shards; this step's gathers.
       const ParameterGatherStats g = param_shards_->take_stats();
-      r.shard = ShardStats{g.ms, g.bytes, g.drops};
+      r.shard = ShardStats{g.ms, g.bytes, g.drops, g.hidden()};
     } else {
       if (outcome.stepped) shard_->gather_parameters();  // a skipped step changed no piece on any rank
       r.shard = outcome.stepped ? shard_->stats() : ShardStats{};

@@ -179,6 +179,9 @@ class Trainer {
   std::unique_ptr<GradientBuffer> gradients_;  // with a budget, or with replicas
   std::unique_ptr<OptimizerShard> shard_;      // parallel.shard with more than one replica
   std::unique_ptr<GradientShards> grad_shards_;  // parallel.shard = "gradients": instead of gradients_
+  // parallel.shard = "parameters" with parallel.prefetch: the thread that runs the group's
+  // collectives while a step runs (gathers ahead of use, and the reduce-scatters in their turn).
+  std::shared_ptr<CollectiveWorker> collectives_;
   std::unique_ptr<ParameterShards> param_shards_;  // parallel.shard = "parameters"
   std::unique_ptr<LossScaler> scaler_;         // fp16
   DataParallel replicas_;

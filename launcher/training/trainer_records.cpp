@@ -54,7 +54,7 @@ void Trainer::log_step(const StepResult& r) {
   if (shard_) {
     record.add("shard_elements", shard_->elements()).add("gather_ms", r.shard.gather_ms)
         .add("gather_bytes", r.shard.gather_bytes);
-    if (param_shards_) record.add("parameter_drops", r.shard.drops);
+    if (param_shards_) record.add("parameter_drops", r.shard.drops).add("gather_hidden", r.shard.gather_hidden);
   }
   if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
   output_->metrics(record);

@@ -39,10 +39,19 @@ void Trainer::compact_parameters(bool in_reduction_order) {
 void Trainer::shard_parameters() {
   param_shards_ = std::make_unique<ParameterShards>(replicas_.shared_group(), params_, replicas_.buckets(), device_);
   interp_.set_parameter_source(param_shards_.get());
-  // Under a budget with eviction the memory manager decides which gathered buckets to drop.
-  param_shards_->set_managed(arena_ != nullptr && evicts(config_.memory.policy));
+  // Under a budget with eviction the memory manager decides which gathered buckets to drop;
+  // otherwise gathers run ahead on a thread that owns the group's collectives while a step runs.
+  const bool managed = arena_ != nullptr && evicts(config_.memory.policy);
+  param_shards_->set_managed(managed);
+  if (!managed && config_.parallel.prefetch > 0 && replicas_.group().allows_worker_thread()) {
+    collectives_ = std::make_shared<CollectiveWorker>(replicas_.shared_group());
+    param_shards_->set_prefetch(collectives_, static_cast<int>(config_.parallel.prefetch));
+  }
   param_shards_->set_block_uses(model_->parameters_read_by_blocks());
-  model_->set_block_listener([this](int block) { param_shards_->block_begins(block); });
+  model_->set_block_listener([this](int block) {
+    interp_.set_block(block);  // tape entries record it: backward prefetches by block
+    param_shards_->block_begins(block);
+  });
   // The rest (buffers, parameters no bucket holds) as compact_parameters places them: one block.
   const std::vector<at::Tensor> sharded = replicas_.reduction_order();
   std::vector<at::Tensor> rest;

@@ -166,10 +166,14 @@ TEST_P(ShardedJob, ParameterShardsTrainTheUnshardedModel) {
   ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("whole")), 0);
   ASSERT_EQ(run(job + " --parallel.shard=gradients --job.output_dir=" + dir.path("gradients")), 0);
   ASSERT_EQ(run(job + " --parallel.shard=parameters --job.output_dir=" + dir.path("sharded")), 0);
+  ASSERT_EQ(run(job + " --parallel.shard=parameters --parallel.prefetch=0 --job.output_dir=" + dir.path("inline")), 0);
   expect_close_models(dir.path("whole/checkpoints/step_00000004/model.pt"),
                       dir.path("sharded/checkpoints/step_00000004/model.pt"));
+  // Prefetched gathers (the default) copy the same shards: not a bit moves.
+  EXPECT_TRUE(model_at(dir, "sharded", 4) == model_at(dir, "inline", 4)) << "prefetch changed the model";
   const std::string sharded = read_file(dir.path("sharded/metrics.jsonl"));
   EXPECT_GT(last_number(sharded, "gather_bytes"), 0);
+  EXPECT_THAT(sharded, HasSubstr("\"gather_hidden\": "));
   const int64_t measured = last_number(sharded, "mem_peak_bytes");
   expect_predicted_peak_within_two_percent(sharded);
   // At 2 ranks the largest block (hidden1, over half the parameters), gathered whole, outweighs the
@@ -349,12 +353,18 @@ TEST(ShardedJobErrors, PoliciesLevelsCannotComposeWithPipelinesAndOneRank) {
              "parallel.shard = \"gradients\" with memory.policy = \"static\": a static plan places every tensor of "
              "a captured step");
   fails_with("--parallel.shard=everything", "parallel.shard");
+  fails_with("--parallel.shard=parameters --parallel.prefetch=-1", "parallel.prefetch");
   // One rank: a warning, and the run trains.
   ASSERT_EQ(std::system((std::string(HT_BINARY) + " " + config + " --parallel.shard=optimizer --training.steps=1 " +
                          "--checkpoint.interval=0 --job.output_dir=" + dir.path("one") + " > " + log + " 2>&1").c_str()),
             0);
   EXPECT_THAT(read_file(log), HasSubstr("warning: parallel.shard = \"optimizer\" has no effect with one "
                                         "data-parallel rank"));
+  ASSERT_EQ(std::system((std::string(HT_BINARY) + " " + config + " --parallel.prefetch=2 --training.steps=1 " +
+                         "--checkpoint.interval=0 --job.output_dir=" + dir.path("two") + " > " + log + " 2>&1").c_str()),
+            0);
+  EXPECT_THAT(read_file(log), HasSubstr("parallel.prefetch has no effect: it applies only when parallel.shard = "
+                                        "\"parameters\""));
   if (run("mpirun --version") != 0) return;
   const int rc = std::system((mpirun(2) + HT_BINARY + " " + config + " --parallel.shard=optimizer " +
                               "--parallel.pipeline_parallel=2 --job.output_dir=" + dir.path("y") + " > " + log +

@@ -87,5 +87,65 @@ TEST(ParameterShards, ACheckpointGathersAllAndTakesItsShareBack) {
   EXPECT_TRUE(at::equal(s.params[1], at::full({5}, 3.0f)));
 }
 
+// Prefetching: gathers queued on a worker thread (a group of one's gather is a copy there).
+TEST(ParameterShards, ForwardPrefetchesTheNextBlockAsABlockBegins) {
+  Shards s;
+  auto worker = std::make_shared<CollectiveWorker>(std::make_shared<LocalCommunicator>());
+  s.shards->set_prefetch(worker, 1);
+  ASSERT_TRUE(s.shards->prefetches());
+  s.shards->block_begins(0);
+  for (const at::Tensor& p : s.params) EXPECT_TRUE(resident(p)) << "block 0's bucket and block 1's, queued";
+  s.shards->before_read(s.params[2], s.memory, 1);  // waits for its gather only
+  EXPECT_TRUE(at::equal(s.params[2], s.original[2]));
+  s.shards->before_read(s.params[0], s.memory, 2);
+  EXPECT_TRUE(at::equal(s.params[0], s.original[0]) && at::equal(s.params[1], s.original[1]));
+  s.shards->block_begins(1);
+  EXPECT_FALSE(resident(s.params[0])) << "block 1 and none after it reads the first bucket";
+  EXPECT_TRUE(resident(s.params[2]));
+  s.shards->release_all();
+  const ParameterGatherStats stats = s.shards->take_stats();
+  EXPECT_EQ(stats.gathers, 2);
+  EXPECT_LE(stats.waited_ms, stats.ms + 1e3) << "waits are measured beside the worker's time";
+}
+
+TEST(ParameterShards, BackwardPrefetchesWhatTheLastBackwardReadOfTheBlockBefore) {
+  Shards s;
+  s.shards->set_prefetch(std::make_shared<CollectiveWorker>(std::make_shared<LocalCommunicator>()), 1);
+  s.shards->backward_begins();
+  s.shards->before_read(s.params[2], s.memory, 1);  // block 1's backward
+  EXPECT_FALSE(resident(s.params[0])) << "the first backward has not seen what block 0's reads";
+  s.shards->before_read(s.params[0], s.memory, 2);  // block 0's backward reads its weights
+  s.shards->release_all();
+  s.shards->backward_begins();
+  s.shards->before_read(s.params[2], s.memory, 3);
+  EXPECT_TRUE(resident(s.params[0]) && resident(s.params[1])) << "block 0's bucket, queued ahead";
+  s.shards->before_read(s.params[1], s.memory, 4);
+  EXPECT_TRUE(at::equal(s.params[1], s.original[1]));
+  s.shards->release_all();
+  // A backward that reads block 0's weights no more: the next one prefetches nothing.
+  s.shards->backward_begins();
+  s.shards->before_read(s.params[2], s.memory, 5);
+  s.shards->release_all();
+  s.shards->backward_begins();
+  s.shards->before_read(s.params[2], s.memory, 6);
+  EXPECT_FALSE(resident(s.params[0]));
+  s.shards->release_all();
+}
+
+TEST(CollectiveWorker, RunsJobsInTheirOrderAndWaitsForATicket) {
+  CollectiveWorker worker(std::make_shared<LocalCommunicator>());
+  std::vector<int> order;
+  const uint64_t first = worker.submit([&](Communicator&) { order.push_back(1); });
+  const uint64_t second = worker.submit([&](Communicator&) { order.push_back(2); });
+  EXPECT_LT(first, second);
+  worker.wait_for(second);
+  EXPECT_EQ(order, (std::vector<int>{1, 2})) << "a ticket's wait covers the jobs before it";
+  worker.submit([](Communicator&) { throw CommunicationError("rank 1 died in the all-gather of the parameters"); });
+  const uint64_t after = worker.submit([&](Communicator&) { order.push_back(3); });
+  EXPECT_THROW(worker.wait_for(after), CommunicationError);
+  worker.run([&](Communicator&) { order.push_back(4); });
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 4})) << "what was queued after an error does not run";
+}
+
 }  // namespace
 }  // namespace ht
