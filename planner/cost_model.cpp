@@ -335,7 +335,12 @@ int64_t batch_bytes(const ModelProfile& profile, int64_t samples) {
 Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
   Prediction p;
   memory_terms(profile, plan, p);
-  shard_memory_terms(profile, plan, p);
+  if (plan.shard == ShardLevel::kParameters && plan.ranks > 1 && !profile.points.empty()) {
+    const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+    shard_memory_terms(profile, plan, p, &trace);
+  } else {
+    shard_memory_terms(profile, plan, p);
+  }
   const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /

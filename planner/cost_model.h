@@ -30,6 +30,7 @@ struct Plan {
   // during forward and backward, and crosses the link twice a step.
   bool state_on_host = false;
   ShardLevel shard = ShardLevel::kNone;  // parallel.shard (planner/shard_terms.h)
+  int prefetch = 1;  // parallel.prefetch: blocks gathered ahead at "parameters" (none under a budget with eviction)
   int devices() const { return ranks * stages; }
 };
 
@@ -54,7 +55,8 @@ struct Prediction {
   double optimizer_ms = 0;            // optimizer step, clipping, the batch's gather
   double allreduce_ms = 0;            // all-reduce of the gradients, in all
   double allreduce_exposed_ms = 0;    // the part not hidden under backward
-  double gather_ms = 0;               // sharding: the updated parameters' all-gather after the step
+  double gather_ms = 0;               // sharding: the all-gathers the step waits for (after the step; ZeRO-3: of each block)
+  double gather_hidden_ms = 0;        // ZeRO-3 with prefetch: the all-gathers' time hidden under compute
   double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
   int64_t evictions = 0;              // per step (replay), or values a static plan drops

@@ -1,5 +1,7 @@
 #include "planner/search.h"
 
+#include "planner/shard_terms.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -44,7 +46,11 @@ std::string describe_plan(const Plan& p) {
   if (evicts(p.policy)) s += std::string(", ") + choice_name(p.policy);
   if (p.ranks > 1 && p.shard == ShardLevel::kOptimizer) s += ", optimizer state sharded";
   if (p.ranks > 1 && p.shard == ShardLevel::kGradients) s += ", gradients and optimizer state sharded";
-  if (p.ranks > 1 && p.shard == ShardLevel::kParameters) s += ", parameters, gradients and optimizer state sharded";
+  if (p.ranks > 1 && p.shard == ShardLevel::kParameters) {
+    s += ", parameters, gradients and optimizer state sharded";
+    const int ahead = prefetch_depth(p);
+    if (ahead > 0) s += ", gathered " + std::to_string(ahead) + (ahead == 1 ? " block" : " blocks") + " ahead";
+  }
   return s;
 }
 
@@ -74,16 +80,22 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             // swap's timing does not give (both refused by the config).
             if (shard >= ShardLevel::kGradients && plans_statically(policy)) continue;
             if (shard == ShardLevel::kParameters && swaps(policy)) continue;
-            Plan p;
-            p.ranks = ranks;
-            p.stages = stages;
-            p.micro_batch = local / accumulation;
-            p.accumulation = accumulation;
-            p.precision = precision;
-            p.policy = policy;
-            p.budget_bytes = device_memory;
-            p.shard = shard;
-            plans.push_back(p);
+            // Sharded parameters without eviction: gathered where read, or prefetched a block
+            // ahead (one block more gathered, for the time it hides).
+            const bool prefetches = shard == ShardLevel::kParameters && !(evicts(policy) && device_memory > 0);
+            for (int prefetch = 0; prefetch <= (prefetches ? 1 : 0); ++prefetch) {
+              Plan p;
+              p.ranks = ranks;
+              p.stages = stages;
+              p.micro_batch = local / accumulation;
+              p.accumulation = accumulation;
+              p.precision = precision;
+              p.policy = policy;
+              p.budget_bytes = device_memory;
+              p.shard = shard;
+              if (prefetches) p.prefetch = prefetch;
+              plans.push_back(p);
+            }
           }
         }
       }

@@ -31,38 +31,187 @@ const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& pro
   return level == ShardLevel::kParameters && !profile.block_buckets.empty() ? profile.block_buckets : profile.buckets;
 }
 
-int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes,
-                                 const std::vector<size_t>* backward_reads) {
-  const std::vector<std::vector<int64_t>>& buckets = profile.block_buckets;
-  const std::vector<std::vector<size_t>>& uses = profile.block_bucket_uses;
-  if (buckets.empty() || uses.empty()) return 0;
-  std::vector<int64_t> bytes;
-  for (const std::vector<int64_t>& members : buckets) {
-    int64_t n = 0;
-    for (int64_t e : members) n += e;
-    bytes.push_back(arena_bytes(element_bytes * n));
+namespace {
+
+// The buckets cut at blocks, their bytes, who reads them, and what backward reads again.
+struct BlockBuckets {
+  std::vector<int64_t> bytes;                // per bucket, arena-rounded
+  const std::vector<std::vector<size_t>>* uses = nullptr;  // per block, the buckets it reads
+  std::vector<int> readers;                  // per bucket, the blocks that read it
+  std::vector<bool> read_back;               // per bucket: backward reads it again
+
+  BlockBuckets(const ModelProfile& profile, int64_t element_bytes, const std::vector<size_t>* backward_reads)
+      : uses(&profile.block_bucket_uses), readers(profile.block_buckets.size(), 0),
+        read_back(profile.block_buckets.size(), backward_reads == nullptr) {
+    for (const std::vector<int64_t>& members : profile.block_buckets) {
+      int64_t n = 0;
+      for (int64_t e : members) n += e;
+      bytes.push_back(arena_bytes(element_bytes * n));
+    }
+    for (const std::vector<size_t>& u : *uses)
+      for (size_t b : u) ++readers[b];
+    if (backward_reads != nullptr)
+      for (size_t b : *backward_reads) read_back[b] = true;
   }
-  // Buckets more than one block reads (tied weights) stay gathered from their first read in
-  // backward to its end.
-  std::vector<int> readers(buckets.size(), 0);
-  for (const std::vector<size_t>& u : uses)
-    for (size_t b : u) ++readers[b];
-  std::vector<bool> read_back(buckets.size(), backward_reads == nullptr);
-  if (backward_reads != nullptr)
-    for (size_t b : *backward_reads) read_back[b] = true;
-  auto held = [&](const std::vector<size_t>& block, bool backward) {
+  bool empty() const { return bytes.empty() || uses->empty(); }
+  // Whether block `j` reads any bucket (in backward: any it reads again).
+  bool reads(size_t j, bool backward) const {
+    for (size_t b : (*uses)[j])
+      if (!backward || read_back[b]) return true;
+    return false;
+  }
+  // Bytes of the buckets `blocks` read (in backward: those read again), and of the tied ones
+  // (several blocks read them: held from their first read in backward to its end).
+  int64_t held(const std::vector<size_t>& blocks, bool backward) const {
     int64_t n = 0;
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      const bool in_block = std::find(block.begin(), block.end(), b) != block.end();
-      if ((in_block || readers[b] > 1) && (!backward || read_back[b])) n += bytes[b];
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      bool in = backward && readers[b] > 1;
+      for (size_t j : blocks) in = in || std::find((*uses)[j].begin(), (*uses)[j].end(), b) != (*uses)[j].end();
+      if (in && (!backward || read_back[b])) n += bytes[b];
     }
     return n;
-  };
-  // Forward ends with the last block's buckets gathered (what backward reads first); backward
-  // gathers each block's buckets that it reads again.
-  int64_t most = held(uses.back(), /*backward=*/false);
-  for (const std::vector<size_t>& block : uses) most = std::max(most, held(block, /*backward=*/true));
+  }
+  // Block `k` and the `depth` blocks after it in the pass's direction that read a bucket: what
+  // ParameterShards holds gathered while `k` computes.
+  std::vector<size_t> window(size_t k, int depth, bool backward) const {
+    std::vector<size_t> out{k};
+    const auto n = static_cast<std::ptrdiff_t>(uses->size());
+    for (std::ptrdiff_t j = static_cast<std::ptrdiff_t>(k) + (backward ? -1 : 1);
+         j >= 0 && j < n && out.size() <= static_cast<size_t>(depth); j += backward ? -1 : 1) {
+      if (reads(static_cast<size_t>(j), backward)) out.push_back(static_cast<size_t>(j));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes,
+                                 const std::vector<size_t>* backward_reads, int prefetch) {
+  const BlockBuckets g(profile, element_bytes, backward_reads);
+  if (g.empty()) return 0;
+  // What is gathered where activations peak, as forward ends and backward runs (early in
+  // forward, with few activations kept, less counts: gathered_parameter_peak_bytes walks the
+  // step): forward ends with the last block's buckets gathered (what backward reads first);
+  // backward holds a block's buckets that it reads again and those of the `prefetch` blocks
+  // before it.
+  int64_t most = g.held(g.uses->back(), /*backward=*/false);
+  for (size_t k = 0; k < g.uses->size(); ++k) most = std::max(most, g.held(g.window(k, prefetch, true), true));
   return most;
+}
+
+int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
+                                      const std::vector<size_t>* backward_reads, int prefetch,
+                                      int64_t backward_bytes) {
+  const BlockBuckets g(profile, element_bytes, backward_reads);
+  if (g.empty() || trace.events.empty()) {
+    return gathered_parameter_bytes(profile, element_bytes, backward_reads, prefetch) + backward_bytes;
+  }
+  const size_t blocks = g.uses->size();
+  // What each block holds gathered while it runs, forward [0, blocks) and backward [blocks, 2 blocks);
+  // outside the blocks (the loss), what forward ended with.
+  std::vector<int64_t> held(2 * blocks);
+  for (size_t k = 0; k < blocks; ++k) {
+    held[k] = g.held(g.window(k, prefetch, false), false);
+    held[blocks + k] = g.held(g.window(k, prefetch, true), true);
+  }
+  const int64_t after_forward = g.held(g.uses->back(), false);
+  // Forward and backward only: the optimizer's temporaries after the last kernel are its phase's.
+  size_t end = 0;
+  for (size_t i = 0; i < trace.events.size(); ++i) {
+    if (trace.events[i].kind == TraceEvent::Kind::kKernelEnds) end = i + 1;
+  }
+  int64_t in_use = 0, peak = 0, with_gathered = 0;
+  int64_t held_now = 0;     // what the current kernel's block holds gathered
+  int grad_block = -2;      // the block whose bucket's gradient block is allocated (-2: none)
+  for (size_t i = 0; i < end; ++i) {
+    const TraceEvent& e = trace.events[i];
+    const TraceKernel* k = e.kind == TraceEvent::Kind::kKernelBegins || e.kind == TraceEvent::Kind::kKernelEnds
+                               ? &trace.kernels[static_cast<size_t>(e.index)]
+                               : nullptr;
+    const bool known = k != nullptr && k->block >= 0 && static_cast<size_t>(k->block) < blocks;
+    if (e.kind == TraceEvent::Kind::kKernelBegins) {
+      held_now = known ? held[(k->backward ? blocks : 0) + static_cast<size_t>(k->block)] : after_forward;
+      // A bucket's gradients are reduce-scattered when backward leaves its block.
+      if (k->backward && k->block != grad_block) grad_block = -2;
+    } else if (e.kind == TraceEvent::Kind::kAllocated) {
+      in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;
+    } else if (e.kind == TraceEvent::Kind::kFreed) {
+      in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
+    }
+    peak = std::max(peak, in_use);
+    with_gathered = std::max(with_gathered, in_use + held_now + (grad_block != -2 ? backward_bytes : 0));
+    // The block of a bucket's gradients is allocated where the first of them is accumulated:
+    // after the backward kernel that made it ends (the gradients it read already freed).
+    if (e.kind == TraceEvent::Kind::kKernelEnds && k->weight_gradients && known) grad_block = k->block;
+  }
+  return with_gathered - peak;
+}
+
+GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& machine, const Plan& plan,
+                                double micro_batch_ms) {
+  GatherTimes t;
+  const ProfilePoint* point = nullptr;  // the block times and backward's reads at the plan's precision
+  for (const ProfilePoint& q : profile.points) {
+    if (q.precision != plan.precision) continue;
+    if (point == nullptr || std::llabs(q.micro_batch - plan.micro_batch) < std::llabs(point->micro_batch - plan.micro_batch)) {
+      point = &q;
+    }
+  }
+  const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+  const BlockBuckets g(profile, element, point != nullptr ? &point->backward_read_buckets : nullptr);
+  if (g.empty() || plan.ranks <= 1) return t;
+  const size_t blocks = g.uses->size();
+  // Each block's compute, its share of the micro-batch's (the profile's block times; even when unknown).
+  std::vector<double> forward(blocks, micro_batch_ms / 3.0 / static_cast<double>(blocks));
+  std::vector<double> backward(blocks, 2.0 * forward.front());
+  if (point != nullptr && point->blocks.size() == blocks) {
+    double total = 0;
+    for (const BlockTime& b : point->blocks) total += b.forward_ms + b.backward_ms;
+    for (size_t k = 0; total > 0 && k < blocks; ++k) {
+      forward[k] = micro_batch_ms * point->blocks[k].forward_ms / total;
+      backward[k] = micro_batch_ms * point->blocks[k].backward_ms / total;
+    }
+  }
+  // A pass gathers each block's buckets that the block before it (in the pass's order) did not
+  // leave gathered; with prefetch the gather runs while that block computes, and the pass waits
+  // only for what outlasts it (the first block's, whole). Only on devices with an engine of
+  // their own for it (a GPU's, NCCL's): CPU ranks gather with the cores that compute, and a
+  // prefetched gather hides nothing there (as the all-reduce, planner/cost_model.cpp; measured:
+  // docs/parallelism.md, bench_sharding). Backward starts from the last block's, still gathered;
+  // tied buckets stay gathered from their first read in backward to its end.
+  const bool overlap = plan.prefetch > 0 && !machine.shared_host;
+  auto pass = [&](bool back) {
+    std::vector<bool> gathered(g.bytes.size(), false);
+    if (back)
+      for (size_t b : g.uses->back()) gathered[b] = true;
+    const double* computing = nullptr;
+    for (size_t i = 0; i < blocks; ++i) {
+      const size_t k = back ? blocks - 1 - i : i;
+      double ms = 0;
+      for (size_t b : (*g.uses)[k]) {
+        if (gathered[b] || (back && !g.read_back[b])) continue;
+        ms += allgather_ms(machine, plan.ranks, g.bytes[b]);
+        gathered[b] = back && g.readers[b] > 1;
+      }
+      if (!back) {  // forward frees what the next block does not read
+        std::fill(gathered.begin(), gathered.end(), false);
+        for (size_t b : (*g.uses)[k]) gathered[b] = true;
+      }
+      const double hidden = overlap && computing != nullptr ? std::min(ms, *computing) : 0.0;
+      t.total_ms += ms;
+      t.exposed_ms += ms - hidden;
+      if (g.reads(k, back)) computing = back ? &backward[k] : &forward[k];
+    }
+  };
+  pass(false);
+  pass(true);
+  return t;
+}
+
+int prefetch_depth(const Plan& plan) {
+  const bool managed = plan.budget_bytes > 0 && evicts(plan.policy);
+  return plan.shard == ShardLevel::kParameters && !managed ? plan.prefetch : 0;
 }
 
 double shard_step_share(const ModelProfile& profile, const Plan& plan) {
@@ -71,7 +220,7 @@ double shard_step_share(const ModelProfile& profile, const Plan& plan) {
   return static_cast<double>(shard_elements(buckets, plan.ranks)) / static_cast<double>(profile.parameters);
 }
 
-void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
+void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace) {
   const auto& buckets = sharded_buckets(profile, plan.shard);
   if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty()) return;
   const int64_t per_element = state_bytes_per_element(profile);
@@ -102,7 +251,7 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   // it stayed: blocks live from a bucket's first gradient to its reduce-scatter) in place of the
   // whole gradient block.
   const bool gradients_sharded = plan.shard >= ShardLevel::kGradients;
-  const int64_t in_flight = gradients_sharded ? arena_bytes(element * largest_bucket) : 0;
+  int64_t in_flight = gradients_sharded ? arena_bytes(element * largest_bucket) : 0;
   // "parameters": the bucketed parameters give way to the rank's shards (fp32) and the buckets
   // gathered at once (parallel/parameter_shards.h): the most any block reads, tied buckets held.
   const bool parameters_sharded = plan.shard == ShardLevel::kParameters;
@@ -112,7 +261,13 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   for (const ProfilePoint& point : profile.points) {
     if (point.precision == plan.precision) backward_reads = &point.backward_read_buckets;
   }
-  const int64_t gathered = parameters_sharded ? gathered_parameter_bytes(profile, 4, backward_reads) : 0;
+  int64_t gathered = parameters_sharded ? gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan)) : 0;
+  if (parameters_sharded && trace != nullptr) {
+    // Placed along the step: gathered buckets where each block runs, the block of the bucket
+    // backward fills only while backward runs.
+    gathered = gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), in_flight);
+    in_flight = 0;
+  }
   const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed) : p.model_bytes;
   const int64_t fixed = model + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
   const int64_t whole_working = p.optimizer_working_bytes;
@@ -143,11 +298,18 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
   for (const std::vector<int64_t>& members : sharded_buckets(profile, plan.shard))
     for (int64_t n : members) elements += n;
   const int64_t bytes = profile.parameters > 0 ? elements * (profile.gradient_bytes / profile.parameters) : 0;
-  // After the step, one all-gather of the updated parameters; sharded parameters instead gather
-  // every bucket before its forward and again before its backward, each micro-batch, inline
-  // (no prefetch yet): exposed.
-  const double gathers = plan.shard == ShardLevel::kParameters ? 2.0 * static_cast<double>(plan.accumulation) : 1.0;
-  p.gather_ms = allgather_ms(machine, plan.ranks, bytes) * gathers;
+  if (plan.shard == ShardLevel::kParameters) {
+    // Every micro-batch gathers each block's buckets in forward and those backward reads again;
+    // prefetched, what the block before computes hides.
+    Plan prefetching = plan;
+    prefetching.prefetch = prefetch_depth(plan);
+    const double micro_batch_ms = p.compute_ms / static_cast<double>(std::max<int64_t>(1, plan.accumulation));
+    const GatherTimes g = parameter_gather_ms(profile, machine, prefetching, micro_batch_ms);
+    p.gather_ms = g.exposed_ms * static_cast<double>(plan.accumulation);
+    p.gather_hidden_ms = (g.total_ms - g.exposed_ms) * static_cast<double>(plan.accumulation);
+  } else {
+    p.gather_ms = allgather_ms(machine, plan.ranks, bytes);  // the updated parameters, after the step
+  }
   if (plan.shard >= ShardLevel::kGradients) {
     // A reduce-scatter (a ring's half of an all-reduce) for every micro-batch, on the thread that
     // runs backward: nothing hides it.

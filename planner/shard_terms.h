@@ -20,8 +20,10 @@
 //   the buckets gathered at once (gathered_parameter_bytes: backward gathers again only the
 //   buckets whose weights it reads, which the profile records; under autocast a block whose
 //   weights are all cast reads only the copies forward kept), and the one
-//   all-gather after the step becomes two per bucket and micro-batch (before its forward and its
-//   backward; fewer in fact where backward reads no weight: an overestimate), exposed. The bf16
+//   all-gather after the step becomes, every micro-batch, one per bucket in forward and one per
+//   bucket backward reads again (parameter_gather_ms); with prefetch (parallel.prefetch, not
+//   under a budget with eviction) the next block's gathered bytes join the held ones and its
+//   gather's time hides under the current block's compute where it is shorter. The bf16
 //   copies of gathered weights that forward keeps for backward are activations, measured as such.
 // The ZeRO paper's formulas (2P + 2P + 12P/N for fp16 parameters with fp32 master weights and
 // Adam at the first stage) are a check in the tests and docs: this project keeps fp32 parameters
@@ -40,11 +42,35 @@ namespace ht {
 // The buckets `level` shards: the profile's, or at "parameters" those cut at blocks.
 const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& profile, ShardLevel level);
 // Bytes of sharded parameters gathered at once at most while forward and backward run (elements
-// of `element_bytes`): the last block's buckets as forward ends, or a block's buckets that
-// backward reads again (`backward_reads`, indices into profile.block_buckets; null: all), with
-// the buckets several blocks read (tied weights) held throughout.
+// of `element_bytes`): a block's buckets and those of the `prefetch` blocks after it in forward,
+// or, in backward, a block's buckets that backward reads again (`backward_reads`, indices into
+// profile.block_buckets; null: all) and those of the `prefetch` blocks before it, with the
+// buckets several blocks read (tied weights) held throughout.
 int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes,
-                                 const std::vector<size_t>* backward_reads);
+                                 const std::vector<size_t>* backward_reads, int prefetch = 0);
+// What the gathered buckets add to the peak of forward and backward, walking `trace` (the
+// unsharded step at the plan's micro-batch): each kernel's bytes in use plus what its block holds
+// gathered (forward: its buckets and the next `prefetch` blocks'; backward: as
+// gathered_parameter_bytes; the loss: what forward ended with), against the trace's own peak.
+// Early in forward few activations are kept: a block and the blocks prefetched with it may set
+// the peak there, or add nothing. Without events, gathered_parameter_bytes.
+// `backward_bytes` join every backward kernel (sharded gradients' block of the bucket being
+// filled) and are in the result.
+int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
+                                      const std::vector<size_t>* backward_reads, int prefetch,
+                                      int64_t backward_bytes = 0);
+// The blocks gathered ahead in `plan` (parallel.prefetch; none under a budget with eviction,
+// where the memory manager decides what stays gathered, nor below "parameters").
+int prefetch_depth(const Plan& plan);
+// One micro-batch's all-gathers of sharded parameters: in all, and what forward and backward wait
+// for (with plan.prefetch, a block's gather runs while the block before it computes, each block's
+// compute its share of `micro_batch_ms` by the profile's block times; as one block ahead even
+// when more are).
+struct GatherTimes {
+  double total_ms = 0, exposed_ms = 0;
+};
+GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& machine, const Plan& plan,
+                                double micro_batch_ms);
 // Elements of the model rank 0 (the fullest) of `ranks` updates: its share of each bucket.
 int64_t shard_elements(const std::vector<std::vector<int64_t>>& buckets, int ranks);
 // The optimizer state's bytes per parameter element in `profile` (measured whole: 8, 4 or 0).
@@ -57,7 +83,9 @@ double allgather_ms(const Machine& machine, int ranks, int64_t bytes);
 double shard_step_share(const ModelProfile& profile, const Plan& plan);
 // Fills what plan.shard changes in `p`: the optimizer state's bytes per rank (and the peak with
 // them), and the all-gather after the step (p.gather_ms, counted in p.step_ms by the caller).
-void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p);
+// `trace`: the step at the plan's micro-batch (trace_for), where gathered parameters are
+// placed into (null: at the activations' peak, gathered_parameter_bytes).
+void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace = nullptr);
 void shard_time_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, Prediction& p);
 // The recorded step up to its last kernel: what the optimizer allocates after backward (sized by
 // the whole parameters) left out, for a replay whose optimizer steps pieces.

@@ -162,6 +162,7 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   c.parallel.pipeline_parallel = plan.stages;
   if (plan.stages > 1) c.parallel.pipeline_schedule = plan.schedule;
   c.parallel.shard = plan.shard;
+  if (plan.shard == ShardLevel::kParameters) c.parallel.prefetch = plan.prefetch;
   c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
   c.training.mixed_precision = plan.precision;
   c.memory.policy = plan.policy;

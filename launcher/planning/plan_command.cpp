@@ -9,6 +9,7 @@
 #include "alloc/byte_size.h"
 #include "alloc/cpu_device_allocator.h"
 #include "planner/plan_report.h"
+#include "planner/shard_terms.h"
 #include "runtime/thread_pools.h"
 
 #include <cstdio>
@@ -37,11 +38,11 @@ JsonObject plan_record(const RankedPlan& r) {
   o.add("ranks", static_cast<int64_t>(p.devices())).add("data_parallel", static_cast<int64_t>(p.ranks))
       .add("pipeline_parallel", static_cast<int64_t>(p.stages)).add("micro_batch", p.micro_batch).add("accumulation", p.accumulation)
       .add("precision", std::string(choice_name(p.precision))).add("policy", std::string(choice_name(p.policy))).add("budget_bytes", p.budget_bytes)
-      .add("shard", std::string(choice_name(p.shard)))
+      .add("shard", std::string(choice_name(p.shard))).add("prefetch", static_cast<int64_t>(prefetch_depth(p)))
       .add("fits", d.fits).add("peak_bytes", d.peak_bytes).add("activation_bytes", d.activation_bytes)
       .add("step_ms", d.step_ms).add("compute_ms", d.compute_ms).add("recompute_ms", d.recompute_ms)
       .add("optimizer_ms", d.optimizer_ms).add("allreduce_exposed_ms", d.allreduce_exposed_ms)
-      .add("gather_ms", d.gather_ms).add("optimizer_state_bytes", d.optimizer_state_bytes)
+      .add("gather_ms", d.gather_ms).add("gather_hidden_ms", d.gather_hidden_ms).add("optimizer_state_bytes", d.optimizer_state_bytes)
       .add("bubble_ms", d.bubble_ms)
       .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
       .add("device_hours_per_epoch", d.device_hours_per_epoch);

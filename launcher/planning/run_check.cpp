@@ -25,6 +25,7 @@ Plan plan_of(const Config& c) {
   p.schedule = c.parallel.pipeline_schedule;
   p.state_on_host = c.memory.optimizer_state == StatePlace::kHost;
   p.shard = c.parallel.shard;
+  p.prefetch = static_cast<int>(c.parallel.prefetch);
   return p;
 }
 
@@ -83,6 +84,9 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
     }
     if (evicts(q.policy)) text += std::string(", memory.policy = \"") + choice_name(q.policy) + "\"";
     if (q.shard != c.parallel.shard) text += std::string(", parallel.shard = \"") + choice_name(q.shard) + "\"";
+    if (q.shard == ShardLevel::kParameters && !evicts(q.policy) && q.prefetch != c.parallel.prefetch) {
+      text += ", parallel.prefetch = " + std::to_string(q.prefetch);
+    }
     text += " peaks at " + format_bytes(r.peak_bytes) + " (" + std::to_string(100 * r.peak_bytes / limit) +
             "% of it) at " + ratio(r.step_ms, p.step_ms) + " the step time";
   }
@@ -97,21 +101,23 @@ struct Decision {
   MemoryPolicy policy = MemoryPolicy::kNone;
   int64_t budget_bytes = 0;
   ShardLevel shard = ShardLevel::kNone;
+  int64_t prefetch = 1;
 };
 
 Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
   at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
-                             d.budget_bytes, static_cast<int64_t>(d.shard)}, at::kLong);
+                             d.budget_bytes, static_cast<int64_t>(d.shard), d.prefetch}, at::kLong);
   grid.data_parallel_group->broadcast(t, 0, "the plan of rank 0");
   return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
-          t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>())};
+          t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>()), t[5].item<int64_t>()};
 }
 
 void apply(Config& c, const Decision& d) {
   c.training.micro_batch_size = d.micro_batch == c.local_batch_size() ? 0 : d.micro_batch;
   c.memory.policy = d.policy;
   c.parallel.shard = d.shard;
+  if (d.shard == ShardLevel::kParameters) c.parallel.prefetch = d.prefetch;
   if (d.budget_bytes != c.memory.budget_bytes) {
     c.memory.budget = std::to_string(d.budget_bytes);
     c.memory.budget_bytes = d.budget_bytes;
@@ -191,7 +197,8 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       refusal = does_not_fit(config, out.prediction, out.limit_bytes, fitting);
     }
     decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
-                evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard};
+                evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard,
+                out.plan.prefetch};
   }
   decision = share(grid, decision);
   if (decision.refuse) throw refusal ? *refusal : UserError("rank 0 found that the run cannot fit");

@@ -4,6 +4,7 @@
 #include "planner/search.h"
 #include "planner/shard_terms.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 namespace ht {
@@ -102,9 +103,16 @@ TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
       << "backward reads only kept copies: what the last block left gathered";
   const std::vector<size_t> norms{1};  // block 1's bucket holds a weight read in fp32 (a norm's)
   EXPECT_EQ(gathered_parameter_bytes(profile, 4, &norms), arena_bytes(4 * 4000));
+  // Prefetching one block: backward holds a block's buckets and the one before it.
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, nullptr, 1),
+            arena_bytes(4 * 110) + arena_bytes(4 * 500) + arena_bytes(4 * 4000))
+      << "the last block's, the tied one, and block 1's gathered ahead";
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, &norms, 1), arena_bytes(4 * 4000))
+      << "ahead only what backward reads again";
   Plan plan;
   plan.ranks = 2;
   plan.shard = ShardLevel::kParameters;
+  plan.prefetch = 0;
   Prediction p = whole(profile, 100000);
   shard_memory_terms(profile, plan, p);
   // Shards of 55 + 2000 + 250 elements a rank, fp32, one tensor a bucket; the parameters gone.
@@ -113,15 +121,116 @@ TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
   EXPECT_EQ(p.optimizer_state_bytes, arena_bytes(8 * 2305));
   EXPECT_EQ(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + 100000 +
                               gathered_parameter_bytes(profile, 4, nullptr));
-  // Two all-gathers of every bucket a micro-batch (forward and backward), none after the step.
+  plan.prefetch = 1;
+  Prediction ahead = whole(profile, 100000);
+  shard_memory_terms(profile, plan, ahead);
+  EXPECT_EQ(ahead.peak_bytes - p.peak_bytes, arena_bytes(4 * 110))
+      << "prefetched: the last block's bucket beside block 1's and the tied one, as backward begins";
+  Plan managed = plan;
+  managed.policy = MemoryPolicy::kDtr;
+  managed.budget_bytes = 1 << 30;
+  EXPECT_EQ(prefetch_depth(managed), 0) << "under a budget with eviction the memory manager decides";
+}
+
+// The gathered buckets placed along a step: 100 bytes kept from block 0's forward, 100000 from
+// block 2's until its backward. Forward's early blocks hold much gathered where little else
+// is in use; what counts is the sum at each kernel: as backward begins, the last block's buckets
+// (the tied one among them), with prefetch block 1's too. Sharded gradients' block comes where the
+// first weight gradient is accumulated, after the kernel that made it (1000 bytes, then freed).
+TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
+  ModelProfile profile = adamw_profile();
+  profile.block_buckets = {{10, 100}, {4000}, {500}};
+  profile.block_bucket_uses = {{2}, {1}, {0, 2}};
+  StepTrace trace;
+  trace.tensors = {TraceTensor{100, 0, true}, TraceTensor{100000, 2, true}, TraceTensor{1000, -1, false}};
+  using K = TraceEvent::Kind;
+  for (auto [block, backward] : {std::pair{0, false}, {1, false}, {2, false}, {2, true}, {1, true}}) {
+    TraceKernel k;
+    k.block = block;
+    k.backward = backward;
+    k.weight_gradients = backward;
+    trace.kernels.push_back(k);
+  }
+  trace.events = {{K::kKernelBegins, 0}, {K::kAllocated, 0},    {K::kKernelEnds, 0}, {K::kKernelBegins, 1},
+                  {K::kKernelEnds, 1},   {K::kKernelBegins, 2}, {K::kAllocated, 1},  {K::kKernelEnds, 2},
+                  {K::kKernelBegins, 3}, {K::kAllocated, 2},    {K::kKernelEnds, 3}, {K::kFreed, 2},
+                  {K::kFreed, 1},        {K::kKernelBegins, 4}, {K::kKernelEnds, 4}};
+  const int64_t last = arena_bytes(4 * 110) + arena_bytes(4 * 500), middle = arena_bytes(4 * 4000);
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0), last)
+      << "block 1's 16000 bytes come where only 100 are in use";
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 50000), last + 50000 - 1000)
+      << "the gradients' block comes as the kernel that made the first gradient ends";
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 1), last + middle)
+      << "backward's first block holds the one before it, gathered ahead";
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, StepTrace{}, 4, nullptr, 1),
+            gathered_parameter_bytes(profile, 4, nullptr, 1))
+      << "no trace: at the activations' peak";
+}
+
+// ZeRO-3's all-gathers each micro-batch: forward gathers each block's buckets (the tied one again
+// at the last block, as forward freed it after block 0); backward starts from what the last block
+// left gathered and gathers block 1's (block 0 reads only the tied bucket, still gathered). With
+// prefetch, a gather runs while the block before it computes: with blocks of a second each, all
+// but forward's first; on GPUs only, where the gathers have an engine of their own: CPU ranks
+// gather with the cores that compute.
+TEST(ShardTerms, ParameterGathersAreWhatEachPassGathersAndPrefetchHidesTheRest) {
+  ModelProfile profile = adamw_profile();
+  profile.block_buckets = {{10, 100}, {4000}, {500}};
+  profile.block_bucket_uses = {{2}, {1}, {0, 2}};
+  profile.buckets = {{10, 100, 4000, 500}};
+  profile.parameters = 4610;
+  profile.gradient_bytes = arena_bytes(4 * 4610);
   Machine m;
   m.devices_per_node = 8;
   m.intra_node_gbps = 10;
   m.intra_node_latency_us = 0;
+  m.shared_host = false;  // GPUs
+  auto ag = [&](int64_t elements) { return allgather_ms(m, 2, arena_bytes(4 * elements)); };
+  const double pass = ag(500) + ag(4000) + ag(110) + ag(500) + ag(4000);
+  Plan plan;
+  plan.ranks = 2;
+  plan.shard = ShardLevel::kParameters;
   plan.accumulation = 3;
+  plan.prefetch = 0;
   Prediction t;
+  t.compute_ms = 3 * 3000;  // 1 s a block a micro-batch (no block times: even shares)
   shard_time_terms(profile, m, plan, t);
-  EXPECT_NEAR(t.gather_ms, 6 * allgather_ms(m, 2, 4 * 4610), 1e-12);
+  EXPECT_NEAR(t.gather_ms, 3 * pass, 1e-12) << "without prefetch every gather is waited for";
+  EXPECT_EQ(t.gather_hidden_ms, 0.0);
+  plan.prefetch = 1;
+  Prediction ahead;
+  ahead.compute_ms = t.compute_ms;
+  shard_time_terms(profile, m, plan, ahead);
+  EXPECT_NEAR(ahead.gather_ms, 3 * ag(500), 1e-12) << "only forward's first block waits";
+  EXPECT_NEAR(ahead.gather_hidden_ms, 3 * (pass - ag(500)), 1e-12);
+  Machine cpu = m;
+  cpu.shared_host = true;
+  Prediction on_cpu;
+  on_cpu.compute_ms = t.compute_ms;
+  shard_time_terms(profile, cpu, plan, on_cpu);
+  EXPECT_NEAR(on_cpu.gather_ms, 3 * pass, 1e-12) << "CPU ranks: prefetching hides nothing";
+  EXPECT_EQ(on_cpu.gather_hidden_ms, 0.0);
+}
+
+// At "parameters" without eviction the search weighs gathering where read against prefetching a
+// block ahead; under a budget with eviction the memory manager decides, and it offers one plan.
+TEST(ShardTerms, TheSearchOffersPrefetchWhereNothingEvicts) {
+  SearchOptions options;
+  options.ranks = {2};
+  options.stages = {1};
+  options.precisions = {MixedPrecision::kOff};
+  options.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr};
+  options.shards = {ShardLevel::kGradients, ShardLevel::kParameters};
+  options.max_accumulation = 1;
+  std::vector<std::pair<MemoryPolicy, int>> parameters;
+  int gradients = 0;
+  for (const Plan& p : candidate_plans(8, 1 << 30, options)) {
+    if (p.shard == ShardLevel::kParameters) parameters.emplace_back(p.policy, prefetch_depth(p));
+    if (p.shard == ShardLevel::kGradients) ++gradients;
+  }
+  EXPECT_EQ(gradients, 2);
+  EXPECT_THAT(parameters, ::testing::UnorderedElementsAre(std::pair{MemoryPolicy::kNone, 0}, std::pair{MemoryPolicy::kNone, 1},
+                                                          std::pair{MemoryPolicy::kDtr, 0}));
 }
 
 TEST(ShardTerms, TheSearchOffersLevelsToSeveralReplicasWithoutStages) {
