@@ -11,7 +11,10 @@
 // 3. the step at the same per-rank batch, sharded against unsharded, interleaved (A B, B A, ...):
 //    the time ratio and the all-gather's share of the sharded step;
 // 4. the same for ZeRO-2 (gradients) and ZeRO-3 (parameters: a second replica whose parameters
-//    live as shards, gathered a block at a time where they are read, as the trainer runs them).
+//    live as shards, gathered a block at a time where they are read, as the trainer runs them),
+//    ZeRO-3 twice: gathering where read, and prefetching one block ahead on the communication
+//    thread (parallel.prefetch = 1, the default), with the share of the gathers' time hidden
+//    under compute (1 - time the computing thread waited / time in the gathers).
 #include "bench/bench_util.h"
 #include "launcher/training/compact.h"
 #include "launcher/training/optimizer.h"
@@ -31,6 +34,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <tuple>
 
 namespace ht::bench {
 namespace {
@@ -191,14 +195,19 @@ struct Replica {
 // A replica whose parameters are sharded (ZeRO-3), set up as the trainer sets it up: buckets cut
 // at blocks, each rank's share of each, gradients reduce-scattered, the optimizer over the shards.
 struct ShardedReplica {
-  ShardedReplica(const BenchModel& m, const std::shared_ptr<Communicator>& group)
+  ShardedReplica(const BenchModel& m, const std::shared_ptr<Communicator>& group, int prefetch)
       : model(m.make()), params(model->parameters()),
         replicas(group, params, int64_t{25} << 20, false, model->parameter_blocks()) {
     shards = std::make_unique<ParameterShards>(group, params, replicas.buckets(), at::Device(at::kCPU));
+    if (prefetch > 0) {
+      TORCH_CHECK(group->allows_worker_thread(), "bench_sharding: MPI without thread support cannot prefetch");
+      worker = std::make_shared<CollectiveWorker>(group);
+      shards->set_prefetch(worker, prefetch);
+    }
     shards->set_block_uses(model->parameters_read_by_blocks());
-    model->set_block_listener([this](int block) { shards->block_begins(block); });
     grad_shards = std::make_unique<GradientShards>(group, params, replicas.buckets());
     grad_shards->set_bucket_done([this](size_t b) { shards->bucket_done(b); });
+    if (worker) grad_shards->set_worker(worker);
     shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), nullptr, &shards->shards());
     TrainingConfig t;
     t.optimizer = OptimizerKind::kAdamw;
@@ -207,14 +216,19 @@ struct ShardedReplica {
     std::tie(input, target) = m.data(m.batch);
     model->train();
   }
-  // One step; returns its time and the all-gathers' share of it.
-  std::pair<double, double> step() {
+  // One step; returns its time, the all-gathers' share of it and the share of them hidden.
+  std::tuple<double, double, double> step() {
     Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 1});
     interp.set_gradient_buffer(grad_shards.get());
     interp.set_parameter_source(shards.get());
+    model->set_block_listener([&](int block) {
+      interp.set_block(block);
+      shards->block_begins(block);
+    });
     const double start = now_ms();
     Tensor loss = model->loss(model->forward(interp.input(input)), interp.input(target));
     interp.set_gradient_listener(grad_shards.get());
+    shards->backward_begins();
     interp.backward(loss);
     interp.set_gradient_listener(nullptr);
     grad_shards->backward_ended();
@@ -223,12 +237,15 @@ struct ShardedReplica {
     shard->attach_gradients(*grad_shards);
     optimizer->step();
     shard->detach_gradients();
+    model->set_block_listener(nullptr);
     const double ms = now_ms() - start;
-    return {ms, shards->take_stats().ms / ms};
+    const ParameterGatherStats g = shards->take_stats();
+    return {ms, g.ms / ms, g.hidden()};
   }
   std::shared_ptr<Model> model;
   std::vector<at::Tensor> params;
   DataParallel replicas;
+  std::shared_ptr<CollectiveWorker> worker;
   std::unique_ptr<ParameterShards> shards;
   std::unique_ptr<GradientShards> grad_shards;
   std::unique_ptr<OptimizerShard> shard;
@@ -252,6 +269,10 @@ struct Zero3Row {
   int64_t parameters = 0, parameter_shard_bytes = 0, gradient_shard_bytes = 0, state_bytes = 0;
   bool exact = false;  // parameter and gradient shards are the planner's 4 x shard_elements(block buckets)
   double ms = 0, none_ms = 0, gather_share = 0;
+  // Prefetching one block ahead: the step, the gathers' share of it, the share of them hidden, and
+  // whether its shards are the inline replica's, bit for bit.
+  double prefetch_ms = 0, prefetch_gather_share = 0, hidden = 0;
+  bool same_bits = false;
 };
 std::vector<Zero3Row> g_zero3;
 
@@ -264,17 +285,31 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
   int64_t parameters = 0;
   for (const at::Tensor& p : r.params) parameters += p.numel();
   at::manual_seed(0);
-  ShardedReplica r3(m, group);  // the same initial model
-  std::vector<double> ms[4], gather_share, gather3_share;
+  ShardedReplica r3(m, group, 0);  // the same initial model
+  at::manual_seed(0);
+  ShardedReplica r4(m, group, 1);
+  std::vector<double> ms[5], gather_share, gather3_share, gather4_share, hidden4;
   for (int i = 0; i < warmup + reps; ++i) {
-    for (int j = 0; j < 4; ++j) {
-      const int level = (i + j) % 4;  // the order rotates: none, optimizer, gradients, parameters, ...
+    for (int j = 0; j < 5; ++j) {
+      // The order rotates: none, optimizer, gradients, parameters, parameters prefetched, ...
+      const int level = (i + j) % 5;
       c.barrier("the benchmark");
-      const auto [t, gather] = level == 3 ? r3.step() : r.step(level);
+      double t = 0, gather = 0, hidden = 0;
+      if (level == 3) {
+        std::tie(t, gather, hidden) = r3.step();
+      } else if (level == 4) {
+        std::tie(t, gather, hidden) = r4.step();
+      } else {
+        std::tie(t, gather) = r.step(level);
+      }
       if (i < warmup) continue;
       ms[level].push_back(t);
       if (level == 1) gather_share.push_back(gather / t);
       if (level == 3) gather3_share.push_back(gather);
+      if (level == 4) {
+        gather4_share.push_back(gather);
+        hidden4.push_back(hidden);
+      }
     }
   }
   {
@@ -288,6 +323,16 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
               z.state_bytes == 8 * elements;
     z.ms = mean_of_medians(c, ms[3]);
     z.gather_share = mean_of_medians(c, gather3_share);
+    z.prefetch_ms = mean_of_medians(c, ms[4]);
+    z.prefetch_gather_share = mean_of_medians(c, gather4_share);
+    z.hidden = mean_of_medians(c, hidden4);
+    // The same steps from the same model: prefetching moves no bit (every rank's shards).
+    bool same = r3.shards->shards().size() == r4.shards->shards().size();
+    for (size_t b = 0; same && b < r3.shards->shards().size(); ++b)
+      same = at::equal(r3.shards->shards()[b], r4.shards->shards()[b]);
+    at::Tensor differs = at::full({1}, same ? 0.0 : 1.0, at::kDouble);
+    c.allreduce_sum(differs, "the check");
+    z.same_bits = differs.item<double>() == 0;
     g_zero3.push_back(z);
   }
   g_zero2.push_back(Zero2Row{m.name, parameters, r.grad_shards->shard_bytes(), mean_of_medians(c, ms[2]), 0});
@@ -372,26 +417,32 @@ int main(int argc, char** argv) {
     }
   }
   if (grid.is_root() && !ht::bench::g_zero3.empty()) {
-    std::printf("\nparallel.shard = parameters (ZeRO-3) on a replica of its own (buckets cut at blocks), in the same "
-                "rounds: rank 0's parameter, gradient and AdamW shards against 4P/N + 4P/N + 8P/N, the step, and the "
-                "all-gathers' share of it:\n\n");
-    std::printf("| %-34s | %10s | %10s | %10s | %9s | %7s | %8s | %7s | %8s |\n", "model", "none MiB", "state MiB",
-                "16P/N", "vs plan", "none ms", "zero3 ms", "ratio", "gathers");
-    std::printf("|%s|\n", std::string(122, '-').c_str());
+    std::printf("\nparallel.shard = parameters (ZeRO-3) on replicas of their own (buckets cut at blocks), in the same "
+                "rounds: rank 0's parameter, gradient and AdamW shards against 4P/N + 4P/N + 8P/N; the step gathering "
+                "where read (prefetch 0) and prefetching a block ahead on the communication thread (prefetch 1), each "
+                "against the unsharded step, the all-gathers' share of each, and the share of the prefetched gathers' "
+                "time hidden under compute; `bits`: the prefetched replica's shards are the other's after every step:\n\n");
+    std::printf("| %-34s | %10s | %10s | %10s | %9s | %7s | %8s | %7s | %8s | %8s | %7s | %8s | %7s | %5s |\n", "model",
+                "none MiB", "state MiB", "16P/N", "vs plan", "none ms", "zero3 ms", "ratio", "gathers", "prefetch",
+                "ratio", "gathers", "hidden", "bits");
+    std::printf("|%s|\n", std::string(176, '-').c_str());
     const int n = grid.world;
     for (const auto& z : ht::bench::g_zero3) {
       const double mib = 1024.0 * 1024.0, p = static_cast<double>(z.parameters);
-      std::printf("| %-34s | %10.2f | %10.2f | %10.2f | %9s | %7.1f | %8.1f | %6.3fx | %7.1f%% |\n", z.name.c_str(),
-                  16.0 * p / mib,
+      std::printf("| %-34s | %10.2f | %10.2f | %10.2f | %9s | %7.1f | %8.1f | %6.3fx | %7.1f%% | %8.1f | %6.3fx | "
+                  "%7.1f%% | %6.1f%% | %5s |\n",
+                  z.name.c_str(), 16.0 * p / mib,
                   static_cast<double>(z.parameter_shard_bytes + z.gradient_shard_bytes + z.state_bytes) / mib,
                   16.0 * p / n / mib, z.exact ? "exact" : "DIFFERS", z.none_ms, z.ms, z.ms / z.none_ms,
-                  100 * z.gather_share);
-      exact = exact && z.exact;
+                  100 * z.gather_share, z.prefetch_ms, z.prefetch_ms / z.none_ms, 100 * z.prefetch_gather_share,
+                  100 * z.hidden, z.same_bits ? "same" : "DIFFER");
+      exact = exact && z.exact && z.same_bits;
     }
   }
   ht::finalize_process_grid();
   if (!exact) {
-    std::fprintf(stderr, "bench_sharding: a rank's measured optimizer state differs from the planner's terms\n");
+    std::fprintf(stderr, "bench_sharding: a rank's measured state differs from the planner's terms, or prefetching "
+                 "changed a bit\n");
     return 1;
   }
   return 0;
