@@ -228,7 +228,6 @@ struct ShardedReplica {
     const double start = now_ms();
     Tensor loss = model->loss(model->forward(interp.input(input)), interp.input(target));
     interp.set_gradient_listener(grad_shards.get());
-    shards->backward_begins();
     interp.backward(loss);
     interp.set_gradient_listener(nullptr);
     grad_shards->backward_ended();

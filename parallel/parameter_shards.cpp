@@ -90,7 +90,7 @@ void ParameterShards::before_read(const at::Tensor& weight, MemoryHooks& memory,
   } else {
     finish(b);
   }
-  if (backward_) backward_reads(it->second);
+  if (backward_ && worker_) backward_reads(it->second);
 }
 
 void ParameterShards::end_reads() {
@@ -210,16 +210,23 @@ void ParameterShards::prefetch_blocks(const std::vector<size_t>& blocks, bool ba
   }
 }
 
-void ParameterShards::backward_begins() {
+void ParameterShards::backward_will_read(const std::vector<at::Tensor>& weights) {
   backward_ = true;
   backward_block_ = uses_.size();
-  read_back_.resize(buckets_.size(), false);
-  reading_back_.assign(buckets_.size(), false);
+  read_back_.assign(buckets_.size(), false);
+  for (const at::Tensor& w : weights) {
+    auto it = bucket_of_.find(w.unsafeGetTensorImpl());
+    if (it != bucket_of_.end()) read_back_[it->second] = true;
+  }
+  // What forward left gathered and backward will not read goes now (under autocast the last
+  // blocks' cast weights: backward reads their copies). Managed: the memory manager decides.
+  if (managed_) return;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!read_back_[b] && buckets_[b].holds == 0) release(buckets_[b]);
+  }
 }
 
 void ParameterShards::backward_reads(size_t bucket) {
-  reading_back_[bucket] = true;
-  if (!worker_) return;
   // Backward goes down the blocks: the block it reads now is the last that reads this bucket and
   // is not past where backward already was (a tied bucket is read by a late and an early block).
   // (Where the tape tells which block's entries run, backward_enters has moved there already.)
@@ -256,7 +263,6 @@ void ParameterShards::bucket_done(size_t b) { release(buckets_.at(b)); }
 
 void ParameterShards::release_all() {
   for (Bucket& b : buckets_) release(b);
-  if (backward_) read_back_ = reading_back_;  // what the next backward prefetches
   backward_ = false;
 }
 

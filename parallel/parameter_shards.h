@@ -91,10 +91,11 @@ class ParameterShards final : public ParameterSource {
   void set_block_uses(const std::vector<std::vector<at::Tensor>>& block_params);
   // The model's block listener: block `block` begins (-1: the last has ended).
   void block_begins(int block);
-  // A backward begins (reads until release_all are backward's).
-  void backward_begins();
   // ParameterSource: backward runs block `block`'s entries: gathers ahead of the blocks before it.
   void backward_enters(int block) override;
+  // ParameterSource: a backward begins (reads until release_all are backward's) that reads these
+  // weights: frees gathered buckets of no other (unless managed), and prefetches only those.
+  void backward_will_read(const std::vector<at::Tensor>& weights) override;
   // Backward is done with bucket `b` (its gradients were reduce-scattered).
   void bucket_done(size_t b);
   // Every bucket freed (a gather under way first completes); ends a backward.
@@ -147,8 +148,7 @@ class ParameterShards final : public ParameterSource {
   std::shared_ptr<std::vector<double>> worker_ms_;
   bool backward_ = false;
   size_t backward_block_ = 0;          // the block backward has reached (reads go down the blocks)
-  std::vector<bool> read_back_;        // buckets the last finished backward read
-  std::vector<bool> reading_back_;     // buckets this backward has read so far
+  std::vector<bool> read_back_;        // buckets this backward reads (the tape's saved weights)
   ParameterGatherStats stats_;
 };
 

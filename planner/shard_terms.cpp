@@ -95,7 +95,7 @@ int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_by
   // step): forward ends with the last block's buckets gathered (what backward reads first);
   // backward holds a block's buckets that it reads again and those of the `prefetch` blocks
   // before it.
-  int64_t most = g.held(g.uses->back(), /*backward=*/false);
+  int64_t most = g.held({g.uses->size() - 1}, /*backward=*/false);
   for (size_t k = 0; k < g.uses->size(); ++k) most = std::max(most, g.held(g.window(k, prefetch, true), true));
   return most;
 }
@@ -109,13 +109,14 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
   }
   const size_t blocks = g.uses->size();
   // What each block holds gathered while it runs, forward [0, blocks) and backward [blocks, 2 blocks);
-  // outside the blocks (the loss), what forward ended with.
+  // outside the blocks (the loss), what forward ended with, and of it in backward what backward
+  // reads (ParameterShards frees the rest as backward begins).
   std::vector<int64_t> held(2 * blocks);
   for (size_t k = 0; k < blocks; ++k) {
     held[k] = g.held(g.window(k, prefetch, false), false);
     held[blocks + k] = g.held(g.window(k, prefetch, true), true);
   }
-  const int64_t after_forward = g.held(g.uses->back(), false);
+  const int64_t after_forward = g.held({blocks - 1}, false), backward_loss = g.held({blocks - 1}, true);
   // Forward and backward only: the optimizer's temporaries after the last kernel are its phase's.
   size_t end = 0;
   for (size_t i = 0; i < trace.events.size(); ++i) {
@@ -131,7 +132,8 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
                                : nullptr;
     const bool known = k != nullptr && k->block >= 0 && static_cast<size_t>(k->block) < blocks;
     if (e.kind == TraceEvent::Kind::kKernelBegins) {
-      held_now = known ? held[(k->backward ? blocks : 0) + static_cast<size_t>(k->block)] : after_forward;
+      held_now = known ? held[(k->backward ? blocks : 0) + static_cast<size_t>(k->block)]
+                       : (k->backward ? backward_loss : after_forward);
       // A bucket's gradients are reduce-scattered when backward leaves its block.
       if (k->backward && k->block != grad_block) grad_block = -2;
     } else if (e.kind == TraceEvent::Kind::kAllocated) {

@@ -38,6 +38,9 @@ class ParameterSource {
   // Backward begins running the entries of model block `block` (as recorded by
   // Interpreter::set_block in forward): a source may gather ahead of the blocks before it.
   virtual void backward_enters(int block) {}
+  // A backward begins whose entries saved (and so will read) exactly these weights: a source may
+  // free what it holds of others (under autocast a cast weight's backward reads only its copy).
+  virtual void backward_will_read(const std::vector<at::Tensor>& weights) {}
   // A kernel's reads begin and end: what is read between them must stay resident.
   virtual void begin_reads() {}
   virtual void end_reads() {}

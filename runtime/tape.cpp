@@ -40,6 +40,19 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
   }
 }
 
+std::vector<at::Tensor> Tape::saved_weights() const {
+  std::vector<at::Tensor> weights;
+  for (const TapeEntry& e : entries_) {
+    for (const Tensor& saved : e.saved_inputs) {
+      if (!saved.defined()) continue;
+      // A view of a weight (a transpose kept for backward) reads the weight's storage.
+      const TensorInfo& root = saved.info()->base != nullptr ? *saved.info()->base : *saved.info();
+      if (root.is_weight) weights.push_back(root.value);
+    }
+  }
+  return weights;
+}
+
 void Tape::record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs, int block) {
   const OpTraits& traits = path->op->traits();
   TapeEntry entry;
@@ -79,6 +92,7 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   const int lookahead = interp.memory_hooks().prefetch_lookahead();
   auto ahead = entries_.rbegin();  // host swap: the next entry whose saved values to prefetch
   ParameterSource* parameters = interp.parameter_source();
+  if (parameters != nullptr && part == BackwardPart::kAll) parameters->backward_will_read(saved_weights());
   int block = -1;  // the block whose entries run (sharded parameters gather ahead of the next)
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     if (lookahead > 0) prefetch_saved(interp, it, ahead, lookahead);

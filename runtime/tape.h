@@ -38,6 +38,8 @@ class Tape {
   void backward(Interpreter& interp, const std::vector<Tensor>& roots,
                 const std::vector<at::Tensor>& grads, BackwardPart part = BackwardPart::kAll);
   void clear() { entries_.clear(); }
+  // The weights the entries saved for backward (with repeats).
+  std::vector<at::Tensor> saved_weights() const;
   // Moves every entry recorded so far into the returned tape (one pipeline micro-batch's forward).
   Tape take() {
     Tape taken;

@@ -201,7 +201,6 @@ double Trainer::forward_backward(const Batch& micro, double loss_scale, bool las
                                : last && replicas_.overlaps() ? &replicas_
                                                               : nullptr;
   interp_.set_gradient_listener(listener);
-  if (param_shards_) param_shards_->backward_begins();
   // d(scale * loss) = scale * d(loss): seeding backward with the scale adds no op to the graph.
   interp_.backward({loss}, {at::full(loss.sizes(), loss_scale, loss.options())});
   if (grad_shards_) grad_shards_->backward_ended();

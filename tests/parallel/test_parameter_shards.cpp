@@ -108,27 +108,39 @@ TEST(ParameterShards, ForwardPrefetchesTheNextBlockAsABlockBegins) {
   EXPECT_LE(stats.waited_ms, stats.ms + 1e3) << "waits are measured beside the worker's time";
 }
 
-TEST(ParameterShards, BackwardPrefetchesWhatTheLastBackwardReadOfTheBlockBefore) {
+// Backward is told the weights its entries saved (the tape's saved_weights): as it reads block
+// 1's, block 0's saved ones are gathered ahead; a block whose weights backward does not read
+// (under autocast: their cast copies serve it) gets no gather.
+TEST(ParameterShards, BackwardPrefetchesWhatTheTapeSavedOfTheBlockBefore) {
   Shards s;
   s.shards->set_prefetch(std::make_shared<CollectiveWorker>(std::make_shared<LocalCommunicator>()), 1);
-  s.shards->backward_begins();
+  s.shards->backward_will_read({s.params[2], s.params[0]});
   s.shards->before_read(s.params[2], s.memory, 1);  // block 1's backward
-  EXPECT_FALSE(resident(s.params[0])) << "the first backward has not seen what block 0's reads";
-  s.shards->before_read(s.params[0], s.memory, 2);  // block 0's backward reads its weights
-  s.shards->release_all();
-  s.shards->backward_begins();
-  s.shards->before_read(s.params[2], s.memory, 3);
   EXPECT_TRUE(resident(s.params[0]) && resident(s.params[1])) << "block 0's bucket, queued ahead";
-  s.shards->before_read(s.params[1], s.memory, 4);
+  s.shards->before_read(s.params[1], s.memory, 2);
   EXPECT_TRUE(at::equal(s.params[1], s.original[1]));
   s.shards->release_all();
-  // A backward that reads block 0's weights no more: the next one prefetches nothing.
-  s.shards->backward_begins();
-  s.shards->before_read(s.params[2], s.memory, 5);
+  s.shards->backward_will_read({s.params[2]});
+  s.shards->before_read(s.params[2], s.memory, 3);
+  EXPECT_FALSE(resident(s.params[0])) << "backward saved none of block 0's weights";
   s.shards->release_all();
-  s.shards->backward_begins();
-  s.shards->before_read(s.params[2], s.memory, 6);
-  EXPECT_FALSE(resident(s.params[0]));
+}
+
+// Forward ends with the last block's buckets gathered; a backward that will not read them frees
+// them at once (GPT-2's 154 MB tied embedding under bf16), unless the memory manager decides.
+TEST(ParameterShards, ABackwardFreesWhatForwardLeftGatheredAndItWillNotRead) {
+  Shards s;
+  s.shards->block_begins(1);
+  s.shards->before_read(s.params[2], s.memory, 1);
+  s.shards->block_begins(-1);
+  EXPECT_TRUE(resident(s.params[2])) << "what backward reads first stays";
+  s.shards->backward_will_read({s.params[0]});
+  EXPECT_FALSE(resident(s.params[2]));
+  s.shards->release_all();
+  s.shards->set_managed(true);
+  s.shards->before_read(s.params[2], s.memory, 2);
+  s.shards->backward_will_read({});
+  EXPECT_TRUE(resident(s.params[2])) << "managed: the memory manager decides";
   s.shards->release_all();
 }
 

@@ -167,6 +167,25 @@ TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
       << "no trace: at the activations' peak";
 }
 
+// Blocks larger than parallel.bucket_mb hold several buckets: what forward ends with is the last
+// block's buckets, found by the block's index, not by a bucket's (GPT-2's 154 MB embedding in
+// 25 MB buckets crashed the planner, or put it 154 MB low, when it mixed the two).
+TEST(ShardTerms, ABlockOfSeveralBucketsIsHeldWhole) {
+  ModelProfile profile = adamw_profile();
+  profile.block_buckets = {{100}, {200}, {300}, {400}, {500}};
+  profile.block_bucket_uses = {{0, 1}, {2, 3, 4}};
+  const int64_t last = arena_bytes(4 * 300) + arena_bytes(4 * 400) + arena_bytes(4 * 500);
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, nullptr, 0), last);
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, nullptr, 1), last + arena_bytes(4 * 100) + arena_bytes(4 * 200));
+  StepTrace trace;
+  trace.tensors = {TraceTensor{1000, -1, false}};
+  TraceKernel loss;  // outside the blocks: what forward ended with is gathered
+  trace.kernels = {loss};
+  using K = TraceEvent::Kind;
+  trace.events = {{K::kKernelBegins, 0}, {K::kAllocated, 0}, {K::kKernelEnds, 0}};
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0), last);
+}
+
 // ZeRO-3's all-gathers each micro-batch: forward gathers each block's buckets (the tied one again
 // at the last block, as forward freed it after block 0); backward starts from what the last block
 // left gathered and gathers block 1's (block 0 reads only the tied bucket, still gathered). With
