@@ -100,12 +100,62 @@ int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_by
   return most;
 }
 
+namespace {
+
+// Sharded gradients' blocks along the trace, per event: bucket b's block (arena-rounded bytes of
+// its elements) from the event after the first kernel that makes one of its gradients ends (the
+// gradient is accumulated into it once the kernel's inputs are freed) until the next kernel
+// begins after its last one and every earlier bucket's (buckets are reduce-scattered in their
+// order, GradientShards). A bucket no kernel gives a gradient is reduce-scattered as backward
+// ends, holding the later ones until then. Returns the change at each event.
+std::vector<int64_t> gradient_block_deltas(const ModelProfile& profile, const StepTrace& trace, size_t end,
+                                           int64_t element_bytes) {
+  std::vector<int64_t> delta(end + 1, 0);
+  const size_t buckets = profile.block_buckets.size();
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<size_t> first(buckets, kNone), last(buckets, kNone);
+  for (size_t i = 0; i < end; ++i) {
+    const TraceEvent& e = trace.events[i];
+    if (e.kind != TraceEvent::Kind::kKernelEnds) continue;
+    for (int b : trace.kernels[static_cast<size_t>(e.index)].gradient_buckets) {
+      if (b < 0 || static_cast<size_t>(b) >= buckets) continue;
+      if (first[static_cast<size_t>(b)] == kNone) first[static_cast<size_t>(b)] = i;
+      last[static_cast<size_t>(b)] = i;
+    }
+  }
+  size_t done = 0;  // the last gradient of this bucket and every bucket before it
+  for (size_t b = 0; b < buckets; ++b) {
+    done = last[b] == kNone || done == kNone ? kNone : std::max(done, last[b]);
+    if (first[b] == kNone) continue;
+    size_t release = end;
+    for (size_t i = done == kNone ? end : done + 1; i < end; ++i) {
+      if (trace.events[i].kind == TraceEvent::Kind::kKernelBegins) {
+        release = i;
+        break;
+      }
+    }
+    int64_t n = 0;
+    for (int64_t elements : profile.block_buckets[b]) n += elements;
+    delta[first[b] + 1] += arena_bytes(element_bytes * n);
+    delta[release] -= arena_bytes(element_bytes * n);
+  }
+  return delta;
+}
+
+}  // namespace
+
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
-                                      int64_t backward_bytes) {
+                                      int64_t gradient_element_bytes) {
   const BlockBuckets g(profile, element_bytes, backward_reads);
   if (g.empty() || trace.events.empty()) {
-    return gathered_parameter_bytes(profile, element_bytes, backward_reads, prefetch) + backward_bytes;
+    int64_t largest = 0;  // without a trace: the largest bucket's gradient block, beside them
+    for (const std::vector<int64_t>& members : profile.block_buckets) {
+      int64_t n = 0;
+      for (int64_t e : members) n += e;
+      if (gradient_element_bytes > 0) largest = std::max(largest, arena_bytes(gradient_element_bytes * n));
+    }
+    return gathered_parameter_bytes(profile, element_bytes, backward_reads, prefetch) + largest;
   }
   const size_t blocks = g.uses->size();
   // What each block holds gathered while it runs, forward [0, blocks) and backward [blocks, 2 blocks);
@@ -122,30 +172,27 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
   for (size_t i = 0; i < trace.events.size(); ++i) {
     if (trace.events[i].kind == TraceEvent::Kind::kKernelEnds) end = i + 1;
   }
+  const std::vector<int64_t> gradients =
+      gradient_element_bytes > 0 ? gradient_block_deltas(profile, trace, end, gradient_element_bytes)
+                                 : std::vector<int64_t>(end + 1, 0);
   int64_t in_use = 0, peak = 0, with_gathered = 0;
-  int64_t held_now = 0;     // what the current kernel's block holds gathered
-  int grad_block = -2;      // the block whose bucket's gradient block is allocated (-2: none)
+  int64_t held_now = 0;       // what the current kernel's block holds gathered
+  int64_t gradients_now = 0;  // sharded gradients' blocks alive
   for (size_t i = 0; i < end; ++i) {
     const TraceEvent& e = trace.events[i];
-    const TraceKernel* k = e.kind == TraceEvent::Kind::kKernelBegins || e.kind == TraceEvent::Kind::kKernelEnds
-                               ? &trace.kernels[static_cast<size_t>(e.index)]
-                               : nullptr;
-    const bool known = k != nullptr && k->block >= 0 && static_cast<size_t>(k->block) < blocks;
+    gradients_now += gradients[i];
     if (e.kind == TraceEvent::Kind::kKernelBegins) {
-      held_now = known ? held[(k->backward ? blocks : 0) + static_cast<size_t>(k->block)]
-                       : (k->backward ? backward_loss : after_forward);
-      // A bucket's gradients are reduce-scattered when backward leaves its block.
-      if (k->backward && k->block != grad_block) grad_block = -2;
+      const TraceKernel& k = trace.kernels[static_cast<size_t>(e.index)];
+      const bool known = k.block >= 0 && static_cast<size_t>(k.block) < blocks;
+      held_now = known ? held[(k.backward ? blocks : 0) + static_cast<size_t>(k.block)]
+                       : (k.backward ? backward_loss : after_forward);
     } else if (e.kind == TraceEvent::Kind::kAllocated) {
       in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;
     } else if (e.kind == TraceEvent::Kind::kFreed) {
       in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
     }
     peak = std::max(peak, in_use);
-    with_gathered = std::max(with_gathered, in_use + held_now + (grad_block != -2 ? backward_bytes : 0));
-    // The block of a bucket's gradients is allocated where the first of them is accumulated:
-    // after the backward kernel that made it ends (the gradients it read already freed).
-    if (e.kind == TraceEvent::Kind::kKernelEnds && k->weight_gradients && known) grad_block = k->block;
+    with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
   }
   return with_gathered - peak;
 }
@@ -265,9 +312,9 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   }
   int64_t gathered = parameters_sharded ? gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan)) : 0;
   if (parameters_sharded && trace != nullptr) {
-    // Placed along the step: gathered buckets where each block runs, the block of the bucket
-    // backward fills only while backward runs.
-    gathered = gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), in_flight);
+    // Placed along the step: gathered buckets where each block runs, each bucket's gradient block
+    // from its first gradient to its reduce-scatter.
+    gathered = gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element);
     in_flight = 0;
   }
   const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed) : p.model_bytes;

@@ -54,11 +54,13 @@ int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_by
 // gathered_parameter_bytes; the loss: what forward ended with), against the trace's own peak.
 // Early in forward few activations are kept: a block and the blocks prefetched with it may set
 // the peak there, or add nothing. Without events, gathered_parameter_bytes.
-// `backward_bytes` join every backward kernel (sharded gradients' block of the bucket being
-// filled) and are in the result.
+// `gradient_element_bytes` > 0: the sharded gradients' blocks join, each bucket's (of that many
+// bytes an element) from its first gradient (TraceKernel::gradient_buckets) to its
+// reduce-scatter (after its last and every earlier bucket's), and are in the result; without
+// events, the largest bucket's block.
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
-                                      int64_t backward_bytes = 0);
+                                      int64_t gradient_element_bytes = 0);
 // The blocks gathered ahead in `plan` (parallel.prefetch; none under a budget with eviction,
 // where the memory manager decides what stays gathered, nor below "parameters").
 int prefetch_depth(const Plan& plan);

@@ -67,7 +67,13 @@ void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool b
     // Backward reads only what the op saved; forward reads every input.
     if (!backward || (traits.saves_inputs & (1u << i))) add_input(k.inputs, *path.inputs[i]);
     const TensorInfo& in = *path.inputs[i];
-    if (backward && in.is_leaf && in.is_weight && in.requires_grad) k.weight_gradients = true;
+    if (backward && in.is_leaf && in.is_weight && in.requires_grad) {
+      auto it = gradient_bucket_of_.find(in.value.unsafeGetTensorImpl());
+      if (it != gradient_bucket_of_.end() &&
+          std::find(k.gradient_buckets.begin(), k.gradient_buckets.end(), it->second) == k.gradient_buckets.end()) {
+        k.gradient_buckets.push_back(it->second);
+      }
+    }
   }
   if (backward) {
     for (size_t j = 0; j < path.outputs.size(); ++j) {

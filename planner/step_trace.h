@@ -26,7 +26,9 @@ struct TraceKernel {
   bool backward = false;     // a tape entry's backward, not a forward op
   bool recomputable = true;  // forward ops only: may its outputs be dropped and regenerated?
   bool heavy = false;        // a convolution or a contraction (host swap's vDNN rule copies around them)
-  bool weight_gradients = false;  // backward only: it makes a parameter's gradient
+  // Backward only: the buckets (cut at blocks, ModelProfile::block_buckets) of the parameters
+  // whose gradients it makes, where the recorder was told them (StepRecorder::set_gradient_buckets).
+  std::vector<int> gradient_buckets;
   int block = -1;            // the model block whose forward ran it (or ran the forward it is the
                              // backward of); -1: outside the blocks (the loss)
 };

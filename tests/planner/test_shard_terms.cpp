@@ -135,8 +135,8 @@ TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
 // The gathered buckets placed along a step: 100 bytes kept from block 0's forward, 100000 from
 // block 2's until its backward. Forward's early blocks hold much gathered where little else
 // is in use; what counts is the sum at each kernel: as backward begins, the last block's buckets
-// (the tied one among them), with prefetch block 1's too. Sharded gradients' block comes where the
-// first weight gradient is accumulated, after the kernel that made it (1000 bytes, then freed).
+// (the tied one among them), with prefetch block 1's too. A sharded gradient block comes where its
+// bucket's first gradient is accumulated, after the kernel that made it.
 TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
   ModelProfile profile = adamw_profile();
   profile.block_buckets = {{10, 100}, {4000}, {500}};
@@ -148,9 +148,10 @@ TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
     TraceKernel k;
     k.block = block;
     k.backward = backward;
-    k.weight_gradients = backward;
     trace.kernels.push_back(k);
   }
+  trace.kernels[3].gradient_buckets = {0, 2};  // block 2's and the tied one
+  trace.kernels[4].gradient_buckets = {1};
   trace.events = {{K::kKernelBegins, 0}, {K::kAllocated, 0},    {K::kKernelEnds, 0}, {K::kKernelBegins, 1},
                   {K::kKernelEnds, 1},   {K::kKernelBegins, 2}, {K::kAllocated, 1},  {K::kKernelEnds, 2},
                   {K::kKernelBegins, 3}, {K::kAllocated, 2},    {K::kKernelEnds, 3}, {K::kFreed, 2},
@@ -158,8 +159,10 @@ TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
   const int64_t last = arena_bytes(4 * 110) + arena_bytes(4 * 500), middle = arena_bytes(4 * 4000);
   EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0), last)
       << "block 1's 16000 bytes come where only 100 are in use";
-  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 50000), last + 50000 - 1000)
-      << "the gradients' block comes as the kernel that made the first gradient ends";
+  // Sharded gradients: the blocks of buckets 0 and 2 (as large as `last`) come as the kernel that
+  // made their first gradients ends, its 1000 bytes of them still there; the tied bucket's stays
+  // until backward's end (the last bucket, reduce-scattered last), bucket 0's until block 1 begins.
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4), 2 * last - 1000);
   EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 1), last + middle)
       << "backward's first block holds the one before it, gathered ahead";
   EXPECT_EQ(gathered_parameter_peak_bytes(profile, StepTrace{}, 4, nullptr, 1),
