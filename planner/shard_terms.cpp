@@ -269,6 +269,23 @@ double shard_step_share(const ModelProfile& profile, const Plan& plan) {
   return static_cast<double>(shard_elements(buckets, plan.ranks)) / static_cast<double>(profile.parameters);
 }
 
+namespace {
+
+// The gathered buckets' bytes beside the activations' peak at "parameters": the most any block
+// reads (tied buckets held); along `trace` when given, placed where each block runs, with each
+// bucket's gradient block from its first gradient to its reduce-scatter.
+int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const StepTrace* trace, int64_t element) {
+  // What backward reads again, as the profile saw it at the plan's precision (all, if unseen).
+  const std::vector<size_t>* backward_reads = nullptr;
+  for (const ProfilePoint& point : profile.points) {
+    if (point.precision == plan.precision) backward_reads = &point.backward_read_buckets;
+  }
+  if (trace == nullptr) return gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan));
+  return gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element);
+}
+
+}  // namespace
+
 void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace) {
   const auto& buckets = sharded_buckets(profile, plan.shard);
   if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty()) return;
@@ -302,21 +319,10 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   const bool gradients_sharded = plan.shard >= ShardLevel::kGradients;
   int64_t in_flight = gradients_sharded ? arena_bytes(element * largest_bucket) : 0;
   // "parameters": the bucketed parameters give way to the rank's shards (fp32) and the buckets
-  // gathered at once (parallel/parameter_shards.h): the most any block reads, tied buckets held.
+  // gathered at once (parallel/parameter_shards.h), in the forward-backward phase only.
   const bool parameters_sharded = plan.shard == ShardLevel::kParameters;
-  // Gathered buckets exist while forward and backward run, not in the optimizer's phase.
-  // What backward reads again, as the profile saw it at the plan's precision (all, if unseen).
-  const std::vector<size_t>* backward_reads = nullptr;
-  for (const ProfilePoint& point : profile.points) {
-    if (point.precision == plan.precision) backward_reads = &point.backward_read_buckets;
-  }
-  int64_t gathered = parameters_sharded ? gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan)) : 0;
-  if (parameters_sharded && trace != nullptr) {
-    // Placed along the step: gathered buckets where each block runs, each bucket's gradient block
-    // from its first gradient to its reduce-scatter.
-    gathered = gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element);
-    in_flight = 0;
-  }
+  const int64_t gathered = parameters_sharded ? gathered_term(profile, plan, trace, element) : 0;
+  if (parameters_sharded && trace != nullptr) in_flight = 0;  // in `gathered`, along the trace
   const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed) : p.model_bytes;
   const int64_t fixed = model + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
   const int64_t whole_working = p.optimizer_working_bytes;
