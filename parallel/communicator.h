@@ -40,6 +40,10 @@ class Communicator {
   virtual void allreduce_sum(at::Tensor& t, const char* what) = 0;
   virtual void broadcast(at::Tensor& t, int root, const char* what) = 0;
   virtual void barrier(const char* what) = 0;
+  // A barrier whose waiting ranks sleep rather than poll: while one rank works alone (rank 0
+  // profiling the model for the planner), the others leave it the cores. A backend without
+  // such a wait gives a plain barrier.
+  virtual void idle_barrier(const char* what) { barrier(what); }
   // Reduce-scatter: the sum over the group of every rank's `full` (contiguous, sum(counts)
   // elements); this rank receives its part, elements [offset, offset + counts[rank]) where offset
   // is the sum of the counts before its own, into `shard` (contiguous, counts[rank] elements,

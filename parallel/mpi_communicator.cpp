@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
+#include <thread>
 #include <string>
 
 namespace ht {
@@ -245,6 +246,16 @@ bool MpiCommunicator::allows_worker_thread() const {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   return level >= MPI_THREAD_SERIALIZED;
+}
+
+void MpiCommunicator::idle_barrier(const char* what) {
+  Watched watched(*this, "the barrier", what);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Ibarrier(comm_, &request), "the barrier", what);
+  for (int done = 0; !done;) {
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "the barrier", what);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void MpiCommunicator::barrier(const char* what) {

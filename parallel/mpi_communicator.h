@@ -29,6 +29,8 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(at::Tensor& t, const char* what) override;
   void broadcast(at::Tensor& t, int root, const char* what) override;
   void barrier(const char* what) override;
+  // MPI_Ibarrier, tested every millisecond with sleeps between: Open MPI's blocking calls spin.
+  void idle_barrier(const char* what) override;
   // MPI_Reduce_scatter (float, double, int32, int64) and MPI_Allgatherv (any dtype, by element
   // size): uneven counts are MPI's own; at most 2^31 - 1 elements a rank.
   void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const std::vector<int64_t>& counts,

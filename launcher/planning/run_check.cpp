@@ -200,6 +200,9 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
                 evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard,
                 out.plan.prefetch};
   }
+  // The other ranks sleep while rank 0 profiles: spinning in MPI, they took the cores its
+  // measurements ran on (4 ranks on 2 cores: predicted steps off by 1.5-2.4x between two runs).
+  if (grid.world > 1) grid.data_parallel_group->idle_barrier("the plan of rank 0");
   decision = share(grid, decision);
   if (decision.refuse) throw refusal ? *refusal : UserError("rank 0 found that the run cannot fit");
   if (automatic) apply(config, decision);
