@@ -90,7 +90,6 @@ void ParameterShards::before_read(const at::Tensor& weight, MemoryHooks& memory,
   } else {
     finish(b);
   }
-  if (backward_ && worker_) backward_reads(it->second);
 }
 
 void ParameterShards::end_reads() {
@@ -211,7 +210,6 @@ void ParameterShards::prefetch_blocks(const std::vector<size_t>& blocks, bool ba
 }
 
 void ParameterShards::backward_will_read(const std::vector<at::Tensor>& weights) {
-  backward_ = true;
   backward_block_ = uses_.size();
   read_back_.assign(buckets_.size(), false);
   for (const at::Tensor& w : weights) {
@@ -226,20 +224,8 @@ void ParameterShards::backward_will_read(const std::vector<at::Tensor>& weights)
   }
 }
 
-void ParameterShards::backward_reads(size_t bucket) {
-  // Backward goes down the blocks: the block it reads now is the last that reads this bucket and
-  // is not past where backward already was (a tied bucket is read by a late and an early block).
-  // (Where the tape tells which block's entries run, backward_enters has moved there already.)
-  for (size_t j = std::min(backward_block_ + 1, uses_.size()); j-- > 0;) {
-    if (uses_[j][bucket]) {
-      if (j < backward_block_) reach(j);
-      return;
-    }
-  }
-}
-
 void ParameterShards::backward_enters(int block) {
-  if (backward_ && worker_ && block >= 0 && static_cast<size_t>(block) < backward_block_) {
+  if (worker_ && block >= 0 && static_cast<size_t>(block) < backward_block_) {
     reach(static_cast<size_t>(block));
   }
 }
@@ -263,7 +249,6 @@ void ParameterShards::bucket_done(size_t b) { release(buckets_.at(b)); }
 
 void ParameterShards::release_all() {
   for (Bucket& b : buckets_) release(b);
-  backward_ = false;
 }
 
 void ParameterShards::gather_all(MemoryHooks& memory) {

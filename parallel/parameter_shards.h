@@ -21,14 +21,13 @@
 // without a memory budget. There the gathers are prefetched (set_prefetch): they run on a
 // communication thread (parallel/collective_worker.h) that owns the group while a step runs,
 // `depth` blocks ahead of the one computing: in forward the next blocks' buckets as a block
-// begins; in backward, as a block's first weight is read, the buckets of the blocks before it
-// that the previous backward read (under autocast a block whose weights are all cast reads only
-// the copies forward kept; the first backward learns it and prefetches nothing). A read waits for
-// its bucket's gather only if it is still under way. Prefetching is deterministic: it follows the
-// block order and what every rank read alike, so every rank queues the same collectives in the
-// same order. Backward learns where it is from the tape (each entry records the block whose
-// forward made it: backward_enters) or, without that, from the first read of a block's weights.
-// Under a budget with eviction (set_managed), forward frees nothing:
+// begins; in backward, as the tape enters a block's entries (each records the block whose forward
+// made it: backward_enters), the buckets of the blocks before it that backward will read (the
+// weights the tape saved, backward_will_read: under autocast a block whose weights are all cast
+// reads only the copies forward kept, and gets no gather). A read waits for its bucket's gather
+// only if it is still under way. Prefetching is deterministic: it follows the block order and
+// what every rank's tape saved alike, so every rank queues the same collectives in the same
+// order. Under a budget with eviction (set_managed), forward frees nothing:
 // a gathered bucket stays until the memory manager needs its room, weighed beside activations by
 // the same score (cost: a modelled all-gather; its bytes; its staleness), or until backward is
 // done with it. Every rank runs the same ops in the same order and decides these points alike; a
@@ -130,7 +129,6 @@ class ParameterShards final : public ParameterSource {
   void finish(Bucket& b);  // waits for its queued gather
   void release(Bucket& b);
   void prefetch_blocks(const std::vector<size_t>& blocks, bool backward);
-  void backward_reads(size_t bucket);
   void reach(size_t block);  // backward has come to `block`: prefetch the `depth` before it
 
   std::shared_ptr<Communicator> group_;
@@ -146,7 +144,6 @@ class ParameterShards final : public ParameterSource {
   // Written by the worker, one per bucket: its last gather's time (shared, so that a worker left
   // running when training fails never writes into freed memory).
   std::shared_ptr<std::vector<double>> worker_ms_;
-  bool backward_ = false;
   size_t backward_block_ = 0;          // the block backward has reached (reads go down the blocks)
   std::vector<bool> read_back_;        // buckets this backward reads (the tape's saved weights)
   ParameterGatherStats stats_;

@@ -80,20 +80,22 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             // swap's timing does not give (both refused by the config).
             if (shard >= ShardLevel::kGradients && plans_statically(policy)) continue;
             if (shard == ShardLevel::kParameters && swaps(policy)) continue;
-            // Sharded parameters without eviction: gathered where read, or prefetched a block
-            // ahead (one block more gathered, for the time it hides).
-            const bool prefetches = shard == ShardLevel::kParameters && !(evicts(policy) && device_memory > 0);
-            for (int prefetch = 0; prefetch <= (prefetches ? 1 : 0); ++prefetch) {
-              Plan p;
-              p.ranks = ranks;
-              p.stages = stages;
-              p.micro_batch = local / accumulation;
-              p.accumulation = accumulation;
-              p.precision = precision;
-              p.policy = policy;
-              p.budget_bytes = device_memory;
-              p.shard = shard;
-              if (prefetches) p.prefetch = prefetch;
+            Plan p;
+            p.ranks = ranks;
+            p.stages = stages;
+            p.micro_batch = local / accumulation;
+            p.accumulation = accumulation;
+            p.precision = precision;
+            p.policy = policy;
+            p.budget_bytes = device_memory;
+            p.shard = shard;
+            // Where gathers may run ahead (sharded parameters, no eviction): gathered where read
+            // first, then prefetched a block ahead (one block more gathered, for the time it hides).
+            const bool prefetches = prefetch_depth(p) > 0;
+            if (prefetches) p.prefetch = 0;
+            plans.push_back(p);
+            if (prefetches) {
+              p.prefetch = 1;
               plans.push_back(p);
             }
           }

@@ -69,9 +69,9 @@ void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool b
     const TensorInfo& in = *path.inputs[i];
     if (backward && in.is_leaf && in.is_weight && in.requires_grad) {
       auto it = gradient_bucket_of_.find(in.value.unsafeGetTensorImpl());
-      if (it != gradient_bucket_of_.end() &&
-          std::find(k.gradient_buckets.begin(), k.gradient_buckets.end(), it->second) == k.gradient_buckets.end()) {
-        k.gradient_buckets.push_back(it->second);
+      const int bucket = it == gradient_bucket_of_.end() ? -1 : static_cast<int>(it->second);
+      if (bucket >= 0 && std::find(k.gradient_buckets.begin(), k.gradient_buckets.end(), bucket) == k.gradient_buckets.end()) {
+        k.gradient_buckets.push_back(bucket);
       }
     }
   }

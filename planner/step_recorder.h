@@ -39,7 +39,7 @@ class StepRecorder final : public AllocationObserver, public KernelObserver {
   // Kernels from now on belong to model block `block` (-1: outside the blocks).
   void enter_block(int block);
   // Each parameter's bucket: backward kernels record the buckets whose gradients they make.
-  void set_gradient_buckets(std::unordered_map<const c10::TensorImpl*, int> bucket_of) {
+  void set_gradient_buckets(std::unordered_map<const c10::TensorImpl*, size_t> bucket_of) {
     gradient_bucket_of_ = std::move(bucket_of);
   }
   // The trace so far; recording stops.
@@ -58,7 +58,7 @@ class StepRecorder final : public AllocationObserver, public KernelObserver {
   size_t first_tensor_of_kernel_ = 0;
   std::unordered_map<const ComputePath*, int> block_of_;  // forward op call -> its block
   int block_ = -1;
-  std::unordered_map<const c10::TensorImpl*, int> gradient_bucket_of_;
+  std::unordered_map<const c10::TensorImpl*, size_t> gradient_bucket_of_;
   int kernel_ = -1;                            // the kernel running, or -1
   bool forward_kernel_ = false;
   std::chrono::steady_clock::time_point kernel_start_;

@@ -104,11 +104,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
   {
     MemoryManager& memory = trainer.memory();
     StepRecorder recorder(memory, p.arena->stats().in_use);
-    {
-      std::unordered_map<const c10::TensorImpl*, int> bucket_of;
-      for (const auto& [w, b] : p.block_bucket_of) bucket_of[w] = static_cast<int>(b);
-      recorder.set_gradient_buckets(std::move(bucket_of));
-    }
+    recorder.set_gradient_buckets(p.block_bucket_of);
     BackwardReads reads;
     trainer.interpreter().set_parameter_source(&reads);
     p.model->set_block_listener([&](int block) {

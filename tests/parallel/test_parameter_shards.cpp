@@ -105,22 +105,25 @@ TEST(ParameterShards, ForwardPrefetchesTheNextBlockAsABlockBegins) {
   s.shards->release_all();
   const ParameterGatherStats stats = s.shards->take_stats();
   EXPECT_EQ(stats.gathers, 2);
-  EXPECT_LE(stats.waited_ms, stats.ms + 1e3) << "waits are measured beside the worker's time";
+  EXPECT_GE(stats.hidden(), 0.0) << "a share of the gathers' time, whatever the machine's load";
+  EXPECT_LE(stats.hidden(), 1.0);
 }
 
-// Backward is told the weights its entries saved (the tape's saved_weights): as it reads block
-// 1's, block 0's saved ones are gathered ahead; a block whose weights backward does not read
+// Backward is told the weights its entries saved (the tape's saved_weights): as it enters block
+// 1's entries, block 0's saved ones are gathered ahead; a block whose weights backward does not read
 // (under autocast: their cast copies serve it) gets no gather.
 TEST(ParameterShards, BackwardPrefetchesWhatTheTapeSavedOfTheBlockBefore) {
   Shards s;
   s.shards->set_prefetch(std::make_shared<CollectiveWorker>(std::make_shared<LocalCommunicator>()), 1);
   s.shards->backward_will_read({s.params[2], s.params[0]});
-  s.shards->before_read(s.params[2], s.memory, 1);  // block 1's backward
+  s.shards->backward_enters(1);
+  s.shards->before_read(s.params[2], s.memory, 1);
   EXPECT_TRUE(resident(s.params[0]) && resident(s.params[1])) << "block 0's bucket, queued ahead";
   s.shards->before_read(s.params[1], s.memory, 2);
   EXPECT_TRUE(at::equal(s.params[1], s.original[1]));
   s.shards->release_all();
   s.shards->backward_will_read({s.params[2]});
+  s.shards->backward_enters(1);
   s.shards->before_read(s.params[2], s.memory, 3);
   EXPECT_FALSE(resident(s.params[0])) << "backward saved none of block 0's weights";
   s.shards->release_all();
