@@ -8,6 +8,8 @@
 
 #ifdef HT_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
+#include "parallel/parameter_shards.h"
+#include "runtime/memory_hooks.h"
 
 #include <ATen/ATen.h>
 
@@ -69,6 +71,44 @@ TEST(NcclCommunicator, AGroupOfOneReduceScattersAndGathers) {
   } catch (const CommunicationError& e) {
     EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
   }
+}
+
+
+// ZeRO-3's mechanism on CUDA (parallel/parameter_shards.h): each bucket's CUDA storage taken away
+// and given back, NCCL's all-gather writing into it, on the computing thread and then prefetched on
+// the communication thread. Several ranks need several GPUs; the mechanism is the same.
+TEST(NcclCommunicator, AGroupOfOneGathersParameterBucketsOnCuda) {
+  if (visible_cuda_devices() == 0) GTEST_SKIP() << "no GPU here";
+  LocalCommunicator bootstrap;
+  auto nccl = std::make_shared<NcclCommunicator>(bootstrap, 0, 0);
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+  std::vector<at::Tensor> params{at::randn({4, 3}, cuda), at::randn({5}, cuda), at::randn({2, 2}, cuda)};
+  std::vector<at::Tensor> original;
+  for (const at::Tensor& p : params) original.push_back(p.cpu());
+  auto resident = [](const at::Tensor& t) { return t.storage().data() != nullptr; };
+  auto same = [&](size_t k) { return at::equal(params[k].cpu(), original[k]); };
+  MemoryHooks memory;
+  ParameterShards shards(nccl, params, {{2}, {1, 0}}, at::Device(at::kCUDA, 0));
+  shards.set_block_uses({{params[0], params[1]}, {params[2]}});
+  for (const at::Tensor& p : params) EXPECT_FALSE(resident(p)) << "freed once sharded";
+  shards.before_read(params[1], memory, 1);
+  EXPECT_TRUE(resident(params[0]) && same(0) && same(1)) << "the whole bucket, gathered by NCCL";
+  EXPECT_FALSE(resident(params[2]));
+  shards.release_all();
+  EXPECT_FALSE(resident(params[0]));
+
+  shards.set_prefetch(std::make_shared<CollectiveWorker>(nccl), 1);
+  ASSERT_TRUE(shards.prefetches());
+  shards.block_begins(0);
+  shards.before_read(params[2], memory, 2);
+  EXPECT_TRUE(same(2)) << "gathered on the communication thread";
+  shards.before_read(params[0], memory, 3);
+  EXPECT_TRUE(same(0) && same(1));
+  shards.block_begins(1);
+  EXPECT_FALSE(resident(params[0])) << "no later block reads the first bucket";
+  shards.release_all();
+  for (const at::Tensor& p : params) EXPECT_FALSE(resident(p));
+  EXPECT_EQ(shards.take_stats().gathers, 3);
 }
 
 }  // namespace
