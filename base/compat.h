@@ -47,7 +47,7 @@ inline at::Generator seeded_generator(const at::Device& device, uint64_t seed) {
 // backward, which keeps the log-sum-exp instead of the T x S scores as that op does. Taken where
 // ATen would run a fused kernel itself (a CUDA flash or memory-efficient choice) for these
 // inputs, with H == Hkv and no dropout; elsewhere the op's blockwise kernel runs. Compiled only
-// against libtorch >= 2.1 and NOT yet built or run here (CI has 1.13): check it on the GPU machine.
+// against libtorch >= 2.1 (CI has 1.13); run on the GPU machine (docs/gpu.md).
 // Its log-sum-exp is ATen's, (B, H, T) or padded along T, and only its backward reads it.
 #ifdef HT_FUSED_ATTENTION
 inline bool fused_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -69,12 +69,35 @@ inline std::tuple<at::Tensor, at::Tensor> fused_attention_forward(const at::Tens
   return {std::get<0>(r), std::get<1>(r)};
 }
 
+// ATen's memory-efficient backward splits the keys across thread blocks and adds their parts with
+// atomics unless determinism is asked for without warn_only, and hybrid_train asks with warn_only
+// (runtime/determinism.h: ops with no deterministic variant must still run). The GPU run at
+// d4cd665 printed "Memory Efficient attention defaults to a non-deterministic algorithm". For this
+// call alone, determinism is made strict, so the kernel takes one key split: the same bits every
+// run, as a recomputation under a budget requires.
+class StrictDeterminism {
+ public:
+  StrictDeterminism()
+      : active_(at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    if (active_) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  ~StrictDeterminism() {
+    if (active_) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+  StrictDeterminism(const StrictDeterminism&) = delete;
+  StrictDeterminism& operator=(const StrictDeterminism&) = delete;
+
+ private:
+  bool active_;
+};
+
 // -> (dq, dk, dv); undefined where `needs` is false.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_attention_backward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, bool causal, double scale,
     std::array<bool, 3> needs) {
   const at::Tensor no_philox = at::empty({}, at::dtype(at::kLong));  // unread without dropout
+  const StrictDeterminism strict;
   auto r = at::_scaled_dot_product_efficient_attention_backward(
       grad.contiguous(), q, k, v, /*attn_bias=*/at::Tensor(), out, lse, no_philox, no_philox,
       /*dropout_p=*/0.0, {needs[0], needs[1], needs[2], false}, causal, scale);

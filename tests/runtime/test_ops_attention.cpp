@@ -2,7 +2,9 @@
 // (float64 tightly, fp32, bf16) across query-block edges, grouped-query ratios, causal masks and
 // T != S; what the op leaves the interpreter holding is O(T), never T x T; dropout draws its masks
 // from the seed stream and replays them bit for bit in a regeneration and in backward.
+#include "base/compat.h"
 #include "memory/memory_manager.h"
+#include "runtime/determinism.h"
 #include "tests/support/op_check.h"
 
 #include <c10/util/accumulate.h>
@@ -291,6 +293,36 @@ TEST(OpsAttention, RefusesWhatItCannotCompute) {
   EXPECT_NO_THROW(attention(q2, k5, k5, false));
   EXPECT_THROW(attention(q2, k, k, false, 1.0), c10::Error) << "dropout_p = 1";
   EXPECT_THROW(attention(q2, interp.input(at::randn({1, 2, 4, 4})), k, false), c10::Error) << "hd";
+}
+
+
+// On a GPU the op takes ATen's fused memory-efficient kernel, whose backward adds the parts of
+// split keys with atomics unless determinism is strict (base/compat.h makes it so for that call):
+// GPT-2's heads at T = 1024, twice, the same gradient bits.
+TEST(OpsAttention, FusedBackwardOnAGpuRepeatsItsBits) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU here";
+#ifndef HT_FUSED_ATTENTION
+  GTEST_SKIP() << "this libtorch has no fused attention (base/compat.h)";
+#endif
+  use_deterministic_cuda_kernels();  // as hybrid_train does on a GPU: warn_only for other ops
+  at::manual_seed(9);
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0).dtype(at::kBFloat16);
+  const std::vector<int64_t> shape{4, 12, 1024, 64};
+  const at::Tensor q = at::randn(shape, cuda), k = at::randn(shape, cuda), v = at::randn(shape, cuda);
+  const at::Tensor upstream = at::randn(shape, cuda);
+  const int64_t fused_before = detail::attention_kernel_counts().fused;
+  auto gradients = [&] {
+    std::vector<at::Tensor> leaves{q.clone().requires_grad_(true), k.clone().requires_grad_(true),
+                                   v.clone().requires_grad_(true)};
+    Interpreter interp;
+    Tensor y = attention(interp.param(leaves[0]), interp.param(leaves[1]), interp.param(leaves[2]), true);
+    interp.backward({y}, {upstream});
+    return std::vector<at::Tensor>{leaves[0].grad(), leaves[1].grad(), leaves[2].grad()};
+  };
+  const std::vector<at::Tensor> first = gradients(), second = gradients();
+  EXPECT_EQ(detail::attention_kernel_counts().fused, fused_before + 2) << "the fused kernel ran";
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithmsWarnOnly()) << "strict for that call only";
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(first[i].equal(second[i])) << "gradient of input " << i;
 }
 
 }  // namespace
