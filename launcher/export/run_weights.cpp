@@ -32,8 +32,16 @@ std::string latest_checkpoint(const Config& c, const std::string& run_dir, const
                   "SIGTERM, which saves one");
 }
 
-// Rows of the token embedding in model.pt: the vocabulary the run trained with.
+// Rows of the token embedding in the checkpoint: the vocabulary the run trained with.
 int64_t saved_vocabulary(const std::string& checkpoint) {
+  if (SliceIndex::present(checkpoint)) {  // a sharded run's slices: the index has the shape
+    const SliceIndex index(checkpoint);
+    const SlicedTensor* wte = index.find("param", "embed.wte.weight");
+    if (wte == nullptr || wte->sizes.empty()) {
+      throw UserError(checkpoint + ": no embed.wte.weight in its slices, so it is not a decoder's checkpoint");
+    }
+    return wte->sizes[0];
+  }
   torch::serialize::InputArchive archive;
   archive.load_from((fs::path(checkpoint) / "model.pt").string());
   at::Tensor wte;

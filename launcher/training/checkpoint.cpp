@@ -1,14 +1,19 @@
 #include "launcher/training/checkpoint.h"
 
+#include "launcher/training/optimizer.h"
+#include "launcher/training/per_rank.h"
 #include "launcher/user_error.h"
 #include "alloc/cpu_device_allocator.h"
 #include "base/remove_tree.h"
 
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <fcntl.h>
 #include <filesystem>
@@ -76,15 +81,46 @@ std::string model_bytes(const Model& model) {
   return bytes_of(archive);
 }
 
-void read_model(Model& model, const fs::path& path) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path.string());
-  const std::vector<std::string> keys = archive.keys();
+// A checkpoint's model tensors by name, from either layout: {name, is buffer} -> the tensor, or
+// undefined where it has none; and how many it holds.
+struct ModelSource {
+  std::function<at::Tensor(const std::string&, bool)> read;
+  size_t count = 0;
+};
+
+ModelSource archive_source(const fs::path& path) {
+  auto archive = std::make_shared<torch::serialize::InputArchive>();
+  archive->load_from(path.string());
+  ModelSource source;
+  source.count = archive->keys().size();
+  source.read = [archive](const std::string& name, bool is_buffer) {
+    at::Tensor saved;
+    return archive->try_read(name, saved, is_buffer) ? saved : at::Tensor();
+  };
+  return source;
+}
+
+ModelSource slice_source(const std::string& folder) {
+  auto index = std::make_shared<SliceIndex>(folder);
+  ModelSource source;
+  source.count = index->names("param").size() + index->names("buffer").size();
+  source.read = [index](const std::string& name, bool is_buffer) {
+    const char* kind = is_buffer ? "buffer" : "param";
+    return index->find(kind, name) != nullptr ? index->whole(kind, name) : at::Tensor();
+  };
+  return source;
+}
+
+ModelSource model_source(const std::string& folder) {
+  return SliceIndex::present(folder) ? slice_source(folder) : archive_source(fs::path(folder) / "model.pt");
+}
+
+void read_model(Model& model, const ModelSource& source) {
   size_t expected = 0;
   auto read_into = [&](const std::string& name, at::Tensor& target, bool is_buffer) {
     ++expected;
-    at::Tensor saved;
-    if (!archive.try_read(name, saved, is_buffer)) throw UserError("it has no tensor " + name);
+    const at::Tensor saved = source.read(name, is_buffer);
+    if (!saved.defined()) throw UserError("it has no tensor " + name);
     if (saved.sizes() != target.sizes() || saved.scalar_type() != target.scalar_type()) {
       throw UserError(name + " is " + c10::str(saved.scalar_type(), saved.sizes()) + " there but " +
                       c10::str(target.scalar_type(), target.sizes()) + " in the configured model");
@@ -94,9 +130,40 @@ void read_model(Model& model, const fs::path& path) {
   };
   for (auto& p : model.named_parameters()) read_into(p.key(), p.value(), false);
   for (auto& b : model.named_buffers()) read_into(b.key(), b.value(), true);
-  if (keys.size() != expected) {
-    throw UserError("it holds " + std::to_string(keys.size()) + " tensors, the configured model " +
+  if (source.count != expected) {
+    throw UserError("it holds " + std::to_string(source.count) + " tensors, the configured model " +
                     std::to_string(expected));
+  }
+}
+
+std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) return "adamw";
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) return "sgd";
+  return "other";
+}
+
+// The optimizer state of sliced checkpoints into an optimizer over the whole parameters.
+void read_optimizer_slices(const SliceIndex& index, const Model& model, torch::optim::Optimizer& optimizer) {
+  if (index.optimizer() != optimizer_kind(optimizer)) {
+    throw UserError("its optimizer state is " + index.optimizer() + "'s, the configured optimizer " +
+                    optimizer_kind(optimizer));
+  }
+  const bool adamw = index.optimizer() == "adamw";
+  for (const auto& p : model.named_parameters()) {
+    if (index.find("state0", p.key()) == nullptr) continue;  // never stepped
+    std::vector<at::Tensor> state;
+    if (adamw) {
+      const std::optional<int64_t> step = index.step(p.key());
+      if (!step) throw UserError("it has no step count for " + p.key() + "'s AdamW state");
+      state.push_back(at::scalar_tensor(*step, at::kLong));
+    }
+    for (const char* kind : {"state0", "state1"}) {
+      if (!adamw && std::string(kind) == "state1") break;
+      const at::Tensor whole = index.whole(kind, p.key());
+      if (whole.sizes() != p.value().sizes()) throw UserError(p.key() + "'s optimizer state has another shape there");
+      state.push_back(whole.to(p.value().device()));
+    }
+    set_optimizer_state(optimizer, p.value(), state);
   }
 }
 
@@ -209,6 +276,89 @@ std::string CheckpointStore::save(const Model& model, const torch::optim::Optimi
   return final_path.string();
 }
 
+// Rank 0, once every rank's files are written: trainer.pt and the MANIFEST (every rank's sizes
+// and CRC-32s: `all` is gather_per_rank's table, rows ok, data bytes, data CRC, index bytes,
+// index CRC), then the rename and the rotation.
+void CheckpointStore::publish_sliced(const std::string& folder, const TrainerState& state,
+                                     const std::vector<std::vector<double>>& all) const {
+  const fs::path dir(dir_), tmp(folder), final_path = dir / folder_name(state.step);
+  const std::string trainer = trainer_state_bytes(state);
+  std::ostringstream manifest;
+  manifest << "trainer.pt " << trainer.size() << ' ' << crc_of(trainer) << '\n';
+  for (size_t at = 0; at < all[0].size(); ++at) {
+    const int r = static_cast<int>(at);
+    manifest << slice_file_stem(r) << ".slices " << static_cast<uint64_t>(all[1][at]) << ' '
+             << static_cast<uint32_t>(all[2][at]) << '\n';
+    manifest << slice_file_stem(r) << ".index " << static_cast<uint64_t>(all[3][at]) << ' '
+             << static_cast<uint32_t>(all[4][at]) << '\n';
+  }
+  for (const auto& [name, bytes] : {std::pair<const char*, std::string>{"trainer.pt", trainer},
+                                    std::pair<const char*, std::string>{"MANIFEST", manifest.str()}}) {
+    if (!write_file(tmp / name, bytes)) {
+      std::error_code ignored;
+      remove_tree(tmp, ignored);
+      throw UserError(dir.string() + ": the disk refused " + name + " of the checkpoint of step " +
+                      std::to_string(state.step) + " (full, or a quota); nothing of it was kept");
+    }
+    fsync_path(tmp / name, false);
+  }
+  fsync_path(tmp, true);
+  remove_tree(final_path);
+  fs::rename(tmp, final_path);
+  fsync_path(dir, true);
+  const std::vector<std::string> folders = list();
+  for (size_t i = static_cast<size_t>(keep_); i < folders.size(); ++i) remove_tree(folders[i]);
+}
+
+std::string CheckpointStore::save_sliced(Communicator& group, const TrainerState& state, const std::string& optimizer,
+                                         const std::function<void(SliceFileWriter&)>& write) const {
+  const fs::path dir(dir_);
+  const fs::path tmp = dir / ("." + folder_name(state.step) + ".tmp");
+  const fs::path final_path = dir / folder_name(state.step);
+  const bool first = group.rank() == 0;
+  std::string why;  // this rank's failure, if any
+  if (first) {
+    try {
+      fs::create_directories(dir);
+      remove_tree(tmp);
+      fs::create_directories(tmp);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  // No rank writes before the folder is made (or known not to be).
+  const std::vector<double> made = gather_per_rank(group, {why.empty() ? 1.0 : 0.0}, "the checkpoint's folder")[0];
+  std::array<uint64_t, 4> files{};
+  if (made[0] != 0) {
+    try {
+      SliceFileWriter writer(tmp.string(), group.rank(), optimizer);
+      write(writer);
+      files = writer.finish();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  std::vector<double> mine{why.empty() ? 1.0 : 0.0};
+  for (uint64_t v : files) mine.push_back(static_cast<double>(v));  // sizes and CRC-32s: exact in a double
+  const std::vector<std::vector<double>> all = gather_per_rank(group, mine, "the checkpoint's file sizes");
+  const auto failed = std::find(all[0].begin(), all[0].end(), 0.0);
+  if (failed != all[0].end()) {
+    std::error_code ignored;
+    if (first) remove_tree(tmp, ignored);
+    const std::vector<std::string> previous = list();
+    const int rank = static_cast<int>(failed - all[0].begin());
+    throw UserError(dir.string() + ": rank " + std::to_string(rank) + " could not write its part of the checkpoint of step " +
+                    std::to_string(state.step) + " (" + (why.empty() ? "its own message says why" : why) +
+                    "); nothing of it was kept, and " +
+                    (previous.empty() ? std::string("there is no earlier checkpoint")
+                                      : "the previous checkpoint, " + previous.front() + ", is as it was") +
+                    ". Free space there, or set checkpoint.dir to a disk with room");
+  }
+  if (first) publish_sliced(tmp.string(), state, all);
+  group.barrier("the checkpoint's rename");  // every rank returns a complete checkpoint
+  return final_path.string();
+}
+
 std::vector<std::string> CheckpointStore::list() const {
   std::vector<std::string> folders;
   if (!fs::is_directory(dir_)) return folders;
@@ -237,7 +387,12 @@ std::string CheckpointStore::verify(const std::string& folder) {
     }
     if (actual_crc != crc) return file + " fails its checksum";
   }
-  if (entries != 3) return "MANIFEST lists " + std::to_string(entries) + " files, expected 3";
+  // Whole: model.pt, optimizer.pt and trainer.pt. Sliced: trainer.pt and two files a rank.
+  const bool sliced = SliceIndex::present(folder);
+  if (!sliced && entries != 3) return "MANIFEST lists " + std::to_string(entries) + " files, expected 3";
+  if (sliced && (entries < 3 || entries % 2 == 0)) {
+    return "MANIFEST lists " + std::to_string(entries) + " files, expected trainer.pt and two a rank";
+  }
   return "";
 }
 
@@ -248,10 +403,14 @@ TrainerState CheckpointStore::load(const std::string& folder, Model& model, torc
                      "; resume with the config it was saved with");
   };
   try {
-    read_model(model, dir / "model.pt");
-    torch::serialize::InputArchive optimizer_archive;
-    optimizer_archive.load_from((dir / "optimizer.pt").string());
-    optimizer.load(optimizer_archive);
+    read_model(model, model_source(folder));
+    if (SliceIndex::present(folder)) {
+      read_optimizer_slices(SliceIndex(folder), model, optimizer);
+    } else {
+      torch::serialize::InputArchive optimizer_archive;
+      optimizer_archive.load_from((dir / "optimizer.pt").string());
+      optimizer.load(optimizer_archive);
+    }
     return read_trainer_state(dir / "trainer.pt");
   } catch (const UserError& e) {
     throw does_not_fit(e.what());
@@ -261,14 +420,41 @@ TrainerState CheckpointStore::load(const std::string& folder, Model& model, torc
   }
 }
 
+TrainerState CheckpointStore::load_trainer_state(const std::string& folder) {
+  try {
+    return read_trainer_state(fs::path(folder) / "trainer.pt");
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw UserError(folder + "/trainer.pt: cannot read it: " + what.substr(0, what.find('\n')));
+  }
+}
+
+std::map<std::string, at::Tensor> CheckpointStore::model_tensors(const std::string& folder) {
+  std::map<std::string, at::Tensor> tensors;
+  if (SliceIndex::present(folder)) {
+    const SliceIndex index(folder);
+    for (const char* kind : {"param", "buffer"}) {
+      for (const std::string& name : index.names(kind)) tensors[name] = index.whole(kind, name);
+    }
+    return tensors;
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from((fs::path(folder) / "model.pt").string());
+  for (const std::string& key : archive.keys()) {
+    at::Tensor t;
+    if (archive.try_read(key, t) || archive.try_read(key, t, true)) tensors[key] = t;
+  }
+  return tensors;
+}
+
 void CheckpointStore::load_model(const std::string& folder, Model& model) {
   try {
-    read_model(model, fs::path(folder) / "model.pt");
+    read_model(model, model_source(folder));
   } catch (const UserError& e) {
     throw UserError(folder + ": this checkpoint does not fit the model its run's config describes: " + e.what());
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
-    throw UserError(folder + "/model.pt: cannot read it: " + what.substr(0, what.find('\n')));
+    throw UserError(folder + ": cannot read its model: " + what.substr(0, what.find('\n')));
   }
 }
 

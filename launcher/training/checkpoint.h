@@ -1,16 +1,23 @@
 #pragma once
 // Checkpoints: model, optimizer state, the data position and the interpreter's seed counter
-// (all the random state training draws from), the loss scaler and the step. Each is a folder step_<N>/ holding
-// model.pt, optimizer.pt, trainer.pt and a MANIFEST of sizes and CRC-32s written last; it is
-// built under a temporary name, fsynced and renamed, so a folder named step_<N> is complete.
-// A damaged checkpoint (missing file, wrong size or checksum) is detected on resume.
+// (all the random state training draws from), the loss scaler and the step. Each is a folder
+// step_<N>/ holding trainer.pt, the model and its optimizer state, and a MANIFEST of sizes and
+// CRC-32s written last; it is built under a temporary name, fsynced and renamed, so a folder named
+// step_<N> is complete. A damaged checkpoint (missing file, wrong size or checksum) is detected on
+// resume. The model and state are either whole (model.pt, optimizer.pt: one writer) or slices
+// (rank_<r>.slices and .index, every rank of a sharded run writing its own pieces:
+// launcher/training/slice_files.h); every reader takes both.
 
 #include "launcher/data/sampler.h"
 #include "launcher/training/loss_scaler.h"
+#include "launcher/training/slice_files.h"
 #include "models/model.h"
+#include "parallel/communicator.h"
 
 #include <torch/optim/optimizer.h>
 
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +37,12 @@ class CheckpointStore {
 
   // Writes step_<N>/ atomically and deletes the oldest beyond `keep`. Returns its folder.
   std::string save(const Model& model, const torch::optim::Optimizer& optimizer, const TrainerState& state) const;
+  // The same as slices, collective over `group` (every rank calls it): rank 0 makes the temporary
+  // folder, every rank writes its two files through `write`, rank 0 writes trainer.pt and the
+  // manifest and renames. UserError on every rank where one rank's disk refused (nothing kept).
+  // Returns the folder.
+  std::string save_sliced(Communicator& group, const TrainerState& state, const std::string& optimizer,
+                          const std::function<void(SliceFileWriter&)>& write) const;
   // Checkpoint folders, newest first.
   std::vector<std::string> list() const;
 
@@ -40,8 +53,13 @@ class CheckpointStore {
   // Loads only the model's parameters and buffers (hybrid_train export and sample); UserError if
   // they do not fit the model.
   static void load_model(const std::string& folder, Model& model);
+  // A checkpoint's parameters and buffers, whole, by name (either layout).
+  static std::map<std::string, at::Tensor> model_tensors(const std::string& folder);
+  static TrainerState load_trainer_state(const std::string& folder);
 
  private:
+  void publish_sliced(const std::string& folder, const TrainerState& state,
+                      const std::vector<std::vector<double>>& all) const;
   std::string dir_;
   int64_t keep_;
 };

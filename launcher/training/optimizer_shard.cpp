@@ -57,8 +57,7 @@ OptimizerShard::OptimizerShard(std::shared_ptr<Communicator> group, std::vector<
       tensors.push_back(params_[k]);
       elements.push_back(params_[k].numel());
     }
-    // Sharded parameters have no whole span between uses: the bucket's shard stands for it
-    // where only its dtype and device are asked (gather_state).
+    // Sharded parameters have no whole span between uses: the bucket's shard stands for it.
     b.params = parameter_shards != nullptr ? (*parameter_shards)[buckets_.size()] : flat_span(tensors);
     if (gradients != nullptr) {
       b.grads = gradients->span(tensors);
@@ -119,56 +118,6 @@ void OptimizerShard::gather_parameters() {
     stats_.gather_bytes += (b.shards.elements - b.shards.counts[rank]) * static_cast<int64_t>(b.params.element_size());
   }
   stats_.gather_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
-
-void OptimizerShard::gather_state(torch::optim::Optimizer& sharded, torch::optim::Optimizer& full) {
-  at::NoGradGuard no_grad;
-  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&sharded) != nullptr;
-  const int kinds = adamw ? 2 : 1;  // exp_avg and exp_avg_sq; or the momentum buffer
-  const int first = adamw ? 1 : 0;  // AdamW's state begins with its step count
-  const auto rank = static_cast<size_t>(group_->rank());
-  size_t piece = 0;  // this rank's first piece of the bucket
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
-    const Bucket& b = buckets_[bi];
-    const size_t members = b.members.size();
-    // Per member, from the rank that holds its first element: [has state, step count].
-    at::Tensor meta = at::zeros({static_cast<int64_t>(2 * members)}, at::kLong);
-    std::vector<std::vector<at::Tensor>> own;  // this rank's pieces of this bucket: their state
-    for (size_t i = piece; i < layout_.size() && layout_[i].bucket == bi; ++i) {
-      own.push_back(optimizer_state(sharded, pieces_[i]));
-      const ShardPiece& w = layout_[i].where;
-      if (w.offset == 0 && !own.back().empty()) {
-        meta[static_cast<int64_t>(2 * w.member)] = 1;
-        if (adamw) meta[static_cast<int64_t>(2 * w.member + 1)] = own.back()[0].item<int64_t>();
-      }
-    }
-    group_->allreduce_sum(meta, "the optimizer state's step counts");
-    std::vector<at::Tensor> whole;
-    for (int k = 0; k < kinds; ++k) {
-      at::Tensor local = at::zeros({b.shards.counts[rank]}, b.params.options());
-      for (size_t j = 0; j < own.size(); ++j) {
-        if (own[j].empty()) continue;
-        const ShardPiece& w = layout_[piece + j].where;
-        local.narrow(0, w.at - b.shards.begins[rank], w.length).copy_(own[j][static_cast<size_t>(first + k)]);
-      }
-      at::Tensor gathered = at::empty({b.shards.elements}, b.params.options());
-      group_->all_gather(local, gathered, b.shards.counts, "the optimizer state");
-      whole.push_back(gathered.to(at::kCPU));  // the checkpoint's copy lives on the host
-    }
-    const at::Tensor has = meta.to(at::kCPU);
-    int64_t start = 0;
-    for (size_t m = 0; m < members; ++m) {
-      const at::Tensor& param = params_[b.members[m]];
-      if (has[static_cast<int64_t>(2 * m)].item<int64_t>() != 0) {
-        std::vector<at::Tensor> state;
-        if (adamw) state.push_back(at::scalar_tensor(has[static_cast<int64_t>(2 * m + 1)].item<int64_t>(), at::kLong));
-        for (const at::Tensor& w : whole) state.push_back(from_memory_order(w.narrow(0, start, param.numel()), param));
-        set_optimizer_state(full, param, state);
-      }
-      start += param.numel();
-    }
-    piece += own.size();
-  }
 }
 
 void OptimizerShard::take_state(torch::optim::Optimizer& full, torch::optim::Optimizer& sharded) const {

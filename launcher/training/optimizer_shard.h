@@ -15,9 +15,9 @@
 // pieces without one, and the optimizer skips them as it skips the parameter. After the step, one
 // all-gather per bucket, in place, gives every rank every rank's updated pieces.
 //
-// Checkpoints keep the one unsharded layout: the state is gathered into an optimizer over the
-// whole parameters to be written, and a rank takes its share of a loaded one, so a run resumes
-// at any number of ranks, sharded or not.
+// Checkpoints: each rank writes its pieces (parameters and state) as slices of the whole tensors
+// (launcher/training/slice_files.h) and reads back the ranges its pieces cover at whatever count
+// resumes. A whole checkpoint (an unsharded run's) resumes sharded through take_state.
 
 #include "alloc/gradient_buffer.h"
 #include "parallel/communicator.h"
@@ -52,6 +52,15 @@ class OptimizerShard {
 
   // What this rank's optimizer steps: 1-D views of the parameters' storage, in bucket order.
   const std::vector<at::Tensor>& pieces() const { return pieces_; }
+  // pieces()[i] is elements [offset, offset + length) of `param`'s memory order.
+  struct PieceOf {
+    const at::Tensor* param;
+    int64_t offset, length;
+  };
+  PieceOf piece_of(size_t i) const {
+    const ShardPiece& w = layout_[i].where;
+    return {&param_of(layout_[i]), w.offset, w.length};
+  }
   // Elements of the model this rank updates (the sum of its pieces).
   int64_t elements() const;
 
@@ -66,9 +75,6 @@ class OptimizerShard {
   void gather_parameters();
   const ShardStats& stats() const { return stats_; }
 
-  // Collective: `full` (an optimizer of the same kind over the whole `params`) gets the state every
-  // rank's `sharded` holds for its pieces, on the host, as if one rank had trained unsharded.
-  void gather_state(torch::optim::Optimizer& sharded, torch::optim::Optimizer& full);
   // Local: `sharded` takes this rank's share of `full`'s state (a loaded checkpoint's).
   void take_state(torch::optim::Optimizer& full, torch::optim::Optimizer& sharded) const;
 

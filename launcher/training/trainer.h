@@ -24,7 +24,9 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <map>
 #include <memory>
+#include <set>
 #include <optional>
 
 namespace ht {
@@ -141,6 +143,11 @@ class Trainer {
   // What optimizer_ keeps state for: the parameters, or this rank's pieces of them (sharded).
   const std::vector<at::Tensor>& state_params() const { return shard_ ? shard_->pieces() : params_; }
   void save_sharded_checkpoint();
+  void resume_sharded_from_slices(const std::string& folder);
+  // Each parameter's name, by its TensorImpl.
+  std::map<const void*, std::string> parameter_names() const;
+  // DataParallel's bucketed parameters (those the shards split), by TensorImpl.
+  std::set<const void*> bucketed_parameters() const;
   // The rank's device memory, host data excluded: with a budget the arena's (rounding included),
   // without one on the CPU what the job counts as device memory (DeviceMemoryScope), on a GPU the
   // caching allocator's bytes in tensors, not its cache nor cuBLAS's. -1: not measured.

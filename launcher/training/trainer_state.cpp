@@ -2,14 +2,17 @@
 
 #include "launcher/training/compact.h"
 #include "launcher/training/optimizer.h"
+#include "launcher/user_error.h"
 #include "alloc/cpu_device_allocator.h"
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 
 // The trainer's model state: where the parameters live (one block; in the all-reduce's order when
-// sharded), the sharded optimizer, and checkpoints (written and resumed in the one unsharded
-// layout whatever the ranks, stages or sharding).
+// sharded), the sharded optimizer, and checkpoints (whole, or a sharded run's slices; either
+// resumes at any count of ranks, stages or sharding).
 
 namespace ht {
 
@@ -98,8 +101,10 @@ void Trainer::resume_from(const std::string& folder) {
     // The checkpoint holds the whole model; a stage keeps its own share of it.
     with_full_model(*pipeline_, *model_, *optimizer_,
                                [&] { state_ = CheckpointStore::load(folder, *model_, *optimizer_); });
+  } else if (shard_ && SliceIndex::present(folder)) {
+    resume_sharded_from_slices(folder);
   } else if (shard_) {
-    // The checkpoint holds the whole state, whatever the number of ranks that wrote it.
+    // A checkpoint of the whole state (an unsharded run's), whatever the number of ranks that wrote it.
     const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
     if (param_shards_) {
       HostAllocationScope host;  // the whole parameters only while each rank takes its share
@@ -118,7 +123,8 @@ void Trainer::resume_from(const std::string& folder) {
   sampler_.seek(state_.sampler);
   interp_.set_seed_counter(state_.seed_counter);
   if (scaler_ && state_.loss_scaler) scaler_->restore(*state_.loss_scaler);
-  if (!param_shards_) replicas_.broadcast_state(model_->buffers());  // every rank read the same files; make sure
+  // Every rank read the same files; make sure (sharded parameters have nothing whole to send).
+  if (!param_shards_) replicas_.broadcast_state(model_->buffers());
   result_.resumed_from_step = state_.step;
   progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
 }
@@ -144,23 +150,110 @@ void Trainer::save_checkpoint() {
   progress_.line("checkpoint " + folder);
 }
 
+// Each rank writes the slices it holds (launcher/training/slice_files.h): its pieces of the
+// parameters and their optimizer state; rank 0 also the parameters no bucket holds and the
+// buffers, which every rank has whole. Nothing is gathered: a rank's memory holds its share only.
 void Trainer::save_sharded_checkpoint() {
-  // Every replica takes part: the state is gathered into one unsharded optimizer (on the host),
-  // which rank 0 writes in the one layout every run reads.
   replicas_.group().set_context("the checkpoint after step " + std::to_string(state_.step));
-  const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
-  shard_->gather_state(*optimizer_, *full);
-  // Sharded parameters: gathered whole on the host (this function's scope) to be written.
-  if (param_shards_) param_shards_->gather_all(interp_.memory_hooks());
-  struct Release {
-    ParameterShards* shards;
-    ~Release() {
-      if (shards) shards->release_all();
-    }
-  } release{param_shards_.get()};
-  if (replicas_.rank() != 0) return;
-  const std::string folder = checkpoints_.save(*model_, *full, state_);
+  const std::map<const void*, std::string> names = parameter_names();
+  const bool adamw = config_.training.optimizer == OptimizerKind::kAdamw;
+  const std::string folder = checkpoints_.save_sliced(
+      replicas_.group(), state_, adamw ? "adamw" : "sgd", [&](SliceFileWriter& out) {
+        const std::vector<at::Tensor>& pieces = shard_->pieces();
+        for (size_t i = 0; i < pieces.size(); ++i) {
+          const OptimizerShard::PieceOf p = shard_->piece_of(i);
+          const std::string& name = names.at(p.param->unsafeGetTensorImpl());
+          out.add("param", name, *p.param, p.offset, pieces[i]);
+          const std::vector<at::Tensor> state = optimizer_state(*optimizer_, pieces[i]);
+          if (state.empty()) continue;
+          if (adamw && p.offset == 0) out.add_step(name, state[0].item<int64_t>());
+          for (size_t k = adamw ? 1 : 0, kind = 0; k < state.size(); ++k, ++kind) {
+            out.add("state" + std::to_string(kind), name, *p.param, p.offset, state[k]);
+          }
+        }
+        if (replicas_.rank() != 0) return;
+        const std::set<const void*> bucketed = bucketed_parameters();
+        for (const auto& p : model_->named_parameters()) {
+          if (bucketed.count(p.value().unsafeGetTensorImpl()) == 0) out.add("param", p.key(), p.value(), 0, memory_order(p.value()));
+        }
+        for (const auto& b : model_->named_buffers()) out.add("buffer", b.key(), b.value(), 0, memory_order(b.value()));
+      });
   progress_.line("checkpoint " + folder);
+}
+
+std::set<const void*> Trainer::bucketed_parameters() const {
+  std::set<const void*> bucketed;
+  for (const at::Tensor& t : replicas_.reduction_order()) bucketed.insert(t.unsafeGetTensorImpl());
+  return bucketed;
+}
+
+std::map<const void*, std::string> Trainer::parameter_names() const {
+  std::map<const void*, std::string> names;
+  for (const auto& p : model_->named_parameters()) names[p.value().unsafeGetTensorImpl()] = p.key();
+  return names;
+}
+
+// A sharded run reads back only the ranges its pieces cover, whatever count of ranks wrote them.
+void Trainer::resume_sharded_from_slices(const std::string& folder) {
+  const SliceIndex index(folder);
+  const bool adamw = config_.training.optimizer == OptimizerKind::kAdamw;
+  auto does_not_fit = [&](const std::string& why) {
+    return UserError(folder + ": this checkpoint does not fit the configured model or optimizer: " + why +
+                     "; resume with the config it was saved with");
+  };
+  if (index.optimizer() != (adamw ? "adamw" : "sgd")) {
+    throw does_not_fit("its optimizer state is " + index.optimizer() + "'s");
+  }
+  at::NoGradGuard no_grad;
+  auto check = [&](const char* kind, const std::string& name, const at::Tensor& like) {
+    const SlicedTensor* t = index.find(kind, name);
+    if (t == nullptr) throw does_not_fit("it has no tensor " + name);
+    if (t->sizes != like.sizes().vec() || t->dtype != like.scalar_type()) {
+      throw does_not_fit(name + " is " + c10::str(t->dtype, t->sizes) + " there but " +
+                         c10::str(like.scalar_type(), like.sizes()) + " in the configured model");
+    }
+  };
+  size_t tensors = 0;
+  const std::set<const void*> bucketed = bucketed_parameters();
+  for (const auto& p : model_->named_parameters()) {
+    check("param", p.key(), p.value());
+    ++tensors;
+    // Sharded parameters are read piece by piece below; the others whole, as every rank holds them.
+    if (param_shards_ && bucketed.count(p.value().unsafeGetTensorImpl()) != 0) continue;
+    memory_order(p.value()).copy_(index.read("param", p.key(), 0, p.value().numel()));
+  }
+  for (const auto& b : model_->named_buffers()) {
+    check("buffer", b.key(), b.value());
+    ++tensors;
+    memory_order(b.value()).copy_(index.read("buffer", b.key(), 0, b.value().numel()));
+  }
+  if (tensors != index.names("param").size() + index.names("buffer").size()) {
+    throw does_not_fit("it holds " + std::to_string(index.names("param").size() + index.names("buffer").size()) +
+                       " tensors, the configured model " + std::to_string(tensors));
+  }
+  const std::map<const void*, std::string> names = parameter_names();
+  const std::vector<at::Tensor>& pieces = shard_->pieces();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const OptimizerShard::PieceOf p = shard_->piece_of(i);
+    const std::string& name = names.at(p.param->unsafeGetTensorImpl());
+    at::Tensor piece = pieces[i];
+    if (param_shards_) piece.copy_(index.read("param", name, p.offset, p.length));
+    if (index.find("state0", name) == nullptr) {
+      drop_optimizer_state(*optimizer_, piece);
+      continue;
+    }
+    std::vector<at::Tensor> state;
+    if (adamw) {
+      const std::optional<int64_t> step = index.step(name);
+      if (!step) throw does_not_fit("it has no step count for " + name + "'s AdamW state");
+      state.push_back(at::scalar_tensor(*step, at::kLong));
+    }
+    for (int kind = 0; kind < (adamw ? 2 : 1); ++kind) {
+      state.push_back(index.read("state" + std::to_string(kind), name, p.offset, p.length).to(piece.device()));
+    }
+    set_optimizer_state(*optimizer_, piece, state);
+  }
+  state_ = CheckpointStore::load_trainer_state(folder);
 }
 
 }  // namespace ht

@@ -1,7 +1,7 @@
 // `mpirun -np N hybrid_train --parallel.shard=optimizer` (ZeRO-1): each rank keeps the optimizer
 // state of its share of the parameters only, and trains bit for bit what the unsharded
-// data-parallel run trains (the same all-reduce; AdamW and SGD step element by element); its
-// checkpoints hold the one unsharded layout, so a run resumes at any rank count, sharded or not.
+// data-parallel run trains (the same all-reduce; AdamW and SGD step element by element); each
+// rank writes its slices of the checkpoint, read back at any rank count, sharded or not.
 // ZeRO-2 (gradients) and ZeRO-3 (parameters) reduce-scatter every micro-batch: the unsharded
 // model within fp32's rounding.
 #include "tests/support/mpi_job.h"
@@ -37,10 +37,20 @@ interval = 2
 keep = 3
 )";
 
+// A checkpoint's model (either layout: a sharded run writes slices), tensor by tensor as bytes:
+// equal strings are the same model bit for bit.
 std::string model_at(const TempDir& dir, const std::string& run, int step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08d", step);
-  return read_file(dir.path(run + "/checkpoints/" + name + "/model.pt"));
+  const std::string folder = dir.path(run + "/checkpoints/" + name);
+  if (!std::filesystem::is_directory(folder)) return "";
+  std::string bytes;
+  for (const auto& [key, tensor] : read_model(folder)) {
+    const at::Tensor t = tensor.contiguous();
+    bytes += key;
+    bytes.append(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()) * t.element_size());
+  }
+  return bytes;
 }
 
 // The number after `"key": ` in the last line of a metrics file that has it.
@@ -50,7 +60,7 @@ int64_t last_number(const std::string& metrics, const std::string& key) {
   return std::stoll(metrics.substr(at + key.size() + 4));
 }
 
-// Every tensor of two model.pt files within fp32 reduction-order tolerance. AdamW divides each
+// Every tensor of two checkpoints' models within fp32 reduction-order tolerance. AdamW divides each
 // update by the root of its second moment, so for an element whose gradients are near zero a
 // rounding-level difference in them moves the update by a share of lr (0.01 here): 4 steps, at
 // most 5e-5 absolute.
@@ -98,8 +108,8 @@ void expect_bf16_accumulation_on_three_ranks(const std::string& level) {
                           "--training.micro_batch_size=2 --training.lr=0.05";
   ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("whole")), 0);
   ASSERT_EQ(run(job + " --parallel.shard=" + level + " --memory.budget=1GiB --job.output_dir=" + dir.path("sharded")), 0);
-  expect_close_models(dir.path("whole/checkpoints/step_00000004/model.pt"),
-                      dir.path("sharded/checkpoints/step_00000004/model.pt"));
+  expect_close_models(dir.path("whole/checkpoints/step_00000004"),
+                      dir.path("sharded/checkpoints/step_00000004"));
   expect_predicted_peak_within_two_percent(read_file(dir.path("sharded/metrics.jsonl")));
 }
 
@@ -142,8 +152,8 @@ TEST_P(ShardedJob, GradientShardsTrainTheUnshardedModel) {
   const std::string job = mpirun(ranks) + HT_BINARY + " " + dir.write("job.toml", kMlp);
   ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("whole")), 0);
   ASSERT_EQ(run(job + " --parallel.shard=gradients --job.output_dir=" + dir.path("sharded")), 0);
-  expect_close_models(dir.path("whole/checkpoints/step_00000004/model.pt"),
-                      dir.path("sharded/checkpoints/step_00000004/model.pt"));
+  expect_close_models(dir.path("whole/checkpoints/step_00000004"),
+                      dir.path("sharded/checkpoints/step_00000004"));
   const std::string sharded = read_file(dir.path("sharded/metrics.jsonl"));
   const std::string whole = read_file(dir.path("whole/metrics.jsonl"));
   EXPECT_GT(last_number(sharded, "shard_elements"), 0);
@@ -167,8 +177,8 @@ TEST_P(ShardedJob, ParameterShardsTrainTheUnshardedModel) {
   ASSERT_EQ(run(job + " --parallel.shard=gradients --job.output_dir=" + dir.path("gradients")), 0);
   ASSERT_EQ(run(job + " --parallel.shard=parameters --job.output_dir=" + dir.path("sharded")), 0);
   ASSERT_EQ(run(job + " --parallel.shard=parameters --parallel.prefetch=0 --job.output_dir=" + dir.path("inline")), 0);
-  expect_close_models(dir.path("whole/checkpoints/step_00000004/model.pt"),
-                      dir.path("sharded/checkpoints/step_00000004/model.pt"));
+  expect_close_models(dir.path("whole/checkpoints/step_00000004"),
+                      dir.path("sharded/checkpoints/step_00000004"));
   // Prefetched gathers (the default) copy the same shards: not a bit moves.
   EXPECT_TRUE(model_at(dir, "sharded", 4) == model_at(dir, "inline", 4)) << "prefetch changed the model";
   const std::string sharded = read_file(dir.path("sharded/metrics.jsonl"));
@@ -236,8 +246,9 @@ TEST(ShardedJobComposition, ParameterShardsWithAccumulationAndBf16OnThreeRanks) 
 
 // 2 ranks, then 3, then 4, each resuming the last one's checkpoint: sharded, the chain ends on
 // the unsharded chain's model, bit for bit (each step's reduction is the same; only the state's
-// split changes, gathered into the checkpoint and split again at another count); at ZeRO-2,
-// whose sums add in another order, within fp32's rounding.
+// split changes: each rank writes its slices, and the next count reads the ranges of its own
+// pieces); at ZeRO-2, whose sums add in another order, within fp32's rounding. Then one rank,
+// unsharded, resumes both chains' last checkpoints (slices assembled whole) to the same model.
 TEST(ShardedJobResume, AcrossTwoThreeAndFourRanksAsTheUnshardedChain) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
@@ -250,13 +261,19 @@ TEST(ShardedJobResume, AcrossTwoThreeAndFourRanksAsTheUnshardedChain) {
   }
   const std::string whole = model_at(dir, "none", 6);
   ASSERT_FALSE(whole.empty());
-  EXPECT_TRUE(whole == model_at(dir, "optimizer", 6)) << "model.pt differs after 2 -> 3 -> 4 ranks";
-  // ZeRO-2 resumes the same way (its checkpoint is the same layout), within its tolerance.
-  expect_close_models(dir.path("none/checkpoints/step_00000006/model.pt"),
-                      dir.path("gradients/checkpoints/step_00000006/model.pt"));
-  // ZeRO-3's shards are gathered into the checkpoint and taken again at each count.
-  expect_close_models(dir.path("none/checkpoints/step_00000006/model.pt"),
-                      dir.path("parameters/checkpoints/step_00000006/model.pt"));
+  EXPECT_TRUE(whole == model_at(dir, "optimizer", 6)) << "the model differs after 2 -> 3 -> 4 ranks";
+  const std::string sliced = dir.path("optimizer/checkpoints/step_00000006/");
+  EXPECT_TRUE(std::filesystem::exists(sliced + "rank_00003.slices") && !std::filesystem::exists(sliced + "model.pt"))
+      << "each of the 4 ranks wrote its slices, and nothing whole";
+  // ZeRO-2 and ZeRO-3 resume the same way, within their tolerance.
+  expect_close_models(dir.path("none/checkpoints/step_00000006"), dir.path("gradients/checkpoints/step_00000006"));
+  expect_close_models(dir.path("none/checkpoints/step_00000006"), dir.path("parameters/checkpoints/step_00000006"));
+  for (const std::string chain : {"none", "optimizer"}) {
+    ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + " --training.steps=8 --checkpoint.resume=latest --job.output_dir=" +
+                  dir.path(chain)),
+              0);
+  }
+  EXPECT_TRUE(model_at(dir, "none", 8) == model_at(dir, "optimizer", 8)) << "one rank resumed the slices differently";
 }
 
 // bf16, 3 micro-batches per rank, SGD with momentum (one state tensor, not AdamW's two), and
@@ -310,8 +327,8 @@ TEST(ShardedJobPlanning, ARefusalNamesAShardedPlanAndAutoTrainsIt) {
   EXPECT_LE(std::abs(predicted - measured), 64) << "predicted " << predicted << ", measured " << measured;
 }
 
-// A sharded run's checkpoint holds the one unsharded layout, so `hybrid_train export` reads it as
-// any other: a GPT trained with ZeRO-1 on 3 ranks exports the very file the unsharded run does.
+// `hybrid_train export` assembles a sharded run's slices as it reads a whole checkpoint: a GPT
+// trained with ZeRO-1 on 3 ranks exports the very file the unsharded run does.
 TEST(ShardedJobExport, AShardedRunExportsTheUnshardedRunsSafetensors) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
@@ -324,7 +341,7 @@ TEST(ShardedJobExport, AShardedRunExportsTheUnshardedRunsSafetensors) {
   const std::string whole = read_file(dir.path("none/hf/model.safetensors"));
   ASSERT_FALSE(whole.empty());
   EXPECT_TRUE(whole == read_file(dir.path("optimizer/hf/model.safetensors"))) << "the exported weights differ";
-  // ZeRO-3's checkpoint is the same layout, its values the unsharded run's within rounding.
+  // ZeRO-3's slices likewise, its values the unsharded run's within rounding.
   ASSERT_EQ(run(mpirun(3) + HT_BINARY + " " + config + " --training.global_batch_size=12 --training.steps=3 " +
                 "--checkpoint.interval=3 --parallel.shard=parameters --job.output_dir=" + dir.path("parameters")), 0);
   ASSERT_EQ(run(std::string(HT_BINARY) + " export " + dir.path("parameters")), 0);

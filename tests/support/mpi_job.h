@@ -1,18 +1,23 @@
 #pragma once
 // What the tests that run hybrid_train under mpirun share: the command prefix, a quiet run, and a
-// checkpoint's model.pt read back by tensor name.
+// checkpoint's model read back by tensor name.
+
+#include "launcher/training/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/serialize/input-archive.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 
 namespace ht::test {
 
+// A model.pt file, or a checkpoint folder of either layout (whole or a sharded run's slices).
 inline std::map<std::string, at::Tensor> read_model(const std::string& path) {
+  if (std::filesystem::is_directory(path)) return CheckpointStore::model_tensors(path);
   torch::serialize::InputArchive archive;
   archive.load_from(path);
   std::map<std::string, at::Tensor> tensors;
@@ -23,7 +28,7 @@ inline std::map<std::string, at::Tensor> read_model(const std::string& path) {
   return tensors;
 }
 
-// Every tensor of two model.pt files close: at::allclose(other, one, rtol, atol) for each name.
+// Every tensor of two checkpoints' models (model.pt files or folders) close: at::allclose(other, one, rtol, atol) for each name.
 inline void expect_close_models(const std::string& a, const std::string& b, double rtol, double atol) {
   const auto one = read_model(a), other = read_model(b);
   ASSERT_FALSE(one.empty()) << a;

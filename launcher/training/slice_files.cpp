@@ -1,0 +1,252 @@
+#include "launcher/training/slice_files.h"
+
+#include "launcher/training/optimizer_shard.h"
+#include "launcher/user_error.h"
+#include "alloc/cpu_device_allocator.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <unistd.h>
+
+namespace ht {
+namespace {
+
+namespace fs = std::filesystem;
+
+uint32_t crc_add(uint32_t crc, const void* data, size_t bytes) {
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  while (bytes > 0) {  // zlib's length is 32-bit
+    const auto n = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    c = crc32(c, p, n);
+    p += n;
+    bytes -= n;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n <= 0) throw std::runtime_error("the disk refused " + path + " (full, or a quota)");
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+template <typename T>
+std::string joined(const std::vector<T>& values) {
+  std::string s;
+  for (const T& v : values) s += " " + std::to_string(v);
+  return s;
+}
+
+}  // namespace
+
+std::string slice_file_stem(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d", rank);
+  return name;
+}
+
+struct SliceFileWriter::Files {
+  std::string data_path, index_path;
+  int data = -1;
+  uint64_t bytes = 0;
+  uint32_t crc = crc_add(0, nullptr, 0);
+  std::ostringstream index;
+};
+
+SliceFileWriter::SliceFileWriter(const std::string& folder, int rank, const std::string& optimizer)
+    : files_(std::make_unique<Files>()) {
+  const std::string stem = (fs::path(folder) / slice_file_stem(rank)).string();
+  files_->data_path = stem + ".slices";
+  files_->index_path = stem + ".index";
+  files_->data = ::open(files_->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (files_->data < 0) throw std::runtime_error("cannot create " + stem + ".slices");
+  files_->index << "optimizer " << optimizer << '\n';
+}
+
+SliceFileWriter::~SliceFileWriter() {
+  if (files_->data >= 0) ::close(files_->data);
+}
+
+void SliceFileWriter::add(const std::string& kind, const std::string& name, const at::Tensor& like, int64_t offset,
+                          const at::Tensor& values) {
+  at::Tensor host;
+  {
+    HostAllocationScope scope;  // the copy is host memory, not the device's
+    host = values.detach().reshape({-1}).to(at::kCPU).contiguous();
+  }
+  const size_t bytes = static_cast<size_t>(host.numel()) * host.element_size();
+  files_->index << "slice " << kind << ' ' << name << ' ' << static_cast<int>(like.scalar_type()) << ' ' << offset
+                << ' ' << host.numel() << ' ' << files_->bytes << ' ' << like.dim() << joined(like.sizes().vec())
+                << joined(like.strides().vec()) << '\n';
+  TORCH_CHECK(host.scalar_type() == like.scalar_type(), "SliceFileWriter: ", name, "'s slice is not its dtype");
+  write_all(files_->data, host.data_ptr(), bytes, files_->data_path);
+  files_->crc = crc_add(files_->crc, host.data_ptr(), bytes);
+  files_->bytes += bytes;
+}
+
+void SliceFileWriter::add_step(const std::string& name, int64_t count) {
+  files_->index << "step " << name << ' ' << count << '\n';
+}
+
+std::array<uint64_t, 4> SliceFileWriter::finish() {
+  if (::fsync(files_->data) != 0) throw std::runtime_error("fsync of " + files_->data_path + " failed; is the disk full?");
+  ::close(files_->data);
+  files_->data = -1;
+  const std::string index = files_->index.str();
+  const int fd = ::open(files_->index_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + files_->index_path);
+  try {
+    write_all(fd, index.data(), index.size(), files_->index_path);
+    if (::fsync(fd) != 0) throw std::runtime_error("fsync of " + files_->index_path + " failed; is the disk full?");
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return {files_->bytes, files_->crc, index.size(), crc_add(crc_add(0, nullptr, 0), index.data(), index.size())};
+}
+
+bool SliceIndex::present(const std::string& folder) {
+  return fs::exists(fs::path(folder) / (slice_file_stem(0) + ".index"));
+}
+
+SliceIndex::SliceIndex(std::string folder) : folder_(std::move(folder)) {
+  for (int rank = 0;; ++rank) {
+    const fs::path path = fs::path(folder_) / (slice_file_stem(rank) + ".index");
+    if (!fs::exists(path)) break;
+    ranks_ = rank + 1;
+    std::ifstream in(path);
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      auto bad = [&] {
+        return UserError(path.string() + ", line " + std::to_string(number) + ": not a slice record (\"" + line +
+                         "\"); the checkpoint is damaged or from another program");
+      };
+      std::istringstream fields(line);
+      std::string what;
+      fields >> what;
+      if (what == "optimizer") {
+        if (!(fields >> optimizer_)) throw bad();
+      } else if (what == "step") {
+        std::string name;
+        int64_t count = 0;
+        if (!(fields >> name >> count)) throw bad();
+        steps_[name] = count;
+      } else if (what == "slice") {
+        std::string kind, name;
+        int dtype = 0;
+        int64_t dims = 0;
+        SliceRecord r;
+        r.file = slice_file_stem(rank) + ".slices";
+        if (!(fields >> kind >> name >> dtype >> r.offset >> r.length >> r.byte_at >> dims) || dims < 0 || dims > 16) {
+          throw bad();
+        }
+        SlicedTensor& t = tensors_[kind][name];
+        std::vector<int64_t> sizes(static_cast<size_t>(dims)), strides(static_cast<size_t>(dims));
+        for (int64_t& s : sizes) fields >> s;
+        for (int64_t& s : strides) fields >> s;
+        if (!fields) throw bad();
+        if (t.slices.empty()) {
+          t.dtype = static_cast<at::ScalarType>(dtype);
+          t.sizes = sizes;
+          t.strides = strides;
+        } else if (t.sizes != sizes || t.strides != strides || t.dtype != static_cast<at::ScalarType>(dtype)) {
+          throw UserError(path.string() + ", line " + std::to_string(number) + ": " + name +
+                          "'s shape or dtype differs from another rank's record; the checkpoint is damaged");
+        }
+        t.slices.push_back(r);
+      } else if (!what.empty()) {
+        throw bad();
+      }
+    }
+  }
+  for (auto& [kind, by_name] : tensors_) {
+    for (auto& [name, t] : by_name) {
+      std::sort(t.slices.begin(), t.slices.end(),
+                [](const SliceRecord& a, const SliceRecord& b) { return a.offset < b.offset; });
+    }
+  }
+}
+
+std::vector<std::string> SliceIndex::names(const std::string& kind) const {
+  std::vector<std::string> out;
+  const auto it = tensors_.find(kind);
+  if (it != tensors_.end()) {
+    for (const auto& [name, t] : it->second) out.push_back(name);
+  }
+  return out;
+}
+
+const SlicedTensor* SliceIndex::find(const std::string& kind, const std::string& name) const {
+  const auto it = tensors_.find(kind);
+  if (it == tensors_.end()) return nullptr;
+  const auto t = it->second.find(name);
+  return t == it->second.end() ? nullptr : &t->second;
+}
+
+std::optional<int64_t> SliceIndex::step(const std::string& name) const {
+  const auto it = steps_.find(name);
+  if (it == steps_.end()) return std::nullopt;
+  return it->second;
+}
+
+at::Tensor SliceIndex::read(const std::string& kind, const std::string& name, int64_t offset, int64_t length) const {
+  const SlicedTensor* t = find(kind, name);
+  if (t == nullptr) throw UserError(folder_ + ": the checkpoint has no " + kind + " " + name);
+  HostAllocationScope scope;
+  at::Tensor out = at::empty({length}, at::TensorOptions().dtype(t->dtype));
+  const int64_t element = static_cast<int64_t>(out.element_size());
+  int64_t covered = offset;  // slices are by offset and do not overlap: fill [offset, end) in order
+  for (const SliceRecord& s : t->slices) {
+    const int64_t from = std::max(covered, s.offset), to = std::min(offset + length, s.offset + s.length);
+    if (from >= to) continue;
+    if (from != covered) break;
+    const std::string path = (fs::path(folder_) / s.file).string();
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) throw UserError(path + ": cannot open it to read " + name);
+    auto* dst = static_cast<char*>(out.data_ptr()) + (from - offset) * element;
+    size_t left = static_cast<size_t>((to - from) * element);
+    auto at = static_cast<off_t>(s.byte_at + static_cast<uint64_t>((from - s.offset) * element));
+    while (left > 0) {
+      const ssize_t n = ::pread(fd, dst, left, at);
+      if (n <= 0) {
+        ::close(fd);
+        throw UserError(path + ": ends before " + name + "'s slice; the checkpoint is damaged");
+      }
+      dst += n;
+      at += n;
+      left -= static_cast<size_t>(n);
+    }
+    ::close(fd);
+    covered = to;
+  }
+  if (covered < offset + length) {
+    throw UserError(folder_ + ": no rank's slice holds elements " + std::to_string(covered) + " and after of " + kind +
+                    " " + name + "; the checkpoint is incomplete");
+  }
+  return out;
+}
+
+at::Tensor SliceIndex::whole(const std::string& kind, const std::string& name) const {
+  const SlicedTensor* t = find(kind, name);
+  if (t == nullptr) throw UserError(folder_ + ": the checkpoint has no " + kind + " " + name);
+  int64_t numel = 1;
+  for (int64_t s : t->sizes) numel *= s;
+  HostAllocationScope scope;
+  const at::Tensor like = at::empty_strided(t->sizes, t->strides, at::TensorOptions().dtype(t->dtype));
+  return from_memory_order(read(kind, name, 0, numel), like);
+}
+
+}  // namespace ht
