@@ -209,7 +209,7 @@ void Trainer::resume_sharded_from_slices(const std::string& folder) {
     const SlicedTensor* t = index.find(kind, name);
     if (t == nullptr) throw does_not_fit("it has no tensor " + name);
     if (t->sizes != like.sizes().vec() || t->dtype != like.scalar_type()) {
-      throw does_not_fit(name + " is " + c10::str(t->dtype, t->sizes) + " there but " +
+      throw does_not_fit(name + " is " + c10::str(t->dtype, at::IntArrayRef(t->sizes)) + " there but " +
                          c10::str(like.scalar_type(), like.sizes()) + " in the configured model");
     }
   };

@@ -393,6 +393,21 @@ TEST(ShardedJobErrors, PoliciesLevelsCannotComposeWithPipelinesAndOneRank) {
                          "--parallel.pipeline_parallel=2 --job.output_dir=" + dir.path("z") + " > " + log + " 2>&1").c_str()),
             0);
   EXPECT_THAT(read_file(log), HasSubstr("parallel.shard = \"parameters\" with parallel.pipeline_parallel = 2"));
+  // Slices of another model, and of another optimizer's state: refused on resume, naming why.
+  ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + " --parallel.shard=optimizer --training.steps=2 --job.output_dir=" +
+                dir.path("s")),
+            0);
+  const std::string resume = " --checkpoint.resume=latest --training.steps=4 --job.output_dir=" + dir.path("s");
+  EXPECT_EQ(WEXITSTATUS(std::system((mpirun(2) + HT_BINARY + " " + config + " --parallel.shard=parameters " +
+                                     "--model.hidden=[512,256]" + resume + " > " + log + " 2>&1").c_str())),
+            2);
+  EXPECT_THAT(read_file(log), HasSubstr("this checkpoint does not fit the configured model or optimizer: "
+                                        "hidden1.linear.weight is Float[384, 512] there but Float[256, 512]"));
+  EXPECT_EQ(WEXITSTATUS(std::system((mpirun(2) + HT_BINARY + " " + config + " --parallel.shard=gradients " +
+                                     "--training.optimizer=sgd --training.momentum=0.9" + resume + " > " + log + " 2>&1")
+                                        .c_str())),
+            2);
+  EXPECT_THAT(read_file(log), HasSubstr("its optimizer state is adamw's"));
 }
 
 }  // namespace
