@@ -23,7 +23,8 @@
 # 530, inside the tool's 600), each step's time limit cut to what is left, and what is not reached
 # is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,bench,calibrate) picks steps; instead
 # of bench, autograd, dtr, maxbatch and attention pick benchmarks. HT_DEVICE_TEST_LIMIT (default
-# 200) caps each test program's seconds.
+# 200) caps each test program's seconds; test_launcher runs last, alone, in two gtest shards, each
+# capped by HT_DEVICE_LAUNCHER_LIMIT (default 330).
 #
 # The tool brings back at most 8 files: everything lands in $OUT/summary.txt (a line per step) and
 # $OUT/logs.tgz (each step's whole log), packed again after every step.
@@ -69,20 +70,20 @@ if [[ $steps == *build* ]]; then
   fi
 fi
 
-gtest() {  # program, time limit, log: runs one test program, a summary line when it ends
-  local t=$1 limit=$2 start=$SECONDS
+gtest() {  # program, time limit[, log name]: runs one test program, a summary line when it ends
+  local t=$1 limit=$2 name=${3:-$1} start=$SECONDS
   if [ ! -x "$bin/tests/$t" ]; then say "$t: not built"; return; fi
   if ((limit == 0)); then say "$t: not run (deadline)"; return; fi
   # Line-buffered, so that a crash leaves the log up to it.
-  timeout "$limit" stdbuf -oL -eL "$bin/tests/$t" --gtest_brief=1 >"$logs/$t.log" 2>&1
+  timeout "$limit" stdbuf -oL -eL "$bin/tests/$t" --gtest_brief=1 >"$logs/$name.log" 2>&1
   local status=$?
-  say "$t: exit $status in $((SECONDS - start)) s; $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/$t.log" | head -20 | tee -a "$out/summary.txt"
+  say "$name: exit $status in $((SECONDS - start)) s; $(grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$name.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \] [A-Za-z]' "$logs/$name.log" | head -20 | tee -a "$out/summary.txt"
   # A crash (a signal, not a timeout): where, from cuda-gdb (the machine has no gdb).
   if ((status > 128 && status != 137)) && command -v cuda-gdb >/dev/null && (($(left 90) > 20)); then
-    tail -3 "$logs/$t.log" | tee -a "$out/summary.txt"
-    timeout "$(left 90)" cuda-gdb -batch -ex run -ex bt --args "$bin/tests/$t" --gtest_brief=1 >"$logs/$t.gdb.log" 2>&1
-    grep -E '^#[0-9]+ ' "$logs/$t.gdb.log" | head -25 | tee -a "$out/summary.txt"
+    tail -3 "$logs/$name.log" | tee -a "$out/summary.txt"
+    timeout "$(left 90)" cuda-gdb -batch -ex run -ex bt --args "$bin/tests/$t" --gtest_brief=1 >"$logs/$name.gdb.log" 2>&1
+    grep -E '^#[0-9]+ ' "$logs/$name.gdb.log" | head -25 | tee -a "$out/summary.txt"
   fi
 }
 
@@ -162,12 +163,26 @@ fi
 if [[ $steps == *tests* ]]; then
   [ -n "$test_build" ] && wait "$test_build"
   background=()
+  launcher=
   for t in "${tests[@]}"; do
+    if [ "$t" = test_launcher ]; then launcher=1; continue; fi
     OMP_NUM_THREADS=2 gtest "$t" "$(left "${HT_DEVICE_TEST_LIMIT:-200}")" &
     background+=($!)
   done
   for p in "${background[@]}"; do wait "$p"; done
   pack
+  # test_launcher last and alone: its jobs (mpirun ranks among them) take cores of their own, and
+  # beside the other programs it did not finish in 170 s (third GPU session). Two gtest shards.
+  if [ -n "$launcher" ]; then
+    background=()
+    for shard in 0 1; do
+      GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$shard OMP_NUM_THREADS=4 \
+        gtest test_launcher "$(left "${HT_DEVICE_LAUNCHER_LIMIT:-330}")" "test_launcher.$shard" &
+      background+=($!)
+    done
+    for p in "${background[@]}"; do wait "$p"; done
+    pack
+  fi
 fi
 
 want() { [[ $steps == *bench* || $steps == *$1* ]]; }  # bench: all three; or by name
