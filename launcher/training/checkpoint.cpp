@@ -161,7 +161,7 @@ void read_optimizer_slices(const SliceIndex& index, const Model& model, torch::o
       if (!adamw && std::string(kind) == "state1") break;
       const at::Tensor whole = index.whole(kind, p.key());
       if (whole.sizes() != p.value().sizes()) throw UserError(p.key() + "'s optimizer state has another shape there");
-      state.push_back(whole.to(p.value().device()));
+      state.push_back(at::empty_like(p.value()).copy_(whole));  // on the parameter's device (its arena)
     }
     set_optimizer_state(optimizer, p.value(), state);
   }

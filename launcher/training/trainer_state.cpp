@@ -249,7 +249,8 @@ void Trainer::resume_sharded_from_slices(const std::string& folder) {
       state.push_back(at::scalar_tensor(*step, at::kLong));
     }
     for (int kind = 0; kind < (adamw ? 2 : 1); ++kind) {
-      state.push_back(index.read("state" + std::to_string(kind), name, p.offset, p.length).to(piece.device()));
+      // Where the optimizer keeps it (the device, or the arena under a budget), not the reader's host copy.
+      state.push_back(at::empty_like(piece).copy_(index.read("state" + std::to_string(kind), name, p.offset, p.length)));
     }
     set_optimizer_state(*optimizer_, piece, state);
   }
