@@ -193,44 +193,66 @@ std::map<const void*, std::string> Trainer::parameter_names() const {
   return names;
 }
 
+namespace {
+
+UserError slices_do_not_fit(const std::string& folder, const std::string& why) {
+  return UserError(folder + ": this checkpoint does not fit the configured model or optimizer: " + why +
+                   "; resume with the config it was saved with");
+}
+
+// `like` against the checkpoint's record of the tensor: there, and of its shape and dtype.
+void check_slice_record(const SliceIndex& index, const std::string& folder, const char* kind, const std::string& name,
+                        const at::Tensor& like) {
+  const SlicedTensor* t = index.find(kind, name);
+  if (t == nullptr) throw slices_do_not_fit(folder, "it has no tensor " + name);
+  if (t->sizes != like.sizes().vec() || t->dtype != like.scalar_type()) {
+    throw slices_do_not_fit(folder, name + " is " + c10::str(t->dtype, at::IntArrayRef(t->sizes)) + " there but " +
+                                        c10::str(like.scalar_type(), like.sizes()) + " in the configured model");
+  }
+}
+
+}  // namespace
+
 // A sharded run reads back only the ranges its pieces cover, whatever count of ranks wrote them.
 void Trainer::resume_sharded_from_slices(const std::string& folder) {
   const SliceIndex index(folder);
-  const bool adamw = config_.training.optimizer == OptimizerKind::kAdamw;
-  auto does_not_fit = [&](const std::string& why) {
-    return UserError(folder + ": this checkpoint does not fit the configured model or optimizer: " + why +
-                     "; resume with the config it was saved with");
-  };
-  if (index.optimizer() != (adamw ? "adamw" : "sgd")) {
-    throw does_not_fit("its optimizer state is " + index.optimizer() + "'s");
+  const std::string optimizer = config_.training.optimizer == OptimizerKind::kAdamw ? "adamw" : "sgd";
+  if (index.optimizer() != optimizer) {
+    throw slices_do_not_fit(folder, "its optimizer state is " + index.optimizer() + "'s, the configured optimizer " +
+                                        optimizer);
   }
   at::NoGradGuard no_grad;
-  auto check = [&](const char* kind, const std::string& name, const at::Tensor& like) {
-    const SlicedTensor* t = index.find(kind, name);
-    if (t == nullptr) throw does_not_fit("it has no tensor " + name);
-    if (t->sizes != like.sizes().vec() || t->dtype != like.scalar_type()) {
-      throw does_not_fit(name + " is " + c10::str(t->dtype, at::IntArrayRef(t->sizes)) + " there but " +
-                         c10::str(like.scalar_type(), like.sizes()) + " in the configured model");
-    }
-  };
+  read_whole_tensors_from_slices(index, folder);
+  read_pieces_from_slices(index, folder);
+  state_ = CheckpointStore::load_trainer_state(folder);
+}
+
+// Every parameter and buffer checked; the buffers and the parameters every rank holds whole
+// (all but ZeRO-3's sharded ones) read whole.
+void Trainer::read_whole_tensors_from_slices(const SliceIndex& index, const std::string& folder) {
   size_t tensors = 0;
   const std::set<const void*> bucketed = bucketed_parameters();
   for (const auto& p : model_->named_parameters()) {
-    check("param", p.key(), p.value());
+    check_slice_record(index, folder, "param", p.key(), p.value());
     ++tensors;
-    // Sharded parameters are read piece by piece below; the others whole, as every rank holds them.
-    if (param_shards_ && bucketed.count(p.value().unsafeGetTensorImpl()) != 0) continue;
+    if (param_shards_ && bucketed.count(p.value().unsafeGetTensorImpl()) != 0) continue;  // by pieces
     memory_order(p.value()).copy_(index.read("param", p.key(), 0, p.value().numel()));
   }
   for (const auto& b : model_->named_buffers()) {
-    check("buffer", b.key(), b.value());
+    check_slice_record(index, folder, "buffer", b.key(), b.value());
     ++tensors;
     memory_order(b.value()).copy_(index.read("buffer", b.key(), 0, b.value().numel()));
   }
-  if (tensors != index.names("param").size() + index.names("buffer").size()) {
-    throw does_not_fit("it holds " + std::to_string(index.names("param").size() + index.names("buffer").size()) +
-                       " tensors, the configured model " + std::to_string(tensors));
+  const size_t saved = index.names("param").size() + index.names("buffer").size();
+  if (tensors != saved) {
+    throw slices_do_not_fit(folder, "it holds " + std::to_string(saved) + " tensors, the configured model " +
+                                        std::to_string(tensors));
   }
+}
+
+// This rank's pieces: their optimizer state, and at ZeRO-3 their parameters' values.
+void Trainer::read_pieces_from_slices(const SliceIndex& index, const std::string& folder) {
+  const bool adamw = index.optimizer() == "adamw";
   const std::map<const void*, std::string> names = parameter_names();
   const std::vector<at::Tensor>& pieces = shard_->pieces();
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -245,7 +267,7 @@ void Trainer::resume_sharded_from_slices(const std::string& folder) {
     std::vector<at::Tensor> state;
     if (adamw) {
       const std::optional<int64_t> step = index.step(name);
-      if (!step) throw does_not_fit("it has no step count for " + name + "'s AdamW state");
+      if (!step) throw slices_do_not_fit(folder, "it has no step count for " + name + "'s AdamW state");
       state.push_back(at::scalar_tensor(*step, at::kLong));
     }
     for (int kind = 0; kind < (adamw ? 2 : 1); ++kind) {
@@ -254,7 +276,6 @@ void Trainer::resume_sharded_from_slices(const std::string& folder) {
     }
     set_optimizer_state(*optimizer_, piece, state);
   }
-  state_ = CheckpointStore::load_trainer_state(folder);
 }
 
 }  // namespace ht
