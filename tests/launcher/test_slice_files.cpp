@@ -131,5 +131,21 @@ TEST(SliceFiles, ARankThatCannotWriteLeavesNothingAndThePreviousCheckpoint) {
   EXPECT_FALSE(std::filesystem::exists(dir.path("ckpt/.step_00000002.tmp")));
 }
 
+
+// On a GPU a rank's pieces are CUDA tensors: the writer copies each to the host as it goes, and
+// the reader's ranges come back on the host for the caller to place.
+TEST(SliceFiles, CudaPiecesAreWrittenThroughTheHost) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU here";
+  TempDir dir;
+  const at::Tensor weight = at::randn({6, 5}, at::TensorOptions().device(at::kCUDA, 0));
+  {
+    SliceFileWriter out(dir.path(""), 0, "adamw");
+    out.add("param", "w", weight, 0, memory_order(weight).narrow(0, 0, 12));
+    out.add("param", "w", weight, 12, memory_order(weight).narrow(0, 12, 18));
+    out.finish();
+  }
+  EXPECT_TRUE(at::equal(SliceIndex(dir.path("")).whole("param", "w"), weight.cpu()));
+}
+
 }  // namespace
 }  // namespace ht::test
