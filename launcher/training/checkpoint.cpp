@@ -354,8 +354,20 @@ std::string CheckpointStore::save_sliced(Communicator& group, const TrainerState
                                       : "the previous checkpoint, " + previous.front() + ", is as it was") +
                     ". Free space there, or set checkpoint.dir to a disk with room");
   }
-  if (first) publish_sliced(tmp.string(), state, all);
-  group.barrier("the checkpoint's rename");  // every rank returns a complete checkpoint
+  if (first) {
+    try {
+      publish_sliced(tmp.string(), state, all);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  // Every rank returns a complete checkpoint, or ends with rank 0's reason (not at a barrier
+  // rank 0 never reaches).
+  if (gather_per_rank(group, {why.empty() ? 1.0 : 0.0}, "the checkpoint's rename")[0][0] == 0) {
+    if (!first) why = dir.string() + ": rank 0 could not finish the checkpoint of step " + std::to_string(state.step) +
+                      " (its own message says why)";
+    throw UserError(why);
+  }
   return final_path.string();
 }
 

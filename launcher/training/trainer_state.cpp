@@ -3,10 +3,13 @@
 #include "launcher/training/compact.h"
 #include "launcher/training/optimizer.h"
 #include "launcher/user_error.h"
+#include "alloc/byte_size.h"
 #include "alloc/cpu_device_allocator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -157,6 +160,14 @@ void Trainer::save_sharded_checkpoint() {
   replicas_.group().set_context("the checkpoint after step " + std::to_string(state_.step));
   const std::map<const void*, std::string> names = parameter_names();
   const bool adamw = config_.training.optimizer == OptimizerKind::kAdamw;
+  // A large model's share takes a while to write: say so before, and how long after.
+  int64_t bytes = 0;
+  for (const at::Tensor& piece : shard_->pieces()) bytes += static_cast<int64_t>(piece.nbytes()) * (adamw ? 3 : 2);
+  const auto start = std::chrono::steady_clock::now();
+  if (bytes > (int64_t{1} << 30)) {
+    progress_.line("checkpoint of step " + std::to_string(state_.step) + ": each rank writes its slices, " +
+                   format_bytes(bytes) + " here");
+  }
   const std::string folder = checkpoints_.save_sliced(
       replicas_.group(), state_, adamw ? "adamw" : "sgd", [&](SliceFileWriter& out) {
         const std::vector<at::Tensor>& pieces = shard_->pieces();
@@ -178,7 +189,10 @@ void Trainer::save_sharded_checkpoint() {
         }
         for (const auto& b : model_->named_buffers()) out.add("buffer", b.key(), b.value(), 0, memory_order(b.value()));
       });
-  progress_.line("checkpoint " + folder);
+  char took[64];
+  std::snprintf(took, sizeof took, " (slices of %d ranks, %.1f s)", replicas_.size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  progress_.line("checkpoint " + folder + took);
 }
 
 std::set<const void*> Trainer::bucketed_parameters() const {
