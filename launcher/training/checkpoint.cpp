@@ -1,13 +1,12 @@
 #include "launcher/training/checkpoint.h"
 
 #include "launcher/training/optimizer.h"
+#include "launcher/training/optimizer_shard.h"
 #include "launcher/training/per_rank.h"
 #include "launcher/user_error.h"
 #include "alloc/cpu_device_allocator.h"
 #include "base/remove_tree.h"
 
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <zlib.h>
@@ -136,34 +135,15 @@ void read_model(Model& model, const ModelSource& source) {
   }
 }
 
-std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) return "adamw";
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) return "sgd";
-  return "other";
-}
-
 // The optimizer state of sliced checkpoints into an optimizer over the whole parameters.
 void read_optimizer_slices(const SliceIndex& index, const Model& model, torch::optim::Optimizer& optimizer) {
-  if (index.optimizer() != optimizer_kind(optimizer)) {
+  if (index.optimizer() != optimizer_name(optimizer)) {
     throw UserError("its optimizer state is " + index.optimizer() + "'s, the configured optimizer " +
-                    optimizer_kind(optimizer));
+                    optimizer_name(optimizer));
   }
-  const bool adamw = index.optimizer() == "adamw";
   for (const auto& p : model.named_parameters()) {
-    if (index.find("state0", p.key()) == nullptr) continue;  // never stepped
-    std::vector<at::Tensor> state;
-    if (adamw) {
-      const std::optional<int64_t> step = index.step(p.key());
-      if (!step) throw UserError("it has no step count for " + p.key() + "'s AdamW state");
-      state.push_back(at::scalar_tensor(*step, at::kLong));
-    }
-    for (const char* kind : {"state0", "state1"}) {
-      if (!adamw && std::string(kind) == "state1") break;
-      const at::Tensor whole = index.whole(kind, p.key());
-      if (whole.sizes() != p.value().sizes()) throw UserError(p.key() + "'s optimizer state has another shape there");
-      state.push_back(at::empty_like(p.value()).copy_(whole));  // on the parameter's device (its arena)
-    }
-    set_optimizer_state(optimizer, p.value(), state);
+    const std::vector<at::Tensor> state = read_sliced_state(index, p.key(), 0, p.value());
+    if (!state.empty()) set_optimizer_state(optimizer, p.value(), state);  // none: never stepped
   }
 }
 
@@ -216,6 +196,26 @@ TrainerState read_trainer_state(const fs::path& path) {
 }
 
 }  // namespace
+
+std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, int64_t offset,
+                                          const at::Tensor& like) {
+  if (index.find("state0", name) == nullptr) return {};
+  std::vector<at::Tensor> state;
+  const bool adamw = index.optimizer() == "adamw";
+  if (adamw) {
+    const std::optional<int64_t> step = index.step(name);
+    if (!step) throw UserError(index.folder() + ": the checkpoint has no step count for " + name + "'s AdamW state");
+    state.push_back(at::scalar_tensor(*step, at::kLong));
+  }
+  for (const char* kind : {"state0", "state1"}) {
+    if (!adamw && std::string(kind) == "state1") break;
+    // Where the optimizer keeps it (the device, or the arena under a budget), not the reader's host copy.
+    at::Tensor t = at::empty_like(like);
+    memory_order(t).copy_(index.read(kind, name, offset, like.numel()));
+    state.push_back(t);
+  }
+  return state;
+}
 
 std::string CheckpointStore::save(const Model& model, const torch::optim::Optimizer& optimizer,
                                   const TrainerState& state) const {

@@ -64,6 +64,13 @@ class CheckpointStore {
   int64_t keep_;
 };
 
+// The optimizer state a sliced checkpoint holds for elements [offset, offset + like.numel()) of
+// `name`'s memory order, as optimizer_state gives it (AdamW: step, exp_avg, exp_avg_sq; SGD:
+// momentum), each laid out and allocated like `like` (a parameter, or a 1-D piece of one); empty
+// where the parameter has none (never stepped). UserError without AdamW's step count.
+std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, int64_t offset,
+                                          const at::Tensor& like);
+
 // Resolves [checkpoint] resume: "latest" picks the newest checkpoint that verifies, warning about
 // each damaged one it skips (nullopt if there is none); a folder must verify, or UserError.
 std::optional<std::string> resolve_resume(const std::string& resume, const std::string& dir,

@@ -119,6 +119,10 @@ std::vector<at::Tensor> optimizer_state(torch::optim::Optimizer& optimizer, cons
   return {};
 }
 
+std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
+  return dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr ? "adamw" : "sgd";
+}
+
 std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) {
     return {at::scalar_tensor(0, at::kLong), at::empty_like(param), at::empty_like(param)};

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace ht {
@@ -53,6 +54,8 @@ StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector
 // exp_avg_sq}, SGD {momentum_buffer}; empty while it has none (never stepped). A pipeline stage
 // sends them to rank 0 for a checkpoint in the one model-wide layout.
 std::vector<at::Tensor> optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+// "adamw" or "sgd" (what a sliced checkpoint records, launcher/training/slice_files.h).
+std::string optimizer_name(const torch::optim::Optimizer& optimizer);
 // Tensors shaped to receive optimizer_state(param) of an optimizer of the same kind.
 std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param);
 void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,

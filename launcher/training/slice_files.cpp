@@ -86,11 +86,11 @@ void SliceFileWriter::add(const std::string& kind, const std::string& name, cons
     HostAllocationScope scope;  // the copy is host memory, not the device's
     host = values.detach().reshape({-1}).to(at::kCPU).contiguous();
   }
+  TORCH_CHECK(host.scalar_type() == like.scalar_type(), "SliceFileWriter: ", name, "'s slice is not its dtype");
   const size_t bytes = static_cast<size_t>(host.numel()) * host.element_size();
   files_->index << "slice " << kind << ' ' << name << ' ' << static_cast<int>(like.scalar_type()) << ' ' << offset
                 << ' ' << host.numel() << ' ' << files_->bytes << ' ' << like.dim() << joined(like.sizes().vec())
                 << joined(like.strides().vec()) << '\n';
-  TORCH_CHECK(host.scalar_type() == like.scalar_type(), "SliceFileWriter: ", name, "'s slice is not its dtype");
   write_all(files_->data, host.data_ptr(), bytes, files_->data_path);
   files_->crc = crc_add(files_->crc, host.data_ptr(), bytes);
   files_->bytes += bytes;

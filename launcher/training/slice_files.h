@@ -72,6 +72,7 @@ class SliceIndex {
   // Reads every index; UserError naming the file and line where one is malformed.
   explicit SliceIndex(std::string folder);
 
+  const std::string& folder() const { return folder_; }
   const std::string& optimizer() const { return optimizer_; }
   int ranks() const { return ranks_; }
   // Names of one kind's tensors, sorted.

@@ -145,7 +145,7 @@ class Trainer {
   void save_sharded_checkpoint();
   void resume_sharded_from_slices(const std::string& folder);
   void read_whole_tensors_from_slices(const SliceIndex& index, const std::string& folder);
-  void read_pieces_from_slices(const SliceIndex& index, const std::string& folder);
+  void read_pieces_from_slices(const SliceIndex& index);
   // Each parameter's name, by its TensorImpl.
   std::map<const void*, std::string> parameter_names() const;
   // DataParallel's bucketed parameters (those the shards split), by TensorImpl.

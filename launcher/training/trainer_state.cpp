@@ -159,7 +159,8 @@ void Trainer::save_checkpoint() {
 void Trainer::save_sharded_checkpoint() {
   replicas_.group().set_context("the checkpoint after step " + std::to_string(state_.step));
   const std::map<const void*, std::string> names = parameter_names();
-  const bool adamw = config_.training.optimizer == OptimizerKind::kAdamw;
+  const std::string optimizer = optimizer_name(*optimizer_);
+  const bool adamw = optimizer == "adamw";
   // A large model's share takes a while to write: say so before, and how long after.
   int64_t bytes = 0;
   for (const at::Tensor& piece : shard_->pieces()) bytes += static_cast<int64_t>(piece.nbytes()) * (adamw ? 3 : 2);
@@ -169,7 +170,7 @@ void Trainer::save_sharded_checkpoint() {
                    format_bytes(bytes) + " here");
   }
   const std::string folder = checkpoints_.save_sliced(
-      replicas_.group(), state_, adamw ? "adamw" : "sgd", [&](SliceFileWriter& out) {
+      replicas_.group(), state_, optimizer, [&](SliceFileWriter& out) {
         const std::vector<at::Tensor>& pieces = shard_->pieces();
         for (size_t i = 0; i < pieces.size(); ++i) {
           const OptimizerShard::PieceOf p = shard_->piece_of(i);
@@ -230,14 +231,14 @@ void check_slice_record(const SliceIndex& index, const std::string& folder, cons
 // A sharded run reads back only the ranges its pieces cover, whatever count of ranks wrote them.
 void Trainer::resume_sharded_from_slices(const std::string& folder) {
   const SliceIndex index(folder);
-  const std::string optimizer = config_.training.optimizer == OptimizerKind::kAdamw ? "adamw" : "sgd";
+  const std::string optimizer = optimizer_name(*optimizer_);
   if (index.optimizer() != optimizer) {
     throw slices_do_not_fit(folder, "its optimizer state is " + index.optimizer() + "'s, the configured optimizer " +
                                         optimizer);
   }
   at::NoGradGuard no_grad;
   read_whole_tensors_from_slices(index, folder);
-  read_pieces_from_slices(index, folder);
+  read_pieces_from_slices(index);
   state_ = CheckpointStore::load_trainer_state(folder);
 }
 
@@ -265,8 +266,7 @@ void Trainer::read_whole_tensors_from_slices(const SliceIndex& index, const std:
 }
 
 // This rank's pieces: their optimizer state, and at ZeRO-3 their parameters' values.
-void Trainer::read_pieces_from_slices(const SliceIndex& index, const std::string& folder) {
-  const bool adamw = index.optimizer() == "adamw";
+void Trainer::read_pieces_from_slices(const SliceIndex& index) {
   const std::map<const void*, std::string> names = parameter_names();
   const std::vector<at::Tensor>& pieces = shard_->pieces();
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -274,21 +274,12 @@ void Trainer::read_pieces_from_slices(const SliceIndex& index, const std::string
     const std::string& name = names.at(p.param->unsafeGetTensorImpl());
     at::Tensor piece = pieces[i];
     if (param_shards_) piece.copy_(index.read("param", name, p.offset, p.length));
-    if (index.find("state0", name) == nullptr) {
+    const std::vector<at::Tensor> state = read_sliced_state(index, name, p.offset, piece);
+    if (state.empty()) {
       drop_optimizer_state(*optimizer_, piece);
-      continue;
+    } else {
+      set_optimizer_state(*optimizer_, piece, state);
     }
-    std::vector<at::Tensor> state;
-    if (adamw) {
-      const std::optional<int64_t> step = index.step(name);
-      if (!step) throw slices_do_not_fit(folder, "it has no step count for " + name + "'s AdamW state");
-      state.push_back(at::scalar_tensor(*step, at::kLong));
-    }
-    for (int kind = 0; kind < (adamw ? 2 : 1); ++kind) {
-      // Where the optimizer keeps it (the device, or the arena under a budget), not the reader's host copy.
-      state.push_back(at::empty_like(piece).copy_(index.read("state" + std::to_string(kind), name, p.offset, p.length)));
-    }
-    set_optimizer_state(*optimizer_, piece, state);
   }
 }
 

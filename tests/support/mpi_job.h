@@ -6,7 +6,6 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/serialize/input-archive.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -15,17 +14,11 @@
 
 namespace ht::test {
 
-// A model.pt file, or a checkpoint folder of either layout (whole or a sharded run's slices).
+// A checkpoint's model by tensor name: its folder (either layout: whole or a sharded run's
+// slices), or its model.pt file.
 inline std::map<std::string, at::Tensor> read_model(const std::string& path) {
-  if (std::filesystem::is_directory(path)) return CheckpointStore::model_tensors(path);
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  std::map<std::string, at::Tensor> tensors;
-  for (const std::string& key : archive.keys()) {
-    at::Tensor t;
-    if (archive.try_read(key, t) || archive.try_read(key, t, true)) tensors[key] = t;
-  }
-  return tensors;
+  const std::filesystem::path p(path);
+  return CheckpointStore::model_tensors(std::filesystem::is_directory(p) ? path : p.parent_path().string());
 }
 
 // Every tensor of two checkpoints' models (model.pt files or folders) close: at::allclose(other, one, rtol, atol) for each name.
