@@ -48,6 +48,8 @@ class DataParallel final : public GradientListener {
   const std::shared_ptr<Communicator>& shared_group() const { return group_; }
   bool overlaps() const { return worker_ != nullptr; }
 
+  // The parameters it was made with (what buckets() index).
+  const std::vector<at::Tensor>& parameters() const { return params_; }
   // The parameters that need gradients, in reduction order. A GradientBuffer made in this order
   // and passed to use_gradient_buffer() makes each bucket one span of it: reduced in place.
   std::vector<at::Tensor> reduction_order() const;

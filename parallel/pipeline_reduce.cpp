@@ -34,6 +34,12 @@ void PipelineStage::sum_tied_gradients() {
   }
 }
 
+bool PipelineStage::holds_tied_copy(const at::Tensor& param) const {
+  for (const TiedParameter& t : tied_)
+    if (t.user == rank() && t.param.is_same(param)) return true;
+  return false;
+}
+
 at::Tensor PipelineStage::gradient_norms() {
   // Each parameter's norm on the rank that owns it, in model order, then combined as one rank
   // combines them: the same numbers in the same order give the same bits.

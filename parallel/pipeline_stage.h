@@ -41,6 +41,9 @@ class PipelineStage {
   bool holds_loss() const;
   // The parameters this rank trains (model order).
   const std::vector<at::Tensor>& parameters() const { return params_; }
+  // Whether `param` is a tied weight whose registering stage is another rank: this rank trains a
+  // copy (the same values, stepped alike), and a checkpoint takes the other's.
+  bool holds_tied_copy(const at::Tensor& param) const;
 
   // One step's actions over the batch (`input`, `target`: micro-batches of `micro_size`). Backward of each micro-batch
   // starts from loss x `loss_seed` (1 / micro-batches, times the fp16 loss scale). Returns the

@@ -59,6 +59,7 @@ struct Prediction {
   double gather_hidden_ms = 0;        // ZeRO-3 with prefetch: the all-gathers' time hidden under compute
   double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
+  double stage_state_share = 1;       // pipelines: the fullest stage's share of the model's state
   int64_t evictions = 0;              // per step (replay), or values a static plan drops
   // Host swap (policies swap and hybrid; planner/swap_terms.h), per step.
   int64_t swap_out_bytes = 0;         // copied to host memory

@@ -92,7 +92,11 @@ void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms,
       for (int b = s.first_block; b < s.first_block + s.blocks; ++b) state += costs[static_cast<size_t>(b)].state_bytes;
     }
   }
-  const int64_t whole_state = p.gradient_bytes + p.optimizer_state_bytes;
+  // The stage's share of the blocks' state, each block's unsharded: at "optimizer" the state terms
+  // are already the rank's share of the replica group's (planner/shard_terms.h), and a stage's
+  // replicas split its state as a model's replicas split the model's.
+  int64_t whole_state = 0;
+  for (const BlockCost& c : costs) whole_state += c.state_bytes;
   const int64_t activations = fullest - state;
   const double state_share = whole_state > 0 ? static_cast<double>(state) / static_cast<double>(whole_state) : 0;
   p.model_bytes = static_cast<int64_t>(static_cast<double>(p.model_bytes) * state_share);
@@ -102,6 +106,7 @@ void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms,
   p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
                  std::max(p.activation_bytes, p.optimizer_working_bytes);
   p.stage_imbalance = partition.slowest_ms / mean;
+  p.stage_state_share = state_share;
 }
 
 }  // namespace ht

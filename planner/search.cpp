@@ -73,8 +73,10 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
           // pipelines are searched without eviction.
           if (stages > 1 && evicts(policy)) continue;
           for (ShardLevel shard : options.shards) {
-            // Sharding splits a replica group's state: several replicas, no stages (not built with them).
-            if (shard != ShardLevel::kNone && (ranks == 1 || stages > 1)) continue;
+            // Sharding splits a replica group's state: several replicas. Within pipeline stages only
+            // the optimizer state (ZeRO-2 and 3 are refused with stages, as DeepSpeed refuses them).
+            if (shard != ShardLevel::kNone && ranks == 1) continue;
+            if (shard > ShardLevel::kOptimizer && stages > 1) continue;
             // Sharded gradients' blocks and gathered parameters are made outside the ops a static
             // plan captures; gathers must come at the same points on every rank, which host
             // swap's timing does not give (both refused by the config).

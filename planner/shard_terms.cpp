@@ -352,7 +352,10 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
   int64_t elements = 0;
   for (const std::vector<int64_t>& members : sharded_buckets(profile, plan.shard))
     for (int64_t n : members) elements += n;
-  const int64_t bytes = profile.parameters > 0 ? elements * (profile.gradient_bytes / profile.parameters) : 0;
+  int64_t bytes = profile.parameters > 0 ? elements * (profile.gradient_bytes / profile.parameters) : 0;
+  // Pipeline stages (ZeRO-1 only): each stage's replicas gather that stage's parameters; the
+  // fullest stage's share is the step's.
+  if (plan.stages > 1) bytes = std::llround(static_cast<double>(bytes) * p.stage_state_share);
   if (plan.shard == ShardLevel::kParameters) {
     // Every micro-batch gathers each block's buckets in forward and those backward reads again;
     // prefetched, what the block before computes hides.

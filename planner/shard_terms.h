@@ -25,6 +25,9 @@
 //   under a budget with eviction) the next block's gathered bytes join the held ones and its
 //   gather's time hides under the current block's compute where it is shorter. The bf16
 //   copies of gathered weights that forward keeps for backward are activations, measured as such.
+// - with pipeline stages (ZeRO-1 only): the terms above are the replica group's share of the
+//   whole model's; planner/pipeline_terms.h then takes the fullest stage's share of them, and the
+//   after-step all-gather carries that stage's parameters only (Prediction::stage_state_share).
 // The ZeRO paper's formulas (2P + 2P + 12P/N for fp16 parameters with fp32 master weights and
 // Adam at the first stage) are a check in the tests and docs: this project keeps fp32 parameters
 // and fp32 gradients, so its terms are 4P + 4P + 8P/N with AdamW.

@@ -283,9 +283,10 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::parallel, &ParallelConfig::shard, "parallel", "shard",
                     "what the data-parallel ranks split among them, ZeRO's stages: none (each rank holds all of "
                     "the model's state), optimizer (each rank keeps and updates the optimizer state of 1/N of the "
-                    "parameters; the updated parameters are all-gathered after the step: ZeRO-1), gradients (as "
+                    "parameters; the updated parameters are all-gathered after the step: ZeRO-1; with pipeline "
+                    "stages, within each stage's replicas), gradients (as "
                     "optimizer, and each rank keeps only its share of the summed gradients, reduce-scattered per bucket "
-                    "every micro-batch: ZeRO-2), "
+                    "every micro-batch: ZeRO-2; not with pipeline stages), "
                     "parameters (as gradients, and the parameters too: each block's are all-gathered where a kernel "
                     "reads them and freed after: ZeRO-3, FSDP's full sharding; not with pipeline stages, host swap, "
                     "static plans or measured kernel costs)"));

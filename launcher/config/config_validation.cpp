@@ -219,6 +219,15 @@ class Rules {
     if (p.shard == ShardLevel::kNone) return;
     const std::string head = loc("parallel.shard") + "parallel.shard = \"" + choice_name(p.shard) + "\"";
     if (p.shard == ShardLevel::kParameters) parameter_sharding(head);
+    if (p.shard == ShardLevel::kGradients && p.pipeline_parallel > 1) {
+      // A stage's point-to-point messages hold MPI while its backward runs, and its gradients are
+      // reduced once, after the step's last backward; ZeRO-2 reduce-scatters every micro-batch's
+      // buckets as backward finishes them.
+      throw UserError(head + " with parallel.pipeline_parallel = " + std::to_string(p.pipeline_parallel) +
+                      ": sharded gradients are reduce-scattered during every micro-batch's backward, while a "
+                      "stage's point-to-point messages hold MPI (as DeepSpeed refuses ZeRO-2 with pipelines); use "
+                      "parallel.shard = \"optimizer\" with stages, or no stages");
+    }
     if (p.shard == ShardLevel::kGradients && plans_statically(c_.memory.policy)) {
       throw UserError(head + " with memory.policy = \"" + choice_name(c_.memory.policy) +
                       "\": a static plan places every tensor of a captured step, and sharded gradients make each "
@@ -321,11 +330,6 @@ void check_pipeline(const Config& c) {
     throw UserError(where + "parallel.strategy = \"auto\" with parallel.pipeline_parallel = " +
                     std::to_string(p.pipeline_parallel) + ": the planner does not search pipeline stages yet; "
                     "use parallel.strategy = \"manual\"");
-  }
-  if (p.shard != ShardLevel::kNone) {
-    throw UserError(where + "parallel.shard = \"" + choice_name(p.shard) + "\" with parallel.pipeline_parallel = " +
-                    std::to_string(p.pipeline_parallel) + ": sharding within a pipeline stage's data-parallel group "
-                    "is not built yet; use parallel.shard = \"none\" with stages, or pipeline_parallel = 1");
   }
   if (c.model.name == ModelKind::kSupernet) {
     throw UserError(where + "model.name = \"supernet\" with parallel.pipeline_parallel > 1: a supernet's path "

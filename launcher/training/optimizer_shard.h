@@ -15,6 +15,9 @@
 // pieces without one, and the optimizer skips them as it skips the parameter. After the step, one
 // all-gather per bucket, in place, gives every rank every rank's updated pieces.
 //
+// Within pipeline stages (ZeRO-1 only) the parameters are the stage's, as DataParallel over the
+// stage holds them: each stage's replicas split that stage's state.
+//
 // Checkpoints: each rank writes its pieces (parameters and state) as slices of the whole tensors
 // (launcher/training/slice_files.h) and reads back the ranges its pieces cover at whatever count
 // resumes. A whole checkpoint (an unsharded run's) resumes sharded through take_state.

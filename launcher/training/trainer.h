@@ -141,6 +141,9 @@ class Trainer {
   // (the ranks' sums of squares, summed) and every rank's finite check.
   StepAcrossStages shard_step_hooks();
   // What optimizer_ keeps state for: the parameters, or this rank's pieces of them (sharded).
+  // Whether a sharded checkpoint's writer of whole tensors (each stage's first replica) writes
+  // model parameter `index`: not another stage's, nor a tied weight's copy.
+  bool writes_whole_parameter(size_t index, const at::Tensor& param) const;
   const std::vector<at::Tensor>& state_params() const { return shard_ ? shard_->pieces() : params_; }
   void save_sharded_checkpoint();
   void resume_sharded_from_slices(const std::string& folder);

@@ -2,7 +2,9 @@
 
 #include "launcher/training/compact.h"
 #include "launcher/training/optimizer.h"
+#include "launcher/training/pipeline_setup.h"
 #include "launcher/user_error.h"
+#include "parallel/grid_group.h"
 #include "alloc/byte_size.h"
 #include "alloc/cpu_device_allocator.h"
 
@@ -11,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 
 // The trainer's model state: where the parameters live (one block; in the all-reduce's order when
@@ -77,7 +80,9 @@ void Trainer::shard_parameters() {
 }
 
 void Trainer::set_up_sharding() {
-  shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), params_, replicas_.buckets(), gradients_.get(),
+  // DataParallel's parameters, which its buckets index: a pipeline stage's own.
+  shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), replicas_.parameters(), replicas_.buckets(),
+                                            gradients_.get(),
                                             param_shards_ ? &param_shards_->shards() : nullptr);
   // The optimizer of this rank's pieces replaces the one over every parameter.
   optimizer_ = make_optimizer(config_.training, shard_->pieces());
@@ -100,12 +105,17 @@ StepAcrossStages Trainer::shard_step_hooks() {
 }
 
 void Trainer::resume_from(const std::string& folder) {
-  if (pipeline_) {
+  if (shard_ && SliceIndex::present(folder)) {
+    resume_sharded_from_slices(folder);  // a stage's ranks read only what the stage trains
+  } else if (pipeline_ && shard_) {
+    // A whole checkpoint: the stage's whole state from it, then this rank's share of that.
+    const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
+    with_full_model(*pipeline_, *model_, *full, [&] { state_ = CheckpointStore::load(folder, *model_, *full); });
+    shard_->take_state(*full, *optimizer_);
+  } else if (pipeline_) {
     // The checkpoint holds the whole model; a stage keeps its own share of it.
     with_full_model(*pipeline_, *model_, *optimizer_,
                                [&] { state_ = CheckpointStore::load(folder, *model_, *optimizer_); });
-  } else if (shard_ && SliceIndex::present(folder)) {
-    resume_sharded_from_slices(folder);
   } else if (shard_) {
     // A checkpoint of the whole state (an unsharded run's), whatever the number of ranks that wrote it.
     const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
@@ -157,7 +167,11 @@ void Trainer::save_checkpoint() {
 // parameters and their optimizer state; rank 0 also the parameters no bucket holds and the
 // buffers, which every rank has whole. Nothing is gathered: a rank's memory holds its share only.
 void Trainer::save_sharded_checkpoint() {
-  replicas_.group().set_context("the checkpoint after step " + std::to_string(state_.step));
+  // Pipeline stages: every rank of the job writes its slices of its stage's tensors.
+  std::optional<GridGroup> grid;
+  if (pipeline_) grid.emplace(replicas_.group(), pipeline_->group());
+  Communicator& writers = grid ? static_cast<Communicator&>(*grid) : replicas_.group();
+  writers.set_context("the checkpoint after step " + std::to_string(state_.step));
   const std::map<const void*, std::string> names = parameter_names();
   const std::string optimizer = optimizer_name(*optimizer_);
   const bool adamw = optimizer == "adamw";
@@ -170,10 +184,11 @@ void Trainer::save_sharded_checkpoint() {
                    format_bytes(bytes) + " here");
   }
   const std::string folder = checkpoints_.save_sliced(
-      replicas_.group(), state_, optimizer, [&](SliceFileWriter& out) {
+      writers, state_, optimizer, [&](SliceFileWriter& out) {
         const std::vector<at::Tensor>& pieces = shard_->pieces();
         for (size_t i = 0; i < pieces.size(); ++i) {
           const OptimizerShard::PieceOf p = shard_->piece_of(i);
+          if (pipeline_ && pipeline_->holds_tied_copy(*p.param)) continue;  // the registering stage writes it
           const std::string& name = names.at(p.param->unsafeGetTensorImpl());
           out.add("param", name, *p.param, p.offset, pieces[i]);
           const std::vector<at::Tensor> state = optimizer_state(*optimizer_, pieces[i]);
@@ -183,17 +198,29 @@ void Trainer::save_sharded_checkpoint() {
             out.add("state" + std::to_string(kind), name, *p.param, p.offset, state[k]);
           }
         }
-        if (replicas_.rank() != 0) return;
+        if (replicas_.rank() != 0) return;  // each stage's first replica: what every replica has whole
         const std::set<const void*> bucketed = bucketed_parameters();
-        for (const auto& p : model_->named_parameters()) {
-          if (bucketed.count(p.value().unsafeGetTensorImpl()) == 0) out.add("param", p.key(), p.value(), 0, memory_order(p.value()));
+        const auto params = model_->named_parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          const at::Tensor& p = params[i].value();
+          if (bucketed.count(p.unsafeGetTensorImpl()) == 0 && writes_whole_parameter(i, p)) {
+            out.add("param", params[i].key(), p, 0, memory_order(p));
+          }
         }
-        for (const auto& b : model_->named_buffers()) out.add("buffer", b.key(), b.value(), 0, memory_order(b.value()));
+        const auto buffers = model_->named_buffers();
+        for (size_t i = 0; i < buffers.size(); ++i) {
+          if (pipeline_ && !pipeline_->share().own_buffer[i]) continue;
+          out.add("buffer", buffers[i].key(), buffers[i].value(), 0, memory_order(buffers[i].value()));
+        }
       });
   char took[64];
-  std::snprintf(took, sizeof took, " (slices of %d ranks, %.1f s)", replicas_.size(),
+  std::snprintf(took, sizeof took, " (slices of %d ranks, %.1f s)", writers.size(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   progress_.line("checkpoint " + folder + took);
+}
+
+bool Trainer::writes_whole_parameter(size_t index, const at::Tensor& param) const {
+  return !pipeline_ || (pipeline_->share().own_param[index] && !pipeline_->holds_tied_copy(param));
 }
 
 std::set<const void*> Trainer::bucketed_parameters() const {
@@ -215,14 +242,14 @@ UserError slices_do_not_fit(const std::string& folder, const std::string& why) {
                    "; resume with the config it was saved with");
 }
 
-// `like` against the checkpoint's record of the tensor: there, and of its shape and dtype.
+// The configured tensor's shape and dtype against the checkpoint's record of it.
 void check_slice_record(const SliceIndex& index, const std::string& folder, const char* kind, const std::string& name,
-                        const at::Tensor& like) {
+                        const std::vector<int64_t>& sizes, at::ScalarType dtype) {
   const SlicedTensor* t = index.find(kind, name);
   if (t == nullptr) throw slices_do_not_fit(folder, "it has no tensor " + name);
-  if (t->sizes != like.sizes().vec() || t->dtype != like.scalar_type()) {
+  if (t->sizes != sizes || t->dtype != dtype) {
     throw slices_do_not_fit(folder, name + " is " + c10::str(t->dtype, at::IntArrayRef(t->sizes)) + " there but " +
-                                        c10::str(like.scalar_type(), like.sizes()) + " in the configured model");
+                                        c10::str(dtype, at::IntArrayRef(sizes)) + " in the configured model");
   }
 }
 
@@ -243,20 +270,28 @@ void Trainer::resume_sharded_from_slices(const std::string& folder) {
 }
 
 // Every parameter and buffer checked; the buffers and the parameters every rank holds whole
-// (all but ZeRO-3's sharded ones) read whole.
+// (all but ZeRO-3's sharded ones, and a pipeline stage's own only) read whole.
 void Trainer::read_whole_tensors_from_slices(const SliceIndex& index, const std::string& folder) {
   size_t tensors = 0;
   const std::set<const void*> bucketed = bucketed_parameters();
-  for (const auto& p : model_->named_parameters()) {
-    check_slice_record(index, folder, "param", p.key(), p.value());
+  const auto params = model_->named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i].value();
+    const bool held = !pipeline_ || pipeline_->share().own_param[i];  // a stage's tensors of others are empty
+    check_slice_record(index, folder, "param", params[i].key(), held ? p.sizes().vec() : pipeline_->share().param_sizes[i],
+                       p.scalar_type());
     ++tensors;
-    if (param_shards_ && bucketed.count(p.value().unsafeGetTensorImpl()) != 0) continue;  // by pieces
-    memory_order(p.value()).copy_(index.read("param", p.key(), 0, p.value().numel()));
+    if (!held || (param_shards_ && bucketed.count(p.unsafeGetTensorImpl()) != 0)) continue;  // by pieces
+    memory_order(p).copy_(index.read("param", params[i].key(), 0, p.numel()));
   }
-  for (const auto& b : model_->named_buffers()) {
-    check_slice_record(index, folder, "buffer", b.key(), b.value());
+  const auto buffers = model_->named_buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const at::Tensor& b = buffers[i].value();
+    const bool held = !pipeline_ || pipeline_->share().own_buffer[i];
+    check_slice_record(index, folder, "buffer", buffers[i].key(), held ? b.sizes().vec() : pipeline_->share().buffer_sizes[i],
+                       b.scalar_type());
     ++tensors;
-    memory_order(b.value()).copy_(index.read("buffer", b.key(), 0, b.value().numel()));
+    if (held) memory_order(b).copy_(index.read("buffer", buffers[i].key(), 0, b.numel()));
   }
   const size_t saved = index.names("param").size() + index.names("buffer").size();
   if (tensors != saved) {

@@ -87,12 +87,6 @@ void expect_same_model(const std::string& a, const std::string& b, double tolera
   }
 }
 
-int run_logged(const std::string& command, const std::string& log) {
-  return std::system((command + " > " + log + " 2>&1").c_str());
-}
-
-bool have_mpirun() { return run("mpirun --version") == 0; }
-
 struct Case {
   const char* schedule;
   int stages;

@@ -2,6 +2,7 @@
 // gradient averaging across real MPI ranks. Every rank runs every test; a failure on any rank
 // fails the job.
 #include "parallel/data_parallel.h"
+#include "parallel/grid_group.h"
 #include "parallel/process_grid.h"
 #include "runtime/interpreter.h"
 #include "runtime/ops.h"
@@ -199,6 +200,32 @@ TEST(MpiCollectives, BucketsStartedDuringBackwardAverageAsAfterIt) {
     EXPECT_TRUE(after[k].equal(during[k])) << "parameter " << k << ": the same sums, bit for bit";
   }
   EXPECT_FALSE(after.back().defined() || during.back().defined()) << "w4: no rank had a gradient";
+}
+
+// The two groups of a grid of stages as one (a sharded pipeline's checkpoint): world ranks in the
+// grid's order, sums and broadcasts over every rank, and what has no meaning across two groups refused.
+TEST(MpiCollectives, AGridOfStagesActsAsTheWholeJob) {
+  ProcessGrid g = grid();
+  divide_process_grid(g, g.world % 2 == 0 && g.world >= 4 ? 2 : g.world);  // 2 x 2 at 4 ranks
+  GridGroup world(*g.data_parallel_group, *g.pipeline_group);
+  EXPECT_EQ(world.size(), g.world);
+  EXPECT_EQ(world.rank(), g.rank);
+  at::Tensor seen = at::zeros({g.world}, at::kDouble);
+  seen[world.rank()] = world.rank() + 1;
+  world.allreduce_sum(seen, "a test table");
+  EXPECT_TRUE(seen.equal(at::arange(1, g.world + 1, at::kDouble)));
+  at::Tensor b = at::full({2}, g.rank == g.world - 1 ? 5.0 : -1.0, at::kDouble);
+  world.broadcast(b, g.world - 1, "a test tensor");
+  EXPECT_TRUE(b.equal(at::full({2}, 5.0, at::kDouble)));
+  world.barrier("a test barrier");
+  at::Tensor full = at::zeros({g.world}), shard = at::zeros({1});
+  try {
+    world.reduce_scatter_sum(full, shard, std::vector<int64_t>(static_cast<size_t>(g.world), 1), "a test tensor");
+    ADD_FAILURE() << "a reduce-scatter over the grid ran";
+  } catch (const CommunicationError& e) {
+    EXPECT_NE(std::string(e.what()).find("a reduce-scatter of a test tensor over the whole grid"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -2,8 +2,12 @@
 // threads by Amdahl's law, ranks sharing a host, the all-reduce's alpha-beta, and memory as the
 // sum of its parts.
 #include "planner/cost_model.h"
+#include "planner/search.h"
+#include "planner/shard_terms.h"
 
 #include <gtest/gtest.h>
+
+#include <set>
 
 namespace ht::test {
 namespace {
@@ -143,6 +147,46 @@ TEST(CostModel, PipelineStagesPayTheBubbleAndHoldTheirShare) {
   const Prediction too_many = predict(p, m, piped);
   EXPECT_FALSE(too_many.fits);
   EXPECT_NE(too_many.why_not.find("more stages than the model's 4 blocks"), std::string::npos) << too_many.why_not;
+}
+
+// ZeRO-1 within stages: each stage's replicas split that stage's optimizer state (the stage's
+// share of the model's, sharded as the model's buckets are), and gather that stage's parameters
+// after the step; its parameters and gradients stay whole.
+TEST(CostModel, PipelineStagesShardTheirOptimizerStateOverTheirReplicas) {
+  ModelProfile p = two_points();
+  for (ProfilePoint& pt : p.points) pt.blocks.assign(4, BlockTime{1.0, 2.0});
+  p.block_parameter_bytes.assign(4, p.parameter_bytes / 4);
+  p.parameters = p.parameter_bytes / 4;
+  p.optimizer_state_bytes = 8 * p.parameters;  // AdamW's two moments
+  p.buckets = {{4000, 4000}, {4000, 4000}};
+  Machine m;
+  m.host_threads = 4;
+  m.devices_per_node = 4;
+  Plan plain;
+  plain.ranks = 2;
+  plain.stages = 2;
+  plain.micro_batch = 8;
+  plain.accumulation = 2;
+  Plan sharded = plain;
+  sharded.shard = ShardLevel::kOptimizer;
+  const Prediction a = predict(p, m, plain), b = predict(p, m, sharded);
+  EXPECT_EQ(a.optimizer_state_bytes, p.optimizer_state_bytes / 2) << "the stage's half";
+  EXPECT_EQ(b.optimizer_state_bytes, p.optimizer_state_bytes / 4) << "and its replica's half of that";
+  EXPECT_EQ(b.model_bytes, a.model_bytes);
+  EXPECT_EQ(b.gradient_bytes, a.gradient_bytes);
+  EXPECT_LE(b.peak_bytes, a.peak_bytes - p.optimizer_state_bytes / 4);
+  EXPECT_EQ(a.gather_ms, 0);
+  EXPECT_DOUBLE_EQ(b.gather_ms, allgather_ms(m, 2, p.gradient_bytes / 2)) << "the stage's parameters";
+  // The search offers it (and not ZeRO-2 or 3 with stages).
+  SearchOptions o;
+  o.ranks = {4};
+  o.stages = {2};
+  o.precisions = {MixedPrecision::kOff};
+  o.policies = {MemoryPolicy::kNone};
+  o.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};
+  std::set<ShardLevel> offered;
+  for (const Plan& c : candidate_plans(16, 0, o)) offered.insert(c.shard);
+  EXPECT_EQ(offered, (std::set<ShardLevel>{ShardLevel::kNone, ShardLevel::kOptimizer}));
 }
 
 }  // namespace

@@ -255,7 +255,7 @@ TEST(ShardTerms, TheSearchOffersPrefetchWhereNothingEvicts) {
                                                           std::pair{MemoryPolicy::kDtr, 0}));
 }
 
-TEST(ShardTerms, TheSearchOffersLevelsToSeveralReplicasWithoutStages) {
+TEST(ShardTerms, TheSearchOffersLevelsToSeveralReplicas) {
   SearchOptions options;
   options.ranks = {1, 2, 4};
   options.stages = {1, 2};
@@ -268,7 +268,7 @@ TEST(ShardTerms, TheSearchOffersLevelsToSeveralReplicasWithoutStages) {
     if (p.shard == ShardLevel::kNone) continue;
     ++sharded;
     EXPECT_GT(p.ranks, 1);
-    EXPECT_EQ(p.stages, 1);
+    EXPECT_EQ(p.stages, 1) << "one micro-batch: no pipeline";
   }
   EXPECT_EQ(sharded, 2) << "2 and 4 replicas";
 }

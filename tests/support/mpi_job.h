@@ -82,6 +82,13 @@ interval = 3
 // The exit status of `command`, its output discarded.
 inline int run(const std::string& command) { return std::system((command + " > /dev/null 2>&1").c_str()); }
 
+// The exit status of `command`, its output (stdout and stderr) in `log`.
+inline int run_logged(const std::string& command, const std::string& log) {
+  return std::system((command + " > " + log + " 2>&1").c_str());
+}
+
+inline bool have_mpirun() { return run("mpirun --version") == 0; }
+
 inline std::string mpirun(int ranks) {
   return std::string("mpirun --allow-run-as-root --oversubscribe -np ") + std::to_string(ranks) + " ";
 }

@@ -1,0 +1,130 @@
+// `parallel.shard = "optimizer"` with `parallel.pipeline_parallel`: ZeRO-1 within each stage's
+// data-parallel group. The oracle is the same grid unsharded: the gradients are the same
+// all-reduced ones, AdamW works element by element and the updated pieces are gathered back, so
+// the parameters are the unsharded grid's bit for bit (at 2 replicas and at 3, whose shards are
+// uneven), with GPT's tied embedding trained on the first stage and its copy on the last.
+// Checkpoints are every rank's slices of its stage's tensors (a tied copy's left to the stage that
+// registers it); they resume sharded or not, with or without stages.
+#include "tests/support/mpi_job.h"
+#include "tests/support/temp_dir.h"
+
+#include <filesystem>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Dropout off: each replica draws its own masks, so only then are other grids an oracle too.
+const char* kStagedGpt = R"([model]
+name = "gpt"
+n_layer = 2
+n_head = 2
+n_embd = 32
+block_size = 16
+dropout = 0.0
+[data]
+dataset = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[training]
+steps = 4
+global_batch_size = 12
+micro_batch_size = 2
+optimizer = "adamw"
+lr = 0.003
+grad_clip = 1.0
+eval_batches = 2
+threads = 1
+[checkpoint]
+interval = 2
+)";
+
+// Every tensor of two checkpoints (folders) equal, bit for bit, or within `tolerance`.
+void expect_same_tensors(const std::string& a, const std::string& b, double tolerance = 0) {
+  const auto one = read_model(a), other = read_model(b);
+  ASSERT_FALSE(one.empty()) << a;
+  ASSERT_EQ(one.size(), other.size()) << a << " and " << b;
+  for (const auto& [key, t] : one) {
+    ASSERT_TRUE(other.count(key)) << key;
+    const double diff = (other.at(key).to(at::kDouble) - t.to(at::kDouble)).abs().max().item<double>();
+    if (tolerance == 0) {
+      EXPECT_TRUE(at::equal(other.at(key), t)) << key << ": max difference " << diff;
+    } else {
+      EXPECT_LE(diff, tolerance) << key;
+    }
+  }
+}
+
+TEST(PipelineSharding, OptimizerShardsWithinStagesTrainTheUnshardedGridBitForBit) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kStagedGpt);
+  const std::string log = dir.path("log.txt");
+  for (int replicas : {2, 3}) {
+    SCOPED_TRACE(std::to_string(replicas) + " replicas of 2 stages");
+    const std::string grid = mpirun(2 * replicas) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=2 ";
+    const std::string plain = dir.path("plain" + std::to_string(replicas));
+    const std::string sharded = dir.path("sharded" + std::to_string(replicas));
+    ASSERT_EQ(run(grid + "--job.output_dir=" + plain), 0);
+    ASSERT_EQ(run_logged(grid + "--parallel.shard=optimizer --job.output_dir=" + sharded, log), 0) << read_file(log);
+    EXPECT_THAT(read_file(log), HasSubstr("(slices of " + std::to_string(2 * replicas) + " ranks"));
+    EXPECT_THAT(read_file(log), ::testing::Not(HasSubstr("has no effect")));
+    expect_same_tensors(plain + "/checkpoints/step_00000004", sharded + "/checkpoints/step_00000004");
+  }
+}
+
+// Resumed from step 2 in every direction, the run ends where the uninterrupted one does: the
+// slices hold each piece's AdamW moments and step, and a whole checkpoint gives each rank its share.
+TEST(PipelineSharding, SlicesAndWholeCheckpointsResumeEitherWay) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kStagedGpt);
+  const std::string log = dir.path("log.txt");
+  const std::string grid = mpirun(4) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=2 ";
+  const std::string sharded = grid + "--parallel.shard=optimizer ";
+  ASSERT_EQ(run(grid + "--job.output_dir=" + dir.path("plain")), 0);
+  // (The checkpoint of step 2 of a 4-step run: the learning rate's schedule depends on the steps.)
+  ASSERT_EQ(run(sharded + "--job.output_dir=" + dir.path("s")), 0);
+  const std::string slices = dir.path("s/checkpoints/step_00000002");
+  ASSERT_TRUE(std::filesystem::exists(slices + "/rank_00003.slices"));
+  const std::string end = "/checkpoints/step_00000004";
+  // Slices, sharded as they were written.
+  ASSERT_EQ(run_logged(sharded + "--checkpoint.resume=" + slices + " --job.output_dir=" + dir.path("s_s"), log), 0)
+      << read_file(log);
+  EXPECT_THAT(read_file(log), HasSubstr("resumed from " + slices + " at step 2"));
+  expect_same_tensors(dir.path("plain") + end, dir.path("s_s") + end);
+  // Slices into the unsharded grid (its rank 0 reads every stage's).
+  ASSERT_EQ(run(grid + "--checkpoint.resume=" + slices + " --job.output_dir=" + dir.path("s_plain")), 0);
+  expect_same_tensors(dir.path("plain") + end, dir.path("s_plain") + end);
+  // A whole checkpoint into the sharded grid.
+  ASSERT_EQ(run(sharded + "--checkpoint.resume=" + dir.path("plain/checkpoints/step_00000002") +
+                " --job.output_dir=" + dir.path("plain_s")),
+            0);
+  expect_same_tensors(dir.path("plain") + end, dir.path("plain_s") + end);
+  // Slices into 2 sharded ranks without stages: the tied weight's two gradients sum in another
+  // order there (within fp32 rounding).
+  ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + " --parallel.shard=optimizer --checkpoint.resume=" + slices +
+                " --job.output_dir=" + dir.path("s_dp")),
+            0);
+  expect_same_tensors(dir.path("plain") + end, dir.path("s_dp") + end, 1e-5);
+}
+
+// ZeRO-2 and ZeRO-3 with stages stay refused, naming both keys and why (exit 2).
+TEST(PipelineSharding, GradientAndParameterShardsWithStagesAreRefused) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kStagedGpt);
+  const std::string log = dir.path("log.txt");
+  for (const std::string level : {"gradients", "parameters"}) {
+    const int rc = run_logged(mpirun(2) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=2 --parallel.shard=" +
+                                  level + " --job.output_dir=" + dir.path(level),
+                              log);
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << read_file(log);
+    EXPECT_THAT(read_file(log), HasSubstr("parallel.shard = \"" + level + "\" with parallel.pipeline_parallel = 2"));
+    EXPECT_THAT(read_file(log), HasSubstr("use parallel.shard = \"optimizer\" with stages"));
+    EXPECT_FALSE(std::filesystem::exists(dir.path(level + "/checkpoints")));
+  }
+}
+
+}  // namespace
+}  // namespace ht::test
