@@ -82,6 +82,7 @@ void GradientShards::start_ready_buckets() {
 
 void GradientShards::backward_ended() {
   while (next_ < buckets_.size()) start(buckets_[next_++]);
+  finish_in_flight();  // the next backward's buckets, and the step, need this one's sums
   ++backwards_;
 }
 
@@ -91,6 +92,42 @@ void GradientShards::start(Bucket& b) {
     if (params_[k].grad().defined()) had_here_[k] = 1.0f;
   }
   if (!b.block.defined()) make_block(b);  // no gradient here this backward: zeros take part
+  if (overlap_) {
+    finish_in_flight();  // one under way at most: its block goes now, at this point of backward
+    InFlight f;
+    f.bucket = static_cast<size_t>(&b - buckets_.data());
+    f.block = b.block;
+    if (backwards_ > 0) f.part = at::empty_like(b.sum);
+    f.ms = std::make_shared<double>(0);
+    // The job's copies of the tensors only add references: the last one is f's, let go here.
+    f.ticket = worker_->submit([block = f.block, into = f.part.defined() ? f.part : b.sum, counts = b.shards.counts,
+                                ms = f.ms](Communicator& c) mutable {
+      const auto start = std::chrono::steady_clock::now();
+      c.reduce_scatter_sum(block, into, counts, "the gradients");
+      *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    });
+    bytes_ += static_cast<int64_t>(b.block.nbytes());
+    in_flight_ = std::move(f);
+  } else {
+    reduce_now(b);
+  }
+  // The block goes, and with it every gradient of the bucket: the next backward makes a new one.
+  for (size_t k : b.members) params_[k].mutable_grad() = at::Tensor();
+  b.block = at::Tensor();
+  b.reduced = true;
+  if (bucket_done_) bucket_done_(static_cast<size_t>(&b - buckets_.data()));
+}
+
+void GradientShards::finish_in_flight() {
+  if (!in_flight_) return;
+  InFlight f = std::move(*in_flight_);
+  in_flight_.reset();
+  wait_ms_ += worker_->wait_for(f.ticket);
+  ms_ += *f.ms;
+  if (f.part.defined()) buckets_[f.bucket].sum.add_(f.part);  // in micro-batch order, as without overlap
+}
+
+void GradientShards::reduce_now(Bucket& b) {
   const auto start = std::chrono::steady_clock::now();
   if (backwards_ == 0) {
     collective([&](Communicator& c) { c.reduce_scatter_sum(b.block, b.sum, b.shards.counts, "the gradients"); });
@@ -99,13 +136,10 @@ void GradientShards::start(Bucket& b) {
     collective([&](Communicator& c) { c.reduce_scatter_sum(b.block, part, b.shards.counts, "the gradients"); });
     b.sum.add_(part);
   }
-  ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ms_ += ms;
+  wait_ms_ += ms;
   bytes_ += static_cast<int64_t>(b.block.nbytes());
-  // The block goes, and with it every gradient of the bucket: the next backward makes a new one.
-  for (size_t k : b.members) params_[k].mutable_grad() = at::Tensor();
-  b.block = at::Tensor();
-  b.reduced = true;
-  if (bucket_done_) bucket_done_(static_cast<size_t>(&b - buckets_.data()));
 }
 
 void GradientShards::collective(const std::function<void(Communicator&)>& run) {
@@ -124,18 +158,23 @@ void GradientShards::finish_step() {
   // Whether each parameter had a gradient on some rank, so that one no rank touched keeps none.
   at::Tensor had = at::tensor(had_here_);
   const auto start = std::chrono::steady_clock::now();
+  finish_in_flight();
   collective([&](Communicator& c) { c.allreduce_sum(had, "the gradient flags"); });
-  ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double flags_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ms_ += flags_ms;
+  wait_ms_ += flags_ms;
   std::copy(had.data_ptr<float>(), had.data_ptr<float>() + had.numel(), had_anywhere_.begin());
   // As DataParallel's mean: the sum times 1/N.
   const double inverse = 1.0 / static_cast<double>(group_->size());
   for (Bucket& b : buckets_) b.sum.mul_(inverse);
   stats_.comm_ms = ms_;
-  stats_.wait_ms = ms_;
+  stats_.wait_ms = wait_ms_;
+  stats_.overlap = ms_ > 0 ? std::clamp(1.0 - wait_ms_ / ms_, 0.0, 1.0) : 0.0;
   stats_.comm_bytes = bytes_;
   std::fill(had_here_.begin(), had_here_.end(), 0.0f);
   backwards_ = 0;
   ms_ = 0;
+  wait_ms_ = 0;
   bytes_ = 0;
 }
 

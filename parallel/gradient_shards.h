@@ -16,8 +16,13 @@
 // add in another order than the unsharded run's (each micro-batch summed over the ranks, then the
 // micro-batches; not each rank's micro-batches, then the ranks): the same within fp32's rounding,
 // bit for bit where one micro-batch is summed by two ranks. The collectives run on the thread
-// running backward (no overlap yet), or, when sharded parameters prefetch their gathers, on the
-// worker that owns the group then (set_worker), in their turn: the thread waits for them.
+// running backward, or on a worker that owns the group (set_worker: sharded parameters' prefetch
+// worker, or one of their own for parallel.overlap). With overlap (set_overlap) backward goes on
+// while a bucket's reduce-scatter runs: at most one is under way, and the thread waits for it when
+// the next bucket starts (or backward ends), then frees its block. So a bucket's block lives from
+// its first gradient to the start of the next bucket's reduce-scatter, at a point of the program,
+// not of the clock: what is resident when, and so a budget's evictions, is the same on every run
+// and every rank. The sums add in the same order as without overlap: the same bits.
 
 #include "alloc/gradient_buffer.h"
 #include "parallel/collective_worker.h"
@@ -28,6 +33,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -50,6 +56,9 @@ class GradientShards final : public GradientSlots, public GradientListener {
   void set_bucket_done(std::function<void(size_t)> done) { bucket_done_ = std::move(done); }
   // The group's collectives go through `worker` (which owns it while gathers may be under way).
   void set_worker(std::shared_ptr<CollectiveWorker> worker) { worker_ = std::move(worker); }
+  // Reduce-scatters run on the worker while backward goes on (needs set_worker).
+  void set_overlap(bool overlap) { overlap_ = overlap && worker_ != nullptr; }
+  bool overlaps() const { return overlap_; }
   // After each backward: the buckets it did not start (parameters it gave no gradient), in order.
   void backward_ended();
   // After the step's last backward: which parameters had a gradient on some rank (one small
@@ -74,9 +83,19 @@ class GradientShards final : public GradientSlots, public GradientListener {
     int64_t pending = 0;          // members a tape entry may still add a gradient to
     bool reduced = false;         // in this backward
   };
+  // A reduce-scatter under way (overlap): the block and the part it fills stay referenced here, so
+  // they are freed on this thread once it is done, never on the worker.
+  struct InFlight {
+    uint64_t ticket = 0;
+    size_t bucket = 0;
+    at::Tensor block, part;  // part: undefined where the collective fills the bucket's sum itself
+    std::shared_ptr<double> ms;
+  };
   void make_block(Bucket& b) const;
   void start_ready_buckets();
   void start(Bucket& b);
+  void finish_in_flight();
+  void reduce_now(Bucket& b);  // on this thread, or on the worker and waited for  // waits for the reduce-scatter under way, adds its part, frees its block
   void collective(const std::function<void(Communicator&)>& run);  // on the worker if any, waited for
 
   std::shared_ptr<Communicator> group_;
@@ -87,6 +106,9 @@ class GradientShards final : public GradientSlots, public GradientListener {
   std::vector<float> had_anywhere_;  // per parameter, the last finished step
   std::function<void(size_t)> bucket_done_;
   std::shared_ptr<CollectiveWorker> worker_;
+  bool overlap_ = false;
+  std::optional<InFlight> in_flight_;
+  double wait_ms_ = 0;               // of ms_, what this thread waited (all of it without overlap)
   size_t next_ = 0;                  // the next bucket to start in this backward
   int backwards_ = 0;                // reduced into the sums this step
   double ms_ = 0;

@@ -384,6 +384,12 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   const double hideable = machine.shared_host || plan.stages > 1 ? 0.0 : fb * backward_share(ref);
   p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - hideable);
   shard_time_terms(profile, machine, plan, p);
+  if (plan.shard >= ShardLevel::kGradients && reduce_scatters_overlap(plan) && !machine.shared_host) {
+    // Each micro-batch's reduce-scatters run beside its backward, on the worker that also runs
+    // ZeRO-3's prefetched gathers: what those hide is not there for them.
+    const double backward = fb * backward_share(ref) * static_cast<double>(plan.accumulation);
+    p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - std::max(0.0, backward - p.gather_hidden_ms));
+  }
   p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms;
   const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);
   p.samples_per_s = global / (p.step_ms / 1e3);

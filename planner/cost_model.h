@@ -31,6 +31,7 @@ struct Plan {
   bool state_on_host = false;
   ShardLevel shard = ShardLevel::kNone;  // parallel.shard (planner/shard_terms.h)
   int prefetch = 1;  // parallel.prefetch: blocks gathered ahead at "parameters" (none under a budget with eviction)
+  bool overlap = true;  // parallel.overlap: all-reduces, or sharded gradients' reduce-scatters, during backward
   int devices() const { return ranks * stages; }
 };
 

@@ -107,9 +107,10 @@ namespace {
 // gradient is accumulated into it once the kernel's inputs are freed) until the next kernel
 // begins after its last one and every earlier bucket's (buckets are reduce-scattered in their
 // order, GradientShards). A bucket no kernel gives a gradient is reduce-scattered as backward
-// ends, holding the later ones until then. Returns the change at each event.
+// ends, holding the later ones until then. `overlapped`: a block stays until the next bucket's
+// reduce-scatter starts (the last one's until backward ends). Returns the change at each event.
 std::vector<int64_t> gradient_block_deltas(const ModelProfile& profile, const StepTrace& trace, size_t end,
-                                           int64_t element_bytes) {
+                                           int64_t element_bytes, bool overlapped) {
   std::vector<int64_t> delta(end + 1, 0);
   const size_t buckets = profile.block_buckets.size();
   constexpr size_t kNone = static_cast<size_t>(-1);
@@ -123,17 +124,22 @@ std::vector<int64_t> gradient_block_deltas(const ModelProfile& profile, const St
       last[static_cast<size_t>(b)] = i;
     }
   }
+  // Where each bucket's reduce-scatter starts: the next kernel after its last gradient and every
+  // earlier bucket's.
+  std::vector<size_t> starts(buckets, end);
   size_t done = 0;  // the last gradient of this bucket and every bucket before it
   for (size_t b = 0; b < buckets; ++b) {
     done = last[b] == kNone || done == kNone ? kNone : std::max(done, last[b]);
-    if (first[b] == kNone) continue;
-    size_t release = end;
     for (size_t i = done == kNone ? end : done + 1; i < end; ++i) {
       if (trace.events[i].kind == TraceEvent::Kind::kKernelBegins) {
-        release = i;
+        starts[b] = i;
         break;
       }
     }
+  }
+  for (size_t b = 0; b < buckets; ++b) {
+    if (first[b] == kNone) continue;
+    const size_t release = !overlapped ? starts[b] : b + 1 < buckets ? starts[b + 1] : end;
     int64_t n = 0;
     for (int64_t elements : profile.block_buckets[b]) n += elements;
     delta[first[b] + 1] += arena_bytes(element_bytes * n);
@@ -146,7 +152,7 @@ std::vector<int64_t> gradient_block_deltas(const ModelProfile& profile, const St
 
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
-                                      int64_t gradient_element_bytes) {
+                                      int64_t gradient_element_bytes, bool overlapped) {
   const BlockBuckets g(profile, element_bytes, backward_reads);
   if (g.empty() || trace.events.empty()) {
     int64_t largest = 0;  // without a trace: the largest bucket's gradient block, beside them
@@ -173,7 +179,7 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
     if (trace.events[i].kind == TraceEvent::Kind::kKernelEnds) end = i + 1;
   }
   const std::vector<int64_t> gradients =
-      gradient_element_bytes > 0 ? gradient_block_deltas(profile, trace, end, gradient_element_bytes)
+      gradient_element_bytes > 0 ? gradient_block_deltas(profile, trace, end, gradient_element_bytes, overlapped)
                                  : std::vector<int64_t>(end + 1, 0);
   int64_t in_use = 0, peak = 0, with_gathered = 0;
   int64_t held_now = 0;       // what the current kernel's block holds gathered
@@ -263,6 +269,11 @@ int prefetch_depth(const Plan& plan) {
   return plan.shard == ShardLevel::kParameters && !managed ? plan.prefetch : 0;
 }
 
+bool reduce_scatters_overlap(const Plan& plan) {
+  if (!plan.overlap || plan.ranks <= 1) return false;
+  return plan.shard == ShardLevel::kGradients || (plan.shard == ShardLevel::kParameters && prefetch_depth(plan) > 0);
+}
+
 double shard_step_share(const ModelProfile& profile, const Plan& plan) {
   const auto& buckets = sharded_buckets(profile, plan.shard);
   if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty() || profile.parameters <= 0) return 1;
@@ -281,7 +292,8 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const StepT
     if (point.precision == plan.precision) backward_reads = &point.backward_read_buckets;
   }
   if (trace == nullptr) return gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan));
-  return gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element);
+  return gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element,
+                                       reduce_scatters_overlap(plan));
 }
 
 }  // namespace
@@ -369,8 +381,9 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
     p.gather_ms = allgather_ms(machine, plan.ranks, bytes);  // the updated parameters, after the step
   }
   if (plan.shard >= ShardLevel::kGradients) {
-    // A reduce-scatter (a ring's half of an all-reduce) for every micro-batch, on the thread that
-    // runs backward: nothing hides it.
+    // A reduce-scatter (a ring's half of an all-reduce) for every micro-batch: on the thread that
+    // runs backward, nothing hides it; overlapped (reduce_scatters_overlap), the caller hides it
+    // under backward where the device has an engine for it (planner/cost_model.cpp).
     p.allreduce_ms = allgather_ms(machine, plan.ranks, bytes) * static_cast<double>(plan.accumulation);
     p.allreduce_exposed_ms = p.allreduce_ms;
   }

@@ -59,11 +59,15 @@ int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_by
 // the peak there, or add nothing. Without events, gathered_parameter_bytes.
 // `gradient_element_bytes` > 0: the sharded gradients' blocks join, each bucket's (of that many
 // bytes an element) from its first gradient (TraceKernel::gradient_buckets) to its
-// reduce-scatter (after its last and every earlier bucket's), and are in the result; without
-// events, the largest bucket's block.
+// reduce-scatter (after its last and every earlier bucket's), or, with `overlapped`
+// reduce-scatters, to the start of the next bucket's (GradientShards waits for one there and
+// frees its block), and are in the result; without events, the largest bucket's block.
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
-                                      int64_t gradient_element_bytes = 0);
+                                      int64_t gradient_element_bytes = 0, bool overlapped = false);
+// Whether the trainer runs `plan`'s reduce-scatters beside backward (GradientShards::set_overlap):
+// at "gradients" with parallel.overlap, at "parameters" where its gathers are prefetched.
+bool reduce_scatters_overlap(const Plan& plan);
 // The blocks gathered ahead in `plan` (parallel.prefetch; none under a budget with eviction,
 // where the memory manager decides what stays gathered, nor below "parameters").
 int prefetch_depth(const Plan& plan);

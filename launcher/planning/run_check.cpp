@@ -26,6 +26,7 @@ Plan plan_of(const Config& c) {
   p.state_on_host = c.memory.optimizer_state == StatePlace::kHost;
   p.shard = c.parallel.shard;
   p.prefetch = static_cast<int>(c.parallel.prefetch);
+  p.overlap = c.parallel.overlap;
   return p;
 }
 

@@ -100,7 +100,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     grad_shards_ = std::make_unique<GradientShards>(replicas_.shared_group(), params_, replicas_.buckets());
     interp_.set_gradient_buffer(grad_shards_.get());
     if (param_shards_) grad_shards_->set_bucket_done([this](size_t b) { param_shards_->bucket_done(b); });
-    if (collectives_) grad_shards_->set_worker(collectives_);  // the thread that owns the group while gathers run
+    overlap_reduce_scatters();
   } else if (arena_ || replicas_.size() > 1) {
     // Under a budget, gradients get one block beside the parameters (alloc/gradient_buffer.h).
     // Laid out in the order data parallelism reduces them, each bucket is a span of the block,

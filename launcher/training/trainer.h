@@ -134,6 +134,7 @@ class Trainer {
   // the parameters in DataParallel's reduction order first, each bucket one span).
   void compact_parameters(bool in_reduction_order);
   void set_up_sharding();
+  void overlap_reduce_scatters();
   // parallel.shard = "parameters": each rank keeps its share of each bucket; the rest of the
   // state (buffers, parameters without gradients) into one block as compact_parameters puts it.
   void shard_parameters();

@@ -79,6 +79,23 @@ void Trainer::shard_parameters() {
   for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(placed[i]);
 }
 
+// Sharded gradients: each bucket's reduce-scatter runs on a worker thread while backward goes on
+// (parallel.overlap), on sharded parameters' prefetch worker where it exists (it owns the group
+// then), else on one of its own. Not where the group takes no second thread, nor where ZeRO-3's
+// gathers run on this thread (no prefetch: under a budget with eviction, or parallel.prefetch =
+// 0), nor in a CUDA budget's arena (NCCL's padded path allocates its temporaries on the thread
+// that calls it).
+void Trainer::overlap_reduce_scatters() {
+  if (collectives_) {
+    grad_shards_->set_worker(collectives_);  // the thread that owns the group while gathers run
+  } else if (config_.parallel.overlap && !param_shards_ && replicas_.group().allows_worker_thread() &&
+             !(arena_ && device_.is_cuda())) {
+    collectives_ = std::make_shared<CollectiveWorker>(replicas_.shared_group());
+    grad_shards_->set_worker(collectives_);
+  }
+  grad_shards_->set_overlap(config_.parallel.overlap && collectives_ != nullptr && !(arena_ && device_.is_cuda()));
+}
+
 void Trainer::set_up_sharding() {
   // DataParallel's parameters, which its buckets index: a pipeline stage's own.
   shard_ = std::make_unique<OptimizerShard>(replicas_.shared_group(), replicas_.parameters(), replicas_.buckets(),

@@ -202,6 +202,20 @@ TEST(ShardedJobComposition, GradientShardsWithAccumulationAndBf16OnThreeRanks) {
   expect_bf16_accumulation_on_three_ranks("gradients");
 }
 
+// Overlapped reduce-scatters (the default: parallel.overlap) add the same sums in the same order as
+// reduce-scatters waited for where backward starts them: the same bits, at 3 ranks (uneven shards)
+// with 3 micro-batches a rank (each bucket's later parts added into its sum).
+TEST(ShardedJobComposition, OverlappedReduceScattersChangeNoBit) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string job = mpirun(3) + HT_BINARY + " " + dir.write("job.toml", kMlp) +
+                          " --parallel.shard=gradients --training.micro_batch_size=2";
+  ASSERT_EQ(run(job + " --job.output_dir=" + dir.path("during")), 0);
+  ASSERT_EQ(run(job + " --parallel.overlap=false --job.output_dir=" + dir.path("after")), 0);
+  EXPECT_TRUE(model_at(dir, "during", 4) == model_at(dir, "after", 4)) << "overlap changed the model";
+  EXPECT_THAT(read_file(dir.path("after/metrics.jsonl")), HasSubstr("\"overlap\": 0,"));
+}
+
 // Within the level a budget changes no bit: the buckets' blocks are made under the budget while
 // backward regenerates what DTR evicted.
 TEST(ShardedJobComposition, GradientShardsUnderDtrAtFortyPercentChangeNoBit) {

@@ -170,6 +170,43 @@ TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
       << "no trace: at the activations' peak";
 }
 
+// Overlapped reduce-scatters (GradientShards::set_overlap): a bucket's block stays until the next
+// bucket's reduce-scatter starts, so it is still there while the block before it computes.
+TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
+  ModelProfile profile = adamw_profile();
+  profile.block_buckets = {{1000}, {1000}};  // reduction order: block 1's bucket first
+  profile.block_bucket_uses = {{1}, {0}};
+  StepTrace trace;
+  trace.tensors = {TraceTensor{50000, 0, true}};
+  using K = TraceEvent::Kind;
+  for (auto [block, backward] : {std::pair{0, false}, {1, false}, {1, true}, {0, true}}) {
+    TraceKernel k;
+    k.block = block;
+    k.backward = backward;
+    trace.kernels.push_back(k);
+  }
+  trace.kernels[2].gradient_buckets = {0};
+  trace.kernels[3].gradient_buckets = {1};
+  trace.events = {{K::kKernelBegins, 0}, {K::kKernelEnds, 0}, {K::kKernelBegins, 1}, {K::kKernelEnds, 1},
+                  {K::kKernelBegins, 2}, {K::kKernelEnds, 2}, {K::kKernelBegins, 3}, {K::kAllocated, 0},
+                  {K::kKernelEnds, 3},   {K::kFreed, 0}};
+  const int64_t bucket = arena_bytes(4 * 1000);
+  // Block 0's backward holds its gathered bucket beside its 50000 bytes; bucket 0's gradient
+  // block was reduce-scattered as it began, or, overlapped, is held until backward ends.
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, false), bucket);
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, true), 2 * bucket);
+  Plan plan;
+  plan.ranks = 2;
+  plan.shard = ShardLevel::kParameters;
+  EXPECT_TRUE(reduce_scatters_overlap(plan)) << "prefetched gathers: the worker runs them";
+  plan.prefetch = 0;
+  EXPECT_FALSE(reduce_scatters_overlap(plan)) << "gathers on the computing thread";
+  plan.shard = ShardLevel::kGradients;
+  EXPECT_TRUE(reduce_scatters_overlap(plan));
+  plan.overlap = false;
+  EXPECT_FALSE(reduce_scatters_overlap(plan));
+}
+
 // Blocks larger than parallel.bucket_mb hold several buckets: what forward ends with is the last
 // block's buckets, found by the block's index, not by a bucket's (GPT-2's 154 MB embedding in
 // 25 MB buckets crashed the planner, or put it 154 MB low, when it mixed the two).
