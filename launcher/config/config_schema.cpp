@@ -278,8 +278,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
                   .min(1));
   f.push_back(Field(&C::parallel, &ParallelConfig::overlap, "parallel", "overlap",
-                    "start each bucket's all-reduce, on a worker thread, as soon as backward has finished its "
-                    "gradients; false: all-reduce after backward"));
+                    "start each bucket's all-reduce (with parallel.shard = \"gradients\" or \"parameters\": its "
+                    "reduce-scatter), on a worker thread, as soon as backward has finished its gradients; false: "
+                    "all-reduce after backward, reduce-scatter where backward finishes the bucket"));
   f.push_back(Field(&C::parallel, &ParallelConfig::shard, "parallel", "shard",
                     "what the data-parallel ranks split among them, ZeRO's stages: none (each rank holds all of "
                     "the model's state), optimizer (each rank keeps and updates the optimizer state of 1/N of the "
