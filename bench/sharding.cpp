@@ -10,7 +10,9 @@
 //    1 when a measured state differs from the planner's by a byte;
 // 3. the step at the same per-rank batch, sharded against unsharded, interleaved (A B, B A, ...):
 //    the time ratio and the all-gather's share of the sharded step;
-// 4. the same for ZeRO-2 (gradients) and ZeRO-3 (parameters: a second replica whose parameters
+// 4. the same for ZeRO-2 (gradients; with its reduce-scatters waited for where backward starts
+//    them, and overlapped with backward on a worker thread, parallel.overlap's default, with the
+//    share of their time hidden) and ZeRO-3 (parameters: a second replica whose parameters
 //    live as shards, gathered a block at a time where they are read, as the trainer runs them),
 //    ZeRO-3 twice: gathering where read, and prefetching one block ahead on the communication
 //    thread (parallel.prefetch = 1, the default), with the share of the gathers' time hidden
@@ -126,6 +128,12 @@ struct Replica {
     replicas.use_gradient_buffer(gradients.get());
     shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), gradients.get());
     grad_shards = std::make_unique<GradientShards>(group, params, replicas.buckets());
+    if (group->allows_worker_thread()) {  // ZeRO-2 as the trainer runs it with parallel.overlap
+      worker = std::make_shared<CollectiveWorker>(group);
+      overlapped = std::make_unique<GradientShards>(group, params, replicas.buckets());
+      overlapped->set_worker(worker);
+      overlapped->set_overlap(true);
+    }
     TrainingConfig t;
     t.optimizer = OptimizerKind::kAdamw;
     t.lr = 1e-4;
@@ -134,34 +142,37 @@ struct Replica {
     std::tie(input, target) = m.data(m.batch);
     model->train();
   }
-  // One training step at `level` (0 none, 1 optimizer, 2 gradients, as the trainer runs each);
-  // returns its time (and the all-gather's, sharded).
+  // One training step at `level` (0 none, 1 optimizer, 2 gradients, 5 gradients with the
+  // reduce-scatters overlapped, as the trainer runs each); returns its time (and the all-gather's,
+  // sharded; at 5, the share of the reduce-scatters' time hidden under backward).
   std::pair<double, double> step(int level) {
     const bool sharding = level > 0;
+    GradientShards* zero2 = level == 2 ? grad_shards.get() : level == 5 ? overlapped.get() : nullptr;
+    if (level == 5 && zero2 == nullptr) return {0, 0};
     Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, 1});
-    interp.set_gradient_buffer(level == 2 ? static_cast<const GradientSlots*>(grad_shards.get()) : gradients.get());
+    interp.set_gradient_buffer(zero2 != nullptr ? static_cast<const GradientSlots*>(zero2) : gradients.get());
     const double start = now_ms();
     Tensor loss = model->loss(model->forward(interp.input(input)), interp.input(target));
-    if (level == 2) {
-      interp.set_gradient_listener(grad_shards.get());
+    if (zero2 != nullptr) {
+      interp.set_gradient_listener(zero2);
     } else if (replicas.overlaps()) {
       interp.set_gradient_listener(&replicas);
     }
     interp.backward(loss);
     interp.set_gradient_listener(nullptr);
-    if (level == 2) {
-      grad_shards->backward_ended();
-      grad_shards->finish_step();
+    if (zero2 != nullptr) {
+      zero2->backward_ended();
+      zero2->finish_step();
     } else {
       replicas.average_gradients();
     }
     double gather_ms = 0;
-    if (level == 2) {
-      shard->attach_gradients(*grad_shards);
+    if (zero2 != nullptr) {
+      shard->attach_gradients(*zero2);
       sharded->step();
       shard->detach_gradients();
       shard->gather_parameters();
-      gather_ms = shard->stats().gather_ms;
+      gather_ms = level == 5 ? zero2->stats().overlap : shard->stats().gather_ms;
     } else if (sharding) {
       shard->attach_gradients();
       sharded->step();
@@ -188,6 +199,8 @@ struct Replica {
   std::unique_ptr<GradientBuffer> gradients;
   std::unique_ptr<OptimizerShard> shard;
   std::unique_ptr<GradientShards> grad_shards;
+  std::shared_ptr<CollectiveWorker> worker;
+  std::unique_ptr<GradientShards> overlapped;  // null where MPI takes no second thread
   std::unique_ptr<torch::optim::Optimizer> whole, sharded;
   at::Tensor input, target;
 };
@@ -257,6 +270,7 @@ struct Zero2Row {
   std::string name;
   int64_t parameters, gradient_shard_bytes;
   double ms, none_ms;
+  double overlapped_ms = 0, hidden = 0;  // reduce-scatters overlapped with backward: the step, the share hidden
   int64_t shard_elements = 0;  // rank 0's
   bool exact = false;          // its shards' bytes are the planner's 4 x shard_elements
 };
@@ -287,11 +301,12 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
   ShardedReplica r3(m, group, 0);  // the same initial model
   at::manual_seed(0);
   ShardedReplica r4(m, group, 1);
-  std::vector<double> ms[5], gather_share, gather3_share, gather4_share, hidden4;
+  std::vector<double> ms[6], gather_share, gather3_share, gather4_share, hidden4, hidden5;
   for (int i = 0; i < warmup + reps; ++i) {
-    for (int j = 0; j < 5; ++j) {
-      // The order rotates: none, optimizer, gradients, parameters, parameters prefetched, ...
-      const int level = (i + j) % 5;
+    for (int j = 0; j < 6; ++j) {
+      // The order rotates: none, optimizer, gradients, parameters, parameters prefetched,
+      // gradients overlapped, ...
+      const int level = (i + j) % 6;
       c.barrier("the benchmark");
       double t = 0, gather = 0, hidden = 0;
       if (level == 3) {
@@ -304,6 +319,7 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
       if (i < warmup) continue;
       ms[level].push_back(t);
       if (level == 1) gather_share.push_back(gather / t);
+      if (level == 5) hidden5.push_back(gather);
       if (level == 3) gather3_share.push_back(gather);
       if (level == 4) {
         gather4_share.push_back(gather);
@@ -343,6 +359,8 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
   c.allreduce_sum(wrong, "the check");
   const double t_none = mean_of_medians(c, ms[0]), t_shard = mean_of_medians(c, ms[1]);
   g_zero2.back().none_ms = t_none;
+  g_zero2.back().overlapped_ms = mean_of_medians(c, ms[5]);
+  g_zero2.back().hidden = mean_of_medians(c, hidden5);
   g_zero3.back().none_ms = t_none;
   g_zero2.back().shard_elements = r.shard->elements();
   g_zero2.back().exact = g_zero2.back().gradient_shard_bytes == 4 * shard_elements(r.replicas.bucket_elements(), n);
@@ -402,16 +420,18 @@ int main(int argc, char** argv) {
   if (grid.is_root() && !ht::bench::g_zero2.empty()) {
     std::printf("\nparallel.shard = gradients (ZeRO-2) on the same replicas, in the same rounds: rank 0's gradient shards "
                 "(one per bucket, the fullest rank) against 4P/N, its model state, and the step:\n\n");
-    std::printf("| %-34s | %10s | %10s | %10s | %9s | %12s | %7s | %8s | %7s |\n", "model", "grads MiB", "shards", "4P/N",
-                "vs plan", "state MiB", "none ms", "zero2 ms", "ratio");
-    std::printf("|%s|\n", std::string(120, '-').c_str());
+    std::printf("| %-34s | %10s | %10s | %10s | %9s | %12s | %7s | %8s | %7s | %10s | %7s | %7s |\n", "model", "grads MiB",
+                "shards", "4P/N", "vs plan", "state MiB", "none ms", "zero2 ms", "ratio", "overlapped", "ratio",
+                "hidden");
+    std::printf("|%s|\n", std::string(156, '-').c_str());
     const int n = grid.world;
     for (const auto& z : ht::bench::g_zero2) {
       const double mib = 1024.0 * 1024.0, p = static_cast<double>(z.parameters);
       const double shards = static_cast<double>(z.gradient_shard_bytes) / mib;
-      std::printf("| %-34s | %10.2f | %10.2f | %10.2f | %9s | %12.2f | %7.1f | %8.1f | %6.3fx |\n", z.name.c_str(),
-                  4.0 * p / mib, shards, 4.0 * p / n / mib, z.exact ? "exact" : "DIFFERS",
-                  (4.0 * p + 8.0 * z.shard_elements) / mib + shards, z.none_ms, z.ms, z.ms / z.none_ms);
+      std::printf("| %-34s | %10.2f | %10.2f | %10.2f | %9s | %12.2f | %7.1f | %8.1f | %6.3fx | %10.1f | %6.3fx | %6.1f%% |\n",
+                  z.name.c_str(), 4.0 * p / mib, shards, 4.0 * p / n / mib, z.exact ? "exact" : "DIFFERS",
+                  (4.0 * p + 8.0 * z.shard_elements) / mib + shards, z.none_ms, z.ms, z.ms / z.none_ms, z.overlapped_ms,
+                  z.overlapped_ms / z.none_ms, 100 * z.hidden);
       exact = exact && z.exact;
     }
   }
