@@ -220,7 +220,10 @@ struct ShardedReplica {
     shards->set_block_uses(model->parameters_read_by_blocks());
     grad_shards = std::make_unique<GradientShards>(group, params, replicas.buckets());
     grad_shards->set_bucket_done([this](size_t b) { shards->bucket_done(b); });
-    if (worker) grad_shards->set_worker(worker);
+    if (worker) {  // the trainer's way: the reduce-scatters beside backward on the prefetch worker
+      grad_shards->set_worker(worker);
+      grad_shards->set_overlap(true);
+    }
     shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), nullptr, &shards->shards());
     TrainingConfig t;
     t.optimizer = OptimizerKind::kAdamw;
