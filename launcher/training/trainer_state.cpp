@@ -181,8 +181,9 @@ void Trainer::save_checkpoint() {
 }
 
 // Each rank writes the slices it holds (launcher/training/slice_files.h): its pieces of the
-// parameters and their optimizer state; rank 0 also the parameters no bucket holds and the
-// buffers, which every rank has whole. Nothing is gathered: a rank's memory holds its share only.
+// parameters and their optimizer state; rank 0 (each stage's first replica, with pipeline stages)
+// also the parameters no bucket holds and the buffers, which every replica has whole. Nothing is
+// gathered: a rank's memory holds its share only.
 void Trainer::save_sharded_checkpoint() {
   // Pipeline stages: every rank of the job writes its slices of its stage's tensors.
   std::optional<GridGroup> grid;
