@@ -60,11 +60,16 @@ TEST(PipelineSharding, OptimizerShardsWithinStagesTrainTheUnshardedGridBitForBit
   TempDir dir;
   const std::string config = dir.write("job.toml", kStagedGpt);
   const std::string log = dir.path("log.txt");
-  for (int replicas : {2, 3}) {
-    SCOPED_TRACE(std::to_string(replicas) + " replicas of 2 stages");
-    const std::string grid = mpirun(2 * replicas) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=2 ";
-    const std::string plain = dir.path("plain" + std::to_string(replicas));
-    const std::string sharded = dir.path("sharded" + std::to_string(replicas));
+  // AdamW at 2 and 3 replicas; bf16 autocast and SGD with momentum (one state tensor) at 2.
+  for (const auto& [replicas, options] : {std::pair<int, std::string>{2, ""}, {3, ""},
+                                          {2, "--training.mixed_precision=bf16 --training.optimizer=sgd "
+                                              "--training.momentum=0.9 --training.lr=0.05 "}}) {
+    SCOPED_TRACE(std::to_string(replicas) + " replicas of 2 stages " + options);
+    const std::string grid =
+        mpirun(2 * replicas) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=2 " + options;
+    const std::string name = std::to_string(replicas) + (options.empty() ? "" : "_bf16");
+    const std::string plain = dir.path("plain" + name);
+    const std::string sharded = dir.path("sharded" + name);
     ASSERT_EQ(run(grid + "--job.output_dir=" + plain), 0);
     ASSERT_EQ(run_logged(grid + "--parallel.shard=optimizer --job.output_dir=" + sharded, log), 0) << read_file(log);
     EXPECT_THAT(read_file(log), HasSubstr("(slices of " + std::to_string(2 * replicas) + " ranks"));
