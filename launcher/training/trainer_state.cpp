@@ -86,14 +86,12 @@ void Trainer::shard_parameters() {
 // 0), nor in a CUDA budget's arena (NCCL's padded path allocates its temporaries on the thread
 // that calls it).
 void Trainer::overlap_reduce_scatters() {
-  if (collectives_) {
-    grad_shards_->set_worker(collectives_);  // the thread that owns the group while gathers run
-  } else if (config_.parallel.overlap && !param_shards_ && replicas_.group().allows_worker_thread() &&
-             !(arena_ && device_.is_cuda())) {
+  const bool overlap = config_.parallel.overlap && !(arena_ && device_.is_cuda());
+  if (!collectives_ && overlap && !param_shards_ && replicas_.group().allows_worker_thread()) {
     collectives_ = std::make_shared<CollectiveWorker>(replicas_.shared_group());
-    grad_shards_->set_worker(collectives_);
   }
-  grad_shards_->set_overlap(config_.parallel.overlap && collectives_ != nullptr && !(arena_ && device_.is_cuda()));
+  if (collectives_) grad_shards_->set_worker(collectives_);  // the thread that owns the group while a step runs
+  grad_shards_->set_overlap(overlap);  // without a worker, no effect
 }
 
 void Trainer::set_up_sharding() {

@@ -71,22 +71,6 @@ threads = 1
 interval = 3
 )";
 
-// Every tensor of both checkpoints' model.pt equal (tolerance 0: bit for bit).
-void expect_same_model(const std::string& a, const std::string& b, double tolerance = 0) {
-  const auto one = read_model(a), other = read_model(b);
-  ASSERT_FALSE(one.empty()) << a;
-  ASSERT_EQ(one.size(), other.size());
-  for (const auto& [key, t] : one) {
-    ASSERT_TRUE(other.count(key)) << key;
-    const double diff = (other.at(key).to(at::kDouble) - t.to(at::kDouble)).abs().max().item<double>();
-    if (tolerance == 0) {
-      EXPECT_TRUE(at::equal(other.at(key), t)) << key << ": max difference " << diff;
-    } else {
-      EXPECT_LE(diff, tolerance) << key;
-    }
-  }
-}
-
 struct Case {
   const char* schedule;
   int stages;

@@ -39,22 +39,6 @@ threads = 1
 interval = 2
 )";
 
-// Every tensor of two checkpoints (folders) equal, bit for bit, or within `tolerance`.
-void expect_same_tensors(const std::string& a, const std::string& b, double tolerance = 0) {
-  const auto one = read_model(a), other = read_model(b);
-  ASSERT_FALSE(one.empty()) << a;
-  ASSERT_EQ(one.size(), other.size()) << a << " and " << b;
-  for (const auto& [key, t] : one) {
-    ASSERT_TRUE(other.count(key)) << key;
-    const double diff = (other.at(key).to(at::kDouble) - t.to(at::kDouble)).abs().max().item<double>();
-    if (tolerance == 0) {
-      EXPECT_TRUE(at::equal(other.at(key), t)) << key << ": max difference " << diff;
-    } else {
-      EXPECT_LE(diff, tolerance) << key;
-    }
-  }
-}
-
 TEST(PipelineSharding, OptimizerShardsWithinStagesTrainTheUnshardedGridBitForBit) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
@@ -74,7 +58,7 @@ TEST(PipelineSharding, OptimizerShardsWithinStagesTrainTheUnshardedGridBitForBit
     ASSERT_EQ(run_logged(grid + "--parallel.shard=optimizer --job.output_dir=" + sharded, log), 0) << read_file(log);
     EXPECT_THAT(read_file(log), HasSubstr("(slices of " + std::to_string(2 * replicas) + " ranks"));
     EXPECT_THAT(read_file(log), ::testing::Not(HasSubstr("has no effect")));
-    expect_same_tensors(plain + "/checkpoints/step_00000004", sharded + "/checkpoints/step_00000004");
+    expect_same_model(plain + "/checkpoints/step_00000004", sharded + "/checkpoints/step_00000004");
   }
 }
 
@@ -97,21 +81,21 @@ TEST(PipelineSharding, SlicesAndWholeCheckpointsResumeEitherWay) {
   ASSERT_EQ(run_logged(sharded + "--checkpoint.resume=" + slices + " --job.output_dir=" + dir.path("s_s"), log), 0)
       << read_file(log);
   EXPECT_THAT(read_file(log), HasSubstr("resumed from " + slices + " at step 2"));
-  expect_same_tensors(dir.path("plain") + end, dir.path("s_s") + end);
+  expect_same_model(dir.path("plain") + end, dir.path("s_s") + end);
   // Slices into the unsharded grid (its rank 0 reads every stage's).
   ASSERT_EQ(run(grid + "--checkpoint.resume=" + slices + " --job.output_dir=" + dir.path("s_plain")), 0);
-  expect_same_tensors(dir.path("plain") + end, dir.path("s_plain") + end);
+  expect_same_model(dir.path("plain") + end, dir.path("s_plain") + end);
   // A whole checkpoint into the sharded grid.
   ASSERT_EQ(run(sharded + "--checkpoint.resume=" + dir.path("plain/checkpoints/step_00000002") +
                 " --job.output_dir=" + dir.path("plain_s")),
             0);
-  expect_same_tensors(dir.path("plain") + end, dir.path("plain_s") + end);
+  expect_same_model(dir.path("plain") + end, dir.path("plain_s") + end);
   // Slices into 2 sharded ranks without stages: the tied weight's two gradients sum in another
   // order there (within fp32 rounding).
   ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + " --parallel.shard=optimizer --checkpoint.resume=" + slices +
                 " --job.output_dir=" + dir.path("s_dp")),
             0);
-  expect_same_tensors(dir.path("plain") + end, dir.path("s_dp") + end, 1e-5);
+  expect_same_model(dir.path("plain") + end, dir.path("s_dp") + end, 1e-5);
 }
 
 // ZeRO-2 and ZeRO-3 with stages stay refused, naming both keys and why (exit 2).

@@ -33,6 +33,23 @@ inline void expect_close_models(const std::string& a, const std::string& b, doub
   }
 }
 
+// Every tensor of two checkpoints' models (model.pt files or folders) equal: bit for bit with
+// `tolerance` 0, else each within it (the largest absolute difference).
+inline void expect_same_model(const std::string& a, const std::string& b, double tolerance = 0) {
+  const auto one = read_model(a), other = read_model(b);
+  ASSERT_FALSE(one.empty()) << a;
+  ASSERT_EQ(one.size(), other.size()) << a << " and " << b;
+  for (const auto& [key, t] : one) {
+    ASSERT_TRUE(other.count(key)) << key;
+    const double diff = (other.at(key).to(at::kDouble) - t.to(at::kDouble)).abs().max().item<double>();
+    if (tolerance == 0) {
+      EXPECT_TRUE(at::equal(other.at(key), t)) << key << ": max difference " << diff;
+    } else {
+      EXPECT_LE(diff, tolerance) << key;
+    }
+  }
+}
+
 // A GPT of 2 layers at width 32 on synthetic tokens, AdamW: the small decoder the planning and
 // sharding tests train.
 inline constexpr const char* kTinyGpt = R"([model]
