@@ -6,6 +6,7 @@
 // Checkpoints are every rank's slices of its stage's tensors (a tied copy's left to the stage that
 // registers it); they resume sharded or not, with or without stages.
 #include "tests/support/mpi_job.h"
+#include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"
 
 #include <filesystem>
@@ -59,6 +60,15 @@ TEST(PipelineSharding, OptimizerShardsWithinStagesTrainTheUnshardedGridBitForBit
     EXPECT_THAT(read_file(log), HasSubstr("(slices of " + std::to_string(2 * replicas) + " ranks"));
     EXPECT_THAT(read_file(log), ::testing::Not(HasSubstr("has no effect")));
     expect_same_model(plain + "/checkpoints/step_00000004", sharded + "/checkpoints/step_00000004");
+    if (replicas == 2 && options.empty()) {
+      // Rank 0 (stage 0) gives up the AdamW state (8 bytes an element) of its replica's half of
+      // the stage: its peak falls by exactly that (the planner's state term, docs/parallelism.md).
+      const double elements = last_train_number(sharded + "/metrics.jsonl", "shard_elements");
+      EXPECT_GT(elements, 0);
+      EXPECT_EQ(last_train_number(plain + "/metrics.jsonl", "mem_peak_bytes") -
+                    last_train_number(sharded + "/metrics.jsonl", "mem_peak_bytes"),
+                8 * elements);
+    }
   }
 }
 
