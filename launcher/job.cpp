@@ -29,8 +29,10 @@ void print_plan(const Config& c, const DataInfo& data, int64_t parameters, const
                 const ProcessGrid& grid, const ThreadPools& threads) {
   std::printf("data: %s\n", data.description.c_str());
   if (grid.world > 1) {
-    std::printf("ranks: %d (data-parallel %d x pipeline %d) over %s; each trains %lld samples of a global batch\n",
-                grid.world, grid.data_parallel, grid.pipeline_parallel, grid.data_parallel_group->backend().c_str(),
+    std::printf("ranks: %d (data-parallel %d x tensor-parallel %d%s x pipeline %d) over %s; each data-parallel "
+                "replica trains %lld samples of a global batch\n",
+                grid.world, grid.data_parallel, grid.tensor_parallel, c.parallel.sequence_parallel ? " with sequence parallelism" : "",
+                grid.pipeline_parallel, grid.data_parallel_group->backend().c_str(),
                 static_cast<long long>(c.local_batch_size()));
   }
   std::printf("model: %s, %lld parameters, on %s, threads %s\n", choice_name(c.model.name),
@@ -217,7 +219,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
     std::optional<HostAllocationScope> whole_model_on_host;
     const bool shards_parameters = config.parallel.shard == ShardLevel::kParameters && config.replicas() > 1;
     if (config.parallel.pipeline_parallel > 1 || shards_parameters) whole_model_on_host.emplace();
-    model = make_model(config, info);
+    model = make_model(config, info, grid->tensor_rank);
     for (const std::string& w : initialize_from_hf(*model, config, decoder_options(config.model, info.classes))) {
       if (root) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
     }
@@ -231,7 +233,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   std::optional<Trainer> made;
   try {
     made.emplace(config, std::move(data), model, arena, replicas,  // the gradients' block
-                 grid->pipeline_group);
+                 grid->pipeline_group, grid->tensor_parallel > 1 ? grid->tensor_parallel_group : nullptr);
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }

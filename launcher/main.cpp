@@ -68,7 +68,15 @@ int main(int argc, char** argv) {
       return ht::run_plan_command(loaded.config, cl.plan_command);
     }
     ht::check_pipeline_ranks(loaded.config, grid.world);  // every rank refuses alike
-    ht::divide_process_grid(grid, static_cast<int>(loaded.config.parallel.pipeline_parallel));
+    ht::divide_process_grid(grid, static_cast<int>(loaded.config.parallel.pipeline_parallel),
+                            static_cast<int>(loaded.config.parallel.tensor_parallel));
+    if (const std::string across = ht::tensor_groups_across_hosts(grid); !across.empty()) {
+      throw ht::UserError(loaded.config.source + ": parallel.tensor_parallel = " +
+                          std::to_string(grid.tensor_parallel) + ": " + across +
+                          "; a group's collectives run inside every layer and must stay on one host: place "
+                          "consecutive ranks on one host (mpirun --map-by slot, or srun's block distribution; "
+                          "docs/cluster.md), with a multiple of tensor_parallel ranks per host");
+    }
     ht::apply_data_parallel(loaded.config, grid.data_parallel);
     if (grid.is_root()) {
       for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());

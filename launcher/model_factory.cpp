@@ -36,7 +36,7 @@ DecoderOptions decoder_options(const ModelConfig& m, int64_t data_vocab) {
   return o;
 }
 
-std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data) {
+std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data, int tensor_rank) {
   const ModelConfig& m = c.model;
   if (m.name == ModelKind::kMlp) {
     int64_t features = 1;
@@ -68,7 +68,12 @@ std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data) {
                     std::to_string(data.classes) + " token ids (" + data.description +
                     "); use at least that, or 0 for the data's");
   }
-  return std::make_shared<Decoder>(decoder_options(m, data.classes));
+  DecoderOptions o = decoder_options(m, data.classes);
+  o.tensor_parallel = c.parallel.tensor_parallel;
+  o.tensor_rank = tensor_rank;
+  o.sequence_parallel = c.parallel.sequence_parallel;
+  if (const std::string problem = o.problem(); !problem.empty()) throw UserError(c.source + ": " + problem);
+  return std::make_shared<Decoder>(o);
 }
 
 }  // namespace ht

@@ -65,7 +65,9 @@ int StepCapture::add_value(const std::shared_ptr<TensorInfo>& record, int produc
   schedule::Value v;
   v.bytes = bytes_of(t);
   v.producer = producer;
-  v.droppable = t.producer != nullptr && t.producer->op->traits().recomputable;
+  // A collective's output is kept: a plan is each rank's own, and a recomputation on one rank
+  // alone would wait for the others forever.
+  v.droppable = t.producer != nullptr && t.producer->op->traits().recomputable && !t.producer->op->traits().collective;
   graph_.values.push_back(v);
   resident_.push_back(0);
   taped_.push_back(0);

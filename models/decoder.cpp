@@ -1,35 +1,76 @@
 #include "models/decoder.h"
 
+#include "models/decoder_split.h"
+
 #include <cmath>
 #include <limits>
 
 namespace ht {
 namespace {
 
+// The model's place in a tensor-parallel group (models/decoder_split.h): the helpers below are
+// the plain layers when the group is one rank.
+struct Split {
+  int64_t ranks = 1, rank = 0;
+  bool sequence = false;  // sequence parallelism: the residual stream holds a piece of the sequence
+  explicit Split(const DecoderOptions& o) : ranks(o.tensor_parallel), rank(o.tensor_rank), sequence(o.sequence_parallel && o.tensor_parallel > 1) {}
+  bool on() const { return ranks > 1; }
+
+  // A weight read where the sequence is in pieces: each rank's gradient is its piece's part, which
+  // f sums over the group (Megatron sums them after backward; here the tape does).
+  Tensor replicated(const Tensor& like, const at::Tensor& p) const {
+    const Tensor w = param_like(like, p);
+    return sequence ? tp_copy(w) : w;
+  }
+  // A column-parallel layer (its output split by features) from the replicated or sequence-split x.
+  Tensor column(const Tensor& x, const Linear& l) const {
+    const Tensor w = param_like(x, l.weight), b = l.bias.defined() ? param_like(x, l.bias) : Tensor();
+    if (sequence) return tp_gather_linear(x, 1, w, b);
+    return linear(on() ? tp_copy(x) : x, w, b);
+  }
+  // A row-parallel layer (its input split by features): the group's sum, whole or by pieces of
+  // the sequence, then the bias.
+  Tensor row(const Tensor& x, const Linear& l) const {
+    if (!on()) return linear(x, param_like(x, l.weight), l.bias.defined() ? param_like(x, l.bias) : Tensor());
+    const Tensor partial = linear(x, param_like(x, l.weight));
+    const Tensor y = sequence ? tp_reduce_scatter(partial, 1) : tp_reduce(partial);
+    return l.bias.defined() ? add(y, replicated(y, l.bias)) : y;
+  }
+  // Dropout where each rank holds a different part of the activation (heads, or a piece of the
+  // sequence): its own seed stream, so that the parts' masks differ. Where every rank holds the
+  // whole, the one-rank run's stream: the same mask on every rank, the one a single rank draws.
+  Tensor dropout(const Tensor& x, double p, bool training, bool parts) const {
+    if (!on() || !parts) return ht::dropout(x, p, training);
+    const SeedStream stream(x.interp(), static_cast<uint64_t>(rank) + 1);
+    return ht::dropout(x, p, training);
+  }
+};
+
 // LayerNorm with bias (GPT-2) or RMSNorm (Llama), by the family: one class, so every layer has
 // the same parameter names in both.  (..., D) -> same
 class Norm : public torch::nn::Module {
  public:
-  explicit Norm(const DecoderOptions& o) : rms_(o.is_llama()), eps_(o.norm_eps) {
+  explicit Norm(const DecoderOptions& o) : rms_(o.is_llama()), eps_(o.norm_eps), split_(o) {
     weight = register_parameter("weight", at::ones({o.n_embd}));
     if (!rms_) bias = register_parameter("bias", at::zeros({o.n_embd}));
   }
   Tensor forward(const Tensor& x) {
-    const Tensor w = param_like(x, weight);
-    return rms_ ? rms_norm(x, w, eps_) : layer_norm(x, {weight.size(0)}, w, param_like(x, bias), eps_);
+    const Tensor w = split_.replicated(x, weight);
+    return rms_ ? rms_norm(x, w, eps_) : layer_norm(x, {weight.size(0)}, w, split_.replicated(x, bias), eps_);
   }
   at::Tensor weight, bias;
 
  private:
   bool rms_;
   double eps_;
+  Split split_;
 };
 
 // x = dropout(wte[idx] (+ wpe[0..T)))     idx (B, T) -> x (B, T, D)
 class EmbeddingBlock : public Block {
  public:
   explicit EmbeddingBlock(const DecoderOptions& o)
-      : wte(register_module("wte", std::make_shared<Embedding>(o.vocab_size, o.n_embd))), options_(o) {
+      : wte(register_module("wte", std::make_shared<Embedding>(o.vocab_size, o.n_embd))), options_(o), split_(o) {
     if (!o.is_llama()) wpe = register_module("wpe", std::make_shared<Embedding>(o.block_size, o.n_embd));
   }
 
@@ -37,18 +78,26 @@ class EmbeddingBlock : public Block {
     const int64_t t = idx.size(1);
     TORCH_CHECK(t <= options_.block_size, "decoder: sequence length ", t, " exceeds block_size ",
                 options_.block_size);
-    Tensor x = wte->forward(idx);
-    if (wpe) {
-      const auto opts = at::TensorOptions().dtype(at::kLong).device(idx.device());
-      x = add(x, wpe->forward(idx.interp().input(at::arange(t, opts))));
+    Tensor x;
+    if (split_.on()) {  // this rank's rows of the vocabulary; the group's sum is the lookup
+      const Tensor part = vocab_parallel_embedding(param_like(idx, wte->weight), idx, options_.vocab_first());
+      x = split_.sequence ? tp_reduce_scatter(part, 1) : tp_reduce(part);
+    } else {
+      x = wte->forward(idx);
     }
-    return dropout(x, options_.dropout, is_training());
+    if (wpe) {
+      const int64_t n = split_.sequence ? t / split_.ranks : t, first = split_.sequence ? split_.rank * n : 0;
+      const auto opts = at::TensorOptions().dtype(at::kLong).device(idx.device());
+      x = add(x, embedding(split_.replicated(idx, wpe->weight), idx.interp().input(at::arange(first, first + n, opts))));
+    }
+    return split_.dropout(x, options_.dropout, is_training(), split_.sequence);
   }
 
   std::shared_ptr<Embedding> wte, wpe;
 
  private:
   DecoderOptions options_;
+  Split split_;
 };
 
 // softmax(q k^T / sqrt(hd), causal) v as separate ops, saving the (B, H, T, T) scores,
@@ -71,7 +120,7 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
 // three, whose gradient the GEMM sums in fp32.
 class SelfAttention : public torch::nn::Module {
  public:
-  explicit SelfAttention(const DecoderOptions& o) : options_(o) {
+  explicit SelfAttention(const DecoderOptions& o) : options_(o), split_(o) {
     const int64_t q = o.n_head * o.head_dim(), kv = o.kv_heads() * o.head_dim();
     const bool bias = !o.is_llama();
     wqkv = register_module("wqkv", std::make_shared<Linear>(o.n_embd, q + 2 * kv, bias));
@@ -79,9 +128,12 @@ class SelfAttention : public torch::nn::Module {
   }
 
   Tensor forward(const Tensor& x) {
-    const int64_t b = x.size(0), t = x.size(1), hd = options_.head_dim();
-    const int64_t h = options_.n_head, hkv = options_.kv_heads();
-    const Tensor qkv = wqkv->forward(x);  // (B, T, (H + 2 Hkv) hd)
+    // This rank's heads: all of them on one rank. With sequence parallelism x is a piece of the
+    // sequence and qkv the whole of it.
+    const int64_t hd = options_.head_dim();
+    const int64_t h = options_.n_head / split_.ranks, hkv = options_.kv_heads() / split_.ranks;
+    const Tensor qkv = split_.column(x, *wqkv);  // (B, T, (H + 2 Hkv) hd)
+    const int64_t b = qkv.size(0), t = qkv.size(1);
     auto heads = [&](int64_t from, int64_t n) {  // columns [from, from + n) hd as (B, T, n, hd)
       return reshape(slice(qkv, 2, from * hd, (from + n) * hd), {b, t, n, hd});
     };
@@ -95,23 +147,28 @@ class SelfAttention : public torch::nn::Module {
     }
     // (B, H, T, hd) and (B, Hkv, T, hd) in; the op saves O(T) state, never the T x T scores.
     const Tensor qh = transpose(q, 1, 2), kh = transpose(k, 1, 2), vh = transpose(v, 1, 2);
-    const Tensor y = options_.naive_attention ? naive_attention(qh, kh, vh, options_.dropout, is_training())
-                                              : attention(qh, kh, vh, /*causal=*/true, options_.dropout, is_training());
+    Tensor y;
+    {
+      const SeedStream heads_stream(x.interp(), split_.on() ? static_cast<uint64_t>(split_.rank) + 1 : x.interp().seed_stream());
+      y = options_.naive_attention ? naive_attention(qh, kh, vh, options_.dropout, is_training())
+                                   : attention(qh, kh, vh, /*causal=*/true, options_.dropout, is_training());
+    }
     const Tensor merged = reshape(transpose(y, 1, 2), {b, t, h * hd});
-    return dropout(wo->forward(merged), options_.dropout, is_training());
+    return split_.dropout(split_.row(merged, *wo), options_.dropout, is_training(), split_.sequence);
   }
 
   std::shared_ptr<Linear> wqkv, wo;
 
  private:
   DecoderOptions options_;
+  Split split_;
 };
 
 // GPT-2: proj(gelu_tanh(fc(x))); Llama: w2(silu(gate) * up), [gate | up] = w13(x), Meta's w1
 // and w3 fused for the same reason as wqkv.  (B, T, D) -> (B, T, D)
 class FeedForward : public torch::nn::Module {
  public:
-  explicit FeedForward(const DecoderOptions& o) : options_(o), hidden_(o.mlp_hidden()) {
+  explicit FeedForward(const DecoderOptions& o) : options_(o), hidden_(o.mlp_hidden()), split_(o) {
     if (o.is_llama()) {
       w13 = register_module("w13", std::make_shared<Linear>(o.n_embd, 2 * hidden_, false));
       w2 = register_module("w2", std::make_shared<Linear>(hidden_, o.n_embd, false));
@@ -123,13 +180,14 @@ class FeedForward : public torch::nn::Module {
 
   Tensor forward(const Tensor& x) {
     Tensor y;
+    const int64_t f = hidden_ / split_.ranks;  // this rank's part of the hidden width
     if (options_.is_llama()) {
-      const Tensor gate_up = w13->forward(x);  // (B, T, 2F)
-      y = w2->forward(mul(silu(slice(gate_up, 2, 0, hidden_)), slice(gate_up, 2, hidden_, 2 * hidden_)));
+      const Tensor gate_up = split_.column(x, *w13);  // (B, T, 2F)
+      y = split_.row(mul(silu(slice(gate_up, 2, 0, f)), slice(gate_up, 2, f, 2 * f)), *w2);
     } else {
-      y = proj->forward(gelu(fc->forward(x), /*tanh_approximation=*/true));
+      y = split_.row(gelu(split_.column(x, *fc), /*tanh_approximation=*/true), *proj);
     }
-    return dropout(y, options_.dropout, is_training());
+    return split_.dropout(y, options_.dropout, is_training(), split_.sequence);
   }
   // The projection back onto the residual stream (scaled at initialization).
   Linear& out() { return options_.is_llama() ? *w2 : *proj; }
@@ -139,6 +197,7 @@ class FeedForward : public torch::nn::Module {
  private:
   DecoderOptions options_;
   int64_t hidden_;
+  Split split_;
 };
 
 // x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)).  (B, T, D) -> (B, T, D)
@@ -165,12 +224,18 @@ class DecoderLayer : public Block {
 class HeadBlock : public Block {
  public:
   HeadBlock(const DecoderOptions& o, at::Tensor tied_weight)
-      : norm_(register_module("norm", std::make_shared<Norm>(o))), tied_(tied_weight.defined()) {
+      : norm_(register_module("norm", std::make_shared<Norm>(o))), tied_(tied_weight.defined()), split_(o) {
     // A tied weight is not registered again: one parameter, two uses.
     weight_ = tied_ ? std::move(tied_weight) : register_module("lm_head", std::make_shared<Linear>(o.n_embd, o.vocab_size, false))->weight;
   }
 
-  Tensor forward(const Tensor& x) override { return linear(norm_->forward(x), param_like(x, weight_)); }
+  // Split: this rank's columns of the (padded) vocabulary's logits, over the whole sequence.
+  Tensor forward(const Tensor& x) override {
+    const Tensor normed = norm_->forward(x);
+    const Tensor w = param_like(x, weight_);
+    if (split_.sequence) return tp_gather_linear(normed, 1, w);
+    return linear(split_.on() ? tp_copy(normed) : normed, w);
+  }
   std::vector<at::Tensor> shared_parameters() const override {
     return tied_ ? std::vector<at::Tensor>{weight_} : std::vector<at::Tensor>{};
   }
@@ -179,6 +244,7 @@ class HeadBlock : public Block {
   std::shared_ptr<Norm> norm_;
   bool tied_;
   at::Tensor weight_;
+  Split split_;
 };
 
 }  // namespace
@@ -211,10 +277,30 @@ Decoder::Decoder(const DecoderOptions& o) : options_(o) {
     layer->attn->wo->weight.normal_(0.0, residual_std);
     layer->mlp->out().weight.normal_(0.0, residual_std);
   }
+  // Tensor parallelism: this rank keeps its part of the whole initialization (the one-rank run's
+  // weights, whatever the layout), dropping the rest.
+  if (o.tensor_parallel > 1) {
+    for (auto& item : named_parameters()) {
+      const ParameterSplit split = decoder_parameter_split(o, item.key());
+      if (split.split()) item.value().set_data(part_of(item.value(), split));
+    }
+  }
+}
+
+std::vector<bool> Decoder::split_parameters() const {
+  std::vector<bool> out;
+  for (const auto& item : named_parameters()) {
+    out.push_back(decoder_parameter_split(options_, item.key()).split());
+  }
+  return out;
 }
 
 Tensor Decoder::loss(const Tensor& output, const Tensor& target) {
   const int64_t v = output.size(-1);
+  if (options_.tensor_parallel > 1) {  // this rank's columns of the logits
+    return vocab_parallel_cross_entropy(reshape(output, {-1, v}), reshape(target, {-1}), options_.vocab_first(),
+                                        options_.vocab_rows_valid());
+  }
   return cross_entropy(reshape(output, {-1, v}), reshape(target, {-1}));
 }
 

@@ -24,8 +24,10 @@ namespace ht {
 class Decoder : public Model {
  public:
   explicit Decoder(const DecoderOptions& options);
-  // Mean cross entropy over all B*T positions; target (B, T) int64.
+  // Mean cross entropy over all B*T positions; target (B, T) int64. Split over a tensor-parallel
+  // group, `output` is this rank's columns of the logits (vocabulary-parallel cross entropy).
   Tensor loss(const Tensor& output, const Tensor& target) override;
+  std::vector<bool> split_parameters() const override;
   const DecoderOptions& options() const { return options_; }
 
  private:

@@ -1,5 +1,7 @@
 #include "models/decoder_options.h"
 
+#include <algorithm>
+
 namespace ht {
 
 namespace {
@@ -43,6 +45,11 @@ int64_t DecoderOptions::mlp_hidden() const {
   return m * ((hidden + m - 1) / m);
 }
 
+int64_t DecoderOptions::vocab_rows_valid() const {
+  const int64_t rows = padded_vocab() / tensor_parallel;
+  return std::max<int64_t>(0, std::min(rows, vocab_size - vocab_first()));
+}
+
 int64_t DecoderOptions::parameter_count() const {
   const int64_t d = n_embd, hd = head_dim(), q = n_head * hd, kv = kv_heads() * hd, f = mlp_hidden();
   const bool bias = !is_llama();
@@ -76,6 +83,30 @@ std::string DecoderOptions::problem() const {
   }
   if (is_llama() && rope_theta <= 1.0) return "model.rope_theta must be above 1";
   if (norm_eps <= 0) return "model.norm_eps must be positive";
+  return tensor_parallel_problem();
+}
+
+std::string DecoderOptions::tensor_parallel_problem() const {
+  auto str = [](int64_t v) { return std::to_string(v); };
+  const int64_t t = tensor_parallel;
+  const std::string tp = "parallel.tensor_parallel = " + str(t);
+  if (t < 1 || tensor_rank < 0 || tensor_rank >= t) return tp + " must be at least 1 (rank " + str(tensor_rank) + ")";
+  if (n_head % t != 0) {
+    return "model.n_head = " + str(n_head) + " is not a multiple of " + tp +
+           ": attention splits by heads; choose a tensor_parallel dividing n_head";
+  }
+  if (kv_heads() % t != 0) {
+    return "model.n_kv_heads = " + str(kv_heads()) + " is not a multiple of " + tp +
+           ": key/value heads are split, never replicated; choose a tensor_parallel dividing n_kv_heads";
+  }
+  if (mlp_hidden() % t != 0) {
+    return "the MLP's width " + str(mlp_hidden()) + " (from model.n_embd and model.multiple_of) is not a multiple of " +
+           tp + "; choose a multiple_of that tensor_parallel divides";
+  }
+  if (sequence_parallel && t > 1 && block_size % t != 0) {
+    return "model.block_size = " + str(block_size) + " is not a multiple of " + tp +
+           ": parallel.sequence_parallel cuts each sequence into tensor_parallel pieces";
+  }
   return {};
 }
 

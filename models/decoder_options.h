@@ -45,6 +45,15 @@ struct DecoderOptions {
   // T x T scores and probabilities for backward: the baseline of bench/attention.cpp and an
   // oracle in tests. Never from a config: the attention op computes the same function.
   bool naive_attention = false;
+  // Tensor parallelism (parallel.tensor_parallel, models/decoder_split.h): the model built is rank
+  // `tensor_rank`'s part of one split over `tensor_parallel` ranks: attention by heads (query and
+  // key/value heads both: tensor_parallel divides each), the MLP by its hidden width, the
+  // embedding and the output layer by the vocabulary, padded to a multiple of tensor_parallel.
+  // sequence_parallel: the norms, dropouts and residual stream between the split regions hold
+  // this rank's piece of the sequence (block_size / tensor_parallel positions) instead of all of it.
+  int64_t tensor_parallel = 1;
+  int64_t tensor_rank = 0;
+  bool sequence_parallel = false;
 
   // GPT-2's layout at the given size.
   static DecoderOptions gpt2(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
@@ -58,11 +67,19 @@ struct DecoderOptions {
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_head; }
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t mlp_hidden() const;
+  // The vocabulary rounded up to a multiple of tensor_parallel (Megatron's padding: the padded
+  // rows are never looked up and their logits take no part in the loss).
+  int64_t padded_vocab() const { return (vocab_size + tensor_parallel - 1) / tensor_parallel * tensor_parallel; }
+  // This rank's rows of the padded vocabulary begin here; the first vocab_rows_valid() are real.
+  int64_t vocab_first() const { return tensor_rank * (padded_vocab() / tensor_parallel); }
+  int64_t vocab_rows_valid() const;
   // Every parameter, counted from the shape (a tied matrix once).
   int64_t parameter_count() const;
   // What is wrong with the shape, or empty: widths that do not divide, odd head dimension for
-  // rotary positions, and the like. Keys are named as in [model].
+  // rotary positions, head counts that tensor_parallel does not divide, and the like. Keys are
+  // named as in [model] and [parallel].
   std::string problem() const;
+  std::string tensor_parallel_problem() const;  // the part of problem() that tensor_parallel adds
 };
 
 }  // namespace ht

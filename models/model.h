@@ -37,6 +37,9 @@ class Model : public torch::nn::Module {
   // Per parameter (in parameters() order), the index of the block that registers it; -1 for one
   // no block holds. Sharded parameters gather a block's parameters together (parallel/data_parallel.h).
   std::vector<int> parameter_blocks() const;
+  // Per parameter (in parameters() order), whether each rank of a tensor-parallel group holds a
+  // different part of it (models/decoder_split.h); false: every rank holds the same whole.
+  virtual std::vector<bool> split_parameters() const { return std::vector<bool>(parameters().size(), false); }
   // Per block, the parameters its forward reads: its own and the tied ones it uses.
   std::vector<std::vector<at::Tensor>> parameters_read_by_blocks() const;
   // Moves parameters and buffers to `device` and casts the floating ones to `float_dtype`.

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #ifdef HT_HAVE_MPI
 #include "parallel/mpi_communicator.h"
@@ -45,24 +47,58 @@ ProcessGrid make_process_grid() {
 #endif
 }
 
-void divide_process_grid(ProcessGrid& grid, int pipeline_parallel) {
-  if (pipeline_parallel < 1 || grid.world % pipeline_parallel != 0) {
+void divide_process_grid(ProcessGrid& grid, int pipeline_parallel, int tensor_parallel) {
+  if (pipeline_parallel < 1 || tensor_parallel < 1 || grid.world % (pipeline_parallel * tensor_parallel) != 0) {
     throw std::invalid_argument("the world of " + std::to_string(grid.world) + " ranks does not divide into " +
-                                std::to_string(pipeline_parallel) + " pipeline stages");
+                                std::to_string(pipeline_parallel) + " pipeline stages of " +
+                                std::to_string(tensor_parallel) + "-rank tensor-parallel groups");
   }
   grid.pipeline_parallel = pipeline_parallel;
-  grid.data_parallel = grid.world / pipeline_parallel;
-  grid.stage = grid.rank / grid.data_parallel;
+  grid.tensor_parallel = tensor_parallel;
+  grid.data_parallel = grid.world / (pipeline_parallel * tensor_parallel);
+  grid.tensor_rank = grid.rank % tensor_parallel;
+  grid.replica = grid.rank / tensor_parallel % grid.data_parallel;
+  grid.stage = grid.rank / (tensor_parallel * grid.data_parallel);
 #ifdef HT_HAVE_MPI
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) return;  // not under mpirun: a world of one keeps its local groups
-  MPI_Comm replicas, pipeline;
-  MPI_Comm_split(MPI_COMM_WORLD, grid.stage, grid.rank, &replicas);
-  MPI_Comm_split(MPI_COMM_WORLD, grid.rank % grid.data_parallel, grid.stage, &pipeline);
+  MPI_Comm replicas, pipeline, tensor;
+  MPI_Comm_split(MPI_COMM_WORLD, grid.stage * tensor_parallel + grid.tensor_rank, grid.replica, &replicas);
+  MPI_Comm_split(MPI_COMM_WORLD, grid.replica * tensor_parallel + grid.tensor_rank, grid.stage, &pipeline);
+  MPI_Comm_split(MPI_COMM_WORLD, grid.rank / tensor_parallel, grid.tensor_rank, &tensor);
   grid.data_parallel_group = std::make_shared<MpiCommunicator>(replicas, grid.rank);
   grid.pipeline_group = std::make_shared<MpiCommunicator>(pipeline, grid.rank);
+  grid.tensor_parallel_group = std::make_shared<MpiCommunicator>(tensor, grid.rank);
 #endif
+}
+
+std::string tensor_groups_across_hosts(const ProcessGrid& grid) {
+  if (grid.tensor_parallel <= 1) return {};
+#ifdef HT_HAVE_MPI
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return {};
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  // Every rank's host name, as fixed-width rows.
+  std::vector<char> hosts(static_cast<size_t>(grid.world) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, hosts.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+  auto host = [&](int r) { return std::string(&hosts[static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME]); };
+  for (int first = 0; first < grid.world; first += grid.tensor_parallel) {
+    bool one_host = true;
+    for (int r = first + 1; r < first + grid.tensor_parallel; ++r) one_host &= host(r) == host(first);
+    if (one_host) continue;
+    std::string text = "the tensor-parallel group of ranks " + std::to_string(first) + ".." +
+                       std::to_string(first + grid.tensor_parallel - 1) + " spans hosts (";
+    for (int r = first; r < first + grid.tensor_parallel; ++r) {
+      text += (r > first ? ", " : "") + std::string("rank ") + std::to_string(r) + " on " + host(r);
+    }
+    return text + ")";
+  }
+#endif
+  return {};
 }
 
 void abort_process_grid(int code) {

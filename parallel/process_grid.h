@@ -1,8 +1,11 @@
 #pragma once
-// The ranks of a job and how they divide the work: world = data-parallel replicas x pipeline
-// stages. Ranks [s * dp, (s + 1) * dp) hold stage s and form its data-parallel group; the ranks
-// with the same rank % dp form one replica's pipeline (its rank in that group is its stage). Rank
-// 0 is stage 0 of replica 0. Under mpirun the grid comes from MPI (rank, world, local rank by a
+// The ranks of a job and how they divide the work: world = tensor-parallel ranks x data-parallel
+// replicas x pipeline stages, ordered as Megatron and torchtitan order them: tensor parallelism
+// innermost (neighbouring ranks, one host: NVLink on a GPU node), then data parallelism, pipeline
+// stages outermost. Rank = (stage x dp + replica) x tp + tensor rank. The tp ranks with the same
+// stage and replica form a tensor-parallel group; the ranks with the same stage and tensor rank a
+// data-parallel group (its rank is the replica); those with the same replica and tensor rank one
+// pipeline (its rank is the stage). Rank 0 is stage 0 of replica 0, tensor rank 0. Under mpirun the grid comes from MPI (rank, world, local rank by a
 // shared-memory split) and its groups are MPI sub-communicators;
 // without mpirun it is a world of one and MPI is never initialized, so a single process, or a
 // build without MPI, runs unchanged.
@@ -18,10 +21,13 @@ struct ProcessGrid {
   int rank = 0, world = 1;
   int local_rank = 0;  // rank among the processes on this host: which GPU to use
   int local_size = 1;  // processes of this job on this host: they share its cores
-  int data_parallel = 1, pipeline_parallel = 1;
-  int stage = 0;  // this rank's pipeline stage
+  int data_parallel = 1, pipeline_parallel = 1, tensor_parallel = 1;
+  int stage = 0;        // this rank's pipeline stage
+  int replica = 0;      // its data-parallel replica
+  int tensor_rank = 0;  // its rank in its tensor-parallel group
   std::shared_ptr<Communicator> data_parallel_group = std::make_shared<LocalCommunicator>();
   std::shared_ptr<Communicator> pipeline_group = std::make_shared<LocalCommunicator>();
+  std::shared_ptr<Communicator> tensor_parallel_group = std::make_shared<LocalCommunicator>();
   bool is_root() const { return rank == 0; }
 };
 
@@ -32,9 +38,13 @@ bool launched_by_mpi();
 // every rank one data-parallel replica. Throws std::runtime_error when launched by mpirun in a
 // build without MPI.
 ProcessGrid make_process_grid();
-// Divides the world into `pipeline_parallel` stages (a divisor of grid.world, checked by the
-// caller) of world / pipeline_parallel replicas each. Collective: every rank calls it alike.
-void divide_process_grid(ProcessGrid& grid, int pipeline_parallel);
+// Divides the world into `pipeline_parallel` stages of world / (pipeline_parallel x
+// tensor_parallel) replicas of `tensor_parallel` ranks each (divisors checked by the caller).
+// Collective: every rank calls it alike.
+void divide_process_grid(ProcessGrid& grid, int pipeline_parallel, int tensor_parallel = 1);
+// With tensor parallelism: every tensor-parallel group's ranks run on one host (their collectives
+// run inside every layer), or a message naming the group's ranks and their hosts. Collective.
+std::string tensor_groups_across_hosts(const ProcessGrid& grid);
 
 // Ends MPI if make_process_grid started it (call once, at exit).
 void finalize_process_grid();

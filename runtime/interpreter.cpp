@@ -75,10 +75,13 @@ void Interpreter::backward(Tape& tape, const std::vector<Tensor>& roots, const s
 
 uint64_t Interpreter::next_seed() {
   // splitmix64 over (seed, counter): independent, reproducible seeds.
-  uint64_t z = options_.seed + 0x9E3779B97F4A7C15ull * (++seed_counter_);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  const uint64_t z = mix(options_.seed + 0x9E3779B97F4A7C15ull * (++seed_counter_));
+  return seed_stream_ == 0 ? z : mix(z + 0x9E3779B97F4A7C15ull * seed_stream_);
 }
 
 std::vector<Tensor> Interpreter::apply(std::shared_ptr<const Op> op,

@@ -10,6 +10,7 @@
 #include "runtime/parameter_source.h"
 #include "runtime/tape.h"
 #include "runtime/tensor.h"
+#include "runtime/tensor_parallel.h"
 
 #include <map>
 #include <memory>
@@ -67,6 +68,11 @@ class Interpreter final : public Rematerializer {
   // reproducible from InterpreterOptions::seed and identical in both execution modes.
   uint64_t next_seed();
   uint64_t seed_counter() const { return seed_counter_; }
+  // Seeds drawn while a stream other than 0 is set are that stream's: the same counter, other
+  // numbers. Ranks that split a layer draw their own parts' seeds in their own streams
+  // (SeedStream); stream 0 is a single rank's.
+  void set_seed_stream(uint64_t stream) { seed_stream_ = stream; }
+  uint64_t seed_stream() const { return seed_stream_; }
   void set_seed_counter(uint64_t counter) { seed_counter_ = counter; }
 
   // Automatic mixed precision: before each op runs, its floating inputs are cast as the op
@@ -94,6 +100,10 @@ class Interpreter final : public Rematerializer {
   // The model block forward is in (the model's block listener; -1: none): tape entries record it,
   // and backward tells the parameter source as it reaches each block's entries.
   void set_block(int block) { block_ = block; }
+  // The tensor-parallel group a split model's collective ops exchange with (runtime/tensor_parallel.h);
+  // null: none (such an op then refuses to run).
+  void set_tensor_parallel(TensorParallelGroup* group) { tensor_parallel_ = group; }
+  TensorParallelGroup* tensor_parallel() const { return tensor_parallel_; }
   ParameterSource* parameter_source() const override { return parameter_source_; }
   // The memory manager given to the constructor, or MemoryHooks' defaults.
   MemoryHooks& memory_hooks() { return *memory_; }
@@ -142,10 +152,12 @@ class Interpreter final : public Rematerializer {
   const GradientSlots* gradient_buffer_ = nullptr;
   GradientListener* gradient_listener_ = nullptr;
   ParameterSource* parameter_source_ = nullptr;
+  TensorParallelGroup* tensor_parallel_ = nullptr;
   int block_ = -1;
   bool grad_enabled_ = true;
   bool relu_masks_ = false;
   uint64_t seed_counter_ = 0;
+  uint64_t seed_stream_ = 0;
   uint64_t next_id_ = 0;
   uint64_t tick_ = 0;
   int64_t live_records_ = 0;
@@ -156,6 +168,21 @@ class Interpreter final : public Rematerializer {
     Tensor copy;
   };
   std::map<std::pair<const void*, at::ScalarType>, CachedCast> cast_cache_;
+};
+
+// Draws seeds from `stream` for a scope (Interpreter::set_seed_stream).
+class SeedStream {
+ public:
+  SeedStream(Interpreter& interp, uint64_t stream) : interp_(interp), prev_(interp.seed_stream()) {
+    interp_.set_seed_stream(stream);
+  }
+  ~SeedStream() { interp_.set_seed_stream(prev_); }
+  SeedStream(const SeedStream&) = delete;
+  SeedStream& operator=(const SeedStream&) = delete;
+
+ private:
+  Interpreter& interp_;
+  uint64_t prev_;
 };
 
 // Turns gradient recording off for a scope (evaluation).

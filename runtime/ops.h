@@ -121,6 +121,29 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target);
 // logits (N, K), target (N) int64 -> scalar: nll_loss(log_softmax(logits, 1), target)
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 
+// --- Tensor parallelism (runtime/tensor_parallel.h) ----------------------------------------------
+// Collectives of the interpreter's tensor-parallel group as ops, in every rank's same order; in
+// interpreted mode only. Those whose forward exchanges are declared collectives (OpTraits): DTR
+// may recompute them, on every rank of the group alike; static plans keep their outputs.
+// Megatron's f: x forward (a view), the group's sum of its gradient backward.
+Tensor tp_copy(const Tensor& x);
+// Megatron's g: the group's sum of x forward, the gradient as it is backward.
+Tensor tp_reduce(const Tensor& x);
+// Sequence parallelism: the group's sum of x, this rank's piece along `dim` (of size / group
+// size); backward all-gathers the gradient.
+Tensor tp_reduce_scatter(const Tensor& x, int64_t dim);
+// Sequence parallelism into a column-parallel linear: every rank's piece of x gathered along
+// `dim`, then linear(). Saves the piece, not the gathered input: backward gathers it again and
+// reduce-scatters the input's gradient.
+Tensor tp_gather_linear(const Tensor& x, int64_t dim, const Tensor& weight, const Tensor& bias = Tensor());
+// Rows [first_row, first_row + weight.size(0)) of a vocabulary's embedding (V_r, D), indices
+// (...) -> (..., D): zeros for a token another rank holds. tp_reduce of it is the lookup.
+Tensor vocab_parallel_embedding(const Tensor& weight, const Tensor& indices, int64_t first_row);
+// logits (N, K) are columns [first, first + K) of the vocabulary's, of which the first `valid`
+// are real (the rest padding, ignored), target (N) int64 -> the mean cross entropy over the
+// whole vocabulary, a scalar equal on every rank. The whole logits never exist on one rank.
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, int64_t first, int64_t valid);
+
 // --- Precision --------------------------------------------------------------------------------
 // x converted to a floating dtype (x itself if it has it); the gradient converts back.
 // Interpreter::set_autocast inserts these by each op's declared Precision (runtime/op.h).

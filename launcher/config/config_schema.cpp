@@ -255,6 +255,19 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "pipeline stages: the model's blocks cut into this many stages on as many ranks (mpirun -np "
                     "data_parallel x pipeline_parallel); each stage's ranks are its data-parallel group")
                   .min(1));
+  f.push_back(Field(&C::parallel, &ParallelConfig::tensor_parallel, "parallel", "tensor_parallel",
+                    "ranks each layer of a gpt or llama model is split across (Megatron's tensor parallelism): "
+                    "attention by heads, the MLP by its width, the embedding and output layer by the vocabulary "
+                    "(padded to a multiple), the loss vocabulary-parallel; an all-reduce per sub-layer forward "
+                    "and backward. Neighbouring ranks form a group (mpirun -np data_parallel x tensor_parallel x "
+                    "pipeline_parallel), which must share a host")
+                  .min(1).max(64));
+  f.push_back(Field(&C::parallel, &ParallelConfig::sequence_parallel, "parallel", "sequence_parallel",
+                    "with tensor parallelism: norms, dropouts and the residual stream hold each rank's piece of "
+                    "the sequence (model.block_size / tensor_parallel positions), the all-reduces become "
+                    "all-gathers and reduce-scatters of the same volume, and no activation is stored whole on "
+                    "every rank of the group (Korthikanti et al. 2022)")
+                  .only_when("parallel.tensor_parallel > 1", [](const Config& c) { return c.parallel.tensor_parallel > 1; }));
   auto piped = [](const Config& c) { return c.parallel.pipeline_parallel > 1; };
   const char* piped_words = "parallel.pipeline_parallel > 1";
   f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_schedule, "parallel", "pipeline_schedule",

@@ -93,8 +93,56 @@ class Rules {
       throw UserError(loc("model.depth") + "model.depth = " + std::to_string(m.depth) + ": use 18, 34 or 50");
     }
     if (is_decoder(m.name)) {
-      const std::string problem = decoder_options(m, std::max<int64_t>(m.vocab_size, 1)).problem();
+      DecoderOptions o = decoder_options(m, std::max<int64_t>(m.vocab_size, 1));
+      o.tensor_parallel = c_.parallel.tensor_parallel;
+      o.sequence_parallel = c_.parallel.sequence_parallel;
+      const std::string problem = o.problem();
       if (!problem.empty()) throw UserError(loc("model.n_head") + problem);
+    }
+  }
+
+  // What tensor parallelism splits, and what it does not compose with yet.
+  void tensor_parallel() const {
+    const ParallelConfig& p = c_.parallel;
+    if (p.tensor_parallel == 1) return;
+    const std::string head = loc("parallel.tensor_parallel") + "parallel.tensor_parallel = " + std::to_string(p.tensor_parallel);
+    if (!is_decoder(c_.model.name)) {
+      throw UserError(head + " with model.name = \"" + choice_name(c_.model.name) +
+                      "\": only the transformers (gpt, llama) have layers built to split across ranks (heads, MLP "
+                      "width, vocabulary); a convolution network's channels and a supernet's changing paths are not; "
+                      "use parallel.data_parallel or parallel.pipeline_parallel for this model");
+    }
+    if (p.shard != ShardLevel::kNone) {
+      throw UserError(head + " with parallel.shard = \"" + choice_name(p.shard) +
+                      "\": sharding within the data-parallel groups of a tensor-parallel job is not built yet "
+                      "(docs/parallelism.md); use parallel.shard = \"none\"");
+    }
+    if (p.strategy == Strategy::kAuto) {
+      throw UserError(head + " with parallel.strategy = \"auto\": the planner does not search tensor parallelism "
+                      "yet; use parallel.strategy = \"manual\"");
+    }
+    const MemoryConfig& m = c_.memory;
+    if (plans_statically(m.policy) || swaps(m.policy)) {
+      throw UserError(head + " with memory.policy = \"" + choice_name(m.policy) + "\": " +
+                      (swaps(m.policy) ? "host swap decides by when copies finish, which differs between ranks"
+                                       : "a static plan is solved per rank, and plans may differ between ranks") +
+                      ", while a recomputed collective must run on every rank of the group at the same point; "
+                      "use memory.policy = \"dtr\" (or \"none\")");
+    }
+    if (m.kernel_costs == KernelCosts::kMeasured && evicts(m.policy) && m.budget_bytes != 0) {
+      throw UserError(head + " with memory.kernel_costs = \"measured\": measured times differ between ranks, so "
+                      "their evictions, and the collectives that recomputations repeat, would too; use "
+                      "memory.kernel_costs = \"modeled\"");
+    }
+    if (!c_.model.init_from.empty()) {
+      throw UserError(head + " with model.init_from: importing a Hugging Face checkpoint into a split model is "
+                      "not built yet; import with tensor_parallel = 1, save a checkpoint (checkpoint.interval), "
+                      "and resume from it at tensor_parallel = " + std::to_string(p.tensor_parallel));
+    }
+    if (p.pipeline_parallel > 1 && (c_.checkpoint.interval > 0 || !c_.checkpoint.resume.empty())) {
+      throw UserError(head + " with parallel.pipeline_parallel = " + std::to_string(p.pipeline_parallel) +
+                      " and checkpoint.interval or checkpoint.resume: checkpoints of tensor-parallel pipeline "
+                      "stages are not built yet; use checkpoint.interval = 0 and no resume, or one of the two axes");
     }
   }
 
@@ -302,6 +350,7 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.memory_budget();
   rules.cluster_memory();
   rules.sharding();
+  rules.tensor_parallel();  // after memory_budget(): it reads the budget's bytes
   return rules.ineffective_options();
 }
 
@@ -340,11 +389,17 @@ void check_pipeline(const Config& c) {
 }  // namespace
 
 void check_pipeline_ranks(const Config& c, int64_t world) {
-  const int64_t pp = c.parallel.pipeline_parallel;
-  if (world % pp == 0) return;
-  throw UserError(c.source + ": parallel.pipeline_parallel = " + std::to_string(pp) + " stages, but the job has " +
-                  std::to_string(world) + " rank(s); start it with mpirun -np " + std::to_string(pp) +
-                  " (or a multiple: data_parallel x pipeline_parallel ranks), or set parallel.pipeline_parallel = 1");
+  const int64_t pp = c.parallel.pipeline_parallel, tp = c.parallel.tensor_parallel;
+  if (world % (pp * tp) == 0) return;
+  if (tp == 1) {
+    throw UserError(c.source + ": parallel.pipeline_parallel = " + std::to_string(pp) + " stages, but the job has " +
+                    std::to_string(world) + " rank(s); start it with mpirun -np " + std::to_string(pp) +
+                    " (or a multiple: data_parallel x pipeline_parallel ranks), or set parallel.pipeline_parallel = 1");
+  }
+  throw UserError(c.source + ": parallel.tensor_parallel = " + std::to_string(tp) + " x parallel.pipeline_parallel = " +
+                  std::to_string(pp) + " ranks per replica, but the job has " + std::to_string(world) +
+                  " rank(s); start it with mpirun -np " + std::to_string(pp * tp) +
+                  " (or a multiple: data_parallel x tensor_parallel x pipeline_parallel ranks)");
 }
 
 void apply_data_parallel(Config& c, int64_t replicas) {

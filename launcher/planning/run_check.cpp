@@ -137,6 +137,15 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     if (grid.is_root()) out.text = "predicted: nothing on " + config.training.device + " (the planner profiles CPU ranks only)";
     return out;
   }
+  if (config.parallel.tensor_parallel > 1) {
+    out.prediction.peak_bytes = -1;
+    out.prediction.step_ms = -1;
+    if (grid.is_root()) {
+      out.text = "predicted: nothing (the planner does not model tensor parallelism yet: docs/parallelism.md); "
+                 "never refused";
+    }
+    return out;
+  }
   if (config.parallel.pipeline_parallel > 1) {
     // Predicted for the log and the metrics, never refused: the pipeline terms model 1F1B-like
     // stages without eviction and without the transfers (planner/pipeline_terms.h).

@@ -60,11 +60,13 @@ namespace {
 
 // One training-mode forward and backward of `micro` in a fresh interpreter: what each block draws,
 // outputs and holds, and (into `times`) what its kernels cost.
-BlockProfile probe_once(Model& model, const Batch& micro, const Config& config, BlockTimes& times) {
+BlockProfile probe_once(Model& model, const Batch& micro, const Config& config, BlockTimes& times,
+                        TensorParallelGroup* tensor) {
   BlockProfile profile;
   profile.micro_batch = micro.input.size(0);
   MemoryManager memory;
   Interpreter interp({}, &memory);
+  interp.set_tensor_parallel(tensor);  // a split model's probe runs on every rank of its group alike
   interp.set_autocast(autocast_type(config.training.mixed_precision));
   interp.set_relu_masks(config.memory.compress != Compression::kOff);
   memory.set_kernel_observer(&times);
@@ -106,7 +108,7 @@ constexpr int kGatherTag = (1 << 14) + 2;
 
 }  // namespace
 
-BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& config) {
+BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& config, TensorParallelGroup* tensor) {
   HostAllocationScope host;  // the probe holds a whole micro-batch's activations: not the budget's
   const bool modeled = config.parallel.stage_costs == StageCosts::kModeled;
   std::vector<at::Tensor> buffers;
@@ -117,7 +119,7 @@ BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& conf
   BlockProfile profile;
   for (int i = 0; i < probes; ++i) {
     times.emplace_back(model.blocks().size(), modeled);
-    profile = probe_once(model, micro, config, times.back());
+    profile = probe_once(model, micro, config, times.back(), tensor);
   }
   if (!modeled) times.erase(times.begin());
   for (size_t b = 0; b < profile.costs.size(); ++b) {
@@ -141,7 +143,7 @@ BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& conf
   return profile;
 }
 
-void share_block_costs(BlockProfile& profile, Communicator& replicas, Communicator& pipeline) {
+void share_block_costs(BlockProfile& profile, Communicator& replicas, Communicator& pipeline, Communicator* tensor) {
   at::Tensor costs = at::empty({static_cast<int64_t>(profile.costs.size()), 2}, at::kDouble);
   for (size_t b = 0; b < profile.costs.size(); ++b) {
     costs[static_cast<int64_t>(b)][0] = profile.costs[b].forward_ms;
@@ -150,6 +152,8 @@ void share_block_costs(BlockProfile& profile, Communicator& replicas, Communicat
   // Rank 0's to stage 0 of every replica, then from stage 0 along each replica's pipeline.
   replicas.broadcast(costs, 0, "the blocks' measured times");
   pipeline.broadcast(costs, 0, "the blocks' measured times");
+  // Each tensor-parallel group's first rank has rank 0's by now: its group takes them from it.
+  if (tensor != nullptr) tensor->broadcast(costs, 0, "the blocks' measured times");
   for (size_t b = 0; b < profile.costs.size(); ++b) {
     profile.costs[b].forward_ms = costs[static_cast<int64_t>(b)][0].item<double>();
     profile.costs[b].backward_ms = costs[static_cast<int64_t>(b)][1].item<double>();

@@ -7,6 +7,7 @@
 #include "launcher/data/dataset.h"
 #include "parallel/communicator.h"
 #include "parallel/pipeline_stage.h"
+#include "runtime/tensor_parallel.h"
 
 #include <torch/optim/optimizer.h>
 
@@ -19,10 +20,13 @@ namespace ht {
 // statistics). parallel.stage_costs = "measured": each block's kernels timed, the median of three
 // probes after a warm-up; "modeled": the modelled kernel costs (runtime/kernel_cost.h, backward
 // twice the forward), the same on every rank and every run without any message.
-BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& config);
+BlockProfile profile_blocks(Model& model, const Batch& micro, const Config& config,
+                            TensorParallelGroup* tensor = nullptr);
 // Measured times differ between ranks: every rank takes rank 0's (collective over the replica
-// groups, then the pipelines), so that all cut the model alike.
-void share_block_costs(BlockProfile& profile, Communicator& replicas, Communicator& pipeline);
+// groups, then the pipelines, then each tensor-parallel group from its first rank), so that all
+// cut the model alike.
+void share_block_costs(BlockProfile& profile, Communicator& replicas, Communicator& pipeline,
+                       Communicator* tensor = nullptr);
 
 // Partitions the blocks into config.parallel.pipeline_parallel x virtual_stages stages
 // (parallel/pipeline_layout.h: lay_out_pipeline). UserError naming the key and what would work

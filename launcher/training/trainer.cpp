@@ -37,23 +37,25 @@ std::vector<int> bucket_units(const Config& config, const Model& model) {
 
 // launcher/training/trainer_pipeline.cpp
 std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const DataSplits& data, Model& model,
-                                                   Communicator* replicas, std::shared_ptr<Communicator> pipeline);
+                                                   Communicator* replicas, std::shared_ptr<Communicator> pipeline,
+                                                   std::shared_ptr<Communicator> tensor);
 
 Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
                  std::shared_ptr<CpuArena> arena, std::shared_ptr<Communicator> replicas,
-                 std::shared_ptr<Communicator> pipeline)
+                 std::shared_ptr<Communicator> pipeline, std::shared_ptr<Communicator> tensor)
     : config_(config), data_(std::move(data)), model_(std::move(model)), params_(model_->parameters()),
       optimizer_(make_optimizer(config.training, params_)),
       sampler_(data_.train->size(), config.training.global_batch_size, static_cast<uint64_t>(config.job.seed),
                config.data.shuffle, replicas ? replicas->rank() : 0, replicas ? replicas->size() : 1),
-      pipeline_(make_pipeline_stage(config, data_, *model_, replicas.get(), std::move(pipeline))),
+      pipeline_(make_pipeline_stage(config, data_, *model_, replicas.get(), std::move(pipeline), tensor)),
       arena_(std::move(arena)), scaler_(make_loss_scaler(config.training)),
-      // A stage reduces the parameters it trains. Its point-to-point messages come from the main
-      // thread while backward runs, so its all-reduce waits for the step's end (MPI is
-      // initialized for one thread at a time).
+      tensor_(tensor ? std::make_unique<TensorGroup>(std::move(tensor)) : nullptr),
+      // A stage reduces the parameters it trains. Its point-to-point messages (a tensor-parallel
+      // rank's collectives) come from the main thread while backward runs, so its all-reduce
+      // waits for the step's end (MPI is initialized for one thread at a time).
       replicas_(replicas ? replicas : std::make_shared<LocalCommunicator>(),
                 pipeline_ ? pipeline_->parameters() : params_, config.parallel.bucket_mb << 20,
-                config.parallel.overlap && !pipeline_, bucket_units(config, *model_)),
+                config.parallel.overlap && !pipeline_ && !tensor_, bucket_units(config, *model_)),
       interp_(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}, &memory_),
       checkpoints_(config.checkpoint_dir(), config.checkpoint.keep), device_(config.training.device),
       total_steps_(config.training.steps > 0 ? config.training.steps
@@ -63,8 +65,12 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
               " ranks for parallel.data_parallel = ", config.replicas());
   replicas_.group().set_timeout(config.parallel.timeout_s);
   if (pipeline_) pipeline_->group().set_timeout(config.parallel.timeout_s);
+  if (tensor_) {
+    tensor_->communicator().set_timeout(config.parallel.timeout_s);
+    interp_.set_tensor_parallel(tensor_.get());
+  }
   progress_.set_silent(!writes_outputs());
-  if (replicas_.size() > 1 || pipeline_) progress_.use_log_lines();
+  if (replicas_.size() > 1 || pipeline_ || tensor_) progress_.use_log_lines();
   replicas_.broadcast_state(model_->buffers());
   model_->train();
   interp_.set_autocast(autocast_type(config.training.mixed_precision));
@@ -117,6 +123,9 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   if (config.parallel.overlap && replicas_.size() > 1 && pipeline_) {
     progress_.line("warning: parallel.overlap: a pipeline stage all-reduces its gradients after the step's last "
                    "backward (its point-to-point messages use MPI while backward runs)");
+  } else if (config.parallel.overlap && replicas_.size() > 1 && tensor_) {
+    progress_.line("warning: parallel.overlap: a tensor-parallel rank all-reduces its gradients after the step's "
+                   "last backward (its group's collectives use MPI while backward runs)");
   } else if (config.parallel.overlap && replicas_.size() > 1 && !replicas_.overlaps()) {
     progress_.line("warning: parallel.overlap: this MPI library gives no MPI_THREAD_SERIALIZED; gradients are "
                    "all-reduced after backward");
@@ -235,6 +244,7 @@ Trainer::StepResult Trainer::train_step() {
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
   replicas_.group().set_context("step " + std::to_string(state_.step + 1));
+  if (tensor_) tensor_->communicator().set_context("step " + std::to_string(state_.step + 1));
   const Batch batch = data_.train->batch(sampler_.next());
   const int64_t micro_batches = config_.micro_batches(), micro_size = config_.micro_batch_size();
   const auto compute_start = std::chrono::steady_clock::now();
@@ -273,6 +283,7 @@ Trainer::StepResult Trainer::train_step() {
   } else if (grad_shards_) {
     stages = shard_step_hooks();  // each rank holds its share of the gradients
   }
+  if (tensor_) stages = tensor_step_hooks();  // each rank holds its parts of the split parameters
   const StateOffloadStats state_before = state_offload_ ? state_offload_->stats() : StateOffloadStats{};
   if (state_offload_) state_offload_->to_device(*optimizer_, state_params(), device_);
   if (grad_shards_) {
@@ -374,6 +385,7 @@ TrainResult Trainer::run(RunOutput* output) {
       // No rank ends before the checkpoint is written: mpirun ends the whole job when one does.
       replicas_.group().barrier("the checkpoint before stopping");
       if (pipeline_) pipeline_->group().barrier("the checkpoint before stopping");
+      if (tensor_) tensor_->communicator().barrier("the checkpoint before stopping");
       result_.stopped_by = signal;
       break;
     }
@@ -387,7 +399,7 @@ TrainResult Trainer::run(RunOutput* output) {
 
 int Trainer::agreed_stop_signal() {
   const int mine = StopSignals::received();
-  if (replicas_.size() == 1 && !pipeline_) return mine;
+  if (replicas_.size() == 1 && !pipeline_ && !tensor_) return mine;
   // [ranks that received one, the sum of their signals], summed over the replicas of this stage,
   // then over the stages: every rank of the job sees the same sums.
   at::Tensor votes;
@@ -397,6 +409,7 @@ int Trainer::agreed_stop_signal() {
   }
   replicas_.group().allreduce_sum(votes, "the stop request");
   if (pipeline_) pipeline_->group().allreduce_sum(votes, "the stop request");
+  if (tensor_) tensor_->communicator().allreduce_sum(votes, "the stop request");
   const float ranks = votes[0].item<float>();
   if (ranks == 0) return 0;
   return mine != 0 ? mine : static_cast<int>(std::lround(votes[1].item<float>() / ranks));

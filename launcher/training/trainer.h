@@ -18,11 +18,14 @@
 #include "launcher/training/state_offload.h"
 #include "parallel/data_parallel.h"
 #include "parallel/parameter_shards.h"
+#include "parallel/tensor_group.h"
 #include "alloc/memory_timeline.h"
 #include "memory/memory_manager.h"
 #include "runtime/interpreter.h"
 
 #include <torch/optim/optimizer.h>
+
+#include <functional>
 
 #include <map>
 #include <memory>
@@ -59,10 +62,12 @@ class Trainer {
   // unlimited memory. `replicas`: the data-parallel group this rank trains in (its size is
   // config.parallel.data_parallel); by default a group of one. Parameters and buffers are made
   // rank 0's here, and again after resume_from(). `pipeline`: the replica's pipeline group when
-  // config.parallel.pipeline_parallel > 1 (its rank is this rank's stage).
+  // config.parallel.pipeline_parallel > 1 (its rank is this rank's stage). `tensor`: the
+  // tensor-parallel group when config.parallel.tensor_parallel > 1, whose ranks hold the other
+  // parts of `model` (models/decoder_split.h).
   Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> model,
           std::shared_ptr<CpuArena> arena = nullptr, std::shared_ptr<Communicator> replicas = nullptr,
-          std::shared_ptr<Communicator> pipeline = nullptr);
+          std::shared_ptr<Communicator> pipeline = nullptr, std::shared_ptr<Communicator> tensor = nullptr);
 
   // Continues from a verified checkpoint folder.
   void resume_from(const std::string& folder);
@@ -101,6 +106,8 @@ class Trainer {
   Interpreter& interpreter() { return interp_; }
   // This rank's pipeline stage; null without pipeline parallelism.
   const PipelineStage* pipeline() const { return pipeline_.get(); }
+  // This rank's tensor-parallel group; null without tensor parallelism.
+  TensorGroup* tensor_group() { return tensor_.get(); }
 
  private:
   struct StepResult {
@@ -141,6 +148,13 @@ class Trainer {
   // The optimizer step's checks when each rank holds its share of the gradients: the global norm
   // (the ranks' sums of squares, summed) and every rank's finite check.
   StepAcrossStages shard_step_hooks();
+  // The optimizer step's checks across a tensor-parallel group (and the pipeline's stages): the
+  // norm over every rank's parts of the split parameters and one copy of the replicated ones.
+  StepAcrossStages tensor_step_hooks();
+  // Runs fn with the split parameters and their optimizer state whole on every rank of the
+  // tensor-parallel group (gathered), then keeps this rank's parts again: what a checkpoint in
+  // the one model-wide layout is written from and read into.
+  void with_whole_tensors(const std::function<void()>& fn);
   // What optimizer_ keeps state for: the parameters, or this rank's pieces of them (sharded).
   // Whether a sharded checkpoint's writer of whole tensors (each stage's first replica) writes
   // model parameter `index`: not another stage's, nor a tied weight's copy.
@@ -197,6 +211,7 @@ class Trainer {
   std::shared_ptr<CollectiveWorker> collectives_;
   std::unique_ptr<ParameterShards> param_shards_;  // parallel.shard = "parameters"
   std::unique_ptr<LossScaler> scaler_;         // fp16
+  std::unique_ptr<TensorGroup> tensor_;  // parallel.tensor_parallel > 1
   DataParallel replicas_;
   MemoryManager memory_;  // before interp_: it outlives the interpreter's records
   Interpreter interp_;

@@ -15,6 +15,7 @@ EvalResult Trainer::evaluate() {
   Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config_.job.seed) + 1}, &memory);
   interp.set_autocast(autocast_type(config_.training.mixed_precision));
   interp.set_parameter_source(param_shards_.get());
+  interp.set_tensor_parallel(tensor_.get());
   memory.configure(memory_options());  // the same device memory and policy
   NoGradGuard no_grad(interp);
   model_->eval();

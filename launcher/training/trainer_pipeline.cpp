@@ -2,20 +2,25 @@
 #include "launcher/training/per_rank.h"
 #include "launcher/training/trainer.h"
 
+#include <optional>
+
 namespace ht {
 
 std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const DataSplits& data, Model& model,
-                                                   Communicator* replicas, std::shared_ptr<Communicator> pipeline) {
+                                                   Communicator* replicas, std::shared_ptr<Communicator> pipeline,
+                                                   std::shared_ptr<Communicator> tensor) {
   if (config.parallel.pipeline_parallel <= 1) return nullptr;
   TORCH_CHECK(pipeline && pipeline->size() == config.parallel.pipeline_parallel, "Trainer: a pipeline group of ",
               pipeline ? pipeline->size() : 0, " ranks for parallel.pipeline_parallel = ",
               config.parallel.pipeline_parallel);
   // Every rank probes the same blocks with the same data; measured times are rank 0's everywhere.
   const Batch probe = data.train->slice(0, config.micro_batch_size());
-  BlockProfile profile = profile_blocks(model, probe, config);
+  std::optional<TensorGroup> split;  // the probe of a split model exchanges with its group
+  if (tensor) split.emplace(tensor);
+  BlockProfile profile = profile_blocks(model, probe, config, split ? &*split : nullptr);
   if (config.parallel.stage_costs == StageCosts::kMeasured) {
     LocalCommunicator alone;
-    share_block_costs(profile, replicas ? *replicas : alone, *pipeline);
+    share_block_costs(profile, replicas ? *replicas : alone, *pipeline, tensor.get());
   }
   PipelineLayout layout = make_pipeline_layout(config, model, std::move(profile));
   auto stage = std::make_unique<PipelineStage>(model, std::move(layout), std::move(pipeline),
@@ -25,7 +30,7 @@ std::unique_ptr<PipelineStage> make_pipeline_stage(const Config& config, const D
 }
 
 bool Trainer::writes_outputs() const {
-  return replicas_.rank() == 0 && (!pipeline_ || pipeline_->rank() == 0);
+  return replicas_.rank() == 0 && (!pipeline_ || pipeline_->rank() == 0) && (!tensor_ || tensor_->rank() == 0);
 }
 
 double Trainer::pipeline_step(const Batch& batch, StepResult& r) {

@@ -120,7 +120,10 @@ StepAcrossStages Trainer::shard_step_hooks() {
 }
 
 void Trainer::resume_from(const std::string& folder) {
-  if (shard_ && SliceIndex::present(folder)) {
+  if (tensor_) {
+    // The checkpoint holds whole tensors, whatever the layout that wrote it: each rank keeps its parts.
+    with_whole_tensors([&] { state_ = CheckpointStore::load(folder, *model_, *optimizer_); });
+  } else if (shard_ && SliceIndex::present(folder)) {
     resume_sharded_from_slices(folder);  // a stage's ranks read only what the stage trains
   } else if (pipeline_ && shard_) {
     // A whole checkpoint: the stage's whole state from it, then this rank's share of that.
@@ -164,6 +167,19 @@ void Trainer::save_checkpoint() {
     return;
   }
   if (replicas_.rank() != 0) return;  // the replicas hold the same state: rank 0 writes it
+  if (tensor_ && pipeline_) {
+    progress_.line("warning: no checkpoint: a checkpoint of tensor-parallel pipeline stages is not built yet");
+    return;
+  }
+  if (tensor_) {
+    // The group gathers the split tensors; its first rank writes the whole model.
+    std::string folder;
+    with_whole_tensors([&] {
+      if (tensor_->rank() == 0) folder = checkpoints_.save(*model_, *optimizer_, state_);
+    });
+    if (!folder.empty()) progress_.line("checkpoint " + folder);
+    return;
+  }
   if (pipeline_) {
     // Every stage's first replica takes part; rank 0 writes the whole model.
     std::string folder;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
 
 namespace ht::test {
 
@@ -21,6 +22,18 @@ inline double last_train_number(const std::string& metrics, const std::string& k
     return -1;
   }
   return std::stod(m[1]);
+}
+
+// Every train record's number for `key` in a run's metrics.jsonl, in order.
+inline std::vector<double> train_numbers(const std::string& metrics, const std::string& key) {
+  std::ifstream in(metrics);
+  std::string line;
+  std::vector<double> out;
+  const std::regex number("\"" + key + "\": ([-0-9.e+]+)");
+  std::smatch m;
+  while (std::getline(in, line))
+    if (line.find("\"train\"") != std::string::npos && std::regex_search(line, m, number)) out.push_back(std::stod(m[1]));
+  return out;
 }
 
 }  // namespace ht::test

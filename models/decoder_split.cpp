@@ -1,0 +1,82 @@
+#include "models/decoder_split.h"
+
+#include <ATen/ATen.h>
+
+namespace ht {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+ParameterSplit decoder_parameter_split(const DecoderOptions& o, const std::string& name) {
+  ParameterSplit s;
+  const int64_t t = o.tensor_parallel, r = o.tensor_rank;
+  if (t == 1) return s;
+  auto rows = [&](std::vector<std::pair<int64_t, int64_t>> ranges) {
+    s.dim = 0;
+    s.ranges = std::move(ranges);
+  };
+  auto mine = [&](int64_t whole, int64_t offset = 0) { return std::make_pair(offset + r * (whole / t), whole / t); };
+  const int64_t hd = o.head_dim(), q = o.n_head * hd, kv = o.kv_heads() * hd, f = o.mlp_hidden();
+  if (name == "embed.wte.weight" || name == "head.lm_head.weight") {
+    const int64_t part = o.padded_vocab() / t, valid = o.vocab_rows_valid();
+    rows({{o.vocab_first(), valid}});
+    s.padding = part - valid;
+  } else if (ends_with(name, "attn.wqkv.weight") || ends_with(name, "attn.wqkv.bias")) {
+    rows({mine(q), mine(kv, q), mine(kv, q + kv)});
+  } else if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias")) {
+    rows({mine(f)});
+  } else if (ends_with(name, "mlp.w13.weight")) {
+    rows({mine(f), mine(f, f)});
+  } else if (ends_with(name, "attn.wo.weight")) {
+    s.dim = 1;
+    s.ranges = {mine(q)};
+  } else if (ends_with(name, "mlp.proj.weight") || ends_with(name, "mlp.w2.weight")) {
+    s.dim = 1;
+    s.ranges = {mine(f)};
+  }
+  return s;
+}
+
+at::Tensor part_of(const at::Tensor& whole, const ParameterSplit& split) {
+  if (!split.split()) return whole.clone();
+  std::vector<at::Tensor> pieces;
+  for (const auto& [start, length] : split.ranges) pieces.push_back(whole.narrow(split.dim, start, length));
+  if (split.padding > 0) {
+    std::vector<int64_t> pad = whole.sizes().vec();
+    pad[split.dim] = split.padding;
+    pieces.push_back(at::zeros(pad, whole.options()));
+  }
+  return at::cat(pieces, split.dim).contiguous();
+}
+
+at::Tensor whole_of(const DecoderOptions& o, const std::string& name, const std::vector<at::Tensor>& parts) {
+  TORCH_CHECK(static_cast<int64_t>(parts.size()) == o.tensor_parallel, "whole_of: ", parts.size(), " parts of ", name,
+              " for tensor_parallel = ", o.tensor_parallel);
+  std::vector<ParameterSplit> splits;
+  int64_t length = 0;
+  for (int64_t r = 0; r < o.tensor_parallel; ++r) {
+    DecoderOptions rank = o;
+    rank.tensor_rank = r;
+    splits.push_back(decoder_parameter_split(rank, name));
+    for (const auto& range : splits.back().ranges) length += range.second;
+  }
+  if (!splits.front().split()) return parts.front().clone();
+  const int64_t dim = splits.front().dim;
+  std::vector<int64_t> sizes = parts.front().sizes().vec();
+  sizes[dim] = length;
+  at::Tensor whole = at::empty(sizes, parts.front().options());
+  for (size_t r = 0; r < parts.size(); ++r) {
+    int64_t offset = 0;
+    for (const auto& [start, n] : splits[r].ranges) {
+      whole.narrow(dim, start, n).copy_(parts[r].narrow(dim, offset, n));
+      offset += n;
+    }
+  }
+  return whole;
+}
+
+}  // namespace ht

@@ -1,0 +1,33 @@
+#pragma once
+// The collectives of tensor parallelism as the runtime sees them. A layer split across the ranks
+// of a tensor-parallel group (parallel.tensor_parallel) runs ops whose kernels exchange with the
+// group: Megatron's f and g, sequence parallelism's all-gather and reduce-scatter, and the
+// vocabulary-parallel cross entropy (runtime/ops.h, "Tensor parallelism"). The runtime declares
+// this interface and parallel/ implements it over a Communicator, as with ParameterSource:
+// runtime/ sits below parallel/ and may not know its types.
+//
+// Every rank of the group runs the same ops in the same order, so every rank calls the same
+// collectives at the same points, forward and backward. None runs again in a recomputation:
+// an op whose forward exchanges is declared not recomputable (OpTraits::recomputable), so the
+// memory manager keeps its outputs and a recomputation stops at them (docs/design.md).
+
+#include <ATen/core/Tensor.h>
+
+namespace ht {
+
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place; `t` contiguous. `what` names the use in error messages and in the byte counts.
+  virtual void allreduce_sum(at::Tensor& t, const char* what) = 0;
+  // Every rank's `shard` (contiguous, n elements) into `full` (contiguous, size() x n elements),
+  // rank r's at offset r x n.
+  virtual void all_gather(const at::Tensor& shard, at::Tensor& full, const char* what) = 0;
+  // The sum over the group of every rank's `full` (size() x n elements); this rank's part,
+  // elements [rank x n, (rank + 1) x n), into `shard`.
+  virtual void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const char* what) = 0;
+};
+
+}  // namespace ht

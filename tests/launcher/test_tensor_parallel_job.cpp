@@ -1,0 +1,174 @@
+// `parallel.tensor_parallel` and `parallel.sequence_parallel` under mpirun. The oracle is the
+// one-rank run of the same global batch with dropout off: a split model trains to its parameters
+// within fp32 reduction order (Llama with grouped-query attention and an untied head at t = 2 and
+// 4, with and without sequence parallelism; GPT-2 with biases, learned positions and a tied head),
+// and so do the grids that add data-parallel replicas and pipeline stages (8 ranks). A DTR budget
+// on each rank changes no bit of the same layout; a checkpoint holds whole tensors, so a run
+// resumes at another tensor-parallel count; dropout draws the same bits in the same layout twice.
+#include "tests/support/mpi_job.h"
+#include "tests/support/run_records.h"
+#include "tests/support/temp_dir.h"
+
+#include <filesystem>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+// 8 heads over 4 key/value heads: t = 2 and 4 split both.
+const char* kSplitLlama = R"([model]
+name = "llama"
+n_layer = 2
+n_head = 8
+n_kv_heads = 4
+n_embd = 32
+block_size = 16
+multiple_of = 16
+[data]
+dataset = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[training]
+steps = 4
+global_batch_size = 8
+micro_batch_size = 4
+optimizer = "adamw"
+lr = 0.003
+grad_clip = 1.0
+eval_batches = 2
+threads = 1
+[checkpoint]
+interval = 2
+[metrics]
+log_interval = 1
+)";
+
+// Parameters after 4 AdamW steps of lr 0.003 whose gradients differ in fp32 reduction order:
+// AdamW divides each by its own running scale, so a gradient near zero moves its parameter by up
+// to a step's size. Measured: at most 6e-6 (t = 4 with sequence parallelism).
+constexpr double kAdamTolerance = 2e-5;
+
+std::vector<double> losses(const std::string& run) { return train_numbers(run + "/metrics.jsonl", "loss"); }
+
+void expect_close_losses(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "step " << i + 1;
+}
+
+class TensorParallelJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+    config_ = dir_.write("job.toml", kSplitLlama);
+  }
+  // Runs `ranks` ranks (1: no mpirun) with `options`; returns the output folder.
+  std::string train(int ranks, const std::string& name, const std::string& options) {
+    const std::string out = dir_.path(name), log = dir_.path(name + ".log");
+    const std::string prefix = ranks > 1 ? mpirun(ranks) : "";
+    EXPECT_EQ(run_logged(prefix + HT_BINARY + " " + config_ + " " + options + " --job.output_dir=" + out, log), 0)
+        << read_file(log);
+    return out;
+  }
+  TempDir dir_;
+  std::string config_;
+};
+
+TEST_F(TensorParallelJob, SplitLlamaTrainsTheOneRankRunsModel) {
+  const std::string one = train(1, "one", "");
+  for (const auto& [ranks, options] : {std::pair<int, std::string>{2, "--parallel.tensor_parallel=2"},
+                                       {2, "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true"},
+                                       {4, "--parallel.tensor_parallel=4 --parallel.sequence_parallel=true"}}) {
+    SCOPED_TRACE(options);
+    const std::string split = train(ranks, "split" + std::to_string(ranks) + std::to_string(options.size()), options);
+    expect_close_losses(losses(split), losses(one));
+    // The checkpoint holds the whole tensors, in the one-rank run's names and shapes.
+    expect_same_model(one + "/checkpoints/step_00000004", split + "/checkpoints/step_00000004", kAdamTolerance);
+  }
+}
+
+TEST_F(TensorParallelJob, SplitGptWithATiedHeadTrainsTheOneRankRunsModel) {
+  const std::string gpt = "--model.name=gpt --model.n_head=4 --model.n_kv_heads=0 --model.dropout=0 ";
+  const std::string one = train(1, "one", gpt);
+  const std::string split = train(2, "split", gpt + "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true");
+  expect_close_losses(losses(split), losses(one));
+  expect_same_model(one + "/checkpoints/step_00000004", split + "/checkpoints/step_00000004", kAdamTolerance);
+}
+
+// dp x tp x pp: tensor-parallel groups innermost, then replicas, then stages.
+TEST_F(TensorParallelJob, TheThreeAxesTogetherTrainTheOneRankRunsModel) {
+  const std::string one = train(1, "one", "");
+  const std::string replicas = train(4, "dp2tp2", "--parallel.tensor_parallel=2");
+  expect_close_losses(losses(replicas), losses(one));
+  expect_same_model(one + "/checkpoints/step_00000004", replicas + "/checkpoints/step_00000004", kAdamTolerance);
+  const std::string log = dir_.path("grid.log");
+  ASSERT_EQ(run_logged(mpirun(8) + HT_BINARY + " " + config_ + " --parallel.tensor_parallel=2 --parallel.pipeline_parallel=2 "
+                           "--parallel.sequence_parallel=true --checkpoint.interval=0 --job.output_dir=" + dir_.path("grid"),
+                       log),
+            0)
+      << read_file(log);
+  EXPECT_THAT(read_file(log), HasSubstr("ranks: 8 (data-parallel 2 x tensor-parallel 2 with sequence parallelism x pipeline 2)"));
+  expect_close_losses(losses(dir_.path("grid")), losses(one));
+}
+
+// A budget's evictions and recomputations (collectives among them, re-run on both ranks at once)
+// change no bit; the recomputed exchanges are counted apart from the forward's.
+TEST_F(TensorParallelJob, ADtrBudgetOnEachRankChangesNoBit) {
+  const std::string bigger = "--model.n_layer=8 --model.block_size=64 --training.global_batch_size=32 "
+                             "--training.micro_batch_size=16 --training.steps=3 --checkpoint.interval=3 "
+                             "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true ";
+  const std::string plain = train(2, "plain", bigger);
+  const std::string budget = train(2, "budget", bigger + "--memory.policy=dtr --memory.budget=6MB");
+  EXPECT_GT(last_train_number(budget + "/metrics.jsonl", "recomputations"), 0);
+  expect_same_model(plain + "/checkpoints/step_00000003", budget + "/checkpoints/step_00000003");
+}
+
+// Saved at t = 2 after step 2, resumed at t = 4 with sequence parallelism and at t = 1: both end
+// where the uninterrupted run does.
+TEST_F(TensorParallelJob, ACheckpointResumesAtAnotherTensorParallelCount) {
+  const std::string whole = train(2, "whole", "--parallel.tensor_parallel=2");
+  for (const auto& [ranks, options] : {std::pair<int, std::string>{4, "--parallel.tensor_parallel=4 --parallel.sequence_parallel=true"},
+                                       {1, ""}}) {
+    SCOPED_TRACE(options);
+    const std::string name = "resumed" + std::to_string(ranks);
+    std::filesystem::create_directories(dir_.path(name + "/checkpoints"));
+    std::filesystem::copy(whole + "/checkpoints/step_00000002", dir_.path(name + "/checkpoints/step_00000002"),
+                          std::filesystem::copy_options::recursive);
+    const std::string resumed = train(ranks, name, options + " --checkpoint.resume=latest");
+    expect_same_model(whole + "/checkpoints/step_00000004", resumed + "/checkpoints/step_00000004", kAdamTolerance);
+  }
+}
+
+TEST_F(TensorParallelJob, DropoutDrawsTheSameBitsInTheSameLayoutTwice) {
+  const std::string gpt = "--model.name=gpt --model.n_head=4 --model.n_kv_heads=0 --model.dropout=0.1 "
+                          "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true";
+  const std::string a = train(2, "a", gpt), b = train(2, "b", gpt);
+  expect_same_model(a + "/checkpoints/step_00000004", b + "/checkpoints/step_00000004");
+  EXPECT_EQ(losses(a), losses(b));
+}
+
+// What cannot be split is refused before any rank trains, exit 2, naming the keys.
+TEST_F(TensorParallelJob, WhatCannotBeSplitIsRefusedNamingTheKeys) {
+  struct Case {
+    int ranks;
+    std::string options, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {2, "--parallel.tensor_parallel=2 --model.name=mlp --data.dataset=synthetic",
+            "parallel.tensor_parallel = 2 with model.name = \"mlp\""},
+           {2, "--parallel.tensor_parallel=2 --model.n_kv_heads=1", "model.n_kv_heads = 1 is not a multiple of parallel.tensor_parallel = 2"},
+           {3, "--parallel.tensor_parallel=3", "model.n_head = 8 is not a multiple of parallel.tensor_parallel = 3"},
+           {3, "--parallel.tensor_parallel=2", "start it with mpirun -np 2"},
+           {2, "--parallel.tensor_parallel=2 --parallel.shard=optimizer", "parallel.shard = \"optimizer\""},
+           {2, "--parallel.tensor_parallel=2 --memory.policy=swap --memory.budget=8MB", "memory.policy = \"swap\""}}) {
+    SCOPED_TRACE(c.options);
+    const std::string log = dir_.path("refused.log");
+    EXPECT_EQ(WEXITSTATUS(std::system((mpirun(c.ranks) + HT_BINARY + " " + config_ + " " + c.options +
+                                       " --job.output_dir=" + dir_.path("refused") + " > " + log + " 2>&1").c_str())),
+              2);
+    EXPECT_THAT(read_file(log), HasSubstr(c.message));
+    EXPECT_FALSE(std::filesystem::exists(dir_.path("refused/metrics.jsonl")));
+  }
+}
+
+}  // namespace
+}  // namespace ht::test
