@@ -47,4 +47,20 @@ void LocalCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, co
   if (shard.data_ptr() != full.data_ptr()) full.copy_(shard.view_as(full));
 }
 
+void MirrorCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard,
+                                            const std::vector<int64_t>& counts, const char* what) {
+  const int64_t offset = check_shard_arguments(*this, full, shard, counts, "the reduce-scatter", what);
+  shard.copy_(full.narrow(0, offset, shard.numel()).view_as(shard));
+}
+
+void MirrorCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
+                                    const char* what) {
+  check_shard_arguments(*this, full, shard, counts, "the all-gather", what);
+  int64_t offset = 0;
+  for (int64_t n : counts) {
+    full.narrow(0, offset, n).copy_(shard.view(-1).narrow(0, 0, n));
+    offset += n;
+  }
+}
+
 }  // namespace ht

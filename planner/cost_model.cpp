@@ -333,6 +333,10 @@ int64_t batch_bytes(const ModelProfile& profile, int64_t samples) {
 }
 
 Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
+  if (plan.tensor != profile.tensor_parallel || (plan.tensor > 1 && plan.sequence_parallel != profile.sequence_parallel)) {
+    throw std::invalid_argument("predict: a plan of tensor_parallel " + std::to_string(plan.tensor) +
+                                " from the profile of a rank of " + std::to_string(profile.tensor_parallel));
+  }
   Prediction p;
   memory_terms(profile, plan, p);
   if (plan.shard == ShardLevel::kParameters && plan.ranks > 1 && !profile.points.empty()) {
@@ -381,7 +385,8 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   // Buckets reduce while the last micro-batch's backward runs, on their own engine (a GPU's
   // copy engines and NCCL's stream). CPU ranks reduce with the cores that compute: nothing hides.
   // A pipeline stage reduces after its step's last backward (launcher/training/trainer.cpp).
-  const double hideable = machine.shared_host || plan.stages > 1 ? 0.0 : fb * backward_share(ref);
+  // So does a tensor-parallel rank, whose group's collectives use MPI while backward runs.
+  const double hideable = machine.shared_host || plan.stages > 1 || plan.tensor > 1 ? 0.0 : fb * backward_share(ref);
   p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - hideable);
   shard_time_terms(profile, machine, plan, p);
   if (plan.shard >= ShardLevel::kGradients && reduce_scatters_overlap(plan) && !machine.shared_host) {
@@ -390,8 +395,15 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     const double backward = fb * backward_share(ref) * static_cast<double>(plan.accumulation);
     p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - std::max(0.0, backward - p.gather_hidden_ms));
   }
-  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms;
-  const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);
+  if (plan.tensor > 1) {  // every micro-batch's collectives, waited for where they are
+    const TensorTraffic traffic =
+        tensor_parallel_traffic(profile.tensor_shape, plan.micro_batch, plan.tensor, plan.sequence_parallel);
+    const int64_t activation_bytes = plan.precision == MixedPrecision::kOff ? 4 : 2;
+    p.tensor_ms = tensor_parallel_ms(machine, plan.tensor, traffic, activation_bytes) * static_cast<double>(plan.accumulation);
+  }
+  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
+              p.tensor_ms;
+  const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);  // replicas
   p.samples_per_s = global / (p.step_ms / 1e3);
   p.device_hours_per_epoch = plan.devices() * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);
 

@@ -32,7 +32,9 @@ struct Plan {
   ShardLevel shard = ShardLevel::kNone;  // parallel.shard (planner/shard_terms.h)
   int prefetch = 1;  // parallel.prefetch: blocks gathered ahead at "parameters" (none under a budget with eviction)
   bool overlap = true;  // parallel.overlap: all-reduces, or sharded gradients' reduce-scatters, during backward
-  int devices() const { return ranks * stages; }
+  int tensor = 1;       // ranks each layer is split across (parallel.tensor_parallel; planner/tensor_terms.h)
+  bool sequence_parallel = false;  // parallel.sequence_parallel, with tensor > 1
+  int devices() const { return ranks * stages * tensor; }
 };
 
 // What the model predicts for a plan, each term on its own.
@@ -58,6 +60,7 @@ struct Prediction {
   double allreduce_exposed_ms = 0;    // the part not hidden under backward
   double gather_ms = 0;               // sharding: the all-gathers the step waits for (after the step; ZeRO-3: of each block)
   double gather_hidden_ms = 0;        // ZeRO-3 with prefetch: the all-gathers' time hidden under compute
+  double tensor_ms = 0;               // tensor parallelism: the group's collectives, on the critical path
   double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
   double stage_state_share = 1;       // pipelines: the fullest stage's share of the model's state
@@ -102,6 +105,8 @@ double oversubscription(const Machine& machine, int ranks_on_node);
 // Ring all-reduce of `bytes` over `ranks` (alpha-beta): 2 (r-1) steps of bytes/r each.
 double allreduce_ms(const Machine& machine, int ranks, int64_t bytes);
 
+// `profile` is of one rank of the plan's tensor-parallel group (profile.tensor_parallel ==
+// plan.tensor; std::invalid_argument otherwise).
 Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan);
 
 }  // namespace ht

@@ -4,6 +4,7 @@
 // Plain data: the launcher measures it (launcher/planning/profiler.h), the planner reasons on it.
 
 #include "planner/step_trace.h"
+#include "planner/tensor_terms.h"
 #include "runtime/mixed_precision.h"
 #include "schedule/step_graph.h"
 
@@ -77,6 +78,11 @@ struct ModelProfile {
   int threads = 1;                // the threads a single rank computes with here
   std::vector<ProfilePoint> points;
   double seconds = 0;             // the profiling took
+  // A split model's profile is one rank's part of it (parallel.tensor_parallel): its memory and
+  // kernels; the group's collectives are modelled from the shape (planner/tensor_terms.h).
+  int tensor_parallel = 1;
+  bool sequence_parallel = false;
+  TensorShape tensor_shape;       // a decoder's; undefined for other models
 };
 
 // Bytes a tensor of `bytes` takes in the arena (CpuArena rounds every block to 64 bytes).

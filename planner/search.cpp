@@ -40,6 +40,9 @@ const RankedPlan* best_where(const std::vector<RankedPlan>& ranked, Pick&& pick)
 std::string describe_plan(const Plan& p) {
   std::string s = std::to_string(p.devices()) + (p.devices() == 1 ? " rank" : " ranks");
   if (p.stages > 1) s += " (" + std::to_string(p.stages) + " " + choice_name(p.schedule) + " stages x " + std::to_string(p.ranks) + ")";
+  if (p.tensor > 1) {
+    s += ", layers split " + std::to_string(p.tensor) + " ways" + (p.sequence_parallel ? " with sequence parallelism" : "");
+  }
   s += ", micro-batch " + std::to_string(p.micro_batch);
   if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
   s += p.precision == MixedPrecision::kOff ? std::string(", fp32") : std::string(", ") + choice_name(p.precision);
@@ -58,8 +61,9 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
   std::vector<Plan> plans;
   for (int devices : options.ranks) {
    for (int stages : options.stages) {
-    if (devices < 1 || stages < 1 || devices % stages != 0) continue;
-    const int ranks = devices / stages;
+    for (int tensor : options.tensor) {
+    if (devices < 1 || stages < 1 || tensor < 1 || devices % (stages * tensor) != 0) continue;
+    const int ranks = devices / (stages * tensor);
     if (global_batch % ranks != 0) continue;
     const int64_t local = global_batch / ranks;
     for (int64_t accumulation = 1; accumulation <= std::min<int64_t>(local, options.max_accumulation);
@@ -82,9 +86,14 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             // swap's timing does not give (both refused by the config).
             if (shard >= ShardLevel::kGradients && plans_statically(policy)) continue;
             if (shard == ShardLevel::kParameters && swaps(policy)) continue;
+            // A tensor-parallel group: no sharding, and DTR alone of the memory policies (the
+            // config refuses the rest: their choices may differ between the group's ranks).
+            if (tensor > 1 && (shard != ShardLevel::kNone || plans_statically(policy) || swaps(policy))) continue;
             Plan p;
             p.ranks = ranks;
             p.stages = stages;
+            p.tensor = tensor;
+            p.sequence_parallel = tensor > 1 && options.sequence_parallel;
             p.micro_batch = local / accumulation;
             p.accumulation = accumulation;
             p.precision = precision;
@@ -103,6 +112,7 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
           }
         }
       }
+    }
     }
    }
   }

@@ -22,6 +22,10 @@ struct SearchOptions {
   std::vector<int> stages{1};                         // pipeline stages to consider, each dividing a rank count
   // Sharding levels for plans of several replicas and one stage (one replica: none only).
   std::vector<ShardLevel> shards{ShardLevel::kNone};
+  // Tensor-parallel group sizes (1: none), each with or without sequence parallelism as
+  // `sequence_parallel` says; a plan's group size divides its rank count with its stages.
+  std::vector<int> tensor{1};
+  bool sequence_parallel = true;
 };
 
 struct RankedPlan {

@@ -1,6 +1,8 @@
 #include "launcher/planning/job_plan.h"
 
 #include "launcher/planning/profiler.h"
+#include "launcher/model_factory.h"
+#include "launcher/user_error.h"
 #include "alloc/byte_size.h"
 #include "runtime/thread_pools.h"
 
@@ -141,7 +143,29 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   request.largest_micro_batch = std::max<int64_t>(1, config.training.global_batch_size / fewest);
   request.threads = out.machine.shared_host ? out.machine.host_threads : at::get_num_threads();
   request.one_thread_point = out.machine.shared_host && most > 1;
-  out.profile = profile_job(config, train, info, request);
+  // One profile per tensor-parallel size: a rank's part of the model, with sequence parallelism
+  // as the config has it when it splits, else on (Megatron's advice: the same traffic, activations
+  // stored once across the group).
+  const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
+  std::vector<int> tensor = args.tensor.empty() ? std::vector<int>{static_cast<int>(config.parallel.tensor_parallel)} : args.tensor;
+  search.tensor.clear();
+  for (int t : tensor) {
+    if (t < 1 || (t > 1 && !is_decoder(config.model.name))) continue;
+    Config c = config;
+    c.parallel.tensor_parallel = t;
+    c.parallel.sequence_parallel = t > 1 && sequence_parallel;
+    if (is_decoder(config.model.name)) {
+      DecoderOptions o = decoder_options(config.model, info.classes);
+      o.tensor_parallel = t;
+      o.sequence_parallel = c.parallel.sequence_parallel;
+      if (!o.problem().empty()) continue;  // heads or widths t does not divide
+    }
+    out.tensor_profiles.emplace(t, profile_job(c, train, info, request));
+    search.tensor.push_back(t);
+  }
+  if (search.tensor.empty()) throw UserError(config.source + ": no tensor-parallel size to plan splits the model");
+  search.sequence_parallel = sequence_parallel;
+  out.profile = out.tensor_profiles.at(search.tensor.front());
 
   // Stages: at most the model's blocks (a stage holds one or more).
   const int blocks = static_cast<int>(out.profile.block_parameter_bytes.size());
@@ -150,7 +174,8 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
     if (s == 1 || s <= blocks) search.stages.push_back(s);
   const std::vector<Plan> plans =
       candidate_plans(config.training.global_batch_size, out.machine.device_memory, search);
-  out.ranked = rank_plans(plans, [&](const Plan& p) { return predict(out.profile, out.machine, p); }, args.objective);
+  out.ranked = rank_plans(plans, [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); },
+                          args.objective);
   drop_idle_eviction(out.ranked);
   out.why = why_it_wins(out.ranked, args.objective);
   return out;
@@ -160,6 +185,8 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   Config c = base;
   c.parallel.data_parallel = plan.ranks;
   c.parallel.pipeline_parallel = plan.stages;
+  c.parallel.tensor_parallel = plan.tensor;
+  c.parallel.sequence_parallel = plan.tensor > 1 && plan.sequence_parallel;
   if (plan.stages > 1) c.parallel.pipeline_schedule = plan.schedule;
   c.parallel.shard = plan.shard;
   if (plan.shard == ShardLevel::kParameters) c.parallel.prefetch = plan.prefetch;

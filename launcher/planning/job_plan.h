@@ -9,6 +9,7 @@
 #include "launcher/data/dataset.h"
 #include "planner/search.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,14 @@ struct PlanArgs {
   // Sharding levels (parallel.shard) for plans of several replicas; the built ones by default.
   std::vector<ShardLevel> shards{ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients,
                                  ShardLevel::kParameters};
+  // Tensor-parallel group sizes (each profiled apart: a profile is one rank's part of the model);
+  // empty: the config's parallel.tensor_parallel. Sizes the model cannot split are skipped.
+  std::vector<int> tensor;
 };
 
 struct JobPlan {
-  ModelProfile profile;
+  ModelProfile profile;  // of the first tensor-parallel size planned (a rank's part of the model)
+  std::map<int, ModelProfile> tensor_profiles;  // by tensor-parallel size, the first's included
   Machine machine;
   std::vector<RankedPlan> ranked;  // best first; ranked[0].prediction.fits when anything fits
   std::string why;                 // why ranked[0] wins

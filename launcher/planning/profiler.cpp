@@ -89,7 +89,10 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
   set_compute_threads(threads);
   const Config c = point_config(p.config, micro, precision);
   const int64_t before = p.arena->stats().in_use;
-  Trainer trainer(c, point_data(p.train, p.info, 2 * micro), p.model, p.arena);
+  // A split model's rank, its group mirrored: its part's memory and kernels, no other rank.
+  std::shared_ptr<Communicator> mirror;
+  if (c.parallel.tensor_parallel > 1) mirror = std::make_shared<MirrorCommunicator>(static_cast<int>(c.parallel.tensor_parallel));
+  Trainer trainer(c, point_data(p.train, p.info, 2 * micro), p.model, p.arena, nullptr, nullptr, mirror);
   capture_steps(trainer);
   p.profile.gradient_bytes = p.arena->stats().in_use - before;  // the gradient block
   trainer.measure_step();  // warm-up: optimizer state, the sampler's order, kernels' first use
@@ -212,6 +215,21 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
   profile.train_samples = train.size();
   profile.steps_per_epoch = std::max<int64_t>(1, train.size() / profile.global_batch);
   profile.threads = request.threads;
+  profile.tensor_parallel = static_cast<int>(config.parallel.tensor_parallel);
+  profile.sequence_parallel = profile.tensor_parallel > 1 && config.parallel.sequence_parallel;
+  if (is_decoder(config.model.name)) {
+    DecoderOptions o = decoder_options(config.model, info.classes);
+    o.tensor_parallel = config.parallel.tensor_parallel;
+    TensorShape& shape = profile.tensor_shape;
+    shape.llama = o.is_llama();
+    shape.layers = o.n_layer;
+    shape.hidden = o.n_embd;
+    shape.sequence = o.block_size;
+    shape.heads = o.n_head;
+    shape.kv_heads = o.kv_heads();
+    shape.mlp_hidden = o.mlp_hidden();
+    shape.padded_vocab = o.padded_vocab();
+  }
   {
     const Batch one = train.slice(0, 1);
     profile.input_sample_bytes = static_cast<int64_t>(one.input.nbytes());

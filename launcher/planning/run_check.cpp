@@ -27,6 +27,8 @@ Plan plan_of(const Config& c) {
   p.shard = c.parallel.shard;
   p.prefetch = static_cast<int>(c.parallel.prefetch);
   p.overlap = c.parallel.overlap;
+  p.tensor = static_cast<int>(c.parallel.tensor_parallel);
+  p.sequence_parallel = p.tensor > 1 && c.parallel.sequence_parallel;
   return p;
 }
 
@@ -137,12 +139,38 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     if (grid.is_root()) out.text = "predicted: nothing on " + config.training.device + " (the planner profiles CPU ranks only)";
     return out;
   }
-  if (config.parallel.tensor_parallel > 1) {
+  if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel > 1) {
     out.prediction.peak_bytes = -1;
     out.prediction.step_ms = -1;
+    if (grid.is_root()) out.text = "predicted: nothing (the planner does not model tensor-parallel pipeline stages yet)";
+    return out;
+  }
+  if (config.parallel.tensor_parallel > 1) {
+    // Rank 0's part of the model profiled with its group mirrored; the group's collectives
+    // modelled (planner/tensor_terms.h). Predicted for the log and the metrics, never refused.
     if (grid.is_root()) {
-      out.text = "predicted: nothing (the planner does not model tensor parallelism yet: docs/parallelism.md); "
-                 "never refused";
+      PlanArgs args;
+      args.ranks = {static_cast<int>(config.replicas() * config.parallel.tensor_parallel)};
+      args.stages = {1};
+      args.tensor = {static_cast<int>(config.parallel.tensor_parallel)};
+      args.device_memory = config.memory.budget_bytes;
+      args.precisions = {config.training.mixed_precision};
+      args.policies = {MemoryPolicy::kNone};
+      args.shards = {ShardLevel::kNone};
+      const JobPlan plan = plan_job(config, *data.train, data.info, args);
+      out.plan = plan_of(config);
+      out.prediction = predict(plan.profile, plan.machine, out.plan);
+      char text[320];
+      std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the tensor-parallel "
+                    "group's collectives (%s; %s)", format_bytes(out.prediction.peak_bytes).c_str(),
+                    out.prediction.step_ms, out.prediction.tensor_ms, plan_words(out.plan).c_str(),
+                    !evicts(config.memory.policy) ? "never refused" : "without the memory policy; never refused");
+      out.text = text;
+    }
+    // The others sleep while rank 0 profiles (each group's first rank waits with rank 0's replicas).
+    if (grid.world > 1) {
+      grid.data_parallel_group->idle_barrier("the plan of rank 0");
+      grid.tensor_parallel_group->idle_barrier("the plan of rank 0");
     }
     return out;
   }

@@ -146,6 +146,23 @@ TEST_F(TensorParallelJob, DropoutDrawsTheSameBitsInTheSameLayoutTwice) {
   EXPECT_EQ(losses(a), losses(b));
 }
 
+// `hybrid_train plan --tensor 2` profiles a rank's part of the split model, predicts the group's
+// collectives, and writes a plan that trains as is under mpirun.
+TEST_F(TensorParallelJob, ThePlannerPlansASplitModelThatTrains) {
+  const std::string out = dir_.path("planned"), log = dir_.path("plan.log");
+  ASSERT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --ranks 2 --stages 1 --tensor 2 --precisions off "
+                           "--job.output_dir=" + out, log),
+            0)
+      << read_file(log);
+  EXPECT_THAT(read_file(log), HasSubstr("split 2 ways with sequence parallelism"));
+  const std::string plan = read_file(out + "/plan.toml");
+  EXPECT_THAT(plan, HasSubstr("tensor_parallel = 2"));
+  EXPECT_THAT(plan, HasSubstr("sequence_parallel = true"));
+  const std::string trained = dir_.path("trained");
+  ASSERT_EQ(run_logged(mpirun(2) + HT_BINARY + " " + out + "/plan.toml --job.output_dir=" + trained, log), 0) << read_file(log);
+  EXPECT_THAT(read_file(log), HasSubstr("of which"));  // the run's own prediction names the group's collectives
+}
+
 // What cannot be split is refused before any rank trains, exit 2, naming the keys.
 TEST_F(TensorParallelJob, WhatCannotBeSplitIsRefusedNamingTheKeys) {
   struct Case {

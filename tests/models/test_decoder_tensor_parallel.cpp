@@ -1,12 +1,12 @@
 // The decoder split over a tensor-parallel group (models/decoder_split.h) against the one-rank
-// decoder it is a part of: ranks are threads of one process (tests/support/thread_group.h). Equal
+// decoder it is a part of: ranks are threads of one process (parallel/thread_group.h). Equal
 // losses, and each rank's gradient of each parameter equal to its part of the one-rank gradient,
 // within fp32 reduction order: GPT-2 (biases, learned positions, tied head) and Llama
 // (grouped-query attention, SwiGLU, tied and untied), at t = 2 and 4, with and without sequence
 // parallelism, with a vocabulary that t does not divide (padded).
 #include "models/decoder.h"
 #include "models/decoder_split.h"
-#include "tests/support/thread_group.h"
+#include "parallel/thread_group.h"
 
 #include <gtest/gtest.h>
 

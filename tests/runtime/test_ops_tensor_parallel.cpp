@@ -1,11 +1,11 @@
 // Tensor parallelism's ops against the unsplit computation: ranks are threads of one process
-// (tests/support/thread_group.h). A column-parallel then row-parallel pair (Megatron's f and g),
+// (parallel/thread_group.h). A column-parallel then row-parallel pair (Megatron's f and g),
 // the same with sequence parallelism (all-gathering linear, reduce-scatter), and the
 // vocabulary-parallel embedding and cross entropy with a padded vocabulary: equal losses and each
 // rank's gradients equal to its slice of the one-rank gradients, within fp32 reduction order.
 #include "runtime/interpreter.h"
 #include "runtime/ops.h"
-#include "tests/support/thread_group.h"
+#include "parallel/thread_group.h"
 
 #include <gtest/gtest.h>
 

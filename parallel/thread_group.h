@@ -1,7 +1,9 @@
 #pragma once
 // A tensor-parallel group of threads in one process (runtime/tensor_parallel.h): each thread is a
-// rank with its own interpreter, so split layers and models test against the unsplit ones
-// without mpirun. Every rank sums in rank order, so all ranks see the same bits.
+// rank with its own interpreter (and memory manager), so split layers and models are tested and
+// measured against the unsplit ones without mpirun (tests/, bench/tensor_parallel). Every rank
+// sums in rank order, so all ranks see the same bits. Not for training: a rank that throws
+// between two collectives leaves the others waiting.
 
 #include "runtime/tensor_parallel.h"
 
@@ -15,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-namespace ht::test {
+namespace ht {
 
 class ThreadGroupState {
  public:
@@ -55,7 +57,7 @@ class ThreadGroup final : public TensorParallelGroup {
     for (int r = 1; r < size(); ++r) sum.add_(state_->slots()[r]);
     state_->barrier();
     t.copy_(sum);
-    elements_ += t.numel();
+    allreduce_elements_ += t.numel();
   }
   void all_gather(const at::Tensor& shard, at::Tensor& full, const char*) override {
     state_->slots()[rank_] = shard;
@@ -63,7 +65,7 @@ class ThreadGroup final : public TensorParallelGroup {
     const int64_t n = shard.numel();
     for (int r = 0; r < size(); ++r) full.narrow(0, r * n, n).copy_(state_->slots()[r].view(-1));
     state_->barrier();
-    elements_ += full.numel();
+    allgather_elements_ += full.numel();
   }
   void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const char*) override {
     state_->slots()[rank_] = full;
@@ -73,15 +75,17 @@ class ThreadGroup final : public TensorParallelGroup {
     for (int r = 1; r < size(); ++r) sum.add_(state_->slots()[r].narrow(0, rank_ * n, n));
     state_->barrier();
     shard.view(-1).copy_(sum);
-    elements_ += full.numel();
+    reducescatter_elements_ += full.numel();
   }
   // Elements handed to collectives so far (an all-reduce's tensor, a gather's or scatter's whole).
-  int64_t elements() const { return elements_; }
+  int64_t allreduce_elements() const { return allreduce_elements_; }
+  int64_t allgather_elements() const { return allgather_elements_; }
+  int64_t reducescatter_elements() const { return reducescatter_elements_; }
 
  private:
   std::shared_ptr<ThreadGroupState> state_;
   int rank_;
-  int64_t elements_ = 0;
+  int64_t allreduce_elements_ = 0, allgather_elements_ = 0, reducescatter_elements_ = 0;
 };
 
 // Runs body(rank, group) on `size` threads at once; rethrows the first rank's exception.
@@ -104,4 +108,4 @@ inline void run_ranks(int size, const std::function<void(int, ThreadGroup&)>& bo
     if (e) std::rethrow_exception(e);
 }
 
-}  // namespace ht::test
+}  // namespace ht
