@@ -7,6 +7,7 @@ namespace ht {
 void TensorGroup::count(const at::Tensor& t, const char* what) {
   stats_.elements[what] += t.numel();
   stats_.bytes += static_cast<int64_t>(t.nbytes());
+  if (std::string(what) == "recomputation") stats_.recomputed_bytes += static_cast<int64_t>(t.nbytes());
   ++stats_.calls;
 }
 

@@ -17,6 +17,7 @@ struct TensorGroupStats {
   // reduce-scatter's whole (its size() pieces), keyed by the use (`what`).
   std::map<std::string, int64_t> elements;
   int64_t bytes = 0;  // all of them, in bytes
+  int64_t recomputed_bytes = 0;  // of them, what recomputations repeated ("recomputation")
   int64_t calls = 0;
 };
 

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -50,7 +51,8 @@ class ThreadGroup final : public TensorParallelGroup {
   ThreadGroup(std::shared_ptr<ThreadGroupState> state, int rank) : state_(std::move(state)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return state_->size(); }
-  void allreduce_sum(at::Tensor& t, const char*) override {
+  void allreduce_sum(at::Tensor& t, const char* what) override {
+    by_use_[what] += t.numel();
     state_->slots()[rank_] = t;
     state_->barrier();
     at::Tensor sum = state_->slots()[0].clone();
@@ -59,7 +61,8 @@ class ThreadGroup final : public TensorParallelGroup {
     t.copy_(sum);
     allreduce_elements_ += t.numel();
   }
-  void all_gather(const at::Tensor& shard, at::Tensor& full, const char*) override {
+  void all_gather(const at::Tensor& shard, at::Tensor& full, const char* what) override {
+    by_use_[what] += full.numel();
     state_->slots()[rank_] = shard;
     state_->barrier();
     const int64_t n = shard.numel();
@@ -67,7 +70,8 @@ class ThreadGroup final : public TensorParallelGroup {
     state_->barrier();
     allgather_elements_ += full.numel();
   }
-  void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const char*) override {
+  void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const char* what) override {
+    by_use_[what] += full.numel();
     state_->slots()[rank_] = full;
     state_->barrier();
     const int64_t n = shard.numel();
@@ -81,11 +85,14 @@ class ThreadGroup final : public TensorParallelGroup {
   int64_t allreduce_elements() const { return allreduce_elements_; }
   int64_t allgather_elements() const { return allgather_elements_; }
   int64_t reducescatter_elements() const { return reducescatter_elements_; }
+  // The same by use (the ops' `what`: "g's all-reduce (forward)", ...).
+  const std::map<std::string, int64_t>& elements_by_use() const { return by_use_; }
 
  private:
   std::shared_ptr<ThreadGroupState> state_;
   int rank_;
   int64_t allreduce_elements_ = 0, allgather_elements_ = 0, reducescatter_elements_ = 0;
+  std::map<std::string, int64_t> by_use_;
 };
 
 // Runs body(rank, group) on `size` threads at once; rethrows the first rank's exception.

@@ -247,6 +247,7 @@ Trainer::StepResult Trainer::train_step() {
   if (tensor_) tensor_->communicator().set_context("step " + std::to_string(state_.step + 1));
   const Batch batch = data_.train->batch(sampler_.next());
   const int64_t micro_batches = config_.micro_batches(), micro_size = config_.micro_batch_size();
+  const TensorGroupStats tensor_before = tensor_ ? tensor_->stats() : TensorGroupStats{};
   const auto compute_start = std::chrono::steady_clock::now();
   if (pipeline_) {
     r.loss = pipeline_step(batch, r);
@@ -259,6 +260,10 @@ Trainer::StepResult Trainer::train_step() {
     }
   }
   r.forward_backward_ms = seconds_since(compute_start) * 1e3;
+  if (tensor_) {
+    r.tensor_bytes = tensor_->stats().bytes - tensor_before.bytes;
+    r.tensor_recomputed_bytes = tensor_->stats().recomputed_bytes - tensor_before.recomputed_bytes;
+  }
   // The two phases' peaks apart: forward and backward's grows with the micro-batch, the
   // optimizer's with the largest tensor it steps (the planner scales each on its own).
   r.forward_backward_peak_bytes = device_peak_bytes();

@@ -129,6 +129,9 @@ class Trainer {
     double state_wait_ms = 0;
     DataParallelStats comm;
     ShardStats shard;  // parallel.shard: the all-gather of the updated parameters
+    // Tensor parallelism: bytes this rank handed its group's collectives this step, and of them
+    // those that recomputations repeated (a collective's output evicted and made again).
+    int64_t tensor_bytes = 0, tensor_recomputed_bytes = 0;
     // Per pipeline stage (pipeline parallelism): compute, waiting, bytes sent, memory peak.
     std::vector<double> stage_compute_ms, stage_wait_ms, stage_p2p_bytes, stage_peak_bytes;
     // Per data-parallel replica, on logged steps: the step, forward and backward, waiting for the

@@ -56,6 +56,7 @@ void Trainer::log_step(const StepResult& r) {
         .add("gather_bytes", r.shard.gather_bytes);
     if (param_shards_) record.add("parameter_drops", r.shard.drops).add("gather_hidden", r.shard.gather_hidden);
   }
+  if (tensor_) record.add("tensor_bytes", r.tensor_bytes).add("tensor_recomputed_bytes", r.tensor_recomputed_bytes);
   if (scaler_) record.add("loss_scale", scaler_->scale()).add("skipped_steps", scaler_->skipped_steps());
   output_->metrics(record);
 }

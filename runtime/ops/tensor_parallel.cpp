@@ -123,7 +123,7 @@ class GatherLinearOp final : public Op {
     const int64_t d_out = a.input_sizes(1)[0], d_in = a.input_sizes(1)[1];
     TensorList grads(a.needs_input_grad.size());
     if (a.needs_input_grad[1]) {
-      const at::Tensor x = gather_along(group_, a.inputs[0], dim_, "sequence parallelism's all-gather (backward)");
+      const at::Tensor x = gather_along(group_, a.inputs[0], dim_, "sequence parallelism's all-gather again (backward)");
       grads[1] = g.reshape({-1, d_out}).t().mm(x.reshape({-1, d_in}));
     }
     if (a.needs_input_grad[0]) {
