@@ -58,6 +58,7 @@ void MirrorCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, c
   check_shard_arguments(*this, full, shard, counts, "the all-gather", what);
   int64_t offset = 0;
   for (int64_t n : counts) {
+    TORCH_CHECK(n <= shard.numel(), "a mirrored all-gather needs equal counts");
     full.narrow(0, offset, n).copy_(shard.view(-1).narrow(0, 0, n));
     offset += n;
   }

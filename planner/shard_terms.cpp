@@ -266,11 +266,12 @@ GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& mach
 
 int prefetch_depth(const Plan& plan) {
   const bool managed = plan.budget_bytes > 0 && evicts(plan.policy);
-  return plan.shard == ShardLevel::kParameters && !managed ? plan.prefetch : 0;
+  // A tensor-parallel rank's group exchanges on the computing thread: no other thread may use MPI.
+  return plan.shard == ShardLevel::kParameters && !managed && plan.tensor == 1 ? plan.prefetch : 0;
 }
 
 bool reduce_scatters_overlap(const Plan& plan) {
-  if (!plan.overlap || plan.ranks <= 1) return false;
+  if (!plan.overlap || plan.ranks <= 1 || plan.tensor > 1) return false;
   return plan.shard == ShardLevel::kGradients || (plan.shard == ShardLevel::kParameters && prefetch_depth(plan) > 0);
 }
 

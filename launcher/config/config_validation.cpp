@@ -112,10 +112,11 @@ class Rules {
                       "width, vocabulary); a convolution network's channels and a supernet's changing paths are not; "
                       "use parallel.data_parallel or parallel.pipeline_parallel for this model");
     }
-    if (p.shard != ShardLevel::kNone) {
+    if (p.shard != ShardLevel::kNone && (c_.checkpoint.interval > 0 || !c_.checkpoint.resume.empty())) {
       throw UserError(head + " with parallel.shard = \"" + choice_name(p.shard) +
-                      "\": sharding within the data-parallel groups of a tensor-parallel job is not built yet "
-                      "(docs/parallelism.md); use parallel.shard = \"none\"");
+                      "\" and checkpoint.interval or checkpoint.resume: checkpoints of a tensor-parallel job's "
+                      "sharded replicas are not built yet; use checkpoint.interval = 0 and no resume, or "
+                      "parallel.shard = \"none\"");
     }
     if (p.strategy == Strategy::kAuto) {
       throw UserError(head + " with parallel.strategy = \"auto\": the planner does not search tensor parallelism "

@@ -58,7 +58,8 @@ std::vector<ConfigOverride> where_it_was_trained_does_not_matter() {
   std::vector<ConfigOverride> out;
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
            {"training.device", "cpu"}, {"training.mixed_precision", "off"}, {"memory.policy", "none"},
-           {"memory.budget", ""}, {"memory.optimizer_state", "device"}, {"parallel.strategy", "manual"}}) {
+           {"memory.budget", ""}, {"memory.optimizer_state", "device"}, {"parallel.strategy", "manual"},
+           {"parallel.tensor_parallel", "1"}, {"parallel.sequence_parallel", "false"}}) {
     out.push_back({key, value, "(reading a run's model on this machine: " + key + " = " + value + ")"});
   }
   return out;

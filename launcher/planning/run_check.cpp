@@ -156,7 +156,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       args.device_memory = config.memory.budget_bytes;
       args.precisions = {config.training.mixed_precision};
       args.policies = {MemoryPolicy::kNone};
-      args.shards = {ShardLevel::kNone};
+      args.shards = {config.parallel.shard};
       const JobPlan plan = plan_job(config, *data.train, data.info, args);
       out.plan = plan_of(config);
       out.prediction = predict(plan.profile, plan.machine, out.plan);

@@ -124,8 +124,9 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     progress_.line("warning: parallel.overlap: a pipeline stage all-reduces its gradients after the step's last "
                    "backward (its point-to-point messages use MPI while backward runs)");
   } else if (config.parallel.overlap && replicas_.size() > 1 && tensor_) {
-    progress_.line("warning: parallel.overlap: a tensor-parallel rank all-reduces its gradients after the step's "
-                   "last backward (its group's collectives use MPI while backward runs)");
+    progress_.line("warning: parallel.overlap: a tensor-parallel rank reduces its gradients on the thread running "
+                   "backward, after it (sharded gradients: as backward finishes each bucket); its group's "
+                   "collectives use MPI while backward runs");
   } else if (config.parallel.overlap && replicas_.size() > 1 && !replicas_.overlaps()) {
     progress_.line("warning: parallel.overlap: this MPI library gives no MPI_THREAD_SERIALIZED; gradients are "
                    "all-reduced after backward");

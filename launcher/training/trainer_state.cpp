@@ -52,7 +52,8 @@ void Trainer::shard_parameters() {
   // otherwise gathers run ahead on a thread that owns the group's collectives while a step runs.
   const bool managed = arena_ != nullptr && evicts(config_.memory.policy);
   param_shards_->set_managed(managed);
-  if (!managed && config_.parallel.prefetch > 0 && replicas_.group().allows_worker_thread()) {
+  // Not beside a tensor-parallel group, whose collectives use MPI on the computing thread.
+  if (!managed && config_.parallel.prefetch > 0 && replicas_.group().allows_worker_thread() && !tensor_) {
     collectives_ = std::make_shared<CollectiveWorker>(replicas_.shared_group());
     param_shards_->set_prefetch(collectives_, static_cast<int>(config_.parallel.prefetch));
   }
@@ -87,7 +88,7 @@ void Trainer::shard_parameters() {
 // that calls it).
 void Trainer::overlap_reduce_scatters() {
   const bool overlap = config_.parallel.overlap && !(arena_ && device_.is_cuda());
-  if (!collectives_ && overlap && !param_shards_ && replicas_.group().allows_worker_thread()) {
+  if (!collectives_ && overlap && !param_shards_ && replicas_.group().allows_worker_thread() && !tensor_) {
     collectives_ = std::make_shared<CollectiveWorker>(replicas_.shared_group());
   }
   if (collectives_) grad_shards_->set_worker(collectives_);  // the thread that owns the group while a step runs
@@ -162,15 +163,16 @@ void Trainer::resume_from(const std::string& folder) {
 
 void Trainer::save_checkpoint() {
   HostAllocationScope host;  // serialization buffers are host memory, not the device's
+  if (tensor_ && (pipeline_ || shard_)) {
+    progress_.line(std::string("warning: no checkpoint: a checkpoint of tensor-parallel ") +
+                   (pipeline_ ? "pipeline stages" : "sharded replicas") + " is not built yet");
+    return;
+  }
   if (shard_) {
     save_sharded_checkpoint();
     return;
   }
   if (replicas_.rank() != 0) return;  // the replicas hold the same state: rank 0 writes it
-  if (tensor_ && pipeline_) {
-    progress_.line("warning: no checkpoint: a checkpoint of tensor-parallel pipeline stages is not built yet");
-    return;
-  }
   if (tensor_) {
     // The group gathers the split tensors; its first rank writes the whole model.
     std::string folder;

@@ -1,7 +1,7 @@
 // Trainer: what tensor parallelism adds to a step and a checkpoint. Each rank of a group holds its
 // parts of the split parameters (models/decoder_split.h) and the whole of the replicated ones,
 // whose gradients are equal on every rank of the group: the step's norm counts the parts of every
-// rank and one copy of the rest; a checkpoint is written from, and read into, the whole tensors
+// rank and one copy of the rest (with sharded gradients, every replica's pieces of them); a checkpoint is written from, and read into, the whole tensors
 // (the one model-wide layout), gathered for the moment it takes.
 #include "launcher/training/trainer.h"
 
@@ -17,26 +17,39 @@ namespace ht {
 StepAcrossStages Trainer::tensor_step_hooks() {
   StepAcrossStages hooks;
   hooks.gradient_norm = [this] {
-    const std::vector<bool> split = model_->split_parameters();
-    const std::vector<at::Tensor> all = model_->parameters();
-    std::set<const void*> own;  // what this rank trains: a stage's own, never a tied weight's copy
-    for (const at::Tensor& p : pipeline_ ? pipeline_->parameters() : params_) {
-      if (!pipeline_ || !pipeline_->holds_tied_copy(p)) own.insert(p.unsafeGetTensorImpl());
+    std::set<const void*> split;
+    {
+      const std::vector<bool> flags = model_->split_parameters();
+      const std::vector<at::Tensor> all = model_->parameters();
+      for (size_t i = 0; i < all.size(); ++i)
+        if (flags[i]) split.insert(all[i].unsafeGetTensorImpl());
     }
+    // Replicated weights' gradients are equal on every rank of the group: counted on its first.
+    auto counted = [&](const at::Tensor& param) { return tensor_->rank() == 0 || split.count(param.unsafeGetTensorImpl()) > 0; };
     double squares = 0;
-    for (size_t i = 0; i < all.size(); ++i) {
-      const at::Tensor& p = all[i];
-      if (!p.grad().defined() || own.count(p.unsafeGetTensorImpl()) == 0) continue;
-      if (!split[i] && tensor_->rank() != 0) continue;  // replicated: counted on the group's first rank
-      squares += p.grad().to(at::kDouble).square().sum().item<double>();
+    if (grad_shards_) {
+      // Sharded gradients: each replica holds its pieces' (parallel.shard = "gradients", "parameters").
+      const std::vector<at::Tensor>& pieces = shard_->pieces();
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        if (!pieces[i].grad().defined() || !counted(*shard_->piece_of(i).param)) continue;
+        squares += pieces[i].grad().to(at::kDouble).square().sum().item<double>();
+      }
+    } else {
+      for (const at::Tensor& p : pipeline_ ? pipeline_->parameters() : params_) {
+        // A stage's own, never a tied weight's copy.
+        if (!p.grad().defined() || (pipeline_ && pipeline_->holds_tied_copy(p)) || !counted(p)) continue;
+        squares += p.grad().to(at::kDouble).square().sum().item<double>();
+      }
     }
     at::Tensor total = at::full({1}, squares, at::kDouble);
+    if (grad_shards_) replicas_.group().allreduce_sum(total, "the gradient norm");
     tensor_->communicator().allreduce_sum(total, "the gradient norm");
     if (pipeline_) pipeline_->group().allreduce_sum(total, "the gradient norm");
     return std::sqrt(total.item<double>());
   };
   hooks.all_finite = [this](bool finite) {
     at::Tensor not_finite = at::full({1}, finite ? 0.0 : 1.0, at::kDouble);  // ranks that saw inf or NaN
+    if (grad_shards_) replicas_.group().allreduce_sum(not_finite, "the finite check");
     tensor_->communicator().allreduce_sum(not_finite, "the finite check");
     const bool group_finite = not_finite.item<double>() == 0.0;
     return pipeline_ ? pipeline_->all_stages(group_finite) : group_finite;
@@ -60,34 +73,51 @@ void Trainer::with_whole_tensors(const std::function<void()>& fn) {
     for (int r = 0; r < t; ++r) parts.push_back(buffer.narrow(0, r * dense.numel(), dense.numel()).view(dense.sizes()));
     return whole_of(options, name, parts);
   };
+  // The parts' own tensors are kept and written back into: under a budget they lie in the
+  // arena's blocks (compact_parameters, compact_optimizer_state), which must stay as they are.
   struct Held {
     at::Tensor param;
     ParameterSplit split;
-    bool has_state = false;
+    at::Tensor part;                // the parameter's part, its storage
+    std::vector<at::Tensor> state;  // the optimizer state's parts (empty: none yet)
   };
   std::vector<Held> held;
   for (const auto& item : model_->named_parameters()) {
     const ParameterSplit split = decoder_parameter_split(options, item.key());
     if (!split.split()) continue;
     at::Tensor param = item.value();
-    std::vector<at::Tensor> state = optimizer_state(*optimizer_, param);
-    for (size_t k = 0; k < state.size(); ++k) {
-      if (state[k].dim() > 0) state[k] = gathered(item.key(), state[k]);
-    }
+    Held h{param, split, param.detach(), optimizer_state(*optimizer_, param)};
+    std::vector<at::Tensor> whole = h.state;
+    for (at::Tensor& s : whole)
+      if (s.dim() > 0) s = gathered(item.key(), s);
     param.set_data(gathered(item.key(), param));
-    if (!state.empty()) set_optimizer_state(*optimizer_, param, state);
-    held.push_back({param, split, !state.empty()});
+    if (!whole.empty()) set_optimizer_state(*optimizer_, param, whole);
+    held.push_back(std::move(h));
   }
   struct Parts {  // this rank's parts again, also when fn throws
     std::vector<Held>& held;
     torch::optim::Optimizer& optimizer;
     ~Parts() {
       for (Held& h : held) {
-        std::vector<at::Tensor> state = optimizer_state(optimizer, h.param);
-        for (at::Tensor& s : state)
-          if (s.dim() > 0) s = part_of(s, h.split);
-        h.param.set_data(part_of(h.param, h.split));
-        if (!state.empty()) set_optimizer_state(optimizer, h.param, state);
+        auto part_on_host = [&](const at::Tensor& whole) {  // a temporary, outside the budget
+          HostAllocationScope host;
+          return part_of(whole, h.split);
+        };
+        std::vector<at::Tensor> whole = optimizer_state(optimizer, h.param);  // read back, or kept
+        std::vector<at::Tensor> parts = h.state;
+        if (parts.size() != whole.size()) parts.assign(whole.size(), at::Tensor());  // none before: new tensors
+        for (size_t k = 0; k < whole.size(); ++k) {
+          if (whole[k].dim() == 0) {
+            parts[k] = whole[k];  // AdamW's step
+          } else if (parts[k].defined()) {
+            parts[k].copy_(part_on_host(whole[k]));
+          } else {
+            parts[k] = part_on_host(whole[k]).clone();  // device memory
+          }
+        }
+        h.part.copy_(part_on_host(h.param));
+        h.param.set_data(h.part);
+        if (!whole.empty()) set_optimizer_state(optimizer, h.param, parts);
       }
     }
   } parts{held, *optimizer_};

@@ -80,15 +80,18 @@ class TensorParallelJob : public ::testing::Test {
 
 TEST_F(TensorParallelJob, SplitLlamaTrainsTheOneRankRunsModel) {
   const std::string one = train(1, "one", "");
+  std::string split;
   for (const auto& [ranks, options] : {std::pair<int, std::string>{2, "--parallel.tensor_parallel=2"},
                                        {2, "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true"},
                                        {4, "--parallel.tensor_parallel=4 --parallel.sequence_parallel=true"}}) {
     SCOPED_TRACE(options);
-    const std::string split = train(ranks, "split" + std::to_string(ranks) + std::to_string(options.size()), options);
+    split = train(ranks, "split" + std::to_string(ranks) + std::to_string(options.size()), options);
     expect_close_losses(losses(split), losses(one));
     // The checkpoint holds the whole tensors, in the one-rank run's names and shapes.
     expect_same_model(one + "/checkpoints/step_00000004", split + "/checkpoints/step_00000004", kAdamTolerance);
   }
+  // One process samples from a split run's checkpoint: the whole model.
+  EXPECT_EQ(run(std::string(HT_BINARY) + " sample " + split + " --prompt 'The' --tokens 8"), 0);
 }
 
 TEST_F(TensorParallelJob, SplitGptWithATiedHeadTrainsTheOneRankRunsModel) {
@@ -113,6 +116,17 @@ TEST_F(TensorParallelJob, TheThreeAxesTogetherTrainTheOneRankRunsModel) {
       << read_file(log);
   EXPECT_THAT(read_file(log), HasSubstr("ranks: 8 (data-parallel 2 x tensor-parallel 2 with sequence parallelism x pipeline 2)"));
   expect_close_losses(losses(dir_.path("grid")), losses(one));
+}
+
+// ZeRO within the replicas of a tensor-parallel job (2 replicas x t = 2): each replica group shards
+// the state of its rank's parts. ZeRO-1 steps the same gradients element by element: the same
+// losses bit for bit; ZeRO-2 and 3 reduce-scatter, in another order: within fp32's.
+TEST_F(TensorParallelJob, ShardingWithinTheReplicasTrainsTheSameModel) {
+  const std::string grid = "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true --checkpoint.interval=0 ";
+  const std::vector<double> plain = losses(train(4, "plain", grid));
+  EXPECT_EQ(losses(train(4, "zero1", grid + "--parallel.shard=optimizer")), plain);
+  expect_close_losses(losses(train(4, "zero2", grid + "--parallel.shard=gradients")), plain);
+  expect_close_losses(losses(train(4, "zero3", grid + "--parallel.shard=parameters")), plain);
 }
 
 // A budget's evictions and recomputations (collectives among them, re-run on both ranks at once)
@@ -186,7 +200,7 @@ TEST_F(TensorParallelJob, WhatCannotBeSplitIsRefusedNamingTheKeys) {
            {2, "--parallel.tensor_parallel=2 --model.n_kv_heads=1", "model.n_kv_heads = 1 is not a multiple of parallel.tensor_parallel = 2"},
            {3, "--parallel.tensor_parallel=3", "model.n_head = 8 is not a multiple of parallel.tensor_parallel = 3"},
            {3, "--parallel.tensor_parallel=2", "start it with mpirun -np 2"},
-           {2, "--parallel.tensor_parallel=2 --parallel.shard=optimizer", "parallel.shard = \"optimizer\""},
+           {2, "--parallel.tensor_parallel=2 --parallel.shard=optimizer", "checkpoints of a tensor-parallel job's sharded replicas"},
            {2, "--parallel.tensor_parallel=2 --memory.policy=swap --memory.budget=8MB", "memory.policy = \"swap\""}}) {
     SCOPED_TRACE(c.options);
     const std::string log = dir_.path("refused.log");

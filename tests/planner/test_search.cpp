@@ -83,8 +83,9 @@ TEST(Search, PipelineStagesDivideTheRanksAndHaveAMicroBatchPerStage) {
   EXPECT_NE(describe_plan(plans.back()).find("stages"), std::string::npos);
 }
 
-// dp x tp x pp: a tensor-parallel group divides the ranks with the stages; it is searched without
-// sharding and with DTR alone of the memory policies (what the trainer composes it with).
+// dp x tp x pp: a tensor-parallel group divides the ranks with the stages; it is searched with
+// sharding within its replicas and with DTR alone of the memory policies (what the trainer
+// composes it with).
 TEST(Search, TensorParallelGroupsDivideTheRanksWithTheStages) {
   SearchOptions o;
   o.ranks = {1, 2, 4, 8};
@@ -94,17 +95,18 @@ TEST(Search, TensorParallelGroupsDivideTheRanksWithTheStages) {
   o.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr, MemoryPolicy::kStatic};
   o.shards = {ShardLevel::kNone, ShardLevel::kOptimizer};
   const std::vector<Plan> plans = candidate_plans(64, 1 << 20, o);
-  bool three_axes = false;
+  bool three_axes = false, sharded = false;
   for (const Plan& p : plans) {
     if (p.tensor == 1) continue;
     EXPECT_TRUE(p.sequence_parallel);
     EXPECT_EQ(p.devices() % (p.tensor * p.stages), 0);
-    EXPECT_EQ(p.shard, ShardLevel::kNone);
     EXPECT_FALSE(plans_statically(p.policy));
+    sharded |= p.shard == ShardLevel::kOptimizer;
     EXPECT_EQ(p.micro_batch * p.accumulation * p.ranks, 64) << "the replicas share the global batch";
     three_axes |= p.ranks == 2 && p.tensor == 2 && p.stages == 2;
   }
   EXPECT_TRUE(three_axes) << "8 ranks as 2 replicas x 2-way tensor x 2 stages";
+  EXPECT_TRUE(sharded) << "the replicas of a tensor-parallel job shard their state";
   Plan p;
   p.tensor = 4;
   p.sequence_parallel = true;
