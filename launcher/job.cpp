@@ -166,6 +166,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   const bool root = grid->is_root();
   // On GPUs: this rank's device, and NCCL between the replicas (before anything touches the GPU).
   const std::shared_ptr<Communicator> replicas = replica_group_for_device(config, *grid);
+  const std::shared_ptr<Communicator> tensor = tensor_group_for_device(config, *grid);
   if (config.training.device != "cpu") use_deterministic_cuda_kernels();  // before any kernel runs
   CpuAllocationCounter::install();
   set_host_memory_caching(config.memory.host_cache);
@@ -233,7 +234,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   std::optional<Trainer> made;
   try {
     made.emplace(config, std::move(data), model, arena, replicas,  // the gradients' block
-                 grid->pipeline_group, grid->tensor_parallel > 1 ? grid->tensor_parallel_group : nullptr);
+                 grid->pipeline_group, tensor);
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }

@@ -139,13 +139,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     if (grid.is_root()) out.text = "predicted: nothing on " + config.training.device + " (the planner profiles CPU ranks only)";
     return out;
   }
-  if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel > 1) {
-    out.prediction.peak_bytes = -1;
-    out.prediction.step_ms = -1;
-    if (grid.is_root()) out.text = "predicted: nothing (the planner does not model tensor-parallel pipeline stages yet)";
-    return out;
-  }
-  if (config.parallel.tensor_parallel > 1) {
+  if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel == 1) {
     // Rank 0's part of the model profiled with its group mirrored; the group's collectives
     // modelled (planner/tensor_terms.h). Predicted for the log and the metrics, never refused.
     if (grid.is_root()) {
@@ -180,8 +174,9 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     out.prediction.peak_bytes = -1;
     if (grid.is_root()) {
       PlanArgs args;
-      args.ranks = {static_cast<int>(config.replicas() * config.parallel.pipeline_parallel)};
+      args.ranks = {static_cast<int>(config.replicas() * config.parallel.pipeline_parallel * config.parallel.tensor_parallel)};
       args.stages = {static_cast<int>(config.parallel.pipeline_parallel)};
+      args.tensor = {static_cast<int>(config.parallel.tensor_parallel)};  // a stage's rank holds its part
       args.device_memory = config.memory.budget_bytes;
       args.precisions = {config.training.mixed_precision};
       args.policies = {MemoryPolicy::kNone};

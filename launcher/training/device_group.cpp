@@ -33,4 +33,20 @@ std::shared_ptr<Communicator> replica_group_for_device(Config& config, const Pro
 #endif
 }
 
+std::shared_ptr<Communicator> tensor_group_for_device(const Config& config, const ProcessGrid& grid) {
+  if (grid.tensor_parallel <= 1) return nullptr;
+  const std::string& device = config.training.device;
+  if (device.rfind("cuda", 0) != 0) return grid.tensor_parallel_group;
+#ifdef HT_HAVE_NCCL
+  // The device is "cuda:<index>" by now; the group's NCCL communicator is set up over its MPI one.
+  // Not yet run on GPUs (docs/gpu.md).
+  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
+  return std::make_shared<NcclCommunicator>(*grid.tensor_parallel_group, index, grid.rank);
+#else
+  throw UserError(config.source + ": training.device = \"" + device + "\" with parallel.tensor_parallel = " +
+                  std::to_string(grid.tensor_parallel) + ": a tensor-parallel group of GPUs needs NCCL, and this "
+                  "build has none; rebuild where the CUDA toolkit's NCCL is found, or use \"cpu\"");
+#endif
+}
+
 }  // namespace ht

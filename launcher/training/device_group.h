@@ -14,5 +14,8 @@ namespace ht {
 // mpirun (a single process keeps "cuda", the current device), and returns the replicas' group.
 // Throws UserError where the job needs what this build lacks (NCCL; pipelines over NCCL).
 std::shared_ptr<Communicator> replica_group_for_device(Config& config, const ProcessGrid& grid);
+// The tensor-parallel group's communicator on the device replica_group_for_device resolved (call
+// after it): MPI's on the CPU, NCCL between the group's GPUs; null without tensor parallelism.
+std::shared_ptr<Communicator> tensor_group_for_device(const Config& config, const ProcessGrid& grid);
 
 }  // namespace ht
