@@ -127,6 +127,37 @@ void apply(Config& c, const Decision& d) {
   }
 }
 
+// A tensor-parallel run without stages: rank 0's part of the model profiled with its group
+// mirrored, the group's collectives modelled (planner/tensor_terms.h). Predicted for the log and
+// the metrics, never refused.
+RunPrediction predict_tensor_parallel_run(const Config& config, const DataSplits& data, const ProcessGrid& grid) {
+  RunPrediction out;
+  if (grid.is_root()) {
+    PlanArgs args;
+    args.ranks = {static_cast<int>(config.replicas() * config.parallel.tensor_parallel)};
+    args.stages = {1};
+    args.tensor = {static_cast<int>(config.parallel.tensor_parallel)};
+    args.device_memory = config.memory.budget_bytes;
+    args.precisions = {config.training.mixed_precision};
+    args.policies = {MemoryPolicy::kNone};
+    args.shards = {config.parallel.shard};
+    const JobPlan plan = plan_job(config, *data.train, data.info, args);
+    out.plan = plan_of(config);
+    out.prediction = predict(plan.profile, plan.machine, out.plan);
+    char text[320];
+    std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the tensor-parallel "
+                  "group's collectives (%s; never refused)", format_bytes(out.prediction.peak_bytes).c_str(),
+                  out.prediction.step_ms, out.prediction.tensor_ms, plan_words(out.plan).c_str());
+    out.text = text;
+  }
+  // The others sleep while rank 0 profiles (each group's first rank waits with rank 0's replicas).
+  if (grid.world > 1) {
+    grid.data_parallel_group->idle_barrier("the plan of rank 0");
+    grid.tensor_parallel_group->idle_barrier("the plan of rank 0");
+  }
+  return out;
+}
+
 }  // namespace
 
 RunPrediction check_run_fits(Config& config, const DataSplits& data, const ProcessGrid& grid) {
@@ -140,33 +171,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     return out;
   }
   if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel == 1) {
-    // Rank 0's part of the model profiled with its group mirrored; the group's collectives
-    // modelled (planner/tensor_terms.h). Predicted for the log and the metrics, never refused.
-    if (grid.is_root()) {
-      PlanArgs args;
-      args.ranks = {static_cast<int>(config.replicas() * config.parallel.tensor_parallel)};
-      args.stages = {1};
-      args.tensor = {static_cast<int>(config.parallel.tensor_parallel)};
-      args.device_memory = config.memory.budget_bytes;
-      args.precisions = {config.training.mixed_precision};
-      args.policies = {MemoryPolicy::kNone};
-      args.shards = {config.parallel.shard};
-      const JobPlan plan = plan_job(config, *data.train, data.info, args);
-      out.plan = plan_of(config);
-      out.prediction = predict(plan.profile, plan.machine, out.plan);
-      char text[320];
-      std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the tensor-parallel "
-                    "group's collectives (%s; %s)", format_bytes(out.prediction.peak_bytes).c_str(),
-                    out.prediction.step_ms, out.prediction.tensor_ms, plan_words(out.plan).c_str(),
-                    !evicts(config.memory.policy) ? "never refused" : "without the memory policy; never refused");
-      out.text = text;
-    }
-    // The others sleep while rank 0 profiles (each group's first rank waits with rank 0's replicas).
-    if (grid.world > 1) {
-      grid.data_parallel_group->idle_barrier("the plan of rank 0");
-      grid.tensor_parallel_group->idle_barrier("the plan of rank 0");
-    }
-    return out;
+    return predict_tensor_parallel_run(config, data, grid);
   }
   if (config.parallel.pipeline_parallel > 1) {
     // Predicted for the log and the metrics, never refused: the pipeline terms model 1F1B-like
