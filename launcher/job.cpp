@@ -219,13 +219,22 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
     // whose parameters are sharded (ParameterShards keeps its share of each bucket).
     std::optional<HostAllocationScope> whole_model_on_host;
     const bool shards_parameters = config.parallel.shard == ShardLevel::kParameters && config.replicas() > 1;
-    if (config.parallel.pipeline_parallel > 1 || shards_parameters) whole_model_on_host.emplace();
+    // So does a tensor-parallel rank: the whole initialization, of which it keeps its part.
+    const bool splits = config.parallel.tensor_parallel > 1;
+    if (config.parallel.pipeline_parallel > 1 || shards_parameters || splits) whole_model_on_host.emplace();
     model = make_model(config, info, grid->tensor_rank);
     for (const std::string& w : initialize_from_hf(*model, config, decoder_options(config.model, info.classes))) {
       if (root) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
     }
     model->move_to(at::Device(config.training.device), at::kFloat);
     if (config.training.channels_last) channels_last = model->use_channels_last() > 0;
+    whole_model_on_host.reset();
+    if (splits && config.parallel.pipeline_parallel == 1 && !shards_parameters) {
+      // The part into device memory (the budget's arena); stages and sharded parameters move theirs.
+      at::NoGradGuard no_grad;
+      for (at::Tensor& p : model->parameters()) p.set_data(p.detach().clone());
+      for (at::Tensor& b : model->buffers()) b.set_data(b.detach().clone());
+    }
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, info);
   }
