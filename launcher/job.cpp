@@ -29,10 +29,12 @@ void print_plan(const Config& c, const DataInfo& data, int64_t parameters, const
                 const ProcessGrid& grid, const ThreadPools& threads) {
   std::printf("data: %s\n", data.description.c_str());
   if (grid.world > 1) {
-    std::printf("ranks: %d (data-parallel %d x tensor-parallel %d%s x pipeline %d) over %s; each data-parallel "
-                "replica trains %lld samples of a global batch\n",
-                grid.world, grid.data_parallel, grid.tensor_parallel, c.parallel.sequence_parallel ? " with sequence parallelism" : "",
-                grid.pipeline_parallel, grid.data_parallel_group->backend().c_str(),
+    const std::string tensor = grid.tensor_parallel == 1 ? std::string() :
+        " x tensor-parallel " + std::to_string(grid.tensor_parallel) +
+            (c.parallel.sequence_parallel ? " with sequence parallelism" : "");
+    std::printf("ranks: %d (data-parallel %d%s x pipeline %d) over %s; each %s %lld samples of a global batch\n",
+                grid.world, grid.data_parallel, tensor.c_str(), grid.pipeline_parallel,
+                grid.data_parallel_group->backend().c_str(), grid.tensor_parallel == 1 ? "trains" : "replica trains",
                 static_cast<long long>(c.local_batch_size()));
   }
   std::printf("model: %s, %lld parameters, on %s, threads %s\n", choice_name(c.model.name),

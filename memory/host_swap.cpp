@@ -1,5 +1,7 @@
 #include "memory/host_swap.h"
 
+#include "runtime/interpreter.h"
+
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/memory_timeline.h"
 #include "runtime/op.h"
@@ -78,7 +80,7 @@ void HostSwap::consider(TensorInfo& t, bool read_by_heavy_op) {
 
 bool HostSwap::start_out(TensorInfo& t) {
   if (t.host != nullptr || t.is_leaf || t.is_view() || !t.resident() || !t.value.has_storage()) return false;
-  if (!t.producer || !t.producer->op->traits().recomputable) return false;
+  if (!t.producer || !t.owner->recomputes(*t.producer)) return false;
   const auto bytes = static_cast<int64_t>(t.value.storage().nbytes());
   if (bytes < options_.min_bytes) return false;
   const bool narrow = crosses_narrow(t.value);

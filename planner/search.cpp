@@ -86,8 +86,8 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             // swap's timing does not give (both refused by the config).
             if (shard >= ShardLevel::kGradients && plans_statically(policy)) continue;
             if (shard == ShardLevel::kParameters && swaps(policy)) continue;
-            // A tensor-parallel group: DTR alone of the memory policies (the config refuses the
-            // rest: their choices may differ between the group's ranks).
+            // A tensor-parallel group: DTR alone of the memory policies (under the others a rank
+            // keeps its collectives' outputs, which the replay does not model).
             if (tensor > 1 && (plans_statically(policy) || swaps(policy))) continue;
             Plan p;
             p.ranks = ranks;

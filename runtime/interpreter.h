@@ -104,6 +104,17 @@ class Interpreter final : public Rematerializer {
   // null: none (such an op then refuses to run).
   void set_tensor_parallel(TensorParallelGroup* group) { tensor_parallel_ = group; }
   TensorParallelGroup* tensor_parallel() const { return tensor_parallel_; }
+  // Keep every collective's outputs while their records live, as a non-recomputable op's
+  // (runtime/op.h, OpTraits::collective): where the ranks of a group may choose differently what
+  // to drop (static plans solved per rank, host swap by when copies finish, measured costs), no
+  // rank may then recompute a collective the others do not. Off: DTR with modelled costs, whose
+  // choices are the same on every rank, may drop and recompute them.
+  void set_keep_collectives(bool keep) { keep_collectives_ = keep; }
+  // Whether the outputs of `path` may be dropped and made again by running it.
+  bool recomputes(const ComputePath& path) const {
+    const OpTraits& t = path.op->traits();
+    return t.recomputable && !(keep_collectives_ && t.collective);
+  }
   ParameterSource* parameter_source() const override { return parameter_source_; }
   // The memory manager given to the constructor, or MemoryHooks' defaults.
   MemoryHooks& memory_hooks() { return *memory_; }
@@ -153,6 +164,7 @@ class Interpreter final : public Rematerializer {
   GradientListener* gradient_listener_ = nullptr;
   ParameterSource* parameter_source_ = nullptr;
   TensorParallelGroup* tensor_parallel_ = nullptr;
+  bool keep_collectives_ = false;
   int block_ = -1;
   bool grad_enabled_ = true;
   bool relu_masks_ = false;

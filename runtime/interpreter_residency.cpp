@@ -2,7 +2,8 @@
 //  - a record holds data while anyone will read it (handles, pins) or a resident view shares it;
 //  - a view shares its root's storage: the root is kept while any view is resident, and evicting
 //    a root evicts its views; a dropped view is regenerated from its base by its view op;
-//  - leaves and outputs of non-recomputable ops keep their data while their record lives;
+//  - leaves and outputs of non-recomputable ops (and of collectives while they are kept,
+//    set_keep_collectives) keep their data while their record lives;
 //  - a dropped tensor with a copy in host memory (host swap) comes back by the copy.
 #include "runtime/interpreter.h"
 
@@ -59,7 +60,7 @@ void Interpreter::drop(TensorInfo& t) {
 void Interpreter::release_if_unused(TensorInfo& t) {
   if (t.is_leaf || !t.resident() || t.handle_refs > 0 || t.pin_count > 0 || t.resident_views > 0)
     return;
-  if (!t.producer || !t.producer->op->traits().recomputable) return;
+  if (!t.producer || !recomputes(*t.producer)) return;
   drop(t);
   memory_->release_host_copy(t);  // nobody will read it: its copy in host memory goes too
 }
@@ -133,7 +134,7 @@ const at::Tensor& Interpreter::materialize(TensorInfo& target) {
         stack.pop_back();
         continue;
       }
-      TORCH_CHECK(path != nullptr && path->op->traits().recomputable, "cannot regenerate tensor ",
+      TORCH_CHECK(path != nullptr && recomputes(*path), "cannot regenerate tensor ",
                   t->id, ": ", path ? "its producer op is not recomputable" : "it is a leaf");
       stack.back().expanded = true;
       for (auto& in : path->inputs) ++in->pin_count;

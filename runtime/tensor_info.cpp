@@ -44,7 +44,7 @@ bool TensorInfo::on_host() const { return host != nullptr && host->out && host->
 
 bool TensorInfo::evictable() const {
   if (is_leaf || !resident() || pin_count > 0 || copying_to_host()) return false;
-  if (!producer || !producer->op->traits().recomputable) return false;
+  if (!producer || !owner->recomputes(*producer)) return false;
   for (const TensorInfo* v : views) {
     if (v->resident() && v->pin_count > 0) return false;
   }

@@ -122,19 +122,6 @@ class Rules {
       throw UserError(head + " with parallel.strategy = \"auto\": the planner does not search tensor parallelism "
                       "yet; use parallel.strategy = \"manual\"");
     }
-    const MemoryConfig& m = c_.memory;
-    if (plans_statically(m.policy) || swaps(m.policy)) {
-      throw UserError(head + " with memory.policy = \"" + choice_name(m.policy) + "\": " +
-                      (swaps(m.policy) ? "host swap decides by when copies finish, which differs between ranks"
-                                       : "a static plan is solved per rank, and plans may differ between ranks") +
-                      ", while a recomputed collective must run on every rank of the group at the same point; "
-                      "use memory.policy = \"dtr\" (or \"none\")");
-    }
-    if (m.kernel_costs == KernelCosts::kMeasured && evicts(m.policy) && m.budget_bytes != 0) {
-      throw UserError(head + " with memory.kernel_costs = \"measured\": measured times differ between ranks, so "
-                      "their evictions, and the collectives that recomputations repeat, would too; use "
-                      "memory.kernel_costs = \"modeled\"");
-    }
     if (!c_.model.init_from.empty()) {
       throw UserError(head + " with model.init_from: importing a Hugging Face checkpoint into a split model is "
                       "not built yet; import with tensor_parallel = 1, save a checkpoint (checkpoint.interval), "

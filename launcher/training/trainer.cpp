@@ -75,6 +75,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   model_->train();
   interp_.set_autocast(autocast_type(config.training.mixed_precision));
   interp_.set_relu_masks(config.memory.compress != Compression::kOff);
+  interp_.set_keep_collectives(keeps_collectives(config));
   if (swaps(config.memory.policy) && arena_) {
     host_link_ = std::make_shared<HostLink>(config.memory.host_link_gbps);
     char line[256];
@@ -131,6 +132,14 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     progress_.line("warning: parallel.overlap: this MPI library gives no MPI_THREAD_SERIALIZED; gradients are "
                    "all-reduced after backward");
   }
+}
+
+// A tensor-parallel group's ranks choose alike what to evict only under DTR with modelled costs;
+// under any other policy collectives' outputs stay, and recomputations stop at them.
+bool keeps_collectives(const Config& c) {
+  const MemoryConfig& m = c.memory;
+  return c.parallel.tensor_parallel > 1 &&
+         (plans_statically(m.policy) || swaps(m.policy) || m.kernel_costs == KernelCosts::kMeasured);
 }
 
 MemoryOptions Trainer::memory_options() const {

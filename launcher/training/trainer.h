@@ -55,6 +55,10 @@ struct TrainResult {
   int stopped_by = 0;  // the signal that stopped training after `steps` (stop_signals.h); 0: ran to the end
 };
 
+// Whether a tensor-parallel rank keeps its collectives' outputs (Interpreter::set_keep_collectives):
+// under every memory policy but DTR with modelled costs.
+bool keeps_collectives(const Config& config);
+
 class Trainer {
  public:
   // Checks that model, data and batch sizes fit (UserError otherwise) and writes nothing.

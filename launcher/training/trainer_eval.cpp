@@ -16,6 +16,7 @@ EvalResult Trainer::evaluate() {
   interp.set_autocast(autocast_type(config_.training.mixed_precision));
   interp.set_parameter_source(param_shards_.get());
   interp.set_tensor_parallel(tensor_.get());
+  interp.set_keep_collectives(keeps_collectives(config_));
   memory.configure(memory_options());  // the same device memory and policy
   NoGradGuard no_grad(interp);
   model_->eval();
