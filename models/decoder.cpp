@@ -13,7 +13,8 @@ namespace {
 struct Split {
   int64_t ranks = 1, rank = 0;
   bool sequence = false;  // sequence parallelism: the residual stream holds a piece of the sequence
-  explicit Split(const DecoderOptions& o) : ranks(o.tensor_parallel), rank(o.tensor_rank), sequence(o.sequence_parallel && o.tensor_parallel > 1) {}
+  explicit Split(const DecoderOptions& o)
+      : ranks(o.tensor_parallel), rank(o.tensor_rank), sequence(o.sequence_parallel && o.tensor_parallel > 1) {}
   bool on() const { return ranks > 1; }
 
   // A weight read where the sequence is in pieces: each rank's gradient is its piece's part, which

@@ -1,8 +1,9 @@
 // Trainer: what tensor parallelism adds to a step and a checkpoint. Each rank of a group holds its
 // parts of the split parameters (models/decoder_split.h) and the whole of the replicated ones,
 // whose gradients are equal on every rank of the group: the step's norm counts the parts of every
-// rank and one copy of the rest (with sharded gradients, every replica's pieces of them); a checkpoint is written from, and read into, the whole tensors
-// (the one model-wide layout), gathered for the moment it takes.
+// rank and one copy of the rest (with sharded gradients, every replica's pieces of them); a
+// checkpoint is written from, and read into, the whole tensors (the one model-wide layout),
+// gathered for the moment it takes.
 #include "launcher/training/trainer.h"
 
 #include "alloc/cpu_device_allocator.h"
@@ -25,7 +26,9 @@ StepAcrossStages Trainer::tensor_step_hooks() {
         if (flags[i]) split.insert(all[i].unsafeGetTensorImpl());
     }
     // Replicated weights' gradients are equal on every rank of the group: counted on its first.
-    auto counted = [&](const at::Tensor& param) { return tensor_->rank() == 0 || split.count(param.unsafeGetTensorImpl()) > 0; };
+    auto counted = [&](const at::Tensor& param) {
+      return tensor_->rank() == 0 || split.count(param.unsafeGetTensorImpl()) > 0;
+    };
     double squares = 0;
     if (grad_shards_) {
       // Sharded gradients: each replica holds its pieces' (parallel.shard = "gradients", "parameters").

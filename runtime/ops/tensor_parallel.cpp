@@ -183,8 +183,11 @@ class VocabCrossEntropyOp final : public Op {
     const at::Tensor x = masked(in[0]);
     const auto [target, mine] = local_targets(in[1], x.size(1));
     at::Tensor maxima = std::get<0>(x.max(1));
-    maxima = std::get<0>(gather_along(group_, maxima.unsqueeze(0), 0, forward_use(ctx, "the cross entropy's row maxima")).max(0));
-    at::Tensor sums = summed(group_, at::exp(x - maxima.unsqueeze(1)).sum(1), forward_use(ctx, "the cross entropy's sums of exponentials"));
+    const at::Tensor every_maximum =
+        gather_along(group_, maxima.unsqueeze(0), 0, forward_use(ctx, "the cross entropy's row maxima"));
+    maxima = std::get<0>(every_maximum.max(0));
+    at::Tensor sums = summed(group_, at::exp(x - maxima.unsqueeze(1)).sum(1),
+                             forward_use(ctx, "the cross entropy's sums of exponentials"));
     const at::Tensor picked = x.gather(1, target.unsqueeze(1)).squeeze(1).masked_fill_(mine.logical_not(), 0);
     const at::Tensor target_logits = summed(group_, picked, forward_use(ctx, "the cross entropy's target logits"));
     at::Tensor lse = sums.log_().add_(maxima);
