@@ -265,8 +265,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::parallel, &ParallelConfig::sequence_parallel, "parallel", "sequence_parallel",
                     "with tensor parallelism: norms, dropouts and the residual stream hold each rank's piece of "
                     "the sequence (model.block_size / tensor_parallel positions), the all-reduces become "
-                    "all-gathers and reduce-scatters of the same volume, and no activation is stored whole on "
-                    "every rank of the group (Korthikanti et al. 2022)")
+                    "all-gathers and reduce-scatters (the same bytes forward; backward gathers the column-parallel "
+                    "layers' inputs again, 1.5x), and no activation is stored whole on every rank of the group "
+                    "(Korthikanti et al. 2022)")
                   .only_when("parallel.tensor_parallel > 1", [](const Config& c) { return c.parallel.tensor_parallel > 1; }));
   auto piped = [](const Config& c) { return c.parallel.pipeline_parallel > 1; };
   const char* piped_words = "parallel.pipeline_parallel > 1";
