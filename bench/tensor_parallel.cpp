@@ -37,19 +37,6 @@
 namespace ht::bench {
 namespace {
 
-TensorShape shape_of(const DecoderOptions& o) {
-  TensorShape s;
-  s.llama = o.is_llama();
-  s.layers = o.n_layer;
-  s.hidden = o.n_embd;
-  s.sequence = o.block_size;
-  s.heads = o.n_head;
-  s.kv_heads = o.kv_heads();
-  s.mlp_hidden = o.mlp_hidden();
-  s.padded_vocab = o.padded_vocab();
-  return s;
-}
-
 // What one split run of a micro-batch shows on rank 0.
 struct RankRun {
   int64_t layer_bytes = 0;                      // resident bytes layer h1's forward added
@@ -103,7 +90,7 @@ bool activations_table(const std::vector<std::pair<std::string, DecoderOptions>>
               "accounted", "off", "ratio", "Korthikanti", "within");
   std::printf("|%s|\n", std::string(121, '-').c_str());
   for (const auto& [name, o] : models) {
-    const TensorShape shape = shape_of(o);
+    const TensorShape shape = tensor_shape(o);
     const double one = static_cast<double>(run_split(o, 1, false, batch).layer_bytes);
     for (int t : {1, 2, 4}) {
       for (bool sp : {false, true}) {

@@ -88,7 +88,7 @@ class Communicator {
 int64_t check_shard_arguments(const Communicator& group, const at::Tensor& full, const at::Tensor& shard,
                               const std::vector<int64_t>& counts, const char* collective, const char* what);
 
-class LocalCommunicator final : public Communicator {
+class LocalCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -115,8 +115,8 @@ class LocalCommunicator final : public Communicator {
 
  private:
   static void no_peer(int peer, const char* what) {
-    throw CommunicationError(std::string("a group of one has no rank ") + std::to_string(peer) + " to exchange " +
-                             what + " with");
+    throw CommunicationError(std::string("a group without peers has no rank ") + std::to_string(peer) +
+                             " to exchange " + what + " with");
   }
 };
 
@@ -124,36 +124,18 @@ class LocalCommunicator final : public Communicator {
 // this rank would receive if each rank held its data. The planner profiles one rank of a
 // tensor-parallel group with it (launcher/planning/profiler.cpp): the rank's part of the model,
 // its shapes, its memory and its kernels, without the others; the exchanges' time is modelled.
-class MirrorCommunicator final : public Communicator {
+class MirrorCommunicator final : public LocalCommunicator {
  public:
   explicit MirrorCommunicator(int size) : size_(size) {}
-  int rank() const override { return 0; }
   int size() const override { return size_; }
-  void allreduce_sum(at::Tensor&, const char*) override {}  // the values of one rank: no growth
-  void broadcast(at::Tensor&, int, const char*) override {}
-  void barrier(const char*) override {}
+  // All-reduce, broadcast, barrier: the values of one rank, unchanged (no growth); no peer to send to.
   void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const std::vector<int64_t>& counts,
                           const char* what) override;
   void all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
                   const char* what) override;
-  void send(const at::Tensor&, int to, const char* what) override { no_peer(to, what); }
-  void recv(at::Tensor&, int from, const char* what) override { no_peer(from, what); }
-  std::unique_ptr<Transfer> isend(const at::Tensor&, int to, int, const std::string& what) override {
-    no_peer(to, what.c_str());
-    return nullptr;
-  }
-  std::unique_ptr<Transfer> irecv(at::Tensor&, int from, int, const std::string& what) override {
-    no_peer(from, what.c_str());
-    return nullptr;
-  }
   std::string backend() const override { return "mirror"; }
-  bool allows_worker_thread() const override { return true; }
 
  private:
-  static void no_peer(int peer, const char* what) {
-    throw CommunicationError(std::string("a mirrored group has no rank ") + std::to_string(peer) + " to exchange " +
-                             what + " with");
-  }
   int size_;
 };
 

@@ -7,6 +7,19 @@
 
 namespace ht {
 
+TensorShape tensor_shape(const DecoderOptions& o) {
+  TensorShape s;
+  s.llama = o.is_llama();
+  s.layers = o.n_layer;
+  s.hidden = o.n_embd;
+  s.sequence = o.block_size;
+  s.heads = o.n_head;
+  s.kv_heads = o.kv_heads();
+  s.mlp_hidden = o.mlp_hidden();
+  s.padded_vocab = o.padded_vocab();
+  return s;
+}
+
 TensorTraffic tensor_parallel_traffic(const TensorShape& s, int64_t micro_batch, int t, bool sp) {
   TensorTraffic x;
   x.sequence_parallel = sp;

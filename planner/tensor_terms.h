@@ -12,6 +12,7 @@
 //   ring (alpha-beta: an all-reduce 2 (t - 1) steps of n / t, an all-gather or reduce-scatter
 //   t - 1), on the critical path: the trainer overlaps none of them.
 
+#include "models/decoder_options.h"
 #include "planner/machine.h"
 
 #include <cstdint>
@@ -30,6 +31,9 @@ struct TensorShape {
   int64_t padded_vocab = 0; // the vocabulary padded to a multiple of t
   bool defined() const { return layers > 0; }
 };
+
+// The terms' view of a decoder's shape (its tensor_parallel sets the padded vocabulary).
+TensorShape tensor_shape(const DecoderOptions& options);
 
 // Elements handed to the group's collectives by one rank in one micro-batch's forward and
 // backward, as TensorGroup counts them (an all-reduce's tensor, an all-gather's or a

@@ -220,15 +220,7 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
   if (is_decoder(config.model.name)) {
     DecoderOptions o = decoder_options(config.model, info.classes);
     o.tensor_parallel = config.parallel.tensor_parallel;
-    TensorShape& shape = profile.tensor_shape;
-    shape.llama = o.is_llama();
-    shape.layers = o.n_layer;
-    shape.hidden = o.n_embd;
-    shape.sequence = o.block_size;
-    shape.heads = o.n_head;
-    shape.kv_heads = o.kv_heads();
-    shape.mlp_hidden = o.mlp_hidden();
-    shape.padded_vocab = o.padded_vocab();
+    profile.tensor_shape = tensor_shape(o);
   }
   {
     const Batch one = train.slice(0, 1);

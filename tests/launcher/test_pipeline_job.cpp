@@ -274,25 +274,16 @@ TEST(PipelineJobFailures, AHungStageEndsTheJobWithinTheTimeout) {
   TempDir dir;
   const std::string config = dir.write("job.toml", std::string(kPipelineMlp) + "[metrics]\nlog_interval = 1\n");
   const std::string out = dir.path("hung_pipeline_output");
-  std::system(("(" + mpirun(2) + HT_BINARY + " " + config + " --training.steps=1000000 --checkpoint.interval=0 " +
-               "--parallel.pipeline_parallel=2 --parallel.timeout_s=3 --job.output_dir=" + out + " > " +
-               dir.path("log.txt") + " 2>&1; echo $? > " + dir.path("rc.txt") + ") &").c_str());
-  std::vector<pid_t> pids;
-  for (int i = 0; i < 1800 && (pids.size() < 2 || read_file(out + "/metrics.jsonl").empty()); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    pids = ranks_running(out);
-  }
-  ASSERT_EQ(pids.size(), 2u) << read_file(dir.path("log.txt"));
-  ::kill(pids[1], SIGSTOP);
-  const auto stopped = std::chrono::steady_clock::now();
+  const StoppedRankJob job = run_with_a_stopped_rank(
+      mpirun(2) + HT_BINARY + " " + config + " --training.steps=1000000 --checkpoint.interval=0 " +
+          "--parallel.pipeline_parallel=2 --parallel.timeout_s=3 --job.output_dir=" + out,
+      out, dir);
+  ASSERT_EQ(job.ranks_seen, 2u) << job.log;
   // Well below the default timeout (300 s): a job that ends before it ended by the configured 3 s,
-  // which the log line below names. No bound on how soon: a loaded machine starts mpirun slowly.
-  while (read_file(dir.path("rc.txt")).empty() && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(200))
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  for (pid_t pid : ranks_running(out)) ::kill(pid, SIGKILL);
-  ASSERT_FALSE(read_file(dir.path("rc.txt")).empty()) << "the job still ran 200 s after a stage stopped";
-  EXPECT_NE(read_file(dir.path("rc.txt")), "0\n");
-  EXPECT_THAT(read_file(dir.path("log.txt")),
+  // which the log line below names.
+  ASSERT_FALSE(job.status.empty()) << "the job still ran 200 s after a stage stopped";
+  EXPECT_NE(job.status, "0\n");
+  EXPECT_THAT(job.log,
               ::testing::ContainsRegex("rank [01], (step [0-9]+, stage [01]|evaluation after step [0-9]+): the "
                                        "(receive|send|all-reduce) of [a-z0-9' -]+ did not complete within 3 s"));
 }

@@ -10,11 +10,7 @@
 #include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"
 
-#include <signal.h>
-
-#include <chrono>
 #include <filesystem>
-#include <thread>
 
 namespace ht::test {
 namespace {
@@ -235,24 +231,14 @@ TEST_F(TensorParallelJob, WhatCannotBeSplitIsRefusedNamingTheKeys) {
 // parallel.timeout_s; the message names the rank that waited, the step and the collective.
 TEST_F(TensorParallelJob, AHungRankEndsTheJobWithinTheTimeout) {
   const std::string out = dir_.path("hung_tensor_output");
-  std::system(("(" + mpirun(2) + HT_BINARY + " " + config_ + " --training.steps=1000000 --checkpoint.interval=0 " +
-               "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true --parallel.timeout_s=3 --job.output_dir=" +
-               out + " > " + dir_.path("log.txt") + " 2>&1; echo $? > " + dir_.path("rc.txt") + ") &").c_str());
-  std::vector<pid_t> pids;
-  for (int i = 0; i < 1800 && (pids.size() < 2 || read_file(out + "/metrics.jsonl").empty()); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    pids = ranks_running(out);
-  }
-  ASSERT_EQ(pids.size(), 2u) << read_file(dir_.path("log.txt"));
-  ::kill(pids[1], SIGSTOP);
-  const auto stopped = std::chrono::steady_clock::now();
-  // No bound on how soon: a loaded machine starts mpirun slowly; the log names the 3 s.
-  while (read_file(dir_.path("rc.txt")).empty() && std::chrono::steady_clock::now() - stopped < std::chrono::seconds(200))
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  for (pid_t pid : ranks_running(out)) ::kill(pid, SIGKILL);
-  ASSERT_FALSE(read_file(dir_.path("rc.txt")).empty()) << "the job still ran 200 s after a rank stopped";
-  EXPECT_NE(read_file(dir_.path("rc.txt")), "0\n");
-  EXPECT_THAT(read_file(dir_.path("log.txt")),
+  const StoppedRankJob job = run_with_a_stopped_rank(
+      mpirun(2) + HT_BINARY + " " + config_ + " --training.steps=1000000 --checkpoint.interval=0 " +
+          "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true --parallel.timeout_s=3 --job.output_dir=" + out,
+      out, dir_);
+  ASSERT_EQ(job.ranks_seen, 2u) << job.log;
+  ASSERT_FALSE(job.status.empty()) << "the job still ran 200 s after a rank stopped";
+  EXPECT_NE(job.status, "0\n");
+  EXPECT_THAT(job.log,
               ::testing::ContainsRegex("rank [01], (step [0-9]+|evaluation after step [0-9]+): the (all-reduce|all-gather|"
                                        "reduce-scatter) of [a-z0-9' (),-]+ did not complete within 3 s"));
 }

@@ -12,19 +12,6 @@
 namespace ht::test {
 namespace {
 
-TensorShape shape_of(const DecoderOptions& o) {
-  TensorShape s;
-  s.llama = o.is_llama();
-  s.layers = o.n_layer;
-  s.hidden = o.n_embd;
-  s.sequence = o.block_size;
-  s.heads = o.n_head;
-  s.kv_heads = o.kv_heads();
-  s.mlp_hidden = o.mlp_hidden();
-  s.padded_vocab = o.padded_vocab();
-  return s;
-}
-
 struct Counted {
   int64_t allreduce = 0, allgather = 0, reducescatter = 0;
   int64_t layer_bytes = 0;  // resident bytes a middle layer's forward added
@@ -65,11 +52,11 @@ void expect_terms_hold(const DecoderOptions& o, const std::string& label) {
     for (bool sp : {false, true}) {
       SCOPED_TRACE(label + " t=" + std::to_string(t) + (sp ? " SP" : ""));
       const Counted got = run_split(o, t, sp, batch);
-      const TensorTraffic want = tensor_parallel_traffic(shape_of(o), batch, t, sp);
+      const TensorTraffic want = tensor_parallel_traffic(tensor_shape(o), batch, t, sp);
       EXPECT_EQ(got.allreduce, want.allreduce_elements);
       EXPECT_EQ(got.allgather, want.allgather_elements);
       EXPECT_EQ(got.reducescatter, want.reducescatter_elements);
-      const int64_t accounted = layer_activation_bytes(shape_of(o), batch, t, sp);
+      const int64_t accounted = layer_activation_bytes(tensor_shape(o), batch, t, sp);
       EXPECT_NEAR(static_cast<double>(got.layer_bytes) / static_cast<double>(accounted), 1.0, 0.05)
           << got.layer_bytes << " measured, " << accounted << " accounted";
     }
@@ -87,7 +74,7 @@ TEST(TensorTerms, TrafficAndActivationsAreTheSplitGpt2sOwn) {
 }
 
 TEST(TensorTerms, OneRankHasNoTraffic) {
-  EXPECT_EQ(tensor_parallel_traffic(shape_of(DecoderOptions::gpt2(37, 16, 3, 4, 64, 0.0)), 2, 1, true).elements(), 0);
+  EXPECT_EQ(tensor_parallel_traffic(tensor_shape(DecoderOptions::gpt2(37, 16, 3, 4, 64, 0.0)), 2, 1, true).elements(), 0);
   Machine m;
   EXPECT_EQ(tensor_parallel_ms(m, 1, TensorTraffic{}, 4), 0.0);
 }
