@@ -53,6 +53,20 @@ at::Tensor part_of(const at::Tensor& whole, const ParameterSplit& split) {
   return at::cat(pieces, split.dim).contiguous();
 }
 
+std::vector<int64_t> whole_sizes_of(const DecoderOptions& o, const std::string& name,
+                                    std::vector<int64_t> part_sizes) {
+  const ParameterSplit mine = decoder_parameter_split(o, name);
+  if (!mine.split()) return part_sizes;
+  int64_t length = 0;
+  for (int64_t r = 0; r < o.tensor_parallel; ++r) {
+    DecoderOptions rank = o;
+    rank.tensor_rank = r;
+    for (const auto& range : decoder_parameter_split(rank, name).ranges) length += range.second;
+  }
+  part_sizes.at(static_cast<size_t>(mine.dim)) = length;
+  return part_sizes;
+}
+
 at::Tensor whole_of(const DecoderOptions& o, const std::string& name, const std::vector<at::Tensor>& parts) {
   TORCH_CHECK(static_cast<int64_t>(parts.size()) == o.tensor_parallel, "whole_of: ", parts.size(), " parts of ", name,
               " for tensor_parallel = ", o.tensor_parallel);

@@ -33,6 +33,10 @@ struct ParameterSplit {
 ParameterSplit decoder_parameter_split(const DecoderOptions& options, const std::string& name);
 // The whole of a split parameter from every rank's part (`parts[r]` rank r's, in rank order).
 at::Tensor whole_of(const DecoderOptions& options, const std::string& name, const std::vector<at::Tensor>& parts);
+// The whole parameter's sizes from those of a rank's part: every rank's ranges along the split
+// dimension, without the padding (the one-rank model's sizes).
+std::vector<int64_t> whole_sizes_of(const DecoderOptions& options, const std::string& name,
+                                    std::vector<int64_t> part_sizes);
 // The part of `whole` that the split describes (a new tensor).
 at::Tensor part_of(const at::Tensor& whole, const ParameterSplit& split);
 

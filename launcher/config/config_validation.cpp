@@ -112,12 +112,6 @@ class Rules {
                       "width, vocabulary); a convolution network's channels and a supernet's changing paths are not; "
                       "use parallel.data_parallel or parallel.pipeline_parallel for this model");
     }
-    if (p.shard != ShardLevel::kNone && (c_.checkpoint.interval > 0 || !c_.checkpoint.resume.empty())) {
-      throw UserError(head + " with parallel.shard = \"" + choice_name(p.shard) +
-                      "\" and checkpoint.interval or checkpoint.resume: checkpoints of a tensor-parallel job's "
-                      "sharded replicas are not built yet; use checkpoint.interval = 0 and no resume, or "
-                      "parallel.shard = \"none\"");
-    }
     if (p.strategy == Strategy::kAuto) {
       throw UserError(head + " with parallel.strategy = \"auto\": the planner does not search tensor parallelism "
                       "yet; use parallel.strategy = \"manual\"");
@@ -126,11 +120,6 @@ class Rules {
       throw UserError(head + " with model.init_from: importing a Hugging Face checkpoint into a split model is "
                       "not built yet; import with tensor_parallel = 1, save a checkpoint (checkpoint.interval), "
                       "and resume from it at tensor_parallel = " + std::to_string(p.tensor_parallel));
-    }
-    if (p.pipeline_parallel > 1 && (c_.checkpoint.interval > 0 || !c_.checkpoint.resume.empty())) {
-      throw UserError(head + " with parallel.pipeline_parallel = " + std::to_string(p.pipeline_parallel) +
-                      " and checkpoint.interval or checkpoint.resume: checkpoints of tensor-parallel pipeline "
-                      "stages are not built yet; use checkpoint.interval = 0 and no resume, or one of the two axes");
     }
   }
 

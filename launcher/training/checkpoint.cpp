@@ -199,6 +199,12 @@ TrainerState read_trainer_state(const fs::path& path) {
 
 std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, int64_t offset,
                                           const at::Tensor& like) {
+  return read_sliced_state(index, name, like,
+                           [&](const char* kind) { return index.read(kind, name, offset, like.numel()); });
+}
+
+std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, const at::Tensor& like,
+                                          const std::function<at::Tensor(const char* kind)>& read) {
   if (index.find("state0", name) == nullptr) return {};
   std::vector<at::Tensor> state;
   const bool adamw = index.optimizer() == "adamw";
@@ -211,7 +217,7 @@ std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::st
     if (!adamw && std::string(kind) == "state1") break;
     // Where the optimizer keeps it (the device, or the arena under a budget), not the reader's host copy.
     at::Tensor t = at::empty_like(like);
-    memory_order(t).copy_(index.read(kind, name, offset, like.numel()));
+    memory_order(t).copy_(read(kind));
     state.push_back(t);
   }
   return state;

@@ -70,6 +70,10 @@ class CheckpointStore {
 // where the parameter has none (never stepped). UserError without AdamW's step count.
 std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, int64_t offset,
                                           const at::Tensor& like);
+// The same, each kind's like.numel() elements given by `read("state0")` and `read("state1")`
+// (a tensor-parallel rank's reader of its part).
+std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, const at::Tensor& like,
+                                          const std::function<at::Tensor(const char* kind)>& read);
 
 // Resolves [checkpoint] resume: "latest" picks the newest checkpoint that verifies, warning about
 // each damaged one it skips (nullopt if there is none); a folder must verify, or UserError.

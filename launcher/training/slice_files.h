@@ -8,8 +8,14 @@
 // Rank r writes two files into the checkpoint's folder: rank_<r>.slices, the slices' raw bytes one
 // after another (host byte order), and rank_<r>.index, a line per slice:
 //
-//   slice <kind> <name> <dtype> <offset> <length> <byte at> <dims> <sizes...> <strides...>
+//   slice <kind> <name> <dtype> <offset> <length> <byte at> <dims> <sizes...> <strides...> [part <dim> <n> <start> <length>...]
 //   step <name> <count>            (AdamW's step count, by the rank holding the first element)
+//
+// A slice with "part" is a range of a tensor-parallel rank's part of the tensor instead of the
+// whole's (SlicePart: n ranges along one dimension, concatenated, in row-major order; the sizes are
+// still the whole tensor's). A reader asks for the part its own layout holds, whatever parts and
+// pieces wrote it: resuming at another tensor-parallel count is the same read as at another
+// data-parallel count.
 //   optimizer <adamw|sgd|none>
 //
 // Kinds: "param", "buffer", "state0" and "state1" (AdamW's exp_avg and exp_avg_sq; SGD's
@@ -24,11 +30,23 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace ht {
 
 std::string slice_file_stem(int rank);  // "rank_00003"
+
+// A part of a row-major tensor: `ranges` (start, length) along `dim`, concatenated in order. dim < 0:
+// the whole tensor, in its own memory order.
+struct SlicePart {
+  int64_t dim = -1;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  bool whole() const { return dim < 0; }
+  bool operator<(const SlicePart& o) const { return std::tie(dim, ranges) < std::tie(o.dim, o.ranges); }
+  bool operator==(const SlicePart& o) const { return dim == o.dim && ranges == o.ranges; }
+};
 
 // One rank's two files. Streams: memory beyond one slice's bytes is never needed.
 class SliceFileWriter {
@@ -43,6 +61,10 @@ class SliceFileWriter {
   // the host here). `like` gives the global sizes, strides and dtype.
   void add(const std::string& kind, const std::string& name, const at::Tensor& like, int64_t offset,
            const at::Tensor& values);
+  // `values`: `length` elements from `offset` of `part`'s row-major order, of a tensor of `sizes`
+  // (the whole's) and the values' dtype.
+  void add_part(const std::string& kind, const std::string& name, const std::vector<int64_t>& sizes,
+                const SlicePart& part, int64_t offset, const at::Tensor& values);
   void add_step(const std::string& name, int64_t count);
   // Flushes and fsyncs both files. {data bytes, data CRC-32, index bytes, index CRC-32}; throws
   // std::runtime_error where the disk refused a write.
@@ -50,6 +72,8 @@ class SliceFileWriter {
 
  private:
   struct Files;
+  void record(const std::string& kind, const std::string& name, at::ScalarType dtype, at::IntArrayRef sizes,
+              at::IntArrayRef strides, const SlicePart& part, int64_t offset, const at::Tensor& values);
   std::unique_ptr<Files> files_;
 };
 
@@ -57,12 +81,14 @@ struct SliceRecord {
   std::string file;  // rank_<r>.slices
   int64_t offset = 0, length = 0;
   uint64_t byte_at = 0;
+  SlicePart part;  // offset and length are in its order
 };
 
 struct SlicedTensor {
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> sizes, strides;
   std::vector<SliceRecord> slices;  // by offset
+  bool has_parts() const;
 };
 
 class SliceIndex {
@@ -83,10 +109,20 @@ class SliceIndex {
   // Elements [offset, offset + length) of the tensor's memory order, 1-D, on the host; UserError
   // if no slice holds some of them.
   at::Tensor read(const std::string& kind, const std::string& name, int64_t offset, int64_t length) const;
+  // Elements [offset, offset + length) of `part`'s row-major order, 1-D, on the host, from whatever
+  // parts and ranges were written (each written part that overlaps is read whole, one at a time).
+  at::Tensor read_part(const std::string& kind, const std::string& name, const SlicePart& part, int64_t offset,
+                       int64_t length) const;
   // The whole tensor in its recorded sizes and strides.
   at::Tensor whole(const std::string& kind, const std::string& name) const;
 
  private:
+  // Elements [from, to) of `s`'s own order into `dst`.
+  void read_record(const SliceRecord& s, int64_t from, int64_t to, int64_t element, char* dst,
+                   const std::string& name) const;
+  // Every element of the part that `records` (one written part's, by offset) hold, in its order.
+  at::Tensor assemble(const SlicedTensor& t, const std::vector<const SliceRecord*>& records, int64_t numel,
+                      const std::string& what) const;
   std::string folder_;
   std::string optimizer_ = "none";
   int ranks_ = 0;

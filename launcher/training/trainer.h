@@ -159,18 +159,40 @@ class Trainer {
   // norm over every rank's parts of the split parameters and one copy of the replicated ones.
   StepAcrossStages tensor_step_hooks();
   // Runs fn with the split parameters and their optimizer state whole on every rank of the
-  // tensor-parallel group (gathered), then keeps this rank's parts again: what a checkpoint in
-  // the one model-wide layout is written from and read into.
+  // tensor-parallel group (gathered), then keeps this rank's parts again: what a whole checkpoint
+  // (model.pt) is read into.
   void with_whole_tensors(const std::function<void()>& fn);
   // What optimizer_ keeps state for: the parameters, or this rank's pieces of them (sharded).
-  // Whether a sharded checkpoint's writer of whole tensors (each stage's first replica) writes
+  // Whether a sliced checkpoint's writer of whole tensors (each stage's first replica) writes
   // model parameter `index`: not another stage's, nor a tied weight's copy.
   bool writes_whole_parameter(size_t index, const at::Tensor& param) const;
   const std::vector<at::Tensor>& state_params() const { return shard_ ? shard_->pieces() : params_; }
-  void save_sharded_checkpoint();
-  void resume_sharded_from_slices(const std::string& folder);
+  // Checkpoints as slices (trainer_slices.cpp): where parameter `name`, a rank's tensor of
+  // `sizes`, lies in the whole tensor a checkpoint records.
+  struct CheckpointPart {
+    SlicePart part;              // whole: the rank holds all of it
+    std::vector<int64_t> sizes;  // the whole tensor's
+    int64_t valid = 0;           // elements of the rank's tensor that are the whole's (the rest: padding)
+    bool writer = true;          // this rank writes it (a replicated tensor: the group's first rank)
+  };
+  CheckpointPart checkpoint_part(const std::string& name, const std::vector<int64_t>& sizes) const;
+  // Elements [offset, offset + values.numel()) of `param`'s memory order, as a slice of its whole.
+  void add_slice(SliceFileWriter& out, const std::string& kind, const std::string& name, const at::Tensor& param,
+                 int64_t offset, const at::Tensor& values) const;
+  // Elements [offset, offset + length) of `param`'s memory order from the checkpoint (padding: zeros).
+  at::Tensor read_slice(const SliceIndex& index, const std::string& kind, const std::string& name,
+                        const at::Tensor& param, int64_t offset, int64_t length) const;
+  std::vector<at::Tensor> read_slice_state(const SliceIndex& index, const std::string& name, const at::Tensor& param,
+                                           int64_t offset, const at::Tensor& like) const;
+  void save_sliced_checkpoint();
+  void write_pieces(SliceFileWriter& out, bool adamw) const;
+  void write_parameters(SliceFileWriter& out, bool adamw) const;
+  void write_state(SliceFileWriter& out, const std::string& name, const at::Tensor& param, int64_t offset,
+                   const std::vector<at::Tensor>& state, bool adamw) const;
+  void resume_from_slices(const std::string& folder);
   void read_whole_tensors_from_slices(const SliceIndex& index, const std::string& folder);
   void read_pieces_from_slices(const SliceIndex& index);
+  void read_state_from_slices(const SliceIndex& index);
   // Each parameter's name, by its TensorImpl.
   std::map<const void*, std::string> parameter_names() const;
   // DataParallel's bucketed parameters (those the shards split), by TensorImpl.

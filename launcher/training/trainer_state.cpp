@@ -121,11 +121,18 @@ StepAcrossStages Trainer::shard_step_hooks() {
 }
 
 void Trainer::resume_from(const std::string& folder) {
-  if (tensor_) {
-    // The checkpoint holds whole tensors, whatever the layout that wrote it: each rank keeps its parts.
+  if ((shard_ || tensor_) && SliceIndex::present(folder)) {
+    resume_from_slices(folder);  // each rank reads only what its stage, part and pieces hold
+  } else if (tensor_) {
+    if (pipeline_ || shard_) {
+      throw UserError(folder + ": a whole checkpoint (model.pt, from a run without sharding or tensor parallelism) "
+                      "resumes into tensor-parallel " + std::string(pipeline_ ? "pipeline stages" : "sharded replicas") +
+                      " only through slices: resume it first at parallel.tensor_parallel = " +
+                      std::to_string(tensor_->size()) + " without pipeline stages or sharding (that run's checkpoints "
+                      "are slices) and then from its checkpoint here, or here at parallel.tensor_parallel = 1");
+    }
+    // Whole tensors, whatever the layout that wrote them: each rank keeps its parts.
     with_whole_tensors([&] { state_ = CheckpointStore::load(folder, *model_, *optimizer_); });
-  } else if (shard_ && SliceIndex::present(folder)) {
-    resume_sharded_from_slices(folder);  // a stage's ranks read only what the stage trains
   } else if (pipeline_ && shard_) {
     // A whole checkpoint: the stage's whole state from it, then this rank's share of that.
     const std::unique_ptr<torch::optim::Optimizer> full = make_optimizer(config_.training, params_);
@@ -163,25 +170,11 @@ void Trainer::resume_from(const std::string& folder) {
 
 void Trainer::save_checkpoint() {
   HostAllocationScope host;  // serialization buffers are host memory, not the device's
-  if (tensor_ && (pipeline_ || shard_)) {
-    progress_.line(std::string("warning: no checkpoint: a checkpoint of tensor-parallel ") +
-                   (pipeline_ ? "pipeline stages" : "sharded replicas") + " is not built yet");
-    return;
-  }
-  if (shard_) {
-    save_sharded_checkpoint();
+  if (shard_ || tensor_) {
+    save_sliced_checkpoint();  // every rank writes what it holds
     return;
   }
   if (replicas_.rank() != 0) return;  // the replicas hold the same state: rank 0 writes it
-  if (tensor_) {
-    // The group gathers the split tensors; its first rank writes the whole model.
-    std::string folder;
-    with_whole_tensors([&] {
-      if (tensor_->rank() == 0) folder = checkpoints_.save(*model_, *optimizer_, state_);
-    });
-    if (!folder.empty()) progress_.line("checkpoint " + folder);
-    return;
-  }
   if (pipeline_) {
     // Every stage's first replica takes part; rank 0 writes the whole model.
     std::string folder;
@@ -194,162 +187,6 @@ void Trainer::save_checkpoint() {
   }
   const std::string folder = checkpoints_.save(*model_, *optimizer_, state_);
   progress_.line("checkpoint " + folder);
-}
-
-// Each rank writes the slices it holds (launcher/training/slice_files.h): its pieces of the
-// parameters and their optimizer state; rank 0 (each stage's first replica, with pipeline stages)
-// also the parameters no bucket holds and the buffers, which every replica has whole. Nothing is
-// gathered: a rank's memory holds its share only.
-void Trainer::save_sharded_checkpoint() {
-  // Pipeline stages: every rank of the job writes its slices of its stage's tensors.
-  std::optional<GridGroup> grid;
-  if (pipeline_) grid.emplace(replicas_.group(), pipeline_->group());
-  Communicator& writers = grid ? static_cast<Communicator&>(*grid) : replicas_.group();
-  writers.set_context("the checkpoint after step " + std::to_string(state_.step));
-  const std::map<const void*, std::string> names = parameter_names();
-  const std::string optimizer = optimizer_name(*optimizer_);
-  const bool adamw = optimizer == "adamw";
-  // A large model's share takes a while to write: say so before, and how long after.
-  int64_t bytes = 0;
-  for (const at::Tensor& piece : shard_->pieces()) bytes += static_cast<int64_t>(piece.nbytes()) * (adamw ? 3 : 2);
-  const auto start = std::chrono::steady_clock::now();
-  if (bytes > (int64_t{1} << 30)) {
-    progress_.line("checkpoint of step " + std::to_string(state_.step) + ": each rank writes its slices, " +
-                   format_bytes(bytes) + " here");
-  }
-  const std::string folder = checkpoints_.save_sliced(
-      writers, state_, optimizer, [&](SliceFileWriter& out) {
-        const std::vector<at::Tensor>& pieces = shard_->pieces();
-        for (size_t i = 0; i < pieces.size(); ++i) {
-          const OptimizerShard::PieceOf p = shard_->piece_of(i);
-          if (pipeline_ && pipeline_->holds_tied_copy(*p.param)) continue;  // the registering stage writes it
-          const std::string& name = names.at(p.param->unsafeGetTensorImpl());
-          out.add("param", name, *p.param, p.offset, pieces[i]);
-          const std::vector<at::Tensor> state = optimizer_state(*optimizer_, pieces[i]);
-          if (state.empty()) continue;
-          if (adamw && p.offset == 0) out.add_step(name, state[0].item<int64_t>());
-          for (size_t k = adamw ? 1 : 0, kind = 0; k < state.size(); ++k, ++kind) {
-            out.add("state" + std::to_string(kind), name, *p.param, p.offset, state[k]);
-          }
-        }
-        if (replicas_.rank() != 0) return;  // each stage's first replica: what every replica has whole
-        const std::set<const void*> bucketed = bucketed_parameters();
-        const auto params = model_->named_parameters();
-        for (size_t i = 0; i < params.size(); ++i) {
-          const at::Tensor& p = params[i].value();
-          if (bucketed.count(p.unsafeGetTensorImpl()) == 0 && writes_whole_parameter(i, p)) {
-            out.add("param", params[i].key(), p, 0, memory_order(p));
-          }
-        }
-        const auto buffers = model_->named_buffers();
-        for (size_t i = 0; i < buffers.size(); ++i) {
-          if (pipeline_ && !pipeline_->share().own_buffer[i]) continue;
-          out.add("buffer", buffers[i].key(), buffers[i].value(), 0, memory_order(buffers[i].value()));
-        }
-      });
-  char took[64];
-  std::snprintf(took, sizeof took, " (slices of %d ranks, %.1f s)", writers.size(),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  progress_.line("checkpoint " + folder + took);
-}
-
-bool Trainer::writes_whole_parameter(size_t index, const at::Tensor& param) const {
-  return !pipeline_ || (pipeline_->share().own_param[index] && !pipeline_->holds_tied_copy(param));
-}
-
-std::set<const void*> Trainer::bucketed_parameters() const {
-  std::set<const void*> bucketed;
-  for (const at::Tensor& t : replicas_.reduction_order()) bucketed.insert(t.unsafeGetTensorImpl());
-  return bucketed;
-}
-
-std::map<const void*, std::string> Trainer::parameter_names() const {
-  std::map<const void*, std::string> names;
-  for (const auto& p : model_->named_parameters()) names[p.value().unsafeGetTensorImpl()] = p.key();
-  return names;
-}
-
-namespace {
-
-UserError slices_do_not_fit(const std::string& folder, const std::string& why) {
-  return UserError(folder + ": this checkpoint does not fit the configured model or optimizer: " + why +
-                   "; resume with the config it was saved with");
-}
-
-// The configured tensor's shape and dtype against the checkpoint's record of it.
-void check_slice_record(const SliceIndex& index, const std::string& folder, const char* kind, const std::string& name,
-                        const std::vector<int64_t>& sizes, at::ScalarType dtype) {
-  const SlicedTensor* t = index.find(kind, name);
-  if (t == nullptr) throw slices_do_not_fit(folder, "it has no tensor " + name);
-  if (t->sizes != sizes || t->dtype != dtype) {
-    throw slices_do_not_fit(folder, name + " is " + c10::str(t->dtype, at::IntArrayRef(t->sizes)) + " there but " +
-                                        c10::str(dtype, at::IntArrayRef(sizes)) + " in the configured model");
-  }
-}
-
-}  // namespace
-
-// A sharded run reads back only the ranges its pieces cover, whatever count of ranks wrote them.
-void Trainer::resume_sharded_from_slices(const std::string& folder) {
-  const SliceIndex index(folder);
-  const std::string optimizer = optimizer_name(*optimizer_);
-  if (index.optimizer() != optimizer) {
-    throw slices_do_not_fit(folder, "its optimizer state is " + index.optimizer() + "'s, the configured optimizer " +
-                                        optimizer);
-  }
-  at::NoGradGuard no_grad;
-  read_whole_tensors_from_slices(index, folder);
-  read_pieces_from_slices(index);
-  state_ = CheckpointStore::load_trainer_state(folder);
-}
-
-// Every parameter and buffer checked; the buffers and the parameters every rank holds whole
-// (all but ZeRO-3's sharded ones, and a pipeline stage's own only) read whole.
-void Trainer::read_whole_tensors_from_slices(const SliceIndex& index, const std::string& folder) {
-  size_t tensors = 0;
-  const std::set<const void*> bucketed = bucketed_parameters();
-  const auto params = model_->named_parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i].value();
-    const bool held = !pipeline_ || pipeline_->share().own_param[i];  // a stage's tensors of others are empty
-    check_slice_record(index, folder, "param", params[i].key(), held ? p.sizes().vec() : pipeline_->share().param_sizes[i],
-                       p.scalar_type());
-    ++tensors;
-    if (!held || (param_shards_ && bucketed.count(p.unsafeGetTensorImpl()) != 0)) continue;  // by pieces
-    memory_order(p).copy_(index.read("param", params[i].key(), 0, p.numel()));
-  }
-  const auto buffers = model_->named_buffers();
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const at::Tensor& b = buffers[i].value();
-    const bool held = !pipeline_ || pipeline_->share().own_buffer[i];
-    check_slice_record(index, folder, "buffer", buffers[i].key(), held ? b.sizes().vec() : pipeline_->share().buffer_sizes[i],
-                       b.scalar_type());
-    ++tensors;
-    if (held) memory_order(b).copy_(index.read("buffer", buffers[i].key(), 0, b.numel()));
-  }
-  const size_t saved = index.names("param").size() + index.names("buffer").size();
-  if (tensors != saved) {
-    throw slices_do_not_fit(folder, "it holds " + std::to_string(saved) + " tensors, the configured model " +
-                                        std::to_string(tensors));
-  }
-}
-
-// This rank's pieces: their optimizer state, and at ZeRO-3 their parameters' values.
-void Trainer::read_pieces_from_slices(const SliceIndex& index) {
-  const std::map<const void*, std::string> names = parameter_names();
-  const std::vector<at::Tensor>& pieces = shard_->pieces();
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const OptimizerShard::PieceOf p = shard_->piece_of(i);
-    const std::string& name = names.at(p.param->unsafeGetTensorImpl());
-    at::Tensor piece = pieces[i];
-    if (param_shards_) piece.copy_(index.read("param", name, p.offset, p.length));
-    const std::vector<at::Tensor> state = read_sliced_state(index, name, p.offset, piece);
-    if (state.empty()) {
-      drop_optimizer_state(*optimizer_, piece);
-    } else {
-      set_optimizer_state(*optimizer_, piece, state);
-    }
-  }
 }
 
 }  // namespace ht

@@ -1,9 +1,9 @@
 // Trainer: what tensor parallelism adds to a step and a checkpoint. Each rank of a group holds its
 // parts of the split parameters (models/decoder_split.h) and the whole of the replicated ones,
 // whose gradients are equal on every rank of the group: the step's norm counts the parts of every
-// rank and one copy of the rest (with sharded gradients, every replica's pieces of them); a
-// checkpoint is written from, and read into, the whole tensors (the one model-wide layout),
-// gathered for the moment it takes.
+// rank and one copy of the rest (with sharded gradients, every replica's pieces of them). A
+// checkpoint is each rank's slices of its parts (trainer_slices.cpp); a whole one (model.pt) is
+// read into the whole tensors, gathered for the moment it takes.
 #include "launcher/training/trainer.h"
 
 #include "alloc/cpu_device_allocator.h"

@@ -66,6 +66,51 @@ TEST(SliceFiles, RangesWrittenByThreeRanksReadBackAtAnyOther) {
   EXPECT_THAT(error_of([&] { SliceIndex{dir.path("")}; }), HasSubstr("rank_00001.index, line 5: not a slice record"));
 }
 
+// Tensor-parallel parts: a [6, 8] weight's columns split 2 ways (each part's 24 elements written as
+// two data-parallel pieces by two files), and a [12, 2] weight whose rank parts are three row
+// ranges each (query, key, value heads), read back as 4-way parts, as a whole, and as ranges of
+// the whole's memory order; a missing part is said as such, and a part out of bounds is damage.
+TEST(SliceFiles, TensorParallelPartsReadBackAtAnyOtherSplit) {
+  TempDir dir;
+  const at::Tensor wo = at::arange(48, at::kFloat).view({6, 8});
+  const at::Tensor wqkv = at::arange(24, at::kFloat).view({12, 2}) * -1;
+  auto columns = [](int64_t start, int64_t length) { return SlicePart{1, {{start, length}}}; };
+  auto heads = [](int64_t rank, int64_t t) {  // 4 query rows, then 4 key rows, then 4 value rows, t ways
+    const int64_t n = 4 / t;
+    return SlicePart{0, {{rank * n, n}, {4 + rank * n, n}, {8 + rank * n, n}}};
+  };
+  auto part_of = [](const at::Tensor& whole, const SlicePart& part) {
+    std::vector<at::Tensor> pieces;
+    for (const auto& [start, length] : part.ranges) pieces.push_back(whole.narrow(part.dim, start, length));
+    return at::cat(pieces, part.dim).contiguous().view({-1});
+  };
+  int file = 0;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    const at::Tensor mine = part_of(wo, columns(rank * 4, 4));
+    for (int64_t piece = 0; piece < 2; ++piece) {  // two replicas' pieces of the part
+      SliceFileWriter out(dir.path(""), file++, "none");
+      out.add_part("param", "wo", {6, 8}, columns(rank * 4, 4), piece * 12, mine.narrow(0, piece * 12, 12));
+      if (piece == 0) out.add_part("param", "wqkv", {12, 2}, heads(rank, 2), 0, part_of(wqkv, heads(rank, 2)));
+      out.finish();
+    }
+  }
+  const SliceIndex index(dir.path(""));
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(at::equal(index.read_part("param", "wo", columns(rank * 2, 2), 0, 12), part_of(wo, columns(rank * 2, 2))));
+    EXPECT_TRUE(at::equal(index.read_part("param", "wqkv", heads(rank, 4), 2, 4), part_of(wqkv, heads(rank, 4)).narrow(0, 2, 4)));
+  }
+  EXPECT_TRUE(at::equal(index.whole("param", "wo"), wo));
+  EXPECT_TRUE(at::equal(index.whole("param", "wqkv"), wqkv));
+  EXPECT_TRUE(at::equal(index.read("param", "wo", 5, 30), wo.reshape({-1}).narrow(0, 5, 30))) << "the whole's memory order";
+  std::filesystem::remove(dir.path("rank_00003.index"));  // rank 1's second piece of its columns
+  const SliceIndex three(dir.path(""));
+  EXPECT_TRUE(at::equal(three.read_part("param", "wo", columns(0, 4), 0, 24), part_of(wo, columns(0, 4))));
+  EXPECT_THAT(error_of([&] { three.read_part("param", "wo", columns(4, 2), 0, 12); }),
+              HasSubstr("hold its elements up to 12 of 24"));
+  std::ofstream(dir.path("rank_00000.index"), std::ios::app) << "slice param x 6 0 2 0 1 4 1 part 0 1 3 2\n";
+  EXPECT_THAT(error_of([&] { SliceIndex{dir.path("")}; }), HasSubstr("not a slice record"));
+}
+
 struct SgdMlp {
   std::shared_ptr<Mlp> model = std::make_shared<Mlp>(MlpOptions{8, {4}, 3, 0.0});
   torch::optim::SGD sgd{model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)};

@@ -3,8 +3,9 @@
 // within fp32 reduction order (Llama with grouped-query attention and an untied head at t = 2 and
 // 4, with and without sequence parallelism; GPT-2 with biases, learned positions and a tied head),
 // and so do the grids that add data-parallel replicas and pipeline stages (8 ranks). A DTR budget
-// on each rank changes no bit of the same layout; a checkpoint holds whole tensors, so a run
-// resumes at another tensor-parallel count; dropout draws the same bits in the same layout twice.
+// on each rank changes no bit of the same layout; a checkpoint records each rank's part of the
+// whole tensors (slices), so a run resumes at another tensor-parallel count, with or without
+// stages and sharding; dropout draws the same bits in the same layout twice.
 #include "tests/support/mpi_job.h"
 #include "tests/support/ranks.h"
 #include "tests/support/run_records.h"
@@ -83,7 +84,7 @@ TEST_F(TensorParallelJob, SplitLlamaTrainsTheOneRankRunsModel) {
     SCOPED_TRACE(options);
     split = train(ranks, "split" + std::to_string(ranks) + std::to_string(options.size()), options);
     expect_close_losses(losses(split), losses(one));
-    // The checkpoint holds the whole tensors, in the one-rank run's names and shapes.
+    // The checkpoint's slices are of the whole tensors, in the one-rank run's names and shapes.
     expect_same_model(one + "/checkpoints/step_00000004", split + "/checkpoints/step_00000004", kAdamTolerance);
   }
   // One process samples from a split run's checkpoint: the whole model.
@@ -106,23 +107,29 @@ TEST_F(TensorParallelJob, TheThreeAxesTogetherTrainTheOneRankRunsModel) {
   expect_same_model(one + "/checkpoints/step_00000004", replicas + "/checkpoints/step_00000004", kAdamTolerance);
   const std::string log = dir_.path("grid.log");
   ASSERT_EQ(run_logged(mpirun(8) + HT_BINARY + " " + config_ + " --parallel.tensor_parallel=2 --parallel.pipeline_parallel=2 "
-                           "--parallel.sequence_parallel=true --checkpoint.interval=0 --job.output_dir=" + dir_.path("grid"),
+                           "--parallel.sequence_parallel=true --job.output_dir=" + dir_.path("grid"),
                        log),
             0)
       << read_file(log);
   EXPECT_THAT(read_file(log), HasSubstr("ranks: 8 (data-parallel 2 x tensor-parallel 2 with sequence parallelism x pipeline 2)"));
   expect_close_losses(losses(dir_.path("grid")), losses(one));
+  // Each of the 8 ranks wrote its stage's parts as slices of the whole tensors.
+  expect_same_model(one + "/checkpoints/step_00000004", dir_.path("grid/checkpoints/step_00000004"), kAdamTolerance);
 }
 
 // ZeRO within the replicas of a tensor-parallel job (2 replicas x t = 2): each replica group shards
 // the state of its rank's parts. ZeRO-1 steps the same gradients element by element: the same
 // losses bit for bit; ZeRO-2 and 3 reduce-scatter, in another order: within fp32's.
 TEST_F(TensorParallelJob, ShardingWithinTheReplicasTrainsTheSameModel) {
-  const std::string grid = "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true --checkpoint.interval=0 ";
-  const std::vector<double> plain = losses(train(4, "plain", grid));
-  EXPECT_EQ(losses(train(4, "zero1", grid + "--parallel.shard=optimizer")), plain);
-  expect_close_losses(losses(train(4, "zero2", grid + "--parallel.shard=gradients")), plain);
-  expect_close_losses(losses(train(4, "zero3", grid + "--parallel.shard=parameters")), plain);
+  const std::string grid = "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true ";
+  const std::string plain = train(4, "plain", grid), zero1 = train(4, "zero1", grid + "--parallel.shard=optimizer");
+  EXPECT_EQ(losses(zero1), losses(plain));
+  // Each rank's pieces of its parts, as slices: the same model.
+  expect_same_model(plain + "/checkpoints/step_00000004", zero1 + "/checkpoints/step_00000004");
+  expect_close_losses(losses(train(4, "zero2", grid + "--parallel.shard=gradients --checkpoint.interval=0")), losses(plain));
+  const std::string zero3 = train(4, "zero3", grid + "--parallel.shard=parameters");
+  expect_close_losses(losses(zero3), losses(plain));
+  expect_same_model(plain + "/checkpoints/step_00000004", zero3 + "/checkpoints/step_00000004", kAdamTolerance);
 }
 
 // A budget's evictions and recomputations (collectives among them, re-run on both ranks at once)
@@ -178,6 +185,41 @@ TEST_F(TensorParallelJob, ACheckpointResumesAtAnotherTensorParallelCount) {
   }
 }
 
+// Every axis at once writes a checkpoint (GPT-2 with a tied head over 71 characters: t = 2 pads
+// the vocabulary to 72, t = 4 too, on other rows): ZeRO-1 pieces of each rank's parts of each
+// stage, on 8 ranks. Resumed after step 2 by other layouts (t = 4 with sequence parallelism,
+// ZeRO-3 at t = 2, pipeline stages at t = 4, one rank), each ends where the uninterrupted run
+// does; a whole checkpoint into tensor-parallel stages is refused, saying what would work.
+TEST_F(TensorParallelJob, ACheckpointOfEveryAxisResumesInAnyOtherLayout) {
+  const std::string gpt = "--model.name=gpt --model.n_head=4 --model.n_kv_heads=0 "
+                          "--data.path=/usr/share/common-licenses/Artistic ";
+  const std::string all = train(8, "all", gpt + "--parallel.tensor_parallel=2 --parallel.pipeline_parallel=2 "
+                                                "--parallel.shard=optimizer");
+  const std::vector<double> all_losses = losses(all), after_step_2(all_losses.begin() + 2, all_losses.end());
+  for (const auto& [ranks, options] : std::vector<std::pair<int, std::string>>{
+           {4, "--parallel.tensor_parallel=4 --parallel.sequence_parallel=true"},
+           {4, "--parallel.tensor_parallel=2 --parallel.shard=parameters"},
+           {8, "--parallel.tensor_parallel=4 --parallel.pipeline_parallel=2"},
+           {1, ""}}) {
+    SCOPED_TRACE(options);
+    const std::string name = "resumed" + std::to_string(ranks) + std::to_string(options.size());
+    std::filesystem::create_directories(dir_.path(name + "/checkpoints"));
+    std::filesystem::copy(all + "/checkpoints/step_00000002", dir_.path(name + "/checkpoints/step_00000002"),
+                          std::filesystem::copy_options::recursive);
+    const std::string resumed = train(ranks, name, gpt + options + " --checkpoint.resume=latest");
+    expect_close_losses(losses(resumed), after_step_2);
+    expect_same_model(all + "/checkpoints/step_00000004", resumed + "/checkpoints/step_00000004", kAdamTolerance);
+  }
+  const std::string one = train(1, "one", gpt);  // model.pt: a whole checkpoint
+  const std::string log = dir_.path("whole.log");
+  EXPECT_EQ(WEXITSTATUS(run_logged(mpirun(4) + HT_BINARY + " " + config_ + " " + gpt + "--parallel.tensor_parallel=2 "
+                                        "--parallel.pipeline_parallel=2 --checkpoint.resume=" + one +
+                                        "/checkpoints/step_00000002 --job.output_dir=" + dir_.path("whole"),
+                                    log)),
+            2);
+  EXPECT_THAT(read_file(log), HasSubstr("resume it first at parallel.tensor_parallel = 2 without pipeline stages"));
+}
+
 TEST_F(TensorParallelJob, DropoutDrawsTheSameBitsInTheSameLayoutTwice) {
   const std::string gpt = "--model.name=gpt --model.n_head=4 --model.n_kv_heads=0 --model.dropout=0.1 "
                           "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true";
@@ -215,7 +257,6 @@ TEST_F(TensorParallelJob, WhatCannotBeSplitIsRefusedNamingTheKeys) {
            {2, "--parallel.tensor_parallel=2 --model.n_kv_heads=1", "model.n_kv_heads = 1 is not a multiple of parallel.tensor_parallel = 2"},
            {3, "--parallel.tensor_parallel=3", "model.n_head = 8 is not a multiple of parallel.tensor_parallel = 3"},
            {3, "--parallel.tensor_parallel=2", "start it with mpirun -np 2"},
-           {2, "--parallel.tensor_parallel=2 --parallel.shard=optimizer", "checkpoints of a tensor-parallel job's sharded replicas"},
            {2, "--parallel.tensor_parallel=2 --model.init_from=/nowhere", "importing a Hugging Face checkpoint into a split model"}}) {
     SCOPED_TRACE(c.options);
     const std::string log = dir_.path("refused.log");
