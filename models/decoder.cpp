@@ -67,11 +67,22 @@ class Norm : public torch::nn::Module {
   Split split_;
 };
 
+// Tensor parallelism: a rank keeps only its part of a split parameter from the moment its layer
+// makes it (models/decoder_split.h; `name` as the table knows it), so that no rank holds the whole
+// model, only one whole tensor at a time; the layer's draws are the one-rank model's.
+void keep_part(const DecoderOptions& o, const std::string& name, at::Tensor& p) {
+  if (o.tensor_parallel == 1 || !p.defined()) return;
+  const ParameterSplit split = decoder_parameter_split(o, name);
+  at::NoGradGuard no_grad;
+  if (split.split()) p.set_data(part_of(p, split));
+}
+
 // x = dropout(wte[idx] (+ wpe[0..T)))     idx (B, T) -> x (B, T, D)
 class EmbeddingBlock : public Block {
  public:
   explicit EmbeddingBlock(const DecoderOptions& o)
       : wte(register_module("wte", std::make_shared<Embedding>(o.vocab_size, o.n_embd))), options_(o), split_(o) {
+    keep_part(o, "embed.wte.weight", wte->weight);
     if (!o.is_llama()) wpe = register_module("wpe", std::make_shared<Embedding>(o.block_size, o.n_embd));
   }
 
@@ -125,7 +136,10 @@ class SelfAttention : public torch::nn::Module {
     const int64_t q = o.n_head * o.head_dim(), kv = o.kv_heads() * o.head_dim();
     const bool bias = !o.is_llama();
     wqkv = register_module("wqkv", std::make_shared<Linear>(o.n_embd, q + 2 * kv, bias));
+    keep_part(o, "attn.wqkv.weight", wqkv->weight);
+    keep_part(o, "attn.wqkv.bias", wqkv->bias);
     wo = register_module("wo", std::make_shared<Linear>(q, o.n_embd, bias));
+    keep_part(o, "attn.wo.weight", wo->weight);
   }
 
   Tensor forward(const Tensor& x) {
@@ -172,10 +186,15 @@ class FeedForward : public torch::nn::Module {
   explicit FeedForward(const DecoderOptions& o) : options_(o), hidden_(o.mlp_hidden()), split_(o) {
     if (o.is_llama()) {
       w13 = register_module("w13", std::make_shared<Linear>(o.n_embd, 2 * hidden_, false));
+      keep_part(o, "mlp.w13.weight", w13->weight);
       w2 = register_module("w2", std::make_shared<Linear>(hidden_, o.n_embd, false));
+      keep_part(o, "mlp.w2.weight", w2->weight);
     } else {
       fc = register_module("fc", std::make_shared<Linear>(o.n_embd, hidden_));
+      keep_part(o, "mlp.fc.weight", fc->weight);
+      keep_part(o, "mlp.fc.bias", fc->bias);
       proj = register_module("proj", std::make_shared<Linear>(hidden_, o.n_embd));
+      keep_part(o, "mlp.proj.weight", proj->weight);
     }
   }
 
@@ -228,6 +247,7 @@ class HeadBlock : public Block {
       : norm_(register_module("norm", std::make_shared<Norm>(o))), tied_(tied_weight.defined()), split_(o) {
     // A tied weight is not registered again: one parameter, two uses.
     weight_ = tied_ ? std::move(tied_weight) : register_module("lm_head", std::make_shared<Linear>(o.n_embd, o.vocab_size, false))->weight;
+    if (!tied_) keep_part(o, "head.lm_head.weight", weight_);
   }
 
   // Split: this rank's columns of the (padded) vocabulary's logits, over the whole sequence.
@@ -263,28 +283,33 @@ Decoder::Decoder(const DecoderOptions& o) : options_(o) {
   add_block("head", std::make_shared<HeadBlock>(o, o.tied() ? embed->wte->weight : at::Tensor()));
 
   // GPT-2's initialization, which torchtitan's Llama follows in spirit: matrices N(0, 0.02), the
-  // projections onto the residual stream N(0, 0.02 / sqrt(2 n_layer)), biases 0, norms 1.
+  // projections onto the residual stream N(0, 0.02 / sqrt(2 n_layer)), biases 0, norms 1. A split
+  // parameter draws its whole, one tensor at a time, and keeps its part: every layout starts from
+  // the one-rank run's weights.
   at::NoGradGuard no_grad;
+  auto normal = [&](at::Tensor& p, const std::string& name, double std) {
+    const ParameterSplit split = decoder_parameter_split(o, name);
+    if (!split.split()) {
+      p.normal_(0.0, std);
+      return;
+    }
+    at::Tensor whole = at::empty(whole_sizes_of(o, name, p.sizes().vec()), p.options());
+    whole.normal_(0.0, std);
+    p.copy_(part_of(whole, split));
+  };
   for (auto& item : named_parameters()) {
     at::Tensor& p = item.value();
     if (p.dim() >= 2) {
-      p.normal_(0.0, 0.02);
+      normal(p, item.key(), 0.02);
     } else if (item.key().find("norm") == std::string::npos) {
       p.zero_();
     }
   }
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer));
-  for (auto& layer : layers) {
-    layer->attn->wo->weight.normal_(0.0, residual_std);
-    layer->mlp->out().weight.normal_(0.0, residual_std);
-  }
-  // Tensor parallelism: this rank keeps its part of the whole initialization (the one-rank run's
-  // weights, whatever the layout), dropping the rest.
-  if (o.tensor_parallel > 1) {
-    for (auto& item : named_parameters()) {
-      const ParameterSplit split = decoder_parameter_split(o, item.key());
-      if (split.split()) item.value().set_data(part_of(item.value(), split));
-    }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string h = "h" + std::to_string(i);
+    normal(layers[i]->attn->wo->weight, h + ".attn.wo.weight", residual_std);
+    normal(layers[i]->mlp->out().weight, h + (o.is_llama() ? ".mlp.w2.weight" : ".mlp.proj.weight"), residual_std);
   }
 }
 

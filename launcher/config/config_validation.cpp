@@ -116,11 +116,6 @@ class Rules {
       throw UserError(head + " with parallel.strategy = \"auto\": the planner does not search tensor parallelism "
                       "yet; use parallel.strategy = \"manual\"");
     }
-    if (!c_.model.init_from.empty()) {
-      throw UserError(head + " with model.init_from: importing a Hugging Face checkpoint into a split model is "
-                      "not built yet; import with tensor_parallel = 1, save a checkpoint (checkpoint.interval), "
-                      "and resume from it at tensor_parallel = " + std::to_string(p.tensor_parallel));
-    }
   }
 
   void model_and_data() {

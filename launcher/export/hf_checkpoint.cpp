@@ -3,6 +3,8 @@
 #include "launcher/export/hf_layout.h"
 #include "launcher/report/run_output.h"
 #include "launcher/user_error.h"
+#include "models/decoder.h"
+#include "models/decoder_split.h"
 #include "alloc/cpu_device_allocator.h"
 #include "base/remove_tree.h"
 
@@ -224,21 +226,46 @@ void import_hf(Model& model, const DecoderOptions& o, const HfCheckpoint& source
   const std::vector<HfTensor> layout = hf_tensors(o);
   const std::map<std::string, std::string> file_name = check_fits(source, o, layout, key);
   check_tied_head(source, o, file_name.at(layout.front().name), key);
-  std::map<std::string, at::Tensor> params;
-  for (auto& p : model.named_parameters()) params[p.key()] = p.value();
-  check_layout_covers(layout, params);
+  // A tensor-parallel rank's model holds its parts of the split parameters (models/decoder_split.h):
+  // each is assembled whole on the host from the file's tensors, one at a time, and the rank keeps
+  // its part.
+  const auto* decoder = dynamic_cast<const Decoder*>(&model);
+  const DecoderOptions split = decoder != nullptr ? decoder->options() : o;
+  std::map<std::string, at::Tensor> params, wholes;  // wholes: split parameters, being assembled
+  std::map<std::string, at::Tensor> shapes;          // every parameter's whole shape (meta tensors)
+  for (auto& p : model.named_parameters()) {
+    params[p.key()] = p.value();
+    shapes[p.key()] = at::empty(whole_sizes_of(split, p.key(), p.value().sizes().vec()),
+                                at::TensorOptions().device(at::kMeta).dtype(p.value().scalar_type()));
+  }
+  check_layout_covers(layout, shapes);
+  std::map<std::string, int64_t> rows_left;
   at::NoGradGuard no_grad;
   for (const HfTensor& t : layout) {
     const auto [file, entry] = source.find(file_name.at(t.name));
-    at::Tensor theirs;
-    {
-      HostAllocationScope host;  // the file's copy is host memory, not the budget's
-      theirs = from_hf(t, file->read(*entry));
+    HostAllocationScope host;  // the file's copy and a whole being assembled are host memory, not the budget's
+    const at::Tensor theirs = from_hf(t, file->read(*entry));
+    const ParameterSplit part = decoder_parameter_split(split, t.ours);
+    if (!part.split()) {
+      const at::Tensor target = our_rows(t, params.at(t.ours));
+      TORCH_INTERNAL_ASSERT(target.sizes() == theirs.sizes(), t.name, ": ", target.sizes(), " vs ", theirs.sizes());
+      target.copy_(theirs);
+      continue;
     }
-    at::Tensor target = our_rows(t, params.at(t.ours));
+    at::Tensor& whole = wholes[t.ours];
+    if (!whole.defined()) {
+      whole = at::empty(shapes.at(t.ours).sizes(), params.at(t.ours).options().device(at::kCPU));
+      rows_left[t.ours] = whole.size(0);
+    }
+    const at::Tensor target = our_rows(t, whole);
     TORCH_INTERNAL_ASSERT(target.sizes() == theirs.sizes(), t.name, ": ", target.sizes(), " vs ", theirs.sizes());
     target.copy_(theirs);
+    if ((rows_left[t.ours] -= target.size(0)) == 0) {  // whole: the rank's part of it, and the whole goes
+      params.at(t.ours).copy_(part_of(whole, part));
+      wholes.erase(t.ours);
+    }
   }
+  TORCH_INTERNAL_ASSERT(wholes.empty(), "import_hf: a split parameter was not covered by the layout");
 }
 
 std::vector<std::string> initialize_from_hf(Model& model, const Config& config, const DecoderOptions& o) {
