@@ -112,10 +112,6 @@ class Rules {
                       "width, vocabulary); a convolution network's channels and a supernet's changing paths are not; "
                       "use parallel.data_parallel or parallel.pipeline_parallel for this model");
     }
-    if (p.strategy == Strategy::kAuto) {
-      throw UserError(head + " with parallel.strategy = \"auto\": the planner does not search tensor parallelism "
-                      "yet; use parallel.strategy = \"manual\"");
-    }
   }
 
   void model_and_data() {

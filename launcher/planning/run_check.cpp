@@ -111,7 +111,11 @@ Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
   at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
                              d.budget_bytes, static_cast<int64_t>(d.shard), d.prefetch}, at::kLong);
+  // Rank 0's group first, then each replica's first rank to its group (without a tensor-parallel
+  // group, the one broadcast).
+  if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
   grid.data_parallel_group->broadcast(t, 0, "the plan of rank 0");
+  if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
   return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
           t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>()), t[5].item<int64_t>()};
 }
@@ -129,9 +133,12 @@ void apply(Config& c, const Decision& d) {
 
 // A tensor-parallel run without stages: rank 0's part of the model profiled with its group
 // mirrored, the group's collectives modelled (planner/tensor_terms.h). Predicted for the log and
-// the metrics, never refused.
-RunPrediction predict_tensor_parallel_run(const Config& config, const DataSplits& data, const ProcessGrid& grid) {
+// the metrics, never refused; with parallel.strategy = "auto", the fastest plan that fits at this
+// group size (micro-batch, memory policy and budget, sharding level) is trained.
+RunPrediction predict_tensor_parallel_run(Config& config, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
+  const bool automatic = config.parallel.strategy == Strategy::kAuto;
+  Decision decision;
   if (grid.is_root()) {
     PlanArgs args;
     args.ranks = {static_cast<int>(config.replicas() * config.parallel.tensor_parallel)};
@@ -139,11 +146,16 @@ RunPrediction predict_tensor_parallel_run(const Config& config, const DataSplits
     args.tensor = {static_cast<int>(config.parallel.tensor_parallel)};
     args.device_memory = config.memory.budget_bytes;
     args.precisions = {config.training.mixed_precision};
-    args.policies = {MemoryPolicy::kNone};
-    args.shards = {config.parallel.shard};
+    if (!automatic) args.policies = {MemoryPolicy::kNone};
+    if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
     const JobPlan plan = plan_job(config, *data.train, data.info, args);
+    out.limit_bytes = plan.machine.device_memory;
     out.plan = plan_of(config);
+    if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) out.plan = plan.ranked[0].plan;
     out.prediction = predict(plan.profile, plan.machine, out.plan);
+    decision = {false, out.plan.micro_batch, out.plan.policy,
+                evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard,
+                out.plan.prefetch};
     char text[320];
     std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the tensor-parallel "
                   "group's collectives (%s; never refused)", format_bytes(out.prediction.peak_bytes).c_str(),
@@ -155,6 +167,7 @@ RunPrediction predict_tensor_parallel_run(const Config& config, const DataSplits
     grid.data_parallel_group->idle_barrier("the plan of rank 0");
     grid.tensor_parallel_group->idle_barrier("the plan of rank 0");
   }
+  if (automatic) apply(config, share(grid, decision));
   return out;
 }
 

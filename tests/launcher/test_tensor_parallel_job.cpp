@@ -259,6 +259,27 @@ TEST_F(TensorParallelJob, ThePlannerPlansASplitModelThatTrains) {
   EXPECT_THAT(read_file(log), HasSubstr("of which"));  // the run's own prediction names the group's collectives
 }
 
+// parallel.strategy = "auto" with a group of 2: rank 0 plans for the configured group size (the
+// grid is fixed at launch) and every rank of the job trains its choice (micro-batch, memory policy,
+// sharding) within the budget the unplanned run exceeds, to the same losses within fp32's order.
+TEST_F(TensorParallelJob, StrategyAutoTrainsThePlannersChoiceForTheGroup) {
+  const std::string bigger = "--model.n_layer=8 --model.block_size=64 --training.global_batch_size=32 "
+                             "--training.micro_batch_size=16 --training.steps=3 --parallel.tensor_parallel=2 "
+                             "--parallel.sequence_parallel=true ";
+  const std::string plain = train(2, "plain", bigger);
+  constexpr int64_t kBudget = 8000000;
+  ASSERT_GT(last_train_number(plain + "/metrics.jsonl", "mem_peak_bytes"), kBudget) << "the unplanned run exceeds it";
+  const std::string log = dir_.path("auto.log");
+  ASSERT_EQ(run_logged(mpirun(2) + HT_BINARY + " " + config_ + " " + bigger + "--memory.budget=" +
+                           std::to_string(kBudget) + " --parallel.strategy=auto --job.output_dir=" + dir_.path("auto"),
+                       log),
+            0)
+      << read_file(log);
+  EXPECT_THAT(read_file(log), HasSubstr("layers split 2 ways with sequence parallelism"));
+  EXPECT_LE(last_train_number(dir_.path("auto/metrics.jsonl"), "mem_peak_bytes"), kBudget);
+  expect_close_losses(losses(dir_.path("auto")), losses(plain));
+}
+
 // What cannot be split is refused before any rank trains, exit 2, naming the keys.
 TEST_F(TensorParallelJob, WhatCannotBeSplitIsRefusedNamingTheKeys) {
   struct Case {
