@@ -132,6 +132,16 @@ class Op {
   // Returns one gradient per input (undefined where not needed or not differentiable).
   virtual std::vector<at::Tensor> backward(const BackwardArgs& args) const = 0;
 
+  // Shapes only, on meta tensors (a step traced without data, for the planner): the same outputs
+  // (number, shapes, dtypes, devices) as forward and backward, without values. The defaults run
+  // forward and backward themselves, right wherever every ATen call they make has a meta kernel;
+  // an op whose kernel has none (in some libtorch version) or loops over data overrides them.
+  virtual std::vector<at::Tensor> meta_forward(const std::vector<at::Tensor>& inputs,
+                                               const ForwardContext& ctx) const {
+    return forward(inputs, ctx);
+  }
+  virtual std::vector<at::Tensor> meta_backward(const BackwardArgs& args) const { return backward(args); }
+
  private:
   OpTraits traits_;
 };

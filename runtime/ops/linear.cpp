@@ -89,6 +89,15 @@ class EmbeddingOp final : public Op {
                                          /*padding_idx=*/-1, /*scale_grad_by_freq=*/false),
             at::Tensor()};
   }
+  // libtorch 1.13 has no meta kernel for index_select nor the dense backward.
+  TensorList meta_forward(const TensorList& in, const ForwardContext&) const override {
+    std::vector<int64_t> sizes = in[1].sizes().vec();
+    sizes.push_back(in[0].size(1));
+    return {at::empty(sizes, in[0].options())};
+  }
+  TensorList meta_backward(const BackwardArgs& a) const override {
+    return {at::empty(a.input_sizes(0), a.grad_outputs[0].options()), at::Tensor()};
+  }
 };
 
 }  // namespace

@@ -73,6 +73,20 @@ class LayerNormOp final : public Op {
                                                        a.inputs[2], mask);
     return {gx, gw, gb};
   }
+  // libtorch 1.13 has no meta kernels for layer norm: y as x, mean and rstd (..., 1) in x's
+  // dtype (fp32 or fp64: the op runs in fp32 at least).
+  TensorList meta_forward(const TensorList& in, const ForwardContext&) const override {
+    std::vector<int64_t> stats = in[0].sizes().vec();
+    for (size_t d = 0; d < shape_.size(); ++d) stats[stats.size() - 1 - d] = 1;
+    return {at::empty_like(in[0]), at::empty(stats, in[0].options()), at::empty(stats, in[0].options())};
+  }
+  TensorList meta_backward(const BackwardArgs& a) const override {
+    TensorList grads(3);
+    for (size_t i = 0; i < 3; ++i) {
+      if (a.needs_input_grad[i]) grads[i] = at::empty(a.input_sizes(i), a.input_options(i));
+    }
+    return grads;
+  }
 
  private:
   std::vector<int64_t> shape_;
