@@ -52,8 +52,8 @@ struct Split {
 class Norm : public torch::nn::Module {
  public:
   explicit Norm(const DecoderOptions& o) : rms_(o.is_llama()), eps_(o.norm_eps), split_(o) {
-    weight = register_parameter("weight", at::ones({o.n_embd}));
-    if (!rms_) bias = register_parameter("bias", at::zeros({o.n_embd}));
+    weight = register_parameter("weight", at::ones({o.n_embd}, parameter_options()));
+    if (!rms_) bias = register_parameter("bias", at::zeros({o.n_embd}, parameter_options()));
   }
   Tensor forward(const Tensor& x) {
     const Tensor w = split_.replicated(x, weight);

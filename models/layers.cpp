@@ -18,11 +18,20 @@ void init_default(at::Tensor& weight, at::Tensor& bias, int64_t fan_in) {
   }
 }
 
+thread_local bool t_meta_parameters = false;
+
 }  // namespace
 
+at::TensorOptions parameter_options() {
+  return t_meta_parameters ? at::TensorOptions().device(at::kMeta) : at::TensorOptions();
+}
+
+MetaParametersScope::MetaParametersScope() : previous_(t_meta_parameters) { t_meta_parameters = true; }
+MetaParametersScope::~MetaParametersScope() { t_meta_parameters = previous_; }
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
-  weight = register_parameter("weight", at::empty({out_features, in_features}));
-  if (with_bias) bias = register_parameter("bias", at::empty({out_features}));
+  weight = register_parameter("weight", at::empty({out_features, in_features}, parameter_options()));
+  if (with_bias) bias = register_parameter("bias", at::empty({out_features}, parameter_options()));
   init_default(weight, bias, in_features);
 }
 
@@ -36,8 +45,8 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
   TORCH_CHECK(in_channels % groups == 0 && out_channels % groups == 0,
               "Conv2d: channels must be divisible by groups");
   weight = register_parameter("weight",
-                              at::empty({out_channels, in_channels / groups, kernel, kernel}));
-  if (with_bias) bias = register_parameter("bias", at::empty({out_channels}));
+                              at::empty({out_channels, in_channels / groups, kernel, kernel}, parameter_options()));
+  if (with_bias) bias = register_parameter("bias", at::empty({out_channels}, parameter_options()));
   init_default(weight, bias, in_channels / groups * kernel * kernel);
 }
 
@@ -47,11 +56,11 @@ Tensor Conv2d::forward(const Tensor& x) {
 
 BatchNorm2d::BatchNorm2d(int64_t channels, double momentum_in, double eps_in)
     : momentum(momentum_in), eps(eps_in) {
-  weight = register_parameter("weight", at::ones({channels}));
-  bias = register_parameter("bias", at::zeros({channels}));
-  running_mean = register_buffer("running_mean", at::zeros({channels}));
-  running_var = register_buffer("running_var", at::ones({channels}));
-  num_batches_tracked = register_buffer("num_batches_tracked", at::zeros({}, at::kLong));
+  weight = register_parameter("weight", at::ones({channels}, parameter_options()));
+  bias = register_parameter("bias", at::zeros({channels}, parameter_options()));
+  running_mean = register_buffer("running_mean", at::zeros({channels}, parameter_options()));
+  running_var = register_buffer("running_var", at::ones({channels}, parameter_options()));
+  num_batches_tracked = register_buffer("num_batches_tracked", at::zeros({}, parameter_options().dtype(at::kLong)));
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
@@ -64,8 +73,8 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
 }
 
 LayerNorm::LayerNorm(int64_t features, double eps_in) : eps(eps_in) {
-  weight = register_parameter("weight", at::ones({features}));
-  bias = register_parameter("bias", at::zeros({features}));
+  weight = register_parameter("weight", at::ones({features}, parameter_options()));
+  bias = register_parameter("bias", at::zeros({features}, parameter_options()));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) {
@@ -73,7 +82,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim) {
-  weight = register_parameter("weight", at::randn({num_embeddings, dim}));
+  weight = register_parameter("weight", at::randn({num_embeddings, dim}, parameter_options()));
 }
 
 Tensor Embedding::forward(const Tensor& indices) {

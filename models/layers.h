@@ -9,6 +9,22 @@
 
 namespace ht {
 
+// Where layers make their parameters and buffers: host memory (the default; a model moves to its
+// device after), or the meta device while a MetaParametersScope lives on this thread: shapes and
+// dtypes without values, so that a model of any size is built in no memory and a step of it
+// traced (launcher/planning/meta_trace.h).
+at::TensorOptions parameter_options();
+class MetaParametersScope {
+ public:
+  MetaParametersScope();
+  ~MetaParametersScope();
+  MetaParametersScope(const MetaParametersScope&) = delete;
+  MetaParametersScope& operator=(const MetaParametersScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // The interpreter handle of a parameter, in the interpreter that `like` lives in.
 inline Tensor param_like(const Tensor& like, const at::Tensor& p) { return like.interp().param(p); }
 
