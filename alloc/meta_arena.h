@@ -1,0 +1,34 @@
+#pragma once
+// Device memory for meta tensors (shapes and dtypes without values). While a MetaArenaScope lives,
+// every meta tensor's storage is a block of its arena: placed at the end a device tensor's would
+// take (PlacementScope), observed (AllocationObserver), and given room (OutOfMemoryHandler) by the
+// same code as a CPU rank's budget (allocate_in_arena). The arena's pages are reserved and never
+// touched, so the capacity costs nothing. A step run on meta tensors inside it is, in bytes and
+// blocks, the step the engine would run on data: how a step of a model of any size is traced
+// without building it (launcher/planning/meta_trace.h). Outside a scope meta tensors have no
+// storage, as in libtorch.
+
+#include "alloc/cpu_arena.h"
+
+#include <memory>
+
+namespace ht {
+
+class MetaArenaScope {
+ public:
+  // One at a time per process. Throws std::logic_error if another is alive.
+  explicit MetaArenaScope(std::shared_ptr<CpuArena> arena);
+  ~MetaArenaScope();
+  MetaArenaScope(const MetaArenaScope&) = delete;
+  MetaArenaScope& operator=(const MetaArenaScope&) = delete;
+
+  CpuArena& arena() const { return *arena_; }
+
+ private:
+  std::shared_ptr<CpuArena> arena_;
+};
+
+// The live scope's arena, or null.
+CpuArena* active_meta_arena();
+
+}  // namespace ht
