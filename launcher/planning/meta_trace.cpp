@@ -1,0 +1,81 @@
+#include "launcher/planning/meta_trace.h"
+
+#include "launcher/model_factory.h"
+#include "launcher/user_error.h"
+#include "base/choice.h"
+#include "alloc/cpu_arena.h"
+#include "alloc/cpu_device_allocator.h"
+#include "alloc/meta_arena.h"
+#include "memory/memory_manager.h"
+#include "models/layers.h"
+#include "planner/step_recorder.h"
+#include "runtime/interpreter.h"
+
+#include <chrono>
+#include <optional>
+
+namespace ht {
+
+TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t micro_batch, bool meta,
+                             int64_t capacity) {
+  if (!is_decoder(config.model.name)) {
+    throw UserError("tracing a step on meta tensors: model.name = \"" + std::string(choice_name(config.model.name)) +
+                    "\" is not traced yet (its convolutions and batch norms have no meta kernels in libtorch 1.13 "
+                    "nor shape rules here); the transformers (gpt, llama) are");
+  }
+  if (config.parallel.tensor_parallel > 1) {
+    throw UserError("tracing a step on meta tensors: parallel.tensor_parallel > 1 is not traced yet (its "
+                    "collectives); trace with parallel.tensor_parallel = 1");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto arena = std::make_shared<CpuArena>(capacity);
+  std::optional<MetaArenaScope> meta_scope;
+  std::optional<ArenaScope> data_scope;
+  if (meta) {
+    meta_scope.emplace(arena);
+  } else {
+    data_scope.emplace(arena);
+  }
+  TracedStep out;
+  std::shared_ptr<Model> model;
+  {
+    std::optional<MetaParametersScope> on_meta;
+    if (meta) on_meta.emplace();
+    at::manual_seed(config.job.seed);
+    model = make_model(config, info);
+  }
+  for (const at::Tensor& p : model->parameters()) out.parameters += p.numel();
+  out.model_bytes = arena->stats().in_use;
+  {
+    const at::TensorOptions where = meta ? at::TensorOptions().device(at::kMeta) : at::TensorOptions();
+    std::vector<int64_t> shape{micro_batch};
+    for (int64_t s : info.sample_shape) shape.push_back(s);
+    const bool tokens = info.task == Task::kLanguageModel;
+    const at::Tensor x = meta ? at::empty(shape, where.dtype(tokens ? at::kLong : at::kFloat))
+                              : (tokens ? at::randint(info.classes, shape, at::kLong) : at::randn(shape));
+    const std::vector<int64_t> target_shape = tokens ? shape : std::vector<int64_t>{micro_batch};
+    const at::Tensor y = meta ? at::empty(target_shape, where.dtype(at::kLong))
+                              : at::randint(info.classes, target_shape, at::kLong);
+    MemoryManager memory;
+    Interpreter interp(InterpreterOptions{}, &memory);
+    arena->reset_peak();
+    const int64_t before = arena->stats().in_use;
+    StepRecorder recorder(memory, before);
+    model->set_block_listener([&](int block) {
+      recorder.enter_block(block);
+      memory.block_begins(block);
+    });
+    {
+      Tensor loss = model->loss(model->forward(interp.input(x)), interp.input(y));
+      interp.backward(loss);
+    }
+    model->set_block_listener(nullptr);
+    out.trace = recorder.take();
+    out.step_peak_bytes = arena->stats().peak_in_use - before;
+  }
+  model.reset();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace ht
