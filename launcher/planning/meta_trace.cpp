@@ -8,8 +8,11 @@
 #include "alloc/meta_arena.h"
 #include "memory/memory_manager.h"
 #include "models/layers.h"
+#include "parallel/communicator.h"
+#include "parallel/tensor_group.h"
 #include "planner/step_recorder.h"
 #include "runtime/interpreter.h"
+#include "runtime/mixed_precision.h"
 
 #include <chrono>
 #include <optional>
@@ -22,10 +25,6 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
     throw UserError("tracing a step on meta tensors: model.name = \"" + std::string(choice_name(config.model.name)) +
                     "\" is not traced yet (its convolutions and batch norms have no meta kernels in libtorch 1.13 "
                     "nor shape rules here); the transformers (gpt, llama) are");
-  }
-  if (config.parallel.tensor_parallel > 1) {
-    throw UserError("tracing a step on meta tensors: parallel.tensor_parallel > 1 is not traced yet (its "
-                    "collectives); trace with parallel.tensor_parallel = 1");
   }
   const auto start = std::chrono::steady_clock::now();
   auto arena = std::make_shared<CpuArena>(capacity);
@@ -42,7 +41,7 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
     std::optional<MetaParametersScope> on_meta;
     if (meta) on_meta.emplace();
     at::manual_seed(config.job.seed);
-    model = make_model(config, info);
+    model = make_model(config, info, /*tensor_rank=*/0);
   }
   for (const at::Tensor& p : model->parameters()) out.parameters += p.numel();
   out.model_bytes = arena->stats().in_use;
@@ -58,6 +57,14 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
                               : at::randint(info.classes, target_shape, at::kLong);
     MemoryManager memory;
     Interpreter interp(InterpreterOptions{}, &memory);
+    interp.set_autocast(autocast_type(config.training.mixed_precision));
+    // A tensor-parallel rank's part, its group mirrored as the profiler mirrors it: on meta
+    // tensors the collectives move nothing, and every buffer they fill is allocated as on data.
+    std::optional<TensorGroup> group;
+    if (config.parallel.tensor_parallel > 1) {
+      group.emplace(std::make_shared<MirrorCommunicator>(static_cast<int>(config.parallel.tensor_parallel)));
+      interp.set_tensor_parallel(&*group);
+    }
     arena->reset_peak();
     const int64_t before = arena->stats().in_use;
     StepRecorder recorder(memory, before);

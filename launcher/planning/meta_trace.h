@@ -9,8 +9,10 @@
 // the trace to the engine (tests/launcher/test_meta_trace.cpp). Ops whose kernels have no meta
 // kernel in libtorch 1.13 declare their outputs' shapes (Op::meta_forward, Op::meta_backward).
 //
-// Not traced yet: tensor-parallel ranks (their collectives), the optimizer step, ATen kernels'
-// internal temporaries (a meta kernel allocates only its outputs; the difference is measured).
+// With parallel.tensor_parallel > 1, rank 0's part, its group mirrored (MirrorCommunicator, as
+// the profiler does); with training.mixed_precision, under autocast. Not traced yet: the optimizer
+// step, convolution models, ATen kernels' internal workspaces (a meta kernel allocates only its
+// outputs; the difference is measured).
 
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"

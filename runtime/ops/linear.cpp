@@ -81,26 +81,32 @@ class EmbeddingOp final : public Op {
   EmbeddingOp() : Op(OpTraits::named("embedding").saving_inputs({1})) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
-    return {at::embedding(in[0], in[1])};
+    return {detail::embedding_rows(in[0], in[1])};
   }
   TensorList backward(const BackwardArgs& a) const override {
-    const int64_t num_weights = a.input_sizes(0)[0];
-    return {at::embedding_dense_backward(a.grad_outputs[0], a.inputs[1], num_weights,
-                                         /*padding_idx=*/-1, /*scale_grad_by_freq=*/false),
-            at::Tensor()};
-  }
-  // libtorch 1.13 has no meta kernel for index_select nor the dense backward.
-  TensorList meta_forward(const TensorList& in, const ForwardContext&) const override {
-    std::vector<int64_t> sizes = in[1].sizes().vec();
-    sizes.push_back(in[0].size(1));
-    return {at::empty(sizes, in[0].options())};
-  }
-  TensorList meta_backward(const BackwardArgs& a) const override {
-    return {at::empty(a.input_sizes(0), a.grad_outputs[0].options()), at::Tensor()};
+    return {detail::embedding_rows_backward(a.grad_outputs[0], a.inputs[1], a.input_sizes(0)[0]), at::Tensor()};
   }
 };
 
 }  // namespace
+
+namespace detail {
+
+at::Tensor embedding_rows(const at::Tensor& weight, const at::Tensor& indices) {
+  if (!weight.is_meta()) return at::embedding(weight, indices);
+  std::vector<int64_t> sizes = indices.sizes().vec();
+  sizes.push_back(weight.size(1));
+  return at::empty(sizes, weight.options());
+}
+
+at::Tensor embedding_rows_backward(const at::Tensor& grad, const at::Tensor& indices, int64_t rows) {
+  if (!grad.is_meta()) {
+    return at::embedding_dense_backward(grad, indices, rows, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false);
+  }
+  return at::empty({rows, grad.size(-1)}, grad.options());
+}
+
+}  // namespace detail
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TORCH_CHECK(weight.dim() == 2, "linear: weight must be (D_out, D_in), got ", weight.sizes());

@@ -153,18 +153,20 @@ class VocabEmbeddingOp final : public Op {
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const auto [local, outside] = local_rows(in[1], in[0].size(0));
-    return {at::embedding(in[0], local).masked_fill_(outside.unsqueeze(-1), 0)};
+    return {detail::embedding_rows(in[0], local).masked_fill_(outside.unsqueeze(-1), 0)};
   }
   TensorList backward(const BackwardArgs& a) const override {
     const auto [local, outside] = local_rows(a.inputs[1], a.input_sizes(0)[0]);
     const at::Tensor g = a.grad_outputs[0].masked_fill(outside.unsqueeze(-1), 0);
-    return {at::embedding_dense_backward(g, local, a.input_sizes(0)[0], -1, false), at::Tensor()};
+    return {detail::embedding_rows_backward(g, local, a.input_sizes(0)[0]), at::Tensor()};
   }
 
  private:
+  // Masks of bools combined bitwise, not logically: the same bits, and kernels that libtorch 1.13
+  // also has for meta tensors (a step traced without data, Op::meta_forward).
   std::pair<at::Tensor, at::Tensor> local_rows(const at::Tensor& indices, int64_t rows) const {
     at::Tensor local = indices - first_;
-    at::Tensor outside = local.lt(0).logical_or_(local.ge(rows));
+    at::Tensor outside = local.lt(0).bitwise_or_(local.ge(rows));
     return {local.masked_fill_(outside, 0), outside};
   }
   int64_t first_;
@@ -188,7 +190,7 @@ class VocabCrossEntropyOp final : public Op {
     maxima = std::get<0>(every_maximum.max(0));
     at::Tensor sums = summed(group_, at::exp(x - maxima.unsqueeze(1)).sum(1),
                              forward_use(ctx, "the cross entropy's sums of exponentials"));
-    const at::Tensor picked = x.gather(1, target.unsqueeze(1)).squeeze(1).masked_fill_(mine.logical_not(), 0);
+    const at::Tensor picked = x.gather(1, target.unsqueeze(1)).squeeze(1).masked_fill_(mine.bitwise_not(), 0);
     const at::Tensor target_logits = summed(group_, picked, forward_use(ctx, "the cross entropy's target logits"));
     at::Tensor lse = sums.log_().add_(maxima);
     return {(lse - target_logits).mean(), lse};
@@ -219,8 +221,8 @@ class VocabCrossEntropyOp final : public Op {
   // Each row's target as a column of this rank (0 where it is another's), and whether it is ours.
   std::pair<at::Tensor, at::Tensor> local_targets(const at::Tensor& target, int64_t) const {
     at::Tensor local = target - first_;
-    at::Tensor mine = local.ge(0).logical_and_(local.lt(valid_));
-    return {local.masked_fill_(mine.logical_not(), 0), mine};
+    at::Tensor mine = local.ge(0).bitwise_and_(local.lt(valid_));
+    return {local.masked_fill_(mine.bitwise_not(), 0), mine};
   }
   TensorParallelGroup& group_;
   int64_t first_, valid_;

@@ -15,6 +15,7 @@
 
 #include <map>
 #include <set>
+#include <sstream>
 
 namespace ht::test {
 namespace {
@@ -54,80 +55,139 @@ std::vector<std::pair<int64_t, std::string>> allocations(const StepTrace& trace)
   return out;
 }
 
+// The step on meta against the step on data, allocation by allocation. `workspaces`: kernels
+// whose CPU implementation allocates temporaries of its own (a meta kernel allocates only outputs).
+void expect_the_step_on_data(const Config& c, int64_t micro,
+                             const std::set<std::string>& workspaces = {"layer_norm backward"}) {
+  const TracedStep meta = trace_micro_batch(c, tokens(32, 96), micro, /*meta=*/true);
+  const TracedStep data = trace_micro_batch(c, tokens(32, 96), micro, /*meta=*/false);
+  EXPECT_EQ(meta.parameters, data.parameters);
+  EXPECT_EQ(meta.model_bytes, data.model_bytes);
+  EXPECT_EQ(meta.step_peak_bytes, data.step_peak_bytes);
+  ASSERT_EQ(meta.trace.kernels.size(), data.trace.kernels.size());
+  for (size_t k = 0; k < meta.trace.kernels.size(); ++k) {
+    ASSERT_EQ(kernel_name(meta.trace, static_cast<int>(k)), kernel_name(data.trace, static_cast<int>(k))) << k;
+  }
+  // Every meta allocation is the data run's next one of the same kernel and size; the data run's
+  // others are ATen's wrapped scalars and the workspaces.
+  const auto mine = allocations(meta.trace), theirs = allocations(data.trace);
+  size_t at = 0;
+  for (const auto& [bytes, kernel] : theirs) {
+    if (at < mine.size() && mine[at] == std::make_pair(bytes, kernel)) {
+      ++at;
+    } else {
+      EXPECT_TRUE(bytes == CpuArena::kAlignment || workspaces.count(kernel) > 0) << bytes << " in " << kernel;
+    }
+  }
+  EXPECT_EQ(at, mine.size()) << "a meta allocation the data run did not make: " << mine[std::min(at, mine.size() - 1)].second;
+}
+
+// Bytes that model block `block`'s forward kernels allocated and that are still alive when the
+// first backward kernel begins: what the block saves for backward.
+int64_t saved_by_block(const StepTrace& trace, int block) {
+  std::vector<char> alive(trace.tensors.size(), 0);
+  int kernel = -1;
+  for (const TraceEvent& e : trace.events) {
+    if (e.kind == TraceEvent::Kind::kKernelBegins) {
+      kernel = e.index;
+      if (trace.kernels[static_cast<size_t>(kernel)].backward) break;
+    }
+    if (e.kind == TraceEvent::Kind::kAllocated && kernel >= 0 && trace.kernels[static_cast<size_t>(kernel)].block == block) {
+      alive[static_cast<size_t>(e.index)] = 1;
+    }
+    if (e.kind == TraceEvent::Kind::kFreed) alive[static_cast<size_t>(e.index)] = 0;
+  }
+  int64_t saved = 0;
+  for (size_t t = 0; t < alive.size(); ++t)
+    if (alive[t]) saved += trace.tensors[t].bytes;
+  return saved;
+}
+
 TEST(MetaTrace, AStepOnMetaTensorsIsTheStepOnDataToTheByte) {
   TempDir dir;
   for (const std::string family : {"llama", "gpt"}) {
     for (int64_t micro : {2, 4}) {
       SCOPED_TRACE(family + " at micro-batch " + std::to_string(micro));
-      const Config c = config_for(dir, kSmall, {"--model.name=" + family});
-      const TracedStep meta = trace_micro_batch(c, tokens(32, 96), micro, /*meta=*/true);
-      const TracedStep data = trace_micro_batch(c, tokens(32, 96), micro, /*meta=*/false);
-      EXPECT_EQ(meta.parameters, data.parameters);
-      EXPECT_EQ(meta.model_bytes, data.model_bytes);
-      EXPECT_EQ(meta.step_peak_bytes, data.step_peak_bytes);
-      ASSERT_EQ(meta.trace.kernels.size(), data.trace.kernels.size());
-      for (size_t k = 0; k < meta.trace.kernels.size(); ++k) {
-        ASSERT_EQ(kernel_name(meta.trace, static_cast<int>(k)), kernel_name(data.trace, static_cast<int>(k))) << k;
-      }
-      // Every meta allocation is the data run's next one of the same kernel and size; the data
-      // run's others are ATen's wrapped scalars and layer norm backward's partial sums.
-      const auto mine = allocations(meta.trace), theirs = allocations(data.trace);
-      size_t at = 0;
-      std::set<std::string> extra;
-      for (const auto& [bytes, kernel] : theirs) {
-        if (at < mine.size() && mine[at] == std::make_pair(bytes, kernel)) {
-          ++at;
-        } else {
-          EXPECT_TRUE(bytes == CpuArena::kAlignment || kernel == "layer_norm backward") << bytes << " in " << kernel;
-          extra.insert(kernel);
-        }
-      }
-      EXPECT_EQ(at, mine.size()) << "a meta allocation the data run did not make: " << mine[std::min(at, mine.size() - 1)].second;
+      expect_the_step_on_data(config_for(dir, kSmall, {"--model.name=" + family}), micro);
+    }
+  }
+}
+
+// A tensor-parallel rank's part (its group mirrored, as the profiler mirrors it), with and without
+// sequence parallelism: the same, to the byte. A bf16 step under autocast: the same peak and
+// allocations; this CPU's bf16 contractions also convert their operands in buffers of their own.
+TEST(MetaTrace, ATensorParallelRankAndABf16StepAreTheStepOnData) {
+  TempDir dir;
+  for (const std::string& options : {std::string("--parallel.tensor_parallel=2"),
+                                     std::string("--parallel.tensor_parallel=2 --parallel.sequence_parallel=true")}) {
+    SCOPED_TRACE(options);
+    std::vector<std::string> args;
+    std::istringstream words(options);
+    for (std::string w; words >> w;) args.push_back(w);
+    expect_the_step_on_data(config_for(dir, kSmall, args), 4);
+  }
+  expect_the_step_on_data(config_for(dir, kSmall, {"--training.mixed_precision=bf16"}), 4,
+                          {"layer_norm backward", "linear", "linear backward", "attention", "attention backward"});
+}
+
+// A layer's saved activations on a rank of t = 1, 2, 4, with and without sequence parallelism:
+// the planner's accounting, which bench_tensor_parallel holds against measured runs.
+TEST(MetaTrace, ALayersSavedActivationsAreThePlannersAccounting) {
+  TempDir dir;
+  for (int t : {1, 2, 4}) {
+    for (bool sp : {false, true}) {
+      if (t == 1 && sp) continue;
+      SCOPED_TRACE("t = " + std::to_string(t) + (sp ? " with SP" : ""));
+      const Config c = config_for(dir, kSmall, {"--model.n_kv_heads=4", "--parallel.tensor_parallel=" + std::to_string(t),
+                                                std::string("--parallel.sequence_parallel=") + (sp ? "true" : "false")});
+      const TracedStep step = trace_micro_batch(c, tokens(32, 96), 4);
+      EXPECT_EQ(saved_by_block(step.trace, 2), layer_activation_bytes(tensor_shape(decoder_options(c.model, 96)), 4, t, sp));
     }
   }
 }
 
 // Llama 3 8B and 70B at their full sequence length (8192), one sample: built and traced on meta
 // in no memory. Their parameter counts are Meta's (8.03B, 70.6B), their fp32 parameters are
-// 4 bytes each, and a middle layer's saved activations are the planner's accounting exactly.
+// 4 bytes each, and a middle layer's saved activations are the planner's accounting exactly; so
+// are 70B's on a rank of t = 8 with sequence parallelism (Megatron's layout for it).
 TEST(MetaTrace, LlamaThreeShapesTraceInNoMemoryAndMatchTheAccounting) {
-  for (const auto& [file, parameters] : std::vector<std::pair<std::string, int64_t>>{
-           {"configs/llama3_8b.toml", 8030261248}, {"configs/llama3_70b.toml", 70553706496}}) {
-    SCOPED_TRACE(file);
-    const Config c = load_config(std::string(HT_SOURCE_DIR) + "/" + file, {}).config;
-    const TracedStep step = trace_micro_batch(c, tokens(c.model.block_size, 128256), 1, true, int64_t{1} << 42);
-    EXPECT_EQ(step.parameters, parameters);
-    EXPECT_EQ(step.model_bytes, 4 * parameters);
-    // Layer 1's saved tensors: made by its forward kernels, alive when backward begins.
-    std::vector<char> alive(step.trace.tensors.size(), 0);
-    int kernel = -1;
-    int64_t saved = 0;
-    for (const TraceEvent& e : step.trace.events) {
-      if (e.kind == TraceEvent::Kind::kKernelBegins) {
-        kernel = e.index;
-        if (step.trace.kernels[static_cast<size_t>(kernel)].backward) break;
-      }
-      if (e.kind == TraceEvent::Kind::kAllocated && kernel >= 0 && step.trace.kernels[static_cast<size_t>(kernel)].block == 2) {
-        alive[static_cast<size_t>(e.index)] = 1;
-      }
-      if (e.kind == TraceEvent::Kind::kFreed) alive[static_cast<size_t>(e.index)] = 0;
+  struct Case {
+    std::string file;
+    int t;
+    int64_t parameters;  // of the whole model
+  };
+  for (const Case& c : std::vector<Case>{{"configs/llama3_8b.toml", 1, 8030261248},
+                                         {"configs/llama3_70b.toml", 1, 70553706496},
+                                         {"configs/llama3_70b.toml", 8, 70553706496}}) {
+    SCOPED_TRACE(c.file + " at t = " + std::to_string(c.t));
+    std::vector<ConfigOverride> overrides{override_of("--training.mixed_precision=off")};  // the accounting's fp32
+    if (c.t > 1) {
+      overrides.push_back(override_of("--parallel.tensor_parallel=" + std::to_string(c.t)));
+      overrides.push_back(override_of("--parallel.sequence_parallel=true"));
     }
-    for (size_t t = 0; t < alive.size(); ++t)
-      if (alive[t]) saved += step.trace.tensors[t].bytes;
-    const TensorShape shape = tensor_shape(decoder_options(c.model, 128256));
-    EXPECT_EQ(saved, layer_activation_bytes(shape, 1, 1, false));
+    const Config config = load_config(std::string(HT_SOURCE_DIR) + "/" + c.file, overrides).config;
+    const TracedStep step = trace_micro_batch(config, tokens(config.model.block_size, 128256), 1, true, int64_t{1} << 42);
+    const DecoderOptions o = decoder_options(config.model, 128256);
+    if (c.t == 1) {
+      EXPECT_EQ(step.parameters, c.parameters);
+      EXPECT_EQ(step.model_bytes, 4 * c.parameters);
+    } else {  // every split tensor's 1/t and the replicated norms whole (the vocabulary divides by 8)
+      const int64_t norms = (2 * o.n_layer + 1) * o.n_embd;
+      EXPECT_EQ(step.parameters, (c.parameters - norms) / c.t + norms);
+    }
+    EXPECT_EQ(saved_by_block(step.trace, 2), layer_activation_bytes(tensor_shape(o), 1, c.t, c.t > 1));
   }
 }
 
 // What is not traced yet says so, naming the key.
 TEST(MetaTrace, ModelsWithoutShapeRulesAreRefusedNamingTheKey) {
   TempDir dir;
-  const Config c = config_for(dir, kSmall, {"--model.name=gpt", "--parallel.tensor_parallel=2"});
+  const Config c = config_for(dir, kSmall, {"--model.name=mlp"});
   try {
     trace_micro_batch(c, tokens(32, 96), 2);
     FAIL() << "traced";
   } catch (const UserError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("parallel.tensor_parallel > 1 is not traced yet"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("model.name = \"mlp\" is not traced yet"));
   }
 }
 
