@@ -31,8 +31,9 @@ struct TracedStep {
 };
 
 // `micro_batch` samples of the config's sequence length (model.block_size) or sample shape.
-// With meta = false, the same step on random data in a CPU arena of `capacity` bytes.
+// With meta = false, the same step on random data in a CPU arena of `capacity` bytes (pages are
+// reserved, not committed: 32 TiB of address space holds a 175B shape's step).
 TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t micro_batch, bool meta = true,
-                             int64_t capacity = int64_t{1} << 40);
+                             int64_t capacity = int64_t{1} << 45);
 
 }  // namespace ht

@@ -3,6 +3,7 @@
 #include "alloc/byte_size.h"
 #include "alloc/cuda_arena.h"
 #include "launcher/model_factory.h"
+#include "launcher/planning/meta_trace.h"
 #include "launcher/user_error.h"
 
 #include <ATen/Context.h>
@@ -50,6 +51,7 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
   std::optional<ModelStateSize> state = model_state_from_shape(c, data_vocab);
   if (!state) return;
   const int64_t whole = state->bytes;
+  const auto t = static_cast<int>(c.parallel.tensor_parallel);
   state->bytes = state_bytes_per_rank(c, *state, replicas);  // what one rank holds
   const at::Device device(c.training.device);
   std::string where;
@@ -65,21 +67,47 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
     where = ranks_on_host > 1 ? "this host's available memory shared by " + std::to_string(ranks_on_host) + " ranks"
                               : "this host's available memory";
   }
-  if (limit <= 0 || state->bytes <= limit) return;
   const int stages = static_cast<int>(c.parallel.pipeline_parallel);
-  if (stages > 1 && state->bytes / stages <= limit) return;  // each stage holds its share
+  // A tensor-parallel rank holds about 1/t (its parts, and the norms whole).
+  const int64_t rank_estimate = state->bytes / stages / t;
+  if (limit <= 0 || rank_estimate + rank_estimate / 50 <= limit) return;
+  // Traced on meta (launcher/planning/meta_trace.h): the rank's part exactly, and what one
+  // micro-batch adds at its peak. In no memory, in about a second for a 70B shape.
+  const DataInfo info{Task::kLanguageModel, {c.model.block_size}, data_vocab, "tokens", 0};
+  const TracedStep traced = trace_micro_batch(c, info, c.micro_batch_size());
+  ModelStateSize part = *state;
+  part.parameters = traced.parameters;
+  part.bytes = traced.parameters * (whole / state->parameters);
+  const int64_t rank_state = state_bytes_per_rank(c, part, replicas) / stages;
+  if (rank_state <= limit) return;
+  std::string per_rank;  // what a rank holds, where that is less than the whole
+  if (rank_state < whole) {
+    per_rank = " (" + format_bytes(rank_state) + " a rank";
+    if (t > 1) {
+      per_rank += " with parallel.tensor_parallel = " + std::to_string(t) + ", its part " + billions(traced.parameters) +
+                  " parameters";
+    }
+    if (c.parallel.shard != ShardLevel::kNone && replicas > 1) {
+      per_rank += std::string(t > 1 ? "," : "") + " with parallel.shard = \"" + choice_name(c.parallel.shard) +
+                  "\" over " + std::to_string(replicas) + " ranks";
+    }
+    if (stages > 1) per_rank += ", a pipeline stage's share of it";
+    per_rank += ")";
+  }
+  char traced_words[200];
+  std::snprintf(traced_words, sizeof traced_words,
+                "; traced on meta tensors (no memory, %.1f s), one micro-batch of %lld adds %s at its peak",
+                traced.seconds, static_cast<long long>(c.micro_batch_size()), format_bytes(traced.step_peak_bytes).c_str());
   throw UserError(
       c.source + ": model.name = \"" + choice_name(c.model.name) + "\" at this shape has " + billions(state->parameters) +
       " parameters; with their gradients and " + choice_name(c.training.optimizer) + " state that is " +
-      format_bytes(whole) +
-      (state->bytes < whole ? " (" + format_bytes(state->bytes) + " a rank with parallel.shard = \"" +
-                                  choice_name(c.parallel.shard) + "\" over " + std::to_string(replicas) + " ranks)"
-                            : std::string()) +
-      (stages > 1 ? " (" + format_bytes(state->bytes / stages) + " per pipeline stage)" : "") +
-      ", more than " + where + " (" + format_bytes(limit) + ") can hold, so `hybrid_train " + command +
+      format_bytes(whole) + per_rank + traced_words +
+      " (activations and gradients as configured, before any recomputation); more than " + where + " (" +
+      format_bytes(limit) + ") can hold, so `hybrid_train " + command +
       "` stops before building it. Give each rank less: more data-parallel ranks with parallel.shard = "
-      "\"optimizer\" (each keeps 1/N of the optimizer state), pipeline stages, or GPUs with more memory; or choose a "
-      "smaller shape in [model]; planning a model that does not fit this machine needs a traced step (docs/status.md)");
+      "\"optimizer\" (each keeps 1/N of the optimizer state), tensor parallelism, pipeline stages, or GPUs with more "
+      "memory; or choose a smaller shape in [model]. `hybrid_train plan` does not plan clusters from the trace yet "
+      "(docs/status.md)");
 }
 
 }  // namespace ht

@@ -4,7 +4,8 @@
 // 8B-parameter Llama needs 128 GB of fp32 state with AdamW; building it on a 24 GB machine used
 // to end in an arena's "cannot reserve" or the kernel's out-of-memory killer. Profiling (what
 // `plan` and the pre-run check do today) needs the model built, so such a shape is refused here,
-// with its numbers, until the planner traces a step without building it.
+// with its numbers: the state, and what one micro-batch adds, from a step traced on meta tensors
+// (launcher/planning/meta_trace.h; a tensor-parallel rank's part counted exactly).
 
 #include "launcher/config/config.h"
 

@@ -48,6 +48,7 @@ TEST(ModelConfigs, ARanksStateIsItsShareWhereTheOptimizerIsSharded) {
 
 // The host's available memory decides: an 8B model's 120 GiB of state fits the GPU machine's
 // 128 GiB host (which then went on to look for its data), so there a budget below it stands in.
+// The refusal says what one micro-batch adds, from a step traced on meta tensors.
 TEST(ModelConfigs, ShapesTooLargeForThisMachineAreRefusedBeforeBuilding) {
   for (const char* name : {"llama3_8b.toml", "llama3_70b.toml", "gpt3_175b.toml"}) {
     const std::string path = std::string(HT_SOURCE_DIR) + "/configs/" + name;
@@ -60,8 +61,15 @@ TEST(ModelConfigs, ShapesTooLargeForThisMachineAreRefusedBeforeBuilding) {
       EXPECT_EQ(r.status, 2) << name << ": " << r.output;
       EXPECT_THAT(r.output, HasSubstr("parameters; with their gradients and adamw state")) << name;
       EXPECT_THAT(r.output, HasSubstr("stops before building it")) << name;
+      EXPECT_THAT(r.output, HasSubstr("traced on meta tensors")) << name;  // what a micro-batch adds
     }
   }
+  // A tensor-parallel rank holds its part: counted from the traced model, norms whole.
+  const ProcessResult r = run_binary("plan " + std::string(HT_SOURCE_DIR) + "/configs/llama3_70b.toml "
+                                     "--parallel.tensor_parallel=8 --parallel.sequence_parallel=true "
+                                     "--job.output_dir=/tmp/ht-too-large-never-written");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("a rank with parallel.tensor_parallel = 8, its part 8.82B parameters"));
   EXPECT_NE(access("/tmp/ht-too-large-never-written", F_OK), 0) << "a refused run writes nothing";
 }
 
