@@ -1,5 +1,7 @@
 #include "launcher/cli.h"
 
+#include "launcher/planning/device_catalog.h"
+
 #include "launcher/config/config_text.h"
 #include "launcher/user_error.h"
 #include "alloc/byte_size.h"
@@ -110,6 +112,12 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
       ->check(CLI::IsMember({"time", "cost"}));
   app.add_option("--max-ranks", max_ranks, "use at most this many ranks")->check(CLI::PositiveNumber);
   app.add_option("--precisions", precisions, "precisions to consider: off,bf16 (default: the config's and bf16)");
+  std::string cluster, devices;
+  app.add_option("--cluster", cluster, "plan for a cluster of a catalog device kind: KIND:NODESxDEVICES, e.g. "
+                                       "h100-sxm:8x8 (configs/devices.toml lists the kinds; sets [cluster]'s nodes, "
+                                       "devices, memory and links)");
+  app.add_option("--devices", devices, "a device catalog of your own (the format of configs/devices.toml): its "
+                                       "kinds added to the built-in ones, or replacing them");
   app.add_flag("--all", cl.plan_command.all_rows, "print every plan, not the best 15");
   try {
     app.parse(argc - 1, argv + 1);
@@ -118,6 +126,14 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
     return cl;
   }
   cl.overrides = overrides_from(app.remaining());
+  if (!cluster.empty()) {
+    // Before the user's overrides: a --cluster.<key>=... given too still decides that key.
+    std::vector<ConfigOverride> described = cluster_overrides(parse_cluster(cluster, device_catalog(devices)), "--cluster " + cluster);
+    described.insert(described.end(), cl.overrides.begin(), cl.overrides.end());
+    cl.overrides = std::move(described);
+  } else if (!devices.empty()) {
+    device_catalog(devices);  // checked, though no --cluster reads it
+  }
   if (cl.config_path.empty()) {
     throw UserError("no config file given; usage: hybrid_train plan CONFIG.toml [--ranks 1,2,4] "
                     "[--device-memory 16GiB] [--objective time|cost], e.g. hybrid_train plan configs/quickstart.toml");

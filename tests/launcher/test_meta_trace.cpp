@@ -5,6 +5,7 @@
 // sums per thread: a kernel's own workspace, which a meta kernel never allocates). At scale, the
 // Llama 3 shapes trace in no memory, their parameters are the published counts, and a layer's
 // saved activations are the planner's accounting (planner/tensor_terms.h) to the byte.
+#include "alloc/cpu_arena.h"
 #include "launcher/model_factory.h"
 #include "launcher/planning/meta_trace.h"
 #include "launcher/user_error.h"

@@ -1,0 +1,149 @@
+#include "launcher/planning/device_catalog.h"
+
+#include "launcher/user_error.h"
+#include "alloc/byte_size.h"
+
+#include <toml++/toml.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace ht {
+
+// configs/devices.toml, as CMake read it when the binary was built (device_catalog_text.cpp.in).
+extern const char* const kBuiltInDeviceCatalog;
+
+namespace {
+
+std::string kinds_of(const std::map<std::string, DeviceKind>& catalog) {
+  std::string out;
+  for (const auto& [kind, d] : catalog) out += (out.empty() ? "" : ", ") + kind;
+  return out;
+}
+
+DeviceKind parse_kind(const std::string& kind, const toml::table& t, const std::string& where) {
+  const std::string at = where + ": [" + kind + "]";
+  static const std::set<std::string> keys{"name", "source", "memory", "memory_gbps", "bf16_tflops", "fp16_tflops",
+                                          "fp32_tflops", "intra_node_gbps", "inter_node_gbps", "devices_per_node"};
+  for (auto&& [key, node] : t) {
+    if (keys.count(std::string(key.str())) == 0) {
+      throw UserError(at + ": unknown key " + std::string(key.str()) + "; a device has name, source, memory, "
+                      "memory_gbps, bf16_tflops, fp16_tflops, fp32_tflops, intra_node_gbps, inter_node_gbps, "
+                      "devices_per_node");
+    }
+  }
+  DeviceKind d;
+  d.kind = kind;
+  auto text = [&](const char* key) {
+    const std::optional<std::string> v = t[key].value<std::string>();
+    if (!v || v->empty()) throw UserError(at + ": " + key + " is missing or not a string");
+    return *v;
+  };
+  auto positive = [&](const char* key) {
+    const std::optional<double> v = t[key].value<double>();
+    if (!v || !(*v > 0)) throw UserError(at + ": " + key + " is missing or not a positive number (see configs/devices.toml)");
+    return *v;
+  };
+  d.name = text("name");
+  d.source = text("source");
+  const std::string memory = text("memory");
+  const std::optional<int64_t> bytes = parse_byte_size(memory, 0);
+  if (!bytes || *bytes <= 0) throw UserError(at + ": memory = \"" + memory + "\" is not a memory size, e.g. \"80GB\"");
+  d.memory_bytes = *bytes;
+  d.memory_gbps = positive("memory_gbps");
+  d.bf16_tflops = positive("bf16_tflops");
+  d.fp16_tflops = positive("fp16_tflops");
+  d.fp32_tflops = positive("fp32_tflops");
+  d.intra_node_gbps = positive("intra_node_gbps");
+  d.inter_node_gbps = positive("inter_node_gbps");
+  const double per_node = positive("devices_per_node");
+  if (per_node != static_cast<double>(static_cast<int>(per_node))) {
+    throw UserError(at + ": devices_per_node must be a whole number");
+  }
+  d.devices_per_node = static_cast<int>(per_node);
+  return d;
+}
+
+int whole_number(const std::string& text, const std::string& what, const std::string& argument) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v <= 0 || v > 100000) {
+    throw UserError(argument + ": " + what + " \"" + text + "\" is not a positive whole number");
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+std::map<std::string, DeviceKind> parse_device_catalog(const std::string& text, const std::string& where) {
+  toml::table root;
+  try {
+    root = toml::parse(text, where);
+  } catch (const toml::parse_error& e) {
+    throw UserError(where + ":" + std::to_string(e.source().begin.line) + ": TOML syntax error: " +
+                    std::string(e.description()));
+  }
+  std::map<std::string, DeviceKind> catalog;
+  for (auto&& [key, node] : root) {
+    const std::string kind(key.str());
+    const toml::table* table = node.as_table();
+    if (table == nullptr) throw UserError(where + ": " + kind + " is not a [kind] table of a device's figures");
+    catalog[kind] = parse_kind(kind, *table, where);
+  }
+  return catalog;
+}
+
+std::map<std::string, DeviceKind> device_catalog(const std::string& user_file) {
+  std::map<std::string, DeviceKind> catalog = parse_device_catalog(kBuiltInDeviceCatalog, "configs/devices.toml (built in)");
+  if (user_file.empty()) return catalog;
+  std::ifstream in(user_file);
+  if (!in) throw UserError("--devices " + user_file + ": cannot read it; give a TOML file of [kind] tables as configs/devices.toml");
+  std::stringstream text;
+  text << in.rdbuf();
+  for (auto& [kind, d] : parse_device_catalog(text.str(), user_file)) catalog[kind] = std::move(d);
+  return catalog;
+}
+
+ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string, DeviceKind>& catalog) {
+  const std::string argument = "--cluster " + text;
+  const size_t colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  const auto it = catalog.find(kind);
+  if (it == catalog.end()) {
+    throw UserError(argument + ": no device kind \"" + kind + "\" in the catalog; kinds: " + kinds_of(catalog) +
+                    " (add yours with --devices FILE, in the format of configs/devices.toml)");
+  }
+  ClusterOfKind c;
+  c.device = it->second;
+  c.devices_per_node = c.device.devices_per_node;
+  if (colon == std::string::npos) {
+    throw UserError(argument + ": say how many nodes, e.g. --cluster " + kind + ":8x" +
+                    std::to_string(c.devices_per_node) + " (8 nodes of " + std::to_string(c.devices_per_node) + ")");
+  }
+  const std::string shape = text.substr(colon + 1);
+  const size_t x = shape.find('x');
+  c.nodes = whole_number(shape.substr(0, x), "the node count", argument);
+  if (x != std::string::npos) c.devices_per_node = whole_number(shape.substr(x + 1), "the devices per node", argument);
+  return c;
+}
+
+std::vector<ConfigOverride> cluster_overrides(const ClusterOfKind& cluster, const std::string& argument) {
+  char intra[32], inter[32];
+  std::snprintf(intra, sizeof intra, "%g", cluster.device.intra_node_gbps);
+  std::snprintf(inter, sizeof inter, "%g", cluster.device.inter_node_gbps);
+  std::vector<ConfigOverride> out;
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"cluster.nodes", std::to_string(cluster.nodes)},
+           {"cluster.devices_per_node", std::to_string(cluster.devices_per_node)},
+           {"cluster.device_memory", "\"" + std::to_string(cluster.device.memory_bytes) + "\""},
+           {"cluster.intra_node_gbps", intra},
+           {"cluster.inter_node_gbps", inter}}) {
+    out.push_back({key, value, argument + " (" + key + " = " + value + ")"});
+  }
+  return out;
+}
+
+}  // namespace ht

@@ -1,0 +1,35 @@
+#pragma once
+// The device catalog (configs/devices.toml, built into the binary; a user's file adds kinds or
+// replaces them) and the cluster a plan is for, as `hybrid_train plan --cluster KIND:NODESxDEVICES`
+// names it.
+
+#include "launcher/config/config_loader.h"
+#include "planner/device.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+// The built-in catalog, then `user_file`'s kinds over it ("": none). UserError naming the file,
+// the kind and the key where an entry is malformed (a missing or unknown key, a figure that is
+// not a positive number, a memory size that does not parse).
+std::map<std::string, DeviceKind> device_catalog(const std::string& user_file = "");
+// Parses a catalog's text; `where` names it in errors.
+std::map<std::string, DeviceKind> parse_device_catalog(const std::string& text, const std::string& where);
+
+struct ClusterOfKind {
+  DeviceKind device;
+  int nodes = 1;
+  int devices_per_node = 8;
+};
+// "h100-sxm:8x8" (8 nodes of 8), "a100-80gb:2" (2 nodes of the kind's usual count). UserError
+// naming --cluster, and the kinds there are where the kind is unknown.
+ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string, DeviceKind>& catalog);
+// The [cluster] keys that describe `cluster` to the planner, as overrides typed as `argument`:
+// nodes, devices per node, memory and links from the catalog (the latencies and device_speed stay
+// the config's).
+std::vector<ConfigOverride> cluster_overrides(const ClusterOfKind& cluster, const std::string& argument);
+
+}  // namespace ht

@@ -1,0 +1,128 @@
+// The device catalog (configs/devices.toml, built in; a user's file over it) and
+// `hybrid_train plan --cluster KIND:NODESxDEVICES`.
+#include "launcher/planning/device_catalog.h"
+#include "launcher/user_error.h"
+#include "tests/support/run_binary.h"
+#include "tests/support/temp_dir.h"
+
+#include <gmock/gmock.h>
+
+#include <fstream>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kMine = R"([h100-sxm]
+name = "an H100 as our cloud rents it"
+memory = "80GB"
+memory_gbps = 3350
+bf16_tflops = 989
+fp16_tflops = 989
+fp32_tflops = 67
+intra_node_gbps = 450
+inter_node_gbps = 25
+devices_per_node = 8
+source = "our provider's page"
+
+[mi300x]
+name = "AMD Instinct MI300X"
+memory = "192GB"
+memory_gbps = 5300
+bf16_tflops = 1307.4
+fp16_tflops = 1307.4
+fp32_tflops = 163.4
+intra_node_gbps = 448
+inter_node_gbps = 50
+devices_per_node = 8
+source = "AMD Instinct MI300X data sheet"
+)";
+
+TEST(DeviceCatalog, TheBuiltInKindsHaveEveryFigureWithItsSource) {
+  const auto catalog = device_catalog();
+  for (const char* kind : {"h100-sxm", "h100-pcie", "h200", "a100-80gb", "a100-40gb", "l40s", "b200"}) {
+    SCOPED_TRACE(kind);
+    ASSERT_EQ(catalog.count(kind), 1u);
+    const DeviceKind& d = catalog.at(kind);
+    EXPECT_FALSE(d.source.empty());
+    EXPECT_GT(d.memory_bytes, 0);
+    EXPECT_GE(d.bf16_tflops, d.fp32_tflops) << "tensor cores' bf16 is never below plain fp32";
+    EXPECT_GT(d.intra_node_gbps, d.inter_node_gbps) << "within a node faster than between nodes";
+  }
+  EXPECT_EQ(catalog.at("h100-sxm").memory_bytes, 80000000000);
+  EXPECT_EQ(catalog.at("h100-sxm").bf16_tflops, 989);
+  EXPECT_EQ(catalog.at("h200").memory_bytes, 141000000000);
+}
+
+TEST(DeviceCatalog, AUsersFileAddsKindsAndReplacesThem) {
+  TempDir dir;
+  const auto catalog = device_catalog(dir.write("mine.toml", kMine));
+  EXPECT_EQ(catalog.at("mi300x").memory_bytes, 192000000000);
+  EXPECT_EQ(catalog.at("h100-sxm").inter_node_gbps, 25) << "replaced";
+  EXPECT_EQ(catalog.at("a100-80gb").bf16_tflops, 312) << "the built-in ones stay";
+}
+
+TEST(DeviceCatalog, AMalformedEntryNamesTheFileTheKindAndTheKey) {
+  struct Case {
+    std::string from, to, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"memory_gbps = 5300", "memory_gbps = -1", "[mi300x]: memory_gbps is missing or not a positive number"},
+           {"fp32_tflops = 163.4\n", "", "[mi300x]: fp32_tflops is missing"},
+           {"memory = \"192GB\"", "memory = \"lots\"", "memory = \"lots\" is not a memory size"},
+           {"devices_per_node = 8\nsource = \"AMD", "devices_per_node = 8\nnvlink = 1\nsource = \"AMD", "unknown key nvlink"},
+           {"devices_per_node = 8\nsource = \"AMD", "devices_per_node = 7.5\nsource = \"AMD", "devices_per_node must be a whole number"}}) {
+    SCOPED_TRACE(c.message);
+    std::string text = kMine;
+    text.replace(text.rfind(c.from), c.from.size(), c.to);
+    TempDir dir;
+    const std::string path = dir.write("mine.toml", text);
+    EXPECT_THAT(error_of([&] { device_catalog(path); }), HasSubstr(path + ": " + (c.message[0] == '[' ? "" : "[mi300x]: ") + c.message));
+  }
+  EXPECT_THAT(error_of([] { device_catalog("/nowhere.toml"); }), HasSubstr("--devices /nowhere.toml: cannot read it"));
+}
+
+TEST(DeviceCatalog, AClusterIsAKindAndItsNodes) {
+  const auto catalog = device_catalog();
+  ClusterOfKind c = parse_cluster("h100-sxm:8x8", catalog);
+  EXPECT_EQ(c.device.kind, "h100-sxm");
+  EXPECT_EQ(c.nodes, 8);
+  EXPECT_EQ(c.devices_per_node, 8);
+  c = parse_cluster("l40s:2", catalog);
+  EXPECT_EQ(c.nodes, 2);
+  EXPECT_EQ(c.devices_per_node, 8) << "the kind's usual node";
+  const std::vector<ConfigOverride> keys = cluster_overrides(parse_cluster("h200:4x8", catalog), "--cluster h200:4x8");
+  ASSERT_EQ(keys.size(), 5u);
+  EXPECT_EQ(keys[2].path, "cluster.device_memory");
+  EXPECT_EQ(keys[2].value, "\"141000000000\"");
+  EXPECT_THAT(error_of([&] { parse_cluster("h100:2", catalog); }),
+              HasSubstr("no device kind \"h100\" in the catalog; kinds: a100-40gb, a100-80gb, b200, h100-pcie, h100-sxm"));
+  EXPECT_THAT(error_of([&] { parse_cluster("h100-sxm", catalog); }), HasSubstr("say how many nodes, e.g. --cluster h100-sxm:8x8"));
+  EXPECT_THAT(error_of([&] { parse_cluster("h100-sxm:2x0", catalog); }), HasSubstr("the devices per node \"0\""));
+}
+
+// `plan --cluster` plans for that cluster's devices (their memory, its links); a bad kind is
+// refused with exit 2, listing the kinds.
+TEST(DeviceCatalog, PlanForAClusterOfAKind) {
+  TempDir dir;
+  const std::string config = std::string(HT_SOURCE_DIR) + "/configs/quickstart.toml --job.output_dir=" + dir.path("plan");
+  const ProcessResult r = run_binary("plan " + config + " --cluster h200:2x4 --ranks 1,8 --precisions off");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("2 node(s) x 4 devices of 131.3 GiB, 450 GB/s within a node, 50 GB/s between"));
+  const ProcessResult bad = run_binary("plan " + config + " --cluster tpu-v5:2");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_THAT(bad.output, HasSubstr("--cluster tpu-v5:2: no device kind \"tpu-v5\""));
+}
+
+}  // namespace
+}  // namespace ht::test
