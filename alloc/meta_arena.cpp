@@ -26,7 +26,7 @@ class MetaAllocator final : public c10::Allocator {
     return {data, data, &MetaAllocator::release, c10::Device(c10::kMeta)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &MetaAllocator::release; }
-  HT_ALLOCATOR_COPY_DATA
+  HT_ALLOCATOR_NO_COPY_DATA  // the blocks hold no values: nothing to copy
 
   static MetaAllocator& instance() {
     static MetaAllocator* allocator = [] {

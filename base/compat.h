@@ -16,9 +16,13 @@
   void copy_data(void* dest, const void* src, std::size_t count) const override { \
     std::memcpy(dest, src, count);                                                \
   }
+// An allocator whose blocks hold no values (meta tensors' storage: alloc/meta_arena.h).
+#define HT_ALLOCATOR_NO_COPY_DATA \
+  void copy_data(void*, const void*, std::size_t) const override {}
 #else
 #define HT_ALLOCATE_CONST const
 #define HT_ALLOCATOR_COPY_DATA
+#define HT_ALLOCATOR_NO_COPY_DATA
 #endif
 
 #if TORCH_VERSION_MAJOR >= 2
