@@ -7,6 +7,8 @@
 #include <c10/core/Allocator.h>
 
 #include <atomic>
+#include <string>
+#include <sys/mman.h>
 #include <stdexcept>
 
 namespace ht {
@@ -62,5 +64,15 @@ MetaArenaScope::~MetaArenaScope() {
 }
 
 CpuArena* active_meta_arena() { return g_meta_arena.load(std::memory_order_acquire); }
+
+std::shared_ptr<CpuArena> make_meta_arena(int64_t capacity) {
+  const auto bytes = static_cast<size_t>(capacity);
+  void* base = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    throw std::runtime_error("cannot reserve " + std::to_string(capacity) + " bytes of address space for a step traced "
+                             "on meta tensors (is the virtual memory limited, ulimit -v?)");
+  }
+  return std::make_shared<CpuArena>(base, capacity, [bytes](void* p) { munmap(p, bytes); });
+}
 
 }  // namespace ht

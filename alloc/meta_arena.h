@@ -31,4 +31,10 @@ class MetaArenaScope {
 // The live scope's arena, or null.
 CpuArena* active_meta_arena();
 
+// An arena for meta tensors over `capacity` bytes of address space reserved without access
+// (PROT_NONE): no page is ever committed, so even a 32 TiB range counts against no memory limit
+// (strict overcommit included). Throws std::runtime_error if the address space is not there
+// (a ulimit -v).
+std::shared_ptr<CpuArena> make_meta_arena(int64_t capacity);
+
 }  // namespace ht

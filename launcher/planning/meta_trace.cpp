@@ -14,6 +14,7 @@
 #include "runtime/interpreter.h"
 #include "runtime/mixed_precision.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -27,7 +28,9 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
                     "nor shape rules here); the transformers (gpt, llama) are");
   }
   const auto start = std::chrono::steady_clock::now();
-  auto arena = std::make_shared<CpuArena>(capacity);
+  // Meta: address space only. Data (the comparison's run): pages reserved, committed as touched.
+  const std::shared_ptr<CpuArena> arena =
+      meta ? make_meta_arena(capacity) : std::make_shared<CpuArena>(std::min(capacity, int64_t{1} << 36));
   std::optional<MetaArenaScope> meta_scope;
   std::optional<ArenaScope> data_scope;
   if (meta) {

@@ -31,8 +31,8 @@ struct TracedStep {
 };
 
 // `micro_batch` samples of the config's sequence length (model.block_size) or sample shape.
-// With meta = false, the same step on random data in a CPU arena of `capacity` bytes (pages are
-// reserved, not committed: 32 TiB of address space holds a 175B shape's step).
+// `capacity`: the meta arena's address space, reserved without access (32 TiB holds a 175B shape's
+// step). With meta = false, the same step on random data in a CPU arena (at most 64 GiB).
 TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t micro_batch, bool meta = true,
                              int64_t capacity = int64_t{1} << 45);
 

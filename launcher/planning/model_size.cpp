@@ -9,6 +9,7 @@
 #include <ATen/Context.h>
 
 #include <cstdio>
+#include <optional>
 
 namespace ht {
 namespace {
@@ -74,17 +75,22 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
   // Traced on meta (launcher/planning/meta_trace.h): the rank's part exactly, and what one
   // micro-batch adds at its peak. In no memory, in about a second for a 70B shape.
   const DataInfo info{Task::kLanguageModel, {c.model.block_size}, data_vocab, "tokens", 0};
-  const TracedStep traced = trace_micro_batch(c, info, c.micro_batch_size());
+  std::optional<TracedStep> traced;
+  try {
+    traced = trace_micro_batch(c, info, c.micro_batch_size());
+  } catch (const std::exception&) {
+    // No address space for the trace (a ulimit -v): refused on the shape's count alone.
+  }
   ModelStateSize part = *state;
-  part.parameters = traced.parameters;
-  part.bytes = traced.parameters * (whole / state->parameters);
+  if (traced) part.parameters = traced->parameters;
+  part.bytes = part.parameters * (whole / state->parameters);
   const int64_t rank_state = state_bytes_per_rank(c, part, replicas) / stages;
   if (rank_state <= limit) return;
   std::string per_rank;  // what a rank holds, where that is less than the whole
   if (rank_state < whole) {
     per_rank = " (" + format_bytes(rank_state) + " a rank";
     if (t > 1) {
-      per_rank += " with parallel.tensor_parallel = " + std::to_string(t) + ", its part " + billions(traced.parameters) +
+      per_rank += " with parallel.tensor_parallel = " + std::to_string(t) + ", its part " + billions(part.parameters) +
                   " parameters";
     }
     if (c.parallel.shard != ShardLevel::kNone && replicas > 1) {
@@ -94,15 +100,18 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
     if (stages > 1) per_rank += ", a pipeline stage's share of it";
     per_rank += ")";
   }
-  char traced_words[200];
-  std::snprintf(traced_words, sizeof traced_words,
-                "; traced on meta tensors (no memory, %.1f s), one micro-batch of %lld adds %s at its peak",
-                traced.seconds, static_cast<long long>(c.micro_batch_size()), format_bytes(traced.step_peak_bytes).c_str());
+  char traced_words[300] = "";
+  if (traced) {
+    std::snprintf(traced_words, sizeof traced_words,
+                  "; traced on meta tensors (no memory, %.1f s), one micro-batch of %lld adds %s at its peak "
+                  "(activations and gradients as configured, before any recomputation)",
+                  traced->seconds, static_cast<long long>(c.micro_batch_size()),
+                  format_bytes(traced->step_peak_bytes).c_str());
+  }
   throw UserError(
       c.source + ": model.name = \"" + choice_name(c.model.name) + "\" at this shape has " + billions(state->parameters) +
       " parameters; with their gradients and " + choice_name(c.training.optimizer) + " state that is " +
-      format_bytes(whole) + per_rank + traced_words +
-      " (activations and gradients as configured, before any recomputation); more than " + where + " (" +
+      format_bytes(whole) + per_rank + traced_words + "; more than " + where + " (" +
       format_bytes(limit) + ") can hold, so `hybrid_train " + command +
       "` stops before building it. Give each rank less: more data-parallel ranks with parallel.shard = "
       "\"optimizer\" (each keeps 1/N of the optimizer state), tensor parallelism, pipeline stages, or GPUs with more "
