@@ -221,8 +221,8 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
     // whose parameters are sharded (ParameterShards keeps its share of each bucket).
     std::optional<HostAllocationScope> whole_model_on_host;
     const bool shards_parameters = config.parallel.shard == ShardLevel::kParameters && config.replicas() > 1;
-    // So does a tensor-parallel rank its parts (each layer keeps its part as it makes it: one whole
-    // tensor at a time).
+    // A tensor-parallel rank does the same with its parts (each layer keeps its part as it makes it,
+    // one whole tensor at a time).
     const bool splits = config.parallel.tensor_parallel > 1;
     if (config.parallel.pipeline_parallel > 1 || shards_parameters || splits) whole_model_on_host.emplace();
     model = make_model(config, info, grid->tensor_rank);

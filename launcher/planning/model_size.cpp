@@ -26,6 +26,22 @@ std::string billions(int64_t parameters) {
   return buf;
 }
 
+// What one rank may hold, and where that limit comes from (for the message).
+int64_t rank_limit(const Config& c, int ranks_on_host, std::string& where) {
+  const at::Device device(c.training.device);
+  if (c.memory.budget_bytes > 0) {
+    where = "memory.budget = \"" + c.memory.budget + "\"";
+    return c.memory.budget_bytes;
+  }
+  if (device.is_cuda()) {
+    where = "the GPU's memory";
+    return cuda_device_memory_bytes(device.has_index() ? device.index() : 0);
+  }
+  where = ranks_on_host > 1 ? "this host's available memory shared by " + std::to_string(ranks_on_host) + " ranks"
+                            : "this host's available memory";
+  return host_available_memory_bytes() / std::max(ranks_on_host, 1);
+}
+
 }  // namespace
 
 std::optional<ModelStateSize> model_state_from_shape(const Config& c, int64_t data_vocab) {
@@ -54,20 +70,8 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
   const int64_t whole = state->bytes;
   const auto t = static_cast<int>(c.parallel.tensor_parallel);
   state->bytes = state_bytes_per_rank(c, *state, replicas);  // what one rank holds
-  const at::Device device(c.training.device);
   std::string where;
-  int64_t limit = 0;
-  if (c.memory.budget_bytes > 0) {
-    limit = c.memory.budget_bytes;
-    where = "memory.budget = \"" + c.memory.budget + "\"";
-  } else if (device.is_cuda()) {
-    limit = cuda_device_memory_bytes(device.has_index() ? device.index() : 0);
-    where = "the GPU's memory";
-  } else {
-    limit = host_available_memory_bytes() / std::max(ranks_on_host, 1);
-    where = ranks_on_host > 1 ? "this host's available memory shared by " + std::to_string(ranks_on_host) + " ranks"
-                              : "this host's available memory";
-  }
+  const int64_t limit = rank_limit(c, ranks_on_host, where);
   const int stages = static_cast<int>(c.parallel.pipeline_parallel);
   // A tensor-parallel rank holds about 1/t (its parts, and the norms whole).
   const int64_t rank_estimate = state->bytes / stages / t;
