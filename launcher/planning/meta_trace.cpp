@@ -1,6 +1,7 @@
 #include "launcher/planning/meta_trace.h"
 
 #include "launcher/model_factory.h"
+#include "launcher/training/optimizer.h"
 #include "launcher/user_error.h"
 #include "base/choice.h"
 #include "alloc/cpu_arena.h"
@@ -19,6 +20,63 @@
 #include <optional>
 
 namespace ht {
+
+namespace {
+
+// A micro-batch of `micro` samples: meta tensors, or random data.
+std::pair<at::Tensor, at::Tensor> batch_of(const DataInfo& info, int64_t micro, bool meta) {
+  std::vector<int64_t> shape{micro};
+  for (int64_t s : info.sample_shape) shape.push_back(s);
+  const bool tokens = info.task == Task::kLanguageModel;
+  const std::vector<int64_t> target_shape = tokens ? shape : std::vector<int64_t>{micro};
+  if (meta) {
+    const at::TensorOptions on_meta = at::TensorOptions().device(at::kMeta);
+    return {at::empty(shape, on_meta.dtype(tokens ? at::kLong : at::kFloat)), at::empty(target_shape, on_meta.dtype(at::kLong))};
+  }
+  return {tokens ? at::randint(info.classes, shape, at::kLong) : at::randn(shape),
+          at::randint(info.classes, target_shape, at::kLong)};
+}
+
+// Forward and backward of the micro-batch, recorded: out.trace and out.step_peak_bytes.
+void record_forward_backward(const Config& config, Model& model, CpuArena& arena, const at::Tensor& x,
+                             const at::Tensor& y, TracedStep& out) {
+  MemoryManager memory;
+  Interpreter interp(InterpreterOptions{}, &memory);
+  interp.set_autocast(autocast_type(config.training.mixed_precision));
+  // A tensor-parallel rank's part, its group mirrored as the profiler mirrors it: on meta
+  // tensors the collectives move nothing, and every buffer they fill is allocated as on data.
+  std::optional<TensorGroup> group;
+  if (config.parallel.tensor_parallel > 1) {
+    group.emplace(std::make_shared<MirrorCommunicator>(static_cast<int>(config.parallel.tensor_parallel)));
+    interp.set_tensor_parallel(&*group);
+  }
+  arena.reset_peak();
+  const int64_t before = arena.stats().in_use;
+  StepRecorder recorder(memory, before);
+  model.set_block_listener([&](int block) {
+    recorder.enter_block(block);
+    memory.block_begins(block);
+  });
+  {
+    Tensor loss = model.loss(model.forward(interp.input(x)), interp.input(y));
+    interp.backward(loss);
+  }
+  model.set_block_listener(nullptr);
+  out.trace = recorder.take();
+  out.step_peak_bytes = arena.stats().peak_in_use - before;
+}
+
+// The optimizer's first step on the gradients backward left: the state it makes, and its peak.
+void step_optimizer(const Config& config, Model& model, CpuArena& arena, TracedStep& out) {
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(config.training, model.parameters());
+  arena.reset_peak();
+  const int64_t before = arena.stats().in_use;
+  optimizer->step();
+  out.optimizer_state_bytes = arena.stats().in_use - before;
+  out.optimizer_peak_bytes = arena.stats().peak_in_use - before;
+}
+
+}  // namespace
 
 TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t micro_batch, bool meta,
                              int64_t capacity) {
@@ -48,41 +106,9 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
   }
   for (const at::Tensor& p : model->parameters()) out.parameters += p.numel();
   out.model_bytes = arena->stats().in_use;
-  {
-    const at::TensorOptions where = meta ? at::TensorOptions().device(at::kMeta) : at::TensorOptions();
-    std::vector<int64_t> shape{micro_batch};
-    for (int64_t s : info.sample_shape) shape.push_back(s);
-    const bool tokens = info.task == Task::kLanguageModel;
-    const at::Tensor x = meta ? at::empty(shape, where.dtype(tokens ? at::kLong : at::kFloat))
-                              : (tokens ? at::randint(info.classes, shape, at::kLong) : at::randn(shape));
-    const std::vector<int64_t> target_shape = tokens ? shape : std::vector<int64_t>{micro_batch};
-    const at::Tensor y = meta ? at::empty(target_shape, where.dtype(at::kLong))
-                              : at::randint(info.classes, target_shape, at::kLong);
-    MemoryManager memory;
-    Interpreter interp(InterpreterOptions{}, &memory);
-    interp.set_autocast(autocast_type(config.training.mixed_precision));
-    // A tensor-parallel rank's part, its group mirrored as the profiler mirrors it: on meta
-    // tensors the collectives move nothing, and every buffer they fill is allocated as on data.
-    std::optional<TensorGroup> group;
-    if (config.parallel.tensor_parallel > 1) {
-      group.emplace(std::make_shared<MirrorCommunicator>(static_cast<int>(config.parallel.tensor_parallel)));
-      interp.set_tensor_parallel(&*group);
-    }
-    arena->reset_peak();
-    const int64_t before = arena->stats().in_use;
-    StepRecorder recorder(memory, before);
-    model->set_block_listener([&](int block) {
-      recorder.enter_block(block);
-      memory.block_begins(block);
-    });
-    {
-      Tensor loss = model->loss(model->forward(interp.input(x)), interp.input(y));
-      interp.backward(loss);
-    }
-    model->set_block_listener(nullptr);
-    out.trace = recorder.take();
-    out.step_peak_bytes = arena->stats().peak_in_use - before;
-  }
+  const auto [x, y] = batch_of(info, micro_batch, meta);
+  record_forward_backward(config, *model, *arena, x, y, out);
+  step_optimizer(config, *model, *arena, out);
   model.reset();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;

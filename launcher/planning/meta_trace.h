@@ -10,9 +10,9 @@
 // kernel in libtorch 1.13 declare their outputs' shapes (Op::meta_forward, Op::meta_backward).
 //
 // With parallel.tensor_parallel > 1, rank 0's part, its group mirrored (MirrorCommunicator, as
-// the profiler does); with training.mixed_precision, under autocast. Not traced yet: the optimizer
-// step, convolution models, ATen kernels' internal workspaces (a meta kernel allocates only its
-// outputs; the difference is measured).
+// the profiler does); with training.mixed_precision, under autocast; then the optimizer's first
+// step. Not traced yet: convolution models, ATen kernels' internal workspaces (a meta kernel
+// allocates only its outputs; the difference is measured).
 
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
@@ -26,7 +26,10 @@ struct TracedStep {
   StepTrace trace;             // forward and backward of one micro-batch, as the recorder saw it
   int64_t parameters = 0;      // elements
   int64_t model_bytes = 0;     // the parameters and buffers, as allocated before the step (arena blocks)
-  int64_t step_peak_bytes = 0; // the arena's peak during the step, above model_bytes (placement included)
+  int64_t step_peak_bytes = 0; // the arena's peak during forward and backward, above model_bytes (placement included)
+  // The optimizer's first step on those gradients (the config's optimizer, no clipping): the
+  // state it makes, and its peak above what was in use before it (the state and its temporaries).
+  int64_t optimizer_state_bytes = 0, optimizer_peak_bytes = 0;
   double seconds = 0;          // the whole trace, model built included
 };
 

@@ -2,7 +2,8 @@
 // runs on data, to the byte: the same kernels in the same order, the same tensors made by forward
 // kernels, the same model bytes and the same peak; what the data run allocates beyond it is named
 // (ATen's CPU kernels wrap scalars into 64-byte tensors, and layer norm's backward keeps partial
-// sums per thread: a kernel's own workspace, which a meta kernel never allocates). At scale, the
+// sums per thread: a kernel's own workspace, which a meta kernel never allocates); the optimizer's
+// first step makes the same state with the same temporaries. At scale, the
 // Llama 3 shapes trace in no memory, their parameters are the published counts, and a layer's
 // saved activations are the planner's accounting (planner/tensor_terms.h) to the byte.
 #include "alloc/cpu_arena.h"
@@ -32,6 +33,7 @@ block_size = 32
 dataset = "synthetic"
 [training]
 global_batch_size = 8
+optimizer = "adamw"
 )";
 
 DataInfo tokens(int64_t t, int64_t vocab) { return DataInfo{Task::kLanguageModel, {t}, vocab, "tokens", 0}; }
@@ -65,6 +67,10 @@ void expect_the_step_on_data(const Config& c, int64_t micro,
   EXPECT_EQ(meta.parameters, data.parameters);
   EXPECT_EQ(meta.model_bytes, data.model_bytes);
   EXPECT_EQ(meta.step_peak_bytes, data.step_peak_bytes);
+  EXPECT_EQ(meta.optimizer_state_bytes, data.optimizer_state_bytes);
+  // The optimizer's temporaries, but two of ATen's wrapped scalars (64-byte blocks) on data.
+  EXPECT_GE(data.optimizer_peak_bytes, meta.optimizer_peak_bytes);
+  EXPECT_LE(data.optimizer_peak_bytes - meta.optimizer_peak_bytes, 2 * CpuArena::kAlignment);
   ASSERT_EQ(meta.trace.kernels.size(), data.trace.kernels.size());
   for (size_t k = 0; k < meta.trace.kernels.size(); ++k) {
     ASSERT_EQ(kernel_name(meta.trace, static_cast<int>(k)), kernel_name(data.trace, static_cast<int>(k))) << k;
@@ -169,6 +175,7 @@ TEST(MetaTrace, LlamaThreeShapesTraceInNoMemoryAndMatchTheAccounting) {
     const Config config = load_config(std::string(HT_SOURCE_DIR) + "/" + c.file, overrides).config;
     const TracedStep step = trace_micro_batch(config, tokens(config.model.block_size, 128256), 1, true, int64_t{1} << 42);
     const DecoderOptions o = decoder_options(config.model, 128256);
+    EXPECT_EQ(step.optimizer_state_bytes, 2 * step.model_bytes) << "AdamW's two moments";
     if (c.t == 1) {
       EXPECT_EQ(step.parameters, c.parameters);
       EXPECT_EQ(step.model_bytes, 4 * c.parameters);
