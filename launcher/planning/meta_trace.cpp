@@ -3,7 +3,6 @@
 #include "launcher/model_factory.h"
 #include "launcher/training/optimizer.h"
 #include "launcher/user_error.h"
-#include "base/choice.h"
 #include "alloc/cpu_arena.h"
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/meta_arena.h"
@@ -80,11 +79,6 @@ void step_optimizer(const Config& config, Model& model, CpuArena& arena, TracedS
 
 TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t micro_batch, bool meta,
                              int64_t capacity) {
-  if (!is_decoder(config.model.name)) {
-    throw UserError("tracing a step on meta tensors: model.name = \"" + std::string(choice_name(config.model.name)) +
-                    "\" is not traced yet (its convolutions and batch norms have no meta kernels in libtorch 1.13 "
-                    "nor shape rules here); the transformers (gpt, llama) are");
-  }
   const auto start = std::chrono::steady_clock::now();
   // Meta: address space only. Data (the comparison's run): pages reserved, committed as touched.
   const std::shared_ptr<CpuArena> arena =

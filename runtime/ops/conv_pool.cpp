@@ -15,6 +15,7 @@ class Conv2dOp final : public Op {
         has_bias_(has_bias) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    if (in[0].is_meta()) return {meta_output(in[0], in[1])};
     return {at::convolution(in[0], in[1], has_bias_ ? in[2] : at::Tensor(), args_.stride,
                             args_.padding, args_.dilation, /*transposed=*/false,
                             /*output_padding=*/{0, 0}, args_.groups)};
@@ -38,9 +39,23 @@ class Conv2dOp final : public Op {
                                                               const at::Tensor& w, const BackwardArgs& a,
                                                               std::array<bool, 3> mask) const {
     const std::array<int64_t, 1> bias_sizes{a.input_sizes(1)[0]};
+    if (g.is_meta()) {  // libtorch 1.13 has no meta kernel: the gradients' shapes
+      return {mask[0] ? at::empty_like(x) : at::Tensor(), mask[1] ? at::empty_like(w) : at::Tensor(),
+              mask[2] ? at::empty({bias_sizes[0]}, g.options()) : at::Tensor()};
+    }
     return at::convolution_backward(g, x, w, has_bias_ ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
                                     args_.stride, args_.padding, args_.dilation, /*transposed=*/false,
                                     /*output_padding=*/{0, 0}, args_.groups, mask);
+  }
+  // The output's shape, in the input's memory format, on meta tensors (libtorch 1.13 has no meta
+  // convolution).
+  at::Tensor meta_output(const at::Tensor& x, const at::Tensor& w) const {
+    std::vector<int64_t> sizes{x.size(0), w.size(0)};
+    for (size_t d = 0; d < 2; ++d) {
+      const int64_t extent = args_.dilation[d] * (w.size(static_cast<int64_t>(d) + 2) - 1) + 1;
+      sizes.push_back((x.size(static_cast<int64_t>(d) + 2) + 2 * args_.padding[d] - extent) / args_.stride[d] + 1);
+    }
+    return at::empty(sizes, x.options().memory_format(x.suggest_memory_format()));
   }
   TensorList finish(const at::Tensor& gx, const at::Tensor& gw, const at::Tensor& gb) const {
     TensorList grads{gx, gw};

@@ -46,6 +46,22 @@ class BatchNormOp final : public Op {
         eps_, mask);
     return {gx, gw, gb};
   }
+  // libtorch 1.13 has no meta kernels for batch norm: y as x, the saved statistics (C) in the
+  // weights' dtype; no running statistics to update.
+  TensorList meta_forward(const TensorList& in, const ForwardContext&) const override {
+    at::Tensor y = at::empty_like(in[0]);
+    if (!training_) return {y};
+    const at::TensorOptions stats = in[1].defined() ? in[1].options() : in[0].options();
+    return {y, at::empty({in[0].size(1)}, stats), at::empty({in[0].size(1)}, stats)};
+  }
+  TensorList meta_backward(const BackwardArgs& a) const override {
+    TensorList grads(3);
+    for (size_t i = 0; i < 3; ++i) {
+      if (a.needs_input_grad[i]) grads[i] = at::empty(a.input_sizes(i), a.input_options(i));
+    }
+    if (grads[0].defined()) grads[0] = at::empty_like(a.inputs[0]);  // the input's memory format
+    return grads;
+  }
 
  private:
   at::Tensor running_mean_, running_var_;

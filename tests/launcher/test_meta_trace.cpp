@@ -9,7 +9,6 @@
 #include "alloc/cpu_arena.h"
 #include "launcher/model_factory.h"
 #include "launcher/planning/meta_trace.h"
-#include "launcher/user_error.h"
 #include "planner/tensor_terms.h"
 #include "tests/support/temp_dir.h"
 
@@ -187,15 +186,48 @@ TEST(MetaTrace, LlamaThreeShapesTraceInNoMemoryAndMatchTheAccounting) {
   }
 }
 
-// What is not traced yet says so, naming the key.
-TEST(MetaTrace, ModelsWithoutShapeRulesAreRefusedNamingTheKey) {
+// Models with convolutions, batch norm and pooling trace too. The MLP and the ConvNet: the data
+// run's step to the byte. ResNet and the supernet: every meta allocation is the data run's, and
+// the data run's others are its kernels' own workspaces (the convolutions' im2col and reorder
+// buffers on this CPU, batch norm's and pooling's small ones), which no meta kernel allocates:
+// the trace's peak is the data run's without them (measured here: ResNet 0.6% lower, the
+// supernet 7.9%; declaring workspaces per op is the next part).
+TEST(MetaTrace, ConvolutionModelsTraceAndTheirWorkspacesAreNamed) {
   TempDir dir;
-  const Config c = config_for(dir, kSmall, {"--model.name=mlp"});
-  try {
-    trace_micro_batch(c, tokens(32, 96), 2);
-    FAIL() << "traced";
-  } catch (const UserError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("model.name = \"mlp\" is not traced yet"));
+  const char* images = R"([model]
+name = "convnet"
+channels = [8, 16]
+fc_hidden = 32
+[data]
+dataset = "synthetic"
+synthetic_shape = [1, 16, 16]
+[training]
+global_batch_size = 8
+)";
+  const DataInfo info{Task::kClassification, {1, 16, 16}, 10, "images", 0};
+  const std::set<std::string> workspaces{"conv2d", "conv2d backward", "batch_norm", "adaptive_avg_pool2d",
+                                         "adaptive_avg_pool2d backward"};
+  for (const std::string name : {"mlp", "convnet", "resnet", "supernet"}) {
+    SCOPED_TRACE(name);
+    const Config c = config_for(dir, images, {"--model.name=" + name});
+    const TracedStep meta = trace_micro_batch(c, info, 4, true), data = trace_micro_batch(c, info, 4, false);
+    EXPECT_EQ(meta.model_bytes, data.model_bytes);
+    EXPECT_EQ(meta.optimizer_state_bytes, data.optimizer_state_bytes);
+    const auto mine = allocations(meta.trace), theirs = allocations(data.trace);
+    size_t at = 0;
+    for (const auto& [bytes, kernel] : theirs) {
+      if (at < mine.size() && mine[at] == std::make_pair(bytes, kernel)) {
+        ++at;
+      } else {
+        EXPECT_TRUE(bytes == CpuArena::kAlignment || workspaces.count(kernel) > 0) << bytes << " in " << kernel;
+      }
+    }
+    EXPECT_EQ(at, mine.size()) << "every meta allocation is the data run's";
+    if (name == "mlp" || name == "convnet") {
+      EXPECT_EQ(meta.step_peak_bytes, data.step_peak_bytes);
+    } else {
+      EXPECT_LE(meta.step_peak_bytes, data.step_peak_bytes) << "workspaces only add";
+    }
   }
 }
 
