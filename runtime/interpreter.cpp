@@ -158,9 +158,7 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   PlacementScope activations(Placement::kActivation);  // evictable: the arena's bottom
   std::vector<at::Tensor> outs = run_with_room(*memory_, [&] {
     timer.start();  // a rerun after making room times itself alone
-    const ForwardContext ctx{recompute};
-    auto o = !in_values.empty() && in_values.front().is_meta() ? path.op->meta_forward(in_values, ctx)
-                                                              : path.op->forward(in_values, ctx);
+    auto o = path.op->forward(in_values, ForwardContext{recompute});
     timer.stop();
     return o;
   });

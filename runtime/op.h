@@ -132,15 +132,10 @@ class Op {
   // Returns one gradient per input (undefined where not needed or not differentiable).
   virtual std::vector<at::Tensor> backward(const BackwardArgs& args) const = 0;
 
-  // Shapes only, on meta tensors (a step traced without data, for the planner): the same outputs
-  // (number, shapes, dtypes, devices) as forward and backward, without values. The defaults run
-  // forward and backward themselves, right wherever every ATen call they make has a meta kernel;
-  // an op whose kernel has none (in some libtorch version) or loops over data overrides them.
-  virtual std::vector<at::Tensor> meta_forward(const std::vector<at::Tensor>& inputs,
-                                               const ForwardContext& ctx) const {
-    return forward(inputs, ctx);
-  }
-  virtual std::vector<at::Tensor> meta_backward(const BackwardArgs& args) const { return backward(args); }
+  // On meta tensors (a step traced without data, launcher/planning/meta_trace.h) forward and
+  // backward return the same outputs' shapes and dtypes without values. They do as written
+  // wherever every ATen call has a meta kernel; an op whose kernel has none (in libtorch 1.13:
+  // embedding, layer and batch norm, relu, convolution) checks is_meta() and allocates them.
 
  private:
   OpTraits traits_;

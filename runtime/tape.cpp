@@ -9,14 +9,6 @@
 #include <unordered_map>
 
 namespace ht {
-namespace {
-// A step traced on meta tensors (Op::meta_backward): its gradients are meta.
-bool traced_on_meta(const std::vector<at::Tensor>& grads) {
-  for (const at::Tensor& g : grads)
-    if (g.defined()) return g.is_meta();
-  return false;
-}
-}  // namespace
 
 void accumulate_grad(TensorInfo& t, at::Tensor grad) {
   if (!t.requires_grad || !grad.defined()) return;
@@ -220,8 +212,7 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   {
     at::AutoGradMode no_autograd(false);
     grads = run_with_room(interp.memory_hooks(), [&] {
-      const BackwardArgs args{inputs, outputs, grad_outputs, input_infos, needs_input_grad};
-      return traced_on_meta(grad_outputs) ? path.op->meta_backward(args) : path.op->backward(args);
+      return path.op->backward(BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
     });
   }
   interp.memory_hooks().after_backward(path);

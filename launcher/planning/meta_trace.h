@@ -7,7 +7,7 @@
 // bytes and lifetime, in the engine's order, for a model of any size, in no memory and in
 // seconds. The same function runs the step on data (meta = false) for the comparison that pins
 // the trace to the engine (tests/launcher/test_meta_trace.cpp). Ops whose kernels have no meta
-// kernel in libtorch 1.13 declare their outputs' shapes (Op::meta_forward, Op::meta_backward).
+// kernel in libtorch 1.13 allocate their outputs' shapes themselves (runtime/op.h).
 //
 // With parallel.tensor_parallel > 1, rank 0's part, its group mirrored (MirrorCommunicator, as
 // the profiler does); with training.mixed_precision, under autocast; then the optimizer's first

@@ -11,6 +11,17 @@ using TensorList = std::vector<at::Tensor>;
 // Training outputs (y, save_mean, save_invstd); evaluation outputs (y). The running statistics
 // are module buffers, not interpreter tensors: the first forward updates them, a recomputation
 // (ForwardContext::recompute) must not, and evaluation reads them.
+// A norm's gradients on meta tensors (libtorch 1.13 has no meta kernel for either norm's
+// backward): each input's shape and dtype, the input's own memory format where asked.
+TensorList meta_gradients(const BackwardArgs& a, bool in_input_layout) {
+  TensorList grads(3);
+  for (size_t i = 0; i < 3; ++i) {
+    if (a.needs_input_grad[i]) grads[i] = at::empty(a.input_sizes(i), a.input_options(i));
+  }
+  if (in_input_layout && grads[0].defined()) grads[0] = at::empty_like(a.inputs[0]);
+  return grads;
+}
+
 class BatchNormOp final : public Op {
  public:
   BatchNormOp(at::Tensor running_mean, at::Tensor running_var, bool training, double momentum,
@@ -24,6 +35,7 @@ class BatchNormOp final : public Op {
     const bool update_stats = training_ && !ctx.recompute;
     const at::Tensor rm = (!training_ || update_stats) ? running_mean_ : at::Tensor();
     const at::Tensor rv = (!training_ || update_stats) ? running_var_ : at::Tensor();
+    if (in[0].is_meta()) return meta_outputs(in);
     auto [y, save_mean, save_invstd] =
         at::native_batch_norm(in[0], in[1], in[2], rm, rv, training_, momentum_, eps_);
     if (!training_) return {y};
@@ -33,6 +45,7 @@ class BatchNormOp final : public Op {
   TensorList backward(const BackwardArgs& a) const override {
     const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
                                    a.needs_input_grad[2]};
+    if (a.grad_outputs[0].is_meta()) return meta_gradients(a, /*in_input_layout=*/true);
     at::Tensor save_mean, save_invstd, rm, rv;
     if (training_) {
       save_mean = a.outputs[1];
@@ -46,24 +59,16 @@ class BatchNormOp final : public Op {
         eps_, mask);
     return {gx, gw, gb};
   }
-  // libtorch 1.13 has no meta kernels for batch norm: y as x, the saved statistics (C) in the
-  // weights' dtype; no running statistics to update.
-  TensorList meta_forward(const TensorList& in, const ForwardContext&) const override {
+ private:
+  // On meta tensors (libtorch 1.13 has no meta kernels for batch norm): y as x, the saved
+  // statistics (C) in the weights' dtype; no running statistics to update.
+  TensorList meta_outputs(const TensorList& in) const {
     at::Tensor y = at::empty_like(in[0]);
     if (!training_) return {y};
     const at::TensorOptions stats = in[1].defined() ? in[1].options() : in[0].options();
     return {y, at::empty({in[0].size(1)}, stats), at::empty({in[0].size(1)}, stats)};
   }
-  TensorList meta_backward(const BackwardArgs& a) const override {
-    TensorList grads(3);
-    for (size_t i = 0; i < 3; ++i) {
-      if (a.needs_input_grad[i]) grads[i] = at::empty(a.input_sizes(i), a.input_options(i));
-    }
-    if (grads[0].defined()) grads[0] = at::empty_like(a.inputs[0]);  // the input's memory format
-    return grads;
-  }
 
- private:
   at::Tensor running_mean_, running_var_;
   bool training_;
   double momentum_, eps_;
@@ -78,10 +83,16 @@ class LayerNormOp final : public Op {
         shape_(std::move(normalized_shape)), eps_(eps) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    if (in[0].is_meta()) {  // no meta kernel in libtorch 1.13: y as x, mean and rstd (..., 1) in x's dtype
+      std::vector<int64_t> stats = in[0].sizes().vec();
+      for (size_t d = 0; d < shape_.size(); ++d) stats[stats.size() - 1 - d] = 1;
+      return {at::empty_like(in[0]), at::empty(stats, in[0].options()), at::empty(stats, in[0].options())};
+    }
     auto [y, mean, rstd] = at::native_layer_norm(in[0], shape_, in[1], in[2], eps_);
     return {y, mean, rstd};
   }
   TensorList backward(const BackwardArgs& a) const override {
+    if (a.grad_outputs[0].is_meta()) return meta_gradients(a, /*in_input_layout=*/false);
     const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
                                    a.needs_input_grad[2]};
     auto [gx, gw, gb] = at::native_layer_norm_backward(a.grad_outputs[0], a.inputs[0], shape_,
@@ -89,21 +100,6 @@ class LayerNormOp final : public Op {
                                                        a.inputs[2], mask);
     return {gx, gw, gb};
   }
-  // libtorch 1.13 has no meta kernels for layer norm: y as x, mean and rstd (..., 1) in x's
-  // dtype (fp32 or fp64: the op runs in fp32 at least).
-  TensorList meta_forward(const TensorList& in, const ForwardContext&) const override {
-    std::vector<int64_t> stats = in[0].sizes().vec();
-    for (size_t d = 0; d < shape_.size(); ++d) stats[stats.size() - 1 - d] = 1;
-    return {at::empty_like(in[0]), at::empty(stats, in[0].options()), at::empty(stats, in[0].options())};
-  }
-  TensorList meta_backward(const BackwardArgs& a) const override {
-    TensorList grads(3);
-    for (size_t i = 0; i < 3; ++i) {
-      if (a.needs_input_grad[i]) grads[i] = at::empty(a.input_sizes(i), a.input_options(i));
-    }
-    return grads;
-  }
-
  private:
   std::vector<int64_t> shape_;
   double eps_;

@@ -26,7 +26,7 @@ inline uint32_t bit_if(bool cond, int i) { return cond ? (1u << i) : 0u; }
 inline int64_t normalize_dim(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
 
 // at::embedding and its dense backward, or on meta tensors their outputs' shapes (libtorch 1.13
-// has no meta kernel for either: Op::meta_forward).
+// has no meta kernel for either: runtime/op.h).
 at::Tensor embedding_rows(const at::Tensor& weight, const at::Tensor& indices);
 at::Tensor embedding_rows_backward(const at::Tensor& grad, const at::Tensor& indices, int64_t rows);
 

@@ -163,7 +163,7 @@ class VocabEmbeddingOp final : public Op {
 
  private:
   // Masks of bools combined bitwise, not logically: the same bits, and kernels that libtorch 1.13
-  // also has for meta tensors (a step traced without data, Op::meta_forward).
+  // also has for meta tensors (a step traced without data, runtime/op.h).
   std::pair<at::Tensor, at::Tensor> local_rows(const at::Tensor& indices, int64_t rows) const {
     at::Tensor local = indices - first_;
     at::Tensor outside = local.lt(0).bitwise_or_(local.ge(rows));

@@ -14,15 +14,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 const char* kMine = R"([h100-sxm]
 name = "an H100 as our cloud rents it"
 memory = "80GB"
@@ -87,9 +78,9 @@ TEST(DeviceCatalog, AMalformedEntryNamesTheFileTheKindAndTheKey) {
     text.replace(text.rfind(c.from), c.from.size(), c.to);
     TempDir dir;
     const std::string path = dir.write("mine.toml", text);
-    EXPECT_THAT(error_of([&] { device_catalog(path); }), HasSubstr(path + ": " + (c.message[0] == '[' ? "" : "[mi300x]: ") + c.message));
+    EXPECT_THAT(user_error_of([&] { device_catalog(path); }), HasSubstr(path + ": " + (c.message[0] == '[' ? "" : "[mi300x]: ") + c.message));
   }
-  EXPECT_THAT(error_of([] { device_catalog("/nowhere.toml"); }), HasSubstr("--devices /nowhere.toml: cannot read it"));
+  EXPECT_THAT(user_error_of([] { device_catalog("/nowhere.toml"); }), HasSubstr("--devices /nowhere.toml: cannot read it"));
 }
 
 TEST(DeviceCatalog, AClusterIsAKindAndItsNodes) {
@@ -105,10 +96,10 @@ TEST(DeviceCatalog, AClusterIsAKindAndItsNodes) {
   ASSERT_EQ(keys.size(), 5u);
   EXPECT_EQ(keys[2].path, "cluster.device_memory");
   EXPECT_EQ(keys[2].value, "\"141000000000\"");
-  EXPECT_THAT(error_of([&] { parse_cluster("h100:2", catalog); }),
+  EXPECT_THAT(user_error_of([&] { parse_cluster("h100:2", catalog); }),
               HasSubstr("no device kind \"h100\" in the catalog; kinds: a100-40gb, a100-80gb, b200, h100-pcie, h100-sxm"));
-  EXPECT_THAT(error_of([&] { parse_cluster("h100-sxm", catalog); }), HasSubstr("say how many nodes, e.g. --cluster h100-sxm:8x8"));
-  EXPECT_THAT(error_of([&] { parse_cluster("h100-sxm:2x0", catalog); }), HasSubstr("the devices per node \"0\""));
+  EXPECT_THAT(user_error_of([&] { parse_cluster("h100-sxm", catalog); }), HasSubstr("say how many nodes, e.g. --cluster h100-sxm:8x8"));
+  EXPECT_THAT(user_error_of([&] { parse_cluster("h100-sxm:2x0", catalog); }), HasSubstr("the devices per node \"0\""));
 }
 
 // `plan --cluster` plans for that cluster's devices (their memory, its links); a bad kind is

@@ -57,8 +57,24 @@ std::vector<std::pair<int64_t, std::string>> allocations(const StepTrace& trace)
   return out;
 }
 
-// The step on meta against the step on data, allocation by allocation. `workspaces`: kernels
-// whose CPU implementation allocates temporaries of its own (a meta kernel allocates only outputs).
+// Every meta allocation is the data run's next one of the same kernel and size; the data run's
+// others are ATen's wrapped scalars (64-byte blocks) and the `workspaces` kernels' own temporaries
+// (a meta kernel allocates only outputs).
+void expect_meta_allocations_in_the_data_run(const StepTrace& meta, const StepTrace& data,
+                                             const std::set<std::string>& workspaces) {
+  const auto mine = allocations(meta), theirs = allocations(data);
+  size_t at = 0;
+  for (const auto& [bytes, kernel] : theirs) {
+    if (at < mine.size() && mine[at] == std::make_pair(bytes, kernel)) {
+      ++at;
+    } else {
+      EXPECT_TRUE(bytes == CpuArena::kAlignment || workspaces.count(kernel) > 0) << bytes << " in " << kernel;
+    }
+  }
+  EXPECT_EQ(at, mine.size()) << "a meta allocation the data run did not make: " << mine[std::min(at, mine.size() - 1)].second;
+}
+
+// The step on meta against the step on data, allocation by allocation.
 void expect_the_step_on_data(const Config& c, int64_t micro,
                              const std::set<std::string>& workspaces = {"layer_norm backward"}) {
   const TracedStep meta = trace_micro_batch(c, tokens(32, 96), micro, /*meta=*/true);
@@ -74,18 +90,7 @@ void expect_the_step_on_data(const Config& c, int64_t micro,
   for (size_t k = 0; k < meta.trace.kernels.size(); ++k) {
     ASSERT_EQ(kernel_name(meta.trace, static_cast<int>(k)), kernel_name(data.trace, static_cast<int>(k))) << k;
   }
-  // Every meta allocation is the data run's next one of the same kernel and size; the data run's
-  // others are ATen's wrapped scalars and the workspaces.
-  const auto mine = allocations(meta.trace), theirs = allocations(data.trace);
-  size_t at = 0;
-  for (const auto& [bytes, kernel] : theirs) {
-    if (at < mine.size() && mine[at] == std::make_pair(bytes, kernel)) {
-      ++at;
-    } else {
-      EXPECT_TRUE(bytes == CpuArena::kAlignment || workspaces.count(kernel) > 0) << bytes << " in " << kernel;
-    }
-  }
-  EXPECT_EQ(at, mine.size()) << "a meta allocation the data run did not make: " << mine[std::min(at, mine.size() - 1)].second;
+  expect_meta_allocations_in_the_data_run(meta.trace, data.trace, workspaces);
 }
 
 // Bytes that model block `block`'s forward kernels allocated and that are still alive when the
@@ -213,16 +218,7 @@ global_batch_size = 8
     const TracedStep meta = trace_micro_batch(c, info, 4, true), data = trace_micro_batch(c, info, 4, false);
     EXPECT_EQ(meta.model_bytes, data.model_bytes);
     EXPECT_EQ(meta.optimizer_state_bytes, data.optimizer_state_bytes);
-    const auto mine = allocations(meta.trace), theirs = allocations(data.trace);
-    size_t at = 0;
-    for (const auto& [bytes, kernel] : theirs) {
-      if (at < mine.size() && mine[at] == std::make_pair(bytes, kernel)) {
-        ++at;
-      } else {
-        EXPECT_TRUE(bytes == CpuArena::kAlignment || workspaces.count(kernel) > 0) << bytes << " in " << kernel;
-      }
-    }
-    EXPECT_EQ(at, mine.size()) << "every meta allocation is the data run's";
+    expect_meta_allocations_in_the_data_run(meta.trace, data.trace, workspaces);
     if (name == "mlp" || name == "convnet") {
       EXPECT_EQ(meta.step_peak_bytes, data.step_peak_bytes);
     } else {

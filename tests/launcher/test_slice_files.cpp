@@ -20,15 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // A channels-last weight and a vector, cut at 3 ranks' uneven boundaries, read back at 2's.
 TEST(SliceFiles, RangesWrittenByThreeRanksReadBackAtAnyOther) {
   TempDir dir;
@@ -56,14 +47,14 @@ TEST(SliceFiles, RangesWrittenByThreeRanksReadBackAtAnyOther) {
   EXPECT_TRUE(whole.is_contiguous(at::MemoryFormat::ChannelsLast)) << "the recorded strides";
   EXPECT_TRUE(at::equal(whole, weight));
   EXPECT_TRUE(at::equal(index.whole("param", "conv.bias"), bias));
-  EXPECT_THAT(error_of([&] { index.read("state1", "conv.weight", 0, 1); }), HasSubstr("has no state1 conv.weight"));
+  EXPECT_THAT(user_error_of([&] { index.read("state1", "conv.weight", 0, 1); }), HasSubstr("has no state1 conv.weight"));
   // A rank's files gone: its range is missing, said as such.
   std::filesystem::remove(dir.path("rank_00002.index"));
   const SliceIndex two(dir.path(""));
-  EXPECT_THAT(error_of([&] { two.whole("param", "conv.weight"); }),
+  EXPECT_THAT(user_error_of([&] { two.whole("param", "conv.weight"); }),
               HasSubstr("no rank's slice holds elements 33 and after of param conv.weight"));
   std::ofstream(dir.path("rank_00001.index"), std::ios::app) << "slice param broken\n";
-  EXPECT_THAT(error_of([&] { SliceIndex{dir.path("")}; }), HasSubstr("rank_00001.index, line 5: not a slice record"));
+  EXPECT_THAT(user_error_of([&] { SliceIndex{dir.path("")}; }), HasSubstr("rank_00001.index, line 5: not a slice record"));
 }
 
 // Tensor-parallel parts: a [6, 8] weight's columns split 2 ways (each part's 24 elements written as
@@ -105,10 +96,10 @@ TEST(SliceFiles, TensorParallelPartsReadBackAtAnyOtherSplit) {
   std::filesystem::remove(dir.path("rank_00003.index"));  // rank 1's second piece of its columns
   const SliceIndex three(dir.path(""));
   EXPECT_TRUE(at::equal(three.read_part("param", "wo", columns(0, 4), 0, 24), part_of(wo, columns(0, 4))));
-  EXPECT_THAT(error_of([&] { three.read_part("param", "wo", columns(4, 2), 0, 12); }),
+  EXPECT_THAT(user_error_of([&] { three.read_part("param", "wo", columns(4, 2), 0, 12); }),
               HasSubstr("hold its elements up to 12 of 24"));
   std::ofstream(dir.path("rank_00000.index"), std::ios::app) << "slice param x 6 0 2 0 1 4 1 part 0 1 3 2\n";
-  EXPECT_THAT(error_of([&] { SliceIndex{dir.path("")}; }), HasSubstr("not a slice record"));
+  EXPECT_THAT(user_error_of([&] { SliceIndex{dir.path("")}; }), HasSubstr("not a slice record"));
 }
 
 struct SgdMlp {
@@ -151,7 +142,7 @@ TEST(SliceFiles, ASlicedCheckpointLoadsWholeAndDamageIsFound) {
   EXPECT_EQ(CheckpointStore::model_tensors(folder).size(), pa.size());
   // An AdamW run does not take SGD's state.
   torch::optim::AdamW adamw(b.model->parameters());
-  EXPECT_THAT(error_of([&] { CheckpointStore::load(folder, *b.model, adamw); }),
+  EXPECT_THAT(user_error_of([&] { CheckpointStore::load(folder, *b.model, adamw); }),
               HasSubstr("its optimizer state is sgd's, the configured optimizer adamw"));
   std::filesystem::resize_file(folder + "/rank_00000.slices", 10);
   EXPECT_THAT(CheckpointStore::verify(folder), HasSubstr("rank_00000.slices has 10 bytes"));
@@ -166,7 +157,7 @@ TEST(SliceFiles, ARankThatCannotWriteLeavesNothingAndThePreviousCheckpoint) {
   LocalCommunicator group;
   const CheckpointStore store(dir.path("ckpt"), 2);
   const std::string first = store.save_sliced(group, TrainerState{1, {0, 1}, 0}, "sgd", [](SliceFileWriter&) {});
-  const std::string error = error_of([&] {
+  const std::string error = user_error_of([&] {
     store.save_sliced(group, TrainerState{2, {0, 2}, 0}, "sgd",
                       [](SliceFileWriter&) { throw std::runtime_error("the disk refused rank_00000.slices (full, or a quota)"); });
   });

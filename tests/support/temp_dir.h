@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,16 @@ inline std::string read_file(const std::string& path) {
 inline std::string load_error(const std::string& file, const std::vector<ConfigOverride>& overrides = {}) {
   try {
     load_config(file, overrides);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The UserError message `f` throws, or "" when it throws none.
+inline std::string user_error_of(const std::function<void()>& f) {
+  try {
+    f();
   } catch (const UserError& e) {
     return e.what();
   }
