@@ -399,13 +399,24 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     const TensorTraffic traffic =
         tensor_parallel_traffic(profile.tensor_shape, plan.micro_batch, plan.tensor, plan.sequence_parallel);
     const int64_t activation_bytes = plan.precision == MixedPrecision::kOff ? 4 : 2;
-    p.tensor_ms = tensor_parallel_ms(machine, plan.tensor, traffic, activation_bytes) * static_cast<double>(plan.accumulation);
+    // A pipeline stage holds its share of the layers, and with them of the collectives (the
+    // stages run side by side; the bubble is the compute's).
+    p.tensor_ms = tensor_parallel_ms(machine, plan.tensor, traffic, activation_bytes) * static_cast<double>(plan.accumulation) /
+                  plan.stages;
   }
   p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
               p.tensor_ms;
   const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);  // replicas
   p.samples_per_s = global / (p.step_ms / 1e3);
   p.device_hours_per_epoch = plan.devices() * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);
+  const double peak = plan.precision == MixedPrecision::kOff ? machine.peak_float_flops_per_ms : machine.peak_half_flops_per_ms;
+  if (peak > 0) {  // a rank's part of the model (its split layers, its stage) over its own peak
+    double forward_flops = 0;
+    for (const TraceKernel& k : ref.trace.kernels) forward_flops += k.backward ? 0 : k.flops;
+    const double per_sample = forward_flops / static_cast<double>(ref.micro_batch);
+    const double samples = static_cast<double>(plan.micro_batch * plan.accumulation);
+    p.mfu = 3 * per_sample * samples / plan.stages / (p.step_ms * peak);
+  }
 
   if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory && p.fits) {
     p.fits = false;

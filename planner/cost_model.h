@@ -72,6 +72,9 @@ struct Prediction {
   bool static_plan = false;           // steps run on a static plan (else, under a budget, DTR)
   double step_ms = 0;
   double samples_per_s = 0;           // global batch per step time
+  // Model FLOPs utilization: the step's forward and backward work (three times forward's, no
+  // recomputation counted) over the time at the device's dense peak; 0 where the peak is not known.
+  double mfu = 0;
   double device_hours_per_epoch = 0;  // ranks x step time x steps per epoch
 };
 

@@ -23,6 +23,9 @@ struct Machine {
   double inter_node_latency_us = 20;
   double device_speed = 1.0;     // compute speed relative to the device profiled here
   double host_link_gbps = 25;    // device <-> host memory, each way (host swap: memory.host_link_gbps)
+  // A catalog device's dense peaks, FLOP per ms (model FLOPs utilization); 0: not known.
+  double peak_half_flops_per_ms = 0;   // bf16 and fp16
+  double peak_float_flops_per_ms = 0;
   int max_ranks() const { return nodes * devices_per_node; }
 };
 

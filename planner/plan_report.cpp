@@ -54,9 +54,9 @@ int64_t largest_op_working_set(const StepTrace& trace) {
 }
 
 std::string profile_text(const ModelProfile& p, const Machine& machine) {
-  std::string s = printf_string("measured (%.1f s): %s, %lld parameters; per rank: parameters and buffers %s MiB, "
+  std::string s = printf_string("%s (%.1f s): %s, %lld parameters; per rank: parameters and buffers %s MiB, "
                                 "gradients %s MiB, %s state %s MiB\n",
-                                p.seconds, p.model.c_str(), static_cast<long long>(p.parameters),
+                                p.how.c_str(), p.seconds, p.model.c_str(), static_cast<long long>(p.parameters),
                                 mib(p.parameter_bytes).c_str(), mib(p.gradient_bytes).c_str(), p.optimizer.c_str(),
                                 mib(p.optimizer_state_bytes).c_str());
   s += "  micro-batch  precision  threads  fwd+bwd ms  optimizer ms  peak MiB  activations MiB  largest op MiB\n";
@@ -85,19 +85,19 @@ std::string profile_text(const ModelProfile& p, const Machine& machine) {
 std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows) {
   std::string s =
       "  #  ranks  stages  tensor  micro x accum  precision  policy      shard  peak/rank MiB  fits  step ms  compute  "
-      "bubble  recompute  optimizer  all-reduce  tensor ms  samples/s  device-h/epoch\n";
+      "bubble  recompute  optimizer  all-reduce  tensor ms  samples/s  device-h/epoch   MFU\n";
   for (size_t i = 0; i < std::min(rows, ranked.size()); ++i) {
     const Plan& p = ranked[i].plan;
     const Prediction& r = ranked[i].prediction;
     const std::string stages = p.stages > 1 ? std::to_string(p.stages) + " " + choice_name(p.schedule) : "1";
     const std::string tensor = std::to_string(p.tensor) + (p.tensor > 1 && p.sequence_parallel ? " sp" : "");
     s += printf_string("%3zu  %5d  %6s  %6s  %7lld x %-4lld  %9s  %6s  %9s  %13s  %4s  %7.1f  %7.1f  %6.1f  %9.1f  %9.1f  "
-                       "%10.1f  %9.1f  %9.1f  %14.4f\n",
+                       "%10.1f  %9.1f  %9.1f  %14.4f  %4s\n",
                        i + 1, p.devices(), stages.c_str(), tensor.c_str(), static_cast<long long>(p.micro_batch),
                        static_cast<long long>(p.accumulation), choice_name(p.precision), choice_name(p.policy),
                        choice_name(p.shard), mib(r.peak_bytes).c_str(), r.fits ? "yes" : "no", r.step_ms, r.compute_ms,
                        r.bubble_ms, r.recompute_ms, r.optimizer_ms + r.gather_ms, r.allreduce_exposed_ms, r.tensor_ms, r.samples_per_s,
-                       r.device_hours_per_epoch);
+                       r.device_hours_per_epoch, r.mfu > 0 ? printf_string("%.0f%%", 100 * r.mfu).c_str() : "-");
   }
   if (ranked.size() > rows) s += printf_string("  (%zu more plans: --all prints them; plans.jsonl has them all)\n", ranked.size() - rows);
   return s;

@@ -78,6 +78,7 @@ struct ModelProfile {
   int threads = 1;                // the threads a single rank computes with here
   std::vector<ProfilePoint> points;
   double seconds = 0;             // the profiling took
+  std::string how = "measured";   // or how it was traced and priced, for the report
   // A split model's profile is one rank's part of it (parallel.tensor_parallel): its memory and
   // kernels; the group's collectives are modelled from the shape (planner/tensor_terms.h).
   int tensor_parallel = 1;

@@ -54,6 +54,25 @@ void StepRecorder::add_input(std::vector<int>& inputs, const TensorInfo& t) cons
   if (index >= 0 && std::find(inputs.begin(), inputs.end(), index) == inputs.end()) inputs.push_back(index);
 }
 
+namespace {
+
+// A kernel's work; a backward's from its forward's: a contraction or a convolution makes the
+// gradients of both operands (two contractions of its own size); attention's backward recomputes
+// the scores a block at a time and makes three gradients (five contractions to forward's two, as
+// FlashAttention's backward); a memory-bound op reads the output's gradient and what it saved
+// and writes the inputs' gradients, about twice what forward moved.
+void set_work(TraceKernel& k, const OpTraits& traits, const KernelWork& forward, bool backward) {
+  k.type = forward.dtype == at::kBFloat16 ? KernelType::kBf16 : forward.dtype == at::kHalf ? KernelType::kFp16 : KernelType::kFloat;
+  k.flops = forward.flops;
+  k.bytes = forward.bytes;
+  if (!backward) return;
+  const bool attention = traits.work == Work::kAttention || traits.work == Work::kCausalAttention;
+  k.flops *= attention ? 2.5 : 2.0;
+  k.bytes *= 2.0;
+}
+
+}  // namespace
+
 void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool backward) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!recording_ || recompute) return;  // profiled steps run without eviction: no recomputation
@@ -101,6 +120,7 @@ void StepRecorder::kernel_ends(const ComputePath& path, bool recompute, bool /*b
   TraceKernel& k = trace_.kernels[static_cast<size_t>(kernel_)];
   k.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - kernel_start_).count();
   if (!k.backward) k.modeled_ms = path.modeled_ms;
+  set_work(k, path.op->traits(), path.work, k.backward);  // forward's work is known once it ran
   // What a forward kernel allocated and still holds is its output: regenerable by running it.
   if (!k.backward) {
     for (size_t i = first_tensor_of_kernel_; i < trace_.tensors.size(); ++i) {

@@ -18,10 +18,19 @@ struct TraceTensor {
   bool low_end = false;  // allocated while a forward kernel ran: an activation (CpuArena::end_for places it)
 };
 
+// The element type a kernel computes in (its first floating-point input's): what a contraction's
+// rate on a device depends on (planner/op_time.h).
+enum class KernelType : uint8_t { kFloat, kBf16, kFp16 };
+
 struct TraceKernel {
   const char* op = "?";      // the op's name (OpTraits::name: a literal), for messages
   double ms = 0;             // measured time of the kernel
   double modeled_ms = 0;     // its modelled cost (runtime/kernel_cost.h); forward kernels only
+  // Its work (runtime/kernel_cost.h, KernelWork): what planner/op_time.h prices on a device. A
+  // backward's is derived from its forward's (StepRecorder: the kernels' gradients' rule).
+  double flops = 0;
+  double bytes = 0;
+  KernelType type = KernelType::kFloat;
   std::vector<int> inputs;   // trace tensors it reads (forward: its inputs; backward: saved values)
   bool backward = false;     // a tape entry's backward, not a forward op
   bool recomputable = true;  // forward ops only: may its outputs be dropped and regenerated?

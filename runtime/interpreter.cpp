@@ -166,7 +166,8 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   if (!recompute) {
     path.compute_ms = ms;
     path.pending_ms = timer.device_time();
-    path.modeled_ms = modeled_kernel_ms(path.op->traits(), in_values, outs);
+    path.work = kernel_work(path.op->traits(), in_values, outs);
+    path.modeled_ms = modeled_kernel_ms(path.op->traits(), path.work);
   }
   memory_->after_kernel(path, recompute, ms);
   return outs;

@@ -42,22 +42,40 @@ double flops(const OpTraits& traits, const std::vector<at::Tensor>& inputs, cons
 
 }  // namespace
 
-double modeled_kernel_ms(const OpTraits& traits, const std::vector<at::Tensor>& inputs,
-                         const std::vector<at::Tensor>& outputs) {
-  double written = 0, work = 0;
+KernelWork kernel_work(const OpTraits& traits, const std::vector<at::Tensor>& inputs,
+                       const std::vector<at::Tensor>& outputs) {
+  KernelWork w;
+  double written = 0;
   for (size_t j = 0; j < outputs.size(); ++j) {
     const at::Tensor& out = outputs[j];
     if (!out.defined() || aliases_an_input(out, inputs)) continue;
     written += static_cast<double>(out.nbytes());
-    work += flops(traits, inputs, out, j == 0);
+    w.flops += flops(traits, inputs, out, j == 0);
   }
-  if (written == 0) return 0;  // views only
-  double read = 0;
+  bool typed = false;
   for (const at::Tensor& in : inputs) {
-    if (in.defined()) read += static_cast<double>(in.nbytes());
+    if (!in.defined()) continue;
+    if (!typed && in.is_floating_point()) {
+      w.dtype = in.scalar_type();
+      typed = true;
+    }
+    w.bytes += static_cast<double>(in.nbytes());
   }
-  const double moving = (read + written) / kModeledBytesPerMs;
-  return work / kModeledFlopsPerMs + (traits.random ? kModeledRandomFactor * moving : moving);
+  w.views_only = written == 0;
+  if (w.views_only) w.bytes = 0;
+  w.bytes += written;
+  return w;
+}
+
+double modeled_kernel_ms(const OpTraits& traits, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& outputs) {
+  return modeled_kernel_ms(traits, kernel_work(traits, inputs, outputs));
+}
+
+double modeled_kernel_ms(const OpTraits& traits, const KernelWork& w) {
+  if (w.views_only) return 0;
+  const double moving = w.bytes / kModeledBytesPerMs;
+  return w.flops / kModeledFlopsPerMs + (traits.random ? kModeledRandomFactor * moving : moving);
 }
 
 }  // namespace ht

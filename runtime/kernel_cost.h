@@ -21,6 +21,21 @@ inline constexpr double kModeledFlopsPerMs = 1e8;
 inline constexpr double kModeledBytesPerMs = 3e6;
 inline constexpr double kModeledRandomFactor = 4;
 
+// What one kernel does, from its inputs and outputs as it read and wrote them: floating-point
+// operations (2 a multiply-add; contractions, convolutions and attention only), bytes read and
+// written (an output that views an input moves nothing), and the element type of its first
+// input (what a contraction's rate depends on). The planner prices it on a device
+// (planner/op_time.h); modeled_kernel_ms prices it on this CPU.
+struct KernelWork {
+  double flops = 0;
+  double bytes = 0;
+  at::ScalarType dtype = at::kFloat;
+  bool views_only = false;  // every output views an input
+};
+KernelWork kernel_work(const OpTraits& traits, const std::vector<at::Tensor>& inputs,
+                       const std::vector<at::Tensor>& outputs);
+double modeled_kernel_ms(const OpTraits& traits, const KernelWork& work);
+
 // `inputs` and `outputs` as the kernel read and wrote them. An op whose every output is a view of
 // an input moves nothing: it costs nothing (eviction gives such tensors a floor of its own).
 double modeled_kernel_ms(const OpTraits& traits, const std::vector<at::Tensor>& inputs,

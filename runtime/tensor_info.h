@@ -3,6 +3,8 @@
 // (ComputePath): a flat record in the manner of MegEngine's interpreter. These two structs are
 // what the memory manager reads to decide what to evict, swap or recompute.
 
+#include "runtime/kernel_cost.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
 
@@ -126,6 +128,7 @@ struct ComputePath {
   mutable double compute_ms = 0;
   mutable std::shared_ptr<DeviceKernelTime> pending_ms;  // the events not read yet; null otherwise
   double modeled_ms = 0;  // runtime/kernel_cost.h: the same on every run
+  KernelWork work;        // what modeled_ms prices: flops, bytes, the element type
 
   // compute_ms, reading the events first if they have not been read (waits for the kernel).
   double kernel_ms() const;

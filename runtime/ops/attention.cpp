@@ -90,9 +90,9 @@ at::Tensor block_scores(const at::Tensor& q_rows, const at::Tensor& k, const Que
 
 // Block b's dropout factor, (B, Hkv, G * n, keys): 0 or 1 / (1 - p), shaped like `scores`.
 at::Tensor keep_factor(const at::Tensor& scores, const QueryBlock& blk, const AttentionConfig& cfg) {
-  at::Generator gen = compat::seeded_generator(scores.device(), cfg.seed + blk.index);
-  at::Tensor keep =
-      at::empty(scores.sizes(), scores.options().dtype(at::kBool)).bernoulli_(1.0 - cfg.dropout_p, gen);
+  at::Tensor keep = at::empty(scores.sizes(), scores.options().dtype(at::kBool));
+  // A meta tensor (a traced step): a shape only, no values to draw.
+  if (!keep.is_meta()) keep.bernoulli_(1.0 - cfg.dropout_p, compat::seeded_generator(scores.device(), cfg.seed + blk.index));
   return keep.to(scores.scalar_type()).mul_(1.0 / (1.0 - cfg.dropout_p));
 }
 

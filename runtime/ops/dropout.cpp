@@ -18,8 +18,9 @@ class DropoutOp final : public Op {
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const at::Tensor& x = in[0];
-    at::Generator gen = compat::seeded_generator(x.device(), seed_);
-    at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kBool)).bernoulli_(1.0 - p_, gen);
+    at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kBool));
+    // A meta tensor (a traced step) has a shape and no values to draw, nor a generator to draw them.
+    if (!x.is_meta()) mask.bernoulli_(1.0 - p_, compat::seeded_generator(x.device(), seed_));
     return {at::mul(x, mask).mul_(scale()), mask};
   }
   TensorList backward(const BackwardArgs& a) const override {
