@@ -136,7 +136,7 @@ const Planned& PlanCache::get(const JobSpec& job, const PlanArgs& args) {
   set_host_memory_caching(c.memory.host_cache);
   const DataSplits data = make_datasets(c);
   const auto start = std::chrono::steady_clock::now();
-  p->plan = plan_job(c, *data.train, data.info, args);
+  p->plan = plan_job(c, data.train.get(), data.info, args);
   p->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (print_profiles_) {
     std::printf("\nprofile of %s:\n%s\n", key_of(job, args).c_str(),

@@ -114,8 +114,8 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   app.add_option("--precisions", precisions, "precisions to consider: off,bf16 (default: the config's and bf16)");
   std::string cluster, devices;
   app.add_option("--cluster", cluster, "plan for a cluster of a catalog device kind: KIND:NODESxDEVICES, e.g. "
-                                       "h100-sxm:8x8 (configs/devices.toml lists the kinds; sets [cluster]'s nodes, "
-                                       "devices, memory and links)");
+                                       "h100-sxm:8x8 (configs/devices.toml lists the kinds; sets [cluster]'s device, nodes, "
+                                       "devices, memory and links: the model is traced, not run, and priced at the kind's rates)");
   app.add_option("--devices", devices, "a device catalog of your own (the format of configs/devices.toml): its "
                                        "kinds added to the built-in ones, or replacing them");
   app.add_flag("--all", cl.plan_command.all_rows, "print every plan, not the best 15");
@@ -139,6 +139,7 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
                     "[--device-memory 16GiB] [--objective time|cost], e.g. hybrid_train plan configs/quickstart.toml");
   }
   PlanArgs& a = cl.plan_command.args;
+  a.devices_file = devices;
   if (!ranks.empty()) a.ranks = parse_ranks(ranks);
   if (!stages.empty()) a.stages = parse_ranks(stages, "--stages");
   if (!tensor.empty()) a.tensor = parse_ranks(tensor, "--tensor");

@@ -175,6 +175,10 @@ struct MemoryConfig {
 // Machines not at hand, for the planner: without it, `hybrid_train plan` measures this one.
 struct ClusterConfig {
   int64_t nodes = 0;  // 0: no cluster described
+  // A kind of the device catalog (configs/devices.toml): the plan is made from a step traced on
+  // meta tensors, priced at that kind's rates (launcher/planning/trace_profile.h); "": profiled
+  // here, scaled by device_speed.
+  std::string device;
   int64_t devices_per_node = 8;
   std::string device_memory = "80GiB";
   double intra_node_gbps = 150;  // NVLink-class, per direction, as all-reduce sees it

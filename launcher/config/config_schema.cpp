@@ -396,6 +396,10 @@ void add_cluster_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::cluster, &ClusterConfig::nodes, "cluster", "nodes",
                     "nodes of the machine `hybrid_train plan` plans for; 0: this machine, measured")
                   .min(0));
+  f.push_back(Field(&C::cluster, &ClusterConfig::device, "cluster", "device",
+                    "a device kind of the catalog (configs/devices.toml), e.g. \"h100-sxm\": plan from a step traced "
+                    "on meta tensors, priced at its rates (memory and links stay this table's keys; `plan --cluster` "
+                    "sets them all); \"\": profile the model here and scale by device_speed").only_when(words, described));
   f.push_back(Field(&C::cluster, &ClusterConfig::devices_per_node, "cluster", "devices_per_node",
                     "devices (ranks) per node").min(1).only_when(words, described));
   f.push_back(Field(&C::cluster, &ClusterConfig::device_memory, "cluster", "device_memory",

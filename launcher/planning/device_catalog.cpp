@@ -107,6 +107,16 @@ std::map<std::string, DeviceKind> device_catalog(const std::string& user_file) {
   return catalog;
 }
 
+DeviceKind catalog_kind(const std::string& kind, const std::string& user_file, const std::string& where) {
+  const std::map<std::string, DeviceKind> catalog = device_catalog(user_file);
+  const auto it = catalog.find(kind);
+  if (it == catalog.end()) {
+    throw UserError(where + ": no device kind \"" + kind + "\" in the catalog; kinds: " + kinds_of(catalog) +
+                    " (add yours with --devices FILE, in the format of configs/devices.toml)");
+  }
+  return it->second;
+}
+
 ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string, DeviceKind>& catalog) {
   const std::string argument = "--cluster " + text;
   const size_t colon = text.find(':');
@@ -136,6 +146,7 @@ std::vector<ConfigOverride> cluster_overrides(const ClusterOfKind& cluster, cons
   std::snprintf(inter, sizeof inter, "%g", cluster.device.inter_node_gbps);
   std::vector<ConfigOverride> out;
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"cluster.device", "\"" + cluster.device.kind + "\""},
            {"cluster.nodes", std::to_string(cluster.nodes)},
            {"cluster.devices_per_node", std::to_string(cluster.devices_per_node)},
            {"cluster.device_memory", "\"" + std::to_string(cluster.device.memory_bytes) + "\""},

@@ -19,6 +19,10 @@ std::map<std::string, DeviceKind> device_catalog(const std::string& user_file = 
 // Parses a catalog's text; `where` names it in errors.
 std::map<std::string, DeviceKind> parse_device_catalog(const std::string& text, const std::string& where);
 
+// `kind` of the catalog (the built-in one and `user_file`'s); UserError naming `where` (the key
+// or argument that named it) and the kinds there are where it is unknown.
+DeviceKind catalog_kind(const std::string& kind, const std::string& user_file, const std::string& where);
+
 struct ClusterOfKind {
   DeviceKind device;
   int nodes = 1;

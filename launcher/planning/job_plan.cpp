@@ -1,6 +1,8 @@
 #include "launcher/planning/job_plan.h"
 
+#include "launcher/planning/device_catalog.h"
 #include "launcher/planning/profiler.h"
+#include "launcher/planning/trace_profile.h"
 #include "launcher/model_factory.h"
 #include "launcher/user_error.h"
 #include "alloc/byte_size.h"
@@ -72,13 +74,21 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
     m.inter_node_gbps = k.inter_node_gbps;
     m.intra_node_latency_us = k.intra_node_latency_us;
     m.inter_node_latency_us = k.inter_node_latency_us;
-    m.device_speed = k.device_speed;
+    m.device_speed = k.device.empty() ? k.device_speed : 1.0;  // traced: the kind's own times
     char text[320];
     std::snprintf(text, sizeof text, "%s [cluster]: %d node(s) x %d devices of %s, %.0f GB/s within a node, "
-                  "%.0f GB/s between, devices %gx the one profiled here", config.source.c_str(), m.nodes,
-                  m.devices_per_node, format_bytes(m.device_memory).c_str(), k.intra_node_gbps, k.inter_node_gbps,
-                  k.device_speed);
+                  "%.0f GB/s between", config.source.c_str(), m.nodes, m.devices_per_node,
+                  format_bytes(m.device_memory).c_str(), k.intra_node_gbps, k.inter_node_gbps);
     m.description = text;
+    if (!k.device.empty()) {
+      const DeviceKind kind = catalog_kind(k.device, args.devices_file, config.source + ": cluster.device");
+      m.peak_half_flops_per_ms = kind.bf16_tflops * 1e9;
+      m.peak_float_flops_per_ms = kind.fp32_tflops * 1e9;
+      m.description = "a cluster of " + kind.name + ": " + m.description;
+    } else {
+      std::snprintf(text, sizeof text, ", devices %gx the one profiled here", k.device_speed);
+      m.description += text;
+    }
     return m;
   }
   // This machine: CPU ranks share its cores and its memory; MPI moves gradients through shared
@@ -112,7 +122,20 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
   return m;
 }
 
-JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& info, const PlanArgs& args) {
+namespace {
+
+// The micro-batch sizes a traced profile prices: powers of two up to the largest a plan uses
+// (memory is exact between any two; time is interpolated between neighbours).
+std::vector<int64_t> traced_sizes(int64_t largest) {
+  std::vector<int64_t> sizes{1};
+  while (sizes.back() * 2 <= largest) sizes.push_back(sizes.back() * 2);
+  if (sizes.back() != largest) sizes.push_back(largest);
+  return sizes;
+}
+
+}  // namespace
+
+JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& info, const PlanArgs& args) {
   JobPlan out;
   SearchOptions search;
   search.objective = args.objective;
@@ -135,19 +158,41 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   search.ranks = ranks;
   const int most = ranks.empty() ? 1 : *std::max_element(ranks.begin(), ranks.end());
   out.machine = machine_for(config, args, most);
-  if (config.training.device != "cpu") search.policies = {MemoryPolicy::kNone};  // budgets are CPU-only for now
+  // Budgets are CPU-only for now (the CUDA arena has not run on a GPU); so is eviction in a plan
+  // for a catalog device.
+  const bool traced = !config.cluster.device.empty();
+  if (config.training.device != "cpu" || traced) search.policies = {MemoryPolicy::kNone};
+  TraceRequest trace;
+  if (traced) {
+    const DeviceKind kind = catalog_kind(config.cluster.device, args.devices_file, config.source + ": cluster.device");
+    trace.rates = device_rates(kind);
+    trace.precisions = search.precisions;
+    trace.train_samples = train != nullptr ? train->size() : args.train_samples;
+    out.time_source = "step times: each traced kernel's work at " + trace.rates.calibration;
+  } else if (train == nullptr) {
+    throw std::invalid_argument("plan_job: a profile needs the training set");
+  }
 
   ProfileRequest request;
   request.precisions = search.precisions;
   const int fewest = ranks.empty() ? 1 : *std::min_element(ranks.begin(), ranks.end());
   request.largest_micro_batch = std::max<int64_t>(1, config.training.global_batch_size / fewest);
+  trace.micro_batches = traced_sizes(request.largest_micro_batch);
+  trace.device_memory = out.machine.device_memory;
+  // A model that needs a cluster may need one sample per micro-batch and many of them.
+  if (traced) search.max_accumulation = static_cast<int>(std::min<int64_t>(request.largest_micro_batch, 1024));
   request.threads = out.machine.shared_host ? out.machine.host_threads : at::get_num_threads();
   request.one_thread_point = out.machine.shared_host && most > 1;
   // One profile per tensor-parallel size: a rank's part of the model, with sequence parallelism
   // as the config has it when it splits, else on (Megatron's advice: the same traffic, activations
   // stored once across the group).
   const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
-  std::vector<int> tensor = args.tensor.empty() ? std::vector<int>{static_cast<int>(config.parallel.tensor_parallel)} : args.tensor;
+  std::vector<int> tensor = args.tensor;
+  if (tensor.empty()) tensor.push_back(static_cast<int>(config.parallel.tensor_parallel));
+  if (args.tensor.empty() && traced) {
+    for (int t = 1; t <= out.machine.devices_per_node; t *= 2)
+      if (t != tensor.front()) tensor.push_back(t);
+  }
   search.tensor.clear();
   for (int t : tensor) {
     if (t < 1 || (t > 1 && !is_decoder(config.model.name))) continue;
@@ -160,7 +205,11 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
       o.sequence_parallel = c.parallel.sequence_parallel;
       if (!o.problem().empty()) continue;  // heads or widths t does not divide
     }
-    out.tensor_profiles.emplace(t, profile_job(c, train, info, request));
+    if (args.profiles != nullptr && args.profiles->count(t) > 0) {
+      out.tensor_profiles.emplace(t, args.profiles->at(t));
+    } else {
+      out.tensor_profiles.emplace(t, traced ? trace_profile(c, info, trace) : profile_job(c, *train, info, request));
+    }
     search.tensor.push_back(t);
   }
   if (search.tensor.empty()) throw UserError(config.source + ": no tensor-parallel size to plan splits the model");
@@ -170,7 +219,9 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   // Stages: at most the model's blocks (a stage holds one or more).
   const int blocks = static_cast<int>(out.profile.block_parameter_bytes.size());
   search.stages.clear();
-  for (int s : args.stages)
+  std::vector<int> stages = args.stages;
+  if (stages.empty()) stages = traced ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 2, 4};
+  for (int s : stages)
     if (s == 1 || s <= blocks) search.stages.push_back(s);
   const std::vector<Plan> plans =
       candidate_plans(config.training.global_batch_size, out.machine.device_memory, search);
@@ -181,8 +232,37 @@ JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& inf
   return out;
 }
 
+std::string smallest_fitting_cluster(const Config& config, const DataInfo& info, const PlanArgs& args,
+                                     const JobPlan& plan) {
+  if (config.cluster.device.empty()) return "";
+  const DeviceKind kind = catalog_kind(config.cluster.device, args.devices_file, config.source + ": cluster.device");
+  std::map<int, ModelProfile> profiles = plan.tensor_profiles;
+  std::vector<std::pair<int, int>> shapes;  // nodes x devices, growing
+  for (int d = 1; d < kind.devices_per_node; d *= 2) shapes.emplace_back(1, d);
+  for (int n = 1; n <= 128; n *= 2) shapes.emplace_back(n, kind.devices_per_node);
+  for (const auto& [nodes, devices] : shapes) {
+    if (nodes * devices <= static_cast<int>(config.cluster.nodes * config.cluster.devices_per_node)) continue;
+    Config c = config;
+    c.cluster.nodes = nodes;
+    c.cluster.devices_per_node = devices;
+    PlanArgs a = args;
+    a.ranks.clear();
+    a.max_ranks = 0;
+    a.profiles = &profiles;
+    const JobPlan bigger = plan_job(c, nullptr, info, a);
+    for (const auto& [t, p] : bigger.tensor_profiles) profiles.emplace(t, p);
+    if (!bigger.ranked.empty() && bigger.ranked[0].prediction.fits) {
+      return kind.kind + ":" + std::to_string(nodes) + "x" + std::to_string(devices) + " (" +
+             plan_words(bigger.ranked[0].plan) + ")";
+    }
+  }
+  return "";
+}
+
 Config config_for_plan(const Config& base, const Plan& plan) {
   Config c = base;
+  // Planned for a catalog device (every kind is a GPU): it trains there, on CUDA.
+  if (!base.cluster.device.empty() && c.training.device == "cpu") c.training.device = "cuda";
   c.parallel.data_parallel = plan.ranks;
   c.parallel.pipeline_parallel = plan.stages;
   c.parallel.tensor_parallel = plan.tensor;
@@ -201,7 +281,7 @@ Config config_for_plan(const Config& base, const Plan& plan) {
 }
 
 std::string plan_words(const Plan& p) {
-  return describe_plan(p) + (p.budget_bytes > 0 ? " at " + format_bytes(p.budget_bytes) : "");
+  return describe_plan(p) + (p.budget_bytes > 0 && evicts(p.policy) ? " at " + format_bytes(p.budget_bytes) : "");
 }
 
 }  // namespace ht

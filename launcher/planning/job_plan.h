@@ -18,7 +18,9 @@ namespace ht {
 // What is planned for; empty fields take the defaults (docs/planner.md, "Options").
 struct PlanArgs {
   std::vector<int> ranks;                // rank counts; empty: 1, 2, 4, ... up to the machine's
-  std::vector<int> stages{1, 2, 4};      // pipeline stages (each dividing a rank count, at most the blocks)
+  // Pipeline stages (each dividing a rank count, at most the blocks); empty: 1, 2 and 4, and for
+  // a catalog device ([cluster].device) powers of two up to 16.
+  std::vector<int> stages;
   int64_t device_memory = 0;             // bytes per rank; 0: the config's budget, else the machine's
   Objective objective = Objective::kTime;
   int max_ranks = 0;                     // 0: no cap
@@ -28,8 +30,15 @@ struct PlanArgs {
   std::vector<ShardLevel> shards{ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients,
                                  ShardLevel::kParameters};
   // Tensor-parallel group sizes (each profiled apart: a profile is one rank's part of the model);
-  // empty: the config's parallel.tensor_parallel. Sizes the model cannot split are skipped.
+  // empty: the config's parallel.tensor_parallel, and for a catalog device powers of two up to a
+  // node's devices (Megatron's advice: the group's collectives stay on NVLink). Sizes the model
+  // cannot split are skipped.
   std::vector<int> tensor;
+  std::string devices_file;  // --devices: a catalog of the user's over the built-in one
+  int64_t train_samples = 0;  // the training set's size, where [cluster].device plans without reading it
+  // Profiles already made for this job, by tensor-parallel size: used instead of profiling again
+  // (the search for the smallest cluster that fits plans several clusters of one kind).
+  const std::map<int, ModelProfile>* profiles = nullptr;
 };
 
 struct JobPlan {
@@ -38,13 +47,21 @@ struct JobPlan {
   Machine machine;
   std::vector<RankedPlan> ranked;  // best first; ranked[0].prediction.fits when anything fits
   std::string why;                 // why ranked[0] wins
+  std::string time_source;         // where the step times come from, for the report
 };
 
 // This machine (ranks sharing its cores, links measured with a copy micro-benchmark) or the
 // config's [cluster]; `max_ranks`: the most ranks planned for.
 Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks);
-// Profiles the model (launcher/planning/profiler.h) and searches.
-JobPlan plan_job(const Config& config, const Dataset& train, const DataInfo& info, const PlanArgs& args);
+// Profiles the model (launcher/planning/profiler.h), or with [cluster].device traces it on meta
+// tensors priced at that kind's rates (launcher/planning/trace_profile.h; `train` may then be
+// null), and searches.
+JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& info, const PlanArgs& args);
+// With [cluster].device and no plan fitting: the smallest cluster of that kind on which one fits
+// (a node's devices in powers of two, then nodes of the kind's usual size, up to 128 nodes), as
+// "KIND:NODESxDEVICES" with that plan in words; "" when none does. `plan` is the failed plan's.
+std::string smallest_fitting_cluster(const Config& config, const DataInfo& info, const PlanArgs& args,
+                                     const JobPlan& plan);
 // `base` changed to train `plan`: ranks, micro-batch size, precision, memory policy and budget.
 Config config_for_plan(const Config& base, const Plan& plan);
 // The plan in words: "2 ranks, micro-batch 32 x 2, bf16, dtr at 256.0 MiB".

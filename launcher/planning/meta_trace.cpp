@@ -1,6 +1,7 @@
 #include "launcher/planning/meta_trace.h"
 
 #include "launcher/model_factory.h"
+#include "launcher/planning/profile_parts.h"
 #include "launcher/training/optimizer.h"
 #include "launcher/user_error.h"
 #include "alloc/cpu_arena.h"
@@ -20,10 +21,7 @@
 
 namespace ht {
 
-namespace {
-
-// A micro-batch of `micro` samples: meta tensors, or random data.
-std::pair<at::Tensor, at::Tensor> batch_of(const DataInfo& info, int64_t micro, bool meta) {
+std::pair<at::Tensor, at::Tensor> traced_batch(const DataInfo& info, int64_t micro, bool meta) {
   std::vector<int64_t> shape{micro};
   for (int64_t s : info.sample_shape) shape.push_back(s);
   const bool tokens = info.task == Task::kLanguageModel;
@@ -36,12 +34,26 @@ std::pair<at::Tensor, at::Tensor> batch_of(const DataInfo& info, int64_t micro, 
           at::randint(info.classes, target_shape, at::kLong)};
 }
 
-// Forward and backward of the micro-batch, recorded: out.trace and out.step_peak_bytes.
-void record_forward_backward(const Config& config, Model& model, CpuArena& arena, const at::Tensor& x,
-                             const at::Tensor& y, TracedStep& out) {
+void trace_forward_backward(const Config& config, Model& model, const std::shared_ptr<CpuArena>& arena_ptr,
+                            const at::Tensor& x, const at::Tensor& y, TracedStep& out, TraceExtras* extras) {
+  CpuArena& arena = *arena_ptr;
   MemoryManager memory;
   Interpreter interp(InterpreterOptions{}, &memory);
+  if (extras != nullptr && extras->capture_graph) {  // recorded as the profiler's steps are: nothing planned
+    MemoryOptions options;
+    StaticPlanOptions capture;
+    capture.capture_only = true;
+    capture.static_layout = false;
+    options.static_plans = capture;
+    options.arena = arena_ptr;  // the arena steps run in; its capacity is no budget here
+    memory.configure(std::move(options));
+  }
   interp.set_autocast(autocast_type(config.training.mixed_precision));
+  BackwardReads reads;
+  if (extras != nullptr) {
+    interp.set_gradient_buffer(extras->gradients);
+    if (extras->bucket_of != nullptr) interp.set_parameter_source(&reads);
+  }
   // A tensor-parallel rank's part, its group mirrored as the profiler mirrors it: on meta
   // tensors the collectives move nothing, and every buffer they fill is allocated as on data.
   std::optional<TensorGroup> group;
@@ -52,30 +64,46 @@ void record_forward_backward(const Config& config, Model& model, CpuArena& arena
   arena.reset_peak();
   const int64_t before = arena.stats().in_use;
   StepRecorder recorder(memory, before);
+  if (extras != nullptr && extras->bucket_of != nullptr) recorder.set_gradient_buckets(*extras->bucket_of);
   model.set_block_listener([&](int block) {
     recorder.enter_block(block);
     memory.block_begins(block);
+    reads.in_backward = block < 0;
   });
+  const bool capture = extras != nullptr && extras->capture_graph;
+  if (capture) memory.begin_step();
   {
     Tensor loss = model.loss(model.forward(interp.input(x)), interp.input(y));
     interp.backward(loss);
   }
+  if (capture) memory.end_step();
   model.set_block_listener(nullptr);
+  interp.set_parameter_source(nullptr);
   out.trace = recorder.take();
   out.step_peak_bytes = arena.stats().peak_in_use - before;
+  if (extras == nullptr) return;
+  if (extras->bucket_of != nullptr) extras->backward_read_buckets = buckets_read(reads.read, *extras->bucket_of);
+  if (const CapturedStep* step = extras->capture_graph ? memory.static_planner()->last_step() : nullptr) {
+    extras->graph = step->graph;
+    extras->block_starts = step->block_starts;
+  }
 }
 
-// The optimizer's first step on the gradients backward left: the state it makes, and its peak.
-void step_optimizer(const Config& config, Model& model, CpuArena& arena, TracedStep& out) {
+void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out) {
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(config.training, model.parameters());
   arena.reset_peak();
   const int64_t before = arena.stats().in_use;
   optimizer->step();
   out.optimizer_state_bytes = arena.stats().in_use - before;
-  out.optimizer_peak_bytes = arena.stats().peak_in_use - before;
+  int64_t working = arena.stats().peak_in_use - before - out.optimizer_state_bytes;
+  // Every later step: the state exists, its temporaries are placed among it differently (AdamW's
+  // second step of a small Llama needs twice its first's).
+  arena.reset_peak();
+  const int64_t again = arena.stats().in_use;
+  optimizer->step();
+  working = std::max(working, arena.stats().peak_in_use - again);
+  out.optimizer_peak_bytes = out.optimizer_state_bytes + working;
 }
-
-}  // namespace
 
 TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t micro_batch, bool meta,
                              int64_t capacity) {
@@ -100,9 +128,9 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
   }
   for (const at::Tensor& p : model->parameters()) out.parameters += p.numel();
   out.model_bytes = arena->stats().in_use;
-  const auto [x, y] = batch_of(info, micro_batch, meta);
-  record_forward_backward(config, *model, *arena, x, y, out);
-  step_optimizer(config, *model, *arena, out);
+  const auto [x, y] = traced_batch(info, micro_batch, meta);
+  trace_forward_backward(config, *model, arena, x, y, out);
+  trace_optimizer_step(config, *model, *arena, out);
   model.reset();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;

@@ -18,9 +18,13 @@
 
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
+#include "models/model.h"
 #include "planner/step_trace.h"
+#include "schedule/step_graph.h"
 
 #include <cstdint>
+#include <memory>
+#include <unordered_map>
 
 namespace ht {
 
@@ -29,11 +33,40 @@ struct TracedStep {
   int64_t parameters = 0;      // elements
   int64_t model_bytes = 0;     // the parameters and buffers, as allocated before the step (arena blocks)
   int64_t step_peak_bytes = 0; // the arena's peak during forward and backward, above model_bytes (placement included)
-  // The optimizer's first step on those gradients (the config's optimizer, no clipping): the
-  // state it makes, and its peak above what was in use before it (the state and its temporaries).
+  // The optimizer's first steps on those gradients (the config's optimizer, no clipping): the
+  // state they make, and their peak above what was in use before (the state and the larger
+  // step's temporaries: launcher/planning/meta_trace.h, trace_optimizer_step).
   int64_t optimizer_state_bytes = 0, optimizer_peak_bytes = 0;
   double seconds = 0;          // the whole trace, model built included
 };
+
+// What a planner's profile takes from a traced micro-batch beside the trace
+// (launcher/planning/trace_profile.h): set the inputs, read the outputs.
+class GradientSlots;
+
+struct TraceExtras {
+  const GradientSlots* gradients = nullptr;  // the trainer's gradient block (alloc/gradient_buffer.h)
+  // Each parameter's bucket, cut at blocks (launcher/planning/profile_parts.h): backward kernels
+  // record the buckets whose gradients they make, and the buckets backward reads are noted.
+  const std::unordered_map<const c10::TensorImpl*, size_t>* bucket_of = nullptr;
+  bool capture_graph = false;  // also capture the step as static plans do
+  std::vector<size_t> backward_read_buckets;
+  schedule::StepGraph graph;
+  std::vector<int> block_starts;
+};
+
+class CpuArena;
+
+// A micro-batch of `micro_batch` samples (meta tensors, or random data) and its forward and
+// backward through the interpreter, recorded into out.trace and out.step_peak_bytes (above what
+// was in use before: the model, its gradients, the batch). Under config's mixed precision and,
+// with parallel.tensor_parallel > 1, as rank 0 of a mirrored group.
+std::pair<at::Tensor, at::Tensor> traced_batch(const DataInfo& info, int64_t micro_batch, bool meta);
+void trace_forward_backward(const Config& config, Model& model, const std::shared_ptr<CpuArena>& arena,
+                            const at::Tensor& x, const at::Tensor& y, TracedStep& out, TraceExtras* extras = nullptr);
+// The optimizer's first two steps on the gradients backward left: out.optimizer_state_bytes (the
+// first makes it) and out.optimizer_peak_bytes (the state and the larger step's temporaries).
+void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out);
 
 // `micro_batch` samples of the config's sequence length (model.block_size) or sample shape.
 // `capacity`: the meta arena's address space, reserved without access (32 TiB holds a 175B shape's

@@ -2,6 +2,7 @@
 
 #include "launcher/config/config_text.h"
 #include "launcher/data/dataset.h"
+#include "launcher/model_factory.h"
 #include "launcher/planning/model_size.h"
 #include "launcher/report/json.h"
 #include "launcher/report/run_output.h"
@@ -46,7 +47,7 @@ JsonObject plan_record(const RankedPlan& r) {
       .add("gather_ms", d.gather_ms).add("gather_hidden_ms", d.gather_hidden_ms).add("optimizer_state_bytes", d.optimizer_state_bytes)
       .add("bubble_ms", d.bubble_ms).add("tensor_ms", d.tensor_ms)
       .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
-      .add("device_hours_per_epoch", d.device_hours_per_epoch);
+      .add("device_hours_per_epoch", d.device_hours_per_epoch).add("mfu", d.mfu);
   return o;
 }
 
@@ -64,7 +65,9 @@ void check_machine(const Config& config, const JobPlan& plan) {
 }  // namespace
 
 int run_plan_command(const Config& config, const PlanCommand& command) {
-  if (config.training.device != "cpu") {
+  // [cluster].device: the model is traced on meta tensors, never run here: any size, any device.
+  const bool traced = !config.cluster.device.empty();
+  if (config.training.device != "cpu" && !traced) {
     throw UserError(config.source + ": training.device = \"" + config.training.device + "\": plan profiles CPU ranks "
                     "only (not built for GPUs yet); plan with --training.device=cpu");
   }
@@ -72,18 +75,36 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   set_compute_threads(threads);
   CpuAllocationCounter::install();
   set_host_memory_caching(config.memory.host_cache);
-  if (config.model.vocab_size > 0) refuse_a_model_too_large_here(config, config.model.vocab_size, 1, "plan");
-  const DataSplits data = make_datasets(config);
-  refuse_a_model_too_large_here(config, data.info.classes, 1, "plan");
+  DataSplits data;
+  if (traced && is_decoder(config.model.name) && config.model.vocab_size > 0) {
+    // A language model's shapes are the config's: its data need not be here.
+    data.info = DataInfo{Task::kLanguageModel, {config.model.block_size}, config.model.vocab_size, "tokens", 0};
+  } else {
+    if (config.model.vocab_size > 0 && !traced) refuse_a_model_too_large_here(config, config.model.vocab_size, 1, "plan");
+    data = make_datasets(config);
+    if (!traced) refuse_a_model_too_large_here(config, data.info.classes, 1, "plan");
+  }
   std::printf("hybrid_train plan %s: model %s, global batch %lld\n", config.source.c_str(), choice_name(config.model.name),
               static_cast<long long>(config.training.global_batch_size));
   std::fflush(stdout);
-  const JobPlan plan = plan_job(config, *data.train, data.info, command.args);
-  check_machine(config, plan);
-  std::printf("%s\n", profile_text(plan.profile, plan.machine).c_str());
+  const JobPlan plan = plan_job(config, data.train.get(), data.info, command.args);
+  std::printf("%s", profile_text(plan.profile, plan.machine).c_str());
+  if (!plan.time_source.empty()) std::printf("%s\n", plan.time_source.c_str());
+  std::printf("\n");
   std::printf("plans (%s first):\n%s\n", command.args.objective == Objective::kTime ? "fastest" : "cheapest",
               plans_table(plan.ranked, command.all_rows ? plan.ranked.size() : 15).c_str());
   if (plan.ranked.empty() || !plan.ranked[0].prediction.fits) {
+    if (traced) {
+      PlanArgs args = command.args;
+      args.train_samples = plan.profile.train_samples;
+      const std::string bigger = smallest_fitting_cluster(config, data.info, args, plan);
+      throw UserError(config.source + ": no plan fits " + std::to_string(plan.machine.max_ranks()) + " device(s) of " +
+                      format_bytes(plan.machine.device_memory) + " (the smallest predicted peak is " +
+                      (plan.ranked.empty() ? std::string("?") : format_bytes(plan.ranked[0].prediction.peak_bytes)) +
+                      " per device); " + (bigger.empty() ? "no cluster of this kind up to 128 nodes fits it either"
+                                                          : "the smallest cluster of this kind that fits it: --cluster " + bigger));
+    }
+    check_machine(config, plan);
     std::printf("no plan fits: the smallest predicted peak is %s per rank; more memory per device, or more ranks, "
                 "is needed\n", plan.ranked.empty() ? "?" : format_bytes(plan.ranked[0].prediction.peak_bytes).c_str());
     return kUserErrorExitCode;

@@ -1,5 +1,7 @@
 #include "launcher/planning/profiler.h"
 
+#include "launcher/planning/profile_parts.h"
+
 #include "launcher/model_factory.h"
 #include "launcher/training/trainer.h"
 #include "alloc/byte_size.h"
@@ -18,12 +20,6 @@
 
 namespace ht {
 namespace {
-
-int64_t tensor_bytes(const std::vector<at::Tensor>& tensors) {
-  int64_t bytes = 0;
-  for (const at::Tensor& t : tensors) bytes += arena_bytes(static_cast<int64_t>(t.storage().nbytes()));
-  return bytes;
-}
 
 // The config of one profiled point: one micro-batch per step, nothing written, nothing evicted.
 Config point_config(const Config& job, int64_t micro, MixedPrecision precision) {
@@ -74,17 +70,6 @@ struct Profiling {
   std::unordered_map<const c10::TensorImpl*, size_t> block_bucket_of;  // a parameter's bucket, cut at blocks
 };
 
-// Which weights backward reads (asked as sharded parameters would ask): every read after the
-// last block's forward, until the next forward begins. It gathers nothing.
-class BackwardReads final : public ParameterSource {
- public:
-  void before_read(const at::Tensor& weight, MemoryHooks&, uint64_t) override {
-    if (in_backward) read.insert(weight.unsafeGetTensorImpl());
-  }
-  bool in_backward = false;
-  std::unordered_set<const c10::TensorImpl*> read;
-};
-
 ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision, int threads) {
   set_compute_threads(threads);
   const Config c = point_config(p.config, micro, precision);
@@ -118,12 +103,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
     m = trainer.measure_step();
     p.model->set_block_listener(nullptr);
     trainer.interpreter().set_parameter_source(nullptr);
-    std::set<size_t> buckets;
-    for (const c10::TensorImpl* w : reads.read) {
-      auto it = p.block_bucket_of.find(w);
-      if (it != p.block_bucket_of.end()) buckets.insert(it->second);
-    }
-    point.backward_read_buckets.assign(buckets.begin(), buckets.end());
+    point.backward_read_buckets = buckets_read(reads.read, p.block_bucket_of);
     point.trace = recorder.take();
     if (const CapturedStep* step = memory.static_planner()->last_step()) {
       point.graph = step->graph;
@@ -180,29 +160,6 @@ std::pair<int64_t, int64_t> point_sizes(const ProfilePoint& small, const Profile
   return {small.micro_batch, hi};
 }
 
-// The buckets sharded parameters use (cut where blocks end) and which of them each block reads;
-// returns each parameter's bucket.
-std::unordered_map<const c10::TensorImpl*, size_t> record_block_buckets(const Model& model, int64_t bucket_bytes,
-                                                                        ModelProfile& profile) {
-  const std::vector<at::Tensor> params = model.parameters();
-  const DataParallel cut(std::make_shared<LocalCommunicator>(), params, bucket_bytes, false, model.parameter_blocks());
-  profile.block_buckets = cut.bucket_elements();
-  std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
-  const std::vector<std::vector<size_t>> buckets = cut.buckets();
-  for (size_t b = 0; b < buckets.size(); ++b)
-    for (size_t k : buckets[b]) bucket_of[params[k].unsafeGetTensorImpl()] = b;
-  profile.block_bucket_uses.clear();
-  for (const std::vector<at::Tensor>& read : model.parameters_read_by_blocks()) {
-    std::vector<size_t> uses;
-    for (const at::Tensor& p : read) {
-      auto it = bucket_of.find(p.unsafeGetTensorImpl());
-      if (it != bucket_of.end() && std::find(uses.begin(), uses.end(), it->second) == uses.end()) uses.push_back(it->second);
-    }
-    profile.block_bucket_uses.push_back(std::move(uses));
-  }
-  return bucket_of;
-}
-
 }  // namespace
 
 ModelProfile profile_job(const Config& config, const Dataset& train, const DataInfo& info,
@@ -237,8 +194,8 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     model->move_to(at::Device(config.training.device), at::kFloat);
     if (config.training.channels_last) model->use_channels_last();
     profile.parameters = model->num_parameters();
-    profile.parameter_bytes = tensor_bytes(model->parameters()) + tensor_bytes(model->buffers());
-    for (const auto& block : model->blocks()) profile.block_parameter_bytes.push_back(tensor_bytes(block->parameters()));
+    profile.parameter_bytes = arena_tensor_bytes(model->parameters()) + arena_tensor_bytes(model->buffers());
+    for (const auto& block : model->blocks()) profile.block_parameter_bytes.push_back(arena_tensor_bytes(block->parameters()));
     // The buckets sharding splits, as DataParallel makes them at the job's bucket size.
     profile.buckets = DataParallel(std::make_shared<LocalCommunicator>(), model->parameters(),
                                    config.parallel.bucket_mb << 20).bucket_elements();

@@ -93,9 +93,11 @@ TEST(DeviceCatalog, AClusterIsAKindAndItsNodes) {
   EXPECT_EQ(c.nodes, 2);
   EXPECT_EQ(c.devices_per_node, 8) << "the kind's usual node";
   const std::vector<ConfigOverride> keys = cluster_overrides(parse_cluster("h200:4x8", catalog), "--cluster h200:4x8");
-  ASSERT_EQ(keys.size(), 5u);
-  EXPECT_EQ(keys[2].path, "cluster.device_memory");
-  EXPECT_EQ(keys[2].value, "\"141000000000\"");
+  ASSERT_EQ(keys.size(), 6u);
+  EXPECT_EQ(keys[0].path, "cluster.device");
+  EXPECT_EQ(keys[0].value, "\"h200\"");
+  EXPECT_EQ(keys[3].path, "cluster.device_memory");
+  EXPECT_EQ(keys[3].value, "\"141000000000\"");
   EXPECT_THAT(user_error_of([&] { parse_cluster("h100:2", catalog); }),
               HasSubstr("no device kind \"h100\" in the catalog; kinds: a100-40gb, a100-80gb, b200, h100-pcie, h100-sxm"));
   EXPECT_THAT(user_error_of([&] { parse_cluster("h100-sxm", catalog); }), HasSubstr("say how many nodes, e.g. --cluster h100-sxm:8x8"));

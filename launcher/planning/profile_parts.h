@@ -1,0 +1,38 @@
+#pragma once
+// What both ways of making a ModelProfile share (launcher/planning/profiler.h measures a step,
+// launcher/planning/trace_profile.h traces one on meta tensors): the buckets sharded parameters
+// are gathered in, and which weights backward reads again.
+
+#include "models/model.h"
+#include "planner/profile.h"
+#include "runtime/parameter_source.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ht {
+
+// The arena bytes `tensors`' storages take (each block rounded as the arena rounds).
+int64_t arena_tensor_bytes(const std::vector<at::Tensor>& tensors);
+
+// Which weights backward reads (asked as sharded parameters would ask): every read after the
+// last block's forward, until the next forward begins. It gathers nothing.
+class BackwardReads final : public ParameterSource {
+ public:
+  void before_read(const at::Tensor& weight, MemoryHooks&, uint64_t) override {
+    if (in_backward) read.insert(weight.unsafeGetTensorImpl());
+  }
+  bool in_backward = false;
+  std::unordered_set<const c10::TensorImpl*> read;
+};
+
+// The buckets sharded parameters use (cut where blocks end) and which of them each block reads;
+// returns each parameter's bucket.
+std::unordered_map<const c10::TensorImpl*, size_t> record_block_buckets(const Model& model, int64_t bucket_bytes,
+                                                                        ModelProfile& profile);
+// The buckets (record_block_buckets' `bucket_of`) holding the weights backward read: a point's
+// backward_read_buckets.
+std::vector<size_t> buckets_read(const std::unordered_set<const c10::TensorImpl*>& read,
+                                 const std::unordered_map<const c10::TensorImpl*, size_t>& bucket_of);
+
+}  // namespace ht

@@ -1,0 +1,36 @@
+#pragma once
+// A job's ModelProfile from steps traced on meta tensors (launcher/planning/meta_trace.h),
+// priced on a catalog device (planner/op_time.h): what `hybrid_train plan` plans a cluster from,
+// for a model of any size, in no memory and in seconds, where profiling would have to train it
+// on the device planned for.
+//
+// Memory is the trace's, to the byte of the arena's placement: the model's parameters, the
+// gradient block the trainer allocates, the optimizer's state after its first step, each
+// micro-batch's activations (not ATen kernels' own workspaces: launcher/planning/meta_trace.h).
+// Time is each traced kernel's work at the device's rates, summed per block and per step; the
+// optimizer's from the bytes its kernels move. Each (precision, micro-batch) point is one trace;
+// the model is built once per tensor-parallel size.
+
+#include "launcher/config/config.h"
+#include "launcher/data/dataset.h"
+#include "planner/op_time.h"
+#include "planner/profile.h"
+
+#include <vector>
+
+namespace ht {
+
+struct TraceRequest {
+  std::vector<MixedPrecision> precisions{MixedPrecision::kBf16};
+  std::vector<int64_t> micro_batches{1, 2};  // traced sizes (the cost model interpolates between them)
+  // Larger sizes are not traced once a traced size's activations alone exceed this (no plan at
+  // such a size fits; the cost model extrapolates from the two largest traced); 0: trace all.
+  int64_t device_memory = 0;
+  DeviceRates rates;
+  int64_t train_samples = 0;  // the training set's size where known (epochs, the sampler's memory)
+};
+
+// `config` with the parallel.tensor_parallel and sequence_parallel to trace (a rank's part).
+ModelProfile trace_profile(const Config& config, const DataInfo& info, const TraceRequest& request);
+
+}  // namespace ht

@@ -1,0 +1,137 @@
+// The planner's profile from steps traced on meta tensors (launcher/planning/trace_profile.h):
+// the model's state and each micro-batch's activations are the profiled (trained) run's, to the
+// byte; each kernel's work is the model's arithmetic; and `plan --cluster` plans models that
+// cannot run here, Llama 3 8B on a node of H100s, in seconds, writing a plan for CUDA ranks.
+#include "launcher/config/config_loader.h"
+#include "launcher/data/dataset.h"
+#include "launcher/model_factory.h"
+#include "launcher/planning/meta_trace.h"
+#include "launcher/planning/profiler.h"
+#include "launcher/planning/trace_profile.h"
+#include "tests/support/run_binary.h"
+#include "tests/support/temp_dir.h"
+
+#include <gmock/gmock.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace ht::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* kTracedLlama = R"([model]
+name = "llama"
+n_layer = 2
+n_head = 4
+n_kv_heads = 2
+n_embd = 64
+block_size = 32
+[data]
+dataset = "synthetic"
+[training]
+global_batch_size = 4
+optimizer = "adamw"
+)";
+
+// The measured profile trains the model (launcher/planning/profiler.h); the traced one never
+// runs a kernel. Their model state is the same to the byte, and so is every micro-batch's
+// forward and backward peak above it: the trace sees every block the trainer allocates. The
+// optimizer's temporaries are its later steps' (the first makes the state among them).
+TEST(TraceProfile, StateAndActivationsAreTheProfiledRunsToTheByte) {
+  TempDir dir;
+  const Config c = config_for(dir, kTracedLlama, {});
+  const DataSplits data = make_datasets(c);
+  ProfileRequest measured_request;
+  measured_request.largest_micro_batch = 4;
+  const ModelProfile measured = profile_job(c, *data.train, data.info, measured_request);
+  TraceRequest traced_request;
+  traced_request.precisions = {MixedPrecision::kOff};
+  traced_request.micro_batches = {1, 4};
+  DeviceKind h100;
+  h100.kind = "h100-sxm";
+  h100.bf16_tflops = h100.fp16_tflops = 989;
+  h100.fp32_tflops = 67;
+  h100.memory_gbps = 3350;
+  traced_request.rates = device_rates(h100);
+  const ModelProfile traced = trace_profile(c, data.info, traced_request);
+  EXPECT_EQ(traced.parameters, measured.parameters);
+  EXPECT_EQ(traced.parameter_bytes, measured.parameter_bytes);
+  EXPECT_EQ(traced.block_parameter_bytes, measured.block_parameter_bytes);
+  EXPECT_EQ(traced.gradient_bytes, measured.gradient_bytes);
+  EXPECT_EQ(traced.optimizer_state_bytes, measured.optimizer_state_bytes);
+  EXPECT_EQ(traced.buckets, measured.buckets);
+  EXPECT_EQ(traced.block_buckets, measured.block_buckets);
+  EXPECT_EQ(traced.block_bucket_uses, measured.block_bucket_uses);
+  EXPECT_EQ(traced.input_sample_bytes, measured.input_sample_bytes);
+  EXPECT_EQ(traced.target_sample_bytes, measured.target_sample_bytes);
+  ASSERT_EQ(traced.points.size(), 2u);
+  for (const ProfilePoint& t : traced.points) {
+    const ProfilePoint* m = nullptr;
+    for (const ProfilePoint& p : measured.points)
+      if (p.micro_batch == t.micro_batch && p.precision == t.precision && p.threads == measured.threads) m = &p;
+    ASSERT_NE(m, nullptr) << "measured points: micro-batch " << measured.points.front().micro_batch << " and "
+                          << measured.points.back().micro_batch;
+    SCOPED_TRACE("micro-batch " + std::to_string(t.micro_batch));
+    EXPECT_EQ(t.activation_bytes(), m->activation_bytes());
+    // The optimizer's temporaries, but two of ATen's wrapped scalars (64-byte blocks) on data.
+    EXPECT_LE(t.optimizer_working_bytes(), m->optimizer_working_bytes());
+    EXPECT_LE(m->optimizer_working_bytes() - t.optimizer_working_bytes(), 2 * 64);
+    EXPECT_EQ(t.backward_read_buckets, m->backward_read_buckets);
+    EXPECT_EQ(t.trace.kernels.size(), m->trace.kernels.size());
+    EXPECT_EQ(t.graph.forward.size(), m->graph.forward.size());
+    EXPECT_EQ(t.block_starts, m->block_starts);
+    EXPECT_GT(t.forward_backward_ms, 0);
+  }
+}
+
+// Each traced kernel's work is the model's arithmetic: Llama 3 8B's forward at one sequence of
+// 8192 tokens is 2 flops per weight of its contractions per token, plus causal attention's
+// 2 T^2 h per layer (q k^T and P v over the keys up to each query), exactly; backward twice the
+// contractions' and 2.5 times attention's.
+TEST(TraceProfile, LlamaThreeEightBsTracedWorkIsItsArithmetic) {
+  Config c = load_config(std::string(HT_SOURCE_DIR) + "/configs/llama3_8b.toml", {}).config;
+  const DataInfo info{Task::kLanguageModel, {c.model.block_size}, c.model.vocab_size, "tokens", 0};
+  c.training.mixed_precision = MixedPrecision::kBf16;
+  const TracedStep step = trace_micro_batch(c, info, 1);
+  const double T = 8192, h = 4096, f = 14336, V = 128256, L = 32, kv = 8 * 128;
+  const double weights = L * (h * (h + 2 * kv) + h * h + 3 * h * f) + h * V;
+  const double attention = L * 2 * T * T * h;
+  double forward = 0, backward = 0, contractions_in_bf16 = 0, contractions = 0;
+  for (const TraceKernel& k : step.trace.kernels) {
+    (k.backward ? backward : forward) += k.flops;
+    if (!k.backward && k.flops > 0) {
+      ++contractions;
+      contractions_in_bf16 += k.type == KernelType::kBf16;
+    }
+  }
+  EXPECT_DOUBLE_EQ(forward, 2 * weights * T + attention);
+  EXPECT_DOUBLE_EQ(backward, 2 * 2 * weights * T + 2.5 * attention);
+  EXPECT_EQ(contractions_in_bf16, contractions) << "under bf16 autocast every contraction runs in bf16";
+}
+
+// `plan --cluster`: Llama 3 8B (120 GiB of state with AdamW) on one node of 8 H100s is planned
+// from traces in seconds, every tensor-parallel size and stage count searched; the plan fits,
+// and is written for 8 CUDA ranks. On one H100 nothing fits: exit 2, saying so.
+TEST(TraceProfile, PlanLlamaThreeEightBOnANodeOfH100s) {
+  TempDir dir;
+  const std::string config = std::string(HT_SOURCE_DIR) + "/configs/llama3_8b.toml --job.output_dir=" + dir.path("plan");
+  const ProcessResult r = run_binary("plan " + config + " --cluster h100-sxm:1x8");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("traced on meta tensors, priced at the device's rates"));
+  EXPECT_THAT(r.output, HasSubstr("a cluster of NVIDIA H100 SXM5 80GB: "));
+  EXPECT_THAT(r.output, HasSubstr("chosen: 8 ranks"));
+  std::ifstream in(dir.path("plan") + "/plan.toml");
+  std::stringstream plan;
+  plan << in.rdbuf();
+  EXPECT_THAT(plan.str(), HasSubstr("# Train it: mpirun -np 8 hybrid_train"));
+  EXPECT_THAT(plan.str(), HasSubstr("device = \"cuda\""));
+  EXPECT_THAT(plan.str(), HasSubstr("device = \"h100-sxm\""));
+  const ProcessResult one = run_binary("plan " + config + " --cluster h100-sxm:1x1");
+  EXPECT_EQ(one.status, 2) << one.output;
+  EXPECT_THAT(one.output, HasSubstr("no plan fits"));
+}
+
+}  // namespace
+}  // namespace ht::test
