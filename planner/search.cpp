@@ -57,6 +57,24 @@ std::string describe_plan(const Plan& p) {
   return s;
 }
 
+namespace {
+
+// Micro-batches per step for a rank's `local` samples: powers of two that divide it, and those
+// that leave a power-of-two micro-batch (a global batch of 1536 on 512 replicas reaches
+// micro-batch 1 as 3 x 1), at most `most`.
+std::vector<int64_t> accumulations(int64_t local, int64_t most) {
+  std::vector<int64_t> out;
+  for (int64_t a = 1; a <= std::min(local, most); ++a) {
+    if (local % a != 0) continue;
+    const int64_t micro = local / a;
+    const bool power = (a & (a - 1)) == 0, micro_power = (micro & (micro - 1)) == 0;
+    if (power || micro_power) out.push_back(a);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, const SearchOptions& options) {
   std::vector<Plan> plans;
   for (int devices : options.ranks) {
@@ -66,9 +84,7 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
     const int ranks = devices / (stages * tensor);
     if (global_batch % ranks != 0) continue;
     const int64_t local = global_batch / ranks;
-    for (int64_t accumulation = 1; accumulation <= std::min<int64_t>(local, options.max_accumulation);
-         accumulation *= 2) {
-      if (local % accumulation != 0) break;
+    for (int64_t accumulation : accumulations(local, options.max_accumulation)) {
       if (stages > 1 && accumulation < stages) continue;  // a pipeline with fewer micro-batches than stages idles
       for (MixedPrecision precision : options.precisions) {
         for (MemoryPolicy policy : options.policies) {

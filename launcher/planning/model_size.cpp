@@ -119,8 +119,8 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
       format_bytes(limit) + ") can hold, so `hybrid_train " + command +
       "` stops before building it. Give each rank less: more data-parallel ranks with parallel.shard = "
       "\"optimizer\" (each keeps 1/N of the optimizer state), tensor parallelism, pipeline stages, or GPUs with more "
-      "memory; or choose a smaller shape in [model]. `hybrid_train plan` does not plan clusters from the trace yet "
-      "(docs/status.md)");
+      "memory; or choose a smaller shape in [model]. To plan it for a cluster, traced rather than run: `hybrid_train "
+      "plan " + c.source + " --cluster h100-sxm:4x8` (any kind of configs/devices.toml; docs/how-many-gpus.md)");
 }
 
 }  // namespace ht
