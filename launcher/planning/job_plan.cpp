@@ -133,6 +133,49 @@ std::vector<int64_t> traced_sizes(int64_t largest) {
   return sizes;
 }
 
+// The rank counts to plan: the given ones, else powers of two up to the machine's; at most max_ranks.
+std::vector<int> planned_ranks(const Config& config, const PlanArgs& args) {
+  std::vector<int> ranks = args.ranks;
+  const int machine_ranks = config.cluster.nodes > 0
+                                ? static_cast<int>(config.cluster.nodes * config.cluster.devices_per_node)
+                                : usable_cpus();
+  if (ranks.empty()) {
+    for (int r = 1; r <= machine_ranks; r *= 2) ranks.push_back(r);
+  }
+  if (args.max_ranks > 0) ranks.erase(std::remove_if(ranks.begin(), ranks.end(), [&](int r) { return r > args.max_ranks; }),
+                                      ranks.end());
+  return ranks;
+}
+
+// One profile per tensor-parallel size: a rank's part of the model, with sequence parallelism
+// as the config has it when it splits, else on (Megatron's advice: the same traffic, activations
+// stored once across the group). The sizes: the given ones, else the config's, and for a catalog
+// device every power of two up to a node's devices; those the model cannot split are left out.
+std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const DataInfo& info, const PlanArgs& args,
+                                                   const Machine& machine, bool sequence_parallel) {
+  std::vector<int> tensor = args.tensor;
+  if (tensor.empty()) tensor.push_back(static_cast<int>(config.parallel.tensor_parallel));
+  if (args.tensor.empty() && !config.cluster.device.empty()) {
+    for (int t = 1; t <= machine.devices_per_node; t *= 2)
+      if (t != tensor.front()) tensor.push_back(t);
+  }
+  std::vector<std::pair<int, Config>> out;
+  for (int t : tensor) {
+    if (t < 1 || (t > 1 && !is_decoder(config.model.name))) continue;
+    Config c = config;
+    c.parallel.tensor_parallel = t;
+    c.parallel.sequence_parallel = t > 1 && sequence_parallel;
+    if (is_decoder(config.model.name)) {
+      DecoderOptions o = decoder_options(config.model, info.classes);
+      o.tensor_parallel = t;
+      o.sequence_parallel = c.parallel.sequence_parallel;
+      if (!o.problem().empty()) continue;  // heads or widths t does not divide
+    }
+    out.emplace_back(t, std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
 
 JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& info, const PlanArgs& args) {
@@ -146,15 +189,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
     search.precisions = {config.training.mixed_precision};
     if (config.training.mixed_precision != MixedPrecision::kBf16) search.precisions.push_back(MixedPrecision::kBf16);
   }
-  std::vector<int> ranks = args.ranks;
-  const int machine_ranks = config.cluster.nodes > 0
-                                ? static_cast<int>(config.cluster.nodes * config.cluster.devices_per_node)
-                                : usable_cpus();
-  if (ranks.empty()) {
-    for (int r = 1; r <= machine_ranks; r *= 2) ranks.push_back(r);
-  }
-  if (args.max_ranks > 0) ranks.erase(std::remove_if(ranks.begin(), ranks.end(), [&](int r) { return r > args.max_ranks; }),
-                                      ranks.end());
+  const std::vector<int> ranks = planned_ranks(config, args);
   search.ranks = ranks;
   const int most = ranks.empty() ? 1 : *std::max_element(ranks.begin(), ranks.end());
   out.machine = machine_for(config, args, most);
@@ -183,28 +218,8 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   if (traced) search.max_accumulation = static_cast<int>(std::min<int64_t>(request.largest_micro_batch, 1024));
   request.threads = out.machine.shared_host ? out.machine.host_threads : at::get_num_threads();
   request.one_thread_point = out.machine.shared_host && most > 1;
-  // One profile per tensor-parallel size: a rank's part of the model, with sequence parallelism
-  // as the config has it when it splits, else on (Megatron's advice: the same traffic, activations
-  // stored once across the group).
   const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
-  std::vector<int> tensor = args.tensor;
-  if (tensor.empty()) tensor.push_back(static_cast<int>(config.parallel.tensor_parallel));
-  if (args.tensor.empty() && traced) {
-    for (int t = 1; t <= out.machine.devices_per_node; t *= 2)
-      if (t != tensor.front()) tensor.push_back(t);
-  }
-  search.tensor.clear();
-  for (int t : tensor) {
-    if (t < 1 || (t > 1 && !is_decoder(config.model.name))) continue;
-    Config c = config;
-    c.parallel.tensor_parallel = t;
-    c.parallel.sequence_parallel = t > 1 && sequence_parallel;
-    if (is_decoder(config.model.name)) {
-      DecoderOptions o = decoder_options(config.model, info.classes);
-      o.tensor_parallel = t;
-      o.sequence_parallel = c.parallel.sequence_parallel;
-      if (!o.problem().empty()) continue;  // heads or widths t does not divide
-    }
+  for (const auto& [t, c] : tensor_configs(config, info, args, out.machine, sequence_parallel)) {
     if (args.profiles != nullptr && args.profiles->count(t) > 0) {
       out.tensor_profiles.emplace(t, args.profiles->at(t));
     } else {

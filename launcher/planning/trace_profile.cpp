@@ -56,10 +56,8 @@ ProfilePoint traced_point(const TracedStep& step, TraceExtras& extras, const Mod
   return point;
 }
 
-}  // namespace
-
-ModelProfile trace_profile(const Config& config, const DataInfo& info, const TraceRequest& request) {
-  const auto start = std::chrono::steady_clock::now();
+// What the profile knows of the job before anything is traced.
+ModelProfile job_figures(const Config& config, const DataInfo& info, const TraceRequest& request) {
   ModelProfile profile;
   profile.model = choice_name(config.model.name);
   profile.optimizer = choice_name(config.training.optimizer);
@@ -80,6 +78,14 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
     profile.input_sample_bytes = static_cast<int64_t>(x.nbytes());
     profile.target_sample_bytes = static_cast<int64_t>(y.nbytes());
   }
+  return profile;
+}
+
+}  // namespace
+
+ModelProfile trace_profile(const Config& config, const DataInfo& info, const TraceRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
+  ModelProfile profile = job_figures(config, info, request);
   const std::shared_ptr<CpuArena> arena = make_meta_arena(int64_t{1} << 45);
   MetaArenaScope scope(arena);
   std::shared_ptr<Model> model;
