@@ -409,6 +409,10 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);  // replicas
   p.samples_per_s = global / (p.step_ms / 1e3);
   p.device_hours_per_epoch = plan.devices() * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);
+  if (profile.tokens_per_sample > 0) {
+    p.tokens_per_s = p.samples_per_s * static_cast<double>(profile.tokens_per_sample);
+    p.device_hours_per_billion_tokens = plan.devices() * 1e9 / p.tokens_per_s / 3600;
+  }
   const double peak = plan.precision == MixedPrecision::kOff ? machine.peak_float_flops_per_ms : machine.peak_half_flops_per_ms;
   if (peak > 0) {  // a rank's part of the model (its split layers, its stage) over its own peak
     double forward_flops = 0;

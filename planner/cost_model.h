@@ -76,6 +76,9 @@ struct Prediction {
   // recomputation counted) over the time at the device's dense peak; 0 where the peak is not known.
   double mfu = 0;
   double device_hours_per_epoch = 0;  // ranks x step time x steps per epoch
+  // A language model's: tokens a second, and device-hours per billion tokens (0 for other models).
+  double tokens_per_s = 0;
+  double device_hours_per_billion_tokens = 0;
 };
 
 // Forward and backward of one micro-batch of `micro_batch` at `precision` on `threads`, from the

@@ -82,10 +82,11 @@ std::string profile_text(const ModelProfile& p, const Machine& machine) {
   return s;
 }
 
-std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows) {
+std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows, bool tokens) {
   std::string s =
-      "  #  ranks  stages  tensor  micro x accum  precision  policy      shard  peak/rank MiB  fits  step ms  compute  "
-      "bubble  recompute  optimizer  all-reduce  tensor ms  samples/s  device-h/epoch   MFU\n";
+      std::string("  #  ranks  stages  tensor  micro x accum  precision  policy      shard  peak/rank MiB  fits  step ms  compute  "
+                  "bubble  recompute  optimizer  all-reduce  tensor ms") +
+      (tokens ? "   tokens/s  device-h/Gtok" : "  samples/s  device-h/epoch") + "   MFU\n";
   for (size_t i = 0; i < std::min(rows, ranked.size()); ++i) {
     const Plan& p = ranked[i].plan;
     const Prediction& r = ranked[i].prediction;
@@ -96,8 +97,9 @@ std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows) {
                        i + 1, p.devices(), stages.c_str(), tensor.c_str(), static_cast<long long>(p.micro_batch),
                        static_cast<long long>(p.accumulation), choice_name(p.precision), choice_name(p.policy),
                        choice_name(p.shard), mib(r.peak_bytes).c_str(), r.fits ? "yes" : "no", r.step_ms, r.compute_ms,
-                       r.bubble_ms, r.recompute_ms, r.optimizer_ms + r.gather_ms, r.allreduce_exposed_ms, r.tensor_ms, r.samples_per_s,
-                       r.device_hours_per_epoch, r.mfu > 0 ? printf_string("%.0f%%", 100 * r.mfu).c_str() : "-");
+                       r.bubble_ms, r.recompute_ms, r.optimizer_ms + r.gather_ms, r.allreduce_exposed_ms, r.tensor_ms,
+                       tokens ? r.tokens_per_s : r.samples_per_s,
+                       tokens ? r.device_hours_per_billion_tokens : r.device_hours_per_epoch, r.mfu > 0 ? printf_string("%.0f%%", 100 * r.mfu).c_str() : "-");
   }
   if (ranked.size() > rows) s += printf_string("  (%zu more plans: --all prints them; plans.jsonl has them all)\n", ranked.size() - rows);
   return s;

@@ -15,7 +15,8 @@ namespace ht {
 int64_t largest_op_working_set(const StepTrace& trace);
 
 std::string profile_text(const ModelProfile& profile, const Machine& machine);
-// The first `rows` plans (every fitting one ranked first), one line each.
-std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows);
+// The first `rows` plans (every fitting one ranked first), one line each; a language model's
+// (`tokens`) in tokens a second and device-hours per billion tokens, others' in samples and epochs.
+std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows, bool tokens = false);
 
 }  // namespace ht

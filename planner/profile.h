@@ -73,6 +73,7 @@ struct ModelProfile {
   int64_t input_sample_bytes = 0;   // one sample's input, unrounded
   int64_t target_sample_bytes = 0;  // one sample's target
   int64_t train_samples = 0;      // the training set's size (the sampler keeps an order of it)
+  int64_t tokens_per_sample = 0;  // a language model's sequence length; 0 for other tasks
   int64_t global_batch = 0;       // training.global_batch_size
   int64_t steps_per_epoch = 0;    // of the global batch
   int threads = 1;                // the threads a single rank computes with here

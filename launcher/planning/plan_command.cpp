@@ -47,7 +47,8 @@ JsonObject plan_record(const RankedPlan& r) {
       .add("gather_ms", d.gather_ms).add("gather_hidden_ms", d.gather_hidden_ms).add("optimizer_state_bytes", d.optimizer_state_bytes)
       .add("bubble_ms", d.bubble_ms).add("tensor_ms", d.tensor_ms)
       .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
-      .add("device_hours_per_epoch", d.device_hours_per_epoch).add("mfu", d.mfu);
+      .add("device_hours_per_epoch", d.device_hours_per_epoch).add("mfu", d.mfu)
+      .add("tokens_per_s", d.tokens_per_s).add("device_hours_per_billion_tokens", d.device_hours_per_billion_tokens);
   return o;
 }
 
@@ -92,7 +93,7 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   if (!plan.time_source.empty()) std::printf("%s\n", plan.time_source.c_str());
   std::printf("\n");
   std::printf("plans (%s first):\n%s\n", command.args.objective == Objective::kTime ? "fastest" : "cheapest",
-              plans_table(plan.ranked, command.all_rows ? plan.ranked.size() : 15).c_str());
+              plans_table(plan.ranked, command.all_rows ? plan.ranked.size() : 15, plan.profile.tokens_per_sample > 0).c_str());
   if (plan.ranked.empty() || !plan.ranked[0].prediction.fits) {
     if (traced) {
       PlanArgs args = command.args;

@@ -170,6 +170,7 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
   profile.optimizer = choice_name(config.training.optimizer);
   profile.global_batch = config.training.global_batch_size;
   profile.train_samples = train.size();
+  if (info.task == Task::kLanguageModel && !info.sample_shape.empty()) profile.tokens_per_sample = info.sample_shape[0];
   profile.steps_per_epoch = std::max<int64_t>(1, train.size() / profile.global_batch);
   profile.threads = request.threads;
   profile.tensor_parallel = static_cast<int>(config.parallel.tensor_parallel);

@@ -63,6 +63,7 @@ ModelProfile job_figures(const Config& config, const DataInfo& info, const Trace
   profile.optimizer = choice_name(config.training.optimizer);
   profile.global_batch = config.training.global_batch_size;
   profile.train_samples = request.train_samples;
+  if (info.task == Task::kLanguageModel && !info.sample_shape.empty()) profile.tokens_per_sample = info.sample_shape[0];
   profile.steps_per_epoch = std::max<int64_t>(1, request.train_samples / std::max<int64_t>(1, profile.global_batch));
   profile.threads = 1;
   profile.how = "traced on meta tensors, priced at the device's rates";
