@@ -210,9 +210,9 @@ double oversubscription(const Machine& machine, int ranks_on_node) {
   return static_cast<double>(ranks_on_node) / machine.host_threads;
 }
 
-double allreduce_ms(const Machine& machine, int ranks, int64_t bytes) {
+double allreduce_ms(const Machine& machine, int ranks, int64_t bytes, int stride) {
   if (ranks <= 1) return 0;
-  const bool one_node = ranks <= machine.devices_per_node;
+  const bool one_node = static_cast<int64_t>(ranks) * stride <= machine.devices_per_node;
   const double gbps = one_node ? machine.intra_node_gbps : machine.inter_node_gbps;
   const double latency_us = one_node ? machine.intra_node_latency_us : machine.inter_node_latency_us;
   const double steps = 2.0 * (ranks - 1);
@@ -381,7 +381,8 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   p.optimizer_ms = (optimizer[optimizer.size() / 2] * shard_step_share(profile, plan) +
                     other * static_cast<double>(plan.micro_batch * plan.accumulation) / static_cast<double>(ref.micro_batch)) *
                    slowdown;
-  p.allreduce_ms = allreduce_ms(machine, plan.ranks, p.gradient_bytes);  // a stage reduces its own share
+  // A stage reduces its own share, with its replicas a tensor-parallel group apart.
+  p.allreduce_ms = allreduce_ms(machine, plan.ranks, p.gradient_bytes, plan.tensor);
   // Buckets reduce while the last micro-batch's backward runs, on their own engine (a GPU's
   // copy engines and NCCL's stream). CPU ranks reduce with the cores that compute: nothing hides.
   // A pipeline stage reduces after its step's last backward (launcher/training/trainer.cpp).

@@ -109,7 +109,9 @@ inline int64_t sampler_bytes(int64_t samples) { return arena_bytes(samples * 8);
 int threads_per_rank(const Machine& machine, int ranks_on_node);
 double oversubscription(const Machine& machine, int ranks_on_node);
 // Ring all-reduce of `bytes` over `ranks` (alpha-beta): 2 (r-1) steps of bytes/r each.
-double allreduce_ms(const Machine& machine, int ranks, int64_t bytes);
+// `stride`: the ranks between two members (a replica group's: the tensor-parallel size), which
+// decides whether the ring stays within a node.
+double allreduce_ms(const Machine& machine, int ranks, int64_t bytes, int stride = 1);
 
 // `profile` is of one rank of the plan's tensor-parallel group (profile.tensor_parallel ==
 // plan.tensor; std::invalid_argument otherwise).

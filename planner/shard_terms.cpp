@@ -18,9 +18,9 @@ int64_t state_bytes_per_element(const ModelProfile& profile) {
   return profile.parameters > 0 ? profile.optimizer_state_bytes / profile.parameters : 0;
 }
 
-double allgather_ms(const Machine& machine, int ranks, int64_t bytes) {
+double allgather_ms(const Machine& machine, int ranks, int64_t bytes, int stride) {
   if (ranks <= 1) return 0;
-  const bool one_node = ranks <= machine.devices_per_node;
+  const bool one_node = static_cast<int64_t>(ranks) * stride <= machine.devices_per_node;
   const double gbps = one_node ? machine.intra_node_gbps : machine.inter_node_gbps;
   const double latency_us = one_node ? machine.intra_node_latency_us : machine.inter_node_latency_us;
   const double chunk = static_cast<double>(bytes) / ranks;
@@ -246,7 +246,7 @@ GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& mach
       double ms = 0;
       for (size_t b : (*g.uses)[k]) {
         if (gathered[b] || (back && !g.read_back[b])) continue;
-        ms += allgather_ms(machine, plan.ranks, g.bytes[b]);
+        ms += allgather_ms(machine, plan.ranks, g.bytes[b], plan.tensor);
         gathered[b] = back && g.readers[b] > 1;
       }
       if (!back) {  // forward frees what the next block does not read
@@ -379,13 +379,13 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
     p.gather_ms = g.exposed_ms * static_cast<double>(plan.accumulation);
     p.gather_hidden_ms = (g.total_ms - g.exposed_ms) * static_cast<double>(plan.accumulation);
   } else {
-    p.gather_ms = allgather_ms(machine, plan.ranks, bytes);  // the updated parameters, after the step
+    p.gather_ms = allgather_ms(machine, plan.ranks, bytes, plan.tensor);  // the updated parameters, after the step
   }
   if (plan.shard >= ShardLevel::kGradients) {
     // A reduce-scatter (a ring's half of an all-reduce) for every micro-batch: on the thread that
     // runs backward, nothing hides it; overlapped (reduce_scatters_overlap), the caller hides it
     // under backward where the device has an engine for it (planner/cost_model.cpp).
-    p.allreduce_ms = allgather_ms(machine, plan.ranks, bytes) * static_cast<double>(plan.accumulation);
+    p.allreduce_ms = allgather_ms(machine, plan.ranks, bytes, plan.tensor) * static_cast<double>(plan.accumulation);
     p.allreduce_exposed_ms = p.allreduce_ms;
   }
 }

@@ -88,6 +88,11 @@ TEST(CostModel, RingAllReduceAlphaBeta) {
   EXPECT_NEAR(allreduce_ms(m, 2, 1000000), 2 * (0.01 + 0.5), 1e-9);
   // 4 ranks span two nodes: the slower link.
   EXPECT_NEAR(allreduce_ms(m, 4, 1000000), 6 * (0.02 + 0.25 / 0.5), 1e-9);
+  // 2 replicas a tensor-parallel group of 2 apart (the grid puts tensor ranks innermost) are on
+  // two nodes: the slower link too; and so is their sharded gather.
+  EXPECT_NEAR(allreduce_ms(m, 2, 1000000, 2), 2 * (0.02 + 0.5 / 0.5), 1e-9);
+  EXPECT_NEAR(allgather_ms(m, 2, 1000000, 2), 0.02 + 0.5 / 0.5, 1e-9);
+  EXPECT_NEAR(allgather_ms(m, 2, 1000000, 1), 0.01 + 0.5, 1e-9);
 }
 
 TEST(CostModel, PeakIsTheSumOfItsParts) {
