@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <map>
 
 namespace ht {
 namespace {
@@ -53,6 +54,29 @@ int64_t largest_op_working_set(const StepTrace& trace) {
   return largest;
 }
 
+namespace {
+
+// Where a point's forward and backward time goes, by op (its kernels' times), the largest first.
+std::string time_by_op(const StepTrace& trace) {
+  std::map<std::string, double> ms;
+  double total = 0;
+  for (const TraceKernel& k : trace.kernels) {
+    ms[std::string(k.op) + (k.backward ? " backward" : "")] += k.ms;
+    total += k.ms;
+  }
+  if (total <= 0) return "";
+  std::vector<std::pair<double, std::string>> order;
+  for (const auto& [op, t] : ms) order.emplace_back(t, op);
+  std::sort(order.rbegin(), order.rend());
+  std::string s = "  time by op:";
+  for (size_t i = 0; i < std::min<size_t>(order.size(), 6); ++i) {
+    s += printf_string("%s %s %.0f%%", i == 0 ? "" : ",", order[i].second.c_str(), 100 * order[i].first / total);
+  }
+  return s + "\n";
+}
+
+}  // namespace
+
 std::string profile_text(const ModelProfile& p, const Machine& machine) {
   std::string s = printf_string("%s (%.1f s): %s, %lld parameters; per rank: parameters and buffers %s MiB, "
                                 "gradients %s MiB, %s state %s MiB\n",
@@ -77,6 +101,7 @@ std::string profile_text(const ModelProfile& p, const Machine& machine) {
       s += printf_string(" %zu: %.1f/%.1f", b, big->blocks[b].forward_ms, big->blocks[b].backward_ms);
     }
     s += printf_string("; %zu tensors and %zu kernels recorded\n", big->trace.tensors.size(), big->trace.kernels.size());
+    s += time_by_op(big->trace);
   }
   s += "machine: " + machine.description + "\n";
   return s;

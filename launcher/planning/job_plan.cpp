@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <vector>
 
@@ -57,6 +58,28 @@ void drop_idle_eviction(std::vector<RankedPlan>& ranked) {
     if (!drop[i]) kept.push_back(std::move(ranked[i]));
   }
   ranked = std::move(kept);
+}
+
+// A traced model's replay is long (Llama 3 8B: 80,000 tensors a micro-batch: the blockwise
+// attention's temporaries), so plans with eviction are replayed only where eviction can be the
+// answer: not where their twin without it fits (it would evict nothing), nor where the state
+// alone leaves no room, nor where the room is under a fifth of a micro-batch's activations
+// (beyond the budgets issue 34 measures, and slower than a smaller micro-batch).
+std::vector<Plan> without_needless_eviction(const std::vector<Plan>& plans,
+                                            const std::function<Prediction(const Plan&)>& predict_plan) {
+  std::vector<Plan> kept;
+  for (const Plan& p : plans) {
+    if (evicts(p.policy)) {
+      Plan twin = p;
+      twin.policy = MemoryPolicy::kNone;
+      const Prediction t = predict_plan(twin);
+      const int64_t fixed = t.peak_bytes - std::max(t.activation_bytes, t.optimizer_working_bytes);
+      const int64_t room = p.budget_bytes - fixed;
+      if (t.fits || room <= 0 || room < t.activation_bytes / 5) continue;
+    }
+    kept.push_back(p);
+  }
+  return kept;
 }
 
 }  // namespace
@@ -196,6 +219,9 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   // Budgets are CPU-only for now (the CUDA arena has not run on a GPU); so is eviction in a plan
   // for a catalog device.
   const bool traced = !config.cluster.device.empty();
+  // For a catalog device: without eviction first; DTR only if nothing fits so (below).
+  const bool evict_if_needed =
+      traced && std::find(args.policies.begin(), args.policies.end(), MemoryPolicy::kDtr) != args.policies.end();
   if (config.training.device != "cpu" || traced) search.policies = {MemoryPolicy::kNone};
   TraceRequest trace;
   if (traced) {
@@ -238,10 +264,15 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   if (stages.empty()) stages = traced ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 2, 4};
   for (int s : stages)
     if (s == 1 || s <= blocks) search.stages.push_back(s);
-  const std::vector<Plan> plans =
-      candidate_plans(config.training.global_batch_size, out.machine.device_memory, search);
-  out.ranked = rank_plans(plans, [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); },
-                          args.objective);
+  std::vector<Plan> plans = candidate_plans(config.training.global_batch_size, out.machine.device_memory, search);
+  auto predict_plan = [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); };
+  out.ranked = rank_plans(plans, predict_plan, args.objective);
+  if (evict_if_needed && (out.ranked.empty() || !out.ranked[0].prediction.fits)) {
+    search.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr};
+    plans = without_needless_eviction(candidate_plans(config.training.global_batch_size, out.machine.device_memory, search),
+                                      predict_plan);
+    out.ranked = rank_plans(plans, predict_plan, args.objective);
+  }
   drop_idle_eviction(out.ranked);
   out.why = why_it_wins(out.ranked, args.objective);
   return out;
@@ -288,7 +319,8 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
   c.training.mixed_precision = plan.precision;
   c.memory.policy = plan.policy;
-  if (c.training.device == "cpu" && plan.budget_bytes > 0) {
+  // A budget on a GPU is an arena of its size (alloc/cuda_arena.h): written where a plan evicts.
+  if (plan.budget_bytes > 0 && (c.training.device == "cpu" || evicts(plan.policy))) {
     c.memory.budget = std::to_string(plan.budget_bytes);
     c.memory.budget_bytes = plan.budget_bytes;
   }

@@ -111,6 +111,10 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
     return kUserErrorExitCode;
   }
   std::printf("chosen: %s. %s\n", plan_words(plan.ranked[0].plan).c_str(), plan.why.c_str());
+  if (traced && evicts(plan.ranked[0].plan.policy)) {
+    std::printf("note: it evicts under a budget on each GPU, which this engine has not yet run on a GPU "
+                "(docs/gpu.md); more devices without eviction: rerun with a larger --cluster\n");
+  }
   std::error_code ec;
   std::filesystem::create_directories(config.job.output_dir, ec);
   if (ec) throw UserError("job.output_dir = \"" + config.job.output_dir + "\": cannot create it (" + ec.message() + ")");

@@ -112,8 +112,10 @@ TEST(TraceProfile, LlamaThreeEightBsTracedWorkIsItsArithmetic) {
 }
 
 // `plan --cluster`: Llama 3 8B (120 GiB of state with AdamW) on one node of 8 H100s is planned
-// from traces in seconds, every tensor-parallel size and stage count searched; the plan fits,
-// and is written for 8 CUDA ranks. On one H100 nothing fits: exit 2, saying so.
+// from traces in seconds, every tensor-parallel size and stage count searched; the plan fits
+// without recomputation, and is written for 8 CUDA ranks. On one H100 nothing fits: exit 2,
+// naming the smallest cluster that does (two, with DTR: eviction is searched where nothing fits
+// without it).
 TEST(TraceProfile, PlanLlamaThreeEightBOnANodeOfH100s) {
   TempDir dir;
   const std::string config = std::string(HT_SOURCE_DIR) + "/configs/llama3_8b.toml --job.output_dir=" + dir.path("plan");
@@ -122,6 +124,8 @@ TEST(TraceProfile, PlanLlamaThreeEightBOnANodeOfH100s) {
   EXPECT_THAT(r.output, HasSubstr("traced on meta tensors, priced at the device's rates"));
   EXPECT_THAT(r.output, HasSubstr("a cluster of NVIDIA H100 SXM5 80GB: "));
   EXPECT_THAT(r.output, HasSubstr("chosen: 8 ranks"));
+  EXPECT_THAT(r.output, HasSubstr("time by op: linear backward"));  // contractions dominate, backward twice
+  EXPECT_THAT(r.output, HasSubstr("tokens/s  device-h/Gtok"));
   std::ifstream in(dir.path("plan") + "/plan.toml");
   std::stringstream plan;
   plan << in.rdbuf();
@@ -130,7 +134,10 @@ TEST(TraceProfile, PlanLlamaThreeEightBOnANodeOfH100s) {
   EXPECT_THAT(plan.str(), HasSubstr("device = \"h100-sxm\""));
   const ProcessResult one = run_binary("plan " + config + " --cluster h100-sxm:1x1");
   EXPECT_EQ(one.status, 2) << one.output;
-  EXPECT_THAT(one.output, HasSubstr("no plan fits"));
+  EXPECT_THAT(one.output, HasSubstr("no plan fits 1 device(s)"));
+  // Two H100s hold its state split in two; one sequence's activations then need recomputation.
+  EXPECT_THAT(one.output, HasSubstr("the smallest cluster of this kind that fits it: --cluster h100-sxm:1x2"));
+  EXPECT_THAT(one.output, HasSubstr("dtr at 74.5 GiB"));
 }
 
 }  // namespace
