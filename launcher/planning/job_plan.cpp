@@ -72,6 +72,7 @@ std::vector<Plan> without_needless_eviction(const std::vector<Plan>& plans,
     if (evicts(p.policy)) {
       Plan twin = p;
       twin.policy = MemoryPolicy::kNone;
+      twin.budget_bytes = 0;  // as the search has it (a GPU plan without eviction has no arena)
       const Prediction t = predict_plan(twin);
       const int64_t fixed = t.peak_bytes - std::max(t.activation_bytes, t.optimizer_working_bytes);
       const int64_t room = p.budget_bytes - fixed;
@@ -264,13 +265,21 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   if (stages.empty()) stages = traced ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 2, 4};
   for (int s : stages)
     if (s == 1 || s <= blocks) search.stages.push_back(s);
-  std::vector<Plan> plans = candidate_plans(config.training.global_batch_size, out.machine.device_memory, search);
+  // On a GPU a budget is an arena (alloc/cuda_arena.h): only plans that evict get one there.
+  auto gpu_budgets = [&](std::vector<Plan> plans) {
+    if (traced) {
+      for (Plan& p : plans)
+        if (!evicts(p.policy)) p.budget_bytes = 0;
+    }
+    return plans;
+  };
+  std::vector<Plan> plans = gpu_budgets(candidate_plans(config.training.global_batch_size, out.machine.device_memory, search));
   auto predict_plan = [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); };
   out.ranked = rank_plans(plans, predict_plan, args.objective);
   if (evict_if_needed && (out.ranked.empty() || !out.ranked[0].prediction.fits)) {
     search.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr};
-    plans = without_needless_eviction(candidate_plans(config.training.global_batch_size, out.machine.device_memory, search),
-                                      predict_plan);
+    plans = without_needless_eviction(
+        gpu_budgets(candidate_plans(config.training.global_batch_size, out.machine.device_memory, search)), predict_plan);
     out.ranked = rank_plans(plans, predict_plan, args.objective);
   }
   drop_idle_eviction(out.ranked);
@@ -319,8 +328,7 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
   c.training.mixed_precision = plan.precision;
   c.memory.policy = plan.policy;
-  // A budget on a GPU is an arena of its size (alloc/cuda_arena.h): written where a plan evicts.
-  if (plan.budget_bytes > 0 && (c.training.device == "cpu" || evicts(plan.policy))) {
+  if (plan.budget_bytes > 0) {  // a GPU plan has one only where it evicts
     c.memory.budget = std::to_string(plan.budget_bytes);
     c.memory.budget_bytes = plan.budget_bytes;
   }
@@ -328,7 +336,7 @@ Config config_for_plan(const Config& base, const Plan& plan) {
 }
 
 std::string plan_words(const Plan& p) {
-  return describe_plan(p) + (p.budget_bytes > 0 && evicts(p.policy) ? " at " + format_bytes(p.budget_bytes) : "");
+  return describe_plan(p) + (p.budget_bytes > 0 ? " at " + format_bytes(p.budget_bytes) : "");
 }
 
 }  // namespace ht
