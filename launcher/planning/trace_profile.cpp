@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace ht {
 namespace {
@@ -82,6 +83,50 @@ ModelProfile job_figures(const Config& config, const DataInfo& info, const Trace
   return profile;
 }
 
+// Two traces of the same step at two micro-batch sizes: the same kernels and tensors in the same
+// order, their sizes apart.
+bool same_shape(const StepTrace& a, const StepTrace& b) {
+  return a.tensors.size() == b.tensors.size() && a.kernels.size() == b.kernels.size() && a.events.size() == b.events.size();
+}
+
+// The point at micro-batch `m` derived from two traced ones, not traced again: every tensor's
+// bytes and every kernel's work are affine in the micro-batch (a weight's part constant, an
+// activation's proportional), so they are the line through the two traces, exactly but for the
+// arena's 64-byte rounding; each kernel is then priced at its own size. The static plans' graph
+// is not derived (the search for a catalog device plans no static plans).
+ProfilePoint derived_point(const ProfilePoint& a, const ProfilePoint& b, int64_t m, const DeviceRates& rates) {
+  const double t = static_cast<double>(m - a.micro_batch) / static_cast<double>(b.micro_batch - a.micro_batch);
+  auto line = [&](double ya, double yb) { return ya + t * (yb - ya); };
+  auto bytes = [&](int64_t ya, int64_t yb) {
+    return std::max<int64_t>(arena_bytes(0), arena_bytes(static_cast<int64_t>(std::llround(line(static_cast<double>(ya),
+                                                                                                 static_cast<double>(yb))))));
+  };
+  ProfilePoint p = b;
+  p.micro_batch = m;
+  p.graph = {};
+  p.block_starts.clear();
+  for (size_t i = 0; i < p.trace.tensors.size(); ++i) p.trace.tensors[i].bytes = bytes(a.trace.tensors[i].bytes, b.trace.tensors[i].bytes);
+  p.forward_backward_ms = 0;
+  for (BlockTime& blk : p.blocks) blk = BlockTime{};
+  for (size_t k = 0; k < p.trace.kernels.size(); ++k) {
+    TraceKernel& kernel = p.trace.kernels[k];
+    kernel.flops = line(a.trace.kernels[k].flops, kernel.flops);
+    kernel.bytes = line(a.trace.kernels[k].bytes, kernel.bytes);
+    kernel.ms = kernel_ms(kernel, rates);
+    p.forward_backward_ms += kernel.ms;
+    if (kernel.block >= 0) {
+      BlockTime& blk = p.blocks[static_cast<size_t>(kernel.block)];
+      (kernel.backward ? blk.backward_ms : blk.forward_ms) += kernel.ms;
+    }
+  }
+  p.step_ms = p.forward_backward_ms + p.optimizer_ms;
+  p.batch_bytes = bytes(a.batch_bytes, b.batch_bytes);
+  p.forward_backward_peak_bytes = bytes(a.forward_backward_peak_bytes, b.forward_backward_peak_bytes);
+  p.optimizer_peak_bytes = p.persistent_bytes + p.batch_bytes + b.optimizer_working_bytes();
+  p.peak_bytes = std::max(p.forward_backward_peak_bytes, p.optimizer_peak_bytes);
+  return p;
+}
+
 }  // namespace
 
 ModelProfile trace_profile(const Config& config, const DataInfo& info, const TraceRequest& request) {
@@ -111,25 +156,33 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
   for (MixedPrecision precision : request.precisions) {
     Config c = config;
     c.training.mixed_precision = precision;
+    const size_t first = profile.points.size();
     for (int64_t micro : request.micro_batches) {
-      TracedStep step;
-      TraceExtras extras;
-      extras.gradients = &gradients;
-      extras.bucket_of = &bucket_of;
-      extras.capture_graph = true;
-      {
-        const auto [x, y] = traced_batch(info, micro, /*meta=*/true);
-        trace_forward_backward(c, *model, arena, x, y, step, &extras);
+      const size_t traced = profile.points.size() - first;
+      const ProfilePoint* a = traced >= 2 ? &profile.points[first] : nullptr;
+      const ProfilePoint* b = traced >= 2 ? &profile.points[first + 1] : nullptr;
+      if (a != nullptr && same_shape(a->trace, b->trace)) {
+        profile.points.push_back(derived_point(*a, *b, micro, request.rates));
+      } else {
+        TracedStep step;
+        TraceExtras extras;
+        extras.gradients = &gradients;
+        extras.bucket_of = &bucket_of;
+        extras.capture_graph = true;
+        {
+          const auto [x, y] = traced_batch(info, micro, /*meta=*/true);
+          trace_forward_backward(c, *model, arena, x, y, step, &extras);
+        }
+        if (!stepped) {  // the state once: it is the same at every size and precision
+          trace_optimizer_step(c, *model, *arena, first_optimizer);
+          profile.optimizer_state_bytes = first_optimizer.optimizer_state_bytes;
+          stepped = true;
+        }
+        step.optimizer_state_bytes = first_optimizer.optimizer_state_bytes;
+        step.optimizer_peak_bytes = first_optimizer.optimizer_peak_bytes;
+        profile.points.push_back(traced_point(step, extras, profile, micro, precision, request, optimizer_ms));
       }
-      if (!stepped) {  // the state once: it is the same at every size and precision
-        trace_optimizer_step(c, *model, *arena, first_optimizer);
-        profile.optimizer_state_bytes = first_optimizer.optimizer_state_bytes;
-        stepped = true;
-      }
-      step.optimizer_state_bytes = first_optimizer.optimizer_state_bytes;
-      step.optimizer_peak_bytes = first_optimizer.optimizer_peak_bytes;
-      profile.points.push_back(traced_point(step, extras, profile, micro, precision, request, optimizer_ms));
-      const bool two = profile.points.size() >= 2 && profile.points[profile.points.size() - 2].precision == precision;
+      const bool two = profile.points.size() - first >= 2;
       if (request.device_memory > 0 && two && profile.points.back().activation_bytes() > request.device_memory) break;
     }
   }
