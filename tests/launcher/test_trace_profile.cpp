@@ -86,6 +86,38 @@ TEST(TraceProfile, StateAndActivationsAreTheProfiledRunsToTheByte) {
   }
 }
 
+// Beyond two traced sizes the profile derives its points: every tensor's bytes and kernel's work
+// on the line through the two traces. A derived point is the traced one (a small Llama in bf16
+// at 512 tokens): its activations to the byte, every kernel's work and the time to rounding error.
+TEST(TraceProfile, ADerivedPointIsTheTracedOne) {
+  TempDir dir;
+  Config c = config_for(dir, kTracedLlama, {"--model.n_layer=2", "--model.n_embd=256", "--model.n_head=8",
+                                            "--model.block_size=512", "--training.mixed_precision=bf16"});
+  const DataInfo info{Task::kLanguageModel, {512}, 96, "tokens", 0};
+  TraceRequest request;
+  DeviceKind h100;
+  h100.kind = "h100-sxm";
+  h100.bf16_tflops = h100.fp16_tflops = 989;
+  h100.fp32_tflops = 67;
+  h100.memory_gbps = 3350;
+  request.rates = device_rates(h100);
+  request.micro_batches = {1, 2, 8};
+  const ModelProfile derived = trace_profile(c, info, request);
+  request.micro_batches = {8, 1};
+  const ModelProfile traced = trace_profile(c, info, request);
+  const ProfilePoint& d = derived.points.back();
+  const ProfilePoint& t = traced.points.front();
+  ASSERT_EQ(d.micro_batch, 8);
+  ASSERT_EQ(t.micro_batch, 8);
+  EXPECT_EQ(d.activation_bytes(), t.activation_bytes());  // no tensor here rounds off the line
+  EXPECT_NEAR(d.forward_backward_ms, t.forward_backward_ms, 1e-9 * t.forward_backward_ms);
+  ASSERT_EQ(d.trace.kernels.size(), t.trace.kernels.size());
+  for (size_t k = 0; k < t.trace.kernels.size(); ++k) {
+    ASSERT_NEAR(d.trace.kernels[k].flops, t.trace.kernels[k].flops, 1e-6 * (1 + t.trace.kernels[k].flops)) << k;
+    ASSERT_NEAR(d.trace.kernels[k].bytes, t.trace.kernels[k].bytes, 1e-6 * (1 + t.trace.kernels[k].bytes)) << k;
+  }
+}
+
 // Each traced kernel's work is the model's arithmetic: Llama 3 8B's forward at one sequence of
 // 8192 tokens is 2 flops per weight of its contractions per token, plus causal attention's
 // 2 T^2 h per layer (q k^T and P v over the keys up to each query), exactly; backward twice the
