@@ -200,6 +200,29 @@ std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const D
   return out;
 }
 
+// Every layout `search` allows, predicted and ranked into out.ranked. For a catalog device
+// (`traced`) a plan without eviction has no budget (on a GPU a budget is an arena,
+// alloc/cuda_arena.h), and with `evict_if_needed` DTR plans are added where nothing fits.
+void rank_layouts(const Config& config, SearchOptions search, bool traced, bool evict_if_needed,
+                  Objective objective, JobPlan& out) {
+  auto gpu_budgets = [&](std::vector<Plan> plans) {
+    if (traced) {
+      for (Plan& p : plans)
+        if (!evicts(p.policy)) p.budget_bytes = 0;
+    }
+    return plans;
+  };
+  const int64_t global = config.training.global_batch_size;
+  std::vector<Plan> plans = gpu_budgets(candidate_plans(global, out.machine.device_memory, search));
+  auto predict_plan = [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); };
+  out.ranked = rank_plans(plans, predict_plan, objective);
+  if (evict_if_needed && (out.ranked.empty() || !out.ranked[0].prediction.fits)) {
+    search.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr};
+    plans = without_needless_eviction(gpu_budgets(candidate_plans(global, out.machine.device_memory, search)), predict_plan);
+    out.ranked = rank_plans(plans, predict_plan, objective);
+  }
+}
+
 }  // namespace
 
 JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& info, const PlanArgs& args) {
@@ -217,10 +240,9 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   search.ranks = ranks;
   const int most = ranks.empty() ? 1 : *std::max_element(ranks.begin(), ranks.end());
   out.machine = machine_for(config, args, most);
-  // Budgets are CPU-only for now (the CUDA arena has not run on a GPU); so is eviction in a plan
-  // for a catalog device.
+  // A job profiled on a GPU plans no budgets (they are CPU-only there for now). For a catalog
+  // device: without eviction first, DTR where nothing fits so (rank_layouts).
   const bool traced = !config.cluster.device.empty();
-  // For a catalog device: without eviction first; DTR only if nothing fits so (below).
   const bool evict_if_needed =
       traced && std::find(args.policies.begin(), args.policies.end(), MemoryPolicy::kDtr) != args.policies.end();
   if (config.training.device != "cpu" || traced) search.policies = {MemoryPolicy::kNone};
@@ -265,23 +287,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   if (stages.empty()) stages = traced ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 2, 4};
   for (int s : stages)
     if (s == 1 || s <= blocks) search.stages.push_back(s);
-  // On a GPU a budget is an arena (alloc/cuda_arena.h): only plans that evict get one there.
-  auto gpu_budgets = [&](std::vector<Plan> plans) {
-    if (traced) {
-      for (Plan& p : plans)
-        if (!evicts(p.policy)) p.budget_bytes = 0;
-    }
-    return plans;
-  };
-  std::vector<Plan> plans = gpu_budgets(candidate_plans(config.training.global_batch_size, out.machine.device_memory, search));
-  auto predict_plan = [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); };
-  out.ranked = rank_plans(plans, predict_plan, args.objective);
-  if (evict_if_needed && (out.ranked.empty() || !out.ranked[0].prediction.fits)) {
-    search.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr};
-    plans = without_needless_eviction(
-        gpu_budgets(candidate_plans(config.training.global_batch_size, out.machine.device_memory, search)), predict_plan);
-    out.ranked = rank_plans(plans, predict_plan, args.objective);
-  }
+  rank_layouts(config, search, traced, evict_if_needed, args.objective, out);
   drop_idle_eviction(out.ranked);
   out.why = why_it_wins(out.ranked, args.objective);
   return out;
