@@ -13,6 +13,14 @@
 namespace ht {
 namespace {
 
+// A run predicts itself from a profile of its own model on this machine, never from a trace
+// priced at a catalog device's rates ([cluster].device is what `plan` plans a cluster with).
+Config profiled_here(const Config& config) {
+  Config c = config;
+  c.cluster.device.clear();
+  return c;
+}
+
 Plan plan_of(const Config& c) {
   Plan p;
   p.ranks = static_cast<int>(c.replicas());
@@ -148,7 +156,7 @@ RunPrediction predict_tensor_parallel_run(Config& config, const DataSplits& data
     args.precisions = {config.training.mixed_precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
-    const JobPlan plan = plan_job(config, data.train.get(), data.info, args);
+    const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
     out.limit_bytes = plan.machine.device_memory;
     out.plan = plan_of(config);
     if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) out.plan = plan.ranked[0].plan;
@@ -198,7 +206,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       args.device_memory = config.memory.budget_bytes;
       args.precisions = {config.training.mixed_precision};
       args.policies = {MemoryPolicy::kNone};
-      const JobPlan plan = plan_job(config, data.train.get(), data.info, args);
+      const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
       out.plan = plan_of(config);
       out.plan.policy = MemoryPolicy::kNone;
       out.prediction = predict(plan.profile, plan.machine, out.plan);
@@ -223,7 +231,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     if (!automatic) args.policies = {MemoryPolicy::kNone};  // the configured plan is predicted below
     // Automatic: the planner picks the level, unless the config fixes one.
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
-    JobPlan plan = plan_job(config, data.train.get(), data.info, args);
+    JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
     out.limit_bytes = plan.machine.device_memory;
     out.plan = plan_of(config);
     if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) {
