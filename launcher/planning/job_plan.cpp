@@ -268,6 +268,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   request.threads = out.machine.shared_host ? out.machine.host_threads : at::get_num_threads();
   request.one_thread_point = out.machine.shared_host && most > 1;
   const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
+  search.tensor.clear();
   for (const auto& [t, c] : tensor_configs(config, info, args, out.machine, sequence_parallel)) {
     if (args.profiles != nullptr && args.profiles->count(t) > 0) {
       out.tensor_profiles.emplace(t, args.profiles->at(t));
