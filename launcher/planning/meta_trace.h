@@ -11,7 +11,7 @@
 //
 // With parallel.tensor_parallel > 1, rank 0's part, its group mirrored (MirrorCommunicator, as
 // the profiler does); with training.mixed_precision, under autocast; then the optimizer's first
-// step. Every model kind traces (convolutions, batch norm and ReLU declare their outputs' shapes),
+// two steps. Every model kind traces (convolutions, batch norm and ReLU declare their outputs' shapes),
 // in the contiguous layout (training.channels_last is not applied yet). Not traced: ATen kernels'
 // own workspaces (a meta kernel allocates only its outputs; on this CPU a convolution's im2col
 // and reorder buffers are the large ones: the difference is measured in the test).
