@@ -1,5 +1,6 @@
 #include "launcher/planning/profile_parts.h"
 
+#include "launcher/model_factory.h"
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 
@@ -7,6 +8,32 @@
 #include <set>
 
 namespace ht {
+
+ModelProfile job_profile(const Config& config, const DataInfo& info, int64_t train_samples) {
+  ModelProfile profile;
+  profile.model = choice_name(config.model.name);
+  profile.optimizer = choice_name(config.training.optimizer);
+  profile.global_batch = config.training.global_batch_size;
+  profile.train_samples = train_samples;
+  if (info.task == Task::kLanguageModel && !info.sample_shape.empty()) profile.tokens_per_sample = info.sample_shape[0];
+  profile.steps_per_epoch = std::max<int64_t>(1, train_samples / std::max<int64_t>(1, profile.global_batch));
+  profile.tensor_parallel = static_cast<int>(config.parallel.tensor_parallel);
+  profile.sequence_parallel = profile.tensor_parallel > 1 && config.parallel.sequence_parallel;
+  if (is_decoder(config.model.name)) {
+    DecoderOptions o = decoder_options(config.model, info.classes);
+    o.tensor_parallel = config.parallel.tensor_parallel;
+    profile.tensor_shape = tensor_shape(o);
+  }
+  return profile;
+}
+
+void describe_model(const Config& config, const Model& model, ModelProfile& profile) {
+  profile.parameters = model.num_parameters();
+  profile.parameter_bytes = arena_tensor_bytes(model.parameters()) + arena_tensor_bytes(model.buffers());
+  for (const auto& block : model.blocks()) profile.block_parameter_bytes.push_back(arena_tensor_bytes(block->parameters()));
+  profile.buckets = DataParallel(std::make_shared<LocalCommunicator>(), model.parameters(), config.parallel.bucket_mb << 20)
+                        .bucket_elements();
+}
 
 int64_t arena_tensor_bytes(const std::vector<at::Tensor>& tensors) {
   int64_t bytes = 0;

@@ -3,6 +3,8 @@
 // launcher/planning/trace_profile.h traces one on meta tensors): the buckets sharded parameters
 // are gathered in, and which weights backward reads again.
 
+#include "launcher/config/config.h"
+#include "launcher/data/dataset.h"
 #include "models/model.h"
 #include "planner/profile.h"
 #include "runtime/parameter_source.h"
@@ -11,6 +13,14 @@
 #include <unordered_set>
 
 namespace ht {
+
+// What a profile knows of the job before anything is measured or traced: names, batch, epoch,
+// the tensor-parallel part and a decoder's shape. `train_samples`: the training set's size (0:
+// not read).
+ModelProfile job_profile(const Config& config, const DataInfo& info, int64_t train_samples);
+// The model's own figures: parameters, their arena bytes in all and per block, and the buckets
+// sharding splits at the job's bucket size.
+void describe_model(const Config& config, const Model& model, ModelProfile& profile);
 
 // The arena bytes `tensors`' storages take (each block rounded as the arena rounds).
 int64_t arena_tensor_bytes(const std::vector<at::Tensor>& tensors);

@@ -165,21 +165,8 @@ std::pair<int64_t, int64_t> point_sizes(const ProfilePoint& small, const Profile
 ModelProfile profile_job(const Config& config, const Dataset& train, const DataInfo& info,
                          const ProfileRequest& request) {
   const auto start = std::chrono::steady_clock::now();
-  ModelProfile profile;
-  profile.model = choice_name(config.model.name);
-  profile.optimizer = choice_name(config.training.optimizer);
-  profile.global_batch = config.training.global_batch_size;
-  profile.train_samples = train.size();
-  if (info.task == Task::kLanguageModel && !info.sample_shape.empty()) profile.tokens_per_sample = info.sample_shape[0];
-  profile.steps_per_epoch = std::max<int64_t>(1, train.size() / profile.global_batch);
+  ModelProfile profile = job_profile(config, info, train.size());
   profile.threads = request.threads;
-  profile.tensor_parallel = static_cast<int>(config.parallel.tensor_parallel);
-  profile.sequence_parallel = profile.tensor_parallel > 1 && config.parallel.sequence_parallel;
-  if (is_decoder(config.model.name)) {
-    DecoderOptions o = decoder_options(config.model, info.classes);
-    o.tensor_parallel = config.parallel.tensor_parallel;
-    profile.tensor_shape = tensor_shape(o);
-  }
   {
     const Batch one = train.slice(0, 1);
     profile.input_sample_bytes = static_cast<int64_t>(one.input.nbytes());
@@ -194,12 +181,7 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     std::shared_ptr<Model> model = make_model(config, info);
     model->move_to(at::Device(config.training.device), at::kFloat);
     if (config.training.channels_last) model->use_channels_last();
-    profile.parameters = model->num_parameters();
-    profile.parameter_bytes = arena_tensor_bytes(model->parameters()) + arena_tensor_bytes(model->buffers());
-    for (const auto& block : model->blocks()) profile.block_parameter_bytes.push_back(arena_tensor_bytes(block->parameters()));
-    // The buckets sharding splits, as DataParallel makes them at the job's bucket size.
-    profile.buckets = DataParallel(std::make_shared<LocalCommunicator>(), model->parameters(),
-                                   config.parallel.bucket_mb << 20).bucket_elements();
+    describe_model(config, *model, profile);
     Profiling p{config, train, info, arena, model, *out,
                 record_block_buckets(*model, config.parallel.bucket_mb << 20, profile)};
     const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);

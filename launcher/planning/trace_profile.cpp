@@ -17,15 +17,6 @@
 namespace ht {
 namespace {
 
-// The model's own figures: parameters, their bytes per block, the buckets sharding splits.
-void describe_model(const Config& config, const Model& model, ModelProfile& profile) {
-  for (const at::Tensor& p : model.parameters()) profile.parameters += p.numel();
-  profile.parameter_bytes = arena_tensor_bytes(model.parameters()) + arena_tensor_bytes(model.buffers());
-  for (const auto& block : model.blocks()) profile.block_parameter_bytes.push_back(arena_tensor_bytes(block->parameters()));
-  profile.buckets = DataParallel(std::make_shared<LocalCommunicator>(), model.parameters(), config.parallel.bucket_mb << 20)
-                        .bucket_elements();
-}
-
 // One traced micro-batch as a profiled point: its memory from the trace, its time priced.
 ProfilePoint traced_point(const TracedStep& step, TraceExtras& extras, const ModelProfile& profile,
                           int64_t micro, MixedPrecision precision, const TraceRequest& request,
@@ -59,22 +50,9 @@ ProfilePoint traced_point(const TracedStep& step, TraceExtras& extras, const Mod
 
 // What the profile knows of the job before anything is traced.
 ModelProfile job_figures(const Config& config, const DataInfo& info, const TraceRequest& request) {
-  ModelProfile profile;
-  profile.model = choice_name(config.model.name);
-  profile.optimizer = choice_name(config.training.optimizer);
-  profile.global_batch = config.training.global_batch_size;
-  profile.train_samples = request.train_samples;
-  if (info.task == Task::kLanguageModel && !info.sample_shape.empty()) profile.tokens_per_sample = info.sample_shape[0];
-  profile.steps_per_epoch = std::max<int64_t>(1, request.train_samples / std::max<int64_t>(1, profile.global_batch));
+  ModelProfile profile = job_profile(config, info, request.train_samples);
   profile.threads = 1;
   profile.how = "traced on meta tensors, priced at the device's rates";
-  profile.tensor_parallel = static_cast<int>(config.parallel.tensor_parallel);
-  profile.sequence_parallel = profile.tensor_parallel > 1 && config.parallel.sequence_parallel;
-  if (is_decoder(config.model.name)) {
-    DecoderOptions o = decoder_options(config.model, info.classes);
-    o.tensor_parallel = config.parallel.tensor_parallel;
-    profile.tensor_shape = tensor_shape(o);
-  }
   {
     const auto [x, y] = traced_batch(info, 1, /*meta=*/true);
     profile.input_sample_bytes = static_cast<int64_t>(x.nbytes());

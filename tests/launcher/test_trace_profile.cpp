@@ -35,6 +35,16 @@ global_batch_size = 4
 optimizer = "adamw"
 )";
 
+// An H100 SXM's published peaks at the measured curves (what the catalog's h100-sxm prices at).
+DeviceRates h100_rates() {
+  DeviceKind h100;
+  h100.kind = "h100-sxm";
+  h100.bf16_tflops = h100.fp16_tflops = 989;
+  h100.fp32_tflops = 67;
+  h100.memory_gbps = 3350;
+  return device_rates(h100);
+}
+
 // The measured profile trains the model (launcher/planning/profiler.h); the traced one never
 // runs a kernel. Their model state is the same to the byte, and so is every micro-batch's
 // forward and backward peak above it: the trace sees every block the trainer allocates. The
@@ -49,12 +59,7 @@ TEST(TraceProfile, StateAndActivationsAreTheProfiledRunsToTheByte) {
   TraceRequest traced_request;
   traced_request.precisions = {MixedPrecision::kOff};
   traced_request.micro_batches = {1, 4};
-  DeviceKind h100;
-  h100.kind = "h100-sxm";
-  h100.bf16_tflops = h100.fp16_tflops = 989;
-  h100.fp32_tflops = 67;
-  h100.memory_gbps = 3350;
-  traced_request.rates = device_rates(h100);
+  traced_request.rates = h100_rates();
   const ModelProfile traced = trace_profile(c, data.info, traced_request);
   EXPECT_EQ(traced.parameters, measured.parameters);
   EXPECT_EQ(traced.parameter_bytes, measured.parameter_bytes);
@@ -95,12 +100,7 @@ TEST(TraceProfile, ADerivedPointIsTheTracedOne) {
                                             "--model.block_size=512", "--training.mixed_precision=bf16"});
   const DataInfo info{Task::kLanguageModel, {512}, 96, "tokens", 0};
   TraceRequest request;
-  DeviceKind h100;
-  h100.kind = "h100-sxm";
-  h100.bf16_tflops = h100.fp16_tflops = 989;
-  h100.fp32_tflops = 67;
-  h100.memory_gbps = 3350;
-  request.rates = device_rates(h100);
+  request.rates = h100_rates();
   request.micro_batches = {1, 2, 8};
   const ModelProfile derived = trace_profile(c, info, request);
   request.micro_batches = {8, 1};
