@@ -42,6 +42,8 @@ void MemoryManager::configure(MemoryOptions options) {
   evictor_ = options_.eviction ? std::make_unique<Evictor>(*options_.eviction, options_.arena.get()) : nullptr;
   TORCH_CHECK(options_.arena != nullptr || !options_.static_plans,
               "MemoryManager::configure: static plans need a budget (an arena)");
+  TORCH_CHECK(options_.checkpoint_blocks == 0 || evictor_ != nullptr,
+              "MemoryManager::configure: dropping blocks needs eviction (DTR regenerates them)");
   TORCH_CHECK(!options_.swap || (options_.arena != nullptr && evictor_ != nullptr),
               "MemoryManager::configure: host swap needs a budget and an eviction policy");
   swap_ = options_.swap ? std::make_unique<HostSwap>(*options_.swap) : nullptr;
@@ -70,10 +72,34 @@ void MemoryManager::end_step(bool completed) {
 
 void MemoryManager::block_begins(int block) {
   if (planner_) planner_->block_begins(block);
+  if (options_.checkpoint_blocks <= 0) return;
+  if (block_ >= 0 && block_ + 1 < options_.checkpoint_blocks) drop_block();
+  block_made_.clear();
+  last_made_.clear();
+  block_ = block;
+}
+
+void MemoryManager::drop_block() {
+  for (TensorInfo* t : block_made_) {
+    // Still a root this manager holds (a destroyed record left root_slot_), resident, droppable.
+    if (root_slot_.count(t) == 0 || !t->resident() || !t->evictable()) continue;
+    if (std::find(last_made_.begin(), last_made_.end(), t) != last_made_.end()) continue;
+    evict(*t);
+  }
 }
 
 void MemoryManager::forward_outputs(const ComputePath& path, const std::vector<Tensor>& outputs, bool taped) {
   if (planner_) planner_->forward_op(path, outputs, taped);
+  if (options_.checkpoint_blocks > 0 && taped && block_ >= 0) {
+    last_made_.clear();
+    for (TensorInfo* out : path.outputs) {
+      if (out == nullptr) continue;
+      // A view owns no bytes: its root was made before (perhaps by the block before, whose output
+      // this block reads), and is kept if the view is the block's output.
+      last_made_.push_back(out->is_view() ? out->base : out);
+      if (!out->is_view()) block_made_.push_back(out);
+    }
+  }
   if (!swap_ || !taped) return;
   // What this op's backward will read: candidates for a copy to host.
   const OpTraits& traits = path.op->traits();

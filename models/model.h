@@ -54,6 +54,10 @@ class Model : public torch::nn::Module {
   // Called with a block's index before it runs, and with -1 after the last (a profiler
   // attributing kernels to blocks); empty: nobody.
   void set_block_listener(std::function<void(int)> listener) { block_listener_ = std::move(listener); }
+  // Tells the listener, for callers that run the blocks themselves (a pipeline stage's chunk).
+  void block_begins(int block) const {
+    if (block_listener_) block_listener_(block);
+  }
 
  protected:
   void add_block(const std::string& name, std::shared_ptr<Block> block);

@@ -112,7 +112,11 @@ void PipelineStage::forward(Interpreter& interp, const Action& a) {
   // The seeds one rank draws for these blocks of this micro-batch.
   interp.set_seed_counter(seed_base_ + static_cast<uint64_t>(a.micro_batch) * layout_.seeds_per_micro_batch() +
                           layout_.seeds_before(first));
-  for (int b = first; b < end; ++b) x = model_.blocks()[static_cast<size_t>(b)]->forward(x);
+  for (int b = first; b < end; ++b) {
+    model_.block_begins(b);
+    x = model_.blocks()[static_cast<size_t>(b)]->forward(x);
+  }
+  model_.block_begins(-1);
   if (vs + 1 == layout_.virtual_stages()) {
     f.loss = model_.loss(x, interp.input(target_.narrow(0, offset, micro_size_).to(device_)));
     loss_sum_ += f.loss.value().item<double>() / static_cast<double>(layout_.shape.micro_batches);

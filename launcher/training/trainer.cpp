@@ -91,8 +91,8 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
     library_workspace_bytes_ =
         std::max<int64_t>(0, make_cuda_library_workspaces(device_.has_index() ? device_.index() : 0));
   }
-  if (memory_.static_planner() != nullptr) {
-    // Segments end at blocks; the capture of a step notes where each began.
+  if (memory_.static_planner() != nullptr || memory_.options().checkpoint_blocks > 0) {
+    // Segments end at blocks; the capture of a step notes where each began; "full" drops blocks there.
     model_->set_block_listener([this](int block) { memory_.block_begins(block); });
   }
   const bool sharded = config.parallel.shard != ShardLevel::kNone && replicas_.size() > 1;
@@ -174,6 +174,7 @@ MemoryOptions Trainer::memory_options() const {
     eviction.costs = m.kernel_costs;
     eviction.seed = static_cast<uint64_t>(config_.job.seed);
     options.eviction = eviction;
+    if (recomputes_blocks(m.policy)) options.checkpoint_blocks = static_cast<int>(model_->blocks().size());
   }
   return options;
 }

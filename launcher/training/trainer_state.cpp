@@ -61,6 +61,7 @@ void Trainer::shard_parameters() {
   model_->set_block_listener([this](int block) {
     interp_.set_block(block);  // tape entries record it: backward prefetches by block
     param_shards_->block_begins(block);
+    memory_.block_begins(block);  // memory.policy = "full" drops the block before
   });
   // The rest (buffers, parameters no bucket holds) as compact_parameters places them: one block.
   const std::vector<at::Tensor> sharded = replicas_.reduction_order();

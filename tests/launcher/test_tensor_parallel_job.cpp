@@ -150,6 +150,27 @@ TEST_F(TensorParallelJob, ADtrBudgetOnEachRankChangesNoBit) {
   expect_same_model(plain + "/checkpoints/step_00000003", budget + "/checkpoints/step_00000003");
 }
 
+// memory.policy = "full" (Megatron's full recomputation) on every axis: each block but the last
+// keeps only its output, the rest is recomputed in its backward, collectives too (on both ranks
+// of a group at once), and no bit changes: with sequence parallelism on 2 ranks, and with 2
+// pipeline stages of t = 2 on 4. The rank's peak falls.
+TEST_F(TensorParallelJob, FullRecomputationOnEveryAxisChangesNoBit) {
+  const std::string bigger = "--model.n_layer=8 --model.block_size=64 --training.global_batch_size=32 "
+                             "--training.micro_batch_size=8 --training.steps=3 --checkpoint.interval=3 "
+                             "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true --memory.budget=1GiB ";
+  for (const auto& [ranks, layout] : {std::pair<int, std::string>{2, ""}, {4, "--parallel.pipeline_parallel=2 "}}) {
+    SCOPED_TRACE(layout);
+    const std::string plain = train(ranks, "plain" + std::to_string(ranks), bigger + layout);
+    const std::string full = train(ranks, "full" + std::to_string(ranks), bigger + layout + "--memory.policy=full");
+    EXPECT_GT(last_train_number(full + "/metrics.jsonl", "recomputations"), 0);
+    EXPECT_GT(last_train_number(full + "/metrics.jsonl", "tensor_recomputed_bytes"), 0);
+    EXPECT_LT(last_train_number(full + "/metrics.jsonl", "mem_peak_bytes"),
+              last_train_number(plain + "/metrics.jsonl", "mem_peak_bytes") * 0.8);
+    EXPECT_EQ(losses(full), losses(plain));
+    expect_same_model(plain + "/checkpoints/step_00000003", full + "/checkpoints/step_00000003");
+  }
+}
+
 // Where two ranks of a group could choose differently what to evict (static plans, host swap,
 // measured kernel costs), collectives' outputs are kept (Interpreter::set_keep_collectives): the
 // other ops are evicted and recomputed, no collective is repeated, and no bit changes.

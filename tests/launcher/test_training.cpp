@@ -186,6 +186,30 @@ TEST(Training, DtrUnderABudgetTrainsToTheSameParameters) {
   EXPECT_TRUE(std::regex_search(metrics, std::regex("\"recomputations\": [1-9]"))) << metrics;
 }
 
+// memory.policy = "full": every block but the last keeps only its output in forward, and DTR
+// recomputes the rest where its backward reads it, dropout's masks included (drawn from each op's
+// seed): the same parameters bit for bit, in less memory.
+TEST(Training, FullRecomputationTrainsTheSameParametersInLessMemory) {
+  TempDir dir;
+  const std::string gpt = std::string(kBase) +
+                          "[model]\nname = \"gpt\"\nn_layer = 4\nn_head = 2\nn_embd = 16\nblock_size = 16\ndropout = 0.2\n";
+  const std::vector<std::string> adamw{"--training.optimizer=adamw", "--training.lr=0.01", "--memory.budget=1GiB"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), adamw.begin(), adamw.end());
+    return a;
+  };
+  const JobOutcome plain = run_job(config_for(dir, gpt, with({"--job.output_dir=" + dir.path("plain")})), true);
+  const JobOutcome full =
+      run_job(config_for(dir, gpt, with({"--job.output_dir=" + dir.path("full"), "--memory.policy=full"})), true);
+  const auto a = state_of(*plain.model), b = state_of(*full.model);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter/buffer " << i;
+  EXPECT_EQ(plain.result.final_loss, full.result.final_loss);
+  EXPECT_LT(full.result.mem_peak_bytes, plain.result.mem_peak_bytes);
+  const std::string metrics = read_file(dir.path("full/metrics.jsonl"));
+  EXPECT_TRUE(std::regex_search(metrics, std::regex("\"recomputations\": [1-9]"))) << metrics;
+}
+
 // Every train record's `"key": N`, in order.
 std::vector<std::string> per_step(const std::string& metrics, const std::string& key) {
   std::vector<std::string> out;
