@@ -246,6 +246,7 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   ReplayOptions options;
   options.budget_bytes = plan.budget_bytes;
   options.policy = *eviction_heuristic(plan.policy);
+  if (recomputes_blocks(plan.policy)) options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   const int64_t state_on_device = state_waits_on_host(plan) ? 0 : p.optimizer_state_bytes;
   trace.persistent_bytes = p.model_bytes + p.gradient_bytes + state_on_device + p.sampler_bytes;
@@ -276,6 +277,34 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
     p.fits = false;
     p.why_not = "eviction cannot run it: " + r.failure;
   }
+}
+
+// memory.policy = "full": one micro-batch of the whole model replayed with its blocks dropped as
+// the engine drops them (planner/dtr_replay.h), without the model's state, which the plan's terms
+// add (a pipeline stage holds its share: pipeline_terms). What forward leaves is the blocks'
+// outputs (a pipeline holds them for each micro-batch in flight, of its stage's blocks); what a
+// block's backward adds while it regenerates is held once. Replayed once per micro-batch,
+// precision and budget.
+const BlockRecomputeReplay& block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
+  const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), plan.budget_bytes);
+  auto it = profile.full_recompute_replays.find(key);
+  if (it != profile.full_recompute_replays.end()) return it->second;
+  ReplayOptions options;
+  options.budget_bytes = plan.budget_bytes;
+  options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
+  StepTrace trace = without_optimizer_phase(trace_for(profile, plan.micro_batch, plan.micro_batch, plan.precision));
+  trace.persistent_bytes = 0;
+  const ReplayResult r = replay_step(trace, options);
+  BlockRecomputeReplay out;
+  if (r.feasible) {
+    out.kept_bytes = r.forward_end_bytes;
+    out.working_bytes = std::max<int64_t>(0, r.peak_bytes - r.forward_end_bytes);
+    out.recompute_ms = r.recompute_ms;
+    out.evictions = r.evictions;
+  } else {
+    out.failure = r.failure;
+  }
+  return profile.full_recompute_replays.emplace(key, out).first->second;
 }
 
 // Under static plans (memory/static_plan.h), as the runtime runs them: the first step of a
@@ -349,7 +378,17 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
                           machine.device_speed;
-  if (evicts(plan.policy) && plan.budget_bytes > 0) {
+  // Full recomputation on a cluster's devices: the blocks' replay without the state, once per
+  // micro-batch (a search predicts thousands of plans). Here, where budgets are tight, the whole
+  // step is replayed in the arena, as any eviction policy's (fragmentation included).
+  const bool full = recomputes_blocks(plan.policy) && plan.budget_bytes > 0 && (plan.stages > 1 || !machine.shared_host);
+  const BlockRecomputeReplay* blocks = full ? &block_recompute_terms(profile, plan) : nullptr;
+  if (full) {
+    if (!blocks->failure.empty()) {
+      p.fits = false;
+      p.why_not = "a micro-batch's activations with every block recomputed do not fit: " + blocks->failure;
+    }
+  } else if (evicts(plan.policy) && plan.budget_bytes > 0) {
     if (plans_statically(plan.policy)) {
       static_plan_terms(profile, plan, slowdown, p);
     } else {
@@ -368,7 +407,28 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
 
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
   p.compute_ms = fb * static_cast<double>(plan.accumulation);
-  if (plan.stages > 1) pipeline_terms(profile, plan, fb, p);
+  if (full && plan.stages > 1) {
+    // Each micro-batch's regenerations run in its stages' backward: inside the schedule.
+    const double regenerate = blocks->recompute_ms * slowdown;
+    p.activation_bytes = blocks->kept_bytes;
+    pipeline_terms(profile, plan, fb + regenerate, p);
+    p.activation_bytes += blocks->working_bytes;
+    p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
+                   std::max(p.activation_bytes, p.optimizer_working_bytes);
+    const double share = regenerate / (fb + regenerate);
+    p.recompute_ms = p.compute_ms * share;
+    p.compute_ms -= p.recompute_ms;
+    p.evictions = blocks->evictions * plan.accumulation / plan.stages;
+  } else if (full) {
+    // The working set forward and backward need: the replay's in place of the activations kept.
+    const int64_t activations = blocks->kept_bytes + blocks->working_bytes;
+    p.peak_bytes += std::max(activations, p.optimizer_working_bytes) - std::max(p.activation_bytes, p.optimizer_working_bytes);
+    p.activation_bytes = activations;
+    p.recompute_ms = blocks->recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
+    p.evictions = blocks->evictions * plan.accumulation;
+  } else if (plan.stages > 1) {
+    pipeline_terms(profile, plan, fb, p);
+  }
   // Optimizer and batch gather: measured per step; the gather grows with the rank's batch.
   const auto points = base_points(profile, plan.precision);
   const ProfilePoint& ref = *points.back();

@@ -26,6 +26,7 @@ struct Plan {
   int64_t budget_bytes = 0;       // memory.budget; 0: none
   int stages = 1;                 // pipeline stages per replica (parallel.pipeline_parallel)
   ScheduleKind schedule = ScheduleKind::k1f1b;  // parallel.pipeline_schedule, with stages > 1
+  int virtual_stages = 1;  // parallel.virtual_stages: chunks per stage (interleaved_1f1b)
   // memory.optimizer_state = "host" (policies swap and hybrid): the optimizer state waits on host
   // during forward and backward, and crosses the link twice a step.
   bool state_on_host = false;

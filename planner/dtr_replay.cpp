@@ -121,6 +121,17 @@ class Replay {
   }
 
   void on_kernel_begins(int k) {
+    const TraceKernel& kernel = trace_.kernels[k];
+    if (kernel.backward && !backward_seen_) {
+      backward_seen_ = true;
+      result_.forward_end_bytes = arena_.stats().in_use;
+    }
+    if (options_.checkpoint_blocks > 0 && !kernel.backward && kernel.block != block_) {
+      if (block_ >= 0 && block_ + 1 < options_.checkpoint_blocks) drop_block();
+      block_made_.clear();
+      last_made_.clear();
+      block_ = kernel.block;
+    }
     open_.push_back(k);
     const std::vector<int>& inputs = trace_.kernels[k].inputs;
     // Pin every input first, so that regenerating one cannot make room by dropping another.
@@ -135,6 +146,11 @@ class Replay {
   }
 
   void on_kernel_ends(int k) {
+    if (options_.checkpoint_blocks > 0 && !trace_.kernels[k].backward && block_ >= 0) {
+      // A view allocates nothing: its outputs are what it reads.
+      last_made_ = outputs_[k].empty() ? trace_.kernels[k].inputs : outputs_[k];
+      block_made_.insert(block_made_.end(), outputs_[k].begin(), outputs_[k].end());
+    }
     for (int in : trace_.kernels[k].inputs) unpin(in);
     for (int t : made_in_[k]) unpin(t);
     made_in_[k].clear();
@@ -346,6 +362,14 @@ class Replay {
     result_.victims.push_back(t);
   }
 
+  // checkpoint_blocks: as MemoryManager::drop_block.
+  void drop_block() {
+    for (int t : block_made_) {
+      if (!evictable(t) || std::find(last_made_.begin(), last_made_.end(), t) != last_made_.end()) continue;
+      evict(t);
+    }
+  }
+
   void unpin(int t) {  // as release_if_unused: a freed tensor goes once no frame reads it
     if (--slots_[t].pins == 0 && slots_[t].freed && slots_[t].state == State::kResident) release(t);
   }
@@ -385,6 +409,9 @@ class Replay {
   mutable uint32_t generation_ = 0;
   void* persistent_ = nullptr;
   uint64_t now_ = 0;
+  bool backward_seen_ = false;
+  int block_ = -1;                         // checkpoint_blocks: the block forward is in
+  std::vector<int> block_made_, last_made_;  // what it made; its last kernel's outputs
   ReplayResult result_;
 };
 

@@ -35,12 +35,17 @@ struct ReplayOptions {
   EvictionHeuristic policy = EvictionHeuristic::kDtr;
   bool ignore_small = true;          // as EvictionOptions::ignore_small
   bool modeled_costs = true;         // as memory.kernel_costs = "modeled": score by TraceKernel::modeled_ms
+  // memory.policy = "full" (MemoryOptions::checkpoint_blocks): the model's blocks; when a forward
+  // kernel of another block begins, what the block before made is dropped but its last kernel's
+  // outputs (a view's: what it reads), as the engine's block_begins does. 0: off.
+  int checkpoint_blocks = 0;
 };
 
 struct ReplayResult {
   bool feasible = true;          // false: some allocation could not fit even with everything evictable
                                  // evicted, or a tensor needed again could not be regenerated
   int64_t peak_bytes = 0;        // highest arena in_use (rounded blocks, persistent included)
+  int64_t forward_end_bytes = 0;  // arena in_use when the first backward kernel began
   int64_t evictions = 0;
   int64_t recomputations = 0;    // kernels re-run to regenerate
   double recompute_ms = 0;       // sum of their TraceKernel::ms

@@ -53,51 +53,69 @@ std::vector<BlockCost> block_costs(const ModelProfile& profile, const ProfilePoi
 void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms, Prediction& p) {
   const ProfilePoint* pt = timed_point(profile, plan);
   const ScheduleKind kind = plan.schedule;
-  const ScheduleShape shape{plan.stages, static_cast<int>(plan.accumulation), 1};
-  if (pt == nullptr || static_cast<int>(pt->blocks.size()) < plan.stages || !schedule_refusal(kind, shape).empty()) {
+  const int chunks = kind == ScheduleKind::kInterleaved1f1b ? std::max(1, plan.virtual_stages) : 1;
+  const ScheduleShape shape{plan.stages, static_cast<int>(plan.accumulation), chunks};
+  const int parts = plan.stages * chunks;  // virtual stages, in model order (chunk c of rank r: c * stages + r)
+  if (pt == nullptr || static_cast<int>(pt->blocks.size()) < parts || !schedule_refusal(kind, shape).empty()) {
     p.fits = false;
     p.why_not = pt == nullptr ? "no profiled block times to cut into stages"
-                              : static_cast<int>(pt->blocks.size()) < plan.stages
-                                    ? "more stages than the model's " + std::to_string(pt->blocks.size()) + " blocks"
-                                    : schedule_refusal(kind, shape);
+                : static_cast<int>(pt->blocks.size()) < parts
+                    ? "more stages than the model's " + std::to_string(pt->blocks.size()) + " blocks"
+                    : schedule_refusal(kind, shape);
     return;
   }
   const std::vector<BlockCost> costs = block_costs(profile, *pt, fb_ms, p.activation_bytes);
   const PipelineSchedule schedule = make_schedule(kind, shape);
   const SimulationResult unit = simulate(schedule, shape);
   PartitionOptions options;
-  options.stages = plan.stages;
-  options.in_flight = unit.peak_in_flight;
+  options.stages = parts;
+  // Micro-batches each virtual stage holds at once: its rank's peak shared among the rank's chunks
+  // (as the trainer lays a pipeline out, parallel/pipeline_layout.cpp).
+  for (int vs = 0; vs < parts; ++vs) {
+    const int peak = unit.peak_in_flight[static_cast<size_t>(rank_of_virtual_stage(vs, shape))];
+    options.in_flight.push_back(std::max(1, (peak + chunks - 1) / chunks));
+  }
   const Partition partition = balance_stages(costs, options);
-  // The step: the schedule simulated with each stage's own times (its share of a micro-batch).
-  double forward = 0, backward = 0;
+  // A rank's time and memory are its chunks'.
+  std::vector<double> rank_ms(static_cast<size_t>(plan.stages), 0);
+  std::vector<int64_t> rank_peak(static_cast<size_t>(plan.stages), 0), rank_state(static_cast<size_t>(plan.stages), 0);
+  for (int vs = 0; vs < parts; ++vs) {
+    const StagePlan& s = partition.stages[static_cast<size_t>(vs)];
+    const auto r = static_cast<size_t>(rank_of_virtual_stage(vs, shape));
+    rank_ms[r] += s.ms;
+    rank_peak[r] += s.peak_bytes;
+    for (int b = s.first_block; b < s.first_block + s.blocks; ++b) rank_state[r] += costs[static_cast<size_t>(b)].state_bytes;
+  }
+  // The step: the schedule simulated with each rank's own times (one chunk of a micro-batch per action).
+  double forward = 0, backward = 0, total_ms = 0;
   for (const BlockCost& c : costs) {
     forward += c.forward_ms;
     backward += c.backward_ms;
   }
+  for (double ms : rank_ms) total_ms += ms;
   SimulationCosts sim;
-  const double mean = partition.mean_ms > 0 ? partition.mean_ms : 1;
-  sim.forward = forward / plan.stages;
-  sim.backward_input = sim.backward_weight = backward / plan.stages / 2;
-  for (const StagePlan& s : partition.stages) sim.stage_scale.push_back(s.ms / mean);
+  const double mean = total_ms > 0 ? total_ms / plan.stages : 1;
+  sim.forward = forward / parts;
+  sim.backward_input = sim.backward_weight = backward / parts / 2;
+  double slowest = 0;
+  for (double ms : rank_ms) {
+    sim.stage_scale.push_back(ms / mean);
+    slowest = std::max(slowest, ms);
+  }
   const SimulationResult run = simulate(schedule, shape, sim);
   p.compute_ms = run.makespan;
   p.bubble_ms = run.makespan * run.bubble;
-  // Memory: the fullest stage. Activations replace one micro-batch's whole-model set.
-  int64_t fullest = 0, state = 0;
-  for (const StagePlan& s : partition.stages) {
-    if (s.peak_bytes > fullest) {
-      fullest = s.peak_bytes;
-      state = 0;
-      for (int b = s.first_block; b < s.first_block + s.blocks; ++b) state += costs[static_cast<size_t>(b)].state_bytes;
-    }
-  }
-  // The stage's share of the blocks' state, each block's unsharded: at "optimizer" the state terms
+  // Memory: the fullest rank. Activations replace one micro-batch's whole-model set.
+  size_t fullest = 0;
+  for (size_t r = 1; r < rank_peak.size(); ++r)
+    if (rank_peak[r] > rank_peak[fullest]) fullest = r;
+  // The rank's share of the blocks' state, each block's unsharded: at "optimizer" the state terms
   // are already the rank's share of the replica group's (planner/shard_terms.h), and a stage's
   // replicas split its state as a model's replicas split the model's.
   int64_t whole_state = 0;
   for (const BlockCost& c : costs) whole_state += c.state_bytes;
-  const int64_t activations = fullest - state;
+  const int64_t state = rank_state[fullest];
+  const int64_t activations = rank_peak[fullest] - state;
   const double state_share = whole_state > 0 ? static_cast<double>(state) / static_cast<double>(whole_state) : 0;
   p.model_bytes = static_cast<int64_t>(static_cast<double>(p.model_bytes) * state_share);
   p.gradient_bytes = static_cast<int64_t>(static_cast<double>(p.gradient_bytes) * state_share);
@@ -105,7 +123,7 @@ void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms,
   p.activation_bytes = activations;
   p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
                  std::max(p.activation_bytes, p.optimizer_working_bytes);
-  p.stage_imbalance = partition.slowest_ms / mean;
+  p.stage_imbalance = slowest / mean;
   p.stage_state_share = state_share;
 }
 

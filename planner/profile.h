@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ht {
@@ -54,6 +56,16 @@ struct ProfilePoint {
   }
 };
 
+// One micro-batch replayed with every block but the last dropped at its end (memory.policy =
+// "full"; planner/cost_model.cpp), without the model's state.
+struct BlockRecomputeReplay {
+  int64_t kept_bytes = 0;     // what forward leaves: the blocks' outputs
+  int64_t working_bytes = 0;  // what backward adds at most while it regenerates a block
+  double recompute_ms = 0;    // the regenerations' kernels
+  int64_t evictions = 0;
+  std::string failure;        // empty: the replay ran in the budget
+};
+
 struct ModelProfile {
   std::string model;
   std::string optimizer;          // training.optimizer
@@ -85,6 +97,9 @@ struct ModelProfile {
   int tensor_parallel = 1;
   bool sequence_parallel = false;
   TensorShape tensor_shape;       // a decoder's; undefined for other models
+  // The cost model's replays of full recomputation by (micro-batch, precision, budget): a search
+  // predicts many plans of each (not thread-safe: the search predicts one plan at a time).
+  mutable std::map<std::tuple<int64_t, int, int64_t>, BlockRecomputeReplay> full_recompute_replays;
 };
 
 // Bytes a tensor of `bytes` takes in the arena (CpuArena rounds every block to 64 bytes).

@@ -39,7 +39,11 @@ const RankedPlan* best_where(const std::vector<RankedPlan>& ranked, Pick&& pick)
 
 std::string describe_plan(const Plan& p) {
   std::string s = std::to_string(p.devices()) + (p.devices() == 1 ? " rank" : " ranks");
-  if (p.stages > 1) s += " (" + std::to_string(p.stages) + " " + choice_name(p.schedule) + " stages x " + std::to_string(p.ranks) + ")";
+  if (p.stages > 1) {
+    s += " (" + std::to_string(p.stages) + " " + choice_name(p.schedule) + " stages";
+    if (p.schedule == ScheduleKind::kInterleaved1f1b && p.virtual_stages > 1) s += " of " + std::to_string(p.virtual_stages) + " chunks";
+    s += " x " + std::to_string(p.ranks) + ")";
+  }
   if (p.tensor > 1) {
     s += ", layers split " + std::to_string(p.tensor) + " ways" + (p.sequence_parallel ? " with sequence parallelism" : "");
   }
@@ -90,8 +94,9 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
         for (MemoryPolicy policy : options.policies) {
           if (evicts(policy) && device_memory <= 0) continue;  // eviction needs a budget
           // Stages each run DTR as one rank does, but the replay models one rank's whole model:
-          // pipelines are searched without eviction.
-          if (stages > 1 && evicts(policy)) continue;
+          // pipelines are searched without eviction, but for full recomputation, whose drops are
+          // the blocks' own (each stage's share of them: planner/cost_model.cpp).
+          if (stages > 1 && evicts(policy) && !recomputes_blocks(policy)) continue;
           for (ShardLevel shard : options.shards) {
             // Sharding splits a replica group's state: several replicas. Within pipeline stages only
             // the optimizer state (ZeRO-2 and 3 are refused with stages, as DeepSpeed refuses them).

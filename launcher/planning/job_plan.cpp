@@ -217,7 +217,7 @@ void rank_layouts(const Config& config, SearchOptions search, bool traced, bool 
   auto predict_plan = [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); };
   out.ranked = rank_plans(plans, predict_plan, objective);
   if (evict_if_needed && (out.ranked.empty() || !out.ranked[0].prediction.fits)) {
-    search.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr};
+    search.policies = {MemoryPolicy::kNone, MemoryPolicy::kFull, MemoryPolicy::kDtr};
     plans = without_needless_eviction(gpu_budgets(candidate_plans(global, out.machine.device_memory, search)), predict_plan);
     out.ranked = rank_plans(plans, predict_plan, objective);
   }
@@ -245,7 +245,14 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   const bool traced = !config.cluster.device.empty();
   const bool evict_if_needed =
       traced && std::find(args.policies.begin(), args.policies.end(), MemoryPolicy::kDtr) != args.policies.end();
-  if (config.training.device != "cpu" || traced) search.policies = {MemoryPolicy::kNone};
+  // Full recomputation in every cluster search: a forward more against more devices.
+  if (traced) {
+    search.policies = {MemoryPolicy::kNone};
+    if (std::find(args.policies.begin(), args.policies.end(), MemoryPolicy::kFull) != args.policies.end())
+      search.policies.push_back(MemoryPolicy::kFull);
+  } else if (config.training.device != "cpu") {
+    search.policies = {MemoryPolicy::kNone};
+  }
   TraceRequest trace;
   if (traced) {
     const DeviceKind kind = catalog_kind(config.cluster.device, args.devices_file, config.source + ": cluster.device");
@@ -329,7 +336,10 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   c.parallel.pipeline_parallel = plan.stages;
   c.parallel.tensor_parallel = plan.tensor;
   c.parallel.sequence_parallel = plan.tensor > 1 && plan.sequence_parallel;
-  if (plan.stages > 1) c.parallel.pipeline_schedule = plan.schedule;
+  if (plan.stages > 1) {
+    c.parallel.pipeline_schedule = plan.schedule;
+    c.parallel.virtual_stages = plan.schedule == ScheduleKind::kInterleaved1f1b ? plan.virtual_stages : 1;
+  }
   c.parallel.shard = plan.shard;
   if (plan.shard == ShardLevel::kParameters) c.parallel.prefetch = plan.prefetch;
   c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;

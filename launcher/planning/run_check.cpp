@@ -31,6 +31,7 @@ Plan plan_of(const Config& c) {
   p.budget_bytes = c.memory.budget_bytes;
   p.stages = static_cast<int>(c.parallel.pipeline_parallel);
   p.schedule = c.parallel.pipeline_schedule;
+  p.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
   p.state_on_host = c.memory.optimizer_state == StatePlace::kHost;
   p.shard = c.parallel.shard;
   p.prefetch = static_cast<int>(c.parallel.prefetch);

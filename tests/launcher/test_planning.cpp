@@ -172,6 +172,45 @@ TEST(Planning, ReplayPredictsARealRunsEvictions) {
   expect_replay_matches(kGptToPlan, 16, 0.6);
 }
 
+// memory.policy = "full": the profiled step replayed with its blocks dropped as the run drops them
+// predicts the run's peak and its regenerations, here (the whole step in the arena) and as a
+// cluster's device is planned (the blocks' activations replayed once, the state added).
+TEST(Planning, PredictsFullRecomputationsPeakAndRegenerations) {
+  TempDir dir;
+  const std::vector<std::string> deeper{"--model.n_layer=6", "--model.block_size=64", "--memory.budget=256MiB"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), deeper.begin(), deeper.end());
+    return a;
+  };
+  const Config plain = config_for(dir, kGptToPlan, with({"--job.output_dir=" + dir.path("plain")}));
+  const Config full = config_for(dir, kGptToPlan, with({"--memory.policy=full", "--job.output_dir=" + dir.path("full")}));
+  const ModelProfile profile = profile_of(full, 16);
+  Plan plan;
+  plan.micro_batch = 16;
+  plan.policy = MemoryPolicy::kFull;
+  plan.budget_bytes = full.memory.budget_bytes;
+  Machine here;
+  here.device_memory = full.memory.budget_bytes;
+  Machine cluster = here;
+  cluster.shared_host = false;
+  const Prediction replayed = predict(profile, here, plan), blocks = predict(profile, cluster, plan);
+  ASSERT_TRUE(replayed.fits) << replayed.why_not;
+  ASSERT_TRUE(blocks.fits) << blocks.why_not;
+  run_job(plain, true);
+  run_job(full, true);
+  const std::string metrics = dir.path("full/metrics.jsonl");
+  const double measured = last_train_number(metrics, "mem_peak_bytes");
+  const double without = last_train_number(dir.path("plain/metrics.jsonl"), "mem_peak_bytes");
+  std::printf("full: predicted peak %lld (here), %lld (a cluster's), measured %.0f (without: %.0f)\n",
+              static_cast<long long>(replayed.peak_bytes), static_cast<long long>(blocks.peak_bytes), measured, without);
+  EXPECT_LT(measured, without * 0.8);
+  EXPECT_NEAR(static_cast<double>(replayed.peak_bytes) / measured, 1.0, 0.02);
+  EXPECT_NEAR(static_cast<double>(blocks.peak_bytes) / measured, 1.0, 0.05);
+  EXPECT_EQ(static_cast<double>(replayed.evictions), last_train_number(metrics, "evictions"));
+  EXPECT_GT(replayed.recompute_ms, 0);
+  EXPECT_EQ(replayed.evictions, blocks.evictions);
+}
+
 // memory.policy = "static": the profiled step's graph planned for the budget, as the run plans its
 // own captured step. Both weigh the modelled kernel costs and the run solves by the heuristic alone
 // (memory.solve_time_s = 0), as the planner predicts: the same plan, whatever the machine's load.

@@ -167,9 +167,10 @@ TEST(TraceProfile, PlanLlamaThreeEightBOnANodeOfH100s) {
   const ProcessResult one = run_binary("plan " + config + " --cluster h100-sxm:1x1");
   EXPECT_EQ(one.status, 2) << one.output;
   EXPECT_THAT(one.output, HasSubstr("no plan fits 1 device(s)"));
-  // Two H100s hold its state split in two; one sequence's activations then need recomputation.
+  // Two H100s hold its state split in two; one sequence's activations then need recomputation:
+  // every layer's, as Megatron's full recomputation (memory.policy = "full").
   EXPECT_THAT(one.output, HasSubstr("the smallest cluster of this kind that fits it: --cluster h100-sxm:1x2"));
-  EXPECT_THAT(one.output, HasSubstr("dtr at 74.5 GiB"));
+  EXPECT_THAT(one.output, HasSubstr("full at 74.5 GiB"));
 }
 
 }  // namespace

@@ -145,6 +145,19 @@ TEST(CostModel, PipelineStagesPayTheBubbleAndHoldTheirShare) {
   // GPipe holds all four micro-batches on the first stage.
   piped.schedule = ScheduleKind::kGpipe;
   EXPECT_EQ(predict(p, m, piped).activation_bytes, 4 * (whole.activation_bytes / 2));
+  // Interleaved, two chunks per rank (each rank a quarter of the model twice over): the bubble
+  // shrinks by the chunks (Narayanan et al. 2021: (p - 1) / v of a micro-batch's stage time).
+  piped.schedule = ScheduleKind::kInterleaved1f1b;
+  piped.virtual_stages = 2;
+  const Prediction chunked = predict(p, m, piped);
+  EXPECT_TRUE(chunked.fits) << chunked.why_not;
+  EXPECT_NEAR(chunked.bubble_ms, (2 - 1) * fb / 2 / 2, 1e-9);
+  EXPECT_NEAR(chunked.compute_ms, 4 * fb / 2 + (2 - 1) * fb / 2 / 2, 1e-9);
+  EXPECT_EQ(chunked.gradient_bytes, whole.gradient_bytes / 2) << "two quarters of the blocks";
+  piped.virtual_stages = 4;  // 2 x 4 virtual stages, 4 blocks
+  EXPECT_FALSE(predict(p, m, piped).fits);
+  piped.schedule = ScheduleKind::k1f1b;
+  piped.virtual_stages = 1;
   // More stages than blocks: refused, saying why.
   piped.stages = 8;
   piped.accumulation = 8;
