@@ -464,6 +464,11 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     // stages run side by side; the bubble is the compute's).
     p.tensor_ms = tensor_parallel_ms(machine, plan.tensor, traffic, activation_bytes) * static_cast<double>(plan.accumulation) /
                   plan.stages;
+    if (full) {  // the regenerated forwards exchange again, on every rank of the group at once
+      const double forward = static_cast<double>(traffic.forward_activation_elements);
+      const double all = forward + static_cast<double>(traffic.backward_activation_elements);
+      if (all > 0) p.tensor_ms *= 1 + forward / all;
+    }
   }
   p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
               p.tensor_ms;
