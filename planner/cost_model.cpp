@@ -303,6 +303,7 @@ const BlockRecomputeReplay& block_recompute_terms(const ModelProfile& profile, c
     out.evictions = r.evictions;
   } else {
     out.failure = r.failure;
+    out.min_budget_bytes = r.min_budget_bytes;
   }
   return profile.full_recompute_replays.emplace(key, out).first->second;
 }
@@ -387,6 +388,8 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     if (!blocks->failure.empty()) {
       p.fits = false;
       p.why_not = "a micro-batch's activations with every block recomputed do not fit: " + blocks->failure;
+      p.peak_bytes = std::max(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes +
+                                                p.sampler_bytes + p.batch_bytes + blocks->min_budget_bytes);
     }
   } else if (evicts(plan.policy) && plan.budget_bytes > 0) {
     if (plans_statically(plan.policy)) {
@@ -407,7 +410,8 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
 
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
   p.compute_ms = fb * static_cast<double>(plan.accumulation);
-  if (full && plan.stages > 1) {
+  const bool replayed = full && blocks->failure.empty();
+  if (replayed && plan.stages > 1) {
     // Each micro-batch's regenerations run in its stages' backward: inside the schedule.
     const double regenerate = blocks->recompute_ms * slowdown;
     p.activation_bytes = blocks->kept_bytes;
@@ -419,14 +423,14 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     p.recompute_ms = p.compute_ms * share;
     p.compute_ms -= p.recompute_ms;
     p.evictions = blocks->evictions * plan.accumulation / plan.stages;
-  } else if (full) {
+  } else if (replayed) {
     // The working set forward and backward need: the replay's in place of the activations kept.
     const int64_t activations = blocks->kept_bytes + blocks->working_bytes;
     p.peak_bytes += std::max(activations, p.optimizer_working_bytes) - std::max(p.activation_bytes, p.optimizer_working_bytes);
     p.activation_bytes = activations;
     p.recompute_ms = blocks->recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
     p.evictions = blocks->evictions * plan.accumulation;
-  } else if (plan.stages > 1) {
+  } else if (plan.stages > 1 && !full) {
     pipeline_terms(profile, plan, fb, p);
   }
   // Optimizer and batch gather: measured per step; the gather grows with the rank's batch.
@@ -464,7 +468,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     // stages run side by side; the bubble is the compute's).
     p.tensor_ms = tensor_parallel_ms(machine, plan.tensor, traffic, activation_bytes) * static_cast<double>(plan.accumulation) /
                   plan.stages;
-    if (full) {  // the regenerated forwards exchange again, on every rank of the group at once
+    if (replayed) {  // the regenerated forwards exchange again, on every rank of the group at once
       const double forward = static_cast<double>(traffic.forward_activation_elements);
       const double all = forward + static_cast<double>(traffic.backward_activation_elements);
       if (all > 0) p.tensor_ms *= 1 + forward / all;

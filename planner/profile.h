@@ -64,6 +64,7 @@ struct BlockRecomputeReplay {
   double recompute_ms = 0;    // the regenerations' kernels
   int64_t evictions = 0;
   std::string failure;        // empty: the replay ran in the budget
+  int64_t min_budget_bytes = 0;  // when it did not: what it would have needed at least
 };
 
 struct ModelProfile {
