@@ -283,16 +283,16 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
 // the engine drops them (planner/dtr_replay.h), without the model's state, which the plan's terms
 // add (a pipeline stage holds its share: pipeline_terms). What forward leaves is the blocks'
 // outputs (a pipeline holds them for each micro-batch in flight, of its stage's blocks); what a
-// block's backward adds while it regenerates is held once. Replayed once per micro-batch,
-// precision and budget.
-const BlockRecomputeReplay& block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
-  const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), plan.budget_bytes);
+// block's backward adds while it regenerates is held once.
+BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
+                                   int64_t budget_bytes) {
+  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes);
   auto it = profile.full_recompute_replays.find(key);
   if (it != profile.full_recompute_replays.end()) return it->second;
   ReplayOptions options;
-  options.budget_bytes = plan.budget_bytes;
+  options.budget_bytes = budget_bytes;
   options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
-  StepTrace trace = without_optimizer_phase(trace_for(profile, plan.micro_batch, plan.micro_batch, plan.precision));
+  StepTrace trace = without_optimizer_phase(trace_for(profile, micro_batch, micro_batch, precision));
   trace.persistent_bytes = 0;
   const ReplayResult r = replay_step(trace, options);
   BlockRecomputeReplay out;
@@ -305,7 +305,34 @@ const BlockRecomputeReplay& block_recompute_terms(const ModelProfile& profile, c
     out.failure = r.failure;
     out.min_budget_bytes = r.min_budget_bytes;
   }
-  return profile.full_recompute_replays.emplace(key, out).first->second;
+  profile.full_recompute_replays.emplace(key, out);
+  return out;
+}
+
+// The replay at the plan's micro-batch: at the two smallest profiled sizes (a search predicts
+// thousands of plans; a 70B model's replay takes a tenth of a second), in twice the budget so
+// that both run, and on the line through them elsewhere: every tensor's bytes and every kernel's
+// work are affine in the micro-batch, and so are the replay's sums; a size whose sum passes the
+// budget does not fit (predict's device-memory check). Exact at the two sizes.
+BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
+  const auto points = base_points(profile, plan.precision);
+  if (points.size() < 2 || plan.micro_batch <= points[1]->micro_batch) {
+    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+  }
+  const int64_t ma = points[0]->micro_batch, mb = points[1]->micro_batch;
+  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, 2 * plan.budget_bytes);
+  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, 2 * plan.budget_bytes);
+  if (!a.failure.empty() || !b.failure.empty()) {
+    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+  }
+  const double t = static_cast<double>(plan.micro_batch - ma) / static_cast<double>(mb - ma);
+  auto line = [&](double x, double y) { return x + (y - x) * t; };
+  BlockRecomputeReplay out;
+  out.kept_bytes = std::llround(line(static_cast<double>(a.kept_bytes), static_cast<double>(b.kept_bytes)));
+  out.working_bytes = std::llround(line(static_cast<double>(a.working_bytes), static_cast<double>(b.working_bytes)));
+  out.recompute_ms = line(a.recompute_ms, b.recompute_ms);
+  out.evictions = b.evictions;  // the same tensors at every size
+  return out;
 }
 
 // Under static plans (memory/static_plan.h), as the runtime runs them: the first step of a
@@ -383,7 +410,9 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   // micro-batch (a search predicts thousands of plans). Here, where budgets are tight, the whole
   // step is replayed in the arena, as any eviction policy's (fragmentation included).
   const bool full = recomputes_blocks(plan.policy) && plan.budget_bytes > 0 && (plan.stages > 1 || !machine.shared_host);
-  const BlockRecomputeReplay* blocks = full ? &block_recompute_terms(profile, plan) : nullptr;
+  BlockRecomputeReplay replay;
+  if (full) replay = block_recompute_terms(profile, plan);
+  const BlockRecomputeReplay* blocks = full ? &replay : nullptr;
   if (full) {
     if (!blocks->failure.empty()) {
       p.fits = false;
