@@ -17,8 +17,7 @@ enum class Recompute {
   // keeps q, k, v, its output and a row statistic, as flash attention does): nothing to add.
   kSelective,
   // Every transformer layer's forward again in its backward, keeping only the layer's input
-  // (Megatron's --recompute-granularity full): priced as one more forward of every layer and of
-  // its tensor-parallel collectives, since our trainer has no per-layer checkpoint.
+  // (Megatron's --recompute-granularity full): ours runs it too (memory.policy = "full").
   kFull,
 };
 
