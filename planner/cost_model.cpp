@@ -3,6 +3,7 @@
 #include "alloc/byte_size.h"
 #include "planner/dtr_replay.h"
 #include "planner/pipeline_terms.h"
+#include "planner/recompute_terms.h"
 #include "planner/shard_terms.h"
 #include "planner/swap_terms.h"
 #include "schedule/checkpoint_segments.h"
@@ -279,62 +280,6 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   }
 }
 
-// memory.policy = "full": one micro-batch of the whole model replayed with its blocks dropped as
-// the engine drops them (planner/dtr_replay.h), without the model's state, which the plan's terms
-// add (a pipeline stage holds its share: pipeline_terms). What forward leaves is the blocks'
-// outputs (a pipeline holds them for each micro-batch in flight, of its stage's blocks); what a
-// block's backward adds while it regenerates is held once.
-BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
-                                   int64_t budget_bytes) {
-  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes);
-  auto it = profile.full_recompute_replays.find(key);
-  if (it != profile.full_recompute_replays.end()) return it->second;
-  ReplayOptions options;
-  options.budget_bytes = budget_bytes;
-  options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
-  StepTrace trace = without_optimizer_phase(trace_for(profile, micro_batch, micro_batch, precision));
-  trace.persistent_bytes = 0;
-  const ReplayResult r = replay_step(trace, options);
-  BlockRecomputeReplay out;
-  if (r.feasible) {
-    out.kept_bytes = r.forward_end_bytes;
-    out.working_bytes = std::max<int64_t>(0, r.peak_bytes - r.forward_end_bytes);
-    out.recompute_ms = r.recompute_ms;
-    out.evictions = r.evictions;
-  } else {
-    out.failure = r.failure;
-    out.min_budget_bytes = r.min_budget_bytes;
-  }
-  profile.full_recompute_replays.emplace(key, out);
-  return out;
-}
-
-// The replay at the plan's micro-batch: at the two smallest profiled sizes (a search predicts
-// thousands of plans; a 70B model's replay takes a tenth of a second), in twice the budget so
-// that both run, and on the line through them elsewhere: every tensor's bytes and every kernel's
-// work are affine in the micro-batch, and so are the replay's sums; a size whose sum passes the
-// budget does not fit (predict's device-memory check). Exact at the two sizes.
-BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
-  const auto points = base_points(profile, plan.precision);
-  if (points.size() < 2 || plan.micro_batch <= points[1]->micro_batch) {
-    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
-  }
-  const int64_t ma = points[0]->micro_batch, mb = points[1]->micro_batch;
-  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, 2 * plan.budget_bytes);
-  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, 2 * plan.budget_bytes);
-  if (!a.failure.empty() || !b.failure.empty()) {
-    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
-  }
-  const double t = static_cast<double>(plan.micro_batch - ma) / static_cast<double>(mb - ma);
-  auto line = [&](double x, double y) { return x + (y - x) * t; };
-  BlockRecomputeReplay out;
-  out.kept_bytes = std::llround(line(static_cast<double>(a.kept_bytes), static_cast<double>(b.kept_bytes)));
-  out.working_bytes = std::llround(line(static_cast<double>(a.working_bytes), static_cast<double>(b.working_bytes)));
-  out.recompute_ms = line(a.recompute_ms, b.recompute_ms);
-  out.evictions = b.evictions;  // the same tensors at every size
-  return out;
-}
-
 // Under static plans (memory/static_plan.h), as the runtime runs them: the first step of a
 // sequence (two under auto) runs under DTR while it is captured, so nothing is planned unless DTR
 // can run that step, and a sequence no plan fits stays under DTR: DTR's replay is the prediction
@@ -440,25 +385,8 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
   p.compute_ms = fb * static_cast<double>(plan.accumulation);
   const bool replayed = full && blocks->failure.empty();
-  if (replayed && plan.stages > 1) {
-    // Each micro-batch's regenerations run in its stages' backward: inside the schedule.
-    const double regenerate = blocks->recompute_ms * slowdown;
-    p.activation_bytes = blocks->kept_bytes;
-    pipeline_terms(profile, plan, fb + regenerate, p);
-    p.activation_bytes += blocks->working_bytes;
-    p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
-                   std::max(p.activation_bytes, p.optimizer_working_bytes);
-    const double share = regenerate / (fb + regenerate);
-    p.recompute_ms = p.compute_ms * share;
-    p.compute_ms -= p.recompute_ms;
-    p.evictions = blocks->evictions * plan.accumulation / plan.stages;
-  } else if (replayed) {
-    // The working set forward and backward need: the replay's in place of the activations kept.
-    const int64_t activations = blocks->kept_bytes + blocks->working_bytes;
-    p.peak_bytes += std::max(activations, p.optimizer_working_bytes) - std::max(p.activation_bytes, p.optimizer_working_bytes);
-    p.activation_bytes = activations;
-    p.recompute_ms = blocks->recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
-    p.evictions = blocks->evictions * plan.accumulation;
+  if (replayed) {
+    block_recompute_step_terms(profile, plan, *blocks, fb, slowdown, p);
   } else if (plan.stages > 1 && !full) {
     pipeline_terms(profile, plan, fb, p);
   }

@@ -1,0 +1,99 @@
+#include "planner/recompute_terms.h"
+
+#include "planner/dtr_replay.h"
+#include "planner/pipeline_terms.h"
+#include "planner/shard_terms.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ht {
+namespace {
+
+BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
+                                   int64_t budget_bytes) {
+  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes);
+  auto it = profile.full_recompute_replays.find(key);
+  if (it != profile.full_recompute_replays.end()) return it->second;
+  ReplayOptions options;
+  options.budget_bytes = budget_bytes;
+  options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
+  StepTrace trace = without_optimizer_phase(trace_for(profile, micro_batch, micro_batch, precision));
+  trace.persistent_bytes = 0;
+  const ReplayResult r = replay_step(trace, options);
+  BlockRecomputeReplay out;
+  if (r.feasible) {
+    out.kept_bytes = r.forward_end_bytes;
+    out.working_bytes = std::max<int64_t>(0, r.peak_bytes - r.forward_end_bytes);
+    out.recompute_ms = r.recompute_ms;
+    out.evictions = r.evictions;
+  } else {
+    out.failure = r.failure;
+    out.min_budget_bytes = r.min_budget_bytes;
+  }
+  profile.full_recompute_replays.emplace(key, out);
+  return out;
+}
+
+// The profiled micro-batch sizes at `precision` (the profile's own thread count), ascending.
+std::vector<int64_t> profiled_sizes(const ModelProfile& profile, MixedPrecision precision) {
+  std::vector<int64_t> sizes;
+  for (const ProfilePoint& pt : profile.points)
+    if (pt.precision == precision && pt.threads == profile.threads) sizes.push_back(pt.micro_batch);
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
+}
+
+}  // namespace
+
+// A search predicts thousands of plans over a dozen micro-batch sizes per tensor-parallel size,
+// and a 70B model's replay takes a tenth of a second: the two smallest sizes are replayed (in
+// twice the budget, so that both run) and the others lie on the line through them, as every
+// tensor's bytes and every kernel's work do, and so the replay's sums. A size whose sum passes
+// the budget does not fit (predict's device-memory check).
+BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
+  const std::vector<int64_t> sizes = profiled_sizes(profile, plan.precision);
+  if (sizes.size() < 2 || plan.micro_batch <= sizes[1]) {
+    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+  }
+  const int64_t ma = sizes[0], mb = sizes[1];
+  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, 2 * plan.budget_bytes);
+  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, 2 * plan.budget_bytes);
+  if (!a.failure.empty() || !b.failure.empty()) {
+    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+  }
+  const double t = static_cast<double>(plan.micro_batch - ma) / static_cast<double>(mb - ma);
+  auto line = [&](double x, double y) { return x + (y - x) * t; };
+  BlockRecomputeReplay out;
+  out.kept_bytes = std::llround(line(static_cast<double>(a.kept_bytes), static_cast<double>(b.kept_bytes)));
+  out.working_bytes = std::llround(line(static_cast<double>(a.working_bytes), static_cast<double>(b.working_bytes)));
+  out.recompute_ms = line(a.recompute_ms, b.recompute_ms);
+  out.evictions = b.evictions;  // the same tensors at every size
+  return out;
+}
+
+void block_recompute_step_terms(const ModelProfile& profile, const Plan& plan, const BlockRecomputeReplay& blocks,
+                                double fb_ms, double slowdown, Prediction& p) {
+  if (plan.stages > 1) {
+    // Each micro-batch's regenerations run in its stages' backward: inside the schedule.
+    const double regenerate = blocks.recompute_ms * slowdown;
+    p.activation_bytes = blocks.kept_bytes;
+    pipeline_terms(profile, plan, fb_ms + regenerate, p);
+    p.activation_bytes += blocks.working_bytes;
+    p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
+                   std::max(p.activation_bytes, p.optimizer_working_bytes);
+    const double share = regenerate / (fb_ms + regenerate);
+    p.recompute_ms = p.compute_ms * share;
+    p.compute_ms -= p.recompute_ms;
+    p.evictions = blocks.evictions * plan.accumulation / plan.stages;
+    return;
+  }
+  // The working set forward and backward need: the replay's in place of the activations kept.
+  const int64_t activations = blocks.kept_bytes + blocks.working_bytes;
+  p.peak_bytes += std::max(activations, p.optimizer_working_bytes) - std::max(p.activation_bytes, p.optimizer_working_bytes);
+  p.activation_bytes = activations;
+  p.recompute_ms = blocks.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
+  p.evictions = blocks.evictions * plan.accumulation;
+}
+
+}  // namespace ht

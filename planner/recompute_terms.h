@@ -1,0 +1,25 @@
+#pragma once
+// Full recomputation (memory.policy = "full", Megatron's) as the cost model predicts it for a
+// cluster's device: one micro-batch of the whole model replayed with its blocks dropped as the
+// engine drops them (planner/dtr_replay.h, ReplayOptions::checkpoint_blocks), without the model's
+// state, which the plan's terms add. What forward leaves (the blocks' outputs) is held per
+// micro-batch in flight, of a pipeline stage's blocks; what a block's backward adds while it
+// regenerates is held once; the regenerations run inside each micro-batch's backward. (On the
+// machine at hand, where budgets are tight, the whole step is replayed in the arena instead, as
+// any eviction policy's: planner/cost_model.cpp.)
+
+#include "planner/cost_model.h"
+
+namespace ht {
+
+// The replay at the plan's micro-batch and precision in its budget: exact at the two smallest
+// profiled sizes (replayed once each and kept on the profile), on the line through them elsewhere.
+BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan);
+
+// Replaces p's activation, peak, recomputation and eviction terms by the replay's (with stages,
+// through pipeline_terms with the regenerations in each micro-batch's time); `fb_ms`: one
+// micro-batch's forward and backward on one rank, `slowdown` as predict's.
+void block_recompute_step_terms(const ModelProfile& profile, const Plan& plan, const BlockRecomputeReplay& blocks,
+                                double fb_ms, double slowdown, Prediction& p);
+
+}  // namespace ht
