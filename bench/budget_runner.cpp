@@ -138,11 +138,12 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   options.eviction_threshold = eviction_threshold;
   options.static_plans = savers.static_plans;
   options.swap = savers.swap;
+  if (savers.full_recompute) options.checkpoint_blocks = static_cast<int>(model_->blocks().size());
   if (options.eviction) options.eviction->costs = savers.kernel_costs;
   TORCH_CHECK(!savers.optimizer_state_on_host || savers.swap, "BudgetRunner: the optimizer state on host needs swap's link");
   if (savers.optimizer_state_on_host) state_offload_ = std::make_unique<StateOffload>(savers.swap->link);
   memory_->configure(options);
-  if (savers.static_plans) {
+  if (savers.static_plans || savers.full_recompute) {
     model_->set_block_listener([this](int block) { memory_->block_begins(block); });
   }
 }

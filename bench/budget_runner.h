@@ -66,6 +66,8 @@ struct Savers {
   KernelCosts kernel_costs = KernelCosts::kModeled;
   // Host swap (memory/host_swap.h), DTR recomputing what is not swapped.
   std::optional<SwapOptions> swap;
+  // memory.policy = "full": every block but the last dropped at its end (needs a policy).
+  bool full_recompute = false;
   // With `swap`: the optimizer state waits on host between steps, over swap's link
   // (memory.optimizer_state = "host"; launcher/training/state_offload.h).
   bool optimizer_state_on_host = false;

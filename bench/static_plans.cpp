@@ -46,11 +46,12 @@ StaticPlanOptions plan_options(PlanSource source, const Options& o) {
 
 // `policy` under `budget`, interleaved with the unoptimized run.
 Row measure(const Workload& w, int64_t budget, EvictionHeuristic policy, std::optional<StaticPlanOptions> plans,
-            const Options& o) {
+            const Options& o, bool full = false) {
   Row row;
   BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
   Savers savers;
   savers.static_plans = plans;
+  savers.full_recompute = full;
   BudgetRunner run(w, w.batch, budget, policy, MemoryOptions{}.eviction_threshold, savers);
   std::vector<double> ratios;
   try {
@@ -130,6 +131,22 @@ void segments_row(const Workload& w, const Options& o, Targets& t) {
   if (!st.ran || st.slowdown >= seg.slowdown) t.static_beats_segments = false;
 }
 
+// Full recomputation (memory.policy = "full": every block but the last keeps only its output) at
+// its own memory, beside segments at theirs and a static plan at full's.
+void full_row(const Workload& w, const Options& o) {
+  const Row full = measure(w, unlimited_bytes(), EvictionHeuristic::kDtr, std::nullopt, o, /*full=*/true);
+  const Row seg = measure(w, unlimited_bytes(), EvictionHeuristic::kDtr, plan_options(PlanSource::kSegments, o), o);
+  if (!full.ran) {
+    std::printf("| %-22s | full did not run: %s |\n", w.name.c_str(), full.failure.c_str());
+    return;
+  }
+  const int64_t budget = (full.peak + 63) / 64 * 64;
+  const Row st = measure(w, budget, EvictionHeuristic::kDtr, plan_options(PlanSource::kSolver, o), o);
+  std::printf("| %-22s | %9.1f | %-10s | %9.1f | %-10s | %-10s |\n", w.name.c_str(), static_cast<double>(budget) / (1 << 20),
+              cell(full).c_str(), static_cast<double>(seg.peak) / (1 << 20), cell(seg).c_str(), cell(st).c_str());
+  std::fflush(stdout);
+}
+
 const char* verdict(bool met) { return met ? "met" : "MISSED"; }
 
 void print_targets(const Targets& t, const Options& o) {
@@ -186,6 +203,9 @@ int main(int argc, char** argv) {
   std::printf("\n| model | segments' memory MiB | segments | static at that memory | segments/static |\n"
               "|---|---|---|---|---|\n");
   for (const Workload& w : models) segments_row(w, o, t);
+  std::printf("\n| model | full's memory MiB | full | segments' memory MiB | segments | static at full's memory |\n"
+              "|---|---|---|---|---|---|\n");
+  for (const Workload& w : models) full_row(w, o);
   print_targets(t, o);
   if (g_different_rows > 0) {
     std::printf("\n%d row(s) lost bit-identity with the unoptimized run\n", g_different_rows);
