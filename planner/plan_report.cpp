@@ -115,7 +115,11 @@ std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows, bool
   for (size_t i = 0; i < std::min(rows, ranked.size()); ++i) {
     const Plan& p = ranked[i].plan;
     const Prediction& r = ranked[i].prediction;
-    const std::string stages = p.stages > 1 ? std::to_string(p.stages) + " " + choice_name(p.schedule) : "1";
+    // "4 il2": interleaved_1f1b, 2 chunks a stage (the column's width).
+    const std::string schedule = p.schedule == ScheduleKind::kInterleaved1f1b
+                                     ? "il" + std::to_string(p.virtual_stages)
+                                     : std::string(choice_name(p.schedule));
+    const std::string stages = p.stages > 1 ? std::to_string(p.stages) + " " + schedule : "1";
     const std::string tensor = std::to_string(p.tensor) + (p.tensor > 1 && p.sequence_parallel ? " sp" : "");
     s += printf_string("%3zu  %5d  %6s  %6s  %7lld x %-4lld  %9s  %6s  %9s  %13s  %4s  %7.1f  %7.1f  %6.1f  %9.1f  %9.1f  "
                        "%10.1f  %9.1f  %9.1f  %14.4f  %4s\n",

@@ -1,6 +1,7 @@
 #include "planner/search.h"
 
 #include "planner/shard_terms.h"
+#include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
 #include <cmath>
@@ -128,6 +129,13 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             plans.push_back(p);
             if (prefetches) {
               p.prefetch = 1;
+              plans.push_back(p);
+            }
+            const ScheduleShape chunked{stages, static_cast<int>(accumulation), options.virtual_stages};
+            if (stages > 1 && options.virtual_stages > 1 &&
+                schedule_refusal(ScheduleKind::kInterleaved1f1b, chunked).empty()) {
+              p.schedule = ScheduleKind::kInterleaved1f1b;
+              p.virtual_stages = options.virtual_stages;
               plans.push_back(p);
             }
           }

@@ -270,6 +270,8 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   request.largest_micro_batch = std::max<int64_t>(1, config.training.global_batch_size / fewest);
   trace.micro_batches = traced_sizes(request.largest_micro_batch);
   trace.device_memory = out.machine.device_memory;
+  // Megatron's interleaved schedule beside 1F1B, two chunks a stage, for a cluster.
+  if (traced) search.virtual_stages = 2;
   // A model that needs a cluster may need one sample per micro-batch and many of them.
   if (traced) search.max_accumulation = static_cast<int>(std::min<int64_t>(request.largest_micro_batch, 1024));
   request.threads = out.machine.shared_host ? out.machine.host_threads : at::get_num_threads();

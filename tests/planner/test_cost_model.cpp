@@ -207,5 +207,32 @@ TEST(CostModel, PipelineStagesShardTheirOptimizerStateOverTheirReplicas) {
   EXPECT_EQ(offered, (std::set<ShardLevel>{ShardLevel::kNone, ShardLevel::kOptimizer}));
 }
 
+// The search offers the interleaved schedule beside 1F1B where asked (a cluster's search asks
+// for two chunks a stage), only where the micro-batches allow it (a multiple of the stages).
+TEST(CostModel, TheSearchOffersInterleavedStagesWhereTheMicroBatchesAllow) {
+  SearchOptions o;
+  o.ranks = {2};
+  o.stages = {2};
+  o.precisions = {MixedPrecision::kOff};
+  o.policies = {MemoryPolicy::kNone};
+  o.max_accumulation = 8;
+  o.virtual_stages = 2;
+  int interleaved = 0, plain = 0;
+  for (const Plan& c : candidate_plans(6, 0, o)) {
+    if (c.stages < 2) continue;
+    if (c.schedule == ScheduleKind::kInterleaved1f1b) {
+      ++interleaved;
+      EXPECT_EQ(c.virtual_stages, 2);
+      EXPECT_EQ(c.accumulation % 2, 0) << "micro-batches a multiple of the stages";
+    } else {
+      ++plain;
+    }
+  }
+  EXPECT_GT(interleaved, 0);
+  EXPECT_GT(plain, interleaved) << "6 samples as 3 x 2 has an odd accumulation: 1F1B only";
+  o.virtual_stages = 1;
+  for (const Plan& c : candidate_plans(6, 0, o)) EXPECT_NE(c.schedule, ScheduleKind::kInterleaved1f1b);
+}
+
 }  // namespace
 }  // namespace ht::test
