@@ -24,22 +24,6 @@ uint64_t PipelineLayout::seeds_before(int block) const {
   return seeds;
 }
 
-namespace {
-
-// Micro-batches each virtual stage holds at once under the schedule (its rank's peak, shared
-// among the rank's chunks), from the schedule's own simulation.
-std::vector<int> in_flight_per_virtual_stage(ScheduleKind kind, ScheduleShape shape) {
-  const SimulationResult sim = simulate(make_schedule(kind, shape), shape);
-  std::vector<int> counts(static_cast<size_t>(shape.stages * shape.virtual_stages), 1);
-  for (int vs = 0; vs < static_cast<int>(counts.size()); ++vs) {
-    const int peak = sim.peak_in_flight[static_cast<size_t>(rank_of_virtual_stage(vs, shape))];
-    counts[static_cast<size_t>(vs)] = std::max(1, (peak + shape.virtual_stages - 1) / shape.virtual_stages);
-  }
-  return counts;
-}
-
-}  // namespace
-
 PipelineLayout lay_out_pipeline(const PipelineRequest& request, const Model& model, BlockProfile profile) {
   PipelineLayout layout;
   layout.kind = request.kind;

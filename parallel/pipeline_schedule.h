@@ -104,6 +104,11 @@ struct SimulationResult {
 // still have actions, it is a deadlock, and `error` names a waiting rank and what it waits for.
 SimulationResult simulate(const PipelineSchedule& schedule, ScheduleShape shape, SimulationCosts costs = {});
 
+// Micro-batches each virtual stage holds at once under `kind`: its rank's simulated peak shared
+// among the rank's chunks, one count per virtual stage (PartitionOptions::in_flight), as the
+// trainer lays a pipeline out and the planner predicts one.
+std::vector<int> in_flight_per_virtual_stage(ScheduleKind kind, ScheduleShape shape);
+
 // The bubble fraction a schedule is expected to have with uniform stages and no communication
 // cost, which a benchmark compares the measured one against. gpipe and 1f1b: (p-1)/(m+p-1)
 // (independent of the forward/backward ratio); interleaved_1f1b: (p-1)/(v*m+p-1), the 1f1b

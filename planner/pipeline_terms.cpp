@@ -65,16 +65,9 @@ void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms,
     return;
   }
   const std::vector<BlockCost> costs = block_costs(profile, *pt, fb_ms, p.activation_bytes);
-  const PipelineSchedule schedule = make_schedule(kind, shape);
-  const SimulationResult unit = simulate(schedule, shape);
   PartitionOptions options;
   options.stages = parts;
-  // Micro-batches each virtual stage holds at once: its rank's peak shared among the rank's chunks
-  // (as the trainer lays a pipeline out, parallel/pipeline_layout.cpp).
-  for (int vs = 0; vs < parts; ++vs) {
-    const int peak = unit.peak_in_flight[static_cast<size_t>(rank_of_virtual_stage(vs, shape))];
-    options.in_flight.push_back(std::max(1, (peak + chunks - 1) / chunks));
-  }
+  options.in_flight = in_flight_per_virtual_stage(kind, shape);  // as the trainer lays a pipeline out
   const Partition partition = balance_stages(costs, options);
   // A rank's time and memory are its chunks'.
   std::vector<double> rank_ms(static_cast<size_t>(plan.stages), 0);
@@ -102,7 +95,7 @@ void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms,
     sim.stage_scale.push_back(ms / mean);
     slowest = std::max(slowest, ms);
   }
-  const SimulationResult run = simulate(schedule, shape, sim);
+  const SimulationResult run = simulate(make_schedule(kind, shape), shape, sim);
   p.compute_ms = run.makespan;
   p.bubble_ms = run.makespan * run.bubble;
   // Memory: the fullest rank. Activations replace one micro-batch's whole-model set.

@@ -7,6 +7,7 @@
 #include "launcher/model_factory.h"
 #include "launcher/planning/meta_trace.h"
 #include "launcher/planning/profiler.h"
+#include "launcher/planning/device_catalog.h"
 #include "launcher/planning/trace_profile.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/temp_dir.h"
@@ -35,15 +36,8 @@ global_batch_size = 4
 optimizer = "adamw"
 )";
 
-// An H100 SXM's published peaks at the measured curves (what the catalog's h100-sxm prices at).
-DeviceRates h100_rates() {
-  DeviceKind h100;
-  h100.kind = "h100-sxm";
-  h100.bf16_tflops = h100.fp16_tflops = 989;
-  h100.fp32_tflops = 67;
-  h100.memory_gbps = 3350;
-  return device_rates(h100);
-}
+// The built-in catalog's H100 SXM at the measured curves.
+DeviceRates h100_rates() { return device_rates(catalog_kind("h100-sxm", "", "test_trace_profile")); }
 
 // The measured profile trains the model (launcher/planning/profiler.h); the traced one never
 // runs a kernel. Their model state is the same to the byte, and so is every micro-batch's
