@@ -6,15 +6,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 namespace ht {
 namespace {
 
+// Plans are predicted on several threads (search.cpp): the profiles' replay caches are shared.
+std::mutex g_replays_mutex;
+
 BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                                    int64_t budget_bytes) {
   const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes);
-  auto it = profile.full_recompute_replays.find(key);
-  if (it != profile.full_recompute_replays.end()) return it->second;
+  {
+    const std::lock_guard<std::mutex> lock(g_replays_mutex);
+    auto it = profile.full_recompute_replays.find(key);
+    if (it != profile.full_recompute_replays.end()) return it->second;
+  }
   ReplayOptions options;
   options.budget_bytes = budget_bytes;
   options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
@@ -31,7 +38,8 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
     out.failure = r.failure;
     out.min_budget_bytes = r.min_budget_bytes;
   }
-  profile.full_recompute_replays.emplace(key, out);
+  const std::lock_guard<std::mutex> lock(g_replays_mutex);
+  profile.full_recompute_replays.emplace(key, out);  // a replay another thread finished first stays
   return out;
 }
 
