@@ -2,8 +2,11 @@
 // at two sizes, the SPOS supernet; micro-batches with accumulation, bf16, DTR budgets, 1, 2 and 4
 // ranks), predicted in this process from the job's profile exactly as `hybrid_train plan` would
 // (plan_job), then trained by hybrid_train (under mpirun for several ranks) and read back from its
-// metrics.jsonl: peak memory (the arena's, the highest of any step) and step time (the median
-// after two warm-up steps), with the error of each. Then scenarios, a job with a device memory and
+// metrics.jsonl: peak memory (the arena's, the highest of any step) and step time, with the error
+// of each. This machine's speed drifts by 10-30% over seconds, so every row is trained twice, a
+// minute apart, and the step time compared is the 25th percentile of both runs' steps after two
+// warm-up steps (the profile times its fastest step: both stand for the machine unloaded); the
+// two runs' own difference is printed beside it, the noise floor no model can beat. Then scenarios, a job with a device memory and
 // a rank cap: the planner searches, and its pick and the best plans that differ from it in ranks,
 // micro-batch, memory policy or precision are all trained; the pick should be within 5% of the
 // fastest of them. A failed run, or a measured peak over its plan's budget, is an error (exit 1);
@@ -14,6 +17,7 @@
 #include "alloc/cpu_device_allocator.h"
 #include "runtime/thread_pools.h"
 
+#include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -43,6 +47,7 @@ struct RowSpec {
   MixedPrecision precision = MixedPrecision::kOff;
   double dtr_share = 0;  // > 0: dtr in a budget of this share of the plan's peak without eviction
   int steps = 0;         // 0: --steps
+  bool varies = false;   // each step samples different work (the supernet): compared by the median
 };
 
 struct Row {
@@ -50,7 +55,8 @@ struct Row {
   const Planned* planned = nullptr;
   Plan plan;
   Prediction predicted;
-  Measurement measured;
+  Measurement measured;  // both runs: quiet_ms over both runs' steps
+  double run_to_run_pct = NAN;  // |quiet_ms(first) - quiet_ms(second)| / quiet_ms of both
 };
 
 struct ScenarioSpec {
@@ -77,7 +83,17 @@ struct Outcome {
   std::vector<std::string> picks;  // per scenario: "name: yes (+1.2%)"
   bool picks_met = true;
   double slowest_search_s = 0;
+  std::vector<double> probe_ms;  // the fixed kernel's times, one before each run
 };
+
+// The machine's own steadiness: one fixed piece of work (twenty 512 x 512 fp32 matmuls, about
+// 30 ms here), timed before each run. Its spread is what no prediction of a step can beat.
+void probe_machine(Outcome& outcome) {
+  static const at::Tensor a = at::rand({512, 512});
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) (void)at::mm(a, a);
+  outcome.probe_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+}
 
 struct Jobs {
   std::string dir;
@@ -110,8 +126,8 @@ std::vector<RowSpec> row_specs(const Jobs& j, bool quick) {
           {"GPT-large", j.gpt_large(), 1, 32, 1},
           {"GPT-large", j.gpt_large(), 1, 32, 1, MixedPrecision::kOff, 0.65},
           {"GPT-large", j.gpt_large(), 2, 8, 2, MixedPrecision::kBf16},
-          {"supernet", j.supernet(), 1, 64, 1},
-          {"supernet", j.supernet(), 4, 16, 1}};
+          {"supernet", j.supernet(), 1, 64, 1, MixedPrecision::kOff, 0, 0, true},
+          {"supernet", j.supernet(), 4, 16, 1, MixedPrecision::kOff, 0, 0, true}};
 }
 
 std::vector<ScenarioSpec> scenario_specs(const Jobs& j, bool quick) {
@@ -161,6 +177,10 @@ Row plan_row(PlanCache& cache, const std::vector<RowSpec>& specs, const RowSpec&
   return row;
 }
 
+// The measured step a row's prediction is held to: the machine unloaded (the 25th percentile), or
+// for work that varies by step, its median (the profile times it so too).
+double compared_ms(const RowSpec& spec, const Measurement& m) { return spec.varies ? m.step_ms : m.quiet_ms; }
+
 double error_pct(double predicted, double measured) { return 100.0 * (predicted - measured) / measured; }
 
 std::string short_plan(const Plan& p) {
@@ -176,9 +196,31 @@ std::string short_plan(const Plan& p) {
   return text;
 }
 
+// Two runs of one plan as one measurement: peaks the higher, step times over both runs' steps.
+Measurement merge_runs(const Measurement& a, const Measurement& b) {
+  if (!a.ok) return a;
+  if (!b.ok) return b;
+  Measurement m = a;
+  m.peak_bytes = std::max(a.peak_bytes, b.peak_bytes);
+  m.later_peak_bytes = std::max(a.later_peak_bytes, b.later_peak_bytes);
+  m.steady.insert(m.steady.end(), b.steady.begin(), b.steady.end());
+  m.steps += b.steps;
+  m.step_ms = median(m.steady);
+  m.quiet_ms = quiet_ms(m.steady);
+  m.fastest_ms = std::min(a.fastest_ms, b.fastest_ms);
+  m.slowest_ms = std::max(a.slowest_ms, b.slowest_ms);
+  m.recompute_ms = (a.recompute_ms + b.recompute_ms) / 2;
+  m.comm_ms = (a.comm_ms + b.comm_ms) / 2;
+  m.evictions = std::max(a.evictions, b.evictions);
+  m.wall_s = a.wall_s + b.wall_s;
+  m.other_load = std::max(a.other_load, b.other_load);
+  return m;
+}
+
 // Trains `plan`, says so on stderr, and records a failure: a run that failed, or a peak over budget.
 Measurement measure_plan(const Options& o, const Config& config, const Plan& plan, int steps, const std::string& name,
                          Outcome& outcome) {
+  probe_machine(outcome);
   Measurement m = measure(o.runner, config, plan, steps, name);
   if (!m.ok) {
     std::fprintf(stderr, "  %s FAILED: %s\n", name.c_str(), m.error.c_str());
@@ -192,8 +234,8 @@ Measurement measure_plan(const Options& o, const Config& config, const Plan& pla
     outcome.failed = true;
     outcome.failures.push_back(name + " (" + short_plan(plan) + "): " + why);
   }
-  std::fprintf(stderr, "  %s: %s; %.1f s, step %.1f ms, peak %.1f MiB, other load %.2f cores\n", name.c_str(),
-               short_plan(plan).c_str(), m.wall_s, m.step_ms, m.peak_bytes / kMiB, m.other_load);
+  std::fprintf(stderr, "  %s: %s; %.1f s, step %.1f ms (25th percentile %.1f), peak %.1f MiB, other load %.2f cores\n", name.c_str(),
+               short_plan(plan).c_str(), m.wall_s, m.step_ms, m.quiet_ms, m.peak_bytes / kMiB, m.other_load);
   return m;
 }
 
@@ -210,17 +252,19 @@ std::string versus(double predicted, double measured, bool ok, int digits) {
 }
 
 void print_rows(const std::vector<Row>& rows) {
-  std::printf("\nerror = (predicted - measured) / measured; peak: the highest step's, step: the median after 2 "
-              "warm-up steps\n");
-  std::printf("\n| %2s | %-9s | %-30s | %9s | %9s | %7s | %9s | %9s | %7s |\n", "#", "model",
-              "ranks micro x acc prec policy", "peak pred", "meas MiB", "err %", "step pred", "meas ms", "err %");
-  std::printf("|%s|\n", std::string(122, '-').c_str());
+  std::printf("\nerror = (predicted - measured) / measured; peak: the highest step's; step: the 25th percentile "
+              "of two runs' steps after 2 warm-up steps each (\"median\": theirs; \"run/run\": how far the two "
+              "runs' own 25th percentiles differ)\n");
+  std::printf("\n| %2s | %-9s | %-30s | %9s | %9s | %7s | %9s | %9s | %7s | %9s | %7s |\n", "#", "model",
+              "ranks micro x acc prec policy", "peak pred", "meas MiB", "err %", "step pred", "meas ms", "err %",
+              "median", "run/run");
+  std::printf("|%s|\n", std::string(144, '-').c_str());
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const Measurement& m = r.measured;
-    std::printf("| %2zu | %-9s | %-30s | %s | %s |\n", i + 1, r.spec.model.c_str(), short_plan(r.plan).c_str(),
-                versus(r.predicted.peak_bytes / kMiB, m.peak_bytes / kMiB, m.ok, 2).c_str(),
-                versus(r.predicted.step_ms, m.step_ms, m.ok, 1).c_str());
+    std::printf("| %2zu | %-9s | %-30s | %s | %s | %9.1f | %6.1f%% |\n", i + 1, r.spec.model.c_str(),
+                short_plan(r.plan).c_str(), versus(r.predicted.peak_bytes / kMiB, m.peak_bytes / kMiB, m.ok, 2).c_str(),
+                versus(r.predicted.step_ms, compared_ms(r.spec, m), m.ok, 1).c_str(), m.step_ms, r.run_to_run_pct);
   }
 }
 
@@ -241,7 +285,7 @@ void print_terms(const std::vector<Row>& rows) {
                   static_cast<long long>(p.evictions), m.evictions, m.first_peak_bytes / kMiB,
                   m.later_peak_bytes / kMiB, m.fastest_ms, m.slowest_ms, m.other_load);
     std::printf("| %2zu | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %s |\n", i + 1, p.compute_ms,
-                p.optimizer_ms, p.compute_ms + p.optimizer_ms, m.step_ms - m.recompute_ms - m.comm_ms, p.recompute_ms,
+                p.optimizer_ms, p.compute_ms + p.optimizer_ms, compared_ms(rows[i].spec, m) - m.recompute_ms - m.comm_ms, p.recompute_ms,
                 m.recompute_ms, p.allreduce_exposed_ms, m.comm_ms, measured);
   }
 }
@@ -256,11 +300,24 @@ std::vector<Row> run_rows(PlanCache& cache, const Options& o, const Jobs& jobs, 
   }
   std::vector<Row> rows;
   for (const RowSpec& s : specs) rows.push_back(plan_row(cache, specs, s));  // every profile first, alone
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Row& r = rows[i];
-    std::fprintf(stderr, "[row %zu/%zu] %s\n", i + 1, rows.size(), r.spec.model.c_str());
-    r.measured = measure_plan(o, r.planned->config, r.plan, r.spec.steps > 0 ? r.spec.steps : o.steps,
-                              "row" + std::to_string(i + 1), outcome);
+  // Every row twice, the second pass after the first: the machine's drift between a row's runs.
+  std::vector<Measurement> first;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Row& r = rows[i];
+      std::fprintf(stderr, "[row %zu/%zu, run %d of 2] %s\n", i + 1, rows.size(), pass + 1, r.spec.model.c_str());
+      Measurement m = measure_plan(o, r.planned->config, r.plan, r.spec.steps > 0 ? r.spec.steps : o.steps,
+                                   "row" + std::to_string(i + 1) + (pass == 0 ? "" : "b"), outcome);
+      if (pass == 0) {
+        first.push_back(std::move(m));
+        continue;
+      }
+      r.measured = merge_runs(first[i], m);
+      if (r.measured.ok) {
+        r.run_to_run_pct = 100.0 * std::abs(compared_ms(r.spec, first[i]) - compared_ms(r.spec, m)) /
+                           compared_ms(r.spec, r.measured);
+      }
+    }
   }
   print_rows(rows);
   print_terms(rows);
@@ -300,7 +357,7 @@ void print_scenario(const std::vector<RankedPlan>& ranked, const std::vector<siz
     const Measurement& m = ms[k];
     std::printf("| %6zu | %-30s | %s | %s |\n", chosen[k] + 1, short_plan(r.plan).c_str(),
                 versus(r.prediction.peak_bytes / kMiB, m.peak_bytes / kMiB, m.ok, 2).c_str(),
-                versus(r.prediction.step_ms, m.step_ms, m.ok, 1).c_str());
+                versus(r.prediction.step_ms, m.quiet_ms, m.ok, 1).c_str());
   }
 }
 
@@ -314,7 +371,7 @@ void run_scenario(PlanCache& cache, const Options& o, const ScenarioSpec& s, Out
   std::string ranks;
   for (int r : args.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
   std::printf("\nscenario %s, global batch %lld, %.0f MiB per rank, ranks {%s}: %zu plans, search %.1f s "
-              "(profile %.1f s)\n", s.name.c_str(), static_cast<long long>(p.config.training.global_batch_size),
+              "(profile %.1f s); each plan run twice, steps as the rows'\n", s.name.c_str(), static_cast<long long>(p.config.training.global_batch_size),
               s.device_memory / kMiB, ranks.c_str(), ranked.size(), p.seconds, p.plan.profile.seconds);
   outcome.slowest_search_s = std::max(outcome.slowest_search_s, p.seconds);
   if (ranked.empty() || !ranked[0].prediction.fits) {
@@ -323,33 +380,41 @@ void run_scenario(PlanCache& cache, const Options& o, const ScenarioSpec& s, Out
     return;
   }
   const std::vector<size_t> chosen = plans_to_measure(ranked, 3);
+  // Each plan twice, in two passes, as the rows: the pick is judged on both runs' steps.
   std::vector<Measurement> ms;
-  for (size_t i : chosen) {
-    std::fprintf(stderr, "[scenario %s] plan #%zu\n", s.name.c_str(), i + 1);
-    ms.push_back(measure_plan(o, p.config, ranked[i].plan, s.steps > 0 ? s.steps : o.steps,
-                              "scenario" + std::to_string(outcome.picks.size() + 1) + "_plan" + std::to_string(i + 1),
-                              outcome));
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t k = 0; k < chosen.size(); ++k) {
+      const size_t i = chosen[k];
+      std::fprintf(stderr, "[scenario %s] plan #%zu, run %d of 2\n", s.name.c_str(), i + 1, pass + 1);
+      Measurement m = measure_plan(o, p.config, ranked[i].plan, s.steps > 0 ? s.steps : o.steps,
+                                   "scenario" + std::to_string(outcome.picks.size() + 1) + "_plan" +
+                                       std::to_string(i + 1) + (pass == 0 ? "" : "b"),
+                                   outcome);
+      if (pass == 0) ms.push_back(std::move(m));
+      else ms[k] = merge_runs(ms[k], m);
+    }
   }
   print_scenario(ranked, chosen, ms);
   double best = INFINITY;
   for (const Measurement& m : ms) {
-    if (m.ok) best = std::min(best, m.step_ms);
+    if (m.ok) best = std::min(best, m.quiet_ms);
   }
-  const bool within = ms[0].ok && ms[0].step_ms <= 1.05 * best;
+  const bool within = ms[0].ok && ms[0].quiet_ms <= 1.05 * best;
   char text[128];
   std::snprintf(text, sizeof text, "%s (pick %.1f ms, best measured %.1f ms, %+.1f%%)", within ? "yes" : "NO",
-                ms[0].step_ms, best, error_pct(ms[0].step_ms, best));
+                ms[0].quiet_ms, best, error_pct(ms[0].quiet_ms, best));
   std::printf("  the pick within 5%% of the best measured: %s\n", text);
   outcome.picks.push_back(s.name + ": " + text);
   outcome.picks_met &= within;
 }
 
 void print_summary(const std::vector<Row>& rows, const Outcome& outcome) {
-  std::vector<double> peak, step;
+  std::vector<double> peak, step, noise;
   for (const Row& r : rows) {
     if (!r.measured.ok) continue;
     peak.push_back(std::abs(error_pct(r.predicted.peak_bytes, r.measured.peak_bytes)));
-    step.push_back(std::abs(error_pct(r.predicted.step_ms, r.measured.step_ms)));
+    step.push_back(std::abs(error_pct(r.predicted.step_ms, compared_ms(r.spec, r.measured))));
+    noise.push_back(r.run_to_run_pct);
   }
   auto most = [](const std::vector<double>& v) { return v.empty() ? NAN : *std::max_element(v.begin(), v.end()); };
   auto mid = [](const std::vector<double>& v) { return v.empty() ? NAN : median(v); };
@@ -359,6 +424,15 @@ void print_summary(const std::vector<Row>& rows, const Outcome& outcome) {
               verdict(most(peak) <= 5));
   std::printf("  step |error|: max %.1f%%, median %.1f%%; target every row within 10%%: %s; median within 5%%: %s\n",
               most(step), mid(step), verdict(most(step) <= 10), verdict(mid(step) <= 5));
+  std::printf("  the same plan run twice (the noise floor): max %.1f%%, median %.1f%% apart\n", most(noise), mid(noise));
+  if (!outcome.probe_ms.empty()) {
+    std::vector<double> t = outcome.probe_ms;
+    std::sort(t.begin(), t.end());
+    auto at = [&](double q) { return t[static_cast<size_t>(q * static_cast<double>(t.size() - 1))]; };
+    std::printf("  the machine itself, one fixed matmul loop timed before each of %zu runs: min %.1f, 25th %.1f, "
+                "median %.1f, 75th %.1f, max %.1f ms (75th/25th %.2f)\n",
+                t.size(), t.front(), at(0.25), at(0.5), at(0.75), t.back(), at(0.75) / at(0.25));
+  }
   std::printf("  the pick within 5%% of the best measured plan: %s\n", verdict(outcome.picks_met));
   for (const std::string& p : outcome.picks) std::printf("    %s\n", p.c_str());
   std::printf("  search (profile + search) under 10 s per config: %s (slowest %.1f s)\n",

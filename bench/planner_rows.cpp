@@ -116,6 +116,8 @@ void read_metrics(const std::string& path, Measurement& m) {
     return median(std::vector<double>(v.begin() + skip, v.end()));
   };
   m.step_ms = steady(step);
+  m.steady.assign(step.begin() + skip, step.end());
+  m.quiet_ms = quiet_ms(m.steady);
   m.fastest_ms = *std::min_element(step.begin() + skip, step.end());
   m.slowest_ms = *std::max_element(step.begin() + skip, step.end());
   m.recompute_ms = steady(recompute);
@@ -124,6 +126,13 @@ void read_metrics(const std::string& path, Measurement& m) {
 }
 
 }  // namespace
+
+double quiet_ms(std::vector<double> steps) {
+  if (steps.empty()) return 0;
+  const auto at = static_cast<long>(steps.size() / 4);
+  std::nth_element(steps.begin(), steps.begin() + at, steps.end());
+  return steps[static_cast<size_t>(at)];
+}
 
 const Planned& PlanCache::get(const JobSpec& job, const PlanArgs& args) {
   std::unique_ptr<Planned>& slot = planned_[key_of(job, args)];

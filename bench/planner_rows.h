@@ -50,12 +50,17 @@ struct Measurement {
   int64_t peak_bytes = 0;  // the highest mem_peak_bytes of any step (the arena's, rank 0)
   int64_t first_peak_bytes = 0, later_peak_bytes = 0;  // step 1's (no optimizer state yet), the rest's
   double step_ms = 0;      // median step after the warm-up steps
+  double quiet_ms = 0;     // the fastest quarter's slowest (25th percentile) of the same steps
+  std::vector<double> steady;  // the same steps' times, in order
   double fastest_ms = 0, slowest_ms = 0;  // of the same steps: how steady the machine was
   double recompute_ms = 0, comm_ms = 0, evictions = 0;  // medians over the same steps
   int steps = 0;           // train records read
   double wall_s = 0;       // the whole child run, profiling and start-up included
   double other_load = 0;   // cores' worth busy with other processes (or stolen) meanwhile
 };
+
+// The 25th percentile of `steps` (0 when empty): the machine unloaded, as the profile's fastest step.
+double quiet_ms(std::vector<double> steps);
 
 // Trains `plan` of `config` for `steps` steps as `name` (a folder under the scratch folder).
 Measurement measure(const Runner& runner, const Config& config, const Plan& plan, int steps, const std::string& name);

@@ -111,22 +111,37 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
     }
   }
   point.peak_bytes = m.peak_bytes;
-  // Times are the median of a few steps (a loaded machine's one step can be off by 30%); memory
-  // is the recorded step's, which every step repeats.
+  // Times are the fastest of a few steps. This machine's speed drifts by 10-30% over seconds (a
+  // shared VM: one run three times over gave median steps of 254, 196 and 197 ms and fastest ones
+  // of 189, 168 and 168), so a median of a few steps is a draw from the drift; the fastest is the
+  // machine unloaded, the one figure a prediction can stand for (bench_planner_accuracy compares
+  // it with a run's fastest quarter). A graph that changes every step (the supernet's sampled
+  // path) does different work each step: its median, since its fastest is its cheapest path.
+  // Memory is the recorded step's, which every step repeats.
   std::vector<Trainer::StepMeasurement> steps{m};
-  for (double spent = m.step_ms; steps.size() < 5 && (steps.size() < 2 || spent < 250);) {
+  for (double spent = m.step_ms; steps.size() < 6 && (steps.size() < 2 || spent < 400);) {
     steps.push_back(trainer.measure_step());
     spent += steps.back().step_ms;
   }
-  auto median = [&](double Trainer::StepMeasurement::*field) {
+  const bool same_work = std::all_of(steps.begin(), steps.end(), [&](const Trainer::StepMeasurement& s) {
+    return s.forward_backward_peak_bytes == m.forward_backward_peak_bytes;
+  });
+  auto estimate = [&](double Trainer::StepMeasurement::*field) {
     std::vector<double> v;
     for (const auto& s : steps) v.push_back(s.*field);
-    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-    return v[v.size() / 2];
+    const auto at = same_work ? v.begin() : v.begin() + static_cast<long>(v.size() / 2);
+    std::nth_element(v.begin(), at, v.end());
+    return *at;
   };
-  point.step_ms = median(&Trainer::StepMeasurement::step_ms);
-  point.forward_backward_ms = median(&Trainer::StepMeasurement::forward_backward_ms);
-  point.optimizer_ms = median(&Trainer::StepMeasurement::optimizer_ms);
+  point.step_ms = estimate(&Trainer::StepMeasurement::step_ms);
+  point.forward_backward_ms = estimate(&Trainer::StepMeasurement::forward_backward_ms);
+  point.optimizer_ms = estimate(&Trainer::StepMeasurement::optimizer_ms);
+  // The recorded step's kernels, timed once, scaled to the fastest step: the parts a plan adds up
+  // (regenerations, a stage's blocks, swaps) then come from the same machine as the whole.
+  if (m.forward_backward_ms > 0) {
+    const double scale = point.forward_backward_ms / m.forward_backward_ms;
+    for (TraceKernel& k : point.trace.kernels) k.ms *= scale;
+  }
   // A graph that changes every step (the supernet) peaks differently each step: the highest.
   for (const auto& s : steps) {
     point.peak_bytes = std::max(point.peak_bytes, s.peak_bytes);
