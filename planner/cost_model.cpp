@@ -449,9 +449,19 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     p.mfu = 3 * per_sample * samples / plan.stages / (p.step_ms * peak);
   }
 
-  if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory && p.fits) {
+  const int64_t reserved = machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, plan.stages > 1);
+  if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory - reserved && p.fits) {
     p.fits = false;
-    p.why_not = "needs more than the device's memory";
+    p.why_not = reserved > 0 ? "needs more than the device's memory less the runtime's " + format_bytes(reserved)
+                             : "needs more than the device's memory";
+  } else if (reserved > 0 && !evicts(plan.policy) && p.fits &&
+             p.peak_bytes > static_cast<int64_t>(static_cast<double>(machine.device_memory - reserved) *
+                                                 (1.0 - schedule::kDefaultBudgetMargin))) {
+    // On a GPU without a budget PyTorch's caching allocator serves the tensors; its blocks split
+    // and cache, so the same 3% a budget keeps for fragmentation (below) is kept here.
+    p.fits = false;
+    p.why_not = "leaves less than 3% of the device's memory (less the runtime's " + format_bytes(reserved) +
+                ") for the allocator's fragmentation";
   } else if (!evicts(plan.policy) && plan.budget_bytes > 0 && p.fits) {
     // Without eviction nothing makes room when the arena's free memory is in pieces: a plan fits
     // with the margin static plans keep (3%). A ResNet-18 predicted at 99.5-99.8% of its budget

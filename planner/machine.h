@@ -17,6 +17,11 @@ struct Machine {
   bool shared_host = true;
   int host_threads = 1;
   int64_t device_memory = 0;     // bytes per rank; 0: unknown (every plan fits)
+  // A GPU rank's process holds device memory its tensors cannot use: the CUDA context with the
+  // libraries' kernels, handles and workspaces, and each NCCL communicator's buffers (one per
+  // group the rank is in: data-parallel, tensor-parallel, pipeline neighbours). 0 on CPU ranks.
+  int64_t runtime_bytes = 0;
+  int64_t communicator_bytes = 0;
   double intra_node_gbps = 10;   // GB/s between ranks of a node
   double inter_node_gbps = 10;   // GB/s between nodes
   double intra_node_latency_us = 5;
@@ -27,6 +32,10 @@ struct Machine {
   double peak_half_flops_per_ms = 0;   // bf16 and fp16
   double peak_float_flops_per_ms = 0;
   int max_ranks() const { return nodes * devices_per_node; }
+  // What a rank of a plan with these groups holds outside its tensors.
+  int64_t reserved_bytes(bool replicas, bool tensor, bool stages) const {
+    return runtime_bytes + communicator_bytes * ((replicas ? 1 : 0) + (tensor ? 1 : 0) + (stages ? 1 : 0));
+  }
 };
 
 }  // namespace ht

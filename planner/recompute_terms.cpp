@@ -56,7 +56,7 @@ std::vector<int64_t> profiled_sizes(const ModelProfile& profile, MixedPrecision 
 
 // A search predicts thousands of plans over a dozen micro-batch sizes per tensor-parallel size,
 // and a 70B model's replay takes a tenth of a second: the two smallest sizes are replayed (in
-// twice the budget, so that both run) and the others lie on the line through them, as every
+// at least twice the budget, so that both run) and the others lie on the line through them, as every
 // tensor's bytes and every kernel's work do, and so the replay's sums. A size whose sum passes
 // the budget does not fit (predict's device-memory check).
 BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
@@ -65,8 +65,12 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
     return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
   }
   const int64_t ma = sizes[0], mb = sizes[1];
-  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, 2 * plan.budget_bytes);
-  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, 2 * plan.budget_bytes);
+  // At least twice the budget, rounded up to a power of two: plans whose budgets differ by what
+  // the runtime holds beside them (Machine::reserved_bytes) share these two replays.
+  int64_t room = 1;
+  while (room < 2 * plan.budget_bytes) room *= 2;
+  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, room);
+  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, room);
   if (!a.failure.empty() || !b.failure.empty()) {
     return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
   }

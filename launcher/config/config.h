@@ -186,6 +186,10 @@ struct ClusterConfig {
   double intra_node_latency_us = 10;
   double inter_node_latency_us = 20;
   double device_speed = 1.0;  // compute relative to the device `plan` profiles on
+  // Device memory a rank's process holds outside its tensors (planner/machine.h): the CUDA
+  // context with libtorch's kernels, handles and workspaces, and each NCCL communicator's buffers.
+  double runtime_mib = 1024;
+  double communicator_mib = 700;
   int64_t device_memory_bytes = 0;  // derived from device_memory by validation
 };
 

@@ -395,6 +395,7 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
 
 void add_cluster_fields(std::vector<FieldSpec>& f) {
   auto described = [](const Config& c) { return c.cluster.nodes > 0; };
+  auto on_gpus = [](const Config& c) { return c.cluster.nodes > 0 && !c.cluster.device.empty(); };
   const char* words = "cluster.nodes > 0";
   f.push_back(Field(&C::cluster, &ClusterConfig::nodes, "cluster", "nodes",
                     "nodes of the machine `hybrid_train plan` plans for; 0: this machine, measured")
@@ -418,6 +419,15 @@ void add_cluster_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::cluster, &ClusterConfig::device_speed, "cluster", "device_speed",
                     "compute speed of one device relative to the one `plan` profiles on (e.g. 40 for a GPU "
                     "against this CPU)").min(1e-6).only_when(words, described));
+  f.push_back(Field(&C::cluster, &ClusterConfig::runtime_mib, "cluster", "runtime_mib",
+                    "MiB of each device a rank's process holds outside its tensors: the CUDA context with "
+                    "libtorch's kernels, handles and workspaces (about 300 MiB of context with lazy loading, "
+                    "pytorch/pytorch#107667; a PyTorch process about 1 GB, #28394)").min(0).only_when("cluster.device is set", on_gpus));
+  f.push_back(Field(&C::cluster, &ClusterConfig::communicator_mib, "cluster", "communicator_mib",
+                    "MiB of each device one NCCL communicator holds (a rank has one per group it is in: "
+                    "data-parallel, tensor-parallel, pipeline; 544-688 MB measured on A100s with NVLink, "
+                    "NVIDIA/nccl#964; more channels, so more memory, at H100's bandwidth, #986)")
+                  .min(0).only_when("cluster.device is set", on_gpus));
 }
 
 void add_checkpoint_and_metrics_fields(std::vector<FieldSpec>& f) {

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <functional>
 #include <cstring>
@@ -99,10 +100,16 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
     m.intra_node_latency_us = k.intra_node_latency_us;
     m.inter_node_latency_us = k.inter_node_latency_us;
     m.device_speed = k.device.empty() ? k.device_speed : 1.0;  // traced: the kind's own times
-    char text[320];
-    std::snprintf(text, sizeof text, "%s [cluster]: %d node(s) x %d devices of %s, %.0f GB/s within a node, "
+    if (!k.device.empty()) {  // a catalog kind is a GPU: its process's context and NCCL's buffers
+      m.runtime_bytes = std::llround(k.runtime_mib * 1024 * 1024);
+      m.communicator_bytes = std::llround(k.communicator_mib * 1024 * 1024);
+    }
+    char text[400];
+    const std::string reserved = k.device.empty() ? "" : " (the runtime holds " + format_bytes(m.runtime_bytes) + ", and " +
+                                                             format_bytes(m.communicator_bytes) + " a communicator)";
+    std::snprintf(text, sizeof text, "%s [cluster]: %d node(s) x %d devices of %s%s, %.0f GB/s within a node, "
                   "%.0f GB/s between", config.source.c_str(), m.nodes, m.devices_per_node,
-                  format_bytes(m.device_memory).c_str(), k.intra_node_gbps, k.inter_node_gbps);
+                  format_bytes(m.device_memory).c_str(), reserved.c_str(), k.intra_node_gbps, k.inter_node_gbps);
     m.description = text;
     if (!k.device.empty()) {
       const DeviceKind kind = catalog_kind(k.device, args.devices_file, config.source + ": cluster.device");
@@ -205,10 +212,15 @@ std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const D
 // alloc/cuda_arena.h), and with `evict_if_needed` DTR plans are added where nothing fits.
 void rank_layouts(const Config& config, SearchOptions search, bool traced, bool evict_if_needed,
                   Objective objective, JobPlan& out) {
+  // On a GPU an evicting plan's arena is the device less what the runtime holds beside it
+  // (Machine::reserved_bytes: the CUDA context, the plan's NCCL communicators).
   auto gpu_budgets = [&](std::vector<Plan> plans) {
     if (traced) {
-      for (Plan& p : plans)
-        if (!evicts(p.policy)) p.budget_bytes = 0;
+      for (Plan& p : plans) {
+        p.budget_bytes = evicts(p.policy) ? std::max<int64_t>(0, p.budget_bytes - out.machine.reserved_bytes(
+                                                                     p.ranks > 1, p.tensor > 1, p.stages > 1))
+                                          : 0;
+      }
     }
     return plans;
   };

@@ -111,7 +111,8 @@ TEST(DeviceCatalog, PlanForAClusterOfAKind) {
   const std::string config = std::string(HT_SOURCE_DIR) + "/configs/quickstart.toml --job.output_dir=" + dir.path("plan");
   const ProcessResult r = run_binary("plan " + config + " --cluster h200:2x4 --ranks 1,8 --precisions off");
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("2 node(s) x 4 devices of 131.3 GiB, 450 GB/s within a node, 50 GB/s between"));
+  EXPECT_THAT(r.output, HasSubstr("2 node(s) x 4 devices of 131.3 GiB (the runtime holds 1.00 GiB, and 700.0 MiB a "
+                                  "communicator), 450 GB/s within a node, 50 GB/s between"));
   const ProcessResult bad = run_binary("plan " + config + " --cluster tpu-v5:2");
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.output, HasSubstr("--cluster tpu-v5:2: no device kind \"tpu-v5\""));

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 namespace ht::test {
@@ -113,6 +114,38 @@ TEST(CostModel, PeakIsTheSumOfItsParts) {
   EXPECT_DOUBLE_EQ(r.compute_ms, 4 * forward_backward_ms(p, 16, MixedPrecision::kOff, 4));
   m.device_memory = r.peak_bytes - 1;
   EXPECT_FALSE(predict(p, m, plan).fits);
+}
+
+// A GPU rank's process holds memory its tensors cannot use: the CUDA context, and one NCCL
+// communicator's buffers per group the rank is in. A plan fits the device less that, with 3%
+// kept for the caching allocator's fragmentation when nothing evicts.
+TEST(CostModel, AGpuRankFitsItsDeviceLessTheRuntimeAndItsCommunicators) {
+  const ModelProfile p = two_points();
+  Machine m;
+  m.shared_host = false;
+  m.devices_per_node = 8;
+  m.runtime_bytes = 4000;
+  m.communicator_bytes = 1000;
+  EXPECT_EQ(m.reserved_bytes(false, false, false), 4000);
+  EXPECT_EQ(m.reserved_bytes(true, true, true), 7000);
+  Plan plan;
+  plan.micro_batch = 16;
+  plan.accumulation = 2;
+  plan.ranks = 2;  // in a data-parallel group: the runtime and one communicator
+  const int64_t peak = predict(p, m, plan).peak_bytes;
+  m.device_memory = static_cast<int64_t>(std::ceil(static_cast<double>(peak) / 0.97)) + 5000;
+  EXPECT_TRUE(predict(p, m, plan).fits);
+  m.device_memory -= 100;  // within the 3% the allocator keeps
+  const Prediction tight = predict(p, m, plan);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_NE(tight.why_not.find("fragmentation"), std::string::npos) << tight.why_not;
+  m.device_memory = peak + 4999;  // the tensors fit the device, not beside the runtime
+  const Prediction over = predict(p, m, plan);
+  EXPECT_FALSE(over.fits);
+  EXPECT_NE(over.why_not.find("less the runtime's"), std::string::npos) << over.why_not;
+  plan.ranks = 1;  // no group: the runtime alone
+  m.device_memory = static_cast<int64_t>(std::ceil(static_cast<double>(peak) / 0.97)) + 4000;
+  EXPECT_TRUE(predict(p, m, plan).fits);
 }
 
 // Pipeline stages: four equal blocks on two 1F1B stages, each holding half the parameters. The
