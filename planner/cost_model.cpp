@@ -386,9 +386,9 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   p.compute_ms = fb * static_cast<double>(plan.accumulation);
   const bool replayed = full && blocks->failure.empty();
   if (replayed) {
-    block_recompute_step_terms(profile, plan, *blocks, fb, slowdown, p);
+    block_recompute_step_terms(profile, machine, plan, *blocks, fb, slowdown, p);
   } else if (plan.stages > 1 && !full) {
-    pipeline_terms(profile, plan, fb, p);
+    pipeline_terms(profile, machine, plan, fb, p);
   }
   // Optimizer and batch gather: measured per step; the gather grows with the rank's batch.
   const auto points = base_points(profile, plan.precision);

@@ -63,6 +63,7 @@ struct Prediction {
   double gather_hidden_ms = 0;        // ZeRO-3 with prefetch: the all-gathers' time hidden under compute
   double tensor_ms = 0;               // tensor parallelism: the group's collectives, on the critical path
   double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
+  double transfer_ms = 0;             // pipelines: the step's wait for stage-to-stage messages, part of bubble_ms
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
   double stage_state_share = 1;       // pipelines: the fullest stage's share of the model's state
   int64_t evictions = 0;              // per step (replay), or values a static plan drops

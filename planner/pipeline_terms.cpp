@@ -2,6 +2,7 @@
 
 #include "parallel/pipeline_schedule.h"
 #include "parallel/stage_partition.h"
+#include "planner/machine.h"
 
 #include <algorithm>
 #include <numeric>
@@ -48,9 +49,42 @@ std::vector<BlockCost> block_costs(const ModelProfile& profile, const ProfilePoi
   return costs;
 }
 
+// The link between neighbouring stages: ranks are (stage x replicas + replica) x tensor + tensor
+// rank (parallel/process_grid.h), so a stage is replicas x tensor ranks apart from the next, and
+// some cut crosses a node once the pipeline spans more than one.
+double transfer_ms(const Machine& machine, const Plan& plan, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  const bool one_node = static_cast<int64_t>(plan.devices()) <= machine.devices_per_node;
+  const double gbps = one_node ? machine.intra_node_gbps : machine.inter_node_gbps;
+  const double latency_us = one_node ? machine.intra_node_latency_us : machine.inter_node_latency_us;
+  return latency_us * 1e-3 + static_cast<double>(bytes) / (gbps * 1e9) * 1e3;
+}
+
 }  // namespace
 
-void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms, Prediction& p) {
+int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch) {
+  const StepTrace& t = point.trace;
+  std::vector<char> counted(t.tensors.size(), 0);
+  int64_t bytes = 0;
+  for (const TraceKernel& k : t.kernels) {
+    if (k.backward || k.block <= block) continue;
+    for (int i : k.inputs) {
+      if (i < 0 || static_cast<size_t>(i) >= t.tensors.size() || counted[static_cast<size_t>(i)]) continue;
+      const int producer = t.tensors[static_cast<size_t>(i)].producer;
+      if (producer < 0 || t.kernels[static_cast<size_t>(producer)].block < 0 ||
+          t.kernels[static_cast<size_t>(producer)].block > block)
+        continue;
+      counted[static_cast<size_t>(i)] = 1;
+      bytes += t.tensors[static_cast<size_t>(i)].bytes;
+    }
+  }
+  if (point.micro_batch <= 0) return bytes;
+  return static_cast<int64_t>(static_cast<double>(bytes) * static_cast<double>(micro_batch) /
+                              static_cast<double>(point.micro_batch));
+}
+
+void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms,
+                    Prediction& p) {
   const ProfilePoint* pt = timed_point(profile, plan);
   const ScheduleKind kind = plan.schedule;
   const int chunks = kind == ScheduleKind::kInterleaved1f1b ? std::max(1, plan.virtual_stages) : 1;
@@ -95,9 +129,19 @@ void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms,
     sim.stage_scale.push_back(ms / mean);
     slowest = std::max(slowest, ms);
   }
-  const SimulationResult run = simulate(make_schedule(kind, shape), shape, sim);
+  // The largest cut the partition makes: every micro-batch crosses it, forward and back.
+  int64_t cut_bytes = 0;
+  for (int vs = 0; vs + 1 < parts; ++vs) {
+    const StagePlan& s = partition.stages[static_cast<size_t>(vs)];
+    cut_bytes = std::max(cut_bytes, stage_boundary_bytes(*pt, s.first_block + s.blocks - 1, plan.micro_batch));
+  }
+  const PipelineSchedule schedule = make_schedule(kind, shape);
+  const SimulationResult alone = simulate(schedule, shape, sim);
+  sim.p2p = transfer_ms(machine, plan, cut_bytes);
+  const SimulationResult run = sim.p2p > 0 ? simulate(schedule, shape, sim) : alone;
   p.compute_ms = run.makespan;
   p.bubble_ms = run.makespan * run.bubble;
+  p.transfer_ms = std::max(0.0, run.makespan - alone.makespan);
   // Memory: the fullest rank. Activations replace one micro-batch's whole-model set.
   size_t fullest = 0;
   for (size_t r = 1; r < rank_peak.size(); ++r)

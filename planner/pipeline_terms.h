@@ -5,8 +5,12 @@
 // stage's memory: its share of parameters, gradients and optimizer state, and the activations of
 // the micro-batches its schedule keeps in flight. With parallel.shard = "optimizer" the state
 // terms it scales are already a replica's share (planner/shard_terms.h); the stage's share is
-// taken against the blocks' unsharded state. Point-to-point time is not modelled: it is small beside a block's compute on
-// one host, and grows with the network between hosts (measured by bench_pipeline).
+// taken against the blocks' unsharded state. Each micro-batch's activations cross every stage
+// boundary forward and their gradients back, point to point: the bytes are the traced tensors one
+// side of the cut makes and the other reads, the time alpha-beta over the link between the two
+// stages' devices, a delay on the schedule's dependency (the sender computes on); the schedule's
+// simulation then says how much of it the step waits for (Prediction::transfer_ms, in the bubble).
+// Interleaving's extra boundaries are priced by the same rule.
 
 #include "planner/cost_model.h"
 
@@ -14,6 +18,11 @@ namespace ht {
 
 // Replaces p's compute and memory terms by the pipeline's; `fb_ms` is one micro-batch's forward
 // and backward through the whole model on one rank.
-void pipeline_terms(const ModelProfile& profile, const Plan& plan, double fb_ms, Prediction& p);
+void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms, Prediction& p);
+
+// The bytes one micro-batch of `micro_batch` samples sends across the cut after block `block`
+// (forward; backward sends their gradients): the traced tensors made in blocks up to `block` and
+// read by a forward kernel of a later block. 0 without a trace.
+int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch);
 
 }  // namespace ht

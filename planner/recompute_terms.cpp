@@ -84,13 +84,14 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
   return out;
 }
 
-void block_recompute_step_terms(const ModelProfile& profile, const Plan& plan, const BlockRecomputeReplay& blocks,
+void block_recompute_step_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan,
+                                const BlockRecomputeReplay& blocks,
                                 double fb_ms, double slowdown, Prediction& p) {
   if (plan.stages > 1) {
     // Each micro-batch's regenerations run in its stages' backward: inside the schedule.
     const double regenerate = blocks.recompute_ms * slowdown;
     p.activation_bytes = blocks.kept_bytes;
-    pipeline_terms(profile, plan, fb_ms + regenerate, p);
+    pipeline_terms(profile, machine, plan, fb_ms + regenerate, p);
     p.activation_bytes += blocks.working_bytes;
     p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
                    std::max(p.activation_bytes, p.optimizer_working_bytes);

@@ -19,7 +19,7 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
 // Replaces p's activation, peak, recomputation and eviction terms by the replay's (with stages,
 // through pipeline_terms with the regenerations in each micro-batch's time); `fb_ms`: one
 // micro-batch's forward and backward on one rank, `slowdown` as predict's.
-void block_recompute_step_terms(const ModelProfile& profile, const Plan& plan, const BlockRecomputeReplay& blocks,
-                                double fb_ms, double slowdown, Prediction& p);
+void block_recompute_step_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan,
+                                const BlockRecomputeReplay& blocks, double fb_ms, double slowdown, Prediction& p);
 
 }  // namespace ht

@@ -2,6 +2,7 @@
 // threads by Amdahl's law, ranks sharing a host, the all-reduce's alpha-beta, and memory as the
 // sum of its parts.
 #include "planner/cost_model.h"
+#include "planner/pipeline_terms.h"
 #include "planner/search.h"
 #include "planner/shard_terms.h"
 
@@ -198,6 +199,69 @@ TEST(CostModel, PipelineStagesPayTheBubbleAndHoldTheirShare) {
   const Prediction too_many = predict(p, m, piped);
   EXPECT_FALSE(too_many.fits);
   EXPECT_NE(too_many.why_not.find("more stages than the model's 4 blocks"), std::string::npos) << too_many.why_not;
+}
+
+// A micro-batch crosses each stage boundary forward and its gradient back: the bytes are the
+// traced tensors made on one side of the cut and read by a forward kernel on the other (a skip
+// connection over the cut included), scaled to the micro-batch; the step waits for the part of
+// those messages the schedule cannot hide (Prediction::transfer_ms, in the bubble).
+TEST(CostModel, PipelineStagesPayForTheirMessages) {
+  ModelProfile p = two_points();
+  for (ProfilePoint& pt : p.points) {
+    pt.blocks.assign(4, BlockTime{1.0, 2.0});
+    // Block b's kernel reads block b - 1's output (1000 bytes a sample); block 2 also reads
+    // block 0's output (a skip connection: 500 bytes a sample).
+    for (int b = 0; b < 4; ++b) {
+      TraceKernel k;
+      k.block = b;
+      if (b > 0) k.inputs.push_back(b - 1);
+      if (b == 2) k.inputs.push_back(4);
+      pt.trace.kernels.push_back(k);
+      TraceTensor t;
+      t.producer = b;
+      t.bytes = 1000 * pt.micro_batch;
+      pt.trace.tensors.push_back(t);
+    }
+    TraceTensor skip;
+    skip.producer = 0;
+    skip.bytes = 500 * pt.micro_batch;
+    pt.trace.tensors.push_back(skip);
+    TraceKernel backward;  // backward kernels read saved values; they send nothing forward
+    backward.backward = true;
+    backward.block = 3;
+    backward.inputs = {0};
+    pt.trace.kernels.push_back(backward);
+  }
+  p.block_parameter_bytes.assign(4, p.parameter_bytes / 4);
+  EXPECT_EQ(stage_boundary_bytes(p.points[0], 0, 8), 8 * (1000 + 500));
+  EXPECT_EQ(stage_boundary_bytes(p.points[0], 1, 8), 8 * (1000 + 500)) << "block 1's output and the skip";
+  EXPECT_EQ(stage_boundary_bytes(p.points[0], 2, 16), 16 * 1000);
+  Machine m;
+  m.host_threads = 4;
+  m.devices_per_node = 2;
+  m.intra_node_latency_us = 0;
+  Plan piped;
+  piped.micro_batch = 8;
+  piped.accumulation = 4;
+  piped.stages = 2;
+  m.intra_node_gbps = 1e12;  // free messages: the schedule alone
+  const Prediction free = predict(p, m, piped);
+  EXPECT_NEAR(free.transfer_ms, 0, 1e-6);
+  m.intra_node_gbps = 0.012;  // 12,000 bytes (the cut after block 1 at 8 samples) take 1 ms
+  const Prediction paid = predict(p, m, piped);
+  EXPECT_GT(paid.transfer_ms, 0);
+  EXPECT_NEAR(paid.compute_ms - free.compute_ms, paid.transfer_ms, 1e-9);
+  // At least the first forward's message and the last backward's are waited for; at most all
+  // of the four micro-batches' two. The wait is idle time: it is in the bubble.
+  EXPECT_GE(paid.transfer_ms, 2.0 - 1e-9);
+  EXPECT_LE(paid.transfer_ms, 8.0 + 1e-9);
+  EXPECT_NEAR(paid.bubble_ms - free.bubble_ms, paid.transfer_ms, 1e-9);
+  // Across nodes, the NIC's rate.
+  m.intra_node_gbps = 1e12;
+  m.inter_node_gbps = 0.012;
+  m.inter_node_latency_us = 0;
+  m.devices_per_node = 1;
+  EXPECT_NEAR(predict(p, m, piped).transfer_ms, paid.transfer_ms, 1e-9);
 }
 
 // ZeRO-1 within stages: each stage's replicas split that stage's optimizer state (the stage's
