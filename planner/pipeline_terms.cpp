@@ -62,21 +62,39 @@ double transfer_ms(const Machine& machine, const Plan& plan, int64_t bytes) {
 
 }  // namespace
 
-int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch) {
-  const StepTrace& t = point.trace;
-  std::vector<char> counted(t.tensors.size(), 0);
-  int64_t bytes = 0;
-  for (const TraceKernel& k : t.kernels) {
-    if (k.backward || k.block <= block) continue;
+std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks) {
+  // Each tensor crosses the cuts from its producer's block to the last block whose forward reads it.
+  std::vector<int> last_reader(trace.tensors.size(), -1);
+  for (const TraceKernel& k : trace.kernels) {
+    if (k.backward || k.block < 0) continue;
     for (int i : k.inputs) {
-      if (i < 0 || static_cast<size_t>(i) >= t.tensors.size() || counted[static_cast<size_t>(i)]) continue;
-      const int producer = t.tensors[static_cast<size_t>(i)].producer;
-      if (producer < 0 || t.kernels[static_cast<size_t>(producer)].block < 0 ||
-          t.kernels[static_cast<size_t>(producer)].block > block)
-        continue;
-      counted[static_cast<size_t>(i)] = 1;
-      bytes += t.tensors[static_cast<size_t>(i)].bytes;
+      if (i >= 0 && static_cast<size_t>(i) < last_reader.size())
+        last_reader[static_cast<size_t>(i)] = std::max(last_reader[static_cast<size_t>(i)], k.block);
     }
+  }
+  std::vector<int64_t> change(static_cast<size_t>(std::max(blocks, 0)) + 1, 0);
+  for (size_t i = 0; i < trace.tensors.size(); ++i) {
+    const int producer = trace.tensors[i].producer;
+    if (producer < 0 || static_cast<size_t>(producer) >= trace.kernels.size()) continue;
+    const int from = trace.kernels[static_cast<size_t>(producer)].block, to = std::min(last_reader[i], blocks);
+    if (from < 0 || to <= from) continue;
+    change[static_cast<size_t>(from)] += trace.tensors[i].bytes;
+    change[static_cast<size_t>(to)] -= trace.tensors[i].bytes;
+  }
+  std::vector<int64_t> cuts(static_cast<size_t>(std::max(blocks, 0)), 0);
+  int64_t running = 0;
+  for (size_t b = 0; b < cuts.size(); ++b) cuts[b] = running += change[b];
+  return cuts;
+}
+
+int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch) {
+  if (block < 0) return 0;
+  int64_t bytes = 0;
+  if (static_cast<size_t>(block) < point.cut_bytes.size()) {
+    bytes = point.cut_bytes[static_cast<size_t>(block)];
+  } else if (point.cut_bytes.empty()) {
+    const std::vector<int64_t> cuts = stage_cut_bytes(point.trace, block + 1);
+    bytes = cuts[static_cast<size_t>(block)];
   }
   if (point.micro_batch <= 0) return bytes;
   return static_cast<int64_t>(static_cast<double>(bytes) * static_cast<double>(micro_batch) /

@@ -20,9 +20,14 @@ namespace ht {
 // and backward through the whole model on one rank.
 void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms, Prediction& p);
 
-// The bytes one micro-batch of `micro_batch` samples sends across the cut after block `block`
-// (forward; backward sends their gradients): the traced tensors made in blocks up to `block` and
-// read by a forward kernel of a later block. 0 without a trace.
+// Per block b of `blocks`: the bytes the traced micro-batch sends forward across a cut after b
+// (backward sends their gradients): the tensors made in blocks up to b and read by a forward
+// kernel of a later block, a skip connection over the cut included. One pass over the trace; the
+// profilers store it on each point (ProfilePoint::cut_bytes).
+std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks);
+
+// The cut after block `block` for a micro-batch of `micro_batch` samples, from the point's
+// cut_bytes (or its trace when the point has none), in proportion to the samples.
 int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch);
 
 }  // namespace ht

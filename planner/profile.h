@@ -39,6 +39,9 @@ struct ProfilePoint {
   int64_t persistent_bytes = 0;   // arena bytes in use when the step began
   int64_t batch_bytes = 0;        // the step's batch (input and target), rounded
   std::vector<BlockTime> blocks;  // per model block; the loss is not a block
+  // Per model block b: the bytes one micro-batch sends forward across a pipeline cut after b (the
+  // trace's tensors made up to b and read by a later block's forward; planner/pipeline_terms.h).
+  std::vector<int64_t> cut_bytes;
   StepTrace trace;                // for the DTR replay
   // The same step as static plans capture it (memory/step_capture.h), for predicting a plan.
   schedule::StepGraph graph;

@@ -9,6 +9,7 @@
 #include "alloc/cpu_device_allocator.h"
 #include "parallel/data_parallel.h"
 #include "planner/cost_model.h"
+#include "planner/pipeline_terms.h"
 #include "planner/step_recorder.h"
 #include "runtime/thread_pools.h"
 
@@ -156,6 +157,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
     BlockTime& b = point.blocks[static_cast<size_t>(k.block)];
     (k.backward ? b.backward_ms : b.forward_ms) += k.ms;
   }
+  point.cut_bytes = stage_cut_bytes(point.trace, static_cast<int>(point.blocks.size()));
   return point;
 }
 
