@@ -171,7 +171,8 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
       next = plans.size();
     }
   };
-  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  // At most 16: each prediction of a large model copies its trace (about 10 MB for 70B).
+  const size_t cores = std::min(16u, std::max(1u, std::thread::hardware_concurrency()));
   const size_t threads = std::min(cores, (plans.size() + 63) / 64);  // a few plans: not worth a thread
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);

@@ -116,6 +116,10 @@ TEST(DeviceCatalog, PlanForAClusterOfAKind) {
   const ProcessResult bad = run_binary("plan " + config + " --cluster tpu-v5:2");
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.output, HasSubstr("--cluster tpu-v5:2: no device kind \"tpu-v5\""));
+  // What the runtime holds beside the tensors: a negative size is refused, naming the key.
+  const ProcessResult negative = run_binary("plan " + config + " --cluster h200:1x2 --cluster.communicator_mib=-5");
+  EXPECT_EQ(negative.status, 2);
+  EXPECT_THAT(negative.output, HasSubstr("cluster.communicator_mib: -5.0 is out of range: must be >= 0.0"));
 }
 
 }  // namespace
