@@ -449,30 +449,27 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     p.mfu = 3 * per_sample * samples / plan.stages / (p.step_ms * peak);
   }
 
+  // A GPU rank's tensors get the device less what its process holds beside them (0 on CPU ranks).
   const int64_t reserved = machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, plan.stages > 1);
+  const std::string device_room =
+      reserved > 0 ? "the device's memory less the runtime's " + format_bytes(reserved) : "the device's memory";
   if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory - reserved && p.fits) {
     p.fits = false;
-    p.why_not = reserved > 0 ? "needs more than the device's memory less the runtime's " + format_bytes(reserved)
-                             : "needs more than the device's memory";
-  } else if (reserved > 0 && !evicts(plan.policy) && p.fits &&
-             p.peak_bytes > static_cast<int64_t>(static_cast<double>(machine.device_memory - reserved) *
-                                                 (1.0 - schedule::kDefaultBudgetMargin))) {
-    // On a GPU without a budget PyTorch's caching allocator serves the tensors; its blocks split
-    // and cache, so the same 3% a budget keeps for fragmentation (below) is kept here.
-    p.fits = false;
-    p.why_not = "leaves less than 3% of the device's memory (less the runtime's " + format_bytes(reserved) +
-                ") for the allocator's fragmentation";
-  } else if (!evicts(plan.policy) && plan.budget_bytes > 0 && p.fits) {
-    // Without eviction nothing makes room when the arena's free memory is in pieces: a plan fits
-    // with the margin static plans keep (3%). A ResNet-18 predicted at 99.5-99.8% of its budget
-    // failed on fragmentation in its second step; at 98% it trained (2026-11-26).
-    const auto usable = static_cast<int64_t>(static_cast<double>(plan.budget_bytes) * (1.0 - schedule::kDefaultBudgetMargin));
-    if (p.peak_bytes > plan.budget_bytes) {
+    p.why_not = "needs more than " + device_room;
+  } else if (!evicts(plan.policy) && p.fits && (plan.budget_bytes > 0 || reserved > 0)) {
+    // Without eviction nothing makes room when free memory is in pieces: a plan fits with the
+    // margin static plans keep (3%). A ResNet-18 predicted at 99.5-99.8% of its budget failed on
+    // fragmentation in its second step; at 98% it trained (2026-11-26). The room is the budget's
+    // arena, or on a GPU without one what PyTorch's caching allocator gets, whose blocks split too.
+    const int64_t room = plan.budget_bytes > 0 ? plan.budget_bytes : machine.device_memory - reserved;
+    const std::string what = plan.budget_bytes > 0 ? "the budget" : device_room;
+    const auto usable = static_cast<int64_t>(static_cast<double>(room) * (1.0 - schedule::kDefaultBudgetMargin));
+    if (p.peak_bytes > room) {
       p.fits = false;
-      p.why_not = "needs more than the budget";
+      p.why_not = "needs more than " + what;
     } else if (p.peak_bytes > usable) {
       p.fits = false;
-      p.why_not = "leaves less than 3% of the budget for the fragmentation a profile cannot see";
+      p.why_not = "leaves less than 3% of " + what + " for the fragmentation a profile cannot see";
     }
   }
   return p;

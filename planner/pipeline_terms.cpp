@@ -88,14 +88,8 @@ std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks) {
 }
 
 int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch) {
-  if (block < 0) return 0;
-  int64_t bytes = 0;
-  if (static_cast<size_t>(block) < point.cut_bytes.size()) {
-    bytes = point.cut_bytes[static_cast<size_t>(block)];
-  } else if (point.cut_bytes.empty()) {
-    const std::vector<int64_t> cuts = stage_cut_bytes(point.trace, block + 1);
-    bytes = cuts[static_cast<size_t>(block)];
-  }
+  if (block < 0 || static_cast<size_t>(block) >= point.cut_bytes.size()) return 0;
+  const int64_t bytes = point.cut_bytes[static_cast<size_t>(block)];
   if (point.micro_batch <= 0) return bytes;
   return static_cast<int64_t>(static_cast<double>(bytes) * static_cast<double>(micro_batch) /
                               static_cast<double>(point.micro_batch));

@@ -27,7 +27,7 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
 std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks);
 
 // The cut after block `block` for a micro-batch of `micro_batch` samples, from the point's
-// cut_bytes (or its trace when the point has none), in proportion to the samples.
+// cut_bytes, in proportion to the samples; 0 where the point has none.
 int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch);
 
 }  // namespace ht

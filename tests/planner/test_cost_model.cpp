@@ -233,14 +233,16 @@ TEST(CostModel, PipelineStagesPayForTheirMessages) {
     pt.trace.kernels.push_back(backward);
   }
   p.block_parameter_bytes.assign(4, p.parameter_bytes / 4);
+  for (ProfilePoint& pt : p.points) pt.cut_bytes = stage_cut_bytes(pt.trace, 4);  // as the profilers store them
   EXPECT_EQ(stage_boundary_bytes(p.points[0], 0, 8), 8 * (1000 + 500));
   EXPECT_EQ(stage_boundary_bytes(p.points[0], 1, 8), 8 * (1000 + 500)) << "block 1's output and the skip";
   EXPECT_EQ(stage_boundary_bytes(p.points[0], 2, 16), 16 * 1000);
   // In one pass, as the profilers store it on each point: the same cuts.
   EXPECT_EQ(stage_cut_bytes(p.points[0].trace, 4), (std::vector<int64_t>{12000, 12000, 8000, 0}));
+  const std::vector<int64_t> stored = p.points[0].cut_bytes;
   p.points[0].cut_bytes = {1, 2, 3, 4};  // stored cuts are read, not recomputed
   EXPECT_EQ(stage_boundary_bytes(p.points[0], 2, 16), 6);
-  p.points[0].cut_bytes.clear();
+  p.points[0].cut_bytes = stored;
   Machine m;
   m.host_threads = 4;
   m.devices_per_node = 2;
