@@ -154,7 +154,7 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
 
 std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
                                    const std::function<Prediction(const Plan&)>& predict_plan,
-                                   Objective objective) {
+                                   Objective objective, int threads) {
   // Predictions are independent of each other (the profile's one cache is locked,
   // recompute_terms.cpp): on every core. A 70B model's 3,000 layouts of 64 devices took 4.8 s on
   // one core here. Each plan keeps its slot, so the ranking is the same at any thread count.
@@ -171,11 +171,13 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
       next = plans.size();
     }
   };
-  // At most 16: each prediction of a large model copies its trace (about 10 MB for 70B).
-  const size_t cores = std::min(16u, std::max(1u, std::thread::hardware_concurrency()));
-  const size_t threads = std::min(cores, (plans.size() + 63) / 64);  // a few plans: not worth a thread
+  // At most 16: each prediction of a large model copies its trace (about 10 MB for 70B). The
+  // caller's count, not the host's: a container limited to 2 of 64 cores would otherwise run 16
+  // threads in turns.
+  const size_t cores = static_cast<size_t>(std::clamp(threads, 1, 16));
+  const size_t workers = std::min(cores, (plans.size() + 63) / 64);  // a few plans: not worth a thread
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  for (size_t t = 1; t < workers; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);

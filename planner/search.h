@@ -40,10 +40,12 @@ struct RankedPlan {
 // the machine's memory is known.
 std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, const SearchOptions& options);
 // Fitting plans first, best first by the objective (ties: fewer ranks, then faster); then the
-// rest by predicted peak.
+// rest by predicted peak. Predicts on up to `threads` threads (the cores this process may use:
+// its affinity and cgroup quota, which std::thread::hardware_concurrency does not see); the
+// ranking is the same at any count.
 std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
                                    const std::function<Prediction(const Plan&)>& predict_plan,
-                                   Objective objective);
+                                   Objective objective, int threads = 1);
 // A plan in words: "2 ranks, micro-batch 32 x 2, bf16, dtr".
 std::string describe_plan(const Plan& plan);
 // One or two sentences on why ranked[0] wins, against the best plan of other rank counts and

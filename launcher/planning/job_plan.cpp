@@ -227,11 +227,11 @@ void rank_layouts(const Config& config, SearchOptions search, bool traced, bool 
   const int64_t global = config.training.global_batch_size;
   std::vector<Plan> plans = gpu_budgets(candidate_plans(global, out.machine.device_memory, search));
   auto predict_plan = [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); };
-  out.ranked = rank_plans(plans, predict_plan, objective);
+  out.ranked = rank_plans(plans, predict_plan, objective, usable_cpus());
   if (evict_if_needed && (out.ranked.empty() || !out.ranked[0].prediction.fits)) {
     search.policies = {MemoryPolicy::kNone, MemoryPolicy::kFull, MemoryPolicy::kDtr};
     plans = without_needless_eviction(gpu_budgets(candidate_plans(global, out.machine.device_memory, search)), predict_plan);
-    out.ranked = rank_plans(plans, predict_plan, objective);
+    out.ranked = rank_plans(plans, predict_plan, objective, usable_cpus());
   }
 }
 

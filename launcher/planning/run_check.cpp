@@ -251,7 +251,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
           candidate_plans(config.training.global_batch_size, plan.machine.device_memory, alternatives);
       std::vector<RankedPlan> fitting;
       for (RankedPlan& r : rank_plans(plans, [&](const Plan& q) { return predict(plan.profile, plan.machine, q); },
-                                      Objective::kTime)) {
+                                      Objective::kTime, at::get_num_threads())) {
         if (r.prediction.fits) fitting.push_back(std::move(r));
       }
       refusal = does_not_fit(config, out.prediction, out.limit_bytes, fitting);

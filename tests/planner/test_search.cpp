@@ -135,6 +135,23 @@ TEST(Search, PicksTheTrueOptimumForEitherObjective) {
   EXPECT_EQ(rank_plans(plans, synthetic, Objective::kCost)[0].plan.ranks, 1);
 }
 
+TEST(Search, TheRankingDoesNotDependOnTheThreadsThatPredictIt) {
+  SearchOptions o;
+  o.ranks = {1, 2, 4, 8};
+  o.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};
+  o.tensor = {1, 2, 4};
+  o.stages = {1, 2};
+  const std::vector<Plan> plans = candidate_plans(64, 200, o);
+  ASSERT_GT(plans.size(), 4u * 64u) << "enough plans for four threads";
+  const std::vector<RankedPlan> one = rank_plans(plans, synthetic, Objective::kTime, 1);
+  const std::vector<RankedPlan> four = rank_plans(plans, synthetic, Objective::kTime, 4);
+  ASSERT_EQ(one.size(), four.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(describe_plan(one[i].plan), describe_plan(four[i].plan)) << "rank " << i;
+    EXPECT_EQ(one[i].prediction.step_ms, four[i].prediction.step_ms) << "rank " << i;
+  }
+}
+
 TEST(Search, ARankCapOfOnePicksAMemorySaver) {
   SearchOptions o;
   o.ranks = {1};
