@@ -2,6 +2,8 @@
 // An op is data plus two functions: what it declares about itself (OpTraits), a forward over
 // ATen kernels, and a backward that says how gradients flow to its inputs.
 
+#include "runtime/kernel_workspace.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -55,6 +57,9 @@ struct OpTraits {
   uint32_t saves_outputs = 0;  // bit j: backward reads the value of output j
   Precision precision = Precision::kFollow;
   Work work = Work::kMemory;
+  // What its kernel allocates beside its outputs (runtime/kernel_workspace.h): declared here so
+  // that a step traced on meta tensors holds it as the data run does.
+  Workspace workspace = Workspace::kNone;
 
   static constexpr uint32_t bits(std::initializer_list<int> indices) {
     uint32_t mask = 0;
@@ -90,6 +95,10 @@ struct OpTraits {
   }
   OpTraits& doing(Work kind) {
     work = kind;
+    return *this;
+  }
+  OpTraits& with_workspace(Workspace kind) {
+    workspace = kind;
     return *this;
   }
   OpTraits& in_float32() {
@@ -135,7 +144,8 @@ class Op {
   // On meta tensors (a step traced without data, launcher/planning/meta_trace.h) forward and
   // backward return the same outputs' shapes and dtypes without values. They do as written
   // wherever every ATen call has a meta kernel; an op whose kernel has none (in libtorch 1.13:
-  // embedding, layer and batch norm, relu, convolution) checks is_meta() and allocates them.
+  // embedding, layer and batch norm, relu, convolution) checks is_meta() and allocates them,
+  // and holds its kernel's workspace (OpTraits::workspace) while they exist.
 
  private:
   OpTraits traits_;

@@ -4,6 +4,7 @@
 #include "alloc/cuda_arena.h"
 #include "launcher/model_factory.h"
 #include "launcher/planning/meta_trace.h"
+#include "runtime/kernel_workspace.h"
 #include "launcher/user_error.h"
 
 #include <ATen/Context.h>
@@ -81,6 +82,7 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
   const DataInfo info{Task::kLanguageModel, {c.model.block_size}, data_vocab, "tokens", 0};
   std::optional<TracedStep> traced;
   try {
+    const DeclaredWorkspaces declared(WorkspaceRules::kThisCpu);  // this machine's kernels
     traced = trace_micro_batch(c, info, c.micro_batch_size());
   } catch (const std::exception&) {
     // No address space for the trace (a ulimit -v): refused on the shape's count alone.

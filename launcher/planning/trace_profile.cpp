@@ -112,6 +112,7 @@ ProfilePoint derived_point(const ProfilePoint& a, const ProfilePoint& b, int64_t
 
 ModelProfile trace_profile(const Config& config, const DataInfo& info, const TraceRequest& request) {
   const auto start = std::chrono::steady_clock::now();
+  const DeclaredWorkspaces declared(request.workspaces);
   ModelProfile profile = job_figures(config, info, request);
   const std::shared_ptr<CpuArena> arena = make_meta_arena(int64_t{1} << 45);
   MetaArenaScope scope(arena);

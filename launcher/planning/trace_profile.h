@@ -6,7 +6,8 @@
 //
 // Memory is the trace's, to the byte of the arena's placement: the model's parameters, the
 // gradient block the trainer allocates, the optimizer's state after its first step, each
-// micro-batch's activations (not ATen kernels' own workspaces: launcher/planning/meta_trace.h).
+// micro-batch's activations, and the kernels' own workspaces where the request names their rules
+// (runtime/kernel_workspace.h: this CPU's; none for a catalog GPU yet).
 // Time is each traced kernel's work at the device's rates, summed per block and per step; the
 // optimizer's from the bytes its kernels move. Each (precision, micro-batch) point is one trace;
 // the model is built once per tensor-parallel size.
@@ -15,6 +16,7 @@
 #include "launcher/data/dataset.h"
 #include "planner/op_time.h"
 #include "planner/profile.h"
+#include "runtime/kernel_workspace.h"
 
 #include <vector>
 
@@ -28,6 +30,9 @@ struct TraceRequest {
   int64_t device_memory = 0;
   DeviceRates rates;
   int64_t train_samples = 0;  // the training set's size where known (epochs, the sampler's memory)
+  // The kernels' workspaces to declare: kThisCpu for a plan of this machine (a meta kernel
+  // allocates only its outputs; a convolution's reorders set a ConvNet's peak).
+  WorkspaceRules workspaces = WorkspaceRules::kNone;
 };
 
 // `config` with the parallel.tensor_parallel and sequence_parallel to trace (a rank's part).

@@ -1,6 +1,8 @@
 // Convolution and pooling (NCHW).
 #include "runtime/ops/op_util.h"
 
+#include <ATen/Parallel.h>
+
 #include <array>
 
 namespace ht {
@@ -11,11 +13,19 @@ using TensorList = std::vector<at::Tensor>;
 class Conv2dOp final : public Op {
  public:
   Conv2dOp(Conv2dArgs args, bool has_bias)
-      : Op(OpTraits::named("conv2d").saving_inputs({0, 1}).in_low_precision().doing(Work::kConvolution)), args_(std::move(args)),
+      : Op(OpTraits::named("conv2d")
+                 .saving_inputs({0, 1})
+                 .in_low_precision()
+                 .doing(Work::kConvolution)
+                 .with_workspace(Workspace::kConvolution)), args_(std::move(args)),
         has_bias_(has_bias) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
-    if (in[0].is_meta()) return {meta_output(in[0], in[1])};
+    if (in[0].is_meta()) {
+      at::Tensor y = meta_output(in[0], in[1]);
+      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, query(in[0], in[1], y, false, true));
+      return {y};
+    }
     return {at::convolution(in[0], in[1], has_bias_ ? in[2] : at::Tensor(), args_.stride,
                             args_.padding, args_.dilation, /*transposed=*/false,
                             /*output_padding=*/{0, 0}, args_.groups)};
@@ -40,8 +50,11 @@ class Conv2dOp final : public Op {
                                                               std::array<bool, 3> mask) const {
     const std::array<int64_t, 1> bias_sizes{a.input_sizes(1)[0]};
     if (g.is_meta()) {  // libtorch 1.13 has no meta kernel: the gradients' shapes
-      return {mask[0] ? at::empty_like(x) : at::Tensor(), mask[1] ? at::empty_like(w) : at::Tensor(),
-              mask[2] ? at::empty({bias_sizes[0]}, g.options()) : at::Tensor()};
+      std::tuple<at::Tensor, at::Tensor, at::Tensor> grads{
+          mask[0] ? at::empty_like(x) : at::Tensor(), mask[1] ? at::empty_like(w) : at::Tensor(),
+          mask[2] ? at::empty({bias_sizes[0]}, g.options()) : at::Tensor()};
+      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, query(x, w, g, true, mask[1]));
+      return grads;
     }
     return at::convolution_backward(g, x, w, has_bias_ ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
                                     args_.stride, args_.padding, args_.dilation, /*transposed=*/false,
@@ -56,6 +69,21 @@ class Conv2dOp final : public Op {
       sizes.push_back((x.size(static_cast<int64_t>(d) + 2) + 2 * args_.padding[d] - extent) / args_.stride[d] + 1);
     }
     return at::empty(sizes, x.options().memory_format(x.suggest_memory_format()));
+  }
+  WorkspaceQuery query(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, bool backward,
+                       bool weight_grad) const {
+    WorkspaceQuery q;
+    q.backward = backward;
+    q.weight_grad = weight_grad;
+    q.input = x.sizes();
+    q.weight = w.sizes();
+    q.output = y.sizes();
+    q.stride = args_.stride;
+    q.padding = args_.padding;
+    q.groups = args_.groups;
+    q.element_bytes = static_cast<int64_t>(x.element_size());
+    q.threads = at::get_num_threads();
+    return q;
   }
   TensorList finish(const at::Tensor& gx, const at::Tensor& gw, const at::Tensor& gb) const {
     TensorList grads{gx, gw};

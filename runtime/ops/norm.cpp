@@ -1,6 +1,8 @@
 // Normalization: batch norm (training and evaluation), layer norm and RMS norm.
 #include "runtime/ops/op_util.h"
 
+#include <ATen/Parallel.h>
+
 #include <array>
 
 namespace ht {
@@ -26,7 +28,11 @@ class BatchNormOp final : public Op {
  public:
   BatchNormOp(at::Tensor running_mean, at::Tensor running_var, bool training, double momentum,
               double eps)
-      : Op(training ? OpTraits::named("batch_norm").saving_inputs({0, 1}).saving_outputs({1, 2}).with_float32_weights()
+      : Op(training ? OpTraits::named("batch_norm")
+                          .saving_inputs({0, 1})
+                          .saving_outputs({1, 2})
+                          .with_float32_weights()
+                          .with_workspace(Workspace::kBatchNorm)
                     : OpTraits::named("batch_norm_eval").saving_inputs({0, 1}).with_float32_weights()),
         running_mean_(std::move(running_mean)), running_var_(std::move(running_var)),
         training_(training), momentum_(momentum), eps_(eps) {}
@@ -35,7 +41,13 @@ class BatchNormOp final : public Op {
     const bool update_stats = training_ && !ctx.recompute;
     const at::Tensor rm = (!training_ || update_stats) ? running_mean_ : at::Tensor();
     const at::Tensor rv = (!training_ || update_stats) ? running_var_ : at::Tensor();
-    if (in[0].is_meta()) return meta_outputs(in);
+    if (in[0].is_meta()) {
+      TensorList out = meta_outputs(in);
+      WorkspaceQuery q;
+      q.input = in[0].sizes();
+      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, q);
+      return out;
+    }
     auto [y, save_mean, save_invstd] =
         at::native_batch_norm(in[0], in[1], in[2], rm, rv, training_, momentum_, eps_);
     if (!training_) return {y};
@@ -79,7 +91,11 @@ class BatchNormOp final : public Op {
 class LayerNormOp final : public Op {
  public:
   LayerNormOp(std::vector<int64_t> normalized_shape, double eps)
-      : Op(OpTraits::named("layer_norm").saving_inputs({0, 1, 2}).saving_outputs({1, 2}).in_float32()),
+      : Op(OpTraits::named("layer_norm")
+               .saving_inputs({0, 1, 2})
+               .saving_outputs({1, 2})
+               .in_float32()
+               .with_workspace(Workspace::kLayerNorm)),
         shape_(std::move(normalized_shape)), eps_(eps) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
@@ -92,7 +108,17 @@ class LayerNormOp final : public Op {
     return {y, mean, rstd};
   }
   TensorList backward(const BackwardArgs& a) const override {
-    if (a.grad_outputs[0].is_meta()) return meta_gradients(a, /*in_input_layout=*/false);
+    if (a.grad_outputs[0].is_meta()) {
+      TensorList grads = meta_gradients(a, /*in_input_layout=*/false);
+      WorkspaceQuery q;
+      q.backward = true;
+      q.weight_grad = a.needs_input_grad[1] || a.needs_input_grad[2];
+      q.normalized = 1;
+      for (int64_t s : shape_) q.normalized *= s;
+      q.threads = at::get_num_threads();
+      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, q);
+      return grads;
+    }
     const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
                                    a.needs_input_grad[2]};
     auto [gx, gw, gb] = at::native_layer_norm_backward(a.grad_outputs[0], a.inputs[0], shape_,
