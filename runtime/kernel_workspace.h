@@ -22,7 +22,8 @@ namespace ht {
 enum class Workspace : uint8_t {
   kNone,
   kConvolution,  // oneDNN's reorders of input, weight and output; or im2col columns (THNN)
-  kBatchNorm,    // forward: per-channel statistics in fp32 beside the saved ones
+  kBatchNorm,    // per-channel statistics in fp32 beside the saved ones; channels-last backward's sums
+  kMaxPool,      // backward: its indices and input gradient converted to the output gradient's layout
   kLayerNorm,    // backward: per-thread partial sums of the weight and bias gradients
 };
 
@@ -45,10 +46,16 @@ class DeclaredWorkspaces {
 };
 
 // The shapes a workspace depends on. Convolution: input (N, C, H, W), weight (O, C/g, kh, kw),
-// output; stride, padding, groups. Norms: input and the normalized size.
+// output; stride, padding, groups. Norms: input and the normalized size. Pooling: input and output.
 struct WorkspaceQuery {
   bool backward = false;
+  bool input_grad = true;   // backward: the input's gradient is wanted
   bool weight_grad = true;  // backward: the weight's gradient is wanted
+  // Convolution: the kernel runs channels-last (the input or the weight is: ATen's rule), and
+  // copies an input that is not channels-last-contiguous before it does. Batch norm: its input is
+  // channels-last. Max pooling: the output's gradient is not in the input's layout.
+  bool channels_last = false;
+  bool input_copied = false;
   at::IntArrayRef input, weight, output;
   at::IntArrayRef stride, padding;
   int64_t groups = 1;

@@ -125,6 +125,7 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
     if (meta) on_meta.emplace();
     at::manual_seed(config.job.seed);
     model = make_model(config, info, /*tensor_rank=*/0);
+    if (config.training.channels_last) model->use_channels_last();  // as the job lays it out
   }
   for (const at::Tensor& p : model->parameters()) out.parameters += p.numel();
   out.model_bytes = arena->stats().in_use;

@@ -12,7 +12,8 @@
 // With parallel.tensor_parallel > 1, rank 0's part, its group mirrored (MirrorCommunicator, as
 // the profiler does); with training.mixed_precision, under autocast; then the optimizer's first
 // two steps. Every model kind traces (convolutions, batch norm and ReLU declare their outputs' shapes),
-// in the contiguous layout (training.channels_last is not applied yet). ATen kernels' own
+// in the job's layout (training.channels_last restrides the convolutions' weights, as the job
+// does, and ATen's rule carries it to the activations). ATen kernels' own
 // workspaces (a meta kernel allocates only its outputs; on this CPU a convolution's im2col and
 // reorder buffers are the large ones) are held by the ops inside a DeclaredWorkspaces scope
 // (runtime/kernel_workspace.h); outside one, not traced.

@@ -121,6 +121,7 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
     MetaParametersScope on_meta;
     at::manual_seed(config.job.seed);
     model = make_model(config, info, /*tensor_rank=*/0);
+    if (config.training.channels_last) model->use_channels_last();  // as the job lays it out
   }
   describe_model(config, *model, profile);
   const std::unordered_map<const c10::TensorImpl*, size_t> bucket_of =

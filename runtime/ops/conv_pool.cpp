@@ -23,7 +23,7 @@ class Conv2dOp final : public Op {
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     if (in[0].is_meta()) {
       at::Tensor y = meta_output(in[0], in[1]);
-      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, query(in[0], in[1], y, false, true));
+      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, query(in[0], in[1], y, false, true, true));
       return {y};
     }
     return {at::convolution(in[0], in[1], has_bias_ ? in[2] : at::Tensor(), args_.stride,
@@ -53,28 +53,36 @@ class Conv2dOp final : public Op {
       std::tuple<at::Tensor, at::Tensor, at::Tensor> grads{
           mask[0] ? at::empty_like(x) : at::Tensor(), mask[1] ? at::empty_like(w) : at::Tensor(),
           mask[2] ? at::empty({bias_sizes[0]}, g.options()) : at::Tensor()};
-      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, query(x, w, g, true, mask[1]));
+      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, query(x, w, g, true, mask[0], mask[1]));
       return grads;
     }
     return at::convolution_backward(g, x, w, has_bias_ ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
                                     args_.stride, args_.padding, args_.dilation, /*transposed=*/false,
                                     /*output_padding=*/{0, 0}, args_.groups, mask);
   }
-  // The output's shape, in the input's memory format, on meta tensors (libtorch 1.13 has no meta
-  // convolution).
+  // The output's shape and memory format on meta tensors (libtorch 1.13 has no meta convolution).
   at::Tensor meta_output(const at::Tensor& x, const at::Tensor& w) const {
     std::vector<int64_t> sizes{x.size(0), w.size(0)};
     for (size_t d = 0; d < 2; ++d) {
       const int64_t extent = args_.dilation[d] * (w.size(static_cast<int64_t>(d) + 2) - 1) + 1;
       sizes.push_back((x.size(static_cast<int64_t>(d) + 2) + 2 * args_.padding[d] - extent) / args_.stride[d] + 1);
     }
-    return at::empty(sizes, x.options().memory_format(x.suggest_memory_format()));
+    return at::empty(sizes, x.options().memory_format(channels_last(x, w) ? at::MemoryFormat::ChannelsLast
+                                                                          : at::MemoryFormat::Contiguous));
+  }
+  // ATen's rule (mkldnn_ and thnn_conv_use_channels_last): channels-last where either is.
+  static bool channels_last(const at::Tensor& x, const at::Tensor& w) {
+    return x.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+           w.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   }
   WorkspaceQuery query(const at::Tensor& x, const at::Tensor& w, const at::Tensor& y, bool backward,
-                       bool weight_grad) const {
+                       bool input_grad, bool weight_grad) const {
     WorkspaceQuery q;
     q.backward = backward;
+    q.input_grad = input_grad;
     q.weight_grad = weight_grad;
+    q.channels_last = channels_last(x, w);
+    q.input_copied = q.channels_last && !x.is_contiguous(at::MemoryFormat::ChannelsLast);
     q.input = x.sizes();
     q.weight = w.sizes();
     q.output = y.sizes();
@@ -113,7 +121,7 @@ struct PoolArgs {
 class MaxPool2dOp final : public Op {
  public:
   explicit MaxPool2dOp(PoolArgs args)
-      : Op(OpTraits::named("max_pool2d").saving_inputs({0}).saving_outputs({1})),
+      : Op(OpTraits::named("max_pool2d").saving_inputs({0}).saving_outputs({1}).with_workspace(Workspace::kMaxPool)),
         args_(std::move(args)) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
@@ -122,9 +130,19 @@ class MaxPool2dOp final : public Op {
     return {y, indices};
   }
   TensorList backward(const BackwardArgs& a) const override {
-    return {at::max_pool2d_with_indices_backward(a.grad_outputs[0], a.inputs[0], args_.kernel,
-                                                 args_.stride, args_.padding, {1, 1},
-                                                 args_.ceil_mode, a.outputs[1])};
+    at::Tensor gx = at::max_pool2d_with_indices_backward(a.grad_outputs[0], a.inputs[0], args_.kernel,
+                                                         args_.stride, args_.padding, {1, 1},
+                                                         args_.ceil_mode, a.outputs[1]);
+    if (gx.is_meta()) {  // ATen's meta kernel allocates the gradient; its CPU kernel may convert
+      WorkspaceQuery q;
+      q.backward = true;
+      q.input = a.inputs[0].sizes();
+      q.output = a.outputs[1].sizes();
+      q.element_bytes = static_cast<int64_t>(a.inputs[0].element_size());
+      q.input_copied = a.grad_outputs[0].suggest_memory_format() != a.inputs[0].suggest_memory_format();
+      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, q);
+    }
+    return {gx};
   }
 
  private:

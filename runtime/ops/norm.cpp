@@ -57,7 +57,15 @@ class BatchNormOp final : public Op {
   TensorList backward(const BackwardArgs& a) const override {
     const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
                                    a.needs_input_grad[2]};
-    if (a.grad_outputs[0].is_meta()) return meta_gradients(a, /*in_input_layout=*/true);
+    if (a.grad_outputs[0].is_meta()) {
+      TensorList grads = meta_gradients(a, /*in_input_layout=*/true);
+      WorkspaceQuery q;
+      q.backward = true;
+      q.input = a.inputs[0].sizes();
+      q.channels_last = a.inputs[0].suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, q);
+      return grads;
+    }
     at::Tensor save_mean, save_invstd, rm, rv;
     if (training_) {
       save_mean = a.outputs[1];

@@ -11,8 +11,10 @@
 #include "launcher/planning/meta_trace.h"
 #include "planner/tensor_terms.h"
 #include "runtime/kernel_workspace.h"
+#include "runtime/thread_pools.h"
 #include "tests/support/temp_dir.h"
 
+#include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 
 #include <map>
@@ -192,13 +194,14 @@ TEST(MetaTrace, LlamaThreeShapesTraceInNoMemoryAndMatchTheAccounting) {
   }
 }
 
-// Models with convolutions, batch norm and pooling trace too. The MLP and the ConvNet: the data
-// run's step to the byte. ResNet and the supernet: every meta allocation is the data run's, and
-// the data run's others are its kernels' own workspaces (the convolutions' oneDNN reorders or
-// im2col columns, batch norm's statistics), which no meta kernel allocates: declared per op
-// (runtime/kernel_workspace.h) inside a DeclaredWorkspaces scope, the traced peak is the data
-// run's to the byte, at micro-batch 1 (im2col) and 4 (oneDNN); without them ResNet's is 1.3% and
-// the supernet's 51% lower at micro-batch 1.
+// Models with convolutions, batch norm and pooling trace too. Every meta allocation is the data
+// run's, and the data run's others are its kernels' own workspaces (the convolutions' oneDNN
+// reorders or im2col columns and ATen's channels-last copy of a 3-channel input, batch norm's
+// statistics, max pooling's conversions to its gradient's layout), which no meta kernel
+// allocates: declared per op (runtime/kernel_workspace.h) inside a DeclaredWorkspaces scope, the
+// traced peak is the data run's to the byte, in both layouts, at micro-batch 1 (im2col) and 4
+// (oneDNN), on one thread and two. Without them ResNet's is 1.3% and the supernet's 51% lower
+// at micro-batch 1 (NCHW).
 TEST(MetaTrace, ConvolutionModelsTraceWithTheirKernelsWorkspaces) {
   TempDir dir;
   const char* images = R"([model]
@@ -207,26 +210,36 @@ channels = [8, 16]
 fc_hidden = 32
 [data]
 dataset = "synthetic"
-synthetic_shape = [1, 16, 16]
 [training]
 global_batch_size = 8
 )";
-  const DataInfo info{Task::kClassification, {1, 16, 16}, 10, "images", 0};
-  const std::set<std::string> workspaces{"conv2d", "conv2d backward", "batch_norm", "adaptive_avg_pool2d",
-                                         "adaptive_avg_pool2d backward"};
-  for (const std::string name : {"mlp", "convnet", "resnet", "supernet"}) {
-    for (const int64_t micro : {1, 4}) {
-      SCOPED_TRACE(name + " at micro-batch " + std::to_string(micro));
-      const Config c = config_for(dir, images, {"--model.name=" + name});
-      const TracedStep bare = trace_micro_batch(c, info, micro, true), data = trace_micro_batch(c, info, micro, false);
-      EXPECT_EQ(bare.model_bytes, data.model_bytes);
-      EXPECT_EQ(bare.optimizer_state_bytes, data.optimizer_state_bytes);
-      expect_meta_allocations_in_the_data_run(bare.trace, data.trace, workspaces);
-      EXPECT_LE(bare.step_peak_bytes, data.step_peak_bytes) << "workspaces only add";
-      const DeclaredWorkspaces declared(WorkspaceRules::kThisCpu);
-      EXPECT_EQ(trace_micro_batch(c, info, micro, true).step_peak_bytes, data.step_peak_bytes);
+  const std::set<std::string> workspaces{"conv2d", "conv2d backward", "batch_norm", "batch_norm backward",
+                                         "max_pool2d backward", "adaptive_avg_pool2d", "adaptive_avg_pool2d backward"};
+  const int threads = at::get_num_threads();
+  for (const int t : {1, 2}) {
+    set_compute_threads(t);
+    for (const bool channels_last : {false, true}) {
+      const int64_t c = channels_last ? 3 : 1;  // RGB: ATen copies the input to channels-last
+      const DataInfo info{Task::kClassification, {c, 16, 16}, 10, "images", 0};
+      for (const std::string name : {"mlp", "convnet", "resnet", "supernet"}) {
+        for (const int64_t micro : {1, 4}) {
+          SCOPED_TRACE(name + " at micro-batch " + std::to_string(micro) + (channels_last ? ", channels-last" : "") +
+                       ", threads " + std::to_string(t));
+          const Config config = config_for(dir, images, {"--model.name=" + name, "--data.synthetic_shape=[" + std::to_string(c) + ",16,16]",
+                                                          std::string("--training.channels_last=") + (channels_last ? "true" : "false")});
+          const TracedStep bare = trace_micro_batch(config, info, micro, true);
+          const TracedStep data = trace_micro_batch(config, info, micro, false);
+          EXPECT_EQ(bare.model_bytes, data.model_bytes);
+          EXPECT_EQ(bare.optimizer_state_bytes, data.optimizer_state_bytes);
+          expect_meta_allocations_in_the_data_run(bare.trace, data.trace, workspaces);
+          EXPECT_LE(bare.step_peak_bytes, data.step_peak_bytes) << "workspaces only add";
+          const DeclaredWorkspaces declared(WorkspaceRules::kThisCpu);
+          EXPECT_EQ(trace_micro_batch(config, info, micro, true).step_peak_bytes, data.step_peak_bytes);
+        }
+      }
     }
   }
+  set_compute_threads(threads);
 }
 
 // The rules themselves, on the shapes measured: oneDNN's reorders (forward: input and weight, or
@@ -252,12 +265,42 @@ TEST(MetaTrace, WorkspaceRulesOfThisCpu) {
   q.backward = false;
   EXPECT_EQ(workspace_blocks(Workspace::kConvolution, q, WorkspaceRules::kThisCpu),
             (std::vector<int64_t>{64 * 9 * 16 * 16 * 4})) << "one image: im2col";
+  // Channels-last, one thread: the scratchpad and the weight in blocks of 16 output channels
+  // (8 padded to 16); backward, the weight in blocks of 16 of both for the input's gradient.
+  const std::vector<int64_t> x8{4, 8, 16, 16}, w8{8, 8, 3, 3}, y8{4, 8, 16, 16};
+  q.input = x8;
+  q.weight = w8;
+  q.output = y8;
+  q.channels_last = true;
+  const int64_t w8_bytes = 8 * 8 * 9 * 4;
+  EXPECT_EQ(workspace_blocks(Workspace::kConvolution, q, WorkspaceRules::kThisCpu),
+            (std::vector<int64_t>{2 * 4096, 2 * w8_bytes}));
+  q.input_copied = true;  // ATen copies an NCHW input first
+  EXPECT_EQ(workspace_blocks(Workspace::kConvolution, q, WorkspaceRules::kThisCpu),
+            (std::vector<int64_t>{4 * 8 * 16 * 16 * 4, 2 * 4096, 2 * w8_bytes}));
+  q.input_copied = false;
+  q.backward = true;
+  EXPECT_EQ(workspace_blocks(Workspace::kConvolution, q, WorkspaceRules::kThisCpu),
+            (std::vector<int64_t>{2 * w8_bytes, w8_bytes})) << "the weight's gradient blocked, and plain";
+  q.weight_grad = false;
+  EXPECT_EQ(workspace_blocks(Workspace::kConvolution, q, WorkspaceRules::kThisCpu), (std::vector<int64_t>{4 * w8_bytes}));
+  q.weight_grad = true;
+  q.input_grad = false;
+  EXPECT_EQ(workspace_blocks(Workspace::kConvolution, q, WorkspaceRules::kThisCpu),
+            (std::vector<int64_t>{2 * w8_bytes, w8_bytes}));
+  EXPECT_EQ(workspace_blocks(Workspace::kBatchNorm, q, WorkspaceRules::kThisCpu), (std::vector<int64_t>{2 * 8 * 4}));
+  const std::vector<int64_t> pooled{4, 8, 8, 8};
+  q.output = pooled;
+  EXPECT_TRUE(workspace_blocks(Workspace::kMaxPool, q, WorkspaceRules::kThisCpu).empty()) << "the same layouts";
+  q.input_copied = true;
+  EXPECT_EQ(workspace_blocks(Workspace::kMaxPool, q, WorkspaceRules::kThisCpu),
+            (std::vector<int64_t>{4 * 8 * 8 * 8 * 8, 4 * 8 * 16 * 16 * 4})) << "int64 indices and the gradient";
   q.normalized = 64;
   q.backward = true;
   q.threads = 2;
   EXPECT_EQ(workspace_blocks(Workspace::kLayerNorm, q, WorkspaceRules::kThisCpu), (std::vector<int64_t>{2 * 2 * 64 * 4}));
   q.backward = false;
-  EXPECT_EQ(workspace_blocks(Workspace::kBatchNorm, q, WorkspaceRules::kThisCpu), (std::vector<int64_t>{256, 256}));
+  EXPECT_EQ(workspace_blocks(Workspace::kBatchNorm, q, WorkspaceRules::kThisCpu), (std::vector<int64_t>{8 * 4, 8 * 4}));
   EXPECT_EQ(DeclaredWorkspaces::current(), WorkspaceRules::kNone);
   {
     const DeclaredWorkspaces declared(WorkspaceRules::kThisCpu);
