@@ -40,6 +40,9 @@ class Model : public torch::nn::Module {
   // Per parameter (in parameters() order), whether each rank of a tensor-parallel group holds a
   // different part of it (models/decoder_split.h); false: every rank holds the same whole.
   virtual std::vector<bool> split_parameters() const { return std::vector<bool>(parameters().size(), false); }
+  // Whether forward runs other ops from step to step (a path drawn from the interpreter's seeds):
+  // one step's memory and work are then not every step's.
+  virtual bool changes_every_step() const { return false; }
   // Per block, the parameters its forward reads: its own and the tied ones it uses.
   std::vector<std::vector<at::Tensor>> parameters_read_by_blocks() const;
   // Moves parameters and buffers to `device` and casts the floating ones to `float_dtype`.

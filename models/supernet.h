@@ -21,6 +21,7 @@ class Supernet : public Model {
   explicit Supernet(const SupernetOptions& options);
   // The candidate each choice block ran in the last forward (for tests and logging).
   std::vector<int64_t> last_choices() const;
+  bool changes_every_step() const override { return true; }
   static constexpr int64_t kCandidates = 4;
 };
 

@@ -38,7 +38,8 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
                             const at::Tensor& x, const at::Tensor& y, TracedStep& out, TraceExtras* extras) {
   CpuArena& arena = *arena_ptr;
   MemoryManager memory;
-  Interpreter interp(InterpreterOptions{}, &memory);
+  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, static_cast<uint64_t>(config.job.seed)}, &memory);
+  if (extras != nullptr) interp.set_seed_counter(extras->seed_counter);
   if (extras != nullptr && extras->capture_graph) {  // recorded as the profiler's steps are: nothing planned
     MemoryOptions options;
     StaticPlanOptions capture;
@@ -82,6 +83,7 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
   out.trace = recorder.take();
   out.step_peak_bytes = arena.stats().peak_in_use - before;
   if (extras == nullptr) return;
+  extras->seed_counter = interp.seed_counter();
   if (extras->bucket_of != nullptr) extras->backward_read_buckets = buckets_read(reads.read, *extras->bucket_of);
   if (const CapturedStep* step = extras->capture_graph ? memory.static_planner()->last_step() : nullptr) {
     extras->graph = step->graph;

@@ -52,6 +52,10 @@ struct TraceExtras {
   // record the buckets whose gradients they make, and the buckets backward reads are noted.
   const std::unordered_map<const c10::TensorImpl*, size_t>* bucket_of = nullptr;
   bool capture_graph = false;  // also capture the step as static plans do
+  // The interpreter's seed counter before the step, and after it: a graph that changes every
+  // step draws its path from the seeds (job.seed's stream, as the trainer's), so steps traced
+  // with the counter carried over are the trainer's steps in order.
+  uint64_t seed_counter = 0;
   std::vector<size_t> backward_read_buckets;
   schedule::StepGraph graph;
   std::vector<int> block_starts;

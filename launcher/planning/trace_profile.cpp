@@ -108,6 +108,38 @@ ProfilePoint derived_point(const ProfilePoint& a, const ProfilePoint& b, int64_t
   return p;
 }
 
+// One micro-batch traced, with its extras. A graph that changes every step (the supernet's
+// sampled path) is traced for its first kPaths steps, drawn as the trainer draws them, and the
+// step of the highest peak kept, as the profiler keeps the highest of the steps it measures: a
+// plan must fit every step's path. Its kernels, so its time, are that path's (the heaviest).
+constexpr int kPaths = 16;
+
+TracedStep traced_step(const Config& c, Model& model, const std::shared_ptr<CpuArena>& arena, const DataInfo& info,
+                       int64_t micro, const GradientSlots* gradients,
+                       const std::unordered_map<const c10::TensorImpl*, size_t>* bucket_of, TraceExtras& kept) {
+  TracedStep best;
+  uint64_t counter = 0;
+  const int steps = model.changes_every_step() ? kPaths : 1;
+  for (int s = 0; s < steps; ++s) {
+    TracedStep step;
+    TraceExtras extras;
+    extras.gradients = gradients;
+    extras.bucket_of = bucket_of;
+    extras.capture_graph = true;
+    extras.seed_counter = counter;
+    {
+      const auto [x, y] = traced_batch(info, micro, /*meta=*/true);
+      trace_forward_backward(c, model, arena, x, y, step, &extras);
+    }
+    counter = extras.seed_counter;
+    if (s == 0 || step.step_peak_bytes > best.step_peak_bytes) {
+      best = std::move(step);
+      kept = std::move(extras);
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 ModelProfile trace_profile(const Config& config, const DataInfo& info, const TraceRequest& request) {
@@ -144,18 +176,15 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
       const size_t traced = profile.points.size() - first;
       const ProfilePoint* a = traced >= 2 ? &profile.points[first] : nullptr;
       const ProfilePoint* b = traced >= 2 ? &profile.points[first + 1] : nullptr;
-      if (a != nullptr && same_shape(a->trace, b->trace)) {
+      // Declared workspaces are not affine in the micro-batch (a max of two reorders, a kernel
+      // switch at 16 images), nor is a heaviest path (another size's may be another path):
+      // then every size is traced.
+      const bool affine = request.workspaces == WorkspaceRules::kNone && !model->changes_every_step();
+      if (a != nullptr && affine && same_shape(a->trace, b->trace)) {
         profile.points.push_back(derived_point(*a, *b, micro, request.rates));
       } else {
-        TracedStep step;
         TraceExtras extras;
-        extras.gradients = &gradients;
-        extras.bucket_of = &bucket_of;
-        extras.capture_graph = true;
-        {
-          const auto [x, y] = traced_batch(info, micro, /*meta=*/true);
-          trace_forward_backward(c, *model, arena, x, y, step, &extras);
-        }
+        TracedStep step = traced_step(c, *model, arena, info, micro, &gradients, &bucket_of, extras);
         if (!stepped) {  // the state once: it is the same at every size and precision
           trace_optimizer_step(c, *model, *arena, first_optimizer);
           profile.optimizer_state_bytes = first_optimizer.optimizer_state_bytes;

@@ -31,7 +31,8 @@ struct TraceRequest {
   DeviceRates rates;
   int64_t train_samples = 0;  // the training set's size where known (epochs, the sampler's memory)
   // The kernels' workspaces to declare: kThisCpu for a plan of this machine (a meta kernel
-  // allocates only its outputs; a convolution's reorders set a ConvNet's peak).
+  // allocates only its outputs; a convolution's reorders set a ConvNet's peak). Under rules
+  // every size in micro_batches is traced: workspaces are not affine in the micro-batch.
   WorkspaceRules workspaces = WorkspaceRules::kNone;
 };
 

@@ -2,6 +2,9 @@
 // the model's state and each micro-batch's activations are the profiled (trained) run's, to the
 // byte; each kernel's work is the model's arithmetic; and `plan --cluster` plans models that
 // cannot run here, Llama 3 8B on a node of H100s, in seconds, writing a plan for CUDA ranks.
+#include "alloc/cpu_arena.h"
+#include "alloc/cpu_device_allocator.h"
+#include "alloc/gradient_buffer.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/data/dataset.h"
 #include "launcher/model_factory.h"
@@ -9,6 +12,8 @@
 #include "launcher/planning/profiler.h"
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/trace_profile.h"
+#include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/temp_dir.h"
 
@@ -167,6 +172,51 @@ TEST(TraceProfile, PlanLlamaThreeEightBOnANodeOfH100s) {
   // Its arena is the device less what the CUDA context and the tensor-parallel group's NCCL
   // communicator hold: 74.5 GiB less 1 GiB and 700 MiB.
   EXPECT_THAT(one.output, HasSubstr("full at 72.8 GiB"));
+}
+
+// A graph that changes every step (the supernet draws a path from the interpreter's seeds) is
+// traced for its first 16 steps, drawn as the trainer draws them, and planned for the highest:
+// the traced point's activations are the highest of the same 16 steps run on data (this CPU's
+// kernel workspaces declared, channels-last, the trainer's gradient block), and above the first
+// step's alone.
+TEST(TraceProfile, AGraphThatChangesEveryStepIsPlannedForItsHeaviestPath) {
+  TempDir dir;
+  const Config c = config_for(dir, R"([model]
+name = "supernet"
+num_blocks = 4
+[data]
+dataset = "synthetic"
+synthetic_shape = [3, 16, 16]
+[training]
+global_batch_size = 4
+)", {});
+  const DataInfo info{Task::kClassification, {3, 16, 16}, 10, "images", 0};
+  TraceRequest request;
+  request.precisions = {MixedPrecision::kOff};
+  request.micro_batches = {4};
+  request.workspaces = WorkspaceRules::kThisCpu;
+  const ModelProfile traced = trace_profile(c, info, request);
+  ASSERT_EQ(traced.points.size(), 1u);
+
+  const auto arena = std::make_shared<CpuArena>(int64_t{1} << 32);
+  const ArenaScope scope(arena);
+  at::manual_seed(c.job.seed);
+  const std::shared_ptr<Model> model = make_model(c, info, /*tensor_rank=*/0);
+  model->use_channels_last();
+  const GradientBuffer gradients(
+      DataParallel(std::make_shared<LocalCommunicator>(), model->parameters(), c.parallel.bucket_mb << 20).reduction_order());
+  const DeclaredWorkspaces declared(WorkspaceRules::kThisCpu);
+  std::vector<int64_t> peaks;
+  TraceExtras extras;
+  extras.gradients = &gradients;
+  for (int step = 0; step < 16; ++step) {
+    TracedStep out;
+    const auto [x, y] = traced_batch(info, 4, /*meta=*/false);
+    trace_forward_backward(c, *model, arena, x, y, out, &extras);  // carries the seed counter
+    peaks.push_back(out.step_peak_bytes);
+  }
+  EXPECT_EQ(traced.points[0].activation_bytes(), *std::max_element(peaks.begin(), peaks.end()));
+  EXPECT_GT(traced.points[0].activation_bytes(), peaks.front()) << "the first step's path is not the heaviest";
 }
 
 }  // namespace
