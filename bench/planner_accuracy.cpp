@@ -55,6 +55,7 @@ struct Row {
   const Planned* planned = nullptr;
   Plan plan;
   Prediction predicted;
+  Prediction traced;     // the same plan from traces alone (no profile): its peak
   Measurement measured;  // both runs: quiet_ms over both runs' steps
   double run_to_run_pct = NAN;  // |quiet_ms(first) - quiet_ms(second)| / quiet_ms of both
 };
@@ -174,6 +175,13 @@ Row plan_row(PlanCache& cache, const std::vector<RowSpec>& specs, const RowSpec&
     row.predicted = predict(profile, machine, row.plan);
     if (row.predicted.fits) break;
   }
+  std::vector<int64_t> micros;  // every micro-batch size of the job's rows, each traced
+  for (const RowSpec& o : specs) {
+    if (o.job.config == s.job.config && o.job.overrides == s.job.overrides) micros.push_back(o.micro);
+  }
+  std::sort(micros.begin(), micros.end());
+  micros.erase(std::unique(micros.begin(), micros.end()), micros.end());
+  row.traced = predict(cache.traced(*row.planned, row_args(specs, s).precisions, micros), machine, row.plan);
   return row;
 }
 
@@ -194,27 +202,6 @@ std::string short_plan(const Plan& p) {
                     ? (" zero" + std::to_string(static_cast<int>(p.shard))).c_str()
                     : "");
   return text;
-}
-
-// Two runs of one plan as one measurement: peaks the higher, step times over both runs' steps.
-Measurement merge_runs(const Measurement& a, const Measurement& b) {
-  if (!a.ok) return a;
-  if (!b.ok) return b;
-  Measurement m = a;
-  m.peak_bytes = std::max(a.peak_bytes, b.peak_bytes);
-  m.later_peak_bytes = std::max(a.later_peak_bytes, b.later_peak_bytes);
-  m.steady.insert(m.steady.end(), b.steady.begin(), b.steady.end());
-  m.steps += b.steps;
-  m.step_ms = median(m.steady);
-  m.quiet_ms = quiet_ms(m.steady);
-  m.fastest_ms = std::min(a.fastest_ms, b.fastest_ms);
-  m.slowest_ms = std::max(a.slowest_ms, b.slowest_ms);
-  m.recompute_ms = (a.recompute_ms + b.recompute_ms) / 2;
-  m.comm_ms = (a.comm_ms + b.comm_ms) / 2;
-  m.evictions = std::max(a.evictions, b.evictions);
-  m.wall_s = a.wall_s + b.wall_s;
-  m.other_load = std::max(a.other_load, b.other_load);
-  return m;
 }
 
 // Trains `plan`, says so on stderr, and records a failure: a run that failed, or a peak over budget.
@@ -255,15 +242,16 @@ void print_rows(const std::vector<Row>& rows) {
   std::printf("\nerror = (predicted - measured) / measured; peak: the highest step's; step: the 25th percentile "
               "of two runs' steps after 2 warm-up steps each (\"median\": theirs; \"run/run\": how far the two "
               "runs' own 25th percentiles differ)\n");
-  std::printf("\n| %2s | %-9s | %-30s | %9s | %9s | %7s | %9s | %9s | %7s | %9s | %7s |\n", "#", "model",
-              "ranks micro x acc prec policy", "peak pred", "meas MiB", "err %", "step pred", "meas ms", "err %",
-              "median", "run/run");
-  std::printf("|%s|\n", std::string(144, '-').c_str());
+  std::printf("\n| %2s | %-9s | %-30s | %9s | %9s | %7s | %7s | %9s | %9s | %7s | %9s | %7s |\n", "#", "model",
+              "ranks micro x acc prec policy", "peak pred", "meas MiB", "err %", "trace %", "step pred", "meas ms",
+              "err %", "median", "run/run");
+  std::printf("|%s|\n", std::string(154, '-').c_str());
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const Measurement& m = r.measured;
-    std::printf("| %2zu | %-9s | %-30s | %s | %s | %9.1f | %6.1f%% |\n", i + 1, r.spec.model.c_str(),
+    std::printf("| %2zu | %-9s | %-30s | %s | %+7.1f | %s | %9.1f | %6.1f%% |\n", i + 1, r.spec.model.c_str(),
                 short_plan(r.plan).c_str(), versus(r.predicted.peak_bytes / kMiB, m.peak_bytes / kMiB, m.ok, 2).c_str(),
+                m.ok ? error_pct(r.traced.peak_bytes, m.peak_bytes) : NAN,
                 versus(r.predicted.step_ms, compared_ms(r.spec, m), m.ok, 1).c_str(), m.step_ms, r.run_to_run_pct);
   }
 }
@@ -409,10 +397,11 @@ void run_scenario(PlanCache& cache, const Options& o, const ScenarioSpec& s, Out
 }
 
 void print_summary(const std::vector<Row>& rows, const Outcome& outcome) {
-  std::vector<double> peak, step, noise;
+  std::vector<double> peak, traced, step, noise;
   for (const Row& r : rows) {
     if (!r.measured.ok) continue;
     peak.push_back(std::abs(error_pct(r.predicted.peak_bytes, r.measured.peak_bytes)));
+    traced.push_back(std::abs(error_pct(r.traced.peak_bytes, r.measured.peak_bytes)));
     step.push_back(std::abs(error_pct(r.predicted.step_ms, compared_ms(r.spec, r.measured))));
     noise.push_back(r.run_to_run_pct);
   }
@@ -422,6 +411,8 @@ void print_summary(const std::vector<Row>& rows, const Outcome& outcome) {
   std::printf("\nsummary over %zu measured rows:\n", peak.size());
   std::printf("  peak |error|: max %.1f%%, median %.1f%%; target every row within 5%%: %s\n", most(peak), mid(peak),
               verdict(most(peak) <= 5));
+  std::printf("  peak |error| from traces alone (no profile; \"trace %%\"): max %.1f%%, median %.1f%%; every row within "
+              "5%%: %s\n", most(traced), mid(traced), verdict(most(traced) <= 5));
   std::printf("  step |error|: max %.1f%%, median %.1f%%; target every row within 10%%: %s; median within 5%%: %s\n",
               most(step), mid(step), verdict(most(step) <= 10), verdict(mid(step) <= 5));
   std::printf("  the same plan run twice (the noise floor): max %.1f%%, median %.1f%% apart\n", most(noise), mid(noise));

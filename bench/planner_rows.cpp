@@ -4,6 +4,7 @@
 #include "launcher/config/config_loader.h"
 #include "launcher/config/config_text.h"
 #include "launcher/data/dataset.h"
+#include "launcher/planning/trace_profile.h"
 #include "alloc/cpu_device_allocator.h"
 #include "planner/plan_report.h"
 #include "runtime/thread_pools.h"
@@ -145,6 +146,7 @@ const Planned& PlanCache::get(const JobSpec& job, const PlanArgs& args) {
   set_host_memory_caching(c.memory.host_cache);
   const DataSplits data = make_datasets(c);
   const auto start = std::chrono::steady_clock::now();
+  p->info = data.info;
   p->plan = plan_job(c, data.train.get(), data.info, args);
   p->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (print_profiles_) {
@@ -153,6 +155,42 @@ const Planned& PlanCache::get(const JobSpec& job, const PlanArgs& args) {
   }
   slot = std::move(p);
   return *slot;
+}
+
+const ModelProfile& PlanCache::traced(const Planned& planned, const std::vector<MixedPrecision>& precisions,
+                                      const std::vector<int64_t>& micro_batches) {
+  std::string key = std::to_string(reinterpret_cast<uintptr_t>(&planned));  // a job's one Planned
+  for (MixedPrecision p : precisions) key += std::string(" ") + choice_name(p);
+  for (int64_t m : micro_batches) key += " " + std::to_string(m);
+  auto found = traced_.find(key);
+  if (found != traced_.end()) return found->second;
+  TraceRequest request;
+  request.precisions = precisions;
+  request.workspaces = WorkspaceRules::kThisCpu;
+  request.train_samples = planned.plan.profile.train_samples;
+  request.micro_batches = micro_batches;  // each traced (under workspace rules none is derived)
+  return traced_.emplace(key, trace_profile(planned.config, planned.info, request)).first->second;
+}
+
+// Two runs of one plan as one measurement: peaks the higher, step times over both runs' steps.
+Measurement merge_runs(const Measurement& a, const Measurement& b) {
+  if (!a.ok) return a;
+  if (!b.ok) return b;
+  Measurement m = a;
+  m.peak_bytes = std::max(a.peak_bytes, b.peak_bytes);
+  m.later_peak_bytes = std::max(a.later_peak_bytes, b.later_peak_bytes);
+  m.steady.insert(m.steady.end(), b.steady.begin(), b.steady.end());
+  m.steps += b.steps;
+  m.step_ms = median(m.steady);
+  m.quiet_ms = quiet_ms(m.steady);
+  m.fastest_ms = std::min(a.fastest_ms, b.fastest_ms);
+  m.slowest_ms = std::max(a.slowest_ms, b.slowest_ms);
+  m.recompute_ms = (a.recompute_ms + b.recompute_ms) / 2;
+  m.comm_ms = (a.comm_ms + b.comm_ms) / 2;
+  m.evictions = std::max(a.evictions, b.evictions);
+  m.wall_s = a.wall_s + b.wall_s;
+  m.other_load = std::max(a.other_load, b.other_load);
+  return m;
 }
 
 Measurement measure(const Runner& runner, const Config& config, const Plan& plan, int steps, const std::string& name) {

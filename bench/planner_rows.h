@@ -22,6 +22,7 @@ struct JobSpec {
 
 struct Planned {
   Config config;
+  DataInfo info;
   JobPlan plan;         // the profile, the machine, and every candidate ranked
   double seconds = 0;   // profile and search
 };
@@ -31,10 +32,15 @@ class PlanCache {
  public:
   explicit PlanCache(bool print_profiles = false) : print_profiles_(print_profiles) {}
   const Planned& get(const JobSpec& job, const PlanArgs& args);
+  // The same job's profile from traces alone (launcher/planning/trace_profile.h, this CPU's
+  // kernel workspaces declared), each of `micro_batches` traced: its memory needs no run.
+  const ModelProfile& traced(const Planned& planned, const std::vector<MixedPrecision>& precisions,
+                             const std::vector<int64_t>& micro_batches);
 
  private:
   bool print_profiles_;
   std::map<std::string, std::unique_ptr<Planned>> planned_;
+  std::map<std::string, ModelProfile> traced_;
 };
 
 // How plans are measured.
@@ -61,6 +67,9 @@ struct Measurement {
 
 // The 25th percentile of `steps` (0 when empty): the machine unloaded, as the profile's fastest step.
 double quiet_ms(std::vector<double> steps);
+
+// Two runs of one plan as one measurement: peaks the higher, step times over both runs' steps.
+Measurement merge_runs(const Measurement& a, const Measurement& b);
 
 // Trains `plan` of `config` for `steps` steps as `name` (a folder under the scratch folder).
 Measurement measure(const Runner& runner, const Config& config, const Plan& plan, int steps, const std::string& name);
