@@ -31,6 +31,12 @@
 #define HT_CUDA_PLUGGABLE_ALLOCATOR 1
 #endif
 
+#if TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13
+// The CPU kernels' own workspaces (runtime/kernel_workspace.h) were measured against libtorch
+// 1.13's ATen and oneDNN; another version's are not declared.
+#define HT_CPU_WORKSPACES_MEASURED 1
+#endif
+
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
 // libtorch 2.1 has ATen's fused attention kernels with the signatures used below
 // (at::_scaled_dot_product_efficient_attention and its backward, at::_fused_sdp_choice).

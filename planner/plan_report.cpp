@@ -1,6 +1,7 @@
 #include "planner/plan_report.h"
 
 #include <algorithm>
+#include <tuple>
 #include <cstdarg>
 #include <cstdio>
 #include <map>
@@ -84,11 +85,22 @@ std::string profile_text(const ModelProfile& p, const Machine& machine) {
                                 mib(p.parameter_bytes).c_str(), mib(p.gradient_bytes).c_str(), p.optimizer.c_str(),
                                 mib(p.optimizer_state_bytes).c_str());
   s += "  micro-batch  precision  threads  fwd+bwd ms  optimizer ms  peak MiB  activations MiB  largest op MiB\n";
-  for (const ProfilePoint& pt : p.points) {
-    s += printf_string("  %11lld  %9s  %7d  %10.1f  %12.1f  %8s  %15s  %14s\n", static_cast<long long>(pt.micro_batch),
-                       choice_name(pt.precision), pt.threads, pt.forward_backward_ms, pt.optimizer_ms,
-                       mib(pt.peak_bytes).c_str(), mib(pt.activation_bytes()).c_str(),
-                       mib(largest_op_working_set(pt.trace)).c_str());
+  std::vector<const ProfilePoint*> rows;  // by precision, then size
+  for (const ProfilePoint& pt : p.points) rows.push_back(&pt);
+  std::stable_sort(rows.begin(), rows.end(), [](const ProfilePoint* a, const ProfilePoint* b) {
+    return std::make_tuple(a->precision, a->threads, a->micro_batch) < std::make_tuple(b->precision, b->threads, b->micro_batch);
+  });
+  bool traced = false;
+  for (const ProfilePoint* pt : rows) {
+    traced = traced || pt->memory_traced;
+    s += printf_string("  %11lld  %9s  %7d  %10.1f  %12.1f  %8s  %15s  %14s%s\n", static_cast<long long>(pt->micro_batch),
+                       choice_name(pt->precision), pt->threads, pt->forward_backward_ms, pt->optimizer_ms,
+                       mib(pt->peak_bytes).c_str(), mib(pt->activation_bytes()).c_str(),
+                       mib(largest_op_working_set(pt->trace)).c_str(), pt->memory_traced ? "  *" : "");
+  }
+  if (traced) {
+    s += "  * memory traced on meta tensors at this size (this CPU's kernel workspaces declared); times the\n"
+         "    trained sizes' line\n";
   }
   // Blocks of the largest point at full threads: where the time goes.
   const ProfilePoint* big = nullptr;

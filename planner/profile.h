@@ -27,6 +27,9 @@ struct ProfilePoint {
   int64_t micro_batch = 0;
   MixedPrecision precision = MixedPrecision::kOff;  // training.mixed_precision
   int threads = 1;                // compute threads it ran with
+  // Its memory from a step traced on meta tensors at this size, its times the measured points'
+  // line (planner/traced_memory.h): a size the profiler did not train.
+  bool memory_traced = false;
   double step_ms = 0;             // the whole step
   double forward_backward_ms = 0;  // forward and backward of the micro-batch
   double optimizer_ms = 0;        // gradient unscale, clip, optimizer step, zeroing

@@ -1,5 +1,7 @@
 #include "runtime/kernel_workspace.h"
 
+#include "base/compat.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -100,8 +102,16 @@ DeclaredWorkspaces::DeclaredWorkspaces(WorkspaceRules rules) : previous_(declare
 DeclaredWorkspaces::~DeclaredWorkspaces() { declared = previous_; }
 WorkspaceRules DeclaredWorkspaces::current() { return declared; }
 
+bool this_cpu_workspaces_known() {
+#ifdef HT_CPU_WORKSPACES_MEASURED
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::vector<int64_t> workspace_blocks(Workspace kind, const WorkspaceQuery& q, WorkspaceRules rules) {
-  if (rules != WorkspaceRules::kThisCpu) return {};
+  if (rules != WorkspaceRules::kThisCpu || !this_cpu_workspaces_known()) return {};
   std::vector<int64_t> blocks;
   switch (kind) {
     case Workspace::kNone:

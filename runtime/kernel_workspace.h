@@ -64,6 +64,10 @@ struct WorkspaceQuery {
   int threads = 1;           // ATen's intra-op threads (layer norm's per-thread sums)
 };
 
+// Whether this build's libtorch is the one kThisCpu was measured against (1.13): under another,
+// kThisCpu declares nothing, and a trace of this machine misses its kernels' workspaces.
+bool this_cpu_workspaces_known();
+
 // The blocks (bytes each, as the kernel requests them) a kernel of `kind` holds at its peak
 // beyond its outputs, under `rules`.
 std::vector<int64_t> workspace_blocks(Workspace kind, const WorkspaceQuery& query, WorkspaceRules rules);

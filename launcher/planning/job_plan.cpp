@@ -3,6 +3,7 @@
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/profiler.h"
 #include "launcher/planning/trace_profile.h"
+#include "planner/traced_memory.h"
 #include "launcher/model_factory.h"
 #include "launcher/user_error.h"
 #include "alloc/byte_size.h"
@@ -235,6 +236,30 @@ void rank_layouts(const Config& config, SearchOptions search, bool traced, bool 
   }
 }
 
+// A profile of this machine: trained at two or three sizes (its times), its memory traced at
+// every size the search may use (planner/traced_memory.h), with this CPU's kernel workspaces,
+// so only on CPU ranks and where they are known (libtorch 1.13); else the measured points alone.
+ModelProfile local_profile(const Config& c, const Dataset& train, const DataInfo& info, const ProfileRequest& request,
+                           const std::vector<int64_t>& sizes) {
+  ModelProfile profile = profile_job(c, train, info, request);
+  if (c.training.device != "cpu" || !this_cpu_workspaces_known()) return profile;
+  TraceRequest trace;
+  trace.precisions = request.precisions;
+  trace.micro_batches = sizes;  // and the trained sizes, where the traces are checked
+  for (const ProfilePoint& p : profile.points) trace.micro_batches.push_back(p.micro_batch);
+  std::sort(trace.micro_batches.begin(), trace.micro_batches.end());
+  trace.micro_batches.erase(std::unique(trace.micro_batches.begin(), trace.micro_batches.end()),
+                            trace.micro_batches.end());
+  trace.workspaces = WorkspaceRules::kThisCpu;
+  trace.train_samples = train.size();
+  const ModelProfile traced = trace_profile(c, info, trace);
+  const TracedPoints merged = add_traced_points(profile, traced);
+  profile.seconds += traced.seconds;
+  if (merged.added > 0) profile.how += ", memory also traced at " + std::to_string(merged.added) + " more sizes";
+  for (const std::string& why : merged.refused) profile.how += "; traces not used for " + why;
+  return profile;
+}
+
 }  // namespace
 
 JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& info, const PlanArgs& args) {
@@ -294,7 +319,8 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
     if (args.profiles != nullptr && args.profiles->count(t) > 0) {
       out.tensor_profiles.emplace(t, args.profiles->at(t));
     } else {
-      out.tensor_profiles.emplace(t, traced ? trace_profile(c, info, trace) : profile_job(c, *train, info, request));
+      out.tensor_profiles.emplace(t, traced ? trace_profile(c, info, trace)
+                                            : local_profile(c, *train, info, request, trace.micro_batches));
     }
     search.tensor.push_back(t);
   }

@@ -9,6 +9,7 @@
 #include "launcher/planning/run_check.h"
 #include "launcher/user_error.h"
 #include "alloc/cpu_device_allocator.h"
+#include "runtime/kernel_workspace.h"
 #include "tests/support/mpi_job.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/run_records.h"
@@ -117,8 +118,10 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
     run_job(config_for(dir, k.toml, args), true);
     const double predicted = json_number(dir.path("run/summary.json"), "predicted_peak_bytes");
     const double measured = json_number(dir.path("run/summary.json"), "mem_peak_bytes");
-    // Activations are measured at two sizes and interpolated; the rest is exact.
-    if (std::abs(predicted / measured - 1.0) <= 0.05) continue;
+    // The run's micro-batch size traced with this CPU's kernel workspaces (measured to 0.36% at
+    // most, ATen's 64-byte scalars and host-side blocks the trace does not see); where they are
+    // not known (another libtorch), activations are measured at two sizes and interpolated.
+    if (std::abs(predicted / measured - 1.0) <= (this_cpu_workspaces_known() ? 0.005 : 0.05)) continue;
     // Off: what the profile measured, for the failure's message (on libtorch 2.11's CPU, the
     // GPU machine's, the ConvNet at micro-batch 8 measured 14% under its prediction).
     const Config c = config_for(dir, k.toml, args);
@@ -283,7 +286,9 @@ TEST(PlanCommand, PrintsTheTableAndWritesAPlanThatTrainsAsIs) {
   const std::string job = dir.write("job.toml", kConv), out = dir.path("out");
   const ProcessResult r = run_binary("plan " + job + " --ranks 1 --device-memory 24MiB --job.output_dir=" + out);
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("measured ("));
+  // Trained at two sizes; every other size the search uses traced for its memory (marked).
+  EXPECT_THAT(r.output, HasSubstr("measured, memory also traced at "));
+  EXPECT_THAT(r.output, HasSubstr("* memory traced on meta tensors at this size"));
   EXPECT_THAT(r.output, HasSubstr("plans (fastest first):"));
   EXPECT_THAT(r.output, HasSubstr("chosen: 1 rank, micro-batch "));
   EXPECT_THAT(r.output, HasSubstr("at 24.0 MiB"));
