@@ -26,4 +26,26 @@ inline std::optional<double> json_number(const std::string& line, const std::str
   return v;
 }
 
+// The numbers of a flat JSON array under `key` in one JSON line ("key": [1, 2.5]); empty when
+// the key is absent.
+inline std::vector<double> json_numbers(const std::string& line, const std::string& key) {
+  std::vector<double> out;
+  const std::string k = "\"" + key + "\":";
+  const size_t at = line.find(k);
+  if (at == std::string::npos) return out;
+  const char* s = line.c_str() + at + k.size();
+  while (*s == ' ') ++s;
+  if (*s++ != '[') return out;
+  while (true) {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (end == s) break;
+    out.push_back(v);
+    s = end;
+    while (*s == ' ') ++s;
+    if (*s++ != ',') break;
+  }
+  return out;
+}
+
 }  // namespace ht::bench

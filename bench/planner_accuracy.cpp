@@ -2,7 +2,7 @@
 // at two sizes, the SPOS supernet; micro-batches with accumulation, bf16, DTR budgets, 1, 2 and 4
 // ranks), predicted in this process from the job's profile exactly as `hybrid_train plan` would
 // (plan_job), then trained by hybrid_train (under mpirun for several ranks) and read back from its
-// metrics.jsonl: peak memory (the arena's, the highest of any step) and step time, with the error
+// metrics.jsonl: peak memory (the arena's, the highest of any step on the fullest rank) and step time, with the error
 // of each. This machine's speed drifts by 10-30% over seconds, so every row is trained twice, a
 // minute apart, and the step time compared is the 25th percentile of both runs' steps after two
 // warm-up steps (the profile times its fastest step: both stand for the machine unloaded); the

@@ -92,7 +92,18 @@ std::pair<int, std::string> run_command(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
 }
 
-// Reads the run's train records into `m`: peak over every step, times over those after warm-up.
+// The step's peak on the fullest rank: the first rank writes the records, with every stage's
+// peak (a pipeline's; its replicas hold the same) and every replica's of its stage beside its own.
+// A plan is predicted for its fullest rank: under pipeline stages that is rarely the first.
+int64_t fullest_rank_peak(const std::string& line) {
+  double peak = json_number(line, "mem_peak_bytes").value_or(0);
+  for (const char* key : {"stage_peak_bytes", "rank_peak_bytes"})
+    for (double p : json_numbers(line, key)) peak = std::max(peak, p);
+  return static_cast<int64_t>(peak);
+}
+
+// Reads the run's train records into `m`: peak over every step and rank, times over the steps
+// after warm-up.
 void read_metrics(const std::string& path, Measurement& m) {
   std::ifstream in(path);
   std::string line;
@@ -100,7 +111,7 @@ void read_metrics(const std::string& path, Measurement& m) {
   while (std::getline(in, line)) {
     if (line.find("\"event\": \"train\"") == std::string::npos) continue;
     ++m.steps;
-    const auto peak = static_cast<int64_t>(json_number(line, "mem_peak_bytes").value_or(0));
+    const int64_t peak = fullest_rank_peak(line);
     m.peak_bytes = std::max(m.peak_bytes, peak);
     if (m.steps == 1) m.first_peak_bytes = peak;
     else m.later_peak_bytes = std::max(m.later_peak_bytes, peak);
