@@ -32,6 +32,9 @@ struct PipelineLayout {
   BlockProfile profile;
   StageCosts costs = StageCosts::kMeasured;  // what the blocks' times are
   bool counts_given = false;                 // the stages' blocks were given (parallel.stage_blocks), not balanced
+  // 4-D activations and their gradients cross stages channels-last (training.channels_last), as
+  // the stages' kernels make and read them: neither side copies them into another layout.
+  bool channels_last = false;
 
   int virtual_stages() const { return shape.stages * shape.virtual_stages; }
   int blocks_begin(int vs) const { return first_block[static_cast<size_t>(vs)]; }

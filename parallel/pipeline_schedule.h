@@ -42,6 +42,11 @@ struct ChoiceNames<ScheduleKind> {
       {ScheduleKind::kInterleaved1f1b, "interleaved_1f1b"}, {ScheduleKind::kZbH1, "zb_h1"}};
 };
 
+// A stage posts the receives of its next kReceiveLookahead actions (parallel/pipeline_stage.cpp)
+// ahead of the action that reads them, so a message can land while it computes the actions
+// before: the buffers of the two after the running one are in memory beside it.
+constexpr size_t kReceiveLookahead = 3;
+
 struct ScheduleShape {
   int stages = 1;          // pipeline ranks
   int micro_batches = 1;   // per step

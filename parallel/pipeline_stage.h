@@ -114,7 +114,7 @@ class PipelineStage {
   uint64_t seed_base_ = 0;
   std::map<Key, InFlight> in_flight_;
   struct Receive {
-    at::Tensor buffer;
+    at::Tensor buffer;  // channels-last: its memory as an NHWC tensor (the wire's layout)
     std::unique_ptr<Transfer> transfer;
   };
   std::map<size_t, Receive> receives_;  // by action index

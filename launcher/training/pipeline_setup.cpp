@@ -178,7 +178,9 @@ PipelineLayout make_pipeline_layout(const Config& config, const Model& model, Bl
                     std::to_string(model.blocks().size()) + " stages in all");
   }
   try {
-    return lay_out_pipeline(request, model, std::move(profile));
+    PipelineLayout layout = lay_out_pipeline(request, model, std::move(profile));
+    layout.channels_last = config.training.channels_last;
+    return layout;
   } catch (const std::invalid_argument& e) {
     throw UserError(std::string(where(config)) + ": " + (p.stage_blocks.empty() ? "" : "parallel.stage_blocks: ") +
                     e.what());
