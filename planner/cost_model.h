@@ -27,6 +27,9 @@ struct Plan {
   int stages = 1;                 // pipeline stages per replica (parallel.pipeline_parallel)
   ScheduleKind schedule = ScheduleKind::k1f1b;  // parallel.pipeline_schedule, with stages > 1
   int virtual_stages = 1;  // parallel.virtual_stages: chunks per stage (interleaved_1f1b)
+  // parallel.stage_blocks: blocks per (virtual) stage in model order; empty: cut where the
+  // profile's block times balance (a ranked plan carries the cut it was predicted for).
+  std::vector<int> stage_blocks;
   // memory.optimizer_state = "host" (policies swap and hybrid): the optimizer state waits on host
   // during forward and backward, and crosses the link twice a step.
   bool state_on_host = false;
@@ -66,6 +69,7 @@ struct Prediction {
   double transfer_ms = 0;             // pipelines: the step's wait for stage-to-stage messages, part of bubble_ms
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
   double stage_state_share = 1;       // pipelines: the fullest stage's share of the model's state
+  std::vector<int> stage_blocks;      // pipelines: the blocks of each (virtual) stage, as cut
   int64_t evictions = 0;              // per step (replay), or values a static plan drops
   // Host swap (policies swap and hybrid; planner/swap_terms.h), per step.
   int64_t swap_out_bytes = 0;         // copied to host memory

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
+#include <stdexcept>
 
 namespace ht {
 namespace {
@@ -18,6 +20,56 @@ const ProfilePoint* timed_point(const ModelProfile& profile, const Plan& plan) {
   for (const ProfilePoint& pt : profile.points) {
     if (pt.blocks.empty() || pt.precision != plan.precision || pt.threads != profile.threads) continue;
     if (best == nullptr || pt.micro_batch > best->micro_batch) best = &pt;
+  }
+  return best;
+}
+
+// A stage's memory beyond its state and its blocks' held bytes per micro-batch in flight (the
+// partition's peak), from the trace scaled by `scale`: what it keeps per micro-batch in flight
+// of what it receives and sends, and what it needs once (its kernels' peak above one micro-batch's
+// held bytes, and the receives it posts ahead).
+struct StageExtra {
+  int64_t kept = 0, once = 0;
+};
+
+StageExtra stage_extra(const ProfilePoint& mem, double scale, const StagePlan& s, bool first, bool last,
+                       int64_t in_flight, int64_t micro_batch) {
+  auto scaled = [scale](int64_t v) { return static_cast<int64_t>(scale * static_cast<double>(v)); };
+  int64_t held = 0, top = 0;  // the blocks' held bytes so far; the stage's peak over one micro-batch
+  const int end = s.first_block + s.blocks;
+  for (int b = s.first_block; b < end; ++b) {
+    const size_t variant = (b > s.first_block ? 1 : 0) + (b + 1 < end ? 2 : 0);
+    top = std::max(top, held + mem.block_peak_bytes[4 * static_cast<size_t>(b) + variant]);
+    held += mem.block_held_bytes[static_cast<size_t>(b)];
+  }
+  StageExtra x;
+  x.once = scaled(std::max<int64_t>(0, top - held));
+  // Receives posted ahead (kReceiveLookahead): a stage that sends peaks at the end of its
+  // forwards, when the next actions are backwards whose gradients it receives (two buffers:
+  // measured on the ConvNet's first stage); one that receives activations peaks in a backward
+  // with the next forward's buffer posted (one: the ConvNet's last stage).
+  if (!first) {
+    const int64_t in = stage_boundary_bytes(mem, s.first_block - 1, micro_batch);
+    x.kept += in * in_flight;  // the received input, kept for the micro-batch's backward
+    x.once += in;
+  }
+  if (!last) {
+    // The output sent, kept until the micro-batch's backward where its own blocks did not keep it.
+    x.kept += scaled(mem.block_sent_unheld_bytes[static_cast<size_t>(end - 1)]) * in_flight;
+    x.once += static_cast<int64_t>(kReceiveLookahead - 1) * stage_boundary_bytes(mem, end - 1, micro_batch);
+  }
+  return x;
+}
+
+// The point whose trace gives the blocks' memory: the plan's micro-batch where one was measured or
+// traced, else the nearest; null where no point has the blocks' memory.
+const ProfilePoint* memory_point(const ModelProfile& profile, const Plan& plan, size_t blocks) {
+  const ProfilePoint* best = nullptr;
+  for (const ProfilePoint& pt : profile.points) {
+    if (pt.block_held_bytes.size() != blocks || pt.block_peak_bytes.size() != 4 * blocks ||
+        pt.block_sent_unheld_bytes.size() != blocks || pt.precision != plan.precision || pt.threads != profile.threads) continue;
+    if (best == nullptr || std::llabs(pt.micro_batch - plan.micro_batch) < std::llabs(best->micro_batch - plan.micro_batch))
+      best = &pt;
   }
   return best;
 }
@@ -62,7 +114,11 @@ double transfer_ms(const Machine& machine, const Plan& plan, int64_t bytes) {
 
 }  // namespace
 
-std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks) {
+namespace {
+
+// The cuts' bytes of the tensors `counted` says to count.
+template <typename Counted>
+std::vector<int64_t> cut_bytes_of(const StepTrace& trace, int blocks, Counted&& counted) {
   // Each tensor crosses the cuts from its producer's block to the last block whose forward reads it.
   std::vector<int> last_reader(trace.tensors.size(), -1);
   for (const TraceKernel& k : trace.kernels) {
@@ -77,7 +133,7 @@ std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks) {
     const int producer = trace.tensors[i].producer;
     if (producer < 0 || static_cast<size_t>(producer) >= trace.kernels.size()) continue;
     const int from = trace.kernels[static_cast<size_t>(producer)].block, to = std::min(last_reader[i], blocks);
-    if (from < 0 || to <= from) continue;
+    if (from < 0 || to <= from || !counted(i)) continue;
     change[static_cast<size_t>(from)] += trace.tensors[i].bytes;
     change[static_cast<size_t>(to)] -= trace.tensors[i].bytes;
   }
@@ -87,6 +143,93 @@ std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks) {
   return cuts;
 }
 
+}  // namespace
+
+std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks) {
+  return cut_bytes_of(trace, blocks, [](size_t) { return true; });
+}
+
+namespace {
+
+// Each tensor's block (its producer's, else that of the kernel running or last run when it was
+// allocated; -1 for what came before the first kernel: the batch) and whether forward left it for
+// backward (alive when the first backward kernel begins).
+struct Owners {
+  std::vector<int> block;
+  std::vector<char> held;
+};
+
+Owners owners(const StepTrace& trace, int blocks) {
+  const auto block_of = [&](int kernel) {
+    const int b = trace.kernels[static_cast<size_t>(kernel)].block;
+    return b < 0 || b >= blocks ? blocks - 1 : b;  // the loss: with the last block
+  };
+  Owners o{std::vector<int>(trace.tensors.size(), -1), std::vector<char>(trace.tensors.size(), 0)};
+  bool backward = false;
+  int last_kernel = -1;
+  for (const TraceEvent& ev : trace.events) {
+    const auto i = static_cast<size_t>(ev.index);
+    if (ev.kind == TraceEvent::Kind::kKernelBegins) {
+      last_kernel = ev.index;
+      backward = backward || trace.kernels[i].backward;
+    } else if (ev.kind == TraceEvent::Kind::kAllocated && last_kernel >= 0) {
+      const int producer = trace.tensors[i].producer;
+      o.block[i] = block_of(producer >= 0 && static_cast<size_t>(producer) < trace.kernels.size() ? producer : last_kernel);
+      o.held[i] = !backward;
+    } else if (ev.kind == TraceEvent::Kind::kFreed && !backward) {
+      o.held[i] = 0;
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+BlockMemory block_memory(const StepTrace& trace, int blocks) {
+  BlockMemory out;
+  if (blocks <= 0 || trace.kernels.empty()) return out;
+  const Owners o = owners(trace, blocks);
+  out.held.assign(static_cast<size_t>(blocks), 0);
+  out.peak.assign(4 * static_cast<size_t>(blocks), 0);
+  for (size_t i = 0; i < trace.tensors.size(); ++i)
+    if (o.held[i]) out.held[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
+  out.sent_unheld = cut_bytes_of(trace, blocks, [&](size_t i) { return !o.held[i]; });
+  // At each allocation inside block c's kernels: its own held tensors alive, the transient ones
+  // it made, and those its neighbours made (outputs on their way in, gradients on their way
+  // back), each counted only where the neighbour shares c's stage (BlockMemory::peak's index).
+  std::vector<int64_t> own(static_cast<size_t>(blocks), 0), made(static_cast<size_t>(blocks), 0);
+  std::vector<char> alive(trace.tensors.size(), 0);
+  int running = -1;
+  for (const TraceEvent& ev : trace.events) {
+    const auto i = static_cast<size_t>(ev.index);
+    if (ev.kind == TraceEvent::Kind::kKernelBegins) {
+      const int b = trace.kernels[i].block;
+      running = b < 0 || b >= blocks ? blocks - 1 : b;
+    } else if (ev.kind == TraceEvent::Kind::kAllocated && o.block[i] >= 0) {
+      alive[i] = 1;
+      (o.held[i] ? own : made)[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
+      const auto c = static_cast<size_t>(running);
+      const int64_t base = own[c] + made[c];
+      const int64_t left = c > 0 ? made[c - 1] : 0, right = c + 1 < made.size() ? made[c + 1] : 0;
+      const int64_t with[4] = {base, base + left, base + right, base + left + right};
+      for (size_t k = 0; k < 4; ++k) out.peak[4 * c + k] = std::max(out.peak[4 * c + k], with[k]);
+    } else if (ev.kind == TraceEvent::Kind::kFreed && alive[i]) {
+      alive[i] = 0;
+      (o.held[i] ? own : made)[static_cast<size_t>(o.block[i])] -= trace.tensors[i].bytes;
+    }
+  }
+  return out;
+}
+
+void set_stage_terms(ProfilePoint& point) {
+  const int blocks = static_cast<int>(point.blocks.size());
+  point.cut_bytes = stage_cut_bytes(point.trace, blocks);
+  BlockMemory memory = block_memory(point.trace, blocks);
+  point.block_held_bytes = std::move(memory.held);
+  point.block_peak_bytes = std::move(memory.peak);
+  point.block_sent_unheld_bytes = std::move(memory.sent_unheld);
+}
+
 int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch) {
   if (block < 0 || static_cast<size_t>(block) >= point.cut_bytes.size()) return 0;
   const int64_t bytes = point.cut_bytes[static_cast<size_t>(block)];
@@ -94,6 +237,73 @@ int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro
   return static_cast<int64_t>(static_cast<double>(bytes) * static_cast<double>(micro_batch) /
                               static_cast<double>(point.micro_batch));
 }
+
+namespace {
+
+// The plan's cut (Plan::stage_blocks), else the one balancing the blocks' times; nothing, with
+// p refused, where the given cut does not fit the model.
+std::optional<Partition> cut_stages(const std::vector<BlockCost>& costs, const Plan& plan,
+                                    const PartitionOptions& options, Prediction& p) {
+  if (plan.stage_blocks.empty()) return balance_stages(costs, options);
+  try {
+    return partition_from_counts(costs, plan.stage_blocks, options);
+  } catch (const std::invalid_argument& e) {
+    p.fits = false;
+    p.why_not = e.what();
+    return std::nullopt;
+  }
+}
+
+// Per rank (pipeline stage): its chunks' time per micro-batch, peak and state bytes.
+struct RankTerms {
+  std::vector<double> ms;
+  std::vector<int64_t> peak, state;
+};
+
+RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& costs, const ScheduleShape& shape,
+                     const PartitionOptions& options, const ProfilePoint* mem, double scale, int64_t micro_batch) {
+  const auto ranks = static_cast<size_t>(shape.stages);
+  const int parts = static_cast<int>(partition.stages.size());
+  RankTerms t{std::vector<double>(ranks, 0), std::vector<int64_t>(ranks, 0), std::vector<int64_t>(ranks, 0)};
+  std::vector<int64_t> once(ranks, 0);  // a rank's chunks run one at a time: the largest's once
+  for (int vs = 0; vs < parts; ++vs) {
+    const StagePlan& s = partition.stages[static_cast<size_t>(vs)];
+    const auto r = static_cast<size_t>(rank_of_virtual_stage(vs, shape));
+    t.ms[r] += s.ms;
+    t.peak[r] += s.peak_bytes;
+    for (int b = s.first_block; b < s.first_block + s.blocks; ++b) t.state[r] += costs[static_cast<size_t>(b)].state_bytes;
+    if (scale <= 0) continue;
+    const StageExtra x = stage_extra(*mem, scale, s, vs == 0, vs + 1 == parts, options.in_flight[static_cast<size_t>(vs)],
+                                     micro_batch);
+    t.peak[r] += x.kept;
+    once[r] = std::max(once[r], x.once);
+  }
+  for (size_t r = 0; r < ranks; ++r) t.peak[r] += once[r];
+  return t;
+}
+
+// Memory: the fullest rank's. Its activations replace one micro-batch's whole-model set; its
+// share of the blocks' state, each block's unsharded: at "optimizer" the state terms are already
+// the rank's share of the replica group's (planner/shard_terms.h), and a stage's replicas split
+// its state as a model's replicas split the model's.
+void fullest_rank_memory(const std::vector<BlockCost>& costs, const RankTerms& ranks, Prediction& p) {
+  size_t fullest = 0;
+  for (size_t r = 1; r < ranks.peak.size(); ++r)
+    if (ranks.peak[r] > ranks.peak[fullest]) fullest = r;
+  int64_t whole_state = 0;
+  for (const BlockCost& c : costs) whole_state += c.state_bytes;
+  const int64_t state = ranks.state[fullest];
+  const double state_share = whole_state > 0 ? static_cast<double>(state) / static_cast<double>(whole_state) : 0;
+  p.model_bytes = static_cast<int64_t>(static_cast<double>(p.model_bytes) * state_share);
+  p.gradient_bytes = static_cast<int64_t>(static_cast<double>(p.gradient_bytes) * state_share);
+  p.optimizer_state_bytes = static_cast<int64_t>(static_cast<double>(p.optimizer_state_bytes) * state_share);
+  p.activation_bytes = ranks.peak[fullest] - state;
+  p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
+                 std::max(p.activation_bytes, p.optimizer_working_bytes);
+  p.stage_state_share = state_share;
+}
+
+}  // namespace
 
 void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms,
                     Prediction& p) {
@@ -110,21 +320,27 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
                     : schedule_refusal(kind, shape);
     return;
   }
-  const std::vector<BlockCost> costs = block_costs(profile, *pt, fb_ms, p.activation_bytes);
+  std::vector<BlockCost> costs = block_costs(profile, *pt, fb_ms, p.activation_bytes);
+  // Memory from the trace where a point has it: each block's held bytes per micro-batch in
+  // flight, and once the stage's peak above them (stage_extra); otherwise a share by time. Scaled
+  // from the point's micro-batch to the plan's activations.
+  const ProfilePoint* mem = memory_point(profile, plan, costs.size());
+  double scale = 0;
+  if (mem != nullptr && mem->activation_bytes() > 0) {
+    scale = static_cast<double>(p.activation_bytes) / static_cast<double>(mem->activation_bytes());
+    for (size_t b = 0; b < costs.size(); ++b)
+      costs[b].activation_bytes = static_cast<int64_t>(scale * static_cast<double>(mem->block_held_bytes[b]));
+  }
   PartitionOptions options;
   options.stages = parts;
   options.in_flight = in_flight_per_virtual_stage(kind, shape);  // as the trainer lays a pipeline out
-  const Partition partition = balance_stages(costs, options);
+  const std::optional<Partition> cut = cut_stages(costs, plan, options, p);
+  if (!cut) return;
+  const Partition& partition = *cut;
+  for (const StagePlan& s : partition.stages) p.stage_blocks.push_back(s.blocks);
   // A rank's time and memory are its chunks'.
-  std::vector<double> rank_ms(static_cast<size_t>(plan.stages), 0);
-  std::vector<int64_t> rank_peak(static_cast<size_t>(plan.stages), 0), rank_state(static_cast<size_t>(plan.stages), 0);
-  for (int vs = 0; vs < parts; ++vs) {
-    const StagePlan& s = partition.stages[static_cast<size_t>(vs)];
-    const auto r = static_cast<size_t>(rank_of_virtual_stage(vs, shape));
-    rank_ms[r] += s.ms;
-    rank_peak[r] += s.peak_bytes;
-    for (int b = s.first_block; b < s.first_block + s.blocks; ++b) rank_state[r] += costs[static_cast<size_t>(b)].state_bytes;
-  }
+  const RankTerms ranks = rank_terms(partition, costs, shape, options, mem, scale, plan.micro_batch);
+  const std::vector<double>& rank_ms = ranks.ms;
   // The step: the schedule simulated with each rank's own times (one chunk of a micro-batch per action).
   double forward = 0, backward = 0, total_ms = 0;
   for (const BlockCost& c : costs) {
@@ -154,26 +370,8 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   p.compute_ms = run.makespan;
   p.bubble_ms = run.makespan * run.bubble;
   p.transfer_ms = std::max(0.0, run.makespan - alone.makespan);
-  // Memory: the fullest rank. Activations replace one micro-batch's whole-model set.
-  size_t fullest = 0;
-  for (size_t r = 1; r < rank_peak.size(); ++r)
-    if (rank_peak[r] > rank_peak[fullest]) fullest = r;
-  // The rank's share of the blocks' state, each block's unsharded: at "optimizer" the state terms
-  // are already the rank's share of the replica group's (planner/shard_terms.h), and a stage's
-  // replicas split its state as a model's replicas split the model's.
-  int64_t whole_state = 0;
-  for (const BlockCost& c : costs) whole_state += c.state_bytes;
-  const int64_t state = rank_state[fullest];
-  const int64_t activations = rank_peak[fullest] - state;
-  const double state_share = whole_state > 0 ? static_cast<double>(state) / static_cast<double>(whole_state) : 0;
-  p.model_bytes = static_cast<int64_t>(static_cast<double>(p.model_bytes) * state_share);
-  p.gradient_bytes = static_cast<int64_t>(static_cast<double>(p.gradient_bytes) * state_share);
-  p.optimizer_state_bytes = static_cast<int64_t>(static_cast<double>(p.optimizer_state_bytes) * state_share);
-  p.activation_bytes = activations;
-  p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
-                 std::max(p.activation_bytes, p.optimizer_working_bytes);
+  fullest_rank_memory(costs, ranks, p);
   p.stage_imbalance = slowest / mean;
-  p.stage_state_share = state_share;
 }
 
 }  // namespace ht

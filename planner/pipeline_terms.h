@@ -26,6 +26,24 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
 // profilers store it on each point (ProfilePoint::cut_bytes).
 std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks);
 
+// Per model block, from one micro-batch's trace (the batch and the state left out): `held`, the
+// bytes of the tensors its forward made (the loss's count with the last block) that are still
+// alive when backward begins, which a pipeline stage keeps for every micro-batch in flight;
+// `peak`, the most its kernels, forward or backward, see of its own held tensors and of every
+// tensor not held (outputs on their way to the next block, temporaries, gradients flowing back):
+// a stage of blocks [f, e) peaks at (in flight - 1) x its held bytes plus, over its blocks c, the
+// held bytes of f..c-1 and c's peak; `sent_unheld`, per cut after a block, the bytes crossing it
+// that no block holds for backward: what a stage that ends there keeps of its output per
+// micro-batch in flight (parallel/pipeline_stage.h: InFlight::output) beyond its held bytes.
+// Empty vectors where the trace has no kernels.
+struct BlockMemory {
+  std::vector<int64_t> held, peak, sent_unheld;
+};
+BlockMemory block_memory(const StepTrace& trace, int blocks);
+
+// Sets a point's pipeline terms from its trace: cut_bytes and the blocks' memory (block_memory).
+void set_stage_terms(ProfilePoint& point);
+
 // The cut after block `block` for a micro-batch of `micro_batch` samples, from the point's
 // cut_bytes, in proportion to the samples; 0 where the point has none.
 int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch);

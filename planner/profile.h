@@ -45,6 +45,10 @@ struct ProfilePoint {
   // Per model block b: the bytes one micro-batch sends forward across a pipeline cut after b (the
   // trace's tensors made up to b and read by a later block's forward; planner/pipeline_terms.h).
   std::vector<int64_t> cut_bytes;
+  // Per model block: what its forward leaves for backward, the most its kernels see of that and
+  // of the step's transient tensors, and what crosses the cut after it that no block keeps
+  // (planner/pipeline_terms.h, block_memory): a pipeline stage's memory.
+  std::vector<int64_t> block_held_bytes, block_peak_bytes, block_sent_unheld_bytes;
   StepTrace trace;                // for the DTR replay
   // The same step as static plans capture it (memory/step_capture.h), for predicting a plan.
   schedule::StepGraph graph;

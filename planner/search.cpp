@@ -164,7 +164,13 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
   std::mutex failure_mutex;
   auto work = [&] {
     try {
-      for (size_t i = next++; i < plans.size(); i = next++) ranked[i] = {plans[i], predict_plan(plans[i])};
+      for (size_t i = next++; i < plans.size(); i = next++) {
+        ranked[i] = {plans[i], predict_plan(plans[i])};
+        // The cut it was predicted for, so that the plan written trains on it (the trainer would
+        // otherwise balance by its own timing of the blocks, and cut elsewhere on a busy machine).
+        if (ranked[i].plan.stages > 1 && ranked[i].plan.stage_blocks.empty())
+          ranked[i].plan.stage_blocks = ranked[i].prediction.stage_blocks;
+      }
     } catch (...) {
       const std::lock_guard<std::mutex> lock(failure_mutex);
       if (!failure) failure = std::current_exception();

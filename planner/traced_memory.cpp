@@ -63,7 +63,7 @@ bool merged_point(const ModelProfile& measured, const ProfilePoint& t, ProfilePo
   out.forward_backward_peak_bytes = out.persistent_bytes + out.batch_bytes + t.activation_bytes();
   out.optimizer_peak_bytes = out.persistent_bytes + out.batch_bytes + optimizer_working_bytes(measured, t.precision);
   out.peak_bytes = std::max(out.forward_backward_peak_bytes, out.optimizer_peak_bytes);
-  out.cut_bytes = stage_cut_bytes(out.trace, static_cast<int>(out.blocks.size()));
+  set_stage_terms(out);
   out.backward_read_buckets = t.backward_read_buckets;
   // Static plans' graph: the measured one interpolated (its kernels' costs are measured).
   out.graph = graph_for(measured, t.micro_batch, t.precision, &out.block_starts);

@@ -379,6 +379,7 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   if (plan.stages > 1) {
     c.parallel.pipeline_schedule = plan.schedule;
     c.parallel.virtual_stages = plan.schedule == ScheduleKind::kInterleaved1f1b ? plan.virtual_stages : 1;
+    c.parallel.stage_blocks.assign(plan.stage_blocks.begin(), plan.stage_blocks.end());
   }
   c.parallel.shard = plan.shard;
   if (plan.shard == ShardLevel::kParameters) c.parallel.prefetch = plan.prefetch;

@@ -157,7 +157,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
     BlockTime& b = point.blocks[static_cast<size_t>(k.block)];
     (k.backward ? b.backward_ms : b.forward_ms) += k.ms;
   }
-  point.cut_bytes = stage_cut_bytes(point.trace, static_cast<int>(point.blocks.size()));
+  set_stage_terms(point);
   return point;
 }
 

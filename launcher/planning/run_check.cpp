@@ -32,6 +32,7 @@ Plan plan_of(const Config& c) {
   p.stages = static_cast<int>(c.parallel.pipeline_parallel);
   p.schedule = c.parallel.pipeline_schedule;
   p.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
+  if (p.stages > 1) p.stage_blocks.assign(c.parallel.stage_blocks.begin(), c.parallel.stage_blocks.end());
   p.state_on_host = c.memory.optimizer_state == StatePlace::kHost;
   p.shard = c.parallel.shard;
   p.prefetch = static_cast<int>(c.parallel.prefetch);

@@ -46,7 +46,7 @@ ProfilePoint traced_point(const TracedStep& step, TraceExtras& extras, const Mod
   point.backward_read_buckets = std::move(extras.backward_read_buckets);
   point.graph = std::move(extras.graph);
   point.block_starts = std::move(extras.block_starts);
-  point.cut_bytes = stage_cut_bytes(point.trace, static_cast<int>(point.blocks.size()));
+  set_stage_terms(point);
   return point;
 }
 
@@ -104,7 +104,7 @@ ProfilePoint derived_point(const ProfilePoint& a, const ProfilePoint& b, int64_t
   p.forward_backward_peak_bytes = bytes(a.forward_backward_peak_bytes, b.forward_backward_peak_bytes);
   p.optimizer_peak_bytes = p.persistent_bytes + p.batch_bytes + b.optimizer_working_bytes();
   p.peak_bytes = std::max(p.forward_backward_peak_bytes, p.optimizer_peak_bytes);
-  p.cut_bytes = stage_cut_bytes(p.trace, static_cast<int>(p.blocks.size()));
+  set_stage_terms(p);
   return p;
 }
 

@@ -6,6 +6,7 @@
 #include "launcher/config/config_text.h"
 #include "tests/support/mpi_job.h"
 #include "tests/support/ranks.h"
+#include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"
 
 #include <torch/serialize/input-archive.h>
@@ -241,6 +242,67 @@ TEST(PipelineJobMemory, DtrUnderABudgetOnEachStage) {
                     dir.path("dtr/checkpoints/step_00000003/model.pt"));
   EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")))
       << "the budget made DTR evict on stage 0";
+}
+
+// A channels-last ConvNet on two stages: activations and their gradients cross in the layout the
+// stages' kernels use (a NCHW copy had the next convolution copy its input back and the pooling
+// backward copy its indices), and the stages train the one-rank model bit for bit.
+const char* kConvNet = R"([model]
+name = "convnet"
+channels = [8, 16]
+fc_hidden = 32
+[data]
+dataset = "synthetic"
+synthetic_samples = 256
+synthetic_eval_samples = 16
+synthetic_shape = [1, 16, 16]
+[training]
+steps = 3
+global_batch_size = 32
+micro_batch_size = 16
+threads = 1
+[checkpoint]
+interval = 3
+[metrics]
+log_interval = 1
+)";
+
+TEST(PipelineJobMemory, ChannelsLastStagesTrainTheOneRankModel) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kConvNet);
+  ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + " --job.output_dir=" + dir.path("one")), 0);
+  const std::string log = dir.path("log.txt");
+  ASSERT_EQ(run_logged(mpirun(2) + HT_BINARY + " " + config + " --parallel.pipeline_parallel=2 --parallel.stage_blocks=[1,2]" +
+                           " --job.output_dir=" + dir.path("piped"), log),
+            0) << read_file(log);
+  expect_same_model(dir.path("one/checkpoints/step_00000003/model.pt"),
+                    dir.path("piped/checkpoints/step_00000003/model.pt"));
+}
+
+// `plan` writes the cut it predicted (parallel.stage_blocks), and the run's fullest stage peaks
+// where the plan said: each block's tensors kept for backward per micro-batch in flight, the
+// stage's peak above them once, what crosses the cuts, from the one-rank trace.
+TEST(PipelineJobMemory, APlansStagesPeakAsPredicted) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", std::string(kTinyGpt));
+  const std::string log = dir.path("log.txt");
+  ASSERT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config + " --model.n_layer=4 --ranks 2 --stages 2" +
+                           " --precisions off --job.output_dir=" + dir.path("plan"), log),
+            0) << read_file(log);
+  const std::string plan = read_file(dir.path("plan/plan.toml"));
+  std::smatch cut;
+  ASSERT_TRUE(std::regex_search(plan, cut, std::regex("\\nstage_blocks = \\[([0-9]+), ([0-9]+)\\]"))) << plan;
+  EXPECT_EQ(std::stoi(cut[1]) + std::stoi(cut[2]), 6) << "the embedding, four layers and the head";
+  ASSERT_EQ(run_logged(mpirun(2) + HT_BINARY + " " + dir.path("plan/plan.toml") + " --job.output_dir=" + dir.path("run"),
+                       log),
+            0) << read_file(log);
+  const std::string metrics = dir.path("run/metrics.jsonl");
+  const double predicted = last_train_number(metrics, "predicted_peak_bytes");
+  const double measured = static_cast<double>(largest_stage_peak(read_file(metrics)));
+  // Measured here: exact at micro-batch 1, 0.95% under at 8 (the allocator keeps 3%).
+  EXPECT_NEAR(predicted / measured, 1.0, 0.02) << "predicted " << predicted << ", fullest stage " << measured;
 }
 
 TEST(PipelineJobErrors, RefusalsSayWhatWouldWork) {

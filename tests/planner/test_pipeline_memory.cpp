@@ -1,0 +1,139 @@
+// A pipeline stage's memory from the trace (planner/pipeline_terms.h, block_memory): each block's
+// forward leaves tensors for its backward, which a stage holds for every micro-batch in flight;
+// its kernels peak above them once; what a stage receives and sends it keeps until that
+// micro-batch's backward, and it posts receives ahead. And the cut a
+// plan is predicted for is the cut it trains on (Plan::stage_blocks).
+#include "planner/cost_model.h"
+#include "planner/pipeline_terms.h"
+#include "planner/search.h"
+
+#include <gtest/gtest.h>
+
+namespace ht::test {
+namespace {
+
+using Kind = TraceEvent::Kind;
+
+// One micro-batch through two blocks and the loss, `k` bytes a unit:
+//   forward  block 0: a (300, saved), a temporary (50, freed in the kernel), o (60, not saved)
+//            block 1: b (200, saved; reads a and o, then frees o), its output c (30, read by the loss only)
+//            loss:    l (10, saved); c freed
+//   backward loss: g1 (40); l freed. block 1: g2 (70); g1 and b freed. block 0: g3 (20); g2, a, g3 freed.
+StepTrace two_blocks(int64_t k) {
+  StepTrace t;
+  auto tensor = [&](int64_t bytes, int producer) {
+    t.tensors.push_back(TraceTensor{bytes * k, producer, false});
+    return static_cast<int>(t.tensors.size()) - 1;
+  };
+  auto kernel = [&](int block, bool backward, std::vector<int> inputs) {
+    TraceKernel kern;
+    kern.block = block;
+    kern.backward = backward;
+    kern.inputs = std::move(inputs);
+    t.kernels.push_back(kern);
+    return static_cast<int>(t.kernels.size()) - 1;
+  };
+  auto ev = [&](Kind kind, int index) { t.events.push_back({kind, index}); };
+  const int batch = tensor(1000, -1);
+  ev(Kind::kAllocated, batch);  // before any kernel: the batch, not a block's
+  const int a = tensor(300, 0), temp = tensor(50, -1), o = tensor(60, 0), b = tensor(200, 1), c = tensor(30, 1);
+  const int l = tensor(10, 2);
+  const int g1 = tensor(40, -1), g2 = tensor(70, -1), g3 = tensor(20, -1);
+  const int k0 = kernel(0, false, {}), k1 = kernel(1, false, {a, o}), k2 = kernel(-1, false, {c});
+  const int k3 = kernel(-1, true, {l}), k4 = kernel(1, true, {b}), k5 = kernel(0, true, {a});
+  for (auto [kind, index] : std::vector<std::pair<Kind, int>>{
+           {Kind::kKernelBegins, k0}, {Kind::kAllocated, a}, {Kind::kAllocated, temp}, {Kind::kFreed, temp}, {Kind::kAllocated, o},
+           {Kind::kKernelEnds, k0}, {Kind::kKernelBegins, k1}, {Kind::kAllocated, b}, {Kind::kAllocated, c},
+           {Kind::kFreed, o}, {Kind::kKernelEnds, k1},
+           {Kind::kKernelBegins, k2}, {Kind::kAllocated, l}, {Kind::kFreed, c}, {Kind::kKernelEnds, k2},
+           {Kind::kKernelBegins, k3}, {Kind::kAllocated, g1}, {Kind::kFreed, l}, {Kind::kKernelEnds, k3},
+           {Kind::kKernelBegins, k4}, {Kind::kAllocated, g2}, {Kind::kFreed, g1}, {Kind::kFreed, b}, {Kind::kKernelEnds, k4},
+           {Kind::kKernelBegins, k5}, {Kind::kAllocated, g3}, {Kind::kFreed, g2}, {Kind::kFreed, a}, {Kind::kFreed, g3},
+           {Kind::kKernelEnds, k5}}) {
+    ev(kind, index);
+  }
+  return t;
+}
+
+TEST(PipelineMemory, BlocksHoldWhatBackwardReadsAndNeedTheirWorkingSetOnce) {
+  const BlockMemory m = block_memory(two_blocks(1), 2);
+  EXPECT_EQ(m.held, (std::vector<int64_t>{300, 200 + 10})) << "the loss's saved tensor with the last block";
+  // Per block: alone, with its left neighbour's transient tensors, with its right's, with both.
+  // Block 0: a and o (360) forward; backward a and its gradient (320), and the one it reads (70),
+  // block 1's. Block 1: b and its output c (230; with o, block 0's, 290) forward; backward b, its
+  // gradient and the one it reads (310), both its own (the loss's count with it).
+  EXPECT_EQ(m.peak, (std::vector<int64_t>{360, 360, 390, 390, 310, 290 + 20, 310, 310}));
+  // The cut after block 0: a (held) and o (not): a stage ending there keeps o as its output.
+  EXPECT_EQ(m.sent_unheld, (std::vector<int64_t>{60, 0}));
+  EXPECT_EQ(stage_cut_bytes(two_blocks(1), 2), (std::vector<int64_t>{360, 0}));
+  EXPECT_TRUE(block_memory(StepTrace{}, 2).held.empty());
+}
+
+ModelProfile piped_profile() {
+  ModelProfile p;
+  p.parameter_bytes = p.gradient_bytes = p.optimizer_state_bytes = 64 * 1000;
+  p.block_parameter_bytes = {32 * 1000, 32 * 1000};
+  p.input_sample_bytes = 100;
+  p.target_sample_bytes = 8;
+  p.train_samples = 1000;
+  p.global_batch = 32;
+  for (int64_t micro : {8, 32}) {
+    ProfilePoint pt;
+    pt.micro_batch = micro;
+    pt.forward_backward_ms = static_cast<double>(micro);
+    pt.step_ms = pt.forward_backward_ms + 1;
+    pt.optimizer_ms = 1;
+    pt.blocks.assign(2, BlockTime{1.0, 2.0});
+    pt.trace = two_blocks(micro / 8);
+    pt.persistent_bytes = 3 * 64 * 1000;
+    pt.batch_bytes = batch_bytes(p, micro);
+    pt.forward_backward_peak_bytes = pt.persistent_bytes + pt.batch_bytes + 400 * micro / 8;
+    pt.peak_bytes = pt.forward_backward_peak_bytes;
+    set_stage_terms(pt);
+    p.points.push_back(pt);
+  }
+  return p;
+}
+
+TEST(PipelineMemory, AStageHoldsItsBlocksPerMicroBatchInFlightAndWhatItReceives) {
+  const ModelProfile p = piped_profile();
+  Machine m;
+  m.devices_per_node = 2;
+  Plan plan;
+  plan.micro_batch = 8;
+  plan.accumulation = 4;
+  plan.stages = 2;  // 1F1B: stage 0 holds 2 micro-batches, stage 1 one
+  const Prediction r = predict(p, m, plan);
+  ASSERT_TRUE(r.fits) << r.why_not;
+  EXPECT_EQ(r.stage_blocks, (std::vector<int>{1, 1}));
+  // Stage 0: 2 x (300 held + 60 sent) + 60 above its held at its peak + 2 x 360 gradients received
+  // ahead = 1500, the fullest. Stage 1: 210 held + 360 received + 100 above its held + one
+  // activation received ahead (360) = 1030.
+  EXPECT_EQ(r.activation_bytes, 1500);
+  // At four times the micro-batch, the point traced there: four times the bytes.
+  plan.micro_batch = 32;
+  plan.accumulation = 1;  // one micro-batch: one in flight on each stage
+  EXPECT_EQ(predict(p, m, plan).activation_bytes, 4 * 1140);
+}
+
+TEST(PipelineMemory, APlanCarriesTheCutItWasPredictedFor) {
+  const ModelProfile p = piped_profile();
+  Machine m;
+  m.devices_per_node = 2;
+  Plan plan;
+  plan.micro_batch = 8;
+  plan.accumulation = 4;
+  plan.stages = 2;
+  const std::vector<RankedPlan> ranked =
+      rank_plans({plan}, [&](const Plan& x) { return predict(p, m, x); }, Objective::kTime, 1);
+  ASSERT_EQ(ranked.size(), 1u);
+  EXPECT_EQ(ranked[0].plan.stage_blocks, (std::vector<int>{1, 1})) << "written to plan.toml as parallel.stage_blocks";
+  // A cut given is the cut predicted; one the model cannot take is refused, saying why.
+  plan.stage_blocks = {2};
+  const Prediction bad = predict(p, m, plan);
+  EXPECT_FALSE(bad.fits);
+  EXPECT_NE(bad.why_not.find("parallel.stage_blocks gives 1 count for 2 stages"), std::string::npos) << bad.why_not;
+}
+
+}  // namespace
+}  // namespace ht::test
