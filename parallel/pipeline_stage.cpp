@@ -44,7 +44,7 @@ namespace {
 // On the wire a 4-D tensor crosses channels-last as its memory: the NHWC-contiguous view of a
 // channels-last tensor (communicators send contiguous tensors). A NCHW copy made the next stage's
 // convolution copy its input back, and the sending stage's pooling backward copy its indices and
-// gradient (measured: 230 KB over the one-rank step's on a ConvNet's first stage at 16 images).
+// gradient (measured: a ConvNet's first stage at 16 images peaked at 1,216,256 bytes, 757,504 so).
 at::Tensor to_wire(const at::Tensor& value, bool channels_last) {
   if (!channels_last || value.dim() != 4) return value.contiguous();
   return value.contiguous(at::MemoryFormat::ChannelsLast).permute({0, 2, 3, 1});

@@ -379,8 +379,10 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   if (plan.stages > 1) {
     c.parallel.pipeline_schedule = plan.schedule;
     c.parallel.virtual_stages = plan.schedule == ScheduleKind::kInterleaved1f1b ? plan.virtual_stages : 1;
-    c.parallel.stage_blocks.assign(plan.stage_blocks.begin(), plan.stage_blocks.end());
   }
+  // The cut the plan was predicted for (none without stages, whatever the base config said).
+  c.parallel.stage_blocks.assign(plan.stage_blocks.begin(), plan.stage_blocks.end());
+  if (plan.stages <= 1) c.parallel.stage_blocks.clear();
   c.parallel.shard = plan.shard;
   if (plan.shard == ShardLevel::kParameters) c.parallel.prefetch = plan.prefetch;
   c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
