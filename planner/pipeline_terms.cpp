@@ -159,11 +159,13 @@ struct Owners {
   std::vector<char> held;
 };
 
+// The block a kernel's memory counts with: its own; the loss's, outside the blocks, the last.
+int block_of(const StepTrace& trace, int kernel, int blocks) {
+  const int b = trace.kernels[static_cast<size_t>(kernel)].block;
+  return b < 0 || b >= blocks ? blocks - 1 : b;
+}
+
 Owners owners(const StepTrace& trace, int blocks) {
-  const auto block_of = [&](int kernel) {
-    const int b = trace.kernels[static_cast<size_t>(kernel)].block;
-    return b < 0 || b >= blocks ? blocks - 1 : b;  // the loss: with the last block
-  };
   Owners o{std::vector<int>(trace.tensors.size(), -1), std::vector<char>(trace.tensors.size(), 0)};
   bool backward = false;
   int last_kernel = -1;
@@ -174,7 +176,8 @@ Owners owners(const StepTrace& trace, int blocks) {
       backward = backward || trace.kernels[i].backward;
     } else if (ev.kind == TraceEvent::Kind::kAllocated && last_kernel >= 0) {
       const int producer = trace.tensors[i].producer;
-      o.block[i] = block_of(producer >= 0 && static_cast<size_t>(producer) < trace.kernels.size() ? producer : last_kernel);
+      o.block[i] = block_of(trace, producer >= 0 && static_cast<size_t>(producer) < trace.kernels.size() ? producer : last_kernel,
+                            blocks);
       o.held[i] = !backward;
     } else if (ev.kind == TraceEvent::Kind::kFreed && !backward) {
       o.held[i] = 0;
@@ -203,8 +206,7 @@ BlockMemory block_memory(const StepTrace& trace, int blocks) {
   for (const TraceEvent& ev : trace.events) {
     const auto i = static_cast<size_t>(ev.index);
     if (ev.kind == TraceEvent::Kind::kKernelBegins) {
-      const int b = trace.kernels[i].block;
-      running = b < 0 || b >= blocks ? blocks - 1 : b;
+      running = block_of(trace, ev.index, blocks);
     } else if (ev.kind == TraceEvent::Kind::kAllocated && o.block[i] >= 0) {
       alive[i] = 1;
       (o.held[i] ? own : made)[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;

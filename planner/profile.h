@@ -113,6 +113,18 @@ struct ModelProfile {
   mutable std::map<std::tuple<int64_t, int, int64_t>, BlockRecomputeReplay> full_recompute_replays;
 };
 
+// Per model block, the forward and backward time of its kernels in `trace` (kernels outside the
+// blocks, the loss's, left out).
+inline std::vector<BlockTime> block_times(const StepTrace& trace, size_t blocks) {
+  std::vector<BlockTime> out(blocks);
+  for (const TraceKernel& k : trace.kernels) {
+    if (k.block < 0 || static_cast<size_t>(k.block) >= blocks) continue;
+    BlockTime& b = out[static_cast<size_t>(k.block)];
+    (k.backward ? b.backward_ms : b.forward_ms) += k.ms;
+  }
+  return out;
+}
+
 // Bytes a tensor of `bytes` takes in the arena (CpuArena rounds every block to 64 bytes).
 inline int64_t arena_bytes(int64_t bytes) {
   constexpr int64_t kAlignment = 64;

@@ -48,14 +48,8 @@ bool merged_point(const ModelProfile& measured, const ProfilePoint& t, ProfilePo
   double sum = 0;
   for (const TraceKernel& k : timed.kernels) sum += k.ms;
   const double scale = sum > 0 ? out.forward_backward_ms / sum : 0;
-  out.blocks.assign(near->blocks.size(), BlockTime{});
-  for (size_t k = 0; k < out.trace.kernels.size(); ++k) {
-    TraceKernel& kernel = out.trace.kernels[k];
-    kernel.ms = timed.kernels[k].ms * scale;
-    if (kernel.block < 0 || static_cast<size_t>(kernel.block) >= out.blocks.size()) continue;
-    BlockTime& b = out.blocks[static_cast<size_t>(kernel.block)];
-    (kernel.backward ? b.backward_ms : b.forward_ms) += kernel.ms;
-  }
+  for (size_t k = 0; k < out.trace.kernels.size(); ++k) out.trace.kernels[k].ms = timed.kernels[k].ms * scale;
+  out.blocks = block_times(out.trace, near->blocks.size());
   // Memory: the trace's activations above what the measured points count as persistent (the
   // sampler's order too) and the batch; the optimizer's working bytes as measured.
   out.persistent_bytes = near->persistent_bytes;
@@ -96,13 +90,13 @@ std::string disagreement(const ModelProfile& measured, const ModelProfile& trace
 
 TracedPoints add_traced_points(ModelProfile& measured, const ModelProfile& traced) {
   TracedPoints out;
-  std::set<MixedPrecision> agreed;
-  for (const ProfilePoint& t : traced.points) {
-    if (agreed.count(t.precision) > 0) continue;
-    const std::string why = disagreement(measured, traced, t.precision);
+  std::set<MixedPrecision> precisions, agreed;
+  for (const ProfilePoint& t : traced.points) precisions.insert(t.precision);
+  for (MixedPrecision precision : precisions) {
+    const std::string why = disagreement(measured, traced, precision);
     if (why.empty()) {
-      agreed.insert(t.precision);
-    } else if (std::find(out.refused.begin(), out.refused.end(), why) == out.refused.end()) {
+      agreed.insert(precision);
+    } else {
       out.refused.push_back(why);
     }
   }

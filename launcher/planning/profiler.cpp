@@ -151,12 +151,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
   }
   point.persistent_bytes = m.in_use_before;  // the sampler's order of the point's data included
   point.batch_bytes = batch_bytes(p.profile, micro);
-  point.blocks.assign(p.model->blocks().size(), BlockTime{});
-  for (const TraceKernel& k : point.trace.kernels) {
-    if (k.block < 0) continue;
-    BlockTime& b = point.blocks[static_cast<size_t>(k.block)];
-    (k.backward ? b.backward_ms : b.forward_ms) += k.ms;
-  }
+  point.blocks = block_times(point.trace, p.model->blocks().size());
   set_stage_terms(point);
   return point;
 }

@@ -27,14 +27,11 @@ ProfilePoint traced_point(const TracedStep& step, TraceExtras& extras, const Mod
   point.precision = precision;
   point.threads = 1;
   point.trace = step.trace;
-  point.blocks.assign(profile.block_parameter_bytes.size(), BlockTime{});
   for (TraceKernel& k : point.trace.kernels) {
     k.ms = kernel_ms(k, request.rates);
     point.forward_backward_ms += k.ms;
-    if (k.block < 0) continue;
-    BlockTime& b = point.blocks[static_cast<size_t>(k.block)];
-    (k.backward ? b.backward_ms : b.forward_ms) += k.ms;
   }
+  point.blocks = block_times(point.trace, profile.block_parameter_bytes.size());
   point.optimizer_ms = optimizer_ms;
   point.step_ms = point.forward_backward_ms + optimizer_ms;
   point.persistent_bytes = profile.parameter_bytes + profile.gradient_bytes + profile.optimizer_state_bytes;
@@ -87,18 +84,14 @@ ProfilePoint derived_point(const ProfilePoint& a, const ProfilePoint& b, int64_t
   p.block_starts.clear();
   for (size_t i = 0; i < p.trace.tensors.size(); ++i) p.trace.tensors[i].bytes = bytes(a.trace.tensors[i].bytes, b.trace.tensors[i].bytes);
   p.forward_backward_ms = 0;
-  for (BlockTime& blk : p.blocks) blk = BlockTime{};
   for (size_t k = 0; k < p.trace.kernels.size(); ++k) {
     TraceKernel& kernel = p.trace.kernels[k];
     kernel.flops = line(a.trace.kernels[k].flops, kernel.flops);
     kernel.bytes = line(a.trace.kernels[k].bytes, kernel.bytes);
     kernel.ms = kernel_ms(kernel, rates);
     p.forward_backward_ms += kernel.ms;
-    if (kernel.block >= 0) {
-      BlockTime& blk = p.blocks[static_cast<size_t>(kernel.block)];
-      (kernel.backward ? blk.backward_ms : blk.forward_ms) += kernel.ms;
-    }
   }
+  p.blocks = block_times(p.trace, p.blocks.size());
   p.step_ms = p.forward_backward_ms + p.optimizer_ms;
   p.batch_bytes = bytes(a.batch_bytes, b.batch_bytes);
   p.forward_backward_peak_bytes = bytes(a.forward_backward_peak_bytes, b.forward_backward_peak_bytes);

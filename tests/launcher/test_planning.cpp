@@ -30,21 +30,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const char* kConv = R"([model]
-name = "convnet"
-channels = [8, 16]
-fc_hidden = 32
-[data]
-dataset = "synthetic"
-synthetic_samples = 256
-synthetic_eval_samples = 16
-synthetic_shape = [1, 16, 16]
-[training]
-steps = 4
-global_batch_size = 32
-[metrics]
-log_interval = 1
-)";
+const char* kConv = kTinyConvNet;
 
 const char* kGptToPlan = kTinyGpt;
 

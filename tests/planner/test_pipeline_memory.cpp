@@ -95,14 +95,25 @@ ModelProfile piped_profile() {
   return p;
 }
 
-TEST(PipelineMemory, AStageHoldsItsBlocksPerMicroBatchInFlightAndWhatItReceives) {
-  const ModelProfile p = piped_profile();
+Machine two_devices() {
   Machine m;
   m.devices_per_node = 2;
+  return m;
+}
+
+// Micro-batches of 8, four a step, on two 1F1B stages.
+Plan two_stages() {
   Plan plan;
   plan.micro_batch = 8;
   plan.accumulation = 4;
-  plan.stages = 2;  // 1F1B: stage 0 holds 2 micro-batches, stage 1 one
+  plan.stages = 2;
+  return plan;
+}
+
+TEST(PipelineMemory, AStageHoldsItsBlocksPerMicroBatchInFlightAndWhatItReceives) {
+  const ModelProfile p = piped_profile();
+  const Machine m = two_devices();
+  Plan plan = two_stages();  // 1F1B: stage 0 holds 2 micro-batches, stage 1 one
   const Prediction r = predict(p, m, plan);
   ASSERT_TRUE(r.fits) << r.why_not;
   EXPECT_EQ(r.stage_blocks, (std::vector<int>{1, 1}));
@@ -118,12 +129,8 @@ TEST(PipelineMemory, AStageHoldsItsBlocksPerMicroBatchInFlightAndWhatItReceives)
 
 TEST(PipelineMemory, APlanCarriesTheCutItWasPredictedFor) {
   const ModelProfile p = piped_profile();
-  Machine m;
-  m.devices_per_node = 2;
-  Plan plan;
-  plan.micro_batch = 8;
-  plan.accumulation = 4;
-  plan.stages = 2;
+  const Machine m = two_devices();
+  Plan plan = two_stages();
   const std::vector<RankedPlan> ranked =
       rank_plans({plan}, [&](const Plan& x) { return predict(p, m, x); }, Objective::kTime, 1);
   ASSERT_EQ(ranked.size(), 1u);

@@ -72,6 +72,24 @@ optimizer = "adamw"
 log_interval = 1
 )";
 
+// A ConvNet of two convolution blocks and a classifier on 16x16 synthetic images, channels-last
+// (the default for image models): 32 images a step, 4 steps.
+inline constexpr const char* kTinyConvNet = R"([model]
+name = "convnet"
+channels = [8, 16]
+fc_hidden = 32
+[data]
+dataset = "synthetic"
+synthetic_samples = 256
+synthetic_eval_samples = 16
+synthetic_shape = [1, 16, 16]
+[training]
+steps = 4
+global_batch_size = 32
+[metrics]
+log_interval = 1
+)";
+
 // A Llama of 8 layers whose activations are most of its peak, 2 ranks x 2 micro-batches of 16, 3
 // steps, a checkpoint at the end: the job the multi-rank tests put under a DTR budget (a small
 // ResNet's parameters, optimizer state and largest op leave no 40% budget workable).
