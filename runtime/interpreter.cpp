@@ -17,7 +17,7 @@ Interpreter::Interpreter(InterpreterOptions options, MemoryHooks* memory)
 
 Interpreter::~Interpreter() {
   tape_.clear();
-  cast_cache_.clear();
+  clear_cast_cache();
   memory_->bind(nullptr);
   if (live_records_ != 0) {
     // Handles that outlive their interpreter would point at freed memory: a programming error.

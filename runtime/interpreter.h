@@ -85,7 +85,9 @@ class Interpreter final : public Rematerializer {
   bool relu_masks() const { return relu_masks_; }
   // Within one forward every use of a weight shares one low-precision copy. backward() forgets
   // them (the tape keeps what it saved); a forward without backward (evaluation) calls this.
-  void clear_cast_cache() { cast_cache_.clear(); }
+  // Released in the order they were cast: the cache's own order is the weights' heap addresses,
+  // which differ from run to run (a traced step's frees did, launcher/planning/layer_traces.h).
+  void clear_cast_cache();
 
   ExecutionMode mode() const { return options_.mode; }
   // Parameters' gradients go into these slots (alloc/gradient_buffer.h); null: kept as computed.
@@ -180,6 +182,7 @@ class Interpreter final : public Rematerializer {
     Tensor copy;
   };
   std::map<std::pair<const void*, at::ScalarType>, CachedCast> cast_cache_;
+  std::vector<std::pair<const void*, at::ScalarType>> cast_order_;  // the keys, as first cast
 };
 
 // Draws seeds from `stream` for a scope (Interpreter::set_seed_stream).

@@ -60,8 +60,15 @@ Tensor Interpreter::cast_for_autocast(const Tensor& x, at::ScalarType dtype) {
   auto it = cast_cache_.find(key);
   if (it != cast_cache_.end() && it->second.version == value._version()) return it->second.copy;
   Tensor copy = cast(x, dtype);
+  if (it == cast_cache_.end()) cast_order_.push_back(key);
   cast_cache_[key] = CachedCast{value, value._version(), copy};
   return copy;
+}
+
+void Interpreter::clear_cast_cache() {
+  for (const auto& key : cast_order_) cast_cache_.erase(key);
+  cast_order_.clear();
+  cast_cache_.clear();
 }
 
 }  // namespace ht
