@@ -1,6 +1,7 @@
 #include "launcher/planning/trace_profile.h"
 
 #include "launcher/model_factory.h"
+#include "launcher/planning/layer_traces.h"
 #include "launcher/planning/meta_trace.h"
 #include "launcher/planning/profile_parts.h"
 #include "alloc/gradient_buffer.h"
@@ -156,6 +157,11 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
   const GradientBuffer gradients(DataParallel(std::make_shared<LocalCommunicator>(), model->parameters(),
                                               config.parallel.bucket_mb << 20).reduction_order());
   profile.gradient_bytes = arena->stats().in_use - before_gradients;
+  // A deep decoder's steps from a few of its layers (no workspaces declared: a catalog device's).
+  std::unique_ptr<LayerTraces> layers =
+      request.workspaces == WorkspaceRules::kNone
+          ? LayerTraces::make(config, info, *model, bucket_of, request.stretch_beyond_layers)
+          : nullptr;
   const double optimizer_ms =
       optimizer_step_ms(profile.parameters, static_cast<int64_t>(model->parameters().size()),
                         config.training.optimizer == OptimizerKind::kAdamw, config.training.grad_clip > 0, request.rates);
@@ -177,8 +183,20 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
         profile.points.push_back(derived_point(*a, *b, micro, request.rates));
       } else {
         TraceExtras extras;
-        TracedStep step = traced_step(c, *model, arena, info, micro, &gradients, &bucket_of, extras);
+        TracedStep step;
+        if (layers != nullptr && !layers->trace(c, arena, info, micro, step, extras)) {
+          profile.how += "; " + layers->why();
+          layers.reset();
+        }
+        if (layers == nullptr) step = traced_step(c, *model, arena, info, micro, &gradients, &bucket_of, extras);
         if (!stepped) {  // the state once: it is the same at every size and precision
+          // A stretched step ran no backward through the deep model: its gradients are the
+          // slots backward would have filled (runtime/tape.cpp).
+          for (at::Tensor p : model->parameters()) {
+            if (p.grad().defined()) continue;
+            const at::Tensor slot = gradients.slot(p);
+            if (slot.defined()) p.mutable_grad() = slot;
+          }
           trace_optimizer_step(c, *model, *arena, first_optimizer);
           profile.optimizer_state_bytes = first_optimizer.optimizer_state_bytes;
           stepped = true;
@@ -191,6 +209,9 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
       if (request.device_memory > 0 && two && profile.points.back().activation_bytes() > request.device_memory) break;
     }
   }
+  if (layers != nullptr)
+    profile.how += ", each step stretched from its first " + std::to_string(LayerTraces::kTraced) + " of " +
+                   std::to_string(layers->layers()) + " layers (checked against " + std::to_string(LayerTraces::kTraced + 1) + ")";
   profile.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return profile;
 }

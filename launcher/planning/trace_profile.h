@@ -34,6 +34,10 @@ struct TraceRequest {
   // allocates only its outputs; a convolution's reorders set a ConvNet's peak). Under rules
   // every size in micro_batches is traced: workspaces are not affine in the micro-batch.
   WorkspaceRules workspaces = WorkspaceRules::kNone;
+  // A decoder of more layers than this, traced without workspaces, is traced through three and
+  // four of its layers and its step stretched to its depth (launcher/planning/layer_traces.h),
+  // where the four-layer step checks the stretch; else (or where it does not check) every layer.
+  int64_t stretch_beyond_layers = 8;
 };
 
 // `config` with the parallel.tensor_parallel and sequence_parallel to trace (a rank's part).
