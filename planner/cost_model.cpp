@@ -334,6 +334,10 @@ int64_t batch_bytes(const ModelProfile& profile, int64_t samples) {
          arena_bytes(samples * profile.target_sample_bytes);
 }
 
+bool replays_blocks(const Machine& machine, const Plan& plan) {
+  return recomputes_blocks(plan.policy) && plan.budget_bytes > 0 && (plan.stages > 1 || !machine.shared_host);
+}
+
 Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
   if (plan.tensor != profile.tensor_parallel || (plan.tensor > 1 && plan.sequence_parallel != profile.sequence_parallel)) {
     throw std::invalid_argument("predict: a plan of tensor_parallel " + std::to_string(plan.tensor) +
@@ -354,7 +358,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   // Full recomputation on a cluster's devices: the blocks' replay without the state, once per
   // micro-batch (a search predicts thousands of plans). Here, where budgets are tight, the whole
   // step is replayed in the arena, as any eviction policy's (fragmentation included).
-  const bool full = recomputes_blocks(plan.policy) && plan.budget_bytes > 0 && (plan.stages > 1 || !machine.shared_host);
+  const bool full = replays_blocks(machine, plan);
   BlockRecomputeReplay replay;
   if (full) replay = block_recompute_terms(profile, plan);
   const BlockRecomputeReplay* blocks = full ? &replay : nullptr;

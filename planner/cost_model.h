@@ -122,5 +122,8 @@ double allreduce_ms(const Machine& machine, int ranks, int64_t bytes, int stride
 // `profile` is of one rank of the plan's tensor-parallel group (profile.tensor_parallel ==
 // plan.tensor; std::invalid_argument otherwise).
 Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan);
+// Whether predict prices `plan`'s full recomputation by the blocks' replay (a cluster's device,
+// or stages: planner/recompute_terms.h), not by replaying the whole step in its arena.
+bool replays_blocks(const Machine& machine, const Plan& plan);
 
 }  // namespace ht

@@ -6,7 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
 
 namespace ht {
 namespace {
@@ -52,6 +56,21 @@ std::vector<int64_t> profiled_sizes(const ModelProfile& profile, MixedPrecision 
   return sizes;
 }
 
+struct ReplayKey {
+  int64_t micro_batch, budget_bytes;
+};
+
+// The replays block_recompute_terms reads for `plan`: one at its size and budget, or the two
+// smallest sizes' in a room of at least twice the budget, rounded up to a power of two (plans
+// whose budgets differ by what the runtime holds beside them, Machine::reserved_bytes, share it).
+std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& plan) {
+  const std::vector<int64_t> sizes = profiled_sizes(profile, plan.precision);
+  if (sizes.size() < 2 || plan.micro_batch <= sizes[1]) return {{plan.micro_batch, plan.budget_bytes}};
+  int64_t room = 1;
+  while (room < 2 * plan.budget_bytes) room *= 2;
+  return {{sizes[0], room}, {sizes[1], room}};
+}
+
 }  // namespace
 
 // A search predicts thousands of plans over a dozen micro-batch sizes per tensor-parallel size,
@@ -60,17 +79,11 @@ std::vector<int64_t> profiled_sizes(const ModelProfile& profile, MixedPrecision 
 // tensor's bytes and every kernel's work do, and so the replay's sums. A size whose sum passes
 // the budget does not fit (predict's device-memory check).
 BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
-  const std::vector<int64_t> sizes = profiled_sizes(profile, plan.precision);
-  if (sizes.size() < 2 || plan.micro_batch <= sizes[1]) {
-    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
-  }
-  const int64_t ma = sizes[0], mb = sizes[1];
-  // At least twice the budget, rounded up to a power of two: plans whose budgets differ by what
-  // the runtime holds beside them (Machine::reserved_bytes) share these two replays.
-  int64_t room = 1;
-  while (room < 2 * plan.budget_bytes) room *= 2;
-  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, room);
-  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, room);
+  const std::vector<ReplayKey> keys = first_replays(profile, plan);
+  if (keys.size() == 1) return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+  const int64_t ma = keys[0].micro_batch, mb = keys[1].micro_batch;
+  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, keys[0].budget_bytes);
+  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, keys[1].budget_bytes);
   if (!a.failure.empty() || !b.failure.empty()) {
     return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
   }
@@ -82,6 +95,37 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
   out.recompute_ms = line(a.recompute_ms, b.recompute_ms);
   out.evictions = b.evictions;  // the same tensors at every size
   return out;
+}
+
+void replay_blocks_ahead(const std::vector<std::pair<const ModelProfile*, Plan>>& plans, int threads) {
+  struct Job {
+    const ModelProfile* profile;
+    int64_t micro_batch;
+    MixedPrecision precision;
+    int64_t budget_bytes;
+  };
+  std::vector<Job> jobs;
+  std::set<std::tuple<const ModelProfile*, int64_t, int, int64_t>> seen;
+  for (const auto& [profile, plan] : plans) {
+    for (const ReplayKey& k : first_replays(*profile, plan)) {
+      if (seen.emplace(profile, k.micro_batch, static_cast<int>(plan.precision), k.budget_bytes).second)
+        jobs.push_back({profile, k.micro_batch, plan.precision, k.budget_bytes});
+    }
+  }
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    try {
+      for (size_t i = next++; i < jobs.size(); i = next++)
+        replay_blocks(*jobs[i].profile, jobs[i].micro_batch, jobs[i].precision, jobs[i].budget_bytes);
+    } catch (...) {
+      next = jobs.size();  // a head start only: predict replays what is missing, and says what failed
+    }
+  };
+  std::vector<std::thread> pool;
+  const size_t workers = std::min(static_cast<size_t>(std::clamp(threads, 1, 16)), jobs.size());
+  for (size_t t = 1; t < workers; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
 }
 
 void block_recompute_step_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan,

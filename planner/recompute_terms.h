@@ -10,11 +10,20 @@
 
 #include "planner/cost_model.h"
 
+#include <utility>
+#include <vector>
+
 namespace ht {
 
 // The replay at the plan's micro-batch and precision in its budget: exact at the two smallest
 // profiled sizes (replayed once each and kept on the profile), on the line through them elsewhere.
 BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan);
+
+// The replays block_recompute_terms reads for `plans` (those predict replays blocks for,
+// replays_blocks), each distinct one once, on up to `threads` threads, kept on the profiles. A
+// search's plans share a few dozen, which its threads, predicting neighbouring plans, replayed
+// side by side: the 70B search on 64 devices ran 54 replays of 27, a tenth of a second each.
+void replay_blocks_ahead(const std::vector<std::pair<const ModelProfile*, Plan>>& plans, int threads);
 
 // Replaces p's activation, peak, recomputation and eviction terms by the replay's (with stages,
 // through pipeline_terms with the regenerations in each micro-batch's time); `fb_ms`: one

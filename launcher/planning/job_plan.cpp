@@ -3,6 +3,7 @@
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/profiler.h"
 #include "launcher/planning/trace_profile.h"
+#include "planner/recompute_terms.h"
 #include "planner/traced_memory.h"
 #include "launcher/model_factory.h"
 #include "launcher/user_error.h"
@@ -208,6 +209,15 @@ std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const D
   return out;
 }
 
+// The full-recomputation plans' block replays, each distinct one once, on every core, before the
+// plans are predicted (planner/recompute_terms.h).
+void replay_ahead(const std::vector<Plan>& plans, const JobPlan& out) {
+  std::vector<std::pair<const ModelProfile*, Plan>> replayed;
+  for (const Plan& p : plans)
+    if (replays_blocks(out.machine, p)) replayed.emplace_back(&out.tensor_profiles.at(p.tensor), p);
+  replay_blocks_ahead(replayed, usable_cpus());
+}
+
 // Every layout `search` allows, predicted and ranked into out.ranked. For a catalog device
 // (`traced`) a plan without eviction has no budget (on a GPU a budget is an arena,
 // alloc/cuda_arena.h), and with `evict_if_needed` DTR plans are added where nothing fits.
@@ -228,10 +238,12 @@ void rank_layouts(const Config& config, SearchOptions search, bool traced, bool 
   const int64_t global = config.training.global_batch_size;
   std::vector<Plan> plans = gpu_budgets(candidate_plans(global, out.machine.device_memory, search));
   auto predict_plan = [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); };
+  replay_ahead(plans, out);
   out.ranked = rank_plans(plans, predict_plan, objective, usable_cpus());
   if (evict_if_needed && (out.ranked.empty() || !out.ranked[0].prediction.fits)) {
     search.policies = {MemoryPolicy::kNone, MemoryPolicy::kFull, MemoryPolicy::kDtr};
     plans = without_needless_eviction(gpu_budgets(candidate_plans(global, out.machine.device_memory, search)), predict_plan);
+    replay_ahead(plans, out);
     out.ranked = rank_plans(plans, predict_plan, objective, usable_cpus());
   }
 }
