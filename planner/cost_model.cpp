@@ -2,6 +2,7 @@
 
 #include "alloc/byte_size.h"
 #include "planner/dtr_replay.h"
+#include "planner/gradient_blocks.h"
 #include "planner/pipeline_terms.h"
 #include "planner/recompute_terms.h"
 #include "planner/shard_terms.h"
@@ -348,6 +349,10 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   if (plan.shard == ShardLevel::kParameters && plan.ranks > 1 && !profile.points.empty()) {
     const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
     shard_memory_terms(profile, plan, p, &trace);
+  } else if (plan.shard == ShardLevel::kGradients && plan.ranks > 1 && !profile.points.empty()) {
+    shard_memory_terms(profile, plan, p, nullptr, gradient_blocks_term(profile, plan, [&] {
+                         return trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+                       }));
   } else {
     shard_memory_terms(profile, plan, p);
   }

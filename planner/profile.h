@@ -111,6 +111,9 @@ struct ModelProfile {
   // The cost model's replays of full recomputation by (micro-batch, precision, budget): a search
   // predicts many plans of each (not thread-safe: the search predicts one plan at a time).
   mutable std::map<std::tuple<int64_t, int, int64_t>, BlockRecomputeReplay> full_recompute_replays;
+  // ZeRO-2's gradient blocks along the step by (micro-batch, precision, overlapped, ranks with
+  // accumulation): planner/shard_terms.h, gradient_blocks_term.
+  mutable std::map<std::tuple<int64_t, int, bool, int>, int64_t> gradient_block_walks;
 };
 
 // Per model block, the forward and backward time of its kernels in `trace` (kernels outside the

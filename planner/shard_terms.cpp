@@ -1,6 +1,7 @@
 #include "planner/shard_terms.h"
 
 #include "parallel/shard_layout.h"
+#include "planner/gradient_blocks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,7 +29,7 @@ double allgather_ms(const Machine& machine, int ranks, int64_t bytes, int stride
 }
 
 const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& profile, ShardLevel level) {
-  return level == ShardLevel::kParameters && !profile.block_buckets.empty() ? profile.block_buckets : profile.buckets;
+  return level >= ShardLevel::kGradients && !profile.block_buckets.empty() ? profile.block_buckets : profile.buckets;
 }
 
 namespace {
@@ -102,52 +103,6 @@ int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_by
 
 namespace {
 
-// Sharded gradients' blocks along the trace, per event: bucket b's block (arena-rounded bytes of
-// its elements) from the event after the first kernel that makes one of its gradients ends (the
-// gradient is accumulated into it once the kernel's inputs are freed) until the next kernel
-// begins after its last one and every earlier bucket's (buckets are reduce-scattered in their
-// order, GradientShards). A bucket no kernel gives a gradient is reduce-scattered as backward
-// ends, holding the later ones until then. `overlapped`: a block stays until the next bucket's
-// reduce-scatter starts (the last one's until backward ends). Returns the change at each event.
-std::vector<int64_t> gradient_block_deltas(const ModelProfile& profile, const StepTrace& trace, size_t end,
-                                           int64_t element_bytes, bool overlapped) {
-  std::vector<int64_t> delta(end + 1, 0);
-  const size_t buckets = profile.block_buckets.size();
-  constexpr size_t kNone = static_cast<size_t>(-1);
-  std::vector<size_t> first(buckets, kNone), last(buckets, kNone);
-  for (size_t i = 0; i < end; ++i) {
-    const TraceEvent& e = trace.events[i];
-    if (e.kind != TraceEvent::Kind::kKernelEnds) continue;
-    for (int b : trace.kernels[static_cast<size_t>(e.index)].gradient_buckets) {
-      if (b < 0 || static_cast<size_t>(b) >= buckets) continue;
-      if (first[static_cast<size_t>(b)] == kNone) first[static_cast<size_t>(b)] = i;
-      last[static_cast<size_t>(b)] = i;
-    }
-  }
-  // Where each bucket's reduce-scatter starts: the next kernel after its last gradient and every
-  // earlier bucket's.
-  std::vector<size_t> starts(buckets, end);
-  size_t done = 0;  // the last gradient of this bucket and every bucket before it
-  for (size_t b = 0; b < buckets; ++b) {
-    done = last[b] == kNone || done == kNone ? kNone : std::max(done, last[b]);
-    for (size_t i = done == kNone ? end : done + 1; i < end; ++i) {
-      if (trace.events[i].kind == TraceEvent::Kind::kKernelBegins) {
-        starts[b] = i;
-        break;
-      }
-    }
-  }
-  for (size_t b = 0; b < buckets; ++b) {
-    if (first[b] == kNone) continue;
-    const size_t release = !overlapped ? starts[b] : b + 1 < buckets ? starts[b + 1] : end;
-    int64_t n = 0;
-    for (int64_t elements : profile.block_buckets[b]) n += elements;
-    delta[first[b] + 1] += arena_bytes(element_bytes * n);
-    delta[release] -= arena_bytes(element_bytes * n);
-  }
-  return delta;
-}
-
 }  // namespace
 
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
@@ -173,11 +128,7 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
     held[blocks + k] = g.held(g.window(k, prefetch, true), true);
   }
   const int64_t after_forward = g.held({blocks - 1}, false), backward_loss = g.held({blocks - 1}, true);
-  // Forward and backward only: the optimizer's temporaries after the last kernel are its phase's.
-  size_t end = 0;
-  for (size_t i = 0; i < trace.events.size(); ++i) {
-    if (trace.events[i].kind == TraceEvent::Kind::kKernelEnds) end = i + 1;
-  }
+  const size_t end = forward_backward_end(trace);
   const std::vector<int64_t> gradients =
       gradient_element_bytes > 0 ? gradient_block_deltas(profile, trace, end, gradient_element_bytes, overlapped)
                                  : std::vector<int64_t>(end + 1, 0);
@@ -299,7 +250,8 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const StepT
 
 }  // namespace
 
-void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace) {
+void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace,
+                        int64_t gradient_blocks) {
   const auto& buckets = sharded_buckets(profile, plan.shard);
   if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty()) return;
   const int64_t per_element = state_bytes_per_element(profile);
@@ -326,11 +278,19 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
       for (const ShardPiece& piece : s.pieces[r]) largest_piece[r] = std::max(largest_piece[r], piece.length);
     }
   }
-  // "gradients": the shards, and the block of the bucket backward fills (the largest, taken as if
-  // it stayed: blocks live from a bucket's first gradient to its reduce-scatter) in place of the
-  // whole gradient block.
+  // "gradients": the shards, and the blocks of the buckets backward fills in place of the whole
+  // gradient block: placed along the step where there is one (each from its first gradient to its
+  // reduce-scatter, overlapped: to the next one's), else the largest taken as if it stayed.
   const bool gradients_sharded = plan.shard >= ShardLevel::kGradients;
   int64_t in_flight = gradients_sharded ? arena_bytes(element * largest_bucket) : 0;
+  int64_t along = 0;  // above the activations' peak, in the forward-backward phase only
+  if (plan.shard == ShardLevel::kGradients && (gradient_blocks >= 0 || trace != nullptr)) {
+    const int64_t walked = gradient_blocks >= 0 ? gradient_blocks : gradient_blocks_term(profile, plan, *trace);
+    if (walked >= 0) {
+      in_flight = 0;
+      along = walked;
+    }
+  }
   // "parameters": the bucketed parameters give way to the rank's shards (fp32) and the buckets
   // gathered at once (parallel/parameter_shards.h), in the forward-backward phase only.
   const bool parameters_sharded = plan.shard == ShardLevel::kParameters;
@@ -348,7 +308,7 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
                                     static_cast<double>(arena_bytes(element * largest)));
     const int64_t gradients = gradients_sharded ? gradient_shards[r] + in_flight : 0;
     const int64_t parameters = parameters_sharded ? parameter_shards[r] : 0;
-    const int64_t rank_peak = fixed + parameters + gradients + state + std::max(p.activation_bytes + gathered, working);
+    const int64_t rank_peak = fixed + parameters + gradients + state + std::max(p.activation_bytes + gathered + along, working);
     if (rank_peak > peak) {  // the fullest rank is the prediction
       peak = rank_peak;
       p.optimizer_state_bytes = state;

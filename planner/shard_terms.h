@@ -42,7 +42,8 @@
 
 namespace ht {
 
-// The buckets `level` shards: the profile's, or at "parameters" those cut at blocks.
+// The buckets `level` shards: the profile's, or at "gradients" and "parameters" those cut at blocks
+// (the trainer cuts them there: launcher/training/trainer.cpp, bucket_units).
 const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& profile, ShardLevel level);
 // Bytes of sharded parameters gathered at once at most while forward and backward run (elements
 // of `element_bytes`): a block's buckets and those of the `prefetch` blocks after it in forward,
@@ -96,7 +97,9 @@ double shard_step_share(const ModelProfile& profile, const Plan& plan);
 // them), and the all-gather after the step (p.gather_ms, counted in p.step_ms by the caller).
 // `trace`: the step at the plan's micro-batch (trace_for), where gathered parameters are
 // placed into (null: at the activations' peak, gathered_parameter_bytes).
-void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace = nullptr);
+// `gradient_blocks` >= 0: at "gradients", gradient_blocks_term's figure (planner/gradient_blocks.h), given.
+void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace = nullptr,
+                        int64_t gradient_blocks = -1);
 void shard_time_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, Prediction& p);
 // The recorded step up to its last kernel: what the optimizer allocates after backward (sized by
 // the whole parameters) left out, for a replay whose optimizer steps pieces.

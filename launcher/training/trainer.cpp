@@ -27,9 +27,12 @@ std::unique_ptr<LossScaler> make_loss_scaler(const TrainingConfig& t) {
       LossScalerOptions{t.loss_scale, t.loss_scale_growth, t.loss_scale_backoff, t.loss_scale_growth_interval});
 }
 
-// Sharded parameters are gathered a block at a time: their buckets end where blocks do.
+// Sharded parameters are gathered a block at a time: their buckets end where blocks do. So do
+// sharded gradients': a bucket's gradient block then lives from its block's first gradient to its
+// reduce-scatter, which the planner places along the traced step (planner/shard_terms.h); a bucket
+// cut by size alone straddles blocks, and when its own first gradient comes is not in the trace.
 std::vector<int> bucket_units(const Config& config, const Model& model) {
-  if (config.parallel.shard != ShardLevel::kParameters || config.replicas() <= 1) return {};
+  if (config.parallel.shard < ShardLevel::kGradients || config.replicas() <= 1) return {};
   return model.parameter_blocks();
 }
 

@@ -1,6 +1,7 @@
 // Sharding in the cost model (planner/shard_terms.h): the state per rank to the byte, the ZeRO
 // formula for this project's precision as a check, the optimizer's temporaries per piece, the
 // all-gather's time, and the levels the search offers.
+#include "planner/gradient_blocks.h"
 #include "planner/search.h"
 #include "planner/shard_terms.h"
 
@@ -205,6 +206,39 @@ TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
   EXPECT_TRUE(reduce_scatters_overlap(plan));
   plan.overlap = false;
   EXPECT_FALSE(reduce_scatters_overlap(plan));
+}
+
+// ZeRO-2 along the step (gradient_blocks_above_peak): a bucket's block comes with its first
+// gradient and goes when its reduce-scatter starts, from the accumulation that completes it; the
+// last kernel's gradients arrive after it, when its inputs are freed. Overlapped, a block stays
+// until the next bucket's starts, and each start from the second micro-batch on makes a part of
+// the shard's size that stays as long.
+TEST(ShardTerms, GradientShardsBlocksArePlacedAlongTheStep) {
+  ModelProfile profile = adamw_profile();
+  profile.block_buckets = {{1000}, {1000}};
+  StepTrace trace;
+  trace.tensors = {TraceTensor{1024, 0, true}};
+  using K = TraceEvent::Kind;
+  for (auto [block, backward] : {std::pair{0, false}, {1, false}, {1, true}, {0, true}}) {
+    TraceKernel k;
+    k.block = block;
+    k.backward = backward;
+    trace.kernels.push_back(k);
+  }
+  trace.kernels[2].gradient_buckets = {0};
+  trace.kernels[3].gradient_buckets = {1};
+  trace.events = {{K::kKernelBegins, 0}, {K::kKernelEnds, 0}, {K::kKernelBegins, 1}, {K::kKernelEnds, 1},
+                  {K::kKernelBegins, 2}, {K::kKernelEnds, 2}, {K::kKernelBegins, 3}, {K::kAllocated, 0},
+                  {K::kKernelEnds, 3},   {K::kFreed, 0}};
+  const int64_t bucket = arena_bytes(4 * 1000), part = 2048;
+  // Each block alone, after the 1024 bytes were freed or before they were made.
+  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, false), bucket - 1024);
+  // Bucket 0's block in flight while bucket 1's gradient arrives.
+  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, true), 2 * bucket - 1024);
+  // And bucket 0's part beside them.
+  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, true, {part, part}), 2 * bucket + part - 1024);
+  profile.block_buckets.clear();
+  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, true), -1) << "no block buckets: the caller's resident term";
 }
 
 // Blocks larger than parallel.bucket_mb hold several buckets: what forward ends with is the last

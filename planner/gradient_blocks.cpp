@@ -1,0 +1,157 @@
+#include "planner/gradient_blocks.h"
+
+#include "parallel/shard_layout.h"
+#include "planner/shard_terms.h"
+
+#include <algorithm>
+#include <mutex>
+#include <tuple>
+
+namespace ht {
+namespace {
+
+// When each bucket's gradient block (cut at blocks) comes and goes along the trace: `first`, the
+// end of the first kernel that makes one of its gradients (the block is made when that gradient
+// is accumulated, once the kernel's inputs are freed; kNone: no kernel makes one), and `start`,
+// where its reduce-scatter starts: the next kernel to begin after its last gradient and every
+// earlier bucket's (GradientShards reduces them in their order), or `end` (as backward ends).
+struct BucketTimes {
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<size_t> first, start;
+  // The event after the kernel that gives the bucket's last gradient (and every earlier bucket's)
+  // ends, where the bucket becomes ready (GradientShards starts it from the accumulation that
+  // completes it, before that kernel's gradients are freed); `end` where none does.
+  std::vector<size_t> ready;
+  std::vector<int64_t> bytes;  // the block's, arena-rounded
+};
+
+BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, size_t end, int64_t element_bytes) {
+  const size_t buckets = profile.block_buckets.size();
+  BucketTimes t;
+  t.first.assign(buckets, BucketTimes::kNone);
+  t.start.assign(buckets, end);
+  t.ready.assign(buckets, end);
+  std::vector<size_t> last(buckets, BucketTimes::kNone);
+  for (size_t i = 0; i < end; ++i) {
+    const TraceEvent& e = trace.events[i];
+    if (e.kind != TraceEvent::Kind::kKernelEnds) continue;
+    for (int b : trace.kernels[static_cast<size_t>(e.index)].gradient_buckets) {
+      if (b < 0 || static_cast<size_t>(b) >= buckets) continue;
+      if (t.first[static_cast<size_t>(b)] == BucketTimes::kNone) t.first[static_cast<size_t>(b)] = i;
+      last[static_cast<size_t>(b)] = i;
+    }
+  }
+  size_t done = 0;  // the last gradient of this bucket and every bucket before it
+  for (size_t b = 0; b < buckets; ++b) {
+    done = last[b] == BucketTimes::kNone || done == BucketTimes::kNone ? BucketTimes::kNone : std::max(done, last[b]);
+    if (done != BucketTimes::kNone) t.ready[b] = std::min(done + 1, end);
+    for (size_t i = done == BucketTimes::kNone ? end : done + 1; i < end; ++i) {
+      if (trace.events[i].kind == TraceEvent::Kind::kKernelBegins) {
+        t.start[b] = i;
+        break;
+      }
+    }
+    int64_t n = 0;
+    for (int64_t elements : profile.block_buckets[b]) n += elements;
+    t.bytes.push_back(arena_bytes(element_bytes * n));
+  }
+  return t;
+}
+
+}  // namespace
+
+// Sharded gradients' blocks along the trace, per event: bucket b's from the event after its
+// first gradient's kernel ends until its reduce-scatter starts, or with `overlapped` until the
+// next bucket's does (the last one's until backward ends). A bucket no kernel gives a gradient is
+// reduce-scattered as backward ends. Returns the change at each event.
+std::vector<int64_t> gradient_block_deltas(const ModelProfile& profile, const StepTrace& trace, size_t end,
+                                           int64_t element_bytes, bool overlapped) {
+  std::vector<int64_t> delta(end + 1, 0);
+  const BucketTimes t = bucket_times(profile, trace, end, element_bytes);
+  for (size_t b = 0; b < t.first.size(); ++b) {
+    if (t.first[b] == BucketTimes::kNone) continue;
+    const size_t release = !overlapped ? t.start[b] : b + 1 < t.first.size() ? t.start[b + 1] : end;
+    delta[t.first[b] + 1] += t.bytes[b];
+    delta[release] -= t.bytes[b];
+  }
+  return delta;
+}
+
+// One past the last kernel's end: forward and backward (the optimizer's temporaries after it are
+// its phase's).
+size_t forward_backward_end(const StepTrace& trace) {
+  size_t end = 0;
+  for (size_t i = 0; i < trace.events.size(); ++i) {
+    if (trace.events[i].kind == TraceEvent::Kind::kKernelEnds) end = i + 1;
+  }
+  return end;
+}
+
+int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
+                                   bool overlapped, const std::vector<int64_t>& part_bytes) {
+  if (profile.block_buckets.empty() || trace.events.empty()) return -1;
+  const size_t end = forward_backward_end(trace);
+  const BucketTimes t = bucket_times(profile, trace, end, element_bytes);
+  // Per event: the blocks made there (a gradient accumulated), then what the reduce-scatters
+  // starting there free and make, in GradientShards' order: the block comes before the
+  // reduce-scatter its gradient completes; overlapped, a start waits for the one before (its block
+  // and part go) and gives the new one a part of its shard's size (a micro-batch after the first).
+  // The last kernel's gradients are accumulated after it (index `end`), while the reduce-scatter
+  // before them may still be under way.
+  std::vector<int64_t> made(end + 1, 0), started(end + 1, 0);
+  const size_t buckets = t.first.size();
+  for (size_t b = 0; b < buckets; ++b) {
+    const int64_t part = overlapped && b < part_bytes.size() ? part_bytes[b] : 0;
+    const size_t freed = !overlapped ? t.ready[b] : b + 1 < buckets ? t.ready[b + 1] : end;
+    started[t.ready[b]] += part;
+    started[freed] -= part;
+    if (t.first[b] == BucketTimes::kNone) continue;
+    made[t.first[b] + 1] += t.bytes[b];
+    started[freed] -= t.bytes[b];
+  }
+  int64_t in_use = 0, peak = 0, blocks = 0, with_blocks = 0;
+  for (size_t i = 0; i <= end; ++i) {
+    blocks += made[i];
+    if (i < end) {
+      const TraceEvent& e = trace.events[i];
+      if (e.kind == TraceEvent::Kind::kAllocated) in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;
+      if (e.kind == TraceEvent::Kind::kFreed) in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
+    } else {  // backward's last frees (the last kernel's inputs), before the optimizer's phase
+      for (size_t j = end; j < trace.events.size() && trace.events[j].kind == TraceEvent::Kind::kFreed; ++j)
+        in_use -= trace.tensors[static_cast<size_t>(trace.events[j].index)].bytes;
+    }
+    peak = std::max(peak, in_use);
+    with_blocks = std::max(with_blocks, in_use + blocks);
+    // The releases and parts at i: the part is made after the block before is freed, so a start
+    // never adds more than it frees but at the first bucket's.
+    blocks += started[i];
+    with_blocks = std::max(with_blocks, in_use + blocks);
+  }
+  return with_blocks - peak;
+}
+
+int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const StepTrace& trace) {
+  const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+  std::vector<int64_t> parts;  // the fullest rank's (rank 0's) shard of each bucket, from the second micro-batch on
+  if (plan.accumulation > 1)
+    for (const std::vector<int64_t>& members : profile.block_buckets)
+      parts.push_back(arena_bytes(element * shard_bucket(members, plan.ranks).counts[0]));
+  return gradient_blocks_above_peak(profile, trace, element, reduce_scatters_overlap(plan), parts);
+}
+
+int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step) {
+  static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
+  const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), reduce_scatters_overlap(plan),
+                                   plan.accumulation > 1 ? plan.ranks : 0);
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = profile.gradient_block_walks.find(key);
+    if (it != profile.gradient_block_walks.end()) return it->second;
+  }
+  const int64_t walked = gradient_blocks_term(profile, plan, step());
+  const std::lock_guard<std::mutex> lock(mutex);
+  profile.gradient_block_walks.emplace(key, walked);
+  return walked;
+}
+
+}  // namespace ht
