@@ -171,14 +171,11 @@ TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
       << "no trace: at the activations' peak";
 }
 
-// Overlapped reduce-scatters (GradientShards::set_overlap): a bucket's block stays until the next
-// bucket's reduce-scatter starts, so it is still there while the block before it computes.
-TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
-  ModelProfile profile = adamw_profile();
-  profile.block_buckets = {{1000}, {1000}};  // reduction order: block 1's bucket first
-  profile.block_bucket_uses = {{1}, {0}};
+// Two blocks forward, then backward from block 1 (its kernel makes bucket 0's gradients) to
+// block 0 (bucket 1's), whose kernel alone holds `bytes` of activations.
+StepTrace two_block_step(int64_t bytes) {
   StepTrace trace;
-  trace.tensors = {TraceTensor{50000, 0, true}};
+  trace.tensors = {TraceTensor{bytes, 0, true}};
   using K = TraceEvent::Kind;
   for (auto [block, backward] : {std::pair{0, false}, {1, false}, {1, true}, {0, true}}) {
     TraceKernel k;
@@ -191,6 +188,16 @@ TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
   trace.events = {{K::kKernelBegins, 0}, {K::kKernelEnds, 0}, {K::kKernelBegins, 1}, {K::kKernelEnds, 1},
                   {K::kKernelBegins, 2}, {K::kKernelEnds, 2}, {K::kKernelBegins, 3}, {K::kAllocated, 0},
                   {K::kKernelEnds, 3},   {K::kFreed, 0}};
+  return trace;
+}
+
+// Overlapped reduce-scatters (GradientShards::set_overlap): a bucket's block stays until the next
+// bucket's reduce-scatter starts, so it is still there while the block before it computes.
+TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
+  ModelProfile profile = adamw_profile();
+  profile.block_buckets = {{1000}, {1000}};  // reduction order: block 1's bucket first
+  profile.block_bucket_uses = {{1}, {0}};
+  const StepTrace trace = two_block_step(50000);
   const int64_t bucket = arena_bytes(4 * 1000);
   // Block 0's backward holds its gathered bucket beside its 50000 bytes; bucket 0's gradient
   // block was reduce-scattered as it began, or, overlapped, is held until backward ends.
@@ -216,20 +223,7 @@ TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
 TEST(ShardTerms, GradientShardsBlocksArePlacedAlongTheStep) {
   ModelProfile profile = adamw_profile();
   profile.block_buckets = {{1000}, {1000}};
-  StepTrace trace;
-  trace.tensors = {TraceTensor{1024, 0, true}};
-  using K = TraceEvent::Kind;
-  for (auto [block, backward] : {std::pair{0, false}, {1, false}, {1, true}, {0, true}}) {
-    TraceKernel k;
-    k.block = block;
-    k.backward = backward;
-    trace.kernels.push_back(k);
-  }
-  trace.kernels[2].gradient_buckets = {0};
-  trace.kernels[3].gradient_buckets = {1};
-  trace.events = {{K::kKernelBegins, 0}, {K::kKernelEnds, 0}, {K::kKernelBegins, 1}, {K::kKernelEnds, 1},
-                  {K::kKernelBegins, 2}, {K::kKernelEnds, 2}, {K::kKernelBegins, 3}, {K::kAllocated, 0},
-                  {K::kKernelEnds, 3},   {K::kFreed, 0}};
+  const StepTrace trace = two_block_step(1024);
   const int64_t bucket = arena_bytes(4 * 1000), part = 2048;
   // Each block alone, after the 1024 bytes were freed or before they were made.
   EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, false), bucket - 1024);
