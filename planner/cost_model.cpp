@@ -99,6 +99,28 @@ bool same_structure(const schedule::StepGraph& a, const schedule::StepGraph& b) 
   return true;
 }
 
+// Where the two points around `m` are not one step at two sizes (a trained point's trace beside
+// a traced one's), the two nearest that are, so that every block (a backward temporary as much as
+// an activation) is affine in the micro-batch; false, leaving a and b, where no two are.
+bool nearest_matching_pair(const std::vector<const ProfilePoint*>& points, int64_t m, const ProfilePoint*& a,
+                           const ProfilePoint*& b) {
+  const auto distance = [&](const ProfilePoint* p) { return std::abs(p->micro_batch - m); };
+  std::pair<int64_t, int64_t> best{-1, -1};
+  for (size_t i = 0; i < points.size(); ++i) {
+    for (size_t j = i + 1; j < points.size(); ++j) {
+      if (points[i]->micro_batch == points[j]->micro_batch) continue;
+      const std::pair<int64_t, int64_t> d{std::min(distance(points[i]), distance(points[j])),
+                                          std::max(distance(points[i]), distance(points[j]))};
+      if (best.first >= 0 && d >= best) continue;
+      if (!same_structure(points[i]->trace, points[j]->trace)) continue;
+      best = d;
+      a = points[i];
+      b = points[j];
+    }
+  }
+  return best.first >= 0;
+}
+
 }  // namespace
 
 double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
@@ -131,12 +153,15 @@ int64_t optimizer_working_bytes(const ModelProfile& profile, MixedPrecision prec
 
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
                     MixedPrecision precision) {
-  const auto [a, b] = bracket(base_points(profile, precision), micro_batch);
+  const auto points = base_points(profile, precision);
+  auto [a, b] = bracket(points, micro_batch);
+  bool matched = a != b && same_structure(a->trace, b->trace);
+  const bool profiled = a->micro_batch == micro_batch || b->micro_batch == micro_batch;
+  if (!matched && !profiled) matched = nearest_matching_pair(points, micro_batch, a, b);
   // The nearer point's trace, resized.
   const ProfilePoint& near =
       std::abs(a->micro_batch - micro_batch) <= std::abs(b->micro_batch - micro_batch) ? *a : *b;
   StepTrace out = near.trace;
-  const bool matched = a != b && same_structure(a->trace, b->trace);
   const double ratio = static_cast<double>(micro_batch) / static_cast<double>(near.micro_batch);
   for (size_t i = 0; i < out.tensors.size(); ++i) {
     TraceTensor& t = out.tensors[i];

@@ -166,6 +166,12 @@ std::vector<int64_t> traced_sizes(int64_t largest) {
   return sizes;
 }
 
+// The most samples a replica of `tensor` ranks trains per step when the job has `ranks`.
+int64_t replica_batch(int64_t global_batch, int ranks, int tensor) {
+  const int replicas = std::max(1, ranks / std::max(1, tensor));
+  return std::max<int64_t>(1, global_batch / replicas);
+}
+
 // The rank counts to plan: the given ones, else powers of two up to the machine's; at most max_ranks.
 std::vector<int> planned_ranks(const Config& config, const PlanArgs& args) {
   std::vector<int> ranks = args.ranks;
@@ -316,7 +322,8 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   ProfileRequest request;
   request.precisions = search.precisions;
   const int fewest = ranks.empty() ? 1 : *std::min_element(ranks.begin(), ranks.end());
-  request.largest_micro_batch = std::max<int64_t>(1, config.training.global_batch_size / fewest);
+  const int64_t global_batch = config.training.global_batch_size;
+  request.largest_micro_batch = replica_batch(global_batch, fewest, 1);
   trace.micro_batches = traced_sizes(request.largest_micro_batch);
   trace.device_memory = out.machine.device_memory;
   // Megatron's interleaved schedule beside 1F1B, two chunks a stage, for a cluster.
@@ -331,8 +338,15 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
     if (args.profiles != nullptr && args.profiles->count(t) > 0) {
       out.tensor_profiles.emplace(t, args.profiles->at(t));
     } else {
-      out.tensor_profiles.emplace(t, traced ? trace_profile(c, info, trace)
-                                            : local_profile(c, *train, info, request, trace.micro_batches));
+      // A group of t ranks is one replica: its micro-batch reaches the global batch over the
+      // replicas of the fewest ranks, not over the ranks (the sizes above a profile's largest
+      // are extrapolated, and a step's temporaries are not affine in it everywhere).
+      ProfileRequest for_t = request;
+      TraceRequest trace_t = trace;
+      for_t.largest_micro_batch = replica_batch(global_batch, fewest, t);
+      trace_t.micro_batches = traced_sizes(for_t.largest_micro_batch);
+      out.tensor_profiles.emplace(t, traced ? trace_profile(c, info, trace_t)
+                                            : local_profile(c, *train, info, for_t, trace_t.micro_batches));
     }
     search.tensor.push_back(t);
   }

@@ -301,6 +301,22 @@ TEST_F(TensorParallelJob, StrategyAutoTrainsThePlannersChoiceForTheGroup) {
   expect_close_losses(losses(dir_.path("auto")), losses(plain));
 }
 
+// Full recomputation on a tensor-parallel rank, priced by replaying the whole step in the arena:
+// from the second step on (the first holds no optimizer state) the run peaks where its own
+// prediction says, to the byte. Its micro-batch of 32 is the replica's whole batch, so the plan
+// traces it; it once extrapolated it from 16 with backward's blocks at 16's size (attention's
+// scores at half), predicted 5.0 MiB for a step that needs 7.3, and parallel.strategy = "auto"
+// chose it for a budget whose first step it fragmented, when timing ranked it first.
+TEST_F(TensorParallelJob, FullRecomputationIsPredictedToTheByte) {
+  const std::string out = train(2, "full",
+                                "--model.n_layer=8 --model.block_size=64 --training.global_batch_size=32 "
+                                "--training.micro_batch_size=32 --training.steps=2 --parallel.tensor_parallel=2 "
+                                "--parallel.sequence_parallel=true --memory.budget=64000000 --memory.policy=full");
+  const std::string metrics = out + "/metrics.jsonl";
+  EXPECT_EQ(last_train_number(metrics, "mem_peak_bytes"), last_train_number(metrics, "predicted_peak_bytes"));
+  EXPECT_GT(last_train_number(metrics, "recomputations"), 0);
+}
+
 // What cannot be split is refused before any rank trains, exit 2, naming the keys.
 TEST_F(TensorParallelJob, WhatCannotBeSplitIsRefusedNamingTheKeys) {
   struct Case {

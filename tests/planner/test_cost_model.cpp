@@ -59,6 +59,48 @@ TEST(CostModel, AffineInTheMicroBatchBetweenAndBeyondTheMeasuredSizes) {
   EXPECT_DOUBLE_EQ(forward_backward_ms(p, 2, MixedPrecision::kOff, 4), 6.0 * 2 / 8);
 }
 
+// One forward kernel making an activation and one backward kernel with a temporary, both
+// `per_sample` bytes a sample; `trained` adds a block the traced steps do not have (a trained
+// step's trace is recorded by the engine, a traced one's on meta tensors: not one structure).
+StepTrace one_step(int64_t micro_batch, int64_t per_sample, bool trained) {
+  StepTrace t;
+  using Kind = TraceEvent::Kind;
+  t.kernels.resize(2);
+  t.kernels[1].backward = true;
+  t.kernels[1].inputs = {0};
+  t.tensors.push_back({micro_batch * per_sample, 0, true});
+  t.tensors.push_back({micro_batch * per_sample, -1, false});
+  t.events = {{Kind::kKernelBegins, 0}, {Kind::kAllocated, 0}, {Kind::kKernelEnds, 0}, {Kind::kKernelBegins, 1},
+              {Kind::kAllocated, 1},    {Kind::kFreed, 1},     {Kind::kKernelEnds, 1}, {Kind::kFreed, 0}};
+  if (trained) {
+    t.tensors.push_back({64, -1, false});
+    t.events.push_back({Kind::kAllocated, 2});
+    t.events.push_back({Kind::kFreed, 2});
+  }
+  return t;
+}
+
+// Beyond the largest size, where the two nearest points are not one step at two sizes, every
+// block is affine through the nearest two that are: the backward temporary grows with the
+// micro-batch as the activation does (it once kept the nearer point's size, and a tensor-parallel
+// run's attention backward was predicted at half its scores).
+TEST(CostModel, ATraceAtAnUnprofiledSizeIsAffineThroughTwoPointsOfOneStep) {
+  ModelProfile p = two_points();  // micro-batches 8 and 32
+  p.points[0].trace = one_step(8, 1000, false);
+  p.points[1].trace = one_step(32, 1000, false);
+  ProfilePoint trained = p.points[1];
+  trained.micro_batch = 16;
+  trained.trace = one_step(16, 1000, true);
+  p.points.push_back(trained);
+  for (int64_t m : {64, 24, 4}) {
+    SCOPED_TRACE(m);
+    const StepTrace t = trace_for(p, m, m, MixedPrecision::kOff);
+    ASSERT_EQ(t.tensors.size(), 2u);
+    EXPECT_EQ(t.tensors[0].bytes, m * 1000);
+    EXPECT_EQ(t.tensors[1].bytes, m * 1000);
+  }
+}
+
 TEST(CostModel, FewerThreadsByAmdahlsLawThroughTheOneThreadPoint) {
   const ModelProfile p = two_points();
   // At micro-batch 8: 6 ms with 4 threads, 21 with 1: serial 1, parallel 20.
