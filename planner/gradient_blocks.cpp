@@ -60,23 +60,6 @@ BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, si
 
 }  // namespace
 
-// Sharded gradients' blocks along the trace, per event: bucket b's from the event after its
-// first gradient's kernel ends until its reduce-scatter starts, or with `overlapped` until the
-// next bucket's does (the last one's until backward ends). A bucket no kernel gives a gradient is
-// reduce-scattered as backward ends. Returns the change at each event.
-std::vector<int64_t> gradient_block_deltas(const ModelProfile& profile, const StepTrace& trace, size_t end,
-                                           int64_t element_bytes, bool overlapped) {
-  std::vector<int64_t> delta(end + 1, 0);
-  const BucketTimes t = bucket_times(profile, trace, end, element_bytes);
-  for (size_t b = 0; b < t.first.size(); ++b) {
-    if (t.first[b] == BucketTimes::kNone) continue;
-    const size_t release = !overlapped ? t.start[b] : b + 1 < t.first.size() ? t.start[b + 1] : end;
-    delta[t.first[b] + 1] += t.bytes[b];
-    delta[release] -= t.bytes[b];
-  }
-  return delta;
-}
-
 // One past the last kernel's end: forward and backward (the optimizer's temporaries after it are
 // its phase's).
 size_t forward_backward_end(const StepTrace& trace) {
@@ -87,56 +70,75 @@ size_t forward_backward_end(const StepTrace& trace) {
   return end;
 }
 
-int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
-                                   bool overlapped, const std::vector<int64_t>& part_bytes) {
-  if (profile.block_buckets.empty() || trace.events.empty()) return -1;
-  const size_t end = forward_backward_end(trace);
+GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
+                                        bool overlapped, const std::vector<int64_t>& part_bytes) {
+  GradientBlockSteps s;
+  s.end = forward_backward_end(trace);
+  const size_t end = s.end;
   const BucketTimes t = bucket_times(profile, trace, end, element_bytes);
-  // Per event: the blocks made there (a gradient accumulated), then what the reduce-scatters
-  // starting there free and make, in GradientShards' order: the block comes before the
-  // reduce-scatter its gradient completes; overlapped, a start waits for the one before (its block
-  // and part go) and gives the new one a part of its shard's size (a micro-batch after the first).
-  // The last kernel's gradients are accumulated after it (index `end`), while the reduce-scatter
-  // before them may still be under way.
-  std::vector<int64_t> made(end + 1, 0), started(end + 1, 0);
+  // The block comes before the reduce-scatter its gradient completes; overlapped, a start waits
+  // for the one before (its block and part go) and gives the new one a part of its shard's size
+  // (a micro-batch after the first). The last kernel's gradients are accumulated after it (index
+  // `end`), while the reduce-scatter before them may still be under way.
+  s.made.assign(end + 1, 0);
+  s.started.assign(end + 1, 0);
   const size_t buckets = t.first.size();
   for (size_t b = 0; b < buckets; ++b) {
     const int64_t part = overlapped && b < part_bytes.size() ? part_bytes[b] : 0;
     const size_t freed = !overlapped ? t.ready[b] : b + 1 < buckets ? t.ready[b + 1] : end;
-    started[t.ready[b]] += part;
-    started[freed] -= part;
+    s.started[t.ready[b]] += part;
+    s.started[freed] -= part;
     if (t.first[b] == BucketTimes::kNone) continue;
-    made[t.first[b] + 1] += t.bytes[b];
-    started[freed] -= t.bytes[b];
+    s.made[t.first[b] + 1] += t.bytes[b];
+    s.started[freed] -= t.bytes[b];
   }
+  return s;
+}
+
+int64_t trailing_frees(const StepTrace& trace, size_t end) {
+  int64_t bytes = 0;
+  for (size_t j = end; j < trace.events.size() && trace.events[j].kind == TraceEvent::Kind::kFreed; ++j)
+    bytes += trace.tensors[static_cast<size_t>(trace.events[j].index)].bytes;
+  return bytes;
+}
+
+int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
+                                   bool overlapped, const std::vector<int64_t>& part_bytes) {
+  if (profile.block_buckets.empty() || trace.events.empty()) return -1;
+  const GradientBlockSteps s = gradient_block_steps(profile, trace, element_bytes, overlapped, part_bytes);
   int64_t in_use = 0, peak = 0, blocks = 0, with_blocks = 0;
-  for (size_t i = 0; i <= end; ++i) {
-    blocks += made[i];
-    if (i < end) {
+  for (size_t i = 0; i <= s.end; ++i) {
+    blocks += s.made[i];
+    if (i < s.end) {
       const TraceEvent& e = trace.events[i];
       if (e.kind == TraceEvent::Kind::kAllocated) in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;
       if (e.kind == TraceEvent::Kind::kFreed) in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
-    } else {  // backward's last frees (the last kernel's inputs), before the optimizer's phase
-      for (size_t j = end; j < trace.events.size() && trace.events[j].kind == TraceEvent::Kind::kFreed; ++j)
-        in_use -= trace.tensors[static_cast<size_t>(trace.events[j].index)].bytes;
+    } else {
+      in_use -= trailing_frees(trace, s.end);
     }
     peak = std::max(peak, in_use);
     with_blocks = std::max(with_blocks, in_use + blocks);
     // The releases and parts at i: the part is made after the block before is freed, so a start
     // never adds more than it frees but at the first bucket's.
-    blocks += started[i];
+    blocks += s.started[i];
     with_blocks = std::max(with_blocks, in_use + blocks);
   }
   return with_blocks - peak;
 }
 
-int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const StepTrace& trace) {
+std::vector<int64_t> reduce_scatter_parts(const ModelProfile& profile, const Plan& plan) {
   const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
-  std::vector<int64_t> parts;  // the fullest rank's (rank 0's) shard of each bucket, from the second micro-batch on
+  std::vector<int64_t> parts;  // the fullest rank's (rank 0's) shard of each bucket
   if (plan.accumulation > 1)
     for (const std::vector<int64_t>& members : profile.block_buckets)
       parts.push_back(arena_bytes(element * shard_bucket(members, plan.ranks).counts[0]));
-  return gradient_blocks_above_peak(profile, trace, element, reduce_scatters_overlap(plan), parts);
+  return parts;
+}
+
+int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const StepTrace& trace) {
+  const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+  return gradient_blocks_above_peak(profile, trace, element, reduce_scatters_overlap(plan),
+                                    reduce_scatter_parts(profile, plan));
 }
 
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step) {

@@ -15,12 +15,26 @@ namespace ht {
 // One past the last kernel's end: forward and backward (what follows is the optimizer's phase).
 size_t forward_backward_end(const StepTrace& trace);
 
-// The change in gradient blocks' bytes at each event of [0, end] (ZeRO-3's walk,
-// gathered_parameter_peak_bytes): each bucket's block from the event after its first gradient's
-// kernel ends until its reduce-scatter starts (the next kernel after its last gradient and every
-// earlier bucket's), or with `overlapped` until the next bucket's does.
-std::vector<int64_t> gradient_block_deltas(const ModelProfile& profile, const StepTrace& trace, size_t end,
-                                           int64_t element_bytes, bool overlapped);
+// Sharded gradients' blocks along [0, end] (end: forward_backward_end), the walk ZeRO-2's and
+// ZeRO-3's peaks share: at event i, `made[i]` bytes come before the event's own tensors count
+// (a bucket's block from the event after its first gradient's kernel ends), then `started[i]`
+// (the reduce-scatters starting there: each where the accumulation that completes its bucket and
+// every earlier one is, or overlapped where the next one starts: its block goes, and from the
+// second micro-batch on a part of its shard's size, `part_bytes`, lives from its start to the
+// next one's). Index `end` is backward's end: the last kernel's gradients accumulated, the
+// trace's trailing frees (trailing_frees) done.
+struct GradientBlockSteps {
+  size_t end = 0;
+  std::vector<int64_t> made, started;
+};
+GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
+                                        bool overlapped, const std::vector<int64_t>& part_bytes = {});
+// The bytes the trace frees right after its last kernel (that kernel's inputs), before the
+// optimizer's phase.
+int64_t trailing_frees(const StepTrace& trace, size_t end);
+// The reduce-scatters' parts of `plan` (gradient_block_steps' part_bytes): the fullest rank's
+// shard of each bucket where micro-batches accumulate; none otherwise.
+std::vector<int64_t> reduce_scatter_parts(const ModelProfile& profile, const Plan& plan);
 
 // "gradients" (ZeRO-2) along `trace`: the most the step's tensors and the buckets' gradient blocks
 // (cut at blocks, as the trainer cuts a sharded level's; each from its first gradient to its

@@ -107,7 +107,8 @@ namespace {
 
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
-                                      int64_t gradient_element_bytes, bool overlapped) {
+                                      int64_t gradient_element_bytes, bool overlapped,
+                                      const std::vector<int64_t>& part_bytes) {
   const BlockBuckets g(profile, element_bytes, backward_reads);
   if (g.empty() || trace.events.empty()) {
     int64_t largest = 0;  // without a trace: the largest bucket's gradient block, beside them
@@ -128,17 +129,23 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
     held[blocks + k] = g.held(g.window(k, prefetch, true), true);
   }
   const int64_t after_forward = g.held({blocks - 1}, false), backward_loss = g.held({blocks - 1}, true);
-  const size_t end = forward_backward_end(trace);
-  const std::vector<int64_t> gradients =
-      gradient_element_bytes > 0 ? gradient_block_deltas(profile, trace, end, gradient_element_bytes, overlapped)
-                                 : std::vector<int64_t>(end + 1, 0);
+  // The gradient blocks as ZeRO-2's walk places them (planner/gradient_blocks.h), to backward's end.
+  GradientBlockSteps steps;
+  if (gradient_element_bytes > 0) {
+    steps = gradient_block_steps(profile, trace, gradient_element_bytes, overlapped, part_bytes);
+  } else {
+    steps.end = forward_backward_end(trace);
+    steps.made.assign(steps.end + 1, 0);
+    steps.started.assign(steps.end + 1, 0);
+  }
   int64_t in_use = 0, peak = 0, with_gathered = 0;
-  int64_t held_now = 0;       // what the current kernel's block holds gathered
+  int64_t held_now = 0;       // what the current kernel's block holds gathered (at the end: the last one's)
   int64_t gradients_now = 0;  // sharded gradients' blocks alive
-  for (size_t i = 0; i < end; ++i) {
-    const TraceEvent& e = trace.events[i];
-    gradients_now += gradients[i];
-    if (e.kind == TraceEvent::Kind::kKernelBegins) {
+  for (size_t i = 0; i <= steps.end; ++i) {
+    gradients_now += steps.made[i];
+    if (i == steps.end) {
+      in_use -= trailing_frees(trace, steps.end);
+    } else if (const TraceEvent& e = trace.events[i]; e.kind == TraceEvent::Kind::kKernelBegins) {
       const TraceKernel& k = trace.kernels[static_cast<size_t>(e.index)];
       const bool known = k.block >= 0 && static_cast<size_t>(k.block) < blocks;
       held_now = known ? held[(k.backward ? blocks : 0) + static_cast<size_t>(k.block)]
@@ -149,6 +156,8 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
       in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
     }
     peak = std::max(peak, in_use);
+    with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
+    gradients_now += steps.started[i];
     with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
   }
   return with_gathered - peak;
@@ -245,7 +254,7 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const StepT
   }
   if (trace == nullptr) return gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan));
   return gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element,
-                                       reduce_scatters_overlap(plan));
+                                       reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan));
 }
 
 }  // namespace

@@ -58,14 +58,15 @@ int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_by
 // gathered_parameter_bytes; the loss: what forward ended with), against the trace's own peak.
 // Early in forward few activations are kept: a block and the blocks prefetched with it may set
 // the peak there, or add nothing. Without events, gathered_parameter_bytes.
-// `gradient_element_bytes` > 0: the sharded gradients' blocks join, each bucket's (of that many
-// bytes an element) from its first gradient (TraceKernel::gradient_buckets) to its
-// reduce-scatter (after its last and every earlier bucket's), or, with `overlapped`
-// reduce-scatters, to the start of the next bucket's (GradientShards waits for one there and
-// frees its block), and are in the result; without events, the largest bucket's block.
+// `gradient_element_bytes` > 0: the sharded gradients' blocks join, placed as ZeRO-2's walk
+// places them (planner/gradient_blocks.h, gradient_block_steps: each bucket's from its first
+// gradient to its reduce-scatter, or overlapped to the next one's, with `part_bytes` from the
+// second micro-batch on, to backward's end), and are in the result; without events, the largest
+// bucket's block.
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
-                                      int64_t gradient_element_bytes = 0, bool overlapped = false);
+                                      int64_t gradient_element_bytes = 0, bool overlapped = false,
+                                      const std::vector<int64_t>& part_bytes = {});
 // Whether the trainer runs `plan`'s reduce-scatters beside backward (GradientShards::set_overlap):
 // at "gradients" with parallel.overlap, at "parameters" where its gathers are prefetched.
 bool reduce_scatters_overlap(const Plan& plan);

@@ -203,6 +203,13 @@ TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
   // block was reduce-scattered as it began, or, overlapped, is held until backward ends.
   EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, false), bucket);
   EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, true), 2 * bucket);
+  // From the second micro-batch on, bucket 0's reduce-scatter fills a part of its shard's size
+  // beside them (as ZeRO-2's walk, gradient_block_steps).
+  const int64_t part = 2048;
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, true, {part, part}), 2 * bucket + part);
+  // Backward's end counts: the last kernel's gradients make bucket 1's block after it, while
+  // bucket 0's is still in flight and bucket 1 still gathered (freed when its reduce-scatter starts).
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, two_block_step(1024), 4, nullptr, 0, 4, true), 3 * bucket - 1024);
   Plan plan;
   plan.ranks = 2;
   plan.shard = ShardLevel::kParameters;
