@@ -76,7 +76,6 @@ class Replay {
     for (int t = 0; t < static_cast<int>(trace.tensors.size()); ++t) {
       if (trace.tensors[t].producer >= 0) outputs_[trace.tensors[t].producer].push_back(t);
     }
-    collect_kernel_blocks();
   }
 
   ~Replay() {  // the arena leaks its mapping (and warns) if destroyed with blocks in use
@@ -194,9 +193,6 @@ class Replay {
     unpin(target);
   }
 
-  // The kernel runs again as it ran: every block it allocated, in its order (its temporaries,
-  // such as attention's blocks of scores, and outputs nothing holds now are freed where it freed
-  // them, or when it returns), placed as a forward kernel's are.
   void rerun(int k, int reader) {
     ++now_;
     for (int in : trace_.kernels[k].inputs) slots_[in].last_access = now_;
@@ -205,72 +201,20 @@ class Replay {
     for (int out : outputs_[k]) expected += attaches(out) ? trace_.tensors[out].bytes : 0;
     prepare(expected);
     std::vector<int> placed;
-    std::vector<std::pair<int, void*>> transient;  // blocks the kernel lets go of before it returns
-    const auto release_transient = [&] {
-      for (auto& [t, data] : transient) arena_.deallocate(data);
-      transient.clear();
-    };
-    for (const TraceEvent& e : kernel_blocks_[k]) {
-      const int t = e.index;
-      if (e.kind == Kind::kFreed) {
-        auto it = std::find_if(transient.begin(), transient.end(), [&](const auto& b) { return b.first == t; });
-        if (it != transient.end()) arena_.deallocate(it->second), transient.erase(it);
-        continue;
-      }
-      const bool attached = trace_.tensors[t].producer == k && attaches(t);
-      void* data = place(trace_.tensors[t].bytes, arena_.end_for(static_cast<size_t>(trace_.tensors[t].bytes), true));
-      if (data == nullptr) {
-        release_transient();
-        const std::string who = kernel_words(k) + ", regenerated for " + kernel_words(reader) + ",";
-        return fail_for_room(who, trace_.tensors[t].bytes);
-      }
-      if (!attached) {
-        transient.emplace_back(t, data);
-        continue;
-      }
-      make_resident(t, data);
-      ++slots_[t].pins;  // the kernel has not returned: its outputs are no candidates yet
-      placed.push_back(t);
-    }
-    release_transient();
-    for (int out : outputs_[k]) {  // allocated by a kernel it called, if any: placed when it returns
-      if (!attaches(out) || std::find(placed.begin(), placed.end(), out) != placed.end()) continue;
+    for (int out : outputs_[k]) {
+      if (!attaches(out)) continue;
       void* data = place(trace_.tensors[out].bytes, arena_.end_for(static_cast<size_t>(trace_.tensors[out].bytes), true));
-      if (data == nullptr) return fail_for_room(kernel_words(k) + ", regenerated for " + kernel_words(reader) + ",", trace_.tensors[out].bytes);
+      if (data == nullptr) {
+        const std::string who = kernel_words(k) + ", regenerated for " + kernel_words(reader) + ",";
+        return fail_for_room(who, trace_.tensors[out].bytes);
+      }
       make_resident(out, data);
-      ++slots_[out].pins;
+      ++slots_[out].pins;  // the kernel has not returned: its outputs are no candidates yet
       placed.push_back(out);
     }
     for (int out : placed) --slots_[out].pins;
     ++result_.recomputations;
     result_.recompute_ms += trace_.kernels[k].ms;
-  }
-
-  // For each forward kernel, the blocks allocated while it was the innermost kernel running (its
-  // outputs and temporaries) and the frees of those it let go of before it ended, in order.
-  void collect_kernel_blocks() {
-    kernel_blocks_.resize(trace_.kernels.size());
-    std::vector<int> open, allocated_in(trace_.tensors.size(), -1);
-    for (const TraceEvent& e : trace_.events) {
-      switch (e.kind) {
-        case Kind::kKernelBegins: open.push_back(e.index); break;
-        case Kind::kKernelEnds: {
-          auto it = std::find(open.rbegin(), open.rend(), e.index);
-          if (it != open.rend()) open.erase(std::next(it).base());
-          break;
-        }
-        case Kind::kAllocated:
-          if (open.empty() || trace_.kernels[open.back()].backward) break;
-          allocated_in[e.index] = open.back();
-          kernel_blocks_[open.back()].push_back(e);
-          break;
-        case Kind::kFreed: {
-          const int k = allocated_in[e.index];
-          if (k >= 0 && std::find(open.begin(), open.end(), k) != open.end()) kernel_blocks_[k].push_back(e);
-          break;
-        }
-      }
-    }
   }
 
   void* place(int64_t bytes, End end) {
@@ -457,7 +401,6 @@ class Replay {
   std::vector<std::vector<int>> users_;    // tensor -> forward kernels that read it
   std::vector<std::vector<int>> outputs_;  // kernel -> tensors it produces
   std::vector<std::vector<int>> made_in_;  // kernel -> tensors allocated while it ran
-  std::vector<std::vector<TraceEvent>> kernel_blocks_;  // forward kernel -> collect_kernel_blocks()
   // Resident tensors with a producer: the engine's roots_, kept in its order so that ties
   // between equal scores fall the same way.
   std::vector<int> roots_, root_slot_;

@@ -13,9 +13,9 @@
 //    call's lineage still holds: it counts in e* and is regenerated in passing, as materialize
 //    does. Records nothing refers to are gone in the engine, so late in backward e* may count a
 //    few more than the engine sees;
-//  - make_room is mirrored at the block that does not fit, not run_with_room's retry of a
-//    kernel that threw OutOfBudget (a regeneration allocates what the kernel allocated when it
-//    ran, temporaries included, in its order, as the engine's rerun does);
+//  - a regeneration allocates only the outputs it attaches, not the kernel's other outputs and
+//    temporaries; make_room is mirrored, not run_with_room's retry of a kernel that threw
+//    OutOfBudget;
 //  - no views (a view's reads count as its root's), no sqrt sampling (off by default in the
 //    engine); dtr_eq and megengine are replayed as dtr, whose classes and free neighbours differ.
 

@@ -347,38 +347,6 @@ TEST(DtrReplay, RegeneratesAFreedIntermediateInPassing) {
   EXPECT_DOUBLE_EQ(r.recompute_ms, 3.0);
 }
 
-TEST(DtrReplay, ARegenerationRunsTheKernelAsItRanTemporariesIncluded) {
-  // f makes a from x with a 2 MiB temporary beside it (attention's scores); a is evicted for a
-  // later kernel's 3.5 MiB, and regenerated for a reader that also holds c: x, c, a and the
-  // temporary, 5 MiB at once, as the engine's rerun of f allocates them.
-  TraceBuilder b;
-  const int x = b.alloc(kMiB, -1, false);
-  const int f = b.kernel(1.0, {x});
-  b.begin(f);
-  const int scores = b.alloc(2 * kMiB, -1, true);
-  const int a = b.alloc(kMiB, f, true);
-  b.free(scores);
-  b.end(f);
-  const int k = b.kernel(1.0, {x});
-  b.begin(k);
-  const int big = b.alloc(7 * kMiB / 2, -1, true);
-  b.end(k);
-  b.free(big);
-  const int c = b.forward(1.0, {x}, kMiB, /*recomputable=*/false);
-  const int reader = b.kernel(1.0, {a, c});
-  b.begin(reader);
-  b.end(reader);
-  const ReplayResult fits = replay(b.trace, 5 * kMiB, EvictionHeuristic::kDtr, 1.0);
-  ASSERT_TRUE(fits.feasible) << fits.failure;
-  EXPECT_EQ(fits.evictions, 1);
-  EXPECT_EQ(fits.recomputations, 1);
-  EXPECT_EQ(fits.peak_bytes, 5 * kMiB);  // not the 4.5 MiB of x and the 3.5 MiB
-  // Its output beside x and c would fit in 4.75 MiB; the kernel does not.
-  const ReplayResult refused = replay(b.trace, 19 * kMiB / 4, EvictionHeuristic::kDtr, 1.0);
-  EXPECT_FALSE(refused.feasible);
-  EXPECT_NE(refused.failure.find("regenerated for"), std::string::npos) << refused.failure;
-}
-
 TEST(DtrReplay, RegenerationThroughAFreedBatchFails) {
   // The batch x has no producer: once freed, nothing regenerates a = f(x) after its eviction.
   TraceBuilder b;

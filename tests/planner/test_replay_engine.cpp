@@ -2,9 +2,9 @@
 // views: recorded once with room to spare, then run by the engine under a budget and replayed
 // offline at the same budget. Both choose by memory/eviction_score.h, on the same clock, so they
 // must evict the same tensors in the same order, each at the same score. Where the replay still
-// departs from the engine (planner/dtr_replay.h: views, the retry of a kernel that found no room,
-// freed records in e*, dtr_eq's classes and megengine's free neighbours) this step does not go:
-// an MLP has no views, and its regenerations make one output each.
+// departs from the engine (planner/dtr_replay.h: views, a regenerated kernel's other outputs and
+// temporaries, freed records in e*, dtr_eq's classes and megengine's free neighbours) this step
+// does not go: an MLP has no views, and its regenerations make one output each.
 #include "alloc/cpu_arena.h"
 #include "alloc/cpu_device_allocator.h"
 #include "memory/memory_manager.h"
