@@ -18,12 +18,44 @@ namespace {
 struct BucketTimes {
   static constexpr size_t kNone = static_cast<size_t>(-1);
   std::vector<size_t> first, start;
-  // The event after the kernel that gives the bucket's last gradient (and every earlier bucket's)
-  // ends, where the bucket becomes ready (GradientShards starts it from the accumulation that
-  // completes it, before that kernel's gradients are freed); `end` where none does.
+  // Where the bucket becomes ready (GradientShards starts it when the tape says its last gradient
+  // is in): after the kernel that gives its last gradient (and every earlier bucket's) ends and
+  // the tape frees the gradients it added up, before what the kernel read goes; `end` where none does.
   std::vector<size_t> ready;
+  // Where its block is made (counted before that event): after the first gradient's kernel ends
+  // and the frees of what it read, before the frees of what it made.
+  std::vector<size_t> made_at;
   std::vector<int64_t> bytes;  // the block's, arena-rounded
 };
+
+// Who allocated each tensor: `backward`, by backward (a backward kernel, or between kernels once
+// backward began), not by a forward kernel (a regeneration's included); `kernel`, the innermost
+// kernel running then (-1: none).
+struct Makers {
+  std::vector<char> backward;
+  std::vector<int> kernel;
+};
+
+Makers makers(const StepTrace& trace, size_t end) {
+  Makers m{std::vector<char>(trace.tensors.size(), 0), std::vector<int>(trace.tensors.size(), -1)};
+  std::vector<int> open;
+  bool backward = false;
+  for (size_t i = 0; i < end; ++i) {
+    const TraceEvent& e = trace.events[i];
+    const auto t = static_cast<size_t>(e.index);
+    if (e.kind == TraceEvent::Kind::kKernelBegins) {
+      open.push_back(e.index);
+      backward = backward || trace.kernels[t].backward;
+    } else if (e.kind == TraceEvent::Kind::kKernelEnds) {
+      auto it = std::find(open.rbegin(), open.rend(), e.index);
+      if (it != open.rend()) open.erase(std::next(it).base());
+    } else if (e.kind == TraceEvent::Kind::kAllocated) {
+      m.kernel[t] = open.empty() ? -1 : open.back();
+      m.backward[t] = open.empty() ? backward : trace.kernels[static_cast<size_t>(open.back())].backward;
+    }
+  }
+  return m;
+}
 
 BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, size_t end, int64_t element_bytes) {
   const size_t buckets = profile.block_buckets.size();
@@ -31,20 +63,40 @@ BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, si
   t.first.assign(buckets, BucketTimes::kNone);
   t.start.assign(buckets, end);
   t.ready.assign(buckets, end);
+  t.made_at.assign(buckets, end);
+  const Makers made_by = makers(trace, end);
   std::vector<size_t> last(buckets, BucketTimes::kNone);
   for (size_t i = 0; i < end; ++i) {
     const TraceEvent& e = trace.events[i];
     if (e.kind != TraceEvent::Kind::kKernelEnds) continue;
     for (int b : trace.kernels[static_cast<size_t>(e.index)].gradient_buckets) {
       if (b < 0 || static_cast<size_t>(b) >= buckets) continue;
-      if (t.first[static_cast<size_t>(b)] == BucketTimes::kNone) t.first[static_cast<size_t>(b)] = i;
+      if (t.first[static_cast<size_t>(b)] == BucketTimes::kNone) {
+        t.first[static_cast<size_t>(b)] = i;
+        // The tape lets go of the gradient the kernel was given, then adds the kernel's gradients
+        // up: the block is made there, before it frees what the kernel made (runtime/tape.cpp).
+        size_t j = i + 1;
+        while (j < end && trace.events[j].kind == TraceEvent::Kind::kFreed &&
+               made_by.kernel[static_cast<size_t>(trace.events[j].index)] != e.index)
+          ++j;
+        t.made_at[static_cast<size_t>(b)] = j;
+      }
       last[static_cast<size_t>(b)] = i;
     }
   }
   size_t done = 0;  // the last gradient of this bucket and every bucket before it
   for (size_t b = 0; b < buckets; ++b) {
     done = last[b] == BucketTimes::kNone || done == BucketTimes::kNone ? BucketTimes::kNone : std::max(done, last[b]);
-    if (done != BucketTimes::kNone) t.ready[b] = std::min(done + 1, end);
+    if (done != BucketTimes::kNone) {
+      // The tape frees the gradient the kernel was given and the parameters' gradients it copied
+      // into their slots before it tells GradientShards they are in; what the kernel saved goes
+      // after (runtime/tape.cpp).
+      size_t j = done + 1;
+      while (j < end && trace.events[j].kind == TraceEvent::Kind::kFreed &&
+             made_by.backward[static_cast<size_t>(trace.events[j].index)])
+        ++j;
+      t.ready[b] = std::min(std::max(done + 1, j - 1), end);
+    }
     for (size_t i = done == BucketTimes::kNone ? end : done + 1; i < end; ++i) {
       if (trace.events[i].kind == TraceEvent::Kind::kKernelBegins) {
         t.start[b] = i;
@@ -89,7 +141,7 @@ GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepT
     s.started[t.ready[b]] += part;
     s.started[freed] -= part;
     if (t.first[b] == BucketTimes::kNone) continue;
-    s.made[t.first[b] + 1] += t.bytes[b];
+    s.made[t.made_at[b]] += t.bytes[b];
     s.started[freed] -= t.bytes[b];
   }
   return s;
@@ -108,7 +160,9 @@ int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace&
   const GradientBlockSteps s = gradient_block_steps(profile, trace, element_bytes, overlapped, part_bytes);
   int64_t in_use = 0, peak = 0, blocks = 0, with_blocks = 0;
   for (size_t i = 0; i <= s.end; ++i) {
+    // A block is made where the tape copies the kernel's gradient into it, before it frees that.
     blocks += s.made[i];
+    with_blocks = std::max(with_blocks, in_use + blocks);
     if (i < s.end) {
       const TraceEvent& e = trace.events[i];
       if (e.kind == TraceEvent::Kind::kAllocated) in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;

@@ -16,13 +16,14 @@ namespace ht {
 size_t forward_backward_end(const StepTrace& trace);
 
 // Sharded gradients' blocks along [0, end] (end: forward_backward_end), the walk ZeRO-2's and
-// ZeRO-3's peaks share: at event i, `made[i]` bytes come before the event's own tensors count
-// (a bucket's block from the event after its first gradient's kernel ends), then `started[i]`
-// (the reduce-scatters starting there: each where the accumulation that completes its bucket and
-// every earlier one is, or overlapped where the next one starts: its block goes, and from the
-// second micro-batch on a part of its shard's size, `part_bytes`, lives from its start to the
-// next one's). Index `end` is backward's end: the last kernel's gradients accumulated, the
-// trace's trailing frees (trailing_frees) done.
+// ZeRO-3's peaks share, placed where the tape does it (runtime/tape.cpp): at event i, `made[i]`
+// bytes come before the event counts (a bucket's block where the tape copies its first gradient
+// in: after the kernel ends and the gradient it was given is freed, before what it made is), then
+// the event, then `started[i]` (the reduce-scatters starting there: each once the tape has freed
+// the gradients that complete its bucket and every earlier one, or overlapped where the next one
+// starts: its block goes, and from the second micro-batch on a part of its shard's size,
+// `part_bytes`, lives from its start to the next one's). Index `end` is backward's end: the last
+// kernel's gradients accumulated, the trace's trailing frees (trailing_frees) done.
 struct GradientBlockSteps {
   size_t end = 0;
   std::vector<int64_t> made, started;

@@ -142,7 +142,8 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
   int64_t held_now = 0;       // what the current kernel's block holds gathered (at the end: the last one's)
   int64_t gradients_now = 0;  // sharded gradients' blocks alive
   for (size_t i = 0; i <= steps.end; ++i) {
-    gradients_now += steps.made[i];
+    gradients_now += steps.made[i];  // made before the event at i (gradient_blocks_above_peak)
+    with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
     if (i == steps.end) {
       in_use -= trailing_frees(trace, steps.end);
     } else if (const TraceEvent& e = trace.events[i]; e.kind == TraceEvent::Kind::kKernelBegins) {

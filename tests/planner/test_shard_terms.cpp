@@ -161,9 +161,10 @@ TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
   EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0), last)
       << "block 1's 16000 bytes come where only 100 are in use";
   // Sharded gradients: the blocks of buckets 0 and 2 (as large as `last`) come as the kernel that
-  // made their first gradients ends, its 1000 bytes of them still there; the tied bucket's stays
-  // until backward's end (the last bucket, reduce-scattered last), bucket 0's until block 1 begins.
-  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4), 2 * last - 1000);
+  // made their first gradients ends, its 1000 bytes of them still there (the tape copies them into
+  // the blocks, then frees them), beside the 100100 it kept; the tied bucket's stays until
+  // backward's end (the last bucket, reduce-scattered last), bucket 0's until block 1 begins.
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4), 2 * last);
   EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 1), last + middle)
       << "backward's first block holds the one before it, gathered ahead";
   EXPECT_EQ(gathered_parameter_peak_bytes(profile, StepTrace{}, 4, nullptr, 1),
@@ -199,17 +200,18 @@ TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
   profile.block_bucket_uses = {{1}, {0}};
   const StepTrace trace = two_block_step(50000);
   const int64_t bucket = arena_bytes(4 * 1000);
-  // Block 0's backward holds its gathered bucket beside its 50000 bytes; bucket 0's gradient
-  // block was reduce-scattered as it began, or, overlapped, is held until backward ends.
-  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, false), bucket);
-  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, true), 2 * bucket);
+  // Block 0's backward holds its gathered bucket beside its 50000 bytes, and bucket 1's gradient
+  // block is made before they are freed; bucket 0's was reduce-scattered as it began, or,
+  // overlapped, is held until backward ends.
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, false), 2 * bucket);
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, true), 3 * bucket);
   // From the second micro-batch on, bucket 0's reduce-scatter fills a part of its shard's size
   // beside them (as ZeRO-2's walk, gradient_block_steps).
   const int64_t part = 2048;
-  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, true, {part, part}), 2 * bucket + part);
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, trace, 4, nullptr, 0, 4, true, {part, part}), 3 * bucket + part);
   // Backward's end counts: the last kernel's gradients make bucket 1's block after it, while
   // bucket 0's is still in flight and bucket 1 still gathered (freed when its reduce-scatter starts).
-  EXPECT_EQ(gathered_parameter_peak_bytes(profile, two_block_step(1024), 4, nullptr, 0, 4, true), 3 * bucket - 1024);
+  EXPECT_EQ(gathered_parameter_peak_bytes(profile, two_block_step(1024), 4, nullptr, 0, 4, true), 3 * bucket);
   Plan plan;
   plan.ranks = 2;
   plan.shard = ShardLevel::kParameters;
@@ -223,8 +225,8 @@ TEST(ShardTerms, AnOverlappedReduceScatterHoldsItsBlockUntilTheNextStarts) {
 }
 
 // ZeRO-2 along the step (gradient_blocks_above_peak): a bucket's block comes with its first
-// gradient and goes when its reduce-scatter starts, from the accumulation that completes it; the
-// last kernel's gradients arrive after it, when its inputs are freed. Overlapped, a block stays
+// gradient, made where the tape copies it in (beside what the kernel made, freed next), and goes
+// when its reduce-scatter starts, from the accumulation that completes it. Overlapped, a block stays
 // until the next bucket's starts, and each start from the second micro-batch on makes a part of
 // the shard's size that stays as long.
 TEST(ShardTerms, GradientShardsBlocksArePlacedAlongTheStep) {
@@ -232,12 +234,12 @@ TEST(ShardTerms, GradientShardsBlocksArePlacedAlongTheStep) {
   profile.block_buckets = {{1000}, {1000}};
   const StepTrace trace = two_block_step(1024);
   const int64_t bucket = arena_bytes(4 * 1000), part = 2048;
-  // Each block alone, after the 1024 bytes were freed or before they were made.
-  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, false), bucket - 1024);
+  // Each block alone, bucket 1's beside the 1024 bytes its kernel made (copied in, then freed).
+  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, false), bucket);
   // Bucket 0's block in flight while bucket 1's gradient arrives.
-  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, true), 2 * bucket - 1024);
+  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, true), 2 * bucket);
   // And bucket 0's part beside them.
-  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, true, {part, part}), 2 * bucket + part - 1024);
+  EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, true, {part, part}), 2 * bucket + part);
   profile.block_buckets.clear();
   EXPECT_EQ(gradient_blocks_above_peak(profile, trace, 4, true), -1) << "no block buckets: the caller's resident term";
 }
