@@ -11,13 +11,11 @@ namespace ht {
 namespace {
 
 // When each bucket's gradient block (cut at blocks) comes and goes along the trace: `first`, the
-// end of the first kernel that makes one of its gradients (the block is made when that gradient
-// is accumulated, once the kernel's inputs are freed; kNone: no kernel makes one), and `start`,
-// where its reduce-scatter starts: the next kernel to begin after its last gradient and every
-// earlier bucket's (GradientShards reduces them in their order), or `end` (as backward ends).
+// end of the first kernel that makes one of its gradients (kNone: no kernel makes one), and, as
+// the tape does it, where its block is made and where its reduce-scatter starts.
 struct BucketTimes {
   static constexpr size_t kNone = static_cast<size_t>(-1);
-  std::vector<size_t> first, start;
+  std::vector<size_t> first;
   // Where the bucket becomes ready (GradientShards starts it when the tape says its last gradient
   // is in): after the kernel that gives its last gradient (and every earlier bucket's) ends and
   // the tape frees the gradients it added up, before what the kernel read goes; `end` where none does.
@@ -61,7 +59,6 @@ BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, si
   const size_t buckets = profile.block_buckets.size();
   BucketTimes t;
   t.first.assign(buckets, BucketTimes::kNone);
-  t.start.assign(buckets, end);
   t.ready.assign(buckets, end);
   t.made_at.assign(buckets, end);
   const Makers made_by = makers(trace, end);
@@ -96,12 +93,6 @@ BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, si
              made_by.backward[static_cast<size_t>(trace.events[j].index)])
         ++j;
       t.ready[b] = std::min(std::max(done + 1, j - 1), end);
-    }
-    for (size_t i = done == BucketTimes::kNone ? end : done + 1; i < end; ++i) {
-      if (trace.events[i].kind == TraceEvent::Kind::kKernelBegins) {
-        t.start[b] = i;
-        break;
-      }
     }
     int64_t n = 0;
     for (int64_t elements : profile.block_buckets[b]) n += elements;
