@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 namespace ht {
@@ -27,38 +28,69 @@ const ProfilePoint* timed_point(const ModelProfile& profile, const Plan& plan) {
 // A stage's memory beyond its state and its blocks' held bytes per micro-batch in flight (the
 // partition's peak), from the trace scaled by `scale`: what it keeps per micro-batch in flight
 // of what it receives and sends, and what it needs once (its kernels' peak above one micro-batch's
-// held bytes, and the receives it posts ahead).
+// held bytes, and `receives`: its receive buffers beside its backward, backward_receive_bytes).
 struct StageExtra {
   int64_t kept = 0, once = 0;
 };
 
 StageExtra stage_extra(const ProfilePoint& mem, double scale, const StagePlan& s, bool first, bool last,
-                       int64_t in_flight, int64_t micro_batch) {
+                       int64_t in_flight, int64_t micro_batch, int64_t receives) {
   auto scaled = [scale](int64_t v) { return static_cast<int64_t>(scale * static_cast<double>(v)); };
   int64_t held = 0, top = 0;  // the blocks' held bytes so far; the stage's peak over one micro-batch
   const int end = s.first_block + s.blocks;
+  // The stage's held output, kept through its other blocks' backward (the last block's own walk keeps it).
+  const int64_t output = last ? 0 : mem.block_sent_held_bytes[static_cast<size_t>(end - 1)];
   for (int b = s.first_block; b < end; ++b) {
-    const size_t variant = (b > s.first_block ? 1 : 0) + (b + 1 < end ? 2 : 0);
-    top = std::max(top, held + mem.block_peak_bytes[4 * static_cast<size_t>(b) + variant]);
+    const size_t v = 4 * static_cast<size_t>(b) + (b > s.first_block ? 1 : 0) + (b + 1 < end ? 2 : 0);
+    const int64_t backward = mem.block_peak_backward_bytes[v] + (b + 1 < end ? output : 0);
+    top = std::max(top, held + std::max(mem.block_peak_bytes[v], backward));
     held += mem.block_held_bytes[static_cast<size_t>(b)];
   }
   StageExtra x;
-  x.once = scaled(std::max<int64_t>(0, top - held));
-  // Receives posted ahead (kReceiveLookahead): a stage that sends peaks at the end of its
-  // forwards, when the next actions are backwards whose gradients it receives (two buffers:
-  // measured on the ConvNet's first stage); one that receives activations peaks in a backward
-  // with the next forward's buffer posted (one: the ConvNet's last stage).
+  x.once = scaled(std::max<int64_t>(0, top - held)) + receives;
   if (!first) {
     const int64_t in = stage_boundary_bytes(mem, s.first_block - 1, micro_batch);
     x.kept += in * in_flight;  // the received input, kept for the micro-batch's backward
+    // The previous micro-batch's input gradient, sent after its backward: its buffer lives until
+    // the stage reaps the send (after its next one), so whether it is still there when the next
+    // backward peaks depends on when MPI completed it. Counted: the prediction is the upper bound.
     x.once += in;
   }
-  if (!last) {
-    // The output sent, kept until the micro-batch's backward where its own blocks did not keep it.
-    x.kept += scaled(mem.block_sent_unheld_bytes[static_cast<size_t>(end - 1)]) * in_flight;
-    x.once += static_cast<int64_t>(kReceiveLookahead - 1) * stage_boundary_bytes(mem, end - 1, micro_batch);
-  }
+  // The output sent, kept until the micro-batch's backward where its own blocks did not keep it.
+  if (!last) x.kept += scaled(mem.block_sent_unheld_bytes[static_cast<size_t>(end - 1)]) * in_flight;
   return x;
+}
+
+// Per virtual stage, the most its rank's receive buffers hold beside one of its backwards
+// (parallel/pipeline_stage.cpp): the gradient it computes from, alive until that backward ends, and
+// those posted for the rank's next kReceiveLookahead - 1 actions (activations for forwards after the
+// first stage, gradients for backwards before the last). A stage peaks in a backward: its forwards
+// see the same buffers without the backward's working set.
+std::vector<int64_t> backward_receive_bytes(const PipelineSchedule& schedule, const ScheduleShape& shape,
+                                            const Partition& partition, const ProfilePoint& mem, int64_t micro_batch) {
+  const int parts = static_cast<int>(partition.stages.size());
+  auto cut_after = [&](int vs) {
+    const StagePlan& s = partition.stages[static_cast<size_t>(vs)];
+    return stage_boundary_bytes(mem, s.first_block + s.blocks - 1, micro_batch);
+  };
+  auto received = [&](const Action& a, int vs) -> int64_t {
+    if (a.kind == ActionKind::kForward) return vs > 0 ? cut_after(vs - 1) : 0;
+    if (a.kind == ActionKind::kBackwardWeight) return 0;
+    return vs + 1 < parts ? cut_after(vs) : 0;
+  };
+  std::vector<int64_t> most(static_cast<size_t>(parts), 0);
+  for (int r = 0; r < static_cast<int>(schedule.size()); ++r) {
+    const std::vector<Action>& actions = schedule[static_cast<size_t>(r)];
+    for (size_t i = 0; i < actions.size(); ++i) {
+      if (actions[i].kind != ActionKind::kBackward && actions[i].kind != ActionKind::kBackwardInput) continue;
+      const int vs = virtual_stage(r, actions[i].chunk, shape);
+      int64_t bytes = received(actions[i], vs);
+      for (size_t j = i + 1; j < std::min(actions.size(), i + kReceiveLookahead); ++j)
+        bytes += received(actions[j], virtual_stage(r, actions[j].chunk, shape));
+      most[static_cast<size_t>(vs)] = std::max(most[static_cast<size_t>(vs)], bytes);
+    }
+  }
+  return most;
 }
 
 // The point whose trace gives the blocks' memory: the plan's micro-batch where one was measured or
@@ -67,7 +99,8 @@ const ProfilePoint* memory_point(const ModelProfile& profile, const Plan& plan, 
   const ProfilePoint* best = nullptr;
   for (const ProfilePoint& pt : profile.points) {
     if (pt.block_held_bytes.size() != blocks || pt.block_peak_bytes.size() != 4 * blocks ||
-        pt.block_sent_unheld_bytes.size() != blocks || pt.precision != plan.precision || pt.threads != profile.threads) continue;
+        pt.block_peak_backward_bytes.size() != 4 * blocks || pt.block_sent_unheld_bytes.size() != blocks ||
+        pt.block_sent_held_bytes.size() != blocks || pt.precision != plan.precision || pt.threads != profile.threads) continue;
     if (best == nullptr || std::llabs(pt.micro_batch - plan.micro_batch) < std::llabs(best->micro_batch - plan.micro_batch))
       best = &pt;
   }
@@ -116,10 +149,8 @@ double transfer_ms(const Machine& machine, const Plan& plan, int64_t bytes) {
 
 namespace {
 
-// The cuts' bytes of the tensors `counted` says to count.
-template <typename Counted>
-std::vector<int64_t> cut_bytes_of(const StepTrace& trace, int blocks, Counted&& counted) {
-  // Each tensor crosses the cuts from its producer's block to the last block whose forward reads it.
+// Per tensor, the last block whose forward reads it (-1: none).
+std::vector<int> last_forward_reader(const StepTrace& trace) {
   std::vector<int> last_reader(trace.tensors.size(), -1);
   for (const TraceKernel& k : trace.kernels) {
     if (k.backward || k.block < 0) continue;
@@ -128,6 +159,14 @@ std::vector<int64_t> cut_bytes_of(const StepTrace& trace, int blocks, Counted&& 
         last_reader[static_cast<size_t>(i)] = std::max(last_reader[static_cast<size_t>(i)], k.block);
     }
   }
+  return last_reader;
+}
+
+// The cuts' bytes of the tensors `counted` says to count.
+template <typename Counted>
+std::vector<int64_t> cut_bytes_of(const StepTrace& trace, int blocks, Counted&& counted) {
+  // Each tensor crosses the cuts from its producer's block to the last block whose forward reads it.
+  const std::vector<int> last_reader = last_forward_reader(trace);
   std::vector<int64_t> change(static_cast<size_t>(std::max(blocks, 0)) + 1, 0);
   for (size_t i = 0; i < trace.tensors.size(); ++i) {
     const int producer = trace.tensors[i].producer;
@@ -194,30 +233,45 @@ BlockMemory block_memory(const StepTrace& trace, int blocks) {
   const Owners o = owners(trace, blocks);
   out.held.assign(static_cast<size_t>(blocks), 0);
   out.peak.assign(4 * static_cast<size_t>(blocks), 0);
+  out.peak_backward.assign(4 * static_cast<size_t>(blocks), 0);
   for (size_t i = 0; i < trace.tensors.size(); ++i)
     if (o.held[i]) out.held[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
   out.sent_unheld = cut_bytes_of(trace, blocks, [&](size_t i) { return !o.held[i]; });
+  out.sent_held = cut_bytes_of(trace, blocks, [&](size_t i) { return o.held[i] != 0; });
+  // A held tensor a later block's forward reads crosses the cut after its block. On one rank that
+  // block's backward frees it; a stage ending at its block keeps it (its output, InFlight::output)
+  // until the micro-batch's backward ends: in the variants without a right neighbour it stays.
+  const std::vector<int> reader = last_forward_reader(trace);
+  std::vector<char> crosses(trace.tensors.size(), 0);
+  for (size_t i = 0; i < trace.tensors.size(); ++i) crosses[i] = o.held[i] && o.block[i] >= 0 && reader[i] > o.block[i];
   // At each allocation inside block c's kernels: its own held tensors alive, the transient ones
   // it made, and those its neighbours made (outputs on their way in, gradients on their way
   // back), each counted only where the neighbour shares c's stage (BlockMemory::peak's index).
-  std::vector<int64_t> own(static_cast<size_t>(blocks), 0), made(static_cast<size_t>(blocks), 0);
+  std::vector<int64_t> own(static_cast<size_t>(blocks), 0), made(static_cast<size_t>(blocks), 0),
+      kept(static_cast<size_t>(blocks), 0);
   std::vector<char> alive(trace.tensors.size(), 0);
   int running = -1;
+  bool backward = false;
   for (const TraceEvent& ev : trace.events) {
     const auto i = static_cast<size_t>(ev.index);
     if (ev.kind == TraceEvent::Kind::kKernelBegins) {
       running = block_of(trace, ev.index, blocks);
+      backward = backward || trace.kernels[i].backward;
     } else if (ev.kind == TraceEvent::Kind::kAllocated && o.block[i] >= 0) {
       alive[i] = 1;
       (o.held[i] ? own : made)[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
       const auto c = static_cast<size_t>(running);
       const int64_t base = own[c] + made[c];
       const int64_t left = c > 0 ? made[c - 1] : 0, right = c + 1 < made.size() ? made[c + 1] : 0;
-      const int64_t with[4] = {base, base + left, base + right, base + left + right};
-      for (size_t k = 0; k < 4; ++k) out.peak[4 * c + k] = std::max(out.peak[4 * c + k], with[k]);
+      const int64_t with[4] = {base + kept[c], base + left + kept[c], base + right, base + left + right};
+      for (size_t k = 0; k < 4; ++k) {
+        out.peak[4 * c + k] = std::max(out.peak[4 * c + k], with[k]);
+        if (backward) out.peak_backward[4 * c + k] = std::max(out.peak_backward[4 * c + k], with[k]);
+      }
     } else if (ev.kind == TraceEvent::Kind::kFreed && alive[i]) {
       alive[i] = 0;
       (o.held[i] ? own : made)[static_cast<size_t>(o.block[i])] -= trace.tensors[i].bytes;
+      if (crosses[i]) kept[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
     }
   }
   return out;
@@ -229,7 +283,9 @@ void set_stage_terms(ProfilePoint& point) {
   BlockMemory memory = block_memory(point.trace, blocks);
   point.block_held_bytes = std::move(memory.held);
   point.block_peak_bytes = std::move(memory.peak);
+  point.block_peak_backward_bytes = std::move(memory.peak_backward);
   point.block_sent_unheld_bytes = std::move(memory.sent_unheld);
+  point.block_sent_held_bytes = std::move(memory.sent_held);
 }
 
 int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch) {
@@ -256,18 +312,20 @@ std::optional<Partition> cut_stages(const std::vector<BlockCost>& costs, const P
   }
 }
 
-// Per rank (pipeline stage): its chunks' time per micro-batch, peak and state bytes.
+// Per rank (pipeline stage): its chunks' time per micro-batch, peak (its state included) and state bytes.
 struct RankTerms {
   std::vector<double> ms;
   std::vector<int64_t> peak, state;
 };
 
-RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& costs, const ScheduleShape& shape,
-                     const PartitionOptions& options, const ProfilePoint* mem, double scale, int64_t micro_batch) {
+RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& costs, const PipelineSchedule& schedule,
+                     const ScheduleShape& shape, const PartitionOptions& options, const ProfilePoint* mem, double scale,
+                     int64_t micro_batch) {
   const auto ranks = static_cast<size_t>(shape.stages);
   const int parts = static_cast<int>(partition.stages.size());
   RankTerms t{std::vector<double>(ranks, 0), std::vector<int64_t>(ranks, 0), std::vector<int64_t>(ranks, 0)};
   std::vector<int64_t> once(ranks, 0);  // a rank's chunks run one at a time: the largest's once
+  std::vector<int64_t> receives;
   for (int vs = 0; vs < parts; ++vs) {
     const StagePlan& s = partition.stages[static_cast<size_t>(vs)];
     const auto r = static_cast<size_t>(rank_of_virtual_stage(vs, shape));
@@ -275,13 +333,45 @@ RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& c
     t.peak[r] += s.peak_bytes;
     for (int b = s.first_block; b < s.first_block + s.blocks; ++b) t.state[r] += costs[static_cast<size_t>(b)].state_bytes;
     if (scale <= 0) continue;
+    if (receives.empty()) receives = backward_receive_bytes(schedule, shape, partition, *mem, micro_batch);
     const StageExtra x = stage_extra(*mem, scale, s, vs == 0, vs + 1 == parts, options.in_flight[static_cast<size_t>(vs)],
-                                     micro_batch);
+                                     micro_batch, receives[static_cast<size_t>(vs)]);
     t.peak[r] += x.kept;
     once[r] = std::max(once[r], x.once);
   }
   for (size_t r = 0; r < ranks; ++r) t.peak[r] += once[r];
   return t;
+}
+
+// The tied weights a rank trains a copy of (ModelProfile::block_tied_reads: read by its blocks,
+// registered by another rank's), each once, counted as its blocks' state is (block_costs: the
+// gradient and optimizer state per parameter byte; the rank's share of the model's bytes follows).
+void add_tied_copies(const ModelProfile& profile, const Partition& partition, const ScheduleShape& shape,
+                     RankTerms& ranks) {
+  if (profile.block_tied_reads.empty() || profile.parameter_bytes <= 0) return;
+  const double state_per_byte =
+      static_cast<double>(profile.gradient_bytes + profile.optimizer_state_bytes) / profile.parameter_bytes;
+  std::vector<int> rank_of_block(profile.block_tied_reads.size(), -1);
+  for (size_t vs = 0; vs < partition.stages.size(); ++vs) {
+    const StagePlan& s = partition.stages[vs];
+    for (int b = s.first_block; b < s.first_block + s.blocks && static_cast<size_t>(b) < rank_of_block.size(); ++b)
+      rank_of_block[static_cast<size_t>(b)] = rank_of_virtual_stage(static_cast<int>(vs), shape);
+  }
+  for (size_t r = 0; r < ranks.state.size(); ++r) {
+    std::set<int> copies;
+    int64_t bytes = 0;
+    for (size_t b = 0; b < rank_of_block.size(); ++b) {
+      if (rank_of_block[b] != static_cast<int>(r)) continue;
+      for (const ModelProfile::TiedRead& t : profile.block_tied_reads[b]) {
+        const auto owner = static_cast<size_t>(t.registered_by);
+        if (owner < rank_of_block.size() && rank_of_block[owner] == static_cast<int>(r)) continue;
+        if (copies.insert(t.parameter).second) bytes += t.bytes;
+      }
+    }
+    const auto state = static_cast<int64_t>(static_cast<double>(bytes) * state_per_byte);
+    ranks.state[r] += state;
+    ranks.peak[r] += state;  // a rank's peak counts its state (StagePlan::peak_bytes)
+  }
 }
 
 // Memory: the fullest rank's. Its activations replace one micro-batch's whole-model set; its
@@ -341,7 +431,9 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   const Partition& partition = *cut;
   for (const StagePlan& s : partition.stages) p.stage_blocks.push_back(s.blocks);
   // A rank's time and memory are its chunks'.
-  const RankTerms ranks = rank_terms(partition, costs, shape, options, mem, scale, plan.micro_batch);
+  const PipelineSchedule schedule = make_schedule(kind, shape);
+  RankTerms ranks = rank_terms(partition, costs, schedule, shape, options, mem, scale, plan.micro_batch);
+  add_tied_copies(profile, partition, shape, ranks);
   const std::vector<double>& rank_ms = ranks.ms;
   // The step: the schedule simulated with each rank's own times (one chunk of a micro-batch per action).
   double forward = 0, backward = 0, total_ms = 0;
@@ -365,7 +457,6 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
     const StagePlan& s = partition.stages[static_cast<size_t>(vs)];
     cut_bytes = std::max(cut_bytes, stage_boundary_bytes(*pt, s.first_block + s.blocks - 1, plan.micro_batch));
   }
-  const PipelineSchedule schedule = make_schedule(kind, shape);
   const SimulationResult alone = simulate(schedule, shape, sim);
   sim.p2p = transfer_ms(machine, plan, cut_bytes);
   const SimulationResult run = sim.p2p > 0 ? simulate(schedule, shape, sim) : alone;

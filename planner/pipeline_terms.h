@@ -30,14 +30,18 @@ std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks);
 // bytes of the tensors its forward made (the loss's count with the last block) that are still
 // alive when backward begins, which a pipeline stage keeps for every micro-batch in flight;
 // `peak`, the most its kernels, forward or backward, see of its own held tensors and of every
-// tensor not held (outputs on their way to the next block, temporaries, gradients flowing back):
-// a stage of blocks [f, e) peaks at (in flight - 1) x its held bytes plus, over its blocks c, the
-// held bytes of f..c-1 and c's peak; `sent_unheld`, per cut after a block, the bytes crossing it
-// that no block holds for backward: what a stage that ends there keeps of its output per
-// micro-batch in flight (parallel/pipeline_stage.h: InFlight::output) beyond its held bytes.
+// tensor not held (outputs on their way to the next block, temporaries, gradients flowing back),
+// and `peak_backward` the same over its backward kernels only: a stage of blocks [f, e) peaks at
+// (in flight - 1) x its held bytes plus, over its blocks c, the held bytes of f..c-1 and c's peak.
+// A stage keeps its output until the micro-batch's backward ends (parallel/pipeline_stage.h:
+// InFlight::output) where one rank frees it in the next block's backward: the variants without a
+// right neighbour keep the block's held outputs to its end, and a stage adds `sent_held` after
+// e - 1 to its other blocks' backward peaks. `sent_unheld` and `sent_held`, per cut after a
+// block, the bytes crossing it that no block holds for backward and those one does: a stage that
+// ends there keeps the first per micro-batch in flight beyond its held bytes.
 // Empty vectors where the trace has no kernels.
 struct BlockMemory {
-  std::vector<int64_t> held, peak, sent_unheld;
+  std::vector<int64_t> held, peak, peak_backward, sent_unheld, sent_held;
 };
 BlockMemory block_memory(const StepTrace& trace, int blocks);
 

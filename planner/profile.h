@@ -48,7 +48,8 @@ struct ProfilePoint {
   // Per model block: what its forward leaves for backward, the most its kernels see of that and
   // of the step's transient tensors, and what crosses the cut after it that no block keeps
   // (planner/pipeline_terms.h, block_memory): a pipeline stage's memory.
-  std::vector<int64_t> block_held_bytes, block_peak_bytes, block_sent_unheld_bytes;
+  std::vector<int64_t> block_held_bytes, block_peak_bytes, block_peak_backward_bytes, block_sent_unheld_bytes,
+      block_sent_held_bytes;
   StepTrace trace;                // for the DTR replay
   // The same step as static plans capture it (memory/step_capture.h), for predicting a plan.
   schedule::StepGraph graph;
@@ -84,6 +85,15 @@ struct ModelProfile {
   // Arena bytes (each tensor rounded as the arena rounds), exact, from the model itself:
   int64_t parameter_bytes = 0;
   std::vector<int64_t> block_parameter_bytes;  // per model block: what it registers
+  // Per model block, the parameters it reads that another block registers (a tied embedding in
+  // the head): a pipeline stage without the registering block trains a copy of each, with its
+  // gradient and optimizer state (parallel/pipeline_layout.h).
+  struct TiedRead {
+    int parameter = 0;      // in the model's parameters() order
+    int registered_by = 0;  // the block holding it
+    int64_t bytes = 0;      // arena bytes
+  };
+  std::vector<std::vector<TiedRead>> block_tied_reads;
   int64_t gradient_bytes = 0;     // the gradient block
   int64_t optimizer_state_bytes = 0;
   // Each of DataParallel's buckets (parallel.bucket_mb), in reduction order: its parameters'

@@ -31,6 +31,21 @@ void describe_model(const Config& config, const Model& model, ModelProfile& prof
   profile.parameters = model.num_parameters();
   profile.parameter_bytes = arena_tensor_bytes(model.parameters()) + arena_tensor_bytes(model.buffers());
   for (const auto& block : model.blocks()) profile.block_parameter_bytes.push_back(arena_tensor_bytes(block->parameters()));
+  const std::vector<at::Tensor> params = model.parameters();
+  const std::vector<int> registered_by = model.parameter_blocks();
+  std::unordered_map<const c10::TensorImpl*, int> index;
+  for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].unsafeGetTensorImpl(), static_cast<int>(i));
+  const std::vector<std::vector<at::Tensor>> reads = model.parameters_read_by_blocks();
+  profile.block_tied_reads.assign(reads.size(), {});
+  for (size_t b = 0; b < reads.size(); ++b) {
+    for (const at::Tensor& w : reads[b]) {
+      auto it = index.find(w.unsafeGetTensorImpl());
+      if (it == index.end()) continue;
+      const int owner = registered_by[static_cast<size_t>(it->second)];
+      if (owner < 0 || owner == static_cast<int>(b)) continue;
+      profile.block_tied_reads[b].push_back({it->second, owner, arena_tensor_bytes({w})});
+    }
+  }
   profile.buckets = DataParallel(std::make_shared<LocalCommunicator>(), model.parameters(), config.parallel.bucket_mb << 20)
                         .bucket_elements();
 }

@@ -79,7 +79,9 @@ void expect_same_profile(const std::string& toml, const std::vector<std::string>
     EXPECT_EQ(s.cut_bytes, w.cut_bytes);
     EXPECT_EQ(s.block_held_bytes, w.block_held_bytes);
     EXPECT_EQ(s.block_peak_bytes, w.block_peak_bytes);
+    EXPECT_EQ(s.block_peak_backward_bytes, w.block_peak_backward_bytes);
     EXPECT_EQ(s.block_sent_unheld_bytes, w.block_sent_unheld_bytes);
+    EXPECT_EQ(s.block_sent_held_bytes, w.block_sent_held_bytes);
     EXPECT_EQ(s.backward_read_buckets, w.backward_read_buckets);
     ASSERT_EQ(s.blocks.size(), w.blocks.size());
     for (size_t b = 0; b < w.blocks.size(); ++b) {

@@ -260,6 +260,13 @@ TEST(PipelineJobMemory, ChannelsLastStagesTrainTheOneRankModel) {
             0) << read_file(log);
   expect_same_model(dir.path("one/checkpoints/step_00000003/model.pt"),
                     dir.path("piped/checkpoints/step_00000003/model.pt"));
+  // And the first stage peaks as predicted: in block 0's batch-norm backward, its output kept for
+  // the micro-batch's backward (one rank frees it in block 1's), beside the gradient received and
+  // the next one posted. Measured here: +0.07% (it was -3.1% without the kept output).
+  const std::string metrics = read_file(dir.path("piped/metrics.jsonl"));
+  const double predicted = last_train_number(dir.path("piped/metrics.jsonl"), "predicted_peak_bytes");
+  const double measured = static_cast<double>(largest_stage_peak(metrics));
+  EXPECT_NEAR(predicted / measured, 1.0, 0.005) << "predicted " << predicted << ", fullest stage " << measured;
 }
 
 // `plan` writes the cut it predicted (parallel.stage_blocks), and a run peaks where it predicts:
@@ -286,7 +293,7 @@ TEST(PipelineJobMemory, APlansStagesPeakAsPredicted) {
   const std::string metrics = dir.path("run/metrics.jsonl");
   const double predicted = last_train_number(metrics, "predicted_peak_bytes");
   const double measured = static_cast<double>(largest_stage_peak(read_file(metrics)));
-  // Measured here: -0.33% (other cuts and micro-batches of this model: -3.8% to +6.4%).
+  // Measured here: to the byte (before stages kept their output through backward: -0.33%).
   EXPECT_NEAR(predicted / measured, 1.0, 0.01) << "predicted " << predicted << ", fullest stage " << measured;
 }
 

@@ -63,10 +63,60 @@ TEST(PipelineMemory, BlocksHoldWhatBackwardReadsAndNeedTheirWorkingSetOnce) {
   // block 1's. Block 1: b and its output c (230; with o, block 0's, 290) forward; backward b, its
   // gradient and the one it reads (310), both its own (the loss's count with it).
   EXPECT_EQ(m.peak, (std::vector<int64_t>{360, 360, 390, 390, 310, 290 + 20, 310, 310}));
+  // Backward's kernels alone: block 0's g3 beside a (and g2 with its right neighbour); block 1's
+  // as above.
+  EXPECT_EQ(m.peak_backward, (std::vector<int64_t>{320, 320, 390, 390, 310, 310, 310, 310}));
   // The cut after block 0: a (held) and o (not): a stage ending there keeps o as its output.
   EXPECT_EQ(m.sent_unheld, (std::vector<int64_t>{60, 0}));
+  EXPECT_EQ(m.sent_held, (std::vector<int64_t>{300, 0}));
   EXPECT_EQ(stage_cut_bytes(two_blocks(1), 2), (std::vector<int64_t>{360, 0}));
   EXPECT_TRUE(block_memory(StepTrace{}, 2).held.empty());
+}
+
+// Block 0 makes x (100), which block 1's forward reads and keeps, and block 1's backward frees
+// before block 0's runs: one rank's block 0 backward sees its temporary t (40) without x, a stage
+// ending at block 0 keeps x (its output) until the micro-batch's backward ends.
+StepTrace output_freed_by_the_next_block() {
+  StepTrace t;
+  auto tensor = [&](int64_t bytes, int producer) {
+    t.tensors.push_back(TraceTensor{bytes, producer, false});
+    return static_cast<int>(t.tensors.size()) - 1;
+  };
+  auto kernel = [&](int block, bool backward, std::vector<int> inputs) {
+    TraceKernel kern;
+    kern.block = block;
+    kern.backward = backward;
+    kern.inputs = std::move(inputs);
+    t.kernels.push_back(kern);
+    return static_cast<int>(t.kernels.size()) - 1;
+  };
+  const int x = tensor(100, 0), y = tensor(50, 1), l = tensor(10, 2), g1 = tensor(20, -1), gx = tensor(30, -1),
+            temp = tensor(40, -1);
+  const int k0 = kernel(0, false, {}), k1 = kernel(1, false, {x}), k2 = kernel(-1, false, {y});
+  const int k3 = kernel(-1, true, {l}), k4 = kernel(1, true, {y, x}), k5 = kernel(0, true, {gx});
+  for (auto [kind, index] : std::vector<std::pair<Kind, int>>{
+           {Kind::kKernelBegins, k0}, {Kind::kAllocated, x}, {Kind::kKernelEnds, k0},
+           {Kind::kKernelBegins, k1}, {Kind::kAllocated, y}, {Kind::kKernelEnds, k1},
+           {Kind::kKernelBegins, k2}, {Kind::kAllocated, l}, {Kind::kKernelEnds, k2},
+           {Kind::kKernelBegins, k3}, {Kind::kAllocated, g1}, {Kind::kFreed, l}, {Kind::kKernelEnds, k3},
+           {Kind::kKernelBegins, k4}, {Kind::kAllocated, gx}, {Kind::kFreed, g1}, {Kind::kFreed, y}, {Kind::kFreed, x},
+           {Kind::kKernelEnds, k4},
+           {Kind::kKernelBegins, k5}, {Kind::kAllocated, temp}, {Kind::kFreed, gx}, {Kind::kFreed, temp},
+           {Kind::kKernelEnds, k5}}) {
+    t.events.push_back({kind, index});
+  }
+  return t;
+}
+
+TEST(PipelineMemory, AStageKeepsItsOutputThroughItsBackward) {
+  const BlockMemory m = block_memory(output_freed_by_the_next_block(), 2);
+  EXPECT_EQ(m.held, (std::vector<int64_t>{100, 60}));
+  EXPECT_EQ(m.sent_held, (std::vector<int64_t>{100, 0}));
+  // Block 0 without a right neighbour (its stage ends there): t beside x kept, 140; with block 1
+  // in its stage, as on one rank: x in forward (100), t beside block 1's gradient in backward (70).
+  EXPECT_EQ(std::vector<int64_t>(m.peak.begin(), m.peak.begin() + 4), (std::vector<int64_t>{140, 140, 100, 100}));
+  EXPECT_EQ(std::vector<int64_t>(m.peak_backward.begin(), m.peak_backward.begin() + 4),
+            (std::vector<int64_t>{140, 140, 70, 70}));
 }
 
 ModelProfile piped_profile() {
@@ -117,14 +167,33 @@ TEST(PipelineMemory, AStageHoldsItsBlocksPerMicroBatchInFlightAndWhatItReceives)
   const Prediction r = predict(p, m, plan);
   ASSERT_TRUE(r.fits) << r.why_not;
   EXPECT_EQ(r.stage_blocks, (std::vector<int>{1, 1}));
-  // Stage 0: 2 x (300 held + 60 sent) + 60 above its held at its peak + 2 x 360 gradients received
-  // ahead = 1500, the fullest. Stage 1: 210 held + 360 received + 100 above its held + one
-  // activation received ahead (360) = 1030.
+  // Stage 0 (F0 F1 B0 F2 B1 F3 B2 B3): 2 x (300 held + 60 sent) + 60 above its held at its peak +
+  // in a backward, the gradient it computes from and the next backward's posted (2 x 360) = 1500,
+  // the fullest. Stage 1: 210 held + 360 received + 100 above its held + in a backward, the next
+  // forward's activation posted (360) and the last input gradient it sent (360) = 1390.
   EXPECT_EQ(r.activation_bytes, 1500);
-  // At four times the micro-batch, the point traced there: four times the bytes.
+  // At four times the micro-batch, the point traced there, and one micro-batch (one in flight on
+  // each stage, nothing posted ahead): stage 0 4 x (360 + 60 + 360) = 3120; stage 1 4 x (210 +
+  // 360 + 100 + 360) = 4120, the fullest.
   plan.micro_batch = 32;
-  plan.accumulation = 1;  // one micro-batch: one in flight on each stage
-  EXPECT_EQ(predict(p, m, plan).activation_bytes, 4 * 1140);
+  plan.accumulation = 1;
+  EXPECT_EQ(predict(p, m, plan).activation_bytes, 4 * 1030);
+}
+
+// GPT's head reads the embedding's weight: the last stage trains a copy of it (its gradients
+// summed with the first stage's), with a gradient and optimizer state of its own.
+TEST(PipelineMemory, AStageTrainsACopyOfTheTiedWeightsItReads) {
+  ModelProfile p = piped_profile();
+  p.block_tied_reads = {{}, {ModelProfile::TiedRead{0, 0, 1000}}};
+  const Prediction r = predict(p, two_devices(), two_stages());
+  ASSERT_TRUE(r.fits) << r.why_not;
+  // Stage 1: its block's 32,000 bytes and the copy's 1,000, each with a gradient and optimizer
+  // state (the profile's: as many bytes again); now the fullest (state and activations 67,390
+  // against stage 0's 65,500), its activations as above.
+  EXPECT_EQ(r.model_bytes, 33000);
+  EXPECT_EQ(r.gradient_bytes, 33000);
+  EXPECT_EQ(r.optimizer_state_bytes, 33000);
+  EXPECT_EQ(r.activation_bytes, 1390);
 }
 
 TEST(PipelineMemory, APlanCarriesTheCutItWasPredictedFor) {
