@@ -268,6 +268,18 @@ void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) 
                  std::max(p.activation_bytes, p.optimizer_working_bytes);
 }
 
+// Without a gradient block, one micro-batch a step: forward and backward hold the gradients made
+// so far, not all of them (kept_gradients_term); the optimizer's step holds them all.
+void kept_gradient_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
+  const int64_t above = kept_gradients_term(profile, plan, [&] {
+    return trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+  });
+  if (above < 0) return;
+  const int64_t state = p.model_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;
+  p.peak_bytes = std::max(state + p.activation_bytes + std::min(above, p.gradient_bytes),
+                          state + p.gradient_bytes + p.optimizer_working_bytes);
+}
+
 // Under a budget with eviction: the recorded step replayed through the policy at the budget.
 void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
   ReplayOptions options;
@@ -381,6 +393,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   } else {
     shard_memory_terms(profile, plan, p);
   }
+  if (keeps_gradients_as_made(plan) && !profile.points.empty()) kept_gradient_terms(profile, plan, p);
   const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /

@@ -201,4 +201,60 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
   return walked;
 }
 
+int64_t kept_gradients_above_peak(const StepTrace& trace) {
+  if (trace.events.empty()) return -1;
+  const size_t end = forward_backward_end(trace);
+  const Makers made_by = makers(trace, end);
+  // The frees the tape makes of what a kernel giving parameters' gradients made, right after it
+  // ends and lets go of the gradient it was given: its gradients, copied into the block.
+  std::vector<char> copied(end, 0);
+  for (size_t i = 0; i < end; ++i) {
+    const TraceEvent& e = trace.events[i];
+    if (e.kind != TraceEvent::Kind::kKernelEnds) continue;
+    const TraceKernel& k = trace.kernels[static_cast<size_t>(e.index)];
+    if (!k.backward || k.gradient_buckets.empty()) continue;
+    size_t j = i + 1;
+    while (j < end && trace.events[j].kind == TraceEvent::Kind::kFreed &&
+           made_by.kernel[static_cast<size_t>(trace.events[j].index)] != e.index)
+      ++j;
+    for (; j < end && trace.events[j].kind == TraceEvent::Kind::kFreed &&
+           made_by.kernel[static_cast<size_t>(trace.events[j].index)] == e.index;
+         ++j)
+      copied[j] = 1;
+  }
+  int64_t in_use = 0, kept = 0, peak = 0, with_kept = 0;
+  for (size_t i = 0; i < end; ++i) {
+    const TraceEvent& e = trace.events[i];
+    const int64_t bytes = e.kind == TraceEvent::Kind::kAllocated || e.kind == TraceEvent::Kind::kFreed
+                              ? trace.tensors[static_cast<size_t>(e.index)].bytes
+                              : 0;
+    if (e.kind == TraceEvent::Kind::kAllocated) in_use += bytes;
+    if (e.kind == TraceEvent::Kind::kFreed) {
+      in_use -= bytes;
+      if (copied[i]) kept += bytes;
+    }
+    peak = std::max(peak, in_use);
+    with_kept = std::max(with_kept, in_use + kept);
+  }
+  return with_kept - peak;
+}
+
+bool keeps_gradients_as_made(const Plan& plan) {
+  return plan.ranks == 1 && plan.budget_bytes == 0 && plan.accumulation == 1 && plan.stages == 1;
+}
+
+int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step) {
+  static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
+  const auto key = std::make_pair(plan.micro_batch, static_cast<int>(plan.precision));
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = profile.kept_gradient_walks.find(key);
+    if (it != profile.kept_gradient_walks.end()) return it->second;
+  }
+  const int64_t walked = kept_gradients_above_peak(step());
+  const std::lock_guard<std::mutex> lock(mutex);
+  profile.kept_gradient_walks.emplace(key, walked);
+  return walked;
+}
+
 }  // namespace ht

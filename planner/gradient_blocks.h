@@ -52,4 +52,19 @@ int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace&
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const StepTrace& trace);
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step);
 
+// Without a gradient block (no arena and one replica, launcher/training/trainer.cpp) a parameter's
+// gradient is the tensor its kernel made, moved into .grad() where the block would take a copy
+// (runtime/tape.cpp), and kept until the optimizer's step. Along `trace` (recorded with the block):
+// the most forward and backward hold with each kernel's gradients kept where the tape frees them
+// after copying, above the trace's own peak: what a micro-batch's gradients add to its activations'
+// peak before all of them exist (at most the gradient bytes; a tied weight's second gradient, which
+// the tape adds into the first and frees, is counted as kept). -1 without the trace's events.
+int64_t kept_gradients_above_peak(const StepTrace& trace);
+// Whether `plan`'s run keeps its gradients as backward makes them, with one micro-batch a step:
+// its forward and backward then peak with only the gradients made so far (kept_gradients_above_peak).
+bool keeps_gradients_as_made(const Plan& plan);
+// kept_gradients_above_peak of `step()`, traced only the first time a profile is asked for the
+// plan's micro-batch and precision.
+int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step);
+
 }  // namespace ht

@@ -124,6 +124,9 @@ struct ModelProfile {
   // ZeRO-2's gradient blocks along the step by (micro-batch, precision, overlapped, ranks with
   // accumulation): planner/shard_terms.h, gradient_blocks_term.
   mutable std::map<std::tuple<int64_t, int, bool, int>, int64_t> gradient_block_walks;
+  // Gradients kept as backward makes them by (micro-batch, precision): planner/gradient_blocks.h,
+  // kept_gradients_term.
+  mutable std::map<std::pair<int64_t, int>, int64_t> kept_gradient_walks;
 };
 
 // Per model block, the forward and backward time of its kernels in `trace` (kernels outside the

@@ -97,6 +97,9 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
       // it (counted until the measurement excluded host data: 3-7x the prediction).
       {kConv, {"--data.synthetic_samples=4096"}},
       {kGptToPlan, {"--data.synthetic_samples=8192", "--training.micro_batch_size=4"}},
+      // One micro-batch a step without a gradient block: a gradient exists from the kernel that
+      // makes it (predicted with all of them, a 4-layer GPT's peak was 6.8% over).
+      {kGptToPlan, {"--data.synthetic_samples=8192"}},
   };
   for (const Case& k : cases) {
     std::vector<std::string> args = k.args;
