@@ -16,12 +16,15 @@
 #      machine's python3), then its largest-batch search, on ResNet-50 at 224 and GPT-2 small;
 #      bench_attention (the attention op against composed attention and PyTorch's SDPA);
 #   6. calibrate: scripts/device-calibrate.py, the GPU's matmul and bandwidth curves for the
-#      planner's device catalog, into $OUT/calibration.json.
+#      planner's device catalog, into $OUT/calibration.json;
+#   7. planner: `hybrid_train plan` for GPT-2 small (synthetic tokens) on one device of this GPU's
+#      catalog kind, the plan it writes trained 20 steps, its predicted step and peak against the
+#      measured ones (scripts/compare_plan_run.py).
 #
 # A session holds the machine for about 15 minutes, its start included, and the machine comes back
 # bare: so every step runs under one deadline (HT_DEVICE_DEADLINE seconds from the start, default
 # 530, inside the tool's 600), each step's time limit cut to what is left, and what is not reached
-# is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,bench,calibrate) picks steps; instead
+# is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,bench,calibrate,planner) picks steps; instead
 # of bench, autograd, dtr, maxbatch and attention pick benchmarks. HT_DEVICE_TEST_LIMIT (default
 # 200) caps each test program's seconds; test_launcher runs last, alone, in three gtest shards
 # without the sharded jobs and then those alone, each capped by HT_DEVICE_LAUNCHER_LIMIT (default 240).
@@ -33,7 +36,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-device-out}
 logs=device-logs
 rm -rf "$logs" && mkdir -p "$out" "$logs"
-steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,bench,calibrate}
+steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,bench,calibrate,planner}
 deadline=$((SECONDS + ${HT_DEVICE_DEADLINE:-530}))
 bin=${HT_BUILD_DIR:-build-device}
 say() { echo "device-run: $*" | tee -a "$out/summary.txt"; }
@@ -212,6 +215,34 @@ if want autograd || want dtr || want maxbatch || want attention; then
     --peer python3 --no-max-batch
   want attention && bench attention "$(left 150)" bench_attention --reps 5 --warmup 2
   want maxbatch && bench dtr_max_batch "$(left 600)" bench_dtr_budget --policies dtr --only-max-batch --reps 2 --warmup 1
+fi
+# The planner against this GPU: the catalog kind's plan for GPT-2 small on one device (synthetic
+# tokens: no data set there), trained as written for 20 steps.
+if [[ $steps == *planner* ]]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$gpu" in
+    *H200*) kind=h200 ;;
+    *H100*PCIe*) kind=h100-pcie ;;
+    *H100*) kind=h100-sxm ;;
+    *) kind= ;;
+  esac
+  gpt2=(configs/gpt2_124m.toml --data.dataset=synthetic --data.synthetic_shape=[1024] --data.synthetic_classes=50257
+        --data.synthetic_samples=16384)
+  if [ -z "$kind" ]; then
+    say "planner: no catalog kind for '$gpu'"
+  elif (($(left 240) < 60)); then
+    say "planner: not run (deadline)"
+  else
+    start=$SECONDS
+    timeout 60 "$bin/launcher/hybrid_train" plan "${gpt2[@]}" --cluster "$kind:1x1" --job.output_dir="$logs/plan_gpt2" \
+      >"$logs/plan_gpt2.log" 2>&1
+    say "planner: plan for $kind:1x1 exit $? in $((SECONDS - start)) s"
+    timeout "$(left 200)" "$bin/launcher/hybrid_train" "$logs/plan_gpt2/plan.toml" --training.steps=20 \
+      --metrics.log_interval=1 --job.output_dir="$logs/run_gpt2" >"$logs/run_gpt2.log" 2>&1
+    say "planner: the plan trained, exit $? in $((SECONDS - start)) s"
+    python3 scripts/compare_plan_run.py "$logs/plan_gpt2" "$logs/run_gpt2" 2>&1 | tee -a "$out/summary.txt"
+  fi
+  pack
 fi
 say "ended $(date -u +%FT%TZ), $SECONDS s after the start"
 pack
