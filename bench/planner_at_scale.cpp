@@ -51,6 +51,9 @@ struct Result {
   // backward casts' share in the same proportion (the gradients back to fp32 into the gradient
   // block): per micro-batch, ms.
   double weight_cast_ms = 0, weight_cast_backward_ms = 0;
+  // The layers' forward (the blocks between the embedding and the head), per micro-batch (ms):
+  // its contractions, and the rest but attention (what op checkpointing recomputes).
+  double layers_forward_contraction_ms = 0, layers_forward_other_ms = 0;
   // Sharded parameters under eviction: the same plan without it, whose gathers run a block ahead.
   Prediction prefetched;
   bool has_prefetched = false;
@@ -65,6 +68,11 @@ void kernel_classes(const ModelProfile& profile, const PublishedRun& r, const Ma
       if (attention || k.heavy) out.at_peak_ms += k.flops / machine.peak_half_flops_per_ms;
     }
     if (pt.blocks.size() > 2) out.layer = pt.blocks[1];
+    const int last = static_cast<int>(pt.blocks.size()) - 1;
+    for (const TraceKernel& k : pt.trace.kernels) {
+      if (k.backward || k.block <= 0 || k.block >= last || std::string(k.op).find("attention") != std::string::npos) continue;
+      (k.heavy ? out.layers_forward_contraction_ms : out.layers_forward_other_ms) += k.ms;
+    }
     double casts = 0, backward_casts = 0;
     for (const TraceKernel& k : pt.trace.kernels) {
       if (std::strcmp(k.op, "cast") != 0) continue;
@@ -127,6 +135,12 @@ std::vector<std::pair<std::string, double>> as_run_terms(const PublishedRun& r, 
   const double forwards = r.recompute == Recompute::kFull ? 2 : 1;
   if (r.half_weights) terms.emplace_back("bf16 weights", -x.weight_cast_ms * forwards * micro_batches);
   if (r.fused_accumulation) terms.emplace_back("gradient accumulation fused", -x.weight_cast_backward_ms * micro_batches);
+  if (r.op_checkpointing) {
+    // Backward recomputes each layer's forward but attention and every second matmul: its other
+    // kernels and half its contractions, every micro-batch.
+    terms.emplace_back("op checkpointing's recomputation",
+                       (x.layers_forward_other_ms + x.layers_forward_contraction_ms / 2) * micro_batches);
+  }
   if (r.fused_optimizer) {
     terms.emplace_back("fused AdamW", -p.optimizer_ms * (1 - kFusedAdamBytes / kUnfusedAdamBytes));
   }

@@ -62,6 +62,10 @@ struct PublishedRun {
   // The weight-gradient GEMM accumulates into the fp32 gradient (Megatron's
   // gradient_accumulation_fusion): no pass casting each micro-batch's gradients into it.
   bool fused_accumulation = false;
+  // torchtitan's selective op checkpointing (activation_checkpoint mode "selective", option "op"):
+  // each transformer block keeps its matmuls' outputs but every second one's, and attention's;
+  // backward recomputes the rest of its forward (torchtitan's _apply_ac, _custom_policy).
+  bool op_checkpointing = false;
   // What the published system did that ours does not, and how the prediction accounts for it.
   std::string differs;
   int devices() const { return data * tensor * stages; }

@@ -239,12 +239,10 @@ double oversubscription(const Machine& machine, int ranks_on_node) {
 
 double allreduce_ms(const Machine& machine, int ranks, int64_t bytes, int stride) {
   if (ranks <= 1) return 0;
-  const bool one_node = static_cast<int64_t>(ranks) * stride <= machine.devices_per_node;
-  const double gbps = one_node ? machine.intra_node_gbps : machine.inter_node_gbps;
-  const double latency_us = one_node ? machine.intra_node_latency_us : machine.inter_node_latency_us;
+  const RingLink link = ring_link(machine, ranks, stride);
   const double steps = 2.0 * (ranks - 1);
   const double chunk = static_cast<double>(bytes) / ranks;
-  return steps * (latency_us * 1e-3 + chunk / (gbps * 1e9) * 1e3);
+  return steps * (link.latency_us * 1e-3 + chunk / (link.gbps * 1e9) * 1e3);
 }
 
 namespace {

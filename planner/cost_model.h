@@ -116,7 +116,8 @@ int threads_per_rank(const Machine& machine, int ranks_on_node);
 double oversubscription(const Machine& machine, int ranks_on_node);
 // Ring all-reduce of `bytes` over `ranks` (alpha-beta): 2 (r-1) steps of bytes/r each.
 // `stride`: the ranks between two members (a replica group's: the tensor-parallel size), which
-// decides whether the ring stays within a node.
+// decides whether the ring stays within a node and, across nodes, through how many NICs of each
+// node it runs (planner/machine.h, ring_link).
 double allreduce_ms(const Machine& machine, int ranks, int64_t bytes, int stride = 1);
 
 // `profile` is of one rank of the plan's tensor-parallel group (profile.tensor_parallel ==

@@ -3,6 +3,7 @@
 // ranks sharing a host's cores (CPU ranks, as here), memory per device, and the links between
 // them (alpha-beta: latency plus bytes over bandwidth). Plain data.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -37,5 +38,22 @@ struct Machine {
     return runtime_bytes + communicator_bytes * ((replicas ? 1 : 0) + (tensor ? 1 : 0) + (stages ? 1 : 0));
   }
 };
+
+// The link a ring collective over `ranks` ranks, `stride` apart in the job's rank order, runs at:
+// bandwidth per rank, GB/s each way, and latency per step. Within a node, the node's link. Across
+// nodes, each device's share of the node's network (Machine::inter_node_gbps: a NIC per GPU on
+// DGX-class nodes) carries the rings that leave the node through it: NCCL runs a ring per NIC
+// (rail-aligned channels), so a group with k ranks on each node crosses the network through k
+// NICs at once, k x the device's share, no more than the node's link its rings also cross.
+struct RingLink {
+  double gbps = 0;
+  double latency_us = 0;
+};
+inline RingLink ring_link(const Machine& m, int ranks, int stride) {
+  stride = std::max(1, stride);
+  if (static_cast<int64_t>(ranks) * stride <= m.devices_per_node) return {m.intra_node_gbps, m.intra_node_latency_us};
+  const int per_node = std::max(1, std::min(ranks, m.devices_per_node / stride));
+  return {std::min(m.intra_node_gbps, per_node * m.inter_node_gbps), m.inter_node_latency_us};
+}
 
 }  // namespace ht

@@ -21,11 +21,9 @@ int64_t state_bytes_per_element(const ModelProfile& profile) {
 
 double allgather_ms(const Machine& machine, int ranks, int64_t bytes, int stride) {
   if (ranks <= 1) return 0;
-  const bool one_node = static_cast<int64_t>(ranks) * stride <= machine.devices_per_node;
-  const double gbps = one_node ? machine.intra_node_gbps : machine.inter_node_gbps;
-  const double latency_us = one_node ? machine.intra_node_latency_us : machine.inter_node_latency_us;
+  const RingLink link = ring_link(machine, ranks, stride);
   const double chunk = static_cast<double>(bytes) / ranks;
-  return (ranks - 1) * (latency_us * 1e-3 + chunk / (gbps * 1e9) * 1e3);
+  return (ranks - 1) * (link.latency_us * 1e-3 + chunk / (link.gbps * 1e9) * 1e3);
 }
 
 const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& profile, ShardLevel level) {

@@ -88,7 +88,8 @@ int64_t shard_elements(const std::vector<std::vector<int64_t>>& buckets, int ran
 int64_t state_bytes_per_element(const ModelProfile& profile);
 // Ring all-gather of `bytes` in all over `ranks` (alpha-beta): ranks - 1 steps of bytes / ranks.
 // `stride`: the ranks between two members of the group (a replica group's are a tensor-parallel
-// group apart: parallel/process_grid.h), which decides whether the ring leaves the node.
+// group apart: parallel/process_grid.h), which decides whether the ring leaves the node and
+// through how many NICs of each node (planner/machine.h, ring_link).
 double allgather_ms(const Machine& machine, int ranks, int64_t bytes, int stride = 1);
 
 // The share of the optimizer step's measured time a sharded rank spends: the share of the

@@ -130,10 +130,15 @@ TEST(CostModel, RingAllReduceAlphaBeta) {
   EXPECT_DOUBLE_EQ(allreduce_ms(m, 1, 1 << 20), 0.0);
   // 2 ranks: 2 steps of 10 us + (1 MB / 2) / 1 GB/s.
   EXPECT_NEAR(allreduce_ms(m, 2, 1000000), 2 * (0.01 + 0.5), 1e-9);
-  // 4 ranks span two nodes: the slower link.
-  EXPECT_NEAR(allreduce_ms(m, 4, 1000000), 6 * (0.02 + 0.25 / 0.5), 1e-9);
+  // 4 ranks span two nodes of 2: the network's latency, and the rings leave each node through
+  // both its devices' NICs (NCCL's rail-aligned channels), 2 x 0.5 GB/s, at most the node's link.
+  EXPECT_NEAR(allreduce_ms(m, 4, 1000000), 6 * (0.02 + 0.25 / 1.0), 1e-9);
+  Machine wide = m;
+  wide.devices_per_node = 4;
+  wide.intra_node_gbps = 10;
+  EXPECT_NEAR(allreduce_ms(wide, 8, 1000000), 14 * (0.02 + 0.125 / 2.0), 1e-9) << "4 NICs a node: 2 GB/s";
   // 2 replicas a tensor-parallel group of 2 apart (the grid puts tensor ranks innermost) are on
-  // two nodes: the slower link too; and so is their sharded gather.
+  // two nodes, one a node: one NIC's share; and so is their sharded gather.
   EXPECT_NEAR(allreduce_ms(m, 2, 1000000, 2), 2 * (0.02 + 0.5 / 0.5), 1e-9);
   EXPECT_NEAR(allgather_ms(m, 2, 1000000, 2), 0.02 + 0.5 / 0.5, 1e-9);
   EXPECT_NEAR(allgather_ms(m, 2, 1000000, 1), 0.01 + 0.5, 1e-9);
