@@ -1,13 +1,11 @@
 #include "planner/cost_model.h"
 
 #include "alloc/byte_size.h"
-#include "planner/dtr_replay.h"
 #include "planner/gradient_blocks.h"
+#include "planner/memory_terms.h"
 #include "planner/pipeline_terms.h"
 #include "planner/recompute_terms.h"
 #include "planner/shard_terms.h"
-#include "planner/swap_terms.h"
-#include "schedule/checkpoint_segments.h"
 #include "schedule/solver.h"
 
 #include <algorithm>
@@ -245,126 +243,6 @@ double allreduce_ms(const Machine& machine, int ranks, int64_t bytes, int stride
   return steps * (link.latency_us * 1e-3 + chunk / (link.gbps * 1e9) * 1e3);
 }
 
-namespace {
-
-// memory.optimizer_state = "host" takes effect only where the run opens a host link.
-bool state_waits_on_host(const Plan& plan) {
-  return plan.state_on_host && swaps(plan.policy);
-}
-
-// Memory per rank without eviction: every term exact but the activations, which are measured.
-void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
-  const int64_t local = plan.micro_batch * plan.accumulation;
-  p.model_bytes = profile.parameter_bytes;
-  p.gradient_bytes = profile.gradient_bytes;
-  p.optimizer_state_bytes = profile.optimizer_state_bytes;
-  p.sampler_bytes = sampler_bytes(profile.train_samples);
-  p.batch_bytes = batch_bytes(profile, local);
-  p.activation_bytes = activation_bytes(profile, plan.micro_batch, plan.precision);
-  p.optimizer_working_bytes = optimizer_working_bytes(profile, plan.precision);
-  p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
-                 std::max(p.activation_bytes, p.optimizer_working_bytes);
-}
-
-// Without a gradient block, one micro-batch a step: forward and backward hold the gradients made
-// so far, not all of them (kept_gradients_term); the optimizer's step holds them all.
-void kept_gradient_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
-  const int64_t above = kept_gradients_term(profile, plan, [&] {
-    return trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-  });
-  if (above < 0) return;
-  const int64_t state = p.model_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;
-  p.peak_bytes = std::max(state + p.activation_bytes + std::min(above, p.gradient_bytes),
-                          state + p.gradient_bytes + p.optimizer_working_bytes);
-}
-
-// Under a budget with eviction: the recorded step replayed through the policy at the budget.
-void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
-  ReplayOptions options;
-  options.budget_bytes = plan.budget_bytes;
-  options.policy = *eviction_heuristic(plan.policy);
-  if (recomputes_blocks(plan.policy)) options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
-  StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-  const int64_t state_on_device = state_waits_on_host(plan) ? 0 : p.optimizer_state_bytes;
-  trace.persistent_bytes = p.model_bytes + p.gradient_bytes + state_on_device + p.sampler_bytes;
-  // Sharded, the optimizer steps pieces: its temporaries are shard_memory_terms', not the trace's.
-  const bool sharded = plan.shard != ShardLevel::kNone && plan.ranks > 1;
-  if (sharded) trace = without_optimizer_phase(trace);
-  const ReplayResult r = replay_step(trace, options);
-  // What the replay cannot see (the temporaries of kernels it re-runs, the arena as earlier steps
-  // left it) can cut the last few percent into pieces: a plan fits only if the replay also runs
-  // with 5% less.
-  ReplayOptions tighter = options;
-  tighter.budget_bytes = options.budget_bytes * 95 / 100;
-  const ReplayResult margin = replay_step(trace, tighter);
-  const int64_t optimizer_peak = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes +
-                                 p.batch_bytes + p.optimizer_working_bytes;
-  p.peak_bytes = r.feasible ? r.peak_bytes : std::max(p.peak_bytes, r.min_budget_bytes);
-  if (sharded) p.peak_bytes = std::max(p.peak_bytes, optimizer_peak);
-  // The optimizer's step holds all of the state, beside the parameters and their gradients.
-  if (state_waits_on_host(plan)) p.peak_bytes = std::max(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes);
-  p.evictions = r.evictions * plan.accumulation;
-  p.recompute_ms = r.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
-  if (r.feasible && !margin.feasible) {
-    p.fits = false;
-    p.why_not = "eviction runs it in " + format_bytes(options.budget_bytes) + " but not in 95% of it (" +
-                format_bytes(tighter.budget_bytes) + "), the margin kept for fragmentation the replay cannot see: " +
-                margin.failure;
-  } else if (!r.feasible) {
-    p.fits = false;
-    p.why_not = "eviction cannot run it: " + r.failure;
-  }
-}
-
-// Under static plans (memory/static_plan.h), as the runtime runs them: the first step of a
-// sequence (two under auto) runs under DTR while it is captured, so nothing is planned unless DTR
-// can run that step, and a sequence no plan fits stays under DTR: DTR's replay is the prediction
-// then. Otherwise the profiled step's graph at the plan's micro-batch is planned for the budget
-// less the runtime's margin, by the solver's heuristic (the search predicts many plans; the MIP
-// would take seconds each and improves on it by a few percent where it does), and the plan's
-// simulated peak and recomputation are the step's. `segments` plans checkpoint_sequential's
-// schedule whatever the budget; above the budget DTR is its safety net, predicted by the replay.
-void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
-  eviction_terms(profile, plan, slowdown, p);
-  if (!p.fits) {
-    p.why_not = "the first step, which runs under DTR while it is captured for a plan: " + p.why_not;
-    return;
-  }
-  std::vector<int> block_starts;
-  schedule::StepGraph graph = graph_for(profile, plan.micro_batch, plan.precision, &block_starts);
-  if (graph.forward.empty()) return;  // no graph was captured: DTR's prediction stands
-  graph.fixed_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;
-  const auto budget = static_cast<int64_t>(static_cast<double>(plan.budget_bytes) * (1.0 - schedule::kDefaultBudgetMargin));
-  schedule::Schedule chosen;
-  schedule::ScheduleCost cost;
-  if (plan.policy == MemoryPolicy::kSegments) {
-    chosen = schedule::checkpoint_segments(graph, block_starts);
-    cost = schedule::simulate(graph, chosen);
-    if (!cost.valid || cost.peak_bytes > plan.budget_bytes) return;
-  } else {
-    schedule::SolveOptions options;
-    options.budget_bytes = budget;
-    options.use_mip = false;
-    // Weighed as the run weighs it (memory.kernel_costs = "modeled", the default), timed as measured.
-    schedule::SolveResult r = schedule::solve(schedule::weighed_by_model(graph), options);
-    if (r.status == schedule::SolveStatus::kInfeasible) return;
-    chosen = std::move(r.schedule);
-    cost = schedule::simulate(graph, chosen);
-  }
-  // Evictions are the values backward needs that the plan drops; every schedule frees the rest
-  // after their last forward use, as a run without a budget does.
-  int64_t dropped = 0;
-  for (size_t v = 0; v < graph.values.size(); ++v) {
-    dropped += graph.values[v].droppable && !chosen.keep[v] && graph.last_backward_read[v] >= 0;
-  }
-  p.peak_bytes = cost.peak_bytes;
-  p.recompute_ms = cost.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
-  p.evictions = dropped * plan.accumulation;
-  p.static_plan = true;
-}
-
-}  // namespace
-
 int64_t batch_bytes(const ModelProfile& profile, int64_t samples) {
   return arena_bytes(samples * profile.input_sample_bytes) +
          arena_bytes(samples * profile.target_sample_bytes);
@@ -374,67 +252,13 @@ bool replays_blocks(const Machine& machine, const Plan& plan) {
   return recomputes_blocks(plan.policy) && plan.budget_bytes > 0 && (plan.stages > 1 || !machine.shared_host);
 }
 
-Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
-  if (plan.tensor != profile.tensor_parallel || (plan.tensor > 1 && plan.sequence_parallel != profile.sequence_parallel)) {
-    throw std::invalid_argument("predict: a plan of tensor_parallel " + std::to_string(plan.tensor) +
-                                " from the profile of a rank of " + std::to_string(profile.tensor_parallel));
-  }
-  Prediction p;
-  memory_terms(profile, plan, p);
-  if (plan.shard == ShardLevel::kParameters && plan.ranks > 1 && !profile.points.empty()) {
-    const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-    shard_memory_terms(profile, plan, p, &trace);
-  } else if (plan.shard == ShardLevel::kGradients && plan.ranks > 1 && !profile.points.empty()) {
-    shard_memory_terms(profile, plan, p, nullptr, gradient_blocks_term(profile, plan, [&] {
-                         return trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-                       }));
-  } else {
-    shard_memory_terms(profile, plan, p);
-  }
-  if (keeps_gradients_as_made(plan) && !profile.points.empty()) kept_gradient_terms(profile, plan, p);
-  const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
-  const int threads = threads_per_rank(machine, ranks_on_node);
-  const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
-                          machine.device_speed;
-  // Full recomputation on a cluster's devices: the blocks' replay without the state, once per
-  // micro-batch (a search predicts thousands of plans). Here, where budgets are tight, the whole
-  // step is replayed in the arena, as any eviction policy's (fragmentation included).
-  const bool full = replays_blocks(machine, plan);
-  BlockRecomputeReplay replay;
-  if (full) replay = block_recompute_terms(profile, plan);
-  const BlockRecomputeReplay* blocks = full ? &replay : nullptr;
-  if (full) {
-    if (!blocks->failure.empty()) {
-      p.fits = false;
-      p.why_not = "a micro-batch's activations with every block recomputed do not fit: " + blocks->failure;
-      p.peak_bytes = std::max(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes +
-                                                p.sampler_bytes + p.batch_bytes + blocks->min_budget_bytes);
-    }
-  } else if (evicts(plan.policy) && plan.budget_bytes > 0) {
-    if (plans_statically(plan.policy)) {
-      static_plan_terms(profile, plan, slowdown, p);
-    } else {
-      eviction_terms(profile, plan, slowdown, p);
-    }
-    if (swaps(plan.policy)) {
-      const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-      swap_terms(trace, plan.policy, machine, slowdown, p.evictions > 0, plan.accumulation, p);
-      if (state_waits_on_host(plan)) {  // out after the step and back before the next, waited for
-        const double state_ms = 2.0 * static_cast<double>(p.optimizer_state_bytes) / (machine.host_link_gbps * 1e6);
-        p.swap_link_ms += state_ms;
-        p.swap_exposed_ms += state_ms;
-      }
-    }
-  }
+namespace {
 
-  const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
-  p.compute_ms = fb * static_cast<double>(plan.accumulation);
-  const bool replayed = full && blocks->failure.empty();
-  if (replayed) {
-    block_recompute_step_terms(profile, machine, plan, *blocks, fb, slowdown, p);
-  } else if (plan.stages > 1 && !full) {
-    pipeline_terms(profile, machine, plan, fb, p);
-  }
+// The optimizer's step and the batch's gather, the gradients' reduction and what hides it,
+// sharding's gathers and the tensor-parallel group's collectives; `fb` is one micro-batch's
+// forward and backward, `replayed` whether full recomputation's blocks were replayed.
+void optimizer_and_communication_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb,
+                                       double slowdown, bool replayed, Prediction& p) {
   // Optimizer and batch gather: measured per step; the gather grows with the rank's batch.
   const auto points = base_points(profile, plan.precision);
   const ProfilePoint& ref = *points.back();
@@ -476,8 +300,10 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
       if (all > 0) p.tensor_ms *= 1 + forward / all;
     }
   }
-  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
-              p.tensor_ms;
+}
+
+// Samples and tokens a second, device-hours and model FLOPs utilization from the step.
+void throughput_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, Prediction& p) {
   const double global = static_cast<double>(plan.micro_batch * plan.accumulation * plan.ranks);  // replicas
   p.samples_per_s = global / (p.step_ms / 1e3);
   p.device_hours_per_epoch = plan.devices() * p.step_ms / 3.6e6 * static_cast<double>(profile.steps_per_epoch);
@@ -487,13 +313,18 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   }
   const double peak = plan.precision == MixedPrecision::kOff ? machine.peak_float_flops_per_ms : machine.peak_half_flops_per_ms;
   if (peak > 0) {  // a rank's part of the model (its split layers, its stage) over its own peak
+    const ProfilePoint& ref = *base_points(profile, plan.precision).back();
     double forward_flops = 0;
     for (const TraceKernel& k : ref.trace.kernels) forward_flops += k.backward ? 0 : k.flops;
     const double per_sample = forward_flops / static_cast<double>(ref.micro_batch);
     const double samples = static_cast<double>(plan.micro_batch * plan.accumulation);
     p.mfu = 3 * per_sample * samples / plan.stages / (p.step_ms * peak);
   }
+}
 
+// Whether the peak fits the device less the runtime's share, or the budget, with the margin a plan
+// without eviction needs.
+void fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
   // A GPU rank's tensors get the device less what its process holds beside them (0 on CPU ranks).
   const int64_t reserved = machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, plan.stages > 1);
   const std::string device_room =
@@ -517,6 +348,42 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
       p.why_not = "leaves less than 3% of " + what + " for the fragmentation a profile cannot see";
     }
   }
+}
+
+}  // namespace
+
+Prediction predict(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
+  if (plan.tensor != profile.tensor_parallel || (plan.tensor > 1 && plan.sequence_parallel != profile.sequence_parallel)) {
+    throw std::invalid_argument("predict: a plan of tensor_parallel " + std::to_string(plan.tensor) +
+                                " from the profile of a rank of " + std::to_string(profile.tensor_parallel));
+  }
+  Prediction p;
+  state_memory_terms(profile, plan, p);
+  const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
+  const int threads = threads_per_rank(machine, ranks_on_node);
+  const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
+                          machine.device_speed;
+  // Full recomputation on a cluster's devices: the blocks' replay without the state, once per
+  // micro-batch (a search predicts thousands of plans). Here, where budgets are tight, the whole
+  // step is replayed in the arena, as any eviction policy's (fragmentation included).
+  const bool full = replays_blocks(machine, plan);
+  BlockRecomputeReplay replay;
+  if (full) replay = block_recompute_terms(profile, plan);
+  const BlockRecomputeReplay* blocks = full ? &replay : nullptr;
+  policy_terms(profile, machine, plan, slowdown, blocks, p);
+  const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
+  p.compute_ms = fb * static_cast<double>(plan.accumulation);
+  const bool replayed = full && blocks->failure.empty();
+  if (replayed) {
+    block_recompute_step_terms(profile, machine, plan, *blocks, fb, slowdown, p);
+  } else if (plan.stages > 1 && !full) {
+    pipeline_terms(profile, machine, plan, fb, p);
+  }
+  optimizer_and_communication_terms(profile, machine, plan, fb, slowdown, replayed, p);
+  p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
+              p.tensor_ms;
+  throughput_terms(profile, machine, plan, p);
+  fit_terms(machine, plan, p);
   return p;
 }
 

@@ -257,4 +257,14 @@ int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const
   return walked;
 }
 
+void kept_gradient_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
+  const int64_t above = kept_gradients_term(profile, plan, [&] {
+    return trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+  });
+  if (above < 0) return;
+  const int64_t state = p.model_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;
+  p.peak_bytes = std::max(state + p.activation_bytes + std::min(above, p.gradient_bytes),
+                          state + p.gradient_bytes + p.optimizer_working_bytes);
+}
+
 }  // namespace ht

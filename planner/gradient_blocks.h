@@ -66,5 +66,9 @@ bool keeps_gradients_as_made(const Plan& plan);
 // kept_gradients_above_peak of `step()`, traced only the first time a profile is asked for the
 // plan's micro-batch and precision.
 int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step);
+// With keeps_gradients_as_made(plan): p's peak the larger of forward and backward's (the state
+// without gradients, the activations and the gradients made by their peak) and the optimizer's
+// (every gradient), the plan's step traced once (kept_gradients_term).
+void kept_gradient_terms(const ModelProfile& profile, const Plan& plan, Prediction& p);
 
 }  // namespace ht
