@@ -14,25 +14,35 @@ namespace {
 
 using Kind = TraceEvent::Kind;
 
-// One micro-batch through two blocks and the loss, `k` bytes a unit:
-//   forward  block 0: a (300, saved), a temporary (50, freed in the kernel), o (60, not saved)
-//            block 1: b (200, saved; reads a and o, then frees o), its output c (30, read by the loss only)
-//            loss:    l (10, saved); c freed
-//   backward loss: g1 (40); l freed. block 1: g2 (70); g1 and b freed. block 0: g3 (20); g2, a, g3 freed.
-StepTrace two_blocks(int64_t k) {
+// Builds a trace by hand: tensors (bytes, producing kernel) and kernels (block, direction, inputs).
+struct TraceBuilder {
   StepTrace t;
-  auto tensor = [&](int64_t bytes, int producer) {
-    t.tensors.push_back(TraceTensor{bytes * k, producer, false});
+  int64_t unit = 1;
+  int tensor(int64_t bytes, int producer) {
+    t.tensors.push_back(TraceTensor{bytes * unit, producer, false});
     return static_cast<int>(t.tensors.size()) - 1;
-  };
-  auto kernel = [&](int block, bool backward, std::vector<int> inputs) {
+  }
+  int kernel(int block, bool backward, std::vector<int> inputs) {
     TraceKernel kern;
     kern.block = block;
     kern.backward = backward;
     kern.inputs = std::move(inputs);
     t.kernels.push_back(kern);
     return static_cast<int>(t.kernels.size()) - 1;
-  };
+  }
+};
+
+// One micro-batch through two blocks and the loss, `k` bytes a unit:
+//   forward  block 0: a (300, saved), a temporary (50, freed in the kernel), o (60, not saved)
+//            block 1: b (200, saved; reads a and o, then frees o), its output c (30, read by the loss only)
+//            loss:    l (10, saved); c freed
+//   backward loss: g1 (40); l freed. block 1: g2 (70); g1 and b freed. block 0: g3 (20); g2, a, g3 freed.
+StepTrace two_blocks(int64_t k) {
+  TraceBuilder build;
+  build.unit = k;
+  StepTrace& t = build.t;
+  auto tensor = [&](int64_t bytes, int producer) { return build.tensor(bytes, producer); };
+  auto kernel = [&](int block, bool backward, std::vector<int> inputs) { return build.kernel(block, backward, std::move(inputs)); };
   auto ev = [&](Kind kind, int index) { t.events.push_back({kind, index}); };
   const int batch = tensor(1000, -1);
   ev(Kind::kAllocated, batch);  // before any kernel: the batch, not a block's
@@ -77,19 +87,10 @@ TEST(PipelineMemory, BlocksHoldWhatBackwardReadsAndNeedTheirWorkingSetOnce) {
 // before block 0's runs: one rank's block 0 backward sees its temporary t (40) without x, a stage
 // ending at block 0 keeps x (its output) until the micro-batch's backward ends.
 StepTrace output_freed_by_the_next_block() {
-  StepTrace t;
-  auto tensor = [&](int64_t bytes, int producer) {
-    t.tensors.push_back(TraceTensor{bytes, producer, false});
-    return static_cast<int>(t.tensors.size()) - 1;
-  };
-  auto kernel = [&](int block, bool backward, std::vector<int> inputs) {
-    TraceKernel kern;
-    kern.block = block;
-    kern.backward = backward;
-    kern.inputs = std::move(inputs);
-    t.kernels.push_back(kern);
-    return static_cast<int>(t.kernels.size()) - 1;
-  };
+  TraceBuilder build;
+  StepTrace& t = build.t;
+  auto tensor = [&](int64_t bytes, int producer) { return build.tensor(bytes, producer); };
+  auto kernel = [&](int block, bool backward, std::vector<int> inputs) { return build.kernel(block, backward, std::move(inputs)); };
   const int x = tensor(100, 0), y = tensor(50, 1), l = tensor(10, 2), g1 = tensor(20, -1), gx = tensor(30, -1),
             temp = tensor(40, -1);
   const int k0 = kernel(0, false, {}), k1 = kernel(1, false, {x}), k2 = kernel(-1, false, {y});
