@@ -55,6 +55,18 @@ Makers makers(const StepTrace& trace, size_t end) {
   return m;
 }
 
+// After the kernel ending at event `ends`: the first event past the tape's frees of what the
+// kernel did not make (the gradient it was given), where it copies the kernel's parameter
+// gradients into their slots before freeing them (runtime/tape.cpp).
+size_t after_given_frees(const StepTrace& trace, const Makers& made_by, size_t ends, size_t end) {
+  const int kernel = trace.events[ends].index;
+  size_t j = ends + 1;
+  while (j < end && trace.events[j].kind == TraceEvent::Kind::kFreed &&
+         made_by.kernel[static_cast<size_t>(trace.events[j].index)] != kernel)
+    ++j;
+  return j;
+}
+
 BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, size_t end, int64_t element_bytes) {
   const size_t buckets = profile.block_buckets.size();
   BucketTimes t;
@@ -72,11 +84,7 @@ BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, si
         t.first[static_cast<size_t>(b)] = i;
         // The tape lets go of the gradient the kernel was given, then adds the kernel's gradients
         // up: the block is made there, before it frees what the kernel made (runtime/tape.cpp).
-        size_t j = i + 1;
-        while (j < end && trace.events[j].kind == TraceEvent::Kind::kFreed &&
-               made_by.kernel[static_cast<size_t>(trace.events[j].index)] != e.index)
-          ++j;
-        t.made_at[static_cast<size_t>(b)] = j;
+        t.made_at[static_cast<size_t>(b)] = after_given_frees(trace, made_by, i, end);
       }
       last[static_cast<size_t>(b)] = i;
     }
@@ -213,10 +221,7 @@ int64_t kept_gradients_above_peak(const StepTrace& trace) {
     if (e.kind != TraceEvent::Kind::kKernelEnds) continue;
     const TraceKernel& k = trace.kernels[static_cast<size_t>(e.index)];
     if (!k.backward || k.gradient_buckets.empty()) continue;
-    size_t j = i + 1;
-    while (j < end && trace.events[j].kind == TraceEvent::Kind::kFreed &&
-           made_by.kernel[static_cast<size_t>(trace.events[j].index)] != e.index)
-      ++j;
+    size_t j = after_given_frees(trace, made_by, i, end);
     for (; j < end && trace.events[j].kind == TraceEvent::Kind::kFreed &&
            made_by.kernel[static_cast<size_t>(trace.events[j].index)] == e.index;
          ++j)

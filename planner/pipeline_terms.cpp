@@ -107,6 +107,14 @@ const ProfilePoint* memory_point(const ModelProfile& profile, const Plan& plan, 
   return best;
 }
 
+// A block's state beside its parameters: gradient and optimizer state per parameter byte, in the
+// whole model's proportion.
+double state_per_parameter_byte(const ModelProfile& profile) {
+  return profile.parameter_bytes > 0
+             ? static_cast<double>(profile.gradient_bytes + profile.optimizer_state_bytes) / profile.parameter_bytes
+             : 0;
+}
+
 // Each block's cost at the plan's micro-batch: its share of the measured block times scaled to
 // `fb_ms`, activations in proportion to its time (the profile records them for the whole step),
 // state from its parameters (gradients and optimizer state in the whole model's proportion).
@@ -115,10 +123,7 @@ std::vector<BlockCost> block_costs(const ModelProfile& profile, const ProfilePoi
   double measured = 0;
   for (const BlockTime& b : pt.blocks) measured += b.forward_ms + b.backward_ms;
   const double scale = measured > 0 ? fb_ms / measured : 0;
-  const double state_per_byte =
-      profile.parameter_bytes > 0
-          ? static_cast<double>(profile.gradient_bytes + profile.optimizer_state_bytes) / profile.parameter_bytes
-          : 0;
+  const double state_per_byte = state_per_parameter_byte(profile);
   std::vector<BlockCost> costs;
   for (size_t b = 0; b < pt.blocks.size(); ++b) {
     BlockCost c;
@@ -164,9 +169,9 @@ std::vector<int> last_forward_reader(const StepTrace& trace) {
 
 // The cuts' bytes of the tensors `counted` says to count.
 template <typename Counted>
-std::vector<int64_t> cut_bytes_of(const StepTrace& trace, int blocks, Counted&& counted) {
+std::vector<int64_t> cut_bytes_of(const StepTrace& trace, int blocks, const std::vector<int>& last_reader,
+                                  Counted&& counted) {
   // Each tensor crosses the cuts from its producer's block to the last block whose forward reads it.
-  const std::vector<int> last_reader = last_forward_reader(trace);
   std::vector<int64_t> change(static_cast<size_t>(std::max(blocks, 0)) + 1, 0);
   for (size_t i = 0; i < trace.tensors.size(); ++i) {
     const int producer = trace.tensors[i].producer;
@@ -185,7 +190,7 @@ std::vector<int64_t> cut_bytes_of(const StepTrace& trace, int blocks, Counted&& 
 }  // namespace
 
 std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks) {
-  return cut_bytes_of(trace, blocks, [](size_t) { return true; });
+  return cut_bytes_of(trace, blocks, last_forward_reader(trace), [](size_t) { return true; });
 }
 
 namespace {
@@ -236,12 +241,12 @@ BlockMemory block_memory(const StepTrace& trace, int blocks) {
   out.peak_backward.assign(4 * static_cast<size_t>(blocks), 0);
   for (size_t i = 0; i < trace.tensors.size(); ++i)
     if (o.held[i]) out.held[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
-  out.sent_unheld = cut_bytes_of(trace, blocks, [&](size_t i) { return !o.held[i]; });
-  out.sent_held = cut_bytes_of(trace, blocks, [&](size_t i) { return o.held[i] != 0; });
+  const std::vector<int> reader = last_forward_reader(trace);
+  out.sent_unheld = cut_bytes_of(trace, blocks, reader, [&](size_t i) { return !o.held[i]; });
+  out.sent_held = cut_bytes_of(trace, blocks, reader, [&](size_t i) { return o.held[i] != 0; });
   // A held tensor a later block's forward reads crosses the cut after its block. On one rank that
   // block's backward frees it; a stage ending at its block keeps it (its output, InFlight::output)
   // until the micro-batch's backward ends: in the variants without a right neighbour it stays.
-  const std::vector<int> reader = last_forward_reader(trace);
   std::vector<char> crosses(trace.tensors.size(), 0);
   for (size_t i = 0; i < trace.tensors.size(); ++i) crosses[i] = o.held[i] && o.block[i] >= 0 && reader[i] > o.block[i];
   // At each allocation inside block c's kernels: its own held tensors alive, the transient ones
@@ -348,9 +353,8 @@ RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& c
 // gradient and optimizer state per parameter byte; the rank's share of the model's bytes follows).
 void add_tied_copies(const ModelProfile& profile, const Partition& partition, const ScheduleShape& shape,
                      RankTerms& ranks) {
-  if (profile.block_tied_reads.empty() || profile.parameter_bytes <= 0) return;
-  const double state_per_byte =
-      static_cast<double>(profile.gradient_bytes + profile.optimizer_state_bytes) / profile.parameter_bytes;
+  if (profile.block_tied_reads.empty()) return;
+  const double state_per_byte = state_per_parameter_byte(profile);
   std::vector<int> rank_of_block(profile.block_tied_reads.size(), -1);
   for (size_t vs = 0; vs < partition.stages.size(); ++vs) {
     const StagePlan& s = partition.stages[vs];
