@@ -21,6 +21,16 @@
 #include <unistd.h>
 
 namespace ht::bench {
+
+std::vector<ConfigOverride> overrides_of(const JobSpec& job) {
+  std::vector<ConfigOverride> out;
+  for (const std::string& o : job.overrides) {
+    const size_t eq = o.find('=');
+    out.push_back({o.substr(0, eq), eq == std::string::npos ? "" : o.substr(eq + 1), "--" + o});
+  }
+  return out;
+}
+
 namespace {
 
 std::string key_of(const JobSpec& job, const PlanArgs& a) {
@@ -33,15 +43,6 @@ std::string key_of(const JobSpec& job, const PlanArgs& a) {
   k += " |";
   for (MemoryPolicy p : a.policies) k += std::string(" ") + choice_name(p);
   return k;
-}
-
-std::vector<ConfigOverride> overrides_of(const JobSpec& job) {
-  std::vector<ConfigOverride> out;
-  for (const std::string& o : job.overrides) {
-    const size_t eq = o.find('=');
-    out.push_back({o.substr(0, eq), eq == std::string::npos ? "" : o.substr(eq + 1), "--" + o});
-  }
-  return out;
 }
 
 std::string shell_quote(const std::string& s) {

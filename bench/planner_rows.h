@@ -5,6 +5,7 @@
 // mpirun for several ranks), read back from its metrics.jsonl.
 
 #include "launcher/config/config.h"
+#include "launcher/config/config_loader.h"
 #include "launcher/planning/job_plan.h"
 
 #include <map>
@@ -19,6 +20,8 @@ struct JobSpec {
   std::string config;
   std::vector<std::string> overrides;
 };
+// The overrides as the config loader takes them.
+std::vector<ConfigOverride> overrides_of(const JobSpec& job);
 
 struct Planned {
   Config config;

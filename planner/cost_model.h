@@ -88,12 +88,12 @@ struct Prediction {
 };
 
 // Forward and backward of one micro-batch of `micro_batch` at `precision` on `threads`, from the
-// profiled points: affine in the micro-batch between (or beyond) the two measured sizes, scaled
+// profiled points: affine in the micro-batch between (or beyond) the two nearest measured sizes, scaled
 // by the measured effect of fewer threads. Throws std::invalid_argument if no point has the
 // precision.
 double forward_backward_ms(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                            int threads);
-// Activation bytes of one micro-batch: affine between the two measured sizes.
+// Activation bytes of one micro-batch: affine between the two nearest measured sizes.
 int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision);
 // The optimizer step's working bytes: the largest measured at `precision` (no micro-batch in it).
 int64_t optimizer_working_bytes(const ModelProfile& profile, MixedPrecision precision);

@@ -1,13 +1,15 @@
 #pragma once
-// A measured profile's memory made exact at every size a trace saw. The profiler trains a
-// model at two or three micro-batch sizes and the cost model interpolates the rest, which is
-// exact for time's purposes (no better figure exists) but not for memory: a convolutional
-// network's activations are not a straight line between 8 and 64 images (the ConvNet at 16:
-// +4.2%). A step traced on meta tensors at each size (launcher/planning/trace_profile.h, with
-// this machine's kernel workspaces declared) is the data run's to the byte and trains nothing.
-// Here each traced size the profile did not measure becomes a point of it: its memory (peaks,
-// the trace's tensors, pipeline cuts) the trace's, its times the measured ones interpolated as
-// the cost model would have, so a prediction's time does not change and its memory is exact.
+// A measured profile's memory made exact at every size a trace saw. The profiler trains a model
+// at every power-of-two micro-batch size a plan uses up to where a step takes too long, or at a
+// run's own size alone, and the cost model interpolates and extrapolates the rest: right enough
+// for time (no better figure exists: a kernel's CPU time is not a function of its work), not for
+// memory: a convolutional network's activations are not a straight line between 8 and 64 images
+// (the ConvNet at 16 was +4.2% between those two). A step traced on meta tensors at each size
+// (launcher/planning/trace_profile.h, with this machine's kernel workspaces declared) is the data
+// run's to the byte and trains nothing. Here each traced size the profile did not measure becomes
+// a point of it: its memory (peaks, the trace's tensors, pipeline cuts) the trace's, its times
+// the measured ones interpolated as the cost model would have, so a prediction's time does not
+// change and its memory is exact.
 
 #include "planner/profile.h"
 

@@ -254,7 +254,8 @@ void rank_layouts(const Config& config, SearchOptions search, bool traced, bool 
   }
 }
 
-// A profile of this machine: trained at two or three sizes (its times), its memory traced at
+// A profile of this machine: trained at every size a plan uses (its times; or the run's own size,
+// PlanArgs::trained_sizes), its memory traced at
 // every size the search may use (planner/traced_memory.h), with this CPU's kernel workspaces,
 // so only on CPU ranks and where they are known (libtorch 1.13); else the measured points alone.
 ModelProfile local_profile(const Config& c, const Dataset& train, const DataInfo& info, const ProfileRequest& request,
@@ -324,6 +325,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   const int fewest = ranks.empty() ? 1 : *std::min_element(ranks.begin(), ranks.end());
   const int64_t global_batch = config.training.global_batch_size;
   request.largest_micro_batch = replica_batch(global_batch, fewest, 1);
+  request.sizes = args.trained_sizes;
   trace.micro_batches = traced_sizes(request.largest_micro_batch);
   trace.device_memory = out.machine.device_memory;
   // Megatron's interleaved schedule beside 1F1B, two chunks a stage, for a cluster.

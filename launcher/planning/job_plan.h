@@ -36,6 +36,9 @@ struct PlanArgs {
   // cannot split are skipped.
   std::vector<int> tensor;
   std::string devices_file;  // --devices: a catalog of the user's over the built-in one
+  // The micro-batch sizes a profile of this machine trains (launcher/planning/profiler.h); empty:
+  // every size a plan may use. A run that only checks its own plan trains its own size.
+  std::vector<int64_t> trained_sizes;
   int64_t train_samples = 0;  // the training set's size, where [cluster].device plans without reading it
   // Profiles already made for this job, by tensor-parallel size: used instead of profiling again
   // (the search for the smallest cluster that fits plans several clusters of one kind).

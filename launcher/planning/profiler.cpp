@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -156,20 +157,54 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
   return point;
 }
 
-// The smaller and larger micro-batch to measure: a point costs about its step time, so the larger
-// is the largest a plan uses unless that step would take more than the cap; beyond it, the model
-// extrapolates. The step's cost here is the modelled one (runtime/kernel_cost.h; backward taken
-// as twice forward), not the measured one: which sizes are measured, and so every prediction
-// made from them, must not change with how busy the machine is (a loaded CI machine once halved
-// the larger size and extrapolated a peak 8% low).
-std::pair<int64_t, int64_t> point_sizes(const ProfilePoint& small, const ProfileRequest& r) {
+// The micro-batch sizes to train: every power of two up to the largest a plan uses, and that
+// largest, unless a point's step would take more than the cap: beyond it the model extrapolates.
+// A point costs about its step time, so the sizes below the largest cost less than it together.
+// Why every size: on a CPU a step's time is not affine in the micro-batch (a kernel's working
+// set leaving the cache bends it), and neither the line through two trained sizes nor their
+// kernels priced by their work predicts a third (bench_planner_local_time: median 14% and 17%
+// off on the sizes between and below, against 3% between two trainings of one size).
+// The step's cost here is the modelled one (runtime/kernel_cost.h; backward taken as twice
+// forward), not the measured one: which sizes are measured, and so every prediction made from
+// them, must not change with how busy the machine is (a loaded CI machine once halved the larger
+// size and extrapolated a peak 8% low).
+std::vector<int64_t> point_sizes(const ProfilePoint& small, const ProfileRequest& r) {
   const int64_t largest = r.largest_micro_batch;
   double forward_ms = 0;
   for (const TraceKernel& k : small.trace.kernels) forward_ms += k.modeled_ms;
   const double per_sample = 3 * forward_ms / static_cast<double>(small.micro_batch);
   int64_t hi = largest;
   while (hi > 2 * small.micro_batch && per_sample * static_cast<double>(hi) > r.point_ms_cap) hi /= 2;
-  return {small.micro_batch, hi};
+  std::vector<int64_t> sizes;
+  for (int64_t m = 1; m < hi; m *= 2) sizes.push_back(m);
+  sizes.push_back(hi);
+  if (std::find(sizes.begin(), sizes.end(), small.micro_batch) == sizes.end()) sizes.push_back(small.micro_batch);
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
+}
+
+// A step of more samples does at least the work of a step of fewer, and this machine's drift only
+// ever slows a measurement down: a size measured slower than a larger one was measured in a slow
+// moment, and the larger one's time bounds it (a tiny ConvNet once measured 4.8 ms at 2 samples
+// and 3.1 at 16). Each trained point's forward and backward is the least measured at its size or
+// any larger one of its precision and threads, its kernels and step shortened with it.
+void bound_by_larger_sizes(ModelProfile& profile) {
+  std::vector<ProfilePoint*> points;
+  for (ProfilePoint& p : profile.points) points.push_back(&p);
+  std::sort(points.begin(), points.end(), [](const ProfilePoint* a, const ProfilePoint* b) {
+    return std::tie(a->precision, a->threads, b->micro_batch) < std::tie(b->precision, b->threads, a->micro_batch);
+  });
+  for (size_t i = 1; i < points.size(); ++i) {
+    ProfilePoint& p = *points[i];
+    const ProfilePoint& larger = *points[i - 1];
+    if (larger.precision != p.precision || larger.threads != p.threads) continue;
+    if (larger.forward_backward_ms >= p.forward_backward_ms || p.forward_backward_ms <= 0) continue;
+    const double scale = larger.forward_backward_ms / p.forward_backward_ms;
+    p.step_ms -= p.forward_backward_ms - larger.forward_backward_ms;
+    p.forward_backward_ms = larger.forward_backward_ms;
+    for (TraceKernel& k : p.trace.kernels) k.ms *= scale;
+    p.blocks = block_times(p.trace, p.blocks.size());
+  }
 }
 
 }  // namespace
@@ -196,22 +231,26 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     describe_model(config, *model, profile);
     Profiling p{config, train, info, arena, model, *out,
                 record_block_buckets(*model, config.parallel.bucket_mb << 20, profile)};
-    const int64_t largest = std::max<int64_t>(1, request.largest_micro_batch);
     const MixedPrecision first = request.precisions.front();
-    ProfilePoint small = measure_point(p, std::max<int64_t>(1, largest / 8), first, request.threads);
-    const auto [lo, hi] = point_sizes(small, request);
+    // The first point sets the sizes (its modelled cost), unless they are given.
+    const int64_t first_size =
+        request.sizes.empty() ? std::max<int64_t>(1, request.largest_micro_batch / 8) : request.sizes.front();
+    ProfilePoint small = measure_point(p, first_size, first, request.threads);
+    const std::vector<int64_t> sizes = request.sizes.empty() ? point_sizes(small, request) : request.sizes;
     for (MixedPrecision precision : request.precisions) {
-      if (precision != first) profile.points.push_back(measure_point(p, lo, precision, request.threads));
-      if (hi != lo) profile.points.push_back(measure_point(p, hi, precision, request.threads));
+      for (int64_t m : sizes) {
+        if (precision != first || m != small.micro_batch) profile.points.push_back(measure_point(p, m, precision, request.threads));
+      }
     }
     profile.points.insert(profile.points.begin(), std::move(small));
     if (request.one_thread_point && request.threads > 1) {
       // At the larger size: at small ones a VM's second thread can even slow a step down, and
       // plans run at the larger sizes.
-      profile.points.push_back(measure_point(p, hi, first, 1));
+      profile.points.push_back(measure_point(p, *std::max_element(sizes.begin(), sizes.end()), first, 1));
     }
     set_compute_threads(request.threads);
   }
+  bound_by_larger_sizes(profile);
   profile.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return profile;
 }

@@ -16,6 +16,9 @@ namespace ht {
 struct ProfileRequest {
   std::vector<MixedPrecision> precisions{MixedPrecision::kOff};  // training.mixed_precision values to measure
   int64_t largest_micro_batch = 1;             // the largest micro-batch a plan may use
+  // The micro-batch sizes to train; empty: every power of two up to the largest (or up to where
+  // a step passes point_ms_cap) and the largest, each of which a plan may use.
+  std::vector<int64_t> sizes;
   int threads = 1;                             // compute threads of one rank alone here
   bool one_thread_point = false;               // also measure with one thread (ranks sharing cores)
   double point_ms_cap = 400;                   // keep each point's step near this (extrapolate beyond)

@@ -157,6 +157,7 @@ RunPrediction predict_tensor_parallel_run(Config& config, const DataSplits& data
     args.device_memory = config.memory.budget_bytes;
     args.precisions = {config.training.mixed_precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};
+    if (!automatic) args.trained_sizes = {config.micro_batch_size()};
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
     const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
     out.limit_bytes = plan.machine.device_memory;
@@ -208,6 +209,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       args.device_memory = config.memory.budget_bytes;
       args.precisions = {config.training.mixed_precision};
       args.policies = {MemoryPolicy::kNone};
+      args.trained_sizes = {config.micro_batch_size()};
       const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
       out.plan = plan_of(config);
       out.plan.policy = MemoryPolicy::kNone;
@@ -231,6 +233,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     args.device_memory = config.memory.budget_bytes;
     args.precisions = {config.training.mixed_precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};  // the configured plan is predicted below
+    if (!automatic) args.trained_sizes = {config.micro_batch_size()};  // its own size: no search
     // Automatic: the planner picks the level, unless the config fixes one.
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
     JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
@@ -241,8 +244,12 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     }
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     if (!out.prediction.fits && config.memory.check_fit) {
-      // Alternatives at these ranks and this precision, eviction included.
+      // Alternatives at these ranks and this precision, eviction included, every size trained.
       args.policies = PlanArgs{}.policies;
+      if (!args.trained_sizes.empty()) {
+        args.trained_sizes.clear();
+        plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
+      }
       SearchOptions alternatives;
       alternatives.ranks = args.ranks;
       alternatives.precisions = {config.training.mixed_precision};
