@@ -113,6 +113,10 @@ struct ModelProfile {
   std::vector<ProfilePoint> points;
   double seconds = 0;             // the profiling took
   std::string how = "measured";   // or how it was traced and priced, for the report
+  // The points' times were measured here (else priced from each kernel's work, affine in the
+  // micro-batch: launcher/planning/trace_profile.h). Measured times carry this machine's drift,
+  // so nothing is extrapolated from two nearby sizes of them (planner/recompute_terms.cpp).
+  bool times_measured = true;
   // A split model's profile is one rank's part of it (parallel.tensor_parallel): its memory and
   // kernels; the group's collectives are modelled from the shape (planner/tensor_terms.h).
   int tensor_parallel = 1;

@@ -60,12 +60,17 @@ struct ReplayKey {
   int64_t micro_batch, budget_bytes;
 };
 
-// The replays block_recompute_terms reads for `plan`: one at its size and budget, or the two
-// smallest sizes' in a room of at least twice the budget, rounded up to a power of two (plans
-// whose budgets differ by what the runtime holds beside them, Machine::reserved_bytes, share it).
+// The replays block_recompute_terms reads for `plan`: one at its size and budget, or, where the
+// profile's times are priced from the kernels' work, the two smallest sizes' in a room of at least
+// twice the budget, rounded up to a power of two (plans whose budgets differ by what the runtime
+// holds beside them, Machine::reserved_bytes, share it). Measured times are not extrapolated from
+// the two smallest sizes: trained at 1 and 2 samples, their drift put a ConvNet's regenerations
+// at 16 below zero.
 std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& plan) {
   const std::vector<int64_t> sizes = profiled_sizes(profile, plan.precision);
-  if (sizes.size() < 2 || plan.micro_batch <= sizes[1]) return {{plan.micro_batch, plan.budget_bytes}};
+  if (profile.times_measured || sizes.size() < 2 || plan.micro_batch <= sizes[1]) {
+    return {{plan.micro_batch, plan.budget_bytes}};
+  }
   int64_t room = 1;
   while (room < 2 * plan.budget_bytes) room *= 2;
   return {{sizes[0], room}, {sizes[1], room}};

@@ -53,6 +53,7 @@ ModelProfile job_figures(const Config& config, const DataInfo& info, const Trace
   ModelProfile profile = job_profile(config, info, request.train_samples);
   profile.threads = 1;
   profile.how = "traced on meta tensors, priced at the device's rates";
+  profile.times_measured = false;
   {
     const auto [x, y] = traced_batch(info, 1, /*meta=*/true);
     profile.input_sample_bytes = static_cast<int64_t>(x.nbytes());

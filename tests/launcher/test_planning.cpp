@@ -204,6 +204,35 @@ TEST(Planning, PredictsFullRecomputationsPeakAndRegenerations) {
   EXPECT_EQ(replayed.evictions, blocks.evictions);
 }
 
+// The profile trains every size from 1 sample up, and this machine's drift lands on any of them:
+// full recomputation across stages is replayed at the plan's own size, never extrapolated from the
+// two smallest sizes' measured times (at 1 and 2 samples a slow moment once put a ConvNet's
+// regenerations at 16 below zero, and `plan` failed on a negative stage cost).
+TEST(Planning, MeasuredTimesAreNotExtrapolatedFromTheTwoSmallestSizes) {
+  TempDir dir;
+  const Config c = config_for(dir, kConv, {});
+  const ModelProfile profile = profile_of(c, 32);
+  ModelProfile drifted = profile;
+  for (ProfilePoint& pt : drifted.points) {
+    if (pt.micro_batch != 1) continue;
+    pt.forward_backward_ms *= 10;  // measured in a slow moment
+    for (TraceKernel& k : pt.trace.kernels) k.ms *= 10;
+  }
+  Plan plan;
+  plan.micro_batch = 16;
+  plan.accumulation = 2;
+  plan.stages = 2;
+  plan.policy = MemoryPolicy::kFull;
+  plan.budget_bytes = int64_t{256} << 20;
+  Machine here;
+  here.device_memory = plan.budget_bytes;
+  ASSERT_TRUE(replays_blocks(here, plan));
+  const Prediction clean = predict(profile, here, plan), slow = predict(drifted, here, plan);
+  ASSERT_TRUE(clean.fits) << clean.why_not;
+  EXPECT_GT(slow.recompute_ms, 0);
+  EXPECT_DOUBLE_EQ(slow.recompute_ms, clean.recompute_ms);
+}
+
 // memory.policy = "static": the profiled step's graph planned for the budget, as the run plans its
 // own captured step. Both weigh the modelled kernel costs and the run solves by the heuristic alone
 // (memory.solve_time_s = 0), as the planner predicts: the same plan, whatever the machine's load.
