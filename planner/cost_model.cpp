@@ -227,12 +227,14 @@ schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, 
 
 int threads_per_rank(const Machine& machine, int ranks_on_node) {
   if (!machine.shared_host) return machine.host_threads;
+  if (machine.rank_threads > 0) return machine.rank_threads;
   return std::max(1, machine.host_threads / std::max(1, ranks_on_node));
 }
 
 double oversubscription(const Machine& machine, int ranks_on_node) {
-  if (!machine.shared_host || ranks_on_node <= machine.host_threads) return 1.0;
-  return static_cast<double>(ranks_on_node) / machine.host_threads;
+  if (!machine.shared_host) return 1.0;
+  const int threads = std::max(1, ranks_on_node) * threads_per_rank(machine, ranks_on_node);
+  return threads <= machine.host_threads ? 1.0 : static_cast<double>(threads) / std::max(1, machine.host_threads);
 }
 
 double allreduce_ms(const Machine& machine, int ranks, int64_t bytes, int stride) {

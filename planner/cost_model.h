@@ -110,8 +110,8 @@ schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, 
 int64_t batch_bytes(const ModelProfile& profile, int64_t samples);
 // Bytes of the sampler's order of an epoch of `samples` (int64 indices), kept across steps.
 inline int64_t sampler_bytes(int64_t samples) { return arena_bytes(samples * 8); }
-// Compute threads of one rank when `ranks_on_node` share a node, and the slowdown when there are
-// more ranks than threads (oversubscribed cores take turns).
+// Compute threads of one rank when `ranks_on_node` share a node (Machine::rank_threads where set),
+// and the slowdown when the ranks' threads outnumber the node's (oversubscribed cores take turns).
 int threads_per_rank(const Machine& machine, int ranks_on_node);
 double oversubscription(const Machine& machine, int ranks_on_node);
 // Ring all-reduce of `bytes` over `ranks` (alpha-beta): 2 (r-1) steps of bytes/r each.

@@ -14,9 +14,11 @@ struct Machine {
   int nodes = 1;
   int devices_per_node = 1;      // ranks a node runs (its devices, or its share of cores)
   // CPU ranks: the ranks of a node share its hardware threads; a rank of r on a node of
-  // host_threads computes with host_threads / r threads (at least one, several ranks a core).
+  // host_threads computes with host_threads / r threads (at least one, several ranks a core), or
+  // with rank_threads where the job sets them (training.threads: a rank's, not the host's).
   bool shared_host = true;
   int host_threads = 1;
+  int rank_threads = 0;
   int64_t device_memory = 0;     // bytes per rank; 0: unknown (every plan fits)
   // A GPU rank's process holds device memory its tensors cannot use: the CUDA context with the
   // libraries' kernels, handles and workspaces, and each NCCL communicator's buffers (one per

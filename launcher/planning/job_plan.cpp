@@ -126,7 +126,10 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
   }
   // This machine: CPU ranks share its cores and its memory; MPI moves gradients through shared
   // memory, a copy in and a copy out.
-  m.host_threads = config.training.threads > 0 ? static_cast<int>(config.training.threads) : usable_cpus();
+  // training.threads is a rank's: the host keeps its own (until 2026-11-29 it was taken for the
+  // host's, and 2 ranks of one thread on 2 cores were predicted oversubscribed, at twice the step).
+  m.host_threads = usable_cpus();
+  m.rank_threads = static_cast<int>(config.training.threads);
   m.devices_per_node = std::max(1, max_ranks);
   m.shared_host = true;
   // One rank reduces nothing: the copy benchmark (128 MiB touched) would only slow every run down.
@@ -332,7 +335,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   if (traced) search.virtual_stages = 2;
   // A model that needs a cluster may need one sample per micro-batch and many of them.
   if (traced) search.max_accumulation = static_cast<int>(std::min<int64_t>(request.largest_micro_batch, 1024));
-  request.threads = out.machine.shared_host ? out.machine.host_threads : at::get_num_threads();
+  request.threads = out.machine.shared_host ? threads_per_rank(out.machine, 1) : at::get_num_threads();
   request.one_thread_point = out.machine.shared_host && most > 1;
   const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
   search.tensor.clear();

@@ -114,7 +114,18 @@ TEST(CostModel, RanksSharingAHostShareItsThreads) {
   EXPECT_EQ(threads_per_rank(m, 1), 4);
   EXPECT_EQ(threads_per_rank(m, 2), 2);
   EXPECT_EQ(threads_per_rank(m, 8), 1);
+  EXPECT_DOUBLE_EQ(oversubscription(m, 2), 1.0);
   EXPECT_DOUBLE_EQ(oversubscription(m, 8), 2.0);
+  // training.threads is a rank's: two ranks of one thread on four cores take turns with no one
+  // (taken for the host's threads, it predicted them at twice the step), four ranks of two do.
+  m.rank_threads = 1;
+  EXPECT_EQ(threads_per_rank(m, 2), 1);
+  EXPECT_DOUBLE_EQ(oversubscription(m, 2), 1.0);
+  m.rank_threads = 2;
+  EXPECT_EQ(threads_per_rank(m, 1), 2);
+  EXPECT_DOUBLE_EQ(oversubscription(m, 2), 1.0);
+  EXPECT_DOUBLE_EQ(oversubscription(m, 4), 2.0);
+  m.rank_threads = 0;
   m.shared_host = false;
   EXPECT_EQ(threads_per_rank(m, 8), 4);
   EXPECT_DOUBLE_EQ(oversubscription(m, 8), 1.0);
