@@ -98,7 +98,9 @@ void probe_machine(Outcome& outcome) {
 
 struct Jobs {
   std::string dir;
+  std::vector<std::string> extra;  // overrides every job takes (--threads)
   JobSpec at(const char* file, std::vector<std::string> overrides = {}) const {
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
     return {dir + "/" + file, std::move(overrides)};
   }
   JobSpec convnet() const { return at("quickstart.toml"); }
@@ -451,6 +453,11 @@ int main(int argc, char** argv) {
   app.add_flag("--profiles", o.profiles, "print each job's profile, as `hybrid_train plan` does");
   app.add_flag("--keep-runs", o.keep_runs, "keep every run's config, output and metrics (a failed run's are kept)");
   app.add_option("--configs", o.configs, "the folder of the example configs")->capture_default_str();
+  int threads = 0;
+  app.add_option("--threads", threads,
+                 "training.threads for every job (1: steps free of a shared VM's second core; the planner then "
+                 "takes the host for one thread, so rows of several ranks are predicted oversubscribed)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (o.quick) o.steps = std::min(o.steps, 3);
   if (access(o.runner.binary.c_str(), X_OK) != 0) {
@@ -471,7 +478,8 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   ht::bench::PlanCache cache(o.profiles);
   ht::bench::Outcome outcome;
-  const ht::bench::Jobs jobs{o.configs};
+  ht::bench::Jobs jobs{o.configs, {}};
+  if (threads > 0) jobs.extra.push_back("training.threads=" + std::to_string(threads));
   try {
     const auto rows = ht::bench::run_rows(cache, o, jobs, outcome);
     for (const auto& s : ht::bench::scenario_specs(jobs, o.quick)) ht::bench::run_scenario(cache, o, s, outcome);
