@@ -233,8 +233,12 @@ int threads_per_rank(const Machine& machine, int ranks_on_node) {
 
 double oversubscription(const Machine& machine, int ranks_on_node) {
   if (!machine.shared_host) return 1.0;
-  const int threads = std::max(1, ranks_on_node) * threads_per_rank(machine, ranks_on_node);
-  return threads <= machine.host_threads ? 1.0 : static_cast<double>(threads) / std::max(1, machine.host_threads);
+  // Against one rank, as the profile measured it (a rank of more threads than the host's already
+  // took turns there).
+  const int per_rank = threads_per_rank(machine, ranks_on_node);
+  const int threads = std::max(1, ranks_on_node) * per_rank;
+  const int room = std::max({1, machine.host_threads, per_rank});
+  return threads <= room ? 1.0 : static_cast<double>(threads) / room;
 }
 
 double allreduce_ms(const Machine& machine, int ranks, int64_t bytes, int stride) {

@@ -125,6 +125,10 @@ TEST(CostModel, RanksSharingAHostShareItsThreads) {
   EXPECT_EQ(threads_per_rank(m, 1), 2);
   EXPECT_DOUBLE_EQ(oversubscription(m, 2), 1.0);
   EXPECT_DOUBLE_EQ(oversubscription(m, 4), 2.0);
+  // More threads than the host's: the profile measured one such rank taking turns already.
+  m.rank_threads = 8;
+  EXPECT_DOUBLE_EQ(oversubscription(m, 1), 1.0);
+  EXPECT_DOUBLE_EQ(oversubscription(m, 2), 2.0);
   m.rank_threads = 0;
   m.shared_host = false;
   EXPECT_EQ(threads_per_rank(m, 8), 4);
