@@ -94,12 +94,6 @@ std::vector<Row> job_rows(const LocalJob& job, const std::string& configs) {
   return rows;
 }
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 }  // namespace
 }  // namespace ht::bench
 
@@ -147,9 +141,9 @@ int main(int argc, char** argv) {
   auto most = [](const std::vector<double>& v) { return v.empty() ? NAN : *std::max_element(v.begin(), v.end()); };
   std::printf("\nsizes the line did not train (%zu): |error| of the line: median %.1f%%, max %.1f%%; of every size "
               "trained: median %.1f%%, max %.1f%%\n",
-              line_err.size(), median_of(line_err), most(line_err), median_of(every_err), most(every_err));
+              line_err.size(), median(line_err), most(line_err), median(every_err), most(every_err));
   std::printf("the line's own two sizes (%zu), measured twice: median %.1f%%, max %.1f%% apart\n", floor.size(),
-              median_of(floor), most(floor));
+              median(floor), most(floor));
   std::printf("wall time %.0f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return 0;
