@@ -118,7 +118,8 @@ Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 // log_probs (N, K), target (N) int64 -> mean negative log-likelihood, a scalar
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target);
-// logits (N, K), target (N) int64 -> scalar: nll_loss(log_softmax(logits, 1), target)
+// logits (N, K), target (N) int64 -> scalar: nll_loss(log_softmax(logits, 1), target), to the
+// bit, as one op that never holds the (N, K) log-probabilities whole (chunks of rows)
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
 
 // --- Tensor parallelism (runtime/tensor_parallel.h) ----------------------------------------------

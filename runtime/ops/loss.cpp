@@ -3,6 +3,8 @@
 
 #include <ATen/core/Reduction.h>
 
+#include <algorithm>
+
 namespace ht {
 namespace {
 
@@ -48,6 +50,65 @@ class NllLossOp final : public Op {
   static constexpr int64_t kIgnoreIndex = -100;
 };
 
+// log_softmax and nll_loss in one op that never holds the (N, K) log-probabilities whole: with
+// a large vocabulary (Llama's 128k, GPT-2's 50k) they and their gradient were the largest blocks
+// of a decoder's step, and the loss's backward held three of that size at once (the saved
+// log-probabilities, their gradient, the logits' gradient): the floor under any budget. Here
+// forward keeps only each row's target log-probability, and backward regenerates the
+// log-probabilities a chunk of rows at a time, writing the logits' gradient chunk by chunk.
+// Every kernel is the one the two-op form runs, on rows that do not depend on each other (a
+// row's softmax reads only its row; nll_loss sums the same per-row values in the same order from
+// an (N, 1) matrix as from (N, K)), so the loss and every gradient are the same bits as
+// nll_loss(log_softmax(logits)) (tests/runtime/test_ops_loss.cpp), in any chunking.
+// Outputs (loss, total_weight); mean reduction, no class weights.
+class CrossEntropyOp final : public Op {
+ public:
+  CrossEntropyOp()
+      : Op(OpTraits::named("cross_entropy").saving_inputs({0, 1}).saving_outputs({1}).in_float32()) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    const at::Tensor& logits = in[0];
+    const at::Tensor& target = in[1];
+    const int64_t n = logits.size(0), rows = chunk_rows(logits);
+    at::Tensor picked = at::empty({n, 1}, logits.options());
+    for (int64_t r = 0; r < n; r += rows) {
+      const int64_t m = std::min(rows, n - r);
+      const at::Tensor t = target.narrow(0, r, m);
+      const at::Tensor lp = at::_log_softmax(logits.narrow(0, r, m), 1, false);
+      // An ignored row's index is out of range: any valid one will do, nll_loss skips the row.
+      picked.narrow(0, r, m).copy_(lp.gather(1, t.masked_fill(t.eq(kIgnoreIndex), 0).unsqueeze(1)));
+    }
+    // The target of every row is now column 0, but where the row is ignored.
+    const at::Tensor column = at::zeros_like(target).masked_fill_(target.eq(kIgnoreIndex), kIgnoreIndex);
+    auto [loss, total_weight] = at::nll_loss_forward(picked, column, {}, at::Reduction::Mean, kIgnoreIndex);
+    return {loss, total_weight};
+  }
+  TensorList backward(const BackwardArgs& a) const override {
+    const at::Tensor& logits = a.inputs[0];
+    const at::Tensor& target = a.inputs[1];
+    const int64_t n = logits.size(0), rows = chunk_rows(logits);
+    at::Tensor grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
+    for (int64_t r = 0; r < n; r += rows) {
+      const int64_t m = std::min(rows, n - r);
+      const at::Tensor lp = at::_log_softmax(logits.narrow(0, r, m), 1, false);
+      const at::Tensor g = at::nll_loss_backward(a.grad_outputs[0], lp, target.narrow(0, r, m), {},
+                                                 at::Reduction::Mean, kIgnoreIndex, a.outputs[1]);
+      at::Tensor out = grad.narrow(0, r, m);
+      at::_log_softmax_backward_data_out(out, g, lp, 1, a.input_dtype(0));
+    }
+    return {grad, at::Tensor()};
+  }
+
+ private:
+  static constexpr int64_t kIgnoreIndex = -100;
+  // Rows per chunk: a sixteenth of the batch, and at least 1 MiB of log-probabilities (small
+  // class counts run whole). Shapes only, so a meta trace chunks as the data run does.
+  static int64_t chunk_rows(const at::Tensor& logits) {
+    const int64_t n = logits.size(0), row_bytes = std::max<int64_t>(1, logits.size(1)) * 4;
+    return std::max<int64_t>(1, std::max((n + 15) / 16, ((int64_t{1} << 20) + row_bytes - 1) / row_bytes));
+  }
+};
+
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
@@ -70,7 +131,12 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
-  return nll_loss(log_softmax(logits, 1), target);
+  TORCH_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
+              "cross_entropy: logits (N, K) and target (N) expected, got ", logits.sizes(), " and ",
+              target.sizes());
+  TORCH_CHECK(target.dtype() == at::kLong, "cross_entropy: target must be int64, got ", target.dtype());
+  static const std::shared_ptr<const Op> op = std::make_shared<CrossEntropyOp>();
+  return detail::apply_first(op, {logits, target});
 }
 
 }  // namespace ht

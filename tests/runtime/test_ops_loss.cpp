@@ -47,11 +47,36 @@ TEST(OpsLoss, BackwardFromScalarLoss) {
   EXPECT_TRUE(all_close(w.grad(), w_ref.grad()));
 }
 
+TEST(OpsLoss, CrossEntropyIsTheTwoOpFormToTheBitInChunks) {
+  // 300 rows of 5000 classes: chunks of 53 rows (1 MiB of log-probabilities), the last short;
+  // some rows ignored. The one op against nll_loss(log_softmax) on the same fp32 data.
+  at::manual_seed(5);
+  const at::Tensor logits = at::randn({300, 5000}) * 3;
+  at::Tensor target = at::randint(5000, {300}, at::kLong);
+  target.index_put_({at::arange(0, 300, 7)}, -100);
+  auto run = [&](bool fused) {
+    Interpreter interp;
+    at::Tensor w = logits.clone().requires_grad_(true);
+    Tensor x = interp.param(w), t = interp.input(target);
+    Tensor loss = fused ? cross_entropy(x, t) : nll_loss(log_softmax(x, 1), t);
+    const at::Tensor value = loss.value().clone();
+    interp.backward(loss);
+    return std::make_pair(value, w.grad().clone());
+  };
+  const auto [fused_loss, fused_grad] = run(true);
+  const auto [loss, grad] = run(false);
+  EXPECT_TRUE(at::equal(fused_loss, loss)) << fused_loss.item<float>() << " vs " << loss.item<float>();
+  EXPECT_TRUE(at::equal(fused_grad, grad));
+  EXPECT_TRUE(at::equal(grad.index({at::arange(0, 300, 7)}), at::zeros({43, 5000}))) << "ignored rows";
+}
+
 TEST(OpsLoss, RejectsBadTargets) {
   Interpreter interp;
   Tensor logits = interp.input(at::zeros({4, 3}));
   EXPECT_THROW(nll_loss(logits, interp.input(at::zeros({4}))), c10::Error);       // float target
   EXPECT_THROW(nll_loss(logits, interp.input(at::zeros({3}, at::kLong))), c10::Error);  // size
+  EXPECT_THROW(cross_entropy(logits, interp.input(at::zeros({4}))), c10::Error);
+  EXPECT_THROW(cross_entropy(logits, interp.input(at::zeros({3}, at::kLong))), c10::Error);
 }
 
 }  // namespace
