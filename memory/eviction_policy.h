@@ -50,6 +50,10 @@ struct EvictionOptions {
   bool ignore_small = true;   // skip candidates under 1% of the mean candidate size (DTR paper)
   uint64_t seed = 0;          // of the sampling; eviction choices never change results
   KernelCosts costs = KernelCosts::kModeled;
+  // When a request finds no free block large enough, evict the cheapest window of adjacent
+  // blocks that makes one (Coop; eviction_score.h: cheapest_window) rather than the policy's
+  // favourites one by one wherever they lie. Heuristics that weigh costs only (not lru, largest).
+  bool window = true;
 };
 
 class EvictionPolicy {
@@ -74,6 +78,7 @@ class Evictor {
   // The evictable candidate (TensorInfo::evictable) with the lowest score; nullptr if none.
   TensorInfo* pick_victim(const std::vector<TensorInfo*>& candidates, uint64_t now);
   EvictionPolicy& policy() { return *policy_; }
+  const EvictionOptions& options() const { return options_; }
 
  private:
   EvictionOptions options_;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace ht {
@@ -134,6 +135,53 @@ int64_t choose_victim(const Pool& pool, bool ignore_small, Bytes&& bytes_of, Evi
   const int64_t v = lowest_score(
       pool, [&](const auto& c) { return static_cast<double>(bytes_of(c)) >= min_bytes && evictable(c); }, score);
   return v >= 0 ? v : lowest_score(pool, evictable, score);
+}
+
+// Coop's sliding window (Zhang et al., "Coop: Memory is not a Commodity", NeurIPS 2023): when
+// no free block is large enough, evicting the policy's favourites one by one frees memory all
+// over the arena, most of which the waiting request cannot use. A window is a run of adjacent
+// blocks in address order, free ones and evictable ones, that together span the request; its
+// cost is what evicting everything in it costs (each tensor's score times its bytes: for dtr,
+// (c + e*) / staleness). The cheapest window is evicted whole, and the request lands there.
+struct ArenaBlock {
+  int64_t bytes = 0;
+  bool evictable = false;  // a free block, or a tensor that may go; otherwise the window breaks here
+  double cost = 0;         // what evicting it costs (0 for a free block); never negative
+};
+
+// The cheapest run [first, last) of evictable blocks (in address order, adjacent) spanning at
+// least `need` bytes; ties go to the lowest address. {-1, -1} if none. O(n): for each last block
+// the shortest run ending there is the cheapest (costs are never negative).
+inline std::pair<int64_t, int64_t> cheapest_window(const std::vector<ArenaBlock>& blocks, int64_t need) {
+  std::pair<int64_t, int64_t> best{-1, -1};
+  double best_cost = 0;
+  int64_t first = 0, span = 0;
+  double cost = 0;
+  for (int64_t last = 0; last < static_cast<int64_t>(blocks.size()); ++last) {
+    const ArenaBlock& b = blocks[static_cast<size_t>(last)];
+    if (!b.evictable) {
+      first = last + 1, span = 0, cost = 0;
+      continue;
+    }
+    span += b.bytes, cost += b.cost;
+    while (first < last && span - blocks[static_cast<size_t>(first)].bytes >= need) {
+      span -= blocks[static_cast<size_t>(first)].bytes;
+      cost -= blocks[static_cast<size_t>(first)].cost;
+      ++first;
+    }
+    if (span >= need && (best.first < 0 || cost < best_cost)) {
+      best = {first, last + 1};
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+// What a window pays for evicting a candidate of `score` and `bytes` under `h`: the score is a
+// cost per byte, so times the bytes it is the candidate's cost. Only the heuristics that weigh
+// costs choose by windows (lru and largest are baselines: their scores are no costs).
+inline double window_cost(double score, int64_t bytes) {
+  return std::max(0.0, score) * static_cast<double>(std::max<int64_t>(bytes, 1));
 }
 
 }  // namespace ht

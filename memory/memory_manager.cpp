@@ -204,6 +204,7 @@ bool MemoryManager::make_room(size_t bytes) {
       ok = true;
       break;
     }
+    if (!swap_ && evict_window(need)) continue;
     // A block of `need` may be one eviction away (a tensor between free neighbours) even when
     // the policy's favourite is elsewhere; failing that, the policy frees memory step by step.
     TensorInfo* victim = pick_for_fragmentation(need);
@@ -220,6 +221,50 @@ bool MemoryManager::make_room(size_t bytes) {
   }
   making_room_ = false;
   return ok;
+}
+
+bool MemoryManager::evict_window(int64_t bytes) {
+  const EvictionOptions& options = evictor_->options();
+  if (!options.window || !weighs_costs(options.heuristic)) return false;
+  const CpuArena& arena = *options_.arena;
+  std::unordered_map<int64_t, TensorInfo*> evictable;  // block offset -> its tensor
+  for (TensorInfo* t : roots_) {
+    const void* data = data_of(*t);
+    if (data != nullptr && arena.contains(data) && t->evictable()) evictable.emplace(arena.offset_of_block(data), t);
+  }
+  if (evictable.empty()) return false;
+  // The arena in address order: allocated blocks and the free gaps between them.
+  const uint64_t now = remat_->now();
+  std::vector<ArenaBlock> blocks;
+  std::vector<TensorInfo*> owner;
+  int64_t at = 0;
+  auto add = [&](int64_t size, bool can_go, double cost, TensorInfo* t) {
+    blocks.push_back(ArenaBlock{size, can_go, cost});
+    owner.push_back(t);
+  };
+  for (const auto& [offset, size] : arena.allocated_blocks()) {
+    if (offset > at) add(offset - at, true, 0, nullptr);
+    auto it = evictable.find(offset);
+    if (it == evictable.end()) {
+      add(size, false, 0, nullptr);
+    } else {
+      add(size, true, window_cost(evictor_->policy().score(*it->second, now), size), it->second);
+    }
+    at = offset + size;
+  }
+  if (arena.capacity() > at) add(arena.capacity() - at, true, 0, nullptr);
+  const auto [first, last] = cheapest_window(blocks, bytes);
+  if (first < 0) return false;
+  bool evicted = false;
+  for (int64_t i = first; i < last; ++i) {
+    TensorInfo* t = owner[static_cast<size_t>(i)];
+    // Evicting one may have released another (its last reader was a view): still a candidate?
+    if (t == nullptr || root_slot_.count(t) == 0 || !t->evictable()) continue;
+    evict(*t);
+    ++stats_.window_evictions;
+    evicted = true;
+  }
+  return evicted;
 }
 
 TensorInfo* MemoryManager::pick_for_fragmentation(int64_t bytes) {

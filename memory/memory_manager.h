@@ -4,9 +4,10 @@
 //  - the budget is a real capacity: an arena (cpu_arena.h) that ATen allocates from while an
 //    ArenaScope is alive (cpu_device_allocator.h);
 //  - before a kernel runs, it evicts by policy down to eviction_threshold of the budget;
-//  - when an allocation still does not fit, the allocator asks make_room(), which evicts by
-//    policy until the bytes are free, then, if the free memory is in pieces, evicts the tensor
-//    whose block joins free neighbours into a block large enough (fragmentation);
+//  - when an allocation still does not fit, the allocator asks make_room(), which evicts the
+//    cheapest run of adjacent blocks that makes one block large enough (Coop's window,
+//    EvictionOptions::window), or, one by one, the tensor whose block joins free neighbours into
+//    a block large enough, else the policy's favourite, until the block is there;
 //  - evicted tensors are regenerated on access by the interpreter (Rematerializer).
 // Without eviction options it only accounts, and a full arena is an out-of-memory error.
 
@@ -67,6 +68,7 @@ struct MemoryStats {
   int64_t kernels = 0;              // kernels run, recomputations included
   int64_t recomputations = 0;       // kernels run to regenerate dropped data
   int64_t evictions = 0;            // tensors dropped by a policy to make room
+  int64_t window_evictions = 0;     // of those, dropped as part of a window (EvictionOptions::window)
   double recompute_ms = 0;          // time spent in those kernels
   // Fragmentation (1 - largest free block / free bytes) of the arena when its use was highest
   // since reset_peak(), sampled before each kernel.
@@ -161,6 +163,10 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   // `planned`: a static plan drops it (counted by the planner, not as an eviction).
   void evict(TensorInfo& victim, bool planned = false);
   TensorInfo* pick_for_fragmentation(int64_t bytes);
+  // Coop's window (eviction_score.h: cheapest_window): evicts every tensor in the cheapest run of
+  // adjacent free and evictable blocks spanning `bytes`. False if the options do not choose by
+  // windows or no such run exists.
+  bool evict_window(int64_t bytes);
   // The next tensor to drop for room: one with a host copy (free), else, after waiting for
   // copies to host still running, the eviction policy's choice (recomputed); null if none, or
   // if it gave back a prefetch's bytes instead (`*freed`).

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <unordered_map>
 #include <vector>
 
 namespace ht {
@@ -252,6 +253,7 @@ class Replay {
     while (true) {
       const ArenaStats s = arena_.stats();
       if (s.largest_free_block >= need) return true;
+      if (evict_window(need)) continue;
       // A block of `need` may be one eviction away (a tensor between free neighbours) even when
       // the policy's favourite is elsewhere; failing that, the policy frees memory step by step.
       int victim = best_where([&](int t) { return evictable(t) && arena_.free_span_if_freed(slots_[t].data) >= need; });
@@ -263,6 +265,46 @@ class Replay {
       }
       evict(victim);
     }
+  }
+
+  // As MemoryManager::evict_window: the arena in address order, each resident evictable tensor
+  // at its score times its block, the cheapest window that spans `need` evicted whole.
+  bool evict_window(int64_t need) {
+    if (!options_.window || !weighs_costs(options_.policy)) return false;
+    std::unordered_map<int64_t, int> evictable_at;  // block offset -> tensor
+    for (int t : roots_) {
+      if (evictable(t)) evictable_at.emplace(arena_.offset_of_block(slots_[t].data), t);
+    }
+    if (evictable_at.empty()) return false;
+    std::vector<ArenaBlock> blocks;
+    std::vector<int> owner;
+    int64_t at = 0;
+    auto add = [&](int64_t size, bool can_go, double cost, int t) {
+      blocks.push_back(ArenaBlock{size, can_go, cost});
+      owner.push_back(t);
+    };
+    for (const auto& [offset, size] : arena_.allocated_blocks()) {
+      if (offset > at) add(offset - at, true, 0, -1);
+      auto it = evictable_at.find(offset);
+      if (it == evictable_at.end()) {
+        add(size, false, 0, -1);
+      } else {
+        add(size, true, window_cost(score(it->second), size), it->second);
+      }
+      at = offset + size;
+    }
+    if (arena_.capacity() > at) add(arena_.capacity() - at, true, 0, -1);
+    const auto [first, last] = cheapest_window(blocks, need);
+    if (first < 0) return false;
+    bool evicted = false;
+    for (int64_t i = first; i < last; ++i) {
+      const int t = owner[static_cast<size_t>(i)];
+      if (t < 0 || !evictable(t)) continue;
+      evict(t);
+      ++result_.window_evictions;
+      evicted = true;
+    }
+    return evicted;
   }
 
   void prepare(int64_t expected_bytes) {

@@ -3,8 +3,8 @@
 // through the memory manager's eviction rules at a smaller budget, without running any kernel,
 // to predict evictions, recomputation and whether the budget works at all. Its scores, its choice
 // of the victim and DTR's e* are the engine's own code (memory/eviction_score.h), on the engine's
-// clock (one tick per kernel); its loop mirrors memory/memory_manager.cpp (prepare, make_room,
-// fragmentation-first victims) and runtime/interpreter_residency.cpp (regeneration), and it places
+// clock (one tick per kernel); its loop mirrors memory/memory_manager.cpp (prepare, make_room:
+// Coop's cheapest window, else fragmentation-first victims) and runtime/interpreter_residency.cpp (regeneration), and it places
 // blocks in a real CpuArena of the budget's size (address space only), so fragmentation is the
 // engine's own. On a step without views it evicts what the engine evicts, in the same order
 // (tests/planner/test_replay_engine.cpp). Where it departs from the engine, for want of what a
@@ -34,6 +34,7 @@ struct ReplayOptions {
   // dtr, lru and largest as the engine scores them; dtr_eq and megengine are replayed as dtr.
   EvictionHeuristic policy = EvictionHeuristic::kDtr;
   bool ignore_small = true;          // as EvictionOptions::ignore_small
+  bool window = true;                // as EvictionOptions::window (Coop's sliding window)
   bool modeled_costs = true;         // as memory.kernel_costs = "modeled": score by TraceKernel::modeled_ms
   // memory.policy = "full" (MemoryOptions::checkpoint_blocks): the model's blocks; when a forward
   // kernel of another block begins, what the block before made is dropped but its last kernel's
@@ -47,6 +48,7 @@ struct ReplayResult {
   int64_t peak_bytes = 0;        // highest arena in_use (rounded blocks, persistent included)
   int64_t forward_end_bytes = 0;  // arena in_use when the first backward kernel began
   int64_t evictions = 0;
+  int64_t window_evictions = 0;  // of those, made by windows (as MemoryStats::window_evictions)
   int64_t recomputations = 0;    // kernels re-run to regenerate
   double recompute_ms = 0;       // sum of their TraceKernel::ms
   int64_t min_budget_bytes = 0;  // when infeasible for lack of room: in_use + the request that

@@ -155,6 +155,7 @@ struct MemoryConfig {
   double eviction_threshold = 0.9;
   bool sqrt_sampling = false;
   bool ignore_small = true;
+  bool eviction_window = true;  // a request that finds no block evicts Coop's cheapest window
   KernelCosts kernel_costs = KernelCosts::kModeled;  // what eviction weighs: modeled (deterministic) or measured
   double solve_time_s = 10;   // static plans: the solver's time limit per plan
   bool static_layout = true;  // static plans: blocks at planned offsets

@@ -344,6 +344,11 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::memory, &MemoryConfig::ignore_small, "memory", "ignore_small",
                     "never evict tensors under 1% of the mean candidate size (the DTR paper's approximation)")
                   .only_when(evicting_words, evicting));
+  f.push_back(Field(&C::memory, &MemoryConfig::eviction_window, "memory", "eviction_window",
+                    "when an allocation finds no free block large enough, evict the cheapest run of adjacent "
+                    "blocks that makes one (Coop's sliding window), not the policy's favourites one by one "
+                    "wherever they lie; dtr, dtr_eq and megengine only")
+                  .only_when(evicting_words, evicting));
   f.push_back(Field(&C::memory, &MemoryConfig::kernel_costs, "memory", "kernel_costs",
                     "what eviction takes for the cost of recomputing a tensor: modeled (from the op's shapes, "
                     "the same on every run, so a budget that trains once trains every time) or measured (the "

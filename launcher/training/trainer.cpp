@@ -174,6 +174,7 @@ MemoryOptions Trainer::memory_options() const {
     }
     eviction.sqrt_sampling = m.sqrt_sampling;
     eviction.ignore_small = m.ignore_small;
+    eviction.window = m.eviction_window;
     eviction.costs = m.kernel_costs;
     eviction.seed = static_cast<uint64_t>(config_.job.seed);
     options.eviction = eviction;

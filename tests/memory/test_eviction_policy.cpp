@@ -234,6 +234,28 @@ TEST(EvictionPolicy, SqrtSamplingScoresAFewCandidates) {
   }
 }
 
+TEST(EvictionWindow, FindsTheCheapestRunOfAdjacentBlocksThatSpansTheRequest) {
+  auto free = [](int64_t bytes) { return ArenaBlock{bytes, true, 0}; };
+  auto tensor = [](int64_t bytes, double cost) { return ArenaBlock{bytes, true, cost}; };
+  auto pinned = [](int64_t bytes) { return ArenaBlock{bytes, false, 0}; };
+  using Window = std::pair<int64_t, int64_t>;
+  // Free blocks cost nothing: a tensor between two holes is cheaper than two tensors.
+  EXPECT_EQ(cheapest_window({tensor(64, 1), tensor(64, 1), free(32), tensor(64, 1.5), free(32)}, 128), Window(2, 5));
+  // The shortest run that spans it, not a longer one around it.
+  EXPECT_EQ(cheapest_window({tensor(64, 5), tensor(128, 2), tensor(64, 5)}, 128), Window(1, 2));
+  // A pinned block breaks a run: 2 + 2 across it would be cheapest.
+  EXPECT_EQ(cheapest_window({tensor(64, 9), tensor(64, 2), pinned(64), tensor(64, 2), tensor(64, 9)}, 128),
+            Window(0, 2));
+  // Equal costs: the lowest address.
+  EXPECT_EQ(cheapest_window({tensor(64, 1), tensor(64, 1), tensor(64, 1)}, 64), Window(0, 1));
+  // Nothing spans it.
+  EXPECT_EQ(cheapest_window({tensor(64, 1), pinned(64), tensor(64, 1)}, 128), Window(-1, -1));
+  EXPECT_EQ(cheapest_window({}, 1), Window(-1, -1));
+  // A window's cost is the candidate's: its score (per byte) times its bytes.
+  EXPECT_DOUBLE_EQ(window_cost(0.5, 64), 32.0);
+  EXPECT_DOUBLE_EQ(window_cost(-1, 64), 0.0) << "never negative";
+}
+
 TEST(EvictionPolicy, NamesRoundTrip) {
   for (const char* name : {"dtr", "dtr_eq", "megengine", "lru", "largest"}) {
     const auto h = parse_choice<EvictionHeuristic>(name);

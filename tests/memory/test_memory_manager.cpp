@@ -118,6 +118,42 @@ TEST(MemoryManager, FragmentedMemoryEvictsTheTensorThatJoinsAHole) {
   EXPECT_EQ(b.arena->stats().largest_free_block, 192 * kKiB);
 }
 
+TEST(MemoryManager, ANeedForOneBlockEvictsTheCheapestRunOfNeighbours) {
+  // [x][a][b][c][d][filler], 64 KiB each, nothing free between them: 128 KiB in one block needs
+  // two neighbours gone. a is the cheapest tensor, b the dearest: one by one (Coop's "before"),
+  // DTR evicts a, then b, which joins a's hole; the window evicts c and d, which cost less together.
+  for (bool window : {true, false}) {
+    SCOPED_TRACE(window ? "window" : "one by one");
+    auto arena = std::make_shared<CpuArena>(2048 * kKiB);
+    ArenaScope scope(arena);
+    MemoryOptions m = MemoryOptions::budget(arena, EvictionHeuristic::kDtr);
+    m.eviction->window = window;
+    MemoryManager memory;
+    Interpreter interp{{}, &memory};
+    memory.configure(m);
+    Tensor x = interp.input(at::empty({16 * kKiB}));
+    PlacementScope among_activations(Placement::kActivation);
+    Tensor a = relu(x), b = relu(x), c = relu(x), d = relu(x);
+    at::Tensor filler = at::empty({arena->stats().largest_free_block / 4});
+    ASSERT_EQ(arena->stats().free_bytes, 0);
+    ASSERT_LT(a.value().data_ptr(), d.value().data_ptr());
+    const double cost[] = {1, 100, 2, 3};
+    int i = 0;
+    for (Tensor* t : {&a, &b, &c, &d}) {
+      t->info()->producer->compute_ms = t->info()->producer->modeled_ms = cost[i++];
+      t->info()->last_access = interp.now();
+    }
+    EXPECT_TRUE(memory.make_room(128 * kKiB));
+    EXPECT_EQ(memory.stats().evictions, 2);
+    EXPECT_EQ(memory.stats().window_evictions, window ? 2 : 0);
+    EXPECT_EQ(a.info()->resident(), window);
+    EXPECT_EQ(b.info()->resident(), window);
+    EXPECT_EQ(c.info()->resident(), !window);
+    EXPECT_EQ(d.info()->resident(), !window);
+    EXPECT_EQ(arena->stats().largest_free_block, 128 * kKiB);
+  }
+}
+
 TEST(MemoryManager, OnlyTheInterpreterThreadMayEvict) {
   Budgeted b(1024 * kKiB, EvictionHeuristic::kDtr);
   Tensor x = b.interp.input(at::ones({16 * kKiB}));

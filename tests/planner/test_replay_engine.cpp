@@ -112,13 +112,22 @@ TEST(ReplayAgainstTheEngine, EvictsTheSameTensorsInTheSameOrderAtTheSameScores) 
   const int64_t activations = peak - trace.persistent_bytes;
   ASSERT_GT(activations, 0);
   int compared = 0, fitted = 0, refused = 0;
+  int64_t windowed = 0;
+  // Threshold 1.0 leaves every eviction to a request that finds no block: there the window
+  // (Coop's) or the one-by-one choice decides them all.
+  const std::pair<double, bool> configs[] = {{0.9, true}, {0.9, false}, {1.0, true}, {1.0, false}};
+  for (const auto& [threshold, window] : configs)
   for (double share : {0.9, 0.8, 0.7, 0.6}) {
     const int64_t budget = trace.persistent_bytes + static_cast<int64_t>(share * static_cast<double>(activations));
-    SCOPED_TRACE("budget: persistent + " + std::to_string(share) + " of the activations");
+    SCOPED_TRACE("budget: persistent + " + std::to_string(share) + " of the activations, threshold " +
+                 std::to_string(threshold) + (window ? ", windows" : ", one by one"));
     Step step(budget);
     MemoryManager memory;
     Interpreter interp({}, &memory);
-    memory.configure(MemoryOptions::budget(step.arena, EvictionHeuristic::kDtr));
+    MemoryOptions m = MemoryOptions::budget(step.arena, EvictionHeuristic::kDtr);
+    m.eviction_threshold = threshold;
+    m.eviction->window = window;
+    memory.configure(m);
     ASSERT_EQ(step.arena->stats().in_use, trace.persistent_bytes) << "both start from the same state";
     Victims engine(memory, interp);
     memory.set_kernel_observer(&engine);
@@ -133,6 +142,8 @@ TEST(ReplayAgainstTheEngine, EvictsTheSameTensorsInTheSameOrderAtTheSameScores) 
     ReplayOptions options;
     options.budget_bytes = budget;
     options.policy = EvictionHeuristic::kDtr;
+    options.eviction_threshold = threshold;
+    options.window = window;
     const ReplayResult replayed = replay_step(trace, options);
     EXPECT_EQ(replayed.feasible, engine_fits) << replayed.failure;
     (engine_fits ? fitted : refused)++;
@@ -148,11 +159,14 @@ TEST(ReplayAgainstTheEngine, EvictsTheSameTensorsInTheSameOrderAtTheSameScores) 
     }
     if (engine_fits) {
       EXPECT_EQ(replayed.recomputations, memory.stats().recomputations);
+      EXPECT_EQ(replayed.window_evictions, memory.stats().window_evictions);
+      windowed += memory.stats().window_evictions;
     }
     compared += static_cast<int>(std::min(engine.out.size(), replayed.victims.size()));
   }
   EXPECT_GT(fitted, 0);
   EXPECT_GT(compared, 0) << "the budgets evict";
+  EXPECT_GT(windowed, 0) << "some budget evicts a window";
 }
 
 }  // namespace
