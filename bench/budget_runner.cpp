@@ -67,6 +67,20 @@ std::vector<Workload> workloads(bool quick) {
                  "--model gpt --layers 6 --heads 8 --vocab 256 --embd " + std::to_string(d) + " --seq " +
                      std::to_string(t) + " --batch " + std::to_string(batch)});
   }
+  {
+    // configs/llama_small.toml's shape (grouped-query attention, RoPE, RMSNorm, SwiGLU, untied)
+    // at the GPT row's sequence and batch, over a SentencePiece-sized vocabulary.
+    const int64_t batch = 8 / s, t = 128 / s, d = 256 / s, vocab = 4096 / s;
+    w.push_back({"llama 6L d" + std::to_string(d) + " T" + std::to_string(t) + " b" + std::to_string(batch), batch,
+                 [=] {
+                   DecoderOptions o = DecoderOptions::llama(vocab, t, 6, 8, 4, d);
+                   o.multiple_of = 64;
+                   return std::make_shared<Decoder>(o);
+                 },
+                 [=](int64_t b) {
+                   return std::make_pair(at::randint(vocab, {b, t}, at::kLong), at::randint(vocab, {b, t}, at::kLong));
+                 }});
+  }
   return w;
 }
 
@@ -140,6 +154,7 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   options.swap = savers.swap;
   if (savers.full_recompute) options.checkpoint_blocks = static_cast<int>(model_->blocks().size());
   if (options.eviction) options.eviction->costs = savers.kernel_costs;
+  if (options.eviction) options.eviction->window = savers.eviction_window;
   TORCH_CHECK(!savers.optimizer_state_on_host || savers.swap, "BudgetRunner: the optimizer state on host needs swap's link");
   if (savers.optimizer_state_on_host) state_offload_ = std::make_unique<StateOffload>(savers.swap->link);
   memory_->configure(options);
@@ -159,6 +174,7 @@ StepSample BudgetRunner::step() {
   // Parameters, their gradients' buffer, optimizer state.
   fixed_bytes_ = arena_->stats().in_use;
   arena_->reset_peak();
+  if (!memory_->swapping()) memory_->reset_peak();
   const MemoryStats before = memory_->stats();
   const SwapStats swap_before = memory_->swap_stats() ? *memory_->swap_stats() : SwapStats{};
   const HostLink* link = memory_->swapping() ? memory_->options().swap->link.get() : nullptr;
@@ -194,6 +210,8 @@ StepSample BudgetRunner::step() {
     const MemoryStats& after = memory_->stats();
     s.recompute_ms = after.recompute_ms - before.recompute_ms;
     s.evictions = after.evictions - before.evictions;
+    s.window_evictions = after.window_evictions - before.window_evictions;
+    s.fragmentation = after.fragmentation_at_peak;
     s.recomputations = after.recomputations - before.recomputations;
     s.peak_in_use = arena_->stats().peak_in_use;
     peak_in_use_ = std::max(peak_in_use_, s.peak_in_use);

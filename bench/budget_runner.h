@@ -48,6 +48,10 @@ std::vector<Workload> gpu_workloads(bool quick);
 struct StepSample {
   double ms = 0, recompute_ms = 0, loss = 0;
   int64_t evictions = 0, recomputations = 0, peak_in_use = 0;
+  int64_t window_evictions = 0;  // of the evictions, those made by Coop's windows
+  // 1 - largest free block / free bytes when the arena's use was highest (MemoryStats); without
+  // host swap (whose peaks span steps) only.
+  double fragmentation = 0;
   // Host swap in this step: bytes each way, bytes in that were back before their read, compute
   // waiting for copies, and the link's busy time each way.
   int64_t swap_out_bytes = 0, swap_in_bytes = 0, swap_in_hidden_bytes = 0;
@@ -64,6 +68,8 @@ struct Savers {
   std::optional<StaticPlanOptions> static_plans;
   // What DTR weighs (memory.kernel_costs).
   KernelCosts kernel_costs = KernelCosts::kModeled;
+  // Evict Coop's cheapest window when a request finds no block (EvictionOptions::window).
+  bool eviction_window = EvictionOptions{}.window;
   // Host swap (memory/host_swap.h), DTR recomputing what is not swapped.
   std::optional<SwapOptions> swap;
   // memory.policy = "full": every block but the last dropped at its end (needs a policy).

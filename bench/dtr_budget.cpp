@@ -32,6 +32,9 @@ struct Options {
   std::vector<std::string> policies{"dtr", "dtr_eq", "megengine", "lru", "largest"};
   // What DTR's policies weigh: modeled kernel costs (the default), measured times, or both side by side.
   std::vector<KernelCosts> costs{KernelCosts::kModeled};
+  // Whether a request that finds no block evicts Coop's cheapest window (on), or the policy's
+  // favourites one by one (off); both: side by side.
+  std::vector<bool> windows{true};
   bool max_batch = true;
   double threshold = MemoryOptions{}.eviction_threshold;
   std::string peer;  // a Python that runs bench/peer/gpu_peer.py; empty: no peer rows
@@ -47,19 +50,20 @@ struct Baseline {
 
 // One (ratio, policy, costs) row: B under the budget interleaved with A unoptimized.
 void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std::string& policy_name,
-                KernelCosts costs, const Options& o) {
+                KernelCosts costs, bool window, const Options& o) {
   const int64_t budget = u.budget_at(ratio);
   // Both sides start from the same initialization, so their losses must agree at every step.
   BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
   Savers savers;
   savers.kernel_costs = costs;
+  savers.eviction_window = window;
   const EvictionHeuristic heuristic = *parse_choice<EvictionHeuristic>(policy_name);  // checked by the options
   BudgetRunner dtr(w, w.batch, budget, heuristic, o.threshold, savers);
-  // The costs a policy weighs are named when the run compares them.
-  const std::string policy = o.costs.size() > 1 && weighs_costs(heuristic)
-                                 ? policy_name + "/" + choice_name(costs)
-                                 : policy_name;
-  std::vector<double> ratios, recompute_share, evictions, peaks;
+  // The costs a policy weighs, and whether it evicts windows, are named when the run compares them.
+  std::string policy = policy_name;
+  if (o.costs.size() > 1 && weighs_costs(heuristic)) policy += "/" + std::string(choice_name(costs));
+  if (o.windows.size() > 1 && weighs_costs(heuristic)) policy += window ? "/window" : "/single";
+  std::vector<double> ratios, recompute_share, evictions, peaks, windowed, fragmentation;
   bool identical = true;
   try {
     for (int i = 0; i < o.warmup; ++i) {
@@ -72,6 +76,8 @@ void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std
       recompute_share.push_back(b.recompute_ms / b.ms);
       evictions.push_back(static_cast<double>(b.evictions));
       peaks.push_back(static_cast<double>(b.peak_in_use) / static_cast<double>(budget));
+      windowed.push_back(static_cast<double>(b.window_evictions));
+      fragmentation.push_back(b.fragmentation);
     });
   } catch (const OutOfBudget& e) {
     std::printf("| %-24s | %5.2f | %-16s | %9.1f | infeasible: %s |\n", w.name.c_str(), ratio, policy.c_str(),
@@ -79,11 +85,11 @@ void budget_row(const Workload& w, const Unoptimized& u, double ratio, const std
     return;
   }
   if (!identical) ++g_different_rows;
-  std::printf("| %-24s | %5.2f | %-16s | %9.1f | %7.3fx | %.3f-%.3f | %8.1f%% | %9.0f | %5.3f | %-9s |\n",
+  std::printf("| %-24s | %5.2f | %-16s | %9.1f | %7.3fx | %.3f-%.3f | %8.1f%% | %9.0f | %6.0f | %5.1f%% | %5.3f | %-9s |\n",
               w.name.c_str(), ratio, policy.c_str(), static_cast<double>(budget) / (1 << 20), median(ratios),
               *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
-              100 * median(recompute_share), median(evictions), *std::max_element(peaks.begin(), peaks.end()),
-              identical ? "identical" : "DIFFERENT");
+              100 * median(recompute_share), median(evictions), median(windowed), 100 * median(fragmentation),
+              *std::max_element(peaks.begin(), peaks.end()), identical ? "identical" : "DIFFERENT");
   std::fflush(stdout);
 }
 
@@ -179,16 +185,20 @@ Baseline run(const Workload& w, const Options& o) {
   std::printf("\n%s: fixed %.1f MiB (parameters, gradients, optimizer state), unoptimized peak %.1f MiB, activations %.1f MiB\n\n",
               w.name.c_str(), u.fixed_bytes / 1048576.0, u.peak_in_use / 1048576.0,
               (u.peak_in_use - u.fixed_bytes) / 1048576.0);
-  std::printf("| %-24s | %5s | %-16s | %9s | %8s | %-11s | %9s | %9s | %5s | %-9s |\n", "model", "ratio", "policy",
-              "budget MiB", "slowdown", "(min-max)", "recompute", "evictions", "peak/", "losses");
-  std::printf("| %-24s | %5s | %-16s | %9s | %8s | %-11s | %9s | %9s | %5s | %-9s |\n", "", "", "", "", "", "",
-              "share", "per step", "budget", "");
-  std::printf("|%s|\n", std::string(136, '-').c_str());
+  std::printf("| %-24s | %5s | %-16s | %9s | %8s | %-11s | %9s | %9s | %6s | %6s | %5s | %-9s |\n", "model", "ratio",
+              "policy", "budget MiB", "slowdown", "(min-max)", "recompute", "evictions", "in", "frag.", "peak/",
+              "losses");
+  std::printf("| %-24s | %5s | %-16s | %9s | %8s | %-11s | %9s | %9s | %6s | %6s | %5s | %-9s |\n", "", "", "", "",
+              "", "", "share", "per step", "window", "@peak", "budget", "");
+  std::printf("|%s|\n", std::string(154, '-').c_str());
   for (double ratio : o.ratios) {
     for (const std::string& policy : o.policies) {
       const bool weighs = weighs_costs(*parse_choice<EvictionHeuristic>(policy));
       for (KernelCosts costs : o.costs) {
-        budget_row(w, u, ratio, policy, costs, o);
+        for (bool window : o.windows) {
+          budget_row(w, u, ratio, policy, costs, window, o);
+          if (!weighs) break;  // the same row whatever the windows
+        }
         if (!weighs) break;  // the same row whatever the costs
       }
     }
@@ -229,7 +239,7 @@ int main(int argc, char** argv) {
   ht::bench::Options o;
   int threads = 1;
   bool quick = false;
-  std::string only, policies = "dtr,dtr_eq,megengine,lru,largest", ratios = "0.8,0.5,0.3,0.2", costs = "modeled";
+  std::string only, policies = "dtr,dtr_eq,megengine,lru,largest", ratios = "0.8,0.5,0.3,0.2", costs = "modeled", window = "on";
   app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
@@ -237,6 +247,8 @@ int main(int argc, char** argv) {
   app.add_option("--policies", policies, "comma-separated eviction policies");
   app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
   app.add_option("--costs", costs, "what the policies weigh, comma-separated: modeled, measured (both: side by side)");
+  app.add_option("--window", window, "a request that finds no block evicts Coop's cheapest window: on, off, or "
+                 "on,off (side by side)");
   app.add_option("--eviction-threshold", o.threshold, "evict before each op down to this share of the budget")
       ->check(CLI::Range(0.1, 1.0));
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
@@ -266,6 +278,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     o.costs.push_back(*k);
+  }
+  o.windows.clear();
+  for (const std::string& w : ht::bench::split(window)) {
+    if (w != "on" && w != "off") {
+      std::fprintf(stderr, "bench_dtr_budget: --window: unknown \"%s\"; use on, off or on,off\n", w.c_str());
+      return 2;
+    }
+    o.windows.push_back(w == "on");
   }
   o.ratios.clear();
   for (const std::string& r : ht::bench::split(ratios)) o.ratios.push_back(std::stod(r));
