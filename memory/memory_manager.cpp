@@ -1,5 +1,7 @@
 #include "memory/memory_manager.h"
 
+#include "memory/eviction_window.h"
+
 #include "alloc/cpu_arena.h"
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/memory_timeline.h"
@@ -233,33 +235,17 @@ bool MemoryManager::evict_window(int64_t bytes) {
     if (data != nullptr && arena.contains(data) && t->evictable()) evictable.emplace(arena.offset_of_block(data), t);
   }
   if (evictable.empty()) return false;
-  // The arena in address order: allocated blocks and the free gaps between them.
   const uint64_t now = remat_->now();
-  std::vector<ArenaBlock> blocks;
-  std::vector<TensorInfo*> owner;
-  int64_t at = 0;
-  auto add = [&](int64_t size, bool can_go, double cost, TensorInfo* t) {
-    blocks.push_back(ArenaBlock{size, can_go, cost});
-    owner.push_back(t);
-  };
-  for (const auto& [offset, size] : arena.allocated_blocks()) {
-    if (offset > at) add(offset - at, true, 0, nullptr);
+  const std::vector<int64_t> window = cheapest_window_offsets(arena, bytes, [&](int64_t offset) -> std::optional<double> {
     auto it = evictable.find(offset);
-    if (it == evictable.end()) {
-      add(size, false, 0, nullptr);
-    } else {
-      add(size, true, window_cost(evictor_->policy().score(*it->second, now), size), it->second);
-    }
-    at = offset + size;
-  }
-  if (arena.capacity() > at) add(arena.capacity() - at, true, 0, nullptr);
-  const auto [first, last] = cheapest_window(blocks, bytes);
-  if (first < 0) return false;
+    if (it == evictable.end()) return std::nullopt;
+    return window_cost(evictor_->policy().score(*it->second, now), arena.block_bytes(data_of(*it->second)));
+  });
   bool evicted = false;
-  for (int64_t i = first; i < last; ++i) {
-    TensorInfo* t = owner[static_cast<size_t>(i)];
+  for (int64_t offset : window) {
+    TensorInfo* t = evictable.at(offset);
     // Evicting one may have released another (its last reader was a view): still a candidate?
-    if (t == nullptr || root_slot_.count(t) == 0 || !t->evictable()) continue;
+    if (root_slot_.count(t) == 0 || !t->evictable()) continue;
     evict(*t);
     ++stats_.window_evictions;
     evicted = true;

@@ -3,6 +3,7 @@
 #include "alloc/byte_size.h"
 #include "alloc/cpu_arena.h"
 #include "memory/eviction_score.h"
+#include "memory/eviction_window.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -204,7 +205,8 @@ class Replay {
     std::vector<int> placed;
     for (int out : outputs_[k]) {
       if (!attaches(out)) continue;
-      void* data = place(trace_.tensors[out].bytes, arena_.end_for(static_cast<size_t>(trace_.tensors[out].bytes), true));
+      const auto bytes = static_cast<size_t>(trace_.tensors[out].bytes);
+      void* data = place(trace_.tensors[out].bytes, arena_.end_for(bytes, true, /*recomputed=*/true));
       if (data == nullptr) {
         const std::string who = kernel_words(k) + ", regenerated for " + kernel_words(reader) + ",";
         return fail_for_room(who, trace_.tensors[out].bytes);
@@ -276,30 +278,15 @@ class Replay {
       if (evictable(t)) evictable_at.emplace(arena_.offset_of_block(slots_[t].data), t);
     }
     if (evictable_at.empty()) return false;
-    std::vector<ArenaBlock> blocks;
-    std::vector<int> owner;
-    int64_t at = 0;
-    auto add = [&](int64_t size, bool can_go, double cost, int t) {
-      blocks.push_back(ArenaBlock{size, can_go, cost});
-      owner.push_back(t);
-    };
-    for (const auto& [offset, size] : arena_.allocated_blocks()) {
-      if (offset > at) add(offset - at, true, 0, -1);
+    const std::vector<int64_t> window = cheapest_window_offsets(arena_, need, [&](int64_t offset) -> std::optional<double> {
       auto it = evictable_at.find(offset);
-      if (it == evictable_at.end()) {
-        add(size, false, 0, -1);
-      } else {
-        add(size, true, window_cost(score(it->second), size), it->second);
-      }
-      at = offset + size;
-    }
-    if (arena_.capacity() > at) add(arena_.capacity() - at, true, 0, -1);
-    const auto [first, last] = cheapest_window(blocks, need);
-    if (first < 0) return false;
+      if (it == evictable_at.end()) return std::nullopt;
+      return window_cost(score(it->second), arena_.block_bytes(slots_[it->second].data));
+    });
     bool evicted = false;
-    for (int64_t i = first; i < last; ++i) {
-      const int t = owner[static_cast<size_t>(i)];
-      if (t < 0 || !evictable(t)) continue;
+    for (int64_t offset : window) {
+      const int t = evictable_at.at(offset);
+      if (!evictable(t)) continue;
       evict(t);
       ++result_.window_evictions;
       evicted = true;
