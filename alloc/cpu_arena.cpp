@@ -1,5 +1,7 @@
 #include "alloc/cpu_arena.h"
 
+#include <limits>
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -95,6 +97,12 @@ void* CpuArena::allocate(size_t bytes, End end) {
         break;
       }
     }
+  } else if (end == End::kBestFit) {
+    auto it = free_by_size_.lower_bound({size, std::numeric_limits<int64_t>::min()});
+    if (it != free_by_size_.end()) {
+      hole = it->first;
+      offset = it->second;
+    }
   } else {
     // The highest free block that fits: state that lives across steps stacks up from the top.
     for (auto it = free_by_offset_.rbegin(); it != free_by_offset_.rend(); ++it) {
@@ -110,7 +118,7 @@ void* CpuArena::allocate(size_t bytes, End end) {
     return nullptr;
   }
   remove_free(free_by_offset_.find(offset));
-  if (end == End::kLow) {
+  if (end != End::kHigh) {
     // The block keeps the hole's low end, so repeated allocations pack towards low addresses.
     if (hole > size) add_free(offset + size, hole - size);
   } else {
@@ -148,9 +156,10 @@ void* CpuArena::allocate_at(int64_t offset, size_t bytes) {
   return take(offset, size);
 }
 
-CpuArena::End CpuArena::end_for(size_t bytes, bool activation) const {
+CpuArena::End CpuArena::end_for(size_t bytes, bool activation, bool recomputed) const {
   const int64_t small = std::min<int64_t>(int64_t{1} << 20, capacity() / 256);
-  return activation && static_cast<int64_t>(bytes) >= small ? End::kLow : End::kHigh;
+  if (!activation || static_cast<int64_t>(bytes) < small) return End::kHigh;
+  return recomputed ? End::kBestFit : End::kLow;
 }
 
 int64_t CpuArena::rounded_size(size_t bytes) {

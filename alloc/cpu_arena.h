@@ -54,9 +54,9 @@ class CpuArena {
   // Which end of the arena a block comes from. Keeping what lives across training steps
   // (parameters, their gradients, optimizer state) apart from what lives within one
   // (activations) keeps either from cutting the other's free memory into pieces.
-  enum class End { kLow, kHigh };
+  enum class End { kLow, kHigh, kBestFit };
   // kLow: the lowest free block that fits, carved from its low end; kHigh: the highest, carved
-  // from its high end. (Best fit, tried too, left no more room for DTR than first fit from
+  // from its high end; kBestFit: the smallest (the lowest of equals), carved from its low end. (Best fit, tried too, left no more room for DTR than first fit from
   // each end.) Returns nullptr, never throws, when nothing fits. A zero-byte request takes
   // kAlignment bytes so the pointer is unique.
   void* allocate(size_t bytes, End end = End::kLow);
@@ -74,7 +74,9 @@ class CpuArena {
   // left among activations, a few bytes that outlive their neighbours split two holes that could
   // have made one (PyTorch's caching allocator keeps a small pool apart for the same reason).
   // The allocator (cpu_device_allocator.cpp) and the planner's replay both place by this rule.
-  End end_for(size_t bytes, bool activation) const;
+  // A regenerated activation (`recomputed`) takes the smallest free block that fits (kBestFit):
+  // it closes a hole rather than cutting into the largest free range a later request may need.
+  End end_for(size_t bytes, bool activation, bool recomputed = false) const;
   // Merges the block with its free neighbours. Throws std::logic_error unless p starts an
   // allocated block; nullptr is a no-op.
   void deallocate(void* p);

@@ -231,8 +231,8 @@ CpuArena* active_arena() {
 void set_cuda_arena(CpuArena* arena) { g_cuda_arena.store(arena, std::memory_order_release); }
 
 void* allocate_in_arena(CpuArena& arena, size_t n, int64_t* block_bytes) {
-  const CpuArena::End end =
-      arena.end_for(n, g_placement.load(std::memory_order_relaxed) == Placement::kActivation);
+  const Placement placement = g_placement.load(std::memory_order_relaxed);
+  const CpuArena::End end = arena.end_for(n, placement != Placement::kOther, placement == Placement::kRecomputed);
   // Loaded once, so the advisor that advised is the one told the outcome.
   PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
   void* data = advisor != nullptr ? advised(arena, *advisor, n) : nullptr;

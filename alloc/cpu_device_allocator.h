@@ -105,7 +105,7 @@ class DeviceMemoryScope {
 // optimizer state, gradients, batches, temporaries) from its top. When memory is in pieces,
 // the blocks between the pieces are then activations, which can be evicted to join them
 // (MemoryManager::make_room), not gradients or parameters, which cannot.
-enum class Placement : uint8_t { kOther, kActivation };
+enum class Placement : uint8_t { kOther, kActivation, kRecomputed };
 
 // Sets the placement for every thread while alive (a kernel allocates on ATen's workers too);
 // restores the previous one after. The default is kOther.

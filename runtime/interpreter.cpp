@@ -155,7 +155,8 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   // (runtime/kernel_cost.h), which needs no timing.
   KernelTimer timer(in_values.empty() ? at::Device(at::kCPU) : in_values.front().device(),
                     memory_->reads_kernel_times());
-  PlacementScope activations(Placement::kActivation);  // evictable: the arena's bottom
+  // Evictable: the arena's bottom; a regeneration into the smallest hole that takes it.
+  PlacementScope activations(recompute ? Placement::kRecomputed : Placement::kActivation);
   std::vector<at::Tensor> outs = run_with_room(*memory_, [&] {
     timer.start();  // a rerun after making room times itself alone
     auto o = path.op->forward(in_values, ForwardContext{recompute});

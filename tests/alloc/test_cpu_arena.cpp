@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -80,22 +81,22 @@ TEST(CpuArena, ZeroByteRequestsGetDistinctPointers) {
   arena.deallocate(b);
 }
 
+// Blocks of 10, 1, 5, 1, 3, 1 units and a filler in an arena of 100, then the 10, 5 and 3 freed
+// to leave holes: {a, b, c, d, e, f, filler}, a, c and e holes.
+std::array<void*, 7> three_holes(CpuArena& arena) {
+  std::array<void*, 7> p{};
+  const int64_t units[] = {10, 1, 5, 1, 3, 1, 79};
+  for (size_t i = 0; i < p.size(); ++i) p[i] = arena.allocate(units[i] * kA);
+  EXPECT_NE(p[6], nullptr);
+  EXPECT_EQ(arena.stats().free_bytes, 0);
+  for (size_t i : {0, 2, 4}) arena.deallocate(p[i]);
+  EXPECT_EQ(arena.stats().free_blocks, 3);
+  return p;
+}
+
 TEST(CpuArena, LowEndTakesTheLowestHoleAndHighEndTheHighest) {
   CpuArena arena(100 * kA);
-  // Blocks of 10, 1, 5, 1, 3, 1 units and a filler, then free the 10, 5 and 3 to leave holes.
-  void* a = arena.allocate(10 * kA);
-  void* b = arena.allocate(1 * kA);
-  void* c = arena.allocate(5 * kA);
-  void* d = arena.allocate(1 * kA);
-  void* e = arena.allocate(3 * kA);
-  void* f = arena.allocate(1 * kA);
-  void* filler = arena.allocate(79 * kA);
-  ASSERT_NE(filler, nullptr);
-  EXPECT_EQ(arena.stats().free_bytes, 0);
-  arena.deallocate(a);
-  arena.deallocate(c);
-  arena.deallocate(e);
-  EXPECT_EQ(arena.stats().free_blocks, 3);
+  const auto [a, b, c, d, e, f, filler] = three_holes(arena);
   auto at = [](void* p, int64_t units) -> void* { return static_cast<char*>(p) + units * kA; };
 
   EXPECT_EQ(arena.allocate(4 * kA, CpuArena::End::kLow), a);           // the lowest hole, its low end
@@ -106,6 +107,24 @@ TEST(CpuArena, LowEndTakesTheLowestHoleAndHighEndTheHighest) {
   EXPECT_EQ(arena.stats().free_bytes, 0);
   EXPECT_EQ(arena.allocate(1), nullptr);
   for (void* p : {a, at(a, 4), b, c, at(c, 1), d, e, f, filler}) arena.deallocate(p);
+  EXPECT_EQ(arena.stats().free_blocks, 1);
+}
+
+TEST(CpuArena, BestFitTakesTheSmallestHoleThatFits) {
+  // Holes of 10, 5 and 3 units: a regenerated block (kBestFit) closes the smallest
+  // hole it fits, from its low end, and leaves the largest for a request that needs it.
+  CpuArena arena(100 * kA);
+  const auto [a, b, c, d, e, f, filler] = three_holes(arena);
+  EXPECT_EQ(arena.allocate(3 * kA, CpuArena::End::kBestFit), e);  // exact
+  EXPECT_EQ(arena.allocate(2 * kA, CpuArena::End::kBestFit), c);  // 5 before 10
+  EXPECT_EQ(arena.allocate(4 * kA, CpuArena::End::kBestFit), a);  // 3 left of c's hole is too small
+  EXPECT_EQ(arena.stats().largest_free_block, 6 * kA);
+  EXPECT_EQ(arena.allocate(7 * kA, CpuArena::End::kBestFit), nullptr);
+  // The allocator's rule: only a regenerated activation takes the smallest hole.
+  EXPECT_EQ(arena.end_for(10 * kA, true, true), CpuArena::End::kBestFit);
+  EXPECT_EQ(arena.end_for(10 * kA, true, false), CpuArena::End::kLow);
+  EXPECT_EQ(arena.end_for(10 * kA, false, true), CpuArena::End::kHigh);
+  for (void* p : {a, b, c, d, e, f, filler}) arena.deallocate(p);
   EXPECT_EQ(arena.stats().free_blocks, 1);
 }
 
