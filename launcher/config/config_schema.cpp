@@ -322,8 +322,11 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   const char* evicting_words = "memory.policy is not \"none\"";
   f.push_back(Field(&C::memory, &MemoryConfig::policy, "memory", "policy",
                     "none (never evict: the budget is a hard limit); static plans: static (a plan for each op "
-                    "sequence from its first step, DTR for steps that leave it), auto (a plan once a sequence "
-                    "repeats, DTR otherwise), segments (torch's checkpoint_sequential: sqrt(n) segments of "
+                    "sequence from its first step, DTR for steps that leave it), auto (the default where "
+                    "memory.budget is set on one CPU rank's step without pipeline stages or tensor parallelism: "
+                    "the planner predicts none, static, full, dtr and hybrid at the budget and trains the "
+                    "fastest that fits; where it predicts nothing, a plan once a sequence repeats, DTR "
+                    "otherwise), segments (torch's checkpoint_sequential: sqrt(n) segments of "
                     "blocks, recomputed whole); full (Megatron's full recomputation: every block but the last "
                     "keeps only its output, its other activations recomputed by DTR in its backward; with "
                     "pipeline stages and tensor parallelism too); or DTR with an eviction heuristic: dtr (the "
@@ -364,8 +367,8 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "place every block of a planned step at an offset laid out ahead of time, so that it cannot "
                     "fragment; false: the arena's own placement")
                   .only_when(planning_words, planning));
-  auto swapping = [](const Config& c) { return swaps(c.memory.policy); };
-  const char* swapping_words = "memory.policy is swap or hybrid";
+  auto swapping = [](const Config& c) { return swaps(c.memory.policy) || c.memory.policy == MemoryPolicy::kAuto; };
+  const char* swapping_words = "memory.policy is swap, hybrid or auto";
   f.push_back(Field(&C::memory, &MemoryConfig::host_budget, "memory", "host_budget",
                     "host memory for swapped activations: bytes with a unit (\"8GiB\") or a share of the host's "
                     "available memory (\"50%\"); empty: half of it. A copy that would pass it is not made (the "

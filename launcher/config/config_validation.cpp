@@ -165,8 +165,18 @@ class Rules {
       m.budget_bytes = *bytes;
       if (gpu) gpu_budget(device_bytes);
     }
+    // A budget alone trains the planner's fastest policy at it (run_check.h), where the planner
+    // predicts the run: one CPU rank's step, without stages or tensor-parallel groups, and
+    // nothing set that needs one policy in particular.
+    const ParallelConfig& p = c_.parallel;
+    if (!m.budget.empty() && !is_set("memory.policy") && c_.training.device == "cpu" &&
+        p.strategy != Strategy::kAuto && p.pipeline_parallel == 1 && p.tensor_parallel == 1 &&
+        (p.shard == ShardLevel::kNone || p.shard == ShardLevel::kOptimizer) &&
+        m.optimizer_state == StatePlace::kDevice && m.compress != Compression::kBf16) {
+      m.policy = MemoryPolicy::kAuto;
+    }
     const std::string policy = choice_name(m.policy);
-    if (swaps(m.policy)) host_budget();
+    if (swaps(m.policy) || m.policy == MemoryPolicy::kAuto) host_budget();  // auto may choose hybrid
     if (m.compress == Compression::kBf16 && !swaps(m.policy)) {
       throw UserError(loc("memory.compress") + "memory.compress = \"bf16\" shrinks what crosses the host link, and "
                       "memory.policy = \"" + policy + "\" swaps nothing; set memory.policy = \"swap\" or \"hybrid\" "

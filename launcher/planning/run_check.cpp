@@ -49,7 +49,10 @@ std::string ratio(double a, double b) {
 }
 
 // The refusal: what was predicted, the limit, and the fastest plans at these ranks that fit.
-UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, const std::vector<RankedPlan>& fitting) {
+// `auto_words`: memory.policy = "auto"'s candidates and their predictions (fastest_memory_policy),
+// none of which fits; empty otherwise.
+UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, const std::vector<RankedPlan>& fitting,
+                       const std::string& auto_words) {
   const bool budget = c.memory.budget_bytes > 0;
   const std::string where = budget ? "memory.budget = \"" + c.memory.budget + "\" (" + format_bytes(limit) + ")"
                                    : "this machine's memory per rank (" + format_bytes(limit) + ")";
@@ -63,7 +66,11 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
   // Under eviction the replay says why (its numbers add up to the budget); without, the peak's
   // terms add up to the peak.
   std::string text;
-  if (evicts(c.memory.policy) && budget) {
+  if (!auto_words.empty()) {
+    text = c.source + ": memory.policy = \"auto\" found no policy that trains training.micro_batch_size = " +
+           std::to_string(c.micro_batch_size()) + " in " + where + " (" + auto_words + "); under static plans: " +
+           (p.why_not.empty() ? "a predicted peak of " + format_bytes(p.peak_bytes) : p.why_not);
+  } else if (evicts(c.memory.policy) && budget) {
     text = c.source + ": memory.policy = \"" + choice_name(c.memory.policy) + "\" cannot train in " + where + ": " +
            p.why_not;
   } else {
@@ -105,6 +112,35 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
   }
   text += "; or set parallel.strategy = \"auto\" to train the first" + layout_hint;
   return UserError(text);
+}
+
+// memory.policy = "auto" under a budget: of the policies this plan could train under, the one
+// predicted fastest among those that fit (a fitting plan without eviction is the fastest), so
+// that a user who sets only a budget trains the cheapest way the planner knows. Static plans
+// are auto's own (a plan once a sequence repeats), so kAuto stands for them; sharding rules out
+// what the search rules out (planner/search.cpp). `words`: each candidate's predicted step.
+MemoryPolicy fastest_memory_policy(const JobPlan& plan, const Plan& configured, std::string& words) {
+  const MemoryPolicy candidates[] = {MemoryPolicy::kNone, MemoryPolicy::kAuto, MemoryPolicy::kFull,
+                                     MemoryPolicy::kDtr, MemoryPolicy::kHybrid};
+  MemoryPolicy best = MemoryPolicy::kAuto;  // none fits: the configured auto, refused below
+  double best_ms = 0;
+  for (MemoryPolicy policy : candidates) {
+    if (configured.shard >= ShardLevel::kGradients && plans_statically(policy)) continue;
+    if (configured.shard == ShardLevel::kParameters && swaps(policy)) continue;
+    Plan q = configured;
+    q.policy = policy;
+    const Prediction p = predict(plan.profile, plan.machine, q);
+    char cell[96];
+    std::snprintf(cell, sizeof cell, "%s%s %s", words.empty() ? "" : ", ",
+                  policy == MemoryPolicy::kAuto ? "static" : choice_name(policy),
+                  p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
+    words += cell;
+    if (p.fits && (best_ms == 0 || p.step_ms < best_ms)) {
+      best = policy;
+      best_ms = p.step_ms;
+    }
+  }
+  return best;
 }
 
 // Rank 0's decision, in numbers every rank can apply: refuse?, micro-batch size, policy, budget.
@@ -226,6 +262,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
   const bool automatic = config.parallel.strategy == Strategy::kAuto;
   Decision decision;
   std::optional<UserError> refusal;
+  std::string chosen;  // memory.policy = "auto": each candidate's predicted step
   if (grid.is_root()) {
     PlanArgs args;
     args.ranks = {static_cast<int>(config.replicas())};
@@ -241,6 +278,9 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     out.plan = plan_of(config);
     if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) {
       out.plan = plan.ranked[0].plan;
+    }
+    if (!automatic && config.memory.policy == MemoryPolicy::kAuto && config.memory.budget_bytes > 0) {
+      out.plan.policy = fastest_memory_policy(plan, out.plan, chosen);
     }
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     if (!out.prediction.fits && config.memory.check_fit) {
@@ -262,7 +302,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
                                       Objective::kTime, at::get_num_threads())) {
         if (r.prediction.fits) fitting.push_back(std::move(r));
       }
-      refusal = does_not_fit(config, out.prediction, out.limit_bytes, fitting);
+      refusal = does_not_fit(config, out.prediction, out.limit_bytes, fitting, chosen);
     }
     decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
                 evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard,
@@ -273,13 +313,18 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
   if (grid.world > 1) grid.data_parallel_group->idle_barrier("the plan of rank 0");
   decision = share(grid, decision);
   if (decision.refuse) throw refusal ? *refusal : UserError("rank 0 found that the run cannot fit");
-  if (automatic) apply(config, decision);
+  if (automatic) {
+    apply(config, decision);
+  } else if (config.memory.policy == MemoryPolicy::kAuto && config.memory.budget_bytes > 0) {
+    config.memory.policy = decision.policy;  // kAuto itself where its static plans won
+  }
   if (grid.is_root()) {
     char text[256];
     std::snprintf(text, sizeof text, "predicted: peak %s per rank of %s, step %.1f ms (%s)",
                   format_bytes(out.prediction.peak_bytes).c_str(), format_bytes(out.limit_bytes).c_str(),
                   out.prediction.step_ms, plan_words(out.plan).c_str());
     out.text = text;
+    if (!chosen.empty()) out.text += "; memory.policy = \"auto\" chose by the predicted step: " + chosen;
   }
   return out;
 }

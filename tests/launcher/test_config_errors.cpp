@@ -171,7 +171,7 @@ TEST_F(ConfigErrors, HostSwap) {
   const LoadedConfig loaded = load_config(dir_.write("w.toml", kGood), {override_of("--memory.host_link_gbps=8")});
   ASSERT_EQ(loaded.warnings.size(), 1u);
   EXPECT_THAT(loaded.warnings[0], HasSubstr("memory.host_link_gbps has no effect: it applies only when memory.policy "
-                                            "is swap or hybrid"));
+                                            "is swap, hybrid or auto"));
   EXPECT_THAT(error_in(kGood, {"--memory.compress=bf16", "--memory.policy=dtr", "--memory.budget=64MiB"}),
               HasSubstr("memory.compress = \"bf16\" shrinks what crosses the host link, and memory.policy = \"dtr\" "
                         "swaps nothing; set memory.policy = \"swap\" or \"hybrid\" (with memory.budget), or "

@@ -372,8 +372,8 @@ TEST(PlanCommand, ARefusalsSuggestionFitsAndAutoTrainsIt) {
   const auto peak = static_cast<int64_t>(json_number(dir.path("roomy/summary.json"), "mem_peak_bytes"));
   const std::string budget = "--memory.budget=" + std::to_string(peak * 8 / 10);
   std::string refusal;
-  try {
-    run_job(config_for(dir, kConv, {budget, "--job.output_dir=" + dir.path("refused")}), true);
+  try {  // memory.policy = "none": the budget is a hard limit
+    run_job(config_for(dir, kConv, {budget, "--memory.policy=none", "--job.output_dir=" + dir.path("refused")}), true);
   } catch (const UserError& e) {
     refusal = e.what();
   }
@@ -385,11 +385,40 @@ TEST(PlanCommand, ARefusalsSuggestionFitsAndAutoTrainsIt) {
       << refusal;
   const std::string micro = m[1], policy = m[3];
   std::vector<std::string> args{budget, "--training.micro_batch_size=" + micro, "--job.output_dir=" + dir.path("fix")};
-  if (!policy.empty()) args.push_back("--memory.policy=" + policy);
+  args.push_back("--memory.policy=" + (policy.empty() ? std::string("none") : policy));
   run_job(config_for(dir, kConv, args), true);
   EXPECT_LE(json_number(dir.path("fix/summary.json"), "mem_peak_bytes"), peak * 8 / 10);
   run_job(config_for(dir, kConv, {budget, "--parallel.strategy=auto", "--job.output_dir=" + dir.path("auto")}), true);
   EXPECT_LE(json_number(dir.path("auto/summary.json"), "mem_peak_bytes"), peak * 8 / 10);
+}
+
+// A budget and no memory.policy: the policy is "auto", which trains the one the planner predicts
+// fastest among those that fit at the budget (run_check.h). Roomy, that is no eviction at all;
+// at 90% of the peak, an evicting one; the run then stays within the budget.
+TEST(Planning, ABudgetAloneTrainsThePolicyPredictedFastest) {
+  TempDir dir;
+  run_job(config_for(dir, kConv, {"--memory.budget=256MiB", "--memory.policy=none", "--job.output_dir=" + dir.path("roomy")}), true);
+  const auto peak = static_cast<int64_t>(json_number(dir.path("roomy/summary.json"), "mem_peak_bytes"));
+  {
+    Config c = config_for(dir, kConv, {"--memory.budget=256MiB"});
+    ASSERT_EQ(c.memory.policy, MemoryPolicy::kAuto) << "the default with a budget";
+    const RunPrediction p = check_run_fits(c, make_datasets(c), ProcessGrid{});
+    EXPECT_EQ(c.memory.policy, MemoryPolicy::kNone) << p.text;
+    EXPECT_THAT(p.text, HasSubstr("memory.policy = \"auto\" chose by the predicted step: none "));
+  }
+  const std::string budget = "--memory.budget=" + std::to_string(peak * 9 / 10);
+  {
+    Config c = config_for(dir, kConv, {budget});
+    const RunPrediction p = check_run_fits(c, make_datasets(c), ProcessGrid{});
+    EXPECT_TRUE(p.prediction.fits) << p.text;
+    EXPECT_TRUE(evicts(c.memory.policy)) << p.text;
+    EXPECT_THAT(p.text, HasSubstr("none does not fit"));
+  }
+  run_job(config_for(dir, kConv, {budget, "--job.output_dir=" + dir.path("auto")}), true);
+  EXPECT_LE(json_number(dir.path("auto/summary.json"), "mem_peak_bytes"), peak * 9 / 10);
+  // Where the planner does not predict the run, a budget alone stays a hard limit.
+  EXPECT_EQ(config_for(dir, kConv, {"--memory.budget=256MiB", "--parallel.strategy=auto"}).memory.policy,
+            MemoryPolicy::kNone);
 }
 
 // parallel.strategy = "auto" with a policy the search does not consider (swap, hybrid), where no
