@@ -416,6 +416,16 @@ TEST(Planning, ABudgetAloneTrainsThePolicyPredictedFastest) {
   }
   run_job(config_for(dir, kConv, {budget, "--job.output_dir=" + dir.path("auto")}), true);
   EXPECT_LE(json_number(dir.path("auto/summary.json"), "mem_peak_bytes"), peak * 9 / 10);
+  // At 80% no policy trains this micro-batch: refused, naming each candidate and what fits.
+  try {
+    Config c = config_for(dir, kConv, {"--memory.budget=" + std::to_string(peak * 8 / 10)});
+    check_run_fits(c, make_datasets(c), ProcessGrid{});
+    ADD_FAILURE() << "80% of the peak at this micro-batch must be refused";
+  } catch (const UserError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("memory.policy = \"auto\" found no policy that trains training.micro_batch_size"));
+    EXPECT_THAT(e.what(), HasSubstr("dtr does not fit"));
+    EXPECT_THAT(e.what(), HasSubstr("Plans that fit"));
+  }
   // Where the planner does not predict the run, a budget alone stays a hard limit.
   EXPECT_EQ(config_for(dir, kConv, {"--memory.budget=256MiB", "--parallel.strategy=auto"}).memory.policy,
             MemoryPolicy::kNone);
