@@ -63,7 +63,7 @@ KernelWork kernel_work(const OpTraits& traits, const std::vector<at::Tensor>& in
   }
   w.views_only = written == 0;
   if (w.views_only) w.bytes = 0;
-  w.bytes += written;
+  w.bytes = (w.bytes + written) * traits.bytes_factor;
   return w;
 }
 

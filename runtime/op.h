@@ -57,6 +57,9 @@ struct OpTraits {
   uint32_t saves_outputs = 0;  // bit j: backward reads the value of output j
   Precision precision = Precision::kFollow;
   Work work = Work::kMemory;
+  // A memory-bound kernel that moves its inputs' and outputs' bytes more than once (a fused op
+  // that makes and reads intermediates of their size): the times it does (runtime/kernel_cost.h).
+  double bytes_factor = 1;
   // What its kernel allocates beside its outputs (runtime/kernel_workspace.h): declared here so
   // that a step traced on meta tensors holds it as the data run does.
   Workspace workspace = Workspace::kNone;
@@ -95,6 +98,10 @@ struct OpTraits {
   }
   OpTraits& doing(Work kind) {
     work = kind;
+    return *this;
+  }
+  OpTraits& moving_its_bytes(double times) {
+    bytes_factor = times;
     return *this;
   }
   OpTraits& with_workspace(Workspace kind) {

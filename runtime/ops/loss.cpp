@@ -63,8 +63,11 @@ class NllLossOp final : public Op {
 // Outputs (loss, total_weight); mean reduction, no class weights.
 class CrossEntropyOp final : public Op {
  public:
+  // Its work: forward reads the logits twice and writes the log-probabilities once, a chunk at a
+  // time (three times the logits' bytes, the two-op form's log_softmax and nll_loss together);
+  // backward, priced at twice forward (planner/step_recorder.cpp), does it again and the gradient.
   CrossEntropyOp()
-      : Op(OpTraits::named("cross_entropy").saving_inputs({0, 1}).saving_outputs({1}).in_float32()) {}
+      : Op(OpTraits::named("cross_entropy").saving_inputs({0, 1}).saving_outputs({1}).in_float32().moving_its_bytes(3)) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const at::Tensor& logits = in[0];
