@@ -56,9 +56,10 @@ class CpuArena {
   // (activations) keeps either from cutting the other's free memory into pieces.
   enum class End { kLow, kHigh, kBestFit };
   // kLow: the lowest free block that fits, carved from its low end; kHigh: the highest, carved
-  // from its high end; kBestFit: the smallest (the lowest of equals), carved from its low end. (Best fit, tried too, left no more room for DTR than first fit from
-  // each end.) Returns nullptr, never throws, when nothing fits. A zero-byte request takes
-  // kAlignment bytes so the pointer is unique.
+  // from its high end; kBestFit: the smallest (the lowest of equals), carved from its low end.
+  // (Best fit for every block left no more room for DTR than first fit from each end; for
+  // regenerated blocks alone it does: end_for.) Returns nullptr, never throws, when nothing
+  // fits. A zero-byte request takes kAlignment bytes so the pointer is unique.
   void* allocate(size_t bytes, End end = End::kLow);
   // Carves exactly [offset, offset + rounded size) out of the free block that holds it, for a
   // static layout planned offline (alloc/static_layout.h), whose offsets must be honoured to

@@ -177,9 +177,9 @@ inline std::pair<int64_t, int64_t> cheapest_window(const std::vector<ArenaBlock>
   return best;
 }
 
-// What a window pays for evicting a candidate of `score` and `bytes` under `h`: the score is a
-// cost per byte, so times the bytes it is the candidate's cost. Only the heuristics that weigh
-// costs choose by windows (lru and largest are baselines: their scores are no costs).
+// What a window pays for evicting a candidate of `score` and `bytes`: the score is a cost per byte,
+// so times the bytes it is the candidate's cost. Only the heuristics that weigh costs choose by
+// windows (lru and largest are baselines: their scores are no costs).
 inline double window_cost(double score, int64_t bytes) {
   return std::max(0.0, score) * static_cast<double>(std::max<int64_t>(bytes, 1));
 }

@@ -123,7 +123,7 @@ MemoryPolicy fastest_memory_policy(const JobPlan& plan, const Plan& configured, 
   const MemoryPolicy candidates[] = {MemoryPolicy::kNone, MemoryPolicy::kAuto, MemoryPolicy::kFull,
                                      MemoryPolicy::kDtr, MemoryPolicy::kHybrid};
   MemoryPolicy best = MemoryPolicy::kAuto;  // none fits: the configured auto, refused below
-  double best_ms = 0;
+  std::optional<double> best_ms;
   for (MemoryPolicy policy : candidates) {
     if (configured.shard >= ShardLevel::kGradients && plans_statically(policy)) continue;
     if (configured.shard == ShardLevel::kParameters && swaps(policy)) continue;
@@ -135,7 +135,7 @@ MemoryPolicy fastest_memory_policy(const JobPlan& plan, const Plan& configured, 
                   policy == MemoryPolicy::kAuto ? "static" : choice_name(policy),
                   p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
     words += cell;
-    if (p.fits && (best_ms == 0 || p.step_ms < best_ms)) {
+    if (p.fits && (!best_ms || p.step_ms < *best_ms)) {
       best = policy;
       best_ms = p.step_ms;
     }

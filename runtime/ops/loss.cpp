@@ -10,6 +10,16 @@ namespace {
 
 using TensorList = std::vector<at::Tensor>;
 
+// Rows whose target is this are left out of the loss (ATen's default ignore_index).
+constexpr int64_t kIgnoreIndex = -100;
+
+// nll_loss and cross_entropy take (N, K) scores and (N) int64 targets.
+void check_loss_arguments(const char* op, const Tensor& scores, const Tensor& target) {
+  TORCH_CHECK(scores.dim() == 2 && target.dim() == 1 && target.size(0) == scores.size(0), op, ": (N, K) and (N) ",
+              "expected, got ", scores.sizes(), " and ", target.sizes());
+  TORCH_CHECK(target.dtype() == at::kLong, op, ": target must be int64, got ", target.dtype());
+}
+
 class SoftmaxOp final : public Op {
  public:
   SoftmaxOp(int64_t dim, bool log)
@@ -45,9 +55,6 @@ class NllLossOp final : public Op {
                                   at::Reduction::Mean, kIgnoreIndex, a.outputs[1]),
             at::Tensor()};
   }
-
- private:
-  static constexpr int64_t kIgnoreIndex = -100;
 };
 
 // log_softmax and nll_loss in one op that never holds the (N, K) log-probabilities whole: with
@@ -103,7 +110,6 @@ class CrossEntropyOp final : public Op {
   }
 
  private:
-  static constexpr int64_t kIgnoreIndex = -100;
   // Rows per chunk: a sixteenth of the batch, and at least 1 MiB of log-probabilities (small
   // class counts run whole). Shapes only, so a meta trace chunks as the data run does.
   static int64_t chunk_rows(const at::Tensor& logits) {
@@ -125,19 +131,13 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
-  TORCH_CHECK(log_probs.dim() == 2 && target.dim() == 1 && target.size(0) == log_probs.size(0),
-              "nll_loss: log_probs (N, K) and target (N) expected, got ", log_probs.sizes(),
-              " and ", target.sizes());
-  TORCH_CHECK(target.dtype() == at::kLong, "nll_loss: target must be int64, got ", target.dtype());
+  check_loss_arguments("nll_loss", log_probs, target);
   static const std::shared_ptr<const Op> op = std::make_shared<NllLossOp>();
   return detail::apply_first(op, {log_probs, target});
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
-  TORCH_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
-              "cross_entropy: logits (N, K) and target (N) expected, got ", logits.sizes(), " and ",
-              target.sizes());
-  TORCH_CHECK(target.dtype() == at::kLong, "cross_entropy: target must be int64, got ", target.dtype());
+  check_loss_arguments("cross_entropy", logits, target);
   static const std::shared_ptr<const Op> op = std::make_shared<CrossEntropyOp>();
   return detail::apply_first(op, {logits, target});
 }
