@@ -11,15 +11,15 @@
 #   3. hybrid_train on CUDA: the quick start, gpt_tiny in bf16 and in fp16 with loss scaling, the
 #      Llama debug config in bf16;
 #   4. gpt_tiny with and without a DTR budget on CUDA: the same model.pt, byte for byte;
-#   5. the measured tables: bench_step_vs_autograd (interpreter vs autograd), bench_dtr_budget
+#   5. planner: `hybrid_train plan` for GPT-2 small (synthetic tokens) on one device of this GPU's
+#      catalog kind, the plan it writes trained 20 steps, its predicted step and peak against the
+#      measured ones (scripts/compare_plan_run.py);
+#   6. calibrate: scripts/device-calibrate.py, the GPU's matmul and bandwidth curves for the
+#      planner's device catalog, into $OUT/calibration.json (run before the test programs);
+#   7. the measured tables: bench_step_vs_autograd (interpreter vs autograd), bench_dtr_budget
 #      (DTR at 0.5/0.3/0.2 of activations, with PyTorch eager and torch.utils.checkpoint in this
 #      machine's python3), then its largest-batch search, on ResNet-50 at 224 and GPT-2 small;
-#      bench_attention (the attention op against composed attention and PyTorch's SDPA);
-#   6. calibrate: scripts/device-calibrate.py, the GPU's matmul and bandwidth curves for the
-#      planner's device catalog, into $OUT/calibration.json;
-#   7. planner: `hybrid_train plan` for GPT-2 small (synthetic tokens) on one device of this GPU's
-#      catalog kind, the plan it writes trained 20 steps, its predicted step and peak against the
-#      measured ones (scripts/compare_plan_run.py).
+#      bench_attention (the attention op against composed attention and PyTorch's SDPA).
 #
 # A session holds the machine for about 15 minutes, its start included, and the machine comes back
 # bare: so every step runs under one deadline (HT_DEVICE_DEADLINE seconds from the start, default
@@ -198,24 +198,6 @@ if [[ $steps == *tests* ]]; then
   fi
 fi
 
-want() { [[ $steps == *bench* || $steps == *$1* ]]; }  # bench: all three; or by name
-if want autograd || want dtr || want maxbatch || want attention; then
-  bench() {  # log name, limit, program, arguments...
-    local name=$1 limit=$2 program=$3 start=$SECONDS
-    shift 3
-    if [ ! -x "$bin/bench/$program" ]; then say "$name: not built"; return; fi
-    if ((limit == 0)); then say "$name: not run (deadline)"; return; fi
-    timeout "$limit" "$bin/bench/$program" --device cuda "$@" >"$logs/$name.log" 2>&1
-    say "$name: exit $? in $((SECONDS - start)) s"
-    cat "$logs/$name.log" >>"$out/summary.txt"
-    pack
-  }
-  want autograd && bench step_vs_autograd "$(left 120)" bench_step_vs_autograd --reps 5 --warmup 2
-  want dtr && bench dtr_budget "$(left 180)" bench_dtr_budget --policies dtr --ratios 0.5,0.3,0.2 --reps 3 --warmup 1 \
-    --peer python3 --no-max-batch
-  want attention && bench attention "$(left 150)" bench_attention --reps 5 --warmup 2
-  want maxbatch && bench dtr_max_batch "$(left 600)" bench_dtr_budget --policies dtr --only-max-batch --reps 2 --warmup 1
-fi
 # The planner against this GPU: the catalog kind's plan for GPT-2 small on one device (synthetic
 # tokens: no data set there), trained as written for 20 steps.
 if [[ $steps == *planner* ]]; then
@@ -243,6 +225,24 @@ if [[ $steps == *planner* ]]; then
     python3 scripts/compare_plan_run.py "$logs/plan_gpt2" "$logs/run_gpt2" 2>&1 | tee -a "$out/summary.txt"
   fi
   pack
+fi
+want() { [[ $steps == *bench* || $steps == *$1* ]]; }  # bench: all three; or by name
+if want autograd || want dtr || want maxbatch || want attention; then
+  bench() {  # log name, limit, program, arguments...
+    local name=$1 limit=$2 program=$3 start=$SECONDS
+    shift 3
+    if [ ! -x "$bin/bench/$program" ]; then say "$name: not built"; return; fi
+    if ((limit == 0)); then say "$name: not run (deadline)"; return; fi
+    timeout "$limit" "$bin/bench/$program" --device cuda "$@" >"$logs/$name.log" 2>&1
+    say "$name: exit $? in $((SECONDS - start)) s"
+    cat "$logs/$name.log" >>"$out/summary.txt"
+    pack
+  }
+  want autograd && bench step_vs_autograd "$(left 120)" bench_step_vs_autograd --reps 5 --warmup 2
+  want dtr && bench dtr_budget "$(left 180)" bench_dtr_budget --policies dtr --ratios 0.5,0.3,0.2 --reps 3 --warmup 1 \
+    --peer python3 --no-max-batch
+  want attention && bench attention "$(left 150)" bench_attention --reps 5 --warmup 2
+  want maxbatch && bench dtr_max_batch "$(left 600)" bench_dtr_budget --policies dtr --only-max-batch --reps 2 --warmup 1
 fi
 say "ended $(date -u +%FT%TZ), $SECONDS s after the start"
 pack

@@ -47,13 +47,15 @@ TEST(OpsLoss, BackwardFromScalarLoss) {
   EXPECT_TRUE(all_close(w.grad(), w_ref.grad()));
 }
 
-TEST(OpsLoss, CrossEntropyIsTheTwoOpFormToTheBitInChunks) {
-  // 300 rows of 5000 classes: chunks of 53 rows (1 MiB of log-probabilities), the last short;
-  // some rows ignored. The one op against nll_loss(log_softmax) on the same fp32 data.
+// The one op against nll_loss(log_softmax) on the same fp32 data, every seventh row ignored: the
+// loss and the logits' gradient equal to the bit.
+void expect_the_two_op_form_to_the_bit(int64_t rows, int64_t classes, const at::TensorOptions& options) {
   at::manual_seed(5);
-  const at::Tensor logits = at::randn({300, 5000}) * 3;
-  at::Tensor target = at::randint(5000, {300}, at::kLong);
-  target.index_put_({at::arange(0, 300, 7)}, -100);
+  const at::Tensor logits = (at::randn({rows, classes}) * 3).to(options);
+  at::Tensor target = at::randint(classes, {rows}, at::kLong);
+  const at::Tensor ignored = at::arange(0, rows, 7);
+  target.index_put_({ignored}, -100);
+  target = target.to(options.device());
   auto run = [&](bool fused) {
     Interpreter interp;
     at::Tensor w = logits.clone().requires_grad_(true);
@@ -61,13 +63,24 @@ TEST(OpsLoss, CrossEntropyIsTheTwoOpFormToTheBitInChunks) {
     Tensor loss = fused ? cross_entropy(x, t) : nll_loss(log_softmax(x, 1), t);
     const at::Tensor value = loss.value().clone();
     interp.backward(loss);
-    return std::make_pair(value, w.grad().clone());
+    return std::make_pair(value.cpu(), w.grad().cpu());
   };
   const auto [fused_loss, fused_grad] = run(true);
   const auto [loss, grad] = run(false);
   EXPECT_TRUE(at::equal(fused_loss, loss)) << fused_loss.item<float>() << " vs " << loss.item<float>();
   EXPECT_TRUE(at::equal(fused_grad, grad));
-  EXPECT_TRUE(at::equal(grad.index({at::arange(0, 300, 7)}), at::zeros({43, 5000}))) << "ignored rows";
+  EXPECT_TRUE(at::equal(grad.index({ignored}), at::zeros({ignored.numel(), classes}))) << "ignored rows";
+}
+
+TEST(OpsLoss, CrossEntropyIsTheTwoOpFormToTheBitInChunks) {
+  // 300 rows of 5000 classes: chunks of 53 rows (1 MiB of log-probabilities), the last short.
+  expect_the_two_op_form_to_the_bit(300, 5000, at::TensorOptions());
+}
+
+TEST(OpsLoss, CrossEntropyIsTheTwoOpFormToTheBitInChunksOnAGpu) {
+  // GPT-2's vocabulary over 2048 rows: chunks of 128 rows (CUDA's softmax and loss kernels).
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU here";
+  expect_the_two_op_form_to_the_bit(2048, 50257, at::TensorOptions().device(at::kCUDA, 0));
 }
 
 TEST(OpsLoss, RejectsBadTargets) {
