@@ -3,6 +3,7 @@ block, on bench_dtr_budget's workloads (same model, batch and optimizer: SGD lr 
 
   gpu_peer.py --model resnet50 --batch 64 --size 224 [--device cuda] [--steps 5 --warmup 2]
   gpu_peer.py --model gpt --batch 8 --seq 1024 --vocab 50257 --layers 12 --heads 12 --embd 768
+  gpu_peer.py --model gpt --batch 128 --amp bf16 --modes eager   (the planner's GPT-2 plan's micro-batch)
 
 bench_dtr_budget --peer python3 runs it and prints its rows beside its own. One line per mode:
 
@@ -62,8 +63,9 @@ def measure(args, device, checkpointed):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        out = forward(model, x, checkpointed)
-        loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            out = forward(model, x, checkpointed)
+            loss = F.cross_entropy(out.reshape(-1, out.size(-1)).float(), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -92,6 +94,9 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--amp", choices=["none", "bf16"], default="none",
+                   help="bf16: forward and loss under torch.autocast, as training.mixed_precision = \"bf16\"")
+    p.add_argument("--modes", default="eager,checkpoint", help="which of eager, checkpoint to run")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
     args = p.parse_args()
     if args.threads > 0:
@@ -105,6 +110,8 @@ def main():
         torch.use_deterministic_algorithms(True, warn_only=True)
     print(f"PyTorch {torch.__version__} on {device}: {args.model} batch {args.batch}", flush=True)
     for mode, checkpointed in (("eager", False), ("checkpoint", True)):
+        if mode not in args.modes.split(","):
+            continue
         ms, peak = measure(args, device, checkpointed)
         print(f"peer-row {mode} {ms:.3f} {peak}", flush=True)
 
