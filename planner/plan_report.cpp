@@ -59,24 +59,37 @@ namespace {
 
 // Where a point's forward and backward time goes, by op (its kernels' times), the largest first.
 std::string time_by_op(const StepTrace& trace) {
+  std::vector<std::pair<double, std::string>> order;
+  for (const auto& [op, share] : time_shares_by_op(trace)) order.emplace_back(share, op);
+  if (order.empty()) return "";
+  std::sort(order.rbegin(), order.rend());
+  std::string s = "  time by op:";
+  for (size_t i = 0; i < std::min<size_t>(order.size(), 6); ++i) {
+    s += printf_string("%s %s %.0f%%", i == 0 ? "" : ",", order[i].second.c_str(), 100 * order[i].first);
+  }
+  return s + "\n";
+}
+
+}  // namespace
+
+std::map<std::string, double> time_shares_by_op(const StepTrace& trace) {
   std::map<std::string, double> ms;
   double total = 0;
   for (const TraceKernel& k : trace.kernels) {
     ms[std::string(k.op) + (k.backward ? " backward" : "")] += k.ms;
     total += k.ms;
   }
-  if (total <= 0) return "";
-  std::vector<std::pair<double, std::string>> order;
-  for (const auto& [op, t] : ms) order.emplace_back(t, op);
-  std::sort(order.rbegin(), order.rend());
-  std::string s = "  time by op:";
-  for (size_t i = 0; i < std::min<size_t>(order.size(), 6); ++i) {
-    s += printf_string("%s %s %.0f%%", i == 0 ? "" : ",", order[i].second.c_str(), 100 * order[i].first / total);
-  }
-  return s + "\n";
+  if (total <= 0) return {};
+  for (auto& [op, t] : ms) t /= total;
+  return ms;
 }
 
-}  // namespace
+const ProfilePoint* point_of(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision) {
+  for (const ProfilePoint& pt : profile.points) {
+    if (pt.micro_batch == micro_batch && pt.precision == precision) return &pt;
+  }
+  return nullptr;
+}
 
 std::string profile_text(const ModelProfile& p, const Machine& machine) {
   std::string s = printf_string("%s (%.1f s): %s, %lld parameters; per rank: parameters and buffers %s MiB, "

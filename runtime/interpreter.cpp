@@ -154,7 +154,7 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
   // (runtime/kernel_timer.h). Eviction weighs the modelled cost by default
   // (runtime/kernel_cost.h), which needs no timing.
   KernelTimer timer(in_values.empty() ? at::Device(at::kCPU) : in_values.front().device(),
-                    memory_->reads_kernel_times());
+                    memory_->reads_kernel_times() || op_times_ != nullptr);
   // Evictable: the arena's bottom; a regeneration into the smallest hole that takes it.
   PlacementScope activations(recompute ? Placement::kRecomputed : Placement::kActivation);
   std::vector<at::Tensor> outs = run_with_room(*memory_, [&] {
@@ -164,6 +164,9 @@ std::vector<at::Tensor> Interpreter::run_kernel(ComputePath& path, bool recomput
     return o;
   });
   const double ms = timer.host_ms();
+  if (op_times_ != nullptr) {
+    op_times_->add(path.op->traits().name, recompute ? OpTimeLog::Pass::kRecompute : OpTimeLog::Pass::kForward, timer);
+  }
   if (!recompute) {
     path.compute_ms = ms;
     path.pending_ms = timer.device_time();

@@ -6,6 +6,7 @@
 #include "alloc/gradient_buffer.h"
 #include "runtime/gradient_listener.h"
 #include "runtime/memory_hooks.h"
+#include "runtime/op_time_log.h"
 #include "runtime/op.h"
 #include "runtime/parameter_source.h"
 #include "runtime/tape.h"
@@ -83,6 +84,9 @@ class Interpreter final : public Rematerializer {
   // gradients; runtime/ops/relu_mask.cpp).
   void set_relu_masks(bool on) { relu_masks_ = on; }
   bool relu_masks() const { return relu_masks_; }
+  // metrics.time_by_op: every kernel's time, by op, into `log` (null: none); it must outlive its use.
+  void set_op_time_log(OpTimeLog* log) { op_times_ = log; }
+  OpTimeLog* op_time_log() const { return op_times_; }
   // Within one forward every use of a weight shares one low-precision copy. backward() forgets
   // them (the tape keeps what it saved); a forward without backward (evaluation) calls this.
   // Released in the order they were cast: the cache's own order is the weights' heap addresses,
@@ -170,6 +174,7 @@ class Interpreter final : public Rematerializer {
   int block_ = -1;
   bool grad_enabled_ = true;
   bool relu_masks_ = false;
+  OpTimeLog* op_times_ = nullptr;
   uint64_t seed_counter_ = 0;
   uint64_t seed_stream_ = 0;
   uint64_t next_id_ = 0;

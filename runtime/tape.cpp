@@ -1,6 +1,7 @@
 #include "runtime/tape.h"
 
 #include "runtime/interpreter.h"
+#include "runtime/kernel_timer.h"
 #include "runtime/parameter_source.h"
 
 #include <ATen/core/grad_mode.h>
@@ -211,9 +212,19 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   std::vector<at::Tensor> grads;
   {
     at::AutoGradMode no_autograd(false);
+    OpTimeLog* log = interp.op_time_log();
+    at::Device device(at::kCPU);  // where the kernel runs: where its gradients are
+    for (const at::Tensor& g : grad_outputs) {
+      if (g.defined()) device = g.device();
+    }
+    KernelTimer timer(device, log != nullptr);
     grads = run_with_room(interp.memory_hooks(), [&] {
-      return path.op->backward(BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
+      timer.start();  // a rerun after making room times itself alone
+      auto g = path.op->backward(BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
+      timer.stop();
+      return g;
     });
+    if (log != nullptr) log->add(path.op->traits().name, OpTimeLog::Pass::kBackward, timer);
   }
   interp.memory_hooks().after_backward(path);
   // The kernel is done with what it read: let go of it before the gradients are added up (a

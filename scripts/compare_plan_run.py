@@ -7,7 +7,8 @@ PLAN_DIR holds `hybrid_train plan`'s plan.toml and plans.jsonl (the first line i
 ranked first, the one plan.toml writes); RUN_DIR the run's metrics.jsonl. Prints the predicted and
 measured step (the median of the logged steps after the first five: warm-up, cuDNN's and cuBLAS's
 choices) and peak (the largest logged mem_peak_bytes from the second step on: the first holds no
-optimizer state), and their ratios. Exit 2 when a file is missing or holds no step."""
+optimizer state), and their ratios; where the run logged its time by op (metrics.time_by_op =
+true), that beside the plan's compute split by op. Exit 2 when a file is missing or holds no step."""
 import json
 import statistics
 import sys
@@ -20,7 +21,8 @@ def main(plan_dir, run_dir):
         with open(f"{plan_dir}/plan.toml") as f:
             header = [line.rstrip() for line in f if line.startswith("# ")][:2]
         with open(f"{run_dir}/metrics.jsonl") as f:
-            steps = [r for r in map(json.loads, f) if r.get("event") == "train"]
+            records = [json.loads(line) for line in f]
+        steps = [r for r in records if r.get("event") == "train"]
     except (OSError, ValueError) as e:
         print(f"compare_plan_run: {e}", file=sys.stderr)
         return 2
@@ -39,7 +41,30 @@ def main(plan_dir, run_dir):
     if peak > 0:
         print(f"peak bytes: predicted {plan['peak_bytes']}, measured {peak}, "
               f"measured/predicted {peak / plan['peak_bytes']:.4f}")
+    by_op = [r for r in records if r.get("event") == "time_by_op"]
+    if by_op and plan.get("compute_by_op_ms"):
+        print_by_op(plan["compute_by_op_ms"], by_op[-1])
     return 0
+
+
+def print_by_op(predicted, measured):
+    """The plan's compute split by op (its traced step's shares) beside the run's kernel times by
+    op (metrics.time_by_op), per step, the largest first: the ops a missed step comes from."""
+    ran = measured["ms_per_step"]
+    ops = sorted(set(predicted) | set(ran), key=lambda op: -max(predicted.get(op, 0), ran.get(op, 0)))
+    print(f"time by op, ms per step (run: steps {measured['first_step']}-"
+          f"{measured['first_step'] + measured['steps'] - 1}, kernels only):")
+    print(f"  {'op':<28} {'predicted':>10} {'measured':>10} {'measured/predicted':>19}")
+    shown = 0
+    for op in ops:
+        p, m = predicted.get(op, 0.0), ran.get(op, 0.0)
+        if shown == 16 or max(p, m) < 0.005 * max(sum(predicted.values()), sum(ran.values())):
+            continue
+        ratio = f"{m / p:.3f}" if p > 0 else "-"
+        print(f"  {op:<28} {p:>10.1f} {m:>10.1f} {ratio:>19}")
+        shown += 1
+    p, m = sum(predicted.values()), sum(ran.values())
+    print(f"  {'all ops':<28} {p:>10.1f} {m:>10.1f} {m / p if p > 0 else 0:>19.3f}")
 
 
 if __name__ == "__main__":

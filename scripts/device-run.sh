@@ -219,7 +219,7 @@ if [[ $steps == *planner* ]]; then
     timeout 60 "$bin/launcher/hybrid_train" plan "${gpt2[@]}" --cluster "$kind:1x1" --job.output_dir="$logs/plan_gpt2" \
       >"$logs/plan_gpt2.log" 2>&1
     say "planner: plan for $kind:1x1 exit $? in $((SECONDS - start)) s"
-    timeout "$(left 200)" "$bin/launcher/hybrid_train" "$logs/plan_gpt2/plan.toml" --training.steps=20 \
+    timeout "$(left 200)" "$bin/launcher/hybrid_train" "$logs/plan_gpt2/plan.toml" --training.steps=20 --metrics.time_by_op=true \
       --metrics.log_interval=1 --job.output_dir="$logs/run_gpt2" >"$logs/run_gpt2.log" 2>&1
     say "planner: the plan trained, exit $? in $((SECONDS - start)) s"
     python3 scripts/compare_plan_run.py "$logs/plan_gpt2" "$logs/run_gpt2" 2>&1 | tee -a "$out/summary.txt"

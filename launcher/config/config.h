@@ -203,6 +203,7 @@ struct CheckpointConfig {
 
 struct MetricsConfig {
   int64_t log_interval = 10;
+  bool time_by_op = false;
 };
 
 struct Config {

@@ -452,6 +452,12 @@ void add_checkpoint_and_metrics_fields(std::vector<FieldSpec>& f) {
   // [metrics]
   f.push_back(Field(&C::metrics, &MetricsConfig::log_interval, "metrics", "log_interval",
                     "steps between metrics.jsonl records and log lines").min(1));
+  f.push_back(Field(&C::metrics, &MetricsConfig::time_by_op, "metrics", "time_by_op",
+                    "time every kernel (CUDA events on a GPU) and log where each step's time goes, by op, "
+                    "beside the planner's prediction (a \"time_by_op\" record at the end; "
+                    "scripts/compare_plan_run.py)")
+                  .only_when("parallel.pipeline_parallel = 1",
+                             [](const Config& c) { return c.parallel.pipeline_parallel == 1; }));
 }
 
 std::vector<FieldSpec> build_schema() {

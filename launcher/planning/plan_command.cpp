@@ -32,7 +32,7 @@ std::string plan_toml(const Config& config, const JobPlan& plan) {
   return head + resolved_toml(config_for_plan(config, p));
 }
 
-JsonObject plan_record(const RankedPlan& r) {
+JsonObject plan_record(const RankedPlan& r, const ModelProfile& profile) {
   JsonObject o;
   const Plan& p = r.plan;
   const Prediction& d = r.prediction;
@@ -49,6 +49,13 @@ JsonObject plan_record(const RankedPlan& r) {
       .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
       .add("device_hours_per_epoch", d.device_hours_per_epoch).add("mfu", d.mfu)
       .add("tokens_per_s", d.tokens_per_s).add("device_hours_per_billion_tokens", d.device_hours_per_billion_tokens);
+  // The predicted compute split by op as the traced step at this micro-batch splits it: beside a
+  // run's measured "time_by_op" record (metrics.time_by_op), it names the ops a miss comes from.
+  if (const ProfilePoint* point = point_of(profile, p.micro_batch, p.precision)) {
+    JsonObject by_op;
+    for (const auto& [op, share] : time_shares_by_op(point->trace)) by_op.add(op, share * d.compute_ms);
+    o.add("compute_by_op_ms", by_op);
+  }
   return o;
 }
 
@@ -121,7 +128,7 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   const std::filesystem::path dir(config.job.output_dir);
   write_file_atomically((dir / "plan.toml").string(), plan_toml(config, plan));
   std::string lines;
-  for (const RankedPlan& r : plan.ranked) lines += plan_record(r).str() + "\n";
+  for (const RankedPlan& r : plan.ranked) lines += plan_record(r, plan.profile).str() + "\n";
   write_file_atomically((dir / "plans.jsonl").string(), lines);
   std::printf("wrote %s/plan.toml (train it as is) and plans.jsonl (every plan)\n", config.job.output_dir.c_str());
   return 0;

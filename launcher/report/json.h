@@ -37,6 +37,7 @@ class JsonObject {
     }
     return raw(key, text + "]");
   }
+  JsonObject& add(const std::string& key, const JsonObject& v) { return raw(key, v.str()); }  // nested
   std::string str() const { return "{" + body_ + "}"; }
 
   static std::string quote(const std::string& s) {

@@ -78,6 +78,7 @@ Trainer::Trainer(const Config& config, DataSplits data, std::shared_ptr<Model> m
   model_->train();
   interp_.set_autocast(autocast_type(config.training.mixed_precision));
   interp_.set_relu_masks(config.memory.compress != Compression::kOff);
+  if (config.metrics.time_by_op && !pipeline_) interp_.set_op_time_log(&op_times_);
   interp_.set_keep_collectives(keeps_collectives(config));
   if (swaps(config.memory.policy) && arena_) {
     host_link_ = std::make_shared<HostLink>(config.memory.host_link_gbps);
@@ -251,6 +252,7 @@ void Trainer::reset_device_peak() {
 }
 
 Trainer::StepResult Trainer::train_step() {
+  op_times_.clear();  // an evaluation's kernels are not the step's
   reset_device_peak();
   memory_.reset_peak();
   const MemoryStats before = memory_.stats();
@@ -358,6 +360,7 @@ Trainer::StepResult Trainer::train_step() {
   }
   if (pipeline_) gather_stage_stats(r);
   trace_step_ended();
+  if (interp_.op_time_log() != nullptr) add_time_by_op();
   return r;
 }
 
@@ -411,6 +414,7 @@ TrainResult Trainer::run(RunOutput* output) {
     }
   }
   progress_.finish();
+  if (op_steps_ > 0) log_time_by_op();
   result_.steps = state_.step;
   result_.seconds = seconds_since(start);
   result_.samples = (state_.step - first) * config_.training.global_batch_size;

@@ -22,6 +22,7 @@
 #include "alloc/memory_timeline.h"
 #include "memory/memory_manager.h"
 #include "runtime/interpreter.h"
+#include "runtime/op_time_log.h"
 
 #include <torch/optim/optimizer.h>
 
@@ -213,6 +214,10 @@ class Trainer {
   bool eval_due() const;
   void log_step(const StepResult& r);
   void log_eval(const EvalResult& e);
+  // metrics.time_by_op: the step's kernel times by op, added up after the warm-up steps; at the
+  // end, a "time_by_op" record and a log line (trainer_records.cpp).
+  void add_time_by_op();
+  void log_time_by_op();
   // The ranks' sums of an evaluation combined into its result (a collective with several ranks).
   EvalResult finish_evaluation(double loss_sum, int64_t correct, int64_t samples, double seconds);
   void save_checkpoint();
@@ -243,6 +248,9 @@ class Trainer {
   std::unique_ptr<TensorGroup> tensor_;  // parallel.tensor_parallel > 1
   DataParallel replicas_;
   MemoryManager memory_;  // before interp_: it outlives the interpreter's records
+  OpTimeLog op_times_;    // metrics.time_by_op: the interpreter's kernels (set_op_time_log)
+  std::map<std::string, double> op_ms_;  // their sums over the measured steps
+  int64_t op_steps_ = 0, op_first_step_ = 0;
   Interpreter interp_;
   CheckpointStore checkpoints_;
   RunOutput* output_ = nullptr;  // during run()

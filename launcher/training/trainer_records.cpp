@@ -1,6 +1,10 @@
 #include "launcher/training/per_rank.h"
 #include "launcher/training/trainer.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 // The trainer's records in metrics.jsonl (and their log lines): one per logged step, one per
 // evaluation. What each field means is in docs/running.md.
 
@@ -92,6 +96,51 @@ void Trainer::log_eval(const EvalResult& e) {
     text += ", " + std::to_string(*e.bits_per_byte) + " bits per byte";
   }
   output_->metrics(record);
+  progress_.line(text);
+}
+
+namespace {
+
+std::string ms_text(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f ms", ms);
+  return buf;
+}
+
+}  // namespace
+
+// The first five steps are warm-up (cuDNN's and cuBLAS's choices, the allocator's first blocks),
+// as scripts/compare_plan_run.py counts them; a shorter run measures from its second step.
+void Trainer::add_time_by_op() {
+  const std::map<std::string, double> ms = op_times_.take_ms();  // waits for the step's kernels
+  const int64_t warmup = total_steps_ > 5 ? 5 : std::min<int64_t>(1, total_steps_ - 1);
+  if (state_.step <= warmup) return;
+  if (op_steps_++ == 0) op_first_step_ = state_.step;
+  for (const auto& [op, t] : ms) op_ms_[op] += t;
+}
+
+void Trainer::log_time_by_op() {
+  if (output_ == nullptr) return;
+  std::vector<std::pair<double, std::string>> order;
+  double total = 0;
+  JsonObject per_step;
+  for (const auto& [op, t] : op_ms_) {
+    const double ms = t / static_cast<double>(op_steps_);
+    order.emplace_back(ms, op);
+    total += ms;
+    per_step.add(op, ms);
+  }
+  std::sort(order.rbegin(), order.rend());
+  JsonObject record;
+  record.add("event", "time_by_op").add("first_step", op_first_step_).add("steps", op_steps_)
+      .add("kernel_ms_per_step", total).add("ms_per_step", per_step);
+  output_->metrics(record);
+  std::string text = "time by op, measured (ms per step, steps " + std::to_string(op_first_step_) + "-" +
+                     std::to_string(op_first_step_ + op_steps_ - 1) + ", " + ms_text(total) + " in kernels):";
+  for (size_t i = 0; i < std::min<size_t>(order.size(), 8); ++i) {
+    text += (i ? ", " : " ") + order[i].second + " " + ms_text(order[i].first) + " (" +
+            std::to_string(static_cast<int>(std::lround(100 * order[i].first / std::max(total, 1e-9)))) + "%)";
+  }
   progress_.line(text);
 }
 

@@ -358,6 +358,27 @@ TEST(Training, MemoryTraceIsAChromeTraceOfTheFirstSteps) {
   EXPECT_FALSE(std::filesystem::exists(dir.path("out/memory_trace.json.tmp")));
 }
 
+// metrics.time_by_op: the run's kernel times by op, regenerations apart, in one record at the end
+// (after a short run's first step); timing every kernel changes no bit of what DTR trains.
+TEST(Training, TimeByOpLogsEveryKernelAndChangesNothing) {
+  TempDir dir;
+  const JobOutcome roomy = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("roomy"),
+                                                              "--memory.budget=1GiB"}), true);
+  const std::string budget = "--memory.budget=" + std::to_string(roomy.result.mem_peak_bytes * 7 / 10);
+  const JobOutcome plain = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("plain"),
+                                                              "--memory.policy=dtr", budget}), true);
+  const JobOutcome timed = run_job(config_for(dir, kResNet, {"--job.output_dir=" + dir.path("timed"),
+                                                              "--memory.policy=dtr", budget,
+                                                              "--metrics.time_by_op=true"}), true);
+  const auto a = state_of(*plain.model), b = state_of(*timed.model);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
+  const std::string metrics = read_file(dir.path("timed/metrics.jsonl"));
+  for (const char* key : {"\"event\": \"time_by_op\", \"first_step\": 2, \"steps\": 2", "\"kernel_ms_per_step\"",
+                          "\"conv2d\"", "\"conv2d backward\"", " recomputed\""})
+    EXPECT_THAT(metrics, HasSubstr(key));
+  EXPECT_THAT(read_file(dir.path("plain/metrics.jsonl")), ::testing::Not(HasSubstr("time_by_op")));
+}
+
 // Host swap as users run it: hybrid_train with memory.policy = "swap" and "hybrid" at 0.7 of the
 // unbudgeted peak trains the unbudgeted run's parameters, logs what crossed the link each step,
 // and the memory trace shows the copies (out and in) beside compute.
