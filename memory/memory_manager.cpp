@@ -31,7 +31,13 @@ void MemoryManager::bind(Rematerializer* interpreter) {
 
 bool MemoryManager::make_room_after(const OutOfBudget& failure) {
   const int64_t held = std::max<int64_t>(failure.in_use - arena_in_use(), 0);
-  return make_room(static_cast<size_t>(failure.requested + held));
+  if (make_room(static_cast<size_t>(failure.requested + held))) return true;  // the rerun fits in one block
+  // Nothing more to evict, and no one block for all the kernel held: its blocks need not be one.
+  // Room for the request itself and, in pieces, for the rest: the rerun (run_with_room) may then
+  // fit, as a kernel whose temporaries lie in holes between what cannot move (the 6-layer GPT at
+  // 0.3 of its activations with eviction down to the whole budget trains so, and was refused).
+  return options_.arena != nullptr && make_room(static_cast<size_t>(failure.requested)) &&
+         options_.arena->stats().free_bytes >= failure.requested + held;
 }
 
 void MemoryManager::configure(MemoryOptions options) {

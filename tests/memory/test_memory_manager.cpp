@@ -154,6 +154,26 @@ TEST(MemoryManager, ANeedForOneBlockEvictsTheCheapestRunOfNeighbours) {
   }
 }
 
+TEST(MemoryManager, AKernelRerunsWhenItsBlocksFitInPieces) {
+  // [a 256K][free 256K][b 256K][free 256K], a and b not evictable: a kernel that held 256 KiB of
+  // its own when a 128 KiB request failed fits again in the two holes, though no one block holds
+  // all 384 KiB; one that held 512 KiB does not fit at all.
+  Budgeted b(1024 * kKiB, EvictionHeuristic::kDtr);
+  std::vector<at::Tensor> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(at::empty({64 * kKiB}));
+  ASSERT_EQ(b.arena->stats().free_bytes, 0);
+  blocks[1].reset();
+  blocks[3].reset();
+  ASSERT_EQ(b.arena->stats().largest_free_block, 256 * kKiB);
+  auto failure = [&](int64_t held) {
+    const ArenaStats s = b.arena->stats();
+    return OutOfBudget("test", 128 * kKiB, s.in_use + held, s.capacity, s.largest_free_block);
+  };
+  EXPECT_TRUE(b.memory.make_room_after(failure(256 * kKiB)));
+  EXPECT_FALSE(b.memory.make_room_after(failure(512 * kKiB)));
+  EXPECT_EQ(b.memory.stats().evictions, 0);
+}
+
 TEST(MemoryManager, OnlyTheInterpreterThreadMayEvict) {
   Budgeted b(1024 * kKiB, EvictionHeuristic::kDtr);
   Tensor x = b.interp.input(at::ones({16 * kKiB}));
