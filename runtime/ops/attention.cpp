@@ -8,7 +8,7 @@
 // output and the log-sum-exp: O(T), never T x S.
 //
 // Two kernels, chosen from the inputs alone (so forward, a recomputation and backward agree):
-// - blockwise (every device, every libtorch): queries in blocks of kBlockRows rows, each block's
+// - blockwise (every device, every libtorch): queries in blocks of 32-128 rows (AttentionDims::block_rows), each block's
 //   scores (B, Hkv, G * rows, keys) from a GEMM in the inputs' type (bf16 on bf16 units, as the
 //   composed attention's GEMMs run), softmaxed in fp32 (double for double inputs), and dropped
 //   before the next block; dK and dV are summed over the blocks in fp32. Causal masking is done inside each block (a block's keys
@@ -23,6 +23,7 @@
 #include "base/compat.h"
 #include "runtime/ops/op_util.h"
 
+#include <algorithm>
 #include <atomic>
 #include <array>
 #include <cmath>
@@ -33,10 +34,13 @@ namespace {
 
 using TensorList = std::vector<at::Tensor>;
 
-// Queries per block. Fixed, not sized to the machine: the dropout masks are drawn per block, so
-// the blocks must be the same in every run. A block's scores, B * H * 128 * S floats, are the
-// largest temporary (16 MiB at B = 4, H = 8, S = 1024).
-constexpr int64_t kBlockRows = 128;
+// Queries per block: as many as make 1 MiB of a block's scores (B * H * rows * S floats, the
+// largest temporary; backward holds about four such), at least 32 and at most 128. From the
+// shapes alone, never from the machine or the budget: the dropout masks are drawn per block, so
+// the blocks must be the same in every run. (A fixed 128 rows made the 6-layer GPT's backward at
+// B = 8, H = 8, S = 128 hold 4 MiB blocks, the floor of its budget at 0.2 of its activations.)
+constexpr int64_t kBlockScoreBytes = int64_t{1} << 20;
+constexpr int64_t kMinBlockRows = 32, kMaxBlockRows = 128;
 
 // q (B, H, T, hd), k and v (B, Hkv, S, hd); G = H / Hkv query heads share a key head.
 struct AttentionDims {
@@ -44,7 +48,11 @@ struct AttentionDims {
   static AttentionDims of(at::IntArrayRef q, at::IntArrayRef k) {
     return {q[0], q[1], k[1], q[1] / k[1], q[2], k[2], q[3]};
   }
-  int64_t blocks() const { return (T + kBlockRows - 1) / kBlockRows; }
+  int64_t block_rows() const {
+    const int64_t row_bytes = std::max<int64_t>(1, B * H * S * 4);
+    return std::clamp(kBlockScoreBytes / row_bytes, kMinBlockRows, kMaxBlockRows);
+  }
+  int64_t blocks() const { return (T + block_rows() - 1) / block_rows(); }
 };
 
 struct AttentionConfig {
@@ -58,7 +66,7 @@ struct AttentionConfig {
 struct QueryBlock {
   int64_t index, t0, n, keys;
   static QueryBlock of(int64_t b, const AttentionDims& d, bool causal) {
-    const int64_t t0 = b * kBlockRows, n = std::min(kBlockRows, d.T - t0);
+    const int64_t rows = d.block_rows(), t0 = b * rows, n = std::min(rows, d.T - t0);
     return {b, t0, n, causal ? t0 + n : d.S};  // causal: T == S, no key past the last query
   }
 };
@@ -88,12 +96,20 @@ at::Tensor block_scores(const at::Tensor& q_rows, const at::Tensor& k, const Que
   return s.masked_fill_(at::arange(blk.keys, longs) > query, -std::numeric_limits<double>::infinity());
 }
 
-// Block b's dropout factor, (B, Hkv, G * n, keys): 0 or 1 / (1 - p), shaped like `scores`.
-at::Tensor keep_factor(const at::Tensor& scores, const QueryBlock& blk, const AttentionConfig& cfg) {
+// Block b's dropout mask, (B, Hkv, G * n, keys) bools shaped like `scores`: true where kept.
+// Kept as bools, a quarter of the scores' bytes (a factor tensor of 0 and 1 / (1 - p) was as
+// large as the scores, and the backward's largest temporary beside them).
+at::Tensor keep_mask(const at::Tensor& scores, const QueryBlock& blk, const AttentionConfig& cfg) {
   at::Tensor keep = at::empty(scores.sizes(), scores.options().dtype(at::kBool));
   // A meta tensor (a traced step): a shape only, no values to draw.
   if (!keep.is_meta()) keep.bernoulli_(1.0 - cfg.dropout_p, compat::seeded_generator(scores.device(), cfg.seed + blk.index));
-  return keep.to(scores.scalar_type()).mul_(1.0 / (1.0 - cfg.dropout_p));
+  return keep;
+}
+
+// x times the dropout factor (0 or 1 / (1 - p)), in place: x * 1 * f or x * 0 * f, the bits of
+// x * (0 or f) with f the factor in x's type.
+at::Tensor& apply_keep_(at::Tensor& x, const at::Tensor& keep, const AttentionConfig& cfg) {
+  return x.mul_(keep).mul_(1.0 / (1.0 - cfg.dropout_p));
 }
 
 // Forward of one block: (out (B, Hkv, G * n, hd), log-sum-exp (B, Hkv, G * n)). Out-of-place
@@ -105,7 +121,11 @@ std::pair<at::Tensor, at::Tensor> forward_block(const at::Tensor& q_rows, const 
   const at::Tensor m = s.detach().amax(-1, /*keepdim=*/true);  // out does not depend on it
   const at::Tensor p = s.sub_(m).exp_();  // in place: autograd needs neither s nor s - m
   const at::Tensor l = p.sum(-1, /*keepdim=*/true);
-  const at::Tensor pv = cfg.dropout_p > 0 ? p * keep_factor(p, blk, cfg) : p;
+  at::Tensor pv = p;
+  if (cfg.dropout_p > 0) {
+    pv = p.clone();  // autograd needs p itself
+    apply_keep_(pv, keep_mask(p, blk, cfg), cfg);
+  }
   at::Tensor out = at::matmul(pv.to(v.scalar_type()), v.narrow(2, 0, blk.keys)).to(p.scalar_type()) / l;
   return {out, (m + l.log()).squeeze(-1)};
 }
@@ -148,17 +168,18 @@ at::Tensor backward_block(AttentionBackwardState& st, const QueryBlock& blk, con
   const at::Tensor g_rows = block_rows(st.grad, blk, d, gemm);
   const at::Tensor lse = block_rows(st.lse.unsqueeze(-1), blk, d, acc);  // (B, Hkv, G * n, 1)
   const at::Tensor s = block_scores(q_rows, st.k, blk, d, cfg.causal);
-  const at::Tensor keep = cfg.dropout_p > 0 ? keep_factor(s, blk, cfg) : at::Tensor();
+  const at::Tensor keep = cfg.dropout_p > 0 ? keep_mask(s, blk, cfg) : at::Tensor();
   const at::Tensor p = s.sub_(lse).exp_();  // the forward's probabilities, recomputed
   if (st.needs[2]) {
-    const at::Tensor pv = keep.defined() ? p * keep : p;
+    at::Tensor pv = p;
+    if (keep.defined()) apply_keep_(pv = p.clone(), keep, cfg);
     st.dv.narrow(2, 0, blk.keys).add_(at::matmul(pv.to(gemm).transpose(-2, -1), g_rows));
   }
   if (!st.needs[0] && !st.needs[1]) return {};
   // dS = P * (dP - D), dP = dO V^T (times the dropout factor), D = rowsum(dO * O).
   const at::Tensor rowsum = (g_rows.to(acc) * block_rows(st.out, blk, d, acc)).sum(-1, /*keepdim=*/true);
   at::Tensor dp = at::matmul(g_rows, st.v.narrow(2, 0, blk.keys).transpose(-2, -1)).to(acc);
-  if (keep.defined()) dp.mul_(keep);
+  if (keep.defined()) apply_keep_(dp, keep, cfg);
   const at::Tensor ds = dp.sub_(rowsum).mul_(p);
   const at::Tensor ds_gemm = ds.to(gemm);
   if (st.needs[1]) st.dk.narrow(2, 0, blk.keys).add_(at::matmul(ds_gemm.transpose(-2, -1), q_rows));
@@ -290,7 +311,7 @@ at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_siz
     const QueryBlock blk = QueryBlock::of(b, d, causal);
     const at::Tensor like =
         at::empty({d.B, d.Hkv, d.G * blk.n, blk.keys}, at::TensorOptions().device(device));
-    const at::Tensor keep = keep_factor(like, blk, cfg).ne(0).view({d.B, d.Hkv, d.G, blk.n, blk.keys});
+    const at::Tensor keep = keep_mask(like, blk, cfg).view({d.B, d.Hkv, d.G, blk.n, blk.keys});
     mask.narrow(3, blk.t0, blk.n).narrow(4, 0, blk.keys).copy_(keep);
   }
   return mask.view({d.B, d.H, d.T, d.S});
