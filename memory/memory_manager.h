@@ -3,7 +3,8 @@
 // the interpreter's non-leaf tensors and, given a budget, keeps device memory within it:
 //  - the budget is a real capacity: an arena (cpu_arena.h) that ATen allocates from while an
 //    ArenaScope is alive (cpu_device_allocator.h);
-//  - before a kernel runs, it evicts by policy down to eviction_threshold of the budget;
+//  - before a kernel runs, it evicts by policy until the kernel's outputs fit under
+//    eviction_threshold of the budget (at most 0.9 under host swap);
 //  - when an allocation still does not fit, the allocator asks make_room(), which evicts the
 //    cheapest run of adjacent blocks that makes one block large enough (Coop's window,
 //    EvictionOptions::window), or, one by one, the tensor whose block joins free neighbours into
@@ -35,7 +36,10 @@ class MemoryTimeline;
 struct MemoryOptions {
   std::shared_ptr<CpuArena> arena;          // device memory of budget's size; null: unlimited
   std::optional<EvictionOptions> eviction;  // null: never evict
-  double eviction_threshold = 0.9;          // before a kernel, evict down to this share of the budget
+  // Before a kernel, evict until its expected outputs fit under this share of the budget (1: the
+  // whole budget, no margin kept free: cheaper where it trains, docs/memory.md); host swap takes
+  // at most 0.9.
+  double eviction_threshold = 0.9;
   MemoryTimeline* timeline = nullptr;       // memory trace; null: none
   // Static plans for steps that repeat (memory/static_plan.h), DTR (`eviction`) for the rest
   // and as their safety net; null: none. Needs a budget.

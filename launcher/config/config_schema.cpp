@@ -339,7 +339,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "device memory per rank, parameters, gradients and optimizer state included: \"1.5GiB\", "
                     "\"800MiB\", \"2GB\", bytes, or \"60%\" of the device; empty: unlimited"));
   f.push_back(Field(&C::memory, &MemoryConfig::eviction_threshold, "memory", "eviction_threshold",
-                    "before each op, evict down to this share of the budget (room for the op's outputs)")
+                    "before each op, evict until its outputs fit under this share of the budget (1: the whole "
+                    "budget, cheaper where it trains, but blocks that cannot be evicted may then fragment it; "
+                    "swap and hybrid take at most 0.9)")
                   .min(0.1).max(1.0).only_when(evicting_words, evicting));
   f.push_back(Field(&C::memory, &MemoryConfig::sqrt_sampling, "memory", "sqrt_sampling",
                     "score sqrt(N) random candidates per eviction, not all N (the DTR paper's approximation)")
