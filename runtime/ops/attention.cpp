@@ -8,10 +8,11 @@
 // output and the log-sum-exp: O(T), never T x S.
 //
 // Two kernels, chosen from the inputs alone (so forward, a recomputation and backward agree):
-// - blockwise (every device, every libtorch): queries in blocks of 32-128 rows (AttentionDims::block_rows), each block's
-//   scores (B, Hkv, G * rows, keys) from a GEMM in the inputs' type (bf16 on bf16 units, as the
-//   composed attention's GEMMs run), softmaxed in fp32 (double for double inputs), and dropped
-//   before the next block; dK and dV are summed over the blocks in fp32. Causal masking is done inside each block (a block's keys
+// - blockwise (every device, every libtorch): queries in blocks of 32-128 rows
+//   (AttentionDims::block_rows), each block's scores (B, Hkv, G * rows, keys) from a GEMM in the
+//   inputs' type (bf16 on bf16 units, as the composed attention's GEMMs run), softmaxed in fp32
+//   (double for double inputs), and dropped before the next block; dK and dV are summed over the
+//   blocks in fp32. Causal masking is done inside each block (a block's keys
 //   stop at its last query, so key blocks above the diagonal are never computed). Grouped-query
 //   attention folds a key head's G query heads into the rows, so K and V are never repeated.
 // - fused (libtorch >= 2.1 on CUDA, base/compat.h): ATen's memory-efficient attention forward
