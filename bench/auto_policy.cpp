@@ -35,6 +35,7 @@ struct Options {
   int steps = 8, passes = 2;
   std::vector<double> ratios{0.8, 0.6};
   std::string configs = HT_SOURCE_DIR "/configs";
+  std::string only;  // jobs whose name starts with this; empty: all
   Runner runner;
 };
 
@@ -63,6 +64,29 @@ std::map<std::string, double> predicted_steps(const std::string& output) {
   return out;
 }
 
+// The policy auto trained, from the run check's `predicted: ... step X ms (1 rank, micro-batch 64,
+// fp32, dtr at 31.7 MiB)`: the plan's words name an evicting policy (auto itself, static plans
+// once a sequence repeats, reads as static); none where they name none. "?" without the line.
+std::string chosen_policy(const std::string& output) {
+  const size_t at = output.find("predicted: peak ");
+  if (at == std::string::npos) return "?";
+  const size_t open = output.find(" ms (", at), close = output.find(')', open);
+  if (open == std::string::npos || close == std::string::npos) return "?";
+  std::stringstream words(output.substr(open + 5, close - open - 5));
+  std::string word;
+  while (std::getline(words, word, ',')) {
+    if (word.find_first_not_of(' ') == std::string::npos) continue;
+    const std::string name = word.substr(word.find_first_not_of(' '), word.find(" at ") == std::string::npos
+                                                                           ? std::string::npos
+                                                                           : word.find(" at ") - 1);
+    for (MemoryPolicy p : kCandidates) {
+      if (name == choice_name(p)) return name;
+    }
+    if (name == choice_name(MemoryPolicy::kAuto)) return choice_name(MemoryPolicy::kStatic);
+  }
+  return choice_name(MemoryPolicy::kNone);
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream f(path);
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -75,7 +99,7 @@ struct Outcome {
   bool picks_met = true;
 };
 
-Measurement run_twice(const Options& o, const Config& config, const Plan& plan, const std::string& name,
+Measurement run_passes(const Options& o, const Config& config, const Plan& plan, const std::string& name,
                       Outcome& outcome, std::string* output) {
   Measurement m;
   for (int pass = 0; pass < o.passes; ++pass) {
@@ -113,13 +137,9 @@ void run_budget(PlanCache& cache, const Options& o, const Job& job, double ratio
   const std::string stem = job.name.substr(0, job.name.find(' ')) + "_" + std::to_string(static_cast<int>(ratio * 100));
   std::string output;
   plan.policy = MemoryPolicy::kAuto;
-  const Measurement chosen = run_twice(o, config, plan, stem + "_auto", outcome, &output);
+  const Measurement chosen = run_passes(o, config, plan, stem + "_auto", outcome, &output);
   const std::map<std::string, double> predicted = predicted_steps(output);
-  std::string pick = "?";
-  double pick_ms = INFINITY;
-  for (const auto& [name, ms] : predicted) {
-    if (ms >= 0 && ms < pick_ms) pick_ms = ms, pick = name;
-  }
+  const std::string pick = chosen_policy(output);
   std::printf("| %-9s | %12s | %11s | %8s | %10s | %s\n", "policy", "predicted ms", "measured ms", "error", "peak MiB",
               "");
   std::printf("|%s|\n", std::string(70, '-').c_str());
@@ -128,7 +148,7 @@ void run_budget(PlanCache& cache, const Options& o, const Job& job, double ratio
   for (MemoryPolicy policy : kCandidates) {
     plan.policy = policy;
     const std::string name = choice_name(policy);
-    const Measurement m = run_twice(o, config, plan, stem + "_" + name, outcome, nullptr);
+    const Measurement m = run_passes(o, config, plan, stem + "_" + name, outcome, nullptr);
     const auto p = predicted.find(name);
     char pred[32] = "-", error[32] = "";
     if (p != predicted.end()) std::snprintf(pred, sizeof pred, "%.1f", p->second);
@@ -177,6 +197,7 @@ int main(int argc, char** argv) {
   app.add_option("--ratios", o.ratios, "budgets: fixed state + this share of the predicted activations")
       ->delimiter(',')->capture_default_str();
   app.add_flag("--keep-runs", o.keep_runs, "keep every run's config, output and metrics");
+  app.add_option("--only", o.only, "only the jobs whose name starts with this (ConvNet, GPT, ResNet, Llama)");
   app.add_option("--configs", o.configs, "the folder of the example configs")->capture_default_str();
   int threads = 1;
   app.add_option("--threads", threads, "training.threads for every job")->check(CLI::PositiveNumber)->capture_default_str();
@@ -192,8 +213,13 @@ int main(int argc, char** argv) {
       {"GPT-small (gpt_tiny.toml)", {o.configs + "/gpt_tiny.toml", {t}}},
       {"ResNet-18 (resnet18_fmnist.toml, b32)", {o.configs + "/resnet18_fmnist.toml", {t, "training.global_batch_size=32"}}},
       {"Llama (llama_debug.toml)", {o.configs + "/llama_debug.toml", {t}}}};
+  if (!o.only.empty()) {
+    jobs.erase(std::remove_if(jobs.begin(), jobs.end(),
+                              [&](const ht::bench::Job& j) { return j.name.rfind(o.only, 0) != 0; }),
+               jobs.end());
+  }
   if (o.quick) {
-    jobs.resize(1);
+    jobs.resize(std::min<size_t>(jobs.size(), 1));
     o.ratios = {0.9};
     o.steps = std::min(o.steps, 3);
     o.passes = 1;
