@@ -40,7 +40,9 @@ steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,bench,calibrate,planner}
 deadline=$((SECONDS + ${HT_DEVICE_DEADLINE:-530}))
 bin=${HT_BUILD_DIR:-build-device}
 say() { echo "device-run: $*" | tee -a "$out/summary.txt"; }
-pack() { tar czf "$out/logs.tgz" "$logs" 2>/dev/null; }
+# Without the runs' checkpoints: the GPT-2 plan's end-of-run checkpoint (1.4 GB) kept logs.tgz
+# from coming back in the fifth session.
+pack() { tar czf "$out/logs.tgz" --exclude='checkpoints' --exclude='*.pt' "$logs" 2>/dev/null; }
 # left MAX: seconds a step may take, at most MAX, never past the deadline (0 when it has passed).
 left() { local l=$((deadline - SECONDS)); ((l < 0)) && l=0; ((l > $1)) && l=$1; echo "$l"; }
 say "started $(date -u +%FT%TZ) at commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
