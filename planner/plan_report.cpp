@@ -84,13 +84,6 @@ std::map<std::string, double> time_shares_by_op(const StepTrace& trace) {
   return ms;
 }
 
-const ProfilePoint* point_of(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision) {
-  for (const ProfilePoint& pt : profile.points) {
-    if (pt.micro_batch == micro_batch && pt.precision == precision) return &pt;
-  }
-  return nullptr;
-}
-
 std::string profile_text(const ModelProfile& p, const Machine& machine) {
   std::string s = printf_string("%s (%.1f s): %s, %lld parameters; per rank: parameters and buffers %s MiB, "
                                 "gradients %s MiB, %s state %s MiB\n",

@@ -19,8 +19,6 @@ int64_t largest_op_working_set(const StepTrace& trace);
 // to 1; empty for a trace without timed kernels): what `time by op` prints, and what plans.jsonl
 // splits a plan's predicted compute by (scripts/compare_plan_run.py sets it beside a run's).
 std::map<std::string, double> time_shares_by_op(const StepTrace& trace);
-// The profile's point at a plan's micro-batch and precision; null where none was profiled.
-const ProfilePoint* point_of(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision);
 
 std::string profile_text(const ModelProfile& profile, const Machine& machine);
 // The first `rows` plans (every fitting one ranked first), one line each; a language model's

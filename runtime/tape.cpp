@@ -212,19 +212,23 @@ bool Tape::run_entry(Interpreter& interp, TapeEntry& entry, BackwardPart part) {
   std::vector<at::Tensor> grads;
   {
     at::AutoGradMode no_autograd(false);
+    // metrics.time_by_op alone times backward kernels: an untimed step reads no clock here.
     OpTimeLog* log = interp.op_time_log();
-    at::Device device(at::kCPU);  // where the kernel runs: where its gradients are
-    for (const at::Tensor& g : grad_outputs) {
-      if (g.defined()) device = g.device();
+    std::optional<KernelTimer> timer;
+    if (log != nullptr) {
+      at::Device device(at::kCPU);  // where the kernel runs: where its gradients are
+      for (const at::Tensor& g : grad_outputs) {
+        if (g.defined()) device = g.device();
+      }
+      timer.emplace(device);
     }
-    KernelTimer timer(device, log != nullptr);
     grads = run_with_room(interp.memory_hooks(), [&] {
-      timer.start();  // a rerun after making room times itself alone
+      if (timer) timer->start();  // a rerun after making room times itself alone
       auto g = path.op->backward(BackwardArgs{inputs, outputs, grad_outputs, input_infos, needs_input_grad});
-      timer.stop();
+      if (timer) timer->stop();
       return g;
     });
-    if (log != nullptr) log->add(path.op->traits().name, OpTimeLog::Pass::kBackward, timer);
+    if (timer) log->add(path.op->traits().name, OpTimeLog::Pass::kBackward, *timer);
   }
   interp.memory_hooks().after_backward(path);
   // The kernel is done with what it read: let go of it before the gradients are added up (a

@@ -9,6 +9,7 @@
 #include "launcher/user_error.h"
 #include "alloc/byte_size.h"
 #include "alloc/cpu_device_allocator.h"
+#include "planner/cost_model.h"
 #include "planner/plan_report.h"
 #include "planner/shard_terms.h"
 #include "runtime/thread_pools.h"
@@ -49,11 +50,13 @@ JsonObject plan_record(const RankedPlan& r, const ModelProfile& profile) {
       .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
       .add("device_hours_per_epoch", d.device_hours_per_epoch).add("mfu", d.mfu)
       .add("tokens_per_s", d.tokens_per_s).add("device_hours_per_billion_tokens", d.device_hours_per_billion_tokens);
-  // The predicted compute split by op as the traced step at this micro-batch splits it: beside a
-  // run's measured "time_by_op" record (metrics.time_by_op), it names the ops a miss comes from.
-  if (const ProfilePoint* point = point_of(profile, p.micro_batch, p.precision)) {
+  // The predicted compute split by op as the step the cost model prices at this micro-batch
+  // (trace_for) splits it: beside a run's measured "time_by_op" record (metrics.time_by_op), it
+  // names the ops a miss comes from.
+  if (!profile.points.empty()) {
     JsonObject by_op;
-    for (const auto& [op, share] : time_shares_by_op(point->trace)) by_op.add(op, share * d.compute_ms);
+    const StepTrace trace = trace_for(profile, p.micro_batch, p.micro_batch * p.accumulation, p.precision);
+    for (const auto& [op, share] : time_shares_by_op(trace)) by_op.add(op, share * d.compute_ms);
     o.add("compute_by_op_ms", by_op);
   }
   return o;
