@@ -149,10 +149,10 @@ class SelfAttention : public torch::nn::Module {
     const int64_t h = options_.n_head / split_.ranks, hkv = options_.kv_heads() / split_.ranks;
     const Tensor qkv = split_.column(x, *wqkv);  // (B, T, (H + 2 Hkv) hd)
     const int64_t b = qkv.size(0), t = qkv.size(1);
-    auto heads = [&](int64_t from, int64_t n) {  // columns [from, from + n) hd as (B, T, n, hd)
-      return reshape(slice(qkv, 2, from * hd, (from + n) * hd), {b, t, n, hd});
-    };
-    Tensor q = heads(0, h), k = heads(h, hkv), v = heads(h + hkv, hkv);
+    // One split, not three slices: its backward writes qkv's gradient once (runtime/ops/shape.cpp).
+    const std::vector<Tensor> parts = split(qkv, std::vector<int64_t>{h * hd, hkv * hd, hkv * hd}, 2);
+    Tensor q = reshape(parts[0], {b, t, h, hd}), k = reshape(parts[1], {b, t, hkv, hd}),
+           v = reshape(parts[2], {b, t, hkv, hd});
     if (options_.is_llama()) {
       // Rotated q and k are new tensors; v alone, saved for backward as a view, would keep all
       // of qkv alive (48 of Llama 3 8B's 128-wide heads for its 8): a dense copy keeps 8.
@@ -203,7 +203,8 @@ class FeedForward : public torch::nn::Module {
     const int64_t f = hidden_ / split_.ranks;  // this rank's part of the hidden width
     if (options_.is_llama()) {
       const Tensor gate_up = split_.column(x, *w13);  // (B, T, 2F)
-      y = split_.row(mul(silu(slice(gate_up, 2, 0, f)), slice(gate_up, 2, f, 2 * f)), *w2);
+      const std::vector<Tensor> halves = split(gate_up, f, 2);
+      y = split_.row(mul(silu(halves[0]), halves[1]), *w2);
     } else {
       y = split_.row(gelu(split_.column(x, *fc), /*tanh_approximation=*/true), *proj);
     }

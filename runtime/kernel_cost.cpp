@@ -1,5 +1,7 @@
 #include "runtime/kernel_cost.h"
 
+#include <algorithm>
+
 namespace ht {
 namespace {
 
@@ -60,6 +62,28 @@ KernelWork kernel_work(const OpTraits& traits, const std::vector<at::Tensor>& in
       typed = true;
     }
     w.bytes += static_cast<double>(in.nbytes());
+  }
+  w.input_bytes = w.bytes;
+  const bool sixteen_bit = w.dtype == at::kBFloat16 || w.dtype == at::kHalf;
+  if (traits.work == Work::kContraction && sixteen_bit) {
+    auto odd = [](const at::Tensor& t) { return t.defined() && t.dim() > 0 && t.size(-1) % 8 != 0; };
+    w.misaligned = std::any_of(inputs.begin(), inputs.end(), odd) || std::any_of(outputs.begin(), outputs.end(), odd);
+  }
+  const bool attention = traits.work == Work::kAttention || traits.work == Work::kCausalAttention;
+  if (attention && !inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 2) {
+    w.attention_length = inputs[0].size(-2);
+  }
+  if (!outputs.empty() && outputs[0].defined()) {
+    for (const at::Tensor& in : inputs) w.broadcasts |= in.defined() && in.numel() < outputs[0].numel();
+  }
+  // Elementwise in one type and out in another: a cast, not a reduction to an fp32 scalar.
+  if (traits.work == Work::kMemory && typed && !outputs.empty() && outputs[0].defined() &&
+      outputs[0].is_floating_point() && outputs[0].scalar_type() != w.dtype) {
+    for (const at::Tensor& in : inputs) {
+      if (!in.defined() || !in.is_floating_point()) continue;
+      w.converts = in.numel() == outputs[0].numel();
+      break;
+    }
   }
   w.views_only = written == 0;
   if (w.views_only) w.bytes = 0;

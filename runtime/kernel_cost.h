@@ -31,6 +31,17 @@ struct KernelWork {
   double bytes = 0;
   at::ScalarType dtype = at::kFloat;
   bool views_only = false;  // every output views an input
+  double input_bytes = 0;   // what the inputs hold (a view op's backward may write as much)
+  // A 16-bit contraction with a dimension that is not a multiple of 8 (GPT-2's 50,257-word
+  // output layer): cuBLAS leaves the tensor cores' fast paths (planner/op_time.cpp).
+  bool misaligned = false;
+  // A memory-bound kernel whose output's element type is not its input's (a cast): ATen's
+  // type-converting loops run unvectorized, at a third of a copy's bandwidth on an H200.
+  bool converts = false;
+  // An input has fewer elements than the first output (broadcast along some dimension).
+  bool broadcasts = false;
+  // Attention: its query length (q's T), which sets a fused kernel's rate (planner/op_time.cpp).
+  int64_t attention_length = 0;
 };
 KernelWork kernel_work(const OpTraits& traits, const std::vector<at::Tensor>& inputs,
                        const std::vector<at::Tensor>& outputs);

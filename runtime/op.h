@@ -25,7 +25,7 @@ enum class Precision : uint8_t {
   // statistics and accumulates in fp32 and writes its output in the input's type, as cuDNN's does
   // under PyTorch's autocast. A bf16 network then saves bf16 activations around its norms.
   kFloat32Weights,
-  kAsIs,     // never cast: the cast op itself
+  kAsIs,     // never cast: the cast op itself, and ops that cast inside (cross_entropy)
 };
 
 // What an op's kernel spends its time on, for the modelled cost of recomputing it
@@ -60,6 +60,13 @@ struct OpTraits {
   // A memory-bound kernel that moves its inputs' and outputs' bytes more than once (a fused op
   // that makes and reads intermediates of their size): the times it does (runtime/kernel_cost.h).
   double bytes_factor = 1;
+  // Forward makes views but backward writes the input's whole gradient (slice, split): priced
+  // at the input's bytes (planner/step_recorder.cpp), where a view's backward (reshape,
+  // transpose) moves nothing.
+  bool backward_writes_input = false;
+  // Backward hands the output's gradient to the inputs as it is (add), summing it only over
+  // dimensions an input was broadcast along: priced at nothing, or one read (step_recorder.cpp).
+  bool backward_passes_gradient = false;
   // What its kernel allocates beside its outputs (runtime/kernel_workspace.h): declared here so
   // that a step traced on meta tensors holds it as the data run does.
   Workspace workspace = Workspace::kNone;
@@ -90,6 +97,18 @@ struct OpTraits {
   }
   OpTraits& drawing_random_numbers() {
     random = true;
+    return *this;
+  }
+  OpTraits& writing_its_input_in_backward() {
+    backward_writes_input = true;
+    return *this;
+  }
+  OpTraits& passing_the_gradient_through() {
+    backward_passes_gradient = true;
+    return *this;
+  }
+  OpTraits& keeping_input_types() {
+    precision = Precision::kAsIs;
     return *this;
   }
   OpTraits& in_low_precision() {

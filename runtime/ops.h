@@ -106,9 +106,9 @@ namespace detail {
 at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_sizes, bool causal,
                                   double dropout_p, uint64_t seed, const at::Device& device);
 // For benchmarks and tests: forward calls of the attention op so far, by kernel (ATen's fused
-// kernel on a GPU, or the blockwise one).
+// kernels on a GPU, flash among them, or the blockwise one).
 struct AttentionKernelCounts {
-  int64_t fused = 0, blockwise = 0;
+  int64_t fused = 0, blockwise = 0, flash = 0;
 };
 AttentionKernelCounts attention_kernel_counts();
 }  // namespace detail
@@ -162,6 +162,8 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 // Pieces of `split_size` along dim (the last may be smaller): one output per piece.
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);
+// Pieces of the given sizes along dim (they add up to its length).
+std::vector<Tensor> split(const Tensor& x, std::vector<int64_t> sizes, int64_t dim);
 Tensor sum(const Tensor& x);
 Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim = false);
 Tensor mean(const Tensor& x);

@@ -1,5 +1,6 @@
 #include "launcher/training/per_rank.h"
 #include "launcher/training/trainer.h"
+#include "runtime/ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -134,12 +135,26 @@ void Trainer::log_time_by_op() {
   JsonObject record;
   record.add("event", "time_by_op").add("first_step", op_first_step_).add("steps", op_steps_)
       .add("kernel_ms_per_step", total).add("ms_per_step", per_step);
+  // Which attention kernel ran (runtime/ops/attention.cpp chooses from the inputs): the time of
+  // "attention" means little without it. Counts over the whole run, recomputations included.
+  const detail::AttentionKernelCounts kernels = detail::attention_kernel_counts();
+  if (kernels.fused + kernels.blockwise > 0) {
+    record.add("attention_forwards", JsonObject()
+                                         .add("flash", kernels.flash)
+                                         .add("efficient", kernels.fused - kernels.flash)
+                                         .add("blockwise", kernels.blockwise));
+  }
   output_->metrics(record);
   std::string text = "time by op, measured (ms per step, steps " + std::to_string(op_first_step_) + "-" +
                      std::to_string(op_first_step_ + op_steps_ - 1) + ", " + ms_text(total) + " in kernels):";
   for (size_t i = 0; i < std::min<size_t>(order.size(), 8); ++i) {
     text += (i ? ", " : " ") + order[i].second + " " + ms_text(order[i].first) + " (" +
             std::to_string(static_cast<int>(std::lround(100 * order[i].first / std::max(total, 1e-9)))) + "%)";
+  }
+  if (kernels.fused + kernels.blockwise > 0) {
+    text += "; attention forwards: " + std::to_string(kernels.flash) + " flash, " +
+            std::to_string(kernels.fused - kernels.flash) + " memory-efficient, " +
+            std::to_string(kernels.blockwise) + " blockwise";
   }
   progress_.line(text);
 }

@@ -56,7 +56,10 @@ class BinaryOp final : public Op {
   static OpTraits traits_for(Arith kind, bool a_grad, bool b_grad) {
     OpTraits t;
     switch (kind) {
-      case Arith::kAdd: t.name = "add"; break;
+      case Arith::kAdd:
+        t.name = "add";
+        t.passing_the_gradient_through();
+        break;
       case Arith::kSub: t.name = "sub"; break;
       case Arith::kMul:
         t.name = "mul";

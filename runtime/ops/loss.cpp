@@ -71,20 +71,24 @@ class NllLossOp final : public Op {
 class CrossEntropyOp final : public Op {
  public:
   // Its work: forward reads the logits twice and writes the log-probabilities once, a chunk at a
-  // time (three times the logits' bytes, the two-op form's log_softmax and nll_loss together);
-  // backward, priced at twice forward (planner/step_recorder.cpp), does it again and the gradient.
-  CrossEntropyOp()
-      : Op(OpTraits::named("cross_entropy").saving_inputs({0, 1}).saving_outputs({1}).in_float32().moving_its_bytes(3)) {}
+  // time (three times fp32 logits' bytes, the two-op form's log_softmax and nll_loss together).
+  // 16-bit logits are cast to fp32 a chunk at a time inside it: 2 bytes read and 4 written in a
+  // type-converting loop, which ran at 0.37 of a copy's bandwidth on an H200 (as 16 bytes of a
+  // copy), then fp32's 12: as 28 bytes, fourteen times their own. Backward, priced at twice
+  // forward (planner/step_recorder.cpp), does it again and the gradient.
+  explicit CrossEntropyOp(bool sixteen_bit)
+      : Op(OpTraits::named("cross_entropy").saving_inputs({0, 1}).saving_outputs({1}).keeping_input_types()
+               .moving_its_bytes(sixteen_bit ? 14 : 3)) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const at::Tensor& logits = in[0];
     const at::Tensor& target = in[1];
     const int64_t n = logits.size(0), rows = chunk_rows(logits);
-    at::Tensor picked = at::empty({n, 1}, logits.options());
+    at::Tensor picked = at::empty({n, 1}, logits.options().dtype(compute_type(logits)));
     for (int64_t r = 0; r < n; r += rows) {
       const int64_t m = std::min(rows, n - r);
       const at::Tensor t = target.narrow(0, r, m);
-      const at::Tensor lp = at::_log_softmax(logits.narrow(0, r, m), 1, false);
+      const at::Tensor lp = at::_log_softmax(chunk(logits, r, m), 1, false);
       // An ignored row's index is out of range: any valid one will do, nll_loss skips the row.
       picked.narrow(0, r, m).copy_(lp.gather(1, t.masked_fill(t.eq(kIgnoreIndex), 0).unsqueeze(1)));
     }
@@ -93,24 +97,39 @@ class CrossEntropyOp final : public Op {
     auto [loss, total_weight] = at::nll_loss_forward(picked, column, {}, at::Reduction::Mean, kIgnoreIndex);
     return {loss, total_weight};
   }
+  // The logits' gradient in their own type: each chunk's fp32 gradient rounded as the cast op's
+  // backward rounded the whole (the same kernel, elementwise).
   TensorList backward(const BackwardArgs& a) const override {
     const at::Tensor& logits = a.inputs[0];
     const at::Tensor& target = a.inputs[1];
+    const at::ScalarType compute = compute_type(logits);
     const int64_t n = logits.size(0), rows = chunk_rows(logits);
     at::Tensor grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
     for (int64_t r = 0; r < n; r += rows) {
       const int64_t m = std::min(rows, n - r);
-      const at::Tensor lp = at::_log_softmax(logits.narrow(0, r, m), 1, false);
+      const at::Tensor lp = at::_log_softmax(chunk(logits, r, m), 1, false);
       const at::Tensor g = at::nll_loss_backward(a.grad_outputs[0], lp, target.narrow(0, r, m), {},
                                                  at::Reduction::Mean, kIgnoreIndex, a.outputs[1]);
       at::Tensor out = grad.narrow(0, r, m);
-      at::_log_softmax_backward_data_out(out, g, lp, 1, a.input_dtype(0));
+      if (compute == logits.scalar_type()) {
+        at::_log_softmax_backward_data_out(out, g, lp, 1, compute);
+      } else {
+        out.copy_(at::_log_softmax_backward_data(g, lp, 1, compute));
+      }
     }
     return {grad, at::Tensor()};
   }
 
  private:
-  // Rows per chunk: a sixteenth of the batch, and at least 1 MiB of log-probabilities (small
+  // fp32 for 16-bit and fp32 logits, double for double: what autocast's cast to fp32 gave.
+  static at::ScalarType compute_type(const at::Tensor& logits) {
+    return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  }
+  static at::Tensor chunk(const at::Tensor& logits, int64_t r, int64_t m) {
+    const at::Tensor rows = logits.narrow(0, r, m);
+    return rows.scalar_type() == compute_type(logits) ? rows : rows.to(compute_type(logits));
+  }
+  // Rows per chunk: a sixteenth of the batch, and at least 1 MiB of fp32 log-probabilities (small
   // class counts run whole). Shapes only, so a meta trace chunks as the data run does.
   static int64_t chunk_rows(const at::Tensor& logits) {
     const int64_t n = logits.size(0), row_bytes = std::max<int64_t>(1, logits.size(1)) * 4;
@@ -136,10 +155,14 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
   return detail::apply_first(op, {log_probs, target});
 }
 
+// Logits of any floating type go in as they are (no fp32 copy of them, nor of their gradient:
+// at GPT-2's vocabulary and 128 sequences, 26 GB each); the op computes in fp32 a chunk at a time.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
   check_loss_arguments("cross_entropy", logits, target);
-  static const std::shared_ptr<const Op> op = std::make_shared<CrossEntropyOp>();
-  return detail::apply_first(op, {logits, target});
+  static const std::shared_ptr<const Op> wide = std::make_shared<CrossEntropyOp>(false);
+  static const std::shared_ptr<const Op> sixteen_bit = std::make_shared<CrossEntropyOp>(true);
+  const bool narrow = logits.dtype() == at::kBFloat16 || logits.dtype() == at::kHalf;
+  return detail::apply_first(narrow ? sixteen_bit : wide, {logits, target});
 }
 
 }  // namespace ht

@@ -60,7 +60,8 @@ class PermuteOp final : public Op {
 class SliceOp final : public Op {
  public:
   SliceOp(int64_t dim, int64_t start, int64_t end, int64_t step)
-      : Op(OpTraits::named("slice")), dim_(dim), start_(start), end_(end), step_(step) {}
+      : Op(OpTraits::named("slice").writing_its_input_in_backward()), dim_(dim), start_(start), end_(end),
+        step_(step) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     return {in[0].slice(dim_, start_, end_, step_)};
@@ -95,33 +96,35 @@ class CatOp final : public Op {
   int64_t dim_;
 };
 
-// One output per piece; a piece that received no gradient contributes zeros.
+// One output per piece; a piece that received no gradient contributes zeros. Backward writes the
+// input's gradient once (one cat), where slices of it would each write a zero-filled whole and
+// the tape would add them.
 class SplitOp final : public Op {
  public:
-  SplitOp(int64_t split_size, int64_t dim)
-      : Op(OpTraits::named("split")), split_size_(split_size), dim_(dim) {}
+  SplitOp(std::vector<int64_t> sizes, int64_t dim)
+      : Op(OpTraits::named("split").writing_its_input_in_backward()), sizes_(std::move(sizes)), dim_(dim) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
-    auto pieces = at::split(in[0], split_size_, dim_);
+    auto pieces = at::split_with_sizes(in[0], sizes_, dim_);
     return TensorList(pieces.begin(), pieces.end());
   }
   TensorList backward(const BackwardArgs& a) const override {
     TensorList parts;
-    const int64_t total = a.input_sizes(0)[dim_];
     for (size_t j = 0; j < a.grad_outputs.size(); ++j) {
       if (a.grad_outputs[j].defined()) {
         parts.push_back(a.grad_outputs[j]);
         continue;
       }
       std::vector<int64_t> sizes(a.input_sizes(0).begin(), a.input_sizes(0).end());
-      sizes[dim_] = std::min(split_size_, total - static_cast<int64_t>(j) * split_size_);
+      sizes[dim_] = sizes_[j];
       parts.push_back(at::zeros(sizes, a.input_options(0)));
     }
     return {at::cat(parts, dim_)};
   }
 
  private:
-  int64_t split_size_, dim_;
+  std::vector<int64_t> sizes_;
+  int64_t dim_;
 };
 
 // sum or mean over `dims` (all dimensions when empty).
@@ -213,7 +216,22 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   TORCH_CHECK(split_size > 0, "split: split_size must be positive");
   dim = normalized({dim}, x.dim())[0];
-  return x.interp().apply(std::make_shared<SplitOp>(split_size, dim), {x});
+  std::vector<int64_t> sizes;
+  for (int64_t at = 0, total = x.size(dim); at < total; at += split_size) {
+    sizes.push_back(std::min(split_size, total - at));
+  }
+  return x.interp().apply(std::make_shared<SplitOp>(std::move(sizes), dim), {x});
+}
+
+std::vector<Tensor> split(const Tensor& x, std::vector<int64_t> sizes, int64_t dim) {
+  dim = normalized({dim}, x.dim())[0];
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    TORCH_CHECK(n >= 0, "split: sizes must not be negative, got ", n);
+    total += n;
+  }
+  TORCH_CHECK(total == x.size(dim), "split: sizes add up to ", total, ", the dimension has ", x.size(dim));
+  return x.interp().apply(std::make_shared<SplitOp>(std::move(sizes), dim), {x});
 }
 
 Tensor sum(const Tensor& x) {

@@ -8,6 +8,9 @@
 #include "tests/support/op_check.h"
 
 #include <c10/util/accumulate.h>
+#if defined(HT_FUSED_ATTENTION) && defined(HT_TORCH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include <cmath>
 #include <limits>
@@ -323,6 +326,49 @@ TEST(OpsAttention, FusedBackwardOnAGpuRepeatsItsBits) {
   EXPECT_EQ(detail::attention_kernel_counts().fused, fused_before + 2) << "the fused kernel ran";
   EXPECT_TRUE(at::globalContext().deterministicAlgorithmsWarnOnly()) << "strict for that call only";
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(first[i].equal(second[i])) << "gradient of input " << i;
+}
+
+// The decoder's heads are strided views of one (B, T, 3 H hd) projection (models/decoder.cpp):
+// on a GPU of compute capability 8.0 or newer they take ATen's flash kernel (not the blockwise
+// one, 6x slower in GPT-2 small's plan on an H200 at b91dab8), its backward repeats its bits,
+// and its gradients are autograd's through PyTorch's own attention to bf16's rounding.
+TEST(OpsAttention, TheDecodersStridedHeadsTakeFlashOnAGpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU here";
+#if !defined(HT_FUSED_ATTENTION) || !defined(HT_TORCH_CUDA)
+  GTEST_SKIP() << "this libtorch has no fused attention (base/compat.h)";
+#else
+  use_deterministic_cuda_kernels();
+  at::manual_seed(10);
+  const int64_t b = 2, t = 256, h = 4, hd = 64;
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0).dtype(at::kBFloat16);
+  const at::Tensor qkv = at::randn({b, t, 3 * h * hd}, cuda), upstream = at::randn({b, h, t, hd}, cuda);
+  const detail::AttentionKernelCounts before = detail::attention_kernel_counts();
+  auto gradient = [&] {
+    const at::Tensor leaf = qkv.clone().requires_grad_(true);
+    Interpreter interp;
+    const Tensor x = interp.param(leaf);
+    auto heads = [&](int64_t from) {
+      return transpose(reshape(slice(x, 2, from * hd, (from + h) * hd), {b, t, h, hd}), 1, 2);
+    };
+    const Tensor y = attention(heads(0), heads(h), heads(2 * h), /*causal=*/true);
+    interp.backward({y}, {upstream});
+    return leaf.grad();
+  };
+  const at::Tensor first = gradient(), second = gradient();
+  const detail::AttentionKernelCounts after = detail::attention_kernel_counts();
+  EXPECT_EQ(after.fused - before.fused, 2) << "a fused kernel ran";
+  if (at::cuda::getDeviceProperties(0)->major >= 8) EXPECT_EQ(after.flash - before.flash, 2) << "flash ran";
+  EXPECT_TRUE(first.equal(second)) << "the same gradient bits twice";
+  const at::Tensor leaf = qkv.clone().requires_grad_(true);
+  auto heads = [&](int64_t from) {
+    return leaf.narrow(2, from * hd, h * hd).reshape({b, t, h, hd}).transpose(1, 2);
+  };
+  at::scaled_dot_product_attention(heads(0), heads(h), heads(2 * h), {}, 0.0, true).backward(upstream);
+  const at::Tensor expected = leaf.grad().to(at::kFloat);
+  const double scale = expected.abs().max().item<double>();
+  EXPECT_LT((first.to(at::kFloat) - expected).abs().max().item<double>(), 0.02 * scale)
+      << "autograd's gradient through PyTorch's attention, to bf16's rounding";
+#endif
 }
 
 }  // namespace

@@ -83,6 +83,36 @@ TEST(OpsLoss, CrossEntropyIsTheTwoOpFormToTheBitInChunksOnAGpu) {
   expect_the_two_op_form_to_the_bit(2048, 50257, at::TensorOptions().device(at::kCUDA, 0));
 }
 
+// Under bf16 autocast the loss takes the output layer's bf16 logits as they are and casts a chunk
+// at a time (no fp32 copy of the logits, nor of their gradient): the same loss and the same bf16
+// gradient, to the bit, as the two-op form, whose log_softmax autocast feeds an fp32 cast.
+void expect_bf16_logits_as_the_cast_form(const at::TensorOptions& options) {
+  at::manual_seed(6);
+  const at::Tensor logits = (at::randn({300, 5000}) * 3).to(options.dtype(at::kBFloat16));
+  const at::Tensor target = at::randint(5000, {300}, at::kLong).to(options.device());
+  auto run = [&](bool fused) {
+    Interpreter interp;
+    interp.set_autocast(at::kBFloat16);
+    at::Tensor w = logits.clone().requires_grad_(true);
+    Tensor x = interp.param(w), t = interp.input(target);
+    Tensor loss = fused ? cross_entropy(x, t) : nll_loss(log_softmax(x, 1), t);
+    const at::Tensor value = loss.value().clone();
+    interp.backward(loss);
+    return std::make_pair(value.cpu(), w.grad().cpu());
+  };
+  const auto [fused_loss, fused_grad] = run(true);
+  const auto [loss, grad] = run(false);
+  EXPECT_EQ(fused_loss.scalar_type(), at::kFloat);
+  EXPECT_EQ(fused_grad.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(fused_loss, loss)) << fused_loss.item<float>() << " vs " << loss.item<float>();
+  EXPECT_TRUE(at::equal(fused_grad, grad));
+}
+
+TEST(OpsLoss, CrossEntropyTakesBf16LogitsAsTheCastFormToTheBit) {
+  expect_bf16_logits_as_the_cast_form(at::TensorOptions());
+  if (at::hasCUDA()) expect_bf16_logits_as_the_cast_form(at::TensorOptions().device(at::kCUDA, 0));
+}
+
 TEST(OpsLoss, RejectsBadTargets) {
   Interpreter interp;
   Tensor logits = interp.input(at::zeros({4, 3}));
