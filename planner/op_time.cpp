@@ -55,6 +55,22 @@ DeviceRates device_rates(const DeviceKind& kind) {
   r.contraction[static_cast<int>(KernelType::kBf16)] = kHopperBf16;
   r.contraction[static_cast<int>(KernelType::kFp16)] = kHopperFp16;
   r.memory = kHopperMemory;
+  // Measured on the H200 on 2026-11-29 (scripts/device-kernels.py, PyTorch 2.11, under
+  // hybrid_train's determinism; docs/measurements/h200-2026-11-29-kernels.json). ATen's flash
+  // attention, causal, bf16, 16,384 tokens of 2,048 features a call, head sizes 64 and 128
+  // averaged (they differ by 2-9%): its rate by query length, as fractions of the 989 TFLOP/s.
+  // FlashAttention-2's Hopper fractions, for Hopper kinds only: on an A100 it reaches about
+  // twice the fraction (its paper), not measured here, so other kinds keep the contraction curve.
+  if (kind.kind.rfind("h100", 0) == 0 || kind.kind.rfind("h200", 0) == 0) {
+    r.attention[0] = {{1024, 0.193}, {2048, 0.242}, {4096, 0.281}, {8192, 0.301}};
+    r.attention[1] = {{1024, 0.140}, {2048, 0.183}, {4096, 0.194}, {8192, 0.177}};
+  }
+  // GPT-2's output layer at its 50,257 words against 50,304 (32,768 tokens, bf16): forward 93.8
+  // against 697.1 TFLOP/s; backward's two products 18.4 and 17.1 ms against 3.2 and 3.4. A
+  // bf16-to-fp32 cast of its logits moved 1,608 GB/s, where copies of that size moved 4,300.
+  r.misaligned_share[0] = 93.8 / 697.1;                         // rates: misaligned over aligned
+  r.misaligned_share[1] = (3.223 + 3.413) / (18.396 + 17.132);  // times: aligned over misaligned
+  r.converting_share = 1608.0 / 4300;
   return r;
 }
 
@@ -62,11 +78,18 @@ double kernel_ms(const TraceKernel& kernel, const DeviceRates& rates) {
   if (kernel.flops <= 0 && kernel.bytes <= 0) return 0;
   const int type = static_cast<int>(kernel.type);
   double ms = 0;
+  const int pass = kernel.backward ? 1 : 0;
   if (kernel.flops > 0 && rates.flops_per_ms[type] > 0) {
-    ms = kernel.flops / (rates.flops_per_ms[type] * efficiency(rates.contraction[type], kernel.flops));
+    double fraction = efficiency(rates.contraction[type], kernel.flops);
+    if (kernel.attention && kernel.type != KernelType::kFloat && !rates.attention[pass].empty()) {
+      fraction = efficiency(rates.attention[pass], static_cast<double>(kernel.attention_length));
+    }
+    if (kernel.misaligned) fraction *= rates.misaligned_share[pass];
+    ms = kernel.flops / (rates.flops_per_ms[type] * fraction);
   }
   if (kernel.bytes > 0 && rates.bytes_per_ms > 0) {
-    ms = std::max(ms, kernel.bytes / (rates.bytes_per_ms * efficiency(rates.memory, kernel.bytes)));
+    const double share = kernel.converts ? rates.converting_share : 1.0;
+    ms = std::max(ms, kernel.bytes / (rates.bytes_per_ms * efficiency(rates.memory, kernel.bytes) * share));
   }
   return std::max(ms, rates.kernel_floor_ms);
 }

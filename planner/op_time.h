@@ -32,6 +32,13 @@ struct DeviceRates {
   double bytes_per_ms = 0;    // memory bandwidth
   std::vector<EfficiencyPoint> contraction[3];  // by KernelType
   std::vector<EfficiencyPoint> memory;
+  // Beside the curves, measured on the same device (scripts/device-kernels.py): 16-bit
+  // attention's fused kernel by its query length (forward, backward; none: the contraction
+  // curve), a misaligned 16-bit contraction at a share of the aligned one's rate (forward,
+  // backward), a type-converting memory-bound loop at a share of the memory curve.
+  std::vector<EfficiencyPoint> attention[2];
+  double misaligned_share[2] = {1, 1};
+  double converting_share = 1;
   // The least a kernel costs in a stream of them (launch and the interpreter's bookkeeping
   // overlap the previous kernel): a floor, not an addition.
   double kernel_floor_ms = 0.005;
@@ -42,8 +49,9 @@ struct DeviceRates {
 double efficiency(const std::vector<EfficiencyPoint>& curve, double size);
 // A catalog kind's rates: its peaks with the GPU curves (above).
 DeviceRates device_rates(const DeviceKind& kind);
-// One kernel's time: the slower of its compute at the contraction curve and its bytes at the
-// memory curve, at least the floor. Views (no work) cost nothing.
+// One kernel's time: the slower of its compute at the contraction curve (attention's own
+// fraction; the misaligned share) and its bytes at the memory curve (the converting share), at
+// least the floor. Views (no work) cost nothing.
 double kernel_ms(const TraceKernel& kernel, const DeviceRates& rates);
 // The optimizer step and the gradients' zeroing and clipping for `elements` fp32 parameters,
 // memory-bound: the bytes libtorch's kernels move per element (AdamW: 92, SGD with momentum and

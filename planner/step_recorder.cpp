@@ -60,12 +60,28 @@ namespace {
 // gradients of both operands (two contractions of its own size); attention's backward recomputes
 // the scores a block at a time and makes three gradients (five contractions to forward's two, as
 // FlashAttention's backward); a memory-bound op reads the output's gradient and what it saved
-// and writes the inputs' gradients, about twice what forward moved.
+// and writes the inputs' gradients, about twice what forward moved; a cast's backward is a cast
+// back, what forward moved (measured on an H200, docs/gpu.md); add's hands the gradient on,
+// nothing unless an input was broadcast (then one read of it); a view whose backward writes its
+// input's gradient (slice, split) reads and writes that many bytes.
 void set_work(TraceKernel& k, const OpTraits& traits, const KernelWork& forward, bool backward) {
   k.type = forward.dtype == at::kBFloat16 ? KernelType::kBf16 : forward.dtype == at::kHalf ? KernelType::kFp16 : KernelType::kFloat;
   k.flops = forward.flops;
   k.bytes = forward.bytes;
+  k.attention = traits.work == Work::kAttention || traits.work == Work::kCausalAttention;
+  k.attention_length = forward.attention_length;
+  k.misaligned = forward.misaligned;
+  k.converts = forward.converts;
   if (!backward) return;
+  if (forward.views_only && traits.backward_writes_input) {
+    k.bytes = 2.0 * forward.input_bytes;
+    return;
+  }
+  if (traits.backward_passes_gradient) {
+    k.bytes = forward.broadcasts ? forward.bytes / 3.0 : 0.0;  // forward read two and wrote one
+    return;
+  }
+  if (forward.converts) return;
   const bool attention = traits.work == Work::kAttention || traits.work == Work::kCausalAttention;
   k.flops *= attention ? 2.5 : 2.0;
   k.bytes *= 2.0;

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The planner's GPT-2 small plan on this GPU, taken apart (issue 35: its step measured 2.075x the
 # predicted one on an H200 at b91dab8, its peak 0.977x), in one short command:
+#   - the attention and loss op tests on the GPU (flash attention's bits, bf16 logits in the loss);
 #   - PyTorch eager in bf16 autocast at 32 sequences (what a step of ours could cost per sequence;
 #     at the plan's 128 eager runs out of the H200's memory: its fp32 logits' gradient);
-#   - the plan, trained 10 steps with metrics.time_by_op, set beside the plan's compute by op
-#     (scripts/compare_plan_run.py): which ops the miss comes from. The machine has no Nsight.
+#   - for GPT-2's vocabulary and the padded one (HT_PROFILE_VOCABS): the plan, trained 10 steps
+#     with metrics.time_by_op, set beside the plan's compute by op (scripts/compare_plan_run.py):
+#     which ops a miss comes from. The machine has no Nsight.
 #
 #   run(command="bash scripts/device-profile.sh", carry=[".deps"], timeout_s=300)
 set -uo pipefail
@@ -14,16 +16,24 @@ mkdir -p "$out"
 bin=${HT_BUILD_DIR:-build-device}
 say() { echo "device-profile: $*" | tee -a "$out/summary.txt"; }
 start=$SECONDS
-timeout 150 bash scripts/device-build.sh hybrid_train >"$out/build.log" 2>&1
+timeout 200 bash scripts/device-build.sh hybrid_train test_runtime >"$out/build.log" 2>&1
 say "build: exit $? in $((SECONDS - start)) s"
+grep -m 20 -E 'error:|FAILED:' "$out/build.log" | tee -a "$out/summary.txt"
+# The attention kernels (flash where it runs) and the loss on bf16 logits, on this GPU.
+timeout 60 "$bin/tests/test_runtime" --gtest_filter='OpsAttention*:OpsLoss*' --gtest_brief=1 2>&1 | tail -12 |
+  tee -a "$out/summary.txt"
 (cd bench/peer && timeout 60 python3 gpu_peer.py --model gpt --batch 32 --amp bf16 --modes eager --steps 3 --warmup 2) \
-  2>&1 | tail -3 | tee -a "$out/summary.txt"
-gpt2=(configs/gpt2_124m.toml --data.dataset=synthetic --data.synthetic_shape=[1024] --data.synthetic_classes=50257
-      --data.synthetic_samples=16384)
-"$bin/launcher/hybrid_train" plan "${gpt2[@]}" --cluster h200:1x1 --job.output_dir=plan >"$out/plan.log" 2>&1
-say "plan: exit $?"
-timeout 120 "$bin/launcher/hybrid_train" plan/plan.toml --training.steps=10 --metrics.log_interval=1 \
-  --metrics.time_by_op=true --job.output_dir=run >"$out/run.log" 2>&1
-say "run: exit $?"
-python3 scripts/compare_plan_run.py plan run 2>&1 | tee -a "$out/summary.txt"
+  2>&1 | tail -1 | tee -a "$out/summary.txt"
+# GPT-2's own vocabulary (50,257: its output layer off the tensor cores' alignment) and the padded
+# one nanoGPT and llm.c train (50,304): each planned for this GPU and trained 10 steps.
+for vocab in ${HT_PROFILE_VOCABS:-50257 50304}; do
+  gpt2=(configs/gpt2_124m.toml --data.dataset=synthetic --data.synthetic_shape=[1024] --data.synthetic_classes=50257
+        --data.synthetic_samples=16384 --model.vocab_size="$vocab")
+  "$bin/launcher/hybrid_train" plan "${gpt2[@]}" --cluster h200:1x1 --job.output_dir="plan$vocab" >"$out/plan$vocab.log" 2>&1
+  say "plan, vocabulary $vocab: exit $?"
+  timeout 120 "$bin/launcher/hybrid_train" "plan$vocab/plan.toml" --training.steps=10 --metrics.log_interval=1 \
+    --metrics.time_by_op=true --job.output_dir="run$vocab" >"$out/run$vocab.log" 2>&1
+  say "run, vocabulary $vocab: exit $?; $(grep -m1 -o 'attention forwards.*' "$out/run$vocab.log")"
+  python3 scripts/compare_plan_run.py "plan$vocab" "run$vocab" 2>&1 | tee -a "$out/summary.txt"
+done
 say "ended in $((SECONDS - start)) s"
