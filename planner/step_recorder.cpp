@@ -54,8 +54,6 @@ void StepRecorder::add_input(std::vector<int>& inputs, const TensorInfo& t) cons
   if (index >= 0 && std::find(inputs.begin(), inputs.end(), index) == inputs.end()) inputs.push_back(index);
 }
 
-namespace {
-
 // A kernel's work; a backward's from its forward's: a contraction or a convolution makes the
 // gradients of both operands (two contractions of its own size); attention's backward recomputes
 // the scores a block at a time and makes three gradients (five contractions to forward's two, as
@@ -64,7 +62,7 @@ namespace {
 // back, what forward moved (measured on an H200, docs/gpu.md); add's hands the gradient on,
 // nothing unless an input was broadcast (then one read of it); a view whose backward writes its
 // input's gradient (slice, split) reads and writes that many bytes.
-void set_work(TraceKernel& k, const OpTraits& traits, const KernelWork& forward, bool backward) {
+void set_kernel_work(TraceKernel& k, const OpTraits& traits, const KernelWork& forward, bool backward) {
   k.type = forward.dtype == at::kBFloat16 ? KernelType::kBf16 : forward.dtype == at::kHalf ? KernelType::kFp16 : KernelType::kFloat;
   k.flops = forward.flops;
   k.bytes = forward.bytes;
@@ -86,8 +84,6 @@ void set_work(TraceKernel& k, const OpTraits& traits, const KernelWork& forward,
   k.flops *= attention ? 2.5 : 2.0;
   k.bytes *= 2.0;
 }
-
-}  // namespace
 
 void StepRecorder::kernel_begins(const ComputePath& path, bool recompute, bool backward) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -136,7 +132,7 @@ void StepRecorder::kernel_ends(const ComputePath& path, bool recompute, bool /*b
   TraceKernel& k = trace_.kernels[static_cast<size_t>(kernel_)];
   k.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - kernel_start_).count();
   if (!k.backward) k.modeled_ms = path.modeled_ms;
-  set_work(k, path.op->traits(), path.work, k.backward);  // forward's work is known once it ran
+  set_kernel_work(k, path.op->traits(), path.work, k.backward);  // forward's work is known once it ran
   // What a forward kernel allocated and still holds is its output: regenerable by running it.
   if (!k.backward) {
     for (size_t i = first_tensor_of_kernel_; i < trace_.tensors.size(); ++i) {

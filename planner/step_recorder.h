@@ -8,6 +8,8 @@
 #include "alloc/cpu_device_allocator.h"
 #include "memory/kernel_observer.h"
 #include "planner/step_trace.h"
+#include "runtime/kernel_cost.h"
+#include "runtime/op.h"
 
 #include <chrono>
 #include <mutex>
@@ -21,6 +23,10 @@ namespace ht {
 
 class MemoryManager;
 struct TensorInfo;
+
+// A traced kernel's work (type, flops, bytes and how a device runs it) from its op's forward
+// work: a forward's as measured on the tensors, a backward's by its op's gradient rule.
+void set_kernel_work(TraceKernel& k, const OpTraits& traits, const KernelWork& forward, bool backward);
 
 class StepRecorder final : public AllocationObserver, public KernelObserver {
  public:

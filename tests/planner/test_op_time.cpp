@@ -2,6 +2,8 @@
 // priced at the H200's rates takes the time the H200 was measured to take for it.
 
 #include "planner/op_time.h"
+#include "planner/step_recorder.h"
+#include "runtime/kernel_cost.h"
 
 #include <gtest/gtest.h>
 
@@ -61,6 +63,93 @@ TEST(OpTime, TheOptimizerStepIsItsBytesAtTheMemoryCurve) {
   EXPECT_NEAR(adamw, 222.6, 0.5);
   EXPECT_NEAR(optimizer_step_ms(8'000'000'000, 291, false, false, rates) / adamw, 48.0 / 108.0, 0.01);
   EXPECT_EQ(optimizer_step_ms(0, 0, true, true, rates), 0);
+}
+
+// Flash attention on a Hopper kind is priced at the rate the H200 ran it by query length
+// (docs/measurements/h200-2026-11-29-kernels.json): hd 64, T 1024, B 16, H 32 took 0.369 ms
+// forward and 1.325 backward; hd 128, T 8192, B 2, H 16 took 1.764 and 8.064. Another kind keeps
+// the contraction curve (FlashAttention-2's fractions on an A100 are not these).
+TEST(OpTime, FlashAttentionOnHopperAtTheRateMeasuredForItsLength) {
+  const DeviceRates rates = device_rates(h200());
+  TraceKernel k;
+  k.type = KernelType::kBf16;
+  k.attention = true;
+  k.attention_length = 1024;
+  k.flops = 4.0 * 16 * 32 * 1024 * 1024 * 64 / 2;
+  EXPECT_NEAR(kernel_ms(k, rates), 0.369, 0.369 * 0.05);
+  k.backward = true;
+  k.flops *= 2.5;
+  EXPECT_NEAR(kernel_ms(k, rates), 1.325, 1.325 * 0.08);
+  k.backward = false;
+  k.attention_length = 8192;
+  k.flops = 4.0 * 2 * 16 * 8192.0 * 8192 * 128 / 2;
+  EXPECT_NEAR(kernel_ms(k, rates), 1.764, 1.764 * 0.05);
+  DeviceKind a100 = h200();
+  a100.kind = "a100-80gb";
+  const DeviceRates other = device_rates(a100);
+  EXPECT_TRUE(other.attention[0].empty());
+  EXPECT_LT(kernel_ms(k, other), kernel_ms(k, rates)) << "the contraction curve, not Hopper's flash";
+}
+
+// GPT-2's output layer over 32,768 tokens: at 50,304 words 3.63 ms forward on the H200, at
+// 50,257 (no multiple of 8) 26.95 ms; the bf16-to-fp32 cast of its logits 6.15 ms.
+TEST(OpTime, AMisalignedProductAndACastAtTheirMeasuredRates) {
+  const DeviceRates rates = device_rates(h200());
+  TraceKernel k;
+  k.type = KernelType::kBf16;
+  k.flops = 2.0 * 32768 * 768 * 50304;
+  EXPECT_NEAR(kernel_ms(k, rates), 3.632, 3.632 * 0.05);
+  k.flops = 2.0 * 32768 * 768 * 50257;
+  k.misaligned = true;
+  EXPECT_NEAR(kernel_ms(k, rates), 26.954, 26.954 * 0.05);
+  // Backward's two products: 18.40 + 17.13 ms, priced as one of twice the work; within 12%, as
+  // the aligned curve prices the aligned pair (6.64 ms measured) 11% slow.
+  k.backward = true;
+  k.flops *= 2;
+  EXPECT_NEAR(kernel_ms(k, rates), 18.396 + 17.132, (18.396 + 17.132) * 0.12);
+  TraceKernel cast;
+  cast.bytes = 6.0 * 32768 * 50257;
+  cast.converts = true;
+  EXPECT_NEAR(kernel_ms(cast, rates), 6.145, 6.145 * 0.05);
+}
+
+// Backward's work by its op's rule: twice forward's bytes for a memory-bound op, a cast's own
+// bytes for a cast, nothing for add (one read where an input was broadcast), the input's bytes
+// read and written for a view whose backward writes its input (split); a 16-bit product with an
+// odd dimension is misaligned, forward and backward.
+TEST(OpTime, BackwardWorkFollowsTheOpsGradientRule) {
+  const at::Tensor x = at::zeros({64, 96}), y = at::zeros({64, 96});
+  auto backward_bytes = [](const OpTraits& traits, const std::vector<at::Tensor>& in,
+                           const std::vector<at::Tensor>& out) {
+    const KernelWork w = kernel_work(traits, in, out);
+    TraceKernel k;
+    set_kernel_work(k, traits, w, /*backward=*/true);
+    return std::make_pair(w.bytes, k.bytes);
+  };
+  const auto [mul_fwd, mul_bwd] = backward_bytes(OpTraits::named("mul"), {x, y}, {x * y});
+  EXPECT_EQ(mul_bwd, 2 * mul_fwd);
+  const auto [add_fwd, add_bwd] = backward_bytes(OpTraits::named("add").passing_the_gradient_through(), {x, y}, {x + y});
+  EXPECT_GT(add_fwd, 0);
+  EXPECT_EQ(add_bwd, 0) << "the gradient handed on";
+  const at::Tensor row = at::zeros({96});
+  const auto [bias_fwd, bias_bwd] = backward_bytes(OpTraits::named("add").passing_the_gradient_through(), {x, row}, {x + row});
+  EXPECT_GT(bias_bwd, 0) << "summed over the broadcast dimension";
+  const at::Tensor half = x.to(at::kBFloat16);
+  const KernelWork cast = kernel_work(OpTraits::named("cast"), {half}, {x});
+  EXPECT_TRUE(cast.converts);
+  const auto [cast_fwd, cast_bwd] = backward_bytes(OpTraits::named("cast"), {half}, {x});
+  EXPECT_EQ(cast_bwd, cast_fwd);
+  const std::vector<at::Tensor> pieces = at::split(x, 32, 0);
+  const auto [split_fwd, split_bwd] =
+      backward_bytes(OpTraits::named("split").writing_its_input_in_backward(), {x}, {pieces[0], pieces[1]});
+  EXPECT_EQ(split_fwd, 0) << "forward makes views";
+  EXPECT_EQ(split_bwd, 2.0 * static_cast<double>(x.nbytes()));
+  OpTraits linear = OpTraits::named("linear");
+  linear.doing(Work::kContraction);
+  const at::Tensor a = at::zeros({8, 768}, at::kBFloat16), w_odd = at::zeros({50257, 768}, at::kBFloat16);
+  EXPECT_TRUE(kernel_work(linear, {a, w_odd}, {at::zeros({8, 50257}, at::kBFloat16)}).misaligned);
+  const at::Tensor w_even = at::zeros({50304, 768}, at::kBFloat16);
+  EXPECT_FALSE(kernel_work(linear, {a, w_even}, {at::zeros({8, 50304}, at::kBFloat16)}).misaligned);
 }
 
 }  // namespace
