@@ -84,6 +84,21 @@ std::map<std::string, double> time_shares_by_op(const StepTrace& trace) {
   return ms;
 }
 
+MisalignedTime misaligned_time(const StepTrace& trace, const DeviceRates& rates) {
+  double total = 0, misaligned = 0, aligned = 0;
+  for (const TraceKernel& k : trace.kernels) {
+    const double ms = kernel_ms(k, rates);
+    total += ms;
+    if (!k.misaligned) continue;
+    misaligned += ms;
+    TraceKernel fixed = k;
+    fixed.misaligned = false;
+    aligned += kernel_ms(fixed, rates);
+  }
+  if (total <= 0) return {};
+  return {misaligned / total, (misaligned - aligned) / total};
+}
+
 std::string profile_text(const ModelProfile& p, const Machine& machine) {
   std::string s = printf_string("%s (%.1f s): %s, %lld parameters; per rank: parameters and buffers %s MiB, "
                                 "gradients %s MiB, %s state %s MiB\n",

@@ -250,8 +250,8 @@ class AttentionOp final : public Op {
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const Kernel kernel = kernel_for(in);
     ++(kernel == Kernel::kBlockwise ? g_blockwise_forwards : g_fused_forwards);
-    if (kernel == Kernel::kFlash) ++g_flash_forwards;
     if (kernel == Kernel::kFlash) {
+      ++g_flash_forwards;
       auto [out, lse] = compat::flash_attention_forward(in[0], in[1], in[2], cfg_.causal, cfg_.scale);
       return {out, lse};
     }
