@@ -7,10 +7,11 @@ block, on bench_dtr_budget's workloads (same model, batch and optimizer: SGD lr 
 
 bench_dtr_budget --peer python3 runs it and prints its rows beside its own. One line per mode:
 
-  peer-row <mode> <median step ms> <peak bytes, or -1 on the CPU>
+  peer-row <mode> <median step ms> <peak bytes>
 
 The peak is torch.cuda.max_memory_allocated() over the measured steps: bytes in tensors, as
-hybrid_train's arena counts them. Runs with PyTorch 2.x on the GPU machine and with Debian's
+hybrid_train's arena counts them; on the CPU, one more step's from the profiler's memory events
+(cpu_step_peak). Runs with PyTorch 2.x on the GPU machine and with Debian's
 python3-torch (1.13) on the CPU.
 """
 import argparse
@@ -53,28 +54,61 @@ def forward(model, x, checkpointed):
     return F.linear(model.ln_f(h), model.wte.weight)
 
 
+def state_bytes(model, opt):
+    """Bytes in the parameters, their gradients and the optimizer's state: what a step begins with."""
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    for st in opt.state.values():
+        tensors += [t for t in st.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def cpu_step_peak(step, model, opt):
+    """The tensor peak of one training step on the CPU, from the profiler's memory events: the
+    parameters and optimizer state, plus the highest running sum of every allocation and free in the
+    step's order (each op's own, and those outside ops). Op boundaries only: a temporary an op
+    allocates and frees inside itself is not seen."""
+    from torch.profiler import profile, ProfilerActivity
+    # The last step's gradients freed first (the step frees them after its forward, before its
+    # backward, where the peak is): a free of a block allocated before profiling is not recorded.
+    opt.zero_grad(set_to_none=True)
+    base = state_bytes(model, opt)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    running = high = 0
+    for e in events:
+        running += e.self_cpu_memory_usage
+        high = max(high, running)
+    return base + high
+
+
 def measure(args, device, checkpointed):
     model, x, y = model_and_batch(args, device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     cuda = device.type == "cuda"
     times = []
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup and cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
+
+    def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
             out = forward(model, x, checkpointed)
             loss = F.cross_entropy(out.reshape(-1, out.size(-1)).float(), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup and cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        step()
         if cuda:
             torch.cuda.synchronize()
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
-    peak = torch.cuda.max_memory_allocated() if cuda else -1
-    del model, opt, out, loss
+    # On the CPU: one more step, profiled (not timed).
+    peak = torch.cuda.max_memory_allocated() if cuda else cpu_step_peak(step, model, opt)
+    del model, opt
     if cuda:
         torch.cuda.empty_cache()
     return statistics.median(times), peak
