@@ -54,6 +54,19 @@ def forward(model, x, checkpointed):
     return F.linear(model.ln_f(h), model.wte.weight)
 
 
+def set_openblas_threads(n):
+    """OpenBLAS keeps a thread pool of its own (Debian's libopenblas0-pthread: every core) that
+    torch.set_num_threads does not reach; hybrid_train's --threads sets both
+    (runtime/thread_pools.cpp), so the peer must too, or its products run on more cores."""
+    import ctypes
+    for name in ("libopenblas.so.0", "libblas.so.3"):
+        try:
+            ctypes.CDLL(name).openblas_set_num_threads(n)
+            return
+        except (OSError, AttributeError):
+            continue
+
+
 def state_bytes(model, opt):
     """Bytes in the parameters, their gradients and the optimizer's state: what a step begins with."""
     tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
@@ -135,6 +148,7 @@ def main():
     args = p.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+        set_openblas_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda":
         # As hybrid_train does on a GPU (runtime/determinism.h): the same bits every run, and the
