@@ -81,7 +81,7 @@ double kernel_ms(const TraceKernel& kernel, const DeviceRates& rates) {
   const int pass = kernel.backward ? 1 : 0;
   if (kernel.flops > 0 && rates.flops_per_ms[type] > 0) {
     double fraction = efficiency(rates.contraction[type], kernel.flops);
-    if (kernel.attention && kernel.type != KernelType::kFloat && !rates.attention[pass].empty()) {
+    if (kernel.attention_length > 0 && kernel.type != KernelType::kFloat && !rates.attention[pass].empty()) {
       fraction = efficiency(rates.attention[pass], static_cast<double>(kernel.attention_length));
     }
     if (kernel.misaligned) fraction *= rates.misaligned_share[pass];

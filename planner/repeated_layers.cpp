@@ -268,7 +268,7 @@ namespace {
 bool same_kernel(const TraceKernel& a, const TraceKernel& b) {
   return std::strcmp(a.op, b.op) == 0 && a.flops == b.flops && a.bytes == b.bytes && a.type == b.type &&
          a.inputs == b.inputs && a.backward == b.backward && a.recomputable == b.recomputable && a.heavy == b.heavy &&
-         a.attention == b.attention && a.attention_length == b.attention_length && a.misaligned == b.misaligned && a.converts == b.converts &&
+         a.attention_length == b.attention_length && a.misaligned == b.misaligned && a.converts == b.converts &&
          a.gradient_buckets == b.gradient_buckets && a.block == b.block && a.modeled_ms == b.modeled_ms;
 }
 

@@ -66,7 +66,6 @@ void set_kernel_work(TraceKernel& k, const OpTraits& traits, const KernelWork& f
   k.type = forward.dtype == at::kBFloat16 ? KernelType::kBf16 : forward.dtype == at::kHalf ? KernelType::kFp16 : KernelType::kFloat;
   k.flops = forward.flops;
   k.bytes = forward.bytes;
-  k.attention = traits.work == Work::kAttention || traits.work == Work::kCausalAttention;
   k.attention_length = forward.attention_length;
   k.misaligned = forward.misaligned;
   k.converts = forward.converts;

@@ -35,10 +35,10 @@ struct TraceKernel {
   bool backward = false;     // a tape entry's backward, not a forward op
   bool recomputable = true;  // forward ops only: may its outputs be dropped and regenerated?
   bool heavy = false;        // a convolution or a contraction (host swap's vDNN rule copies around them)
-  // How a device runs it beside the curves (planner/op_time.h): attention's fused kernels, a
-  // 16-bit contraction off the 8-element alignment, a type-converting memory-bound loop.
-  bool attention = false;
-  int64_t attention_length = 0;  // its query length
+  // How a device runs it beside the curves (planner/op_time.h): attention's fused kernels (by
+  // their query length; 0: not attention), a 16-bit contraction off the 8-element alignment, a
+  // type-converting memory-bound loop.
+  int64_t attention_length = 0;
   bool misaligned = false;
   bool converts = false;
   // Backward only: the buckets (cut at blocks, ModelProfile::block_buckets) of the parameters

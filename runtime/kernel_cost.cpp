@@ -54,15 +54,15 @@ KernelWork kernel_work(const OpTraits& traits, const std::vector<at::Tensor>& in
     written += static_cast<double>(out.nbytes());
     w.flops += flops(traits, inputs, out, j == 0);
   }
-  bool typed = false;
+  const at::Tensor* first_float = nullptr;
+  const at::Tensor* out0 = !outputs.empty() && outputs[0].defined() ? &outputs[0] : nullptr;
   for (const at::Tensor& in : inputs) {
     if (!in.defined()) continue;
-    if (!typed && in.is_floating_point()) {
-      w.dtype = in.scalar_type();
-      typed = true;
-    }
+    if (first_float == nullptr && in.is_floating_point()) first_float = &in;
+    if (out0 != nullptr) w.broadcasts |= in.numel() < out0->numel();
     w.bytes += static_cast<double>(in.nbytes());
   }
+  if (first_float != nullptr) w.dtype = first_float->scalar_type();
   w.input_bytes = w.bytes;
   const bool sixteen_bit = w.dtype == at::kBFloat16 || w.dtype == at::kHalf;
   if (traits.work == Work::kContraction && sixteen_bit) {
@@ -73,17 +73,10 @@ KernelWork kernel_work(const OpTraits& traits, const std::vector<at::Tensor>& in
   if (attention && !inputs.empty() && inputs[0].defined() && inputs[0].dim() >= 2) {
     w.attention_length = inputs[0].size(-2);
   }
-  if (!outputs.empty() && outputs[0].defined()) {
-    for (const at::Tensor& in : inputs) w.broadcasts |= in.defined() && in.numel() < outputs[0].numel();
-  }
   // Elementwise in one type and out in another: a cast, not a reduction to an fp32 scalar.
-  if (traits.work == Work::kMemory && typed && !outputs.empty() && outputs[0].defined() &&
-      outputs[0].is_floating_point() && outputs[0].scalar_type() != w.dtype) {
-    for (const at::Tensor& in : inputs) {
-      if (!in.defined() || !in.is_floating_point()) continue;
-      w.converts = in.numel() == outputs[0].numel();
-      break;
-    }
+  if (traits.work == Work::kMemory && first_float != nullptr && out0 != nullptr && out0->is_floating_point() &&
+      out0->scalar_type() != w.dtype) {
+    w.converts = first_float->numel() == out0->numel();
   }
   w.views_only = written == 0;
   if (w.views_only) w.bytes = 0;

@@ -64,6 +64,17 @@ def linears(tokens, rows):
         print(f"linear {d_in}->{d_out} with bias, 3-D: {ms:8.3f} ms  {tf:7.1f} TFLOP/s", flush=True)
 
 
+def time_attention(q, k, v, g):
+    """Causal SDPA under the backend in force: (forward ms, forward + backward ms, the step)."""
+    fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+    return fwd, timed(step), step
+
+
 def attention(batch, rows):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q, k, v = (torch.randn(batch, 12, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -83,13 +94,7 @@ def attention(batch, rows):
             row = {"kernel": f"attention {backend.name}", "strict": strict}
             try:
                 with sdpa_kernel([backend]):
-                    fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-
-                    def step():
-                        for t in (q, k, v):
-                            t.grad = None
-                        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-                    both = timed(step)
+                    fwd, both, step = time_attention(q, k, v, g)
                     step()
                     first = [t.grad.clone() for t in (q, k, v)]
                     step()
@@ -120,13 +125,7 @@ def attention_grid(rows):
             g = torch.randn(b, h, t, hd, device="cuda", dtype=torch.bfloat16)
             flop = 4.0 * b * h * t * t * hd / 2
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-
-                def step():
-                    for x in (q, k, v):
-                        x.grad = None
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-                both = timed(step)
+                fwd, both, _ = time_attention(q, k, v, g)
             row = {"kernel": "flash grid", "hd": hd, "T": t, "B": b, "H": h, "forward_flop": flop,
                    "forward_ms": fwd, "backward_ms": both - fwd, "forward_tflops": flop / fwd / 1e9,
                    "backward_tflops": 2.5 * flop / (both - fwd) / 1e9}

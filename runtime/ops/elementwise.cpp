@@ -78,7 +78,7 @@ class BinaryOp final : public Op {
 // x + s, x * s, x / s
 class ScalarOp final : public Op {
  public:
-  ScalarOp(Arith kind, double scalar) : Op(OpTraits::named(name_of(kind))), kind_(kind), s_(scalar) {}
+  ScalarOp(Arith kind, double scalar) : Op(traits_for(kind)), kind_(kind), s_(scalar) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     switch (kind_) {
@@ -102,8 +102,10 @@ class ScalarOp final : public Op {
   }
 
  private:
-  static const char* name_of(Arith kind) {
-    return kind == Arith::kAdd ? "add_scalar" : kind == Arith::kMul ? "mul_scalar" : "div_scalar";
+  // x + s hands its gradient on as it is.
+  static OpTraits traits_for(Arith kind) {
+    if (kind == Arith::kAdd) return OpTraits::named("add_scalar").passing_the_gradient_through();
+    return OpTraits::named(kind == Arith::kMul ? "mul_scalar" : "div_scalar");
   }
   Arith kind_;
   double s_;

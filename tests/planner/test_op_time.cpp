@@ -73,7 +73,6 @@ TEST(OpTime, FlashAttentionOnHopperAtTheRateMeasuredForItsLength) {
   const DeviceRates rates = device_rates(h200());
   TraceKernel k;
   k.type = KernelType::kBf16;
-  k.attention = true;
   k.attention_length = 1024;
   k.flops = 4.0 * 16 * 32 * 1024 * 1024 * 64 / 2;
   EXPECT_NEAR(kernel_ms(k, rates), 0.369, 0.369 * 0.05);

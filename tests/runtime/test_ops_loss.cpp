@@ -1,6 +1,8 @@
 // softmax, log_softmax, nll_loss, cross_entropy: forward and gradients equal libtorch (float64).
 #include "tests/support/op_check.h"
 
+#include <optional>
+
 namespace ht::test {
 namespace {
 
@@ -47,9 +49,12 @@ TEST(OpsLoss, BackwardFromScalarLoss) {
   EXPECT_TRUE(all_close(w.grad(), w_ref.grad()));
 }
 
-// The one op against nll_loss(log_softmax) on the same fp32 data, every seventh row ignored: the
-// loss and the logits' gradient equal to the bit.
-void expect_the_two_op_form_to_the_bit(int64_t rows, int64_t classes, const at::TensorOptions& options) {
+// The one op against nll_loss(log_softmax) on the same data, every seventh row ignored: the loss
+// and the logits' gradient equal to the bit. Under `autocast` (bf16 logits) the op takes the
+// logits as they are and casts a chunk at a time, where the two-op form's log_softmax is fed an
+// fp32 cast of them: the loss is fp32 and the gradient the logits' type either way.
+void expect_the_two_op_form_to_the_bit(int64_t rows, int64_t classes, const at::TensorOptions& options,
+                                       std::optional<at::ScalarType> autocast = std::nullopt) {
   at::manual_seed(5);
   const at::Tensor logits = (at::randn({rows, classes}) * 3).to(options);
   at::Tensor target = at::randint(classes, {rows}, at::kLong);
@@ -58,6 +63,7 @@ void expect_the_two_op_form_to_the_bit(int64_t rows, int64_t classes, const at::
   target = target.to(options.device());
   auto run = [&](bool fused) {
     Interpreter interp;
+    if (autocast) interp.set_autocast(*autocast);
     at::Tensor w = logits.clone().requires_grad_(true);
     Tensor x = interp.param(w), t = interp.input(target);
     Tensor loss = fused ? cross_entropy(x, t) : nll_loss(log_softmax(x, 1), t);
@@ -67,9 +73,12 @@ void expect_the_two_op_form_to_the_bit(int64_t rows, int64_t classes, const at::
   };
   const auto [fused_loss, fused_grad] = run(true);
   const auto [loss, grad] = run(false);
+  EXPECT_EQ(fused_loss.scalar_type(), at::kFloat);
+  EXPECT_EQ(fused_grad.scalar_type(), logits.scalar_type());
   EXPECT_TRUE(at::equal(fused_loss, loss)) << fused_loss.item<float>() << " vs " << loss.item<float>();
   EXPECT_TRUE(at::equal(fused_grad, grad));
-  EXPECT_TRUE(at::equal(grad.index({ignored}), at::zeros({ignored.numel(), classes}))) << "ignored rows";
+  EXPECT_TRUE(at::equal(grad.index({ignored}), at::zeros({ignored.numel(), classes}, grad.options())))
+      << "ignored rows";
 }
 
 TEST(OpsLoss, CrossEntropyIsTheTwoOpFormToTheBitInChunks) {
@@ -83,34 +92,13 @@ TEST(OpsLoss, CrossEntropyIsTheTwoOpFormToTheBitInChunksOnAGpu) {
   expect_the_two_op_form_to_the_bit(2048, 50257, at::TensorOptions().device(at::kCUDA, 0));
 }
 
-// Under bf16 autocast the loss takes the output layer's bf16 logits as they are and casts a chunk
-// at a time (no fp32 copy of the logits, nor of their gradient): the same loss and the same bf16
-// gradient, to the bit, as the two-op form, whose log_softmax autocast feeds an fp32 cast.
-void expect_bf16_logits_as_the_cast_form(const at::TensorOptions& options) {
-  at::manual_seed(6);
-  const at::Tensor logits = (at::randn({300, 5000}) * 3).to(options.dtype(at::kBFloat16));
-  const at::Tensor target = at::randint(5000, {300}, at::kLong).to(options.device());
-  auto run = [&](bool fused) {
-    Interpreter interp;
-    interp.set_autocast(at::kBFloat16);
-    at::Tensor w = logits.clone().requires_grad_(true);
-    Tensor x = interp.param(w), t = interp.input(target);
-    Tensor loss = fused ? cross_entropy(x, t) : nll_loss(log_softmax(x, 1), t);
-    const at::Tensor value = loss.value().clone();
-    interp.backward(loss);
-    return std::make_pair(value.cpu(), w.grad().cpu());
-  };
-  const auto [fused_loss, fused_grad] = run(true);
-  const auto [loss, grad] = run(false);
-  EXPECT_EQ(fused_loss.scalar_type(), at::kFloat);
-  EXPECT_EQ(fused_grad.scalar_type(), at::kBFloat16);
-  EXPECT_TRUE(at::equal(fused_loss, loss)) << fused_loss.item<float>() << " vs " << loss.item<float>();
-  EXPECT_TRUE(at::equal(fused_grad, grad));
-}
-
+// Under bf16 autocast no fp32 copy of the logits, nor of their gradient, exists in the op.
 TEST(OpsLoss, CrossEntropyTakesBf16LogitsAsTheCastFormToTheBit) {
-  expect_bf16_logits_as_the_cast_form(at::TensorOptions());
-  if (at::hasCUDA()) expect_bf16_logits_as_the_cast_form(at::TensorOptions().device(at::kCUDA, 0));
+  expect_the_two_op_form_to_the_bit(300, 5000, at::TensorOptions().dtype(at::kBFloat16), at::kBFloat16);
+  if (at::hasCUDA()) {
+    expect_the_two_op_form_to_the_bit(300, 5000, at::TensorOptions().device(at::kCUDA, 0).dtype(at::kBFloat16),
+                                      at::kBFloat16);
+  }
 }
 
 TEST(OpsLoss, RejectsBadTargets) {
