@@ -241,6 +241,8 @@ class DecoderLayer : public Block {
   std::shared_ptr<FeedForward> mlp;
 };
 
+}  // namespace
+
 // logits = norm(x) @ W^T, W the head's own (V, D) or the token embedding's.  (B, T, D) -> (B, T, V)
 class HeadBlock : public Block {
  public:
@@ -251,12 +253,22 @@ class HeadBlock : public Block {
     if (!tied_) keep_part(o, "head.lm_head.weight", weight_);
   }
 
-  // Split: this rank's columns of the (padded) vocabulary's logits, over the whole sequence.
+  // One rank: the normalized hidden state (B, T, D), whose logits the loss makes a chunk of rows
+  // at a time (Decoder::loss). Split: this rank's columns of the (padded) vocabulary's logits,
+  // over the whole sequence.
   Tensor forward(const Tensor& x) override {
     const Tensor normed = norm_->forward(x);
+    if (!split_.on()) return normed;
     const Tensor w = param_like(x, weight_);
     if (split_.sequence) return tp_gather_linear(normed, 1, w);
-    return linear(split_.on() ? tp_copy(normed) : normed, w);
+    return linear(tp_copy(normed), w);
+  }
+  // One rank: the logits of forward's output.
+  Tensor logits(const Tensor& normed) const { return linear(normed, param_like(normed, weight_)); }
+  // One rank: the mean cross entropy of forward's output (B, T, D) against target (B, T).
+  Tensor loss(const Tensor& normed, const Tensor& target) const {
+    const int64_t d = normed.size(-1);
+    return linear_cross_entropy(reshape(normed, {-1, d}), param_like(normed, weight_), reshape(target, {-1}));
   }
   std::vector<at::Tensor> shared_parameters() const override {
     return tied_ ? std::vector<at::Tensor>{weight_} : std::vector<at::Tensor>{};
@@ -269,8 +281,6 @@ class HeadBlock : public Block {
   Split split_;
 };
 
-}  // namespace
-
 Decoder::Decoder(const DecoderOptions& o) : options_(o) {
   const std::string problem = o.problem();
   TORCH_CHECK(problem.empty(), "decoder: ", problem);
@@ -281,7 +291,8 @@ Decoder::Decoder(const DecoderOptions& o) : options_(o) {
     layers.push_back(std::make_shared<DecoderLayer>(o));
     add_block("h" + std::to_string(i), layers.back());
   }
-  add_block("head", std::make_shared<HeadBlock>(o, o.tied() ? embed->wte->weight : at::Tensor()));
+  head_ = std::make_shared<HeadBlock>(o, o.tied() ? embed->wte->weight : at::Tensor());
+  add_block("head", head_);
 
   // GPT-2's initialization, which torchtitan's Llama follows in spirit: matrices N(0, 0.02), the
   // projections onto the residual stream N(0, 0.02 / sqrt(2 n_layer)), biases 0, norms 1. A split
@@ -323,12 +334,14 @@ std::vector<bool> Decoder::split_parameters() const {
 }
 
 Tensor Decoder::loss(const Tensor& output, const Tensor& target) {
-  const int64_t v = output.size(-1);
   if (options_.tensor_parallel > 1) {  // this rank's columns of the logits
+    const int64_t v = output.size(-1);
     return vocab_parallel_cross_entropy(reshape(output, {-1, v}), reshape(target, {-1}), options_.vocab_first(),
                                         options_.vocab_rows_valid());
   }
-  return cross_entropy(reshape(output, {-1, v}), reshape(target, {-1}));
+  return head_->loss(output, target);
 }
+
+Tensor Decoder::logits(const Tensor& output) { return options_.tensor_parallel > 1 ? output : head_->logits(output); }
 
 }  // namespace ht

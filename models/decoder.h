@@ -21,17 +21,24 @@ namespace ht {
 //   head.norm.{weight,bias}               head.lm_head.weight (V, D)             untied only
 // Rotary positions use interleaved pairs (runtime/ops.h, rope): the q and k rows of wqkv are in
 // Meta's order, which Hugging Face's checkpoints permute.
+class HeadBlock;  // the final norm and the output layer (decoder.cpp)
+
 class Decoder : public Model {
  public:
   explicit Decoder(const DecoderOptions& options);
-  // Mean cross entropy over all B*T positions; target (B, T) int64. Split over a tensor-parallel
-  // group, `output` is this rank's columns of the logits (vocabulary-parallel cross entropy).
+  // On one rank forward's output is the final norm's (B, T, D), and the loss applies the output
+  // layer with the cross entropy, in chunks of rows where the logits are large
+  // (linear_cross_entropy): the mean over all B*T positions; target (B, T) int64. Split over a
+  // tensor-parallel group, `output` is this rank's columns of the logits (vocabulary-parallel
+  // cross entropy).
   Tensor loss(const Tensor& output, const Tensor& target) override;
+  Tensor logits(const Tensor& output) override;
   std::vector<bool> split_parameters() const override;
   const DecoderOptions& options() const { return options_; }
 
  private:
   DecoderOptions options_;
+  std::shared_ptr<HeadBlock> head_;
 };
 
 }  // namespace ht

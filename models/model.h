@@ -27,10 +27,13 @@ class Block : public torch::nn::Module {
 
 class Model : public torch::nn::Module {
  public:
-  // Runs every block in order: the model's input -> its output (logits).
+  // Runs every block in order: the model's input -> its output (logits, or what logits() makes them of).
   Tensor forward(const Tensor& input);
   // Mean loss over the batch. Default: classification, output (N, K), target (N).
   virtual Tensor loss(const Tensor& output, const Tensor& target);
+  // The logits of forward's output: the output itself, but where the loss applies the output
+  // layer (a decoder on one rank: Decoder::loss).
+  virtual Tensor logits(const Tensor& output) { return output; }
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
   const std::vector<std::string>& block_names() const { return block_names_; }
   int64_t num_parameters() const;

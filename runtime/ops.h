@@ -121,6 +121,15 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target);
 // logits (N, K), target (N) int64 -> scalar: nll_loss(log_softmax(logits, 1), target), to the
 // bit, as one op that never holds the (N, K) log-probabilities whole (chunks of rows)
 Tensor cross_entropy(const Tensor& logits, const Tensor& target);
+// x (N, D), weight (V, D), target (N) int64 -> cross_entropy(linear(x, weight), target), the
+// output layer and its loss together: where the (N, V) logits would pass 2 MiB (fp32), in chunks
+// of linear_cross_entropy_rows() rows, each chunk's logits their own tensor (its loss summed,
+// the chunks' sums divided by the rows counted), so that no block of all N rows' logits, nor of
+// their gradient, exists and a budget regenerates a chunk at a time. The rows by shapes alone:
+// every run of a shape runs the same kernels, budgeted or not. Below that size, the two ops.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target);
+// Rows per chunk of linear_cross_entropy: an eighth of them, and at least 2 MiB of fp32 logits.
+int64_t linear_cross_entropy_rows(int64_t rows, int64_t classes);
 
 // --- Tensor parallelism (runtime/tensor_parallel.h) ----------------------------------------------
 // Collectives of the interpreter's tensor-parallel group as ops, in every rank's same order; in

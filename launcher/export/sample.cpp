@@ -124,7 +124,7 @@ std::vector<int64_t> generate(Model& model, int64_t block_size, const std::vecto
   for (int64_t i = 0; i < s.tokens; ++i) {
     const int64_t t = std::min<int64_t>(block_size, static_cast<int64_t>(context.size()));
     const at::Tensor window = at::tensor(at::ArrayRef<int64_t>(context.data() + context.size() - t, t), at::kLong);
-    const Tensor logits = model.forward(interp.input(window.view({1, t}).to(device)));
+    const Tensor logits = model.logits(model.forward(interp.input(window.view({1, t}).to(device))));
     const int64_t id = sample_impl::next_id(logits.value()[0][t - 1].to(at::kCPU), usable_vocab, s, gen);
     context.push_back(id);
     generated.push_back(id);

@@ -67,7 +67,8 @@ class NllLossOp final : public Op {
 // row's softmax reads only its row; nll_loss sums the same per-row values in the same order from
 // an (N, 1) matrix as from (N, K)), so the loss and every gradient are the same bits as
 // nll_loss(log_softmax(logits)) (tests/runtime/test_ops_loss.cpp), in any chunking.
-// Outputs (loss, total_weight); mean reduction, no class weights.
+// Outputs (loss, total_weight); mean reduction, or the sum over the rows (the mean's numerator:
+// linear_cross_entropy's chunks), no class weights.
 class CrossEntropyOp final : public Op {
  public:
   // Its work: forward reads the logits twice and writes the log-probabilities once, a chunk at a
@@ -76,9 +77,10 @@ class CrossEntropyOp final : public Op {
   // type-converting loop, which ran at 0.37 of a copy's bandwidth on an H200 (as 16 bytes of a
   // copy), then fp32's 12: as 28 bytes, fourteen times their own. Backward, priced at twice
   // forward (planner/step_recorder.cpp), does it again and the gradient.
-  explicit CrossEntropyOp(bool sixteen_bit)
+  CrossEntropyOp(bool sixteen_bit, bool sum)
       : Op(OpTraits::named("cross_entropy").saving_inputs({0, 1}).saving_outputs({1}).keeping_input_types()
-               .moving_its_bytes(sixteen_bit ? 14 : 3)) {}
+               .moving_its_bytes(sixteen_bit ? 14 : 3)),
+        reduction_(sum ? at::Reduction::Sum : at::Reduction::Mean) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const at::Tensor& logits = in[0];
@@ -94,7 +96,7 @@ class CrossEntropyOp final : public Op {
     }
     // The target of every row is now column 0, but where the row is ignored.
     const at::Tensor column = at::zeros_like(target).masked_fill_(target.eq(kIgnoreIndex), kIgnoreIndex);
-    auto [loss, total_weight] = at::nll_loss_forward(picked, column, {}, at::Reduction::Mean, kIgnoreIndex);
+    auto [loss, total_weight] = at::nll_loss_forward(picked, column, {}, reduction_, kIgnoreIndex);
     return {loss, total_weight};
   }
   // The logits' gradient in their own type: each chunk's fp32 gradient rounded as the cast op's
@@ -108,8 +110,8 @@ class CrossEntropyOp final : public Op {
     for (int64_t r = 0; r < n; r += rows) {
       const int64_t m = std::min(rows, n - r);
       const at::Tensor lp = at::_log_softmax(chunk(logits, r, m), 1, false);
-      const at::Tensor g = at::nll_loss_backward(a.grad_outputs[0], lp, target.narrow(0, r, m), {},
-                                                 at::Reduction::Mean, kIgnoreIndex, a.outputs[1]);
+      const at::Tensor g = at::nll_loss_backward(a.grad_outputs[0], lp, target.narrow(0, r, m), {}, reduction_,
+                                                 kIgnoreIndex, a.outputs[1]);
       at::Tensor out = grad.narrow(0, r, m);
       if (compute == logits.scalar_type()) {
         at::_log_softmax_backward_data_out(out, g, lp, 1, compute);
@@ -135,7 +137,16 @@ class CrossEntropyOp final : public Op {
     const int64_t n = logits.size(0), row_bytes = std::max<int64_t>(1, logits.size(1)) * 4;
     return std::max<int64_t>(1, std::max((n + 15) / 16, ((int64_t{1} << 20) + row_bytes - 1) / row_bytes));
   }
+  int64_t reduction_;
 };
+
+std::shared_ptr<const Op> cross_entropy_op(const Tensor& logits, bool sum) {
+  static const std::shared_ptr<const Op> ops[2][2] = {
+      {std::make_shared<CrossEntropyOp>(false, false), std::make_shared<CrossEntropyOp>(false, true)},
+      {std::make_shared<CrossEntropyOp>(true, false), std::make_shared<CrossEntropyOp>(true, true)}};
+  const bool narrow = logits.dtype() == at::kBFloat16 || logits.dtype() == at::kHalf;
+  return ops[narrow ? 1 : 0][sum ? 1 : 0];
+}
 
 }  // namespace
 
@@ -159,10 +170,35 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
 // at GPT-2's vocabulary and 128 sequences, 26 GB each); the op computes in fp32 a chunk at a time.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
   check_loss_arguments("cross_entropy", logits, target);
-  static const std::shared_ptr<const Op> wide = std::make_shared<CrossEntropyOp>(false);
-  static const std::shared_ptr<const Op> sixteen_bit = std::make_shared<CrossEntropyOp>(true);
-  const bool narrow = logits.dtype() == at::kBFloat16 || logits.dtype() == at::kHalf;
-  return detail::apply_first(narrow ? sixteen_bit : wide, {logits, target});
+  return detail::apply_first(cross_entropy_op(logits, false), {logits, target});
+}
+
+int64_t linear_cross_entropy_rows(int64_t rows, int64_t classes) {
+  const int64_t row_bytes = std::max<int64_t>(1, classes) * 4;
+  return std::max<int64_t>(1, std::max((rows + 7) / 8, ((int64_t{2} << 20) + row_bytes - 1) / row_bytes));
+}
+
+// Each chunk's logits are their own tensor, made by their own linear and read by their own loss:
+// a budget evicts and regenerates one chunk (x's rows times the weight), and backward holds one
+// chunk's gradient at a time (the weight's gradient accumulates chunk by chunk). Nothing here
+// depends on memory, so a budgeted run and its unbudgeted twin run the same kernels.
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor& target) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "linear_cross_entropy: (N, D) and ",
+              "(V, D) expected, got ", x.sizes(), " and ", weight.sizes());
+  check_loss_arguments("linear_cross_entropy", x, target);
+  const int64_t n = x.size(0), rows = linear_cross_entropy_rows(n, weight.size(0));
+  if (rows >= n) return cross_entropy(linear(x, weight), target);
+  std::vector<int64_t> sizes;
+  for (int64_t r = 0; r < n; r += rows) sizes.push_back(std::min(rows, n - r));
+  const std::vector<Tensor> xs = split(x, sizes, 0), ts = split(target, sizes, 0);
+  Tensor total, weights;
+  for (size_t c = 0; c < xs.size(); ++c) {
+    const Tensor logits = linear(xs[c], weight);
+    const std::vector<Tensor> out = x.interp().apply(cross_entropy_op(logits, true), {logits, ts[c]});
+    total = c == 0 ? out[0] : add(total, out[0]);
+    weights = c == 0 ? out[1] : add(weights, out[1]);
+  }
+  return div(total, weights);
 }
 
 }  // namespace ht

@@ -36,7 +36,7 @@ at::Tensor logits_of(Decoder& model, const at::Tensor& tokens) {
   model.eval();
   Interpreter interp;
   NoGradGuard no_grad(interp);
-  return model.forward(interp.input(tokens)).value().clone();
+  return model.logits(model.forward(interp.input(tokens))).value().clone();
 }
 
 void write(const std::string& path, const std::map<std::string, at::Tensor>& tensors, at::ScalarType dtype) {

@@ -101,6 +101,22 @@ TEST(OpsLoss, CrossEntropyTakesBf16LogitsAsTheCastFormToTheBit) {
   }
 }
 
+// The output layer and its loss together (linear_cross_entropy) against libtorch's linear and
+// cross entropy, float64: 1200 rows of 1000 classes are chunks of 525 rows (2 MiB of fp32
+// logits), the last short, every seventh row ignored; x and the weight get their gradients
+// (the weight's summed over the chunks, x's put together from its pieces).
+TEST(OpsLoss, LinearCrossEntropyInChunksIsLibtorchs) {
+  EXPECT_EQ(linear_cross_entropy_rows(1200, 1000), 525);
+  EXPECT_EQ(linear_cross_entropy_rows(1024, 256), 2048);  // GPT's bytes-sized vocabulary: one chunk
+  at::manual_seed(6);
+  const at::Tensor x = rnd({1200, 16}), w = rnd({1000, 16}) * 0.3;
+  at::Tensor target = at::randint(1000, {1200}, at::kLong);
+  target.index_put_({at::arange(0, 1200, 7)}, -100);
+  check_op({{x, w, target},
+            [](auto&, auto& t) { return one(linear_cross_entropy(t[0], t[1], t[2])); },
+            [](auto& t) { return one(at::cross_entropy_loss(at::linear(t[0], t[1]), t[2])); }, {}, 1e-12, 1e-12});
+}
+
 TEST(OpsLoss, RejectsBadTargets) {
   Interpreter interp;
   Tensor logits = interp.input(at::zeros({4, 3}));
@@ -108,6 +124,8 @@ TEST(OpsLoss, RejectsBadTargets) {
   EXPECT_THROW(nll_loss(logits, interp.input(at::zeros({3}, at::kLong))), c10::Error);  // size
   EXPECT_THROW(cross_entropy(logits, interp.input(at::zeros({4}))), c10::Error);
   EXPECT_THROW(cross_entropy(logits, interp.input(at::zeros({3}, at::kLong))), c10::Error);
+  EXPECT_THROW(linear_cross_entropy(logits, interp.input(at::zeros({5, 4})), interp.input(at::zeros({4}, at::kLong))),
+               c10::Error);  // D 3 against the weight's 4
 }
 
 }  // namespace
