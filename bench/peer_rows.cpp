@@ -1,6 +1,11 @@
 #include "bench/peer_rows.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 
 namespace ht::bench {
@@ -52,6 +57,71 @@ void print_peer_rows(const std::string& workload, double ours_ms, int64_t ours_p
                 mib(r.peak_bytes).c_str(), peak_ratio);
   }
   std::fflush(stdout);
+}
+
+PeerSession::PeerSession(const std::string& python, const std::string& script, const std::string& args) {
+  const std::string command = python + " " + script + " " + args + " --serve 2>&1";
+  std::signal(SIGPIPE, SIG_IGN);  // a peer that died fails its step, not this process
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) {
+    failure_ = "cannot make pipes for: " + command;
+    return;
+  }
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    close(in[0]), close(in[1]), close(out[0]), close(out[1]);
+    execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  close(in[0]), close(out[1]);
+  if (pid_ < 0) {
+    close(in[1]), close(out[0]);
+    failure_ = "cannot start: " + command;
+    return;
+  }
+  to_ = fdopen(in[1], "w");
+  from_ = fdopen(out[0], "r");
+  ok_ = !read_until("peer-ready").empty();
+  if (!ok_) failure_ = command + " did not become ready:\n" + tail_;
+}
+
+PeerSession::~PeerSession() {
+  if (to_ != nullptr) std::fclose(to_);  // the end of its stdin: it returns
+  if (from_ != nullptr) {
+    while (!read_until("\x01").empty()) {
+    }
+    std::fclose(from_);
+  }
+  if (pid_ > 0) waitpid(pid_, nullptr, 0);
+}
+
+double PeerSession::step() {
+  if (!ok_) return -1;
+  std::fputs("step\n", to_);
+  std::fflush(to_);
+  const std::string line = read_until("peer-step ");
+  double ms = -1;
+  if (line.empty() || std::sscanf(line.c_str(), "peer-step %lf", &ms) != 1) {
+    ok_ = false;
+    failure_ = "the peer stopped in a step:\n" + tail_;
+    return -1;
+  }
+  return ms;
+}
+
+std::string PeerSession::read_until(const std::string& prefix) {
+  char line[4096];
+  std::deque<std::string> tail;
+  while (from_ != nullptr && std::fgets(line, sizeof line, from_) != nullptr) {
+    if (std::string(line).rfind(prefix, 0) == 0) return line;
+    tail.emplace_back(line);
+    if (tail.size() > 8) tail.pop_front();
+  }
+  tail_.clear();
+  for (const std::string& l : tail) tail_ += "  " + l;
+  return {};
 }
 
 }  // namespace ht::bench

@@ -9,6 +9,9 @@ bench_dtr_budget --peer python3 runs it and prints its rows beside its own. One 
 
   peer-row <mode> <median step ms> <peak bytes>
 
+With --serve it steps on request instead (one mode), so that bench_dtr_budget interleaves its
+steps with ours: `peer-ready`, then a `peer-step <ms>` line for each `step` line read.
+
 The peak is torch.cuda.max_memory_allocated() over the measured steps: bytes in tensors, as
 hybrid_train's arena counts them; on the CPU, one more step's from the profiler's memory events
 (cpu_step_peak). Runs with PyTorch 2.x on the GPU machine and with Debian's
@@ -95,11 +98,10 @@ def cpu_step_peak(step, model, opt):
     return base + high
 
 
-def measure(args, device, checkpointed):
+def training_step(args, device, checkpointed):
+    """One training step of the workload (a closure over its model and optimizer), with them."""
     model, x, y = model_and_batch(args, device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    cuda = device.type == "cuda"
-    times = []
 
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
@@ -109,6 +111,32 @@ def measure(args, device, checkpointed):
         loss.backward()
         opt.step()
 
+    return step, model, opt
+
+
+def serve(args, device, checkpointed):
+    """Steps on request, for a benchmark that interleaves them with its own: after the warm-up
+    prints `peer-ready`, then for each line `step` on stdin runs one step and prints
+    `peer-step <ms>`; returns at the end of stdin."""
+    import sys
+    step, _, _ = training_step(args, device, checkpointed)
+    for _ in range(args.warmup):
+        step()
+    print("peer-ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            continue
+        t0 = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        print(f"peer-step {(time.perf_counter() - t0) * 1e3:.3f}", flush=True)
+
+
+def measure(args, device, checkpointed):
+    step, model, opt = training_step(args, device, checkpointed)
+    cuda = device.type == "cuda"
+    times = []
     for i in range(args.warmup + args.steps):
         if i == args.warmup and cuda:
             torch.cuda.synchronize()
@@ -145,6 +173,8 @@ def main():
                    help="bf16: forward and loss under torch.autocast, as training.mixed_precision = \"bf16\"")
     p.add_argument("--modes", default="eager,checkpoint", help="which of eager, checkpoint to run")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
+    p.add_argument("--serve", action="store_true",
+                   help="the first of --modes, a step per `step` line on stdin (peer-ready, then peer-step <ms>)")
     args = p.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -157,6 +187,10 @@ def main():
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
         torch.use_deterministic_algorithms(True, warn_only=True)
     print(f"PyTorch {torch.__version__} on {device}: {args.model} batch {args.batch}", flush=True)
+    if args.serve:
+        mode = args.modes.split(",")[0]
+        serve(args, device, mode == "checkpoint")
+        return
     for mode, checkpointed in (("eager", False), ("checkpoint", True)):
         if mode not in args.modes.split(","):
             continue
