@@ -27,8 +27,16 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 constexpr int64_t kRoomy = int64_t{1} << 30;
-const MemoryPolicy kCandidates[] = {MemoryPolicy::kNone, MemoryPolicy::kStatic, MemoryPolicy::kFull,
-                                    MemoryPolicy::kDtr, MemoryPolicy::kHybrid};
+// auto's candidates, named as its log line names them.
+struct Candidate {
+  MemoryPolicy policy;
+  bool state_on_host = false;
+  std::string name() const {
+    return std::string(choice_name(policy)) + (state_on_host ? " with the optimizer state on host" : "");
+  }
+};
+const Candidate kCandidates[] = {{MemoryPolicy::kNone}, {MemoryPolicy::kStatic}, {MemoryPolicy::kFull},
+                                 {MemoryPolicy::kDtr},  {MemoryPolicy::kHybrid}, {MemoryPolicy::kHybrid, true}};
 
 struct Options {
   bool quick = false, keep_runs = false;
@@ -55,11 +63,19 @@ std::map<std::string, double> predicted_steps(const std::string& output) {
   if (at == std::string::npos) return out;
   std::stringstream cells(output.substr(at + key.size(), output.find('\n', at) - at - key.size()));
   std::string cell;
+  const std::string no_fit = " does not fit", ms = " ms";
+  auto ends_with = [](const std::string& t, const std::string& end) {
+    return t.size() >= end.size() && t.compare(t.size() - end.size(), end.size(), end) == 0;
+  };
   while (std::getline(cells, cell, ',')) {
-    std::stringstream words(cell);
-    std::string name, value;
-    words >> name >> value;
-    out[name] = value == "does" ? -1.0 : std::atof(value.c_str());
+    cell = cell.substr(std::min(cell.size(), cell.find_first_not_of(' ')));
+    if (ends_with(cell, no_fit)) {
+      out[cell.substr(0, cell.size() - no_fit.size())] = -1.0;
+    } else if (ends_with(cell, ms)) {  // "<name> <value> ms"
+      const std::string head = cell.substr(0, cell.size() - ms.size());
+      const size_t space = head.rfind(' ');
+      if (space != std::string::npos) out[head.substr(0, space)] = std::atof(head.c_str() + space + 1);
+    }
   }
   return out;
 }
@@ -73,18 +89,19 @@ std::string chosen_policy(const std::string& output) {
   const size_t open = output.find(" ms (", at), close = output.find(')', open);
   if (open == std::string::npos || close == std::string::npos) return "?";
   std::stringstream words(output.substr(open + 5, close - open - 5));
-  std::string word;
+  std::string word, policy = choice_name(MemoryPolicy::kNone);
   while (std::getline(words, word, ',')) {
     if (word.find_first_not_of(' ') == std::string::npos) continue;
     const std::string name = word.substr(word.find_first_not_of(' '), word.find(" at ") == std::string::npos
                                                                            ? std::string::npos
                                                                            : word.find(" at ") - 1);
-    for (MemoryPolicy p : kCandidates) {
-      if (name == choice_name(p)) return name;
+    for (const Candidate& c : kCandidates) {
+      if (name == choice_name(c.policy)) policy = name;
     }
-    if (name == choice_name(MemoryPolicy::kAuto)) return choice_name(MemoryPolicy::kStatic);
+    if (name == choice_name(MemoryPolicy::kAuto)) policy = choice_name(MemoryPolicy::kStatic);
+    if (name == "optimizer state on host") return Candidate{MemoryPolicy::kHybrid, true}.name();
   }
-  return choice_name(MemoryPolicy::kNone);
+  return policy;
 }
 
 std::string read_text(const std::string& path) {
@@ -140,15 +157,17 @@ void run_budget(PlanCache& cache, const Options& o, const Job& job, double ratio
   const Measurement chosen = run_passes(o, config, plan, stem + "_auto", outcome, &output);
   const std::map<std::string, double> predicted = predicted_steps(output);
   const std::string pick = chosen_policy(output);
-  std::printf("| %-9s | %12s | %11s | %8s | %10s | %s\n", "policy", "predicted ms", "measured ms", "error", "peak MiB",
+  std::printf("| %-39s | %12s | %11s | %8s | %10s | %s\n", "policy", "predicted ms", "measured ms", "error", "peak MiB",
               "");
-  std::printf("|%s|\n", std::string(70, '-').c_str());
+  std::printf("|%s|\n", std::string(100, '-').c_str());
   double best = INFINITY;
   std::string best_name;
-  for (MemoryPolicy policy : kCandidates) {
-    plan.policy = policy;
-    const std::string name = choice_name(policy);
-    const Measurement m = run_passes(o, config, plan, stem + "_" + name, outcome, nullptr);
+  for (const Candidate& candidate : kCandidates) {
+    plan.policy = candidate.policy;
+    plan.state_on_host = candidate.state_on_host;
+    const std::string name = candidate.name();
+    const Measurement m = run_passes(o, config, plan, stem + "_" + choice_name(candidate.policy) +
+                                         (candidate.state_on_host ? "_host_state" : ""), outcome, nullptr);
     const auto p = predicted.find(name);
     char pred[32] = "-", error[32] = "";
     if (p != predicted.end()) std::snprintf(pred, sizeof pred, "%.1f", p->second);
@@ -160,7 +179,7 @@ void run_budget(PlanCache& cache, const Options& o, const Job& job, double ratio
       std::snprintf(measured, sizeof measured, "%.1f", m.quiet_ms);
       std::snprintf(peak, sizeof peak, "%.1f", m.peak_bytes / kMiB);
     }
-    std::printf("| %-9s | %12s | %11s | %8s | %10s | %s\n", name.c_str(), pred, measured, error, peak,
+    std::printf("| %-39s | %12s | %11s | %8s | %10s | %s\n", name.c_str(), pred, measured, error, peak,
                 name == pick ? "<- auto's pick" : (m.ok ? "" : m.error.substr(0, 100).c_str()));
   }
   char text[192];

@@ -419,6 +419,7 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
   c.training.mixed_precision = plan.precision;
   c.memory.policy = plan.policy;
+  if (plan.state_on_host && swaps(plan.policy)) c.memory.optimizer_state = StatePlace::kHost;
   if (plan.budget_bytes > 0) {  // a GPU plan has one only where it evicts
     c.memory.budget = std::to_string(plan.budget_bytes);
     c.memory.budget_bytes = plan.budget_bytes;

@@ -114,29 +114,40 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
   return UserError(text);
 }
 
+// memory.policy = "auto"'s choice: a policy, and where the optimizer state lives.
+struct MemoryChoice {
+  MemoryPolicy policy = MemoryPolicy::kAuto;
+  bool state_on_host = false;
+};
+
 // memory.policy = "auto" under a budget: of the policies this plan could train under, the one
 // predicted fastest among those that fit (a fitting plan without eviction is the fastest), so
 // that a user who sets only a budget trains the cheapest way the planner knows. Static plans
 // are auto's own (a plan once a sequence repeats), so kAuto stands for them; sharding rules out
-// what the search rules out (planner/search.cpp). `words`: each candidate's predicted step.
-MemoryPolicy fastest_memory_policy(const JobPlan& plan, const Plan& configured, std::string& words) {
-  const MemoryPolicy candidates[] = {MemoryPolicy::kNone, MemoryPolicy::kAuto, MemoryPolicy::kFull,
-                                     MemoryPolicy::kDtr, MemoryPolicy::kHybrid};
-  MemoryPolicy best = MemoryPolicy::kAuto;  // none fits: the configured auto, refused below
+// what the search rules out (planner/search.cpp). Host memory counts too: hybrid with the
+// optimizer state on host (memory.optimizer_state = "host") is the last candidate, where no
+// sharding is set (a tie goes to the earlier). `words`: each candidate's predicted step.
+MemoryChoice fastest_memory_policy(const JobPlan& plan, const Plan& configured, std::string& words) {
+  const MemoryChoice candidates[] = {{MemoryPolicy::kNone},   {MemoryPolicy::kAuto},   {MemoryPolicy::kFull},
+                                     {MemoryPolicy::kDtr},    {MemoryPolicy::kHybrid}, {MemoryPolicy::kHybrid, true}};
+  MemoryChoice best;  // none fits: the configured auto, refused below
   std::optional<double> best_ms;
-  for (MemoryPolicy policy : candidates) {
-    if (configured.shard >= ShardLevel::kGradients && plans_statically(policy)) continue;
-    if (configured.shard == ShardLevel::kParameters && swaps(policy)) continue;
+  for (const MemoryChoice& choice : candidates) {
+    if (configured.shard >= ShardLevel::kGradients && plans_statically(choice.policy)) continue;
+    if (configured.shard == ShardLevel::kParameters && swaps(choice.policy)) continue;
+    if (choice.state_on_host && configured.shard != ShardLevel::kNone) continue;
     Plan q = configured;
-    q.policy = policy;
+    q.policy = choice.policy;
+    q.state_on_host = choice.state_on_host;
     const Prediction p = predict(plan.profile, plan.machine, q);
-    char cell[96];
-    std::snprintf(cell, sizeof cell, "%s%s %s", words.empty() ? "" : ", ",
-                  policy == MemoryPolicy::kAuto ? "static" : choice_name(policy),
+    char cell[128];
+    std::snprintf(cell, sizeof cell, "%s%s%s %s", words.empty() ? "" : ", ",
+                  choice.policy == MemoryPolicy::kAuto ? "static" : choice_name(choice.policy),
+                  choice.state_on_host ? " with the optimizer state on host" : "",
                   p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
     words += cell;
     if (p.fits && (!best_ms || p.step_ms < *best_ms)) {
-      best = policy;
+      best = choice;
       best_ms = p.step_ms;
     }
   }
@@ -151,19 +162,22 @@ struct Decision {
   int64_t budget_bytes = 0;
   ShardLevel shard = ShardLevel::kNone;
   int64_t prefetch = 1;
+  bool state_on_host = false;
 };
 
 Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
   at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
-                             d.budget_bytes, static_cast<int64_t>(d.shard), d.prefetch}, at::kLong);
+                             d.budget_bytes, static_cast<int64_t>(d.shard), d.prefetch,
+                             static_cast<int64_t>(d.state_on_host)}, at::kLong);
   // Rank 0's group first, then each replica's first rank to its group (without a tensor-parallel
   // group, the one broadcast).
   if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
   grid.data_parallel_group->broadcast(t, 0, "the plan of rank 0");
   if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
   return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
-          t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>()), t[5].item<int64_t>()};
+          t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>()), t[5].item<int64_t>(),
+          t[6].item<int64_t>() != 0};
 }
 
 void apply(Config& c, const Decision& d) {
@@ -280,7 +294,9 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       out.plan = plan.ranked[0].plan;
     }
     if (!automatic && config.memory.policy == MemoryPolicy::kAuto && config.memory.budget_bytes > 0) {
-      out.plan.policy = fastest_memory_policy(plan, out.plan, chosen);
+      const MemoryChoice choice = fastest_memory_policy(plan, out.plan, chosen);
+      out.plan.policy = choice.policy;
+      out.plan.state_on_host = choice.state_on_host;
     }
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     if (!out.prediction.fits && config.memory.check_fit) {
@@ -306,7 +322,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     }
     decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
                 evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard,
-                out.plan.prefetch};
+                out.plan.prefetch, out.plan.state_on_host};
   }
   // The other ranks sleep while rank 0 profiles: spinning in MPI, they took the cores its
   // measurements ran on (4 ranks on 2 cores: predicted steps off by 1.5-2.4x between two runs).
@@ -317,6 +333,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     apply(config, decision);
   } else if (config.memory.policy == MemoryPolicy::kAuto && config.memory.budget_bytes > 0) {
     config.memory.policy = decision.policy;  // kAuto itself where its static plans won
+    if (decision.state_on_host) config.memory.optimizer_state = StatePlace::kHost;
   }
   if (grid.is_root()) {
     char text[256];

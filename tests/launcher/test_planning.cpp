@@ -416,11 +416,24 @@ TEST(Planning, ABudgetAloneTrainsThePolicyPredictedFastest) {
   }
   run_job(config_for(dir, kConv, {budget, "--job.output_dir=" + dir.path("auto")}), true);
   EXPECT_LE(json_number(dir.path("auto/summary.json"), "mem_peak_bytes"), peak * 9 / 10);
-  // At 80% no policy trains this micro-batch: refused, naming each candidate and what fits.
+  // At 80% no policy fits with the optimizer state on the device: auto takes host memory too,
+  // hybrid with the state on host, and trains in the budget.
+  const std::string tight = "--memory.budget=" + std::to_string(peak * 8 / 10);
+  {
+    Config c = config_for(dir, kConv, {tight});
+    const RunPrediction p = check_run_fits(c, make_datasets(c), ProcessGrid{});
+    EXPECT_EQ(c.memory.policy, MemoryPolicy::kHybrid) << p.text;
+    EXPECT_EQ(c.memory.optimizer_state, StatePlace::kHost) << p.text;
+    EXPECT_THAT(p.text, HasSubstr("dtr does not fit"));
+    EXPECT_THAT(p.text, HasSubstr("optimizer state on host"));
+  }
+  run_job(config_for(dir, kConv, {tight, "--job.output_dir=" + dir.path("host")}), true);
+  EXPECT_LE(json_number(dir.path("host/summary.json"), "mem_peak_bytes"), peak * 8 / 10);
+  // At 60% no candidate trains this micro-batch: refused, naming each candidate and what fits.
   try {
-    Config c = config_for(dir, kConv, {"--memory.budget=" + std::to_string(peak * 8 / 10)});
+    Config c = config_for(dir, kConv, {"--memory.budget=" + std::to_string(peak * 6 / 10)});
     check_run_fits(c, make_datasets(c), ProcessGrid{});
-    ADD_FAILURE() << "80% of the peak at this micro-batch must be refused";
+    ADD_FAILURE() << "60% of the peak at this micro-batch must be refused";
   } catch (const UserError& e) {
     EXPECT_THAT(e.what(), HasSubstr("memory.policy = \"auto\" found no policy that trains training.micro_batch_size"));
     EXPECT_THAT(e.what(), HasSubstr("dtr does not fit"));
