@@ -31,12 +31,18 @@ constexpr int64_t kRoomy = int64_t{1} << 30;
 struct Candidate {
   MemoryPolicy policy;
   bool state_on_host = false;
+  double threshold = 0.9;  // memory.eviction_threshold
   std::string name() const {
-    return std::string(choice_name(policy)) + (state_on_host ? " with the optimizer state on host" : "");
+    return std::string(choice_name(policy)) + (state_on_host ? " with the optimizer state on host" : "") +
+           (threshold == 1.0 ? " evicting down to 100%" : "");
+  }
+  std::string stem() const {
+    return std::string(choice_name(policy)) + (state_on_host ? "_host_state" : "") + (threshold == 1.0 ? "_100" : "");
   }
 };
-const Candidate kCandidates[] = {{MemoryPolicy::kNone}, {MemoryPolicy::kStatic}, {MemoryPolicy::kFull},
-                                 {MemoryPolicy::kDtr},  {MemoryPolicy::kHybrid}, {MemoryPolicy::kHybrid, true}};
+const Candidate kCandidates[] = {{MemoryPolicy::kNone}, {MemoryPolicy::kStatic},           {MemoryPolicy::kFull},
+                                 {MemoryPolicy::kDtr},  {MemoryPolicy::kDtr, false, 1.0}, {MemoryPolicy::kHybrid},
+                                 {MemoryPolicy::kHybrid, true}};
 
 struct Options {
   bool quick = false, keep_runs = false;
@@ -98,6 +104,7 @@ std::string chosen_policy(const std::string& output) {
     for (const Candidate& c : kCandidates) {
       if (name == choice_name(c.policy)) policy = name;
     }
+    if (name == choice_name(MemoryPolicy::kDtr) + std::string(" evicting down to 100%")) return name;
     if (name == choice_name(MemoryPolicy::kAuto)) policy = choice_name(MemoryPolicy::kStatic);
     if (name == "optimizer state on host") return Candidate{MemoryPolicy::kHybrid, true}.name();
   }
@@ -165,9 +172,9 @@ void run_budget(PlanCache& cache, const Options& o, const Job& job, double ratio
   for (const Candidate& candidate : kCandidates) {
     plan.policy = candidate.policy;
     plan.state_on_host = candidate.state_on_host;
+    plan.eviction_threshold = candidate.threshold;
     const std::string name = candidate.name();
-    const Measurement m = run_passes(o, config, plan, stem + "_" + choice_name(candidate.policy) +
-                                         (candidate.state_on_host ? "_host_state" : ""), outcome, nullptr);
+    const Measurement m = run_passes(o, config, plan, stem + "_" + candidate.stem(), outcome, nullptr);
     const auto p = predicted.find(name);
     char pred[32] = "-", error[32] = "";
     if (p != predicted.end()) std::snprintf(pred, sizeof pred, "%.1f", p->second);
@@ -216,7 +223,7 @@ int main(int argc, char** argv) {
   app.add_option("--ratios", o.ratios, "budgets: fixed state + this share of the predicted activations")
       ->delimiter(',')->capture_default_str();
   app.add_flag("--keep-runs", o.keep_runs, "keep every run's config, output and metrics");
-  app.add_option("--only", o.only, "only the jobs whose name starts with this (ConvNet, GPT, ResNet, Llama)");
+  app.add_option("--only", o.only, "only the jobs whose name starts with this (ConvNet, GPT-small, GPT-6L, ResNet, Llama, Llama-6L)");
   app.add_option("--configs", o.configs, "the folder of the example configs")->capture_default_str();
   int threads = 1;
   app.add_option("--threads", threads, "training.threads for every job")->check(CLI::PositiveNumber)->capture_default_str();
@@ -230,8 +237,19 @@ int main(int argc, char** argv) {
   std::vector<ht::bench::Job> jobs{
       {"ConvNet (quickstart.toml)", {o.configs + "/quickstart.toml", {t}}},
       {"GPT-small (gpt_tiny.toml)", {o.configs + "/gpt_tiny.toml", {t}}},
+      // bench_dtr_budget's GPT row's shape (6 layers of 256, 128 tokens, 8 sequences), on text.
+      {"GPT-6L (gpt_tiny.toml at 6 x 256, T128 b8)",
+       {o.configs + "/gpt_tiny.toml", {t, "model.n_layer=6", "model.n_head=8", "model.n_embd=256", "model.block_size=128",
+                                       "training.global_batch_size=8"}}},
       {"ResNet-18 (resnet18_fmnist.toml, b32)", {o.configs + "/resnet18_fmnist.toml", {t, "training.global_batch_size=32"}}},
-      {"Llama (llama_debug.toml)", {o.configs + "/llama_debug.toml", {t}}}};
+      {"Llama (llama_debug.toml)", {o.configs + "/llama_debug.toml", {t}}},
+      // bench_dtr_budget's Llama row's shape (llama_small.toml's layers, 128 tokens, 8 sequences,
+      // 4,096 words: its output layer in chunks), on synthetic tokens.
+      {"Llama-6L (llama_debug.toml at 6 x 256, T128 b8, 4096 words)",
+       {o.configs + "/llama_debug.toml",
+        {t, "model.n_layer=6", "model.n_head=8", "model.n_kv_heads=4", "model.n_embd=256", "model.multiple_of=64",
+         "model.block_size=128", "model.vocab_size=4096", "data.dataset=synthetic", "data.synthetic_classes=4096",
+         "data.synthetic_samples=512", "training.global_batch_size=8"}}}};
   if (!o.only.empty()) {
     jobs.erase(std::remove_if(jobs.begin(), jobs.end(),
                               [&](const ht::bench::Job& j) { return j.name.rfind(o.only, 0) != 0; }),

@@ -24,6 +24,9 @@ struct Plan {
   MixedPrecision precision = MixedPrecision::kOff;  // training.mixed_precision
   MemoryPolicy policy = MemoryPolicy::kNone;        // memory.policy
   int64_t budget_bytes = 0;       // memory.budget; 0: none
+  // memory.eviction_threshold: under eviction, what each kernel evicts down to, as a share of the
+  // budget (host swap takes at most 0.9, as the runtime does).
+  double eviction_threshold = 0.9;
   int stages = 1;                 // pipeline stages per replica (parallel.pipeline_parallel)
   ScheduleKind schedule = ScheduleKind::k1f1b;  // parallel.pipeline_schedule, with stages > 1
   int virtual_stages = 1;  // parallel.virtual_stages: chunks per stage (interleaved_1f1b)

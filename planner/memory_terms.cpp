@@ -38,6 +38,7 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   options.budget_bytes = plan.budget_bytes;
   options.policy = *eviction_heuristic(plan.policy);
   options.window = !swaps(plan.policy);  // as the engine: under host swap, no windows (memory_manager.cpp)
+  options.eviction_threshold = swaps(plan.policy) ? std::min(0.9, plan.eviction_threshold) : plan.eviction_threshold;
   if (recomputes_blocks(plan.policy)) options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   const int64_t state_on_device = state_waits_on_host(plan) ? 0 : p.optimizer_state_bytes;

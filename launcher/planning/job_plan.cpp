@@ -420,6 +420,11 @@ Config config_for_plan(const Config& base, const Plan& plan) {
   c.training.mixed_precision = plan.precision;
   c.memory.policy = plan.policy;
   if (plan.state_on_host && swaps(plan.policy)) c.memory.optimizer_state = StatePlace::kHost;
+  // The search's plans carry the default threshold, and leave the base config's; one that chose
+  // another (memory.policy = "auto"'s) sets it.
+  if (evicts(plan.policy) && plan.eviction_threshold != Plan{}.eviction_threshold) {
+    c.memory.eviction_threshold = plan.eviction_threshold;
+  }
   if (plan.budget_bytes > 0) {  // a GPU plan has one only where it evicts
     c.memory.budget = std::to_string(plan.budget_bytes);
     c.memory.budget_bytes = plan.budget_bytes;

@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace ht {
@@ -29,6 +30,7 @@ Plan plan_of(const Config& c) {
   p.precision = c.training.mixed_precision;
   p.policy = c.memory.policy;
   p.budget_bytes = c.memory.budget_bytes;
+  p.eviction_threshold = c.memory.eviction_threshold;
   p.stages = static_cast<int>(c.parallel.pipeline_parallel);
   p.schedule = c.parallel.pipeline_schedule;
   p.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
@@ -114,10 +116,12 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
   return UserError(text);
 }
 
-// memory.policy = "auto"'s choice: a policy, and where the optimizer state lives.
+// memory.policy = "auto"'s choice: a policy, where the optimizer state lives, and what eviction
+// keeps free (memory.eviction_threshold; 0: as configured).
 struct MemoryChoice {
   MemoryPolicy policy = MemoryPolicy::kAuto;
   bool state_on_host = false;
+  double threshold = 0;
 };
 
 // memory.policy = "auto" under a budget: of the policies this plan could train under, the one
@@ -125,25 +129,32 @@ struct MemoryChoice {
 // that a user who sets only a budget trains the cheapest way the planner knows. Static plans
 // are auto's own (a plan once a sequence repeats), so kAuto stands for them; sharding rules out
 // what the search rules out (planner/search.cpp). Host memory counts too: hybrid with the
-// optimizer state on host (memory.optimizer_state = "host") is the last candidate, where no
-// sharding is set (a tie goes to the earlier). `words`: each candidate's predicted step.
+// optimizer state on host (memory.optimizer_state = "host") is a candidate where no sharding is
+// set; and DTR evicting only what each kernel needs (memory.eviction_threshold = 1.0, no tenth of
+// the budget kept free: cheaper at small budgets, measured in memory.md), after DTR as configured
+// (a tie goes to the earlier). `words`: each candidate's predicted step.
 MemoryChoice fastest_memory_policy(const JobPlan& plan, const Plan& configured, std::string& words) {
-  const MemoryChoice candidates[] = {{MemoryPolicy::kNone},   {MemoryPolicy::kAuto},   {MemoryPolicy::kFull},
-                                     {MemoryPolicy::kDtr},    {MemoryPolicy::kHybrid}, {MemoryPolicy::kHybrid, true}};
+  const MemoryChoice candidates[] = {{MemoryPolicy::kNone},         {MemoryPolicy::kAuto},
+                                     {MemoryPolicy::kFull},         {MemoryPolicy::kDtr},
+                                     {MemoryPolicy::kDtr, false, 1.0}, {MemoryPolicy::kHybrid},
+                                     {MemoryPolicy::kHybrid, true}};
   MemoryChoice best;  // none fits: the configured auto, refused below
   std::optional<double> best_ms;
   for (const MemoryChoice& choice : candidates) {
     if (configured.shard >= ShardLevel::kGradients && plans_statically(choice.policy)) continue;
     if (configured.shard == ShardLevel::kParameters && swaps(choice.policy)) continue;
     if (choice.state_on_host && configured.shard != ShardLevel::kNone) continue;
+    if (choice.threshold > 0 && choice.threshold == configured.eviction_threshold) continue;
     Plan q = configured;
     q.policy = choice.policy;
     q.state_on_host = choice.state_on_host;
+    if (choice.threshold > 0) q.eviction_threshold = choice.threshold;
     const Prediction p = predict(plan.profile, plan.machine, q);
     char cell[128];
-    std::snprintf(cell, sizeof cell, "%s%s%s %s", words.empty() ? "" : ", ",
+    std::snprintf(cell, sizeof cell, "%s%s%s%s %s", words.empty() ? "" : ", ",
                   choice.policy == MemoryPolicy::kAuto ? "static" : choice_name(choice.policy),
                   choice.state_on_host ? " with the optimizer state on host" : "",
+                  choice.threshold > 0 ? " evicting down to 100%" : "",
                   p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
     words += cell;
     if (p.fits && (!best_ms || p.step_ms < *best_ms)) {
@@ -163,13 +174,14 @@ struct Decision {
   ShardLevel shard = ShardLevel::kNone;
   int64_t prefetch = 1;
   bool state_on_host = false;
+  int64_t threshold_permille = 900;  // memory.eviction_threshold
 };
 
 Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
   at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
                              d.budget_bytes, static_cast<int64_t>(d.shard), d.prefetch,
-                             static_cast<int64_t>(d.state_on_host)}, at::kLong);
+                             static_cast<int64_t>(d.state_on_host), d.threshold_permille}, at::kLong);
   // Rank 0's group first, then each replica's first rank to its group (without a tensor-parallel
   // group, the one broadcast).
   if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
@@ -177,7 +189,7 @@ Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
   return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
           t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>()), t[5].item<int64_t>(),
-          t[6].item<int64_t>() != 0};
+          t[6].item<int64_t>() != 0, t[7].item<int64_t>()};
 }
 
 void apply(Config& c, const Decision& d) {
@@ -297,6 +309,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       const MemoryChoice choice = fastest_memory_policy(plan, out.plan, chosen);
       out.plan.policy = choice.policy;
       out.plan.state_on_host = choice.state_on_host;
+      if (choice.threshold > 0) out.plan.eviction_threshold = choice.threshold;
     }
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     if (!out.prediction.fits && config.memory.check_fit) {
@@ -322,7 +335,8 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     }
     decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
                 evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard,
-                out.plan.prefetch, out.plan.state_on_host};
+                out.plan.prefetch, out.plan.state_on_host,
+                std::lround(out.plan.eviction_threshold * 1000)};
   }
   // The other ranks sleep while rank 0 profiles: spinning in MPI, they took the cores its
   // measurements ran on (4 ranks on 2 cores: predicted steps off by 1.5-2.4x between two runs).
@@ -334,6 +348,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
   } else if (config.memory.policy == MemoryPolicy::kAuto && config.memory.budget_bytes > 0) {
     config.memory.policy = decision.policy;  // kAuto itself where its static plans won
     if (decision.state_on_host) config.memory.optimizer_state = StatePlace::kHost;
+    config.memory.eviction_threshold = static_cast<double>(decision.threshold_permille) / 1000;
   }
   if (grid.is_root()) {
     char text[256];

@@ -128,14 +128,15 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
 
 
 // One case: the run's peak with room to spare, then a budget of `share` of it with LRU eviction
-// (its choices depend on sizes and order, not on timed kernels, so a run repeats itself).
-void expect_replay_matches(const char* toml, int64_t micro, double share) {
+// (its choices depend on sizes and order, not on timed kernels, so a run repeats itself), each
+// kernel evicting down to `threshold` of the budget (memory.eviction_threshold).
+void expect_replay_matches(const char* toml, int64_t micro, double share, double threshold = 0.9) {
   TempDir dir;
   run_job(config_for(dir, toml, {"--memory.budget=256MiB", "--job.output_dir=" + dir.path("roomy")}), true);
   const auto peak = static_cast<int64_t>(json_number(dir.path("roomy/summary.json"), "mem_peak_bytes"));
   const std::string budget = "--memory.budget=" + std::to_string(static_cast<int64_t>(peak * share));
-  const Config tight =
-      config_for(dir, toml, {budget, "--memory.policy=lru", "--job.output_dir=" + dir.path("tight")});
+  const Config tight = config_for(dir, toml, {budget, "--memory.policy=lru", "--job.output_dir=" + dir.path("tight"),
+                                              "--memory.eviction_threshold=" + std::to_string(threshold)});
   const ModelProfile profile = profile_of(tight, micro);
   Machine machine;
   machine.device_memory = tight.memory.budget_bytes;
@@ -143,14 +144,16 @@ void expect_replay_matches(const char* toml, int64_t micro, double share) {
   plan.micro_batch = micro;
   plan.policy = MemoryPolicy::kLru;
   plan.budget_bytes = tight.memory.budget_bytes;
+  plan.eviction_threshold = threshold;
+  plan.eviction_threshold = threshold;
   const Prediction predicted = predict(profile, machine, plan);
   ASSERT_TRUE(predicted.fits) << predicted.why_not;
   ASSERT_GT(predicted.evictions, 0);
   run_job(tight, true);
   // The last step's record: a steady step, like the profiled one.
   const double measured = last_train_number(dir.path("tight/metrics.jsonl"), "evictions");
-  std::printf("replay: %lld evictions predicted, %.0f measured at %.0f%% of the peak\n",
-              static_cast<long long>(predicted.evictions), measured, share * 100);
+  std::printf("replay: %lld evictions predicted, %.0f measured at %.0f%% of the peak, threshold %.2f\n",
+              static_cast<long long>(predicted.evictions), measured, share * 100, threshold);
   // The replay scores, chooses and ticks as the engine does (memory/eviction_score.h), and here it
   // evicts exactly as often (17 and 32 at 70% and 60%, 2026-11-25). The tolerance, 10%, is for
   // what it still cannot mirror (planner/dtr_replay.h): a trace records no kernel's other outputs.
@@ -163,6 +166,8 @@ TEST(Planning, ReplayPredictsARealRunsEvictions) {
   // (The small ConvNet evicts 1-3 tensors a step near the budgets it can run in: too few to compare.)
   expect_replay_matches(kGptToPlan, 16, 0.7);
   expect_replay_matches(kGptToPlan, 16, 0.6);
+  // Evicting only what each kernel needs: the plan carries the run's threshold.
+  expect_replay_matches(kGptToPlan, 16, 0.6, 1.0);
 }
 
 // memory.policy = "full": the profiled step replayed with its blocks dropped as the run drops them
