@@ -17,6 +17,14 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
     // Taken first: memory made for the sum may not park what the sum reads.
     MemoryHooks& memory = t.owner->memory_hooks();
     at::Tensor so_far = memory.take_gradient(t);
+    // A 16-bit copy of a wider value that several ops read (autocast's one copy of a weight, read
+    // by each chunk of the output layer) sums their gradients in the source's type, as a single
+    // product's accumulator would; its cast's backward hands the sum on as it is.
+    const ComputePath* producer = t.producer.get();
+    if (so_far.defined() && producer != nullptr && producer->op->traits().narrowing_copy &&
+        so_far.element_size() < c10::elementSize(producer->inputs[0]->dtype)) {
+      so_far = so_far.to(producer->inputs[0]->dtype);
+    }
     t.grad = so_far.defined() ? so_far + grad : std::move(grad);
     memory.gradient_pending(t);
     return;

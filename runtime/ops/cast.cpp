@@ -22,9 +22,7 @@ class CastOp final : public Op {
 
  private:
   static OpTraits traits() {
-    OpTraits t = OpTraits::named("cast");
-    t.precision = Precision::kAsIs;
-    return t;
+    return OpTraits::named("cast").keeping_input_types().copying_into_another_type();
   }
   at::ScalarType dtype_;
 };

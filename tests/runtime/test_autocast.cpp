@@ -70,6 +70,31 @@ TEST(Autocast, AWeightIsCastOncePerForwardAndAgainAfterAnUpdate) {
   EXPECT_GT(both_uses.abs().sum().item<double>(), 0.0);
 }
 
+// The output layer in chunks under bf16 autocast: every chunk's product reads the one bf16 copy of
+// the weight, and the copy sums the chunks' gradients in the weight's own fp32, as one product's
+// accumulator sums its rows: the weight's gradient is as close to float64's as the whole layer's.
+// (Summed in bf16, each chunk's addition rounded it again.)
+TEST(Autocast, ACopyReadByManyProductsSumsTheirGradientsInItsSourcesType) {
+  at::manual_seed(4);
+  const int64_t rows = 4096, classes = 1000;
+  ASSERT_LT(linear_cross_entropy_rows(rows, classes), rows / 4) << "chunks, or the test tests nothing";
+  const at::Tensor x0 = at::randn({rows, 64}), w0 = at::randn({classes, 64}) * 0.2;
+  const at::Tensor target = at::randint(classes, {rows}, at::kLong);
+  at::Tensor reference = w0.to(at::kDouble).requires_grad_(true);
+  at::cross_entropy_loss(at::linear(x0.to(at::kDouble), reference), target).backward();
+  auto error = [&](bool chunked) {
+    Interpreter interp;
+    interp.set_autocast(at::kBFloat16);
+    at::Tensor w = w0.clone().requires_grad_(true);
+    const Tensor x = interp.input(x0), t = interp.input(target);
+    interp.backward(chunked ? linear_cross_entropy(x, interp.param(w), t) : cross_entropy(linear(x, interp.param(w)), t));
+    return ((w.grad().to(at::kDouble) - reference.grad()).abs().max() / reference.grad().abs().max()).item<double>();
+  };
+  const double whole = error(false), chunks = error(true);
+  std::printf("the weight's gradient against float64's: whole %.3g, in chunks %.3g\n", whole, chunks);
+  EXPECT_LE(chunks, 1.5 * whole);
+}
+
 TEST(Autocast, InterpreterAndAutogradAgreeUnderAutocast) {
   at::manual_seed(3);
   const at::Tensor x0 = at::randn({5, 8}), w1 = at::randn({16, 8}), w2 = at::randn({3, 16});
