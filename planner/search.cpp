@@ -56,7 +56,7 @@ std::string describe_plan(const Plan& p) {
   if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
   s += p.precision == MixedPrecision::kOff ? std::string(", fp32") : std::string(", ") + choice_name(p.precision);
   if (evicts(p.policy)) s += std::string(", ") + choice_name(p.policy);
-  if (evicts(p.policy) && p.eviction_threshold != 0.9) {
+  if (evicts(p.policy) && p.eviction_threshold != Plan{}.eviction_threshold) {
     char threshold[48];
     std::snprintf(threshold, sizeof threshold, " evicting down to %.0f%%", 100 * p.eviction_threshold);
     s += threshold;

@@ -67,9 +67,9 @@ struct OpTraits {
   // Backward hands the output's gradient to the inputs as it is (add), summing it only over
   // dimensions an input was broadcast along: priced at nothing, or one read (step_recorder.cpp).
   bool backward_passes_gradient = false;
-  // Its output is a narrower copy of its input (a cast): where several ops read the copy, their
-  // gradients are summed in the input's type (runtime/tape.cpp: accumulate_grad).
-  bool narrowing_copy = false;
+  // Its output is its input in another type (a cast): where several ops read a narrower copy,
+  // their gradients are summed in the input's type (runtime/tape.cpp: accumulate_grad).
+  bool converts_type = false;
   // What its kernel allocates beside its outputs (runtime/kernel_workspace.h): declared here so
   // that a step traced on meta tensors holds it as the data run does.
   Workspace workspace = Workspace::kNone;
@@ -110,8 +110,8 @@ struct OpTraits {
     backward_passes_gradient = true;
     return *this;
   }
-  OpTraits& copying_into_another_type() {
-    narrowing_copy = true;
+  OpTraits& converting_its_input_type() {
+    converts_type = true;
     return *this;
   }
   OpTraits& keeping_input_types() {

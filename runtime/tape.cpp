@@ -21,7 +21,7 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
     // by each chunk of the output layer) sums their gradients in the source's type, as a single
     // product's accumulator would; its cast's backward hands the sum on as it is.
     const ComputePath* producer = t.producer.get();
-    if (so_far.defined() && producer != nullptr && producer->op->traits().narrowing_copy &&
+    if (so_far.defined() && producer != nullptr && producer->op->traits().converts_type &&
         so_far.element_size() < c10::elementSize(producer->inputs[0]->dtype)) {
       so_far = so_far.to(producer->inputs[0]->dtype);
     }

@@ -348,7 +348,9 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
   } else if (config.memory.policy == MemoryPolicy::kAuto && config.memory.budget_bytes > 0) {
     config.memory.policy = decision.policy;  // kAuto itself where its static plans won
     if (decision.state_on_host) config.memory.optimizer_state = StatePlace::kHost;
-    config.memory.eviction_threshold = static_cast<double>(decision.threshold_permille) / 1000;
+    if (decision.threshold_permille != std::lround(config.memory.eviction_threshold * 1000)) {
+      config.memory.eviction_threshold = static_cast<double>(decision.threshold_permille) / 1000;
+    }
   }
   if (grid.is_root()) {
     char text[256];

@@ -22,7 +22,7 @@ class CastOp final : public Op {
 
  private:
   static OpTraits traits() {
-    return OpTraits::named("cast").keeping_input_types().copying_into_another_type();
+    return OpTraits::named("cast").keeping_input_types().converting_its_input_type();
   }
   at::ScalarType dtype_;
 };
