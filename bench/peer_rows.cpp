@@ -89,8 +89,9 @@ PeerSession::PeerSession(const std::string& python, const std::string& script, c
 
 PeerSession::~PeerSession() {
   if (to_ != nullptr) std::fclose(to_);  // the end of its stdin: it returns
-  if (from_ != nullptr) {
-    while (!read_until("\x01").empty()) {
+  if (from_ != nullptr) {  // what it prints until it exits, read so that it never blocks writing
+    char line[4096];
+    while (std::fgets(line, sizeof line, from_) != nullptr) {
     }
     std::fclose(from_);
   }
