@@ -150,11 +150,12 @@ MemoryChoice fastest_memory_policy(const JobPlan& plan, const Plan& configured, 
     q.state_on_host = choice.state_on_host;
     if (choice.threshold > 0) q.eviction_threshold = choice.threshold;
     const Prediction p = predict(plan.profile, plan.machine, q);
-    char cell[128];
+    char threshold[48] = "";
+    if (choice.threshold > 0) std::snprintf(threshold, sizeof threshold, " evicting down to %.0f%%", 100 * choice.threshold);
+    char cell[160];
     std::snprintf(cell, sizeof cell, "%s%s%s%s %s", words.empty() ? "" : ", ",
                   choice.policy == MemoryPolicy::kAuto ? "static" : choice_name(choice.policy),
-                  choice.state_on_host ? " with the optimizer state on host" : "",
-                  choice.threshold > 0 ? " evicting down to 100%" : "",
+                  choice.state_on_host ? " with the optimizer state on host" : "", threshold,
                   p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
     words += cell;
     if (p.fits && (!best_ms || p.step_ms < *best_ms)) {

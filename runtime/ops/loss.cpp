@@ -13,6 +13,13 @@ using TensorList = std::vector<at::Tensor>;
 // Rows whose target is this are left out of the loss (ATen's default ignore_index).
 constexpr int64_t kIgnoreIndex = -100;
 
+// Rows per chunk of (rows, classes) scores: a `pieces`-th of the rows, and at least `min_bytes` of
+// fp32 scores (small class counts run whole). Shapes only, so a meta trace chunks as a data run does.
+int64_t rows_per_chunk(int64_t rows, int64_t classes, int64_t pieces, int64_t min_bytes) {
+  const int64_t row_bytes = std::max<int64_t>(1, classes) * 4;
+  return std::max<int64_t>(1, std::max((rows + pieces - 1) / pieces, (min_bytes + row_bytes - 1) / row_bytes));
+}
+
 // nll_loss and cross_entropy take (N, K) scores and (N) int64 targets.
 void check_loss_arguments(const char* op, const Tensor& scores, const Tensor& target) {
   TORCH_CHECK(scores.dim() == 2 && target.dim() == 1 && target.size(0) == scores.size(0), op, ": (N, K) and (N) ",
@@ -131,11 +138,9 @@ class CrossEntropyOp final : public Op {
     const at::Tensor rows = logits.narrow(0, r, m);
     return rows.scalar_type() == compute_type(logits) ? rows : rows.to(compute_type(logits));
   }
-  // Rows per chunk: a sixteenth of the batch, and at least 1 MiB of fp32 log-probabilities (small
-  // class counts run whole). Shapes only, so a meta trace chunks as the data run does.
+  // Rows per chunk: a sixteenth of the batch, and at least 1 MiB of fp32 log-probabilities.
   static int64_t chunk_rows(const at::Tensor& logits) {
-    const int64_t n = logits.size(0), row_bytes = std::max<int64_t>(1, logits.size(1)) * 4;
-    return std::max<int64_t>(1, std::max((n + 15) / 16, ((int64_t{1} << 20) + row_bytes - 1) / row_bytes));
+    return rows_per_chunk(logits.size(0), logits.size(1), 16, int64_t{1} << 20);
   }
   int64_t reduction_;
 };
@@ -174,8 +179,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
 }
 
 int64_t linear_cross_entropy_rows(int64_t rows, int64_t classes) {
-  const int64_t row_bytes = std::max<int64_t>(1, classes) * 4;
-  return std::max<int64_t>(1, std::max((rows + 7) / 8, ((int64_t{2} << 20) + row_bytes - 1) / row_bytes));
+  return rows_per_chunk(rows, classes, 8, int64_t{2} << 20);
 }
 
 // Each chunk's logits are their own tensor, made by their own linear and read by their own loss:
