@@ -1,6 +1,7 @@
 // The schedule a keep set implies (segments.h): what each stage reads is recomputed on demand
 // from the nearest resident ancestors, and a value is freed after the first stage past which
-// nothing needs it.
+// nothing needs it (one held short, once recomputed, after the first stage past which the next
+// stage does not need it).
 #include "schedule/segments.h"
 
 #include <algorithm>
@@ -10,9 +11,17 @@ namespace {
 
 class KeepScheduler {
  public:
-  KeepScheduler(const StepGraph& graph, const Needs& needs)
-      : g_(graph), needs_(needs), resident_(graph.values.size(), 0), stamp_(graph.values.size(), -1),
-        memo_(graph.values.size(), 0), op_seen_(graph.forward.size(), -1) {}
+  KeepScheduler(const StepGraph& graph, const Needs& needs, const std::vector<char>& short_holds)
+      : g_(graph), needs_(needs), short_holds_(short_holds), resident_(graph.values.size(), 0),
+        recomputed_(graph.values.size(), 0), stamp_(graph.values.size(), -1), memo_(graph.values.size(), 0),
+        op_seen_(graph.forward.size(), -1) {
+    if (short_holds.empty()) return;
+    readers_.resize(graph.values.size());
+    cursor_.assign(graph.values.size(), 0);
+    for (size_t s = 0; s < graph.backward.size(); ++s) {
+      for (int r : graph.backward[s].reads) readers_[r].push_back(static_cast<int>(s));
+    }
+  }
 
   Schedule run(const std::vector<char>& keep) {
     const size_t n = g_.values.size(), stages = g_.backward.size();
@@ -40,6 +49,7 @@ class KeepScheduler {
     for (int r : g_.backward[s].reads) pending_.push_back(r);
     auto add = [&](int v) {
       resident_[v] = 1;
+      recomputed_[v] = 1;
       list.push_back(v);
       live_.push_back(v);
     };
@@ -64,6 +74,21 @@ class KeepScheduler {
 
   void free_after(int s, std::vector<int>& freed) {
     size_t kept = 0;
+    if (!short_holds_.empty()) {  // first the recomputed values held short the next stage does not need
+      ++pass_;
+      for (int v : live_) {
+        if (!recomputed_[v] || !short_holds_[v] || needed_next(v, s)) {
+          live_[kept++] = v;
+        } else {
+          freed.push_back(v);
+        }
+      }
+      live_.resize(kept);
+      for (int v : freed) resident_[v] = 0;
+      kept = 0;
+    }
+    ++pass_;
+    const size_t first = freed.size();
     for (int v : live_) {
       if (needed_later(v, s)) {
         live_[kept++] = v;
@@ -72,7 +97,28 @@ class KeepScheduler {
       }
     }
     live_.resize(kept);
-    for (int v : freed) resident_[v] = 0;
+    for (size_t i = first; i < freed.size(); ++i) resident_[freed[i]] = 0;
+  }
+
+  // Whether stage s + 1 reads v, or recomputes for one of its reads a value that is not resident
+  // and whose op reads v. Memoized per pass.
+  bool needed_next(int v, int s) {
+    if (needs_.last_need[v] <= s) return false;
+    std::vector<int>& stages = readers_[v];
+    size_t& c = cursor_[v];
+    while (c < stages.size() && stages[c] <= s) ++c;
+    if (c < stages.size() && stages[c] == s + 1) return true;
+    if (stamp_[v] == pass_) return memo_[v];
+    bool needed = false;
+    for (int w : needs_.dependents[v]) {
+      if (!resident_[w] && needed_next(w, s)) {
+        needed = true;
+        break;
+      }
+    }
+    stamp_[v] = pass_;
+    memo_[v] = needed;
+    return needed;
   }
 
   // Whether a stage after s reads v, or recomputes for such a read a value that is not resident
@@ -80,7 +126,7 @@ class KeepScheduler {
   bool needed_later(int v, int s) {
     if (needs_.last_need[v] <= s) return false;
     if (needs_.last_read[v] > s) return true;
-    if (stamp_[v] == s) return memo_[v];
+    if (stamp_[v] == pass_) return memo_[v];
     bool needed = false;
     for (int w : needs_.dependents[v]) {
       if (!resident_[w] && needed_later(w, s)) {
@@ -88,15 +134,20 @@ class KeepScheduler {
         break;
       }
     }
-    stamp_[v] = s;
+    stamp_[v] = pass_;
     memo_[v] = needed;
     return needed;
   }
 
   const StepGraph& g_;
   const Needs& needs_;
+  const std::vector<char>& short_holds_;  // per value, or empty
   std::vector<char> resident_;
+  std::vector<char> recomputed_;  // made resident by a recomputation (not kept through forward)
   std::vector<int> live_;  // droppable values resident
+  std::vector<std::vector<int>> readers_;  // short holds: per value, the stages that read it, in order
+  std::vector<size_t> cursor_;             // per value: its first reader not before the stage freed after
+  int pass_ = 0;                           // memo stamp: one per decision pass
   std::vector<int> stamp_;
   std::vector<char> memo_;
   std::vector<int> op_seen_, pending_;
@@ -104,8 +155,9 @@ class KeepScheduler {
 
 }  // namespace
 
-Schedule schedule_for_keep(const StepGraph& graph, const Needs& needs, const std::vector<char>& keep) {
-  return KeepScheduler(graph, needs).run(keep);
+Schedule schedule_for_keep(const StepGraph& graph, const Needs& needs, const std::vector<char>& keep,
+                           const std::vector<char>& short_holds) {
+  return KeepScheduler(graph, needs, short_holds).run(keep);
 }
 
 int64_t bytes_over(const StepGraph& graph, const Schedule& schedule, int64_t budget) {

@@ -31,15 +31,15 @@ class Search {
   }
 
   HeuristicResult run() {
-    for (int f = 0; f <= 20; ++f) evaluate(prefix(by_ratio_.size() * f / 20));
-    const int ops = static_cast<int>(g_.forward.size());
-    for (int k = 1; k <= ops; k = k < kEverySegmentCount ? k + 1 : k + k / 4) {
-      evaluate(cut_keep(boundaries_by_ops(k)));
-      evaluate(cut_keep(boundaries_by_bytes(k)));
+    search();
+    // Holding what backward recomputes until its last reader does not fit: the same search with
+    // recomputed values held only for the next stage (schedule_for_keep's short holds), the
+    // cheapest to recompute per byte first: a quarter of them, half, three quarters, all.
+    for (int quarter = 1; quarter <= 4 && !fits_; ++quarter) {
+      short_holds_.assign(g_.values.size(), 0);
+      for (size_t i = by_ratio_.size() * (4 - quarter) / 4; i < by_ratio_.size(); ++i) short_holds_[by_ratio_[i]] = 1;
+      search();
     }
-    descend();
-    if (!fits_) reduce_peak();
-    if (fits_) improve();
     HeuristicResult out;
     out.fits = fits_;
     out.best = fits_ ? best_ : lowest_;
@@ -50,6 +50,18 @@ class Search {
   }
 
  private:
+  void search() {
+    for (int f = 0; f <= 20; ++f) evaluate(prefix(by_ratio_.size() * f / 20));
+    const int ops = static_cast<int>(g_.forward.size());
+    for (int k = 1; k <= ops; k = k < kEverySegmentCount ? k + 1 : k + k / 4) {
+      evaluate(cut_keep(boundaries_by_ops(k)));
+      evaluate(cut_keep(boundaries_by_bytes(k)));
+    }
+    descend();
+    if (!fits_) reduce_peak();
+    if (fits_) improve();
+  }
+
   double ratio(int v) const {
     return g_.forward[g_.values[v].producer].cost_ms / static_cast<double>(std::max<int64_t>(g_.values[v].bytes, 1));
   }
@@ -100,7 +112,7 @@ class Search {
 
   Evaluated evaluate(const std::vector<char>& keep) {
     Evaluated e;
-    e.schedule = schedule_for_keep(g_, needs_, keep);
+    e.schedule = schedule_for_keep(g_, needs_, keep, short_holds_);
     e.cost = simulate(g_, e.schedule);
     ++evaluated_;
     if (!e.cost.valid) return e;  // cannot happen by construction; never returned if it does
@@ -205,6 +217,7 @@ class Search {
   const int64_t budget_, start_budget_;
   std::vector<int> needed_, by_ratio_;
   bool fits_ = false, start_fits_ = false;
+  std::vector<char> short_holds_;  // per value, or empty (schedule_for_keep)
   Evaluated best_, lowest_, start_;  // the cheapest within each budget; the lowest peak over it
   int evaluated_ = 0;
 };

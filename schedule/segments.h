@@ -21,7 +21,13 @@ struct Evaluated {
 // not resident is recomputed from its nearest resident ancestors (with the other outputs of
 // those op calls that backward reads later, so that no op runs twice); after each stage, every
 // value that no later stage reads, nor needs to recompute a missing value, is freed.
-Schedule schedule_for_keep(const StepGraph& graph, const Needs& needs, const std::vector<char>& keep);
+// `short_holds` (per value, or empty: none): such a value, once recomputed in backward, is held
+// only while the next stage reads it or needs it to recompute one of its reads; a later reader
+// recomputes it again. More recomputation (a segment's chain runs again for each of its stages)
+// for a lower peak: what a tight budget needs when holding a whole recomputed segment does not
+// fit (DTR frees such values under pressure too).
+Schedule schedule_for_keep(const StepGraph& graph, const Needs& needs, const std::vector<char>& keep,
+                           const std::vector<char>& short_holds = {});
 
 // The bytes over `budget` summed over the forward ops and backward stages of a (valid) schedule
 // (recomputations' discarded outputs and early frees aside: simulate() has the exact peak).
