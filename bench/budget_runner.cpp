@@ -1,5 +1,6 @@
 #include "bench/budget_runner.h"
 
+#include "launcher/planning/first_step_plan.h"
 #include "alloc/cuda_arena.h"
 #include "models/decoder.h"
 #include "models/resnet.h"
@@ -161,6 +162,23 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   if (savers.static_plans || savers.full_recompute) {
     model_->set_block_listener([this](int block) { memory_->block_begins(block); });
   }
+  if (savers.static_plans && savers.plan_first_step && !device_.is_cuda()) plan_first_step(w, batch / micro_batches_, savers);
+}
+
+// The runner's micro-batch traced on meta tensors, with its SGD's momentum, and planned (the
+// trainer's memory.plan_first_step). On a GPU the trace's workspaces are not declared: not done.
+void BudgetRunner::plan_first_step(const Workload& w, int64_t micro, const Savers& savers) {
+  ht::Config c;
+  c.training.optimizer = OptimizerKind::kSgd;
+  c.training.momentum = 0.9;  // the runner's SGD: its state is a momentum buffer per parameter
+  c.training.mixed_precision = !savers.autocast                      ? MixedPrecision::kOff
+                               : *savers.autocast == at::kBFloat16 ? MixedPrecision::kBf16
+                                                                   : MixedPrecision::kFp16;
+  c.job.seed = 1;  // the runner's interpreter's
+  const auto meta = [&](const at::Tensor& t) { return at::empty(t.sizes(), t.options().device(at::kMeta)); };
+  const CapturedStep step = trace_step_for_plan(c, w.make, meta(input_.narrow(0, 0, micro)),
+                                                meta(target_.narrow(0, 0, micro)), !savers.optimizer_state_on_host);
+  memory_->static_planner()->plan_ahead(step);
 }
 
 BudgetRunner::~BudgetRunner() {

@@ -66,6 +66,10 @@ struct Savers {
   int64_t micro_batches = 1;
   // Static plans for the repeating step (memory/static_plan.h), DTR as their fallback.
   std::optional<StaticPlanOptions> static_plans;
+  // With static_plans: the first step planned before it runs, from a trace on meta tensors with
+  // the optimizer's state (memory.plan_first_step, launcher/planning/first_step_plan.h), as the
+  // trainer does by default.
+  bool plan_first_step = true;
   // What DTR weighs (memory.kernel_costs).
   KernelCosts kernel_costs = KernelCosts::kModeled;
   // Evict Coop's cheapest window when a request finds no block (EvictionOptions::window).
@@ -100,6 +104,8 @@ class BudgetRunner {
   const StaticPlanner* static_planner() const { return memory_->static_planner(); }
 
  private:
+  void plan_first_step(const Workload& w, int64_t micro, const Savers& savers);
+
   std::shared_ptr<CpuArena> arena_;
   at::Device device_;
   std::shared_ptr<Model> model_;

@@ -5,6 +5,7 @@
 #include "launcher/data/dataset.h"
 #include "launcher/export/hf_checkpoint.h"
 #include "launcher/model_factory.h"
+#include "launcher/planning/first_step_plan.h"
 #include "launcher/planning/model_size.h"
 #include "launcher/planning/run_check.h"
 #include "launcher/report/html_report.h"
@@ -253,6 +254,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
   Trainer& trainer = *made;
   if (resume) trainer.resume_from(*resume);
   trainer.set_prediction(predicted.prediction.peak_bytes, predicted.prediction.step_ms);
+  const std::string first_plan = plan_first_step(config, info, *model, trainer.memory());
 
   const std::string resolved = resolved_toml(config);
   if (!quiet && root) {
@@ -261,6 +263,7 @@ JobOutcome run_job(const Config& config_in, bool quiet, const ProcessGrid* grid)
                 config_changes_text(config).c_str());
     print_plan(config, info, parameters, trainer, *grid, threads);
     std::printf("%s\n\n", predicted.text.c_str());
+    if (!first_plan.empty()) std::printf("%s\n\n", first_plan.c_str());
     std::fflush(stdout);
   }
   std::optional<RunOutput> output;

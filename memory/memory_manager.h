@@ -147,6 +147,7 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   void block_begins(int block);
   // null without static plans.
   const StaticPlanner* static_planner() const { return planner_.get(); }
+  StaticPlanner* static_planner() { return planner_.get(); }
 
   const MemoryStats& stats() const { return stats_; }
   void reset_peak();

@@ -76,7 +76,7 @@ void StaticPlanner::begin_step() {
     std::unique_ptr<Plan> old = std::move(plans_[hash]);
     plans_.erase(hash);
     old->graph.fixed_bytes = fixed;
-    make_plan(hash, old->graph, old->signatures, old->block_starts);
+    if (!make_plan(hash, old->graph, old->signatures, old->block_starts)) sightings_[hash] = -1000000;
   }
   for (auto& [hash, plan] : plans_) candidates_.push_back(plan.get());
   plan_ = candidates_.empty() ? nullptr : candidates_.front();
@@ -140,17 +140,27 @@ void StaticPlanner::end_step(bool step_completed) {
   candidates_.clear();
   const uint64_t hash = capture_->finish();
   if (options_.capture_only) {
-    last_step_ = std::make_unique<CapturedStep>(CapturedStep{capture_->graph(), block_starts_});
+    last_step_ = std::make_unique<CapturedStep>(CapturedStep{capture_->graph(), block_starts_, capture_->signatures(), hash});
     capture_.reset();
     return;
   }
-  if (!completed && plans_.count(hash) == 0 && ++sightings_[hash] >= options_.sightings_before_planning) {
-    make_plan(hash, capture_->graph(), capture_->signatures(), block_starts_);
+  if (!completed && plans_.count(hash) == 0 && ++sightings_[hash] >= options_.sightings_before_planning &&
+      !make_plan(hash, capture_->graph(), capture_->signatures(), block_starts_)) {
+    sightings_[hash] = -1000000;  // never again: its steps stay under DTR
   }
   capture_.reset();
 }
 
-void StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, const std::vector<uint64_t>& signatures,
+bool StaticPlanner::plan_ahead(const CapturedStep& step) {
+  if (options_.capture_only || plans_.count(step.sequence_hash) > 0) return false;
+  if (!make_plan(step.sequence_hash, schedule::weighed_by_model(step.graph), step.signatures, step.block_starts)) {
+    return false;
+  }
+  ++stats_.plans_ahead;
+  return true;
+}
+
+bool StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, const std::vector<uint64_t>& signatures,
                               const std::vector<int>& block_starts) {
   const auto start = std::chrono::steady_clock::now();
   auto plan = std::make_unique<Plan>();
@@ -185,8 +195,7 @@ void StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, c
   stats_.plan_solve_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!plan) {
     ++stats_.unplannable;
-    sightings_[hash] = -1000000;  // never again: its steps stay under DTR
-    return;
+    return false;
   }
   plan->signatures = signatures;
   plan->block_starts = block_starts;
@@ -200,6 +209,7 @@ void StaticPlanner::make_plan(uint64_t hash, const schedule::StepGraph& graph, c
   plan->graph = graph;
   ++stats_.plans;
   plans_[hash] = std::move(plan);
+  return true;
 }
 
 void StaticPlanner::kernel_begins(bool recompute, bool backward) {

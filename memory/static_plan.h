@@ -52,12 +52,15 @@ struct StaticPlanOptions {
 struct CapturedStep {
   schedule::StepGraph graph;
   std::vector<int> block_starts;  // forward op index at which each model block began
+  std::vector<uint64_t> signatures;  // per forward op (step_capture.h): what a step must match
+  uint64_t sequence_hash = 0;        // of the signatures: the plan cache's key
 };
 
 struct StaticPlanStats {
   int64_t plan_hits = 0;      // steps run to their end by a plan
   int64_t plan_diverged = 0;  // steps that began on a plan and left it
   int64_t plans = 0;          // plans made
+  int64_t plans_ahead = 0;    // of which made before their first step, from a trace (plan_ahead)
   int64_t unplannable = 0;    // sequences no plan fits (they stay under DTR)
   int64_t plans_outgrown = 0; // plans solved again because the memory outside the step grew past their room
   double plan_solve_ms = 0;   // total time spent making plans
@@ -99,13 +102,21 @@ class StaticPlanner {
   void on_dropped(const TensorInfo& t);
   void on_destroyed(const TensorInfo& t);
 
+  // A plan for a step not run yet, from its trace on meta tensors (launcher/planning/meta_trace.h):
+  // the step's first run is then planned instead of run under DTR, so a budget DTR cannot train
+  // its first step in may still train. Weighs the trace's modelled kernel times (a meta kernel's
+  // measured time means nothing). Returns false when no plan fits (the step is then planned from
+  // its run, as any other) or one exists for the sequence already.
+  bool plan_ahead(const CapturedStep& step);
+
   const StaticPlanStats& stats() const { return stats_; }
   // With capture_only: the last step that completed; null before one has.
   const CapturedStep* last_step() const { return last_step_.get(); }
 
  private:
   struct Plan;
-  void make_plan(uint64_t hash, const schedule::StepGraph& graph, const std::vector<uint64_t>& signatures,
+  // Returns false when no plan fits the budget.
+  bool make_plan(uint64_t hash, const schedule::StepGraph& graph, const std::vector<uint64_t>& signatures,
                  const std::vector<int>& block_starts);
   void diverge();
   int64_t plan_budget() const;  // the budget less the margin

@@ -159,6 +159,7 @@ struct MemoryConfig {
   KernelCosts kernel_costs = KernelCosts::kModeled;  // what eviction weighs: modeled (deterministic) or measured
   double solve_time_s = 10;   // static plans: the solver's time limit per plan
   bool static_layout = true;  // static plans: blocks at planned offsets
+  bool plan_first_step = true;  // static plans: the first step planned from a trace on meta tensors
   bool trace = false;
   int64_t trace_steps = 2;
   bool host_cache = true;  // keep freed CPU memory for reuse (alloc/host_block_cache.h)

@@ -370,6 +370,12 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "place every block of a planned step at an offset laid out ahead of time, so that it cannot "
                     "fragment; false: the arena's own placement")
                   .only_when(planning_words, planning));
+  f.push_back(Field(&C::memory, &MemoryConfig::plan_first_step, "memory", "plan_first_step",
+                    "plan the first step before it runs, from the job's micro-batch traced on meta tensors, so "
+                    "that it runs on a plan rather than under DTR (a budget DTR cannot train a first step in may "
+                    "train so); false: the first step runs under DTR and the plan is made from it. One rank's "
+                    "whole model only (no pipeline stages, tensor parallelism or sharded parameters)")
+                  .only_when(planning_words, planning));
   auto swapping = [](const Config& c) { return swaps(c.memory.policy) || c.memory.policy == MemoryPolicy::kAuto; };
   const char* swapping_words = "memory.policy is swap, hybrid or auto";
   f.push_back(Field(&C::memory, &MemoryConfig::host_budget, "memory", "host_budget",

@@ -88,6 +88,8 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
   if (const CapturedStep* step = extras->capture_graph ? memory.static_planner()->last_step() : nullptr) {
     extras->graph = step->graph;
     extras->block_starts = step->block_starts;
+    extras->signatures = step->signatures;
+    extras->sequence_hash = step->sequence_hash;
   }
 }
 

@@ -59,6 +59,8 @@ struct TraceExtras {
   std::vector<size_t> backward_read_buckets;
   schedule::StepGraph graph;
   std::vector<int> block_starts;
+  std::vector<uint64_t> signatures;  // per forward op: what a run's step must match (memory/step_capture.h)
+  uint64_t sequence_hash = 0;
 };
 
 class CpuArena;

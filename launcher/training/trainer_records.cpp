@@ -27,6 +27,7 @@ void Trainer::log_step(const StepResult& r) {
   if (const StaticPlanner* planner = memory_.static_planner()) {
     const StaticPlanStats& p = planner->stats();
     record.add("plan_hits", p.plan_hits).add("plan_diverged", p.plan_diverged).add("plans", p.plans)
+        .add("plans_ahead", p.plans_ahead)
         .add("plan_solve_ms", p.plan_solve_ms).add("plan_evictions", p.plan_evictions)
         .add("plan_recomputations", p.plan_recomputations).add("layout_misses", p.layout_misses)
         .add("planned_peak_bytes", p.last_planned_peak);

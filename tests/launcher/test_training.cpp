@@ -210,6 +210,47 @@ TEST(Training, FullRecomputationTrainsTheSameParametersInLessMemory) {
   EXPECT_TRUE(std::regex_search(metrics, std::regex("\"recomputations\": [1-9]"))) << metrics;
 }
 
+// memory.plan_first_step (the default under static plans): the job's micro-batch is traced on
+// meta tensors and planned before the first step, with the optimizer's state it holds from the
+// second step on, so every micro-batch, the first included, runs on that one plan (no second
+// solve when the state appears, every block at its planned offset from the second step), and the
+// parameters are the run with room's bit for bit, dropout's masks recomputed included. Without it
+// the first micro-batch runs under DTR and is planned from.
+TEST(Training, TheFirstStepRunsOnAPlanMadeBeforeIt) {
+  TempDir dir;
+  const std::string gpt = std::string(kBase) +
+                          "[model]\nname = \"gpt\"\nn_layer = 4\nn_head = 2\nn_embd = 16\nblock_size = 16\ndropout = 0.2\n";
+  auto job = [&](const std::string& out, std::vector<std::string> a) {
+    a.insert(a.end(), {"--training.optimizer=adamw", "--training.lr=0.01", "--metrics.log_interval=1", "--training.micro_batch_size=8",
+                       "--job.output_dir=" + dir.path(out)});
+    return run_job(config_for(dir, gpt, a), true);
+  };
+  const JobOutcome roomy = job("roomy", {"--memory.budget=1GiB"});
+  const std::string tight = "--memory.budget=" + std::to_string(roomy.result.mem_peak_bytes * 7 / 10);
+  const JobOutcome ahead = job("ahead", {tight, "--memory.policy=static", "--memory.solve_time_s=0"});
+  const JobOutcome captured =
+      job("captured", {tight, "--memory.policy=static", "--memory.solve_time_s=0", "--memory.plan_first_step=false"});
+  const auto a = state_of(*roomy.model);
+  for (const JobOutcome* run : {&ahead, &captured}) {
+    const auto b = state_of(*run->model);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter/buffer " << i;
+    EXPECT_EQ(roomy.result.final_loss, run->result.final_loss);
+  }
+  const std::string metrics = dir.path("ahead/metrics.jsonl");
+  const std::vector<double> hits = train_numbers(metrics, "plan_hits");
+  ASSERT_FALSE(hits.empty());
+  for (size_t step = 0; step < hits.size(); ++step) EXPECT_EQ(hits[step], 2.0 * (step + 1)) << "two micro-batches a step";
+  EXPECT_EQ(last_train_number(metrics, "plans_ahead"), 1);
+  EXPECT_EQ(last_train_number(metrics, "plans"), 1) << "the optimizer's state was planned for";
+  EXPECT_GT(last_train_number(metrics, "plan_evictions"), 0) << "the budget made the plan drop values";
+  EXPECT_EQ(last_train_number(metrics, "layout_misses"), 0);
+  EXPECT_EQ(last_train_number(metrics, "evictions"), 0) << "DTR, the safety net, never had to act";
+  const std::string late = dir.path("captured/metrics.jsonl");
+  EXPECT_EQ(train_numbers(late, "plan_hits").front(), 1) << "the first micro-batch ran under DTR";
+  EXPECT_EQ(last_train_number(late, "plans_ahead"), 0);
+}
+
 // Every train record's `"key": N`, in order.
 std::vector<std::string> per_step(const std::string& metrics, const std::string& key) {
   std::vector<std::string> out;
