@@ -176,8 +176,10 @@ void BudgetRunner::plan_first_step(const Workload& w, int64_t micro, const Saver
                                                                    : MixedPrecision::kFp16;
   c.job.seed = 1;  // the runner's interpreter's
   const auto meta = [&](const at::Tensor& t) { return at::empty(t.sizes(), t.options().device(at::kMeta)); };
-  const CapturedStep step = trace_step_for_plan(c, w.make, meta(input_.narrow(0, 0, micro)),
-                                                meta(target_.narrow(0, 0, micro)), !savers.optimizer_state_on_host);
+  const auto batch = [&] {
+    return std::make_pair(meta(input_.narrow(0, 0, micro)), meta(target_.narrow(0, 0, micro)));
+  };
+  const CapturedStep step = trace_step_for_plan(c, w.make, batch, !savers.optimizer_state_on_host);
   memory_->static_planner()->plan_ahead(step);
 }
 

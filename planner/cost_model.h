@@ -36,6 +36,9 @@ struct Plan {
   // memory.optimizer_state = "host" (policies swap and hybrid): the optimizer state waits on host
   // during forward and backward, and crosses the link twice a step.
   bool state_on_host = false;
+  // memory.plan_first_step: under static plans the first step is planned ahead from a trace (one
+  // rank's whole model), so DTR need not run it; false: it runs under DTR while it is captured.
+  bool plan_first_step = true;
   ShardLevel shard = ShardLevel::kNone;  // parallel.shard (planner/shard_terms.h)
   int prefetch = 1;  // parallel.prefetch: blocks gathered ahead at "parameters" (none under a budget with eviction)
   bool overlap = true;  // parallel.overlap: all-reduces, or sharded gradients' reduce-scatters, during backward

@@ -72,23 +72,28 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   }
 }
 
-// Under static plans (memory/static_plan.h), as the runtime runs them: the first step of a
-// sequence (two under auto) runs under DTR while it is captured, so nothing is planned unless DTR
-// can run that step, and a sequence no plan fits stays under DTR: DTR's replay is the prediction
-// then. Otherwise the profiled step's graph at the plan's micro-batch is planned for the budget
-// less the runtime's margin, by the solver's heuristic (the search predicts many plans; the MIP
-// would take seconds each and improves on it by a few percent where it does), and the plan's
-// simulated peak and recomputation are the step's. `segments` plans checkpoint_sequential's
+// Under static plans (memory/static_plan.h), as the runtime runs them: with memory.plan_first_step
+// (one rank's whole model) the step is planned before it runs, so a plan that fits is the
+// prediction whether DTR could run the step or not; without it the first step of a sequence (two
+// under auto) runs under DTR while it is captured, so nothing is planned unless DTR can run that
+// step. A sequence no plan fits stays under DTR: DTR's replay is the prediction then. Otherwise
+// the profiled step's graph at the plan's micro-batch is planned for the budget less the
+// runtime's margin, by the solver's heuristic (the search predicts many plans; the MIP would take
+// seconds each and improves on it by a few percent where it does), and the plan's simulated peak
+// and recomputation are the step's. `segments` plans checkpoint_sequential's
 // schedule whatever the budget; above the budget DTR is its safety net, predicted by the replay.
 void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
   eviction_terms(profile, plan, slowdown, p);
-  if (!p.fits) {
-    p.why_not = "the first step, which runs under DTR while it is captured for a plan: " + p.why_not;
-    return;
-  }
+  const bool ahead = plan.plan_first_step && plan.stages == 1 && plan.tensor == 1 &&
+                     !(plan.shard == ShardLevel::kParameters && plan.ranks > 1);
+  // DTR's verdict on the first step, which stands where no plan is made before it.
+  const auto under_dtr = [&] {
+    if (!p.fits) p.why_not = "the first step, which runs under DTR while it is captured for a plan: " + p.why_not;
+  };
+  if (!p.fits && !ahead) return under_dtr();
   std::vector<int> block_starts;
   schedule::StepGraph graph = graph_for(profile, plan.micro_batch, plan.precision, &block_starts);
-  if (graph.forward.empty()) return;  // no graph was captured: DTR's prediction stands
+  if (graph.forward.empty()) return under_dtr();  // no graph was captured: DTR's prediction stands
   graph.fixed_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;
   const auto budget = static_cast<int64_t>(static_cast<double>(plan.budget_bytes) * (1.0 - schedule::kDefaultBudgetMargin));
   schedule::Schedule chosen;
@@ -96,14 +101,14 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
   if (plan.policy == MemoryPolicy::kSegments) {
     chosen = schedule::checkpoint_segments(graph, block_starts);
     cost = schedule::simulate(graph, chosen);
-    if (!cost.valid || cost.peak_bytes > plan.budget_bytes) return;
+    if (!cost.valid || cost.peak_bytes > plan.budget_bytes) return under_dtr();
   } else {
     schedule::SolveOptions options;
     options.budget_bytes = budget;
     options.use_mip = false;
     // Weighed as the run weighs it (memory.kernel_costs = "modeled", the default), timed as measured.
     schedule::SolveResult r = schedule::solve(schedule::weighed_by_model(graph), options);
-    if (r.status == schedule::SolveStatus::kInfeasible) return;
+    if (r.status == schedule::SolveStatus::kInfeasible) return under_dtr();
     chosen = std::move(r.schedule);
     cost = schedule::simulate(graph, chosen);
   }
@@ -117,6 +122,8 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
   p.recompute_ms = cost.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
   p.evictions = dropped * plan.accumulation;
   p.static_plan = true;
+  p.fits = true;  // planned ahead: what DTR could not run, the plan runs from the first step
+  p.why_not.clear();
 }
 
 }  // namespace

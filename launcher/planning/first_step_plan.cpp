@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 
 namespace ht {
 namespace {
@@ -35,10 +36,14 @@ bool state_in_device_memory(const Config& config) {
 }  // namespace
 
 CapturedStep trace_step_for_plan(const Config& config, const std::function<std::shared_ptr<Model>()>& make,
-                                 const at::Tensor& x, const at::Tensor& y, bool with_state) {
-  // The trace draws nothing the run's stream should see: the default generator is put back.
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  const at::Tensor generator_state = generator.get_state();
+                                 const std::function<std::pair<at::Tensor, at::Tensor>()>& batch, bool with_state) {
+  // The trace draws nothing the run's stream should see: the default generator is put back,
+  // also when the trace throws.
+  struct GeneratorKept {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor state = generator.get_state();
+    ~GeneratorKept() { generator.set_state(state); }
+  } kept;
   // On a CPU rank the kernels' own workspaces (im2col, reorders) are traced as measured here.
   const DeclaredWorkspaces declared(at::Device(config.training.device).is_cpu() ? WorkspaceRules::kThisCpu
                                                                                : WorkspaceRules::kNone);
@@ -55,6 +60,7 @@ CapturedStep trace_step_for_plan(const Config& config, const std::function<std::
   extras.gradients = &gradients;
   extras.capture_graph = true;
   TracedStep step;
+  const auto [x, y] = batch();
   trace_forward_backward(config, *model, arena, x, y, step, &extras);
   // The optimizer's state appears after the first step and stays: planned for from the start, the
   // plan and the layout its first step records serve every later step (no second solve, and no
@@ -66,7 +72,6 @@ CapturedStep trace_step_for_plan(const Config& config, const std::function<std::
     trace_optimizer_step(config, *model, *arena, step);
     extras.graph.fixed_bytes += step.optimizer_state_bytes;
   }
-  generator.set_state(generator_state);
   return CapturedStep{std::move(extras.graph), std::move(extras.block_starts), std::move(extras.signatures),
                       extras.sequence_hash};
 }
@@ -80,8 +85,15 @@ std::string plan_first_step(const Config& config, const DataInfo& info, const Mo
     if (config.training.channels_last) m->use_channels_last();  // as the job lays it out
     return m;
   };
-  const auto [x, y] = traced_batch(info, config.micro_batch_size(), /*meta=*/true);
-  const CapturedStep step = trace_step_for_plan(config, make, x, y, state_in_device_memory(config));
+  CapturedStep step;
+  try {
+    const auto batch = [&] { return traced_batch(info, config.micro_batch_size(), /*meta=*/true); };
+    step = trace_step_for_plan(config, make, batch, state_in_device_memory(config));
+  } catch (const std::exception& e) {
+    // The plan ahead is an optimization: a model the trace cannot run trains as before.
+    return std::string("static plan: the trace on meta tensors failed (") + e.what() +
+           "): the first step runs under DTR and is planned from its run";
+  }
   if (step.signatures.empty()) return "";
   const bool planned = planner->plan_ahead(step);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace ht {
 
@@ -21,12 +22,13 @@ class MemoryManager;
 class Model;
 
 // One micro-batch of the model `make` builds (called on meta parameters), forward and backward
-// on meta tensors shaped as `x` and `y` (meta tensors), captured as static plans capture a step,
+// on the (input, target) meta tensors `batch` makes (called where meta tensors take memory, so
+// that the batch counts as the run's does), captured as static plans capture a step,
 // under config's mixed precision. With `with_state`, config.training's optimizer steps once on
 // the traced gradients and its state counts in the step's fixed bytes. The trainer's and the
 // benchmarks' plan ahead (StaticPlanner::plan_ahead) is made from it.
 CapturedStep trace_step_for_plan(const Config& config, const std::function<std::shared_ptr<Model>()>& make,
-                                 const at::Tensor& x, const at::Tensor& y, bool with_state);
+                                 const std::function<std::pair<at::Tensor, at::Tensor>()>& batch, bool with_state);
 
 // Plans the job's step ahead when its memory manager makes static plans from the solver or
 // the segments and the step can be traced as it will run (one rank's whole model: no pipeline

@@ -36,6 +36,7 @@ Plan plan_of(const Config& c) {
   p.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
   if (p.stages > 1) p.stage_blocks.assign(c.parallel.stage_blocks.begin(), c.parallel.stage_blocks.end());
   p.state_on_host = c.memory.optimizer_state == StatePlace::kHost;
+  p.plan_first_step = c.memory.plan_first_step;
   p.shard = c.parallel.shard;
   p.prefetch = static_cast<int>(c.parallel.prefetch);
   p.overlap = c.parallel.overlap;
