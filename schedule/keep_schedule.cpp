@@ -101,42 +101,39 @@ class KeepScheduler {
   }
 
   // Whether stage s + 1 reads v, or recomputes for one of its reads a value that is not resident
-  // and whose op reads v. Memoized per pass.
+  // and whose op reads v.
   bool needed_next(int v, int s) {
-    if (needs_.last_need[v] <= s) return false;
-    std::vector<int>& stages = readers_[v];
-    size_t& c = cursor_[v];
-    while (c < stages.size() && stages[c] <= s) ++c;
-    if (c < stages.size() && stages[c] == s + 1) return true;
-    if (stamp_[v] == pass_) return memo_[v];
-    bool needed = false;
-    for (int w : needs_.dependents[v]) {
-      if (!resident_[w] && needed_next(w, s)) {
-        needed = true;
-        break;
-      }
-    }
-    stamp_[v] = pass_;
-    memo_[v] = needed;
-    return needed;
+    return needed(v, s, [&](int x) {
+      std::vector<int>& stages = readers_[x];
+      size_t& c = cursor_[x];
+      while (c < stages.size() && stages[c] <= s) ++c;
+      return c < stages.size() && stages[c] == s + 1;
+    });
   }
 
   // Whether a stage after s reads v, or recomputes for such a read a value that is not resident
-  // and whose op reads v. Memoized per stage; dependents come from later ops, so no cycle.
+  // and whose op reads v.
   bool needed_later(int v, int s) {
+    return needed(v, s, [&](int x) { return needs_.last_read[x] > s; });
+  }
+
+  // Whether `read(v)` (a stage that counts reads v) or, recursively, a value not resident whose op
+  // reads v is needed so. Memoized per pass; dependents come from later ops, so no cycle.
+  template <typename Read>
+  bool needed(int v, int s, const Read& read) {
     if (needs_.last_need[v] <= s) return false;
-    if (needs_.last_read[v] > s) return true;
+    if (read(v)) return true;
     if (stamp_[v] == pass_) return memo_[v];
-    bool needed = false;
+    bool found = false;
     for (int w : needs_.dependents[v]) {
-      if (!resident_[w] && needed_later(w, s)) {
-        needed = true;
+      if (!resident_[w] && needed(w, s, read)) {
+        found = true;
         break;
       }
     }
     stamp_[v] = pass_;
-    memo_[v] = needed;
-    return needed;
+    memo_[v] = found;
+    return found;
   }
 
   const StepGraph& g_;
