@@ -15,12 +15,7 @@ class KeepScheduler {
       : g_(graph), needs_(needs), short_holds_(short_holds), resident_(graph.values.size(), 0),
         recomputed_(graph.values.size(), 0), stamp_(graph.values.size(), -1), memo_(graph.values.size(), 0),
         op_seen_(graph.forward.size(), -1) {
-    if (short_holds.empty()) return;
-    readers_.resize(graph.values.size());
-    cursor_.assign(graph.values.size(), 0);
-    for (size_t s = 0; s < graph.backward.size(); ++s) {
-      for (int r : graph.backward[s].reads) readers_[r].push_back(static_cast<int>(s));
-    }
+    if (!short_holds.empty()) cursor_.assign(graph.values.size(), 0);
   }
 
   Schedule run(const std::vector<char>& keep) {
@@ -73,24 +68,22 @@ class KeepScheduler {
   }
 
   void free_after(int s, std::vector<int>& freed) {
-    size_t kept = 0;
-    if (!short_holds_.empty()) {  // first the recomputed values held short the next stage does not need
-      ++pass_;
-      for (int v : live_) {
-        if (!recomputed_[v] || !short_holds_[v] || needed_next(v, s)) {
-          live_[kept++] = v;
-        } else {
-          freed.push_back(v);
-        }
-      }
-      live_.resize(kept);
-      for (int v : freed) resident_[v] = 0;
-      kept = 0;
+    // First the recomputed values held short that the next stage does not need, then, with them
+    // gone, whatever no later stage needs.
+    if (!short_holds_.empty()) {
+      free_unless(freed, [&](int v) { return !recomputed_[v] || !short_holds_[v] || needed_next(v, s); });
     }
+    free_unless(freed, [&](int v) { return needed_later(v, s); });
+  }
+
+  // Moves the live values `keep` rejects to `freed`; one memo pass.
+  template <typename Keep>
+  void free_unless(std::vector<int>& freed, const Keep& keep) {
     ++pass_;
+    size_t kept = 0;
     const size_t first = freed.size();
     for (int v : live_) {
-      if (needed_later(v, s)) {
+      if (keep(v)) {
         live_[kept++] = v;
       } else {
         freed.push_back(v);
@@ -104,7 +97,7 @@ class KeepScheduler {
   // and whose op reads v.
   bool needed_next(int v, int s) {
     return needed(v, s, [&](int x) {
-      std::vector<int>& stages = readers_[x];
+      const std::vector<int>& stages = needs_.readers[x];
       size_t& c = cursor_[x];
       while (c < stages.size() && stages[c] <= s) ++c;
       return c < stages.size() && stages[c] == s + 1;
@@ -142,8 +135,7 @@ class KeepScheduler {
   std::vector<char> resident_;
   std::vector<char> recomputed_;  // made resident by a recomputation (not kept through forward)
   std::vector<int> live_;  // droppable values resident
-  std::vector<std::vector<int>> readers_;  // short holds: per value, the stages that read it, in order
-  std::vector<size_t> cursor_;             // per value: its first reader not before the stage freed after
+  std::vector<size_t> cursor_;  // short holds, per value: its first reader (needs_.readers) after the stage freed after
   int pass_ = 0;                           // memo stamp: one per decision pass
   std::vector<int> stamp_;
   std::vector<char> memo_;

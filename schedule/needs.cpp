@@ -10,8 +10,10 @@ Needs analyze_needs(const StepGraph& graph) {
   out.last_need.assign(n, -1);
   out.last_read.assign(n, -1);
   out.dependents.assign(n, {});
+  out.readers.assign(n, {});
   for (size_t s = 0; s < graph.backward.size(); ++s) {
     for (int v : graph.backward[s].reads) {
+      if (out.readers[v].empty() || out.readers[v].back() != static_cast<int>(s)) out.readers[v].push_back(static_cast<int>(s));
       out.last_read[v] = static_cast<int>(s);
       if (graph.values[v].droppable) out.last_need[v] = static_cast<int>(s);
     }

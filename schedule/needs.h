@@ -17,6 +17,8 @@ struct Needs {
   // Per value: the last backward stage that reads it, -1: none (last_backward_read, recomputed
   // here so that an unfinished graph works too).
   std::vector<int> last_read;
+  // Per value: the backward stages that read it, in order.
+  std::vector<std::vector<int>> readers;
   // Per value: the droppable values computed by ops that read it (recomputing them needs it).
   std::vector<std::vector<int>> dependents;
 };
