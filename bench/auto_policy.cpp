@@ -7,6 +7,7 @@
 // measured? A run of auto's that fails, or any run whose peak passes the budget, is an error
 // (exit 1); a slower pick is reported, not an error: timings on a shared machine vary.
 #include "base/remove_tree.h"
+#include "launcher/config/run_plan_of.h"
 #include "bench/bench_util.h"
 #include "bench/planner_rows.h"
 #include "alloc/cpu_device_allocator.h"
@@ -149,8 +150,8 @@ void run_budget(PlanCache& cache, const Options& o, const Job& job, double ratio
   const Planned& planned = cache.get(job.spec, args);
   const Config& config = planned.config;
   const ModelProfile& profile = planned.plan.profile;
-  Plan plan{1, config.micro_batch_size(), config.micro_batches(), config.training.mixed_precision,
-            MemoryPolicy::kNone, kRoomy};
+  const RunPlan run = run_plan_of(config);
+  Plan plan{1, run.batch.micro, run.batch.micro_batches, config.training.mixed_precision, MemoryPolicy::kNone, kRoomy};
   const Prediction unbudgeted = predict(profile, planned.plan.machine, plan);
   const int64_t fixed = profile.parameter_bytes + profile.gradient_bytes + profile.optimizer_state_bytes;
   plan.budget_bytes = (fixed + static_cast<int64_t>(ratio * static_cast<double>(unbudgeted.peak_bytes - fixed))) / 64 * 64;

@@ -3,7 +3,7 @@
 // with or without eviction, one step at a time, so that two of them can be interleaved.
 
 #include "bench/bench_util.h"
-#include "launcher/training/state_offload.h"
+#include "training/state_offload.h"
 #include "alloc/cpu_arena.h"
 #include "alloc/cpu_device_allocator.h"
 #include "memory/eviction_policy.h"
@@ -79,7 +79,7 @@ struct Savers {
   // memory.policy = "full": every block but the last dropped at its end (needs a policy).
   bool full_recompute = false;
   // With `swap`: the optimizer state waits on host between steps, over swap's link
-  // (memory.optimizer_state = "host"; launcher/training/state_offload.h).
+  // (memory.optimizer_state = "host"; training/state_offload.h).
   bool optimizer_state_on_host = false;
 };
 

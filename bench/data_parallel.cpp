@@ -6,6 +6,7 @@
 //    efficiency = t1 / tN, with gradients averaged after backward and with buckets started during
 //    it (parallel.overlap); the share of tN (after) spent in all-reduce, and the share of the
 //    all-reduce time hidden under backward (overlap, DataParallelStats::overlap).
+#include "bench/bench_main.h"
 #include "bench/budget_runner.h"
 #include "parallel/data_parallel.h"
 #include "parallel/process_grid.h"
@@ -134,21 +135,16 @@ void weak_scaling(const Workload& w, const std::shared_ptr<Communicator>& group,
 
 int main(int argc, char** argv) {
   CLI::App app{"Data parallelism: all-reduce bandwidth and weak scaling (run under mpirun -np N)"};
-  int reps = 5, warmup = 1, threads = 1;
+  ht::bench::StepOptions steps;
   bool quick = false;
-  app.add_option("--reps", reps, "measured repetitions")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "unmeasured repetitions first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "compute threads per rank: ATen, oneDNN and OpenBLAS")->check(CLI::PositiveNumber);
+  ht::bench::add_step_options(app, steps);
   app.add_flag("--quick", quick, "scaled-down workloads, for a smoke run");
   CLI11_PARSE(app, argc, argv);
-  ht::ProcessGrid grid = ht::make_process_grid();
-  if (grid.world < 2) {
-    std::fprintf(stderr, "bench_data_parallel: run it under mpirun with 2 or more ranks, e.g. mpirun "
-                 "--allow-run-as-root --oversubscribe -np 2 %s\n", argv[0]);
-    ht::finalize_process_grid();
-    return 2;
-  }
-  const ht::ThreadPools pools = ht::set_compute_threads(threads);
+  const std::optional<ht::ProcessGrid> ranks = ht::bench::grid_of_ranks("bench_data_parallel", argv[0]);
+  if (!ranks) return 2;
+  const ht::ProcessGrid& grid = *ranks;
+  const int reps = steps.reps, warmup = steps.warmup;
+  const ht::ThreadPools pools = ht::bench::use_threads(steps.threads);
   ht::bench::allreduce_table(*grid.data_parallel_group, quick ? 3 : 20);
   if (grid.is_root()) {
     std::printf("\nweak scaling: the same per-rank batch, rank 0 alone (t1) vs %d ranks averaging gradients after "

@@ -6,6 +6,7 @@
 // min-max), recompute share of the step, evictions per step, peak / budget; the losses of both
 // sides must agree bit for bit. Then the largest batch that trains at a fixed budget without and
 // with DTR, and the per-sample throughput ratio.
+#include "bench/bench_main.h"
 #include "bench/budget_runner.h"
 #include "bench/peer_rows.h"
 #include "alloc/cuda_arena.h"
@@ -285,12 +286,10 @@ std::vector<std::string> split(const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"DTR under a memory budget vs. the unoptimized training step (an arena on the CPU or the GPU)"};
   ht::bench::Options o;
-  int threads = 1;
   bool quick = false;
   std::string only, policies = "dtr,dtr_eq,megengine,lru,largest", ratios = "0.8,0.5,0.3,0.2", costs = "modeled", window = "on";
-  app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
+  ht::bench::StepOptions steps{o.reps, o.warmup, 1};
+  ht::bench::add_step_options(app, steps);
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--policies", policies, "comma-separated eviction policies");
   app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
@@ -347,8 +346,10 @@ int main(int argc, char** argv) {
   ht::bench::bench_device() = at::Device(device);
   if (device == "cuda") ht::use_deterministic_cuda_kernels();  // as hybrid_train does on a GPU
   ht::CpuAllocationCounter::install();
-  const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
-  o.threads = threads > 0 ? threads : ht::default_thread_count(1);
+  o.reps = steps.reps;
+  o.warmup = steps.warmup;
+  const ht::ThreadPools pools = ht::bench::use_threads(steps.threads);
+  o.threads = steps.threads > 0 ? steps.threads : ht::default_thread_count(1);
   std::printf("DTR under a budget vs. unoptimized on %s; %d reps after %d warm-up, threads %s, eviction "
               "threshold %.2f\n", device.c_str(), o.reps, o.warmup, pools.describe().c_str(), o.threshold);
   std::printf("budget = fixed + ratio x (unoptimized peak - fixed); parameters, gradients and optimizer state "

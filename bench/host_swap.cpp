@@ -15,6 +15,7 @@
 // hybrid against the better of swap-only and recompute-only (hybrid+state against swap+state and
 // recompute-only); and the largest batch that trains
 // with hybrid in the budget the base batch needs unbudgeted, against none.
+#include "bench/bench_main.h"
 #include "bench/budget_runner.h"
 #include "runtime/thread_pools.h"
 
@@ -235,12 +236,10 @@ std::vector<double> numbers(const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"Host swap (swap, hybrid) against recomputation (dtr, static) under a budget, vs unbudgeted"};
   ht::bench::Options o;
-  int threads = 1;
+  ht::bench::StepOptions steps{o.reps, o.warmup, 1};
   bool quick = false, no_max_batch = false, only_max_batch = false;
   std::string only, ratios = "0.5,0.3,0.2", links = "25,8", policies;
-  app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "compute threads (0: all hardware threads)");
+  ht::bench::add_step_options(app, steps);
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
   app.add_option("--links", links, "comma-separated link bandwidths, GB/s each way");
@@ -251,6 +250,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-max-batch", no_max_batch, "skip the largest-batch search");
   app.add_flag("--only-max-batch", only_max_batch, "only the largest-batch search");
   CLI11_PARSE(app, argc, argv);
+  o.reps = steps.reps;
+  o.warmup = steps.warmup;
   try {
     o.ratios = ht::bench::numbers(ratios);
     o.links = ht::bench::numbers(links);
@@ -273,7 +274,7 @@ int main(int argc, char** argv) {
   }
   o.max_batch = !no_max_batch;
   ht::CpuAllocationCounter::install();
-  const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
+  const ht::ThreadPools pools = ht::bench::use_threads(steps.threads);
   std::printf("host swap vs recomputation under a budget; %d reps after %d warm-up, threads %s; memcpy here %.1f GB/s\n",
               o.reps, o.warmup, pools.describe().c_str(), ht::measure_memcpy_gbps());
   const auto workloads = ht::bench::workloads(quick);

@@ -5,6 +5,7 @@
 // then its step interleaved with the plain one (A B, B A, ...) for the step-time ratio (median,
 // min-max). DTR rows train the same configuration in a budget of its fixed memory plus
 // --dtr-ratio of its activations, and their losses must equal the configuration's without DTR.
+#include "bench/bench_main.h"
 #include "bench/budget_runner.h"
 #include "runtime/thread_pools.h"
 
@@ -116,19 +117,19 @@ void run(const Workload& w, const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"Mixed precision, gradient accumulation and DTR against the plain fp32 step (CPU arena)"};
   ht::bench::Options o;
-  int threads = 1;
   bool quick = false;
   std::string only;
-  app.add_option("--reps", o.reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
+  ht::bench::StepOptions steps{o.reps, o.warmup, 1};
+  ht::bench::add_step_options(app, steps);
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--dtr-ratio", o.dtr_ratio, "DTR budget: fixed memory + this share of the activations")
       ->check(CLI::Range(0.05, 1.0));
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
   CLI11_PARSE(app, argc, argv);
   ht::CpuAllocationCounter::install();
-  const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
+  o.reps = steps.reps;
+  o.warmup = steps.warmup;
+  const ht::ThreadPools pools = ht::bench::use_threads(steps.threads);
   std::printf("memory savers vs. the plain fp32 step with the same global batch; %d reps after %d warm-up, "
               "threads %s\n", o.reps, o.warmup, pools.describe().c_str());
   for (const auto& w : ht::bench::workloads(quick)) {

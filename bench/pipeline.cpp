@@ -13,7 +13,7 @@
 #include "launcher/config/config_loader.h"
 #include "launcher/data/dataset.h"
 #include "launcher/model_factory.h"
-#include "launcher/training/pipeline_setup.h"
+#include "training/pipeline_setup.h"
 
 #include <CLI/CLI.hpp>
 

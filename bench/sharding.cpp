@@ -17,10 +17,11 @@
 //    ZeRO-3 twice: gathering where read, and prefetching one block ahead on the communication
 //    thread (parallel.prefetch = 1, the default), with the share of the gathers' time hidden
 //    under compute (1 - time the computing thread waited / time in the gathers).
+#include "bench/bench_main.h"
 #include "bench/bench_util.h"
-#include "launcher/training/compact.h"
-#include "launcher/training/optimizer.h"
-#include "launcher/training/optimizer_shard.h"
+#include "training/compact.h"
+#include "training/optimizer.h"
+#include "training/optimizer_shard.h"
 #include "models/decoder.h"
 #include "models/resnet.h"
 #include "parallel/data_parallel.h"
@@ -134,8 +135,8 @@ struct Replica {
       overlapped->set_worker(worker);
       overlapped->set_overlap(true);
     }
-    TrainingConfig t;
-    t.optimizer = OptimizerKind::kAdamw;
+    OptimizerOptions t;
+    t.kind = OptimizerKind::kAdamw;
     t.lr = 1e-4;
     whole = make_optimizer(t, params);
     sharded = make_optimizer(t, shard->pieces());
@@ -225,8 +226,8 @@ struct ShardedReplica {
       grad_shards->set_overlap(true);
     }
     shard = std::make_unique<OptimizerShard>(group, params, replicas.buckets(), nullptr, &shards->shards());
-    TrainingConfig t;
-    t.optimizer = OptimizerKind::kAdamw;
+    OptimizerOptions t;
+    t.kind = OptimizerKind::kAdamw;
     t.lr = 1e-4;
     optimizer = make_optimizer(t, shard->pieces());
     std::tie(input, target) = m.data(m.batch);
@@ -386,25 +387,20 @@ bool measure(const BenchModel& m, const std::shared_ptr<Communicator>& group, in
 
 int main(int argc, char** argv) {
   CLI::App app{"Sharded data parallelism: collectives, model state per rank, step time (run under mpirun -np N)"};
-  int reps = 5, warmup = 1, threads = 1;
+  ht::bench::StepOptions steps;
   bool quick = false;
   std::string only;
   app.add_option("--only", only,
                  "models whose name holds this text (e.g. resnet18: 8 oversubscribed ranks of the GPT-2 shape need "
                  "18 GB)");
-  app.add_option("--reps", reps, "measured repetitions")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "unmeasured repetitions first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "compute threads per rank: ATen, oneDNN and OpenBLAS")->check(CLI::PositiveNumber);
+  ht::bench::add_step_options(app, steps);
   app.add_flag("--quick", quick, "scaled-down models and messages, for a smoke run");
   CLI11_PARSE(app, argc, argv);
-  ht::ProcessGrid grid = ht::make_process_grid();
-  if (grid.world < 2) {
-    std::fprintf(stderr, "bench_sharding: run it under mpirun with 2 or more ranks, e.g. mpirun "
-                 "--allow-run-as-root --oversubscribe -np 2 %s\n", argv[0]);
-    ht::finalize_process_grid();
-    return 2;
-  }
-  const ht::ThreadPools pools = ht::set_compute_threads(threads);
+  const std::optional<ht::ProcessGrid> ranks = ht::bench::grid_of_ranks("bench_sharding", argv[0]);
+  if (!ranks) return 2;
+  const ht::ProcessGrid& grid = *ranks;
+  const int reps = steps.reps, warmup = steps.warmup;
+  const ht::ThreadPools pools = ht::bench::use_threads(steps.threads);
   ht::bench::collectives_table(*grid.data_parallel_group, quick ? 3 : 20, quick);
   if (grid.is_root()) {
     std::printf("\nmodel state per rank (parameters + gradients + AdamW state, MiB) and the step, %d ranks, parallel.shard "

@@ -2,6 +2,7 @@
 // forward recorded by libtorch's autograd, in one process, interleaved (A B, B A, ...) after
 // warm-up. Prints the median step-time ratio with its min-max spread, and the peak bytes ATen
 // allocated above the step's starting level, counted for both sides by one allocator hook.
+#include "bench/bench_main.h"
 #include "bench/bench_util.h"
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/cuda_arena.h"
@@ -209,12 +210,11 @@ void op_overhead() {
 
 int main(int argc, char** argv) {
   CLI::App app{"Training step: hybrid_train's interpreter vs. libtorch autograd (CPU, or a GPU)"};
-  int reps = 7, warmup = 2, threads = 0;
+  int reps = 7, warmup = 2;
   bool quick = false, keep_freed = false;
   std::string only;
-  app.add_option("--reps", reps, "measured steps per side (interleaved)")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "unmeasured steps per side first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", threads, "compute threads: ATen, oneDNN and OpenBLAS (0: all hardware threads)");
+  ht::bench::StepOptions steps{reps, warmup, 0};
+  ht::bench::add_step_options(app, steps);
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_flag("--quick", quick, "scaled-down shapes, for a smoke run");
   std::string device = "cpu";
@@ -236,7 +236,9 @@ int main(int argc, char** argv) {
   ht::bench::g_device = at::Device(device);
   if (device == "cuda") ht::use_deterministic_cuda_kernels();  // as hybrid_train does on a GPU, both sides
   ht::CpuAllocationCounter::install();
-  const ht::ThreadPools pools = ht::set_compute_threads(threads > 0 ? threads : ht::default_thread_count(1));
+  reps = steps.reps;
+  warmup = steps.warmup;
+  const ht::ThreadPools pools = ht::bench::use_threads(steps.threads);
   at::manual_seed(0);
   std::printf("step time and peak memory, interpreter / libtorch autograd on %s; %d reps after %d warm-up, "
               "threads %s, glibc %s freed memory\n\n",

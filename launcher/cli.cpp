@@ -3,7 +3,7 @@
 #include "launcher/planning/device_catalog.h"
 
 #include "launcher/config/config_text.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "alloc/byte_size.h"
 
 #include <CLI/CLI.hpp>

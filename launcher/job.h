@@ -3,7 +3,7 @@
 // hybrid_train's main() and the integration tests both run jobs through this.
 
 #include "launcher/config/config.h"
-#include "launcher/training/trainer.h"
+#include "training/trainer.h"
 #include "parallel/process_grid.h"
 #include "models/model.h"
 

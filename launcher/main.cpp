@@ -6,7 +6,7 @@
 #include "launcher/config/config_validation.h"
 #include "launcher/job.h"
 #include "launcher/report/html_report.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "parallel/process_grid.h"
 #include "runtime/thread_pools.h"
 
@@ -77,7 +77,6 @@ int main(int argc, char** argv) {
                           "consecutive ranks on one host (mpirun --map-by slot, or srun's block distribution; "
                           "docs/cluster.md), with a multiple of tensor_parallel ranks per host");
     }
-    ht::apply_data_parallel(loaded.config, grid.data_parallel);
     if (grid.is_root()) {
       for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
     }

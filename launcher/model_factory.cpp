@@ -1,6 +1,6 @@
 #include "launcher/model_factory.h"
 
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "models/convnet.h"
 #include "models/decoder.h"
 #include "models/mlp.h"

@@ -1,4 +1,5 @@
 #include "memory/host_swap.h"
+#include "base/clock.h"
 
 #include "runtime/interpreter.h"
 
@@ -12,10 +13,6 @@
 
 namespace ht {
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
 
 // A float32 storage's bytes as one flat float tensor (what crosses as bf16 under compression).
 at::Tensor as_floats(const at::Tensor& bytes_or_value, int64_t bytes) {

@@ -1,4 +1,5 @@
 #include "parallel/data_parallel.h"
+#include "base/clock.h"
 
 #include <ATen/ATen.h>
 
@@ -6,13 +7,6 @@
 #include <chrono>
 
 namespace ht {
-namespace {
-
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
 
 DataParallel::DataParallel(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params, int64_t bucket_bytes,
                            bool overlap, const std::vector<int>& units)
@@ -157,7 +151,7 @@ void DataParallel::reduce(at::Tensor flat, const char* what) {
   flat.mul_(inverse);
 }
 
-void DataParallel::average_gradients() {
+void DataParallel::begin_average() {
   stats_ = {};
   if (size() == 1) return;
   at::NoGradGuard no_grad;
@@ -166,14 +160,20 @@ void DataParallel::average_gradients() {
   while (next_ < buckets_.size()) start(buckets_[next_++]);
   // Whether each parameter had a gradient on some rank: one more small all-reduce per step, so
   // that a parameter no rank touched keeps no gradient. Means of 1s: > 0 iff some rank had one.
-  at::Tensor had_anywhere = at::tensor(had_here_);
-  reduce(had_anywhere, "the gradient flags");
+  had_anywhere_ = at::tensor(had_here_);
+  reduce(had_anywhere_, "the gradient flags");
+}
+
+void DataParallel::finish_average() {
+  if (size() == 1) return;
+  at::NoGradGuard no_grad;
   const auto waiting = std::chrono::steady_clock::now();
   stats_.comm_ms = worker_ ? worker_->wait() : inline_ms_;
   stats_.wait_ms = worker_ ? ms_since(waiting) : inline_ms_;
   stats_.comm_bytes = bytes_;
   stats_.overlap = stats_.comm_ms > 0 ? std::clamp(1.0 - stats_.wait_ms / stats_.comm_ms, 0.0, 1.0) : 0.0;
-  write_means(had_anywhere);
+  write_means(had_anywhere_);
+  had_anywhere_ = at::Tensor();
   reset_step();
 }
 

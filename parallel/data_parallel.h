@@ -65,8 +65,15 @@ class DataParallel final : public GradientListener {
 
   // Every parameter's .grad() becomes the mean over the group: starts the buckets backward did
   // not, and waits for all. A parameter that has no gradient on this rank takes part with zeros
-  // (and gets the mean); one with no gradient anywhere stays without.
-  void average_gradients();
+  // (and gets the mean); one with no gradient anywhere stays without. In two halves:
+  // begin_average() starts what backward did not (and returns while the worker reduces, with
+  // parallel.overlap); finish_average() waits and writes the means.
+  void average_gradients() {
+    begin_average();
+    finish_average();
+  }
+  void begin_average();
+  void finish_average();
   // The group's mean of a per-rank number (the loss of its slice, for logging).
   double mean(double value, const char* what);
 
@@ -96,6 +103,7 @@ class DataParallel final : public GradientListener {
   const GradientBuffer* buffer_ = nullptr;
   std::unique_ptr<CollectiveWorker> worker_;
   std::vector<float> had_here_;  // per parameter, this step: 1 if this rank had a gradient
+  at::Tensor had_anywhere_;      // between begin_average and finish_average: their means
   size_t next_ = 0;              // the next bucket to start
   double inline_ms_ = 0;         // without a worker: time in all-reduce this step
   int64_t bytes_ = 0;

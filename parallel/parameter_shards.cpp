@@ -1,4 +1,5 @@
 #include "parallel/parameter_shards.h"
+#include "base/clock.h"
 
 #include "alloc/cpu_device_allocator.h"
 #include "runtime/kernel_cost.h"
@@ -12,10 +13,6 @@ namespace ht {
 namespace {
 
 c10::StorageImpl& storage_of(const at::Tensor& t) { return *t.storage().unsafeGetStorageImpl(); }
-
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
 
 }  // namespace
 

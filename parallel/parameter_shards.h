@@ -98,7 +98,7 @@ class ParameterShards final : public ParameterSource {
   // Backward is done with bucket `b` (its gradients were reduce-scattered).
   void bucket_done(size_t b);
   // Every bucket freed (a gather under way first completes); ends a backward.
-  void release_all();
+  void release_all() override;
   // Every bucket gathered (checkpoints): collective, every rank calls it.
   void gather_all(MemoryHooks& memory);
   // After whole parameters were written into the gathered buckets (a loaded checkpoint): each

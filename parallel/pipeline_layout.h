@@ -3,7 +3,7 @@
 // activation crossing a stage boundary, the random seeds each block draws, and which parameters
 // each rank trains. Every rank computes it alike from the model and the config (every rank builds
 // the whole model from the same seed), so nothing of it is exchanged and no message carries a
-// shape. launcher/training/pipeline_setup.h makes it from the job's config.
+// shape. training/pipeline_setup.h makes it from the job's config.
 
 #include "models/model.h"
 #include "parallel/pipeline_schedule.h"

@@ -1,13 +1,10 @@
 #include "parallel/pipeline_stage.h"
+#include "base/clock.h"
 
 #include <chrono>
 
 namespace ht {
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Tags repeat every kTagSpace messages; two messages on one link with one tag still match in
 // the order they were sent, which is the order the schedule consumes them.

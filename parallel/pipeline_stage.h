@@ -11,7 +11,7 @@
 // gradient norm is the one rank's formula over per-parameter norms gathered in model order.
 //
 // What the trainer adds around it (making the layout from the config, the whole model for a
-// checkpoint) is in launcher/training/pipeline_setup.h.
+// checkpoint) is in training/pipeline_setup.h.
 
 #include "parallel/communicator.h"
 #include "parallel/pipeline_layout.h"

@@ -281,7 +281,7 @@ void optimizer_and_communication_terms(const ModelProfile& profile, const Machin
   p.allreduce_ms = allreduce_ms(machine, plan.ranks, p.gradient_bytes, plan.tensor);
   // Buckets reduce while the last micro-batch's backward runs, on their own engine (a GPU's
   // copy engines and NCCL's stream). CPU ranks reduce with the cores that compute: nothing hides.
-  // A pipeline stage reduces after its step's last backward (launcher/training/trainer.cpp).
+  // A pipeline stage reduces after its step's last backward (training/trainer.cpp).
   // So does a tensor-parallel rank, whose group's collectives use MPI while backward runs.
   const double hideable = machine.shared_host || plan.stages > 1 || plan.tensor > 1 ? 0.0 : fb * backward_share(ref);
   p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - hideable);

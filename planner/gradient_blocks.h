@@ -52,7 +52,7 @@ int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace&
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const StepTrace& trace);
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step);
 
-// Without a gradient block (no arena and one replica, launcher/training/trainer.cpp) a parameter's
+// Without a gradient block (no arena and one replica, training/trainer.cpp) a parameter's
 // gradient is the tensor its kernel made, moved into .grad() where the block would take a copy
 // (runtime/tape.cpp), and kept until the optimizer's step. Along `trace` (recorded with the block):
 // the most forward and backward hold with each kernel's gradients kept where the tape frees them

@@ -1,5 +1,5 @@
 #pragma once
-// Sharded data parallelism (parallel.shard; launcher/training/optimizer_shard.h) in a prediction.
+// Sharded data parallelism (parallel.shard; training/optimizer_shard.h) in a prediction.
 // Plain functions of shapes and layout, so that a planner for clusters reuses them:
 // - memory: at "optimizer" (ZeRO-1) a rank keeps the optimizer state of its share of each bucket,
 //   the shares as parallel/shard_layout.h splits them; the parameters and the gradient block stay
@@ -43,7 +43,7 @@
 namespace ht {
 
 // The buckets `level` shards: the profile's, or at "gradients" and "parameters" those cut at blocks
-// (the trainer cuts them there: launcher/training/trainer.cpp, bucket_units).
+// (the trainer cuts them there: training/trainer.cpp, bucket_units).
 const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& profile, ShardLevel level);
 // Bytes of sharded parameters gathered at once at most while forward and backward run (elements
 // of `element_bytes`): a block's buckets and those of the `prefetch` blocks after it in forward,

@@ -47,6 +47,8 @@ class ParameterSource {
   // Gathered memory no kernel in flight reads, which the memory manager may drop.
   virtual std::vector<DroppableParameters> droppable() const { return {}; }
   virtual void drop(size_t id) {}
+  // Frees everything it holds (the end of a forward that no backward follows: evaluation).
+  virtual void release_all() {}
 };
 
 // Brackets one kernel's reads (null source: nothing).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the layer rule of docs/design.md ("Layout and the layer rule"): a source file includes
 headers of its own folder and of folders below it, never above. The order, top to bottom:
-launcher, planner, parallel, models, memory, runtime, alloc, schedule, base. (schedule/ is plain
+launcher, planner, training, parallel, models, memory, runtime, alloc, schedule, base. (schedule/ is plain
 C++ beside alloc/: neither includes the other.) Tests and benchmarks may include anything.
 
 Prints each include that points up as FILE:LINE: FOLDER includes HEADER (above it), and exits 1
@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-ORDER = ["launcher", "planner", "parallel", "models", "memory", "runtime", "alloc", "schedule", "base"]
+ORDER = ["launcher", "planner", "training", "parallel", "models", "memory", "runtime", "alloc", "schedule", "base"]
 # Folders on one level that must not include each other.
 SIDE_BY_SIDE = {("alloc", "schedule"), ("schedule", "alloc")}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/')

@@ -46,7 +46,7 @@ def fashion_mnist(folder, split):
 
 
 def learning_rate(step, total, lr, warmup, min_lr=0.0):
-    """launcher/training/optimizer.cpp's learning_rate_at, cosine schedule."""
+    """training/optimizer.cpp's learning_rate_at, cosine schedule."""
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup - 1))

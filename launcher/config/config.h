@@ -10,6 +10,7 @@
 #include "parallel/shard_layout.h"
 #include "parallel/stage_partition.h"
 #include "runtime/mixed_precision.h"
+#include "training/optimizer_options.h"
 
 #include <cstdint>
 #include <string>
@@ -41,18 +42,6 @@ template <>
 struct ChoiceNames<TokenDtype> {
   static constexpr std::pair<TokenDtype, const char*> table[] = {
       {TokenDtype::kHeader, "header"}, {TokenDtype::kUint16, "uint16"}, {TokenDtype::kUint32, "uint32"}};
-};
-enum class OptimizerKind : uint8_t { kSgd, kAdamw };
-template <>
-struct ChoiceNames<OptimizerKind> {
-  static constexpr std::pair<OptimizerKind, const char*> table[] = {{OptimizerKind::kSgd, "sgd"},
-                                                                    {OptimizerKind::kAdamw, "adamw"}};
-};
-enum class LrSchedule : uint8_t { kConstant, kCosine };
-template <>
-struct ChoiceNames<LrSchedule> {
-  static constexpr std::pair<LrSchedule, const char*> table[] = {{LrSchedule::kConstant, "constant"},
-                                                                 {LrSchedule::kCosine, "cosine"}};
 };
 // parallel.strategy: train as configured, or as the planner's fastest plan.
 enum class Strategy : uint8_t { kManual, kAuto };
@@ -126,7 +115,7 @@ struct TrainingConfig {
   int64_t eval_interval = 0;
   int64_t eval_batches = 0;
   MixedPrecision mixed_precision = MixedPrecision::kOff;
-  double loss_scale = 65536.0;  // fp16: dynamic loss scaling (launcher/training/loss_scaler.h)
+  double loss_scale = 65536.0;  // fp16: dynamic loss scaling (training/loss_scaler.h)
   double loss_scale_growth = 2.0;
   double loss_scale_backoff = 0.5;
   int64_t loss_scale_growth_interval = 2000;
@@ -169,9 +158,6 @@ struct MemoryConfig {
   double host_link_gbps = 25;     // PCIe Gen4 x16 in practice, per direction
   Compression compress = Compression::kOff;
   StatePlace optimizer_state = StatePlace::kDevice;  // host: waits on host between optimizer steps
-  // Derived by validation from `budget`, not read from the file: bytes, 0 for unlimited.
-  int64_t budget_bytes = 0;
-  int64_t host_budget_bytes = 0;  // derived from `host_budget`
 };
 
 // Machines not at hand, for the planner: without it, `hybrid_train plan` measures this one.
@@ -218,18 +204,10 @@ struct Config {
   CheckpointConfig checkpoint;
   MetricsConfig metrics;
 
-  // Derived, not read from the file.
+  // Not read from the file.
   std::string source;  // the config file's path
-  // Replicas once the process grid is known (launcher/job.h: apply_process_grid).
-  int64_t replicas() const { return parallel.data_parallel > 0 ? parallel.data_parallel : 1; }
-  // Samples of one global batch that one data-parallel rank trains on.
-  int64_t local_batch_size() const { return training.global_batch_size / replicas(); }
-  int64_t micro_batches() const {
-    return training.micro_batch_size > 0 ? local_batch_size() / training.micro_batch_size : 1;
-  }
-  int64_t micro_batch_size() const {
-    return training.micro_batch_size > 0 ? training.micro_batch_size : local_batch_size();
-  }
+  // What the keys say, as the user wrote them: the replicas, micro-batches and budget's bytes a
+  // rank trains with are the resolved plan's (launcher/config/run_plan_of.h), never stored here.
   std::string checkpoint_dir() const {
     return checkpoint.dir.empty() ? job.output_dir + "/checkpoints" : checkpoint.dir;
   }

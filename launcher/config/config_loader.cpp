@@ -2,7 +2,7 @@
 
 #include "launcher/config/config_schema.h"
 #include "launcher/config/config_validation.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <toml++/toml.h>
 

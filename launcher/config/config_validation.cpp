@@ -6,7 +6,7 @@
 #include "launcher/config/config_schema.h"
 #include "launcher/data/fashion_mnist.h"
 #include "launcher/model_factory.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "alloc/byte_size.h"
 #include "alloc/cuda_arena.h"
 
@@ -162,7 +162,7 @@ class Rules {
         throw UserError(loc("memory.budget") + "memory.budget = \"" + m.budget + "\" is not a memory size; use "
                         "bytes with a unit (\"1.5GiB\", \"800MiB\", \"2GB\") or a share of the device (\"60%\")");
       }
-      m.budget_bytes = *bytes;
+      budget_bytes_ = *bytes;
       if (gpu) gpu_budget(device_bytes);
     }
     // A budget alone trains the planner's fastest policy at it (run_check.h), where the planner
@@ -204,8 +204,8 @@ class Rules {
       throw UserError(loc("memory.budget") + head + "cannot read the GPU's memory size for a share; give bytes, "
                       "e.g. \"20GiB\"");
     }
-    if (device_bytes > 0 && m.budget_bytes > device_bytes) {
-      throw UserError(loc("memory.budget") + head + format_bytes(m.budget_bytes) + " is more than the GPU's " +
+    if (device_bytes > 0 && budget_bytes_ > device_bytes) {
+      throw UserError(loc("memory.budget") + head + format_bytes(budget_bytes_) + " is more than the GPU's " +
                       format_bytes(device_bytes) + "; use at most that, e.g. \"90%\"");
     }
     if (swaps(m.policy)) {
@@ -222,10 +222,7 @@ class Rules {
   void host_budget() {
     auto& m = c_.memory;
     const int64_t available = host_available_memory_bytes();
-    if (m.host_budget.empty()) {
-      m.host_budget_bytes = available / 2;
-      return;
-    }
+    if (m.host_budget.empty()) return;  // half of it
     const auto bytes = parse_byte_size(m.host_budget, available);
     if (!bytes) {
       throw UserError(loc("memory.host_budget") + "memory.host_budget = \"" + m.host_budget +
@@ -237,7 +234,6 @@ class Rules {
                       format_bytes(*bytes) + ") is more than this host's available memory (" + format_bytes(available) +
                       "); use at most that, e.g. \"50%\"");
     }
-    m.host_budget_bytes = *bytes;
   }
 
   void sharding() const {
@@ -281,7 +277,7 @@ class Rules {
                                          "parameters are made outside the ops it captures") +
                       "; use memory.policy = \"dtr\" (or \"none\"), or parallel.shard = \"gradients\"");
     }
-    if (m.kernel_costs == KernelCosts::kMeasured && evicts(m.policy) && m.budget_bytes != 0) {
+    if (m.kernel_costs == KernelCosts::kMeasured && evicts(m.policy) && budget_bytes_ != 0) {
       throw UserError(head + " with memory.kernel_costs = \"measured\": measured times differ between ranks, so "
                       "their evictions, and the parameter gathers that recomputations need, would too; use "
                       "memory.kernel_costs = \"modeled\"");
@@ -310,6 +306,7 @@ class Rules {
 
  private:
   Config& c_;
+  int64_t budget_bytes_ = 0;  // memory.budget's bytes, once memory_budget() has read them
   const std::map<std::string, std::string>& where_;
 };
 
@@ -328,43 +325,9 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.memory_budget();
   rules.cluster_memory();
   rules.sharding();
-  rules.tensor_parallel();  // after memory_budget(): it reads the budget's bytes
+  rules.tensor_parallel();
   return rules.ineffective_options();
 }
-
-namespace {
-
-// With the micro-batch count known: what a pipeline's schedule and memory policy can use.
-void check_pipeline(const Config& c) {
-  const ParallelConfig& p = c.parallel;
-  const std::string where = c.source + ": ";
-  if (p.pipeline_parallel == 1) return;
-  const ScheduleShape shape{static_cast<int>(p.pipeline_parallel), static_cast<int>(c.micro_batches()),
-                            static_cast<int>(p.virtual_stages)};
-  const std::string why = schedule_refusal(p.pipeline_schedule, shape);
-  if (!why.empty()) {
-    throw UserError(where + "parallel.pipeline_schedule = \"" + choice_name(p.pipeline_schedule) + "\" with " +
-                    std::to_string(shape.micro_batches) + " micro-batches per step (training.micro_batch_size = " +
-                    std::to_string(c.micro_batch_size()) + "): " + why);
-  }
-  if (plans_statically(c.memory.policy)) {
-    throw UserError(where + "memory.policy = \"" + choice_name(c.memory.policy) + "\" with parallel.pipeline_parallel = " +
-                    std::to_string(p.pipeline_parallel) + ": static plans capture one micro-batch's step, and a "
-                    "pipeline stage interleaves several; use memory.policy = \"dtr\" (or another eviction "
-                    "policy) on each stage");
-  }
-  if (p.strategy == Strategy::kAuto) {
-    throw UserError(where + "parallel.strategy = \"auto\" with parallel.pipeline_parallel = " +
-                    std::to_string(p.pipeline_parallel) + ": the planner does not search pipeline stages yet; "
-                    "use parallel.strategy = \"manual\"");
-  }
-  if (c.model.name == ModelKind::kSupernet) {
-    throw UserError(where + "model.name = \"supernet\" with parallel.pipeline_parallel > 1: a supernet's path "
-                    "changes every step, and a stage's activations must keep one shape; use pipeline_parallel = 1");
-  }
-}
-
-}  // namespace
 
 void check_pipeline_ranks(const Config& c, int64_t world) {
   const int64_t pp = c.parallel.pipeline_parallel, tp = c.parallel.tensor_parallel;
@@ -378,30 +341,6 @@ void check_pipeline_ranks(const Config& c, int64_t world) {
                   std::to_string(pp) + " ranks per replica, but the job has " + std::to_string(world) +
                   " rank(s); start it with mpirun -np " + std::to_string(pp * tp) +
                   " (or a multiple: data_parallel x tensor_parallel x pipeline_parallel ranks)");
-}
-
-void apply_data_parallel(Config& c, int64_t replicas) {
-  const std::string where = c.source + ": ";
-  if (c.parallel.data_parallel != 0 && c.parallel.data_parallel != replicas) {
-    throw UserError(where + "parallel.data_parallel = " + std::to_string(c.parallel.data_parallel) + " but the job has " +
-                    std::to_string(replicas) + " data-parallel rank(s); start it with mpirun -np " +
-                    std::to_string(c.parallel.data_parallel) + ", or set parallel.data_parallel = 0 (all ranks)");
-  }
-  c.parallel.data_parallel = replicas;
-  const int64_t global = c.training.global_batch_size;
-  if (global % replicas != 0) {
-    throw UserError(where + "training.global_batch_size = " + std::to_string(global) + " does not divide among " +
-                    std::to_string(replicas) + " data-parallel ranks; use a multiple of " + std::to_string(replicas) +
-                    " (e.g. " + std::to_string((global / replicas + 1) * replicas) + ")");
-  }
-  const int64_t local = global / replicas, micro = c.training.micro_batch_size;
-  if (micro > 0 && local % micro != 0) {
-    throw UserError(where + "training.micro_batch_size = " + std::to_string(micro) + " does not divide the " +
-                    std::to_string(local) + " samples each of the " + std::to_string(replicas) +
-                    " ranks trains per step (global_batch_size / ranks); use a divisor of " + std::to_string(local) +
-                    " or 0");
-  }
-  check_pipeline(c);
 }
 
 }  // namespace ht

@@ -15,10 +15,6 @@ namespace ht {
 // Throws UserError; returns the warnings.
 std::vector<std::string> validate_config(Config& config, const std::map<std::string, std::string>& where);
 
-// Resolves parallel.data_parallel against the ranks the job was started with (`replicas`, the
-// process grid's data-parallel size) and checks that the global batch divides among them and
-// into micro-batches; UserError naming what would work otherwise.
-void apply_data_parallel(Config& config, int64_t replicas);
 // The job's `world` ranks must divide into parallel.pipeline_parallel stages (before the grid is
 // divided); UserError saying what would work otherwise.
 void check_pipeline_ranks(const Config& config, int64_t world);

@@ -1,6 +1,6 @@
 #include "launcher/data/byte_progress.h"
 
-#include "launcher/report/run_output.h"
+#include "training/run_output.h"
 
 #include <unistd.h>
 

@@ -2,7 +2,7 @@
 // Progress of long work measured in bytes (checking token files, tokenizing text): on a terminal
 // one line redrawn at most four times a second ("label: 3.2/10.0 GB, 32%, 0:00:41, ETA 0:01:27"),
 // otherwise (a log file, a cluster job) a line at every tenth of the total, like the training
-// loop's progress (launcher/report/run_output.h).
+// loop's progress (training/run_output.h).
 
 #include <chrono>
 #include <cstdint>

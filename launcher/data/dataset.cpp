@@ -5,24 +5,11 @@
 #include "launcher/data/text_corpus.h"
 #include "launcher/data/token_files.h"
 #include "launcher/tokenize/tokenizer.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <optional>
 
 namespace ht {
-
-TensorDataset::TensorDataset(at::Tensor inputs, at::Tensor targets)
-    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
-  TORCH_INTERNAL_ASSERT(inputs_.size(0) == targets_.size(0), "inputs and targets differ in length");
-}
-
-Batch TensorDataset::batch(const at::Tensor& indices) const {
-  return {inputs_.index_select(0, indices), targets_.index_select(0, indices)};
-}
-
-Batch TensorDataset::slice(int64_t start, int64_t count) const {
-  return {inputs_.narrow(0, start, count), targets_.narrow(0, start, count)};
-}
 
 namespace {
 

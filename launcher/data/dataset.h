@@ -1,62 +1,13 @@
 #pragma once
-// A dataset is what the trainer draws batches from: samples by index (the sampler's order) or a
-// run of them (evaluation). Two kinds: held in memory as (input, target) tensors (Fashion-MNIST,
-// generated data, a text file), and windows of memory-mapped token files
-// (launcher/data/token_files.h), which a corpus of many gigabytes needs. The factory builds the
-// training and evaluation splits named by [data].
+// The datasets of [data] (the trainer's interface to them is training/dataset.h). Two kinds: held
+// in memory as (input, target) tensors (Fashion-MNIST, generated data, a text file), and windows of
+// memory-mapped token files (launcher/data/token_files.h), which a corpus of many gigabytes needs.
+// The factory builds the training and evaluation splits named by [data].
 
 #include "launcher/config/config.h"
-
-#include <ATen/ATen.h>
-
-#include <memory>
-#include <string>
-#include <vector>
+#include "training/dataset.h"
 
 namespace ht {
-
-enum class Task { kClassification, kLanguageModel };
-
-struct Batch {
-  at::Tensor input;   // images (B, C, H, W) float, or tokens (B, T) int64
-  at::Tensor target;  // labels (B) int64, or next tokens (B, T) int64
-};
-
-// What the model needs to know about the data.
-struct DataInfo {
-  Task task = Task::kClassification;
-  std::vector<int64_t> sample_shape;  // one input: (C, H, W) or (T)
-  int64_t classes = 0;                // classes, or vocabulary size for a language model
-  std::string description;            // for the log
-  // Language models: bytes of text per token in the evaluation split, so that its loss reads as
-  // bits per byte (losses over different vocabularies compare only so). 0: not known.
-  double eval_bytes_per_token = 0;
-};
-
-class Dataset {
- public:
-  virtual ~Dataset() = default;
-  virtual int64_t size() const = 0;
-  virtual Batch batch(const at::Tensor& indices) const = 0;  // indices (n) int64
-  virtual Batch slice(int64_t start, int64_t count) const = 0;
-};
-
-// Every sample in memory: inputs (N, ...) and targets (N, ...).
-class TensorDataset : public Dataset {
- public:
-  TensorDataset(at::Tensor inputs, at::Tensor targets);
-  int64_t size() const override { return inputs_.size(0); }
-  Batch batch(const at::Tensor& indices) const override;
-  Batch slice(int64_t start, int64_t count) const override;
-
- private:
-  at::Tensor inputs_, targets_;
-};
-
-struct DataSplits {
-  std::unique_ptr<Dataset> train, eval;
-  DataInfo info;
-};
 
 // Reads or generates the splits of config.data; throws UserError for missing or bad data.
 // show_progress: a progress line while token files are checked (one rank prints it).

@@ -1,6 +1,6 @@
 #include "launcher/data/fashion_mnist.h"
 
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <zlib.h>
 

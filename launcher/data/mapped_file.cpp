@@ -1,6 +1,6 @@
 #include "launcher/data/mapped_file.h"
 
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

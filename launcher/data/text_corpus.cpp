@@ -2,7 +2,7 @@
 
 #include "launcher/data/file_glob.h"
 #include "launcher/tokenize/tokenizer.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <array>
 #include <fstream>

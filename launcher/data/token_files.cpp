@@ -1,6 +1,6 @@
 #include "launcher/data/token_files.h"
 
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <algorithm>
 #include <cstring>

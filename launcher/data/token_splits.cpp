@@ -4,7 +4,7 @@
 #include "launcher/data/file_glob.h"
 #include "launcher/data/token_files.h"
 #include "launcher/tokenize/tokenizer.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <sstream>
 

@@ -2,7 +2,7 @@
 
 #include "launcher/export/hf_checkpoint.h"
 #include "launcher/export/run_weights.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "alloc/byte_size.h"
 
 #include <CLI/CLI.hpp>

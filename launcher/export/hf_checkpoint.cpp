@@ -1,8 +1,8 @@
 #include "launcher/export/hf_checkpoint.h"
 
 #include "launcher/export/hf_layout.h"
-#include "launcher/report/run_output.h"
-#include "launcher/user_error.h"
+#include "training/run_output.h"
+#include "base/user_error.h"
 #include "models/decoder.h"
 #include "models/decoder_split.h"
 #include "alloc/cpu_device_allocator.h"

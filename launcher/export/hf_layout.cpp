@@ -1,6 +1,6 @@
 #include "launcher/export/hf_layout.h"
 
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <cmath>
 #include <sstream>

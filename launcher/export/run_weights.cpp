@@ -2,8 +2,8 @@
 
 #include "launcher/config/config_loader.h"
 #include "launcher/model_factory.h"
-#include "launcher/training/checkpoint.h"
-#include "launcher/user_error.h"
+#include "training/checkpoint.h"
+#include "base/user_error.h"
 
 #include <torch/serialize/input-archive.h>
 

@@ -1,6 +1,6 @@
 #include "launcher/export/safetensors.h"
 
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,7 +1,7 @@
 #include "launcher/export/sample.h"
 
 #include "launcher/tokenize/tokenizer.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "runtime/interpreter.h"
 
 #include <ATen/CPUGeneratorImpl.h>

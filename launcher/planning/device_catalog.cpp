@@ -1,6 +1,6 @@
 #include "launcher/planning/device_catalog.h"
 
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "alloc/byte_size.h"
 
 #include <toml++/toml.h>

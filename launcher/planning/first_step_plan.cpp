@@ -1,4 +1,5 @@
 #include "launcher/planning/first_step_plan.h"
+#include "base/clock.h"
 
 #include "launcher/model_factory.h"
 #include "launcher/planning/meta_trace.h"
@@ -20,17 +21,15 @@
 namespace ht {
 namespace {
 
-bool traceable_as_run(const Config& config, const Model& model) {
-  const ParallelConfig& p = config.parallel;
-  return config.memory.plan_first_step && p.pipeline_parallel == 1 && p.tensor_parallel == 1 &&
-         !(p.shard == ShardLevel::kParameters && config.replicas() > 1) && !model.changes_every_step();
+bool traceable_as_run(const RunPlan& plan, const Model& model) {
+  return plan.memory.plan_first_step && plan.grid.pipeline == 1 && plan.grid.tensor == 1 &&
+         plan.sync.shard != ShardLevel::kParameters && !model.changes_every_step();
 }
 
 // Whether the optimizer's whole state lives in the device memory between steps (not on host, not
 // a share of it).
-bool state_in_device_memory(const Config& config) {
-  return config.memory.optimizer_state != StatePlace::kHost &&
-         (config.parallel.shard == ShardLevel::kNone || config.replicas() == 1);
+bool state_in_device_memory(const RunPlan& plan) {
+  return plan.memory.optimizer_state != StatePlace::kHost && plan.sync.shard == ShardLevel::kNone;
 }
 
 }  // namespace
@@ -76,19 +75,20 @@ CapturedStep trace_step_for_plan(const Config& config, const std::function<std::
                       extras.sequence_hash};
 }
 
-std::string plan_first_step(const Config& config, const DataInfo& info, const Model& model, MemoryManager& memory) {
+std::string plan_first_step(const Config& config, const RunPlan& plan, const DataInfo& info, const Model& model,
+                            MemoryManager& memory) {
   StaticPlanner* planner = memory.static_planner();
-  if (planner == nullptr || !traceable_as_run(config, model)) return "";
+  if (planner == nullptr || !traceable_as_run(plan, model)) return "";
   const auto start = std::chrono::steady_clock::now();
   auto make = [&] {
     std::shared_ptr<Model> m = make_model(config, info, /*tensor_rank=*/0);
-    if (config.training.channels_last) m->use_channels_last();  // as the job lays it out
+    if (plan.channels_last) m->use_channels_last();  // as the job lays it out
     return m;
   };
   CapturedStep step;
   try {
-    const auto batch = [&] { return traced_batch(info, config.micro_batch_size(), /*meta=*/true); };
-    step = trace_step_for_plan(config, make, batch, state_in_device_memory(config));
+    const auto batch = [&] { return traced_batch(info, plan.batch.micro, /*meta=*/true); };
+    step = trace_step_for_plan(config, make, batch, state_in_device_memory(plan));
   } catch (const std::exception& e) {
     // The plan ahead is an optimization: a model the trace cannot run trains as before.
     return std::string("static plan: the trace on meta tensors failed (") + e.what() +
@@ -96,7 +96,7 @@ std::string plan_first_step(const Config& config, const DataInfo& info, const Mo
   }
   if (step.signatures.empty()) return "";
   const bool planned = planner->plan_ahead(step);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = seconds_since(start);
   const StaticPlanStats& s = planner->stats();
   char line[320];
   if (planned) {

@@ -10,6 +10,7 @@
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
 #include "memory/static_plan.h"
+#include "training/run_plan.h"
 
 #include <functional>
 #include <memory>
@@ -34,6 +35,7 @@ CapturedStep trace_step_for_plan(const Config& config, const std::function<std::
 // the segments and the step can be traced as it will run (one rank's whole model: no pipeline
 // stages, no tensor parallelism, parameters not sharded; a graph that is the same every step;
 // memory.plan_first_step). Returns a line for the log, empty when nothing was tried.
-std::string plan_first_step(const Config& config, const DataInfo& info, const Model& model, MemoryManager& memory);
+std::string plan_first_step(const Config& config, const RunPlan& plan, const DataInfo& info, const Model& model,
+                            MemoryManager& memory);
 
 }  // namespace ht

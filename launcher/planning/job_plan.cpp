@@ -1,4 +1,7 @@
 #include "launcher/planning/job_plan.h"
+#include "base/clock.h"
+
+#include "launcher/config/run_plan_of.h"
 
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/profiler.h"
@@ -6,7 +9,7 @@
 #include "planner/recompute_terms.h"
 #include "planner/traced_memory.h"
 #include "launcher/model_factory.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "alloc/byte_size.h"
 #include "runtime/thread_pools.h"
 
@@ -31,7 +34,7 @@ double copy_gbps() {
   for (int i = 0; i < 3; ++i) {
     const auto start = std::chrono::steady_clock::now();
     std::memcpy(b.data(), a.data(), bytes);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s = seconds_since(start);
     best = std::max(best, static_cast<double>(bytes) / s / 1e9);
   }
   return best;
@@ -138,8 +141,8 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
   m.intra_node_latency_us = m.inter_node_latency_us = 20;
   const char* memory_from = "--device-memory";
   m.device_memory = args.device_memory;
-  if (m.device_memory == 0 && config.memory.budget_bytes > 0) {
-    m.device_memory = config.memory.budget_bytes;
+  if (m.device_memory == 0 && budget_bytes_of(config) > 0) {
+    m.device_memory = budget_bytes_of(config);
     memory_from = "memory.budget";
   } else if (m.device_memory == 0) {
     m.device_memory = host_physical_memory_bytes() / m.devices_per_node;
@@ -399,38 +402,36 @@ std::string smallest_fitting_cluster(const Config& config, const DataInfo& info,
   return "";
 }
 
-Config config_for_plan(const Config& base, const Plan& plan) {
-  Config c = base;
+RunPlan planned_run(const Config& base, const Plan& plan) {
+  RunPlan run = plan_of_config(base, plan.ranks);
   // Planned for a catalog device (every kind is a GPU): it trains there, on CUDA.
-  if (!base.cluster.device.empty() && c.training.device == "cpu") c.training.device = "cuda";
-  c.parallel.data_parallel = plan.ranks;
-  c.parallel.pipeline_parallel = plan.stages;
-  c.parallel.tensor_parallel = plan.tensor;
-  c.parallel.sequence_parallel = plan.tensor > 1 && plan.sequence_parallel;
+  if (!base.cluster.device.empty() && run.device == "cpu") run.device = "cuda";
+  run.grid.pipeline = plan.stages;
+  run.grid.tensor = plan.tensor;
+  run.grid.sequence_parallel = plan.tensor > 1 && plan.sequence_parallel;
   if (plan.stages > 1) {
-    c.parallel.pipeline_schedule = plan.schedule;
-    c.parallel.virtual_stages = plan.schedule == ScheduleKind::kInterleaved1f1b ? plan.virtual_stages : 1;
+    run.pipeline.schedule = plan.schedule;
+    run.pipeline.virtual_stages = plan.schedule == ScheduleKind::kInterleaved1f1b ? plan.virtual_stages : 1;
   }
   // The cut the plan was predicted for (none without stages, whatever the base config said).
-  c.parallel.stage_blocks.assign(plan.stage_blocks.begin(), plan.stage_blocks.end());
-  if (plan.stages <= 1) c.parallel.stage_blocks.clear();
-  c.parallel.shard = plan.shard;
-  if (plan.shard == ShardLevel::kParameters) c.parallel.prefetch = plan.prefetch;
-  c.training.micro_batch_size = plan.accumulation > 1 ? plan.micro_batch : 0;
-  c.training.mixed_precision = plan.precision;
-  c.memory.policy = plan.policy;
-  if (plan.state_on_host && swaps(plan.policy)) c.memory.optimizer_state = StatePlace::kHost;
+  run.pipeline.stage_blocks.assign(plan.stage_blocks.begin(), plan.stage_blocks.end());
+  run.sync.shard = plan.shard;
+  if (plan.shard == ShardLevel::kParameters) run.sync.prefetch = plan.prefetch;
+  run.batch.micro = plan.micro_batch;
+  run.batch.micro_batches = plan.accumulation;
+  run.precision = plan.precision;
+  run.memory.policy = plan.policy;
+  if (plan.state_on_host && swaps(plan.policy)) run.memory.optimizer_state = StatePlace::kHost;
   // The search's plans carry the default threshold, and leave the base config's; one that chose
   // another (memory.policy = "auto"'s) sets it.
   if (evicts(plan.policy) && plan.eviction_threshold != Plan{}.eviction_threshold) {
-    c.memory.eviction_threshold = plan.eviction_threshold;
+    run.memory.eviction_threshold = plan.eviction_threshold;
   }
-  if (plan.budget_bytes > 0) {  // a GPU plan has one only where it evicts
-    c.memory.budget = std::to_string(plan.budget_bytes);
-    c.memory.budget_bytes = plan.budget_bytes;
-  }
-  return c;
+  if (plan.budget_bytes > 0) run.memory.budget_bytes = plan.budget_bytes;  // a GPU plan has one only where it evicts
+  return run;
 }
+
+Config config_for_plan(const Config& base, const Plan& plan) { return config_as_run(base, planned_run(base, plan)); }
 
 std::string plan_words(const Plan& p) {
   return describe_plan(p) + (p.budget_bytes > 0 ? " at " + format_bytes(p.budget_bytes) : "");

@@ -8,6 +8,7 @@
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
 #include "planner/search.h"
+#include "training/run_plan.h"
 
 #include <map>
 #include <string>
@@ -66,7 +67,10 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
 // "KIND:NODESxDEVICES" with that plan in words; "" when none does. `plan` is the failed plan's.
 std::string smallest_fitting_cluster(const Config& config, const DataInfo& info, const PlanArgs& args,
                                      const JobPlan& plan);
-// `base` changed to train `plan`: ranks, micro-batch size, precision, memory policy and budget.
+// The run `base` becomes when it trains the planner's `plan` (its grid, micro-batches, precision,
+// memory policy and budget, shard level), for no rank in particular; and that run written out as
+// config keys (config_as_run): what `plan` writes to plan.toml.
+RunPlan planned_run(const Config& base, const Plan& plan);
 Config config_for_plan(const Config& base, const Plan& plan);
 // The plan in words: "2 ranks, micro-batch 32 x 2, bf16, dtr at 256.0 MiB".
 std::string plan_words(const Plan& plan);

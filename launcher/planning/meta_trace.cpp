@@ -1,9 +1,12 @@
 #include "launcher/planning/meta_trace.h"
+#include "base/clock.h"
+
+#include "launcher/config/run_plan_of.h"
 
 #include "launcher/model_factory.h"
 #include "launcher/planning/profile_parts.h"
-#include "launcher/training/optimizer.h"
-#include "launcher/user_error.h"
+#include "training/optimizer.h"
+#include "base/user_error.h"
 #include "alloc/cpu_arena.h"
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/meta_arena.h"
@@ -94,7 +97,7 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
 }
 
 void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out) {
-  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(config.training, model.parameters());
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(optimizer_options_of(config.training), model.parameters());
   arena.reset_peak();
   const int64_t before = arena.stats().in_use;
   optimizer->step();
@@ -137,7 +140,7 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
   trace_forward_backward(config, *model, arena, x, y, out);
   trace_optimizer_step(config, *model, *arena, out);
   model.reset();
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.seconds = seconds_since(start);
   return out;
 }
 

@@ -5,7 +5,7 @@
 #include "launcher/model_factory.h"
 #include "launcher/planning/meta_trace.h"
 #include "runtime/kernel_workspace.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <ATen/Context.h>
 
@@ -28,11 +28,11 @@ std::string billions(int64_t parameters) {
 }
 
 // What one rank may hold, and where that limit comes from (for the message).
-int64_t rank_limit(const Config& c, int ranks_on_host, std::string& where) {
+int64_t rank_limit(const Config& c, int64_t budget_bytes, int ranks_on_host, std::string& where) {
   const at::Device device(c.training.device);
-  if (c.memory.budget_bytes > 0) {
+  if (budget_bytes > 0) {
     where = "memory.budget = \"" + c.memory.budget + "\"";
-    return c.memory.budget_bytes;
+    return budget_bytes;
   }
   if (device.is_cuda()) {
     where = "the GPU's memory";
@@ -64,15 +64,16 @@ int64_t state_bytes_per_rank(const Config& c, const ModelStateSize& state, int r
   return state.bytes - split + (split + replicas - 1) / replicas;
 }
 
-void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int ranks_on_host, const char* command,
-                                   int replicas) {
+void refuse_a_model_too_large_here(const Config& c, const RankShare& rank, int64_t data_vocab, int ranks_on_host,
+                                   const char* command) {
+  const int replicas = rank.replicas;
   std::optional<ModelStateSize> state = model_state_from_shape(c, data_vocab);
   if (!state) return;
   const int64_t whole = state->bytes;
   const auto t = static_cast<int>(c.parallel.tensor_parallel);
   state->bytes = state_bytes_per_rank(c, *state, replicas);  // what one rank holds
   std::string where;
-  const int64_t limit = rank_limit(c, ranks_on_host, where);
+  const int64_t limit = rank_limit(c, rank.budget_bytes, ranks_on_host, where);
   const int stages = static_cast<int>(c.parallel.pipeline_parallel);
   // A tensor-parallel rank holds about 1/t (its parts, and the norms whole).
   const int64_t rank_estimate = state->bytes / stages / t;
@@ -83,7 +84,7 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
   std::optional<TracedStep> traced;
   try {
     const DeclaredWorkspaces declared(WorkspaceRules::kThisCpu);  // this machine's kernels
-    traced = trace_micro_batch(c, info, c.micro_batch_size());
+    traced = trace_micro_batch(c, info, rank.micro_batch);
   } catch (const std::exception&) {
     // No address space for the trace (a ulimit -v): refused on the shape's count alone.
   }
@@ -111,7 +112,7 @@ void refuse_a_model_too_large_here(const Config& c, int64_t data_vocab, int rank
     std::snprintf(traced_words, sizeof traced_words,
                   "; traced on meta tensors (no memory, %.1f s), one micro-batch of %lld adds %s at its peak "
                   "(activations and gradients as configured, before any recomputation)",
-                  traced->seconds, static_cast<long long>(c.micro_batch_size()),
+                  traced->seconds, static_cast<long long>(rank.micro_batch),
                   format_bytes(traced->step_peak_bytes).c_str());
   }
   throw UserError(

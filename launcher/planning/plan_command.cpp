@@ -1,13 +1,15 @@
 #include "launcher/planning/plan_command.h"
 
+#include "launcher/config/run_plan_of.h"
+
 #include "launcher/config/config_text.h"
 #include "launcher/data/dataset.h"
 #include "launcher/model_factory.h"
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/model_size.h"
-#include "launcher/report/json.h"
-#include "launcher/report/run_output.h"
-#include "launcher/user_error.h"
+#include "base/json.h"
+#include "training/run_output.h"
+#include "base/user_error.h"
 #include "alloc/byte_size.h"
 #include "alloc/cpu_device_allocator.h"
 #include "planner/cost_model.h"
@@ -116,9 +118,10 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
     // A language model's shapes are the config's: its data need not be here.
     data.info = DataInfo{Task::kLanguageModel, {config.model.block_size}, config.model.vocab_size, "tokens", 0};
   } else {
-    if (config.model.vocab_size > 0 && !traced) refuse_a_model_too_large_here(config, config.model.vocab_size, 1, "plan");
+    const RankShare share{budget_bytes_of(config), configured_micro_batch(config), 1};
+    if (config.model.vocab_size > 0 && !traced) refuse_a_model_too_large_here(config, share, config.model.vocab_size, 1, "plan");
     data = make_datasets(config);
-    if (!traced) refuse_a_model_too_large_here(config, data.info.classes, 1, "plan");
+    if (!traced) refuse_a_model_too_large_here(config, share, data.info.classes, 1, "plan");
   }
   std::printf("hybrid_train plan %s: model %s, global batch %lld\n", config.source.c_str(), choice_name(config.model.name),
               static_cast<long long>(config.training.global_batch_size));

@@ -1,9 +1,12 @@
 #include "launcher/planning/profiler.h"
+#include "base/clock.h"
 
 #include "launcher/planning/profile_parts.h"
 
+#include "launcher/config/run_plan_of.h"
+
 #include "launcher/model_factory.h"
-#include "launcher/training/trainer.h"
+#include "training/trainer.h"
 #include "alloc/byte_size.h"
 #include "alloc/cpu_arena.h"
 #include "alloc/cpu_device_allocator.h"
@@ -79,7 +82,11 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
   // A split model's rank, its group mirrored: its part's memory and kernels, no other rank.
   std::shared_ptr<Communicator> mirror;
   if (c.parallel.tensor_parallel > 1) mirror = std::make_shared<MirrorCommunicator>(static_cast<int>(c.parallel.tensor_parallel));
-  Trainer trainer(c, point_data(p.train, p.info, 2 * micro), p.model, p.arena, nullptr, nullptr, mirror);
+  ProcessGrid grid;  // one rank; a split model's rank 0
+  grid.tensor_parallel = static_cast<int>(c.parallel.tensor_parallel);
+  const std::unique_ptr<Trainer> made =
+      Trainer::make(run_plan_of(c, grid), point_data(p.train, p.info, 2 * micro), p.model, p.arena, {nullptr, nullptr, mirror});
+  Trainer& trainer = *made;
   capture_steps(trainer);
   p.profile.gradient_bytes = p.arena->stats().in_use - before;  // the gradient block
   trainer.measure_step();  // warm-up: optimizer state, the sampler's order, kernels' first use
@@ -251,7 +258,7 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     set_compute_threads(request.threads);
   }
   bound_by_larger_sizes(profile);
-  profile.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  profile.seconds = seconds_since(start);
   return profile;
 }
 

@@ -2,7 +2,7 @@
 
 #include "launcher/planning/job_plan.h"
 #include "launcher/planning/profiler.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "alloc/byte_size.h"
 
 #include <ATen/Parallel.h>
@@ -22,26 +22,28 @@ Config profiled_here(const Config& config) {
   return c;
 }
 
-Plan plan_of(const Config& c) {
+// The planner's Plan of the run: its grid, batch, budget and policy. (The shard level is the
+// config's: with one replica the run holds everything whatever it says, and so does the plan.)
+Plan plan_of(const Config& c, const RunPlan& run) {
   Plan p;
-  p.ranks = static_cast<int>(c.replicas());
-  p.micro_batch = c.micro_batch_size();
-  p.accumulation = c.micro_batches();
-  p.precision = c.training.mixed_precision;
-  p.policy = c.memory.policy;
-  p.budget_bytes = c.memory.budget_bytes;
-  p.eviction_threshold = c.memory.eviction_threshold;
-  p.stages = static_cast<int>(c.parallel.pipeline_parallel);
-  p.schedule = c.parallel.pipeline_schedule;
-  p.virtual_stages = static_cast<int>(c.parallel.virtual_stages);
-  if (p.stages > 1) p.stage_blocks.assign(c.parallel.stage_blocks.begin(), c.parallel.stage_blocks.end());
-  p.state_on_host = c.memory.optimizer_state == StatePlace::kHost;
-  p.plan_first_step = c.memory.plan_first_step;
+  p.ranks = run.grid.data;
+  p.micro_batch = run.batch.micro;
+  p.accumulation = run.batch.micro_batches;
+  p.precision = run.precision;
+  p.policy = run.memory.policy;
+  p.budget_bytes = run.memory.budget_bytes;
+  p.eviction_threshold = run.memory.eviction_threshold;
+  p.stages = run.grid.pipeline;
+  p.schedule = run.pipeline.schedule;
+  p.virtual_stages = static_cast<int>(run.pipeline.virtual_stages);
+  if (p.stages > 1) p.stage_blocks.assign(run.pipeline.stage_blocks.begin(), run.pipeline.stage_blocks.end());
+  p.state_on_host = run.memory.optimizer_state == StatePlace::kHost;
+  p.plan_first_step = run.memory.plan_first_step;
   p.shard = c.parallel.shard;
-  p.prefetch = static_cast<int>(c.parallel.prefetch);
-  p.overlap = c.parallel.overlap;
-  p.tensor = static_cast<int>(c.parallel.tensor_parallel);
-  p.sequence_parallel = p.tensor > 1 && c.parallel.sequence_parallel;
+  p.prefetch = static_cast<int>(run.sync.prefetch);
+  p.overlap = run.sync.overlap;
+  p.tensor = run.grid.tensor;
+  p.sequence_parallel = run.grid.sequence_parallel;
   return p;
 }
 
@@ -54,9 +56,9 @@ std::string ratio(double a, double b) {
 // The refusal: what was predicted, the limit, and the fastest plans at these ranks that fit.
 // `auto_words`: memory.policy = "auto"'s candidates and their predictions (fastest_memory_policy),
 // none of which fits; empty otherwise.
-UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, const std::vector<RankedPlan>& fitting,
-                       const std::string& auto_words) {
-  const bool budget = c.memory.budget_bytes > 0;
+UserError does_not_fit(const Config& c, const RunPlan& run, const Prediction& p, int64_t limit,
+                       const std::vector<RankedPlan>& fitting, const std::string& auto_words) {
+  const bool budget = run.memory.budget_bytes > 0;
   const std::string where = budget ? "memory.budget = \"" + c.memory.budget + "\" (" + format_bytes(limit) + ")"
                                    : "this machine's memory per rank (" + format_bytes(limit) + ")";
   const int64_t state = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes;
@@ -71,7 +73,7 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
   std::string text;
   if (!auto_words.empty()) {
     text = c.source + ": memory.policy = \"auto\" found no policy that trains training.micro_batch_size = " +
-           std::to_string(c.micro_batch_size()) + " in " + where + " (" + auto_words + "); under static plans: " +
+           std::to_string(run.batch.micro) + " in " + where + " (" + auto_words + "); under static plans: " +
            (p.why_not.empty() ? "a predicted peak of " + format_bytes(p.peak_bytes) : p.why_not);
   } else if (evicts(c.memory.policy) && budget) {
     text = c.source + ": memory.policy = \"" + choice_name(c.memory.policy) + "\" cannot train in " + where + ": " +
@@ -91,8 +93,8 @@ UserError does_not_fit(const Config& c, const Prediction& p, int64_t limit, cons
                                       ? "; near the minimum, training.channels_last = false can help"
                                       : "";
   if (fitting.empty()) {
-    const char* choices = c.replicas() > 1 ? ", memory policy or sharding level" : " or memory policy";
-    text += std::string("; no micro-batch size, precision") + choices + " fits at " + std::to_string(c.replicas()) +
+    const char* choices = run.grid.data > 1 ? ", memory policy or sharding level" : " or memory policy";
+    text += std::string("; no micro-batch size, precision") + choices + " fits at " + std::to_string(run.grid.data) +
             " rank(s): raise the memory, or add ranks (hybrid_train plan " + c.source + " shows how many)" +
             layout_hint;
     return UserError(text);
@@ -194,42 +196,43 @@ Decision share(const ProcessGrid& grid, Decision d) {
           t[6].item<int64_t>() != 0, t[7].item<int64_t>()};
 }
 
-void apply(Config& c, const Decision& d) {
-  c.training.micro_batch_size = d.micro_batch == c.local_batch_size() ? 0 : d.micro_batch;
-  c.memory.policy = d.policy;
-  c.parallel.shard = d.shard;
-  if (d.shard == ShardLevel::kParameters) c.parallel.prefetch = d.prefetch;
-  if (d.budget_bytes != c.memory.budget_bytes) {
-    c.memory.budget = std::to_string(d.budget_bytes);
-    c.memory.budget_bytes = d.budget_bytes;
-  }
+// parallel.strategy = "auto": the plan trains rank 0's choice.
+void apply(RunPlan& run, const Decision& d) {
+  const int64_t local = run.batch.local();
+  run.batch.micro = d.micro_batch;
+  run.batch.micro_batches = local / d.micro_batch;
+  run.memory.policy = d.policy;
+  run.sync.shard = run.grid.data > 1 ? d.shard : ShardLevel::kNone;
+  if (d.shard == ShardLevel::kParameters) run.sync.prefetch = d.prefetch;
+  run.memory.budget_bytes = d.budget_bytes;
 }
 
 // A tensor-parallel run without stages: rank 0's part of the model profiled with its group
 // mirrored, the group's collectives modelled (planner/tensor_terms.h). Predicted for the log and
 // the metrics, never refused; with parallel.strategy = "auto", the fastest plan that fits at this
 // group size (micro-batch, memory policy and budget, sharding level) is trained.
-RunPrediction predict_tensor_parallel_run(Config& config, const DataSplits& data, const ProcessGrid& grid) {
+RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, const DataSplits& data,
+                                          const ProcessGrid& grid) {
   RunPrediction out;
   const bool automatic = config.parallel.strategy == Strategy::kAuto;
   Decision decision;
   if (grid.is_root()) {
     PlanArgs args;
-    args.ranks = {static_cast<int>(config.replicas() * config.parallel.tensor_parallel)};
+    args.ranks = {run.grid.data * run.grid.tensor};
     args.stages = {1};
-    args.tensor = {static_cast<int>(config.parallel.tensor_parallel)};
-    args.device_memory = config.memory.budget_bytes;
-    args.precisions = {config.training.mixed_precision};
+    args.tensor = {run.grid.tensor};
+    args.device_memory = run.memory.budget_bytes;
+    args.precisions = {run.precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};
-    if (!automatic) args.trained_sizes = {config.micro_batch_size()};
+    if (!automatic) args.trained_sizes = {run.batch.micro};
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
     const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
     out.limit_bytes = plan.machine.device_memory;
-    out.plan = plan_of(config);
+    out.plan = plan_of(config, run);
     if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) out.plan = plan.ranked[0].plan;
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     decision = {false, out.plan.micro_batch, out.plan.policy,
-                evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard,
+                evicts(out.plan.policy) ? out.limit_bytes : run.memory.budget_bytes, out.plan.shard,
                 out.plan.prefetch};
     char text[320];
     std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the tensor-parallel "
@@ -242,13 +245,13 @@ RunPrediction predict_tensor_parallel_run(Config& config, const DataSplits& data
     grid.data_parallel_group->idle_barrier("the plan of rank 0");
     grid.tensor_parallel_group->idle_barrier("the plan of rank 0");
   }
-  if (automatic) apply(config, share(grid, decision));
+  if (automatic) apply(run, share(grid, decision));
   return out;
 }
 
 }  // namespace
 
-RunPrediction check_run_fits(Config& config, const DataSplits& data, const ProcessGrid& grid) {
+RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
   if (config.training.device != "cpu") {
     // The profile measures a CPU rank's arena; on a GPU it would also take ATen's CUDA allocator
@@ -259,7 +262,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     return out;
   }
   if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel == 1) {
-    return predict_tensor_parallel_run(config, data, grid);
+    return predict_tensor_parallel_run(config, run, data, grid);
   }
   if (config.parallel.pipeline_parallel > 1) {
     // Predicted for the log and the metrics, never refused: the pipeline terms model 1F1B-like
@@ -267,15 +270,15 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
     out.prediction.peak_bytes = -1;
     if (grid.is_root()) {
       PlanArgs args;
-      args.ranks = {static_cast<int>(config.replicas() * config.parallel.pipeline_parallel * config.parallel.tensor_parallel)};
-      args.stages = {static_cast<int>(config.parallel.pipeline_parallel)};
-      args.tensor = {static_cast<int>(config.parallel.tensor_parallel)};  // a stage's rank holds its part
-      args.device_memory = config.memory.budget_bytes;
-      args.precisions = {config.training.mixed_precision};
+      args.ranks = {run.grid.world()};
+      args.stages = {run.grid.pipeline};
+      args.tensor = {run.grid.tensor};  // a stage's rank holds its part
+      args.device_memory = run.memory.budget_bytes;
+      args.precisions = {run.precision};
       args.policies = {MemoryPolicy::kNone};
-      args.trained_sizes = {config.micro_batch_size()};
+      args.trained_sizes = {run.batch.micro};
       const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
-      out.plan = plan_of(config);
+      out.plan = plan_of(config, run);
       out.plan.policy = MemoryPolicy::kNone;
       out.prediction = predict(plan.profile, plan.machine, out.plan);
       char text[256];
@@ -293,21 +296,21 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
   std::string chosen;  // memory.policy = "auto": each candidate's predicted step
   if (grid.is_root()) {
     PlanArgs args;
-    args.ranks = {static_cast<int>(config.replicas())};
+    args.ranks = {run.grid.data};
     args.stages = {1};  // the job's grid is fixed by now
-    args.device_memory = config.memory.budget_bytes;
-    args.precisions = {config.training.mixed_precision};
+    args.device_memory = run.memory.budget_bytes;
+    args.precisions = {run.precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};  // the configured plan is predicted below
-    if (!automatic) args.trained_sizes = {config.micro_batch_size()};  // its own size: no search
+    if (!automatic) args.trained_sizes = {run.batch.micro};  // its own size: no search
     // Automatic: the planner picks the level, unless the config fixes one.
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
     JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
     out.limit_bytes = plan.machine.device_memory;
-    out.plan = plan_of(config);
+    out.plan = plan_of(config, run);
     if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) {
       out.plan = plan.ranked[0].plan;
     }
-    if (!automatic && config.memory.policy == MemoryPolicy::kAuto && config.memory.budget_bytes > 0) {
+    if (!automatic && run.memory.policy == MemoryPolicy::kAuto && run.memory.budget_bytes > 0) {
       const MemoryChoice choice = fastest_memory_policy(plan, out.plan, chosen);
       out.plan.policy = choice.policy;
       out.plan.state_on_host = choice.state_on_host;
@@ -323,7 +326,7 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
       }
       SearchOptions alternatives;
       alternatives.ranks = args.ranks;
-      alternatives.precisions = {config.training.mixed_precision};
+      alternatives.precisions = {run.precision};
       alternatives.policies = args.policies;
       alternatives.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};
       const std::vector<Plan> plans =
@@ -333,10 +336,10 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
                                       Objective::kTime, at::get_num_threads())) {
         if (r.prediction.fits) fitting.push_back(std::move(r));
       }
-      refusal = does_not_fit(config, out.prediction, out.limit_bytes, fitting, chosen);
+      refusal = does_not_fit(config, run, out.prediction, out.limit_bytes, fitting, chosen);
     }
     decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
-                evicts(out.plan.policy) ? out.limit_bytes : config.memory.budget_bytes, out.plan.shard,
+                evicts(out.plan.policy) ? out.limit_bytes : run.memory.budget_bytes, out.plan.shard,
                 out.plan.prefetch, out.plan.state_on_host,
                 std::lround(out.plan.eviction_threshold * 1000)};
   }
@@ -346,12 +349,12 @@ RunPrediction check_run_fits(Config& config, const DataSplits& data, const Proce
   decision = share(grid, decision);
   if (decision.refuse) throw refusal ? *refusal : UserError("rank 0 found that the run cannot fit");
   if (automatic) {
-    apply(config, decision);
-  } else if (config.memory.policy == MemoryPolicy::kAuto && config.memory.budget_bytes > 0) {
-    config.memory.policy = decision.policy;  // kAuto itself where its static plans won
-    if (decision.state_on_host) config.memory.optimizer_state = StatePlace::kHost;
-    if (decision.threshold_permille != std::lround(config.memory.eviction_threshold * 1000)) {
-      config.memory.eviction_threshold = static_cast<double>(decision.threshold_permille) / 1000;
+    apply(run, decision);
+  } else if (run.memory.policy == MemoryPolicy::kAuto && run.memory.budget_bytes > 0) {
+    run.memory.policy = decision.policy;  // kAuto itself where its static plans won
+    if (decision.state_on_host) run.memory.optimizer_state = StatePlace::kHost;
+    if (decision.threshold_permille != std::lround(run.memory.eviction_threshold * 1000)) {
+      run.memory.eviction_threshold = static_cast<double>(decision.threshold_permille) / 1000;
     }
   }
   if (grid.is_root()) {

@@ -2,13 +2,14 @@
 // Before every training run: predict the run's own peak memory and step time from a profiled
 // step, refuse a run that cannot fit its budget or device (UserError naming the predicted peak,
 // the limit, and the cheapest plans that would fit), and under parallel.strategy = "auto" replace
-// the configured micro-batch size and memory policy with the planner's fastest fitting choice.
+// the plan's micro-batch size and memory policy with the planner's fastest fitting choice.
 // Rank 0 decides and every rank follows, so that all refuse or all train the same plan.
 
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
 #include "parallel/process_grid.h"
 #include "planner/cost_model.h"
+#include "training/run_plan.h"
 
 #include <optional>
 #include <string>
@@ -22,7 +23,8 @@ struct RunPrediction {
   std::string text;        // one line for the log
 };
 
-// May change `config` (strategy auto). Throws UserError when the run cannot fit.
-RunPrediction check_run_fits(Config& config, const DataSplits& data, const ProcessGrid& grid);
+// Changes `run` where the planner decides (parallel.strategy = "auto", memory.policy = "auto").
+// Throws UserError when the run cannot fit.
+RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplits& data, const ProcessGrid& grid);
 
 }  // namespace ht

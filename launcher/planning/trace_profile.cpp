@@ -1,4 +1,5 @@
 #include "launcher/planning/trace_profile.h"
+#include "base/clock.h"
 
 #include "launcher/model_factory.h"
 #include "launcher/planning/layer_traces.h"
@@ -153,7 +154,7 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
   describe_model(config, *model, profile);
   const std::unordered_map<const c10::TensorImpl*, size_t> bucket_of =
       record_block_buckets(*model, config.parallel.bucket_mb << 20, profile);
-  // The trainer's gradient block, in data parallelism's reduction order (launcher/training/trainer.cpp).
+  // The trainer's gradient block, in data parallelism's reduction order (training/trainer.cpp).
   const int64_t before_gradients = arena->stats().in_use;
   const GradientBuffer gradients(DataParallel(std::make_shared<LocalCommunicator>(), model->parameters(),
                                               config.parallel.bucket_mb << 20).reduction_order());
@@ -213,7 +214,7 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
   if (layers != nullptr)
     profile.how += ", each step stretched from its first " + std::to_string(LayerTraces::kTraced) + " of " +
                    std::to_string(layers->layers()) + " layers (checked against " + std::to_string(LayerTraces::kTraced + 1) + ")";
-  profile.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  profile.seconds = seconds_since(start);
   return profile;
 }
 

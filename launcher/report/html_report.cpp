@@ -1,6 +1,6 @@
 #include "launcher/report/html_report.h"
 
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <cstdio>
 #include <filesystem>

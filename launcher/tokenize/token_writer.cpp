@@ -1,7 +1,7 @@
 #include "launcher/tokenize/token_writer.h"
 
 #include "launcher/data/byte_progress.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <unistd.h>
 

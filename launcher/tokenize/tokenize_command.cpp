@@ -1,9 +1,10 @@
 #include "launcher/tokenize/tokenize_command.h"
+#include "base/clock.h"
 
 #include "launcher/data/byte_progress.h"
 #include "launcher/data/file_glob.h"
 #include "launcher/tokenize/token_writer.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <algorithm>
 #include <chrono>
@@ -18,10 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kBlockBytes = size_t{16} << 20;  // text encoded at a time: bounds memory on huge files
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // The folder `path` goes into must exist, and `path` must not be a folder.
 void check_writable_target(const std::string& option, const std::string& path) {

@@ -3,9 +3,9 @@
 // every entry point says so.
 #include "launcher/tokenize/tokenizer.h"
 
-#include "launcher/report/run_output.h"
+#include "training/run_output.h"
 #include "launcher/tokenize/sentencepiece_backend.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>

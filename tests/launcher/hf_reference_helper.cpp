@@ -10,7 +10,7 @@
 #include "launcher/export/hf_checkpoint.h"
 #include "launcher/export/hf_layout.h"
 #include "launcher/export/safetensors.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "models/decoder.h"
 #include "runtime/interpreter.h"
 

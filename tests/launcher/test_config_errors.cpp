@@ -3,7 +3,8 @@
 #include "tests/support/temp_dir.h"
 
 #include "launcher/config/config_validation.h"
-#include "launcher/user_error.h"
+#include "launcher/config/run_plan_of.h"
+#include "base/user_error.h"
 #include "alloc/byte_size.h"
 
 #include <ATen/Context.h>
@@ -112,7 +113,9 @@ TEST_F(ConfigErrors, PipelineKeys) {
     for (const std::string& a : args) overrides.push_back(override_of(a));
     LoadedConfig c = load_config(dir_.write("q.toml", kGood), overrides);
     try {
-      apply_data_parallel(c.config, replicas);
+      ProcessGrid grid;
+      grid.world = grid.data_parallel = static_cast<int>(replicas);
+      run_plan_of(c.config, grid);
     } catch (const UserError& e) {
       return std::string(e.what());
     }
@@ -164,7 +167,7 @@ TEST_F(ConfigErrors, HostSwap) {
   auto host_bytes = [&](const std::vector<std::string>& args) {
     std::vector<ConfigOverride> overrides;
     for (const auto& a : args) overrides.push_back(override_of(a));
-    return load_config(dir_.write("h.toml", kGood), overrides).config.memory.host_budget_bytes;
+    return host_budget_bytes_of(load_config(dir_.write("h.toml", kGood), overrides).config);
   };
   EXPECT_EQ(host_bytes({"--memory.policy=swap", "--memory.budget=64MiB", "--memory.host_budget=2GiB"}), int64_t{2} << 30);
   EXPECT_GT(host_bytes(hybrid), 0) << "the default: half of the available memory";
@@ -198,7 +201,7 @@ TEST_F(ConfigErrors, MemoryBudget) {
   EXPECT_THAT(error_in(kGood, {"--memory.policy=dtr_eq", "--memory.eviction_threshold=1.5"}),
               HasSubstr("memory.eviction_threshold: 1.5 is out of range"));
   auto bytes_of = [&](const std::string& budget) {
-    return load_config(dir_.write("b.toml", kGood), {override_of("--memory.budget=" + budget)}).config.memory.budget_bytes;
+    return budget_bytes_of(load_config(dir_.write("b.toml", kGood), {override_of("--memory.budget=" + budget)}).config);
   };
   EXPECT_EQ(bytes_of("1.5GiB"), int64_t{3} << 29);
   EXPECT_EQ(bytes_of("800 MiB"), int64_t{800} << 20);

@@ -4,7 +4,7 @@
 #include "launcher/config/config_loader.h"
 #include "launcher/data/dataset.h"
 #include "launcher/data/fashion_mnist.h"
-#include "launcher/data/sampler.h"
+#include "training/sampler.h"
 #include "launcher/data/text_corpus.h"
 #include "tests/support/temp_dir.h"
 

@@ -2,7 +2,6 @@
 // with global batch B, within fp32 reduction order; rank 0 alone writes the outputs.
 #include "launcher/config/config_text.h"
 #include "tests/support/mpi_job.h"
-#include "tests/support/ranks.h"
 #include "tests/support/temp_dir.h"
 
 #include <torch/serialize/input-archive.h>
@@ -158,31 +157,6 @@ interval = 3
   EXPECT_THAT(read_file(dir.path("during/metrics.jsonl")),
               ::testing::ContainsRegex("\"buckets_started_in_backward\": [1-9]"));
   EXPECT_THAT(read_file(dir.path("after/metrics.jsonl")), HasSubstr("\"buckets_started_in_backward\": 0,"));
-}
-
-// A rank that stops answering (SIGSTOP: neither dead nor progressing, which mpirun cannot see)
-// must not leave the other waiting forever: the job ends within parallel.timeout_s, saying
-// which rank waited, in which step and for which collective.
-TEST(DataParallelJobFailures, AHungRankEndsTheJobWithinTheTimeout) {
-  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
-  TempDir dir;
-  const std::string config = dir.write("job.toml", std::string(kMlp) + "[metrics]\nlog_interval = 1\n");
-  const std::string out = dir.path("hung_job_output");
-  const StoppedRankJob job = run_with_a_stopped_rank(
-      mpirun(2) + HT_BINARY + " " + config + " --training.steps=1000000 --checkpoint.interval=0 " +
-          "--parallel.timeout_s=3 --job.output_dir=" + out,
-      out, dir);
-  ASSERT_EQ(job.ranks_seen, 2u) << job.log;  // both ranks trained before one stopped
-  // Well below the default timeout (300 s): a job that ends before it ended by the configured 3 s,
-  // which the log line below names.
-  ASSERT_FALSE(job.status.empty()) << "the job still ran 200 s after a rank stopped";
-  EXPECT_NE(job.status, "0\n");
-  // Which collective waits depends on where the stopped rank was: the gradients, the loss, or the
-  // replicas' step statistics (an apostrophe, which the pattern once left out: a timing-dependent
-  // failure, issue 29).
-  EXPECT_THAT(job.log,
-              ::testing::ContainsRegex("rank [01], (step [0-9]+|evaluation after step [0-9]+): the all-reduce of "
-                                       "[a-z' ]+ did not complete within 3 s: another rank has died or hangs"));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The device catalog (configs/devices.toml, built in; a user's file over it) and
 // `hybrid_train plan --cluster KIND:NODESxDEVICES`.
 #include "launcher/planning/device_catalog.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/temp_dir.h"
 

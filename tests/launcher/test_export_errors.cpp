@@ -7,7 +7,7 @@
 #include "launcher/export/hf_layout.h"
 #include "launcher/export/safetensors.h"
 #include "launcher/job.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "models/decoder.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/temp_dir.h"

@@ -4,10 +4,11 @@
 #include "launcher/config/config_schema.h"
 #include "launcher/job.h"
 #include "launcher/model_factory.h"
+#include "launcher/config/run_plan_of.h"
 #include "launcher/planning/job_plan.h"
 #include "launcher/planning/profiler.h"
 #include "launcher/planning/run_check.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "alloc/cpu_device_allocator.h"
 #include "runtime/kernel_workspace.h"
 #include "tests/support/mpi_job.h"
@@ -77,7 +78,7 @@ TEST(Planning, ProfileCountsModelStateToTheByte) {
     EXPECT_EQ(p.parameter_bytes, param_bytes + arena_sum(model->buffers())) << choice_name(c.model.name);
     EXPECT_EQ(p.gradient_bytes, arena_bytes(param_elements * 4)) << choice_name(c.model.name) << ": one fp32 block";
     // SGD with momentum: one buffer per parameter; AdamW: two; moved into one block after the
-    // first step (launcher/training/compact.h).
+    // first step (training/compact.h).
     EXPECT_EQ(p.optimizer_state_bytes, arena_bytes((c.training.optimizer == OptimizerKind::kAdamw ? 2 : 1) * param_elements * 4))
         << choice_name(c.model.name);
   }
@@ -116,7 +117,7 @@ TEST(Planning, PredictedPeakIsTheMeasuredOne) {
     // GPU machine's, the ConvNet at micro-batch 8 measured 14% under its prediction).
     const Config c = config_for(dir, k.toml, args);
     std::ostringstream points;
-    for (const ProfilePoint& p : profile_of(c, c.micro_batch_size()).points) {
+    for (const ProfilePoint& p : profile_of(c, run_plan_of(c).batch.micro).points) {
       points << "\n  profiled micro-batch " << p.micro_batch << ": forward-backward peak " << p.forward_backward_peak_bytes
              << ", persistent " << p.persistent_bytes << ", batch " << p.batch_bytes << ", activations "
              << p.activation_bytes() << ", optimizer peak " << p.optimizer_peak_bytes;
@@ -139,11 +140,11 @@ void expect_replay_matches(const char* toml, int64_t micro, double share, double
                                               "--memory.eviction_threshold=" + std::to_string(threshold)});
   const ModelProfile profile = profile_of(tight, micro);
   Machine machine;
-  machine.device_memory = tight.memory.budget_bytes;
+  machine.device_memory = budget_bytes_of(tight);
   Plan plan;
   plan.micro_batch = micro;
   plan.policy = MemoryPolicy::kLru;
-  plan.budget_bytes = tight.memory.budget_bytes;
+  plan.budget_bytes = budget_bytes_of(tight);
   plan.eviction_threshold = threshold;
   plan.eviction_threshold = threshold;
   const Prediction predicted = predict(profile, machine, plan);
@@ -186,9 +187,9 @@ TEST(Planning, PredictsFullRecomputationsPeakAndRegenerations) {
   Plan plan;
   plan.micro_batch = 16;
   plan.policy = MemoryPolicy::kFull;
-  plan.budget_bytes = full.memory.budget_bytes;
+  plan.budget_bytes = budget_bytes_of(full);
   Machine here;
-  here.device_memory = full.memory.budget_bytes;
+  here.device_memory = budget_bytes_of(full);
   Machine cluster = here;
   cluster.shared_host = false;
   const Prediction replayed = predict(profile, here, plan), blocks = predict(profile, cluster, plan);
@@ -252,17 +253,17 @@ TEST(Planning, PredictsTheStaticPlanARunMakes) {
   const ModelProfile profile = profile_of(tight, 16);
   ASSERT_FALSE(profile.points.front().graph.forward.empty()) << "the profiled step's graph was not captured";
   Machine machine;
-  machine.device_memory = tight.memory.budget_bytes;
+  machine.device_memory = budget_bytes_of(tight);
   Plan plan;
   plan.micro_batch = 16;
   plan.policy = MemoryPolicy::kStatic;
-  plan.budget_bytes = tight.memory.budget_bytes;
+  plan.budget_bytes = budget_bytes_of(tight);
   const Prediction predicted = predict(profile, machine, plan);
   ASSERT_TRUE(predicted.fits) << predicted.why_not;
   EXPECT_TRUE(predicted.static_plan);
   EXPECT_GT(predicted.evictions, 0);
   EXPECT_GT(predicted.recompute_ms, 0);
-  EXPECT_LE(predicted.peak_bytes, tight.memory.budget_bytes);
+  EXPECT_LE(predicted.peak_bytes, budget_bytes_of(tight));
   // Without a static plan the same budget is predicted by DTR's replay: not a plan.
   plan.policy = MemoryPolicy::kDtr;
   EXPECT_FALSE(predict(profile, machine, plan).static_plan);
@@ -272,7 +273,7 @@ TEST(Planning, PredictsTheStaticPlanARunMakes) {
   EXPECT_GE(last_train_number(metrics, "plan_hits"), 2) << "steps 2 to 4 run on the plan";
   const double measured = last_train_number(metrics, "mem_peak_bytes");
   std::printf("static plan: predicted peak %lld, measured %.0f, budget %lld\n",
-              static_cast<long long>(predicted.peak_bytes), measured, static_cast<long long>(tight.memory.budget_bytes));
+              static_cast<long long>(predicted.peak_bytes), measured, static_cast<long long>(budget_bytes_of(tight)));
   EXPECT_NEAR(static_cast<double>(predicted.peak_bytes) / measured, 1.0, 0.01);
   // The run predicted itself the same way before its first step.
   EXPECT_NEAR(json_number(dir.path("tight/summary.json"), "predicted_peak_bytes") / measured, 1.0, 0.05);
@@ -407,16 +408,18 @@ TEST(Planning, ABudgetAloneTrainsThePolicyPredictedFastest) {
   {
     Config c = config_for(dir, kConv, {"--memory.budget=256MiB"});
     ASSERT_EQ(c.memory.policy, MemoryPolicy::kAuto) << "the default with a budget";
-    const RunPrediction p = check_run_fits(c, make_datasets(c), ProcessGrid{});
-    EXPECT_EQ(c.memory.policy, MemoryPolicy::kNone) << p.text;
+    RunPlan run = run_plan_of(c);
+    const RunPrediction p = check_run_fits(c, run, make_datasets(c), ProcessGrid{});
+    EXPECT_EQ(run.memory.policy, MemoryPolicy::kNone) << p.text;
     EXPECT_THAT(p.text, HasSubstr("memory.policy = \"auto\" chose by the predicted step: none "));
   }
   const std::string budget = "--memory.budget=" + std::to_string(peak * 9 / 10);
   {
     Config c = config_for(dir, kConv, {budget});
-    const RunPrediction p = check_run_fits(c, make_datasets(c), ProcessGrid{});
+    RunPlan run = run_plan_of(c);
+    const RunPrediction p = check_run_fits(c, run, make_datasets(c), ProcessGrid{});
     EXPECT_TRUE(p.prediction.fits) << p.text;
-    EXPECT_TRUE(evicts(c.memory.policy)) << p.text;
+    EXPECT_TRUE(evicts(run.memory.policy)) << p.text;
     EXPECT_THAT(p.text, HasSubstr("none does not fit"));
   }
   run_job(config_for(dir, kConv, {budget, "--job.output_dir=" + dir.path("auto")}), true);
@@ -426,9 +429,10 @@ TEST(Planning, ABudgetAloneTrainsThePolicyPredictedFastest) {
   const std::string tight = "--memory.budget=" + std::to_string(peak * 8 / 10);
   {
     Config c = config_for(dir, kConv, {tight});
-    const RunPrediction p = check_run_fits(c, make_datasets(c), ProcessGrid{});
-    EXPECT_EQ(c.memory.policy, MemoryPolicy::kHybrid) << p.text;
-    EXPECT_EQ(c.memory.optimizer_state, StatePlace::kHost) << p.text;
+    RunPlan run = run_plan_of(c);
+    const RunPrediction p = check_run_fits(c, run, make_datasets(c), ProcessGrid{});
+    EXPECT_EQ(run.memory.policy, MemoryPolicy::kHybrid) << p.text;
+    EXPECT_EQ(run.memory.optimizer_state, StatePlace::kHost) << p.text;
     EXPECT_THAT(p.text, HasSubstr("dtr does not fit"));
     EXPECT_THAT(p.text, HasSubstr("optimizer state on host"));
   }
@@ -437,7 +441,8 @@ TEST(Planning, ABudgetAloneTrainsThePolicyPredictedFastest) {
   // At 60% no candidate trains this micro-batch: refused, naming each candidate and what fits.
   try {
     Config c = config_for(dir, kConv, {"--memory.budget=" + std::to_string(peak * 6 / 10)});
-    check_run_fits(c, make_datasets(c), ProcessGrid{});
+    RunPlan run = run_plan_of(c);
+    check_run_fits(c, run, make_datasets(c), ProcessGrid{});
     ADD_FAILURE() << "60% of the peak at this micro-batch must be refused";
   } catch (const UserError& e) {
     EXPECT_THAT(e.what(), HasSubstr("memory.policy = \"auto\" found no policy that trains training.micro_batch_size"));
@@ -459,10 +464,11 @@ TEST(Planning, AutoKeepsAConfiguredPolicyTheSearchDoesNotConsider) {
     Config c = config_for(dir, kConv, {"--parallel.strategy=auto", std::string("--memory.policy=") + policy,
                                        "--memory.budget=64KiB", "--memory.check_fit=false"});
     const DataSplits data = make_datasets(c);
-    const RunPrediction p = check_run_fits(c, data, ProcessGrid{});
+    RunPlan run = run_plan_of(c);
+    const RunPrediction p = check_run_fits(c, run, data, ProcessGrid{});
     EXPECT_FALSE(p.prediction.fits) << "64 KiB cannot hold the model";
-    EXPECT_EQ(choice_name(c.memory.policy), std::string(policy));
-    EXPECT_EQ(c.memory.budget_bytes, 64 << 10);
+    EXPECT_EQ(choice_name(run.memory.policy), std::string(policy));
+    EXPECT_EQ(run.memory.budget_bytes, 64 << 10);
   }
 }
 

@@ -3,7 +3,7 @@
 // it trains on to the parameters of a run that was never stopped. A second signal ends it at once
 // and leaves no half-written checkpoint; under mpirun, a signal to one rank stops every rank after
 // the same step. A disk that fills while a checkpoint is written leaves the previous one intact.
-#include "launcher/training/checkpoint.h"
+#include "training/checkpoint.h"
 #include "tests/support/mpi_job.h"
 #include "tests/support/ranks.h"
 #include "tests/support/run_binary.h"

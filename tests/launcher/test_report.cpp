@@ -3,7 +3,7 @@
 // error. The browser test opens it in headless Chromium and keeps a screenshot
 // (build/test_artifacts/report.png).
 #include "launcher/report/html_report.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 #include "tests/support/mpi_job.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/temp_dir.h"

@@ -4,7 +4,7 @@
 #include "launcher/config/config_loader.h"
 #include "launcher/data/dataset.h"
 #include "launcher/data/file_glob.h"
-#include "launcher/data/sampler.h"
+#include "training/sampler.h"
 #include "launcher/data/token_files.h"
 #include "launcher/job.h"
 #include "launcher/tokenize/token_writer.h"

@@ -2,8 +2,8 @@
 // one; outputs are written as documented; schedule, clipping and accumulation behave.
 #include "launcher/config/config_text.h"
 #include "launcher/job.h"
-#include "launcher/training/optimizer.h"
-#include "launcher/user_error.h"
+#include "training/optimizer.h"
+#include "base/user_error.h"
 #include "alloc/cpu_device_allocator.h"
 #include "tests/support/run_records.h"
 #include "tests/support/temp_dir.h"
@@ -554,61 +554,6 @@ eval_batches = 40
   // fp32 runs that differ only in summation order (NCHW against channels-last).
   EXPECT_NEAR(bf16.result.eval->loss, fp32.result.eval->loss, 0.05 * fp32.result.eval->loss);
   for (const auto& p : bf16.model->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat) << "fp32 master weights";
-}
-
-TEST(Training, AStepWithAnInfGradientIsSkippedAndTheScaleBacksOff) {
-  const float inf = std::numeric_limits<float>::infinity();
-  TrainingConfig t;
-  at::Tensor a = at::ones({3}).requires_grad_(true), b = at::ones({2}).requires_grad_(true);
-  const std::vector<at::Tensor> params{a, b};
-  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.5).momentum(0.9));
-  LossScaler scaler(LossScalerOptions{8.0, 2.0, 0.5, 2});
-  a.mutable_grad() = at::full({3}, 8.0);
-  b.mutable_grad() = at::tensor({8.0f, inf});  // injected
-  StepOutcome outcome = optimizer_step(sgd, params, t, 0.5, &scaler);
-  EXPECT_FALSE(outcome.stepped);
-  EXPECT_TRUE(a.equal(at::ones({3}))) << "parameters untouched";
-  EXPECT_TRUE(b.equal(at::ones({2})));
-  EXPECT_TRUE(sgd.state().empty()) << "no momentum buffer was made";
-  EXPECT_EQ(scaler.scale(), 4.0);
-  EXPECT_EQ(scaler.skipped_steps(), 1);
-  for (int step = 0; step < 2; ++step) {
-    clear_grads(params);
-    a.mutable_grad() = at::full({3}, scaler.scale());  // a gradient of 1, scaled
-    b.mutable_grad() = at::zeros({2});
-    outcome = optimizer_step(sgd, params, t, 0.5, &scaler);
-    EXPECT_TRUE(outcome.stepped);
-    EXPECT_NEAR(outcome.grad_norm, std::sqrt(3.0), 1e-6) << "the norm of the unscaled gradient";
-  }
-  // SGD with momentum 0.9 on gradient 1: steps of 0.5 and 0.5 * 1.9.
-  EXPECT_TRUE(at::allclose(a, at::full({3}, 1.0 - 0.5 - 0.95)));
-  EXPECT_EQ(scaler.scale(), 8.0) << "grown after 2 good steps";
-}
-
-TEST(Training, WarmupThenCosineToMinLr) {
-  TrainingConfig t;
-  t.lr = 1.0;
-  t.min_lr = 0.1;
-  t.warmup_steps = 4;
-  t.schedule = LrSchedule::kCosine;
-  EXPECT_DOUBLE_EQ(learning_rate_at(t, 0, 14), 0.25);
-  EXPECT_DOUBLE_EQ(learning_rate_at(t, 3, 14), 1.0);
-  EXPECT_DOUBLE_EQ(learning_rate_at(t, 4, 14), 1.0);
-  // Cosine over steps 4..13: at step 9, progress 5/9.
-  EXPECT_DOUBLE_EQ(learning_rate_at(t, 9, 14), 0.1 + 0.45 * (1.0 + std::cos(M_PI * 5.0 / 9.0)));
-  for (int64_t s = 5; s < 14; ++s) EXPECT_LT(learning_rate_at(t, s, 14), learning_rate_at(t, s - 1, 14));
-  EXPECT_DOUBLE_EQ(learning_rate_at(t, 13, 14), 0.1);
-  t.schedule = LrSchedule::kConstant;
-  EXPECT_DOUBLE_EQ(learning_rate_at(t, 13, 14), 1.0);
-}
-
-TEST(Training, ClipScalesToTheMaximumNorm) {
-  at::Tensor a = at::zeros({2}).requires_grad_(true), b = at::zeros({1}).requires_grad_(true);
-  a.mutable_grad() = at::tensor({3.0f, 0.0f});
-  b.mutable_grad() = at::tensor({4.0f});
-  EXPECT_NEAR(clip_grad_norm({a, b}, 0.0), 5.0, 1e-9) << "0: measure only";
-  EXPECT_NEAR(clip_grad_norm({a, b}, 1.0), 5.0, 1e-9);
-  EXPECT_NEAR(clip_grad_norm({a, b}, 0.0), 1.0, 1e-5);
 }
 
 }  // namespace

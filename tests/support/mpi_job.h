@@ -2,7 +2,7 @@
 // What the tests that run hybrid_train under mpirun share: the command prefix, a quiet run, and a
 // checkpoint's model read back by tensor name.
 
-#include "launcher/training/checkpoint.h"
+#include "training/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

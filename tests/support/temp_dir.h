@@ -3,7 +3,7 @@
 
 #include "base/remove_tree.h"
 #include "launcher/config/config_loader.h"
-#include "launcher/user_error.h"
+#include "base/user_error.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

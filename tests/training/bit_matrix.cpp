@@ -15,7 +15,7 @@
 // to AVX2 in fp32), so that the hashes do not depend on which x86-64 machine runs them; bf16's
 // products need oneDNN's AVX-512 kernels (capped at AVX512_CORE: the same bits with or without
 // AVX512_BF16), and its entries are compared only on a machine that has them.
-#include "launcher/training/checkpoint.h"
+#include "training/checkpoint.h"
 #include "base/remove_tree.h"
 
 #include <ATen/ATen.h>

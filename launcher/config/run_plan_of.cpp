@@ -1,0 +1,251 @@
+#include "launcher/config/run_plan_of.h"
+
+#include "alloc/byte_size.h"
+#include "alloc/cuda_arena.h"
+#include "base/user_error.h"
+#include "launcher/device_group.h"
+
+#include <algorithm>
+
+namespace ht {
+namespace {
+
+// The job's replicas against parallel.data_parallel, and the global batch divided among them and
+// into micro-batches.
+void check_replicas(const Config& c, int64_t replicas) {
+  const std::string where = c.source + ": ";
+  if (c.parallel.data_parallel != 0 && c.parallel.data_parallel != replicas) {
+    throw UserError(where + "parallel.data_parallel = " + std::to_string(c.parallel.data_parallel) + " but the job has " +
+                    std::to_string(replicas) + " data-parallel rank(s); start it with mpirun -np " +
+                    std::to_string(c.parallel.data_parallel) + ", or set parallel.data_parallel = 0 (all ranks)");
+  }
+  const int64_t global = c.training.global_batch_size;
+  if (global % replicas != 0) {
+    throw UserError(where + "training.global_batch_size = " + std::to_string(global) + " does not divide among " +
+                    std::to_string(replicas) + " data-parallel ranks; use a multiple of " + std::to_string(replicas) +
+                    " (e.g. " + std::to_string((global / replicas + 1) * replicas) + ")");
+  }
+  const int64_t local = global / replicas, micro = c.training.micro_batch_size;
+  if (micro > 0 && local % micro != 0) {
+    throw UserError(where + "training.micro_batch_size = " + std::to_string(micro) + " does not divide the " +
+                    std::to_string(local) + " samples each of the " + std::to_string(replicas) +
+                    " ranks trains per step (global_batch_size / ranks); use a divisor of " + std::to_string(local) +
+                    " or 0");
+  }
+}
+
+// With the micro-batch count known: what a pipeline's schedule and memory policy can use.
+void check_pipeline(const Config& c, const BatchPlan& batch) {
+  const ParallelConfig& p = c.parallel;
+  const std::string where = c.source + ": ";
+  if (p.pipeline_parallel == 1) return;
+  const ScheduleShape shape{static_cast<int>(p.pipeline_parallel), static_cast<int>(batch.micro_batches),
+                            static_cast<int>(p.virtual_stages)};
+  const std::string why = schedule_refusal(p.pipeline_schedule, shape);
+  if (!why.empty()) {
+    throw UserError(where + "parallel.pipeline_schedule = \"" + choice_name(p.pipeline_schedule) + "\" with " +
+                    std::to_string(shape.micro_batches) + " micro-batches per step (training.micro_batch_size = " +
+                    std::to_string(batch.micro) + "): " + why);
+  }
+  if (plans_statically(c.memory.policy)) {
+    throw UserError(where + "memory.policy = \"" + choice_name(c.memory.policy) + "\" with parallel.pipeline_parallel = " +
+                    std::to_string(p.pipeline_parallel) + ": static plans capture one micro-batch's step, and a "
+                    "pipeline stage interleaves several; use memory.policy = \"dtr\" (or another eviction "
+                    "policy) on each stage");
+  }
+  if (p.strategy == Strategy::kAuto) {
+    throw UserError(where + "parallel.strategy = \"auto\" with parallel.pipeline_parallel = " +
+                    std::to_string(p.pipeline_parallel) + ": the planner does not search pipeline stages yet; "
+                    "use parallel.strategy = \"manual\"");
+  }
+  if (c.model.name == ModelKind::kSupernet) {
+    throw UserError(where + "model.name = \"supernet\" with parallel.pipeline_parallel > 1: a supernet's path "
+                    "changes every step, and a stage's activations must keep one shape; use pipeline_parallel = 1");
+  }
+}
+
+MemoryPlan memory_plan_of(const Config& c) {
+  const MemoryConfig& m = c.memory;
+  MemoryPlan p;
+  p.budget_bytes = budget_bytes_of(c);
+  p.policy = m.policy;
+  p.eviction_threshold = m.eviction_threshold;
+  p.sqrt_sampling = m.sqrt_sampling;
+  p.ignore_small = m.ignore_small;
+  p.eviction_window = m.eviction_window;
+  p.kernel_costs = m.kernel_costs;
+  p.solve_time_s = m.solve_time_s;
+  p.static_layout = m.static_layout;
+  p.plan_first_step = m.plan_first_step;
+  p.host_budget_bytes = host_budget_bytes_of(c);
+  p.host_link_gbps = m.host_link_gbps;
+  p.compress = m.compress;
+  p.optimizer_state = m.optimizer_state;
+  p.host_cache = m.host_cache;
+  p.trace = m.trace;
+  p.trace_steps = m.trace_steps;
+  return p;
+}
+
+}  // namespace
+
+OptimizerOptions optimizer_options_of(const TrainingConfig& t) {
+  OptimizerOptions o;
+  o.kind = t.optimizer;
+  o.lr = t.lr;
+  o.min_lr = t.min_lr;
+  o.schedule = t.schedule;
+  o.warmup_steps = t.warmup_steps;
+  o.momentum = t.momentum;
+  o.beta1 = t.beta1;
+  o.beta2 = t.beta2;
+  o.eps = t.eps;
+  o.weight_decay = t.weight_decay;
+  o.grad_clip = t.grad_clip;
+  return o;
+}
+
+namespace {
+
+LoopPlan loop_of(const Config& c) {
+  LoopPlan l;
+  const TrainingConfig& t = c.training;
+  l.steps = t.steps;
+  l.epochs = t.epochs;
+  l.shuffle = c.data.shuffle;
+  l.eval_interval = t.eval_interval;
+  // eval_batches counts batches of one rank of a single-rank run.
+  l.eval_samples = t.eval_batches * (t.micro_batch_size > 0 ? t.micro_batch_size : t.global_batch_size);
+  l.log_interval = c.metrics.log_interval;
+  l.time_by_op = c.metrics.time_by_op;
+  l.checkpoint_interval = c.checkpoint.interval;
+  l.checkpoint_keep = c.checkpoint.keep;
+  l.checkpoint_dir = c.checkpoint_dir();
+  l.output_dir = c.job.output_dir;
+  return l;
+}
+
+}  // namespace
+
+int64_t configured_micro_batch(const Config& c) {
+  if (c.training.micro_batch_size > 0) return c.training.micro_batch_size;
+  return c.training.global_batch_size / std::max<int64_t>(1, c.parallel.data_parallel);
+}
+
+int64_t budget_bytes_of(const Config& c) {
+  const std::string& budget = c.memory.budget;
+  if (budget.empty()) return 0;
+  const std::string& device = c.training.device;
+  const bool gpu = device != "cpu";
+  // The GPU is asked only for a share: no rank should touch another's GPU before choosing its own.
+  const bool share = budget.find('%') != std::string::npos;
+  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
+  const int64_t device_bytes = !gpu ? host_physical_memory_bytes() : share ? cuda_device_memory_bytes(index) : -1;
+  const auto bytes = parse_byte_size(budget, std::max<int64_t>(device_bytes, 0));
+  if (!bytes) {
+    throw UserError(c.source + ": memory.budget = \"" + budget + "\" is not a memory size; use bytes with a unit "
+                    "(\"1.5GiB\", \"800MiB\", \"2GB\") or a share of the device (\"60%\")");
+  }
+  return *bytes;
+}
+
+int64_t host_budget_bytes_of(const Config& c) {
+  const MemoryConfig& m = c.memory;
+  if (!swaps(m.policy) && m.policy != MemoryPolicy::kAuto) return 0;  // no host swap: none needed
+  const int64_t available = host_available_memory_bytes();
+  if (m.host_budget.empty()) return available / 2;
+  const auto bytes = parse_byte_size(m.host_budget, available);
+  if (!bytes) {
+    throw UserError(c.source + ": memory.host_budget = \"" + m.host_budget + "\" is not a memory size; use bytes "
+                    "with a unit (\"8GiB\", \"500MB\") or a share of the host's available memory (\"50%\")");
+  }
+  return *bytes;
+}
+
+RunPlan plan_of_config(const Config& c, int replicas) {
+  RunPlan plan;
+  plan.source = c.source;
+  plan.device = c.training.device;
+  plan.seed = static_cast<uint64_t>(c.job.seed);
+  plan.channels_last = c.training.channels_last;
+  GridPlan& g = plan.grid;
+  g.data = replicas;
+  g.tensor = static_cast<int>(c.parallel.tensor_parallel);
+  g.pipeline = static_cast<int>(c.parallel.pipeline_parallel);
+  g.sequence_parallel = g.tensor > 1 && c.parallel.sequence_parallel;
+  BatchPlan& b = plan.batch;
+  b.global = c.training.global_batch_size;
+  const int64_t local = b.global / replicas;
+  b.micro = c.training.micro_batch_size > 0 ? c.training.micro_batch_size : local;
+  b.micro_batches = local / b.micro;
+  plan.memory = memory_plan_of(c);
+  SyncPlan& s = plan.sync;
+  s.shard = replicas > 1 ? c.parallel.shard : ShardLevel::kNone;
+  s.bucket_bytes = c.parallel.bucket_mb << 20;
+  s.overlap = c.parallel.overlap;
+  s.prefetch = c.parallel.prefetch;
+  s.timeout_s = c.parallel.timeout_s;
+  PipelinePlan& p = plan.pipeline;
+  p.schedule = c.parallel.pipeline_schedule;
+  p.virtual_stages = c.parallel.virtual_stages;
+  p.stage_blocks = c.parallel.stage_blocks;
+  p.stage_costs = c.parallel.stage_costs;
+  plan.precision = c.training.mixed_precision;
+  plan.loss_scale = LossScalerOptions{c.training.loss_scale, c.training.loss_scale_growth,
+                                      c.training.loss_scale_backoff, c.training.loss_scale_growth_interval};
+  plan.optimizer = optimizer_options_of(c.training);
+  plan.loop = loop_of(c);
+  return plan;
+}
+
+RunPlan run_plan_of(const Config& c, const ProcessGrid& grid, std::vector<std::string>* warnings) {
+  check_replicas(c, grid.data_parallel);
+  RunPlan plan = plan_of_config(c, grid.data_parallel);
+  plan.device = device_of_rank(c, grid);
+  GridPlan& g = plan.grid;
+  g.tensor = grid.tensor_parallel;
+  g.pipeline = grid.pipeline_parallel;
+  g.replica = grid.replica;
+  g.tensor_rank = grid.tensor_rank;
+  g.stage = grid.stage;
+  g.sequence_parallel = grid.tensor_parallel > 1 && c.parallel.sequence_parallel;
+  check_pipeline(c, plan.batch);
+  if (c.parallel.shard != ShardLevel::kNone && grid.data_parallel == 1 && warnings != nullptr) {
+    warnings->push_back("parallel.shard = \"" + std::string(choice_name(c.parallel.shard)) +
+                        "\" has no effect with one data-parallel rank: each rank's share is the whole");
+  }
+  return plan;
+}
+
+RunPlan run_plan_of(const Config& config) { return run_plan_of(config, ProcessGrid{}); }
+
+Config config_as_run(const Config& config, const RunPlan& plan) {
+  Config c = config;
+  c.training.device = plan.device;
+  const GridPlan& g = plan.grid;
+  c.parallel.data_parallel = g.data;
+  c.parallel.pipeline_parallel = g.pipeline;
+  c.parallel.tensor_parallel = g.tensor;
+  if (g.tensor > 1) c.parallel.sequence_parallel = g.sequence_parallel;
+  if (g.pipeline > 1) {
+    c.parallel.pipeline_schedule = plan.pipeline.schedule;
+    c.parallel.virtual_stages = plan.pipeline.virtual_stages;
+  }
+  // The cut that trains (none without stages, whatever the config said).
+  c.parallel.stage_blocks = g.pipeline > 1 ? plan.pipeline.stage_blocks : std::vector<int64_t>{};
+  if (plan.sync.shard != ShardLevel::kNone || g.data > 1) c.parallel.shard = plan.sync.shard;
+  if (plan.sync.shard == ShardLevel::kParameters) c.parallel.prefetch = plan.sync.prefetch;
+  const int64_t configured = config.training.micro_batch_size > 0 ? config.training.micro_batch_size : plan.batch.local();
+  if (plan.batch.micro != configured) {
+    c.training.micro_batch_size = plan.batch.micro == plan.batch.local() ? 0 : plan.batch.micro;
+  }
+  c.training.mixed_precision = plan.precision;
+  const MemoryPlan& m = plan.memory;
+  if (m.budget_bytes != budget_bytes_of(config)) c.memory.budget = std::to_string(m.budget_bytes);
+  c.memory.policy = m.policy;
+  c.memory.eviction_threshold = m.eviction_threshold;
+  c.memory.optimizer_state = m.optimizer_state;
+  return c;
+}
+
+}  // namespace ht

@@ -1,0 +1,25 @@
+#pragma once
+// Which device a rank computes on, and the groups it trains in over that device. On the CPU: the
+// MPI groups as they are. With training.device = "cuda" under mpirun: the GPU of the rank's local
+// rank (among the GPUs it sees) and NCCL between the GPUs, set up by MPI.
+
+#include "launcher/config/config.h"
+#include "parallel/process_grid.h"
+#include "training/run_plan.h"
+
+#include <memory>
+#include <string>
+
+namespace ht {
+
+// config.training.device for this rank: "cuda" becomes "cuda:<local rank modulo visible GPUs>"
+// under mpirun (a single process keeps "cuda", the current device). Throws UserError where the job
+// needs what this build lacks (NCCL; pipelines over NCCL).
+std::string device_of_rank(const Config& config, const ProcessGrid& grid);
+// The replicas' group on plan.device: the grid's on the CPU, NCCL between GPUs.
+std::shared_ptr<Communicator> replica_group_for_device(const RunPlan& plan, const ProcessGrid& grid);
+// The tensor-parallel group's communicator on plan.device: MPI's on the CPU, NCCL between the
+// group's GPUs; null without tensor parallelism.
+std::shared_ptr<Communicator> tensor_group_for_device(const RunPlan& plan, const ProcessGrid& grid);
+
+}  // namespace ht

@@ -1,0 +1,113 @@
+// The trainer is made of parts chosen once (training/trainer_parts.h): a test hands it a gradient
+// sync of its own, and the trainer runs it in the plan's place without a line of the trainer's
+// files knowing.
+#include "tests/support/model_cases.h"
+#include "training/trainer.h"
+
+#include <gtest/gtest.h>
+
+namespace ht::test {
+namespace {
+
+// Records what the trainer asks of it, and halves every gradient when the step's combination is
+// waited for: an all-reduce's mean over two replicas whose gradients are equal.
+class HalvingSync final : public GradientSync {
+ public:
+  explicit HalvingSync(std::vector<at::Tensor> params) : params_(std::move(params)) {}
+  GradientListener* listener(bool last) override {
+    ++listeners;
+    lasts += last ? 1 : 0;
+    return nullptr;
+  }
+  void backward_ended() override { ++backwards; }
+  std::unique_ptr<SyncHandle> begin() override {
+    ++begins;
+    class Halve final : public SyncHandle {
+     public:
+      explicit Halve(const std::vector<at::Tensor>& params) : params_(params) {}
+      void wait() override {
+        for (const at::Tensor& p : params_) {
+          at::Tensor handle = p;
+          if (handle.grad().defined()) handle.mutable_grad().mul_(0.5);
+        }
+      }
+
+     private:
+      const std::vector<at::Tensor>& params_;
+    };
+    return std::make_unique<Halve>(params_);
+  }
+  int listeners = 0, lasts = 0, backwards = 0, begins = 0;
+
+ private:
+  std::vector<at::Tensor> params_;
+};
+
+// One rank, SGD without momentum or clipping, 3 steps of 2 micro-batches of 8.
+RunPlan sgd_plan(double lr) {
+  RunPlan plan;
+  plan.batch = BatchPlan{16, 8, 2};
+  plan.optimizer.kind = OptimizerKind::kSgd;
+  plan.optimizer.lr = lr;
+  plan.optimizer.momentum = 0;
+  plan.optimizer.schedule = LrSchedule::kConstant;
+  plan.loop.steps = 3;
+  plan.loop.log_interval = 100;
+  plan.loop.eval_samples = 8;
+  return plan;
+}
+
+DataSplits mlp_data() {
+  const ModelCase& mlp = model_case("mlp");
+  DataSplits data;
+  auto [x, y] = mlp.data(64);
+  data.train = std::make_unique<TensorDataset>(x, y);
+  data.eval = std::make_unique<TensorDataset>(x.narrow(0, 0, 16), y.narrow(0, 0, 16));
+  data.info.task = Task::kClassification;
+  data.info.classes = 5;
+  return data;
+}
+
+// Trains the MLP (the same initial weights and data every time) under `plan`, with `sync` in
+// place of the plan's gradient sync where given; returns the trained parameters.
+std::vector<at::Tensor> train(const RunPlan& plan, HalvingSync** sync) {
+  at::manual_seed(7);
+  std::shared_ptr<Model> model = model_case("mlp").make();
+  DataSplits data = mlp_data();
+  auto engine = std::make_unique<Engine>(plan, model, nullptr);
+  TrainerParts parts = make_trainer_parts(plan, data, *engine, {});
+  if (sync != nullptr) {
+    auto own = std::make_unique<HalvingSync>(model->parameters());
+    *sync = own.get();
+    parts.sync = std::move(own);
+  }
+  Trainer trainer(plan, std::move(data), std::move(engine), std::move(parts));
+  trainer.run(nullptr);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : model->parameters()) out.push_back(p.detach().clone());
+  if (sync != nullptr) EXPECT_EQ(trainer.state().step, 3);
+  return out;
+}
+
+TEST(TrainerParts, ATestsOwnGradientSyncRunsInThePlansPlace) {
+  HalvingSync* sync = nullptr;
+  const std::vector<at::Tensor> halved = train(sgd_plan(0.1), &sync);
+  ASSERT_NE(sync, nullptr);
+  EXPECT_EQ(sync->listeners, 6) << "asked once before each micro-batch's backward";
+  EXPECT_EQ(sync->lasts, 3) << "the last micro-batch of each step said so";
+  EXPECT_EQ(sync->backwards, 6);
+  EXPECT_EQ(sync->begins, 3) << "one combination per optimizer step";
+  // Halved gradients at lr 0.1 are the plain run's at lr 0.05, bit for bit (scaling by 2 is exact).
+  const std::vector<at::Tensor> plain = train(sgd_plan(0.05), nullptr);
+  ASSERT_EQ(halved.size(), plain.size());
+  bool moved = false;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(halved[i].equal(plain[i])) << "parameter " << i;
+  }
+  const std::vector<at::Tensor> full = train(sgd_plan(0.1), nullptr);
+  for (size_t i = 0; i < plain.size(); ++i) moved = moved || !full[i].equal(plain[i]);
+  EXPECT_TRUE(moved) << "the sync changed what was trained";
+}
+
+}  // namespace
+}  // namespace ht::test

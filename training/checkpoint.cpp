@@ -1,0 +1,499 @@
+#include "training/checkpoint.h"
+
+#include "training/optimizer.h"
+#include "training/optimizer_shard.h"
+#include "training/per_rank.h"
+#include "base/user_error.h"
+#include "alloc/cpu_device_allocator.h"
+#include "base/remove_tree.h"
+
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <unistd.h>
+
+namespace ht {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kFiles[] = {"model.pt", "optimizer.pt", "trainer.pt"};
+
+void fsync_path(const fs::path& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw UserError(path.string() + ": cannot open to flush it to disk");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw UserError(path.string() + ": fsync failed; is the disk full?");
+}
+
+// CRC-32 and size of a file.
+std::pair<uint64_t, uint32_t> checksum(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> buffer(1 << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t bytes = 0;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const std::streamsize got = in.gcount();
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(buffer.data()), static_cast<uInt>(got));
+    bytes += static_cast<uint64_t>(got);
+  }
+  return {bytes, static_cast<uint32_t>(crc)};
+}
+
+std::string folder_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// Every parameter and buffer under its full name ("blocks.0.linear.weight"). libtorch's
+// Module::load would silently take a tensor of another shape; this checks names, shapes and dtypes.
+// Each tensor is written from a host copy with a storage of its own, so the file is the same
+// whatever the tensors' layout in device memory (under a budget they share one block:
+// training/compact.h) and the copy takes no device memory.
+at::Tensor standalone(const at::Tensor& t) {
+  HostAllocationScope host;
+  return t.detach().clone().requires_grad_(t.requires_grad());
+}
+
+// An archive's bytes, in memory: the checkpoint's size is known before anything is written.
+std::string bytes_of(torch::serialize::OutputArchive& archive) {
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+std::string model_bytes(const Model& model) {
+  torch::serialize::OutputArchive archive;
+  for (const auto& p : model.named_parameters()) archive.write(p.key(), standalone(p.value()));
+  for (const auto& b : model.named_buffers()) archive.write(b.key(), standalone(b.value()), /*is_buffer=*/true);
+  return bytes_of(archive);
+}
+
+// A checkpoint's model tensors by name, from either layout: {name, is buffer} -> the tensor, or
+// undefined where it has none; and how many it holds.
+struct ModelSource {
+  std::function<at::Tensor(const std::string&, bool)> read;
+  size_t count = 0;
+};
+
+ModelSource archive_source(const fs::path& path) {
+  auto archive = std::make_shared<torch::serialize::InputArchive>();
+  archive->load_from(path.string());
+  ModelSource source;
+  source.count = archive->keys().size();
+  source.read = [archive](const std::string& name, bool is_buffer) {
+    at::Tensor saved;
+    return archive->try_read(name, saved, is_buffer) ? saved : at::Tensor();
+  };
+  return source;
+}
+
+ModelSource slice_source(const std::string& folder) {
+  auto index = std::make_shared<SliceIndex>(folder);
+  ModelSource source;
+  source.count = index->names("param").size() + index->names("buffer").size();
+  source.read = [index](const std::string& name, bool is_buffer) {
+    const char* kind = is_buffer ? "buffer" : "param";
+    return index->find(kind, name) != nullptr ? index->whole(kind, name) : at::Tensor();
+  };
+  return source;
+}
+
+ModelSource model_source(const std::string& folder) {
+  return SliceIndex::present(folder) ? slice_source(folder) : archive_source(fs::path(folder) / "model.pt");
+}
+
+void read_model(Model& model, const ModelSource& source) {
+  size_t expected = 0;
+  auto read_into = [&](const std::string& name, at::Tensor& target, bool is_buffer) {
+    ++expected;
+    const at::Tensor saved = source.read(name, is_buffer);
+    if (!saved.defined()) throw UserError("it has no tensor " + name);
+    if (saved.sizes() != target.sizes() || saved.scalar_type() != target.scalar_type()) {
+      throw UserError(name + " is " + c10::str(saved.scalar_type(), saved.sizes()) + " there but " +
+                      c10::str(target.scalar_type(), target.sizes()) + " in the configured model");
+    }
+    at::NoGradGuard no_grad;
+    target.copy_(saved);
+  };
+  for (auto& p : model.named_parameters()) read_into(p.key(), p.value(), false);
+  for (auto& b : model.named_buffers()) read_into(b.key(), b.value(), true);
+  if (source.count != expected) {
+    throw UserError("it holds " + std::to_string(source.count) + " tensors, the configured model " +
+                    std::to_string(expected));
+  }
+}
+
+// The optimizer state of sliced checkpoints into an optimizer over the whole parameters.
+void read_optimizer_slices(const SliceIndex& index, const Model& model, torch::optim::Optimizer& optimizer) {
+  if (index.optimizer() != optimizer_name(optimizer)) {
+    throw UserError("its optimizer state is " + index.optimizer() + "'s, the configured optimizer " +
+                    optimizer_name(optimizer));
+  }
+  for (const auto& p : model.named_parameters()) {
+    const std::vector<at::Tensor> state = read_sliced_state(index, p.key(), 0, p.value());
+    if (!state.empty()) set_optimizer_state(optimizer, p.value(), state);  // none: never stepped
+  }
+}
+
+std::string trainer_state_bytes(const TrainerState& s) {
+  torch::serialize::OutputArchive archive;
+  archive.write("step", c10::IValue(s.step));
+  archive.write("epoch", c10::IValue(s.sampler.epoch));
+  archive.write("batch", c10::IValue(s.sampler.batch));
+  archive.write("seed_counter", c10::IValue(static_cast<int64_t>(s.seed_counter)));
+  if (s.loss_scaler) {
+    archive.write("loss_scale", c10::IValue(s.loss_scaler->scale));
+    archive.write("loss_scale_good_steps", c10::IValue(s.loss_scaler->good_steps));
+    archive.write("skipped_steps", c10::IValue(s.loss_scaler->skipped_steps));
+  }
+  return bytes_of(archive);
+}
+
+// Writes `bytes` to `path`; false if the file system refused some of it (full, or a quota).
+bool write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+uint32_t crc_of(const std::string& bytes) {
+  return static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
+                                     static_cast<uInt>(bytes.size())));
+}
+
+TrainerState read_trainer_state(const fs::path& path) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path.string());
+  auto read = [&](const char* key) {
+    c10::IValue v;
+    archive.read(key, v);
+    return v.toInt();
+  };
+  TrainerState s;
+  s.step = read("step");
+  s.sampler.epoch = read("epoch");
+  s.sampler.batch = read("batch");
+  s.seed_counter = static_cast<uint64_t>(read("seed_counter"));
+  // Only fp16 runs have a loss scaler; a run that had none resumes with the configured scale.
+  c10::IValue scale;
+  if (archive.try_read("loss_scale", scale)) {
+    s.loss_scaler = LossScalerState{scale.toDouble(), read("loss_scale_good_steps"), read("skipped_steps")};
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, int64_t offset,
+                                          const at::Tensor& like) {
+  return read_sliced_state(index, name, like,
+                           [&](const char* kind) { return index.read(kind, name, offset, like.numel()); });
+}
+
+std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, const at::Tensor& like,
+                                          const std::function<at::Tensor(const char* kind)>& read) {
+  if (index.find("state0", name) == nullptr) return {};
+  std::vector<at::Tensor> state;
+  const bool adamw = index.optimizer() == "adamw";
+  if (adamw) {
+    const std::optional<int64_t> step = index.step(name);
+    if (!step) throw UserError(index.folder() + ": the checkpoint has no step count for " + name + "'s AdamW state");
+    state.push_back(at::scalar_tensor(*step, at::kLong));
+  }
+  for (const char* kind : {"state0", "state1"}) {
+    if (!adamw && std::string(kind) == "state1") break;
+    // Where the optimizer keeps it (the device, or the arena under a budget), not the reader's host copy.
+    at::Tensor t = at::empty_like(like);
+    memory_order(t).copy_(read(kind));
+    state.push_back(t);
+  }
+  return state;
+}
+
+std::string CheckpointStore::save(const Model& model, const torch::optim::Optimizer& optimizer,
+                                  const TrainerState& state) const {
+  const fs::path dir(dir_);
+  fs::create_directories(dir);
+  const fs::path tmp = dir / ("." + folder_name(state.step) + ".tmp");
+  const fs::path final_path = dir / folder_name(state.step);
+  // Every file's bytes first, in memory: what the checkpoint needs is known before the disk is
+  // touched, and a disk that fills while it is written leaves the previous checkpoint as it was.
+  std::string optimizer_bytes;
+  {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    optimizer_bytes = bytes_of(archive);
+  }
+  const std::string files[] = {model_bytes(model), optimizer_bytes, trainer_state_bytes(state)};
+  std::ostringstream manifest;
+  uint64_t needed = 0;
+  for (size_t i = 0; i < std::size(kFiles); ++i) {
+    manifest << kFiles[i] << ' ' << files[i].size() << ' ' << crc_of(files[i]) << '\n';
+    needed += files[i].size();
+  }
+  needed += manifest.str().size();
+  auto no_room = [&](const std::string& what) {
+    std::error_code ignored;
+    remove_tree(tmp, ignored);
+    const std::vector<std::string> previous = list();
+    return UserError(dir.string() + ": " + what + " writing the checkpoint of step " + std::to_string(state.step) +
+                     ", which needs " + std::to_string(needed) + " bytes (" + std::to_string(fs::space(dir, ignored).available) +
+                     " free now); nothing of it was kept, and " +
+                     (previous.empty() ? std::string("there is no earlier checkpoint")
+                                       : "the previous checkpoint, " + previous.front() + ", is as it was") +
+                     ". Free space there, or set checkpoint.dir to a disk with room (a new checkpoint is written whole "
+                     "before those beyond checkpoint.keep are deleted)");
+  };
+  std::error_code ec;
+  const fs::space_info space = fs::space(dir, ec);
+  if (!ec && space.available < needed) throw no_room("not enough free space for");
+  try {
+    remove_tree(tmp);
+    fs::create_directories(tmp);
+    auto write = [&](const char* name, const std::string& bytes) {
+      if (!write_file(tmp / name, bytes)) throw std::runtime_error(std::string("the disk refused ") + name + " (full, or a quota)");
+      fsync_path(tmp / name, false);
+    };
+    for (size_t i = 0; i < std::size(kFiles); ++i) write(kFiles[i], files[i]);
+    write("MANIFEST", manifest.str());
+    fsync_path(tmp, true);
+  } catch (const std::exception& e) {  // the space went meanwhile (another writer), or a quota
+    throw no_room(e.what() + std::string(";"));
+  }
+  remove_tree(final_path);
+  fs::rename(tmp, final_path);
+  fsync_path(dir, true);
+  // Keep the newest `keep`.
+  const std::vector<std::string> all = list();
+  for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) remove_tree(all[i]);
+  return final_path.string();
+}
+
+// Rank 0, once every rank's files are written: trainer.pt and the MANIFEST (every rank's sizes
+// and CRC-32s: `all` is gather_per_rank's table, rows ok, data bytes, data CRC, index bytes,
+// index CRC), then the rename and the rotation.
+void CheckpointStore::publish_sliced(const std::string& folder, const TrainerState& state,
+                                     const std::vector<std::vector<double>>& all) const {
+  const fs::path dir(dir_), tmp(folder), final_path = dir / folder_name(state.step);
+  const std::string trainer = trainer_state_bytes(state);
+  std::ostringstream manifest;
+  manifest << "trainer.pt " << trainer.size() << ' ' << crc_of(trainer) << '\n';
+  for (size_t at = 0; at < all[0].size(); ++at) {
+    const int r = static_cast<int>(at);
+    manifest << slice_file_stem(r) << ".slices " << static_cast<uint64_t>(all[1][at]) << ' '
+             << static_cast<uint32_t>(all[2][at]) << '\n';
+    manifest << slice_file_stem(r) << ".index " << static_cast<uint64_t>(all[3][at]) << ' '
+             << static_cast<uint32_t>(all[4][at]) << '\n';
+  }
+  for (const auto& [name, bytes] : {std::pair<const char*, std::string>{"trainer.pt", trainer},
+                                    std::pair<const char*, std::string>{"MANIFEST", manifest.str()}}) {
+    if (!write_file(tmp / name, bytes)) {
+      std::error_code ignored;
+      remove_tree(tmp, ignored);
+      throw UserError(dir.string() + ": the disk refused " + name + " of the checkpoint of step " +
+                      std::to_string(state.step) + " (full, or a quota); nothing of it was kept");
+    }
+    fsync_path(tmp / name, false);
+  }
+  fsync_path(tmp, true);
+  remove_tree(final_path);
+  fs::rename(tmp, final_path);
+  fsync_path(dir, true);
+  const std::vector<std::string> folders = list();
+  for (size_t i = static_cast<size_t>(keep_); i < folders.size(); ++i) remove_tree(folders[i]);
+}
+
+std::string CheckpointStore::save_sliced(Communicator& group, const TrainerState& state, const std::string& optimizer,
+                                         const std::function<void(SliceFileWriter&)>& write) const {
+  const fs::path dir(dir_);
+  const fs::path tmp = dir / ("." + folder_name(state.step) + ".tmp");
+  const fs::path final_path = dir / folder_name(state.step);
+  const bool first = group.rank() == 0;
+  std::string why;  // this rank's failure, if any
+  if (first) {
+    try {
+      fs::create_directories(dir);
+      remove_tree(tmp);
+      fs::create_directories(tmp);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  // No rank writes before the folder is made (or known not to be).
+  const std::vector<double> made = gather_per_rank(group, {why.empty() ? 1.0 : 0.0}, "the checkpoint's folder")[0];
+  std::array<uint64_t, 4> files{};
+  if (made[0] != 0) {
+    try {
+      SliceFileWriter writer(tmp.string(), group.rank(), optimizer);
+      write(writer);
+      files = writer.finish();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  std::vector<double> mine{why.empty() ? 1.0 : 0.0};
+  for (uint64_t v : files) mine.push_back(static_cast<double>(v));  // sizes and CRC-32s: exact in a double
+  const std::vector<std::vector<double>> all = gather_per_rank(group, mine, "the checkpoint's file sizes");
+  const auto failed = std::find(all[0].begin(), all[0].end(), 0.0);
+  if (failed != all[0].end()) {
+    std::error_code ignored;
+    if (first) remove_tree(tmp, ignored);
+    const std::vector<std::string> previous = list();
+    const int rank = static_cast<int>(failed - all[0].begin());
+    throw UserError(dir.string() + ": rank " + std::to_string(rank) + " could not write its part of the checkpoint of step " +
+                    std::to_string(state.step) + " (" + (why.empty() ? "its own message says why" : why) +
+                    "); nothing of it was kept, and " +
+                    (previous.empty() ? std::string("there is no earlier checkpoint")
+                                      : "the previous checkpoint, " + previous.front() + ", is as it was") +
+                    ". Free space there, or set checkpoint.dir to a disk with room");
+  }
+  if (first) {
+    try {
+      publish_sliced(tmp.string(), state, all);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  // Every rank returns a complete checkpoint, or ends with rank 0's reason (not at a barrier
+  // rank 0 never reaches).
+  if (gather_per_rank(group, {why.empty() ? 1.0 : 0.0}, "the checkpoint's rename")[0][0] == 0) {
+    if (!first) why = dir.string() + ": rank 0 could not finish the checkpoint of step " + std::to_string(state.step) +
+                      " (its own message says why)";
+    throw UserError(why);
+  }
+  return final_path.string();
+}
+
+std::vector<std::string> CheckpointStore::list() const {
+  std::vector<std::string> folders;
+  if (!fs::is_directory(dir_)) return folders;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0) folders.push_back(entry.path().string());
+  }
+  std::sort(folders.rbegin(), folders.rend());  // zero-padded step: newest first
+  return folders;
+}
+
+std::string CheckpointStore::verify(const std::string& folder) {
+  std::ifstream manifest(fs::path(folder) / "MANIFEST");
+  if (!manifest) return "no MANIFEST (incomplete or not a checkpoint)";
+  std::string file;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+  int entries = 0;
+  while (manifest >> file >> bytes >> crc) {
+    ++entries;
+    const fs::path path = fs::path(folder) / file;
+    if (!fs::exists(path)) return file + " is missing";
+    const auto [actual_bytes, actual_crc] = checksum(path);
+    if (actual_bytes != bytes) {
+      return file + " has " + std::to_string(actual_bytes) + " bytes, the manifest says " + std::to_string(bytes);
+    }
+    if (actual_crc != crc) return file + " fails its checksum";
+  }
+  // Whole: model.pt, optimizer.pt and trainer.pt. Sliced: trainer.pt and two files a rank.
+  const bool sliced = SliceIndex::present(folder);
+  if (!sliced && entries != 3) return "MANIFEST lists " + std::to_string(entries) + " files, expected 3";
+  if (sliced && (entries < 3 || entries % 2 == 0)) {
+    return "MANIFEST lists " + std::to_string(entries) + " files, expected trainer.pt and two a rank";
+  }
+  return "";
+}
+
+TrainerState CheckpointStore::load(const std::string& folder, Model& model, torch::optim::Optimizer& optimizer) {
+  const fs::path dir(folder);
+  auto does_not_fit = [&](const std::string& why) {
+    return UserError(folder + ": this checkpoint does not fit the configured model or optimizer: " + why +
+                     "; resume with the config it was saved with");
+  };
+  try {
+    read_model(model, model_source(folder));
+    if (SliceIndex::present(folder)) {
+      read_optimizer_slices(SliceIndex(folder), model, optimizer);
+    } else {
+      torch::serialize::InputArchive optimizer_archive;
+      optimizer_archive.load_from((dir / "optimizer.pt").string());
+      optimizer.load(optimizer_archive);
+    }
+    return read_trainer_state(dir / "trainer.pt");
+  } catch (const UserError& e) {
+    throw does_not_fit(e.what());
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw does_not_fit(what.substr(0, what.find('\n')));
+  }
+}
+
+TrainerState CheckpointStore::load_trainer_state(const std::string& folder) {
+  try {
+    return read_trainer_state(fs::path(folder) / "trainer.pt");
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw UserError(folder + "/trainer.pt: cannot read it: " + what.substr(0, what.find('\n')));
+  }
+}
+
+std::map<std::string, at::Tensor> CheckpointStore::model_tensors(const std::string& folder) {
+  std::map<std::string, at::Tensor> tensors;
+  if (SliceIndex::present(folder)) {
+    const SliceIndex index(folder);
+    for (const char* kind : {"param", "buffer"}) {
+      for (const std::string& name : index.names(kind)) tensors[name] = index.whole(kind, name);
+    }
+    return tensors;
+  }
+  torch::serialize::InputArchive archive;
+  archive.load_from((fs::path(folder) / "model.pt").string());
+  for (const std::string& key : archive.keys()) {
+    at::Tensor t;
+    if (archive.try_read(key, t) || archive.try_read(key, t, true)) tensors[key] = t;
+  }
+  return tensors;
+}
+
+void CheckpointStore::load_model(const std::string& folder, Model& model) {
+  try {
+    read_model(model, model_source(folder));
+  } catch (const UserError& e) {
+    throw UserError(folder + ": this checkpoint does not fit the model its run's config describes: " + e.what());
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw UserError(folder + ": cannot read its model: " + what.substr(0, what.find('\n')));
+  }
+}
+
+std::optional<std::string> resolve_resume(const std::string& resume, const std::string& dir,
+                                          std::vector<std::string>& warnings) {
+  if (resume.empty()) return std::nullopt;
+  if (resume != "latest") {
+    if (!fs::is_directory(resume)) {
+      throw UserError("checkpoint.resume = \"" + resume + "\": no such checkpoint folder; use \"latest\" or a "
+                      "step_<N> folder under " + dir);
+    }
+    const std::string why = CheckpointStore::verify(resume);
+    if (!why.empty()) throw UserError(resume + ": damaged checkpoint: " + why + "; use an older one or \"latest\"");
+    return resume;
+  }
+  for (const std::string& folder : CheckpointStore(dir, 1).list()) {
+    const std::string why = CheckpointStore::verify(folder);
+    if (why.empty()) return folder;
+    warnings.push_back(folder + ": damaged checkpoint (" + why + "); falling back to the previous one");
+  }
+  return std::nullopt;
+}
+
+}  // namespace ht

@@ -1,0 +1,83 @@
+#pragma once
+// Checkpoints: model, optimizer state, the data position and the interpreter's seed counter
+// (all the random state training draws from), the loss scaler and the step. Each is a folder
+// step_<N>/ holding trainer.pt, the model and its optimizer state, and a MANIFEST of sizes and
+// CRC-32s written last; it is built under a temporary name, fsynced and renamed, so a folder named
+// step_<N> is complete. A damaged checkpoint (missing file, wrong size or checksum) is detected on
+// resume. The model and state are either whole (model.pt, optimizer.pt: one writer) or slices
+// (rank_<r>.slices and .index, every rank of a sharded run writing its own pieces:
+// training/slice_files.h); every reader takes both.
+
+#include "training/sampler.h"
+#include "training/loss_scaler.h"
+#include "training/slice_files.h"
+#include "models/model.h"
+#include "parallel/communicator.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+struct TrainerState {
+  int64_t step = 0;  // optimizer steps done
+  SamplerPosition sampler;
+  uint64_t seed_counter = 0;
+  std::optional<LossScalerState> loss_scaler;  // fp16 runs only
+};
+
+class CheckpointStore {
+ public:
+  CheckpointStore(std::string dir, int64_t keep) : dir_(std::move(dir)), keep_(keep) {}
+
+  // Writes step_<N>/ atomically and deletes the oldest beyond `keep`. Returns its folder.
+  std::string save(const Model& model, const torch::optim::Optimizer& optimizer, const TrainerState& state) const;
+  // The same as slices, collective over `group` (every rank calls it): rank 0 makes the temporary
+  // folder, every rank writes its two files through `write`, rank 0 writes trainer.pt and the
+  // manifest and renames. UserError on every rank where one rank's disk refused (nothing kept).
+  // Returns the folder.
+  std::string save_sliced(Communicator& group, const TrainerState& state, const std::string& optimizer,
+                          const std::function<void(SliceFileWriter&)>& write) const;
+  // Checkpoint folders, newest first.
+  std::vector<std::string> list() const;
+
+  // "" if the folder is a complete, undamaged checkpoint; otherwise why not.
+  static std::string verify(const std::string& folder);
+  // Loads a verified checkpoint; throws UserError if it does not fit the model or optimizer.
+  static TrainerState load(const std::string& folder, Model& model, torch::optim::Optimizer& optimizer);
+  // Loads only the model's parameters and buffers (hybrid_train export and sample); UserError if
+  // they do not fit the model.
+  static void load_model(const std::string& folder, Model& model);
+  // A checkpoint's parameters and buffers, whole, by name (either layout).
+  static std::map<std::string, at::Tensor> model_tensors(const std::string& folder);
+  static TrainerState load_trainer_state(const std::string& folder);
+
+ private:
+  void publish_sliced(const std::string& folder, const TrainerState& state,
+                      const std::vector<std::vector<double>>& all) const;
+  std::string dir_;
+  int64_t keep_;
+};
+
+// The optimizer state a sliced checkpoint holds for elements [offset, offset + like.numel()) of
+// `name`'s memory order, as optimizer_state gives it (AdamW: step, exp_avg, exp_avg_sq; SGD:
+// momentum), each laid out and allocated like `like` (a parameter, or a 1-D piece of one); empty
+// where the parameter has none (never stepped). UserError without AdamW's step count.
+std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, int64_t offset,
+                                          const at::Tensor& like);
+// The same, each kind's like.numel() elements given by `read("state0")` and `read("state1")`
+// (a tensor-parallel rank's reader of its part).
+std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::string& name, const at::Tensor& like,
+                                          const std::function<at::Tensor(const char* kind)>& read);
+
+// Resolves [checkpoint] resume: "latest" picks the newest checkpoint that verifies, warning about
+// each damaged one it skips (nullopt if there is none); a folder must verify, or UserError.
+std::optional<std::string> resolve_resume(const std::string& resume, const std::string& dir,
+                                          std::vector<std::string>& warnings);
+
+}  // namespace ht

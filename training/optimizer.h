@@ -1,0 +1,80 @@
+#pragma once
+// The optimizer (torch::optim, fed our gradients), the learning-rate schedule (linear warmup,
+// then constant or cosine decay) and global-norm gradient clipping.
+
+#include "training/loss_scaler.h"
+#include "training/optimizer_options.h"
+
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o,
+                                                        const std::vector<at::Tensor>& params);
+
+// Learning rate for the optimizer step with 0-based index `step` of `total_steps`.
+double learning_rate_at(const OptimizerOptions& o, int64_t step, int64_t total_steps);
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+// Returns the global L2 norm of the gradients; when max_norm > 0 and the norm exceeds it, scales
+// every gradient by max_norm / norm.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// The same with the norm given (a pipeline stage holds only some of the gradients: the whole
+// model's norm is gathered across the stages; parallel/pipeline_stage.h).
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm);
+// The per-parameter norms clip_grad_norm combines, one per defined gradient, and their combination:
+// a pipeline gathers the first across stages and combines them as one rank would.
+at::Tensor gradient_norms(const std::vector<at::Tensor>& params);
+double combine_norms(const at::Tensor& norms);
+
+// How a step's checks combine when the gradients are spread over pipeline stages; empty: this
+// rank holds the whole model.
+struct StepAcrossStages {
+  std::function<double()> gradient_norm;     // the whole model's
+  std::function<bool(bool)> all_finite;      // every stage's answer
+};
+
+struct StepOutcome {
+  double grad_norm = 0;  // of the unscaled gradients, before clipping
+  bool stepped = true;   // false: a gradient was inf or NaN and the step was skipped
+};
+// The end of a training step, with the gradients of the whole global batch in place: with a
+// scaler (fp16), unscale them and skip the step if any is not finite, leaving parameters and
+// optimizer state untouched; then clip to `o.grad_clip`, set the learning rate and step.
+StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                           const OptimizerOptions& o, double lr, LossScaler* scaler,
+                           const StepAcrossStages& stages = {});
+
+// The optimizer's state of one parameter as tensors: AdamW {step (int64 scalar), exp_avg,
+// exp_avg_sq}, SGD {momentum_buffer}; empty while it has none (never stepped). A pipeline stage
+// sends them to rank 0 for a checkpoint in the one model-wide layout.
+std::vector<at::Tensor> optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+// "adamw" or "sgd" (what a sliced checkpoint records, training/slice_files.h).
+std::string optimizer_name(const torch::optim::Optimizer& optimizer);
+// Tensors shaped to receive optimizer_state(param) of an optimizer of the same kind.
+std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param);
+void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                         const std::vector<at::Tensor>& state);
+// Moves the optimizer state of `params` into one block per dtype and device, in parameter order,
+// allocated now (at the arena's top, beside the parameters and their gradients). State made
+// lazily in the first step lands between that step's temporaries, which leave holes in the
+// memory that lives across steps when they go; activations then find less memory in one piece.
+// A copy: the same bits. False if there is no state yet or no room for the copy (nothing moved).
+bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params);
+// Replaces the optimizer state tensors of `params` (those with elements; not AdamW's step count)
+// by `move(them)`, in parameter order: the old tensors go once nothing else holds them. False if
+// there is no state yet (nothing moved).
+bool move_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                          const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& move);
+// Forgets `param`'s state (a pipeline stage keeps only its own parameters' state).
+void drop_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+
+// Sets every gradient to undefined (libtorch 1.13's zero_grad() zeroes in place instead).
+void clear_grads(const std::vector<at::Tensor>& params);
+
+}  // namespace ht

@@ -1,0 +1,143 @@
+#include "training/trainer.h"
+#include "base/clock.h"
+
+#include "alloc/cpu_device_allocator.h"
+#include "training/stop_signals.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace ht {
+namespace {
+
+int64_t total_steps_of(const LoopPlan& loop, const Sampler& sampler) {
+  return loop.steps > 0 ? loop.steps : loop.epochs * sampler.batches_per_epoch();
+}
+
+}  // namespace
+
+std::unique_ptr<Trainer> Trainer::make(const RunPlan& plan, DataSplits data, std::shared_ptr<Model> model,
+                                       std::shared_ptr<CpuArena> arena, RankCommunicators groups) {
+  auto engine = std::make_unique<Engine>(plan, std::move(model), std::move(arena));
+  TrainerParts parts = make_trainer_parts(plan, data, *engine, std::move(groups));
+  return std::make_unique<Trainer>(plan, std::move(data), std::move(engine), std::move(parts));
+}
+
+Trainer::Trainer(const RunPlan& plan, DataSplits data, std::unique_ptr<Engine> engine, TrainerParts parts)
+    : plan_(plan), data_(std::move(data)), engine_(std::move(engine)), parts_(std::move(parts)),
+      sampler_(data_.train->size(), plan.batch.global, plan.seed, plan.loop.shuffle,
+               parts_.groups->replicas().rank(), parts_.groups->replicas().size()),
+      checkpoints_(plan.loop.checkpoint_dir, plan.loop.checkpoint_keep),
+      total_steps_(total_steps_of(plan.loop, sampler_)), progress_(total_steps_, plan.loop.log_interval) {
+  progress_.set_silent(!parts_.groups->first_rank());
+  if (!parts_.groups->alone()) progress_.use_log_lines();
+  for (const std::string& line : parts_.notes) progress_.line(line);
+}
+
+void Trainer::resume_from(const std::string& folder) {
+  state_ = parts_.state->load(folder);
+  sampler_.seek(state_.sampler);
+  engine_->interp.set_seed_counter(state_.seed_counter);
+  parts_.optimizer->restore(state_.loss_scaler);
+  result_.resumed_from_step = state_.step;
+  progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
+}
+
+// One step: forward and backward of this replica's share of the batch, the gradients combined,
+// the optimizer's update.
+Trainer::StepResult Trainer::train_step() {
+  const StepStart counters = begin_step();
+  const auto start = std::chrono::steady_clock::now();
+  StepResult r;
+  parts_.groups->step_begins(state_.step + 1);
+  const Batch batch = data_.train->batch(sampler_.next());
+  const auto compute_start = std::chrono::steady_clock::now();
+  const double loss_seed = parts_.optimizer->loss_scale() / static_cast<double>(plan_.batch.micro_batches);
+  r.loss = parts_.runner->run(batch, loss_seed, *parts_.sync);
+  r.forward_backward_ms = ms_since(compute_start);
+  // The two phases' peaks apart: forward and backward's grows with the micro-batch, the
+  // optimizer's with the largest tensor it steps (the planner scales each on its own).
+  r.forward_backward_peak_bytes = engine_->device_peak_bytes();
+  engine_->reset_device_peak();
+  // The gradients of this rank's slice are complete: combined over the replicas, once per
+  // optimizer step (with overlap, most buckets are under way already).
+  parts_.sync->begin()->wait();
+  r.loss = parts_.groups->replicas().mean(r.loss, "the loss");
+  r.lr = parts_.optimizer->learning_rate(state_.step, total_steps_);
+  const auto optimizer_start = std::chrono::steady_clock::now();
+  const StepOutcome outcome = parts_.optimizer->step(r.lr);
+  r.grad_norm = outcome.grad_norm;
+  r.skipped = !outcome.stepped;
+  r.optimizer_ms = ms_since(optimizer_start);
+  ++state_.step;
+  state_.loss_scaler = parts_.optimizer->scaler_state();
+  state_.sampler = sampler_.position();
+  state_.seed_counter = engine_->interp.seed_counter();
+  r.ms = ms_since(start);
+  r.optimizer_peak_bytes = engine_->device_peak_bytes();
+  r.mem_peak_bytes = std::max(r.forward_backward_peak_bytes, r.optimizer_peak_bytes);
+  end_step(counters, r);
+  return r;
+}
+
+Trainer::StepMeasurement Trainer::measure_step() {
+  StepMeasurement m;
+  const CpuArena* arena = engine_->arena.get();
+  m.in_use_before = arena ? arena->stats().in_use : 0;
+  const StepResult r = train_step();
+  m.step_ms = r.ms;
+  m.forward_backward_ms = r.forward_backward_ms;
+  m.optimizer_ms = r.optimizer_ms;
+  m.peak_bytes = arena ? r.mem_peak_bytes : -1;
+  m.forward_backward_peak_bytes = arena ? r.forward_backward_peak_bytes : -1;
+  m.optimizer_peak_bytes = arena ? r.optimizer_peak_bytes : -1;
+  return m;
+}
+
+TrainResult Trainer::run(RunOutput* output) {
+  output_ = output;
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t first = state_.step;
+  while (state_.step < total_steps_) {
+    StepResult last = train_step();
+    result_.final_loss = last.loss;
+    result_.mem_peak_bytes = std::max(result_.mem_peak_bytes, last.mem_peak_bytes);
+    if (!std::isfinite(last.loss)) {
+      progress_.line("warning: loss is " + std::to_string(last.loss) + " at step " + std::to_string(state_.step) +
+                     "; try a lower training.lr or training.grad_clip");
+    }
+    if (last.skipped) {
+      progress_.line("step " + std::to_string(state_.step) + " skipped: a gradient was inf or NaN; loss scale now " +
+                     std::to_string(parts_.optimizer->loss_scale()));
+    }
+    progress_.step(state_.step, last.loss, last.lr, static_cast<double>(plan_.batch.global) / (last.ms / 1e3));
+    if (state_.step % plan_.loop.log_interval == 0 || state_.step == total_steps_) log_step(last);
+    if (eval_due()) log_eval(evaluate());
+    const int64_t every = plan_.loop.checkpoint_interval;
+    const bool due = every > 0 && (state_.step % every == 0 || state_.step == total_steps_);
+    if (due) parts_.state->save(checkpoints_, state_, progress_);
+    if (const int signal = parts_.groups->agreed_stop_signal(StopSignals::received())) {
+      if (!due) parts_.state->save(checkpoints_, state_, progress_);
+      // No rank ends before the checkpoint is written: mpirun ends the whole job when one does.
+      parts_.groups->barrier("the checkpoint before stopping");
+      result_.stopped_by = signal;
+      break;
+    }
+  }
+  progress_.finish();
+  if (op_steps_ > 0) log_time_by_op();
+  result_.steps = state_.step;
+  result_.seconds = seconds_since(start);
+  result_.samples = (state_.step - first) * plan_.batch.global;
+  return result_;
+}
+
+bool Trainer::eval_due() const {
+  if (state_.step == total_steps_) return true;
+  const int64_t every = plan_.loop.eval_interval;
+  if (every > 0) return state_.step % every == 0;
+  return state_.step % sampler_.batches_per_epoch() == 0;  // end of an epoch
+}
+
+}  // namespace ht

@@ -1,0 +1,87 @@
+// Evaluation: the held-out set shared among the data-parallel ranks, on an interpreter of its own.
+#include "training/trainer.h"
+#include "base/clock.h"
+
+#include <chrono>
+#include <cmath>
+
+namespace ht {
+
+EvalResult Trainer::evaluate() {
+  const auto start = std::chrono::steady_clock::now();
+  // Its own interpreter: evaluation never draws from the training seed stream, so when and how
+  // often it runs cannot change training. The same parameters (sharded ones gathered by their
+  // source), tensor-parallel group, device memory and policy as training's.
+  MemoryManager memory;
+  Interpreter interp(InterpreterOptions{ExecutionMode::kInterpreted, plan_.seed + 1}, &memory);
+  ParameterSource* parameters = engine_->interp.parameter_source();
+  interp.set_autocast(autocast_type(plan_.precision));
+  interp.set_parameter_source(parameters);
+  interp.set_tensor_parallel(engine_->interp.tensor_parallel());
+  interp.set_keep_collectives(keeps_collectives(plan_));
+  memory.configure(memory_options(plan_.memory, plan_.seed, engine_->arena, engine_->host_link,
+                                  static_cast<int>(engine_->model->blocks().size())));
+  NoGradGuard no_grad(interp);
+  Model& model = *engine_->model;
+  model.eval();
+  const Dataset& eval = *data_.eval;
+  // The same samples whatever the number of ranks; the ranks share them in batches of a forward's
+  // size, batch b going to rank b mod ranks.
+  int64_t total = eval.size();
+  const int64_t batch = plan_.batch.micro;
+  if (plan_.loop.eval_samples > 0) total = std::min(total, plan_.loop.eval_samples);
+  const int64_t batches = total / batch + (total % batch ? 1 : 0);
+  double loss_sum = 0;
+  int64_t correct = 0, samples = 0;
+  // A parameter source gathers with the group: every rank runs as many forwards, a rank past the
+  // last batch repeating its own last one and counting it nowhere.
+  const DataParallel& replicas = parts_.groups->replicas();
+  const int64_t ranks = replicas.size();
+  const int64_t rounds = parameters != nullptr ? (batches + ranks - 1) / ranks * ranks : batches;
+  for (int64_t b = replicas.rank(); b < rounds; b += ranks) {
+    const bool counted = b < batches;
+    const int64_t which = counted ? b : std::max<int64_t>(0, b - ranks);
+    const int64_t n = std::min(batch, total - which * batch);
+    const Batch data = eval.slice(which * batch, n);
+    const at::Tensor target = data.target.to(engine_->device);
+    const Tensor out = parts_.runner->forward_only(interp, data.input, n);
+    if (!out.defined()) {  // a pipeline stage other than the last: its part is done
+      interp.clear_cast_cache();
+      continue;
+    }
+    const double loss = model.loss(out, interp.input(target)).value().item<double>();
+    interp.clear_cast_cache();  // no backward ends this forward
+    if (!counted) continue;
+    loss_sum += loss * static_cast<double>(n);
+    if (data_.info.task == Task::kClassification) {
+      correct += out.value().argmax(1).eq(target).sum().item<int64_t>();
+    }
+    samples += n;
+  }
+  if (parameters != nullptr) parameters->release_all();
+  model.train();
+  return finish_evaluation(loss_sum, correct, samples,
+                           seconds_since(start));
+}
+
+EvalResult Trainer::finish_evaluation(double loss_sum, int64_t correct, int64_t samples, double seconds) {
+  at::Tensor sums = at::tensor({loss_sum, static_cast<double>(correct), static_cast<double>(samples)}, at::kDouble);
+  parts_.groups->sum_evaluation(sums, state_.step);
+  loss_sum = sums[0].item<double>();
+  correct = static_cast<int64_t>(sums[1].item<double>());
+  samples = static_cast<int64_t>(sums[2].item<double>());
+  EvalResult r;
+  r.samples = samples;
+  r.seconds = seconds;
+  r.loss = loss_sum / static_cast<double>(samples);
+  if (data_.info.task == Task::kClassification) {
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(samples);
+  } else {
+    r.perplexity = std::exp(r.loss);
+    if (data_.info.eval_bytes_per_token > 0) r.bits_per_byte = r.loss / std::log(2.0) / data_.info.eval_bytes_per_token;
+  }
+  result_.eval = r;
+  return r;
+}
+
+}  // namespace ht
