@@ -1,4 +1,5 @@
 #include "parallel/stage_partition.h"
+#include "base/printf_string.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,16 +14,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kMiB = 1024.0 * 1024.0;
-
-std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
-std::string printf_string(const char* format, ...) {
-  char buffer[512];
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(buffer, sizeof buffer, format, args);
-  va_end(args);
-  return buffer;
-}
 
 std::string mib(int64_t bytes) { return printf_string("%.1f MiB", static_cast<double>(bytes) / kMiB); }
 

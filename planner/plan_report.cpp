@@ -1,4 +1,5 @@
 #include "planner/plan_report.h"
+#include "base/printf_string.h"
 
 #include <algorithm>
 #include <tuple>
@@ -8,16 +9,6 @@
 
 namespace ht {
 namespace {
-
-std::string printf_string(const char* format, ...) __attribute__((format(printf, 1, 2)));
-std::string printf_string(const char* format, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(buf, sizeof buf, format, args);
-  va_end(args);
-  return buf;
-}
 
 std::string mib(int64_t bytes) { return printf_string("%.1f", static_cast<double>(bytes) / (1 << 20)); }
 

@@ -7,9 +7,12 @@
 // runtime/ sits below parallel/ and may not know its types.
 //
 // Every rank of the group runs the same ops in the same order, so every rank calls the same
-// collectives at the same points, forward and backward. None runs again in a recomputation:
-// an op whose forward exchanges is declared not recomputable (OpTraits::recomputable), so the
-// memory manager keeps its outputs and a recomputation stops at them (docs/design.md).
+// collectives at the same points, forward and backward. An op whose forward exchanges is declared
+// a collective (OpTraits::collective): under DTR with modelled costs, whose choices are the same on
+// every rank of the group, its outputs may be evicted and the exchange runs again, on every rank
+// at the same point, in their regeneration; under any other policy the interpreter keeps them
+// (Interpreter::set_keep_collectives, training/engine.h: keeps_collectives) and a recomputation
+// stops at them.
 
 #include <ATen/core/Tensor.h>
 
