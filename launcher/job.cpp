@@ -75,8 +75,11 @@ JsonObject summary_of(const Config& c, const RunPlan& plan, int64_t model_parame
   return s;
 }
 
+// memory.budget as the run has it: the config's words, or the bytes the planner set.
 std::string budget_text(const Config& c, const RunPlan& plan) {
-  return c.source + ": memory.budget = \"" + c.memory.budget + "\" (" + format_bytes(plan.memory.budget_bytes) + ")";
+  const int64_t bytes = plan.memory.budget_bytes;
+  const std::string words = bytes == budget_bytes_of(c) ? c.memory.budget : std::to_string(bytes);
+  return c.source + ": memory.budget = \"" + words + "\" (" + format_bytes(bytes) + ")";
 }
 
 // The model's own state (parameters, the gradients' block) does not fit: nothing to evict yet.
@@ -244,7 +247,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
 
   // Everything that can fail on bad input happens before anything is written: the data, then the
   // prediction of this run's peak (a run that cannot fit is refused here, not at its first OOM).
-  const RankShare share{resolving.memory.budget_bytes, resolving.batch.micro, resolving.grid.data};
+  const RankShare share{resolving.memory.budget_bytes, resolving.batch.micro, resolving.grid.data, resolving.device};
   if (config.model.vocab_size > 0) {
     refuse_a_model_too_large_here(config, share, config.model.vocab_size, grid->local_size, "train");
   }
@@ -259,7 +262,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
                                                       ? static_cast<int>(config.training.threads)
                                                       : default_thread_count(grid->local_size));
   DeviceMemory memory(config, plan);
-  at::manual_seed(config.job.seed);
+  at::manual_seed(static_cast<int64_t>(plan.seed));
   std::shared_ptr<Model> model;
   bool channels_last = false;  // some weights were restrided
   try {

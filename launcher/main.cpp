@@ -4,6 +4,7 @@
 #include "launcher/cli.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/config/config_validation.h"
+#include "launcher/config/run_plan_of.h"
 #include "launcher/job.h"
 #include "launcher/report/html_report.h"
 #include "base/user_error.h"
@@ -80,6 +81,9 @@ int main(int argc, char** argv) {
     if (grid.is_root()) {
       for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
     }
+    // What the grid makes of the config (the replicas, the micro-batches, the schedule), refused
+    // alike by every rank before any trains (run_job resolves it again).
+    (void)ht::run_plan_of(loaded.config, grid);
     training = true;
     const ht::JobOutcome outcome = ht::run_job(loaded.config, false, &grid);
     // Stopped by a signal (a checkpoint written): the shell's code for that signal's end.

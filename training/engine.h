@@ -44,12 +44,17 @@ struct Engine {
   std::shared_ptr<CpuArena> arena;
   at::Device device;
   std::shared_ptr<HostLink> host_link;  // host swap's link; null without it
+  // Where backward puts the parameters' gradients (Interpreter::set_gradient_buffer), kept here
+  // for as long as the interpreter may write there: the gradients' block, laid out in the
+  // all-reduce's order (under a budget, or with replicas whose gradients are whole), or ZeRO's
+  // buckets (parallel/gradient_shards.h, which the gradient sync combines); null: the parameters'
+  // own .grad().
+  std::shared_ptr<GradientSlots> gradient_slots;
+  // The whole gradients' block where gradient_slots is one; null otherwise.
+  GradientBuffer* gradients = nullptr;
   MemoryManager memory;                 // before interp: it outlives the interpreter's records
   OpTimeLog op_times;                   // metrics.time_by_op: the interpreter's kernels
   Interpreter interp;
-  // The gradients' block, laid out in the all-reduce's order (under a budget, or with replicas
-  // whose gradients are whole); null otherwise.
-  std::unique_ptr<GradientBuffer> gradients;
   // On a GPU without a budget: cuBLAS's workspaces, which the caching allocator counts and the
   // measured peak leaves out (make_cuda_library_workspaces).
   int64_t library_workspace_bytes = 0;

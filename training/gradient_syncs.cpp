@@ -29,7 +29,7 @@ void AllReduceSync::record(JsonObject& record) const {
   if (replicas_.size() > 1) add_comm_fields(record, replicas_.stats());
 }
 
-ShardedSync::ShardedSync(std::unique_ptr<GradientShards> shards, std::shared_ptr<ParameterShards> parameters)
+ShardedSync::ShardedSync(std::shared_ptr<GradientShards> shards, std::shared_ptr<ParameterShards> parameters)
     : shards_(std::move(shards)), parameters_(std::move(parameters)) {
   if (parameters_) shards_->set_bucket_done([p = parameters_.get()](size_t b) { p->bucket_done(b); });
 }

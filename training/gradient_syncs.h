@@ -35,7 +35,7 @@ class AllReduceSync final : public GradientSync {
 // backward, so that the next forward gathers from its first block.
 class ShardedSync final : public GradientSync {
  public:
-  ShardedSync(std::unique_ptr<GradientShards> shards, std::shared_ptr<ParameterShards> parameters);
+  ShardedSync(std::shared_ptr<GradientShards> shards, std::shared_ptr<ParameterShards> parameters);
   GradientListener* listener(bool) override { return shards_.get(); }
   void backward_ended() override;
   std::unique_ptr<SyncHandle> begin() override;
@@ -44,7 +44,7 @@ class ShardedSync final : public GradientSync {
   const GradientShards& shards() const { return *shards_; }
 
  private:
-  std::unique_ptr<GradientShards> shards_;
+  std::shared_ptr<GradientShards> shards_;
   std::shared_ptr<ParameterShards> parameters_;  // null below ZeRO-3
 };
 

@@ -5,7 +5,7 @@
 namespace ht {
 
 void ShardedUpdate::attach() {
-  if (gradient_shards_ != nullptr) {
+  if (gradient_shards_) {
     shard_->attach_gradients(*gradient_shards_);  // this rank's share of the averaged gradients
   } else {
     shard_->attach_gradients();  // this rank's pieces of the averaged gradients

@@ -44,9 +44,10 @@ class ShardUpdate {
 // `parameter_shards`).
 class ShardedUpdate final : public ShardUpdate {
  public:
-  ShardedUpdate(std::unique_ptr<OptimizerShard> shard, const GradientShards* gradient_shards,
+  ShardedUpdate(std::unique_ptr<OptimizerShard> shard, std::shared_ptr<const GradientShards> gradient_shards,
                 std::shared_ptr<ParameterShards> parameter_shards)
-      : shard_(std::move(shard)), gradient_shards_(gradient_shards), parameter_shards_(std::move(parameter_shards)) {}
+      : shard_(std::move(shard)), gradient_shards_(std::move(gradient_shards)),
+        parameter_shards_(std::move(parameter_shards)) {}
   void attach() override;
   void finish(bool stepped) override;
   void record(JsonObject& record) const override;
@@ -54,7 +55,7 @@ class ShardedUpdate final : public ShardUpdate {
 
  private:
   std::unique_ptr<OptimizerShard> shard_;
-  const GradientShards* gradient_shards_;
+  std::shared_ptr<const GradientShards> gradient_shards_;  // null: whole gradients (ZeRO-1)
   std::shared_ptr<ParameterShards> parameter_shards_;
   ShardStats stats_;
 };

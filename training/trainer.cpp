@@ -71,7 +71,7 @@ Trainer::StepResult Trainer::train_step() {
   r.skipped = !outcome.stepped;
   r.optimizer_ms = ms_since(optimizer_start);
   ++state_.step;
-  state_.loss_scaler = parts_.optimizer->scaler_state();
+  if (auto scaler = parts_.optimizer->scaler_state()) state_.loss_scaler = scaler;
   state_.sampler = sampler_.position();
   state_.seed_counter = engine_->interp.seed_counter();
   r.ms = ms_since(start);

@@ -140,6 +140,8 @@ class Trainer {
 
   const RunPlan plan_;
   DataSplits data_;
+  // memory.trace: declared before the engine, whose memory manager writes into it, so it goes after.
+  std::unique_ptr<MemoryTimeline> timeline_;
   std::unique_ptr<Engine> engine_;
   TrainerParts parts_;
   Sampler sampler_;
@@ -149,7 +151,6 @@ class Trainer {
   Progress progress_;
   TrainerState state_;
   TrainResult result_;
-  std::unique_ptr<MemoryTimeline> timeline_;  // memory.trace
   std::map<std::string, double> op_ms_;       // metrics.time_by_op: kernel times over the measured steps
   int64_t op_steps_ = 0, op_first_step_ = 0;
   int64_t predicted_peak_bytes_ = -1;  // -1: no prediction

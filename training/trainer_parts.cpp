@@ -176,7 +176,7 @@ void prepare_engine(const RunPlan& plan, Engine& e, RankGroups& groups, bool sta
 struct SyncLayout {
   std::unique_ptr<GradientSync> sync;
   std::shared_ptr<ParameterShards> parameter_shards;  // ZeRO-3
-  const GradientShards* gradient_shards = nullptr;     // ZeRO-2 and ZeRO-3 (the sync owns them)
+  std::shared_ptr<GradientShards> gradient_shards;    // ZeRO-2 and ZeRO-3
 };
 
 SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std::shared_ptr<PipelineStage> stage) {
@@ -193,19 +193,22 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
   if (level >= ShardLevel::kGradients) {
     // Each bucket's block only while backward fills it, then this rank's share of its sum
     // (parallel/gradient_shards.h).
-    auto shards = std::make_unique<GradientShards>(dp.shared_group(), e.model->parameters(), dp.buckets());
+    auto shards = std::make_shared<GradientShards>(dp.shared_group(), e.model->parameters(), dp.buckets());
+    e.gradient_slots = shards;
     e.interp.set_gradient_buffer(shards.get());
     overlap_reduce_scatters(plan, e, dp, *shards, out.parameter_shards != nullptr, tensor_parallel, worker);
-    out.gradient_shards = shards.get();
+    out.gradient_shards = shards;
     out.sync = std::make_unique<ShardedSync>(std::move(shards), out.parameter_shards);
   } else {
     if (e.arena || dp.size() > 1) {
       // Under a budget, gradients get one block beside the parameters (alloc/gradient_buffer.h).
       // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
       // reduced in place: no copies, and no memory beyond the gradients while backward runs.
-      e.gradients = std::make_unique<GradientBuffer>(dp.reduction_order());
-      e.interp.set_gradient_buffer(e.gradients.get());
-      dp.use_gradient_buffer(e.gradients.get());
+      auto block = std::make_shared<GradientBuffer>(dp.reduction_order());
+      e.gradients = block.get();
+      e.gradient_slots = std::move(block);
+      e.interp.set_gradient_buffer(e.gradients);
+      dp.use_gradient_buffer(e.gradients);
     }
     out.sync = dp.size() > 1 ? std::unique_ptr<GradientSync>(std::make_unique<AllReduceSync>(dp))
                              : std::make_unique<LocalSync>();
@@ -228,17 +231,17 @@ std::unique_ptr<OptimizerStep> make_optimizer_step(const RunPlan& plan, Engine& 
   if (plan.sync.shard != ShardLevel::kNone) {
     // DataParallel's parameters, which its buckets index: a pipeline stage's own.
     auto owned = std::make_unique<OptimizerShard>(
-        dp.shared_group(), dp.parameters(), dp.buckets(), e.gradients.get(),
+        dp.shared_group(), dp.parameters(), dp.buckets(), e.gradients,
         layout.parameter_shards ? &layout.parameter_shards->shards() : nullptr);
     shard = owned.get();
     o.master = shard->pieces();
     // With sharded gradients only the pieces have any: unscaled, checked and clipped there.
-    if (layout.gradient_shards != nullptr) o.checked = shard->pieces();
+    if (layout.gradient_shards) o.checked = shard->pieces();
     o.shard = std::make_unique<ShardedUpdate>(std::move(owned), layout.gradient_shards, layout.parameter_shards);
   }
   o.optimizer = make_optimizer(plan.optimizer, o.master);
   if (stage) o.checks = pipeline_checks(*stage);
-  if (layout.gradient_shards != nullptr) o.checks = shard_checks(*shard, dp.group());
+  if (layout.gradient_shards) o.checks = shard_checks(*shard, dp.group());
   if (TensorGroup* tensor = groups.tensor()) {
     // Each rank holds its parts of the split parameters.
     const bool sharded = layout.gradient_shards != nullptr;

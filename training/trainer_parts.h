@@ -2,7 +2,9 @@
 // The trainer's parts, chosen once from the resolved plan when the job is built: the one place
 // that asks which parallel, memory and precision modes the run has. The trainer then runs the
 // parts it was given (training/trainer.h), and a test may hand it one of its own (a gradient sync,
-// say) without a line of the trainer changing.
+// say) without a line of the trainer changing. The mechanisms several parts share (a pipeline
+// stage, ZeRO's shards, the gradients' slots) are held by each part that uses them and by the
+// engine where its interpreter does, so a part replaced leaves no other dangling.
 //
 //   groups      the communicators of the grid's axes (training/rank_groups.h)
 //   runner      LocalRunner | PipelineRunner                          (training/step_runner.h)

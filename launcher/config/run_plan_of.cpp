@@ -201,6 +201,7 @@ RunPlan plan_of_config(const Config& c, int replicas) {
 RunPlan run_plan_of(const Config& c, const ProcessGrid& grid, std::vector<std::string>* warnings) {
   check_replicas(c, grid.data_parallel);
   RunPlan plan = plan_of_config(c, grid.data_parallel);
+  check_pipeline(c, plan.batch);
   plan.device = device_of_rank(c, grid);
   GridPlan& g = plan.grid;
   g.tensor = grid.tensor_parallel;
@@ -209,7 +210,6 @@ RunPlan run_plan_of(const Config& c, const ProcessGrid& grid, std::vector<std::s
   g.tensor_rank = grid.tensor_rank;
   g.stage = grid.stage;
   g.sequence_parallel = grid.tensor_parallel > 1 && c.parallel.sequence_parallel;
-  check_pipeline(c, plan.batch);
   if (c.parallel.shard != ShardLevel::kNone && grid.data_parallel == 1 && warnings != nullptr) {
     warnings->push_back("parallel.shard = \"" + std::string(choice_name(c.parallel.shard)) +
                         "\" has no effect with one data-parallel rank: each rank's share is the whole");
@@ -226,14 +226,14 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
   c.parallel.data_parallel = g.data;
   c.parallel.pipeline_parallel = g.pipeline;
   c.parallel.tensor_parallel = g.tensor;
-  if (g.tensor > 1) c.parallel.sequence_parallel = g.sequence_parallel;
+  c.parallel.sequence_parallel = g.sequence_parallel;
   if (g.pipeline > 1) {
     c.parallel.pipeline_schedule = plan.pipeline.schedule;
     c.parallel.virtual_stages = plan.pipeline.virtual_stages;
   }
-  // The cut that trains (none without stages, whatever the config said).
+  // The cut the plan names (empty: balanced when the job starts; none without stages).
   c.parallel.stage_blocks = g.pipeline > 1 ? plan.pipeline.stage_blocks : std::vector<int64_t>{};
-  if (plan.sync.shard != ShardLevel::kNone || g.data > 1) c.parallel.shard = plan.sync.shard;
+  c.parallel.shard = plan.sync.shard;
   if (plan.sync.shard == ShardLevel::kParameters) c.parallel.prefetch = plan.sync.prefetch;
   const int64_t configured = config.training.micro_batch_size > 0 ? config.training.micro_batch_size : plan.batch.local();
   if (plan.batch.micro != configured) {

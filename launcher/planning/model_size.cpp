@@ -28,11 +28,11 @@ std::string billions(int64_t parameters) {
 }
 
 // What one rank may hold, and where that limit comes from (for the message).
-int64_t rank_limit(const Config& c, int64_t budget_bytes, int ranks_on_host, std::string& where) {
-  const at::Device device(c.training.device);
-  if (budget_bytes > 0) {
+int64_t rank_limit(const Config& c, const RankShare& rank, int ranks_on_host, std::string& where) {
+  const at::Device device(rank.device);
+  if (rank.budget_bytes > 0) {
     where = "memory.budget = \"" + c.memory.budget + "\"";
-    return budget_bytes;
+    return rank.budget_bytes;
   }
   if (device.is_cuda()) {
     where = "the GPU's memory";
@@ -73,7 +73,7 @@ void refuse_a_model_too_large_here(const Config& c, const RankShare& rank, int64
   const auto t = static_cast<int>(c.parallel.tensor_parallel);
   state->bytes = state_bytes_per_rank(c, *state, replicas);  // what one rank holds
   std::string where;
-  const int64_t limit = rank_limit(c, rank.budget_bytes, ranks_on_host, where);
+  const int64_t limit = rank_limit(c, rank, ranks_on_host, where);
   const int stages = static_cast<int>(c.parallel.pipeline_parallel);
   // A tensor-parallel rank holds about 1/t (its parts, and the norms whole).
   const int64_t rank_estimate = state->bytes / stages / t;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace ht {
 
@@ -31,12 +32,13 @@ int64_t state_bytes_per_rank(const Config& config, const ModelStateSize& state, 
 // else the device's memory, or this host's available memory shared by `ranks_on_host` ranks.
 // `replicas`: the data-parallel ranks that share sharded state. `command` says what was asked
 // ("train", "plan") for the message.
-// What one rank of the job holds and runs: the budget's bytes (0: none), its micro-batch, and the
-// data-parallel ranks that share sharded state.
+// What one rank of the job holds and runs: the budget's bytes (0: none), its micro-batch, the
+// data-parallel ranks that share sharded state, and its device ("cuda:N": that GPU's memory).
 struct RankShare {
   int64_t budget_bytes = 0;
   int64_t micro_batch = 1;
   int replicas = 1;
+  std::string device = "cpu";
 };
 void refuse_a_model_too_large_here(const Config& config, const RankShare& rank, int64_t data_vocab, int ranks_on_host,
                                    const char* command);

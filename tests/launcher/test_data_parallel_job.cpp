@@ -22,6 +22,7 @@ namespace ht::test {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // No batch norm and no dropout: their statistics and masks are per rank by design (docs/parallelism.md).
 const char* kMlp = R"([model]
@@ -81,10 +82,15 @@ TEST(DataParallelJobErrors, ABatchThatDoesNotDivideOrAWrongReplicaCount) {
   TempDir dir;
   const std::string config = dir.write("job.toml", kMlp);
   const std::string log = dir.path("log.txt");
-  EXPECT_NE(std::system((mpirun(3) + HT_BINARY + " " + config + " --job.output_dir=" + dir.path("x") + " > " + log +
-                         " 2>&1").c_str()), 0);
-  EXPECT_THAT(read_file(log), HasSubstr("training.global_batch_size = 32 does not divide among 3 data-parallel ranks; "
-                                        "use a multiple of 3 (e.g. 33)"));
+  // Refused before any rank trains: exit 2, one line from rank 0, not every rank's abort.
+  const int status = std::system((mpirun(3) + HT_BINARY + " " + config + " --job.output_dir=" + dir.path("x") + " > " +
+                                  log + " 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  const std::string refused = read_file(log);
+  EXPECT_THAT(refused, HasSubstr("training.global_batch_size = 32 does not divide among 3 data-parallel ranks; "
+                                 "use a multiple of 3 (e.g. 33)"));
+  EXPECT_THAT(refused, Not(HasSubstr("rank 1:")));
+  EXPECT_THAT(refused, Not(HasSubstr("MPI_ABORT")));
   EXPECT_NE(std::system((std::string(HT_BINARY) + " " + config + " --parallel.data_parallel=2 --job.output_dir=" +
                          dir.path("y") + " > " + log + " 2>&1").c_str()), 0);
   EXPECT_THAT(read_file(log), HasSubstr("parallel.data_parallel = 2 but the job has 1 data-parallel rank(s); start it "
