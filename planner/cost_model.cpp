@@ -9,6 +9,7 @@
 #include "schedule/solver.h"
 
 #include <algorithm>
+#include <mutex>
 #include <cmath>
 #include <stdexcept>
 
@@ -149,8 +150,10 @@ int64_t optimizer_working_bytes(const ModelProfile& profile, MixedPrecision prec
   return bytes;
 }
 
-StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
-                    MixedPrecision precision) {
+namespace {
+
+// The trace of trace_for, made anew.
+StepTrace make_trace(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch, MixedPrecision precision) {
   const auto points = base_points(profile, precision);
   auto [a, b] = bracket(points, micro_batch);
   bool matched = a != b && same_structure(a->trace, b->trace);
@@ -188,6 +191,37 @@ StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t lo
     }
   }
   return out;
+}
+
+std::mutex g_recent_traces_mutex;
+// As many as a few threads working on neighbouring plans reach back for (26 MB each at 70B).
+constexpr size_t kRecentTraces = 8;
+
+}  // namespace
+
+SharedTrace shared_trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
+                             MixedPrecision precision) {
+  std::vector<ModelProfile::RecentTrace>& recent = profile.recent_traces;
+  const int p = static_cast<int>(precision);
+  {
+    const std::lock_guard<std::mutex> lock(g_recent_traces_mutex);
+    for (size_t i = 0; i < recent.size(); ++i) {
+      if (recent[i].micro_batch != micro_batch || recent[i].local_batch != local_batch || recent[i].precision != p) continue;
+      ModelProfile::RecentTrace hit = recent[i];
+      recent.erase(recent.begin() + static_cast<std::ptrdiff_t>(i));
+      recent.push_back(hit);  // the most recent last
+      return hit.trace;
+    }
+  }
+  auto made = std::make_shared<const StepTrace>(make_trace(profile, micro_batch, local_batch, precision));
+  const std::lock_guard<std::mutex> lock(g_recent_traces_mutex);
+  recent.push_back({micro_batch, local_batch, p, made});
+  if (recent.size() > kRecentTraces) recent.erase(recent.begin());
+  return made;
+}
+
+StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch, MixedPrecision precision) {
+  return *shared_trace_for(profile, micro_batch, local_batch, precision);
 }
 
 schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,

@@ -104,7 +104,11 @@ int64_t activation_bytes(const ModelProfile& profile, int64_t micro_batch, Mixed
 // The optimizer step's working bytes: the largest measured at `precision` (no micro-batch in it).
 int64_t optimizer_working_bytes(const ModelProfile& profile, MixedPrecision precision);
 // The step trace scaled to `micro_batch` (sizes and times interpolated between the measured
-// traces when they match op for op, proportional otherwise) with the batch of `local_batch`.
+// traces when they match op for op, proportional otherwise) with the batch of `local_batch`:
+// shared, one of the last few made for the profile where it is (plans are predicted on several
+// threads: the profile's recent traces are locked); trace_for is a copy of it to change.
+SharedTrace shared_trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
+                             MixedPrecision precision);
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
                     MixedPrecision precision);
 // The profiled step's graph (as static plans capture it) at `micro_batch`: bytes, kernel times and

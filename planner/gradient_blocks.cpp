@@ -111,6 +111,11 @@ BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, si
 
 }  // namespace
 
+void EventDeltas::sort() {
+  std::stable_sort(deltas_.begin(), deltas_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  next_ = 0;
+}
+
 // One past the last kernel's end: forward and backward (the optimizer's temporaries after it are
 // its phase's).
 size_t forward_backward_end(const StepTrace& trace) {
@@ -131,18 +136,18 @@ GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepT
   // for the one before (its block and part go) and gives the new one a part of its shard's size
   // (a micro-batch after the first). The last kernel's gradients are accumulated after it (index
   // `end`), while the reduce-scatter before them may still be under way.
-  s.made.assign(end + 1, 0);
-  s.started.assign(end + 1, 0);
   const size_t buckets = t.first.size();
   for (size_t b = 0; b < buckets; ++b) {
     const int64_t part = overlapped && b < part_bytes.size() ? part_bytes[b] : 0;
     const size_t freed = !overlapped ? t.ready[b] : b + 1 < buckets ? t.ready[b + 1] : end;
-    s.started[t.ready[b]] += part;
-    s.started[freed] -= part;
+    s.started.add(t.ready[b], part);
+    s.started.add(freed, -part);
     if (t.first[b] == BucketTimes::kNone) continue;
-    s.made[t.made_at[b]] += t.bytes[b];
-    s.started[freed] -= t.bytes[b];
+    s.made.add(t.made_at[b], t.bytes[b]);
+    s.started.add(freed, -t.bytes[b]);
   }
+  s.made.sort();
+  s.started.sort();
   return s;
 }
 
@@ -156,11 +161,11 @@ int64_t trailing_frees(const StepTrace& trace, size_t end) {
 int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                    bool overlapped, const std::vector<int64_t>& part_bytes) {
   if (profile.block_buckets.empty() || trace.events.empty()) return -1;
-  const GradientBlockSteps s = gradient_block_steps(profile, trace, element_bytes, overlapped, part_bytes);
+  GradientBlockSteps s = gradient_block_steps(profile, trace, element_bytes, overlapped, part_bytes);
   int64_t in_use = 0, peak = 0, blocks = 0, with_blocks = 0;
   for (size_t i = 0; i <= s.end; ++i) {
     // A block is made where the tape copies the kernel's gradient into it, before it frees that.
-    blocks += s.made[i];
+    blocks += s.made.take(i);
     with_blocks = std::max(with_blocks, in_use + blocks);
     if (i < s.end) {
       const TraceEvent& e = trace.events[i];
@@ -173,7 +178,7 @@ int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace&
     with_blocks = std::max(with_blocks, in_use + blocks);
     // The releases and parts at i: the part is made after the block before is freed, so a start
     // never adds more than it frees but at the first bucket's.
-    blocks += s.started[i];
+    blocks += s.started.take(i);
     with_blocks = std::max(with_blocks, in_use + blocks);
   }
   return with_blocks - peak;
@@ -194,7 +199,7 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
                                     reduce_scatter_parts(profile, plan));
 }
 
-int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step) {
+int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const TraceMaker& step) {
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), reduce_scatters_overlap(plan),
                                    plan.accumulation > 1 ? plan.ranks : 0);
@@ -203,7 +208,7 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
     auto it = profile.gradient_block_walks.find(key);
     if (it != profile.gradient_block_walks.end()) return it->second;
   }
-  const int64_t walked = gradient_blocks_term(profile, plan, step());
+  const int64_t walked = gradient_blocks_term(profile, plan, *step());
   const std::lock_guard<std::mutex> lock(mutex);
   profile.gradient_block_walks.emplace(key, walked);
   return walked;
@@ -248,7 +253,7 @@ bool keeps_gradients_as_made(const Plan& plan) {
   return plan.ranks == 1 && plan.budget_bytes == 0 && plan.accumulation == 1 && plan.stages == 1;
 }
 
-int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step) {
+int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const TraceMaker& step) {
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
   const auto key = std::make_pair(plan.micro_batch, static_cast<int>(plan.precision));
   {
@@ -256,7 +261,7 @@ int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const
     auto it = profile.kept_gradient_walks.find(key);
     if (it != profile.kept_gradient_walks.end()) return it->second;
   }
-  const int64_t walked = kept_gradients_above_peak(step());
+  const int64_t walked = kept_gradients_above_peak(*step());
   const std::lock_guard<std::mutex> lock(mutex);
   profile.kept_gradient_walks.emplace(key, walked);
   return walked;
@@ -264,7 +269,7 @@ int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const
 
 void kept_gradient_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
   const int64_t above = kept_gradients_term(profile, plan, [&] {
-    return trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+    return shared_trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   });
   if (above < 0) return;
   const int64_t state = p.model_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;

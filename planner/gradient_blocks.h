@@ -24,9 +24,27 @@ size_t forward_backward_end(const StepTrace& trace);
 // starts: its block goes, and from the second micro-batch on a part of its shard's size,
 // `part_bytes`, lives from its start to the next one's). Index `end` is backward's end: the last
 // kernel's gradients accumulated, the trace's trailing frees (trailing_frees) done.
+// Bytes that join (or leave, negative) at a few of a trace's events: a bucket's block or part, a
+// handful per bucket against a 70B step's millions of events, kept sparse.
+class EventDeltas {
+ public:
+  void add(size_t event, int64_t bytes) { deltas_.emplace_back(event, bytes); }
+  // In event order (deltas at one event keep the order they were added in).
+  void sort();
+  // The sum at `event`, for events asked in increasing order (a walk along the trace).
+  int64_t take(size_t event) {
+    int64_t sum = 0;
+    while (next_ < deltas_.size() && deltas_[next_].first == event) sum += deltas_[next_++].second;
+    return sum;
+  }
+
+ private:
+  std::vector<std::pair<size_t, int64_t>> deltas_;
+  size_t next_ = 0;
+};
 struct GradientBlockSteps {
   size_t end = 0;
-  std::vector<int64_t> made, started;
+  EventDeltas made, started;
 };
 GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                         bool overlapped, const std::vector<int64_t>& part_bytes = {});
@@ -50,7 +68,7 @@ int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace&
 // where it cannot say. The second form traces `step()` only the first time a profile is asked
 // for the plan's micro-batch, precision, overlap and (with accumulation) ranks, and keeps it.
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const StepTrace& trace);
-int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step);
+int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const TraceMaker& step);
 
 // Without a gradient block (no arena and one replica, training/trainer.cpp) a parameter's
 // gradient is the tensor its kernel made, moved into .grad() where the block would take a copy
@@ -65,7 +83,7 @@ int64_t kept_gradients_above_peak(const StepTrace& trace);
 bool keeps_gradients_as_made(const Plan& plan);
 // kept_gradients_above_peak of `step()`, traced only the first time a profile is asked for the
 // plan's micro-batch and precision.
-int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const std::function<StepTrace()>& step);
+int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const TraceMaker& step);
 // With keeps_gradients_as_made(plan): p's peak the larger of forward and backward's (the state
 // without gradients, the activations and the gradients made by their peak) and the optimizer's
 // (every gradient), the plan's step traced once (kept_gradients_term).

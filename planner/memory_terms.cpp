@@ -132,13 +132,14 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
 // plan shards them, and without a gradient block the gradients as backward makes them.
 void state_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
   memory_terms(profile, plan, p);
-  if (plan.shard == ShardLevel::kParameters && plan.ranks > 1 && !profile.points.empty()) {
-    const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-    shard_memory_terms(profile, plan, p, &trace);
-  } else if (plan.shard == ShardLevel::kGradients && plan.ranks > 1 && !profile.points.empty()) {
-    shard_memory_terms(profile, plan, p, nullptr, gradient_blocks_term(profile, plan, [&] {
-                         return trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-                       }));
+  const bool along_the_step = (plan.shard == ShardLevel::kParameters || plan.shard == ShardLevel::kGradients) &&
+                              plan.ranks > 1 && !profile.points.empty();
+  if (along_the_step) {
+    // Made only where a walk along it is not known yet (shard_memory_terms).
+    const TraceMaker step = [&] {
+      return shared_trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+    };
+    shard_memory_terms(profile, plan, p, &step);
   } else {
     shard_memory_terms(profile, plan, p);
   }
@@ -163,8 +164,8 @@ void policy_terms(const ModelProfile& profile, const Machine& machine, const Pla
       eviction_terms(profile, plan, slowdown, p);
     }
     if (swaps(plan.policy)) {
-      const StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-      swap_terms(trace, plan.policy, machine, slowdown, p.evictions > 0, plan.accumulation, p);
+      const SharedTrace trace = shared_trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
+      swap_terms(*trace, plan.policy, machine, slowdown, p.evictions > 0, plan.accumulation, p);
       if (state_waits_on_host(plan)) {  // out after the step and back before the next, waited for
         const double state_ms = 2.0 * static_cast<double>(p.optimizer_state_bytes) / (machine.host_link_gbps * 1e6);
         p.swap_link_ms += state_ms;

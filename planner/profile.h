@@ -131,6 +131,18 @@ struct ModelProfile {
   // Gradients kept as backward makes them by (micro-batch, precision): planner/gradient_blocks.h,
   // kept_gradients_term.
   mutable std::map<std::pair<int64_t, int>, int64_t> kept_gradient_walks;
+  // The last steps trace_for made (shared_trace_for), by (micro-batch, local batch, precision):
+  // a search predicts its plans in the order of their sizes, and a 70B step is a trace of 26 MB,
+  // copied and resized for each plan before (most of a search's time).
+  struct RecentTrace {
+    int64_t micro_batch = 0, local_batch = 0;
+    int precision = 0;
+    std::shared_ptr<const StepTrace> trace;
+  };
+  mutable std::vector<RecentTrace> recent_traces;
+  // ZeRO-3's gathered buckets along the step by (micro-batch, accumulation, precision, prefetch,
+  // overlapped, ranks with accumulation): planner/shard_terms.h, shard_memory_terms.
+  mutable std::map<std::tuple<int64_t, int64_t, int, int, bool, int>, int64_t> gathered_walks;
 };
 
 // Per model block, the forward and backward time of its kernels in `trace` (kernels outside the

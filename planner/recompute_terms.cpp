@@ -29,7 +29,7 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
   ReplayOptions options;
   options.budget_bytes = budget_bytes;
   options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
-  StepTrace trace = without_optimizer_phase(trace_for(profile, micro_batch, micro_batch, precision));
+  StepTrace trace = without_optimizer_phase(*shared_trace_for(profile, micro_batch, micro_batch, precision));
   trace.persistent_bytes = 0;
   const ReplayResult r = replay_step(trace, options);
   BlockRecomputeReplay out;
@@ -60,19 +60,33 @@ struct ReplayKey {
   int64_t micro_batch, budget_bytes;
 };
 
+// A replay's figures hold at a smaller budget when the larger one's run never came near it: each
+// kernel's outputs are at most the peak, so a run that peaked at half the eviction threshold's
+// share of `budget` never evicted for room there, and never asked for a block the gap between
+// the arena's two ends could not give.
+bool holds_at(const BlockRecomputeReplay& r, int64_t budget_bytes) {
+  const int64_t peak = r.kept_bytes + r.working_bytes;
+  return r.failure.empty() && 2 * peak <= static_cast<int64_t>(0.9 * static_cast<double>(budget_bytes));
+}
+
+// A room of at least twice the budget, rounded up to a power of two (plans whose budgets differ
+// by what the runtime holds beside them, Machine::reserved_bytes, share it).
+int64_t room_for(int64_t budget_bytes) {
+  int64_t room = 1;
+  while (room < 2 * budget_bytes) room *= 2;
+  return room;
+}
+
 // The replays block_recompute_terms reads for `plan`: one at its size and budget, or, where the
-// profile's times are priced from the kernels' work, the two smallest sizes' in a room of at least
-// twice the budget, rounded up to a power of two (plans whose budgets differ by what the runtime
-// holds beside them, Machine::reserved_bytes, share it). Measured times are not extrapolated from
-// the two smallest sizes: trained at 1 and 2 samples, their drift put a ConvNet's regenerations
-// at 16 below zero.
+// profile's times are priced from the kernels' work, in a room (room_for) the plan's own size if
+// it is one of the two smallest (the budget's own replay only if the room's came near it), else
+// the two smallest sizes'. Measured times are not extrapolated from the two smallest sizes:
+// trained at 1 and 2 samples, their drift put a ConvNet's regenerations at 16 below zero.
 std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& plan) {
   const std::vector<int64_t> sizes = profiled_sizes(profile, plan.precision);
-  if (profile.times_measured || sizes.size() < 2 || plan.micro_batch <= sizes[1]) {
-    return {{plan.micro_batch, plan.budget_bytes}};
-  }
-  int64_t room = 1;
-  while (room < 2 * plan.budget_bytes) room *= 2;
+  if (profile.times_measured || sizes.size() < 2) return {{plan.micro_batch, plan.budget_bytes}};
+  const int64_t room = room_for(plan.budget_bytes);
+  if (plan.micro_batch <= sizes[1]) return {{plan.micro_batch, room}};
   return {{sizes[0], room}, {sizes[1], room}};
 }
 
@@ -85,7 +99,14 @@ std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& pl
 // the budget does not fit (predict's device-memory check).
 BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
   const std::vector<ReplayKey> keys = first_replays(profile, plan);
-  if (keys.size() == 1) return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+  if (keys.size() == 1) {
+    if (keys[0].budget_bytes == plan.budget_bytes) {
+      return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+    }
+    const BlockRecomputeReplay roomy = replay_blocks(profile, plan.micro_batch, plan.precision, keys[0].budget_bytes);
+    if (holds_at(roomy, plan.budget_bytes)) return roomy;
+    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+  }
   const int64_t ma = keys[0].micro_batch, mb = keys[1].micro_batch;
   const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, keys[0].budget_bytes);
   const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, keys[1].budget_bytes);

@@ -4,6 +4,7 @@
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
+#include <tuple>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -165,12 +166,22 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
   // recompute_terms.cpp): on every core. A 70B model's 3,000 layouts of 64 devices took 4.8 s on
   // one core here. Each plan keeps its slot, so the ranking is the same at any thread count.
   std::vector<RankedPlan> ranked(plans.size());
+  // Predicted in the order of the step they price (a profile keeps the last few traces at a
+  // plan's sizes: planner/cost_model.h, shared_trace_for), each into its own slot.
+  std::vector<size_t> order(plans.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Plan &p = plans[a], &q = plans[b];
+    return std::make_tuple(p.tensor, static_cast<int>(p.precision), p.micro_batch, p.accumulation) <
+           std::make_tuple(q.tensor, static_cast<int>(q.precision), q.micro_batch, q.accumulation);
+  });
   std::atomic<size_t> next{0};
   std::exception_ptr failure;
   std::mutex failure_mutex;
   auto work = [&] {
     try {
-      for (size_t i = next++; i < plans.size(); i = next++) {
+      for (size_t k = next++; k < plans.size(); k = next++) {
+        const size_t i = order[k];
         ranked[i] = {plans[i], predict_plan(plans[i])};
         // The cut it was predicted for, so that the plan written trains on it (the trainer would
         // otherwise balance by its own timing of the blocks, and cut elsewhere on a busy machine).
@@ -183,9 +194,8 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
       next = plans.size();
     }
   };
-  // At most 16: each prediction of a large model copies its trace (about 10 MB for 70B). The
-  // caller's count, not the host's: a container limited to 2 of 64 cores would otherwise run 16
-  // threads in turns.
+  // At most 16. The caller's count, not the host's: a container limited to 2 of 64 cores would
+  // otherwise run 16 threads in turns.
   const size_t cores = static_cast<size_t>(std::clamp(threads, 1, 16));
   const size_t workers = std::min(cores, (plans.size() + 63) / 64);  // a few plans: not worth a thread
   std::vector<std::thread> pool;

@@ -4,6 +4,7 @@
 #include "planner/gradient_blocks.h"
 
 #include <algorithm>
+#include <mutex>
 #include <cmath>
 
 namespace ht {
@@ -133,14 +134,12 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
     steps = gradient_block_steps(profile, trace, gradient_element_bytes, overlapped, part_bytes);
   } else {
     steps.end = forward_backward_end(trace);
-    steps.made.assign(steps.end + 1, 0);
-    steps.started.assign(steps.end + 1, 0);
   }
   int64_t in_use = 0, peak = 0, with_gathered = 0;
   int64_t held_now = 0;       // what the current kernel's block holds gathered (at the end: the last one's)
   int64_t gradients_now = 0;  // sharded gradients' blocks alive
   for (size_t i = 0; i <= steps.end; ++i) {
-    gradients_now += steps.made[i];  // made before the event at i (gradient_blocks_above_peak)
+    gradients_now += steps.made.take(i);  // made before the event at i (gradient_blocks_above_peak)
     with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
     if (i == steps.end) {
       in_use -= trailing_frees(trace, steps.end);
@@ -156,7 +155,7 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
     }
     peak = std::max(peak, in_use);
     with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
-    gradients_now += steps.started[i];
+    gradients_now += steps.started.take(i);
     with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
   }
   return with_gathered - peak;
@@ -245,21 +244,39 @@ namespace {
 // The gathered buckets' bytes beside the activations' peak at "parameters": the most any block
 // reads (tied buckets held); along `trace` when given, placed where each block runs, with each
 // bucket's gradient block from its first gradient to its reduce-scatter.
-int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const StepTrace* trace, int64_t element) {
+// Plans are predicted on several threads (search.cpp): the profile's walks are shared.
+std::mutex g_gathered_mutex;
+
+int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const TraceMaker* step,
+                      int64_t element) {
   // What backward reads again, as the profile saw it at the plan's precision (all, if unseen).
   const std::vector<size_t>* backward_reads = nullptr;
   for (const ProfilePoint& point : profile.points) {
     if (point.precision == plan.precision) backward_reads = &point.backward_read_buckets;
   }
-  if (trace == nullptr) return gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan));
-  return gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element,
-                                       reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan));
+  if (step == nullptr) return gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan));
+  // Everything the walk reads: the step at the plan's sizes and precision, the prefetch, the
+  // overlap, and the shard of each bucket (by the ranks) where micro-batches accumulate.
+  const auto key = std::make_tuple(plan.micro_batch, plan.accumulation, static_cast<int>(plan.precision),
+                                   prefetch_depth(plan), reduce_scatters_overlap(plan),
+                                   plan.accumulation > 1 ? plan.ranks : 0);
+  {
+    const std::lock_guard<std::mutex> lock(g_gathered_mutex);
+    auto it = profile.gathered_walks.find(key);
+    if (it != profile.gathered_walks.end()) return it->second;
+  }
+  const int64_t walked =
+      gathered_parameter_peak_bytes(profile, *(*step)(), 4, backward_reads, prefetch_depth(plan), element,
+                                    reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan));
+  const std::lock_guard<std::mutex> lock(g_gathered_mutex);
+  profile.gathered_walks.emplace(key, walked);
+  return walked;
 }
 
 }  // namespace
 
-void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace,
-                        int64_t gradient_blocks) {
+void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p,
+                        const TraceMaker* step, int64_t gradient_blocks) {
   const auto& buckets = sharded_buckets(profile, plan.shard);
   if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty()) return;
   const int64_t per_element = state_bytes_per_element(profile);
@@ -292,8 +309,8 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   const bool gradients_sharded = plan.shard >= ShardLevel::kGradients;
   int64_t in_flight = gradients_sharded ? arena_bytes(element * largest_bucket) : 0;
   int64_t along = 0;  // above the activations' peak, in the forward-backward phase only
-  if (plan.shard == ShardLevel::kGradients && (gradient_blocks >= 0 || trace != nullptr)) {
-    const int64_t walked = gradient_blocks >= 0 ? gradient_blocks : gradient_blocks_term(profile, plan, *trace);
+  if (plan.shard == ShardLevel::kGradients && (gradient_blocks >= 0 || step != nullptr)) {
+    const int64_t walked = gradient_blocks >= 0 ? gradient_blocks : gradient_blocks_term(profile, plan, *step);
     if (walked >= 0) {
       in_flight = 0;
       along = walked;
@@ -302,8 +319,8 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   // "parameters": the bucketed parameters give way to the rank's shards (fp32) and the buckets
   // gathered at once (parallel/parameter_shards.h), in the forward-backward phase only.
   const bool parameters_sharded = plan.shard == ShardLevel::kParameters;
-  const int64_t gathered = parameters_sharded ? gathered_term(profile, plan, trace, element) : 0;
-  if (parameters_sharded && trace != nullptr) in_flight = 0;  // in `gathered`, along the trace
+  const int64_t gathered = parameters_sharded ? gathered_term(profile, plan, step, element) : 0;
+  if (parameters_sharded && step != nullptr) in_flight = 0;  // in `gathered`, along the trace
   const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed) : p.model_bytes;
   const int64_t fixed = model + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
   const int64_t whole_working = p.optimizer_working_bytes;

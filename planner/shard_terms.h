@@ -38,6 +38,7 @@
 #include "planner/step_trace.h"
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace ht {
@@ -97,11 +98,12 @@ double allgather_ms(const Machine& machine, int ranks, int64_t bytes, int stride
 double shard_step_share(const ModelProfile& profile, const Plan& plan);
 // Fills what plan.shard changes in `p`: the optimizer state's bytes per rank (and the peak with
 // them), and the all-gather after the step (p.gather_ms, counted in p.step_ms by the caller).
-// `trace`: the step at the plan's micro-batch (trace_for), where gathered parameters are
-// placed into (null: at the activations' peak, gathered_parameter_bytes).
+// `step`: makes the step at the plan's micro-batch (trace_for), along which gathered parameters
+// (ZeRO-3) and the gradients' blocks (ZeRO-2) are placed, each walk once per profile and what it
+// depends on; null: at the activations' peak (gathered_parameter_bytes).
 // `gradient_blocks` >= 0: at "gradients", gradient_blocks_term's figure (planner/gradient_blocks.h), given.
-void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p, const StepTrace* trace = nullptr,
-                        int64_t gradient_blocks = -1);
+void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p,
+                        const TraceMaker* step = nullptr, int64_t gradient_blocks = -1);
 void shard_time_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, Prediction& p);
 // The recorded step up to its last kernel: what the optimizer allocates after backward (sized by
 // the whole parameters) left out, for a replay whose optimizer steps pieces.

@@ -6,6 +6,8 @@
 // paper's simulator approach, with our own sizes and times).
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 namespace ht {
@@ -62,5 +64,10 @@ struct StepTrace {
   std::vector<TraceKernel> kernels;
   std::vector<TraceEvent> events;
 };
+
+// A step at a plan's sizes, shared and never changed (planner/cost_model.h: shared_trace_for),
+// and what makes one where a term needs it (a walk along it that is not known yet).
+using SharedTrace = std::shared_ptr<const StepTrace>;
+using TraceMaker = std::function<SharedTrace()>;
 
 }  // namespace ht

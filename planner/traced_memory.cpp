@@ -32,7 +32,8 @@ const ProfilePoint* nearest(const ModelProfile& profile, int64_t micro, MixedPre
 bool merged_point(const ModelProfile& measured, const ProfilePoint& t, ProfilePoint& out) {
   const ProfilePoint* near = nearest(measured, t.micro_batch, t.precision);
   if (near == nullptr) return false;
-  const StepTrace timed = trace_for(measured, t.micro_batch, t.micro_batch, t.precision);
+  const SharedTrace shared = shared_trace_for(measured, t.micro_batch, t.micro_batch, t.precision);
+  const StepTrace& timed = *shared;
   if (timed.kernels.size() != t.trace.kernels.size()) return false;
   out = ProfilePoint{};
   out.micro_batch = t.micro_batch;
@@ -108,6 +109,7 @@ TracedPoints add_traced_points(ModelProfile& measured, const ModelProfile& trace
   }
   out.added = static_cast<int>(added.size());
   for (ProfilePoint& p : added) measured.points.push_back(std::move(p));
+  measured.recent_traces.clear();  // made from the points before these
   return out;
 }
 

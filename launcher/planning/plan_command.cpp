@@ -18,6 +18,9 @@
 #include "runtime/thread_pools.h"
 
 #include <cstdio>
+#include <malloc.h>
+#include <tuple>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
@@ -36,7 +39,34 @@ std::string plan_toml(const Config& config, const JobPlan& plan) {
   return head + resolved_toml(config_for_plan(config, p));
 }
 
-JsonObject plan_record(const RankedPlan& r, const ModelProfile& profile) {
+// The predicted compute split by op as the step the cost model prices at a plan's micro-batch
+// splits it (its share of each op), by the profile of the plan's tensor-parallel degree, the
+// micro-batch and the precision (the kernels' times do not depend on the batch accumulated): a
+// search's thousands of plans price a few dozen steps.
+using OpShares = std::vector<std::pair<std::string, double>>;
+class OpSharesOfPlans {
+ public:
+  explicit OpSharesOfPlans(const JobPlan& plan) : plan_(plan) {}
+  const OpShares* of(const Plan& p) {
+    const auto profile = plan_.tensor_profiles.find(p.tensor);
+    if (profile == plan_.tensor_profiles.end() || profile->second.points.empty()) return nullptr;
+    const auto key = std::make_tuple(p.tensor, p.micro_batch, static_cast<int>(p.precision));
+    auto it = shares_.find(key);
+    if (it == shares_.end()) {
+      const SharedTrace trace = shared_trace_for(profile->second, p.micro_batch, p.micro_batch, p.precision);
+      OpShares shares;
+      for (const auto& [op, share] : time_shares_by_op(*trace)) shares.emplace_back(op, share);
+      it = shares_.emplace(key, std::move(shares)).first;
+    }
+    return &it->second;
+  }
+
+ private:
+  const JobPlan& plan_;
+  std::map<std::tuple<int, int64_t, int>, OpShares> shares_;
+};
+
+JsonObject plan_record(const RankedPlan& r, const OpShares* shares) {
   JsonObject o;
   const Plan& p = r.plan;
   const Prediction& d = r.prediction;
@@ -53,13 +83,11 @@ JsonObject plan_record(const RankedPlan& r, const ModelProfile& profile) {
       .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
       .add("device_hours_per_epoch", d.device_hours_per_epoch).add("mfu", d.mfu)
       .add("tokens_per_s", d.tokens_per_s).add("device_hours_per_billion_tokens", d.device_hours_per_billion_tokens);
-  // The predicted compute split by op as the step the cost model prices at this micro-batch
-  // (trace_for) splits it: beside a run's measured "time_by_op" record (metrics.time_by_op), it
-  // names the ops a miss comes from.
-  if (!profile.points.empty()) {
+  // Beside a run's measured "time_by_op" record (metrics.time_by_op), it names the ops a miss
+  // comes from.
+  if (shares != nullptr) {
     JsonObject by_op;
-    const StepTrace trace = trace_for(profile, p.micro_batch, p.micro_batch * p.accumulation, p.precision);
-    for (const auto& [op, share] : time_shares_by_op(trace)) by_op.add(op, share * d.compute_ms);
+    for (const auto& [op, share] : *shares) by_op.add(op, share * d.compute_ms);
     o.add("compute_by_op_ms", by_op);
   }
   return o;
@@ -105,6 +133,11 @@ void note_misaligned_products(const Config& config, const PlanCommand& command, 
 int run_plan_command(const Config& config, const PlanCommand& command) {
   // [cluster].device: the model is traced on meta tensors, never run here: any size, any device.
   const bool traced = !config.cluster.device.empty();
+  // The search makes and drops steps of tens of MB (a 70B trace at a plan's sizes, the walks along
+  // it): kept by malloc rather than mapped and unmapped each time, whose page faults took a tenth
+  // of a 70B plan's time.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (config.training.device != "cpu" && !traced) {
     throw UserError(config.source + ": training.device = \"" + config.training.device + "\": plan profiles CPU ranks "
                     "only (not built for GPUs yet); plan with --training.device=cpu");
@@ -118,7 +151,7 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
     // A language model's shapes are the config's: its data need not be here.
     data.info = DataInfo{Task::kLanguageModel, {config.model.block_size}, config.model.vocab_size, "tokens", 0};
   } else {
-    const RankShare share{budget_bytes_of(config), configured_micro_batch(config), 1};
+    const RankShare share{budget_bytes_of(config), configured_micro_batch(config), 1, config.training.device};
     if (config.model.vocab_size > 0 && !traced) refuse_a_model_too_large_here(config, share, config.model.vocab_size, 1, "plan");
     data = make_datasets(config);
     if (!traced) refuse_a_model_too_large_here(config, share, data.info.classes, 1, "plan");
@@ -160,7 +193,8 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   const std::filesystem::path dir(config.job.output_dir);
   write_file_atomically((dir / "plan.toml").string(), plan_toml(config, plan));
   std::string lines;
-  for (const RankedPlan& r : plan.ranked) lines += plan_record(r, plan.profile).str() + "\n";
+  OpSharesOfPlans shares(plan);
+  for (const RankedPlan& r : plan.ranked) lines += plan_record(r, shares.of(r.plan)).str() + "\n";
   write_file_atomically((dir / "plans.jsonl").string(), lines);
   std::printf("wrote %s/plan.toml (train it as is) and plans.jsonl (every plan)\n", config.job.output_dir.c_str());
   return 0;
