@@ -272,9 +272,10 @@ void kept_gradient_terms(const ModelProfile& profile, const Plan& plan, Predicti
     return shared_trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   });
   if (above < 0) return;
-  const int64_t state = p.model_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;
-  p.peak_bytes = std::max(state + p.activation_bytes + std::min(above, p.gradient_bytes),
-                          state + p.gradient_bytes + p.optimizer_working_bytes);
+  // Gradients kept above the working set replace the whole gradient block's bytes in the peak.
+  const int64_t without_gradients = p.fixed_bytes() - p.gradient_bytes;
+  p.peak_bytes = std::max(without_gradients + p.activation_bytes + std::min(above, p.gradient_bytes),
+                          p.fixed_bytes() + p.optimizer_working_bytes);
 }
 
 }  // namespace ht

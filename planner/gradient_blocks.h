@@ -5,7 +5,8 @@
 // reduce-scatters overlapped (GradientShards::set_overlap), to the next bucket's start, and the
 // step's peak with them is where the walk finds it, not the largest block beside the activations'.
 
-#include "planner/cost_model.h"
+#include "planner/plan.h"
+#include "planner/profile_at.h"
 
 #include <functional>
 #include <vector>

@@ -28,8 +28,7 @@ void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) 
   p.batch_bytes = batch_bytes(profile, local);
   p.activation_bytes = activation_bytes(profile, plan.micro_batch, plan.precision);
   p.optimizer_working_bytes = optimizer_working_bytes(profile, plan.precision);
-  p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
-                 std::max(p.activation_bytes, p.optimizer_working_bytes);
+  p.peak_bytes = p.working_peak_bytes();
 }
 
 // Under a budget with eviction: the recorded step replayed through the policy at the budget.
@@ -41,8 +40,8 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   options.eviction_threshold = swaps(plan.policy) ? std::min(0.9, plan.eviction_threshold) : plan.eviction_threshold;
   if (recomputes_blocks(plan.policy)) options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-  const int64_t state_on_device = state_waits_on_host(plan) ? 0 : p.optimizer_state_bytes;
-  trace.persistent_bytes = p.model_bytes + p.gradient_bytes + state_on_device + p.sampler_bytes;
+  const int64_t state_on_host = state_waits_on_host(plan) ? p.optimizer_state_bytes : 0;
+  trace.persistent_bytes = p.state_bytes() - state_on_host + p.sampler_bytes;
   // Sharded, the optimizer steps pieces: its temporaries are shard_memory_terms', not the trace's.
   const bool sharded = plan.shard != ShardLevel::kNone && plan.ranks > 1;
   if (sharded) trace = without_optimizer_phase(trace);
@@ -53,12 +52,11 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   ReplayOptions tighter = options;
   tighter.budget_bytes = options.budget_bytes * 95 / 100;
   const ReplayResult margin = replay_step(trace, tighter);
-  const int64_t optimizer_peak = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes +
-                                 p.batch_bytes + p.optimizer_working_bytes;
+  const int64_t optimizer_peak = p.fixed_bytes() + p.optimizer_working_bytes;
   p.peak_bytes = r.feasible ? r.peak_bytes : std::max(p.peak_bytes, r.min_budget_bytes);
   if (sharded) p.peak_bytes = std::max(p.peak_bytes, optimizer_peak);
   // The optimizer's step holds all of the state, beside the parameters and their gradients.
-  if (state_waits_on_host(plan)) p.peak_bytes = std::max(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes);
+  if (state_waits_on_host(plan)) p.peak_bytes = std::max(p.peak_bytes, p.state_bytes() + p.sampler_bytes);
   p.evictions = r.evictions * plan.accumulation;
   p.recompute_ms = r.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
   if (r.feasible && !margin.feasible) {
@@ -94,7 +92,7 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
   std::vector<int> block_starts;
   schedule::StepGraph graph = graph_for(profile, plan.micro_batch, plan.precision, &block_starts);
   if (graph.forward.empty()) return under_dtr();  // no graph was captured: DTR's prediction stands
-  graph.fixed_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes;
+  graph.fixed_bytes = p.fixed_bytes();
   const auto budget = static_cast<int64_t>(static_cast<double>(plan.budget_bytes) * (1.0 - schedule::kDefaultBudgetMargin));
   schedule::Schedule chosen;
   schedule::ScheduleCost cost;
@@ -154,8 +152,7 @@ void policy_terms(const ModelProfile& profile, const Machine& machine, const Pla
     if (!blocks->failure.empty()) {
       p.fits = false;
       p.why_not = "a micro-batch's activations with every block recomputed do not fit: " + blocks->failure;
-      p.peak_bytes = std::max(p.peak_bytes, p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes +
-                                                p.sampler_bytes + p.batch_bytes + blocks->min_budget_bytes);
+      p.peak_bytes = std::max(p.peak_bytes, p.fixed_bytes() + blocks->min_budget_bytes);
     }
   } else if (evicts(plan.policy) && plan.budget_bytes > 0) {
     if (plans_statically(plan.policy)) {

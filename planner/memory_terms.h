@@ -5,7 +5,8 @@
 // them (planner/gradient_blocks.h); and under the memory policy: full recomputation's replayed
 // blocks, a budget's eviction (the DTR replay, or a static plan) and host swap.
 
-#include "planner/cost_model.h"
+#include "planner/plan.h"
+#include "planner/profile_at.h"
 #include "planner/recompute_terms.h"
 
 namespace ht {

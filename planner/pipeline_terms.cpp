@@ -394,8 +394,7 @@ void fullest_rank_memory(const std::vector<BlockCost>& costs, const RankTerms& r
   p.gradient_bytes = static_cast<int64_t>(static_cast<double>(p.gradient_bytes) * state_share);
   p.optimizer_state_bytes = static_cast<int64_t>(static_cast<double>(p.optimizer_state_bytes) * state_share);
   p.activation_bytes = ranks.peak[fullest] - state;
-  p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
-                 std::max(p.activation_bytes, p.optimizer_working_bytes);
+  p.peak_bytes = p.working_peak_bytes();
   p.stage_state_share = state_share;
 }
 

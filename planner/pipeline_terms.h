@@ -12,7 +12,8 @@
 // simulation then says how much of it the step waits for (Prediction::transfer_ms, in the bubble).
 // Interleaving's extra boundaries are priced by the same rule.
 
-#include "planner/cost_model.h"
+#include "planner/plan.h"
+#include "planner/profile_at.h"
 
 namespace ht {
 

@@ -163,8 +163,7 @@ void block_recompute_step_terms(const ModelProfile& profile, const Machine& mach
     p.activation_bytes = blocks.kept_bytes;
     pipeline_terms(profile, machine, plan, fb_ms + regenerate, p);
     p.activation_bytes += blocks.working_bytes;
-    p.peak_bytes = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes + p.sampler_bytes + p.batch_bytes +
-                   std::max(p.activation_bytes, p.optimizer_working_bytes);
+    p.peak_bytes = p.working_peak_bytes();
     const double share = regenerate / (fb_ms + regenerate);
     p.recompute_ms = p.compute_ms * share;
     p.compute_ms -= p.recompute_ms;

@@ -8,7 +8,8 @@
 // machine at hand, where budgets are tight, the whole step is replayed in the arena instead, as
 // any eviction policy's: planner/cost_model.cpp.)
 
-#include "planner/cost_model.h"
+#include "planner/plan.h"
+#include "planner/profile_at.h"
 
 #include <utility>
 #include <vector>

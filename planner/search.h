@@ -3,7 +3,7 @@
 // same global batch), precision and memory policy the options allow, each predicted by the cost
 // model, ranked by the objective; and the sentence on why the winner wins, in numbers.
 
-#include "planner/cost_model.h"
+#include "planner/plan.h"
 
 #include <functional>
 #include <string>

@@ -32,7 +32,8 @@
 // Adam at the first stage) are a check in the tests and docs: this project keeps fp32 parameters
 // and fp32 gradients, so its terms are 4P + 4P + 8P/N with AdamW.
 
-#include "planner/cost_model.h"
+#include "planner/plan.h"
+#include "planner/profile_at.h"
 #include "planner/machine.h"
 #include "planner/profile.h"
 #include "planner/step_trace.h"

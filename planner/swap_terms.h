@@ -12,7 +12,8 @@
 // eviction order), copies made again after a cancelled prefetch, and waits for a copy out to
 // free memory; the measured run reports all three (swap_in_bytes, swap_wait_ms).
 
-#include "planner/cost_model.h"
+#include "planner/plan.h"
+#include "planner/profile_at.h"
 #include "planner/machine.h"
 #include "planner/step_trace.h"
 

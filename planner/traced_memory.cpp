@@ -1,6 +1,6 @@
 #include "planner/traced_memory.h"
 
-#include "planner/cost_model.h"
+#include "planner/profile_at.h"
 #include "planner/pipeline_terms.h"
 
 #include <algorithm>

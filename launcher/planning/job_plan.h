@@ -7,6 +7,7 @@
 
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
+#include "planner/cost_model.h"
 #include "planner/search.h"
 #include "training/run_plan.h"
 

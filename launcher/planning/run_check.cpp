@@ -61,7 +61,7 @@ UserError does_not_fit(const Config& c, const RunPlan& run, const Prediction& p,
   const bool budget = run.memory.budget_bytes > 0;
   const std::string where = budget ? "memory.budget = \"" + c.memory.budget + "\" (" + format_bytes(limit) + ")"
                                    : "this machine's memory per rank (" + format_bytes(limit) + ")";
-  const int64_t state = p.model_bytes + p.gradient_bytes + p.optimizer_state_bytes;
+  const int64_t state = p.state_bytes();
   if (state >= limit) {
     return UserError(c.source + ": " + where + " cannot hold the model's parameters, gradients and " +
                      choice_name(c.training.optimizer) + " state (" + format_bytes(state) + "), before any activation; raise " +

@@ -1,0 +1,104 @@
+#pragma once
+// What the planner chooses among and what it predicts: a Plan (one way to train the job: the
+// grid's degrees, the micro-batches, the precision, the memory policy and budget, the shard level)
+// and its Prediction (memory per rank and time per step, each term on its own). Plain data, read by
+// every term of the cost model (planner/cost_model.h) and by the search (planner/search.h).
+
+#include "memory/memory_policy.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/shard_layout.h"
+#include "runtime/mixed_precision.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+// One way to train the job: what the search chooses among.
+struct Plan {
+  int ranks = 1;                  // data-parallel ranks (replicas)
+  int64_t micro_batch = 0;        // samples per micro-batch on a rank
+  int64_t accumulation = 1;       // micro-batches per step on a rank
+  MixedPrecision precision = MixedPrecision::kOff;  // training.mixed_precision
+  MemoryPolicy policy = MemoryPolicy::kNone;        // memory.policy
+  int64_t budget_bytes = 0;       // memory.budget; 0: none
+  // memory.eviction_threshold: under eviction, what each kernel evicts down to, as a share of the
+  // budget (host swap takes at most 0.9, as the runtime does).
+  double eviction_threshold = 0.9;
+  int stages = 1;                 // pipeline stages per replica (parallel.pipeline_parallel)
+  ScheduleKind schedule = ScheduleKind::k1f1b;  // parallel.pipeline_schedule, with stages > 1
+  int virtual_stages = 1;  // parallel.virtual_stages: chunks per stage (interleaved_1f1b)
+  // parallel.stage_blocks: blocks per (virtual) stage in model order; empty: cut where the
+  // profile's block times balance (a ranked plan carries the cut it was predicted for).
+  std::vector<int> stage_blocks;
+  // memory.optimizer_state = "host" (policies swap and hybrid): the optimizer state waits on host
+  // during forward and backward, and crosses the link twice a step.
+  bool state_on_host = false;
+  // memory.plan_first_step: under static plans the first step is planned ahead from a trace (one
+  // rank's whole model), so DTR need not run it; false: it runs under DTR while it is captured.
+  bool plan_first_step = true;
+  ShardLevel shard = ShardLevel::kNone;  // parallel.shard (planner/shard_terms.h)
+  int prefetch = 1;  // parallel.prefetch: blocks gathered ahead at "parameters" (none under a budget with eviction)
+  bool overlap = true;  // parallel.overlap: all-reduces, or sharded gradients' reduce-scatters, during backward
+  int tensor = 1;       // ranks each layer is split across (parallel.tensor_parallel; planner/tensor_terms.h)
+  bool sequence_parallel = false;  // parallel.sequence_parallel, with tensor > 1
+  int devices() const { return ranks * stages * tensor; }
+};
+
+// What the model predicts for a plan, each term on its own.
+struct Prediction {
+  // Memory per rank (arena bytes).
+  int64_t model_bytes = 0;            // parameters and buffers
+  int64_t gradient_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t sampler_bytes = 0;          // the epoch's order of samples
+  int64_t batch_bytes = 0;            // the rank's share of the global batch
+  int64_t activation_bytes = 0;       // the largest working set of forward and backward
+  int64_t optimizer_working_bytes = 0;  // the optimizer step's temporaries (beside the state)
+  // The state and batch plus the larger of the two working sets, or under a budget with eviction
+  // the replay's peak.
+  int64_t peak_bytes = 0;
+  bool fits = true;                   // peak within the device memory (and the budget feasible)
+  std::string why_not;                // when it does not fit
+  // Time per step (ms) on one rank.
+  double compute_ms = 0;              // forward and backward of every micro-batch
+  double recompute_ms = 0;            // what eviction re-runs (the replay's), every micro-batch
+  double optimizer_ms = 0;            // optimizer step, clipping, the batch's gather
+  double allreduce_ms = 0;            // all-reduce of the gradients, in all
+  double allreduce_exposed_ms = 0;    // the part not hidden under backward
+  double gather_ms = 0;               // sharding: the all-gathers the step waits for (after the step; ZeRO-3: of each block)
+  double gather_hidden_ms = 0;        // ZeRO-3 with prefetch: the all-gathers' time hidden under compute
+  double tensor_ms = 0;               // tensor parallelism: the group's collectives, on the critical path
+  double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
+  double transfer_ms = 0;             // pipelines: the step's wait for stage-to-stage messages, part of bubble_ms
+  double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
+  double stage_state_share = 1;       // pipelines: the fullest stage's share of the model's state
+  std::vector<int> stage_blocks;      // pipelines: the blocks of each (virtual) stage, as cut
+  int64_t evictions = 0;              // per step (replay), or values a static plan drops
+  // Host swap (policies swap and hybrid; planner/swap_terms.h), per step.
+  int64_t swap_out_bytes = 0;         // copied to host memory
+  double swap_link_ms = 0;            // the link's time for those bytes out and back in
+  double swap_exposed_ms = 0;         // the part compute waits for (not hidden under it)
+  bool static_plan = false;           // steps run on a static plan (else, under a budget, DTR)
+  double step_ms = 0;
+  double samples_per_s = 0;           // global batch per step time
+  // Model FLOPs utilization: the step's forward and backward work (three times forward's, no
+  // recomputation counted) over the time at the device's dense peak; 0 where the peak is not known.
+  double mfu = 0;
+  double device_hours_per_epoch = 0;  // ranks x step time x steps per epoch
+  // A language model's: tokens a second, and device-hours per billion tokens (0 for other models).
+  double tokens_per_s = 0;
+  double device_hours_per_billion_tokens = 0;
+
+  // The model's state on a rank: parameters (and buffers), gradients, optimizer state.
+  int64_t state_bytes() const { return model_bytes + gradient_bytes + optimizer_state_bytes; }
+  // What lives through the whole step: the state, the sampler's order and the batch.
+  int64_t fixed_bytes() const { return state_bytes() + sampler_bytes + batch_bytes; }
+  // The peak without eviction: the fixed bytes and the larger of the step's two working sets
+  // (forward and backward's activations, the optimizer step's temporaries).
+  int64_t working_peak_bytes() const { return fixed_bytes() + std::max(activation_bytes, optimizer_working_bytes); }
+};
+
+}  // namespace ht
