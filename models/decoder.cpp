@@ -1,6 +1,7 @@
 #include "models/decoder.h"
 
 #include "models/decoder_split.h"
+#include "models/tensor_parallel_plan.h"
 
 #include <cmath>
 #include <limits>
@@ -36,6 +37,15 @@ struct Split {
     const Tensor partial = linear(x, param_like(x, l.weight));
     const Tensor y = sequence ? tp_reduce_scatter(partial, 1) : tp_reduce(partial);
     return l.bias.defined() ? add(y, replicated(y, l.bias)) : y;
+  }
+  // A linear layer as the plan split it (PlannedLinear).
+  Tensor linear_of(const Tensor& x, ParallelStyle style, const Linear& l) const {
+    switch (style) {
+      case ParallelStyle::kColumnwise: return column(x, l);
+      case ParallelStyle::kRowwise: return row(x, l);
+      default:
+        return linear(x, replicated(x, l.weight), l.bias.defined() ? replicated(x, l.bias) : Tensor());
+    }
   }
   // Dropout where each rank holds a different part of the activation (heads, or a piece of the
   // sequence): its own seed stream, so that the parts' masks differ. Where every rank holds the
@@ -75,6 +85,27 @@ void keep_part(const DecoderOptions& o, const std::string& name, at::Tensor& p) 
   const ParameterSplit split = decoder_parameter_split(o, name);
   at::NoGradGuard no_grad;
   if (split.split()) p.set_data(part_of(p, split));
+}
+
+// A linear layer built as the tensor-parallel plan says (models/tensor_parallel_plan.h): `path`'s
+// entry gives its style, and this rank keeps its part of the weights as it makes them. Its forward
+// runs that style (Split::linear_of): a layer and its split cannot disagree.
+struct PlannedLinear {
+  std::shared_ptr<Linear> layer;
+  ParallelStyle style = ParallelStyle::kReplicated;
+  Tensor forward(const Split& split, const Tensor& x) const { return split.linear_of(x, style, *layer); }
+};
+
+// Registers `module`'s layer `name` (`path` in the plan: its block's prefix left out) with `in` and
+// `out` features, split as the plan says.
+PlannedLinear planned_linear(torch::nn::Module& module, const DecoderOptions& o, const std::string& name,
+                             const std::string& path, int64_t in, int64_t out, bool bias) {
+  PlannedLinear l;
+  l.layer = module.register_module(name, std::make_shared<Linear>(in, out, bias));
+  l.style = layer_split_of(o, path).style;
+  keep_part(o, path + ".weight", l.layer->weight);
+  keep_part(o, path + ".bias", l.layer->bias);
+  return l;
 }
 
 // x = dropout(wte[idx] (+ wpe[0..T)))     idx (B, T) -> x (B, T, D)
@@ -135,11 +166,8 @@ class SelfAttention : public torch::nn::Module {
   explicit SelfAttention(const DecoderOptions& o) : options_(o), split_(o) {
     const int64_t q = o.n_head * o.head_dim(), kv = o.kv_heads() * o.head_dim();
     const bool bias = !o.is_llama();
-    wqkv = register_module("wqkv", std::make_shared<Linear>(o.n_embd, q + 2 * kv, bias));
-    keep_part(o, "attn.wqkv.weight", wqkv->weight);
-    keep_part(o, "attn.wqkv.bias", wqkv->bias);
-    wo = register_module("wo", std::make_shared<Linear>(q, o.n_embd, bias));
-    keep_part(o, "attn.wo.weight", wo->weight);
+    wqkv = planned_linear(*this, o, "wqkv", "attn.wqkv", o.n_embd, q + 2 * kv, bias);
+    wo = planned_linear(*this, o, "wo", "attn.wo", q, o.n_embd, bias);
   }
 
   Tensor forward(const Tensor& x) {
@@ -147,7 +175,7 @@ class SelfAttention : public torch::nn::Module {
     // sequence and qkv the whole of it.
     const int64_t hd = options_.head_dim();
     const int64_t h = options_.n_head / split_.ranks, hkv = options_.kv_heads() / split_.ranks;
-    const Tensor qkv = split_.column(x, *wqkv);  // (B, T, (H + 2 Hkv) hd)
+    const Tensor qkv = wqkv.forward(split_, x);  // (B, T, (H + 2 Hkv) hd)
     const int64_t b = qkv.size(0), t = qkv.size(1);
     // One split, not three slices: its backward writes qkv's gradient once (runtime/ops/shape.cpp).
     const std::vector<Tensor> parts = split(qkv, std::vector<int64_t>{h * hd, hkv * hd, hkv * hd}, 2);
@@ -169,10 +197,10 @@ class SelfAttention : public torch::nn::Module {
                                    : attention(qh, kh, vh, /*causal=*/true, options_.dropout, is_training());
     }
     const Tensor merged = reshape(transpose(y, 1, 2), {b, t, h * hd});
-    return split_.dropout(split_.row(merged, *wo), options_.dropout, is_training(), split_.sequence);
+    return split_.dropout(wo.forward(split_, merged), options_.dropout, is_training(), split_.sequence);
   }
 
-  std::shared_ptr<Linear> wqkv, wo;
+  PlannedLinear wqkv, wo;
 
  private:
   DecoderOptions options_;
@@ -185,16 +213,11 @@ class FeedForward : public torch::nn::Module {
  public:
   explicit FeedForward(const DecoderOptions& o) : options_(o), hidden_(o.mlp_hidden()), split_(o) {
     if (o.is_llama()) {
-      w13 = register_module("w13", std::make_shared<Linear>(o.n_embd, 2 * hidden_, false));
-      keep_part(o, "mlp.w13.weight", w13->weight);
-      w2 = register_module("w2", std::make_shared<Linear>(hidden_, o.n_embd, false));
-      keep_part(o, "mlp.w2.weight", w2->weight);
+      w13 = planned_linear(*this, o, "w13", "mlp.w13", o.n_embd, 2 * hidden_, false);
+      w2 = planned_linear(*this, o, "w2", "mlp.w2", hidden_, o.n_embd, false);
     } else {
-      fc = register_module("fc", std::make_shared<Linear>(o.n_embd, hidden_));
-      keep_part(o, "mlp.fc.weight", fc->weight);
-      keep_part(o, "mlp.fc.bias", fc->bias);
-      proj = register_module("proj", std::make_shared<Linear>(hidden_, o.n_embd));
-      keep_part(o, "mlp.proj.weight", proj->weight);
+      fc = planned_linear(*this, o, "fc", "mlp.fc", o.n_embd, hidden_, true);
+      proj = planned_linear(*this, o, "proj", "mlp.proj", hidden_, o.n_embd, true);
     }
   }
 
@@ -202,18 +225,18 @@ class FeedForward : public torch::nn::Module {
     Tensor y;
     const int64_t f = hidden_ / split_.ranks;  // this rank's part of the hidden width
     if (options_.is_llama()) {
-      const Tensor gate_up = split_.column(x, *w13);  // (B, T, 2F)
+      const Tensor gate_up = w13.forward(split_, x);  // (B, T, 2F)
       const std::vector<Tensor> halves = split(gate_up, f, 2);
-      y = split_.row(mul(silu(halves[0]), halves[1]), *w2);
+      y = w2.forward(split_, mul(silu(halves[0]), halves[1]));
     } else {
-      y = split_.row(gelu(split_.column(x, *fc), /*tanh_approximation=*/true), *proj);
+      y = proj.forward(split_, gelu(fc.forward(split_, x), /*tanh_approximation=*/true));
     }
     return split_.dropout(y, options_.dropout, is_training(), split_.sequence);
   }
   // The projection back onto the residual stream (scaled at initialization).
-  Linear& out() { return options_.is_llama() ? *w2 : *proj; }
+  Linear& out() { return options_.is_llama() ? *w2.layer : *proj.layer; }
 
-  std::shared_ptr<Linear> fc, proj, w13, w2;
+  PlannedLinear fc, proj, w13, w2;
 
  private:
   DecoderOptions options_;
@@ -320,7 +343,7 @@ Decoder::Decoder(const DecoderOptions& o) : options_(o) {
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer));
   for (size_t i = 0; i < layers.size(); ++i) {
     const std::string h = "h" + std::to_string(i);
-    normal(layers[i]->attn->wo->weight, h + ".attn.wo.weight", residual_std);
+    normal(layers[i]->attn->wo.layer->weight, h + ".attn.wo.weight", residual_std);
     normal(layers[i]->mlp->out().weight, h + (o.is_llama() ? ".mlp.w2.weight" : ".mlp.proj.weight"), residual_std);
   }
 }

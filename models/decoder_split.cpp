@@ -1,5 +1,7 @@
 #include "models/decoder_split.h"
 
+#include "models/tensor_parallel_plan.h"
+
 #include <ATen/ATen.h>
 
 namespace ht {
@@ -15,28 +17,34 @@ ParameterSplit decoder_parameter_split(const DecoderOptions& o, const std::strin
   ParameterSplit s;
   const int64_t t = o.tensor_parallel, r = o.tensor_rank;
   if (t == 1) return s;
-  auto rows = [&](std::vector<std::pair<int64_t, int64_t>> ranges) {
-    s.dim = 0;
-    s.ranges = std::move(ranges);
+  const bool bias = ends_with(name, ".bias");
+  const std::string path = name.substr(0, name.rfind('.'));
+  const LayerSplit layer = layer_split_of(o, path);
+  // Rank r's share of each part, the parts side by side.
+  auto mine = [&](int dim) {
+    s.dim = dim;
+    int64_t offset = 0;
+    for (int64_t width : layer.parts) {
+      s.ranges.emplace_back(offset + r * (width / t), width / t);
+      offset += width;
+    }
   };
-  auto mine = [&](int64_t whole, int64_t offset = 0) { return std::make_pair(offset + r * (whole / t), whole / t); };
-  const int64_t hd = o.head_dim(), q = o.n_head * hd, kv = o.kv_heads() * hd, f = o.mlp_hidden();
-  if (name == "embed.wte.weight" || name == "head.lm_head.weight") {
-    const int64_t part = o.padded_vocab() / t, valid = o.vocab_rows_valid();
-    rows({{o.vocab_first(), valid}});
-    s.padding = part - valid;
-  } else if (ends_with(name, "attn.wqkv.weight") || ends_with(name, "attn.wqkv.bias")) {
-    rows({mine(q), mine(kv, q), mine(kv, q + kv)});
-  } else if (ends_with(name, "mlp.fc.weight") || ends_with(name, "mlp.fc.bias")) {
-    rows({mine(f)});
-  } else if (ends_with(name, "mlp.w13.weight")) {
-    rows({mine(f), mine(f, f)});
-  } else if (ends_with(name, "attn.wo.weight")) {
-    s.dim = 1;
-    s.ranges = {mine(q)};
-  } else if (ends_with(name, "mlp.proj.weight") || ends_with(name, "mlp.w2.weight")) {
-    s.dim = 1;
-    s.ranges = {mine(f)};
+  switch (layer.style) {
+    case ParallelStyle::kVocabulary: {
+      const int64_t part = o.padded_vocab() / t, valid = o.vocab_rows_valid();
+      s.dim = 0;
+      s.ranges = {{o.vocab_first(), valid}};
+      s.padding = part - valid;
+      break;
+    }
+    case ParallelStyle::kColumnwise:
+      mine(0);  // the weight's rows, and the bias's
+      break;
+    case ParallelStyle::kRowwise:
+      if (!bias) mine(1);  // the weight's columns; the bias whole, added after the group's sum
+      break;
+    case ParallelStyle::kReplicated:
+      break;
   }
   return s;
 }

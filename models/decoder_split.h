@@ -1,16 +1,11 @@
 #pragma once
 // How the decoder's parameters split across the ranks of a tensor-parallel group
 // (DecoderOptions::tensor_parallel), as plain data: which dimension of the whole parameter a rank
-// holds a part of, and which ranges of it, in order. The decoder slices its whole initialization
-// by it (so that every layout starts from the one-rank run's weights), and a checkpoint that
-// records each tensor's whole shape maps parts to wholes by it.
-//
-//   embed.wte.weight, head.lm_head.weight   rows of the padded vocabulary (rank r: r V_p/t ..)
-//   attn.wqkv.{weight,bias}                 rows: rank r's query heads, then its key heads, then its value heads
-//   attn.wo.weight                          columns: rank r's heads (row-parallel)
-//   mlp.fc.{weight,bias}, mlp.proj.weight   rows, columns of the hidden width (GPT-2)
-//   mlp.w13.weight, mlp.w2.weight           rows: rank r's gate then up rows; columns (Llama)
-//   everything else (norms, wpe, the row-parallel layers' biases)   whole on every rank
+// holds a part of, and which ranges of it, in order, read off the decoder's tensor-parallel plan
+// (models/tensor_parallel_plan.h: a column-wise layer's rows, a row-wise layer's columns, the
+// vocabulary's rows). The decoder slices its whole initialization by it (so that every layout
+// starts from the one-rank run's weights), and a checkpoint that records each tensor's whole
+// shape maps parts to wholes by it.
 
 #include "models/decoder_options.h"
 

@@ -6,6 +6,7 @@
 // parallelism, with a vocabulary that t does not divide (padded).
 #include "models/decoder.h"
 #include "models/decoder_split.h"
+#include "models/tensor_parallel_plan.h"
 #include "parallel/thread_group.h"
 
 #include <gtest/gtest.h>
@@ -86,6 +87,55 @@ TEST(DecoderTensorParallel, LlamaPartsAreTheWholeModel) {
     for (bool sp : {false, true}) {
       expect_split_matches(small_llama(false), t, sp, "llama untied");
       expect_split_matches(small_llama(true), t, sp, "llama tied");
+    }
+  }
+}
+
+// The split is one plan per model (models/tensor_parallel_plan.h): every parameter a rank holds
+// a part of belongs to a layer the plan splits, and every layer the plan splits is one the model
+// has, its parameters' parts as the style says (a column-wise layer's rows, a row-wise layer's
+// columns and its bias whole, the vocabulary's rows).
+TEST(DecoderTensorParallel, ThePlanNamesEverySplitLayerAndItsStyleShapesItsParts) {
+  for (const DecoderOptions& base : {DecoderOptions::gpt2(37, 8, 2, 4, 16, 0.0), small_llama(false)}) {
+    SCOPED_TRACE(base.is_llama() ? "llama" : "gpt");
+    at::manual_seed(7);
+    Decoder whole(base);
+    std::map<std::string, std::vector<int64_t>> whole_sizes;
+    for (const auto& item : whole.named_parameters()) whole_sizes[item.key()] = item.value().sizes().vec();
+    DecoderOptions o = base;
+    o.tensor_parallel = 2;
+    Decoder part(o);
+    std::map<std::string, int> planned_layers_seen;
+    for (const LayerSplit& layer : decoder_parallel_plan(o)) planned_layers_seen[layer.layer] = 0;
+    for (const auto& item : part.named_parameters()) {
+      const std::string& name = item.key();
+      const std::vector<int64_t> mine = item.value().sizes().vec(), all = whole_sizes.at(name);
+      const LayerSplit layer = layer_split_of(o, name.substr(0, name.rfind('.')));
+      if (layer.style != ParallelStyle::kReplicated) ++planned_layers_seen[layer.layer];
+      const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+      switch (layer.style) {
+        case ParallelStyle::kReplicated:
+          EXPECT_EQ(mine, all) << name << ": whole on every rank";
+          break;
+        case ParallelStyle::kColumnwise:
+          EXPECT_EQ(mine[0] * 2, all[0]) << name << ": half of the rows";
+          break;
+        case ParallelStyle::kRowwise:
+          if (bias) {
+            EXPECT_EQ(mine, all) << name << ": a row-wise layer's bias whole";
+          } else {
+            EXPECT_EQ(mine[1] * 2, all[1]) << name << ": half of the columns";
+          }
+          break;
+        case ParallelStyle::kVocabulary:
+          EXPECT_EQ(mine[0], o.padded_vocab() / 2) << name << ": half of the padded vocabulary";
+          break;
+      }
+      EXPECT_EQ(decoder_parameter_split(o, name).split(), mine != all) << name;
+    }
+    for (const auto& [layer, seen] : planned_layers_seen) {
+      if (layer == "head.lm_head" && o.tied()) continue;  // the embedding's weight, not a layer of its own
+      EXPECT_GT(seen, 0) << layer << ": in the plan, not in the model";
     }
   }
 }
