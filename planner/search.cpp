@@ -1,6 +1,7 @@
 #include "planner/search.h"
 
 #include "planner/shard_terms.h"
+#include "alloc/byte_size.h"
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
@@ -71,6 +72,10 @@ std::string describe_plan(const Plan& p) {
     if (ahead > 0) s += ", gathered " + std::to_string(ahead) + (ahead == 1 ? " block" : " blocks") + " ahead";
   }
   return s;
+}
+
+std::string plan_words(const Plan& p) {
+  return describe_plan(p) + (p.budget_bytes > 0 ? " at " + format_bytes(p.budget_bytes) : "");
 }
 
 namespace {

@@ -48,6 +48,8 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
                                    Objective objective, int threads = 1);
 // A plan in words: "2 ranks, micro-batch 32 x 2, bf16, dtr".
 std::string describe_plan(const Plan& plan);
+// The plan in words with its budget: "2 ranks, micro-batch 32 x 2, bf16, dtr at 256.0 MiB".
+std::string plan_words(const Plan& plan);
 // One or two sentences on why ranked[0] wins, against the best plan of other rank counts and
 // against (or for) trading compute for memory. Empty when nothing fits.
 std::string why_it_wins(const std::vector<RankedPlan>& ranked, Objective objective);

@@ -6,7 +6,7 @@
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/profiler.h"
 #include "launcher/planning/trace_profile.h"
-#include "planner/recompute_terms.h"
+#include "planner/layout_search.h"
 #include "planner/traced_memory.h"
 #include "launcher/model_factory.h"
 #include "base/user_error.h"
@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
-#include <functional>
 #include <cstring>
 #include <vector>
 
@@ -43,51 +42,6 @@ double copy_gbps() {
 // The CPUs this process may use: the host's threads, fewer under a binding or a container's CPU
 // quota (runtime/thread_pools.h).
 int usable_cpus() { return default_thread_count(1); }
-
-// An eviction plan that evicts nothing is its plan without eviction, listed twice: keep the one
-// without, unless it alone does not fit.
-void drop_idle_eviction(std::vector<RankedPlan>& ranked) {
-  auto twin_fits = [&](const Plan& p) {
-    for (const RankedPlan& r : ranked) {
-      const Plan& q = r.plan;
-      if (!evicts(q.policy) && q.ranks == p.ranks && q.micro_batch == p.micro_batch && q.precision == p.precision)
-        return r.prediction.fits;
-    }
-    return false;
-  };
-  std::vector<char> drop;
-  for (const RankedPlan& r : ranked) {
-    drop.push_back(evicts(r.plan.policy) && r.prediction.evictions == 0 && twin_fits(r.plan));
-  }
-  std::vector<RankedPlan> kept;
-  for (size_t i = 0; i < ranked.size(); ++i) {
-    if (!drop[i]) kept.push_back(std::move(ranked[i]));
-  }
-  ranked = std::move(kept);
-}
-
-// A traced model's replay is long (Llama 3 8B: 80,000 tensors a micro-batch: the blockwise
-// attention's temporaries), so plans with eviction are replayed only where eviction can be the
-// answer: not where their twin without it fits (it would evict nothing), nor where the state
-// alone leaves no room, nor where the room is under a fifth of a micro-batch's activations
-// (beyond the budgets issue 34 measures, and slower than a smaller micro-batch).
-std::vector<Plan> without_needless_eviction(const std::vector<Plan>& plans,
-                                            const std::function<Prediction(const Plan&)>& predict_plan) {
-  std::vector<Plan> kept;
-  for (const Plan& p : plans) {
-    if (evicts(p.policy)) {
-      Plan twin = p;
-      twin.policy = MemoryPolicy::kNone;
-      twin.budget_bytes = 0;  // as the search has it (a GPU plan without eviction has no arena)
-      const Prediction t = predict_plan(twin);
-      const int64_t fixed = t.peak_bytes - std::max(t.activation_bytes, t.optimizer_working_bytes);
-      const int64_t room = p.budget_bytes - fixed;
-      if (t.fits || room <= 0 || room < t.activation_bytes / 5) continue;
-    }
-    kept.push_back(p);
-  }
-  return kept;
-}
 
 }  // namespace
 
@@ -163,21 +117,6 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
 
 namespace {
 
-// The micro-batch sizes a traced profile prices: powers of two up to the largest a plan uses
-// (memory is exact between any two; time is interpolated between neighbours).
-std::vector<int64_t> traced_sizes(int64_t largest) {
-  std::vector<int64_t> sizes{1};
-  while (sizes.back() * 2 <= largest) sizes.push_back(sizes.back() * 2);
-  if (sizes.back() != largest) sizes.push_back(largest);
-  return sizes;
-}
-
-// The most samples a replica of `tensor` ranks trains per step when the job has `ranks`.
-int64_t replica_batch(int64_t global_batch, int ranks, int tensor) {
-  const int replicas = std::max(1, ranks / std::max(1, tensor));
-  return std::max<int64_t>(1, global_batch / replicas);
-}
-
 // The rank counts to plan: the given ones, else powers of two up to the machine's; at most max_ranks.
 std::vector<int> planned_ranks(const Config& config, const PlanArgs& args) {
   std::vector<int> ranks = args.ranks;
@@ -219,45 +158,6 @@ std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const D
     out.emplace_back(t, std::move(c));
   }
   return out;
-}
-
-// The full-recomputation plans' block replays, each distinct one once, on every core, before the
-// plans are predicted (planner/recompute_terms.h).
-void replay_ahead(const std::vector<Plan>& plans, const JobPlan& out) {
-  std::vector<std::pair<const ModelProfile*, Plan>> replayed;
-  for (const Plan& p : plans)
-    if (replays_blocks(out.machine, p)) replayed.emplace_back(&out.tensor_profiles.at(p.tensor), p);
-  replay_blocks_ahead(replayed, usable_cpus());
-}
-
-// Every layout `search` allows, predicted and ranked into out.ranked. For a catalog device
-// (`traced`) a plan without eviction has no budget (on a GPU a budget is an arena,
-// alloc/cuda_arena.h), and with `evict_if_needed` DTR plans are added where nothing fits.
-void rank_layouts(const Config& config, SearchOptions search, bool traced, bool evict_if_needed,
-                  Objective objective, JobPlan& out) {
-  // On a GPU an evicting plan's arena is the device less what the runtime holds beside it
-  // (Machine::reserved_bytes: the CUDA context, the plan's NCCL communicators).
-  auto gpu_budgets = [&](std::vector<Plan> plans) {
-    if (traced) {
-      for (Plan& p : plans) {
-        p.budget_bytes = evicts(p.policy) ? std::max<int64_t>(0, p.budget_bytes - out.machine.reserved_bytes(
-                                                                     p.ranks > 1, p.tensor > 1, p.stages > 1))
-                                          : 0;
-      }
-    }
-    return plans;
-  };
-  const int64_t global = config.training.global_batch_size;
-  std::vector<Plan> plans = gpu_budgets(candidate_plans(global, out.machine.device_memory, search));
-  auto predict_plan = [&](const Plan& p) { return predict(out.tensor_profiles.at(p.tensor), out.machine, p); };
-  replay_ahead(plans, out);
-  out.ranked = rank_plans(plans, predict_plan, objective, usable_cpus());
-  if (evict_if_needed && (out.ranked.empty() || !out.ranked[0].prediction.fits)) {
-    search.policies = {MemoryPolicy::kNone, MemoryPolicy::kFull, MemoryPolicy::kDtr};
-    plans = without_needless_eviction(gpu_budgets(candidate_plans(global, out.machine.device_memory, search)), predict_plan);
-    replay_ahead(plans, out);
-    out.ranked = rank_plans(plans, predict_plan, objective, usable_cpus());
-  }
 }
 
 // A profile of this machine: trained at every size a plan uses (its times; or the run's own size,
@@ -369,8 +269,13 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   if (stages.empty()) stages = traced ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 2, 4};
   for (int s : stages)
     if (s == 1 || s <= blocks) search.stages.push_back(s);
-  rank_layouts(config, search, traced, evict_if_needed, args.objective, out);
-  drop_idle_eviction(out.ranked);
+  LayoutSearch layouts;
+  layouts.options = search;
+  layouts.global_batch = config.training.global_batch_size;
+  layouts.device_arenas = traced;
+  layouts.evict_if_needed = evict_if_needed;
+  layouts.threads = usable_cpus();
+  out.ranked = rank_layouts(out.tensor_profiles, out.machine, layouts);
   out.why = why_it_wins(out.ranked, args.objective);
   return out;
 }
@@ -432,9 +337,5 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
 }
 
 Config config_for_plan(const Config& base, const Plan& plan) { return config_as_run(base, planned_run(base, plan)); }
-
-std::string plan_words(const Plan& p) {
-  return describe_plan(p) + (p.budget_bytes > 0 ? " at " + format_bytes(p.budget_bytes) : "");
-}
 
 }  // namespace ht

@@ -1,7 +1,8 @@
 #pragma once
-// The planner as the launcher uses it: the machine a job plans for (this one, measured, or the
-// config's [cluster]), the profile of its model, the ranked plans, and a plan as a config that
-// trains as is. `hybrid_train plan` prints it (plan_command.h); run_job() predicts its own plan
+// The planner as the launcher uses it: a config turned into the planner's inputs (the machine a
+// job plans for: this one, measured, or the config's [cluster]; the profile of its model at each
+// tensor-parallel size; the search's options), the planner's ranking (planner/layout_search.h),
+// and a plan as a config that trains as is. `hybrid_train plan` prints it (plan_command.h); run_job() predicts its own plan
 // before the first step, refuses one that cannot fit, and with parallel.strategy = "auto" trains
 // the planner's choice.
 
@@ -73,7 +74,5 @@ std::string smallest_fitting_cluster(const Config& config, const DataInfo& info,
 // config keys (config_as_run): what `plan` writes to plan.toml.
 RunPlan planned_run(const Config& base, const Plan& plan);
 Config config_for_plan(const Config& base, const Plan& plan);
-// The plan in words: "2 ranks, micro-batch 32 x 2, bf16, dtr at 256.0 MiB".
-std::string plan_words(const Plan& plan);
 
 }  // namespace ht
