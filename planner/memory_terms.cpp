@@ -133,10 +133,11 @@ void state_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   const bool along_the_step = (plan.shard == ShardLevel::kParameters || plan.shard == ShardLevel::kGradients) &&
                               plan.ranks > 1 && !profile.points.empty();
   if (along_the_step) {
-    // Made only where a walk along it is not known yet (shard_memory_terms).
-    const TraceMaker step = [&] {
-      return shared_trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
-    };
+    // Made only where a walk along it is not known yet (shard_memory_terms). At one micro-batch's
+    // batch: the walks read what they add above the trace's own peak, and the batch, allocated
+    // before the first kernel and held to the end, adds the same to both; so a micro-batch's walks
+    // share one trace (and the recent traces hold it) whatever the plan accumulates.
+    const TraceMaker step = [&] { return shared_trace_for(profile, plan.micro_batch, plan.micro_batch, plan.precision); };
     shard_memory_terms(profile, plan, p, &step);
   } else {
     shard_memory_terms(profile, plan, p);

@@ -63,16 +63,23 @@ std::string time_by_op(const StepTrace& trace) {
 
 }  // namespace
 
-std::map<std::string, double> time_shares_by_op(const StepTrace& trace) {
+std::map<std::string, double> time_shares_by_op(const std::vector<KernelTime>& kernels) {
   std::map<std::string, double> ms;
   double total = 0;
-  for (const TraceKernel& k : trace.kernels) {
+  for (const KernelTime& k : kernels) {
     ms[std::string(k.op) + (k.backward ? " backward" : "")] += k.ms;
     total += k.ms;
   }
   if (total <= 0) return {};
   for (auto& [op, t] : ms) t /= total;
   return ms;
+}
+
+std::map<std::string, double> time_shares_by_op(const StepTrace& trace) {
+  std::vector<KernelTime> kernels;
+  kernels.reserve(trace.kernels.size());
+  for (const TraceKernel& k : trace.kernels) kernels.push_back({k.op, k.backward, k.ms});
+  return time_shares_by_op(kernels);
 }
 
 MisalignedTime misaligned_time(const StepTrace& trace, const DeviceRates& rates) {

@@ -4,6 +4,7 @@
 #include "planner/machine.h"
 #include "planner/op_time.h"
 #include "planner/profile.h"
+#include "planner/profile_at.h"
 #include "planner/search.h"
 
 #include <map>
@@ -20,6 +21,8 @@ int64_t largest_op_working_set(const StepTrace& trace);
 // to 1; empty for a trace without timed kernels): what `time by op` prints, and what plans.jsonl
 // splits a plan's predicted compute by (scripts/compare_plan_run.py sets it beside a run's).
 std::map<std::string, double> time_shares_by_op(const StepTrace& trace);
+// The same of kernel_times(profile, micro-batch, precision) (planner/profile_at.h), without a trace.
+std::map<std::string, double> time_shares_by_op(const std::vector<KernelTime>& kernels);
 
 // Of a traced step's kernel time priced at `rates`, the share in misaligned 16-bit products
 // (a dimension not a multiple of 8), and the share they would save aligned.

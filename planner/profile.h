@@ -140,9 +140,9 @@ struct ModelProfile {
     std::shared_ptr<const StepTrace> trace;
   };
   mutable std::vector<RecentTrace> recent_traces;
-  // ZeRO-3's gathered buckets along the step by (micro-batch, accumulation, precision, prefetch,
+  // ZeRO-3's gathered buckets along the step by (micro-batch, precision, prefetch,
   // overlapped, ranks with accumulation): planner/shard_terms.h, shard_memory_terms.
-  mutable std::map<std::tuple<int64_t, int64_t, int, int, bool, int>, int64_t> gathered_walks;
+  mutable std::map<std::tuple<int64_t, int, int, bool, int>, int64_t> gathered_walks;
 };
 
 // Per model block, the forward and backward time of its kernels in `trace` (kernels outside the

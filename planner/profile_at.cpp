@@ -149,35 +149,50 @@ int64_t optimizer_working_bytes(const ModelProfile& profile, MixedPrecision prec
 
 namespace {
 
-// The trace of trace_for, made anew.
-StepTrace make_trace(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch, MixedPrecision precision) {
+// The two traces `micro_batch` is read between: interpolated when they match op for op, else the
+// nearer one's sizes and times scaled in proportion.
+struct TracePair {
+  const ProfilePoint* a;
+  const ProfilePoint* b;
+  const ProfilePoint* near;
+  bool matched;
+  double ratio;  // micro_batch over the nearer point's
+};
+
+TracePair trace_pair(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision) {
   const auto points = base_points(profile, precision);
   auto [a, b] = bracket(points, micro_batch);
   bool matched = a != b && same_structure(a->trace, b->trace);
   const bool profiled = a->micro_batch == micro_batch || b->micro_batch == micro_batch;
   if (!matched && !profiled) matched = nearest_matching_pair(points, micro_batch, a, b);
-  // The nearer point's trace, resized.
-  const ProfilePoint& near =
-      std::abs(a->micro_batch - micro_batch) <= std::abs(b->micro_batch - micro_batch) ? *a : *b;
-  StepTrace out = near.trace;
-  const double ratio = static_cast<double>(micro_batch) / static_cast<double>(near.micro_batch);
+  const ProfilePoint* near = std::abs(a->micro_batch - micro_batch) <= std::abs(b->micro_batch - micro_batch) ? a : b;
+  return {a, b, near, matched, static_cast<double>(micro_batch) / static_cast<double>(near->micro_batch)};
+}
+
+// Kernel k's measured and modelled times at `micro_batch`.
+void time_kernel(TraceKernel& kernel, size_t k, const TracePair& p, int64_t micro_batch) {
+  const ProfilePoint &a = *p.a, &b = *p.b;
+  kernel.ms = p.matched ? std::max(0.0, affine(micro_batch, a, a.trace.kernels[k].ms, b, b.trace.kernels[k].ms))
+                        : kernel.ms * p.ratio;
+  kernel.modeled_ms = p.matched ? std::max(0.0, affine(micro_batch, a, a.trace.kernels[k].modeled_ms, b,
+                                                       b.trace.kernels[k].modeled_ms))
+                                : kernel.modeled_ms * p.ratio;
+}
+
+// The trace of trace_for, made anew: the nearer point's trace, resized.
+StepTrace make_trace(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch, MixedPrecision precision) {
+  const TracePair p = trace_pair(profile, micro_batch, precision);
+  StepTrace out = p.near->trace;
   for (size_t i = 0; i < out.tensors.size(); ++i) {
     TraceTensor& t = out.tensors[i];
-    if (matched) {
-      t.bytes = std::max<int64_t>(1, std::llround(affine(micro_batch, *a, a->trace.tensors[i].bytes, *b,
-                                                          b->trace.tensors[i].bytes)));
+    if (p.matched) {
+      t.bytes = std::max<int64_t>(1, std::llround(affine(micro_batch, *p.a, p.a->trace.tensors[i].bytes, *p.b,
+                                                          p.b->trace.tensors[i].bytes)));
     } else if (t.low_end) {
-      t.bytes = std::max<int64_t>(1, std::llround(t.bytes * ratio));
+      t.bytes = std::max<int64_t>(1, std::llround(t.bytes * p.ratio));
     }
   }
-  for (size_t k = 0; k < out.kernels.size(); ++k) {
-    TraceKernel& kernel = out.kernels[k];
-    kernel.ms = matched ? std::max(0.0, affine(micro_batch, *a, a->trace.kernels[k].ms, *b, b->trace.kernels[k].ms))
-                        : kernel.ms * ratio;
-    kernel.modeled_ms = matched ? std::max(0.0, affine(micro_batch, *a, a->trace.kernels[k].modeled_ms, *b,
-                                                       b->trace.kernels[k].modeled_ms))
-                                : kernel.modeled_ms * ratio;
-  }
+  for (size_t k = 0; k < out.kernels.size(); ++k) time_kernel(out.kernels[k], k, p, micro_batch);
   // The batch: what the step allocates before its first kernel, for the rank's whole share.
   const double batch_ratio = static_cast<double>(local_batch) / static_cast<double>(micro_batch);
   for (const TraceEvent& e : out.events) {
@@ -219,6 +234,21 @@ SharedTrace shared_trace_for(const ModelProfile& profile, int64_t micro_batch, i
 
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch, MixedPrecision precision) {
   return *shared_trace_for(profile, micro_batch, local_batch, precision);
+}
+
+std::vector<KernelTime> kernel_times(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision) {
+  const TracePair p = trace_pair(profile, micro_batch, precision);
+  const std::vector<TraceKernel>& kernels = p.near->trace.kernels;
+  std::vector<KernelTime> out;
+  out.reserve(kernels.size());
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    TraceKernel timed;  // its times alone: the copy of a kernel's reads is what makes a trace slow
+    timed.ms = kernels[k].ms;
+    timed.modeled_ms = kernels[k].modeled_ms;
+    time_kernel(timed, k, p, micro_batch);
+    out.push_back({kernels[k].op, kernels[k].backward, timed.ms});
+  }
+  return out;
 }
 
 schedule::StepGraph graph_for(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,

@@ -32,6 +32,14 @@ SharedTrace shared_trace_for(const ModelProfile& profile, int64_t micro_batch, i
                              MixedPrecision precision);
 StepTrace trace_for(const ModelProfile& profile, int64_t micro_batch, int64_t local_batch,
                     MixedPrecision precision);
+// Each kernel of trace_for's trace at `micro_batch`, its op and its time alone (the same times,
+// without making the trace): what a split of the step's time by op reads.
+struct KernelTime {
+  const char* op;
+  bool backward;
+  double ms;
+};
+std::vector<KernelTime> kernel_times(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision);
 // The profiled step's graph (as static plans capture it) at `micro_batch`: bytes, kernel times and
 // working bytes interpolated as trace_for does; `block_starts` (may be null) gets where each
 // model block began. Empty when the profile captured no graph.

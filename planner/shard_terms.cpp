@@ -255,11 +255,11 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
     if (point.precision == plan.precision) backward_reads = &point.backward_read_buckets;
   }
   if (step == nullptr) return gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan));
-  // Everything the walk reads: the step at the plan's sizes and precision, the prefetch, the
+  // Everything the walk reads: the step at the plan's micro-batch and precision (not its batch,
+  // which adds the same to the walk and the trace's peak: memory_terms.cpp), the prefetch, the
   // overlap, and the shard of each bucket (by the ranks) where micro-batches accumulate.
-  const auto key = std::make_tuple(plan.micro_batch, plan.accumulation, static_cast<int>(plan.precision),
-                                   prefetch_depth(plan), reduce_scatters_overlap(plan),
-                                   plan.accumulation > 1 ? plan.ranks : 0);
+  const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), prefetch_depth(plan),
+                                   reduce_scatters_overlap(plan), plan.accumulation > 1 ? plan.ranks : 0);
   {
     const std::lock_guard<std::mutex> lock(g_gathered_mutex);
     auto it = profile.gathered_walks.find(key);

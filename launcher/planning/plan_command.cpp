@@ -42,7 +42,7 @@ std::string plan_toml(const Config& config, const JobPlan& plan) {
 // The predicted compute split by op as the step the cost model prices at a plan's micro-batch
 // splits it (its share of each op), by the profile of the plan's tensor-parallel degree, the
 // micro-batch and the precision (the kernels' times do not depend on the batch accumulated): a
-// search's thousands of plans price a few dozen steps.
+// search's thousands of plans price a few dozen steps' kernels (kernel_times: no trace is made).
 using OpShares = std::vector<std::pair<std::string, double>>;
 class OpSharesOfPlans {
  public:
@@ -53,9 +53,9 @@ class OpSharesOfPlans {
     const auto key = std::make_tuple(p.tensor, p.micro_batch, static_cast<int>(p.precision));
     auto it = shares_.find(key);
     if (it == shares_.end()) {
-      const SharedTrace trace = shared_trace_for(profile->second, p.micro_batch, p.micro_batch, p.precision);
       OpShares shares;
-      for (const auto& [op, share] : time_shares_by_op(*trace)) shares.emplace_back(op, share);
+      for (const auto& [op, share] : time_shares_by_op(kernel_times(profile->second, p.micro_batch, p.precision)))
+        shares.emplace_back(op, share);
       it = shares_.emplace(key, std::move(shares)).first;
     }
     return &it->second;
