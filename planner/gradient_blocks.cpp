@@ -10,22 +10,6 @@
 namespace ht {
 namespace {
 
-// When each bucket's gradient block (cut at blocks) comes and goes along the trace: `first`, the
-// end of the first kernel that makes one of its gradients (kNone: no kernel makes one), and, as
-// the tape does it, where its block is made and where its reduce-scatter starts.
-struct BucketTimes {
-  static constexpr size_t kNone = static_cast<size_t>(-1);
-  std::vector<size_t> first;
-  // Where the bucket becomes ready (GradientShards starts it when the tape says its last gradient
-  // is in): after the kernel that gives its last gradient (and every earlier bucket's) ends and
-  // the tape frees the gradients it added up, before what the kernel read goes; `end` where none does.
-  std::vector<size_t> ready;
-  // Where its block is made (counted before that event): after the first gradient's kernel ends
-  // and the frees of what it read, before the frees of what it made.
-  std::vector<size_t> made_at;
-  std::vector<int64_t> bytes;  // the block's, arena-rounded
-};
-
 // Who allocated each tensor: `backward`, by backward (a backward kernel, or between kernels once
 // backward began), not by a forward kernel (a regeneration's included); `kernel`, the innermost
 // kernel running then (-1: none).
@@ -67,7 +51,8 @@ size_t after_given_frees(const StepTrace& trace, const Makers& made_by, size_t e
   return j;
 }
 
-BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, size_t end, int64_t element_bytes) {
+// Where each bucket's block comes and goes along the trace (its bytes are bucket_bytes').
+BucketTimes bucket_positions(const ModelProfile& profile, const StepTrace& trace, size_t end) {
   const size_t buckets = profile.block_buckets.size();
   BucketTimes t;
   t.first.assign(buckets, BucketTimes::kNone);
@@ -102,11 +87,41 @@ BucketTimes bucket_times(const ModelProfile& profile, const StepTrace& trace, si
         ++j;
       t.ready[b] = std::min(std::max(done + 1, j - 1), end);
     }
-    int64_t n = 0;
-    for (int64_t elements : profile.block_buckets[b]) n += elements;
-    t.bytes.push_back(arena_bytes(element_bytes * n));
   }
   return t;
+}
+
+// Each bucket's block bytes, arena-rounded, of elements of `element_bytes`.
+void bucket_bytes(const ModelProfile& profile, int64_t element_bytes, BucketTimes& t) {
+  t.bytes.clear();
+  for (const std::vector<int64_t>& members : profile.block_buckets) {
+    int64_t n = 0;
+    for (int64_t elements : members) n += elements;
+    t.bytes.push_back(arena_bytes(element_bytes * n));
+  }
+}
+
+// The blocks and parts of `t` as the walk meets them (gradient_block_steps).
+GradientBlockSteps steps_of(const BucketTimes& t, size_t end, bool overlapped, const std::vector<int64_t>& part_bytes) {
+  GradientBlockSteps s;
+  s.end = end;
+  // The block comes before the reduce-scatter its gradient completes; overlapped, a start waits
+  // for the one before (its block and part go) and gives the new one a part of its shard's size
+  // (a micro-batch after the first). The last kernel's gradients are accumulated after it (index
+  // `end`), while the reduce-scatter before them may still be under way.
+  const size_t buckets = t.first.size();
+  for (size_t b = 0; b < buckets; ++b) {
+    const int64_t part = overlapped && b < part_bytes.size() ? part_bytes[b] : 0;
+    const size_t freed = !overlapped ? t.ready[b] : b + 1 < buckets ? t.ready[b + 1] : end;
+    s.started.add(t.ready[b], part);
+    s.started.add(freed, -part);
+    if (t.first[b] == BucketTimes::kNone) continue;
+    s.made.add(t.made_at[b], t.bytes[b]);
+    s.started.add(freed, -t.bytes[b]);
+  }
+  s.made.sort();
+  s.started.sort();
+  return s;
 }
 
 }  // namespace
@@ -128,27 +143,10 @@ size_t forward_backward_end(const StepTrace& trace) {
 
 GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                         bool overlapped, const std::vector<int64_t>& part_bytes) {
-  GradientBlockSteps s;
-  s.end = forward_backward_end(trace);
-  const size_t end = s.end;
-  const BucketTimes t = bucket_times(profile, trace, end, element_bytes);
-  // The block comes before the reduce-scatter its gradient completes; overlapped, a start waits
-  // for the one before (its block and part go) and gives the new one a part of its shard's size
-  // (a micro-batch after the first). The last kernel's gradients are accumulated after it (index
-  // `end`), while the reduce-scatter before them may still be under way.
-  const size_t buckets = t.first.size();
-  for (size_t b = 0; b < buckets; ++b) {
-    const int64_t part = overlapped && b < part_bytes.size() ? part_bytes[b] : 0;
-    const size_t freed = !overlapped ? t.ready[b] : b + 1 < buckets ? t.ready[b + 1] : end;
-    s.started.add(t.ready[b], part);
-    s.started.add(freed, -part);
-    if (t.first[b] == BucketTimes::kNone) continue;
-    s.made.add(t.made_at[b], t.bytes[b]);
-    s.started.add(freed, -t.bytes[b]);
-  }
-  s.made.sort();
-  s.started.sort();
-  return s;
+  const size_t end = forward_backward_end(trace);
+  BucketTimes t = bucket_positions(profile, trace, end);
+  bucket_bytes(profile, element_bytes, t);
+  return steps_of(t, end, overlapped, part_bytes);
 }
 
 int64_t trailing_frees(const StepTrace& trace, size_t end) {
@@ -158,30 +156,103 @@ int64_t trailing_frees(const StepTrace& trace, size_t end) {
   return bytes;
 }
 
+StepFold fold_step(const ModelProfile& profile, const StepTrace& trace) {
+  StepFold f;
+  f.end = forward_backward_end(trace);
+  if (!profile.block_buckets.empty()) f.times = bucket_positions(profile, trace, f.end);
+  std::vector<size_t> at{f.end};
+  for (const std::vector<size_t>* where : {&f.times.ready, &f.times.made_at})
+    for (size_t i : *where)
+      if (i <= f.end) at.push_back(i);
+  for (size_t i = 0; i < f.end; ++i)
+    if (trace.events[i].kind == TraceEvent::Kind::kKernelBegins) at.push_back(i);
+  std::sort(at.begin(), at.end());
+  at.erase(std::unique(at.begin(), at.end()), at.end());
+  f.at = std::move(at);
+  size_t next = 0;  // the first event not yet folded
+  for (size_t a : f.at) {
+    int64_t change = 0, rise = StepFold::kNoRise;
+    for (size_t i = next; i < a; ++i) {
+      const TraceEvent& e = trace.events[i];
+      if (e.kind == TraceEvent::Kind::kAllocated) change += trace.tensors[static_cast<size_t>(e.index)].bytes;
+      if (e.kind == TraceEvent::Kind::kFreed) change -= trace.tensors[static_cast<size_t>(e.index)].bytes;
+      rise = std::max(rise, change);
+    }
+    f.rise.push_back(rise);
+    f.change.push_back(change);
+    next = a + 1;
+  }
+  f.trailing = trailing_frees(trace, f.end);
+  return f;
+}
+
+std::shared_ptr<const StepFold> shared_step_fold(const ModelProfile& profile, const SharedTrace& trace) {
+  static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
+  constexpr size_t kKept = 4;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [kept, fold] : profile.step_folds)
+      if (kept == trace) return fold;
+  }
+  auto fold = std::make_shared<const StepFold>(fold_step(profile, *trace));
+  const std::lock_guard<std::mutex> lock(mutex);
+  profile.step_folds.emplace_back(trace, fold);
+  if (profile.step_folds.size() > kKept) profile.step_folds.erase(profile.step_folds.begin());
+  return fold;
+}
+
+GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepFold& fold, int64_t element_bytes,
+                                        bool overlapped, const std::vector<int64_t>& part_bytes) {
+  BucketTimes t = fold.times;
+  bucket_bytes(profile, element_bytes, t);
+  return steps_of(t, fold.end, overlapped, part_bytes);
+}
+
+int64_t walk_above_peak(const StepTrace& trace, const StepFold& fold, GradientBlockSteps& steps,
+                        const std::function<int64_t(const TraceKernel&)>& held_at) {
+  int64_t in_use = 0, peak = 0, top = 0, held = 0, blocks = 0;
+  auto count = [&] { top = std::max(top, in_use + held + blocks); };
+  for (size_t k = 0; k < fold.at.size(); ++k) {
+    // The events before it, none of which changes what the walk adds: their highest point.
+    if (fold.rise[k] != StepFold::kNoRise) {
+      peak = std::max(peak, in_use + fold.rise[k]);
+      top = std::max(top, in_use + fold.rise[k] + held + blocks);
+      in_use += fold.change[k];
+    }
+    const size_t i = fold.at[k];
+    // A block is made where the tape copies the kernel's gradient into it, before it frees that.
+    blocks += steps.made.take(i);
+    count();
+    if (i == fold.end) {
+      in_use -= fold.trailing;
+    } else if (const TraceEvent& e = trace.events[i]; e.kind == TraceEvent::Kind::kKernelBegins) {
+      held = held_at(trace.kernels[static_cast<size_t>(e.index)]);
+    } else if (e.kind == TraceEvent::Kind::kAllocated) {
+      in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;
+    } else if (e.kind == TraceEvent::Kind::kFreed) {
+      in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
+    }
+    peak = std::max(peak, in_use);
+    count();
+    // The releases and parts at i: the part is made after the block before is freed, so a start
+    // never adds more than it frees but at the first bucket's.
+    blocks += steps.started.take(i);
+    count();
+  }
+  return top - peak;
+}
+
 int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                    bool overlapped, const std::vector<int64_t>& part_bytes) {
   if (profile.block_buckets.empty() || trace.events.empty()) return -1;
-  GradientBlockSteps s = gradient_block_steps(profile, trace, element_bytes, overlapped, part_bytes);
-  int64_t in_use = 0, peak = 0, blocks = 0, with_blocks = 0;
-  for (size_t i = 0; i <= s.end; ++i) {
-    // A block is made where the tape copies the kernel's gradient into it, before it frees that.
-    blocks += s.made.take(i);
-    with_blocks = std::max(with_blocks, in_use + blocks);
-    if (i < s.end) {
-      const TraceEvent& e = trace.events[i];
-      if (e.kind == TraceEvent::Kind::kAllocated) in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;
-      if (e.kind == TraceEvent::Kind::kFreed) in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
-    } else {
-      in_use -= trailing_frees(trace, s.end);
-    }
-    peak = std::max(peak, in_use);
-    with_blocks = std::max(with_blocks, in_use + blocks);
-    // The releases and parts at i: the part is made after the block before is freed, so a start
-    // never adds more than it frees but at the first bucket's.
-    blocks += s.started.take(i);
-    with_blocks = std::max(with_blocks, in_use + blocks);
-  }
-  return with_blocks - peak;
+  return gradient_blocks_above_peak(profile, trace, fold_step(profile, trace), element_bytes, overlapped, part_bytes);
+}
+
+int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace& trace, const StepFold& fold,
+                                   int64_t element_bytes, bool overlapped, const std::vector<int64_t>& part_bytes) {
+  if (profile.block_buckets.empty() || trace.events.empty()) return -1;
+  GradientBlockSteps steps = gradient_block_steps(profile, fold, element_bytes, overlapped, part_bytes);
+  return walk_above_peak(trace, fold, steps, [](const TraceKernel&) { return int64_t{0}; });
 }
 
 std::vector<int64_t> reduce_scatter_parts(const ModelProfile& profile, const Plan& plan) {
@@ -208,7 +279,10 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
     auto it = profile.gradient_block_walks.find(key);
     if (it != profile.gradient_block_walks.end()) return it->second;
   }
-  const int64_t walked = gradient_blocks_term(profile, plan, *step());
+  const SharedTrace trace = step();
+  const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+  const int64_t walked = gradient_blocks_above_peak(profile, *trace, *shared_step_fold(profile, trace), element,
+                                                    reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan));
   const std::lock_guard<std::mutex> lock(mutex);
   profile.gradient_block_walks.emplace(key, walked);
   return walked;

@@ -8,7 +8,10 @@
 #include "planner/plan.h"
 #include "planner/profile_at.h"
 
+#include <climits>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace ht {
@@ -49,6 +52,49 @@ struct GradientBlockSteps {
 };
 GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                         bool overlapped, const std::vector<int64_t>& part_bytes = {});
+
+// When each bucket's gradient block (cut at blocks) comes and goes along the trace: `first`, the
+// end of the first kernel that makes one of its gradients (kNone: no kernel makes one), and, as
+// the tape does it, where its block is made and where its reduce-scatter starts.
+struct BucketTimes {
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  std::vector<size_t> first;
+  // Where the bucket becomes ready (GradientShards starts it when the tape says its last gradient
+  // is in): after the kernel that gives its last gradient (and every earlier bucket's) ends and
+  // the tape frees the gradients it added up, before what the kernel read goes; `end` where none does.
+  std::vector<size_t> ready;
+  // Where its block is made (counted before that event): after the first gradient's kernel ends
+  // and the frees of what it read, before the frees of what it made.
+  std::vector<size_t> made_at;
+  std::vector<int64_t> bytes;  // the block's, arena-rounded
+};
+
+// A trace folded for the walks along it (ZeRO-2's blocks, ZeRO-3's gathered buckets): the events
+// where what a walk adds can change (a kernel's begin, a bucket's block made or its reduce-scatter
+// started, backward's end) are visited one by one; between two of them only the trace's own bytes
+// move, so each gap is its change and its highest point. A 70B step's 1.6 million events fold to
+// a few thousand visits, and every walk along one trace (each prefetch, overlap and rank count)
+// shares its fold: the walks read what they did event by event, to the byte.
+struct StepFold {
+  static constexpr int64_t kNoRise = INT64_MIN;  // a gap without events
+  size_t end = 0;              // forward_backward_end
+  BucketTimes times;           // the buckets' places (bytes: see gradient_block_steps)
+  std::vector<size_t> at;      // the events visited, increasing; the last is `end`
+  std::vector<int64_t> rise;   // before at[k]: the most the gap's events rise above its start (kNoRise: none)
+  std::vector<int64_t> change; // before at[k]: what the gap's events change in all
+  int64_t trailing = 0;        // trailing_frees at `end`
+};
+StepFold fold_step(const ModelProfile& profile, const StepTrace& trace);
+// The fold of a shared trace, kept with the profile beside the last few traces folded.
+std::shared_ptr<const StepFold> shared_step_fold(const ModelProfile& profile, const SharedTrace& trace);
+// gradient_block_steps along a fold, at elements of `element_bytes`.
+GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepFold& fold, int64_t element_bytes,
+                                        bool overlapped, const std::vector<int64_t>& part_bytes = {});
+// The most the trace's bytes in use, the gradient blocks of `steps` and what `held_at(kernel)`
+// adds from each kernel's begin to the next's reach together over [0, end], above the trace's own
+// peak (the trace's frees after its last kernel taken at `end`).
+int64_t walk_above_peak(const StepTrace& trace, const StepFold& fold, GradientBlockSteps& steps,
+                        const std::function<int64_t(const TraceKernel&)>& held_at);
 // The bytes the trace frees right after its last kernel (that kernel's inputs), before the
 // optimizer's phase.
 int64_t trailing_frees(const StepTrace& trace, size_t end);
@@ -64,6 +110,8 @@ std::vector<int64_t> reduce_scatter_parts(const ModelProfile& profile, const Pla
 // after the first one's). -1 without the profile's block buckets or the trace's events.
 int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                    bool overlapped, const std::vector<int64_t>& part_bytes = {});
+int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace& trace, const StepFold& fold,
+                                   int64_t element_bytes, bool overlapped, const std::vector<int64_t>& part_bytes = {});
 // At "gradients", `plan`'s gradient blocks (and overlapped reduce-scatters' parts) above the
 // activations' peak along `trace`, the step at its micro-batch (gradient_blocks_above_peak); -1
 // where it cannot say. The second form traces `step()` only the first time a profile is asked

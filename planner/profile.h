@@ -11,11 +11,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
 namespace ht {
+
+struct StepFold;  // planner/gradient_blocks.h
 
 // Forward and backward time of one model block in one micro-batch.
 struct BlockTime {
@@ -143,6 +146,9 @@ struct ModelProfile {
   // ZeRO-3's gathered buckets along the step by (micro-batch, precision, prefetch,
   // overlapped, ranks with accumulation): planner/shard_terms.h, shard_memory_terms.
   mutable std::map<std::tuple<int64_t, int, int, bool, int>, int64_t> gathered_walks;
+  // The last few traces' folds for the walks along them (planner/gradient_blocks.h, StepFold),
+  // each beside the trace it folds.
+  mutable std::vector<std::pair<std::shared_ptr<const StepTrace>, std::shared_ptr<const StepFold>>> step_folds;
 };
 
 // Per model block, the forward and backward time of its kernels in `trace` (kernels outside the

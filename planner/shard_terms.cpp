@@ -4,6 +4,7 @@
 #include "planner/gradient_blocks.h"
 
 #include <algorithm>
+#include <optional>
 #include <mutex>
 #include <cmath>
 
@@ -107,7 +108,7 @@ namespace {
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
                                       int64_t gradient_element_bytes, bool overlapped,
-                                      const std::vector<int64_t>& part_bytes) {
+                                      const std::vector<int64_t>& part_bytes, const StepFold* fold) {
   const BlockBuckets g(profile, element_bytes, backward_reads);
   if (g.empty() || trace.events.empty()) {
     int64_t largest = 0;  // without a trace: the largest bucket's gradient block, beside them
@@ -128,37 +129,19 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
     held[blocks + k] = g.held(g.window(k, prefetch, true), true);
   }
   const int64_t after_forward = g.held({blocks - 1}, false), backward_loss = g.held({blocks - 1}, true);
+  std::optional<StepFold> own;
+  if (fold == nullptr) fold = &own.emplace(fold_step(profile, trace));
   // The gradient blocks as ZeRO-2's walk places them (planner/gradient_blocks.h), to backward's end.
   GradientBlockSteps steps;
   if (gradient_element_bytes > 0) {
-    steps = gradient_block_steps(profile, trace, gradient_element_bytes, overlapped, part_bytes);
+    steps = gradient_block_steps(profile, *fold, gradient_element_bytes, overlapped, part_bytes);
   } else {
-    steps.end = forward_backward_end(trace);
+    steps.end = fold->end;
   }
-  int64_t in_use = 0, peak = 0, with_gathered = 0;
-  int64_t held_now = 0;       // what the current kernel's block holds gathered (at the end: the last one's)
-  int64_t gradients_now = 0;  // sharded gradients' blocks alive
-  for (size_t i = 0; i <= steps.end; ++i) {
-    gradients_now += steps.made.take(i);  // made before the event at i (gradient_blocks_above_peak)
-    with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
-    if (i == steps.end) {
-      in_use -= trailing_frees(trace, steps.end);
-    } else if (const TraceEvent& e = trace.events[i]; e.kind == TraceEvent::Kind::kKernelBegins) {
-      const TraceKernel& k = trace.kernels[static_cast<size_t>(e.index)];
-      const bool known = k.block >= 0 && static_cast<size_t>(k.block) < blocks;
-      held_now = known ? held[(k.backward ? blocks : 0) + static_cast<size_t>(k.block)]
-                       : (k.backward ? backward_loss : after_forward);
-    } else if (e.kind == TraceEvent::Kind::kAllocated) {
-      in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;
-    } else if (e.kind == TraceEvent::Kind::kFreed) {
-      in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
-    }
-    peak = std::max(peak, in_use);
-    with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
-    gradients_now += steps.started.take(i);
-    with_gathered = std::max(with_gathered, in_use + held_now + gradients_now);
-  }
-  return with_gathered - peak;
+  return walk_above_peak(trace, *fold, steps, [&](const TraceKernel& k) {
+    const bool known = k.block >= 0 && static_cast<size_t>(k.block) < blocks;
+    return known ? held[(k.backward ? blocks : 0) + static_cast<size_t>(k.block)] : (k.backward ? backward_loss : after_forward);
+  });
 }
 
 GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& machine, const Plan& plan,
@@ -265,9 +248,11 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
     auto it = profile.gathered_walks.find(key);
     if (it != profile.gathered_walks.end()) return it->second;
   }
+  const SharedTrace trace = (*step)();
   const int64_t walked =
-      gathered_parameter_peak_bytes(profile, *(*step)(), 4, backward_reads, prefetch_depth(plan), element,
-                                    reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan));
+      gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element,
+                                    reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan),
+                                    shared_step_fold(profile, trace).get());
   const std::lock_guard<std::mutex> lock(g_gathered_mutex);
   profile.gathered_walks.emplace(key, walked);
   return walked;

@@ -64,11 +64,11 @@ int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_by
 // places them (planner/gradient_blocks.h, gradient_block_steps: each bucket's from its first
 // gradient to its reduce-scatter, or overlapped to the next one's, with `part_bytes` from the
 // second micro-batch on, to backward's end), and are in the result; without events, the largest
-// bucket's block.
+// bucket's block. `fold`: the trace's fold (planner/gradient_blocks.h; null: folded here).
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
                                       int64_t gradient_element_bytes = 0, bool overlapped = false,
-                                      const std::vector<int64_t>& part_bytes = {});
+                                      const std::vector<int64_t>& part_bytes = {}, const StepFold* fold = nullptr);
 // Whether the trainer runs `plan`'s reduce-scatters beside backward (GradientShards::set_overlap):
 // at "gradients" with parallel.overlap, at "parameters" where its gathers are prefetched.
 bool reduce_scatters_overlap(const Plan& plan);

@@ -349,3 +349,99 @@ TEST(ShardTerms, TheSearchOffersLevelsToSeveralReplicas) {
 
 }  // namespace
 }  // namespace ht
+
+namespace ht {
+namespace {
+
+// A step of `blocks` blocks, forward then backward, with tensors allocated and freed inside and
+// between kernels (a fixed pseudo-random draw), each backward kernel giving its block's bucket.
+StepTrace drawn_step(int blocks, uint32_t seed) {
+  using K = TraceEvent::Kind;
+  StepTrace trace;
+  auto draw = [&seed] { return seed = seed * 1664525u + 1013904223u; };
+  std::vector<int> alive;
+  auto tensor_events = [&](int n) {
+    for (int j = 0; j < n; ++j) {
+      if (!alive.empty() && draw() % 3 == 0) {
+        const size_t at = draw() % alive.size();
+        trace.events.push_back({K::kFreed, alive[at]});
+        alive.erase(alive.begin() + static_cast<std::ptrdiff_t>(at));
+      } else {
+        trace.tensors.push_back({static_cast<int64_t>(64 * (1 + draw() % 100))});
+        alive.push_back(static_cast<int>(trace.tensors.size()) - 1);
+        trace.events.push_back({K::kAllocated, alive.back()});
+      }
+    }
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int b = 0; b < blocks; ++b) {
+      TraceKernel k;
+      k.block = pass == 0 ? b : blocks - 1 - b;
+      k.backward = pass == 1;
+      if (k.backward) k.gradient_buckets = {b};  // reduction order: the last block's bucket first
+      trace.kernels.push_back(k);
+      const int index = static_cast<int>(trace.kernels.size()) - 1;
+      tensor_events(static_cast<int>(draw() % 3));
+      trace.events.push_back({K::kKernelBegins, index});
+      tensor_events(static_cast<int>(1 + draw() % 5));
+      trace.events.push_back({K::kKernelEnds, index});
+    }
+  }
+  tensor_events(4);
+  return trace;
+}
+
+// The walk event by event, as it was written before the fold (gathered_parameter_peak_bytes').
+int64_t walked_event_by_event(const ModelProfile& profile, const StepTrace& trace, bool overlapped,
+                              const std::vector<int64_t>& parts, const std::function<int64_t(const TraceKernel&)>& held_at) {
+  GradientBlockSteps steps = gradient_block_steps(profile, trace, 4, overlapped, parts);
+  int64_t in_use = 0, peak = 0, top = 0, held = 0, blocks = 0;
+  for (size_t i = 0; i <= steps.end; ++i) {
+    blocks += steps.made.take(i);
+    top = std::max(top, in_use + held + blocks);
+    if (i == steps.end) {
+      in_use -= trailing_frees(trace, steps.end);
+    } else if (const TraceEvent& e = trace.events[i]; e.kind == TraceEvent::Kind::kKernelBegins) {
+      held = held_at(trace.kernels[static_cast<size_t>(e.index)]);
+    } else if (e.kind == TraceEvent::Kind::kAllocated) {
+      in_use += trace.tensors[static_cast<size_t>(e.index)].bytes;
+    } else if (e.kind == TraceEvent::Kind::kFreed) {
+      in_use -= trace.tensors[static_cast<size_t>(e.index)].bytes;
+    }
+    peak = std::max(peak, in_use);
+    top = std::max(top, in_use + held + blocks);
+    blocks += steps.started.take(i);
+    top = std::max(top, in_use + held + blocks);
+  }
+  return top - peak;
+}
+
+// The fold (StepFold) visits only the events where a walk's own terms change and takes each gap
+// between them whole: every walk along it reads what the walk event by event reads, to the byte.
+TEST(ShardTerms, AFoldedStepWalksAsTheStepEventByEvent) {
+  for (uint32_t seed : {1u, 7u, 42u, 1234u}) {
+    const int blocks = 3 + static_cast<int>(seed % 4);
+    ModelProfile profile = adamw_profile();
+    for (int b = 0; b < blocks; ++b) profile.block_buckets.push_back({500 + 100 * b});
+    const StepTrace trace = drawn_step(blocks, seed);
+    const StepFold fold = fold_step(profile, trace);
+    EXPECT_LT(fold.at.size(), trace.events.size()) << "seed " << seed;
+    auto by_block = [&](const TraceKernel& k) { return int64_t{4096} * (k.block + 1) * (k.backward ? 2 : 1); };
+    for (bool overlapped : {false, true}) {
+      for (const std::vector<int64_t>& parts : {std::vector<int64_t>{}, std::vector<int64_t>(static_cast<size_t>(blocks), 1024)}) {
+        GradientBlockSteps steps = gradient_block_steps(profile, fold, 4, overlapped, parts);
+        const int64_t walked = walk_above_peak(trace, fold, steps, by_block);
+        EXPECT_GT(walked, 0) << "a block's gathered bytes are beside every kernel";
+        EXPECT_EQ(walked,
+                  walked_event_by_event(profile, trace, overlapped, parts, by_block))
+            << "seed " << seed << ", overlapped " << overlapped << ", parts " << parts.size();
+        EXPECT_EQ(gradient_blocks_above_peak(profile, trace, fold, 4, overlapped, parts),
+                  walked_event_by_event(profile, trace, overlapped, parts, [](const TraceKernel&) { return int64_t{0}; }))
+            << "seed " << seed << ", overlapped " << overlapped << ", parts " << parts.size();
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ht
