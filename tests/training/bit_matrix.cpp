@@ -32,6 +32,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -325,6 +326,97 @@ std::map<std::string, Recorded> read_fixture(const std::string& path) {
   return out;
 }
 
+bool bf16_entry(const Entry& e) { return e.args.find("mixed_precision=bf16") != std::string::npos; }
+
+// The runs of the matrix, their results, and what is printed of them.
+struct Matrix {
+  std::string binary, root;
+  bool record = false;
+  std::map<std::string, Recorded> expected;
+  std::map<std::string, Result> results;
+  int differ = 0, failed = 0, checked = 0;
+  std::string out_text;
+
+  // The budget of `e` from its roomy run's peak (0: none); -1 where that run has none.
+  int64_t budget_of(const Entry& e) const {
+    if (e.roomy.empty()) return 0;
+    const auto roomy = results.find(e.roomy);
+    if (roomy == results.end() || !roomy->second.ok || roomy->second.peak <= 0) return -1;
+    const double peak = static_cast<double>(roomy->second.peak);
+    const double activations = static_cast<double>(roomy->second.activations);
+    return static_cast<int64_t>(peak - (1 - e.share) * activations) / 64 * 64;
+  }
+
+  // Runs `group` at once (entries of one precision), then reports each in order.
+  void run(const std::string& only, const std::vector<const Entry*>& group) {
+    std::vector<int64_t> budgets;
+    for (const Entry* e : group) budgets.push_back(budget_of(*e));
+    setenv("ONEDNN_MAX_CPU_ISA", bf16_entry(*group.front()) ? "AVX512_CORE" : "AVX2", 1);
+    std::vector<Result> runs(group.size());
+    std::vector<double> seconds(group.size());
+    std::vector<std::thread> threads;
+    for (size_t j = 0; j < group.size(); ++j) {
+      if (budgets[j] < 0) continue;
+      threads.emplace_back([&, j] {
+        const auto began = std::chrono::steady_clock::now();
+        runs[j] = run_entry(*group[j], binary, root + "/" + group[j]->name, budgets[j]);
+        seconds[j] = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t j = 0; j < group.size(); ++j) {
+      const Entry& e = *group[j];
+      if (budgets[j] < 0) {
+        std::printf("%-32s FAILED: its roomy run %s has no peak\n", e.name.c_str(), e.roomy.c_str());
+        ++failed;
+        continue;
+      }
+      results[e.name] = runs[j];
+      if (only.empty() || e.name.find(only) != std::string::npos) report(e, runs[j], seconds[j]);
+    }
+  }
+
+  void report(const Entry& e, const Result& r, double s) {
+    ++checked;
+    const auto was = expected.find(e.name);
+    std::string verdict;
+    if (!r.ok) {
+      verdict = "FAILED (" + r.log + ")";
+      ++failed;
+    } else if (was == expected.end()) {
+      verdict = "new";
+      if (!record) ++differ;
+    } else if (was->second.hash == r.hash && was->second.losses == r.losses) {
+      verdict = "same";
+    } else {
+      verdict = "DIFFERENT (recorded " + was->second.hash + " " + was->second.losses + ")";
+      if (!record) ++differ;
+    }
+    std::printf("%-32s %16s %-28s %5.1f s  %s\n", e.name.c_str(), r.hash.c_str(), r.losses.c_str(), s,
+                verdict.c_str());
+    std::fflush(stdout);
+    if (r.ok) out_text += e.name + " " + r.hash + " " + r.losses + "\n";
+  }
+};
+
+// The entries --only selects (all without it), with the roomy runs their budgets come from;
+// bf16's skipped, and said so, without AVX-512.
+std::vector<const Entry*> selected(const std::vector<Entry>& all, const std::string& only, bool avx512) {
+  std::vector<const Entry*> list;
+  for (const Entry& e : all) {
+    bool needed = only.empty() || e.name.find(only) != std::string::npos;
+    for (const Entry& other : all) needed = needed || (other.roomy == e.name && other.name.find(only) != std::string::npos);
+    if (!needed) continue;
+    if (bf16_entry(e) && !avx512) {
+      if (only.empty() || e.name.find(only) != std::string::npos)
+        std::printf("%-32s skipped: bf16 takes other kernels without AVX-512\n", e.name.c_str());
+      continue;
+    }
+    list.push_back(&e);
+  }
+  return list;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -357,63 +449,21 @@ int main(int argc, char** argv) {
                                          : (std::filesystem::temp_directory_path() /
                                             ("ht_bit_matrix_" + std::to_string(getpid()))).string();
   const std::map<std::string, Recorded> expected = read_fixture(fixture);
-  std::map<std::string, Result> results;
-  int differ = 0, failed = 0, checked = 0;
+  Matrix m{binary, root, record, expected};
+  const std::vector<Entry> all = entries();
+  const std::vector<const Entry*> list = selected(all, only, avx512);
   const auto start = std::chrono::steady_clock::now();
-  std::string out_text;
-  for (const Entry& e : entries()) {
-    // A budget's roomy run goes with it, whatever --only selects.
-    const bool wanted = only.empty() || e.name.find(only) != std::string::npos;
-    bool needed = wanted;
-    if (!needed) {
-      for (const Entry& other : entries()) {
-        if (other.roomy == e.name && other.name.find(only) != std::string::npos) needed = true;
-      }
-    }
-    if (!needed) continue;
-    int64_t budget = 0;
-    if (!e.roomy.empty()) {
-      const auto roomy = results.find(e.roomy);
-      if (roomy == results.end() || !roomy->second.ok || roomy->second.peak <= 0) {
-        std::printf("%-32s FAILED: its roomy run %s has no peak\n", e.name.c_str(), e.roomy.c_str());
-        ++failed;
-        continue;
-      }
-      const double peak = static_cast<double>(roomy->second.peak);
-      const double activations = static_cast<double>(roomy->second.activations);
-      budget = static_cast<int64_t>(peak - (1 - e.share) * activations) / 64 * 64;
-    }
-    const bool bf16 = e.args.find("mixed_precision=bf16") != std::string::npos;
-    if (bf16 && !avx512) {
-      if (wanted) std::printf("%-32s skipped: bf16 takes other kernels without AVX-512\n", e.name.c_str());
-      continue;
-    }
-    setenv("ONEDNN_MAX_CPU_ISA", bf16 ? "AVX512_CORE" : "AVX2", 1);
-    const auto began = std::chrono::steady_clock::now();
-    const Result r = run_entry(e, binary, root + "/" + e.name, budget);
-    results[e.name] = r;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    if (!wanted) continue;
-    ++checked;
-    const auto was = expected.find(e.name);
-    std::string verdict;
-    if (!r.ok) {
-      verdict = "FAILED (" + r.log + ")";
-      ++failed;
-    } else if (was == expected.end()) {
-      verdict = "new";
-      if (!record) ++differ;
-    } else if (was->second.hash == r.hash && was->second.losses == r.losses) {
-      verdict = "same";
-    } else {
-      verdict = "DIFFERENT (recorded " + was->second.hash + " " + was->second.losses + ")";
-      if (!record) ++differ;
-    }
-    std::printf("%-32s %16s %-28s %5.1f s  %s\n", e.name.c_str(), r.hash.c_str(), r.losses.c_str(), s,
-                verdict.c_str());
-    std::fflush(stdout);
-    if (r.ok) out_text += e.name + " " + r.hash + " " + r.losses + "\n";
+  for (size_t i = 0; i < list.size();) {
+    // One-rank runs two at a time (each trains on one thread), where the second does not take its
+    // budget from the first; runs of several ranks alone.
+    const Entry& e = *list[i];
+    const bool pair = e.ranks == 1 && i + 1 < list.size() && list[i + 1]->ranks == 1 && list[i + 1]->roomy != e.name &&
+                      bf16_entry(*list[i + 1]) == bf16_entry(e);
+    m.run(only, pair ? std::vector<const Entry*>{&e, list[i + 1]} : std::vector<const Entry*>{&e});
+    i += pair ? 2 : 1;
   }
+  const int differ = m.differ, failed = m.failed, checked = m.checked;
+  const std::string out_text = m.out_text;
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("bit_matrix: %d entries in %.0f s: %d differ, %d failed\n", checked, total, differ, failed);
   if (record) {
