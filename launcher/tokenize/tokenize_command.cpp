@@ -6,7 +6,12 @@
 #include "launcher/tokenize/token_writer.h"
 #include "base/user_error.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -20,7 +25,9 @@ namespace fs = std::filesystem;
 
 constexpr size_t kBlockBytes = size_t{16} << 20;  // text encoded at a time: bounds memory on huge files
 
-// The folder `path` goes into must exist, and `path` must not be a folder.
+// The folder `path` goes into must exist and take a new file, and `path` must not be a folder:
+// checked before the tokenizer trains, so that a run that cannot write its output writes nothing
+// (a probe file is made and removed in the folder, as the writers make theirs there).
 void check_writable_target(const std::string& option, const std::string& path) {
   const fs::path parent = fs::path(path).parent_path();
   std::error_code ec;
@@ -28,6 +35,15 @@ void check_writable_target(const std::string& option, const std::string& path) {
     throw UserError(option + " " + path + ": the folder " + parent.string() + " does not exist; create it first");
   }
   if (fs::is_directory(path, ec)) throw UserError(option + " " + path + ": is a folder; give a file name, e.g. " + path + "/tokens.bin");
+  const fs::path probe = (parent.empty() ? fs::path(".") : parent) /
+                         ("." + fs::path(path).filename().string() + ".probe-" + std::to_string(getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    throw UserError(option + " " + path + ": cannot write in the folder " + (parent.empty() ? std::string(".") : parent.string()) +
+                    " (" + std::strerror(errno) + "); give a path in a folder you can write to");
+  }
+  ::close(fd);
+  fs::remove(probe, ec);
 }
 
 void check_arguments(const TokenizeArgs& a) {

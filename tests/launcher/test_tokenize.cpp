@@ -203,7 +203,13 @@ TEST(TokenizeCommand, BadArgumentsExitTwoNamingTheArgument) {
   a.model_prefix = dir.path("nowhere/m");
   EXPECT_THAT(tokenize_error(a), HasSubstr("--model-prefix " + dir.path("nowhere/m") + ".model: the folder " +
                                            dir.path("nowhere") + " does not exist"));
+  // A folder that exists but takes no file (issue 64): refused before the tokenizer trains, so
+  // neither its model nor its vocabulary is left behind.
   a.model_prefix = dir.path("m");
+  a.output = "/proc/m7.bin";
+  EXPECT_THAT(tokenize_error(a), HasSubstr("--output /proc/m7.bin: cannot write in the folder /proc"));
+  refused("--input " + text + " --model-prefix " + dir.path("m") + " --vocab-size 40 --output /proc/m7.bin",
+          "hybrid_train: error: --output /proc/m7.bin: cannot write in the folder /proc");
   a.output.clear();
   a.eval_fraction = 0.1;
   EXPECT_THAT(tokenize_error(a), HasSubstr("--eval-fraction needs --output"));
