@@ -24,6 +24,21 @@
 namespace ht {
 namespace {
 
+// Which optimizer wrote an optimizer.pt: its first parameter group's options carry "betas" for
+// AdamW, "momentum" for SGD (torch/optim/serialize.h); "" where the archive says neither. Loading
+// one into the other stops in a PyTorch internal assert, so it is asked first.
+std::string archived_optimizer(torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive groups, group, options;
+  if (!archive.try_read("param_groups", groups) || !groups.try_read("param_groups/0", group) ||
+      !group.try_read("options", options)) {
+    return "";
+  }
+  c10::IValue value;
+  if (options.try_read("betas", value)) return "adamw";
+  if (options.try_read("momentum", value)) return "sgd";
+  return "";
+}
+
 namespace fs = std::filesystem;
 constexpr const char* kFiles[] = {"model.pt", "optimizer.pt", "trainer.pt"};
 
@@ -427,6 +442,11 @@ TrainerState CheckpointStore::load(const std::string& folder, Model& model, torc
     } else {
       torch::serialize::InputArchive optimizer_archive;
       optimizer_archive.load_from((dir / "optimizer.pt").string());
+      const std::string saved = archived_optimizer(optimizer_archive), configured = optimizer_name(optimizer);
+      if (!saved.empty() && saved != configured) {
+        throw UserError("its optimizer state is " + saved + "'s and training.optimizer = \"" + configured +
+                        "\" (--training.optimizer=" + saved + " resumes it)");
+      }
       optimizer.load(optimizer_archive);
     }
     return read_trainer_state(dir / "trainer.pt");

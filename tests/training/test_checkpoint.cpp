@@ -5,6 +5,7 @@
 #include "tests/support/temp_dir.h"
 
 #include <gmock/gmock.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 namespace ht::test {
@@ -149,6 +150,32 @@ TEST(Checkpoint, AnotherModelIsRefusedClearly) {
     EXPECT_THAT(e.what(), HasSubstr("does not fit the configured model or optimizer: hidden0.linear.weight "
                                     "is Float[4, 8] there but Float[5, 8] in the configured model"));
   }
+}
+
+// Another optimizer's state (issue 64): named with the key and the checkpoint's value, not left to
+// a PyTorch internal assert, both ways.
+TEST(Checkpoint, AnotherOptimizerIsRefusedNamingTheKey) {
+  TempDir dir;
+  Fixture f;
+  const std::string sgd_folder = CheckpointStore(dir.path("sgd"), 1).save(*f.model, f.sgd, TrainerState{1, {}, 0});
+  torch::optim::AdamW adamw(f.model->parameters(), torch::optim::AdamWOptions(0.1));
+  for (auto& p : f.model->parameters()) p.mutable_grad() = at::ones_like(p);
+  adamw.step();
+  try {
+    CheckpointStore::load(sgd_folder, *f.model, adamw);
+    FAIL() << "an SGD state loaded into AdamW";
+  } catch (const UserError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("its optimizer state is sgd's and training.optimizer = \"adamw\" "
+                                    "(--training.optimizer=sgd resumes it)"));
+  }
+  const std::string adamw_folder = CheckpointStore(dir.path("adamw"), 1).save(*f.model, adamw, TrainerState{1, {}, 0});
+  try {
+    CheckpointStore::load(adamw_folder, *f.model, f.sgd);
+    FAIL() << "an AdamW state loaded into SGD";
+  } catch (const UserError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("its optimizer state is adamw's and training.optimizer = \"sgd\""));
+  }
+  EXPECT_NO_THROW(CheckpointStore::load(adamw_folder, *f.model, adamw)) << "its own optimizer resumes it";
 }
 
 }  // namespace
