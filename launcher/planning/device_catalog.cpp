@@ -136,7 +136,14 @@ ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string,
   const std::string shape = text.substr(colon + 1);
   const size_t x = shape.find('x');
   c.nodes = whole_number(shape.substr(0, x), "the node count", argument);
-  if (x != std::string::npos) c.devices_per_node = whole_number(shape.substr(x + 1), "the devices per node", argument);
+  if (x == std::string::npos) {
+    // One number could be nodes or devices (it was read as nodes without a word): both, always.
+    const std::string n = std::to_string(c.nodes), per = std::to_string(c.devices_per_node);
+    throw UserError(argument + ": give nodes and devices per node as NODESxDEVICES, e.g. --cluster " + kind + ":1x" + n +
+                    " (one node of " + n + " devices) or --cluster " + kind + ":" + n + "x" + per + " (" + n +
+                    " nodes of " + per + ", a " + kind + " node's usual count)");
+  }
+  c.devices_per_node = whole_number(shape.substr(x + 1), "the devices per node", argument);
   return c;
 }
 

@@ -28,8 +28,9 @@ struct ClusterOfKind {
   int nodes = 1;
   int devices_per_node = 8;
 };
-// "h100-sxm:8x8" (8 nodes of 8), "a100-80gb:2" (2 nodes of the kind's usual count). UserError
-// naming --cluster, and the kinds there are where the kind is unknown.
+// "h100-sxm:8x8" (8 nodes of 8), "h100-sxm:1x4" (one node of 4). UserError naming --cluster, and
+// the kinds there are where the kind is unknown; one number alone ("h100-sxm:8": nodes or
+// devices?) is refused with both readings written out.
 ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string, DeviceKind>& catalog);
 // The [cluster] keys that describe `cluster` to the planner, as overrides typed as `argument`:
 // nodes, devices per node, memory and links from the catalog (the latencies and device_speed stay

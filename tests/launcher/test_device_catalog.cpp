@@ -7,6 +7,8 @@
 
 #include <gmock/gmock.h>
 
+#include <filesystem>
+
 #include <fstream>
 
 namespace ht::test {
@@ -89,9 +91,11 @@ TEST(DeviceCatalog, AClusterIsAKindAndItsNodes) {
   EXPECT_EQ(c.device.kind, "h100-sxm");
   EXPECT_EQ(c.nodes, 8);
   EXPECT_EQ(c.devices_per_node, 8);
-  c = parse_cluster("l40s:2", catalog);
-  EXPECT_EQ(c.nodes, 2);
-  EXPECT_EQ(c.devices_per_node, 8) << "the kind's usual node";
+  // One number could be nodes or devices (issue 64: "h100-sxm:8" was read as 64 GPUs without a
+  // word): refused, with both readings written out.
+  EXPECT_THAT(user_error_of([&] { parse_cluster("l40s:2", catalog); }),
+              HasSubstr("--cluster l40s:2: give nodes and devices per node as NODESxDEVICES, e.g. --cluster l40s:1x2 "
+                        "(one node of 2 devices) or --cluster l40s:2x8 (2 nodes of 8, a l40s node's usual count)"));
   const std::vector<ConfigOverride> keys = cluster_overrides(parse_cluster("h200:4x8", catalog), "--cluster h200:4x8");
   ASSERT_EQ(keys.size(), 6u);
   EXPECT_EQ(keys[0].path, "cluster.device");
@@ -116,6 +120,11 @@ TEST(DeviceCatalog, PlanForAClusterOfAKind) {
   const ProcessResult bad = run_binary("plan " + config + " --cluster tpu-v5:2");
   EXPECT_EQ(bad.status, 2);
   EXPECT_THAT(bad.output, HasSubstr("--cluster tpu-v5:2: no device kind \"tpu-v5\""));
+  const ProcessResult shorthand = run_binary("plan " + std::string(HT_SOURCE_DIR) + "/configs/quickstart.toml --job.output_dir=" +
+                                             dir.path("shorthand") + " --cluster h100-sxm:8");
+  EXPECT_EQ(shorthand.status, 2);
+  EXPECT_THAT(shorthand.output, HasSubstr("--cluster h100-sxm:8: give nodes and devices per node as NODESxDEVICES"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path("shorthand"))) << "nothing written";
   // What the runtime holds beside the tensors: a negative size is refused, naming the key.
   const ProcessResult negative = run_binary("plan " + config + " --cluster h200:1x2 --cluster.communicator_mib=-5");
   EXPECT_EQ(negative.status, 2);
