@@ -25,6 +25,12 @@ namespace fs = std::filesystem;
 
 constexpr size_t kBlockBytes = size_t{16} << 20;  // text encoded at a time: bounds memory on huge files
 
+std::string join_inputs(const std::vector<std::string>& inputs) {
+  std::string out;
+  for (const std::string& input : inputs) out += (out.empty() ? "" : " ") + input;
+  return out;
+}
+
 // The folder `path` goes into must exist and take a new file, and `path` must not be a folder:
 // checked before the tokenizer trains, so that a run that cannot write its output writes nothing
 // (a probe file is made and removed in the folder, as the writers make theirs there).
@@ -183,9 +189,13 @@ std::string eval_output_path(const std::string& output) {
 
 int run_tokenize_command(const TokenizeArgs& args) {
   check_arguments(args);
-  if (!tokenizer_built()) Tokenizer::load("");  // says what this build lacks
   int64_t bytes = 0;
   const std::vector<std::string> files = input_files(args.inputs, bytes);
+  if (bytes == 0) {
+    throw UserError("--input " + join_inputs(args.inputs) + ": " + std::to_string(files.size()) +
+                    " file(s), all empty: no text to tokenize; give files that hold text");
+  }
+  if (!tokenizer_built()) Tokenizer::load("");  // says what this build lacks
   const Tokenizer tokenizer = make_tokenizer(args, files, bytes);
   if (args.output.empty()) return 0;
   const auto start = std::chrono::steady_clock::now();

@@ -146,14 +146,48 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
   return Tokenizer(impl);
 }
 
+namespace {
+
+// The number after `after` in `text` ("... 10 vs 321 ...": after " vs "), or -1.
+long long number_after(const std::string& text, const std::string& after) {
+  const size_t at = text.find(after);
+  if (at == std::string::npos) return -1;
+  try {
+    return std::stoll(text.substr(at + after.size()));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// What would work, read off SentencePiece's complaint: a vocabulary below the pieces its
+// characters need wants a larger one, one above what the text can fill a smaller one (or more text).
+std::string vocab_advice(const std::string& complaint) {
+  if (complaint.find("smaller than required_chars") != std::string::npos) {
+    const long long needed = number_after(complaint, " vs ");
+    return "the text's characters and the special pieces need " +
+           (needed > 0 ? std::to_string(needed) : std::string("more")) + " entries: give --vocab-size " +
+           (needed > 0 ? std::to_string(needed) + " or more" : std::string("larger")) +
+           " (with byte fallback at least 256 + 4 + the distinct characters)";
+  }
+  if (complaint.find("Vocabulary size too high") != std::string::npos) {
+    const long long most = number_after(complaint, "value <= ");
+    return "the text fills at most " + (most > 0 ? std::to_string(most) : std::string("fewer")) +
+           " entries: give a smaller --vocab-size" + (most > 0 ? " (<= " + std::to_string(most) + ")" : std::string()) +
+           ", or more text";
+  }
+  return "a smaller vocabulary or more text may work (with byte fallback it needs at least 256 + 4 + the distinct "
+         "characters)";
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::train(const TokenizerTraining& training) {
   auto impl = std::make_shared<Impl>();
   impl->backend = new_backend();
   const std::string complaint = impl->backend->train(trainer_options(training), training.files, impl->model);
   if (!complaint.empty()) {
     throw UserError("--vocab-size " + std::to_string(training.vocab_size) + ": SentencePiece could not train a model: " +
-                    complaint + "; a smaller vocabulary or more text would work (with byte fallback it needs "
-                    "at least 256 + 4 + the distinct characters)");
+                    vocab_advice(complaint) + " (SentencePiece: " + complaint + ")");
   }
   return Tokenizer(impl);
 }

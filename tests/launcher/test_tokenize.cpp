@@ -187,8 +187,17 @@ TEST(TokenizeCommand, BadArgumentsExitTwoNamingTheArgument) {
   refused("--input " + text + " --model-prefix " + dir.path("m") + " --vocab-size many", "--vocab-size");
   if (tokenizer_built()) {
     refused("--input " + text + " --model-prefix " + dir.path("m") + " --vocab-size 100000", "--vocab-size 100000: "
-            "SentencePiece could not train a model");
+            "SentencePiece could not train a model: the text fills at most ");
+    // Too small a vocabulary for the text's characters asks for a larger one (issue 64: it
+    // advised a smaller one).
+    refused("--input " + text + " --model-prefix " + dir.path("m") + " --vocab-size 5",
+            "--vocab-size 5: SentencePiece could not train a model: the text's characters and the special pieces need ");
   }
+  // An empty input is the input's fault, not the vocabulary's (issue 64), whatever is built.
+  const std::string empty = dir.write("empty.txt", "");
+  refused("--input " + empty + " --model-prefix " + dir.path("m"),
+          "hybrid_train: error: --input " + empty + ": 1 file(s), all empty: no text to tokenize");
+  std::filesystem::remove(empty);
   TokenizeArgs a;
   a.inputs = {text};
   EXPECT_THAT(tokenize_error(a), HasSubstr("give --model-prefix PREFIX"));
