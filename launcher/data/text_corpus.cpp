@@ -5,6 +5,7 @@
 #include "base/user_error.h"
 
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -42,6 +43,11 @@ int64_t characters_as_ids(const std::string& text, at::Tensor& ids) {
 // The file's bytes, or those of every file a glob or folder names, one after another.
 std::string read_text(const std::string& path) {
   std::vector<std::string> files = match_files(path, /*folders_recursively=*/true);
+  std::error_code ec;
+  if (files.empty() && std::filesystem::is_directory(path, ec)) {
+    throw UserError("a folder with no files in it (its subfolders searched too); give data.path a text file, a glob "
+                    "or a folder that holds text files, e.g. \"/usr/share/common-licenses/GPL-3\"");
+  }
   if (files.empty() && !has_wildcards(path)) files.push_back(path);  // the error below names it
   if (files.empty()) throw UserError("no file matches this pattern; check the folder and the names");
   std::string text;

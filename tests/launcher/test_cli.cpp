@@ -76,6 +76,10 @@ TEST_F(BadInputProcess, EachKindExitsTwoWritingNothing) {
                  "job.toml: data.path = \"/nonexistent\": no train-images-idx3-ubyte[.gz] in this folder");
   expect_refused("[model]\nname = \"gpt\"\n[data]\ndataset = \"text\"\npath = \"/nonexistent.txt\"\n", "",
                  "job.toml: data.path = \"/nonexistent.txt\": cannot read /nonexistent.txt");
+  // A folder without files (issue 64: an internal error, "basic_filebuf::underflow").
+  std::filesystem::create_directories(dir_.path("no_text"));
+  expect_refused("[model]\nname = \"gpt\"\n[data]\ndataset = \"text\"\npath = \"" + dir_.path("no_text") + "\"\n", "",
+                 "data.path = \"" + dir_.path("no_text") + "\": a folder with no files in it");
   expect_refused(kCliMlp, "--checkpoint.resume=/nonexistent/step_1", "checkpoint.resume = \"/nonexistent/step_1\"");
   expect_refused(kCliMlp, "--data.synthetic_samples=8 --training.global_batch_size=16",
                  "data: 8 training samples are fewer than training.global_batch_size = 16");
