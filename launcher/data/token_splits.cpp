@@ -6,6 +6,7 @@
 #include "launcher/tokenize/tokenizer.h"
 #include "base/user_error.h"
 
+#include <filesystem>
 #include <sstream>
 
 namespace ht {
@@ -27,6 +28,11 @@ auto reading_key(const Config& c, const char* key, const std::string& value, F&&
 std::vector<TokenShard> open_shards(const std::string& pattern, TokenDtype dtype) {
   const std::vector<std::string> paths = match_files(pattern);
   if (paths.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(pattern, ec)) {
+      throw UserError("a folder, and token files are named one by one or by a glob: give e.g. \"" +
+                      (std::filesystem::path(pattern) / "*.bin").string() + "\" (hybrid_train tokenize writes them from text)");
+    }
     throw UserError(has_wildcards(pattern)
                         ? "no file matches this pattern; check the folder and the names (e.g. \"data/fineweb_train_*.bin\")"
                         : "no such file; give a token file or a glob of shards (hybrid_train tokenize writes them from text)");

@@ -13,6 +13,7 @@
 #include <gmock/gmock.h>
 
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
@@ -216,6 +217,10 @@ TEST(TokenFiles, EveryBadFileIsRefusedNamingTheFileAndTheByte) {
               HasSubstr("id.bin: byte 1058 (token 17): id 50257 is not below the vocabulary size 1000 (data.vocab_size)"));
   EXPECT_THAT(data_error(dir, {"--data.path=" + dir.path("none_*.bin")}), HasSubstr("no file matches this pattern"));
   EXPECT_THAT(data_error(dir, {"--data.path=" + dir.path("cut.bin")}), HasSubstr("job.toml: data.path = \""));
+  // A folder is named as one, with the glob that would read it (issue 64: "no such file").
+  std::filesystem::create_directories(dir.path("shards"));
+  EXPECT_THAT(data_error(dir, {"--data.path=" + dir.path("shards")}),
+              HasSubstr("a folder, and token files are named one by one or by a glob: give e.g. \"" + dir.path("shards") + "/*.bin\""));
 }
 
 TEST(TokenFiles, ABadIdPastTheFirstChunkIsFoundAtItsOffset) {
