@@ -128,7 +128,9 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   cl.overrides = overrides_from(app.remaining());
   if (!cluster.empty()) {
     // Before the user's overrides: a --cluster.<key>=... given too still decides that key.
-    std::vector<ConfigOverride> described = cluster_overrides(parse_cluster(cluster, device_catalog(devices)), "--cluster " + cluster);
+    const ClusterOfKind of_kind = parse_cluster(cluster, device_catalog(devices));
+    if (!of_kind.warning.empty()) cl.warnings.push_back(of_kind.warning);
+    std::vector<ConfigOverride> described = cluster_overrides(of_kind, "--cluster " + cluster);
     described.insert(described.end(), cl.overrides.begin(), cl.overrides.end());
     cl.overrides = std::move(described);
   } else if (!devices.empty()) {

@@ -26,6 +26,7 @@ struct CommandLine {
   std::optional<SampleArgs> sample_args;  // `hybrid_train sample RUN_DIR --prompt ...`: generate text
   bool tokenize = false;  // `hybrid_train tokenize`: text files to a tokenizer and token files
   TokenizeArgs tokenize_args;
+  std::vector<std::string> warnings;  // what the command line itself is read as, said once
 };
 
 CommandLine parse_command_line(int argc, const char* const* argv);

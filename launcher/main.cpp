@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
         throw ht::UserError("hybrid_train plan runs as one process and plans for every rank count itself; start it "
                             "without mpirun (or srun), e.g. hybrid_train plan " + cl.config_path + " --ranks 1,2,4");
       }
+      for (const std::string& w : cl.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
       for (const std::string& w : loaded.warnings) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
       return ht::run_plan_command(loaded.config, cl.plan_command);
     }

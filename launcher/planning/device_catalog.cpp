@@ -144,6 +144,23 @@ ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string,
                     " nodes of " + per + ", a " + kind + " node's usual count)");
   }
   c.devices_per_node = whole_number(shape.substr(x + 1), "the devices per node", argument);
+  const int usual = c.device.devices_per_node;
+  if (c.devices_per_node > usual) {
+    // A node of more than the catalog's count exists (a rack-scale NVLink domain), so it is priced
+    // as asked; but a user who meant nodes x devices should hear what was read.
+    char gbps[32];
+    std::snprintf(gbps, sizeof gbps, "%g", c.device.intra_node_gbps);
+    const std::string per = std::to_string(c.devices_per_node);
+    const int nodes_meant = c.nodes * ((c.devices_per_node + usual - 1) / usual);
+    c.warning = argument + ": a " + kind + " node holds " + std::to_string(usual) +
+                " devices (the device catalog's devices_per_node); priced as asked, " + per +
+                " devices in one node linked at " + gbps + " GB/s each" +
+                (c.devices_per_node % usual == 0
+                     ? "; for nodes of " + std::to_string(usual) + " say --cluster " + kind + ":" +
+                           std::to_string(nodes_meant) + "x" + std::to_string(usual)
+                     : "") +
+                " (or describe a larger node with --devices FILE)";
+  }
   return c;
 }
 

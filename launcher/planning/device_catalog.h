@@ -27,6 +27,9 @@ struct ClusterOfKind {
   DeviceKind device;
   int nodes = 1;
   int devices_per_node = 8;
+  // Not empty where the shape is one the catalog does not describe (more devices in a node than
+  // the kind's nodes hold): what it is priced as, and the shape that is likely meant.
+  std::string warning;
 };
 // "h100-sxm:8x8" (8 nodes of 8), "h100-sxm:1x4" (one node of 4). UserError naming --cluster, and
 // the kinds there are where the kind is unknown; one number alone ("h100-sxm:8": nodes or

@@ -15,6 +15,7 @@ namespace ht::test {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const char* kMine = R"([h100-sxm]
 name = "an H100 as our cloud rents it"
@@ -106,6 +107,27 @@ TEST(DeviceCatalog, AClusterIsAKindAndItsNodes) {
               HasSubstr("no device kind \"h100\" in the catalog; kinds: a100-40gb, a100-80gb, b200, h100-pcie, h100-sxm"));
   EXPECT_THAT(user_error_of([&] { parse_cluster("h100-sxm", catalog); }), HasSubstr("say how many nodes, e.g. --cluster h100-sxm:8x8"));
   EXPECT_THAT(user_error_of([&] { parse_cluster("h100-sxm:2x0", catalog); }), HasSubstr("the devices per node \"0\""));
+  EXPECT_EQ(parse_cluster("h100-sxm:2x8", catalog).warning, "") << "the catalog's own shape needs no word";
+  EXPECT_EQ(parse_cluster("h100-sxm:1x4", catalog).warning, "") << "part of a node needs none either";
+}
+
+// More devices in a node than the catalog's kind holds (issue 64: h100-sxm:1x16 was priced as
+// NVLink across 16 without a word): read as asked, with a warning that says what it was priced as
+// and the shape likely meant; the plan command prints it.
+TEST(DeviceCatalog, ANodeLargerThanTheCatalogsIsReadAsAskedWithAWarning) {
+  const auto catalog = device_catalog();
+  const ClusterOfKind c = parse_cluster("h100-sxm:1x16", catalog);
+  EXPECT_EQ(c.nodes, 1);
+  EXPECT_EQ(c.devices_per_node, 16);
+  EXPECT_EQ(c.warning, "--cluster h100-sxm:1x16: a h100-sxm node holds 8 devices (the device catalog's devices_per_node); "
+                       "priced as asked, 16 devices in one node linked at 450 GB/s each; for nodes of 8 say --cluster "
+                       "h100-sxm:2x8 (or describe a larger node with --devices FILE)");
+  EXPECT_THAT(parse_cluster("h100-sxm:3x12", catalog).warning, Not(HasSubstr("say --cluster"))) << "12 is no multiple of 8";
+  TempDir dir;
+  const ProcessResult r = run_binary("plan " + std::string(HT_SOURCE_DIR) + "/configs/quickstart.toml --job.output_dir=" +
+                                     dir.path("plan") + " --cluster h100-sxm:1x16 --ranks 1 --precisions off");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("hybrid_train: warning: --cluster h100-sxm:1x16: a h100-sxm node holds 8 devices"));
 }
 
 // `plan --cluster` plans for that cluster's devices (their memory, its links); a bad kind is
