@@ -7,7 +7,8 @@
 #include <limits>
 
 namespace ht {
-namespace {
+// Named, not anonymous: HeadBlock (declared in decoder.h) holds a Norm and a Split.
+namespace decoder_parts {
 
 // The model's place in a tensor-parallel group (models/decoder_split.h): the helpers below are
 // the plain layers when the group is one rank.
@@ -264,7 +265,8 @@ class DecoderLayer : public Block {
   std::shared_ptr<FeedForward> mlp;
 };
 
-}  // namespace
+}  // namespace decoder_parts
+using namespace decoder_parts;
 
 // logits = norm(x) @ W^T, W the head's own (V, D) or the token embedding's.  (B, T, D) -> (B, T, V)
 class HeadBlock : public Block {

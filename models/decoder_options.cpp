@@ -62,50 +62,61 @@ int64_t DecoderOptions::parameter_count() const {
   return embed + n_layer * layer + head;
 }
 
-std::string DecoderOptions::problem() const {
+DecoderOptions::Diagnosis DecoderOptions::diagnose() const {
   auto str = [](int64_t v) { return std::to_string(v); };
   if (vocab_size < 1 || block_size < 1 || n_layer < 1 || n_head < 1 || n_embd < 1) {
-    return "model.vocab_size, block_size, n_layer, n_head and n_embd must be at least 1";
+    return {"model.vocab_size, block_size, n_layer, n_head and n_embd must be at least 1",
+            {"model.vocab_size", "model.block_size", "model.n_layer", "model.n_head", "model.n_embd"}};
   }
   if (n_embd % n_head != 0) {
-    return "model.n_embd = " + str(n_embd) + " is not a multiple of model.n_head = " + str(n_head) +
-           "; choose n_head dividing n_embd";
+    return {"model.n_embd = " + str(n_embd) + " is not a multiple of model.n_head = " + str(n_head) +
+                "; choose n_head dividing n_embd",
+            {"model.n_head", "model.n_embd"}};
   }
   if (kv_heads() > n_head || n_head % kv_heads() != 0) {
-    return "model.n_head = " + str(n_head) + " is not a multiple of model.n_kv_heads = " + str(kv_heads()) +
-           "; choose n_kv_heads dividing n_head";
+    return {"model.n_head = " + str(n_head) + " is not a multiple of model.n_kv_heads = " + str(kv_heads()) +
+                "; choose n_kv_heads dividing n_head",
+            {"model.n_kv_heads", "model.n_head"}};
   }
   if (!is_llama() && n_kv_heads != 0 && n_kv_heads != n_head) {
-    return "model.n_kv_heads applies to llama only (GPT-2 has one key/value head per head)";
+    return {"model.n_kv_heads applies to llama only (GPT-2 has one key/value head per head)", {"model.n_kv_heads"}};
   }
   if (is_llama() && head_dim() % 2 != 0) {
-    return "rotary positions need an even head dimension; model.n_embd / model.n_head is " + str(head_dim());
+    return {"rotary positions need an even head dimension; model.n_embd / model.n_head is " + str(head_dim()),
+            {"model.n_head", "model.n_embd"}};
   }
-  if (is_llama() && rope_theta <= 1.0) return "model.rope_theta must be above 1";
-  if (norm_eps <= 0) return "model.norm_eps must be positive";
-  return tensor_parallel_problem();
+  if (is_llama() && rope_theta <= 1.0) return {"model.rope_theta must be above 1", {"model.rope_theta"}};
+  if (norm_eps <= 0) return {"model.norm_eps must be positive", {"model.norm_eps"}};
+  return tensor_parallel_diagnosis();
 }
 
-std::string DecoderOptions::tensor_parallel_problem() const {
+DecoderOptions::Diagnosis DecoderOptions::tensor_parallel_diagnosis() const {
   auto str = [](int64_t v) { return std::to_string(v); };
   const int64_t t = tensor_parallel;
   const std::string tp = "parallel.tensor_parallel = " + str(t);
-  if (t < 1 || tensor_rank < 0 || tensor_rank >= t) return tp + " must be at least 1 (rank " + str(tensor_rank) + ")";
+  const std::string tp_key = "parallel.tensor_parallel";
+  if (t < 1 || tensor_rank < 0 || tensor_rank >= t) {
+    return {tp + " must be at least 1 (rank " + str(tensor_rank) + ")", {tp_key}};
+  }
   if (n_head % t != 0) {
-    return "model.n_head = " + str(n_head) + " is not a multiple of " + tp +
-           ": attention splits by heads; choose a tensor_parallel dividing n_head";
+    return {"model.n_head = " + str(n_head) + " is not a multiple of " + tp +
+                ": attention splits by heads; choose a tensor_parallel dividing n_head",
+            {"model.n_head", tp_key}};
   }
   if (kv_heads() % t != 0) {
-    return "model.n_kv_heads = " + str(kv_heads()) + " is not a multiple of " + tp +
-           ": key/value heads are split, never replicated; choose a tensor_parallel dividing n_kv_heads";
+    return {"model.n_kv_heads = " + str(kv_heads()) + " is not a multiple of " + tp +
+                ": key/value heads are split, never replicated; choose a tensor_parallel dividing n_kv_heads",
+            {"model.n_kv_heads", tp_key}};
   }
   if (mlp_hidden() % t != 0) {
-    return "the MLP's width " + str(mlp_hidden()) + " (from model.n_embd and model.multiple_of) is not a multiple of " +
-           tp + "; choose a multiple_of that tensor_parallel divides";
+    return {"the MLP's width " + str(mlp_hidden()) + " (from model.n_embd and model.multiple_of) is not a multiple of " +
+                tp + "; choose a multiple_of that tensor_parallel divides",
+            {"model.multiple_of", "model.n_embd", tp_key}};
   }
   if (sequence_parallel && t > 1 && block_size % t != 0) {
-    return "model.block_size = " + str(block_size) + " is not a multiple of " + tp +
-           ": parallel.sequence_parallel cuts each sequence into tensor_parallel pieces";
+    return {"model.block_size = " + str(block_size) + " is not a multiple of " + tp +
+                ": parallel.sequence_parallel cuts each sequence into tensor_parallel pieces",
+            {"model.block_size", tp_key, "parallel.sequence_parallel"}};
   }
   return {};
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ht {
 
@@ -78,8 +79,17 @@ struct DecoderOptions {
   // What is wrong with the shape, or empty: widths that do not divide, odd head dimension for
   // rotary positions, head counts that tensor_parallel does not divide, and the like. Keys are
   // named as in [model] and [parallel].
-  std::string problem() const;
-  std::string tensor_parallel_problem() const;  // the part of problem() that tensor_parallel adds
+  std::string problem() const { return diagnose().message; }
+  std::string tensor_parallel_problem() const { return tensor_parallel_diagnosis().message; }
+  // The problem and the keys its message names, in the order it names them (the first is the one
+  // a config's error points at: "model.n_kv_heads = 1 is not a multiple of parallel.tensor_parallel
+  // = 2" points where n_kv_heads was set, not where n_head was).
+  struct Diagnosis {
+    std::string message;  // empty: nothing is wrong
+    std::vector<std::string> keys;
+  };
+  Diagnosis diagnose() const;
+  Diagnosis tensor_parallel_diagnosis() const;  // the part of diagnose() that tensor_parallel adds
 };
 
 }  // namespace ht

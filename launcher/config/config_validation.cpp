@@ -96,8 +96,14 @@ class Rules {
       DecoderOptions o = decoder_options(m, std::max<int64_t>(m.vocab_size, 1));
       o.tensor_parallel = c_.parallel.tensor_parallel;
       o.sequence_parallel = c_.parallel.sequence_parallel;
-      const std::string problem = o.problem();
-      if (!problem.empty()) throw UserError(loc("model.n_head") + problem);
+      const DecoderOptions::Diagnosis problem = o.diagnose();
+      if (problem.message.empty()) return;
+      // Where the first key the message names was set (the file's line or the command line's
+      // argument); a key left at its default points at the next.
+      for (const std::string& key : problem.keys) {
+        if (is_set(key)) throw UserError(loc(key) + problem.message);
+      }
+      throw UserError(c_.source + ": " + problem.message);
     }
   }
 

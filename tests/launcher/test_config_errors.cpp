@@ -231,6 +231,21 @@ TEST_F(ConfigErrors, CrossKeyRules) {
               HasSubstr("job.toml:3:10: model.n_embd = 256 is not a multiple of model.n_head = 3"));
   EXPECT_THAT(error_in("[model]\nname = \"llama\"\nn_kv_heads = 3\n[data]\ndataset = \"synthetic\"\n"),
               HasSubstr("model.n_head = 8 is not a multiple of model.n_kv_heads = 3"));
+  // A shape error points where its first key was set, the command line included (issue 64: the
+  // n_kv_heads and block_size errors of a tensor-parallel run cited the n_head line).
+  const std::string llama = "[model]\nname = \"llama\"\nn_head = 8\n[data]\ndataset = \"synthetic\"\n";
+  EXPECT_THAT(error_in(llama, {"--model.n_kv_heads=1", "--parallel.tensor_parallel=2"}),
+              HasSubstr("--model.n_kv_heads=1: model.n_kv_heads = 1 is not a multiple of parallel.tensor_parallel = 2"));
+  EXPECT_THAT(error_in(llama + "[parallel]\ntensor_parallel = 2\n", {"--model.block_size=33", "--parallel.sequence_parallel=true"}),
+              HasSubstr("--model.block_size=33: model.block_size = 33 is not a multiple of parallel.tensor_parallel = 2"));
+  EXPECT_THAT(error_in(llama + "[parallel]\ntensor_parallel = 4\n", {"--model.n_kv_heads=2"}),
+              HasSubstr("--model.n_kv_heads=2: model.n_kv_heads = 2 is not a multiple of parallel.tensor_parallel = 4"));
+  EXPECT_THAT(error_in("[model]\nname = \"llama\"\nn_kv_heads = 2\n[data]\ndataset = \"synthetic\"\n[parallel]\n"
+                       "tensor_parallel = 4\n"),
+              HasSubstr("job.toml:3:14: model.n_kv_heads = 2 is not a multiple of parallel.tensor_parallel = 4"));
+  EXPECT_THAT(error_in("[model]\nname = \"llama\"\n[data]\ndataset = \"synthetic\"\n", {"--parallel.tensor_parallel=3"}),
+              HasSubstr("--parallel.tensor_parallel=3: model.n_head = 8 is not a multiple of parallel.tensor_parallel = 3"))
+      << "n_head left at its default: the key that was set";
   EXPECT_THAT(error_in("[model]\nname = \"resnet\"\ndepth = 20\n[data]\ndataset = \"synthetic\"\n"),
               HasSubstr("model.depth = 20: use 18, 34 or 50"));
 }
