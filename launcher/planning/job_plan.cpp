@@ -135,6 +135,8 @@ std::vector<int> planned_ranks(const Config& config, const PlanArgs& args) {
 // as the config has it when it splits, else on (Megatron's advice: the same traffic, activations
 // stored once across the group). The sizes: the given ones, else the config's, and for a catalog
 // device every power of two up to a node's devices; those the model cannot split are left out.
+// Sizes asked with --tensor that do not split it are named with why and the sizes that would: a
+// warning where some asked size splits it, a UserError where none does.
 std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const DataInfo& info, const PlanArgs& args,
                                                    const Machine& machine, bool sequence_parallel) {
   std::vector<int> tensor = args.tensor;
@@ -143,19 +145,42 @@ std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const D
     for (int t = 1; t <= machine.devices_per_node; t *= 2)
       if (t != tensor.front()) tensor.push_back(t);
   }
+  const bool decoder = is_decoder(config.model.name);
+  // Why `t` does not split this model ("": it does).
+  auto why_not = [&](int t, bool sequence) -> std::string {
+    if (t > 1 && !decoder) {
+      return std::string("model.name = \"") + choice_name(config.model.name) +
+             "\" has no layers built to split across ranks (only gpt and llama do)";
+    }
+    if (!decoder) return {};
+    DecoderOptions o = decoder_options(config.model, info.classes);
+    o.tensor_parallel = t;
+    o.sequence_parallel = sequence;
+    return o.problem();  // heads or widths t does not divide
+  };
   std::vector<std::pair<int, Config>> out;
+  std::vector<std::string> refused;
   for (int t : tensor) {
-    if (t < 1 || (t > 1 && !is_decoder(config.model.name))) continue;
+    if (t < 1) continue;
     Config c = config;
     c.parallel.tensor_parallel = t;
     c.parallel.sequence_parallel = t > 1 && sequence_parallel;
-    if (is_decoder(config.model.name)) {
-      DecoderOptions o = decoder_options(config.model, info.classes);
-      o.tensor_parallel = t;
-      o.sequence_parallel = c.parallel.sequence_parallel;
-      if (!o.problem().empty()) continue;  // heads or widths t does not divide
+    if (const std::string why = why_not(t, c.parallel.sequence_parallel); !why.empty()) {
+      refused.push_back(std::to_string(t) + ": " + why);
+      continue;
     }
     out.emplace_back(t, std::move(c));
+  }
+  if (!args.tensor.empty() && !refused.empty()) {
+    std::string which;  // the sizes that split it, up to 64
+    for (int t = 1; t <= 64; ++t) {
+      if (why_not(t, t > 1 && sequence_parallel).empty()) which += (which.empty() ? "" : ",") + std::to_string(t);
+    }
+    std::string reasons;
+    for (const std::string& r : refused) reasons += (reasons.empty() ? "" : "; ") + r;
+    const std::string advice = "--tensor " + reasons + " (sizes that split this model: --tensor " + which + ")";
+    if (out.empty()) throw UserError(config.source + ": no tensor-parallel size asked splits the model: " + advice);
+    std::fprintf(stderr, "hybrid_train: warning: left out of the plans: %s\n", advice.c_str());
   }
   return out;
 }

@@ -361,6 +361,9 @@ TEST(PlanCommand, BadInputExitsTwoWritingNothing) {
       {"--objective speed", "--objective"},
       {"--training.stpes=3", "unknown key"},
       {"--cluster.nodes=1 --cluster.device_memory=big", "cluster.device_memory = \"big\" is not a memory size"},
+      // Why a tensor-parallel size does not split the model, and which would (issue 64, item 9).
+      {"--tensor 2", "--tensor 2: model.name = \"convnet\" has no layers built to split across ranks (only gpt and "
+                     "llama do) (sizes that split this model: --tensor 1)"},
   };
   for (const auto& c : cases) {
     const ProcessResult r = run_binary("plan " + job + " " + c.args + " --job.output_dir=" + out);
@@ -368,6 +371,23 @@ TEST(PlanCommand, BadInputExitsTwoWritingNothing) {
     EXPECT_THAT(r.output, HasSubstr(c.message)) << c.args;
     EXPECT_FALSE(std::filesystem::exists(out)) << c.args << ": nothing may be written";
   }
+}
+
+// A tensor-parallel size the heads do not divide: why, and the sizes that would; beside one that
+// splits, it is left out with a warning (issue 64, item 9: "no tensor-parallel size to plan splits
+// the model").
+TEST(PlanCommand, ATensorSizeThatDoesNotSplitTheModelSaysWhyAndWhichWould) {
+  TempDir dir;
+  const std::string job = std::string(HT_SOURCE_DIR) + "/configs/gpt_tiny.toml --job.output_dir=" + dir.path("out");
+  const ProcessResult none = run_binary("plan " + job + " --tensor 3");
+  EXPECT_EQ(none.status, 2) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("no tensor-parallel size asked splits the model: --tensor 3: model.n_head = 4 is not "
+                                     "a multiple of parallel.tensor_parallel = 3: attention splits by heads; choose a "
+                                     "tensor_parallel dividing n_head (sizes that split this model: --tensor 1,2,4)"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path("out")));
+  const ProcessResult some = run_binary("plan " + job + " --tensor 2,3 --ranks 2 --precisions off");
+  ASSERT_EQ(some.status, 0) << some.output;
+  EXPECT_THAT(some.output, HasSubstr("hybrid_train: warning: left out of the plans: --tensor 3: model.n_head = 4"));
 }
 
 // A budget below the configured plan's peak: refused with plans that fit, and the first of them,
