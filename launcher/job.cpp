@@ -55,7 +55,7 @@ JsonObject summary_of(const Config& c, const RunPlan& plan, int64_t model_parame
   JsonObject s;
   s.add("job", c.job.name).add("config", c.source).add("model", std::string(choice_name(c.model.name)))
       .add("parameters", model_parameters).add("device", plan.device).add("steps", r.steps)
-      .add("resumed_from_step", r.resumed_from_step).add("final_loss", r.final_loss)
+      .add("resumed_from_step", r.resumed_from_step).add("steps_run", r.steps - r.resumed_from_step).add("final_loss", r.final_loss)
       .add("stopped_by", std::string(r.stopped_by != 0 ? signal_name(r.stopped_by) : ""))
       .add("mem_peak_bytes", r.mem_peak_bytes >= 0 ? std::optional<int64_t>(r.mem_peak_bytes) : std::nullopt)
       .add("predicted_peak_bytes", p.prediction.peak_bytes >= 0 ? std::optional<int64_t>(p.prediction.peak_bytes) : std::nullopt)
@@ -157,8 +157,15 @@ void report(const Config& config, const RunPlan& plan, int64_t model_parameters,
                 result.final_loss, config.checkpoint_dir().c_str());
     return;
   }
-  std::printf("done: %lld steps in %.0f s, final loss %.4f", static_cast<long long>(result.steps), result.seconds,
-              result.final_loss);
+  // The steps this run trained: a resumed run's began after its checkpoint's step.
+  const long long ran = static_cast<long long>(result.steps - result.resumed_from_step);
+  if (result.resumed_from_step > 0) {
+    std::printf("done: %lld steps (%lld to %lld, resumed from step %lld) in %.0f s, final loss %.4f", ran,
+                static_cast<long long>(result.resumed_from_step + 1), static_cast<long long>(result.steps),
+                static_cast<long long>(result.resumed_from_step), result.seconds, result.final_loss);
+  } else {
+    std::printf("done: %lld steps in %.0f s, final loss %.4f", ran, result.seconds, result.final_loss);
+  }
   if (result.eval && result.eval->accuracy) std::printf(", eval accuracy %.4f", *result.eval->accuracy);
   if (result.eval && result.eval->perplexity) std::printf(", eval perplexity %.3f", *result.eval->perplexity);
   if (result.eval && result.eval->bits_per_byte) std::printf(" (%.3f bits per byte)", *result.eval->bits_per_byte);
@@ -225,6 +232,18 @@ std::shared_ptr<Model> build_model(const Config& config, const RunPlan& plan, co
   return model;
 }
 
+// The whole model's parameters, whatever part of it this rank holds: a decoder's from its shape
+// (a tensor-parallel rank holds a part of most matrices and all of the norms; a pipeline stage its
+// layers), another model's as the sum of its pipeline stages' (it has no tensor-parallel split).
+int64_t whole_model_parameters(const Config& c, const DataInfo& info, const Model& model, const ProcessGrid& grid) {
+  if (is_decoder(c.model.name)) return decoder_options(c.model, info.classes).parameter_count();
+  const int64_t own = model.num_parameters();
+  if (grid.pipeline_parallel == 1) return own;
+  at::Tensor count = at::full({1}, static_cast<double>(own), at::TensorOptions().dtype(at::kDouble));
+  grid.pipeline_group->allreduce_sum(count, "the model's parameter count");
+  return static_cast<int64_t>(count.item<double>());
+}
+
 }  // namespace
 
 JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
@@ -270,7 +289,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, plan, info);
   }
-  const int64_t parameters = model->num_parameters();  // a pipeline stage then keeps only its own
+  const int64_t parameters = whole_model_parameters(config, info, *model, *grid);
   const std::optional<std::string> resume = resume_point(config, root);
   std::unique_ptr<Trainer> made;
   try {

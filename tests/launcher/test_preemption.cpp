@@ -123,6 +123,10 @@ TEST(Preemption, SigtermStopsAfterAStepAndTheResumedRunIsTheUninterruptedOne) {
   const ProcessResult resumed = run_binary(config + to + " --checkpoint.resume=latest --checkpoint.dir=" + checkpoints +
                                            " --job.output_dir=" + dir.path("resumed"));
   ASSERT_EQ(resumed.status, 0) << resumed.output;
+  // It says the steps it ran, not the last step's number (issue 64: "done: 1500 steps" after 1000).
+  EXPECT_THAT(resumed.output, HasSubstr("done: 3 steps (" + std::to_string(n + 1) + " to " + std::to_string(n + 3) +
+                                        ", resumed from step " + std::to_string(n) + ")"));
+  EXPECT_THAT(read_file(dir.path("resumed/summary.json")), HasSubstr("\"steps_run\": 3"));
   const ProcessResult plain = run_binary(config + to + " --job.output_dir=" + dir.path("plain"));
   ASSERT_EQ(plain.status, 0) << plain.output;
   const std::string a = read_file(step_folder(checkpoints, n + 3) + "/model.pt");

@@ -12,6 +12,8 @@
 
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 namespace ht::test {
 namespace {
 
@@ -114,6 +116,13 @@ TEST_F(TensorParallelJob, TheThreeAxesTogetherTrainTheOneRankRunsModel) {
   expect_close_losses(losses(dir_.path("grid")), losses(one));
   // Each of the 8 ranks wrote its stage's parts as slices of the whole tensors.
   expect_same_model(one + "/checkpoints/step_00000004", dir_.path("grid/checkpoints/step_00000004"), kAdamTolerance);
+  // The summary counts the whole model's parameters, not one rank's part (issue 64: 25248 at t = 2
+  // against 50336 at t = 1).
+  auto parameters = [](const std::string& run) {
+    return nlohmann::json::parse(read_file(run + "/summary.json")).at("parameters").get<int64_t>();
+  };
+  EXPECT_EQ(parameters(replicas), parameters(one));
+  EXPECT_EQ(parameters(dir_.path("grid")), parameters(one));
 }
 
 // ZeRO within the replicas of a tensor-parallel job (2 replicas x t = 2): each replica group shards
