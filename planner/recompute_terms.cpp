@@ -94,9 +94,10 @@ std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& pl
 
 // A search predicts thousands of plans over a dozen micro-batch sizes per tensor-parallel size,
 // and a 70B model's replay takes a tenth of a second: the two smallest sizes are replayed (in
-// at least twice the budget, so that both run) and the others lie on the line through them, as every
-// tensor's bytes and every kernel's work do, and so the replay's sums. A size whose sum passes
-// the budget does not fit (predict's device-memory check).
+// at least twice the budget, so that both run) and the others' bytes lie on the line through them,
+// as every tensor's bytes do; their regenerations take the larger size's share of the step's
+// forward and backward. A size whose sum passes the budget does not fit (predict's device-memory
+// check).
 BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
   const std::vector<ReplayKey> keys = first_replays(profile, plan);
   if (keys.size() == 1) {
@@ -118,7 +119,14 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
   BlockRecomputeReplay out;
   out.kept_bytes = std::llround(line(static_cast<double>(a.kept_bytes), static_cast<double>(b.kept_bytes)));
   out.working_bytes = std::llround(line(static_cast<double>(a.working_bytes), static_cast<double>(b.working_bytes)));
-  out.recompute_ms = line(a.recompute_ms, b.recompute_ms);
+  // Time is not on the line: a kernel priced from its work at a device's efficiency curve runs
+  // its first samples at a low rate, so a regeneration can cost less at 2 samples than at 1, and
+  // the line through them fell below zero at 128 (GPT-2 124M at tensor_parallel 2: -5.2 ms). The
+  // same kernels are regenerated at every size: their share of forward and backward at the larger
+  // size replayed, of forward and backward at the plan's.
+  const double fb_b = forward_backward_ms(profile, mb, plan.precision, profile.threads);
+  const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads);
+  out.recompute_ms = fb_b > 0 ? b.recompute_ms / fb_b * fb : 0.0;
   out.evictions = b.evictions;  // the same tensors at every size
   return out;
 }
