@@ -1,6 +1,7 @@
 #include "launcher/planning/profiler.h"
 #include "base/clock.h"
 
+#include "launcher/planning/meta_trace.h"
 #include "launcher/planning/profile_parts.h"
 
 #include "launcher/config/run_plan_of.h"
@@ -15,6 +16,7 @@
 #include "planner/pipeline_terms.h"
 #include "planner/step_recorder.h"
 #include "runtime/thread_pools.h"
+#include "base/user_error.h"
 
 #include <algorithm>
 #include <chrono>
@@ -214,11 +216,44 @@ void bound_by_larger_sizes(ModelProfile& profile) {
   }
 }
 
+// The largest micro-batch a profile point may train in `room` bytes of this host, from meta
+// traces of one and two samples at each precision (every tensor the step makes, in no memory; a
+// tenth of a second each): the model, its optimizer's state and peak, and the step's peak, which
+// is affine in the samples. A point past the host's memory is not tried: the kernel's OOM killer
+// ends the plan without a word (GPT-2 124M's first point, 64 samples of 1024 tokens, needed more
+// than 24 GiB). UserError where one sample does not fit.
+int64_t largest_point_here(const Config& config, const DataInfo& info, const std::vector<MixedPrecision>& precisions,
+                           int64_t room) {
+  int64_t base = 0, per_sample = 0;
+  for (MixedPrecision precision : precisions) {
+    const TracedStep one = trace_micro_batch(point_config(config, 1, precision), info, 1);
+    const TracedStep two = trace_micro_batch(point_config(config, 2, precision), info, 2);
+    const int64_t slope = std::max<int64_t>(1, two.step_peak_bytes - one.step_peak_bytes);
+    per_sample = std::max(per_sample, slope);
+    base = std::max(base, one.model_bytes + one.optimizer_peak_bytes + one.step_peak_bytes - slope);
+  }
+  const int64_t fits = (room - base) / per_sample;
+  if (fits < 1) {
+    throw UserError(config.source + ": profiling trains this model here, and one sample's step needs " +
+                    format_bytes(base + per_sample) + " of host memory (" + format_bytes(room) +
+                    " free to it): plan it for the devices it will train on with --cluster KIND:NODESxDEVICES "
+                    "(traced, never run; configs/devices.toml lists the kinds), e.g. --cluster h100-sxm:1x8");
+  }
+  return fits;
+}
+
 }  // namespace
 
 ModelProfile profile_job(const Config& config, const Dataset& train, const DataInfo& info,
-                         const ProfileRequest& request) {
+                         const ProfileRequest& asked) {
   const auto start = std::chrono::steady_clock::now();
+  ProfileRequest request = asked;
+  int64_t host_cap = 0;  // > 0: the points stop at this size for the host's memory
+  if (config.training.device == "cpu" && request.sizes.empty()) {
+    // Four fifths of what is free: libtorch, the data and the page cache keep the rest.
+    const int64_t largest = largest_point_here(config, info, request.precisions, host_available_memory_bytes() / 5 * 4);
+    if (largest < request.largest_micro_batch) host_cap = request.largest_micro_batch = largest;
+  }
   ModelProfile profile = job_profile(config, info, train.size());
   profile.threads = request.threads;
   {
@@ -258,6 +293,10 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
     set_compute_threads(request.threads);
   }
   bound_by_larger_sizes(profile);
+  if (host_cap > 0) {
+    profile.how += " up to " + std::to_string(host_cap) + " samples, what this host's memory holds (larger "
+                   "sizes' times extrapolated)";
+  }
   profile.seconds = seconds_since(start);
   return profile;
 }

@@ -390,6 +390,23 @@ TEST(PlanCommand, ATensorSizeThatDoesNotSplitTheModelSaysWhyAndWhichWould) {
   EXPECT_THAT(some.output, HasSubstr("hybrid_train: warning: left out of the plans: --tensor 3: model.n_head = 4"));
 }
 
+// A model whose state fits this host but whose one-sample step does not (here a million-word
+// vocabulary's logits over 131072 positions, hundreds of GiB) is refused before a point is
+// trained, pointing at --cluster: GPT-2 124M's first point (64 samples of 1024 tokens) once ran
+// past 24 GiB and the kernel's OOM killer ended the plan without a word. Where a sample fits, the
+// points stop at what the host holds (profile_job: "measured up to N samples").
+TEST(PlanCommand, AStepTooLargeForThisHostIsRefusedBeforeItIsTried) {
+  TempDir dir;
+  const ProcessResult r = run_binary("plan " + std::string(HT_SOURCE_DIR) + "/configs/gpt_tiny.toml --model.block_size=131072 "
+                                     "--model.vocab_size=1000000 --data.dataset=synthetic --data.synthetic_samples=64 "
+                                     "--data.synthetic_eval_samples=8 --job.output_dir=" + dir.path("out"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("profiling trains this model here, and one sample's step needs [0-9.]+ GiB "
+                                                 "of host memory \\([0-9.]+ [GM]iB free to it\\): plan it for the devices "
+                                                 "it will train on with --cluster KIND:NODESxDEVICES"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path("out")));
+}
+
 // A budget below the configured plan's peak: refused with plans that fit, and the first of them,
 // tried, fits; strategy = "auto" trains it directly.
 TEST(PlanCommand, ARefusalsSuggestionFitsAndAutoTrainsIt) {
