@@ -205,6 +205,8 @@ CommandLine parse_tokenize_command_line(int argc, const char* const* argv) {
   app.add_option("--max-sentences", a.max_sentences, "lines sampled to train on (bounds time and memory; every line "
                                                      "is encoded)")
       ->check(CLI::Range(int64_t{1000}, int64_t{1} << 40))->capture_default_str();
+  app.add_flag("--overwrite", a.overwrite, "replace a tokenizer (PREFIX.model, PREFIX.vocab) or token files that exist "
+                                           "(without it they are refused: a run trained with them reads their ids)");
   try {
     app.parse(argc - 1, argv + 1);
   } catch (const CLI::ParseError& e) {

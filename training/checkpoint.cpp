@@ -496,6 +496,17 @@ void CheckpointStore::load_model(const std::string& folder, Model& model) {
   }
 }
 
+std::string CheckpointStore::replacing(int64_t step) const {
+  const fs::path folder = fs::path(dir_) / folder_name(step);
+  std::error_code ec;
+  if (!fs::exists(folder, ec)) return {};
+  const std::string why = verify(folder.string());
+  return "replacing " + folder.string() +
+         (why.empty() ? ", the checkpoint of step " + std::to_string(step) +
+                            " an earlier run wrote (this one resumed from an earlier step)"
+                      : ", a damaged checkpoint (" + why + ")");
+}
+
 std::optional<std::string> resolve_resume(const std::string& resume, const std::string& dir,
                                           std::vector<std::string>& warnings) {
   if (resume.empty()) return std::nullopt;
@@ -511,7 +522,8 @@ std::optional<std::string> resolve_resume(const std::string& resume, const std::
   for (const std::string& folder : CheckpointStore(dir, 1).list()) {
     const std::string why = CheckpointStore::verify(folder);
     if (why.empty()) return folder;
-    warnings.push_back(folder + ": damaged checkpoint (" + why + "); falling back to the previous one");
+    warnings.push_back(folder + ": damaged checkpoint (" + why + "); falling back to the previous one, and replacing "
+                       "this folder when the run saves its step again (move it away to keep it)");
   }
   return std::nullopt;
 }

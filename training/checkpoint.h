@@ -45,6 +45,10 @@ class CheckpointStore {
                           const std::function<void(SliceFileWriter&)>& write) const;
   // Checkpoint folders, newest first.
   std::vector<std::string> list() const;
+  // "" where no checkpoint of `step` is there yet; else what saving it replaces, said before it is
+  // replaced: a damaged one (resume = "latest" fell back past it), or one an earlier run wrote
+  // past the step this run resumed from.
+  std::string replacing(int64_t step) const;
 
   // "" if the folder is a complete, undamaged checkpoint; otherwise why not.
   static std::string verify(const std::string& folder);

@@ -10,6 +10,9 @@ namespace ht {
 
 void ModelState::save(const CheckpointStore& store, const TrainerState& state, Progress& progress) {
   HostAllocationScope host;  // serialization buffers are host memory, not the device's
+  if (!progress.silent()) {
+    if (const std::string note = store.replacing(state.step); !note.empty()) progress.line("warning: " + note);
+  }
   if (holds_part()) {
     save_sliced(store, state, progress);  // every rank writes what it holds
     return;

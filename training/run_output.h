@@ -46,6 +46,7 @@ class Progress {
   Progress(int64_t total_steps, int64_t log_interval);
   // A silent one prints nothing (ranks other than the root of a data-parallel job).
   void set_silent(bool silent) { silent_ = silent; }
+  bool silent() const { return silent_; }
   // Log lines, never a refreshed line: under mpirun a rank's stdout is a terminal even when
   // mpirun's own output goes to a file.
   void use_log_lines() { tty_ = false; }

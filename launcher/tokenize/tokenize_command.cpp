@@ -71,6 +71,28 @@ void check_arguments(const TokenizeArgs& a) {
   }
   if (!a.model_prefix.empty()) check_writable_target("--model-prefix", a.model_prefix + ".model");
   if (!a.output.empty()) check_writable_target("--output", a.output);
+  if (a.overwrite) return;
+  // A run trained with a tokenizer reads its ids from it: replaced, the same text gets other ids,
+  // and the run's checkpoints read nonsense. Nothing is replaced without a word.
+  std::error_code ec;
+  if (!a.model_prefix.empty()) {
+    for (const char* suffix : {".model", ".vocab"}) {
+      const std::string file = a.model_prefix + suffix;
+      if (!fs::exists(file, ec)) continue;
+      throw UserError("--model-prefix " + a.model_prefix + ": " + file + " exists, and a run trained with that tokenizer "
+                      "reads its token ids from it (a new one gives the same text other ids); give another "
+                      "--model-prefix, encode with it (--model " + a.model_prefix + ".model), or add --overwrite to "
+                      "replace it");
+    }
+  }
+  if (!a.output.empty()) {
+    for (const std::string& file : {a.output, eval_output_path(a.output)}) {
+      if (file == eval_output_path(a.output) && a.eval_fraction <= 0) continue;
+      if (!fs::exists(file, ec)) continue;
+      throw UserError("--output " + a.output + ": " + file + " exists (a run may train on it); give another --output, "
+                      "or add --overwrite to replace it");
+    }
+  }
 }
 
 std::vector<std::string> input_files(const std::vector<std::string>& inputs, int64_t& bytes) {

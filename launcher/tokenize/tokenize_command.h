@@ -22,6 +22,7 @@ struct TokenizeArgs {
   TokenizerModel model_type = TokenizerModel::kBpe;
   double eval_fraction = 0;
   int64_t max_sentences = 1000000;
+  bool overwrite = false;           // replace an existing PREFIX.model/.vocab and token files
 };
 
 // Runs the command; throws UserError naming the argument for bad input. Returns the exit status.

@@ -41,6 +41,16 @@ class Tokenize : public ::testing::Test {
   TempDir dir_;
 };
 
+// The message run_tokenize_command gives, or "".
+std::string tokenize_error(const TokenizeArgs& args) {
+  try {
+    run_tokenize_command(args);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST_F(Tokenize, TextRoundTripsThroughATrainedModelAndATokenFile) {
   const std::string text = sample_text();
   TokenizerTraining training;
@@ -94,6 +104,25 @@ TEST_F(Tokenize, TheCommandWritesModelTokensAndTheHeldOutTail) {
   for (const auto& f : std::filesystem::directory_iterator(dir_.path())) {
     EXPECT_EQ(f.path().string().find(".tmp"), std::string::npos) << "left behind: " << f.path();
   }
+  // Again into the same files: a run may have trained with them, so nothing is replaced without
+  // --overwrite (issue 64: the tokenizer a run used was overwritten without a word).
+  const std::string model_bytes = read_file(dir_.path("tok.model"));
+  EXPECT_THAT(tokenize_error(args), HasSubstr("--model-prefix " + args.model_prefix + ": " + args.model_prefix +
+                                              ".model exists, and a run trained with that tokenizer reads its token ids "
+                                              "from it"));
+  EXPECT_EQ(read_file(dir_.path("tok.model")), model_bytes) << "refused before training";
+  TokenizeArgs other_output = args;
+  other_output.model_prefix.clear();
+  other_output.model = dir_.path("tok.model");
+  EXPECT_THAT(tokenize_error(other_output), HasSubstr("--output " + args.output + ": " + args.output + " exists"));
+  other_output.output = dir_.path("fresh.bin");
+  std::filesystem::copy_file(dir_.path("out_val.bin"), dir_.path("fresh_val.bin"));
+  EXPECT_THAT(tokenize_error(other_output), HasSubstr(dir_.path("fresh_val.bin") + " exists")) << "the held-out file too";
+  std::filesystem::remove(dir_.path("fresh_val.bin"));
+  TokenizeArgs replaced = args;
+  replaced.overwrite = true;
+  ASSERT_EQ(run_tokenize_command(replaced), 0);
+  EXPECT_EQ(read_ids(dir_.path("out.bin")), train) << "the same text and settings: the same tokens";
   // The model again, on its own: the same tokens.
   TokenizeArgs again = args;
   again.model_prefix.clear();
@@ -162,16 +191,6 @@ TEST_F(Tokenize, DataTokenizerTrainsOnATextFilesTokens) {
     EXPECT_THAT(e.what(), HasSubstr("data.tokenizer = \"" + dir_.path("text.txt") + "\": " + dir_.path("text.txt") +
                                     ": not a SentencePiece model"));
   }
-}
-
-// The message run_tokenize_command gives, or "".
-std::string tokenize_error(const TokenizeArgs& args) {
-  try {
-    run_tokenize_command(args);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(TokenizeCommand, BadArgumentsExitTwoNamingTheArgument) {

@@ -130,6 +130,14 @@ TEST(Checkpoint, LatestFallsBackPastDamagedOnesWithAWarning) {
   EXPECT_EQ(resolve_resume("latest", dir.path("ckpt"), warnings), good);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_THAT(warnings[0], HasSubstr("step_00000002: damaged checkpoint (trainer.pt fails its checksum); falling back"));
+  // The fallen-back-past folder is replaced when the run saves its step again: said at the
+  // resume and before it is replaced (issue 64: replaced without a word).
+  EXPECT_THAT(warnings[0], HasSubstr("replacing this folder when the run saves its step again"));
+  EXPECT_THAT(store.replacing(2), HasSubstr("replacing " + dir.path("ckpt/step_00000002") +
+                                            ", a damaged checkpoint (trainer.pt fails its checksum)"));
+  EXPECT_THAT(store.replacing(1), HasSubstr("replacing " + dir.path("ckpt/step_00000001") +
+                                            ", the checkpoint of step 1 an earlier run wrote"));
+  EXPECT_EQ(store.replacing(3), "") << "nothing there";
   warnings.clear();
   EXPECT_EQ(resolve_resume("latest", dir.path("empty"), warnings), std::nullopt);
   EXPECT_EQ(resolve_resume("", dir.path("ckpt"), warnings), std::nullopt);
