@@ -96,8 +96,9 @@ void fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
   const int64_t reserved = machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, plan.stages > 1);
   const std::string device_room =
       reserved > 0 ? "the device's memory less the runtime's " + format_bytes(reserved) : "the device's memory";
-  if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory - reserved && p.fits) {
+  if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory - reserved && (p.fits || p.within_margin)) {
     p.fits = false;
+    p.within_margin = false;
     p.why_not = "needs more than " + device_room;
   } else if (!evicts(plan.policy) && p.fits && (plan.budget_bytes > 0 || reserved > 0)) {
     // Without eviction nothing makes room when free memory is in pieces: a plan fits with the

@@ -94,8 +94,22 @@ class Replay {
     for (size_t i = 0; i < trace_.events.size() && result_.feasible; ++i) {
       const TraceEvent& e = trace_.events[i];
       switch (e.kind) {
-        case Kind::kAllocated: on_allocated(e.index); break;
-        case Kind::kKernelBegins: on_kernel_begins(e.index); break;
+        case Kind::kAllocated:
+          if (!on_allocated(e.index)) {
+            // As run_with_room: the kernel that threw is run again from its start, after room
+            // for what it asked and what it held (its allocations, gone with the throw).
+            const int k = open_.empty() ? -1 : open_.back();
+            if (k >= 0 && open_.size() == 1 && ++reruns_[k] <= 8 && room_to_rerun(k, trace_.tensors[e.index].bytes)) {
+              i = first_event_[k] - 1;
+              continue;
+            }
+            fail_for_room(k < 0 ? "an allocation outside kernels" : kernel_words(k), trace_.tensors[e.index].bytes);
+          }
+          break;
+        case Kind::kKernelBegins:
+          first_event_[e.index] = i + 1;
+          on_kernel_begins(e.index);
+          break;
         case Kind::kKernelEnds: on_kernel_ends(e.index); break;
         case Kind::kFreed:
           if (slots_[e.index].state == State::kResident) release(e.index);
@@ -108,18 +122,38 @@ class Replay {
   }
 
  private:
-  void on_allocated(int t) {
+  // False: no room, everything evictable evicted.
+  bool on_allocated(int t) {
     const TraceTensor& tt = trace_.tensors[t];
     void* data = place(tt.bytes, arena_.end_for(static_cast<size_t>(tt.bytes), tt.low_end));
-    if (data == nullptr) {
-      return fail_for_room(open_.empty() ? "an allocation outside kernels" : kernel_words(open_.back()), tt.bytes);
-    }
+    if (data == nullptr) return false;
     make_resident(t, data);
     // The engine attaches a kernel's outputs only when it returns: until then no policy sees them.
     if (!open_.empty()) {
       ++slots_[t].pins;
       made_in_[open_.back()].push_back(t);
     }
+    return true;
+  }
+
+  // MemoryManager::make_room_after for kernel `k`, whose allocation of `requested` bytes found no
+  // room: what `k` allocated goes (its temporaries and outputs die with the throw; they are
+  // allocated again when it reruns), then room for all of it in one block, or else for the
+  // request in one block and the rest in pieces. False where not even that can be made.
+  bool room_to_rerun(int k, int64_t requested) {
+    int64_t held = 0;
+    for (int t : made_in_[k]) {
+      Slot& slot = slots_[t];
+      if (slot.state == State::kResident) {
+        held += arena_.block_bytes(slot.data);
+        release(t);
+      }
+      slot = Slot{};
+    }
+    made_in_[k].clear();
+    const int64_t need = CpuArena::rounded_size(static_cast<size_t>(requested));
+    if (make_room(need + held)) return true;
+    return make_room(need) && arena_.stats().free_bytes >= need + held;
   }
 
   void on_kernel_begins(int k) {
@@ -427,6 +461,8 @@ class Replay {
   const ReplayOptions options_;
   CpuArena arena_;
   std::vector<Slot> slots_;
+  std::unordered_map<int, size_t> first_event_;  // kernel -> the event after its beginning
+  std::unordered_map<int, int> reruns_;           // kernel -> times run again for room (at most 8)
   std::vector<std::vector<int>> users_;    // tensor -> forward kernels that read it
   std::vector<std::vector<int>> outputs_;  // kernel -> tensors it produces
   std::vector<std::vector<int>> made_in_;  // kernel -> tensors allocated while it ran

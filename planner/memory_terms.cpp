@@ -61,6 +61,7 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   p.recompute_ms = r.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
   if (r.feasible && !margin.feasible) {
     p.fits = false;
+    p.within_margin = true;
     p.why_not = "eviction runs it in " + format_bytes(options.budget_bytes) + " but not in 95% of it (" +
                 format_bytes(tighter.budget_bytes) + "), the margin kept for fragmentation the replay cannot see: " +
                 margin.failure;
@@ -121,6 +122,7 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
   p.evictions = dropped * plan.accumulation;
   p.static_plan = true;
   p.fits = true;  // planned ahead: what DTR could not run, the plan runs from the first step
+  p.within_margin = false;
   p.why_not.clear();
 }
 

@@ -62,6 +62,10 @@ struct Prediction {
   int64_t peak_bytes = 0;
   bool fits = true;                   // peak within the device memory (and the budget feasible)
   std::string why_not;                // when it does not fit
+  // Under eviction: the replay runs the step in the budget, but not in the margin below it kept
+  // for what it cannot see; nothing else keeps it from fitting. A search passes such a plan over
+  // (it prefers room to spare); the fit check of a configured run lets it train, with a warning.
+  bool within_margin = false;
   // Time per step (ms) on one rank.
   double compute_ms = 0;              // forward and backward of every micro-batch
   double recompute_ms = 0;            // what eviction re-runs (the replay's), every micro-batch

@@ -317,7 +317,10 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       if (choice.threshold > 0) out.plan.eviction_threshold = choice.threshold;
     }
     out.prediction = predict(plan.profile, plan.machine, out.plan);
-    if (!out.prediction.fits && config.memory.check_fit) {
+    // The fit check refuses what the replay cannot run; a step that runs only without the margin
+    // kept for what the replay cannot see trains, with a warning (below): the engine trained such
+    // budgets (issue 64: 95% of gpt_tiny's was refused, and it trained 8 steps in it).
+    if (!out.prediction.fits && config.memory.check_fit && !out.prediction.within_margin) {
       // Alternatives at these ranks and this precision, eviction included, every size trained.
       args.policies = PlanArgs{}.policies;
       if (!args.trained_sizes.empty()) {
@@ -364,6 +367,11 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
                   out.prediction.step_ms, plan_words(out.plan).c_str());
     out.text = text;
     if (!chosen.empty()) out.text += "; memory.policy = \"auto\" chose by the predicted step: " + chosen;
+    if (out.prediction.within_margin && config.memory.check_fit) {
+      std::fprintf(stderr, "hybrid_train: warning: %s: memory.budget = \"%s\" is tight: %s; training anyway (the "
+                   "replay matches the engine's arena; a step that finds no room stops naming what it needed)\n",
+                   config.source.c_str(), config.memory.budget.c_str(), out.prediction.why_not.c_str());
+    }
   }
   return out;
 }
