@@ -95,6 +95,14 @@ int default_thread_count(int ranks_on_this_host) {
   return std::max(1, threads);
 }
 
+int host_cpus_of_ranks(int ranks_on_this_host) {
+  const int ranks = std::max(1, ranks_on_this_host);
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int cpus = std::min(hardware, cpus_bound_to(hardware) * ranks);
+  if (const int quota = cgroup_cpu_quota(); quota > 0) cpus = std::min(cpus, quota);
+  return std::max(1, cpus);
+}
+
 void restart_with_passive_openmp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   // The program's own path, not /proc/self/exe: the process keeps its name (ps, /proc/PID/comm).

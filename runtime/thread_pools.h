@@ -25,6 +25,12 @@ struct ThreadPools {
 // cpu.cfs_quota_us). Without the last two, a rank in a 16-CPU pod on a 128-core node ran 128
 // threads, throttled.
 int default_thread_count(int ranks_on_this_host);
+// The CPUs the job's `ranks_on_this_host` ranks may use together: the host's, fewer under a
+// container's quota, and where this process is bound to fewer, its binding times the ranks
+// (mpirun and Slurm bind each rank to cores of its own). What a rank's planner takes for the
+// host: its own binding alone (one core of two) priced its two ranks as sharing one core, at
+// twice the step.
+int host_cpus_of_ranks(int ranks_on_this_host);
 
 // The CPUs that a quota and period allow (cgroup v2's cpu.max text, "150000 100000": 2, rounded
 // up); 0 for no quota ("max 100000", v1's "-1 100000") or a text that is not one.

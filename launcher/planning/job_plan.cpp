@@ -85,7 +85,7 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
   // memory, a copy in and a copy out.
   // training.threads is a rank's: the host keeps its own (until 2026-11-29 it was taken for the
   // host's, and 2 ranks of one thread on 2 cores were predicted oversubscribed, at twice the step).
-  m.host_threads = usable_cpus();
+  m.host_threads = args.ranks_on_host > 0 ? host_cpus_of_ranks(args.ranks_on_host) : usable_cpus();
   m.rank_threads = static_cast<int>(config.training.threads);
   m.devices_per_node = std::max(1, max_ranks);
   m.shared_host = true;
@@ -263,8 +263,9 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   if (traced) search.virtual_stages = 2;
   // A model that needs a cluster may need one sample per micro-batch and many of them.
   if (traced) search.max_accumulation = static_cast<int>(std::min<int64_t>(request.largest_micro_batch, 1024));
-  request.threads = out.machine.shared_host ? threads_per_rank(out.machine, 1) : at::get_num_threads();
-  request.one_thread_point = out.machine.shared_host && most > 1;
+  // A rank of a run profiles on the cores it is bound to: no more threads than it may use.
+  request.threads = out.machine.shared_host ? std::min(threads_per_rank(out.machine, 1), usable_cpus()) : at::get_num_threads();
+  request.one_thread_point = out.machine.shared_host && most > 1 && request.threads > 1;
   const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
   search.tensor.clear();
   for (const auto& [t, c] : tensor_configs(config, info, args, out.machine, sequence_parallel)) {

@@ -43,6 +43,9 @@ struct PlanArgs {
   // every size a plan may use. A run that only checks its own plan trains its own size.
   std::vector<int64_t> trained_sizes;
   int64_t train_samples = 0;  // the training set's size, where [cluster].device plans without reading it
+  // The job's ranks on this host, where a rank plans its own run (0: `hybrid_train plan`, one
+  // process): the host's CPUs are theirs together, not this process's binding alone.
+  int ranks_on_host = 0;
   // Profiles already made for this job, by tensor-parallel size: used instead of profiling again
   // (the search for the smallest cluster that fits plans several clusters of one kind).
   const std::map<int, ModelProfile>* profiles = nullptr;

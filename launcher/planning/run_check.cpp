@@ -297,6 +297,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
   if (grid.is_root()) {
     PlanArgs args;
     args.ranks = {run.grid.data};
+    args.ranks_on_host = grid.local_size;
     args.stages = {1};  // the job's grid is fixed by now
     args.device_memory = run.memory.budget_bytes;
     args.precisions = {run.precision};

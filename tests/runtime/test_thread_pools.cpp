@@ -52,8 +52,14 @@ TEST(ThreadPools, ACpuBindingLimitsTheThreads) {
   CPU_SET(first, &one);
   ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // as mpirun --bind-to core does
   const int bound = default_thread_count(1);
+  // The host of two ranks bound so, each to a core of its own: two cores, not this process's one
+  // (issue 64: a rank's plan priced its two ranks as sharing one core, at twice the step).
+  const int host_of_two = host_cpus_of_ranks(2), host_of_one = host_cpus_of_ranks(1);
   ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
   EXPECT_EQ(bound, 1);
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(host_of_two, std::min(hardware, 2));
+  EXPECT_EQ(host_of_one, 1);
 }
 
 TEST(ThreadPools, ReadsAContainersCpuQuota) {
