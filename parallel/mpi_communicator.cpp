@@ -1,11 +1,15 @@
 #include "parallel/mpi_communicator.h"
 
+#include "parallel/stall_note.h"
+
 #include <ATen/ATen.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <string>
@@ -50,6 +54,7 @@ class MpiCommunicator::Watched {
   Watched(MpiCommunicator& c, const char* collective, const char* what) : c_(c) {
     std::lock_guard<std::mutex> lock(c_.mutex_);
     c_.current_ = std::string(collective) + " of " + what;
+    ++c_.sequence_;
     c_.current_context_ = c_.context();  // copies: the watchdog thread reads only these
     c_.current_timeout_ = c_.timeout();
     c_.since_ = std::chrono::steady_clock::now();
@@ -63,10 +68,36 @@ class MpiCommunicator::Watched {
   MpiCommunicator& c_;
 };
 
+namespace {
+
+constexpr int kCallTag = 1, kAnswerTag = 2;
+
+int thread_level() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level;
+}
+
+}  // namespace
+
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, int world_rank) : comm_(comm), world_rank_(world_rank) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // Every rank constructs its communicators in the same order: the duplicate is collective.
+  if (size_ > 1 && thread_level() == MPI_THREAD_MULTIPLE) {
+    MPI_Comm_dup(comm_, &roll_);
+    MPI_Comm_set_errhandler(roll_, MPI_ERRORS_RETURN);
+  }
+  world_of_.resize(static_cast<size_t>(size_));
+  MPI_Group group, world;
+  MPI_Comm_group(comm_, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) ranks[static_cast<size_t>(r)] = r;
+  MPI_Group_translate_ranks(group, size_, ranks.data(), world, world_of_.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
   watchdog_ = std::thread([this] { watchdog(); });
 }
 
@@ -79,23 +110,122 @@ MpiCommunicator::~MpiCommunicator() {
   watchdog_.join();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Comm_free(&comm_);
+  if (!finalized) {
+    if (roll_ != MPI_COMM_NULL) MPI_Comm_free(&roll_);
+    MPI_Comm_free(&comm_);
+  }
+}
+
+MpiCommunicator::Whereabouts MpiCommunicator::whereabouts() {
+  Whereabouts w;
+  const std::lock_guard<std::mutex> lock(mutex_);
+  w.world_rank = world_rank_;
+  w.sequence = sequence_;
+  w.waiting = current_.empty() ? 0 : 1;
+  const std::string words = current_.empty() ? std::string("between collectives") : current_;
+  std::snprintf(w.collective, sizeof w.collective, "%s", words.c_str());
+  return w;
+}
+
+// A caller's message is answered with where this rank is; the answer is small (sent eagerly) and
+// never waited for: the caller may be gone.
+void MpiCommunicator::answer_roll_calls() {
+  if (roll_ == MPI_COMM_NULL) return;
+  for (int flag = 1; flag;) {
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kCallTag, roll_, &flag, &status) != MPI_SUCCESS || !flag) return;
+    Whereabouts theirs;
+    MPI_Recv(&theirs, sizeof theirs, MPI_BYTE, status.MPI_SOURCE, kCallTag, roll_, MPI_STATUS_IGNORE);
+    Whereabouts mine = whereabouts();
+    MPI_Request request;
+    if (MPI_Isend(&mine, sizeof mine, MPI_BYTE, status.MPI_SOURCE, kAnswerTag, roll_, &request) == MPI_SUCCESS) {
+      MPI_Wait(&request, MPI_STATUS_IGNORE);  // eager: completes locally
+    }
+  }
+}
+
+// Asks every other rank where it is and listens until `deadline_s`: the ranks that did not answer
+// (stopped, hung in a kernel, dead), and those that did, at which collective.
+std::string MpiCommunicator::call_the_roll(double deadline_s) {
+  if (roll_ == MPI_COMM_NULL) {
+    return "; which rank is missing is not known (this MPI gives no MPI_THREAD_MULTIPLE, which the roll call needs)";
+  }
+  const Whereabouts mine = whereabouts();
+  std::vector<MPI_Request> calls;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    calls.emplace_back();
+    MPI_Isend(&mine, sizeof mine, MPI_BYTE, r, kCallTag, roll_, &calls.back());
+  }
+  std::vector<std::optional<Whereabouts>> answers(static_cast<size_t>(size_));
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < deadline_s) {
+    answer_roll_calls();  // another rank that timed out calls too
+    for (int tag : {kAnswerTag}) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, tag, roll_, &flag, &status) != MPI_SUCCESS || !flag) continue;
+      Whereabouts theirs;
+      MPI_Recv(&theirs, sizeof theirs, MPI_BYTE, status.MPI_SOURCE, tag, roll_, MPI_STATUS_IGNORE);
+      answers[static_cast<size_t>(status.MPI_SOURCE)] = theirs;
+    }
+    int missing = 0;
+    for (int r = 0; r < size_; ++r) missing += r != rank_ && !answers[static_cast<size_t>(r)];
+    if (missing == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (MPI_Request& call : calls) MPI_Request_free(&call);  // a missing rank never takes its call
+  std::string absent, present;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const std::string name = std::to_string(world_of_[static_cast<size_t>(r)]);
+    const std::optional<Whereabouts>& a = answers[static_cast<size_t>(r)];
+    if (!a) {
+      absent += (absent.empty() ? "" : ", ") + name;
+      continue;
+    }
+    const std::string at = a->waiting ? "waiting in collective " + std::to_string(a->sequence) + " (" + a->collective + ")"
+                                      : "between collectives, " + std::to_string(a->sequence) + " begun";
+    present += (present.empty() ? "" : "; ") + std::string("rank ") + name + " " + at;
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%g", deadline_s);
+  std::string text = "; roll call (" + std::string(seconds) + " s): ";
+  text += absent.empty() ? std::string("every rank answered")
+                         : "rank" + std::string(absent.find(',') == std::string::npos ? " " : "s ") + absent +
+                               " never answered (stopped, hung in a kernel, or dead)";
+  if (!present.empty()) text += "; " + present;
+  return text;
 }
 
 void MpiCommunicator::watchdog() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     wake_.wait_for(lock, std::chrono::milliseconds(100));
-    if (current_.empty()) continue;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
-    if (waited <= current_timeout_) continue;
+    if (stop_) break;
+    const bool timed_out = !current_.empty() &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count() > current_timeout_;
+    if (!timed_out) {
+      lock.unlock();
+      answer_roll_calls();
+      lock.lock();
+      continue;
+    }
+    const std::string collective = current_, context = current_context_;
+    const int64_t sequence = sequence_;
+    const double timeout = current_timeout_;
+    lock.unlock();
+    // Long enough for a rank that is only slow to answer (its watchdog wakes every 0.1 s).
+    const std::string roll = call_the_roll(std::clamp(timeout / 5, 1.0, 10.0));
     char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%g", current_timeout_);
-    std::fprintf(stderr, "hybrid_train: error: rank %d, %s: %s did not complete within %s s: another rank has died "
-                 "or hangs (parallel.timeout_s sets this limit)\n", world_rank_, current_context_.c_str(),
-                 current_.c_str(), seconds);
+    std::snprintf(seconds, sizeof seconds, "%g", timeout);
+    const std::string note = stall_note();
+    std::fprintf(stderr, "hybrid_train: error: rank %d, %s: %s (collective %lld of this group of %d) did not complete "
+                 "within %s s: another rank has died or hangs (parallel.timeout_s sets this limit)%s%s%s\n",
+                 world_rank_, context.c_str(), collective.c_str(), static_cast<long long>(sequence), size_, seconds,
+                 roll.c_str(), note.empty() ? "" : ". ", note.c_str());
     std::fflush(stderr);
-    std::_Exit(1);  // MPI cannot be used from here; mpirun sees the exit and ends the job
+    std::_Exit(1);  // the collective holds this rank's main thread; mpirun sees the exit and ends the job
   }
 }
 

@@ -3,7 +3,11 @@
 // errors are returned, not fatal, and reported with the rank and the collective. Collectives are
 // MPI's blocking ones (Open MPI's nonblocking all-reduce measured 30-45% slower here); a watchdog
 // thread ends the process, naming the rank, the context and the collective, when one has not
-// returned within the timeout, and mpirun then ends the job.
+// returned within the timeout, and mpirun then ends the job. Before it does, it calls the roll
+// (where MPI gives MPI_THREAD_MULTIPLE): on a duplicate of the communicator, its own, it asks every
+// other rank where it is, and every rank's watchdog answers with its collective's sequence number
+// and name, so the ranks that never answered are named by their absence (NCCL's flight recorder's
+// question: which ranks never joined collective N), with one survivor too.
 
 #include "parallel/communicator.h"
 
@@ -52,8 +56,20 @@ class MpiCommunicator final : public Communicator {
   class Watched;
   class MpiTransfer;
   void watchdog();
+  // Where this rank is: its world rank, the collectives begun, the one it waits in (if any).
+  struct Whereabouts {
+    int32_t world_rank = 0, waiting = 0;
+    int64_t sequence = 0;
+    char collective[112] = {};
+  };
+  Whereabouts whereabouts();
+  void answer_roll_calls();                       // the watchdog's: every 100 ms
+  std::string call_the_roll(double deadline_s);  // the watchdog's, on a timeout: who did not answer
 
   MPI_Comm comm_;
+  MPI_Comm roll_ = MPI_COMM_NULL;  // the roll call's own (MPI_COMM_NULL: no MPI_THREAD_MULTIPLE)
+  std::vector<int> world_of_;      // comm rank -> world rank
+  int64_t sequence_ = 0;           // collectives begun on this communicator
   int rank_ = 0, size_ = 1, world_rank_ = 0;
   std::mutex mutex_;
   std::condition_variable wake_;

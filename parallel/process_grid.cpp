@@ -26,10 +26,11 @@ ProcessGrid make_process_grid() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
-    // SERIALIZED: all-reduces run on a worker thread while backward computes (one MPI call at a
-    // time); with less, DataParallel reduces on the main thread after backward.
+    // MULTIPLE: each communicator's watchdog calls the roll while the main thread waits in a
+    // collective (mpi_communicator.h); SERIALIZED at least: all-reduces run on a worker thread
+    // while backward computes; with less, DataParallel reduces on the main thread after backward.
     int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &grid.rank);

@@ -22,7 +22,9 @@ void on_signal(int signal) {
   }
   g_received = signal;
   static const char kAfter[] =
-      "\nhybrid_train: signal received: stopping after this step, with a checkpoint (a second signal ends at once)\n";
+      "\nhybrid_train: signal received: stopping after this step, with a checkpoint (a second signal ends at once; "
+      "when mpirun sent it because a rank died, it ends this rank before that checkpoint: the last complete one is "
+      "the one to resume)\n";
   write_stderr(kAfter, sizeof kAfter - 1);
 }
 

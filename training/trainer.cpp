@@ -3,13 +3,27 @@
 
 #include "alloc/cpu_device_allocator.h"
 #include "training/stop_signals.h"
+#include "parallel/stall_note.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 
 namespace ht {
 namespace {
+
+// What a rank that finds a collective never completing says of checkpoints (parallel/stall_note.h):
+// none can be written then, and the last complete one is the one to resume.
+void note_last_checkpoint(const std::string& folder, int64_t step) {
+  const std::string last = folder.empty()
+      ? "no checkpoint of this run is complete yet"
+      : "the last complete checkpoint is " + folder + " (step " + std::to_string(step) +
+            "): resume from it with --checkpoint.resume=latest";
+  set_stall_note("No checkpoint can be written now: every rank takes part in writing one (its slices, or the "
+                 "gathers before rank 0 writes), and the collective holds this rank; " + last);
+}
+
 
 int64_t total_steps_of(const LoopPlan& loop, const Sampler& sampler) {
   return loop.steps > 0 ? loop.steps : loop.epochs * sampler.batches_per_epoch();
@@ -42,6 +56,7 @@ void Trainer::resume_from(const std::string& folder) {
   parts_.optimizer->restore(state_.loss_scaler);
   result_.resumed_from_step = state_.step;
   progress_.line("resumed from " + folder + " at step " + std::to_string(state_.step));
+  note_last_checkpoint(folder, state_.step);
 }
 
 // One step: forward and backward of this replica's share of the batch, the gradients combined,
@@ -99,6 +114,7 @@ TrainResult Trainer::run(RunOutput* output) {
   output_ = output;
   const auto start = std::chrono::steady_clock::now();
   const int64_t first = state_.step;
+  if (first == 0) note_last_checkpoint("", 0);
   while (state_.step < total_steps_) {
     StepResult last = train_step();
     result_.final_loss = last.loss;
@@ -116,9 +132,19 @@ TrainResult Trainer::run(RunOutput* output) {
     if (eval_due()) log_eval(evaluate());
     const int64_t every = plan_.loop.checkpoint_interval;
     const bool due = every > 0 && (state_.step % every == 0 || state_.step == total_steps_);
-    if (due) parts_.state->save(checkpoints_, state_, progress_);
+    auto save = [&] {
+      parts_.state->save(checkpoints_, state_, progress_);
+      // The newest on disk, by its name's step: a rank that does not write (a replica) may look
+      // before rank 0 has published this step's.
+      const std::vector<std::string> saved = checkpoints_.list();
+      if (!saved.empty()) {
+        const std::string name = saved.front().substr(saved.front().rfind("step_") + 5);
+        note_last_checkpoint(saved.front(), std::strtoll(name.c_str(), nullptr, 10));
+      }
+    };
+    if (due) save();
     if (const int signal = parts_.groups->agreed_stop_signal(StopSignals::received())) {
-      if (!due) parts_.state->save(checkpoints_, state_, progress_);
+      if (!due) save();
       // No rank ends before the checkpoint is written: mpirun ends the whole job when one does.
       parts_.groups->barrier("the checkpoint before stopping");
       result_.stopped_by = signal;

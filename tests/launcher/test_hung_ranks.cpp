@@ -1,6 +1,8 @@
 // A rank that stops answering (SIGSTOP: neither dead nor progressing, which mpirun cannot see)
 // must not leave the others waiting forever, whatever the layout: the job ends within
-// parallel.timeout_s, saying which rank waited, in which step (and stage) and for which collective.
+// parallel.timeout_s, saying which rank waited, in which step (and stage), for which collective and
+// its sequence number, which rank never answered the roll call, and that no checkpoint can be
+// written.
 // One test over data, pipeline and tensor parallelism (with sequence parallelism's all-gathers and
 // reduce-scatters), on the tiny GPT the sharding tests train.
 #include "tests/support/mpi_job.h"
@@ -38,6 +40,12 @@ TEST_P(HungRank, EndsTheJobWithinTheTimeout) {
   ASSERT_FALSE(job.status.empty()) << "the job still ran 200 s after a rank stopped";
   EXPECT_NE(job.status, "0\n");
   EXPECT_THAT(job.log, ::testing::ContainsRegex(layout.message));
+  // The rank that hangs is named by its absence from the roll call (issue 64: only the rank that
+  // waited was named), and what that means for checkpoints is said at once.
+  EXPECT_THAT(job.log, ::testing::ContainsRegex("; roll call \\(1 s\\): rank [01] never answered \\(stopped, hung in a "
+                                                "kernel, or dead\\)"));
+  EXPECT_THAT(job.log, ::testing::HasSubstr("No checkpoint can be written now: every rank takes part in writing one"));
+  EXPECT_THAT(job.log, ::testing::HasSubstr("no checkpoint of this run is complete yet"));
 }
 
 // Which collective waits depends on where the stopped rank was: the gradients, the loss, the
@@ -47,14 +55,14 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, HungRank,
     ::testing::Values(
         HungLayout{"data", "",
-                   "rank [01], (step [0-9]+|evaluation after step [0-9]+): the all-reduce of [a-z' ]+ did not "
-                   "complete within 3 s: another rank has died or hangs"},
+                   "rank [01], (step [0-9]+|evaluation after step [0-9]+): the all-reduce of [a-z' ]+ \\(collective "
+                   "[0-9]+ of this group of 2\\) did not complete within 3 s: another rank has died or hangs"},
         HungLayout{"pipeline", "--parallel.pipeline_parallel=2",
                    "rank [01], (step [0-9]+, stage [01]|evaluation after step [0-9]+): the (receive|send|all-reduce) "
-                   "of [a-z0-9' -]+ did not complete within 3 s"},
+                   "of [a-z0-9' -]+ \\(collective [0-9]+ of this group of 2\\) did not complete within 3 s"},
         HungLayout{"tensor", "--parallel.tensor_parallel=2 --parallel.sequence_parallel=true",
                    "rank [01], (step [0-9]+|evaluation after step [0-9]+): the (all-reduce|all-gather|reduce-scatter) "
-                   "of [a-z0-9' (),-]+ did not complete within 3 s"}),
+                   "of [a-z0-9' (),-]+ \\(collective [0-9]+ of this group of 2\\) did not complete within 3 s"}),
     [](const ::testing::TestParamInfo<HungLayout>& info) { return std::string(info.param.name); });
 
 }  // namespace
