@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <shared_mutex>
 #include <stdexcept>
 #include <thread>
 #include <string>
@@ -72,6 +73,10 @@ namespace {
 
 constexpr int kCallTag = 1, kAnswerTag = 2;
 
+// Held shared by a watchdog while it calls MPI, exclusively by stop_roll_calls.
+std::shared_mutex g_roll_calls;
+bool g_roll_calls_stopped = false;
+
 int thread_level() {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
@@ -79,6 +84,11 @@ int thread_level() {
 }
 
 }  // namespace
+
+void stop_roll_calls() {
+  const std::unique_lock<std::shared_mutex> lock(g_roll_calls);
+  g_roll_calls_stopped = true;
+}
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, int world_rank) : comm_(comm), world_rank_(world_rank) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -131,6 +141,11 @@ MpiCommunicator::Whereabouts MpiCommunicator::whereabouts() {
 // never waited for: the caller may be gone.
 void MpiCommunicator::answer_roll_calls() {
   if (roll_ == MPI_COMM_NULL) return;
+  const std::shared_lock<std::shared_mutex> lock(g_roll_calls);
+  if (!g_roll_calls_stopped) answer_pending_calls();
+}
+
+void MpiCommunicator::answer_pending_calls() {
   for (int flag = 1; flag;) {
     MPI_Status status;
     if (MPI_Iprobe(MPI_ANY_SOURCE, kCallTag, roll_, &flag, &status) != MPI_SUCCESS || !flag) return;
@@ -150,6 +165,8 @@ std::string MpiCommunicator::call_the_roll(double deadline_s) {
   if (roll_ == MPI_COMM_NULL) {
     return "; which rank is missing is not known (this MPI gives no MPI_THREAD_MULTIPLE, which the roll call needs)";
   }
+  const std::shared_lock<std::shared_mutex> lock(g_roll_calls);
+  if (g_roll_calls_stopped) return "";
   const Whereabouts mine = whereabouts();
   std::vector<MPI_Request> calls;
   for (int r = 0; r < size_; ++r) {
@@ -160,7 +177,7 @@ std::string MpiCommunicator::call_the_roll(double deadline_s) {
   std::vector<std::optional<Whereabouts>> answers(static_cast<size_t>(size_));
   const auto start = std::chrono::steady_clock::now();
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < deadline_s) {
-    answer_roll_calls();  // another rank that timed out calls too
+    answer_pending_calls();  // another rank that timed out calls too
     for (int tag : {kAnswerTag}) {
       int flag = 0;
       MPI_Status status;

@@ -20,6 +20,10 @@
 
 namespace ht {
 
+// Before MPI_Finalize: no watchdog calls MPI once this returns (a communicator outliving the
+// finalize, as main's grid does, would answer roll calls into a finalized MPI).
+void stop_roll_calls();
+
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `comm`. `world_rank` names this process in error messages.
@@ -64,6 +68,7 @@ class MpiCommunicator final : public Communicator {
   };
   Whereabouts whereabouts();
   void answer_roll_calls();                       // the watchdog's: every 100 ms
+  void answer_pending_calls();                    // answer_roll_calls' work, g_roll_calls held
   std::string call_the_roll(double deadline_s);  // the watchdog's, on a timeout: who did not answer
 
   MPI_Comm comm_;

@@ -118,7 +118,10 @@ void finalize_process_grid() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Finalize();
+  if (initialized && !finalized) {
+    stop_roll_calls();
+    MPI_Finalize();
+  }
 #endif
 }
 

@@ -91,7 +91,8 @@ class Rematerializer {
   virtual void evict(TensorInfo& t) = 0;
   // Make a dropped tensor resident again by re-running the op calls that produced it.
   virtual void regenerate(TensorInfo& t) = 0;
-  // The interpreter's clock (ticks, one per access): what staleness is measured in.
+  // The interpreter's clock (a tick per kernel: forward, backward or recomputation): what staleness is
+  // measured in.
   virtual uint64_t now() const = 0;
   // Where gathered weights come from (sharded parameters): memory the manager may drop too.
   virtual ParameterSource* parameter_source() const { return nullptr; }

@@ -22,7 +22,7 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
     // product's accumulator would; its cast's backward hands the sum on as it is.
     const ComputePath* producer = t.producer.get();
     if (so_far.defined() && producer != nullptr && producer->op->traits().converts_type &&
-        so_far.element_size() < c10::elementSize(producer->inputs[0]->dtype)) {
+        static_cast<size_t>(so_far.element_size()) < c10::elementSize(producer->inputs[0]->dtype)) {
       so_far = so_far.to(producer->inputs[0]->dtype);
     }
     t.grad = so_far.defined() ? so_far + grad : std::move(grad);
