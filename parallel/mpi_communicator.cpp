@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <algorithm>
 #include <limits>
 #include <optional>
@@ -55,7 +56,9 @@ class MpiCommunicator::Watched {
   Watched(MpiCommunicator& c, const char* collective, const char* what) : c_(c) {
     std::lock_guard<std::mutex> lock(c_.mutex_);
     c_.current_ = std::string(collective) + " of " + what;
-    ++c_.sequence_;
+    // Collectives only: a stage's transfers finished by polling are never watched, so their
+    // counts would differ between ranks.
+    if (std::strcmp(collective, "the send") != 0 && std::strcmp(collective, "the receive") != 0) ++c_.sequence_;
     c_.current_context_ = c_.context();  // copies: the watchdog thread reads only these
     c_.current_timeout_ = c_.timeout();
     c_.since_ = std::chrono::steady_clock::now();
@@ -151,10 +154,12 @@ void MpiCommunicator::answer_pending_calls() {
     if (MPI_Iprobe(MPI_ANY_SOURCE, kCallTag, roll_, &flag, &status) != MPI_SUCCESS || !flag) return;
     Whereabouts theirs;
     MPI_Recv(&theirs, sizeof theirs, MPI_BYTE, status.MPI_SOURCE, kCallTag, roll_, MPI_STATUS_IGNORE);
-    Whereabouts mine = whereabouts();
-    MPI_Request request;
-    if (MPI_Isend(&mine, sizeof mine, MPI_BYTE, status.MPI_SOURCE, kAnswerTag, roll_, &request) == MPI_SUCCESS) {
-      MPI_Wait(&request, MPI_STATUS_IGNORE);  // eager: completes locally
+    // Never waited for nor freed: the caller may have ended (a wait could then hold this thread,
+    // and stop_roll_calls with it, forever). Roll calls are rare; a few bytes each.
+    const Whereabouts* mine = new Whereabouts(whereabouts());
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (MPI_Isend(mine, sizeof *mine, MPI_BYTE, status.MPI_SOURCE, kAnswerTag, roll_, &request) == MPI_SUCCESS) {
+      MPI_Request_free(&request);
     }
   }
 }
@@ -167,12 +172,13 @@ std::string MpiCommunicator::call_the_roll(double deadline_s) {
   }
   const std::shared_lock<std::shared_mutex> lock(g_roll_calls);
   if (g_roll_calls_stopped) return "";
-  const Whereabouts mine = whereabouts();
+  // Never freed: a call to a rank that never takes it stays pending until the process ends.
+  const Whereabouts* mine = new Whereabouts(whereabouts());
   std::vector<MPI_Request> calls;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    calls.emplace_back();
-    MPI_Isend(&mine, sizeof mine, MPI_BYTE, r, kCallTag, roll_, &calls.back());
+    MPI_Request call = MPI_REQUEST_NULL;
+    if (MPI_Isend(mine, sizeof *mine, MPI_BYTE, r, kCallTag, roll_, &call) == MPI_SUCCESS) calls.push_back(call);
   }
   std::vector<std::optional<Whereabouts>> answers(static_cast<size_t>(size_));
   const auto start = std::chrono::steady_clock::now();
@@ -210,7 +216,8 @@ std::string MpiCommunicator::call_the_roll(double deadline_s) {
   std::string text = "; roll call (" + std::string(seconds) + " s): ";
   text += absent.empty() ? std::string("every rank answered")
                          : "rank" + std::string(absent.find(',') == std::string::npos ? " " : "s ") + absent +
-                               " never answered (stopped, hung in a kernel, or dead)";
+                               " never answered (stopped, dead, or ended by a timeout of its own; a rank stuck in a kernel answers, "
+                               "between collectives)";
   if (!present.empty()) text += "; " + present;
   return text;
 }
@@ -237,10 +244,13 @@ void MpiCommunicator::watchdog() {
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", timeout);
     const std::string note = stall_note();
-    std::fprintf(stderr, "hybrid_train: error: rank %d, %s: %s (collective %lld of this group of %d) did not complete "
-                 "within %s s: another rank has died or hangs (parallel.timeout_s sets this limit)%s%s%s\n",
-                 world_rank_, context.c_str(), collective.c_str(), static_cast<long long>(sequence), size_, seconds,
-                 roll.c_str(), note.empty() ? "" : ". ", note.c_str());
+    const bool point_to_point = collective.rfind("the send", 0) == 0 || collective.rfind("the receive", 0) == 0;
+    const std::string number = (point_to_point ? "after collective " : "collective ") + std::to_string(sequence) +
+                               " of this group of " + std::to_string(size_);
+    std::fprintf(stderr, "hybrid_train: error: rank %d, %s: %s (%s) did not complete within %s s: another rank has "
+                 "died or hangs (parallel.timeout_s sets this limit)%s%s%s\n",
+                 world_rank_, context.c_str(), collective.c_str(), number.c_str(), seconds, roll.c_str(),
+                 note.empty() ? "" : ". ", note.c_str());
     std::fflush(stderr);
     std::_Exit(1);  // the collective holds this rank's main thread; mpirun sees the exit and ends the job
   }

@@ -99,11 +99,14 @@ class Replay {
             // As run_with_room: the kernel that threw is run again from its start, after room
             // for what it asked and what it held (its allocations, gone with the throw).
             const int k = open_.empty() ? -1 : open_.back();
-            if (k >= 0 && open_.size() == 1 && ++reruns_[k] <= 8 && room_to_rerun(k, trace_.tensors[e.index].bytes)) {
+            const int64_t asked = trace_.tensors[e.index].bytes;
+            int64_t held = 0;
+            if (k >= 0 && open_.size() == 1 && ++reruns_[k] <= 8 && room_to_rerun(k, asked, held)) {
               i = first_event_[k] - 1;
               continue;
             }
-            fail_for_room(k < 0 ? "an allocation outside kernels" : kernel_words(k), trace_.tensors[e.index].bytes);
+            // What the kernel needs at once: the request and what it held when it threw.
+            fail_for_room(k < 0 ? "an allocation outside kernels" : kernel_words(k), asked + held);
           }
           break;
         case Kind::kKernelBegins:
@@ -140,8 +143,8 @@ class Replay {
   // room: what `k` allocated goes (its temporaries and outputs die with the throw; they are
   // allocated again when it reruns), then room for all of it in one block, or else for the
   // request in one block and the rest in pieces. False where not even that can be made.
-  bool room_to_rerun(int k, int64_t requested) {
-    int64_t held = 0;
+  bool room_to_rerun(int k, int64_t requested, int64_t& held) {
+    held = 0;
     for (int t : made_in_[k]) {
       Slot& slot = slots_[t];
       if (slot.state == State::kResident) {

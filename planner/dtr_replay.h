@@ -14,8 +14,8 @@
 //    does. Records nothing refers to are gone in the engine, so late in backward e* may count a
 //    few more than the engine sees;
 //  - a regeneration allocates only the outputs it attaches, not the kernel's other outputs and
-//    temporaries; make_room is mirrored, not run_with_room's retry of a kernel that threw
-//    OutOfBudget;
+//    temporaries, and is not run again for room (a kernel of the step is, as run_with_room runs
+//    a kernel that threw OutOfBudget again: what it held released, room made for all of it);
 //  - no views (a view's reads count as its root's), no sqrt sampling (off by default in the
 //    engine); dtr_eq and megengine are replayed as dtr, whose classes and free neighbours differ.
 

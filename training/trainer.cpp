@@ -134,12 +134,11 @@ TrainResult Trainer::run(RunOutput* output) {
     const bool due = every > 0 && (state_.step % every == 0 || state_.step == total_steps_);
     auto save = [&] {
       parts_.state->save(checkpoints_, state_, progress_);
-      // The newest on disk, by its name's step: a rank that does not write (a replica) may look
-      // before rank 0 has published this step's.
-      const std::vector<std::string> saved = checkpoints_.list();
-      if (!saved.empty()) {
-        const std::string name = saved.front().substr(saved.front().rfind("step_") + 5);
-        note_last_checkpoint(saved.front(), std::strtoll(name.c_str(), nullptr, 10));
+      // This step's folder (a later one on disk may be damaged, or an earlier run's); a replica
+      // that does not write may look before rank 0 has published it: the one before stays named.
+      for (const std::string& folder : checkpoints_.list()) {
+        const std::string name = folder.substr(folder.rfind("step_") + 5);
+        if (std::strtoll(name.c_str(), nullptr, 10) == state_.step) note_last_checkpoint(folder, state_.step);
       }
     };
     if (due) save();
