@@ -238,41 +238,56 @@ std::vector<at::Tensor> read_sliced_state(const SliceIndex& index, const std::st
   return state;
 }
 
+std::string CheckpointStore::temporary(int64_t step) const {
+  return (fs::path(dir_) / ("." + folder_name(step) + ".tmp")).string();
+}
+
+std::string CheckpointStore::previous_kept() const {
+  const std::vector<std::string> previous = list();
+  return previous.empty() ? std::string("there is no earlier checkpoint")
+                          : "the previous checkpoint, " + previous.front() + ", is as it was";
+}
+
 std::string CheckpointStore::save(const Model& model, const torch::optim::Optimizer& optimizer,
                                   const TrainerState& state) const {
-  const fs::path dir(dir_);
-  fs::create_directories(dir);
-  const fs::path tmp = dir / ("." + folder_name(state.step) + ".tmp");
-  const fs::path final_path = dir / folder_name(state.step);
-  // Every file's bytes first, in memory: what the checkpoint needs is known before the disk is
-  // touched, and a disk that fills while it is written leaves the previous checkpoint as it was.
-  std::string optimizer_bytes;
+  write_unpublished(take(model, optimizer, state));
+  return publish(state.step);
+}
+
+WholeCheckpoint CheckpointStore::take(const Model& model, const torch::optim::Optimizer& optimizer,
+                                      const TrainerState& state) const {
+  WholeCheckpoint c;
+  c.step = state.step;
   {
     torch::serialize::OutputArchive archive;
     optimizer.save(archive);
-    optimizer_bytes = bytes_of(archive);
+    c.files[1] = bytes_of(archive);
   }
-  const std::string files[] = {model_bytes(model), optimizer_bytes, trainer_state_bytes(state)};
+  c.files[0] = model_bytes(model);
+  c.files[2] = trainer_state_bytes(state);
   std::ostringstream manifest;
-  uint64_t needed = 0;
   for (size_t i = 0; i < std::size(kFiles); ++i) {
-    manifest << kFiles[i] << ' ' << files[i].size() << ' ' << crc_of(files[i]) << '\n';
-    needed += files[i].size();
+    manifest << kFiles[i] << ' ' << c.files[i].size() << ' ' << crc_of(c.files[i]) << '\n';
   }
-  needed += manifest.str().size();
+  c.manifest = manifest.str();
+  return c;
+}
+
+void CheckpointStore::write_unpublished(const WholeCheckpoint& c) const {
+  const fs::path dir(dir_), tmp(temporary(c.step));
+  const auto needed = static_cast<uint64_t>(c.bytes());
   auto no_room = [&](const std::string& what) {
     std::error_code ignored;
     remove_tree(tmp, ignored);
-    const std::vector<std::string> previous = list();
-    return UserError(dir.string() + ": " + what + " writing the checkpoint of step " + std::to_string(state.step) +
+    return UserError(dir.string() + ": " + what + " writing the checkpoint of step " + std::to_string(c.step) +
                      ", which needs " + std::to_string(needed) + " bytes (" + std::to_string(fs::space(dir, ignored).available) +
-                     " free now); nothing of it was kept, and " +
-                     (previous.empty() ? std::string("there is no earlier checkpoint")
-                                       : "the previous checkpoint, " + previous.front() + ", is as it was") +
+                     " free now); nothing of it was kept, and " + previous_kept() +
                      ". Free space there, or set checkpoint.dir to a disk with room (a new checkpoint is written whole "
                      "before those beyond checkpoint.keep are deleted)");
   };
   std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw UserError(dir.string() + ": cannot create the checkpoint folder (" + ec.message() + "); set checkpoint.dir to a writable folder");
   const fs::space_info space = fs::space(dir, ec);
   if (!ec && space.available < needed) throw no_room("not enough free space for");
   try {
@@ -282,14 +297,18 @@ std::string CheckpointStore::save(const Model& model, const torch::optim::Optimi
       if (!write_file(tmp / name, bytes)) throw std::runtime_error(std::string("the disk refused ") + name + " (full, or a quota)");
       fsync_path(tmp / name, false);
     };
-    for (size_t i = 0; i < std::size(kFiles); ++i) write(kFiles[i], files[i]);
-    write("MANIFEST", manifest.str());
+    for (size_t i = 0; i < std::size(kFiles); ++i) write(kFiles[i], c.files[i]);
+    write("MANIFEST", c.manifest);
     fsync_path(tmp, true);
   } catch (const std::exception& e) {  // the space went meanwhile (another writer), or a quota
     throw no_room(e.what() + std::string(";"));
   }
+}
+
+std::string CheckpointStore::publish(int64_t step) const {
+  const fs::path dir(dir_), final_path = dir / folder_name(step);
   remove_tree(final_path);
-  fs::rename(tmp, final_path);
+  fs::rename(temporary(step), final_path);
   fsync_path(dir, true);
   // Keep the newest `keep`.
   const std::vector<std::string> all = list();
@@ -302,7 +321,7 @@ std::string CheckpointStore::save(const Model& model, const torch::optim::Optimi
 // index CRC), then the rename and the rotation.
 void CheckpointStore::publish_sliced(const std::string& folder, const TrainerState& state,
                                      const std::vector<std::vector<double>>& all) const {
-  const fs::path dir(dir_), tmp(folder), final_path = dir / folder_name(state.step);
+  const fs::path dir(dir_), tmp(folder);
   const std::string trainer = trainer_state_bytes(state);
   std::ostringstream manifest;
   manifest << "trainer.pt " << trainer.size() << ' ' << crc_of(trainer) << '\n';
@@ -324,21 +343,27 @@ void CheckpointStore::publish_sliced(const std::string& folder, const TrainerSta
     fsync_path(tmp / name, false);
   }
   fsync_path(tmp, true);
-  remove_tree(final_path);
-  fs::rename(tmp, final_path);
-  fsync_path(dir, true);
-  const std::vector<std::string> folders = list();
-  for (size_t i = static_cast<size_t>(keep_); i < folders.size(); ++i) remove_tree(folders[i]);
+  publish(state.step);
 }
 
 std::string CheckpointStore::save_sliced(Communicator& group, const TrainerState& state, const std::string& optimizer,
                                          const std::function<void(SliceFileWriter&)>& write) const {
-  const fs::path dir(dir_);
-  const fs::path tmp = dir / ("." + folder_name(state.step) + ".tmp");
-  const fs::path final_path = dir / folder_name(state.step);
-  const bool first = group.rank() == 0;
-  std::string why;  // this rank's failure, if any
-  if (first) {
+  const std::string tmp = begin_sliced(group, state.step);
+  RankFiles mine;
+  try {
+    SliceFileWriter writer(tmp, group.rank(), optimizer);
+    write(writer);
+    mine.files = writer.finish();
+  } catch (const std::exception& e) {
+    mine.why = e.what();
+  }
+  return finish(group, state, mine, /*sliced=*/true);
+}
+
+std::string CheckpointStore::begin_sliced(Communicator& group, int64_t step) const {
+  const fs::path dir(dir_), tmp(temporary(step));
+  std::string why;
+  if (group.rank() == 0) {
     try {
       fs::create_directories(dir);
       remove_tree(tmp);
@@ -348,36 +373,42 @@ std::string CheckpointStore::save_sliced(Communicator& group, const TrainerState
     }
   }
   // No rank writes before the folder is made (or known not to be).
-  const std::vector<double> made = gather_per_rank(group, {why.empty() ? 1.0 : 0.0}, "the checkpoint's folder")[0];
-  std::array<uint64_t, 4> files{};
-  if (made[0] != 0) {
-    try {
-      SliceFileWriter writer(tmp.string(), group.rank(), optimizer);
-      write(writer);
-      files = writer.finish();
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
+  if (gather_per_rank(group, {why.empty() ? 1.0 : 0.0}, "the checkpoint's folder")[0][0] == 0) {
+    throw UserError(dir.string() + ": cannot make the folder of the checkpoint of step " + std::to_string(step) + " (" +
+                    (why.empty() ? "rank 0's own message says why" : why) +
+                    "); set checkpoint.dir to a writable folder with room");
   }
-  std::vector<double> mine{why.empty() ? 1.0 : 0.0};
-  for (uint64_t v : files) mine.push_back(static_cast<double>(v));  // sizes and CRC-32s: exact in a double
-  const std::vector<std::vector<double>> all = gather_per_rank(group, mine, "the checkpoint's file sizes");
+  return tmp.string();
+}
+
+std::string CheckpointStore::finish(Communicator& group, const TrainerState& state, const RankFiles& mine, bool sliced,
+                                    const std::string& late) const {
+  const fs::path dir(dir_), tmp(temporary(state.step)), final_path = dir / folder_name(state.step);
+  const bool first = group.rank() == 0;
+  std::vector<double> row{mine.why.empty() ? 1.0 : 0.0};
+  for (uint64_t v : mine.files) row.push_back(static_cast<double>(v));  // sizes and CRC-32s: exact in a double
+  const std::vector<std::vector<double>> all = gather_per_rank(group, row, "the checkpoint's file sizes");
   const auto failed = std::find(all[0].begin(), all[0].end(), 0.0);
   if (failed != all[0].end()) {
     std::error_code ignored;
     if (first) remove_tree(tmp, ignored);
-    const std::vector<std::string> previous = list();
-    const int rank = static_cast<int>(failed - all[0].begin());
+    const int rank = !mine.why.empty() ? group.rank() : static_cast<int>(failed - all[0].begin());
+    const std::string when = late.empty() ? "" : " (" + late + ")";
+    // A lone writer's own message says all (a whole checkpoint's rank 0: what it needed, what was free).
+    if (!sliced && !mine.why.empty()) throw UserError(mine.why + when);
     throw UserError(dir.string() + ": rank " + std::to_string(rank) + " could not write its part of the checkpoint of step " +
-                    std::to_string(state.step) + " (" + (why.empty() ? "its own message says why" : why) +
-                    "); nothing of it was kept, and " +
-                    (previous.empty() ? std::string("there is no earlier checkpoint")
-                                      : "the previous checkpoint, " + previous.front() + ", is as it was") +
+                    std::to_string(state.step) + when + " (" + (mine.why.empty() ? "its own message says why" : mine.why) +
+                    "); nothing of it was kept, and " + previous_kept() +
                     ". Free space there, or set checkpoint.dir to a disk with room");
   }
+  std::string why;
   if (first) {
     try {
-      publish_sliced(tmp.string(), state, all);
+      if (sliced) {
+        publish_sliced(tmp.string(), state, all);
+      } else {
+        publish(state.step);
+      }
     } catch (const std::exception& e) {
       why = e.what();
     }

@@ -16,6 +16,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <array>
 #include <functional>
 #include <map>
 #include <optional>
@@ -31,18 +32,54 @@ struct TrainerState {
   std::optional<LossScalerState> loss_scaler;  // fp16 runs only
 };
 
+// A whole checkpoint's files in host memory, before they are written (CheckpointStore::take).
+struct WholeCheckpoint {
+  int64_t step = 0;
+  std::string files[3];  // model.pt, optimizer.pt, trainer.pt
+  std::string manifest;
+  int64_t bytes() const { return static_cast<int64_t>(files[0].size() + files[1].size() + files[2].size() + manifest.size()); }
+};
+
+// What one rank's writing of its files into a checkpoint's temporary folder came to.
+struct RankFiles {
+  std::string why;                  // "" where every file is written and fsynced
+  std::array<uint64_t, 4> files{};  // a sliced checkpoint's: SliceFileWriter::finish's
+};
+
 class CheckpointStore {
  public:
   CheckpointStore(std::string dir, int64_t keep) : dir_(std::move(dir)), keep_(keep) {}
+  const std::string& dir() const { return dir_; }
 
-  // Writes step_<N>/ atomically and deletes the oldest beyond `keep`. Returns its folder.
+  // Writes step_<N>/ atomically and deletes the oldest beyond `keep`. Returns its folder. The
+  // same in its three parts: take, write_unpublished, publish.
   std::string save(const Model& model, const torch::optim::Optimizer& optimizer, const TrainerState& state) const;
+  // Every file's bytes, in host memory: what the checkpoint needs is known before the disk is
+  // touched, and training may change the model while they are written.
+  WholeCheckpoint take(const Model& model, const torch::optim::Optimizer& optimizer, const TrainerState& state) const;
+  // Writes them into the step's temporary folder, fsynced; UserError (nothing kept, the previous
+  // checkpoint as it was) where the disk has no room or refused. Any thread.
+  void write_unpublished(const WholeCheckpoint& checkpoint) const;
+  // Renames the step's temporary folder into place and deletes the oldest beyond `keep`. Returns
+  // the folder.
+  std::string publish(int64_t step) const;
+
   // The same as slices, collective over `group` (every rank calls it): rank 0 makes the temporary
   // folder, every rank writes its two files through `write`, rank 0 writes trainer.pt and the
   // manifest and renames. UserError on every rank where one rank's disk refused (nothing kept).
-  // Returns the folder.
+  // Returns the folder. The same in its three parts: begin_sliced, each rank's SliceFileWriter into
+  // the folder it returns, finish.
   std::string save_sliced(Communicator& group, const TrainerState& state, const std::string& optimizer,
                           const std::function<void(SliceFileWriter&)>& write) const;
+  // Collective over `group`: rank 0 makes the step's temporary folder. Returns it; UserError on
+  // every rank where it could not.
+  std::string begin_sliced(Communicator& group, int64_t step) const;
+  // Collective over `group`, once every rank wrote its files into the temporary folder (`mine`:
+  // this rank's outcome): rank 0 publishes (a sliced checkpoint: trainer.pt and the MANIFEST
+  // first; a whole one: rank 0 wrote all of it). UserError on every rank where one could not write
+  // (nothing kept; `late`, if not empty, says what ran meanwhile). Returns the folder.
+  std::string finish(Communicator& group, const TrainerState& state, const RankFiles& mine, bool sliced,
+                     const std::string& late = "") const;
   // Checkpoint folders, newest first.
   std::vector<std::string> list() const;
   // "" where no checkpoint of `step` is there yet; else what saving it replaces, said before it is
@@ -64,6 +101,9 @@ class CheckpointStore {
  private:
   void publish_sliced(const std::string& folder, const TrainerState& state,
                       const std::vector<std::vector<double>>& all) const;
+  std::string temporary(int64_t step) const;
+  // Where the previous checkpoint stands, for a message that says nothing of this one was kept.
+  std::string previous_kept() const;
   std::string dir_;
   int64_t keep_;
 };

@@ -31,6 +31,67 @@ void ModelState::save(const CheckpointStore& store, const TrainerState& state, P
   progress.line("checkpoint " + store.save(model_, optimizer(), state));
 }
 
+ModelState::Taken ModelState::take(const CheckpointStore& store, const TrainerState& state) {
+  HostAllocationScope host;  // the copy is host memory, not the device's
+  Taken taken;
+  taken.state = state;
+  taken.sliced = holds_part();
+  taken.write = [] { return RankFiles{}; };  // a rank that writes nothing
+  if (taken.sliced) {
+    std::shared_ptr<SliceFileWriter> writer;
+    std::string folder;
+    with_job_group([&](Communicator& job) {
+      job.set_context("the checkpoint after step " + std::to_string(state.step));
+      folder = store.begin_sliced(job, state.step);
+      writer = std::make_shared<SliceFileWriter>(job.rank(), optimizer_name(optimizer()));
+    });
+    write_slices(*writer);
+    taken.host_bytes = writer->held_bytes();
+    taken.write = [writer, folder] {
+      RankFiles r;
+      try {
+        r.files = writer->write_to(folder);
+      } catch (const std::exception& e) {
+        r.why = e.what();
+      }
+      return r;
+    };
+    return taken;
+  }
+  if (groups_.replicas().rank() != 0) return taken;  // the replicas hold the same state: rank 0 writes it
+  std::shared_ptr<WholeCheckpoint> files;
+  if (PipelineStage* stage = layout_.stage.get()) {
+    with_full_model(*stage, model_, optimizer(), [&] {
+      gather_to_first_stage(*stage, model_, optimizer());
+      if (stage->rank() == 0) files = std::make_shared<WholeCheckpoint>(store.take(model_, optimizer(), state));
+    });
+  } else {
+    files = std::make_shared<WholeCheckpoint>(store.take(model_, optimizer(), state));
+  }
+  if (!files) return taken;
+  taken.host_bytes = files->bytes();
+  taken.write = [files, store] {
+    RankFiles r;
+    try {
+      store.write_unpublished(*files);
+    } catch (const std::exception& e) {
+      r.why = e.what();
+    }
+    return r;
+  };
+  return taken;
+}
+
+std::string ModelState::publish(const CheckpointStore& store, const Taken& taken, const RankFiles& mine,
+                                const std::string& late) {
+  std::string folder;
+  with_job_group([&](Communicator& job) {
+    job.set_context("the checkpoint after step " + std::to_string(taken.state.step));
+    folder = store.finish(job, taken.state, mine, taken.sliced, late);
+  });
+  return folder;
+}
+
 TrainerState ModelState::load(const std::string& folder) {
   TrainerState state;
   OptimizerShard* shard = optimizer_.shard();

@@ -35,6 +35,19 @@ class ModelState {
   // Writes the checkpoint of `state` into `store` (every rank calls it); its folder as a line of
   // `progress` on the rank that knows it.
   void save(const CheckpointStore& store, const TrainerState& state, Progress& progress);
+  // checkpoint.async, in two collectives (every rank calls each). take: the checkpoint of
+  // `state` copied into host memory, its files not yet written (a rank that writes none holds
+  // nothing); its `write` writes them on any thread. publish: once every rank's write returned,
+  // the checkpoint renamed into place, or UserError on every rank where one could not write
+  // (`late`: what ran meanwhile, for its message). Returns the folder.
+  struct Taken {
+    TrainerState state;
+    bool sliced = false;
+    int64_t host_bytes = 0;            // this rank's copy
+    std::function<RankFiles()> write;  // never throws: RankFiles::why
+  };
+  Taken take(const CheckpointStore& store, const TrainerState& state);
+  std::string publish(const CheckpointStore& store, const Taken& taken, const RankFiles& mine, const std::string& late);
   // Reads a verified checkpoint folder into the model and the optimizer; returns its trainer
   // state. Every rank's parameters and buffers are then the same as rank 0's.
   TrainerState load(const std::string& folder);
@@ -58,6 +71,10 @@ class ModelState {
   std::vector<at::Tensor> read_slice_state(const SliceIndex& index, const std::string& name, const at::Tensor& param,
                                            int64_t offset, const at::Tensor& like) const;
   void save_sliced(const CheckpointStore& store, const TrainerState& state, Progress& progress);
+  // fn over a group of every rank of the job (the replicas, by stage, by tensor-parallel rank).
+  void with_job_group(const std::function<void(Communicator&)>& fn);
+  // This rank's slices of a sliced checkpoint.
+  void write_slices(SliceFileWriter& out) const;
   void write_pieces(SliceFileWriter& out, bool adamw) const;
   void write_parameters(SliceFileWriter& out, bool adamw) const;
   void write_state(SliceFileWriter& out, const std::string& name, const at::Tensor& param, int64_t offset,

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <optional>
 
@@ -78,47 +79,59 @@ std::vector<at::Tensor> ModelState::read_slice_state(const SliceIndex& index, co
 // (sharded), or each parameter's part and its state (tensor parallelism without sharding: each
 // stage's first replica); and each stage's first replica what every replica has whole (the
 // parameters no bucket holds, the buffers). A rank's memory holds its share only.
+void ModelState::with_job_group(const std::function<void(Communicator&)>& fn) {
+  std::optional<GridGroup> stages, job;  // every rank of the job
+  Communicator* group = &groups_.replicas().group();
+  if (layout_.stage) group = &stages.emplace(*group, *groups_.pipeline());
+  if (groups_.tensor() != nullptr) group = &job.emplace(groups_.tensor()->communicator(), *group);
+  fn(*group);
+}
+
+void ModelState::write_slices(SliceFileWriter& out) const {
+  const bool adamw = optimizer_name(optimizer()) == "adamw";
+  if (optimizer_.shard() != nullptr) {
+    write_pieces(out, adamw);
+  } else if (groups_.replicas().rank() == 0) {
+    write_parameters(out, adamw);
+  }
+  if (groups_.replicas().rank() != 0) return;  // each stage's first replica: what every replica has whole
+  const std::set<const void*> bucketed = bucketed_parameters();
+  const auto params = model_.named_parameters();
+  for (size_t i = 0; i < params.size() && optimizer_.shard() != nullptr; ++i) {
+    const at::Tensor& p = params[i].value();
+    if (bucketed.count(p.unsafeGetTensorImpl()) == 0 && writes_whole_parameter(i, p)) {
+      add_slice(out, "param", params[i].key(), p, 0, memory_order(p));
+    }
+  }
+  const auto buffers = model_.named_buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (layout_.stage && !layout_.stage->share().own_buffer[i]) continue;
+    add_slice(out, "buffer", buffers[i].key(), buffers[i].value(), 0, memory_order(buffers[i].value()));
+  }
+}
+
+// Every rank writes the slices it holds: its pieces of the parameters and their optimizer state
+// (sharded), or each parameter's part and its state (tensor parallelism without sharding: each
+// stage's first replica); and each stage's first replica what every replica has whole (the
+// parameters no bucket holds, the buffers). A rank's memory holds its share only.
 void ModelState::save_sliced(const CheckpointStore& store, const TrainerState& state, Progress& progress) {
-  std::optional<GridGroup> stages, job;  // the writers: every rank of the job
-  Communicator* writers = &groups_.replicas().group();
-  if (layout_.stage) writers = &stages.emplace(*writers, *groups_.pipeline());
-  if (groups_.tensor() != nullptr) writers = &job.emplace(groups_.tensor()->communicator(), *writers);
-  writers->set_context("the checkpoint after step " + std::to_string(state.step));
   const std::string kind = optimizer_name(optimizer());
-  const bool adamw = kind == "adamw";
   // A large model's share takes a while to write: say so before, and how long after.
   int64_t bytes = 0;
-  for (const at::Tensor& t : optimizer_.master()) bytes += static_cast<int64_t>(t.nbytes()) * (adamw ? 3 : 2);
+  for (const at::Tensor& t : optimizer_.master()) bytes += static_cast<int64_t>(t.nbytes()) * (kind == "adamw" ? 3 : 2);
   const auto start = std::chrono::steady_clock::now();
   if (bytes > (int64_t{1} << 30)) {
     progress.line("checkpoint of step " + std::to_string(state.step) + ": each rank writes its slices, " +
                    format_bytes(bytes) + " here");
   }
-  const std::string folder = store.save_sliced(*writers, state, kind, [&](SliceFileWriter& out) {
-    if (optimizer_.shard() != nullptr) {
-      write_pieces(out, adamw);
-    } else if (groups_.replicas().rank() == 0) {
-      write_parameters(out, adamw);
-    }
-    if (groups_.replicas().rank() != 0) return;  // each stage's first replica: what every replica has whole
-    const std::set<const void*> bucketed = bucketed_parameters();
-    const auto params = model_.named_parameters();
-    for (size_t i = 0; i < params.size() && optimizer_.shard() != nullptr; ++i) {
-      const at::Tensor& p = params[i].value();
-      if (bucketed.count(p.unsafeGetTensorImpl()) == 0 && writes_whole_parameter(i, p)) {
-        add_slice(out, "param", params[i].key(), p, 0, memory_order(p));
-      }
-    }
-    const auto buffers = model_.named_buffers();
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      if (layout_.stage && !layout_.stage->share().own_buffer[i]) continue;
-      add_slice(out, "buffer", buffers[i].key(), buffers[i].value(), 0, memory_order(buffers[i].value()));
-    }
+  with_job_group([&](Communicator& writers) {
+    writers.set_context("the checkpoint after step " + std::to_string(state.step));
+    const std::string folder =
+        store.save_sliced(writers, state, kind, [&](SliceFileWriter& out) { write_slices(out); });
+    char took[64];
+    std::snprintf(took, sizeof took, " (slices of %d ranks, %.1f s)", writers.size(), seconds_since(start));
+    progress.line("checkpoint " + folder + took);
   });
-  char took[64];
-  std::snprintf(took, sizeof took, " (slices of %d ranks, %.1f s)", writers->size(),
-                seconds_since(start));
-  progress.line("checkpoint " + folder + took);
 }
 
 // A sharded rank's pieces of the parameters, and their optimizer state.

@@ -68,6 +68,19 @@ int RankGroups::agreed_stop_signal(int mine) {
   return mine != 0 ? mine : static_cast<int>(std::lround(votes[1].item<float>() / ranks));
 }
 
+bool RankGroups::every_rank(bool mine, const char* what) {
+  if (alone()) return mine;
+  at::Tensor not_yet;
+  {
+    HostAllocationScope host;  // a collective's buffer, not device memory
+    not_yet = at::tensor({mine ? 0.0f : 1.0f});
+  }
+  replicas_->group().allreduce_sum(not_yet, what);
+  if (pipeline_) pipeline_->allreduce_sum(not_yet, what);
+  if (tensor_) tensor_->communicator().allreduce_sum(not_yet, what);
+  return not_yet.item<float>() == 0;
+}
+
 void RankGroups::barrier(const char* what) {
   replicas_->group().barrier(what);
   if (pipeline_) pipeline_->barrier(what);

@@ -36,6 +36,8 @@ class RankGroups {
   // The signal any rank received (0: none), agreed by all: the same answer on every rank.
   int agreed_stop_signal(int mine);
   void barrier(const char* what);
+  // Whether `mine` is true on every rank of the job: the same answer on every rank.
+  bool every_rank(bool mine, const char* what);
   // Per replica (a collective of the replicas): row i holds every replica's mine[i]; none with
   // one replica.
   std::vector<std::vector<double>> per_replica(const std::vector<double>& mine, const char* what);

@@ -98,6 +98,7 @@ struct LoopPlan {
   bool time_by_op = false;
   int64_t checkpoint_interval = 0;
   int64_t checkpoint_keep = 3;
+  bool checkpoint_async = false;  // written by a thread of its own while training goes on
   std::string checkpoint_dir = "runs/run/checkpoints";
   std::string output_dir = "runs/run";
 };

@@ -117,21 +117,49 @@ std::string slice_file_stem(int rank) {
 }
 
 struct SliceFileWriter::Files {
+  int rank = 0;
   std::string data_path, index_path;
   int data = -1;
   uint64_t bytes = 0;
   uint32_t crc = crc_add(0, nullptr, 0);
   std::ostringstream index;
+  bool held = false;
+  std::vector<at::Tensor> copies;  // held: each slice's bytes, in order
+  int64_t held_bytes = 0;
+  void open(const std::string& folder) {
+    const std::string stem = (fs::path(folder) / slice_file_stem(rank)).string();
+    data_path = stem + ".slices";
+    index_path = stem + ".index";
+    data = ::open(data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (data < 0) throw std::runtime_error("cannot create " + stem + ".slices");
+  }
 };
 
 SliceFileWriter::SliceFileWriter(const std::string& folder, int rank, const std::string& optimizer)
     : files_(std::make_unique<Files>()) {
-  const std::string stem = (fs::path(folder) / slice_file_stem(rank)).string();
-  files_->data_path = stem + ".slices";
-  files_->index_path = stem + ".index";
-  files_->data = ::open(files_->data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (files_->data < 0) throw std::runtime_error("cannot create " + stem + ".slices");
+  files_->rank = rank;
+  files_->open(folder);
   files_->index << "optimizer " << optimizer << '\n';
+}
+
+SliceFileWriter::SliceFileWriter(int rank, const std::string& optimizer) : files_(std::make_unique<Files>()) {
+  files_->rank = rank;
+  files_->held = true;
+  files_->index << "optimizer " << optimizer << '\n';
+}
+
+int64_t SliceFileWriter::held_bytes() const { return files_->held_bytes; }
+
+std::array<uint64_t, 4> SliceFileWriter::write_to(const std::string& folder) {
+  TORCH_CHECK(files_->held && files_->data < 0, "SliceFileWriter::write_to: not a held writer, or written already");
+  files_->open(folder);
+  for (at::Tensor& copy : files_->copies) {
+    write_all(files_->data, copy.data_ptr(), static_cast<size_t>(copy.nbytes()), files_->data_path);
+    copy = at::Tensor();  // its host memory goes as soon as it is on its way to the disk
+  }
+  files_->copies.clear();
+  files_->held_bytes = 0;
+  return finish();
 }
 
 SliceFileWriter::~SliceFileWriter() {
@@ -156,7 +184,13 @@ void SliceFileWriter::record(const std::string& kind, const std::string& name, a
   at::Tensor host;
   {
     HostAllocationScope scope;  // the copy is host memory, not the device's
-    host = values.detach().reshape({-1}).to(at::kCPU).contiguous();
+    const at::Tensor flat = values.detach().reshape({-1});
+    if (files_->held) {  // a copy of its own: training goes on changing the values
+      host = at::empty({flat.numel()}, flat.options().device(at::kCPU).pinned_memory(flat.is_cuda()));
+      host.copy_(flat);
+    } else {
+      host = flat.to(at::kCPU).contiguous();
+    }
   }
   TORCH_CHECK(host.scalar_type() == dtype, "SliceFileWriter: ", name, "'s slice is not its dtype");
   const size_t bytes = static_cast<size_t>(host.numel()) * host.element_size();
@@ -168,7 +202,12 @@ void SliceFileWriter::record(const std::string& kind, const std::string& name, a
     for (const auto& [start, length] : part.ranges) files_->index << ' ' << start << ' ' << length;
   }
   files_->index << '\n';
-  write_all(files_->data, host.data_ptr(), bytes, files_->data_path);
+  if (files_->held) {
+    files_->copies.push_back(host);
+    files_->held_bytes += static_cast<int64_t>(bytes);
+  } else {
+    write_all(files_->data, host.data_ptr(), bytes, files_->data_path);
+  }
   files_->crc = crc_add(files_->crc, host.data_ptr(), bytes);
   files_->bytes += bytes;
 }

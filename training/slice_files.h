@@ -48,11 +48,15 @@ struct SlicePart {
   bool operator==(const SlicePart& o) const { return dim == o.dim && ranges == o.ranges; }
 };
 
-// One rank's two files. Streams: memory beyond one slice's bytes is never needed.
+// One rank's two files. Streams: memory beyond one slice's bytes is never needed. Or held
+// (checkpoint.async): every slice copied into host memory (pinned, from a GPU) as it is added, the
+// files written later, by another thread, with write_to.
 class SliceFileWriter {
  public:
   // Opens <folder>/rank_<r>.slices and .index; throws std::runtime_error if it cannot.
   SliceFileWriter(const std::string& folder, int rank, const std::string& optimizer);
+  // Held: nothing is written until write_to.
+  SliceFileWriter(int rank, const std::string& optimizer);
   ~SliceFileWriter();
   SliceFileWriter(const SliceFileWriter&) = delete;
   SliceFileWriter& operator=(const SliceFileWriter&) = delete;
@@ -69,6 +73,11 @@ class SliceFileWriter {
   // Flushes and fsyncs both files. {data bytes, data CRC-32, index bytes, index CRC-32}; throws
   // std::runtime_error where the disk refused a write.
   std::array<uint64_t, 4> finish();
+  // Held: writes the two files into `folder` (opens, writes, finishes); the host copies go as
+  // they are written. Any thread, once the adding is done.
+  std::array<uint64_t, 4> write_to(const std::string& folder);
+  // The bytes held in host memory (0 when streaming).
+  int64_t held_bytes() const;
 
  private:
   struct Files;

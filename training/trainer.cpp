@@ -47,6 +47,13 @@ Trainer::Trainer(const RunPlan& plan, DataSplits data, std::unique_ptr<Engine> e
   progress_.set_silent(!parts_.groups->first_rank());
   if (!parts_.groups->alone()) progress_.use_log_lines();
   for (const std::string& line : parts_.notes) progress_.line(line);
+  checkpointing_ = make_checkpointing(plan.loop.checkpoint_async, checkpoints_, *parts_.state, *parts_.groups, progress_,
+                                      [this](const CheckpointRecord& r) { checkpoint_published(r); });
+}
+
+void Trainer::checkpoint_published(const CheckpointRecord& r) {
+  if (!r.folder.empty()) note_last_checkpoint(r.folder, r.step);
+  if (output_ != nullptr) log_checkpoint(r);
 }
 
 void Trainer::resume_from(const std::string& folder) {
@@ -130,26 +137,20 @@ TrainResult Trainer::run(RunOutput* output) {
     progress_.step(state_.step, last.loss, last.lr, static_cast<double>(plan_.batch.global) / (last.ms / 1e3));
     if (state_.step % plan_.loop.log_interval == 0 || state_.step == total_steps_) log_step(last);
     if (eval_due()) log_eval(evaluate());
+    checkpointing_->poll(state_.step);  // an async checkpoint every rank has written is published
     const int64_t every = plan_.loop.checkpoint_interval;
     const bool due = every > 0 && (state_.step % every == 0 || state_.step == total_steps_);
-    auto save = [&] {
-      parts_.state->save(checkpoints_, state_, progress_);
-      // This step's folder (a later one on disk may be damaged, or an earlier run's); a replica
-      // that does not write may look before rank 0 has published it: the one before stays named.
-      for (const std::string& folder : checkpoints_.list()) {
-        const std::string name = folder.substr(folder.rfind("step_") + 5);
-        if (std::strtoll(name.c_str(), nullptr, 10) == state_.step) note_last_checkpoint(folder, state_.step);
-      }
-    };
-    if (due) save();
+    if (due) checkpointing_->save(state_);
     if (const int signal = parts_.groups->agreed_stop_signal(StopSignals::received())) {
-      if (!due) save();
+      if (!due) checkpointing_->save(state_);
+      checkpointing_->drain(state_.step);
       // No rank ends before the checkpoint is written: mpirun ends the whole job when one does.
       parts_.groups->barrier("the checkpoint before stopping");
       result_.stopped_by = signal;
       break;
     }
   }
+  checkpointing_->drain(state_.step);
   progress_.finish();
   if (op_steps_ > 0) log_time_by_op();
   result_.steps = state_.step;

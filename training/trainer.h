@@ -14,6 +14,7 @@
 
 #include "alloc/memory_timeline.h"
 #include "training/checkpoint.h"
+#include "training/checkpointing.h"
 #include "training/dataset.h"
 #include "training/engine.h"
 #include "training/model_state.h"
@@ -131,6 +132,9 @@ class Trainer {
   // A collective of the replicas (their per-rank figures): every rank calls it.
   void log_step(StepResult& r);
   void log_eval(const EvalResult& e);
+  // A checkpoint published: the hang note names it, metrics.jsonl records it (trainer_records.cpp).
+  void checkpoint_published(const CheckpointRecord& r);
+  void log_checkpoint(const CheckpointRecord& r);
   // metrics.time_by_op: the step's kernel times by op, added up after the warm-up steps; at the
   // end, a "time_by_op" record and a log line (trainer_records.cpp).
   void add_time_by_op();
@@ -146,9 +150,11 @@ class Trainer {
   TrainerParts parts_;
   Sampler sampler_;
   CheckpointStore checkpoints_;
+  // After the parts (it writes through their state) and the progress it reports to.
   RunOutput* output_ = nullptr;  // during run()
   int64_t total_steps_;
   Progress progress_;
+  std::unique_ptr<Checkpointing> checkpointing_;
   TrainerState state_;
   TrainResult result_;
   std::map<std::string, double> op_ms_;       // metrics.time_by_op: kernel times over the measured steps

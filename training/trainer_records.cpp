@@ -114,6 +114,17 @@ void Trainer::log_step(StepResult& r) {
   output_->metrics(record);
 }
 
+void Trainer::log_checkpoint(const CheckpointRecord& r) {
+  JsonObject record;
+  record.add("event", "checkpoint").add("step", r.step).add("folder", r.folder).add("async", r.async)
+      .add("blocked_s", r.blocked_s);
+  if (r.async) {
+    record.add("host_bytes", r.host_bytes).add("waited_s", r.waited_s).add("write_s", r.write_s)
+        .add("publish_s", r.publish_s).add("published_after", r.published_after);
+  }
+  output_->metrics(record);
+}
+
 void Trainer::log_eval(const EvalResult& e) {
   if (output_ == nullptr) return;
   JsonObject record;

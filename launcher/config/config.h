@@ -184,6 +184,7 @@ struct ClusterConfig {
 struct CheckpointConfig {
   int64_t interval = 0;
   int64_t keep = 3;
+  bool async = false;
   std::string resume;
   std::string dir;
 };

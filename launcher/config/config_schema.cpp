@@ -454,6 +454,12 @@ void add_checkpoint_and_metrics_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::checkpoint, &CheckpointConfig::keep, "checkpoint", "keep", "checkpoints to keep (the newest)")
                   .min(1).only_when("checkpoint.interval > 0",
                                     [](const Config& c) { return c.checkpoint.interval > 0; }));
+  f.push_back(Field(&C::checkpoint, &CheckpointConfig::async, "checkpoint", "async",
+                    "copy the checkpoint to host memory at its step and write it on a thread of its own while "
+                    "training goes on; published (renamed into place, \"latest\") only once every rank's files are "
+                    "on disk; one write at a time (docs/running.md)")
+                  .only_when("checkpoint.interval > 0",
+                             [](const Config& c) { return c.checkpoint.interval > 0; }));
   f.push_back(Field(&C::checkpoint, &CheckpointConfig::resume, "checkpoint", "resume",
                     "\"latest\" (newest valid checkpoint, if any) or a checkpoint's folder; empty: start afresh"));
   f.push_back(Field(&C::checkpoint, &CheckpointConfig::dir, "checkpoint", "dir", "checkpoint folder; empty: <job.output_dir>/checkpoints")

@@ -120,6 +120,7 @@ LoopPlan loop_of(const Config& c) {
   l.time_by_op = c.metrics.time_by_op;
   l.checkpoint_interval = c.checkpoint.interval;
   l.checkpoint_keep = c.checkpoint.keep;
+  l.checkpoint_async = c.checkpoint.async;
   l.checkpoint_dir = c.checkpoint_dir();
   l.output_dir = c.job.output_dir;
   return l;
