@@ -62,6 +62,9 @@ JsonObject summary_of(const Config& c, const RunPlan& plan, int64_t model_parame
       .add("predicted_step_ms", p.prediction.step_ms >= 0 ? std::optional<double>(p.prediction.step_ms) : std::nullopt)
       .add("wall_s", r.seconds)
       .add("samples_per_s", r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0.0);
+  if (plan.loop.checkpoint_async && p.prediction.checkpoint_host_bytes > 0) {
+    s.add("predicted_checkpoint_host_bytes", p.prediction.checkpoint_host_bytes);
+  }
   if (swaps(plan.memory.policy)) {
     s.add("predicted_swap_out_bytes", p.prediction.swap_out_bytes).add("predicted_swap_link_ms", p.prediction.swap_link_ms)
         .add("predicted_swap_exposed_ms", p.prediction.swap_exposed_ms);

@@ -89,9 +89,40 @@ void throughput_terms(const ModelProfile& profile, const Machine& machine, const
   }
 }
 
+// checkpoint.async: the host copy of the fullest rank's share of a checkpoint, held while its
+// files are written (training/checkpointing.h). A sharded or tensor-parallel run's ranks each copy
+// their slices (the stage's share); a whole checkpoint's writer, rank 0, copies every stage's
+// parameters and optimizer state (its serialized files: about their bytes). Buffers and the
+// parameters no bucket holds are left out: a few KB beside the rest.
+void checkpoint_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
+  if (!plan.async_checkpoint) return;
+  const double whole = static_cast<double>(profile.parameter_bytes + profile.optimizer_state_bytes);
+  const double stage = plan.stages > 1 ? p.stage_state_share : 1.0;
+  if (plan.shard != ShardLevel::kNone && plan.ranks > 1) {
+    p.checkpoint_host_bytes = std::llround(whole / plan.ranks * stage);
+  } else if (plan.tensor > 1) {
+    p.checkpoint_host_bytes = std::llround(whole * stage);  // the profile is a rank's part already
+  } else {
+    p.checkpoint_host_bytes = std::llround(whole);
+  }
+}
+
 // Whether the peak fits the device less the runtime's share, or the budget, with the margin a plan
-// without eviction needs.
+// without eviction needs; and an async checkpoint's host copy the host's memory (on CPU ranks,
+// beside the step's peak: the same memory; the copy is the host's, outside memory.budget's arena).
 void fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
+  if (p.checkpoint_host_bytes > 0 && machine.host_memory > 0 && p.fits) {
+    const int64_t beside = machine.device_is_host ? p.peak_bytes : 0;
+    if (beside + p.checkpoint_host_bytes > machine.host_memory) {
+      p.fits = false;
+      p.within_margin = false;
+      p.why_not = "its async checkpoint's host copy (" + format_bytes(p.checkpoint_host_bytes) + ")" +
+                  (beside > 0 ? " beside the step's " + format_bytes(beside) : std::string()) +
+                  " needs more than the host memory of a rank (" + format_bytes(machine.host_memory) +
+                  "): checkpoint.async = false writes without it, or shard the state (parallel.shard)";
+      return;
+    }
+  }
   // A GPU rank's tensors get the device less what its process holds beside them (0 on CPU ranks).
   const int64_t reserved = machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, plan.stages > 1);
   const std::string device_room =
@@ -151,6 +182,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
               p.tensor_ms;
   throughput_terms(profile, machine, plan, p);
+  checkpoint_terms(profile, plan, p);
   fit_terms(machine, plan, p);
   return p;
 }

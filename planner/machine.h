@@ -20,6 +20,10 @@ struct Machine {
   int host_threads = 1;
   int rank_threads = 0;
   int64_t device_memory = 0;     // bytes per rank; 0: unknown (every plan fits)
+  // Host memory per rank (0: unknown, not checked), and whether a rank's device memory is that
+  // same host memory (CPU ranks): what an async checkpoint's copy is checked against.
+  int64_t host_memory = 0;
+  bool device_is_host = false;
   // A GPU rank's process holds device memory its tensors cannot use: the CUDA context with the
   // libraries' kernels, handles and workspaces, and each NCCL communicator's buffers (one per
   // group the rank is in: data-parallel, tensor-parallel, pipeline neighbours). 0 on CPU ranks.

@@ -44,6 +44,9 @@ struct Plan {
   bool overlap = true;  // parallel.overlap: all-reduces, or sharded gradients' reduce-scatters, during backward
   int tensor = 1;       // ranks each layer is split across (parallel.tensor_parallel; planner/tensor_terms.h)
   bool sequence_parallel = false;  // parallel.sequence_parallel, with tensor > 1
+  // checkpoint.async: checkpoints are copied to host memory and written while training goes on
+  // (training/checkpointing.h); the copy is host memory beside the step's (checkpoint_terms).
+  bool async_checkpoint = false;
   int devices() const { return ranks * stages * tensor; }
 };
 
@@ -86,6 +89,9 @@ struct Prediction {
   double swap_link_ms = 0;            // the link's time for those bytes out and back in
   double swap_exposed_ms = 0;         // the part compute waits for (not hidden under it)
   bool static_plan = false;           // steps run on a static plan (else, under a budget, DTR)
+  // checkpoint.async: the host memory the fullest rank's copy of a checkpoint holds while it is
+  // written (its share of the parameters and optimizer state; a whole checkpoint's writer, all).
+  int64_t checkpoint_host_bytes = 0;
   double step_ms = 0;
   double samples_per_s = 0;           // global batch per step time
   // Model FLOPs utilization: the step's forward and backward work (three times forward's, no

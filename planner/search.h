@@ -26,6 +26,7 @@ struct SearchOptions {
   // `sequence_parallel` says; a plan's group size divides its rank count with its stages.
   std::vector<int> tensor{1};
   bool sequence_parallel = true;
+  bool async_checkpoint = false;  // checkpoint.async: every plan holds its copy (Plan::async_checkpoint)
   // > 1: pipelines also as interleaved_1f1b with this many chunks per stage (Megatron's schedule:
   // a smaller bubble for more messages), where the micro-batches allow it.
   int virtual_stages = 1;

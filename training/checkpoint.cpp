@@ -313,6 +313,16 @@ std::string CheckpointStore::publish(int64_t step) const {
   // Keep the newest `keep`.
   const std::vector<std::string> all = list();
   for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) remove_tree(all[i]);
+  // A killed run's temporary folders (a checkpoint being written, never published): none of this
+  // run's is in flight now.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind(".step_", 0) == 0 && name.size() > 4 &&
+        name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      std::error_code ignored;
+      remove_tree(entry.path(), ignored);
+    }
+  }
   return final_path.string();
 }
 
@@ -393,11 +403,12 @@ std::string CheckpointStore::finish(Communicator& group, const TrainerState& sta
     std::error_code ignored;
     if (first) remove_tree(tmp, ignored);
     const int rank = !mine.why.empty() ? group.rank() : static_cast<int>(failed - all[0].begin());
-    const std::string when = late.empty() ? "" : " (" + late + ")";
+    const std::string when = late.empty() ? "" : "checkpoint.async: the checkpoint of step " + std::to_string(state.step) +
+                                                     ", " + late + ", was not written: ";
     // A lone writer's own message says all (a whole checkpoint's rank 0: what it needed, what was free).
-    if (!sliced && !mine.why.empty()) throw UserError(mine.why + when);
-    throw UserError(dir.string() + ": rank " + std::to_string(rank) + " could not write its part of the checkpoint of step " +
-                    std::to_string(state.step) + when + " (" + (mine.why.empty() ? "its own message says why" : mine.why) +
+    if (!sliced && !mine.why.empty()) throw UserError(when + mine.why);
+    throw UserError(when + dir.string() + ": rank " + std::to_string(rank) + " could not write its part of the checkpoint of step " +
+                    std::to_string(state.step) + " (" + (mine.why.empty() ? "its own message says why" : mine.why) +
                     "); nothing of it was kept, and " + previous_kept() +
                     ". Free space there, or set checkpoint.dir to a disk with room");
   }

@@ -131,9 +131,9 @@ class AsyncCheckpointing final : public Checkpointing {
     CheckpointRecord r = pending->record;
     r.write_s = write_s;
     r.published_after = step;
-    const std::string late = step > r.step ? "written while steps " + std::to_string(r.step + 1) + " to " +
-                                                 std::to_string(step) + " trained"
-                                           : "";
+    std::string late = "written after it";
+    if (step == r.step + 1) late = "written while step " + std::to_string(step) + " trained";
+    if (step > r.step + 1) late = "written while steps " + std::to_string(r.step + 1) + " to " + std::to_string(step) + " trained";
     const auto start = std::chrono::steady_clock::now();
     r.folder = state_.publish(store_, pending->taken, files, late);
     r.publish_s = seconds_since(start);

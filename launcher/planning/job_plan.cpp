@@ -102,6 +102,8 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
     m.device_memory = host_physical_memory_bytes() / m.devices_per_node;
     memory_from = "host memory shared by the ranks";
   }
+  m.host_memory = host_physical_memory_bytes() / m.devices_per_node;
+  m.device_is_host = true;
   char text[256];
   std::snprintf(text, sizeof text, "this machine, %d CPUs shared by its ranks, %s per rank (%s)",
                 m.host_threads, format_bytes(m.device_memory).c_str(), memory_from);
@@ -286,6 +288,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   }
   if (search.tensor.empty()) throw UserError(config.source + ": no tensor-parallel size to plan splits the model");
   search.sequence_parallel = sequence_parallel;
+  search.async_checkpoint = config.checkpoint.async && config.checkpoint.interval > 0;
   out.profile = out.tensor_profiles.at(search.tensor.front());
 
   // Stages: at most the model's blocks (a stage holds one or more).

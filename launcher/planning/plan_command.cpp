@@ -79,6 +79,7 @@ JsonObject plan_record(const RankedPlan& r, const OpShares* shares) {
       .add("step_ms", d.step_ms).add("compute_ms", d.compute_ms).add("recompute_ms", d.recompute_ms)
       .add("optimizer_ms", d.optimizer_ms).add("allreduce_exposed_ms", d.allreduce_exposed_ms)
       .add("gather_ms", d.gather_ms).add("gather_hidden_ms", d.gather_hidden_ms).add("optimizer_state_bytes", d.optimizer_state_bytes)
+      .add("checkpoint_host_bytes", d.checkpoint_host_bytes)
       .add("bubble_ms", d.bubble_ms).add("transfer_ms", d.transfer_ms).add("tensor_ms", d.tensor_ms)
       .add("evictions", d.evictions).add("samples_per_s", d.samples_per_s)
       .add("device_hours_per_epoch", d.device_hours_per_epoch).add("mfu", d.mfu)

@@ -44,6 +44,7 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.overlap = run.sync.overlap;
   p.tensor = run.grid.tensor;
   p.sequence_parallel = run.grid.sequence_parallel;
+  p.async_checkpoint = c.checkpoint.async && c.checkpoint.interval > 0;
   return p;
 }
 
@@ -331,6 +332,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       SearchOptions alternatives;
       alternatives.ranks = args.ranks;
       alternatives.precisions = {run.precision};
+      alternatives.async_checkpoint = out.plan.async_checkpoint;
       alternatives.policies = args.policies;
       alternatives.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};
       const std::vector<Plan> plans =
@@ -367,6 +369,10 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
                   format_bytes(out.prediction.peak_bytes).c_str(), format_bytes(out.limit_bytes).c_str(),
                   out.prediction.step_ms, plan_words(out.plan).c_str());
     out.text = text;
+    if (out.prediction.checkpoint_host_bytes > 0) {
+      out.text += "; an async checkpoint's copy holds " + format_bytes(out.prediction.checkpoint_host_bytes) +
+                  " of host memory while it is written";
+    }
     if (!chosen.empty()) out.text += "; memory.policy = \"auto\" chose by the predicted step: " + chosen;
     if (out.prediction.within_margin && config.memory.check_fit) {
       std::fprintf(stderr, "hybrid_train: warning: %s: memory.budget = \"%s\" is tight: %s; training anyway (the "

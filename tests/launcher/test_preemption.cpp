@@ -3,6 +3,8 @@
 // it trains on to the parameters of a run that was never stopped. A second signal ends it at once
 // and leaves no half-written checkpoint; under mpirun, a signal to one rank stops every rank after
 // the same step. A disk that fills while a checkpoint is written leaves the previous one intact.
+// checkpoint.async: a kill while a checkpoint is written in the background, or a disk that fills
+// then, leaves the previous one whole; and what it writes is what a run that waits writes.
 #include "training/checkpoint.h"
 #include "tests/support/mpi_job.h"
 #include "tests/support/ranks.h"
@@ -286,6 +288,95 @@ TEST(CheckpointFaults, ADiskThatFillsKeepsThePreviousCheckpointAndSaysWhatItNeed
                                            checkpoints + " --job.output_dir=" + dir.path("resumed"));
   EXPECT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_THAT(read_file(dir.path("resumed/summary.json")), HasSubstr("\"resumed_from_step\": 1"));
+}
+
+
+// A kill -9 while an async checkpoint's files are written (held there by the test's hook, so the
+// kill never depends on timing): the previous checkpoint is the newest whole one, nothing was
+// published of the one in flight, and the run resumed from the previous one trains on to the bytes
+// of a run never stopped.
+TEST(AsyncCheckpoint, AKillDuringItsWriteLeavesThePreviousOneAndTheResumeIsTheUninterruptedRun) {
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kJob);
+  const std::string writing = dir.path("writing");
+  Background job("HT_TEST_HOLD_CHECKPOINT_WRITE=4:" + writing + " ",
+                 config + " --training.steps=8 --checkpoint.interval=2 --checkpoint.keep=10 --checkpoint.async=true",
+                 dir.path("killed"));
+  ASSERT_TRUE(wait_for([&] { return std::filesystem::exists(writing); }, 300)) << read_file(job.log);
+  const std::vector<pid_t> pids = ranks_running(job.out);
+  ASSERT_EQ(pids.size(), 1u) << read_file(job.log);
+  ::kill(pids[0], SIGKILL);
+  EXPECT_EQ(job.wait_rc(), "137\n") << read_file(job.log);
+  const std::string checkpoints = job.out + "/checkpoints";
+  EXPECT_EQ(CheckpointStore(checkpoints, 10).list(), std::vector<std::string>{step_folder(checkpoints, 2)});
+  EXPECT_EQ(CheckpointStore::verify(step_folder(checkpoints, 2)), "");
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/.step_00000004.tmp/MANIFEST")) << "held after its files";
+
+  const std::string to = " --training.steps=8 --checkpoint.interval=8";
+  const ProcessResult resumed = run_binary(config + to + " --checkpoint.async=true --checkpoint.resume=latest " +
+                                           "--checkpoint.dir=" + checkpoints + " --job.output_dir=" + dir.path("resumed"));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("resumed from " + step_folder(checkpoints, 2) + " at step 2"));
+  const ProcessResult plain = run_binary(config + to + " --job.output_dir=" + dir.path("plain"));
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  const std::string a = read_file(step_folder(checkpoints, 8) + "/model.pt");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == read_file(step_folder(dir.path("plain/checkpoints"), 8) + "/model.pt"));
+  EXPECT_FALSE(std::filesystem::exists(checkpoints + "/.step_00000004.tmp")) << "the resumed run's first checkpoint deletes the killed run's temporary folder";
+}
+
+// A disk that fills while an async checkpoint is written: the run ends (exit 2) at the step where
+// it learns so, naming the checkpoint, the steps that ran meanwhile and what the write needed; the
+// previous checkpoint is as it was and nothing of the new one is left.
+TEST(AsyncCheckpoint, ADiskThatFillsDuringItsWriteEndsTheRunAndKeepsThePreviousOne) {
+  TempDir dir;
+  SmallDisk disk(dir.path("disk"), "200k");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  const std::string config = dir.write("job.toml", kJob);
+  const std::string checkpoints = disk.path + "/checkpoints";
+  const ProcessResult full = run_binary(config + " --training.steps=5 --checkpoint.interval=1 --checkpoint.keep=1" +
+                                        " --checkpoint.async=true --checkpoint.dir=" + checkpoints +
+                                        " --job.output_dir=" + dir.path("run"));
+  EXPECT_EQ(full.status, 2) << full.output;
+  EXPECT_THAT(full.output, ::testing::ContainsRegex("checkpoint.async: the checkpoint of step 2, written while steps? "
+                                                    "[0-9 to]+ trained, was not written: " + checkpoints +
+                                                    ": not enough free space for writing the checkpoint of step 2"));
+  EXPECT_THAT(full.output, HasSubstr("the previous checkpoint, " + step_folder(checkpoints, 1) + ", is as it was"));
+  const std::vector<std::string> saved = CheckpointStore(checkpoints, 10).list();
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(CheckpointStore::verify(saved[0]), "");
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
+    EXPECT_EQ(entry.path().filename().string().rfind(".", 0), std::string::npos) << "a temporary left: " << entry.path();
+  }
+}
+
+// Two sharded ranks (every rank writes its slices): the async checkpoints are, file for file, those
+// a run that waits for each writes; and resumed from one, the run trains on to the bytes of the
+// run never stopped.
+TEST(AsyncCheckpoint, ItsSlicesAreTheWaitingRunsAndItsResumeIsTheUninterruptedRun) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kJob);
+  const std::string job = std::string(HT_BINARY) + " " + config + " --parallel.shard=optimizer --training.steps=6 ";
+  ASSERT_EQ(run(mpirun(2) + job + "--checkpoint.interval=2 --checkpoint.async=true --job.output_dir=" + dir.path("async")), 0);
+  ASSERT_EQ(run(mpirun(2) + job + "--checkpoint.interval=2 --job.output_dir=" + dir.path("sync")), 0);
+  const std::string resume_from = step_folder(dir.path("async/checkpoints"), 4);
+  ASSERT_EQ(run(mpirun(2) + job + "--checkpoint.interval=6 --checkpoint.async=true --checkpoint.resume=" + resume_from +
+                " --job.output_dir=" + dir.path("resumed")), 0);
+  for (int step : {2, 4, 6}) {
+    const std::string async = step_folder(dir.path("async/checkpoints"), step);
+    const std::string sync = step_folder(dir.path("sync/checkpoints"), step);
+    ASSERT_EQ(CheckpointStore::verify(async), "") << async;
+    for (const char* file : {"rank_00000.slices", "rank_00001.slices", "rank_00000.index", "rank_00001.index", "MANIFEST"}) {
+      const std::string bytes = read_file(async + "/" + file);
+      EXPECT_FALSE(bytes.empty()) << async << "/" << file;
+      EXPECT_TRUE(bytes == read_file(sync + "/" + file)) << async << "/" << file;
+      if (step == 6) EXPECT_TRUE(bytes == read_file(step_folder(dir.path("resumed/checkpoints"), 6) + "/" + file)) << file;
+    }
+  }
+  const std::string metrics = read_file(dir.path("async/metrics.jsonl"));
+  EXPECT_THAT(metrics, HasSubstr("\"event\": \"checkpoint\", \"step\": 4"));
+  EXPECT_THAT(metrics, HasSubstr("\"async\": true"));
 }
 
 }  // namespace

@@ -211,6 +211,37 @@ TEST(CostModel, AGpuRankFitsItsDeviceLessTheRuntimeAndItsCommunicators) {
   EXPECT_TRUE(predict(p, m, plan).fits);
 }
 
+// checkpoint.async: the host copy is the writer's parameters and optimizer state (rank 0 of a
+// whole checkpoint; a sharded rank's share of them), held beside the step: on CPU ranks, whose
+// device memory is the host's, a plan whose peak and copy exceed a rank's host memory does not fit.
+TEST(CostModel, AnAsyncCheckpointsHostCopyIsTheWritersShareAndFitsBesideTheStep) {
+  const ModelProfile p = two_points();
+  Machine m;
+  m.host_threads = 4;
+  m.devices_per_node = 2;
+  Plan plan;
+  plan.micro_batch = 16;
+  plan.accumulation = 2;
+  EXPECT_EQ(predict(p, m, plan).checkpoint_host_bytes, 0) << "without checkpoint.async, none";
+  plan.async_checkpoint = true;
+  const Prediction whole = predict(p, m, plan);
+  EXPECT_EQ(whole.checkpoint_host_bytes, p.parameter_bytes + p.optimizer_state_bytes);
+  Plan sharded = plan;
+  sharded.ranks = 2;
+  sharded.shard = ShardLevel::kOptimizer;
+  EXPECT_EQ(predict(p, m, sharded).checkpoint_host_bytes, (p.parameter_bytes + p.optimizer_state_bytes) / 2);
+  m.device_is_host = true;
+  m.host_memory = whole.peak_bytes + whole.checkpoint_host_bytes;
+  EXPECT_TRUE(predict(p, m, plan).fits);
+  m.host_memory -= 1;
+  const Prediction over = predict(p, m, plan);
+  EXPECT_FALSE(over.fits);
+  EXPECT_NE(over.why_not.find("async checkpoint's host copy"), std::string::npos) << over.why_not;
+  EXPECT_NE(over.why_not.find("checkpoint.async = false"), std::string::npos) << over.why_not;
+  m.device_is_host = false;  // a GPU's host: the copy alone
+  EXPECT_TRUE(predict(p, m, plan).fits);
+}
+
 // Pipeline stages: four equal blocks on two 1F1B stages, each holding half the parameters. The
 // step is the schedule's: (m + p - 1) stage-times of a micro-batch, (p - 1) of them idle on each
 // stage (the bubble); the first stage holds its half of p micro-batches' activations, and its
