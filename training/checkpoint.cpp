@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <fcntl.h>
 #include <filesystem>
@@ -88,12 +89,6 @@ std::string bytes_of(torch::serialize::OutputArchive& archive) {
   return out.str();
 }
 
-std::string model_bytes(const Model& model) {
-  torch::serialize::OutputArchive archive;
-  for (const auto& p : model.named_parameters()) archive.write(p.key(), standalone(p.value()));
-  for (const auto& b : model.named_buffers()) archive.write(b.key(), standalone(b.value()), /*is_buffer=*/true);
-  return bytes_of(archive);
-}
 
 // A checkpoint's model tensors by name, from either layout: {name, is buffer} -> the tensor, or
 // undefined where it has none; and how many it holds.
@@ -160,6 +155,39 @@ void read_optimizer_slices(const SliceIndex& index, const Model& model, torch::o
     const std::vector<at::Tensor> state = read_sliced_state(index, p.key(), 0, p.value());
     if (!state.empty()) set_optimizer_state(optimizer, p.value(), state);  // none: never stepped
   }
+}
+
+// Writes `archive` into `path` as it serializes (no copy of its bytes in memory), counting its
+// size and CRC-32 on the way, and fsyncs it; std::runtime_error where the disk refused some of it.
+std::pair<uint64_t, uint32_t> save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + path.string());
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t bytes = 0;
+  bool refused = false;
+  try {
+    archive.save_to([&](const void* data, size_t n) -> size_t {
+      for (const char* p = static_cast<const char*>(data); p < static_cast<const char*>(data) + n;) {
+        const ssize_t wrote = ::write(fd, p, static_cast<size_t>(static_cast<const char*>(data) + n - p));
+        if (wrote < 0 && errno == EINTR) continue;
+        if (wrote <= 0) {
+          refused = true;
+          return 0;  // the archive's writer stops with an error
+        }
+        p += wrote;
+      }
+      crc = crc32(crc, static_cast<const Bytef*>(data), static_cast<uInt>(n));
+      bytes += n;
+      return n;
+    });
+  } catch (const std::exception&) {
+    ::close(fd);
+    if (!refused) throw;
+  }
+  if (!refused && ::fsync(fd) != 0) refused = true;
+  if (!refused) ::close(fd);
+  if (refused) throw std::runtime_error("the disk refused " + path.filename().string() + " (full, or a quota)");
+  return {bytes, static_cast<uint32_t>(crc)};
 }
 
 std::string trainer_state_bytes(const TrainerState& s) {
@@ -248,42 +276,46 @@ std::string CheckpointStore::previous_kept() const {
                           : "the previous checkpoint, " + previous.front() + ", is as it was";
 }
 
-std::string CheckpointStore::save(const Model& model, const torch::optim::Optimizer& optimizer,
+std::string CheckpointStore::save(const Model& model, torch::optim::Optimizer& optimizer,
                                   const TrainerState& state) const {
-  write_unpublished(take(model, optimizer, state));
+  WholeCheckpoint taken = take(model, optimizer, state);
+  write_unpublished(taken);
   return publish(state.step);
 }
 
-WholeCheckpoint CheckpointStore::take(const Model& model, const torch::optim::Optimizer& optimizer,
+WholeCheckpoint CheckpointStore::take(const Model& model, torch::optim::Optimizer& optimizer,
                                       const TrainerState& state) const {
+  HostAllocationScope host;
   WholeCheckpoint c;
-  c.step = state.step;
-  {
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    c.files[1] = bytes_of(archive);
+  c.state = state;
+  for (const auto& p : model.named_parameters()) c.parameters.emplace_back(p.key(), standalone(p.value()));
+  for (const auto& b : model.named_buffers()) c.buffers.emplace_back(b.key(), standalone(b.value()));
+  c.optimizer = host_copy_of(optimizer);
+  for (const auto* list : {&c.parameters, &c.buffers}) {
+    for (const auto& [name, t] : *list) c.bytes += static_cast<int64_t>(t.nbytes());
   }
-  c.files[0] = model_bytes(model);
-  c.files[2] = trainer_state_bytes(state);
-  std::ostringstream manifest;
-  for (size_t i = 0; i < std::size(kFiles); ++i) {
-    manifest << kFiles[i] << ' ' << c.files[i].size() << ' ' << crc_of(c.files[i]) << '\n';
+  for (const at::Tensor& p : c.optimizer->param_groups()[0].params()) {
+    for (const at::Tensor& t : optimizer_state(*c.optimizer, p)) c.bytes += static_cast<int64_t>(t.nbytes());
   }
-  c.manifest = manifest.str();
   return c;
 }
 
-void CheckpointStore::write_unpublished(const WholeCheckpoint& c) const {
-  const fs::path dir(dir_), tmp(temporary(c.step));
-  const auto needed = static_cast<uint64_t>(c.bytes());
+void CheckpointStore::write_unpublished(WholeCheckpoint& c) const {
+  HostAllocationScope host;
+  const int64_t step = c.state.step;
+  const fs::path dir(dir_), tmp(temporary(step));
+  // The tensors' bytes and what the archives add around them: a record's headers and alignment a
+  // tensor (about 1 KB), and each archive's pickled index (a few KB; an MLP's two archives and
+  // trainer.pt: 14.8 KB beside 134 KB of tensors).
+  const auto needed = static_cast<uint64_t>(c.bytes) + 1536 * 2 * (c.parameters.size() + c.buffers.size()) + 16384;
   auto no_room = [&](const std::string& what) {
     std::error_code ignored;
     remove_tree(tmp, ignored);
-    return UserError(dir.string() + ": " + what + " writing the checkpoint of step " + std::to_string(c.step) +
-                     ", which needs " + std::to_string(needed) + " bytes (" + std::to_string(fs::space(dir, ignored).available) +
-                     " free now); nothing of it was kept, and " + previous_kept() +
-                     ". Free space there, or set checkpoint.dir to a disk with room (a new checkpoint is written whole "
-                     "before those beyond checkpoint.keep are deleted)");
+    return UserError(dir.string() + ": " + what + " writing the checkpoint of step " + std::to_string(step) +
+                     ", which needs about " + std::to_string(needed) + " bytes (" +
+                     std::to_string(fs::space(dir, ignored).available) + " free now); nothing of it was kept, and " +
+                     previous_kept() + ". Free space there, or set checkpoint.dir to a disk with room (a new checkpoint "
+                     "is written whole before those beyond checkpoint.keep are deleted)");
   };
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -293,14 +325,36 @@ void CheckpointStore::write_unpublished(const WholeCheckpoint& c) const {
   try {
     remove_tree(tmp);
     fs::create_directories(tmp);
-    auto write = [&](const char* name, const std::string& bytes) {
-      if (!write_file(tmp / name, bytes)) throw std::runtime_error(std::string("the disk refused ") + name + " (full, or a quota)");
-      fsync_path(tmp / name, false);
-    };
-    for (size_t i = 0; i < std::size(kFiles); ++i) write(kFiles[i], c.files[i]);
-    write("MANIFEST", c.manifest);
+    std::pair<uint64_t, uint32_t> files[3];
+    {  // each archive is written straight to its file, and its copies go once it is
+      torch::serialize::OutputArchive archive;
+      for (const auto& [name, t] : c.parameters) archive.write(name, t);
+      for (const auto& [name, t] : c.buffers) archive.write(name, t, /*is_buffer=*/true);
+      files[0] = save_archive(archive, tmp / kFiles[0]);
+    }
+    c.parameters.clear();
+    c.buffers.clear();
+    {
+      torch::serialize::OutputArchive archive;
+      c.optimizer->save(archive);
+      files[1] = save_archive(archive, tmp / kFiles[1]);
+    }
+    c.optimizer.reset();
+    const std::string trainer = trainer_state_bytes(c.state);
+    if (!write_file(tmp / kFiles[2], trainer)) {
+      throw std::runtime_error(std::string("the disk refused ") + kFiles[2] + " (full, or a quota)");
+    }
+    fsync_path(tmp / kFiles[2], false);
+    files[2] = {trainer.size(), crc_of(trainer)};
+    std::ostringstream manifest;
+    for (size_t i = 0; i < std::size(kFiles); ++i) manifest << kFiles[i] << ' ' << files[i].first << ' ' << files[i].second << '\n';
+    if (!write_file(tmp / "MANIFEST", manifest.str())) throw std::runtime_error("the disk refused MANIFEST (full, or a quota)");
+    fsync_path(tmp / "MANIFEST", false);
     fsync_path(tmp, true);
-  } catch (const std::exception& e) {  // the space went meanwhile (another writer), or a quota
+  } catch (const c10::Error& e) {  // the archive's writer: the space went meanwhile, or a quota
+    const std::string what = e.what_without_backtrace();
+    throw no_room(what.substr(0, what.find('\n')) + ";");
+  } catch (const std::exception& e) {
     throw no_room(e.what() + std::string(";"));
   }
 }

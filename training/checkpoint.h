@@ -32,12 +32,14 @@ struct TrainerState {
   std::optional<LossScalerState> loss_scaler;  // fp16 runs only
 };
 
-// A whole checkpoint's files in host memory, before they are written (CheckpointStore::take).
+// A whole checkpoint in host memory, before its files are written (CheckpointStore::take): host
+// copies of the model's tensors and of the optimizer with its state, which training no longer
+// changes. Writing serializes each file straight to the disk and lets its copies go.
 struct WholeCheckpoint {
-  int64_t step = 0;
-  std::string files[3];  // model.pt, optimizer.pt, trainer.pt
-  std::string manifest;
-  int64_t bytes() const { return static_cast<int64_t>(files[0].size() + files[1].size() + files[2].size() + manifest.size()); }
+  TrainerState state;
+  std::vector<std::pair<std::string, at::Tensor>> parameters, buffers;  // by name
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  int64_t bytes = 0;  // the copies' bytes, about the files'
 };
 
 // What one rank's writing of its files into a checkpoint's temporary folder came to.
@@ -53,13 +55,14 @@ class CheckpointStore {
 
   // Writes step_<N>/ atomically and deletes the oldest beyond `keep`. Returns its folder. The
   // same in its three parts: take, write_unpublished, publish.
-  std::string save(const Model& model, const torch::optim::Optimizer& optimizer, const TrainerState& state) const;
-  // Every file's bytes, in host memory: what the checkpoint needs is known before the disk is
-  // touched, and training may change the model while they are written.
-  WholeCheckpoint take(const Model& model, const torch::optim::Optimizer& optimizer, const TrainerState& state) const;
-  // Writes them into the step's temporary folder, fsynced; UserError (nothing kept, the previous
-  // checkpoint as it was) where the disk has no room or refused. Any thread.
-  void write_unpublished(const WholeCheckpoint& checkpoint) const;
+  std::string save(const Model& model, torch::optim::Optimizer& optimizer, const TrainerState& state) const;
+  // The model and optimizer copied to host memory: what the checkpoint needs is known before the
+  // disk is touched, and training may change the model while it is written.
+  WholeCheckpoint take(const Model& model, torch::optim::Optimizer& optimizer, const TrainerState& state) const;
+  // Writes its files into the step's temporary folder, fsynced, releasing the copies as it goes;
+  // UserError (nothing kept, the previous checkpoint as it was) where the disk has no room or
+  // refused. Any thread.
+  void write_unpublished(WholeCheckpoint& checkpoint) const;
   // Renames the step's temporary folder into place and deletes the oldest beyond `keep`. Returns
   // the folder.
   std::string publish(int64_t step) const;

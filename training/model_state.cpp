@@ -69,7 +69,7 @@ ModelState::Taken ModelState::take(const CheckpointStore& store, const TrainerSt
     files = std::make_shared<WholeCheckpoint>(store.take(model_, optimizer(), state));
   }
   if (!files) return taken;
-  taken.host_bytes = files->bytes();
+  taken.host_bytes = files->bytes;
   taken.write = [files, store] {
     RankFiles r;
     try {

@@ -147,6 +147,28 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p
   states[state_key<Key>(param)] = std::move(s);
 }
 
+std::unique_ptr<torch::optim::Optimizer> host_copy_of(torch::optim::Optimizer& optimizer) {
+  TORCH_CHECK(optimizer.param_groups().size() == 1, "host_copy_of: ", optimizer.param_groups().size(),
+              " parameter groups");
+  const torch::optim::OptimizerParamGroup& group = optimizer.param_groups()[0];
+  auto host = [](const at::Tensor& t) { return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); };
+  std::vector<at::Tensor> params;
+  for (const at::Tensor& p : group.params()) params.push_back(host(p));
+  std::unique_ptr<torch::optim::Optimizer> copy;
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
+    copy = std::make_unique<torch::optim::AdamW>(params, static_cast<const torch::optim::AdamWOptions&>(group.options()));
+  } else {
+    copy = std::make_unique<torch::optim::SGD>(params, static_cast<const torch::optim::SGDOptions&>(group.options()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<at::Tensor> state = optimizer_state(optimizer, group.params()[i]);
+    if (state.empty()) continue;  // never stepped
+    for (at::Tensor& t : state) t = host(t);
+    set_optimizer_state(*copy, params[i], state);
+  }
+  return copy;
+}
+
 bool move_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
                           const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& move) {
   std::vector<std::vector<at::Tensor>> states;

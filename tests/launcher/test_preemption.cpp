@@ -275,7 +275,7 @@ TEST(CheckpointFaults, ADiskThatFillsKeepsThePreviousCheckpointAndSaysWhatItNeed
                                         " --checkpoint.dir=" + checkpoints + " --job.output_dir=" + dir.path("run"));
   EXPECT_EQ(full.status, 2) << full.output;
   EXPECT_THAT(full.output, ::testing::ContainsRegex(checkpoints + ": not enough free space for writing the "
-                                                   "checkpoint of step 2, which needs [0-9]+ bytes \\([0-9]+ free now\\)"));
+                                                   "checkpoint of step 2, which needs about [0-9]+ bytes \\([0-9]+ free now\\)"));
   EXPECT_THAT(full.output, HasSubstr("the previous checkpoint, " + step_folder(checkpoints, 1) + ", is as it was"));
   const std::vector<std::string> saved = CheckpointStore(checkpoints, 10).list();
   ASSERT_EQ(saved.size(), 1u);
