@@ -111,7 +111,7 @@ void checkpoint_terms(const ModelProfile& profile, const Plan& plan, Prediction&
 // without eviction needs; and an async checkpoint's host copy the host's memory (on CPU ranks,
 // beside the step's peak: the same memory; the copy is the host's, outside memory.budget's arena).
 void fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
-  if (p.checkpoint_host_bytes > 0 && machine.host_memory > 0 && p.fits) {
+  if (p.checkpoint_host_bytes > 0 && machine.host_memory > 0 && (p.fits || p.within_margin)) {
     const int64_t beside = machine.device_is_host ? p.peak_bytes : 0;
     if (beside + p.checkpoint_host_bytes > machine.host_memory) {
       p.fits = false;
@@ -170,6 +170,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   if (full) replay = block_recompute_terms(profile, plan);
   const BlockRecomputeReplay* blocks = full ? &replay : nullptr;
   policy_terms(profile, machine, plan, slowdown, blocks, p);
+  const std::string margin_why = p.within_margin ? p.why_not : std::string();
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
   p.compute_ms = fb * static_cast<double>(plan.accumulation);
   const bool replayed = full && blocks->failure.empty();
@@ -184,6 +185,8 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   throughput_terms(profile, machine, plan, p);
   checkpoint_terms(profile, plan, p);
   fit_terms(machine, plan, p);
+  // Only the margin kept it from fitting, unless a later term refused it for a reason of its own.
+  if (p.within_margin && p.why_not != margin_why) p.within_margin = false;
   return p;
 }
 

@@ -15,6 +15,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +67,12 @@ std::pair<uint64_t, uint32_t> checksum(const fs::path& path) {
   return {bytes, static_cast<uint32_t>(crc)};
 }
 
+// step_00000042 -> 42.
+int64_t step_of_folder(const std::string& folder) {
+  const std::string name = fs::path(folder).filename().string();
+  return std::strtoll(name.c_str() + 5, nullptr, 10);
+}
+
 std::string folder_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(step));
@@ -79,7 +86,7 @@ std::string folder_name(int64_t step) {
 // training/compact.h) and the copy takes no device memory.
 at::Tensor standalone(const at::Tensor& t) {
   HostAllocationScope host;
-  return t.detach().clone().requires_grad_(t.requires_grad());
+  return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).requires_grad_(t.requires_grad());
 }
 
 // An archive's bytes, in memory: the checkpoint's size is known before anything is written.
@@ -364,9 +371,14 @@ std::string CheckpointStore::publish(int64_t step) const {
   remove_tree(final_path);
   fs::rename(temporary(step), final_path);
   fsync_path(dir, true);
-  // Keep the newest `keep`.
-  const std::vector<std::string> all = list();
-  for (size_t i = static_cast<size_t>(keep_); i < all.size(); ++i) remove_tree(all[i]);
+  // Keep the newest `keep` up to this one. A later step's folder is an earlier run's (this run
+  // resumed from before it): it is not counted, and not deleted here (saving its step replaces it,
+  // with a warning); counting it, keep = 1 deleted the checkpoint just written.
+  int64_t kept = 0;
+  for (const std::string& folder : list()) {
+    if (step_of_folder(folder) > step) continue;
+    if (++kept > keep_) remove_tree(folder);
+  }
   // A killed run's temporary folders (a checkpoint being written, never published): none of this
   // run's is in flight now.
   for (const auto& entry : fs::directory_iterator(dir)) {

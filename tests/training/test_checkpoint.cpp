@@ -105,6 +105,22 @@ TEST(Checkpoint, KeepsTheNewestAndIgnoresUnfinishedFolders) {
   EXPECT_THAT(folders[1], HasSubstr("step_00000002"));
 }
 
+// A run resumed from before an earlier run's last checkpoint: what it writes is kept (keep = 1
+// deleted it at once while the later folder counted as the newest), the later folder stays until
+// this run saves its step, and a killed run's temporary folder goes.
+TEST(Checkpoint, KeepCountsUpToTheStepWrittenAndClearsAKilledRunsTemporaryFolder) {
+  TempDir dir;
+  Fixture f;
+  CheckpointStore store(dir.path("ckpt"), 1);
+  for (int64_t step : {4, 10}) store.save(*f.model, f.sgd, TrainerState{step, {}, 0});  // the earlier run
+  std::filesystem::create_directories(dir.path("ckpt/.step_00000012.tmp"));  // killed while writing
+  const std::string six = store.save(*f.model, f.sgd, TrainerState{6, {}, 0});
+  EXPECT_EQ(store.list(), (std::vector<std::string>{dir.path("ckpt/step_00000010"), six}));
+  EXPECT_FALSE(std::filesystem::exists(dir.path("ckpt/.step_00000012.tmp")));
+  store.save(*f.model, f.sgd, TrainerState{10, {}, 0});
+  EXPECT_EQ(store.list(), std::vector<std::string>{dir.path("ckpt/step_00000010")});
+}
+
 TEST(Checkpoint, DamageIsDetected) {
   TempDir dir;
   Fixture f;
