@@ -112,8 +112,12 @@ void checkpoint_terms(const ModelProfile& profile, const Plan& plan, Prediction&
 // beside the step's peak: the same memory; the copy is the host's, outside memory.budget's arena).
 void fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
   if (p.checkpoint_host_bytes > 0 && machine.host_memory > 0 && (p.fits || p.within_margin)) {
-    const int64_t beside = machine.device_is_host ? p.peak_bytes : 0;
-    if (beside + p.checkpoint_host_bytes > machine.host_memory) {
+    // On CPU ranks the step's memory is the host's: its arena (a budget's whole block) or its peak.
+    const int64_t beside = !machine.device_is_host ? 0 : plan.budget_bytes > 0 ? plan.budget_bytes : p.peak_bytes;
+    // A whole checkpoint's copy is rank 0's alone: where the ranks share a host, each bears its part.
+    const bool whole = (plan.shard == ShardLevel::kNone || plan.ranks == 1) && plan.tensor == 1;
+    const int sharing = machine.device_is_host && whole ? std::max(1, std::min(plan.devices(), machine.devices_per_node)) : 1;
+    if (beside + p.checkpoint_host_bytes / sharing > machine.host_memory) {
       p.fits = false;
       p.within_margin = false;
       p.why_not = "its async checkpoint's host copy (" + format_bytes(p.checkpoint_host_bytes) + ")" +

@@ -15,6 +15,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fcntl.h>
 #include <filesystem>
@@ -164,36 +165,53 @@ void read_optimizer_slices(const SliceIndex& index, const Model& model, torch::o
   }
 }
 
+// CRC-32 of `bytes` more, in pieces zlib's 32-bit lengths take.
+uLong crc_more(uLong crc, const void* data, size_t bytes) {
+  for (const auto* p = static_cast<const Bytef*>(data); bytes > 0;) {
+    const auto n = static_cast<uInt>(std::min<size_t>(bytes, size_t{1} << 30));
+    crc = crc32(crc, p, n);
+    p += n;
+    bytes -= n;
+  }
+  return crc;
+}
+
 // Writes `archive` into `path` as it serializes (no copy of its bytes in memory), counting its
-// size and CRC-32 on the way, and fsyncs it; std::runtime_error where the disk refused some of it.
+// size and CRC-32 on the way, fsyncs and closes it; std::runtime_error where the disk refused
+// some of it. The archive's writer is always told every byte went: told otherwise, libtorch 1.13's
+// PyTorchStreamWriter throws again from its destructor, which ends the process.
 std::pair<uint64_t, uint32_t> save_archive(torch::serialize::OutputArchive& archive, const fs::path& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw std::runtime_error("cannot create " + path.string());
   uLong crc = crc32(0L, Z_NULL, 0);
   uint64_t bytes = 0;
-  bool refused = false;
+  int error = 0;  // the first write's errno that failed; later writes are not tried
   try {
     archive.save_to([&](const void* data, size_t n) -> size_t {
-      for (const char* p = static_cast<const char*>(data); p < static_cast<const char*>(data) + n;) {
-        const ssize_t wrote = ::write(fd, p, static_cast<size_t>(static_cast<const char*>(data) + n - p));
+      const char* p = static_cast<const char*>(data);
+      for (size_t left = n; left > 0 && error == 0;) {
+        const ssize_t wrote = ::write(fd, p, left);
         if (wrote < 0 && errno == EINTR) continue;
         if (wrote <= 0) {
-          refused = true;
-          return 0;  // the archive's writer stops with an error
+          error = wrote < 0 ? errno : ENOSPC;
+          break;
         }
         p += wrote;
+        left -= static_cast<size_t>(wrote);
       }
-      crc = crc32(crc, static_cast<const Bytef*>(data), static_cast<uInt>(n));
+      crc = crc_more(crc, data, n);
       bytes += n;
       return n;
     });
-  } catch (const std::exception&) {
+  } catch (...) {
     ::close(fd);
-    if (!refused) throw;
+    throw;
   }
-  if (!refused && ::fsync(fd) != 0) refused = true;
-  if (!refused) ::close(fd);
-  if (refused) throw std::runtime_error("the disk refused " + path.filename().string() + " (full, or a quota)");
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;  // a network file system reports here
+  if (error != 0) {
+    throw std::runtime_error("the disk refused " + path.filename().string() + " (" + std::strerror(error) + ")");
+  }
   return {bytes, static_cast<uint32_t>(crc)};
 }
 
@@ -220,8 +238,7 @@ bool write_file(const fs::path& path, const std::string& bytes) {
 }
 
 uint32_t crc_of(const std::string& bytes) {
-  return static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
-                                     static_cast<uInt>(bytes.size())));
+  return static_cast<uint32_t>(crc_more(crc32(0L, Z_NULL, 0), bytes.data(), bytes.size()));
 }
 
 TrainerState read_trainer_state(const fs::path& path) {

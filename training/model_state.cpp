@@ -45,10 +45,19 @@ ModelState::Taken ModelState::take(const CheckpointStore& store, const TrainerSt
       folder = store.begin_sliced(job, state.step);
       writer = std::make_shared<SliceFileWriter>(job.rank(), optimizer_name(optimizer()));
     });
-    write_slices(*writer);
+    std::string why;  // a copy that failed (no host memory for it) fails the write, on every rank's word
+    try {
+      write_slices(*writer);
+    } catch (const std::exception& e) {
+      why = std::string("copying its slices to host memory: ") + e.what();
+    }
     taken.host_bytes = writer->held_bytes();
-    taken.write = [writer, folder] {
+    taken.write = [writer, folder, why] {
       RankFiles r;
+      if (!why.empty()) {
+        r.why = why;
+        return r;
+      }
       try {
         r.files = writer->write_to(folder);
       } catch (const std::exception& e) {
@@ -60,13 +69,25 @@ ModelState::Taken ModelState::take(const CheckpointStore& store, const TrainerSt
   }
   if (groups_.replicas().rank() != 0) return taken;  // the replicas hold the same state: rank 0 writes it
   std::shared_ptr<WholeCheckpoint> files;
+  std::string why;  // a copy that failed (no host memory for it) fails the write, on every rank's word
+  auto copy = [&] {
+    try {
+      files = std::make_shared<WholeCheckpoint>(store.take(model_, optimizer(), state));
+    } catch (const std::exception& e) {
+      why = std::string("copying the checkpoint to host memory: ") + e.what();
+    }
+  };
   if (PipelineStage* stage = layout_.stage.get()) {
     with_full_model(*stage, model_, optimizer(), [&] {
       gather_to_first_stage(*stage, model_, optimizer());
-      if (stage->rank() == 0) files = std::make_shared<WholeCheckpoint>(store.take(model_, optimizer(), state));
+      if (stage->rank() == 0) copy();
     });
   } else {
-    files = std::make_shared<WholeCheckpoint>(store.take(model_, optimizer(), state));
+    copy();
+  }
+  if (!why.empty()) {
+    taken.write = [why] { return RankFiles{why, {}}; };
+    return taken;
   }
   if (!files) return taken;
   taken.host_bytes = files->bytes;

@@ -152,8 +152,10 @@ std::unique_ptr<torch::optim::Optimizer> host_copy_of(torch::optim::Optimizer& o
               " parameter groups");
   const torch::optim::OptimizerParamGroup& group = optimizer.param_groups()[0];
   auto host = [](const at::Tensor& t) { return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); };
+  // optimizer.save writes a parameter's place in the group, never its values: each stands for
+  // one with an empty tensor of its own.
   std::vector<at::Tensor> params;
-  for (const at::Tensor& p : group.params()) params.push_back(host(p));
+  for (size_t i = 0; i < group.params().size(); ++i) params.push_back(at::empty({0}, at::kFloat));
   std::unique_ptr<torch::optim::Optimizer> copy;
   if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
     copy = std::make_unique<torch::optim::AdamW>(params, static_cast<const torch::optim::AdamWOptions&>(group.options()));

@@ -71,9 +71,10 @@ bool compact_optimizer_state(torch::optim::Optimizer& optimizer, const std::vect
 // there is no state yet (nothing moved).
 bool move_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
                           const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& move);
-// An optimizer of the same kind and options over host copies of `optimizer`'s parameters, its
-// state host copies of theirs: what optimizer.save writes, held still while training goes on
-// (checkpoint.async), saved by any thread. One parameter group.
+// An optimizer of the same kind and options, its state host copies of `optimizer`'s (over empty
+// stand-ins for the parameters, whose values optimizer.save does not write): what
+// optimizer.save writes, held still while training goes on (checkpoint.async), saved by any
+// thread. One parameter group.
 std::unique_ptr<torch::optim::Optimizer> host_copy_of(torch::optim::Optimizer& optimizer);
 // Forgets `param`'s state (a pipeline stage keeps only its own parameters' state).
 void drop_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);

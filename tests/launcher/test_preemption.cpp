@@ -352,8 +352,8 @@ TEST(AsyncCheckpoint, ADiskThatFillsDuringItsWriteEndsTheRunAndKeepsThePreviousO
 
 // Two sharded ranks (every rank writes its slices): the async checkpoints are, file for file, those
 // a run that waits for each writes; and resumed from one, the run trains on to the bytes of the
-// run never stopped.
-TEST(AsyncCheckpoint, ItsSlicesAreTheWaitingRunsAndItsResumeIsTheUninterruptedRun) {
+// run never stopped. Two replicas' whole checkpoints (rank 0 writes) too.
+TEST(AsyncCheckpoint, ItsFilesAreTheWaitingRunsAndItsResumeIsTheUninterruptedRun) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
   const std::string config = dir.write("job.toml", kJob);
@@ -371,8 +371,22 @@ TEST(AsyncCheckpoint, ItsSlicesAreTheWaitingRunsAndItsResumeIsTheUninterruptedRu
       const std::string bytes = read_file(async + "/" + file);
       EXPECT_FALSE(bytes.empty()) << async << "/" << file;
       EXPECT_TRUE(bytes == read_file(sync + "/" + file)) << async << "/" << file;
-      if (step == 6) EXPECT_TRUE(bytes == read_file(step_folder(dir.path("resumed/checkpoints"), 6) + "/" + file)) << file;
+      if (step == 6) {
+        EXPECT_TRUE(bytes == read_file(step_folder(dir.path("resumed/checkpoints"), 6) + "/" + file)) << file;
+      }
     }
+  }
+  // Replicas without sharding: rank 0 writes a whole checkpoint, and the other rank takes part in
+  // publishing it (the agreement after each step, the outcome gathered).
+  const std::string replicas = std::string(HT_BINARY) + " " + config + " --training.steps=6 --checkpoint.interval=2 ";
+  ASSERT_EQ(run(mpirun(2) + replicas + "--checkpoint.async=true --job.output_dir=" + dir.path("dp_async")), 0);
+  ASSERT_EQ(run(mpirun(2) + replicas + "--job.output_dir=" + dir.path("dp_sync")), 0);
+  for (int step : {2, 4, 6}) {
+    const std::string async = step_folder(dir.path("dp_async/checkpoints"), step);
+    EXPECT_EQ(CheckpointStore::verify(async), "") << async;
+    const std::string bytes = read_file(async + "/model.pt");
+    EXPECT_FALSE(bytes.empty()) << async;
+    EXPECT_TRUE(bytes == read_file(step_folder(dir.path("dp_sync/checkpoints"), step) + "/model.pt")) << async;
   }
   const std::string metrics = read_file(dir.path("async/metrics.jsonl"));
   EXPECT_THAT(metrics, HasSubstr("\"event\": \"checkpoint\", \"step\": 4"));

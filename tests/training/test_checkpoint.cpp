@@ -4,7 +4,12 @@
 #include "models/mlp.h"
 #include "tests/support/temp_dir.h"
 
+#include "base/user_error.h"
+
 #include <gmock/gmock.h>
+#include <sys/resource.h>
+
+#include <csignal>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
@@ -119,6 +124,77 @@ TEST(Checkpoint, KeepCountsUpToTheStepWrittenAndClearsAKilledRunsTemporaryFolder
   EXPECT_FALSE(std::filesystem::exists(dir.path("ckpt/.step_00000012.tmp")));
   store.save(*f.model, f.sgd, TrainerState{10, {}, 0});
   EXPECT_EQ(store.list(), std::vector<std::string>{dir.path("ckpt/step_00000010")});
+}
+
+// AdamW through the copy a checkpoint is written from (host_copy_of): its moments and step counts
+// come back, and the copy holds the state once and the parameters once. (The group's learning
+// rate is written but libtorch 1.13's load keeps the configured one; the trainer sets it every
+// step from the schedule.)
+TEST(Checkpoint, AdamWsStateAndLearningRateComeBackThroughTheHostCopy) {
+  TempDir dir;
+  Fixture a;
+  torch::optim::AdamW adamw(a.model->parameters(), torch::optim::AdamWOptions(0.01));
+  for (int i = 0; i < 2; ++i) {
+    for (auto& p : a.model->parameters()) p.mutable_grad() = at::randn_like(p);
+    adamw.step();
+  }
+  set_learning_rate(adamw, 0.0042);
+  const CheckpointStore store(dir.path("ckpt"), 1);
+  WholeCheckpoint taken = store.take(*a.model, adamw, TrainerState{2, {}, 0});
+  int64_t state_bytes = 0, parameter_bytes = 0;
+  for (const auto& p : a.model->parameters()) {
+    parameter_bytes += static_cast<int64_t>(p.nbytes());
+    for (const at::Tensor& t : optimizer_state(adamw, p)) state_bytes += static_cast<int64_t>(t.nbytes());
+  }
+  EXPECT_EQ(taken.bytes, parameter_bytes + state_bytes) << "the parameters once, and their state";
+  std::vector<at::Tensor> at_copy;
+  for (auto& p : a.model->parameters()) {
+    at_copy.push_back(p.detach().clone());
+    p.detach().add_(1.0);  // training goes on: the copy holds still
+  }
+  store.write_unpublished(taken);
+  const std::string folder = store.publish(2);
+  EXPECT_EQ(CheckpointStore::verify(folder), "");
+  Fixture b;
+  torch::optim::AdamW loaded(b.model->parameters(), torch::optim::AdamWOptions(0.01));
+  CheckpointStore::load(folder, *b.model, loaded);
+  const auto pa = a.model->parameters(), pb = b.model->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(pb[i].equal(at_copy[i])) << i << ": the values at the copy";
+    const std::vector<at::Tensor> sa = optimizer_state(adamw, pa[i]), sb = optimizer_state(loaded, pb[i]);
+    ASSERT_EQ(sa.size(), 3u);
+    ASSERT_EQ(sb.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(sa[k].equal(sb[k])) << i << " state " << k;
+  }
+}
+
+// A write the disk refuses partway through an archive (a file-size limit here, as a disk that
+// fills after the space check): an error naming the file, nothing kept, the previous checkpoint
+// whole, and the process alive (libtorch's archive writer ends it if told a write fell short).
+TEST(Checkpoint, AWriteRefusedPartwayLeavesThePreviousCheckpoint) {
+  TempDir dir;
+  Fixture f;
+  const CheckpointStore store(dir.path("ckpt"), 2);
+  const std::string first = store.save(*f.model, f.sgd, TrainerState{1, {}, 0});
+  struct rlimit before {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+  struct rlimit small = before;
+  small.rlim_cur = 200;  // inside model.pt's first tensor record
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string error;
+  try {
+    store.save(*f.model, f.sgd, TrainerState{2, {}, 0});
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, previous_handler);
+  EXPECT_THAT(error, HasSubstr("the disk refused model.pt (File too large)"));
+  EXPECT_THAT(error, HasSubstr("the previous checkpoint, " + first + ", is as it was"));
+  EXPECT_EQ(store.list(), std::vector<std::string>{first});
+  EXPECT_FALSE(std::filesystem::exists(dir.path("ckpt/.step_00000002.tmp")));
+  EXPECT_EQ(CheckpointStore::verify(first), "");
 }
 
 TEST(Checkpoint, DamageIsDetected) {

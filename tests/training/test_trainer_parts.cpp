@@ -85,7 +85,9 @@ std::vector<at::Tensor> train(const RunPlan& plan, HalvingSync** sync) {
   trainer.run(nullptr);
   std::vector<at::Tensor> out;
   for (const at::Tensor& p : model->parameters()) out.push_back(p.detach().clone());
-  if (sync != nullptr) EXPECT_EQ(trainer.state().step, 3);
+  if (sync != nullptr) {
+    EXPECT_EQ(trainer.state().step, 3);
+  }
   return out;
 }
 
