@@ -42,6 +42,12 @@ MPI_Datatype mpi_bytes_type(const at::Tensor& t) {
   }
 }
 
+// MPI has no 16-bit float types: bf16 and fp16 are summed in fp32 and rounded once (tensor
+// parallelism's activations under bf16 autocast stopped in "BFloat16 tensors are not supported").
+bool sums_in_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
 void check_tensor(const at::Tensor& t, const char* what) {
   if (!t.is_cpu() || !t.is_contiguous()) {
     throw std::runtime_error(std::string("MPI collective on ") + what + ": needs a contiguous CPU tensor");
@@ -267,6 +273,12 @@ void MpiCommunicator::check(int rc, const char* collective, const char* what) co
 
 void MpiCommunicator::allreduce_sum(at::Tensor& t, const char* what) {
   check_tensor(t, what);
+  if (sums_in_float(t)) {
+    at::Tensor wide = t.to(at::kFloat);
+    allreduce_sum(wide, what);
+    t.copy_(wide);
+    return;
+  }
   Watched watched(*this, "the all-reduce", what);
   check(MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), MPI_SUM, comm_),
         "the all-reduce", what);
@@ -275,7 +287,7 @@ void MpiCommunicator::allreduce_sum(at::Tensor& t, const char* what) {
 void MpiCommunicator::broadcast(at::Tensor& t, int root, const char* what) {
   check_tensor(t, what);
   Watched watched(*this, "the broadcast", what);
-  check(MPI_Bcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), root, comm_), "the broadcast", what);
+  check(MPI_Bcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_bytes_type(t), root, comm_), "the broadcast", what);
 }
 
 namespace {
@@ -301,6 +313,13 @@ void MpiCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& sha
   check_tensor(full, what);
   check_tensor(shard, what);
   check_shard_arguments(*this, full, shard, counts, "the reduce-scatter", what);
+  if (sums_in_float(full)) {
+    const at::Tensor wide = full.to(at::kFloat);
+    at::Tensor wide_shard = shard.to(at::kFloat);
+    reduce_scatter_sum(wide, wide_shard, counts, what);
+    shard.copy_(wide_shard);
+    return;
+  }
   const std::vector<int> ints = int_counts(counts, "the reduce-scatter", what);
   Watched watched(*this, "the reduce-scatter", what);
   check(MPI_Reduce_scatter(full.data_ptr(), shard.data_ptr(), ints.data(), mpi_type(full, what), MPI_SUM, comm_),
@@ -334,13 +353,13 @@ void MpiCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, cons
 void MpiCommunicator::send(const at::Tensor& t, int to, const char* what) {
   check_tensor(t, what);
   Watched watched(*this, "the send", what);
-  check(MPI_Send(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), to, 0, comm_), "the send", what);
+  check(MPI_Send(t.data_ptr(), static_cast<int>(t.numel()), mpi_bytes_type(t), to, 0, comm_), "the send", what);
 }
 
 void MpiCommunicator::recv(at::Tensor& t, int from, const char* what) {
   check_tensor(t, what);
   Watched watched(*this, "the receive", what);
-  check(MPI_Recv(t.data_ptr(), static_cast<int>(t.numel()), mpi_type(t, what), from, 0, comm_, MPI_STATUS_IGNORE),
+  check(MPI_Recv(t.data_ptr(), static_cast<int>(t.numel()), mpi_bytes_type(t), from, 0, comm_, MPI_STATUS_IGNORE),
         "the receive", what);
 }
 

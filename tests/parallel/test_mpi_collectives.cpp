@@ -34,8 +34,26 @@ TEST(MpiCollectives, AllreduceAndBroadcast) {
   at::Tensor b = at::full({3}, r == 0 ? 7.0 : -1.0, at::kDouble);
   c.broadcast(b, 0, "a test tensor");
   EXPECT_TRUE(b.equal(at::full({3}, 7.0, at::kDouble)));
-  at::Tensor half = at::ones({2}, at::kHalf);
-  EXPECT_THROW(c.allreduce_sum(half, "a half tensor"), std::runtime_error) << "says which types work";
+  at::Tensor bool_tensor = at::ones({2}, at::kBool);
+  EXPECT_THROW(c.allreduce_sum(bool_tensor, "a bool tensor"), std::runtime_error) << "says which types work";
+  // 16-bit floats (tensor parallelism's activations under autocast): summed in fp32, rounded once.
+  // 1 + 2^-8 on every rank is not a bf16 number; n of it, summed in fp32, is rounded once.
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    at::Tensor s = at::full({4}, 1.0 + 1.0 / 256 * (r + 1), at::kFloat).to(dtype);
+    const at::Tensor wide = s.to(at::kFloat);
+    at::Tensor expected = wide.clone();
+    c.allreduce_sum(expected, "the fp32 sum");
+    c.allreduce_sum(s, "a 16-bit tensor");
+    EXPECT_EQ(s.scalar_type(), dtype);
+    EXPECT_TRUE(s.equal(expected.to(dtype))) << c10::toString(dtype) << ": " << s << " expected " << expected;
+    at::Tensor shard = at::empty({2}, dtype);
+    const at::Tensor full = at::full({2 * n}, 1.5, dtype);
+    c.reduce_scatter_sum(full, shard, std::vector<int64_t>(static_cast<size_t>(n), 2), "a 16-bit tensor");
+    EXPECT_TRUE(shard.equal(at::full({2}, 1.5 * n, dtype))) << c10::toString(dtype) << ": " << shard;
+  }
+  at::Tensor sent = at::full({3}, r == 0 ? 2.5 : 0.0, at::kBFloat16);
+  c.broadcast(sent, 0, "a bf16 tensor");
+  EXPECT_TRUE(sent.equal(at::full({3}, 2.5, at::kBFloat16)));
 }
 
 // Counts that differ between ranks (rank r has r + 2 elements; rank 0 none where there are 3
