@@ -58,19 +58,65 @@ std::string format_bytes(int64_t bytes) {
   return buf;
 }
 
+namespace {
+
+// A cgroup file's number; 0 where it is missing, or says "max", or is v1's "no limit" (about 2^63).
+int64_t cgroup_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return 0;
+  const unsigned long long value = std::strtoull(text.c_str(), nullptr, 10);
+  return value >= (1ULL << 62) ? 0 : static_cast<int64_t>(value);
+}
+
+}  // namespace
+
+CgroupMemory cgroup_memory(const std::string& proc_cgroup, const std::string& sys_root) {
+  std::ifstream in(proc_cgroup);
+  for (std::string line; std::getline(in, line);) {
+    // "0::/path" (v2), "4:memory:/path" (v1)
+    const size_t first = line.find(':'), second = first == std::string::npos ? first : line.find(':', first + 1);
+    if (second == std::string::npos) continue;
+    const std::string id = line.substr(0, first), controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    const bool v2 = id == "0" && controllers.empty();
+    if (!v2 && ("," + controllers + ",").find(",memory,") == std::string::npos) continue;
+    const std::string root = v2 ? sys_root : sys_root + "/memory";
+    const char* limit = v2 ? "/memory.max" : "/memory.limit_in_bytes";
+    const char* usage = v2 ? "/memory.current" : "/memory.usage_in_bytes";
+    // The group's own folder; in a container without a cgroup namespace, the path is the host's
+    // and the container sees its own group mounted at the root.
+    for (const std::string& at : {root + path, root}) {
+      if (!std::ifstream(at + limit)) continue;
+      CgroupMemory m{cgroup_number(at + limit), cgroup_number(at + usage)};
+      if (m.limit > 0) return m;
+      break;
+    }
+  }
+  return {};
+}
+
 int64_t host_physical_memory_bytes() {
-  return static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE));
+  const int64_t physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE));
+  const CgroupMemory cgroup = cgroup_memory();
+  return cgroup.limit > 0 ? std::min(physical, cgroup.limit) : physical;
 }
 
 int64_t host_available_memory_bytes() {
+  int64_t available = host_physical_memory_bytes() / 2;  // no /proc: assume half is free
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   int64_t kib = 0;
   std::string unit;
   while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
   }
-  return host_physical_memory_bytes() / 2;  // no /proc: assume half is free
+  const CgroupMemory cgroup = cgroup_memory();
+  if (cgroup.limit > 0) available = std::min(available, std::max<int64_t>(0, cgroup.limit - cgroup.used));
+  return available;
 }
 
 }  // namespace ht
