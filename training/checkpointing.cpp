@@ -85,7 +85,7 @@ class AsyncCheckpointing final : public Checkpointing {
       if (!written) {
         r.waited_s = seconds_since(start);
         char text[160];
-        std::snprintf(text, sizeof text, "checkpoint of step %lld: waited %.1f s for the checkpoint of step %lld to be "
+        std::snprintf(text, sizeof text, "checkpoint of step %lld: waited %.2f s for the checkpoint of step %lld to be "
                       "written (one is written at a time)", static_cast<long long>(state.step), r.waited_s,
                       static_cast<long long>(writing));
         progress_.line(text);
