@@ -2,6 +2,7 @@
 #include "training/checkpointing.h"
 
 #include "alloc/byte_size.h"
+#include "training/checkpoint_files.h"
 #include "base/clock.h"
 
 #include <chrono>
@@ -22,8 +23,7 @@ namespace {
 // not write may look before rank 0 has published it).
 std::string folder_of_step(const CheckpointStore& store, int64_t step) {
   for (const std::string& folder : store.list()) {
-    const std::string name = folder.substr(folder.rfind("step_") + 5);
-    if (std::strtoll(name.c_str(), nullptr, 10) == step) return folder;
+    if (checkpoint_files::step_of_folder(folder) == step) return folder;
   }
   return "";
 }

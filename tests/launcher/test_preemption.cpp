@@ -263,6 +263,17 @@ struct SmallDisk {
   bool mounted = false;
 };
 
+// After a checkpoint the disk refused: the one before is the only one, whole, and nothing of the
+// refused one is left.
+void expect_one_whole_checkpoint_and_no_temporary(const std::string& checkpoints) {
+  const std::vector<std::string> saved = CheckpointStore(checkpoints, 10).list();
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(CheckpointStore::verify(saved[0]), "");
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
+    EXPECT_EQ(entry.path().filename().string().rfind(".", 0), std::string::npos) << "a temporary left: " << entry.path();
+  }
+}
+
 TEST(CheckpointFaults, ADiskThatFillsKeepsThePreviousCheckpointAndSaysWhatItNeeds) {
   TempDir dir;
   // One checkpoint of this MLP takes about 140 KB (parameters and momentum): the first fits, the
@@ -277,12 +288,7 @@ TEST(CheckpointFaults, ADiskThatFillsKeepsThePreviousCheckpointAndSaysWhatItNeed
   EXPECT_THAT(full.output, ::testing::ContainsRegex(checkpoints + ": not enough free space for writing the "
                                                    "checkpoint of step 2, which needs about [0-9]+ bytes \\([0-9]+ free now\\)"));
   EXPECT_THAT(full.output, HasSubstr("the previous checkpoint, " + step_folder(checkpoints, 1) + ", is as it was"));
-  const std::vector<std::string> saved = CheckpointStore(checkpoints, 10).list();
-  ASSERT_EQ(saved.size(), 1u);
-  EXPECT_EQ(CheckpointStore::verify(saved[0]), "");
-  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
-    EXPECT_EQ(entry.path().filename().string().rfind(".", 0), std::string::npos) << "a temporary left: " << entry.path();
-  }
+  expect_one_whole_checkpoint_and_no_temporary(checkpoints);
   // resume = latest finds it (and stops again at the same wall: the disk is still full).
   const ProcessResult resumed = run_binary(config + " --training.steps=1 --checkpoint.resume=latest --checkpoint.dir=" +
                                            checkpoints + " --job.output_dir=" + dir.path("resumed"));
@@ -342,12 +348,7 @@ TEST(AsyncCheckpoint, ADiskThatFillsDuringItsWriteEndsTheRunAndKeepsThePreviousO
                                                     "[0-9 to]+ trained, was not written: " + checkpoints +
                                                     ": not enough free space for writing the checkpoint of step 2"));
   EXPECT_THAT(full.output, HasSubstr("the previous checkpoint, " + step_folder(checkpoints, 1) + ", is as it was"));
-  const std::vector<std::string> saved = CheckpointStore(checkpoints, 10).list();
-  ASSERT_EQ(saved.size(), 1u);
-  EXPECT_EQ(CheckpointStore::verify(saved[0]), "");
-  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
-    EXPECT_EQ(entry.path().filename().string().rfind(".", 0), std::string::npos) << "a temporary left: " << entry.path();
-  }
+  expect_one_whole_checkpoint_and_no_temporary(checkpoints);
 }
 
 // Two sharded ranks (every rank writes its slices): the async checkpoints are, file for file, those
