@@ -1,6 +1,8 @@
 #include "training/optimizer.h"
 
 #include "training/compact.h"
+#include "training/fused_optimizer.h"
+#include "training/optimizer_state_key.h"
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -15,11 +17,10 @@ namespace ht {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o,
                                                         const std::vector<at::Tensor>& params) {
   if (o.kind == OptimizerKind::kAdamw) {
-    return std::make_unique<torch::optim::AdamW>(
+    return std::make_unique<FusedAdamW>(
         params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
   }
-  return std::make_unique<torch::optim::SGD>(
-      params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
+  return std::make_unique<FusedSgd>(params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
 }
 
 double learning_rate_at(const OptimizerOptions& t, int64_t step, int64_t total_steps) {
@@ -54,10 +55,14 @@ double combine_norms(const at::Tensor& norms) {
   return norms.numel() == 0 ? 0.0 : norms.norm().item<double>();
 }
 
+double clip_coefficient(double max_norm, double norm) {
+  return max_norm > 0.0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm) {
   at::NoGradGuard no_grad;
-  if (max_norm > 0.0 && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
+  const double scale = clip_coefficient(max_norm, norm);
+  if (scale != 1.0) {
     for (const at::Tensor& p : params)
       if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }
@@ -77,27 +82,22 @@ StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector
     scaler->update(outcome.stepped);
   }
   const double norm = stages.gradient_norm ? stages.gradient_norm() : combine_norms(gradient_norms(params));
-  outcome.grad_norm = clip_grad_norm(params, outcome.stepped ? t.grad_clip : 0.0, norm);
+  outcome.grad_norm = norm;
   if (!outcome.stepped) return outcome;
+  // A fused step applies the clipping coefficient as it reads each gradient (the same bits as
+  // scaling them first, without that pass); torch::optim's steps read them scaled.
+  const double coefficient = clip_coefficient(t.grad_clip, norm);
+  if (auto* fused = dynamic_cast<FusedStep*>(&optimizer)) {
+    fused->set_gradient_scale(coefficient);
+  } else {
+    clip_grad_norm(params, t.grad_clip, norm);
+  }
   set_learning_rate(optimizer, lr);
   optimizer.step();
   return outcome;
 }
 
 namespace {
-
-// torch::optim keys its per-parameter state by the parameter's TensorImpl: as the address's text
-// in libtorch 1.13, as the pointer itself in later versions.
-template <typename Key>
-Key state_key(const at::Tensor& param) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream text;
-    text << param.unsafeGetTensorImpl();
-    return text.str();
-  } else {
-    return param.unsafeGetTensorImpl();
-  }
-}
 
 torch::optim::OptimizerParamState* find_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
   auto& states = optimizer.state();

@@ -1,6 +1,7 @@
 #pragma once
-// The optimizer (torch::optim, fed our gradients), the learning-rate schedule (linear warmup,
-// then constant or cosine decay) and global-norm gradient clipping.
+// The optimizer (torch::optim's AdamW or SGD, each stepping a parameter in one fused pass:
+// training/fused_optimizer.h), the learning-rate schedule (linear warmup, then constant or cosine
+// decay) and global-norm gradient clipping.
 
 #include "training/loss_scaler.h"
 #include "training/optimizer_options.h"
@@ -21,6 +22,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& 
 double learning_rate_at(const OptimizerOptions& o, int64_t step, int64_t total_steps);
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
+// What clipping to `max_norm` multiplies the gradients by at global norm `norm`: max_norm / norm
+// (plus 1e-6) when the norm exceeds it and max_norm > 0; 1 otherwise.
+double clip_coefficient(double max_norm, double norm);
 // Returns the global L2 norm of the gradients; when max_norm > 0 and the norm exceeds it, scales
 // every gradient by max_norm / norm.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);

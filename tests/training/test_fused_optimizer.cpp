@@ -1,0 +1,130 @@
+// The fused optimizer (training/fused_optimizer.h) against torch::optim on the same parameters and
+// gradients: AdamW (with and without weight decay) and SGD (with and without momentum and weight
+// decay), bit for bit, over several steps at changing learning rates, on sizes that leave a tail
+// beside the vector width and that split across threads; the clipping coefficient applied inside
+// the pass equals scaling the gradients first; a parameter the pass does not take (double) steps as
+// torch::optim steps it.
+#include "training/fused_optimizer.h"
+#include "training/optimizer.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+
+namespace ht::test {
+namespace {
+
+using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<at::Tensor>&)>;
+
+std::vector<at::Tensor> parameters(at::ScalarType dtype) {
+  at::manual_seed(5);
+  std::vector<at::Tensor> out;
+  for (int64_t n : {1, 7, 33, 1000, 70001}) out.push_back(at::randn({n}, at::TensorOptions().dtype(dtype)).requires_grad_(true));
+  out.push_back(at::randn({37, 41}, at::TensorOptions().dtype(dtype)).requires_grad_(true));
+  return out;
+}
+
+std::vector<at::Tensor> copies(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : params) out.push_back(p.detach().clone().requires_grad_(true));
+  return out;
+}
+
+// Steps both optimizers `steps` times on the same gradients; the reference's gradients are
+// multiplied by `scale` first, the fused one is told it. Every parameter and state tensor must
+// be the same bits after every step.
+void expect_same_steps(const MakeOptimizer& fused_of, const MakeOptimizer& reference_of, at::ScalarType dtype,
+                       double scale = 1.0, int steps = 4) {
+  std::vector<at::Tensor> mine = parameters(dtype), theirs = copies(mine);
+  std::unique_ptr<torch::optim::Optimizer> fused = fused_of(mine), reference = reference_of(theirs);
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    at::manual_seed(100 + step);
+    const double lr = 0.01 * (step + 1);
+    set_learning_rate(*fused, lr);
+    set_learning_rate(*reference, lr);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const at::Tensor g = at::randn(mine[i].sizes(), mine[i].options().requires_grad(false)) * (step % 2 == 0 ? 1e-3 : 5.0);
+      mine[i].mutable_grad() = g.clone();
+      theirs[i].mutable_grad() = g.clone();
+      if (scale != 1.0) theirs[i].mutable_grad().mul_(scale);
+    }
+    dynamic_cast<FusedStep&>(*fused).set_gradient_scale(scale);
+    fused->step();
+    reference->step();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      SCOPED_TRACE("parameter of " + std::to_string(mine[i].numel()) + " elements");
+      EXPECT_TRUE(mine[i].equal(theirs[i])) << "largest difference " << (mine[i] - theirs[i]).abs().max().item<double>();
+      const std::vector<at::Tensor> a = optimizer_state(*fused, mine[i]), b = optimizer_state(*reference, theirs[i]);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(a[k].equal(b[k])) << "state tensor " << k;
+    }
+  }
+}
+
+MakeOptimizer adamw(double weight_decay, bool fused) {
+  return [=](const std::vector<at::Tensor>& p) -> std::unique_ptr<torch::optim::Optimizer> {
+    const auto o = torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(weight_decay);
+    if (fused) return std::make_unique<FusedAdamW>(p, o);
+    return std::make_unique<torch::optim::AdamW>(p, o);
+  };
+}
+
+MakeOptimizer sgd(double momentum, double weight_decay, bool fused) {
+  return [=](const std::vector<at::Tensor>& p) -> std::unique_ptr<torch::optim::Optimizer> {
+    const auto o = torch::optim::SGDOptions(0.01).momentum(momentum).weight_decay(weight_decay);
+    if (fused) return std::make_unique<FusedSgd>(p, o);
+    return std::make_unique<torch::optim::SGD>(p, o);
+  };
+}
+
+TEST(FusedOptimizer, AdamWIsTorchOptimsBitForBit) {
+  for (double wd : {0.0, 0.1}) {
+    SCOPED_TRACE("weight decay " + std::to_string(wd));
+    expect_same_steps(adamw(wd, true), adamw(wd, false), at::kFloat);
+  }
+}
+
+TEST(FusedOptimizer, SgdIsTorchOptimsBitForBit) {
+  for (double momentum : {0.0, 0.9}) {
+    for (double wd : {0.0, 1e-4}) {
+      SCOPED_TRACE("momentum " + std::to_string(momentum) + ", weight decay " + std::to_string(wd));
+      expect_same_steps(sgd(momentum, wd, true), sgd(momentum, wd, false), at::kFloat);
+    }
+  }
+}
+
+TEST(FusedOptimizer, TheClippingCoefficientInsideThePassIsScalingTheGradientsFirst) {
+  expect_same_steps(adamw(0.1, true), adamw(0.1, false), at::kFloat, 0.37);
+  expect_same_steps(sgd(0.9, 1e-4, true), sgd(0.9, 1e-4, false), at::kFloat, 0.37);
+}
+
+TEST(FusedOptimizer, AParameterThePassDoesNotTakeStepsAsTorchOptimSteps) {
+  expect_same_steps(adamw(0.1, true), adamw(0.1, false), at::kDouble, 0.5);
+  expect_same_steps(sgd(0.9, 1e-4, true), sgd(0.9, 1e-4, false), at::kDouble, 0.5);
+}
+
+// What the trainer builds is the fused kind; its state reads back and is copied to host as
+// torch::optim's is (checkpoints: training/optimizer.h).
+TEST(FusedOptimizer, TheTrainersOptimizerIsFusedAndItsStateIsTorchOptims) {
+  std::vector<at::Tensor> params = parameters(at::kFloat);
+  OptimizerOptions o;
+  o.kind = OptimizerKind::kAdamw;
+  std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(o, params);
+  EXPECT_NE(dynamic_cast<FusedAdamW*>(optimizer.get()), nullptr);
+  EXPECT_EQ(optimizer_name(*optimizer), "adamw");
+  for (at::Tensor& p : params) p.mutable_grad() = at::ones_like(p);
+  optimizer->step();
+  const std::vector<at::Tensor> state = optimizer_state(*optimizer, params[2]);
+  ASSERT_EQ(state.size(), 3u);
+  EXPECT_EQ(state[0].item<int64_t>(), 1);
+  const std::unique_ptr<torch::optim::Optimizer> copy = host_copy_of(*optimizer);
+  EXPECT_EQ(optimizer_name(*copy), "adamw");
+  o.kind = OptimizerKind::kSgd;
+  EXPECT_NE(dynamic_cast<FusedSgd*>(make_optimizer(o, params).get()), nullptr);
+}
+
+}  // namespace
+}  // namespace ht::test

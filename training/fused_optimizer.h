@@ -1,0 +1,51 @@
+#pragma once
+// AdamW and SGD with momentum as one pass over each parameter: each element's gradient, state and
+// weight are read once and written once (libtorch's step runs five to seven kernels per parameter,
+// each a pass over memory: 108 bytes moved per fp32 parameter for AdamW against the fused pass's
+// 32). They are torch::optim's own classes with step() replaced, so their options, state,
+// save/load and every helper of training/optimizer.h are unchanged.
+//
+// The arithmetic is libtorch 1.13's kernels', element for element, in the same order with the
+// same roundings: where a kernel multiplies and adds in one fused multiply-add (ATen's add with
+// alpha, and its addcmul as GCC contracts it on a CPU with FMA) so does this pass, and nowhere
+// else. fp32 training is then bit for bit what torch::optim gives (tests/training/test_fused_optimizer.cpp).
+//
+// The clipping coefficient (max_norm / norm) is applied inside the pass, to each gradient as it is
+// read: the same bits as multiplying the gradients first, without the pass that did it.
+//
+// A parameter the pass does not take (not fp32, not dense and contiguous on the CPU, AdamW with
+// amsgrad) steps as torch::optim steps it, its gradient scaled first.
+
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+namespace ht {
+
+// What training/optimizer.cpp sets on a fused optimizer before its step.
+class FusedStep {
+ public:
+  virtual ~FusedStep() = default;
+  // Every gradient is multiplied by `scale` (in fp32) as the step reads it: 1 leaves them as they are.
+  void set_gradient_scale(double scale) { scale_ = scale; }
+
+ protected:
+  double scale_ = 1.0;
+};
+
+class FusedAdamW final : public torch::optim::AdamW, public FusedStep {
+ public:
+  using torch::optim::AdamW::AdamW;
+  at::Tensor step(LossClosure closure = nullptr) override;
+};
+
+class FusedSgd final : public torch::optim::SGD, public FusedStep {
+ public:
+  using torch::optim::SGD::SGD;
+  at::Tensor step(LossClosure closure = nullptr) override;
+};
+
+// True where this CPU runs the pass with fused multiply-adds in hardware (AVX2 with FMA, or
+// AVX-512): elsewhere it is correct but slow (each fused multiply-add a library call).
+bool fused_step_is_vectorized();
+
+}  // namespace ht
