@@ -37,7 +37,9 @@ struct Split {
     if (!on()) return linear(x, param_like(x, l.weight), l.bias.defined() ? param_like(x, l.bias) : Tensor());
     const Tensor partial = linear(x, param_like(x, l.weight));
     const Tensor y = sequence ? tp_reduce_scatter(partial, 1) : tp_reduce(partial);
-    return l.bias.defined() ? add(y, replicated(y, l.bias)) : y;
+    // The bias in the activation's type (under 16-bit autocast the product's, as one rank's
+    // linear adds it): an fp32 bias would widen the residual stream.
+    return l.bias.defined() ? add(y, cast(replicated(y, l.bias), y.dtype())) : y;
   }
   // A linear layer as the plan split it (PlannedLinear).
   Tensor linear_of(const Tensor& x, ParallelStyle style, const Linear& l) const {
@@ -226,9 +228,9 @@ class FeedForward : public torch::nn::Module {
     Tensor y;
     const int64_t f = hidden_ / split_.ranks;  // this rank's part of the hidden width
     if (options_.is_llama()) {
-      const Tensor gate_up = w13.forward(split_, x);  // (B, T, 2F)
-      const std::vector<Tensor> halves = split(gate_up, f, 2);
-      y = w2.forward(split_, mul(silu(halves[0]), halves[1]));
+      const Tensor gate_up = w13.forward(split_, x);  // (B, T, 2F): this rank's [gate | up]
+      TORCH_CHECK(gate_up.size(2) == 2 * f, "decoder: w13 gave ", gate_up.size(2), " features for 2 x ", f);
+      y = w2.forward(split_, swiglu(gate_up));
     } else {
       y = proj.forward(split_, gelu(fc.forward(split_, x), /*tanh_approximation=*/true));
     }

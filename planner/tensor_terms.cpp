@@ -95,45 +95,57 @@ double tensor_parallel_ms(const Machine& machine, int t, const TensorTraffic& x,
   return messages * alpha_ms + bytes / (gbps * 1e9) * 1e3;
 }
 
-int64_t layer_activation_bytes(const TensorShape& s, int64_t b, int t, bool sp, std::string* why) {
+int64_t layer_activation_bytes(const TensorShape& s, int64_t b, int t, bool sp, std::string* why,
+                               int64_t element_bytes) {
   const int64_t bs = b * s.sequence, h = s.hidden, hd = s.hidden / s.heads;
   const int64_t piece = sp && t > 1 ? bs / t : bs;  // rows of the replicated region on a rank
   const int64_t q = bs * s.heads / t * hd, kv = bs * s.kv_heads / t * hd, f = bs * s.mlp_hidden / t;
-  // Attention's output (B, H, T, hd) back to (B, T, H hd): a copy, but a view when a rank holds one head.
-  const int64_t merged = s.heads / t > 1 ? q : 0;
+  // Activations in the compute type (`element_bytes`); the per-row statistics in fp32. Each
+  // item is one tensor (one arena block). Attention's output is laid out (B, T, H, hd), so the
+  // output projection's input (the heads merged) is a view of it, not a copy; SwiGLU's product
+  // is one op that keeps w13's output and recomputes silu(gate) in backward.
   struct Item {
     const char* what;
     int64_t elements;
+    int64_t bytes_each;
   };
+  const int64_t a = element_bytes;
   std::vector<Item> items;
   if (s.llama) {
-    items = {{"the attention norm's input and its reciprocal RMS", piece * h + piece},
-             {"the attention norm's output (wqkv's input)", piece * h},
-             {"rotated queries and keys, the values' copy", q + 2 * kv},
-             {"attention's output and its log-sum-exp", q + bs * s.heads / t},
-             {"wo's input (the heads merged)", merged},
-             {"the MLP norm's input and its reciprocal RMS", piece * h + piece},
-             {"the MLP norm's output (w13's input)", piece * h},
-             {"w13's output (gate and up, kept by their views)", 2 * f},
-             {"silu(gate), and w2's input", 2 * f}};
+    items = {{"the attention norm's input", piece * h, a},
+             {"  its reciprocal RMS (fp32)", piece, 4},
+             {"the attention norm's output (wqkv's input)", piece * h, a},
+             {"rotated queries", q, a},
+             {"rotated keys", kv, a},
+             {"the values' copy", kv, a},
+             {"attention's output (wo's input, the heads merged as a view)", q, a},
+             {"  its log-sum-exp (fp32)", bs * s.heads / t, 4},
+             {"the MLP norm's input", piece * h, a},
+             {"  its reciprocal RMS (fp32)", piece, 4},
+             {"the MLP norm's output (w13's input)", piece * h, a},
+             {"w13's output: gate and up (SwiGLU's input)", 2 * f, a},
+             {"SwiGLU's output (w2's input)", f, a}};
   } else {
-    items = {{"the attention norm's input, mean and 1/std", piece * h + 2 * piece},
-             {"the attention norm's output (wqkv's input)", piece * h},
-             {"wqkv's output (queries, keys and values, kept by their views)", q + 2 * kv},
-             {"attention's output and its log-sum-exp", q + bs * s.heads / t},
-             {"wo's input (the heads merged)", merged},
-             {"the MLP norm's input, mean and 1/std", piece * h + 2 * piece},
-             {"the MLP norm's output (fc's input)", piece * h},
-             {"fc's output (GELU's input), and proj's input", 2 * f}};
+    items = {{"the attention norm's input", piece * h, a},
+             {"  its mean and 1/std (fp32)", 2 * piece, 4},
+             {"the attention norm's output (wqkv's input)", piece * h, a},
+             {"wqkv's output (queries, keys and values, kept by their views)", q + 2 * kv, a},
+             {"attention's output (wo's input, the heads merged as a view)", q, a},
+             {"  its log-sum-exp (fp32)", bs * s.heads / t, 4},
+             {"the MLP norm's input", piece * h, a},
+             {"  its mean and 1/std (fp32)", 2 * piece, 4},
+             {"the MLP norm's output (fc's input)", piece * h, a},
+             {"fc's output (GELU's input)", f, a},
+             {"GELU's output (proj's input)", f, a}};
   }
   int64_t bytes = 0;
   std::string text;
   for (const Item& i : items) {
     if (i.elements == 0) continue;
-    bytes += arena_bytes(4 * i.elements);
+    bytes += arena_bytes(i.bytes_each * i.elements);
     if (why != nullptr) {
       char line[160];
-      std::snprintf(line, sizeof line, "  %-64s %lld\n", i.what, static_cast<long long>(4 * i.elements));
+      std::snprintf(line, sizeof line, "  %-64s %lld\n", i.what, static_cast<long long>(i.bytes_each * i.elements));
       text += line;
     }
   }

@@ -54,10 +54,12 @@ TensorTraffic tensor_parallel_traffic(const TensorShape& shape, int64_t micro_ba
 // `activation_bytes` per element (4 in fp32, 2 under bf16 autocast), the rest (norm weights,
 // the loss's row statistics) at 4.
 double tensor_parallel_ms(const Machine& machine, int t, const TensorTraffic& traffic, int64_t activation_bytes);
-// Bytes one decoder layer saves for backward on one rank in fp32 (training.mixed_precision =
-// "off", no dropout), tensor by tensor (docs/parallelism.md lists them); `why` (may be null) gets
-// the list in words.
+// Bytes one decoder layer saves for backward on one rank (no dropout), tensor by tensor
+// (docs/memory.md lists them): activations at `element_bytes` each (4 in fp32, 2 under
+// training.mixed_precision = "bf16" or "fp16"), the norms' and attention's per-row statistics in
+// fp32; `why` (may be null) gets the list in words. Under 16-bit autocast the layer's weights'
+// 16-bit copies are not counted: they are the model's, not its activations.
 int64_t layer_activation_bytes(const TensorShape& shape, int64_t micro_batch, int t, bool sequence_parallel,
-                               std::string* why = nullptr);
+                               std::string* why = nullptr, int64_t element_bytes = 4);
 
 }  // namespace ht

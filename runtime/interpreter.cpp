@@ -89,7 +89,12 @@ std::vector<Tensor> Interpreter::apply(std::shared_ptr<const Op> op,
   if (autocast_) {
     const std::vector<Tensor> cast = autocast_inputs(*op, inputs);
     if (!cast.empty()) return apply(std::move(op), cast);  // now in the op's types: no second cast
+    if (op->traits().precision == Precision::kLowOutput) return autocast_outputs(run(std::move(op), inputs));
   }
+  return run(std::move(op), inputs);
+}
+
+std::vector<Tensor> Interpreter::run(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs) {
   if (options_.mode == ExecutionMode::kAutograd) return apply_autograd(std::move(op), inputs);
   const OpTraits& traits = op->traits();
   TORCH_CHECK(!traits.in_place, "op ", traits.name,

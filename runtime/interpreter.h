@@ -151,6 +151,10 @@ class Interpreter final : public Rematerializer {
   // The inputs cast for autocast, or empty when the op takes them as they are (runtime/interpreter_autocast.cpp).
   std::vector<Tensor> autocast_inputs(const Op& op, const std::vector<Tensor>& inputs);
   Tensor cast_for_autocast(const Tensor& x, at::ScalarType dtype);
+  // `outputs` with each fp32 one cast to the low type (Precision::kLowOutput).
+  std::vector<Tensor> autocast_outputs(std::vector<Tensor> outputs);
+  // apply's work once the inputs are in the op's types: record and run it (or hand it to autograd).
+  std::vector<Tensor> run(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs);
   std::vector<Tensor> apply_autograd(std::shared_ptr<const Op> op, const std::vector<Tensor>& inputs);
   // Runs path.op over its (resident) inputs, pinned meanwhile; times it.
   std::vector<at::Tensor> run_kernel(ComputePath& path, bool recompute);

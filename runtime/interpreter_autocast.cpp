@@ -25,7 +25,8 @@ std::vector<Tensor> Interpreter::autocast_inputs(const Op& op, const std::vector
   const Precision precision = op.traits().precision;
   std::optional<at::ScalarType> target;  // for every input but input 0 of kFloat32Weights
   switch (precision) {
-    case Precision::kAsIs: return {};
+    case Precision::kAsIs:
+    case Precision::kLowOutput: return {};
     case Precision::kLow: target = *autocast_; break;
     case Precision::kFloat32:
     case Precision::kFloat32Weights: target = at::kFloat; break;
@@ -63,6 +64,13 @@ Tensor Interpreter::cast_for_autocast(const Tensor& x, at::ScalarType dtype) {
   if (it == cast_cache_.end()) cast_order_.push_back(key);
   cast_cache_[key] = CachedCast{value, value._version(), copy};
   return copy;
+}
+
+std::vector<Tensor> Interpreter::autocast_outputs(std::vector<Tensor> outputs) {
+  for (Tensor& out : outputs) {
+    if (out.dtype() == at::kFloat) out = cast(out, *autocast_);
+  }
+  return outputs;
 }
 
 void Interpreter::clear_cast_cache() {

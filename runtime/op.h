@@ -24,8 +24,15 @@ enum class Precision : uint8_t {
   // Input 0 keeps its type, the others (weights) are fp32: batch norm, whose kernel keeps its
   // statistics and accumulates in fp32 and writes its output in the input's type, as cuDNN's does
   // under PyTorch's autocast. A bf16 network then saves bf16 activations around its norms.
+  // Layer and RMS norm do the same: a 16-bit input stays 16-bit and so does the output (the
+  // residual stream and the norms' outputs are activations in the compute type); the kernel
+  // widens it to fp32 for the statistics and the arithmetic, and rounds once.
   kFloat32Weights,
   kAsIs,     // never cast: the cast op itself, and ops that cast inside (cross_entropy)
+  // Inputs as they are; floating outputs cast to the low type: the embedding lookups, whose rows
+  // start the residual stream in 16 bits (the rows a 16-bit table would give, without casting the
+  // table; the gradient reaches the fp32 table through the cast and is summed in fp32).
+  kLowOutput,
 };
 
 // What an op's kernel spends its time on, for the modelled cost of recomputing it
@@ -140,6 +147,10 @@ struct OpTraits {
   }
   OpTraits& with_float32_weights() {
     precision = Precision::kFloat32Weights;
+    return *this;
+  }
+  OpTraits& with_low_precision_output() {
+    precision = Precision::kLowOutput;
     return *this;
   }
 };

@@ -24,6 +24,8 @@ Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 // x * sigmoid(x) (SwiGLU's gate)
 Tensor silu(const Tensor& x);
+// silu(gate) * up of x = [gate | up] (..., 2F) -> (..., F): SwiGLU's product, saving x alone.
+Tensor swiglu(const Tensor& x);
 // x where mask is false, `value` where it is true (mask: bool, broadcast to x).
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 

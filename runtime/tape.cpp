@@ -20,10 +20,13 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
     // A 16-bit copy of a wider value that several ops read (autocast's one copy of a weight, read
     // by each chunk of the output layer) sums their gradients in the source's type, as a single
     // product's accumulator would; its cast's backward hands the sum on as it is.
+    // (Both terms are widened here, where a meta trace sees the copies: a sum of mixed types
+    // would convert the narrow one inside ATen's kernel, in a buffer no trace holds.)
     const ComputePath* producer = t.producer.get();
-    if (so_far.defined() && producer != nullptr && producer->op->traits().converts_type &&
-        static_cast<size_t>(so_far.element_size()) < c10::elementSize(producer->inputs[0]->dtype)) {
-      so_far = so_far.to(producer->inputs[0]->dtype);
+    if (so_far.defined() && producer != nullptr && producer->op->traits().converts_type) {
+      const at::ScalarType wide = producer->inputs[0]->dtype;
+      if (static_cast<size_t>(so_far.element_size()) < c10::elementSize(wide)) so_far = so_far.to(wide);
+      if (grad.scalar_type() != so_far.scalar_type()) grad = grad.to(so_far.scalar_type());
     }
     t.grad = so_far.defined() ? so_far + grad : std::move(grad);
     memory.gradient_pending(t);

@@ -74,9 +74,11 @@ HT_FUSED_CLONES void sgd_pass(float* p, const float* g, float* buf, int64_t n, c
 }
 
 // The pass takes dense, contiguous fp32 tensors on the CPU, its state laid out as the parameter.
+// On meta tensors (a step traced without data, launcher/planning/meta_trace.h) as on the CPU: the
+// pass allocates nothing but the state, and has no values to compute.
 bool fusable(const at::Tensor& p, const at::Tensor& grad) {
-  return p.device().is_cpu() && p.scalar_type() == at::kFloat && grad.scalar_type() == at::kFloat &&
-         !grad.is_sparse() && p.is_contiguous() && grad.is_contiguous() && !p.is_meta();
+  return (p.device().is_cpu() || p.is_meta()) && p.scalar_type() == at::kFloat && grad.scalar_type() == at::kFloat &&
+         !grad.is_sparse() && p.is_contiguous() && grad.is_contiguous();
 }
 
 bool fusable_state(const at::Tensor& p, const at::Tensor& state) {
@@ -155,6 +157,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
         p.addcdiv_(m, denom, -(o.lr() / bias1));
         continue;
       }
+      if (p.is_meta()) continue;
       AdamWScalars s;
       s.grad_scale = static_cast<float>(scale_);
       s.decay = o.weight_decay() != 0 ? static_cast<float>(1 - o.lr() * o.weight_decay()) : 1.0f;
@@ -226,6 +229,7 @@ at::Tensor FusedSgd::step(LossClosure closure) {
           buf = state->momentum_buffer();
         }
       }
+      if (p.is_meta()) continue;
       SgdScalars s;
       s.grad_scale = static_cast<float>(scale_);
       s.decays = o.weight_decay() != 0;

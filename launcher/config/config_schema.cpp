@@ -226,8 +226,9 @@ void add_training_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::training, &TrainingConfig::eval_batches, "training", "eval_batches",
                     "batches per evaluation; 0: the whole evaluation split").min(0));
   f.push_back(Field(&C::training, &TrainingConfig::mixed_precision, "training", "mixed_precision",
-                    "off (fp32), or matmul, linear and conv in bf16 or fp16 with fp32 master weights, norms, "
-                    "softmax, losses and reductions; fp16 needs CUDA and uses dynamic loss scaling"));
+                    "off (fp32), or bf16 or fp16 activations: matmul, linear, conv and attention in 16 bits, the "
+                    "norms' and the loss's statistics and softmax in fp32, fp32 master weights and gradients; fp16 "
+                    "needs CUDA and uses dynamic loss scaling"));
   auto fp16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kFp16; };
   const char* fp16_words = "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range and needs no loss scaling)";
   f.push_back(Field(&C::training, &TrainingConfig::loss_scale, "training", "loss_scale",

@@ -98,16 +98,26 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
 
 void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out) {
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(optimizer_options_of(config.training), model.parameters());
+  // What the trainer's step holds beside the update (training/optimizer.cpp, optimizer_step): each
+  // gradient's norm, their stack and its norm, freed before the update, which (fused) allocates
+  // nothing but its state.
+  const auto step = [&] {
+    {
+      const at::Tensor norms = gradient_norms(model.parameters());
+      if (norms.numel() > 0) const at::Tensor total = norms.norm();
+    }
+    optimizer->step();
+  };
   arena.reset_peak();
   const int64_t before = arena.stats().in_use;
-  optimizer->step();
+  step();
   out.optimizer_state_bytes = arena.stats().in_use - before;
   int64_t working = arena.stats().peak_in_use - before - out.optimizer_state_bytes;
   // Every later step: the state exists, its temporaries are placed among it differently (AdamW's
   // second step of a small Llama needs twice its first's).
   arena.reset_peak();
   const int64_t again = arena.stats().in_use;
-  optimizer->step();
+  step();
   working = std::max(working, arena.stats().peak_in_use - again);
   out.optimizer_peak_bytes = out.optimizer_state_bytes + working;
 }

@@ -154,8 +154,14 @@ TensorList blockwise_forward(const at::Tensor& q, const at::Tensor& k, const at:
   if (outs.empty()) {  // T = 0
     return {at::empty(q.sizes(), q.options()), at::empty({d.B, d.H, 0}, q.options().dtype(acc))};
   }
-  return {at::cat(outs, 3).view({d.B, d.H, d.T, d.hd}).to(q.scalar_type()),
-          at::cat(lses, 3).view({d.B, d.H, d.T})};
+  // Laid out as (B, T, H, hd), as ATen's fused kernels lay theirs: the model's merge of the heads
+  // (transpose, then reshape to (B, T, H hd)) is then a view of this output, and the output
+  // projection saves it without a copy of its own.
+  // (One copy that converts and lays out: `to` with a memory format would alias an fp32 output in
+  // the heads' layout rather than copy it.)
+  at::Tensor out = at::empty({d.B, d.T, d.H, d.hd}, q.options());
+  out.copy_(at::cat(outs, 3).view({d.B, d.H, d.T, d.hd}).transpose(1, 2));
+  return {out.transpose(1, 2), at::cat(lses, 3).view({d.B, d.H, d.T})};
 }
 
 // What one block of backward reads and adds to.

@@ -162,6 +162,31 @@ class ActivationOp final : public Op {
   Activation kind_;
 };
 
+// SwiGLU's product silu(gate) * up of x = [gate | up] (..., 2F) -> (..., F), as one op that saves
+// x alone: split, silu and mul saved x (through gate and up, views of it) and silu's output too,
+// F more elements a token. Backward recomputes silu(gate); every kernel is the one the three ops
+// ran, on the same values, so forward and the gradient are their bits.
+class SwigluOp final : public Op {
+ public:
+  SwigluOp() : Op(OpTraits::named("swiglu").saving_inputs({0})) {}
+
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    const int64_t f = in[0].size(-1) / 2;
+    return {at::silu(in[0].narrow(-1, 0, f)) * in[0].narrow(-1, f, f)};
+  }
+  TensorList backward(const BackwardArgs& a) const override {
+    const at::Tensor& x = a.inputs[0];
+    const at::Tensor& g = a.grad_outputs[0];
+    const int64_t f = x.size(-1) / 2;
+    const at::Tensor gate = x.narrow(-1, 0, f), up = x.narrow(-1, f, f);
+    at::Tensor gx = at::empty(x.sizes(), x.options());
+    at::Tensor gx_up = gx.narrow(-1, f, f), gx_gate = gx.narrow(-1, 0, f);
+    at::mul_out(gx_up, g, at::silu(gate));
+    at::silu_backward_out(gx_gate, g * up, gate);
+    return {gx};
+  }
+};
+
 class MaskedFillOp final : public Op {
  public:
   explicit MaskedFillOp(double value)
@@ -221,6 +246,11 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
 Tensor tanh(const Tensor& x) { return activation(Activation::kTanh, x); }
 Tensor sigmoid(const Tensor& x) { return activation(Activation::kSigmoid, x); }
 Tensor silu(const Tensor& x) { return activation(Activation::kSilu, x); }
+Tensor swiglu(const Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "swiglu: x must be (..., 2F), got ", x.sizes());
+  static const std::shared_ptr<const Op> op = std::make_shared<SwigluOp>();
+  return detail::apply_first(op, {x});
+}
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   TORCH_CHECK(mask.dtype() == at::kBool, "masked_fill: mask must be bool, got ", mask.dtype());
   return detail::apply_first(std::make_shared<MaskedFillOp>(value), {x, mask});

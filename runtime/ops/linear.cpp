@@ -78,7 +78,7 @@ class MatmulOp final : public Op {
 // weight (V, D), indices (...) -> (..., D)
 class EmbeddingOp final : public Op {
  public:
-  EmbeddingOp() : Op(OpTraits::named("embedding").saving_inputs({1})) {}
+  EmbeddingOp() : Op(OpTraits::named("embedding").saving_inputs({1}).with_low_precision_output()) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     return {detail::embedding_rows(in[0], in[1])};

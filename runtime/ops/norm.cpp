@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <array>
+#include <optional>
 
 namespace ht {
 namespace {
@@ -15,10 +16,13 @@ using TensorList = std::vector<at::Tensor>;
 // (ForwardContext::recompute) must not, and evaluation reads them.
 // A norm's gradients on meta tensors (libtorch 1.13 has no meta kernel for either norm's
 // backward): each input's shape and dtype, the input's own memory format where asked.
-TensorList meta_gradients(const BackwardArgs& a, bool in_input_layout) {
+// `first`: input 0's gradient as the kernel makes it (the widened type of a 16-bit input).
+TensorList meta_gradients(const BackwardArgs& a, bool in_input_layout, std::optional<at::ScalarType> first = {}) {
   TensorList grads(3);
   for (size_t i = 0; i < 3; ++i) {
-    if (a.needs_input_grad[i]) grads[i] = at::empty(a.input_sizes(i), a.input_options(i));
+    if (!a.needs_input_grad[i]) continue;
+    const at::TensorOptions options = a.input_options(i);
+    grads[i] = at::empty(a.input_sizes(i), i == 0 && first ? options.dtype(*first) : options);
   }
   if (in_input_layout && grads[0].defined()) grads[0] = at::empty_like(a.inputs[0]);
   return grads;
@@ -94,71 +98,88 @@ class BatchNormOp final : public Op {
   double momentum_, eps_;
 };
 
-// Outputs (y, mean, rstd). Backward reads the bias only to shape its gradient; it is a
-// parameter, so saving it costs nothing.
+// x in the weights' type: a 16-bit x (autocast: Precision::kFloat32Weights keeps the input's
+// type and gives fp32 weights) is widened inside the kernel, its statistics and arithmetic in
+// fp32; y goes back in x's type, so the residual stream and the norm's output stay 16-bit.
+at::Tensor widened(const at::Tensor& x, const at::Tensor& weight) {
+  return x.scalar_type() == weight.scalar_type() ? x : x.to(weight.scalar_type());
+}
+
+// Outputs (y in x's type, mean, rstd in the weights'). Backward reads the bias only to shape its
+// gradient; it is a parameter, so saving it costs nothing.
 class LayerNormOp final : public Op {
  public:
   LayerNormOp(std::vector<int64_t> normalized_shape, double eps)
       : Op(OpTraits::named("layer_norm")
                .saving_inputs({0, 1, 2})
                .saving_outputs({1, 2})
-               .in_float32()
+               .with_float32_weights()
                .with_workspace(Workspace::kLayerNorm)),
         shape_(std::move(normalized_shape)), eps_(eps) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
-    if (in[0].is_meta()) {  // no meta kernel in libtorch 1.13: y as x, mean and rstd (..., 1) in x's dtype
-      std::vector<int64_t> stats = in[0].sizes().vec();
+    const at::Tensor x = widened(in[0], in[1]);
+    if (x.is_meta()) {  // no meta kernel in libtorch 1.13: y as x, mean and rstd (..., 1)
+      std::vector<int64_t> stats = x.sizes().vec();
       for (size_t d = 0; d < shape_.size(); ++d) stats[stats.size() - 1 - d] = 1;
-      return {at::empty_like(in[0]), at::empty(stats, in[0].options()), at::empty(stats, in[0].options())};
+      at::Tensor y = at::empty_like(x), mean = at::empty(stats, x.options()), rstd = at::empty(stats, x.options());
+      return {y.to(in[0].scalar_type()), mean, rstd};
     }
-    auto [y, mean, rstd] = at::native_layer_norm(in[0], shape_, in[1], in[2], eps_);
-    return {y, mean, rstd};
+    auto [y, mean, rstd] = at::native_layer_norm(x, shape_, in[1], in[2], eps_);
+    return {y.to(in[0].scalar_type()), mean, rstd};
   }
   TensorList backward(const BackwardArgs& a) const override {
     if (a.grad_outputs[0].is_meta()) {
-      TensorList grads = meta_gradients(a, /*in_input_layout=*/false);
+      // As the data path allocates: the widened g and x, the kernel's gradients (input 0's in
+      // the widened type) and workspace, then input 0's gradient in x's type.
+      const at::Tensor g = widened(a.grad_outputs[0], a.inputs[1]), x = widened(a.inputs[0], a.inputs[1]);
+      TensorList grads = meta_gradients(a, /*in_input_layout=*/false, x.scalar_type());
       WorkspaceQuery q;
       q.backward = true;
       q.weight_grad = a.needs_input_grad[1] || a.needs_input_grad[2];
       q.normalized = 1;
       for (int64_t s : shape_) q.normalized *= s;
       q.threads = at::get_num_threads();
-      const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, q);
+      {
+        const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, q);
+      }
+      if (grads[0].defined()) grads[0] = grads[0].to(a.input_dtype(0));
       return grads;
     }
     const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
                                    a.needs_input_grad[2]};
-    auto [gx, gw, gb] = at::native_layer_norm_backward(a.grad_outputs[0], a.inputs[0], shape_,
-                                                       a.outputs[1], a.outputs[2], a.inputs[1],
-                                                       a.inputs[2], mask);
-    return {gx, gw, gb};
+    auto [gx, gw, gb] = at::native_layer_norm_backward(widened(a.grad_outputs[0], a.inputs[1]),
+                                                       widened(a.inputs[0], a.inputs[1]), shape_, a.outputs[1],
+                                                       a.outputs[2], a.inputs[1], a.inputs[2], mask);
+    return {gx.defined() ? gx.to(a.input_dtype(0)) : gx, gw, gb};
   }
  private:
   std::vector<int64_t> shape_;
   double eps_;
 };
 
-// Outputs (y, rstd): rstd (..., 1) = 1 / sqrt(mean(x^2) + eps). libtorch 1.13 has no RMS norm
-// kernel, so both directions are a few ATen calls; backward saves x, the weight (a parameter) and
-// rstd, never x^2 or the normalized x:
+// Outputs (y in x's type, rstd in the weight's): rstd (..., 1) = 1 / sqrt(mean(x^2) + eps), in
+// fp32 for a 16-bit x. libtorch 1.13 has no RMS norm kernel, so both directions are a few ATen
+// calls; backward saves x, the weight (a parameter) and rstd, never x^2 or the normalized x:
 //   gx = rstd * (g w - x_hat * mean(g w * x_hat)),  gw = sum(g * x_hat) over the leading dims.
 class RmsNormOp final : public Op {
  public:
   explicit RmsNormOp(double eps)
-      : Op(OpTraits::named("rms_norm").saving_inputs({0, 1}).saving_outputs({1}).in_float32()), eps_(eps) {}
+      : Op(OpTraits::named("rms_norm").saving_inputs({0, 1}).saving_outputs({1}).with_float32_weights()),
+        eps_(eps) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
-    at::Tensor rstd = at::rsqrt(in[0].square().mean(-1, /*keepdim=*/true).add_(eps_));
-    return {in[0] * rstd * in[1], rstd};
+    const at::Tensor x = widened(in[0], in[1]);
+    at::Tensor rstd = at::rsqrt(x.square().mean(-1, /*keepdim=*/true).add_(eps_));
+    return {(x * rstd * in[1]).to(in[0].scalar_type()), rstd};
   }
   TensorList backward(const BackwardArgs& a) const override {
-    const at::Tensor& g = a.grad_outputs[0];
-    const at::Tensor x_hat = a.inputs[0] * a.outputs[1];
+    const at::Tensor g = widened(a.grad_outputs[0], a.inputs[1]);
+    const at::Tensor x_hat = widened(a.inputs[0], a.inputs[1]) * a.outputs[1];
     at::Tensor gx, gw;
     if (a.needs_input_grad[0]) {
       const at::Tensor gy = g * a.inputs[1];
-      gx = (gy - x_hat * (gy * x_hat).mean(-1, /*keepdim=*/true)).mul_(a.outputs[1]);
+      gx = (gy - x_hat * (gy * x_hat).mean(-1, /*keepdim=*/true)).mul_(a.outputs[1]).to(a.input_dtype(0));
     }
     if (a.needs_input_grad[1]) gw = at::sum_to(g * x_hat, a.input_sizes(1));
     return {gx, gw};

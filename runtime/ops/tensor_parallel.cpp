@@ -149,7 +149,8 @@ class GatherLinearOp final : public Op {
 // the group's sum (g) is the whole lookup. Local: no exchange.
 class VocabEmbeddingOp final : public Op {
  public:
-  explicit VocabEmbeddingOp(int64_t first) : Op(OpTraits::named("vocab_parallel_embedding").saving_inputs({1})), first_(first) {}
+  explicit VocabEmbeddingOp(int64_t first) : Op(OpTraits::named("vocab_parallel_embedding").saving_inputs({1}).with_low_precision_output()),
+        first_(first) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const auto [local, outside] = local_rows(in[1], in[0].size(0));

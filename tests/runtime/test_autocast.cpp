@@ -28,7 +28,12 @@ TEST(Autocast, EachOpRunsInItsDeclaredPrecision) {
   const Tensor residual = interp.input(at::randn({3, 6}));
   EXPECT_EQ(add(h, residual).dtype(), at::kFloat) << "bf16 + fp32: the widest";
   const Tensor n = layer_norm(h, {6}, interp.param(g), interp.param(at::zeros({6})), 1e-5);
-  EXPECT_EQ(n.dtype(), at::kFloat) << "layer norm in fp32";
+  EXPECT_EQ(n.dtype(), at::kBFloat16) << "layer norm: statistics in fp32, the activation's type out";
+  EXPECT_EQ(rms_norm(h, interp.param(g), 1e-5).dtype(), at::kBFloat16) << "RMS norm likewise";
+  EXPECT_EQ(layer_norm(residual, {6}, interp.param(g), interp.param(at::zeros({6})), 1e-5).dtype(), at::kFloat);
+  const Tensor rows = embedding(interp.param(at::randn({5, 4}).requires_grad_(true)),
+                                interp.input(at::tensor({0, 4}, at::kLong)));
+  EXPECT_EQ(rows.dtype(), at::kBFloat16) << "an embedding's rows start the residual stream in 16 bits";
   const at::Tensor running_mean = at::zeros({6}), running_var = at::ones({6});
   const Tensor bn = batch_norm(reshape(h, {3, 6, 1}), interp.param(g), interp.param(at::zeros({6})), running_mean,
                                running_var, true, 0.1, 1e-5);
