@@ -75,18 +75,18 @@ int64_t saved_per_layer(const Shape& x, bool naive) {
   return bytes_after_forward(x, 2, naive) - bytes_after_forward(x, 1, naive);
 }
 
-// Our layer's saved tensors (docs/models.md, "What a layer saves"), bytes. `merge_copies`: the op's
-// output is laid out head by head, so merging the heads for wo is a copy wo saves; ATen's fused
-// kernels (the op on a GPU) write it token by token, and the merge is a view of what the op saved.
-double our_accounting(const Shape& x, bool merge_copies) {
+// Our layer's saved tensors (docs/models.md, "What a layer saves"; docs/memory.md, "What a decoder
+// layer saves"), bytes. Since 2026-12-02 every activation is bf16 (the norms' inputs too), and the
+// op's output is laid out token by token on every device, so merging the heads for wo is a view of
+// what the op saved, never a copy.
+double our_accounting(const Shape& x) {
   const double sbh = static_cast<double>(x.s * x.b * x.h), sb = static_cast<double>(x.s * x.b);
-  const double fp32_norm_inputs = 2 * 4 * sbh, norm_stats = 2 * 2 * 4 * sb;
-  const double wo_input = merge_copies ? 2 * sbh : 0.0;
-  const double bf16_linear_inputs = 2 * sbh /*q,k,v in*/ + wo_input + 2 * sbh /*fc in*/ + 8 * sbh /*proj in*/;
-  const double attention = 3 * 2 * sbh /*q, k, v*/ + 2 * sbh /*out*/ + 4 * static_cast<double>(x.a) * sb /*lse*/;
+  const double norm_inputs = 2 * 2 * sbh, norm_stats = 2 * 2 * 4 * sb;
+  const double bf16_linear_inputs = 2 * sbh /*q,k,v in*/ + 2 * sbh /*fc in*/ + 8 * sbh /*proj in*/;
+  const double attention = 3 * 2 * sbh /*q, k, v*/ + 2 * sbh /*out, also wo's input*/ + 4 * static_cast<double>(x.a) * sb /*lse*/;
   const double gelu_input = 8 * sbh, dropout_masks = x.dropout > 0 ? 2 * sbh : 0.0;
   const double weight_copies = 2 * 12 * static_cast<double>(x.h * x.h);  // bf16 copies linear saves
-  return fp32_norm_inputs + norm_stats + bf16_linear_inputs + attention + gelu_input + dropout_masks + weight_copies;
+  return norm_inputs + norm_stats + bf16_linear_inputs + attention + gelu_input + dropout_masks + weight_copies;
 }
 
 double korthikanti(const Shape& x, bool scores) {
@@ -223,11 +223,9 @@ int main(int argc, char** argv) {
   if (g_device.is_cuda()) bytes_after_forward(Shape{lengths.front(), batch, embd, heads, dropout}, 1, false);
   for (int64_t t : lengths) {
     const Shape x{t, batch, embd, heads, dropout};
-    const int64_t fused_before = ht::detail::attention_kernel_counts().fused;
     const double op = static_cast<double>(saved_per_layer(x, false));
-    const bool fused = ht::detail::attention_kernel_counts().fused > fused_before;
     const double naive = static_cast<double>(saved_per_layer(x, true));
-    const double ours = our_accounting(x, !fused);
+    const double ours = our_accounting(x);
     const double off = op / ours;
     ok = ok && std::abs(off - 1) <= 0.05;
     std::printf("| %lld | %.2f | %.2f | %.3f | %.2f | %.2fx | %.2f | %.2f |\n", static_cast<long long>(t), op / 1e6,

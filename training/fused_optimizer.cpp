@@ -196,6 +196,7 @@ at::Tensor FusedSgd::step(LossClosure closure) {
       if (!p.grad().defined()) continue;
       const at::Tensor grad = p.grad();
       auto* state = o.momentum() != 0 ? state_of<torch::optim::SGDParamState>(*this, p) : nullptr;
+      if (state != nullptr && !state->momentum_buffer().defined()) state = nullptr;  // made anew, as on a first step
       const bool first = o.momentum() != 0 && state == nullptr;
       const bool fused = fusable(p, grad) && !o.nesterov() &&
                          (state == nullptr || fusable_state(p, state->momentum_buffer()));
