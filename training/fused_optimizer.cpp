@@ -11,10 +11,13 @@
 
 #include <cmath>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// target_clones with arch= levels: GCC 12 and later.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define HT_FUSED_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define HT_FUSED_CLONED 1
 #else
 #define HT_FUSED_CLONES
+#define HT_FUSED_CLONED 0
 #endif
 
 namespace ht {
@@ -74,16 +77,30 @@ HT_FUSED_CLONES void sgd_pass(float* p, const float* g, float* buf, int64_t n, c
 }
 
 // The pass takes dense, contiguous fp32 tensors on the CPU, its state laid out as the parameter.
-// On meta tensors (a step traced without data, launcher/planning/meta_trace.h) as on the CPU: the
-// pass allocates nothing but the state, and has no values to compute.
-bool fusable(const at::Tensor& p, const at::Tensor& grad) {
-  return (p.device().is_cpu() || p.is_meta()) && p.scalar_type() == at::kFloat && grad.scalar_type() == at::kFloat &&
-         !grad.is_sparse() && p.is_contiguous() && grad.is_contiguous();
+// On meta tensors (a step traced without data, launcher/planning/meta_trace.h) as the traced
+// device steps (`meta_fused`): the pass allocates nothing but the state, and has no values to compute.
+bool fusable(const at::Tensor& p, const at::Tensor& grad, bool meta_fused) {
+  return (p.device().is_cpu() || (p.is_meta() && meta_fused)) && p.scalar_type() == at::kFloat &&
+         grad.scalar_type() == at::kFloat && !grad.is_sparse() && p.is_contiguous() && grad.is_contiguous();
+}
+
+// Refused before anything changes (the raw pass would read past a smaller gradient; torch::optim's
+// kernels refuse a gradient that does not broadcast, and AdamW a sparse one, as libtorch's does).
+void check_gradient(const char* optimizer, const at::Tensor& p, const at::Tensor& grad, bool sparse_allowed) {
+  TORCH_CHECK(sparse_allowed || !grad.is_sparse(), optimizer, " does not support sparse gradients");
+  TORCH_CHECK(grad.numel() == p.numel(), optimizer, ": a gradient of ", grad.sizes(), " for a parameter of ", p.sizes());
 }
 
 bool fusable_state(const at::Tensor& p, const at::Tensor& state) {
-  return state.scalar_type() == at::kFloat && state.is_contiguous() && state.device() == p.device();
+  return state.scalar_type() == at::kFloat && state.is_contiguous() && state.device() == p.device() &&
+         state.numel() == p.numel();
 }
+
+// The scale applies to one step: whatever way the step ends, it is 1 after.
+struct ResetScale {
+  double& scale;
+  ~ResetScale() { scale = 1.0; }
+};
 
 template <typename State, typename Optimizer>
 State* state_of(Optimizer& optimizer, const at::Tensor& p) {
@@ -106,7 +123,7 @@ at::Tensor scaled(const at::Tensor& grad, double scale) { return scale == 1.0 ? 
 }  // namespace
 
 bool fused_step_is_vectorized() {
-#if defined(__x86_64__) && defined(__GNUC__)
+#if HT_FUSED_CLONED
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
   return false;
@@ -114,6 +131,7 @@ bool fused_step_is_vectorized() {
 }
 
 at::Tensor FusedAdamW::step(LossClosure closure) {
+  const ResetScale reset{scale_};
   at::NoGradGuard no_grad;
   at::Tensor loss;
   if (closure) {
@@ -126,6 +144,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor grad = p.grad();
+      check_gradient("AdamW", p, grad, /*sparse_allowed=*/false);
       auto* state = state_of<torch::optim::AdamWParamState>(*this, p);
       if (state == nullptr) {
         auto made = std::make_unique<torch::optim::AdamWParamState>();
@@ -140,7 +159,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       const double bias1 = 1 - std::pow(beta1, state->step()), bias2 = 1 - std::pow(beta2, state->step());
       at::Tensor& m = state->exp_avg();
       at::Tensor& v = state->exp_avg_sq();
-      if (!fusable(p, grad) || !fusable_state(p, m) || !fusable_state(p, v) || o.amsgrad()) {
+      if (!fusable(p, grad, meta_fused_) || !fusable_state(p, m) || !fusable_state(p, v) || o.amsgrad()) {
         // libtorch's own sequence, on the scaled gradient.
         const at::Tensor g = scaled(grad, scale_);
         if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
@@ -182,6 +201,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
 }
 
 at::Tensor FusedSgd::step(LossClosure closure) {
+  const ResetScale reset{scale_};
   at::NoGradGuard no_grad;
   at::Tensor loss;
   if (closure) {
@@ -195,10 +215,11 @@ at::Tensor FusedSgd::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor grad = p.grad();
+      check_gradient("SGD", p, grad, /*sparse_allowed=*/true);
       auto* state = o.momentum() != 0 ? state_of<torch::optim::SGDParamState>(*this, p) : nullptr;
       if (state != nullptr && !state->momentum_buffer().defined()) state = nullptr;  // made anew, as on a first step
       const bool first = o.momentum() != 0 && state == nullptr;
-      const bool fused = fusable(p, grad) && !o.nesterov() &&
+      const bool fused = fusable(p, grad, meta_fused_) && !o.nesterov() &&
                          (state == nullptr || fusable_state(p, state->momentum_buffer()));
       if (!fused) {
         at::Tensor d = scaled(grad, scale_);

@@ -25,11 +25,17 @@ namespace ht {
 class FusedStep {
  public:
   virtual ~FusedStep() = default;
-  // Every gradient is multiplied by `scale` (in fp32) as the step reads it: 1 leaves them as they are.
+  // Every gradient of the next step is multiplied by `scale` (in fp32) as the step reads it; the
+  // step then sets it back to 1.
   void set_gradient_scale(double scale) { scale_ = scale; }
+  // A step traced on meta tensors (launcher/planning/meta_trace.h) takes the path the traced
+  // device takes: the fused pass (true: this CPU) or torch::optim's kernels with their
+  // temporaries (false: a GPU, where the pass does not run).
+  void set_meta_as_fused(bool fused) { meta_fused_ = fused; }
 
  protected:
   double scale_ = 1.0;
+  bool meta_fused_ = true;
 };
 
 class FusedAdamW final : public torch::optim::AdamW, public FusedStep {
@@ -45,7 +51,9 @@ class FusedSgd final : public torch::optim::SGD, public FusedStep {
 };
 
 // True where this CPU runs the pass with fused multiply-adds in hardware (AVX2 with FMA, or
-// AVX-512): elsewhere it is correct but slow (each fused multiply-add a library call).
+// AVX-512, built with GCC 12 or later): elsewhere it is correct but slow (each fused multiply-add
+// a library call), and where ATen's own kernels run without FMA (a CPU without AVX2) its results
+// differ from torch::optim's by rounding.
 bool fused_step_is_vectorized();
 
 }  // namespace ht

@@ -203,6 +203,7 @@ ModelProfile local_profile(const Config& c, const Dataset& train, const DataInfo
   trace.micro_batches.erase(std::unique(trace.micro_batches.begin(), trace.micro_batches.end()),
                             trace.micro_batches.end());
   trace.workspaces = WorkspaceRules::kThisCpu;
+  trace.fused_optimizer = at::Device(c.training.device).is_cpu();
   trace.train_samples = train.size();
   const ModelProfile traced = trace_profile(c, info, trace);
   const TracedPoints merged = add_traced_points(profile, traced);

@@ -5,6 +5,7 @@
 
 #include "launcher/model_factory.h"
 #include "launcher/planning/profile_parts.h"
+#include "training/fused_optimizer.h"
 #include "training/optimizer.h"
 #include "base/user_error.h"
 #include "alloc/cpu_arena.h"
@@ -96,8 +97,9 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
   }
 }
 
-void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out) {
+void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out, bool fused_pass) {
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(optimizer_options_of(config.training), model.parameters());
+  if (auto* fused = dynamic_cast<FusedStep*>(optimizer.get())) fused->set_meta_as_fused(fused_pass);
   // What the trainer's step holds beside the update (training/optimizer.cpp, optimizer_step): each
   // gradient's norm, their stack and its norm, freed before the update, which (fused) allocates
   // nothing but its state.
@@ -148,7 +150,7 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
   out.model_bytes = arena->stats().in_use;
   const auto [x, y] = traced_batch(info, micro_batch, meta);
   trace_forward_backward(config, *model, arena, x, y, out);
-  trace_optimizer_step(config, *model, *arena, out);
+  trace_optimizer_step(config, *model, *arena, out, at::Device(config.training.device).is_cpu());
   model.reset();
   out.seconds = seconds_since(start);
   return out;

@@ -74,7 +74,9 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
                             const at::Tensor& x, const at::Tensor& y, TracedStep& out, TraceExtras* extras = nullptr);
 // The optimizer's first two steps on the gradients backward left: out.optimizer_state_bytes (the
 // first makes it) and out.optimizer_peak_bytes (the state and the larger step's temporaries).
-void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out);
+// `fused_pass`: the traced device steps in the fused CPU pass (training/fused_optimizer.h), which
+// allocates only the state; false: torch::optim's kernels, with their temporaries (a GPU).
+void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out, bool fused_pass);
 
 // `micro_batch` samples of the config's sequence length (model.block_size) or sample shape.
 // `capacity`: the meta arena's address space, reserved without access (32 TiB holds a 175B shape's

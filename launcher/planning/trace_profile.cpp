@@ -199,7 +199,7 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
             const at::Tensor slot = gradients.slot(p);
             if (slot.defined()) p.mutable_grad() = slot;
           }
-          trace_optimizer_step(c, *model, *arena, first_optimizer);
+          trace_optimizer_step(c, *model, *arena, first_optimizer, request.fused_optimizer);
           profile.optimizer_state_bytes = first_optimizer.optimizer_state_bytes;
           stepped = true;
         }

@@ -34,6 +34,10 @@ struct TraceRequest {
   // allocates only its outputs; a convolution's reorders set a ConvNet's peak). Under rules
   // every size in micro_batches is traced: workspaces are not affine in the micro-batch.
   WorkspaceRules workspaces = WorkspaceRules::kNone;
+  // The traced device steps the optimizer as this CPU does, in one fused pass without temporaries
+  // (training/fused_optimizer.h); false: a GPU, where torch::optim's kernels and their
+  // temporaries run.
+  bool fused_optimizer = false;
   // A decoder of more layers than this, traced without workspaces, is traced through three and
   // four of its layers and its step stretched to its depth (launcher/planning/layer_traces.h),
   // where the four-layer step checks the stretch; else (or where it does not check) every layer.

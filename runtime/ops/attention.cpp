@@ -144,23 +144,22 @@ TensorList blockwise_forward(const at::Tensor& q, const at::Tensor& k, const at:
   // GEMMs in the inputs' type (bf16's run on the CPU's bf16 units, as the composed attention's
   // do), softmax and sums in `acc`.
   const at::Tensor kc = k.contiguous(), vc = v.contiguous();
-  TensorList outs, lses;
+  // The output laid out (B, T, H, hd), as ATen's fused kernels lay theirs: the model's merge of
+  // the heads (transpose, then reshape to (B, T, H hd)) is then a view of it, and the output
+  // projection saves it without a copy of its own. Each block is written into its rows in q's
+  // type as it is made (no concatenation of the blocks first).
+  at::Tensor out = at::empty({d.B, d.T, d.H, d.hd}, q.options());
+  const at::Tensor by_key_head = out.view({d.B, d.T, d.Hkv, d.G, d.hd}).permute({0, 2, 3, 1, 4});  // (B, Hkv, G, T, hd)
+  TensorList lses;
   for (int64_t b = 0; b < d.blocks(); ++b) {
     const QueryBlock blk = QueryBlock::of(b, d, cfg.causal);
     auto [o, lse] = forward_block(block_rows(q, blk, d, q.scalar_type(), cfg.scale), kc, vc, blk, d, cfg);
-    outs.push_back(o.view({d.B, d.Hkv, d.G, blk.n, d.hd}));
+    by_key_head.narrow(3, blk.t0, blk.n).copy_(o.view({d.B, d.Hkv, d.G, blk.n, d.hd}));
     lses.push_back(lse.view({d.B, d.Hkv, d.G, blk.n}));
   }
-  if (outs.empty()) {  // T = 0
-    return {at::empty(q.sizes(), q.options()), at::empty({d.B, d.H, 0}, q.options().dtype(acc))};
+  if (lses.empty()) {  // T = 0
+    return {out.transpose(1, 2), at::empty({d.B, d.H, 0}, q.options().dtype(acc))};
   }
-  // Laid out as (B, T, H, hd), as ATen's fused kernels lay theirs: the model's merge of the heads
-  // (transpose, then reshape to (B, T, H hd)) is then a view of this output, and the output
-  // projection saves it without a copy of its own.
-  // (One copy that converts and lays out: `to` with a memory format would alias an fp32 output in
-  // the heads' layout rather than copy it.)
-  at::Tensor out = at::empty({d.B, d.T, d.H, d.hd}, q.options());
-  out.copy_(at::cat(outs, 3).view({d.B, d.H, d.T, d.hd}).transpose(1, 2));
   return {out.transpose(1, 2), at::cat(lses, 3).view({d.B, d.H, d.T})};
 }
 

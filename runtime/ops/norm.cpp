@@ -101,8 +101,10 @@ class BatchNormOp final : public Op {
 // x in the weights' type: a 16-bit x (autocast: Precision::kFloat32Weights keeps the input's
 // type and gives fp32 weights) is widened inside the kernel, its statistics and arithmetic in
 // fp32; y goes back in x's type, so the residual stream and the norm's output stay 16-bit.
+// (Only a 16-bit x widens: a double x meets fp32 weights only by mistake, and fails as before.)
 at::Tensor widened(const at::Tensor& x, const at::Tensor& weight) {
-  return x.scalar_type() == weight.scalar_type() ? x : x.to(weight.scalar_type());
+  const bool narrow = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  return narrow && x.scalar_type() != weight.scalar_type() ? x.to(weight.scalar_type()) : x;
 }
 
 // Outputs (y in x's type, mean, rstd in the weights'). Backward reads the bias only to shape its
@@ -132,15 +134,17 @@ class LayerNormOp final : public Op {
     if (a.grad_outputs[0].is_meta()) {
       // As the data path allocates: the widened g and x, the kernel's gradients (input 0's in
       // the widened type) and workspace, then input 0's gradient in x's type.
-      const at::Tensor g = widened(a.grad_outputs[0], a.inputs[1]), x = widened(a.inputs[0], a.inputs[1]);
-      TensorList grads = meta_gradients(a, /*in_input_layout=*/false, x.scalar_type());
-      WorkspaceQuery q;
-      q.backward = true;
-      q.weight_grad = a.needs_input_grad[1] || a.needs_input_grad[2];
-      q.normalized = 1;
-      for (int64_t s : shape_) q.normalized *= s;
-      q.threads = at::get_num_threads();
+      // They go before the gradient is narrowed, as the data path's temporaries do.
+      TensorList grads;
       {
+        const at::Tensor g = widened(a.grad_outputs[0], a.inputs[1]), x = widened(a.inputs[0], a.inputs[1]);
+        grads = meta_gradients(a, /*in_input_layout=*/false, x.scalar_type());
+        WorkspaceQuery q;
+        q.backward = true;
+        q.weight_grad = a.needs_input_grad[1] || a.needs_input_grad[2];
+        q.normalized = 1;
+        for (int64_t s : shape_) q.normalized *= s;
+        q.threads = at::get_num_threads();
         const std::vector<at::Tensor> workspace = hold_meta_workspace(traits().workspace, q);
       }
       if (grads[0].defined()) grads[0] = grads[0].to(a.input_dtype(0));

@@ -78,13 +78,15 @@ void expect_meta_allocations_in_the_data_run(const StepTrace& meta, const StepTr
 }
 
 // The step on meta against the step on data, allocation by allocation.
+// `scalars`: ATen's wrapped scalars (64-byte blocks, data only) that may be alive at the peak.
 void expect_the_step_on_data(const Config& c, int64_t micro,
-                             const std::set<std::string>& workspaces = {"layer_norm backward"}) {
+                             const std::set<std::string>& workspaces = {"layer_norm backward"}, int64_t scalars = 0) {
   const TracedStep meta = trace_micro_batch(c, tokens(32, 96), micro, /*meta=*/true);
   const TracedStep data = trace_micro_batch(c, tokens(32, 96), micro, /*meta=*/false);
   EXPECT_EQ(meta.parameters, data.parameters);
   EXPECT_EQ(meta.model_bytes, data.model_bytes);
-  EXPECT_EQ(meta.step_peak_bytes, data.step_peak_bytes);
+  EXPECT_GE(data.step_peak_bytes, meta.step_peak_bytes);
+  EXPECT_LE(data.step_peak_bytes - meta.step_peak_bytes, scalars * CpuArena::kAlignment);
   EXPECT_EQ(meta.optimizer_state_bytes, data.optimizer_state_bytes);
   // The optimizer's temporaries, but two of ATen's wrapped scalars (64-byte blocks) on data.
   EXPECT_GE(data.optimizer_peak_bytes, meta.optimizer_peak_bytes);
@@ -142,8 +144,15 @@ TEST(MetaTrace, ATensorParallelRankAndABf16StepAreTheStepOnData) {
     for (std::string w; words >> w;) args.push_back(w);
     expect_the_step_on_data(config_for(dir, kSmall, args), 4);
   }
-  expect_the_step_on_data(config_for(dir, kSmall, {"--training.mixed_precision=bf16"}), 4,
-                          {"layer_norm backward", "linear", "linear backward", "attention", "attention backward"});
+  // RMS norm and layer norm on 16-bit inputs. GPT-2's data run in bf16 peaks 128 bytes above its
+  // trace: two of ATen's wrapped scalars (its attention and loss kernels make them on data, a meta
+  // kernel never) alive at the peak.
+  for (const std::string family : {"llama", "gpt"}) {
+    SCOPED_TRACE(family + " in bf16");
+    expect_the_step_on_data(config_for(dir, kSmall, {"--training.mixed_precision=bf16", "--model.name=" + family}), 4,
+                            {"layer_norm backward", "linear", "linear backward", "attention", "attention backward"},
+                            family == "gpt" ? 2 : 0);
+  }
 }
 
 // A layer's saved activations on a rank of t = 1, 2, 4, with and without sequence parallelism,

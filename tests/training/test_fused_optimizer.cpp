@@ -106,6 +106,28 @@ TEST(FusedOptimizer, AParameterThePassDoesNotTakeStepsAsTorchOptimSteps) {
   expect_same_steps(sgd(0.9, 1e-4, true), sgd(0.9, 1e-4, false), at::kDouble, 0.5);
 }
 
+// The clipping coefficient is one step's: the next step reads the gradients as they are. A
+// gradient whose size is not its parameter's is refused before anything changes.
+TEST(FusedOptimizer, TheScaleIsOneStepsAndAMisshapenGradientIsRefused) {
+  std::vector<at::Tensor> mine = parameters(at::kFloat), theirs = copies(mine);
+  std::unique_ptr<torch::optim::Optimizer> fused = adamw(0.1, true)(mine), reference = adamw(0.1, false)(theirs);
+  for (int step = 0; step < 2; ++step) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const at::Tensor g = at::randn(mine[i].sizes());
+      mine[i].mutable_grad() = g.clone();
+      theirs[i].mutable_grad() = step == 0 ? g * 0.5 : g.clone();
+    }
+    if (step == 0) dynamic_cast<FusedStep&>(*fused).set_gradient_scale(0.5);
+    fused->step();
+    reference->step();
+  }
+  for (size_t i = 0; i < mine.size(); ++i) EXPECT_TRUE(mine[i].equal(theirs[i]));
+  const at::Tensor before = mine[0].detach().clone();
+  mine[0].mutable_grad() = at::ones({mine[0].numel() + 3});
+  EXPECT_THROW(fused->step(), c10::Error);
+  EXPECT_TRUE(mine[0].equal(before)) << "nothing changed";
+}
+
 // What the trainer builds is the fused kind; its state reads back and is copied to host as
 // torch::optim's is (checkpoints: training/optimizer.h).
 TEST(FusedOptimizer, TheTrainersOptimizerIsFusedAndItsStateIsTorchOptims) {
