@@ -156,7 +156,8 @@ void expect_replay_matches(const char* toml, int64_t micro, double share, double
   std::printf("replay: %lld evictions predicted, %.0f measured at %.0f%% of the peak, threshold %.2f\n",
               static_cast<long long>(predicted.evictions), measured, share * 100, threshold);
   // The replay scores, chooses and ticks as the engine does (memory/eviction_score.h), and here it
-  // evicts exactly as often (17 and 32 at 70% and 60%, 2026-11-25). The tolerance, 10%, is for
+  // evicts exactly as often (17 and 32 at 70% and 60%, 2026-11-25; 15, 19 and 12 at 70%, 65% and
+  // 65% with threshold 1, 2026-12-02). The tolerance, 10%, is for
   // what it still cannot mirror (planner/dtr_replay.h): a trace records no kernel's other outputs.
   const double ratio = static_cast<double>(predicted.evictions) / measured;
   EXPECT_GE(ratio, 0.9) << predicted.evictions << " predicted, " << measured << " measured";
@@ -165,10 +166,12 @@ void expect_replay_matches(const char* toml, int64_t micro, double share, double
 
 TEST(Planning, ReplayPredictsARealRunsEvictions) {
   // (The small ConvNet evicts 1-3 tensors a step near the budgets it can run in: too few to compare.)
+  // (0.65, not 0.6, since 2026-12-02: attention no longer concatenates its blocks, the step's
+  // peak fell, and at 60% of it the replay keeps its fragmentation margin and refuses.)
   expect_replay_matches(kGptToPlan, 16, 0.7);
-  expect_replay_matches(kGptToPlan, 16, 0.6);
+  expect_replay_matches(kGptToPlan, 16, 0.65);
   // Evicting only what each kernel needs: the plan carries the run's threshold.
-  expect_replay_matches(kGptToPlan, 16, 0.6, 1.0);
+  expect_replay_matches(kGptToPlan, 16, 0.65, 1.0);
 }
 
 // memory.policy = "full": the profiled step replayed with its blocks dropped as the run drops them
