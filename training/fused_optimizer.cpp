@@ -120,6 +120,89 @@ void set_state(Optimizer& optimizer, const at::Tensor& p, std::unique_ptr<torch:
 // The gradient as the unfused path reads it: scaled first, as clip_grad_norm scaled it.
 at::Tensor scaled(const at::Tensor& grad, double scale) { return scale == 1.0 ? grad : grad * scale; }
 
+// One parameter's AdamW step: the options, the gradient's scale, the betas and the bias corrections.
+struct AdamWStep {
+  const torch::optim::AdamWOptions& o;
+  double scale, beta1, beta2, bias1, bias2;
+};
+
+// libtorch's own sequence, on the scaled gradient.
+void adamw_unfused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state, const AdamWStep& a) {
+  const at::Tensor g = scaled(grad, a.scale);
+  at::Tensor& m = state.exp_avg();
+  at::Tensor& v = state.exp_avg_sq();
+  if (a.o.weight_decay() != 0) p.mul_(1 - a.o.lr() * a.o.weight_decay());
+  m.mul_(a.beta1).add_(g, 1 - a.beta1);
+  v.mul_(a.beta2).addcmul_(g, g, 1 - a.beta2);
+  at::Tensor denom;
+  if (a.o.amsgrad()) {
+    at::Tensor& max_v = state.max_exp_avg_sq();
+    at::maximum_out(max_v, max_v, v);
+    denom = (max_v.sqrt() / std::sqrt(a.bias2)).add_(a.o.eps());
+  } else {
+    denom = (v.sqrt() / std::sqrt(a.bias2)).add_(a.o.eps());
+  }
+  p.addcdiv_(m, denom, -(a.o.lr() / a.bias1));
+}
+
+void adamw_fused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state, const AdamWStep& a) {
+  AdamWScalars s;
+  s.grad_scale = static_cast<float>(a.scale);
+  s.decay = a.o.weight_decay() != 0 ? static_cast<float>(1 - a.o.lr() * a.o.weight_decay()) : 1.0f;
+  s.beta1 = static_cast<float>(a.beta1);
+  s.one_minus_beta1 = static_cast<float>(1 - a.beta1);
+  s.beta2 = static_cast<float>(a.beta2);
+  s.one_minus_beta2 = static_cast<float>(1 - a.beta2);
+  s.bias2_sqrt = static_cast<float>(std::sqrt(a.bias2));
+  s.eps = static_cast<float>(a.o.eps());
+  s.neg_step = static_cast<float>(-(a.o.lr() / a.bias1));
+  float* pp = p.data_ptr<float>();
+  const float* gp = grad.data_ptr<float>();
+  float* mp = state.exp_avg().data_ptr<float>();
+  float* vp = state.exp_avg_sq().data_ptr<float>();
+  at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    adamw_pass(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
+  });
+  p.unsafeGetTensorImpl()->bump_version();
+}
+
+// libtorch's own sequence, on the scaled gradient; returns the momentum buffer a first step makes.
+at::Tensor sgd_unfused(at::Tensor& p, const at::Tensor& grad, at::Tensor buf, bool first,
+                       const torch::optim::SGDOptions& o, double scale) {
+  at::Tensor d = scaled(grad, scale);
+  if (o.weight_decay() != 0) d = d.add(p, o.weight_decay());
+  at::Tensor made;
+  if (o.momentum() != 0) {
+    if (first) {
+      buf = made = d.clone().detach();
+    } else {
+      buf.mul_(o.momentum()).add_(d, 1 - o.dampening());
+    }
+    d = o.nesterov() ? d.add(buf, o.momentum()) : buf;
+  }
+  p.add_(d, -o.lr());
+  return made;
+}
+
+// `buf`: the momentum buffer (undefined without momentum), made empty on a first step.
+void sgd_fused(at::Tensor& p, const at::Tensor& grad, const at::Tensor& buf, bool first,
+               const torch::optim::SGDOptions& o, double scale) {
+  SgdScalars s;
+  s.grad_scale = static_cast<float>(scale);
+  s.decays = o.weight_decay() != 0;
+  s.weight_decay = static_cast<float>(o.weight_decay());
+  s.momentum = static_cast<float>(o.momentum());
+  s.one_minus_dampening = static_cast<float>(1 - o.dampening());
+  s.neg_lr = static_cast<float>(-o.lr());
+  float* pp = p.data_ptr<float>();
+  const float* gp = grad.data_ptr<float>();
+  float* bp = buf.defined() ? buf.data_ptr<float>() : nullptr;
+  at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    sgd_pass(pp + begin, gp + begin, bp != nullptr ? bp + begin : nullptr, end - begin, s, first);
+  });
+  p.unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace
 
 bool fused_step_is_vectorized() {
@@ -156,45 +239,13 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
         set_state(*this, p, std::move(made));
       }
       state->step(state->step() + 1);
-      const double bias1 = 1 - std::pow(beta1, state->step()), bias2 = 1 - std::pow(beta2, state->step());
-      at::Tensor& m = state->exp_avg();
-      at::Tensor& v = state->exp_avg_sq();
-      if (!fusable(p, grad, meta_fused_) || !fusable_state(p, m) || !fusable_state(p, v) || o.amsgrad()) {
-        // libtorch's own sequence, on the scaled gradient.
-        const at::Tensor g = scaled(grad, scale_);
-        if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
-        m.mul_(beta1).add_(g, 1 - beta1);
-        v.mul_(beta2).addcmul_(g, g, 1 - beta2);
-        at::Tensor denom;
-        if (o.amsgrad()) {
-          at::Tensor& max_v = state->max_exp_avg_sq();
-          at::maximum_out(max_v, max_v, v);
-          denom = (max_v.sqrt() / std::sqrt(bias2)).add_(o.eps());
-        } else {
-          denom = (v.sqrt() / std::sqrt(bias2)).add_(o.eps());
-        }
-        p.addcdiv_(m, denom, -(o.lr() / bias1));
-        continue;
+      const AdamWStep a{o, scale_, beta1, beta2, 1 - std::pow(beta1, state->step()), 1 - std::pow(beta2, state->step())};
+      if (!fusable(p, grad, meta_fused_) || !fusable_state(p, state->exp_avg()) ||
+          !fusable_state(p, state->exp_avg_sq()) || o.amsgrad()) {
+        adamw_unfused(p, grad, *state, a);
+      } else if (!p.is_meta()) {
+        adamw_fused(p, grad, *state, a);
       }
-      if (p.is_meta()) continue;
-      AdamWScalars s;
-      s.grad_scale = static_cast<float>(scale_);
-      s.decay = o.weight_decay() != 0 ? static_cast<float>(1 - o.lr() * o.weight_decay()) : 1.0f;
-      s.beta1 = static_cast<float>(beta1);
-      s.one_minus_beta1 = static_cast<float>(1 - beta1);
-      s.beta2 = static_cast<float>(beta2);
-      s.one_minus_beta2 = static_cast<float>(1 - beta2);
-      s.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-      s.eps = static_cast<float>(o.eps());
-      s.neg_step = static_cast<float>(-(o.lr() / bias1));
-      float* pp = p.data_ptr<float>();
-      const float* gp = grad.data_ptr<float>();
-      float* mp = m.data_ptr<float>();
-      float* vp = v.data_ptr<float>();
-      at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-        adamw_pass(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
-      });
-      p.unsafeGetTensorImpl()->bump_version();
     }
   }
   return loss;
@@ -221,51 +272,22 @@ at::Tensor FusedSgd::step(LossClosure closure) {
       const bool first = o.momentum() != 0 && state == nullptr;
       const bool fused = fusable(p, grad, meta_fused_) && !o.nesterov() &&
                          (state == nullptr || fusable_state(p, state->momentum_buffer()));
+      at::Tensor buf = state != nullptr ? state->momentum_buffer() : at::Tensor();
+      const auto keep = [&](const at::Tensor& made) {
+        auto kept = std::make_unique<torch::optim::SGDParamState>();
+        kept->momentum_buffer(made);
+        set_state(*this, p, std::move(kept));
+      };
       if (!fused) {
-        at::Tensor d = scaled(grad, scale_);
-        if (o.weight_decay() != 0) d = d.add(p, o.weight_decay());
-        if (o.momentum() != 0) {
-          at::Tensor buf;
-          if (first) {
-            buf = d.clone().detach();
-            auto made = std::make_unique<torch::optim::SGDParamState>();
-            made->momentum_buffer(buf);
-            set_state(*this, p, std::move(made));
-          } else {
-            buf = state->momentum_buffer();
-            buf.mul_(o.momentum()).add_(d, 1 - o.dampening());
-          }
-          d = o.nesterov() ? d.add(buf, o.momentum()) : buf;
-        }
-        p.add_(d, -o.lr());
+        const at::Tensor made = sgd_unfused(p, grad, buf, first, o, scale_);
+        if (made.defined()) keep(made);
         continue;
       }
-      at::Tensor buf;
-      if (o.momentum() != 0) {
-        if (first) {
-          buf = at::empty_like(p, at::MemoryFormat::Contiguous);
-          auto made = std::make_unique<torch::optim::SGDParamState>();
-          made->momentum_buffer(buf);
-          set_state(*this, p, std::move(made));
-        } else {
-          buf = state->momentum_buffer();
-        }
+      if (first) {
+        buf = at::empty_like(p, at::MemoryFormat::Contiguous);
+        keep(buf);
       }
-      if (p.is_meta()) continue;
-      SgdScalars s;
-      s.grad_scale = static_cast<float>(scale_);
-      s.decays = o.weight_decay() != 0;
-      s.weight_decay = static_cast<float>(o.weight_decay());
-      s.momentum = static_cast<float>(o.momentum());
-      s.one_minus_dampening = static_cast<float>(1 - o.dampening());
-      s.neg_lr = static_cast<float>(-o.lr());
-      float* pp = p.data_ptr<float>();
-      const float* gp = grad.data_ptr<float>();
-      float* bp = buf.defined() ? buf.data_ptr<float>() : nullptr;
-      at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-        sgd_pass(pp + begin, gp + begin, bp != nullptr ? bp + begin : nullptr, end - begin, s, first);
-      });
-      p.unsafeGetTensorImpl()->bump_version();
+      if (!p.is_meta()) sgd_fused(p, grad, buf, first, o, scale_);
     }
   }
   return loss;
