@@ -203,6 +203,13 @@ void sgd_fused(at::Tensor& p, const at::Tensor& grad, const at::Tensor& buf, boo
   p.unsafeGetTensorImpl()->bump_version();
 }
 
+// The closure's loss with gradients on, as torch::optim's steps evaluate it first; undefined without one.
+at::Tensor loss_of(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
 }  // namespace
 
 bool fused_step_is_vectorized() {
@@ -215,12 +222,8 @@ bool fused_step_is_vectorized() {
 
 at::Tensor FusedAdamW::step(LossClosure closure) {
   const ResetScale reset{scale_};
+  const at::Tensor loss = loss_of(closure);
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
@@ -253,12 +256,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
 
 at::Tensor FusedSgd::step(LossClosure closure) {
   const ResetScale reset{scale_};
+  const at::Tensor loss = loss_of(closure);
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
     TORCH_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
