@@ -4,6 +4,7 @@
 // ComputePath and, when gradients are wanted, a tape entry for reverse mode. One per rank.
 
 #include "alloc/gradient_buffer.h"
+#include "alloc/weight_copies.h"
 #include "runtime/gradient_listener.h"
 #include "runtime/memory_hooks.h"
 #include "runtime/op_time_log.h"
@@ -92,6 +93,10 @@ class Interpreter final : public Rematerializer {
   // Released in the order they were cast: the cache's own order is the weights' heap addresses,
   // which differ from run to run (a traced step's frees did, launcher/planning/layer_traces.h).
   void clear_cast_cache();
+  // training.compute_weights = "kept": where autocast casts a weight, it reads the weight's
+  // 16-bit copy from `weights` instead, as a leaf whose gradient goes to the weight (interpreted
+  // mode only: the autograd reference casts). null: a cast at each read.
+  void set_compute_weights(ComputeWeights* weights) { compute_weights_ = weights; }
 
   ExecutionMode mode() const { return options_.mode; }
   // Parameters' gradients go into these slots (alloc/gradient_buffer.h); null: kept as computed.
@@ -151,6 +156,8 @@ class Interpreter final : public Rematerializer {
   // The inputs cast for autocast, or empty when the op takes them as they are (runtime/interpreter_autocast.cpp).
   std::vector<Tensor> autocast_inputs(const Op& op, const std::vector<Tensor>& inputs);
   Tensor cast_for_autocast(const Tensor& x, at::ScalarType dtype);
+  // The weight's kept 16-bit copy as a leaf (set_compute_weights), or undefined: cast it.
+  Tensor kept_copy(const at::Tensor& weight, at::ScalarType dtype);
   // `outputs` with each fp32 one cast to the low type (Precision::kLowOutput).
   std::vector<Tensor> autocast_outputs(std::vector<Tensor> outputs);
   // apply's work once the inputs are in the op's types: record and run it (or hand it to autograd).
@@ -173,6 +180,7 @@ class Interpreter final : public Rematerializer {
   const GradientSlots* gradient_buffer_ = nullptr;
   GradientListener* gradient_listener_ = nullptr;
   ParameterSource* parameter_source_ = nullptr;
+  ComputeWeights* compute_weights_ = nullptr;
   TensorParallelGroup* tensor_parallel_ = nullptr;
   bool keep_collectives_ = false;
   int block_ = -1;

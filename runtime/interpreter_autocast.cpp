@@ -60,10 +60,21 @@ Tensor Interpreter::cast_for_autocast(const Tensor& x, at::ScalarType dtype) {
   const auto key = std::make_pair(static_cast<const void*>(value.unsafeGetTensorImpl()), dtype);
   auto it = cast_cache_.find(key);
   if (it != cast_cache_.end() && it->second.version == value._version()) return it->second.copy;
-  Tensor copy = cast(x, dtype);
+  Tensor copy = kept_copy(value, dtype);
+  if (!copy.defined()) copy = cast(x, dtype);
   if (it == cast_cache_.end()) cast_order_.push_back(key);
   cast_cache_[key] = CachedCast{value, value._version(), copy};
   return copy;
+}
+
+Tensor Interpreter::kept_copy(const at::Tensor& weight, at::ScalarType dtype) {
+  if (compute_weights_ == nullptr || options_.mode != ExecutionMode::kInterpreted) return {};
+  at::Tensor copy = compute_weights_->copy_of(weight, dtype);
+  if (!copy.defined()) return {};
+  Tensor leaf = make_leaf(copy, weight.requires_grad());
+  leaf.info()->is_weight = true;
+  leaf.info()->grad_to = weight;
+  return leaf;
 }
 
 std::vector<Tensor> Interpreter::autocast_outputs(std::vector<Tensor> outputs) {

@@ -18,6 +18,27 @@ struct ChoiceNames<MixedPrecision> {
       {MixedPrecision::kOff, "off"}, {MixedPrecision::kBf16, "bf16"}, {MixedPrecision::kFp16, "fp16"}};
 };
 
+// training.compute_weights: where a 16-bit op reads a weight, it reads a copy made once per
+// optimizer step and kept (Megatron's bf16 parameters), or a cast made at the read (autocast's,
+// which a memory budget may drop and make again); auto: keeps_weight_copies below.
+enum class ComputeWeightsMode : uint8_t { kAuto, kKept, kCast };
+template <>
+struct ChoiceNames<ComputeWeightsMode> {
+  static constexpr std::pair<ComputeWeightsMode, const char*> table[] = {
+      {ComputeWeightsMode::kAuto, "auto"}, {ComputeWeightsMode::kKept, "kept"}, {ComputeWeightsMode::kCast, "cast"}};
+};
+
+// Whether a run keeps 16-bit weight copies: asked for, or auto unless a budget's evictions (DTR,
+// static plans, host swap: they drop and remake a cast copy as it pays) or ZeRO-3's sharded
+// parameters hold the memory. Full recomputation keeps them: its blocks read the copies again
+// instead of casting again. The trainer's parts and the planner decide alike.
+inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precision, bool budget_evicts,
+                                bool sharded_parameters) {
+  if (precision == MixedPrecision::kOff) return false;
+  return mode == ComputeWeightsMode::kKept ||
+         (mode == ComputeWeightsMode::kAuto && !budget_evicts && !sharded_parameters);
+}
+
 // nullopt: fp32 throughout.
 inline std::optional<at::ScalarType> autocast_type(MixedPrecision p) {
   switch (p) {

@@ -3,6 +3,7 @@
 #include "runtime/interpreter.h"
 #include "runtime/kernel_timer.h"
 #include "runtime/parameter_source.h"
+#include "runtime/widening_add.h"
 
 #include <ATen/core/grad_mode.h>
 
@@ -32,24 +33,54 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
     memory.gradient_pending(t);
     return;
   }
+  if (t.grad_to.defined()) {
+    // A weight's 16-bit copy: its readers' gradients are summed here, as the cast copy's were
+    // (both terms in the weight's type once there are two), and the sum goes to the weight when
+    // the copy's last reader has run (flush_copy_gradient): the same additions in the same order.
+    if (t.grad.defined()) {
+      const at::ScalarType wide = t.grad_to.scalar_type();
+      if (t.grad.scalar_type() != wide) t.grad = t.grad.to(wide);
+      if (grad.scalar_type() != wide) grad = grad.to(wide);
+      t.grad = t.grad + grad;
+    } else {
+      t.grad = std::move(grad);
+    }
+    return;
+  }
+  add_to_weight(t.value, *t.owner, std::move(grad));
+}
+
+void add_to_weight(const at::Tensor& weight, Interpreter& owner, at::Tensor grad) {
   // A leaf's gradient lives in its at::Tensor's .grad(), where torch::optim reads it. As
   // libtorch's AccumulateGrad does, steal the tensor when nobody else holds it (it may be shared,
-  // e.g. add's backward hands one tensor to both inputs), and add in place afterwards.
-  at::Tensor& acc = t.value.mutable_grad();
-  const GradientSlots* buffer = t.owner->gradient_buffer();
+  // e.g. add's backward hands one tensor to both inputs), and add in place afterwards. A 16-bit
+  // gradient of an fp32 weight converts inside the copy or the add: one pass, no cast kernel.
+  at::Tensor& acc = const_cast<at::Tensor&>(weight).mutable_grad();
+  const GradientSlots* buffer = owner.gradient_buffer();
   if (!acc.defined() && buffer != nullptr) {
-    at::Tensor slot = buffer->slot(t.value);
+    at::Tensor slot = buffer->slot(weight);
     if (slot.defined()) {
       acc = slot.copy_(grad);
       return;
     }
   }
   if (!acc.defined()) {
+    if (grad.scalar_type() != weight.scalar_type()) {
+      acc = grad.to(weight.scalar_type());
+      return;
+    }
     const bool sole_owner = grad.use_count() == 1 && grad.storage().use_count() == 1;
     acc = sole_owner ? std::move(grad) : grad.clone();
   } else {
-    acc.add_(grad);
+    add_widened(acc, grad);
   }
+}
+
+void flush_copy_gradient(TensorInfo& copy) {
+  if (!copy.grad.defined()) return;
+  at::Tensor sum = std::move(copy.grad);
+  copy.grad = at::Tensor();
+  add_to_weight(copy.grad_to, *copy.owner, std::move(sum));
 }
 
 std::vector<at::Tensor> Tape::saved_weights() const {
@@ -100,6 +131,12 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   // that take it as input.
   std::unordered_map<const c10::TensorImpl*, int64_t> pending;
   if (listener != nullptr) pending = pending_leaves(*listener);
+  // Per weight's 16-bit copy (a leaf record of this backward's forward), the entries left that
+  // read it: after the last, the sum of its gradients goes to the weight.
+  std::unordered_map<TensorInfo*, int64_t> copies;
+  for (const TapeEntry& e : entries_)
+    for (const std::shared_ptr<TensorInfo>& input : e.path->inputs)
+      if (input->grad_to.defined() && input->requires_grad) ++copies[input.get()];
   std::vector<TapeEntry> owing;  // kInputs: entries whose weights' part is still to run
   const int lookahead = interp.memory_hooks().prefetch_lookahead();
   auto ahead = entries_.rbegin();  // host swap: the next entry whose saved values to prefetch
@@ -116,12 +153,13 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
       owing.push_back(std::move(*it));
       continue;
     }
-    if (listener != nullptr) {
-      for (const std::shared_ptr<TensorInfo>& input : it->path->inputs) {
-        if (!input->is_leaf || !input->requires_grad) continue;
-        auto left = pending.find(input->value.unsafeGetTensorImpl());
-        if (left != pending.end() && --left->second == 0) listener->gradient_ready(input->value);
-      }
+    for (const std::shared_ptr<TensorInfo>& input : it->path->inputs) {
+      if (!input->is_leaf || !input->requires_grad) continue;
+      if (input->grad_to.defined() && --copies[input.get()] == 0) flush_copy_gradient(*input);
+      if (listener == nullptr) continue;
+      const at::Tensor& weight = gradient_target(*input);
+      auto left = pending.find(weight.unsafeGetTensorImpl());
+      if (left != pending.end() && --left->second == 0) listener->gradient_ready(weight);
     }
     *it = TapeEntry{};
   }
@@ -146,7 +184,7 @@ std::unordered_map<const c10::TensorImpl*, int64_t> Tape::pending_leaves(Gradien
   std::unordered_map<const c10::TensorImpl*, int64_t> pending;
   for (const TapeEntry& entry : entries_)
     for (const std::shared_ptr<TensorInfo>& input : entry.path->inputs)
-      if (input->is_leaf && input->requires_grad) ++pending[input->value.unsafeGetTensorImpl()];
+      if (input->is_leaf && input->requires_grad) ++pending[gradient_target(*input).unsafeGetTensorImpl()];
   std::vector<const c10::TensorImpl*> leaves;
   leaves.reserve(pending.size());
   for (const auto& [impl, count] : pending) leaves.push_back(impl);

@@ -63,7 +63,16 @@ class Tape {
   std::vector<TapeEntry> entries_;
 };
 
-// Adds `grad` to what `t` has accumulated; a leaf accumulates into its value's .grad().
+// Adds `grad` to what `t` has accumulated; a leaf accumulates into its value's .grad() (a
+// weight's 16-bit copy into its own sum, until flush_copy_gradient).
 void accumulate_grad(TensorInfo& t, at::Tensor grad);
+// Adds `grad` into `weight`'s gradient (its slot in `owner`'s gradient buffer, or its .grad()).
+void add_to_weight(const at::Tensor& weight, Interpreter& owner, at::Tensor grad);
+// A weight's 16-bit copy whose readers have all run: the sum of their gradients into the weight's.
+void flush_copy_gradient(TensorInfo& copy);
+// The tensor whose gradient a leaf's is: the weight of a 16-bit copy, else the leaf's own value.
+inline const at::Tensor& gradient_target(const TensorInfo& leaf) {
+  return leaf.grad_to.defined() ? leaf.grad_to : leaf.value;
+}
 
 }  // namespace ht

@@ -82,6 +82,9 @@ struct TensorInfo {
   bool is_leaf = false;
   bool requires_grad = false;
   bool is_weight = false;  // a leaf made by Interpreter::param(): zero-bubble schedules defer its gradient
+  // A weight's 16-bit compute copy (alloc/weight_copies.h): the weight whose gradient this leaf's
+  // is. Backward sums the copy's gradients over its readers, then adds the sum into the weight's.
+  at::Tensor grad_to;
 
   // Bookkeeping for memory policies.
   uint64_t last_access = 0;  // interpreter tick of the last read or write
