@@ -5,6 +5,7 @@
 
 #include "alloc/cpu_arena.h"
 #include "alloc/gradient_buffer.h"
+#include "alloc/weight_copies.h"
 #include "alloc/host_link.h"
 #include "memory/memory_manager.h"
 #include "models/model.h"
@@ -52,6 +53,8 @@ struct Engine {
   std::shared_ptr<GradientSlots> gradient_slots;
   // The whole gradients' block where gradient_slots is one; null otherwise.
   GradientBuffer* gradients = nullptr;
+  // training.compute_weights = "kept": the weights' 16-bit copies the interpreter reads; null: casts.
+  std::shared_ptr<WeightCopies> weight_copies;
   MemoryManager memory;                 // before interp: it outlives the interpreter's records
   OpTimeLog op_times;                   // metrics.time_by_op: the interpreter's kernels
   Interpreter interp;

@@ -157,6 +157,7 @@ TrainerState ModelState::load(const std::string& folder) {
   }
   // Every rank read the same files; make sure (sharded parameters have nothing whole to send).
   if (parameter_shards == nullptr) groups_.replicas().broadcast_state(model_.buffers());
+  optimizer_.weights_changed();  // their 16-bit copies are made again at their next read
   return state;
 }
 

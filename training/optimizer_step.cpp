@@ -56,6 +56,7 @@ StepOutcome OptimizerStep::step(double lr) {
   const StepOutcome outcome = optimizer_step(*p_.optimizer, p_.checked, options_, lr, p_.scaler.get(), p_.checks);
   p_.shard->finish(outcome.stepped);
   clear_grads(p_.params);
+  weights_changed();
   p_.state->after_step(*p_.optimizer, p_.master);
   return outcome;
 }
@@ -73,6 +74,10 @@ void OptimizerStep::record(JsonObject& record) const {
   p_.state->record(record);
   p_.shard->record(record);
   if (p_.scaler) record.add("loss_scale", p_.scaler->scale()).add("skipped_steps", p_.scaler->skipped_steps());
+  if (p_.copies) {
+    record.add("weight_copies_mb", static_cast<double>(p_.copies->bytes()) / 1e6)
+        .add("weight_copies_made", p_.copies->made_last_step());
+  }
 }
 
 }  // namespace ht

@@ -11,6 +11,7 @@
 // scheduled rate; then the pieces are gathered, the gradients cleared, the state compacted once
 // (under a budget) and sent back to host.
 
+#include "alloc/weight_copies.h"
 #include "base/json.h"
 #include "parallel/parameter_shards.h"
 #include "training/loss_scaler.h"
@@ -96,6 +97,9 @@ struct OptimizerStepParts {
   std::unique_ptr<LossScaler> scaler;  // fp16; null otherwise
   std::unique_ptr<ShardUpdate> shard = std::make_unique<ShardUpdate>();
   std::unique_ptr<StatePlacement> state = std::make_unique<StatePlacement>();
+  // training.compute_weights = "kept": the weights' 16-bit copies, made again after each step;
+  // null: autocast casts at each read.
+  std::shared_ptr<WeightCopies> copies;
 };
 
 class OptimizerStep {
@@ -108,6 +112,10 @@ class OptimizerStep {
   double learning_rate(int64_t step, int64_t total) const { return learning_rate_at(options_, step, total); }
   // Steps at `lr` with the step's gradients in place (combined across the replicas), then clears them.
   StepOutcome step(double lr);
+  // The weights changed outside a step (a checkpoint read): their 16-bit copies are made again.
+  void weights_changed() {
+    if (p_.copies) p_.copies->weights_changed();
+  }
 
   torch::optim::Optimizer& optimizer() { return *p_.optimizer; }
   const std::vector<at::Tensor>& master() const { return p_.master; }

@@ -113,6 +113,7 @@ struct RunPlan {
   SyncPlan sync;
   PipelinePlan pipeline;
   MixedPrecision precision = MixedPrecision::kOff;
+  ComputeWeightsMode compute_weights = ComputeWeightsMode::kAuto;  // 16-bit precisions
   LossScalerOptions loss_scale;  // fp16
   OptimizerOptions optimizer;
   LoopPlan loop;

@@ -217,6 +217,18 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
   return out;
 }
 
+// training.compute_weights: the 16-bit copies the interpreter reads, made once per optimizer step
+// and kept (auto: runtime/mixed_precision.h, keeps_weight_copies).
+void keep_weight_copies(const RunPlan& plan, Engine& e) {
+  const MemoryPolicy policy = plan.memory.policy;
+  const bool budget_evicts = e.arena != nullptr && evicts(policy) && !recomputes_blocks(policy);
+  if (!keeps_weight_copies(plan.compute_weights, plan.precision, budget_evicts, plan.sync.shard == ShardLevel::kParameters)) {
+    return;
+  }
+  e.weight_copies = std::make_shared<WeightCopies>();
+  e.interp.set_compute_weights(e.weight_copies.get());
+}
+
 // The optimizer step over the parameters, or over this rank's pieces of them, with the checks
 // the layout needs, fp16's scaler, and the state's place.
 std::unique_ptr<OptimizerStep> make_optimizer_step(const RunPlan& plan, Engine& e, RankGroups& groups,
@@ -240,6 +252,7 @@ std::unique_ptr<OptimizerStep> make_optimizer_step(const RunPlan& plan, Engine& 
     o.shard = std::make_unique<ShardedUpdate>(std::move(owned), layout.gradient_shards, layout.parameter_shards);
   }
   o.optimizer = make_optimizer(plan.optimizer, o.master);
+  o.copies = e.weight_copies;
   if (stage) o.checks = pipeline_checks(*stage);
   if (layout.gradient_shards) o.checks = shard_checks(*shard, dp.group());
   if (TensorGroup* tensor = groups.tensor()) {
@@ -271,6 +284,7 @@ TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Eng
   parts.groups = make_groups(plan, *e.model, stage.get(), comms);
   prepare_engine(plan, e, *parts.groups, stage != nullptr, parts.notes);
   SyncLayout layout = lay_out_sync(plan, e, *parts.groups, stage);
+  keep_weight_copies(plan, e);
   parts.optimizer = make_optimizer_step(plan, e, *parts.groups, stage.get(), layout);
   parts.sync = std::move(layout.sync);
   parts.state = std::make_unique<ModelState>(*e.model, *parts.optimizer, *parts.groups, e.interp.memory_hooks(),

@@ -115,6 +115,7 @@ struct TrainingConfig {
   int64_t eval_interval = 0;
   int64_t eval_batches = 0;
   MixedPrecision mixed_precision = MixedPrecision::kOff;
+  ComputeWeightsMode compute_weights = ComputeWeightsMode::kAuto;
   double loss_scale = 65536.0;  // fp16: dynamic loss scaling (training/loss_scaler.h)
   double loss_scale_growth = 2.0;
   double loss_scale_backoff = 0.5;

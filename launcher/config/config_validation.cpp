@@ -80,6 +80,24 @@ class Rules {
     }
   }
 
+  // Kept 16-bit copies are resident for the whole step: ZeRO-3 would hold every weight's copy
+  // whole, and a static plan is solved over the first step, whose casts the copies then replace.
+  void compute_weights() const {
+    if (c_.training.compute_weights != ComputeWeightsMode::kKept) return;
+    const std::string head = loc("training.compute_weights") + "training.compute_weights = \"kept\"";
+    if (c_.parallel.shard == ShardLevel::kParameters) {
+      throw UserError(head + " with parallel.shard = \"parameters\": every weight's copy would be kept whole on "
+                      "every rank, which is what sharding the parameters avoids; use training.compute_weights = "
+                      "\"cast\" (or \"auto\"), or parallel.shard = \"gradients\"");
+    }
+    if (plans_statically(c_.memory.policy)) {
+      throw UserError(head + " with memory.policy = \"" + choice_name(c_.memory.policy) +
+                      "\": a static plan places the tensors of the first step, whose weight casts the kept copies "
+                      "replace from the second on; use training.compute_weights = \"cast\" (or \"auto\"), or "
+                      "memory.policy = \"dtr\"");
+    }
+  }
+
   void learning_rate() const {
     if (c_.training.min_lr > c_.training.lr) {
       throw UserError(loc("training.min_lr") + "training.min_lr = " + to_toml(c_.training.min_lr) +
@@ -325,6 +343,7 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.planner_on_gpu();  // before device(): it holds whether or not this machine has a GPU
   rules.device();
   rules.mixed_precision();
+  rules.compute_weights();
   rules.learning_rate();
   rules.model_shape();
   rules.model_and_data();

@@ -149,6 +149,25 @@ TEST_F(ConfigErrors, MixedPrecision) {
                                             "and needs no loss scaling)"));
 }
 
+// Kept 16-bit weight copies are resident all step: not with sharded parameters, nor a static plan
+// (solved over the first step, whose casts the copies replace); without 16 bits they do nothing.
+TEST_F(ConfigErrors, ComputeWeights) {
+  const std::vector<std::string> kept{"--training.mixed_precision=bf16", "--training.compute_weights=kept"};
+  auto with = [&](std::vector<std::string> args, const std::string& more) {
+    args.push_back(more);
+    return error_in(kGood, args);
+  };
+  EXPECT_THAT(with(kept, "--parallel.shard=parameters"),
+              HasSubstr("training.compute_weights = \"kept\" with parallel.shard = \"parameters\": every weight's "
+                        "copy would be kept whole on every rank"));
+  EXPECT_THAT(with(kept, "--memory.policy=static"), HasSubstr("use training.compute_weights = \"cast\" (or \"auto\"), "
+                                                              "or memory.policy = \"dtr\""));
+  EXPECT_THAT(with(kept, "--training.compute_weights=copied"), HasSubstr("\"copied\" is not allowed"));
+  const LoadedConfig loaded = load_config(dir_.write("w.toml", kGood), {override_of("--training.compute_weights=kept")});
+  ASSERT_EQ(loaded.warnings.size(), 1u);
+  EXPECT_THAT(loaded.warnings[0], HasSubstr("training.compute_weights has no effect"));
+}
+
 TEST_F(ConfigErrors, HostSwap) {
   const std::vector<std::string> hybrid{"--memory.policy=hybrid", "--memory.budget=64MiB"};
   auto with = [&](std::vector<std::string> args, const std::string& more) {

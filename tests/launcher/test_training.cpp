@@ -84,7 +84,13 @@ INSTANTIATE_TEST_SUITE_P(
         ResumeCase{"supernet_dynamic_graph", "[model]\nname = \"supernet\"\nwidth = 4\nnum_blocks = 2\n", {}},
         ResumeCase{"gpt_adamw_dropout",
                    "[model]\nname = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nblock_size = 8\ndropout = 0.2\n",
-                   {"--training.optimizer=adamw", "--training.lr=0.01"}}),
+                   {"--training.optimizer=adamw", "--training.lr=0.01"}},
+        // Kept 16-bit weight copies are made again from the read weights: the first step after
+        // the resume casts (the copies' block is laid out after it), the rest read copies.
+        ResumeCase{"gpt_bf16_kept_weight_copies",
+                   "[model]\nname = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nblock_size = 8\n",
+                   {"--training.optimizer=adamw", "--training.lr=0.01", "--training.mixed_precision=bf16",
+                    "--training.compute_weights=kept", "--training.micro_batch_size=8"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Training, DamagedLatestCheckpointFallsBackAndStillMatches) {
@@ -524,6 +530,36 @@ TEST(Training, AccumulationOfOneMicroBatchIsThePlainRunAndFourIsClose) {
   for (size_t i = 0; i < plain.size(); ++i) {
     EXPECT_TRUE(plain[i].equal(one[i]));
     EXPECT_TRUE(at::allclose(plain[i], four[i], 1e-4, 1e-5)) << "fp32 summation order only";
+  }
+}
+
+// training.compute_weights: kept 16-bit copies (made once per optimizer step) train the bits that
+// a cast at every read trains, with accumulation over micro-batches, for a tied GPT (the head and
+// the embedding share a weight, whose copy the head's chunks read) and a Llama.
+TEST(Training, KeptWeightCopiesTrainTheBitsOfACastAtEveryRead) {
+  TempDir dir;
+  const std::vector<std::string> models = {
+      "[model]\nname = \"gpt\"\nn_layer = 2\nn_head = 2\nn_embd = 16\nblock_size = 8\n",
+      "[model]\nname = \"llama\"\nn_layer = 2\nn_head = 4\nn_kv_heads = 2\nn_embd = 16\nblock_size = 8\n"
+      "multiple_of = 8\n"};
+  for (size_t m = 0; m < models.size(); ++m) {
+    const std::string toml = std::string(kBase) + models[m];
+    auto run = [&](const std::string& mode) {
+      return run_job(config_for(dir, toml, {"--job.output_dir=" + dir.path(mode + std::to_string(m)),
+                                            "--training.optimizer=adamw", "--training.lr=0.01",
+                                            "--training.mixed_precision=bf16", "--training.micro_batch_size=4",
+                                            "--training.compute_weights=" + mode}),
+                     true);
+    };
+    const JobOutcome cast = run("cast"), kept = run("kept");
+    const auto a = state_of(*cast.model), b = state_of(*kept.model);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << models[m] << "parameter/buffer " << i;
+    const std::string metrics = dir.path("kept" + std::to_string(m)) + "/metrics.jsonl";
+    EXPECT_GT(last_train_number(metrics, "weight_copies_mb"), 0.0);
+    // Each copy once a step, not once in each of 4 micro-batches' forwards: 4 products a block (a
+    // GPT's with their biases) and the head.
+    EXPECT_EQ(last_train_number(metrics, "weight_copies_made"), m == 0 ? 2 * 4 * 2 + 1 : 2 * 4 + 1);
+    EXPECT_TRUE(train_numbers(dir.path("cast" + std::to_string(m)) + "/metrics.jsonl", "weight_copies_mb").empty());
   }
 }
 
