@@ -114,7 +114,7 @@ log_interval = 1
       side.step_ms.insert(side.step_ms.end(), ms.begin() + 1, ms.end());
       if (side.mode == std::string("kept")) {
         side.made = train_numbers(metrics, "weight_copies_made").back();
-        side.copies_mb = train_numbers(metrics, "weight_copies_mb").back();
+        side.copies_mb = train_numbers(metrics, "weight_copies_bytes").back() / 1e6;
       }
       side.params = parameters_of(*job.model);
     }

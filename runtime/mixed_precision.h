@@ -28,15 +28,17 @@ struct ChoiceNames<ComputeWeightsMode> {
       {ComputeWeightsMode::kAuto, "auto"}, {ComputeWeightsMode::kKept, "kept"}, {ComputeWeightsMode::kCast, "cast"}};
 };
 
-// Whether a run keeps 16-bit weight copies: asked for, or auto unless a budget's evictions (DTR,
-// static plans, host swap: they drop and remake a cast copy as it pays) or ZeRO-3's sharded
-// parameters hold the memory. Full recomputation keeps them: its blocks read the copies again
-// instead of casting again. The trainer's parts and the planner decide alike.
-inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precision, bool budget_evicts,
+// Whether a run keeps 16-bit weight copies: asked for, or auto without a memory budget and without
+// ZeRO-3's sharded parameters. Under a budget the copies are left to the memory manager as the
+// casts' activations (any policy may drop one and cast again; kept copies under "full" at the bit
+// matrix's tightest budget cut the arena into pieces an evaluation's tensor did not fit, and the
+// planner's walks of a budgeted step price the casts' copies where they are alive). The
+// trainer's parts and the planner decide alike.
+inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precision, bool budget,
                                 bool sharded_parameters) {
   if (precision == MixedPrecision::kOff) return false;
   return mode == ComputeWeightsMode::kKept ||
-         (mode == ComputeWeightsMode::kAuto && !budget_evicts && !sharded_parameters);
+         (mode == ComputeWeightsMode::kAuto && !budget && !sharded_parameters);
 }
 
 // nullopt: fp32 throughout.

@@ -75,7 +75,7 @@ void OptimizerStep::record(JsonObject& record) const {
   p_.shard->record(record);
   if (p_.scaler) record.add("loss_scale", p_.scaler->scale()).add("skipped_steps", p_.scaler->skipped_steps());
   if (p_.copies) {
-    record.add("weight_copies_mb", static_cast<double>(p_.copies->bytes()) / 1e6)
+    record.add("weight_copies_bytes", p_.copies->bytes())
         .add("weight_copies_made", p_.copies->made_last_step());
   }
 }

@@ -220,9 +220,8 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
 // training.compute_weights: the 16-bit copies the interpreter reads, made once per optimizer step
 // and kept (auto: runtime/mixed_precision.h, keeps_weight_copies).
 void keep_weight_copies(const RunPlan& plan, Engine& e) {
-  const MemoryPolicy policy = plan.memory.policy;
-  const bool budget_evicts = e.arena != nullptr && evicts(policy) && !recomputes_blocks(policy);
-  if (!keeps_weight_copies(plan.compute_weights, plan.precision, budget_evicts, plan.sync.shard == ShardLevel::kParameters)) {
+  if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr,
+                           plan.sync.shard == ShardLevel::kParameters)) {
     return;
   }
   e.weight_copies = std::make_shared<WeightCopies>();

@@ -35,6 +35,9 @@ Config point_config(const Config& job, int64_t micro, MixedPrecision precision) 
   c.training.micro_batch_size = 0;
   c.training.steps = 100;  // never reached: the profiler runs the steps it measures
   c.training.mixed_precision = precision;
+  // Casts at each read: the planner prices kept 16-bit copies from the casts this step makes
+  // (planner/weight_copy_terms.h).
+  c.training.compute_weights = ComputeWeightsMode::kCast;
   c.parallel.data_parallel = 1;
   c.parallel.pipeline_parallel = 1;  // one rank runs the whole model: the blocks' times are what stages cut
   c.parallel.shard = ShardLevel::kNone;  // one rank holds the whole state; the cost model divides it
