@@ -11,6 +11,7 @@
 // (15% per row, 10% median) is reported, not an error.
 #include "bench/bench_util.h"
 #include "bench/published_runs.h"
+#include "planner/weight_copy_terms.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/job_plan.h"
@@ -133,8 +134,12 @@ std::vector<std::pair<std::string, double>> as_run_terms(const PublishedRun& r, 
   // (Under full recomputation the forward runs twice, and so would its casts: the regenerations'
   // share of a forward's casts are the regenerated kernels', about one forward's.)
   const double forwards = r.recompute == Recompute::kFull ? 2 : 1;
-  if (r.half_weights) terms.emplace_back("bf16 weights", -x.weight_cast_ms * forwards * micro_batches);
-  if (r.fused_accumulation) terms.emplace_back("gradient accumulation fused", -x.weight_cast_backward_ms * micro_batches);
+  // Ours keeps 16-bit weight copies (training.compute_weights, priced in "ours") except where
+  // ZeRO-3 shards the parameters: there it still casts each gathered weight at each read.
+  if (!keeps_weight_copies(x.plan)) {
+    if (r.half_weights) terms.emplace_back("bf16 weights", -x.weight_cast_ms * forwards * micro_batches);
+    if (r.fused_accumulation) terms.emplace_back("gradient accumulation fused", -x.weight_cast_backward_ms * micro_batches);
+  }
   if (r.op_checkpointing) {
     // Backward recomputes each layer's forward but attention and every second matmul: its other
     // kernels and half its contractions, every micro-batch.
@@ -203,6 +208,11 @@ Result predict_row(const PublishedRun& r, const std::string& source_dir) {
   p.schedule = r.virtual_stages > 1 ? ScheduleKind::kInterleaved1f1b : ScheduleKind::k1f1b;
   p.virtual_stages = r.virtual_stages;
   out.predicted = predict(profile, machine, p);
+  if (const std::optional<Plan> twin = weight_cast_twin(p); twin && !out.predicted.fits) {
+    // Where the kept 16-bit weight copies do not fit, the planner casts at each read (as auto would).
+    const Prediction cast = predict(profile, machine, *twin);
+    if (cast.fits) p = *twin, out.predicted = cast;
+  }
   if (p.shard == ShardLevel::kParameters && evicts(p.policy)) {
     Plan twin = p;
     twin.policy = MemoryPolicy::kNone;

@@ -6,6 +6,7 @@
 #include "planner/pipeline_terms.h"
 #include "planner/recompute_terms.h"
 #include "planner/shard_terms.h"
+#include "planner/weight_copy_terms.h"
 #include "schedule/solver.h"
 
 #include <algorithm>
@@ -162,6 +163,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   }
   Prediction p;
   state_memory_terms(profile, plan, p);
+  weight_copy_memory_terms(profile, plan, p);
   const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
@@ -184,6 +186,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     pipeline_terms(profile, machine, plan, fb, p);
   }
   optimizer_and_communication_terms(profile, machine, plan, fb, slowdown, replayed, p);
+  weight_copy_time_terms(profile, plan, slowdown, replayed, p);
   p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
               p.tensor_ms;
   throughput_terms(profile, machine, plan, p);

@@ -47,6 +47,8 @@ struct Plan {
   // checkpoint.async: checkpoints are copied to host memory and written while training goes on
   // (training/checkpointing.h); the copy is host memory beside the step's (checkpoint_terms).
   bool async_checkpoint = false;
+  // training.compute_weights under 16 bits (planner/weight_copy_terms.h).
+  ComputeWeightsMode compute_weights = ComputeWeightsMode::kAuto;
   int devices() const { return ranks * stages * tensor; }
 };
 
@@ -72,6 +74,10 @@ struct Prediction {
   // Time per step (ms) on one rank.
   double compute_ms = 0;              // forward and backward of every micro-batch
   double recompute_ms = 0;            // what eviction re-runs (the replay's), every micro-batch
+  // Kept 16-bit weight copies: their bytes (beside the optimizer step's temporaries) and the casts
+  // they save (included in compute_ms and recompute_ms); 0 where the weights are cast at each read.
+  int64_t weight_copy_bytes = 0;
+  double weight_casts_saved_ms = 0;
   double optimizer_ms = 0;            // optimizer step, clipping, the batch's gather
   double allreduce_ms = 0;            // all-reduce of the gradients, in all
   double allreduce_exposed_ms = 0;    // the part not hidden under backward

@@ -1,5 +1,7 @@
 #include "planner/search.h"
 
+#include "planner/weight_copy_terms.h"
+
 #include "planner/shard_terms.h"
 #include "alloc/byte_size.h"
 #include "parallel/pipeline_schedule.h"
@@ -189,6 +191,13 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
       for (size_t k = next++; k < plans.size(); k = next++) {
         const size_t i = order[k];
         ranked[i] = {plans[i], predict_plan(plans[i])};
+        // Kept 16-bit weight copies that do not fit: the same plan casting at each read may.
+        if (!ranked[i].prediction.fits) {
+          if (const std::optional<Plan> twin = weight_cast_twin(plans[i])) {
+            Prediction cast = predict_plan(*twin);
+            if (cast.fits) ranked[i] = {*twin, std::move(cast)};
+          }
+        }
         // The cut it was predicted for, so that the plan written trains on it (the trainer would
         // otherwise balance by its own timing of the blocks, and cut elsewhere on a busy machine).
         if (ranked[i].plan.stages > 1 && ranked[i].plan.stage_blocks.empty())

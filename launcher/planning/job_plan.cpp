@@ -355,6 +355,7 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
   run.batch.micro = plan.micro_batch;
   run.batch.micro_batches = plan.accumulation;
   run.precision = plan.precision;
+  run.compute_weights = plan.compute_weights;
   run.memory.policy = plan.policy;
   if (plan.state_on_host && swaps(plan.policy)) run.memory.optimizer_state = StatePlace::kHost;
   // The search's plans carry the default threshold, and leave the base config's; one that chose

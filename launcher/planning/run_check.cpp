@@ -30,6 +30,7 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.micro_batch = run.batch.micro;
   p.accumulation = run.batch.micro_batches;
   p.precision = run.precision;
+  p.compute_weights = run.compute_weights;
   p.policy = run.memory.policy;
   p.budget_bytes = run.memory.budget_bytes;
   p.eviction_threshold = run.memory.eviction_threshold;

@@ -12,6 +12,9 @@
 #include "launcher/planning/profiler.h"
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/trace_profile.h"
+#include "launcher/planning/job_plan.h"
+#include "planner/cost_model.h"
+#include "planner/weight_copy_terms.h"
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "tests/support/run_binary.h"
@@ -119,6 +122,54 @@ TEST(TraceProfile, ADerivedPointIsTheTracedOne) {
     ASSERT_NEAR(d.trace.kernels[k].flops, t.trace.kernels[k].flops, 1e-6 * (1 + t.trace.kernels[k].flops)) << k;
     ASSERT_NEAR(d.trace.kernels[k].bytes, t.trace.kernels[k].bytes, 1e-6 * (1 + t.trace.kernels[k].bytes)) << k;
   }
+}
+
+// Kept 16-bit weight copies in the cost model: the traced step's weight casts (forward casts that
+// read no activation) run once a step instead of once a micro-batch, their gradients' casts not at
+// all, and the copies (2 bytes per weight cast) sit beside the optimizer step's temporaries; a
+// budget that evicts casts instead, and so does a plan the copies would not fit.
+TEST(TraceProfile, KeptWeightCopiesSaveEveryMicroBatchsCastsButOne) {
+  TempDir dir;
+  Config c = config_for(dir, kTracedLlama, {"--model.n_embd=256", "--model.n_head=8", "--model.block_size=512",
+                                            "--training.mixed_precision=bf16"});
+  const DataInfo info{Task::kLanguageModel, {512}, 96, "tokens", 0};
+  TraceRequest request;
+  request.rates = h100_rates();
+  request.micro_batches = {1};
+  const ModelProfile profile = trace_profile(c, info, request);
+  const Machine machine = machine_for(c, PlanArgs{}, 1);
+  Plan kept;
+  kept.micro_batch = 1;
+  kept.accumulation = 8;
+  kept.precision = MixedPrecision::kBf16;
+  Plan cast = kept;
+  cast.compute_weights = ComputeWeightsMode::kCast;
+  ASSERT_TRUE(keeps_weight_copies(kept));
+  ASSERT_FALSE(keeps_weight_copies(cast));
+  const WeightCasts w = weight_casts(profile, MixedPrecision::kBf16);
+  // Every weight but the embedding's table (96 x 256) and the norms' gains (2 a layer, the last):
+  // the products' and the head's, 2 bytes each.
+  const int64_t weights = profile.parameter_bytes / 4;
+  EXPECT_EQ(w.copy_bytes, 2 * (weights - 96 * 256 - 5 * 256));
+  EXPECT_GT(w.forward_ms, 0.0);
+  EXPECT_GT(w.backward_ms, 0.0);
+  const Prediction pk = predict(profile, machine, kept), pc = predict(profile, machine, cast);
+  EXPECT_NEAR(pc.compute_ms - pk.compute_ms, (w.forward_ms + w.backward_ms) * 8 - w.forward_ms,
+              1e-9 * pc.compute_ms);
+  EXPECT_EQ(pk.weight_copy_bytes, w.copy_bytes);
+  EXPECT_EQ(pk.optimizer_working_bytes - pc.optimizer_working_bytes, w.copy_bytes);
+  Plan budget = kept;
+  budget.policy = MemoryPolicy::kDtr;
+  budget.budget_bytes = int64_t{1} << 40;
+  EXPECT_FALSE(keeps_weight_copies(budget)) << "a budget: casts the memory manager may drop";
+  budget.policy = MemoryPolicy::kFull;
+  budget.budget_bytes = 0;
+  EXPECT_TRUE(keeps_weight_copies(budget)) << "full recomputation without one reads the kept copies again";
+  ASSERT_TRUE(weight_cast_twin(kept).has_value());
+  EXPECT_EQ(weight_cast_twin(kept)->compute_weights, ComputeWeightsMode::kCast);
+  Plan asked = kept;
+  asked.compute_weights = ComputeWeightsMode::kKept;
+  EXPECT_FALSE(weight_cast_twin(asked).has_value()) << "asked for: the search keeps it";
 }
 
 // Each traced kernel's work is the model's arithmetic: Llama 3 8B's forward at one sequence of

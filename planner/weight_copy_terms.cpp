@@ -1,0 +1,63 @@
+#include "planner/weight_copy_terms.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ht {
+
+bool keeps_weight_copies(const Plan& plan) {
+  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0,
+                             plan.shard == ShardLevel::kParameters && plan.ranks > 1);
+}
+
+std::optional<Plan> weight_cast_twin(const Plan& plan) {
+  if (plan.compute_weights != ComputeWeightsMode::kAuto || !keeps_weight_copies(plan)) return std::nullopt;
+  Plan twin = plan;
+  twin.compute_weights = ComputeWeightsMode::kCast;
+  return twin;
+}
+
+WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision) {
+  WeightCasts w;
+  for (const ProfilePoint& pt : profile.points) {
+    if (pt.precision != precision || pt.trace.kernels.empty()) continue;
+    double casts = 0, backward_casts = 0;
+    for (const TraceKernel& k : pt.trace.kernels) {
+      if (std::strcmp(k.op, "cast") != 0) continue;
+      (k.backward ? backward_casts : casts) += k.ms;
+      if (k.backward || !k.inputs.empty()) continue;
+      w.forward_ms += k.ms;
+      // fp32 in, 16 bits out: a third of the bytes it moves is the copy.
+      w.copy_bytes += static_cast<int64_t>(k.bytes / 3);
+    }
+    w.backward_ms = casts > 0 ? backward_casts * w.forward_ms / casts : 0;
+    return w;  // per micro-batch whatever its size: the weights' casts
+  }
+  return w;
+}
+
+void weight_copy_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
+  if (!keeps_weight_copies(plan)) return;
+  p.weight_copy_bytes = weight_casts(profile, plan.precision).copy_bytes;
+  p.optimizer_working_bytes += p.weight_copy_bytes;
+  p.peak_bytes = std::max(p.peak_bytes, p.fixed_bytes() + p.optimizer_working_bytes);
+}
+
+void weight_copy_time_terms(const ModelProfile& profile, const Plan& plan, double slowdown, bool replayed,
+                            Prediction& p) {
+  if (!keeps_weight_copies(plan)) return;
+  const WeightCasts w = weight_casts(profile, plan.precision);
+  // The profile's casts are the whole model's (of a tensor-parallel rank): a pipeline stage casts
+  // its share of the weights, as many times as the step's micro-batches.
+  const double stages = static_cast<double>(plan.stages);
+  const double micro_batches = static_cast<double>(plan.accumulation);
+  // Every micro-batch's casts and their gradients' casts, less the step's one cast of each weight.
+  const double saved = ((w.forward_ms + w.backward_ms) * micro_batches - w.forward_ms) * slowdown / stages;
+  p.compute_ms = std::max(0.0, p.compute_ms - saved);
+  double recast = 0;
+  if (replayed) recast = std::min(p.recompute_ms, w.forward_ms * micro_batches * slowdown / stages);  // a replay casts again
+  p.recompute_ms -= recast;
+  p.weight_casts_saved_ms = saved + recast;
+}
+
+}  // namespace ht

@@ -1,0 +1,36 @@
+#pragma once
+// training.compute_weights = "kept" (alloc/weight_copies.h) in the cost model. Each weight a
+// 16-bit op reads is cast once per optimizer step instead of once per micro-batch (and again in
+// every recomputation); its gradient is added into the fp32 one as it widens, without a cast of
+// its own; and the copies (2 bytes per weight cast) stay resident, through the optimizer step too,
+// where the casts' copies were freed. Priced from the profile's trace: the forward casts that read
+// no activation are the weights' (as bench_planner_at_scale and bench_activation_bytes count
+// them), and the backward casts their share in the same proportion.
+
+#include "planner/plan.h"
+#include "planner/profile.h"
+
+#include <optional>
+
+namespace ht {
+
+bool keeps_weight_copies(const Plan& plan);
+// Where memory decides: a plan that keeps copies only because it left the choice to auto, as a
+// twin that casts at each read (to predict when the plan does not fit); nullopt otherwise.
+std::optional<Plan> weight_cast_twin(const Plan& plan);
+
+// The weights' casts of one micro-batch at `precision` (ms, on the profile's device), and the
+// copies' bytes.
+struct WeightCasts {
+  double forward_ms = 0, backward_ms = 0;
+  int64_t copy_bytes = 0;
+};
+WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision);
+
+// The copies beside the optimizer step's temporaries (without eviction: where kept copies run).
+void weight_copy_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p);
+// The casts saved, from compute_ms (and, under full recomputation, recompute_ms), at `slowdown`.
+void weight_copy_time_terms(const ModelProfile& profile, const Plan& plan, double slowdown, bool replayed,
+                            Prediction& p);
+
+}  // namespace ht
