@@ -36,14 +36,16 @@ void WeightCopies::weights_changed() {
 void WeightCopies::lay_out() {
   // One block per type and device, the copies in the order the first forward cast them.
   std::map<std::pair<int, std::string>, std::vector<const Wanted*>> groups;
-  for (const Wanted& w : wanted_) groups[{static_cast<int>(w.dtype), w.weight.device().str()}].push_back(&w);
+  for (const Wanted& w : wanted_) {
+    // A weight with gaps in its layout has no slot: it is cast at each read.
+    if (w.weight.is_non_overlapping_and_dense()) groups[{static_cast<int>(w.dtype), w.weight.device().str()}].push_back(&w);
+  }
   for (const auto& [type, members] : groups) {
     int64_t numel = 0;
     for (const Wanted* w : members) numel += w->weight.numel();
     at::Tensor block = at::empty({numel}, members.front()->weight.options().dtype(members.front()->dtype).requires_grad(false));
     int64_t offset = 0;
     for (const Wanted* w : members) {
-      TORCH_CHECK(w->weight.is_non_overlapping_and_dense(), "WeightCopies: a weight with gaps in its layout");
       at::Tensor view = block.narrow(0, offset, w->weight.numel()).as_strided(w->weight.sizes(), w->weight.strides());
       slots_.emplace(Key{w->weight.unsafeGetTensorImpl(), w->dtype}, Slot{w->weight, std::move(view)});
       offset += w->weight.numel();

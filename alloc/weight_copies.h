@@ -35,8 +35,8 @@ class WeightCopies final : public ComputeWeights {
   // Bytes of the copies' block (0 until laid out) and weights in it.
   int64_t bytes() const { return bytes_; }
   size_t size() const { return slots_.size(); }
-  // Copies made between the last two weights_changed() calls (a step's forwards, recomputations
-  // and evaluations): the evidence that each is made once per optimizer step.
+  // Copies made between the last two weights_changed() calls (a step's forwards and
+  // recomputations): the evidence that each is made once per optimizer step.
   int64_t made_last_step() const { return made_last_step_; }
 
  private:

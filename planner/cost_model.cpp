@@ -163,7 +163,6 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   }
   Prediction p;
   state_memory_terms(profile, plan, p);
-  weight_copy_memory_terms(profile, plan, p);
   const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
   const int threads = threads_per_rank(machine, ranks_on_node);
   const double slowdown = oversubscription(machine, ranks_on_node) * thread_factor(profile, threads) /
@@ -176,6 +175,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   if (full) replay = block_recompute_terms(profile, plan);
   const BlockRecomputeReplay* blocks = full ? &replay : nullptr;
   policy_terms(profile, machine, plan, slowdown, blocks, p);
+  weight_copy_memory_terms(profile, plan, p);
   const std::string margin_why = p.within_margin ? p.why_not : std::string();
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
   p.compute_ms = fb * static_cast<double>(plan.accumulation);

@@ -38,7 +38,14 @@ WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision) 
 
 void weight_copy_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
   if (!keeps_weight_copies(plan)) return;
-  p.weight_copy_bytes = weight_casts(profile, plan.precision).copy_bytes;
+  // A pipeline stage keeps its share of the copies (the profile's are the whole model's).
+  p.weight_copy_bytes = weight_casts(profile, plan.precision).copy_bytes / plan.stages;
+  if (evicts(plan.policy) && plan.budget_bytes > 0) {
+    // Asked for under a budget: the replay's step has the casts' copies, which it may drop; the
+    // kept ones sit beside them, all the time (an upper bound).
+    p.peak_bytes += p.weight_copy_bytes;
+    return;
+  }
   p.optimizer_working_bytes += p.weight_copy_bytes;
   p.peak_bytes = std::max(p.peak_bytes, p.fixed_bytes() + p.optimizer_working_bytes);
 }

@@ -27,7 +27,8 @@ struct WeightCasts {
 };
 WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision);
 
-// The copies beside the optimizer step's temporaries (without eviction: where kept copies run).
+// The copies beside the optimizer step's temporaries (a stage's share), or, asked for under a
+// budget that evicts, beside the replay's peak. After the policy's terms, which set the peak.
 void weight_copy_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p);
 // The casts saved, from compute_ms (and, under full recomputation, recompute_ms), at `slowdown`.
 void weight_copy_time_terms(const ModelProfile& profile, const Plan& plan, double slowdown, bool replayed,

@@ -343,11 +343,11 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.planner_on_gpu();  // before device(): it holds whether or not this machine has a GPU
   rules.device();
   rules.mixed_precision();
-  rules.compute_weights();
   rules.learning_rate();
   rules.model_shape();
   rules.model_and_data();
   rules.memory_budget();
+  rules.compute_weights();  // after memory_budget(): a budget alone sets memory.policy = "auto" (static plans)
   rules.cluster_memory();
   rules.sharding();
   rules.tensor_parallel();

@@ -2,6 +2,7 @@
 #include "base/clock.h"
 
 #include "launcher/config/run_plan_of.h"
+#include "planner/weight_copy_terms.h"
 
 #include "launcher/planning/device_catalog.h"
 #include "launcher/planning/profiler.h"
@@ -355,7 +356,11 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
   run.batch.micro = plan.micro_batch;
   run.batch.micro_batches = plan.accumulation;
   run.precision = plan.precision;
-  run.compute_weights = plan.compute_weights;
+  // The 16-bit weights as the plan was predicted with them, where the config left them to auto
+  // (a search's candidates leave them to auto; its twins that did not fit kept copies cast).
+  if (base.training.compute_weights == ComputeWeightsMode::kAuto && autocast_type(plan.precision)) {
+    run.compute_weights = keeps_weight_copies(plan) ? ComputeWeightsMode::kKept : ComputeWeightsMode::kCast;
+  }
   run.memory.policy = plan.policy;
   if (plan.state_on_host && swaps(plan.policy)) run.memory.optimizer_state = StatePlace::kHost;
   // The search's plans carry the default threshold, and leave the base config's; one that chose

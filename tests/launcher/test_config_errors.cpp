@@ -160,8 +160,10 @@ TEST_F(ConfigErrors, ComputeWeights) {
   EXPECT_THAT(with(kept, "--parallel.shard=parameters"),
               HasSubstr("training.compute_weights = \"kept\" with parallel.shard = \"parameters\": every weight's "
                         "copy would be kept whole on every rank"));
-  EXPECT_THAT(with(kept, "--memory.policy=static"), HasSubstr("use training.compute_weights = \"cast\" (or \"auto\"), "
-                                                              "or memory.policy = \"dtr\""));
+  const std::string static_words = "use training.compute_weights = \"cast\" (or \"auto\"), or memory.policy = \"dtr\"";
+  EXPECT_THAT(with({kept[0], kept[1], "--memory.budget=64MiB"}, "--memory.policy=static"), HasSubstr(static_words));
+  // A budget alone sets memory.policy = "auto": static plans too.
+  EXPECT_THAT(with(kept, "--memory.budget=64MiB"), HasSubstr(static_words));
   EXPECT_THAT(with(kept, "--training.compute_weights=copied"), HasSubstr("\"copied\" is not allowed"));
   const LoadedConfig loaded = load_config(dir_.write("w.toml", kGood), {override_of("--training.compute_weights=kept")});
   ASSERT_EQ(loaded.warnings.size(), 1u);

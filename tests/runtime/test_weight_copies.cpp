@@ -6,6 +6,8 @@
 #include "runtime/widening_add.h"
 #include "tests/support/op_check.h"
 
+#include <map>
+
 namespace ht::test {
 namespace {
 
@@ -13,8 +15,8 @@ namespace {
 class FinalGradients final : public GradientListener {
  public:
   void backward_begins(const std::vector<const c10::TensorImpl*>&) override {}
-  void gradient_ready(const at::Tensor& param) override { seen.push_back(param.grad().clone()); }
-  std::vector<at::Tensor> seen;
+  void gradient_ready(const at::Tensor& param) override { seen[param.unsafeGetTensorImpl()] = param.grad().clone(); }
+  std::map<const c10::TensorImpl*, at::Tensor> seen;
 };
 
 struct Trainee {
@@ -64,8 +66,12 @@ TEST(WeightCopies, KeptCopiesGiveTheCastsGradientsBitForBit) {
       cast_run.interp.backward(sum(mul(yc, yc)));
       kept.listener.seen.clear();
       kept.interp.backward(sum(mul(yk, yk)));
-      // Told final only once the copy's sum reached the weight: what it saw is what stays.
-      EXPECT_TRUE(kept.listener.seen.front().equal(kept.v.grad()));
+      // Told final only once the copy's sum reached the weight (w's copy has two readers, v's
+      // one): what it saw is what stays.
+      for (const at::Tensor* p : {&kept.w, &kept.v}) {
+        ASSERT_TRUE(kept.listener.seen.count(p->unsafeGetTensorImpl())) << "step " << step;
+        EXPECT_TRUE(kept.listener.seen.at(p->unsafeGetTensorImpl()).equal(p->grad())) << "step " << step;
+      }
     }
     for (auto [a, b] : {std::pair{&cast_run.w, &kept.w}, {&cast_run.v, &kept.v}, {&cast_run.g, &kept.g}}) {
       ASSERT_EQ(b->grad().scalar_type(), at::kFloat) << "an fp32 gradient for the fp32 weight";
@@ -100,6 +106,9 @@ TEST(WeightCopies, ZeroBubblesTwoPartsGiveTheSameBits) {
     EXPECT_TRUE(cast_run.v.grad().equal(kept.v.grad()));
     update(cast_run);
     update(kept);
+    // The first step casts; from the second the products read the kept copies.
+    EXPECT_EQ(kept.copies.size(), 2u);
+    if (step == 1) EXPECT_EQ(kept.copies.made_last_step(), 2);
   }
 }
 
