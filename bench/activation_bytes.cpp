@@ -43,11 +43,6 @@ const std::vector<Case> kCases{
     {"Llama 3 8B", "configs/llama3_8b.toml", {}, 1, false},
 };
 
-ConfigOverride override_of(const std::string& argument) {
-  const size_t eq = argument.find('=');
-  return {argument.substr(2, eq - 2), argument.substr(eq + 1), argument};
-}
-
 struct Saved {
   int64_t activations = 0;   // bytes block `block`'s forward kernels made and backward will read
   int64_t weight_copies = 0; // of those, the 16-bit copies of weights (casts that read no activation)

@@ -74,14 +74,11 @@ void kernel_classes(const ModelProfile& profile, const PublishedRun& r, const Ma
       if (k.backward || k.block <= 0 || k.block >= last || std::string(k.op).find("attention") != std::string::npos) continue;
       (k.heavy ? out.layers_forward_contraction_ms : out.layers_forward_other_ms) += k.ms;
     }
-    double casts = 0, backward_casts = 0;
-    for (const TraceKernel& k : pt.trace.kernels) {
-      if (std::strcmp(k.op, "cast") != 0) continue;
-      (k.backward ? backward_casts : casts) += k.ms;
-      if (!k.backward && k.inputs.empty()) out.weight_cast_ms += k.ms;
-    }
-    out.weight_cast_backward_ms = casts > 0 ? backward_casts * out.weight_cast_ms / casts : 0;
   }
+  // The weights' casts of a micro-batch, whatever its size (planner/weight_copy_terms.h).
+  const WeightCasts casts = weight_casts(profile, r.precision);
+  out.weight_cast_ms = casts.forward_ms;
+  out.weight_cast_backward_ms = casts.backward_ms;
 }
 
 Config row_config(const PublishedRun& r, const std::string& source_dir) {
@@ -207,12 +204,8 @@ Result predict_row(const PublishedRun& r, const std::string& source_dir) {
   }
   p.schedule = r.virtual_stages > 1 ? ScheduleKind::kInterleaved1f1b : ScheduleKind::k1f1b;
   p.virtual_stages = r.virtual_stages;
-  out.predicted = predict(profile, machine, p);
-  if (const std::optional<Plan> twin = weight_cast_twin(p); twin && !out.predicted.fits) {
-    // Where the kept 16-bit weight copies do not fit, the planner casts at each read (as auto would).
-    const Prediction cast = predict(profile, machine, *twin);
-    if (cast.fits) p = *twin, out.predicted = cast;
-  }
+  // Where kept 16-bit weight copies do not fit, the planner casts at each read (as a search does).
+  out.predicted = predict_casting_where_copies_do_not_fit(p, [&](const Plan& q) { return predict(profile, machine, q); });
   if (p.shard == ShardLevel::kParameters && evicts(p.policy)) {
     Plan twin = p;
     twin.policy = MemoryPolicy::kNone;

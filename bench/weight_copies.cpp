@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,20 +28,14 @@ struct Side {
   std::vector<at::Tensor> params;
 };
 
-ConfigOverride override_of(const std::string& argument) {
-  const size_t eq = argument.find('=');
-  return {argument.substr(2, eq - 2), argument.substr(eq + 1), argument};
-}
-
 // Every train record's number for `key` in a run's metrics.jsonl, in order.
 std::vector<double> train_numbers(const std::string& metrics, const std::string& key) {
   std::ifstream in(metrics);
-  std::string line;
   std::vector<double> out;
-  const std::regex number("\"" + key + "\": ([-0-9.e+]+)");
-  std::smatch m;
-  while (std::getline(in, line))
-    if (line.find("\"train\"") != std::string::npos && std::regex_search(line, m, number)) out.push_back(std::stod(m[1]));
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"train\"") == std::string::npos) continue;
+    if (const std::optional<double> v = bench::json_number(line, key)) out.push_back(*v);
+  }
   return out;
 }
 

@@ -175,7 +175,9 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   if (full) replay = block_recompute_terms(profile, plan);
   const BlockRecomputeReplay* blocks = full ? &replay : nullptr;
   policy_terms(profile, machine, plan, slowdown, blocks, p);
-  weight_copy_memory_terms(profile, plan, p);
+  // Kept 16-bit weight copies: the trace's casts, read once for both terms.
+  const WeightCasts casts = keeps_weight_copies(plan) ? weight_casts(profile, plan.precision) : WeightCasts{};
+  weight_copy_memory_terms(casts, plan, p);
   const std::string margin_why = p.within_margin ? p.why_not : std::string();
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;
   p.compute_ms = fb * static_cast<double>(plan.accumulation);
@@ -186,7 +188,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     pipeline_terms(profile, machine, plan, fb, p);
   }
   optimizer_and_communication_terms(profile, machine, plan, fb, slowdown, replayed, p);
-  weight_copy_time_terms(profile, plan, slowdown, replayed, p);
+  weight_copy_time_terms(casts, plan, slowdown, replayed, p);
   p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
               p.tensor_ms;
   throughput_terms(profile, machine, plan, p);

@@ -190,14 +190,10 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
     try {
       for (size_t k = next++; k < plans.size(); k = next++) {
         const size_t i = order[k];
-        ranked[i] = {plans[i], predict_plan(plans[i])};
         // Kept 16-bit weight copies that do not fit: the same plan casting at each read may.
-        if (!ranked[i].prediction.fits) {
-          if (const std::optional<Plan> twin = weight_cast_twin(plans[i])) {
-            Prediction cast = predict_plan(*twin);
-            if (cast.fits) ranked[i] = {*twin, std::move(cast)};
-          }
-        }
+        Plan plan = plans[i];
+        Prediction prediction = predict_casting_where_copies_do_not_fit(plan, predict_plan);
+        ranked[i] = {std::move(plan), std::move(prediction)};
         // The cut it was predicted for, so that the plan written trains on it (the trainer would
         // otherwise balance by its own timing of the blocks, and cut elsewhere on a busy machine).
         if (ranked[i].plan.stages > 1 && ranked[i].plan.stage_blocks.empty())

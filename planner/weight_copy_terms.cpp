@@ -36,10 +36,21 @@ WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision) 
   return w;
 }
 
-void weight_copy_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
+Prediction predict_casting_where_copies_do_not_fit(Plan& plan, const std::function<Prediction(const Plan&)>& predict) {
+  Prediction kept = predict(plan);
+  if (kept.fits) return kept;
+  const std::optional<Plan> twin = weight_cast_twin(plan);
+  if (!twin) return kept;
+  Prediction cast = predict(*twin);
+  if (!cast.fits) return kept;
+  plan = *twin;
+  return cast;
+}
+
+void weight_copy_memory_terms(const WeightCasts& casts, const Plan& plan, Prediction& p) {
   if (!keeps_weight_copies(plan)) return;
   // A pipeline stage keeps its share of the copies (the profile's are the whole model's).
-  p.weight_copy_bytes = weight_casts(profile, plan.precision).copy_bytes / plan.stages;
+  p.weight_copy_bytes = casts.copy_bytes / plan.stages;
   if (evicts(plan.policy) && plan.budget_bytes > 0) {
     // Asked for under a budget: the replay's step has the casts' copies, which it may drop; the
     // kept ones sit beside them, all the time (an upper bound).
@@ -50,10 +61,8 @@ void weight_copy_memory_terms(const ModelProfile& profile, const Plan& plan, Pre
   p.peak_bytes = std::max(p.peak_bytes, p.fixed_bytes() + p.optimizer_working_bytes);
 }
 
-void weight_copy_time_terms(const ModelProfile& profile, const Plan& plan, double slowdown, bool replayed,
-                            Prediction& p) {
+void weight_copy_time_terms(const WeightCasts& w, const Plan& plan, double slowdown, bool replayed, Prediction& p) {
   if (!keeps_weight_copies(plan)) return;
-  const WeightCasts w = weight_casts(profile, plan.precision);
   // The profile's casts are the whole model's (of a tensor-parallel rank): a pipeline stage casts
   // its share of the weights, as many times as the step's micro-batches.
   const double stages = static_cast<double>(plan.stages);

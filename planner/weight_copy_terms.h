@@ -10,6 +10,7 @@
 #include "planner/plan.h"
 #include "planner/profile.h"
 
+#include <functional>
 #include <optional>
 
 namespace ht {
@@ -27,11 +28,15 @@ struct WeightCasts {
 };
 WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision);
 
-// The copies beside the optimizer step's temporaries (a stage's share), or, asked for under a
-// budget that evicts, beside the replay's peak. After the policy's terms, which set the peak.
-void weight_copy_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p);
+// For a plan that keeps copies (`casts`: the profile's weight_casts): the copies beside the
+// optimizer step's temporaries (a stage's share), or, asked for under a budget that evicts,
+// beside the replay's peak; after the policy's terms, which set the peak.
+void weight_copy_memory_terms(const WeightCasts& casts, const Plan& plan, Prediction& p);
 // The casts saved, from compute_ms (and, under full recomputation, recompute_ms), at `slowdown`.
-void weight_copy_time_terms(const ModelProfile& profile, const Plan& plan, double slowdown, bool replayed,
-                            Prediction& p);
+void weight_copy_time_terms(const WeightCasts& casts, const Plan& plan, double slowdown, bool replayed, Prediction& p);
+
+// `plan` predicted; where it keeps copies by auto's choice and does not fit, its twin that casts,
+// if that fits (what a search and auto choose where memory decides): `plan` becomes the twin.
+Prediction predict_casting_where_copies_do_not_fit(Plan& plan, const std::function<Prediction(const Plan&)>& predict);
 
 }  // namespace ht

@@ -97,6 +97,7 @@ class Interpreter final : public Rematerializer {
   // 16-bit copy from `weights` instead, as a leaf whose gradient goes to the weight (interpreted
   // mode only: the autograd reference casts). null: a cast at each read.
   void set_compute_weights(ComputeWeights* weights) { compute_weights_ = weights; }
+  bool reads_weight_copies() const { return compute_weights_ != nullptr; }
 
   ExecutionMode mode() const { return options_.mode; }
   // Parameters' gradients go into these slots (alloc/gradient_buffer.h); null: kept as computed.

@@ -12,6 +12,17 @@
 
 namespace ht {
 
+namespace {
+
+// so_far + grad for a 16-bit copy of a `wide` value: both terms in `wide` (the narrow one widened).
+at::Tensor widened_sum(at::Tensor so_far, at::Tensor grad, at::ScalarType wide) {
+  if (static_cast<size_t>(so_far.element_size()) < c10::elementSize(wide)) so_far = so_far.to(wide);
+  if (grad.scalar_type() != so_far.scalar_type()) grad = grad.to(so_far.scalar_type());
+  return so_far + grad;
+}
+
+}  // namespace
+
 void accumulate_grad(TensorInfo& t, at::Tensor grad) {
   if (!t.requires_grad || !grad.defined()) return;
   if (!t.is_leaf) {
@@ -24,12 +35,13 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
     // (Both terms are widened here, where a meta trace sees the copies: a sum of mixed types
     // would convert the narrow one inside ATen's kernel, in a buffer no trace holds.)
     const ComputePath* producer = t.producer.get();
-    if (so_far.defined() && producer != nullptr && producer->op->traits().converts_type) {
-      const at::ScalarType wide = producer->inputs[0]->dtype;
-      if (static_cast<size_t>(so_far.element_size()) < c10::elementSize(wide)) so_far = so_far.to(wide);
-      if (grad.scalar_type() != so_far.scalar_type()) grad = grad.to(so_far.scalar_type());
+    if (!so_far.defined()) {
+      t.grad = std::move(grad);
+    } else if (producer != nullptr && producer->op->traits().converts_type) {
+      t.grad = widened_sum(std::move(so_far), std::move(grad), producer->inputs[0]->dtype);
+    } else {
+      t.grad = so_far + grad;
     }
-    t.grad = so_far.defined() ? so_far + grad : std::move(grad);
     memory.gradient_pending(t);
     return;
   }
@@ -37,14 +49,7 @@ void accumulate_grad(TensorInfo& t, at::Tensor grad) {
     // A weight's 16-bit copy: its readers' gradients are summed here, as the cast copy's were
     // (both terms in the weight's type once there are two), and the sum goes to the weight when
     // the copy's last reader has run (flush_copy_gradient): the same additions in the same order.
-    if (t.grad.defined()) {
-      const at::ScalarType wide = t.grad_to.scalar_type();
-      if (t.grad.scalar_type() != wide) t.grad = t.grad.to(wide);
-      if (grad.scalar_type() != wide) grad = grad.to(wide);
-      t.grad = t.grad + grad;
-    } else {
-      t.grad = std::move(grad);
-    }
+    t.grad = t.grad.defined() ? widened_sum(std::move(t.grad), std::move(grad), t.grad_to.scalar_type()) : std::move(grad);
     return;
   }
   add_to_weight(t.value, *t.owner, std::move(grad));
@@ -134,9 +139,11 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   // Per weight's 16-bit copy (a leaf record of this backward's forward), the entries left that
   // read it: after the last, the sum of its gradients goes to the weight.
   std::unordered_map<TensorInfo*, int64_t> copies;
-  for (const TapeEntry& e : entries_)
-    for (const std::shared_ptr<TensorInfo>& input : e.path->inputs)
-      if (input->grad_to.defined() && input->requires_grad) ++copies[input.get()];
+  if (interp.reads_weight_copies()) {
+    for (const TapeEntry& e : entries_)
+      for (const std::shared_ptr<TensorInfo>& input : e.path->inputs)
+        if (input->grad_to.defined() && input->requires_grad) ++copies[input.get()];
+  }
   std::vector<TapeEntry> owing;  // kInputs: entries whose weights' part is still to run
   const int lookahead = interp.memory_hooks().prefetch_lookahead();
   auto ahead = entries_.rbegin();  // host swap: the next entry whose saved values to prefetch

@@ -17,6 +17,12 @@ struct ConfigOverride {
   std::string argument;  // as typed, for messages
 };
 
+// `--section.key=value` as typed (benchmarks and tests build their overrides so).
+inline ConfigOverride override_of(const std::string& argument) {
+  const size_t eq = argument.find('=');
+  return {argument.substr(2, eq - 2), argument.substr(eq + 1), argument};
+}
+
 struct LoadedConfig {
   Config config;
   std::vector<std::string> warnings;  // options that have no effect in the chosen setup

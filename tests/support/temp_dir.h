@@ -66,11 +66,6 @@ inline std::string user_error_of(const std::function<void()>& f) {
   return "";
 }
 
-inline ConfigOverride override_of(const std::string& argument) {
-  const size_t eq = argument.find('=');
-  return {argument.substr(2, eq - 2), argument.substr(eq + 1), argument};
-}
-
 // The config of `toml` (written as job.toml in `dir`) with `--section.key=value` overrides.
 inline Config config_for(const TempDir& dir, const std::string& toml, const std::vector<std::string>& args) {
   std::vector<ConfigOverride> overrides;
