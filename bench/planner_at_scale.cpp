@@ -271,6 +271,11 @@ void print_terms(const std::vector<Result>& results) {
     std::printf("%-16s a micro-batch's kernels: contractions %.1f ms, attention %.1f, memory-bound %.1f (contractions "
                 "and attention at peak: %.1f); a layer's forward %.2f ms, backward %.2f\n", "", x.contraction_ms,
                 x.attention_ms, x.memory_bound_ms, x.at_peak_ms, x.layer.forward_ms, x.layer.backward_ms);
+    const auto gib = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
+    std::printf("%-16s a rank's memory (GiB): weights %.1f, gradients %.1f, optimizer state %.1f, activations %.1f, "
+                "the optimizer step's temporaries %.1f, kept 16-bit weights %.1f\n", "", gib(p.model_bytes),
+                gib(p.gradient_bytes), gib(p.optimizer_state_bytes), gib(p.activation_bytes),
+                gib(p.optimizer_working_bytes), gib(p.weight_copy_bytes));
     std::string terms;
     for (const auto& [what, ms] : x.as_run_terms) {
       char t[96];

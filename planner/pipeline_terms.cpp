@@ -3,12 +3,15 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/stage_partition.h"
 #include "planner/machine.h"
+#include "planner/weight_copy_terms.h"
 
 #include <algorithm>
 #include <numeric>
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 namespace ht {
 namespace {
@@ -33,18 +36,38 @@ struct StageExtra {
   int64_t kept = 0, once = 0;
 };
 
+// Block b's weights' casts in `mem`'s trace (block_memory's weight_casts; 0 where it has none).
+int64_t weight_cast_bytes(const ProfilePoint& mem, int b) {
+  return static_cast<size_t>(b) < mem.block_weight_cast_bytes.size() ? mem.block_weight_cast_bytes[static_cast<size_t>(b)] : 0;
+}
+
+// What a block keeps per micro-batch in flight: its held bytes at `scale` (the plan's activations
+// over the point's: a policy's kept share and the micro-batch's size), without the weights' casts
+// where the weights' 16-bit copies are kept (`copies`: the stage holds each copy once, whatever
+// is in flight, beside its state).
+int64_t held_per_micro_batch(const ProfilePoint& mem, int b, double scale, bool copies) {
+  const int64_t casts = copies ? weight_cast_bytes(mem, b) : 0;
+  return static_cast<int64_t>(scale * static_cast<double>(mem.block_held_bytes[static_cast<size_t>(b)] - casts));
+}
+
 StageExtra stage_extra(const ProfilePoint& mem, double scale, const StagePlan& s, bool first, bool last,
-                       int64_t in_flight, int64_t micro_batch, int64_t receives) {
+                       int64_t in_flight, int64_t micro_batch, int64_t receives, bool copies) {
   auto scaled = [scale](int64_t v) { return static_cast<int64_t>(scale * static_cast<double>(v)); };
   int64_t held = 0, top = 0;  // the blocks' held bytes so far; the stage's peak over one micro-batch
   const int end = s.first_block + s.blocks;
   // The stage's held output, kept through its other blocks' backward (the last block's own walk keeps it).
   const int64_t output = last ? 0 : mem.block_sent_held_bytes[static_cast<size_t>(end - 1)];
+  // Kept copies: the blocks as they are without their weights' casts (the stage holds the copies).
+  const bool without = copies && mem.block_peak_without_casts_bytes.size() == mem.block_peak_bytes.size() &&
+                       mem.block_peak_backward_without_casts_bytes.size() == mem.block_peak_backward_bytes.size();
+  const std::vector<int64_t>& peak = without ? mem.block_peak_without_casts_bytes : mem.block_peak_bytes;
+  const std::vector<int64_t>& peak_backward =
+      without ? mem.block_peak_backward_without_casts_bytes : mem.block_peak_backward_bytes;
   for (int b = s.first_block; b < end; ++b) {
     const size_t v = 4 * static_cast<size_t>(b) + (b > s.first_block ? 1 : 0) + (b + 1 < end ? 2 : 0);
-    const int64_t backward = mem.block_peak_backward_bytes[v] + (b + 1 < end ? output : 0);
-    top = std::max(top, held + std::max(mem.block_peak_bytes[v], backward));
-    held += mem.block_held_bytes[static_cast<size_t>(b)];
+    const int64_t backward = peak_backward[v] + (b + 1 < end ? output : 0);
+    top = std::max(top, held + std::max(peak[v], backward));
+    held += mem.block_held_bytes[static_cast<size_t>(b)] - (without ? weight_cast_bytes(mem, b) : 0);
   }
   StageExtra x;
   x.once = scaled(std::max<int64_t>(0, top - held)) + receives;
@@ -232,26 +255,23 @@ Owners owners(const StepTrace& trace, int blocks) {
 
 }  // namespace
 
-BlockMemory block_memory(const StepTrace& trace, int blocks) {
-  BlockMemory out;
-  if (blocks <= 0 || trace.kernels.empty()) return out;
-  const Owners o = owners(trace, blocks);
-  out.held.assign(static_cast<size_t>(blocks), 0);
-  out.peak.assign(4 * static_cast<size_t>(blocks), 0);
-  out.peak_backward.assign(4 * static_cast<size_t>(blocks), 0);
-  for (size_t i = 0; i < trace.tensors.size(); ++i)
-    if (o.held[i]) out.held[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
-  const std::vector<int> reader = last_forward_reader(trace);
-  out.sent_unheld = cut_bytes_of(trace, blocks, reader, [&](size_t i) { return !o.held[i]; });
-  out.sent_held = cut_bytes_of(trace, blocks, reader, [&](size_t i) { return o.held[i] != 0; });
-  // A held tensor a later block's forward reads crosses the cut after its block. On one rank that
-  // block's backward frees it; a stage ending at its block keeps it (its output, InFlight::output)
-  // until the micro-batch's backward ends: in the variants without a right neighbour it stays.
-  std::vector<char> crosses(trace.tensors.size(), 0);
-  for (size_t i = 0; i < trace.tensors.size(); ++i) crosses[i] = o.held[i] && o.block[i] >= 0 && reader[i] > o.block[i];
-  // At each allocation inside block c's kernels: its own held tensors alive, the transient ones
-  // it made, and those its neighbours made (outputs on their way in, gradients on their way
-  // back), each counted only where the neighbour shares c's stage (BlockMemory::peak's index).
+namespace {
+
+// A weight's cast (is_weight_cast) made tensor i.
+bool made_by_weight_cast(const StepTrace& trace, size_t i) {
+  const int producer = trace.tensors[i].producer;
+  return producer >= 0 && static_cast<size_t>(producer) < trace.kernels.size() &&
+         is_weight_cast(trace.kernels[static_cast<size_t>(producer)]);
+}
+
+// BlockMemory's peak and peak_backward: at each allocation inside block c's kernels, its own held
+// tensors alive, the transient ones it made, and those its neighbours made (outputs on their way
+// in, gradients on their way back), each counted only where the neighbour shares c's stage
+// (BlockMemory::peak's index). Tensors `skip` marks are not there at all.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> block_peaks(const StepTrace& trace, int blocks, const Owners& o,
+                                                                  const std::vector<char>& crosses,
+                                                                  const std::vector<char>& skip) {
+  std::vector<int64_t> peak(4 * static_cast<size_t>(blocks), 0), peak_backward(4 * static_cast<size_t>(blocks), 0);
   std::vector<int64_t> own(static_cast<size_t>(blocks), 0), made(static_cast<size_t>(blocks), 0),
       kept(static_cast<size_t>(blocks), 0);
   std::vector<char> alive(trace.tensors.size(), 0);
@@ -262,7 +282,7 @@ BlockMemory block_memory(const StepTrace& trace, int blocks) {
     if (ev.kind == TraceEvent::Kind::kKernelBegins) {
       running = block_of(trace, ev.index, blocks);
       backward = backward || trace.kernels[i].backward;
-    } else if (ev.kind == TraceEvent::Kind::kAllocated && o.block[i] >= 0) {
+    } else if (ev.kind == TraceEvent::Kind::kAllocated && o.block[i] >= 0 && !skip[i]) {
       alive[i] = 1;
       (o.held[i] ? own : made)[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
       const auto c = static_cast<size_t>(running);
@@ -270,8 +290,8 @@ BlockMemory block_memory(const StepTrace& trace, int blocks) {
       const int64_t left = c > 0 ? made[c - 1] : 0, right = c + 1 < made.size() ? made[c + 1] : 0;
       const int64_t with[4] = {base + kept[c], base + left + kept[c], base + right, base + left + right};
       for (size_t k = 0; k < 4; ++k) {
-        out.peak[4 * c + k] = std::max(out.peak[4 * c + k], with[k]);
-        if (backward) out.peak_backward[4 * c + k] = std::max(out.peak_backward[4 * c + k], with[k]);
+        peak[4 * c + k] = std::max(peak[4 * c + k], with[k]);
+        if (backward) peak_backward[4 * c + k] = std::max(peak_backward[4 * c + k], with[k]);
       }
     } else if (ev.kind == TraceEvent::Kind::kFreed && alive[i]) {
       alive[i] = 0;
@@ -279,6 +299,35 @@ BlockMemory block_memory(const StepTrace& trace, int blocks) {
       if (crosses[i]) kept[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
     }
   }
+  return {std::move(peak), std::move(peak_backward)};
+}
+
+}  // namespace
+
+BlockMemory block_memory(const StepTrace& trace, int blocks) {
+  BlockMemory out;
+  if (blocks <= 0 || trace.kernels.empty()) return out;
+  const Owners o = owners(trace, blocks);
+  out.held.assign(static_cast<size_t>(blocks), 0);
+  out.weight_casts.assign(static_cast<size_t>(blocks), 0);
+  std::vector<char> casts(trace.tensors.size(), 0);
+  for (size_t i = 0; i < trace.tensors.size(); ++i) {
+    if (!o.held[i]) continue;
+    out.held[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
+    if (!made_by_weight_cast(trace, i)) continue;
+    casts[i] = 1;
+    out.weight_casts[static_cast<size_t>(o.block[i])] += trace.tensors[i].bytes;
+  }
+  const std::vector<int> reader = last_forward_reader(trace);
+  out.sent_unheld = cut_bytes_of(trace, blocks, reader, [&](size_t i) { return !o.held[i]; });
+  out.sent_held = cut_bytes_of(trace, blocks, reader, [&](size_t i) { return o.held[i] != 0; });
+  // A held tensor a later block's forward reads crosses the cut after its block. On one rank that
+  // block's backward frees it; a stage ending at its block keeps it (its output, InFlight::output)
+  // until the micro-batch's backward ends: in the variants without a right neighbour it stays.
+  std::vector<char> crosses(trace.tensors.size(), 0);
+  for (size_t i = 0; i < trace.tensors.size(); ++i) crosses[i] = o.held[i] && o.block[i] >= 0 && reader[i] > o.block[i];
+  std::tie(out.peak, out.peak_backward) = block_peaks(trace, blocks, o, crosses, std::vector<char>(trace.tensors.size(), 0));
+  std::tie(out.peak_without_casts, out.peak_backward_without_casts) = block_peaks(trace, blocks, o, crosses, casts);
   return out;
 }
 
@@ -291,6 +340,9 @@ void set_stage_terms(ProfilePoint& point) {
   point.block_peak_backward_bytes = std::move(memory.peak_backward);
   point.block_sent_unheld_bytes = std::move(memory.sent_unheld);
   point.block_sent_held_bytes = std::move(memory.sent_held);
+  point.block_weight_cast_bytes = std::move(memory.weight_casts);
+  point.block_peak_without_casts_bytes = std::move(memory.peak_without_casts);
+  point.block_peak_backward_without_casts_bytes = std::move(memory.peak_backward_without_casts);
 }
 
 int64_t stage_boundary_bytes(const ProfilePoint& point, int block, int64_t micro_batch) {
@@ -325,7 +377,7 @@ struct RankTerms {
 
 RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& costs, const PipelineSchedule& schedule,
                      const ScheduleShape& shape, const PartitionOptions& options, const ProfilePoint* mem, double scale,
-                     int64_t micro_batch) {
+                     int64_t micro_batch, bool copies) {
   const auto ranks = static_cast<size_t>(shape.stages);
   const int parts = static_cast<int>(partition.stages.size());
   RankTerms t{std::vector<double>(ranks, 0), std::vector<int64_t>(ranks, 0), std::vector<int64_t>(ranks, 0)};
@@ -340,8 +392,11 @@ RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& c
     if (scale <= 0) continue;
     if (receives.empty()) receives = backward_receive_bytes(schedule, shape, partition, *mem, micro_batch);
     const StageExtra x = stage_extra(*mem, scale, s, vs == 0, vs + 1 == parts, options.in_flight[static_cast<size_t>(vs)],
-                                     micro_batch, receives[static_cast<size_t>(vs)]);
+                                     micro_batch, receives[static_cast<size_t>(vs)], copies);
     t.peak[r] += x.kept;
+    // Kept 16-bit weights: the stage's copies once, whatever is in flight (held_per_micro_batch).
+    if (copies)
+      for (int b = s.first_block; b < s.first_block + s.blocks; ++b) t.peak[r] += weight_cast_bytes(*mem, b);
     once[r] = std::max(once[r], x.once);
   }
   for (size_t r = 0; r < ranks; ++r) t.peak[r] += once[r];
@@ -420,11 +475,12 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   // flight, and once the stage's peak above them (stage_extra); otherwise a share by time. Scaled
   // from the point's micro-batch to the plan's activations.
   const ProfilePoint* mem = memory_point(profile, plan, costs.size());
+  const bool copies = keeps_weight_copies(plan);
   double scale = 0;
   if (mem != nullptr && mem->activation_bytes() > 0) {
     scale = static_cast<double>(p.activation_bytes) / static_cast<double>(mem->activation_bytes());
     for (size_t b = 0; b < costs.size(); ++b)
-      costs[b].activation_bytes = static_cast<int64_t>(scale * static_cast<double>(mem->block_held_bytes[b]));
+      costs[b].activation_bytes = held_per_micro_batch(*mem, static_cast<int>(b), scale, copies);
   }
   PartitionOptions options;
   options.stages = parts;
@@ -435,7 +491,7 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   for (const StagePlan& s : partition.stages) p.stage_blocks.push_back(s.blocks);
   // A rank's time and memory are its chunks'.
   const PipelineSchedule schedule = make_schedule(kind, shape);
-  RankTerms ranks = rank_terms(partition, costs, schedule, shape, options, mem, scale, plan.micro_batch);
+  RankTerms ranks = rank_terms(partition, costs, schedule, shape, options, mem, scale, plan.micro_batch, copies);
   add_tied_copies(profile, partition, shape, ranks);
   const std::vector<double>& rank_ms = ranks.ms;
   // The step: the schedule simulated with each rank's own times (one chunk of a micro-batch per action).

@@ -39,10 +39,14 @@ std::vector<int64_t> stage_cut_bytes(const StepTrace& trace, int blocks);
 // right neighbour keep the block's held outputs to its end, and a stage adds `sent_held` after
 // e - 1 to its other blocks' backward peaks. `sent_unheld` and `sent_held`, per cut after a
 // block, the bytes crossing it that no block holds for backward and those one does: a stage that
-// ends there keeps the first per micro-batch in flight beyond its held bytes.
+// ends there keeps the first per micro-batch in flight beyond its held bytes. `weight_casts`, the
+// part of `held` that is its weights' casts (is_weight_cast), which are not held per micro-batch
+// at all where the weights' 16-bit copies are kept once a step (a stage holds each copy once,
+// beside its state); and `peak` and `peak_backward` as they are without the casts.
 // Empty vectors where the trace has no kernels.
 struct BlockMemory {
-  std::vector<int64_t> held, peak, peak_backward, sent_unheld, sent_held;
+  std::vector<int64_t> held, peak, peak_backward, sent_unheld, sent_held, weight_casts, peak_without_casts,
+      peak_backward_without_casts;
 };
 BlockMemory block_memory(const StepTrace& trace, int blocks);
 

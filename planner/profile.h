@@ -53,6 +53,9 @@ struct ProfilePoint {
   // (planner/pipeline_terms.h, block_memory): a pipeline stage's memory.
   std::vector<int64_t> block_held_bytes, block_peak_bytes, block_peak_backward_bytes, block_sent_unheld_bytes,
       block_sent_held_bytes;
+  // The part of block_held_bytes that is the block's weights' casts, and the peaks without those
+  // casts: where the weights' 16-bit copies are kept (planner/pipeline_terms.h, BlockMemory).
+  std::vector<int64_t> block_weight_cast_bytes, block_peak_without_casts_bytes, block_peak_backward_without_casts_bytes;
   StepTrace trace;                // for the DTR replay
   // The same step as static plans capture it (memory/step_capture.h), for predicting a plan.
   schedule::StepGraph graph;

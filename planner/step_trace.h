@@ -6,6 +6,7 @@
 // paper's simulator approach, with our own sizes and times).
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -49,6 +50,13 @@ struct TraceKernel {
   int block = -1;            // the model block whose forward ran it (or ran the forward it is the
                              // backward of); -1: outside the blocks (the loss)
 };
+
+// A forward cast that reads no traced tensor: autocast's cast of a weight (a parameter is not a
+// trace tensor) to the compute dtype, made per micro-batch where training.compute_weights casts
+// (planner/weight_copy_terms.h). Its output is held until backward's product reads it.
+inline bool is_weight_cast(const TraceKernel& k) {
+  return !k.backward && k.inputs.empty() && std::strcmp(k.op, "cast") == 0;
+}
 
 struct TraceEvent {
   enum class Kind : uint8_t { kKernelBegins, kKernelEnds, kAllocated, kFreed };

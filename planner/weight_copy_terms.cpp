@@ -4,9 +4,27 @@
 #include <cstring>
 
 namespace ht {
+namespace {
+
+// The most bytes the trace's tensors hold at once, without the weights' casts if `without_casts`.
+int64_t live_peak(const StepTrace& trace, bool without_casts) {
+  int64_t live = 0, peak = 0;
+  for (const TraceEvent& e : trace.events) {
+    if (e.kind != TraceEvent::Kind::kAllocated && e.kind != TraceEvent::Kind::kFreed) continue;
+    const TraceTensor& t = trace.tensors[static_cast<size_t>(e.index)];
+    if (without_casts && t.producer >= 0 && static_cast<size_t>(t.producer) < trace.kernels.size() &&
+        is_weight_cast(trace.kernels[static_cast<size_t>(t.producer)]))
+      continue;
+    if (e.kind == TraceEvent::Kind::kAllocated) peak = std::max(peak, live += t.bytes);
+    else live -= t.bytes;
+  }
+  return peak;
+}
+
+}  // namespace
 
 bool keeps_weight_copies(const Plan& plan) {
-  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0,
+  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0 && evicts(plan.policy),
                              plan.shard == ShardLevel::kParameters && plan.ranks > 1);
 }
 
@@ -25,12 +43,13 @@ WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision) 
     for (const TraceKernel& k : pt.trace.kernels) {
       if (std::strcmp(k.op, "cast") != 0) continue;
       (k.backward ? backward_casts : casts) += k.ms;
-      if (k.backward || !k.inputs.empty()) continue;
+      if (!is_weight_cast(k)) continue;
       w.forward_ms += k.ms;
       // fp32 in, 16 bits out: a third of the bytes it moves is the copy.
       w.copy_bytes += static_cast<int64_t>(k.bytes / 3);
     }
     w.backward_ms = casts > 0 ? backward_casts * w.forward_ms / casts : 0;
+    w.alive_at_peak = live_peak(pt.trace, false) - live_peak(pt.trace, true);
     return w;  // per micro-batch whatever its size: the weights' casts
   }
   return w;
@@ -56,6 +75,13 @@ void weight_copy_memory_terms(const WeightCasts& casts, const Plan& plan, Predic
     // kept ones sit beside them, all the time (an upper bound).
     p.peak_bytes += p.weight_copy_bytes;
     return;
+  }
+  if (plan.policy == MemoryPolicy::kNone && plan.stages == 1) {
+    // The copies are there all step: where the traced step peaks with some casts freed, the
+    // copies are more than the casts they replace (pipeline_terms counts a stage's its own way).
+    const int64_t more = std::max<int64_t>(0, casts.copy_bytes - casts.alive_at_peak);
+    p.activation_bytes += more;
+    p.peak_bytes += more;
   }
   p.optimizer_working_bytes += p.weight_copy_bytes;
   p.peak_bytes = std::max(p.peak_bytes, p.fixed_bytes() + p.optimizer_working_bytes);

@@ -25,6 +25,9 @@ std::optional<Plan> weight_cast_twin(const Plan& plan);
 struct WeightCasts {
   double forward_ms = 0, backward_ms = 0;
   int64_t copy_bytes = 0;
+  // The casts' bytes alive at the trace's peak (its live peak less the peak without them): what
+  // the copies replace there. Less than copy_bytes where the step peaks after backward freed some.
+  int64_t alive_at_peak = 0;
 };
 WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision);
 

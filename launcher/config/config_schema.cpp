@@ -233,8 +233,8 @@ void add_training_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::training, &TrainingConfig::compute_weights, "training", "compute_weights",
                     "the 16-bit weights 16-bit ops read: kept (copies made once per optimizer step and kept, 2 "
                     "bytes per weight: no cast per micro-batch, recomputation or gradient), cast (autocast's "
-                    "cast at each read, which a memory budget may drop), or auto (kept, unless memory.budget or "
-                    "parallel.shard = \"parameters\" holds the memory)")
+                    "cast at each read, which a memory budget may drop), or auto (kept, unless a "
+                    "memory.budget with an evicting memory.policy or parallel.shard = \"parameters\" holds the memory)")
                   .only_when("training.mixed_precision = \"bf16\" or \"fp16\"", half));
   auto fp16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kFp16; };
   const char* fp16_words = "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range and needs no loss scaling)";

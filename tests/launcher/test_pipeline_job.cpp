@@ -296,6 +296,30 @@ TEST(PipelineJobMemory, APlansStagesPeakAsPredicted) {
   EXPECT_NEAR(predicted / measured, 1.0, 0.01) << "predicted " << predicted << ", fullest stage " << measured;
 }
 
+// In bf16 the plan keeps the 16-bit weight copies (its budget never evicts), and a stage holds
+// each copy once, not a cast per micro-batch in flight (stage 0 has two of its 16 in flight).
+TEST(PipelineJobMemory, KeptWeightCopiesPeakAsPredicted) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", std::string(kTinyGpt));
+  const std::string log = dir.path("log.txt");
+  ASSERT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config + " --model.n_layer=4 --ranks 2 --stages 2" +
+                           " --precisions bf16 --job.output_dir=" + dir.path("plan"), log),
+            0) << read_file(log);
+  EXPECT_THAT(read_file(dir.path("plan/plan.toml")), HasSubstr("\ncompute_weights = \"kept\""));
+  for (const char* weights : {"kept", "cast"}) {
+    const std::string out = dir.path(weights);
+    ASSERT_EQ(run_logged(mpirun(2) + HT_BINARY + " " + dir.path("plan/plan.toml") +
+                             " --parallel.stage_blocks=[3,3] --training.micro_batch_size=1 --training.compute_weights=" +
+                             weights + " --job.output_dir=" + out, log),
+              0) << read_file(log);
+    const double predicted = last_train_number(out + "/metrics.jsonl", "predicted_peak_bytes");
+    const double measured = static_cast<double>(largest_stage_peak(read_file(out + "/metrics.jsonl")));
+    // Measured here: kept +0.70%, cast to the byte (7.5% more: the second micro-batch's casts).
+    EXPECT_NEAR(predicted / measured, 1.0, 0.01) << weights << ": predicted " << predicted << ", fullest stage " << measured;
+  }
+}
+
 TEST(PipelineJobErrors, RefusalsSayWhatWouldWork) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;

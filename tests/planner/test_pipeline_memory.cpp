@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace ht::test {
 namespace {
 
@@ -195,6 +197,56 @@ TEST(PipelineMemory, AStageTrainsACopyOfTheTiedWeightsItReads) {
   EXPECT_EQ(r.gradient_bytes, 33000);
   EXPECT_EQ(r.optimizer_state_bytes, 33000);
   EXPECT_EQ(r.activation_bytes, 1390);
+}
+
+// two_blocks with block 0's weight cast to 16 bits first (a cast that reads no traced tensor:
+// `bytes`, whatever the micro-batch), which block 0's backward reads and frees.
+StepTrace with_weight_cast(StepTrace t, int64_t bytes) {
+  TraceKernel cast;
+  cast.op = "cast";
+  cast.block = 0;
+  t.kernels.push_back(cast);
+  const int k = static_cast<int>(t.kernels.size()) - 1;
+  t.tensors.push_back(TraceTensor{bytes, k, false});
+  const int w = static_cast<int>(t.tensors.size()) - 1;
+  t.kernels[5].inputs.push_back(w);  // block 0's backward
+  const auto first = std::find_if(t.events.begin(), t.events.end(),
+                                  [](const TraceEvent& e) { return e.kind == Kind::kKernelBegins; });
+  t.events.insert(first, {{Kind::kKernelBegins, k}, {Kind::kAllocated, w}, {Kind::kKernelEnds, k}});
+  t.events.insert(t.events.end() - 1, TraceEvent{Kind::kFreed, w});
+  return t;
+}
+
+TEST(PipelineMemory, KeptWeightCopiesAreHeldOnceAStageNotPerMicroBatchInFlight) {
+  const BlockMemory m = block_memory(with_weight_cast(two_blocks(1), 100), 2);
+  const BlockMemory plain = block_memory(two_blocks(1), 2);
+  EXPECT_EQ(m.held, (std::vector<int64_t>{400, 210}));
+  EXPECT_EQ(m.weight_casts, (std::vector<int64_t>{100, 0}));
+  EXPECT_EQ(m.peak[0], 460) << "the cast, a and o";
+  EXPECT_EQ(m.peak_without_casts, plain.peak);
+  EXPECT_EQ(m.peak_backward_without_casts, plain.peak_backward);
+
+  ModelProfile p = piped_profile();
+  for (ProfilePoint& pt : p.points) {
+    pt.precision = MixedPrecision::kBf16;
+    pt.trace = with_weight_cast(two_blocks(pt.micro_batch / 8), 100);
+    pt.forward_backward_peak_bytes += 100;
+    pt.peak_bytes = pt.forward_backward_peak_bytes;
+    set_stage_terms(pt);
+  }
+  Plan plan = two_stages();
+  plan.precision = MixedPrecision::kBf16;
+  plan.compute_weights = ComputeWeightsMode::kCast;
+  const Prediction cast = predict(p, two_devices(), plan);
+  ASSERT_TRUE(cast.fits) << cast.why_not;
+  // Casting at each read, stage 0 holds the cast for each of its 2 micro-batches in flight: 2 x
+  // (400 held + 60 sent) + 60 above its held + 720 posted (as without the cast: 1500) = 1700.
+  EXPECT_EQ(cast.activation_bytes, 1700);
+  plan.compute_weights = ComputeWeightsMode::kAuto;  // no budget, no ZeRO-3: kept
+  const Prediction kept = predict(p, two_devices(), plan);
+  ASSERT_TRUE(kept.fits) << kept.why_not;
+  // Kept, the stage holds the copy once: 1500 + 100.
+  EXPECT_EQ(kept.activation_bytes, 1600);
 }
 
 TEST(PipelineMemory, APlanCarriesTheCutItWasPredictedFor) {
