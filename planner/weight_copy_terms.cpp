@@ -24,7 +24,7 @@ int64_t live_peak(const StepTrace& trace, bool without_casts) {
 }  // namespace
 
 bool keeps_weight_copies(const Plan& plan) {
-  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0 && evicts(plan.policy),
+  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0,
                              plan.shard == ShardLevel::kParameters && plan.ranks > 1);
 }
 

@@ -220,7 +220,7 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
 // training.compute_weights: the 16-bit copies the interpreter reads, made once per optimizer step
 // and kept (auto: runtime/mixed_precision.h, keeps_weight_copies).
 void keep_weight_copies(const RunPlan& plan, Engine& e) {
-  if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr && evicts(plan.memory.policy),
+  if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr,
                            plan.sync.shard == ShardLevel::kParameters)) {
     return;
   }
