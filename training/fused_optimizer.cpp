@@ -10,6 +10,8 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 // target_clones with arch= levels: GCC 12 and later.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
@@ -42,15 +44,44 @@ struct AdamWScalars {
 //   exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2)  v b2 + ((1 - b2) g) g, the last add contracted
 //   denom = (exp_avg_sq.sqrt() / sqrt(bc2)).add_(eps)
 //   p.addcdiv_(exp_avg, denom, -step)           p + (-step m) / denom
+// One element: the moments given and returned in fp32.
+__attribute__((always_inline)) inline void adamw_element(float& p, float g, float& m, float& v, const AdamWScalars& s) {
+  const float gi = g * s.grad_scale;
+  const float mi = std::fma(gi, s.one_minus_beta1, m * s.beta1);
+  const float vi = std::fma(s.one_minus_beta2 * gi, gi, v * s.beta2);
+  const float denom = std::sqrt(vi) / s.bias2_sqrt + s.eps;
+  p = p * s.decay + (s.neg_step * mi) / denom;
+  m = mi;
+  v = vi;
+}
+
 HT_FUSED_CLONES void adamw_pass(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], s);
+}
+
+// bf16 to fp32 (exact) and back, rounding to nearest even with NaN kept quiet: c10::BFloat16's
+// conversion, which ATen's copy_ uses.
+__attribute__((always_inline)) inline float widen_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+__attribute__((always_inline)) inline uint16_t round_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7FFF) >> 16);
+}
+
+// The moments in bf16: widened, stepped as adamw_pass steps them, rounded back.
+HT_FUSED_CLONES void adamw_pass_bf16_moments(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                                              const AdamWScalars& s) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * s.grad_scale;
-    const float mi = std::fma(gi, s.one_minus_beta1, m[i] * s.beta1);
-    const float vi = std::fma(s.one_minus_beta2 * gi, gi, v[i] * s.beta2);
-    const float denom = std::sqrt(vi) / s.bias2_sqrt + s.eps;
-    p[i] = p[i] * s.decay + (s.neg_step * mi) / denom;
-    m[i] = mi;
-    v[i] = vi;
+    float mi = widen_bf16(m[i]), vi = widen_bf16(v[i]);
+    adamw_element(p[i], g[i], mi, vi, s);
+    m[i] = round_bf16(mi);
+    v[i] = round_bf16(vi);
   }
 }
 
@@ -92,8 +123,8 @@ void check_gradient(const char* optimizer, const at::Tensor& p, const at::Tensor
 }
 
 bool fusable_state(const at::Tensor& p, const at::Tensor& state) {
-  return state.scalar_type() == at::kFloat && state.is_contiguous() && state.device() == p.device() &&
-         state.numel() == p.numel();
+  return (state.scalar_type() == at::kFloat || state.scalar_type() == at::kBFloat16) && state.is_contiguous() &&
+         state.device() == p.device() && state.numel() == p.numel();
 }
 
 // The scale applies to one step: whatever way the step ends, it is 1 after.
@@ -126,11 +157,9 @@ struct AdamWStep {
   double scale, beta1, beta2, bias1, bias2;
 };
 
-// libtorch's own sequence, on the scaled gradient.
-void adamw_unfused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state, const AdamWStep& a) {
-  const at::Tensor g = scaled(grad, a.scale);
-  at::Tensor& m = state.exp_avg();
-  at::Tensor& v = state.exp_avg_sq();
+// torch::optim's AdamW kernels on the moments m and v (fp32).
+void adamw_sequence(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v,
+                    torch::optim::AdamWParamState& state, const AdamWStep& a) {
   if (a.o.weight_decay() != 0) p.mul_(1 - a.o.lr() * a.o.weight_decay());
   m.mul_(a.beta1).add_(g, 1 - a.beta1);
   v.mul_(a.beta2).addcmul_(g, g, 1 - a.beta2);
@@ -143,6 +172,20 @@ void adamw_unfused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWPar
     denom = (v.sqrt() / std::sqrt(a.bias2)).add_(a.o.eps());
   }
   p.addcdiv_(m, denom, -(a.o.lr() / a.bias1));
+}
+
+// libtorch's own sequence, on the scaled gradient; moments not in fp32 widened first and rounded
+// back after (what the bf16 pass does element by element).
+void adamw_unfused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state, const AdamWStep& a) {
+  const at::Tensor g = scaled(grad, a.scale);
+  const bool narrow = state.exp_avg().scalar_type() != p.scalar_type();
+  at::Tensor m = narrow ? state.exp_avg().to(p.scalar_type()) : state.exp_avg();
+  at::Tensor v = narrow ? state.exp_avg_sq().to(p.scalar_type()) : state.exp_avg_sq();
+  adamw_sequence(p, g, m, v, state, a);
+  if (narrow) {
+    state.exp_avg().copy_(m);
+    state.exp_avg_sq().copy_(v);
+  }
 }
 
 void adamw_fused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state, const AdamWStep& a) {
@@ -158,11 +201,19 @@ void adamw_fused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParam
   s.neg_step = static_cast<float>(-(a.o.lr() / a.bias1));
   float* pp = p.data_ptr<float>();
   const float* gp = grad.data_ptr<float>();
-  float* mp = state.exp_avg().data_ptr<float>();
-  float* vp = state.exp_avg_sq().data_ptr<float>();
-  at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    adamw_pass(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
-  });
+  if (state.exp_avg().scalar_type() == at::kBFloat16) {
+    auto* mp = reinterpret_cast<uint16_t*>(state.exp_avg().data_ptr<at::BFloat16>());
+    auto* vp = reinterpret_cast<uint16_t*>(state.exp_avg_sq().data_ptr<at::BFloat16>());
+    at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      adamw_pass_bf16_moments(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
+    });
+  } else {
+    float* mp = state.exp_avg().data_ptr<float>();
+    float* vp = state.exp_avg_sq().data_ptr<float>();
+    at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      adamw_pass(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
+    });
+  }
   p.unsafeGetTensorImpl()->bump_version();
 }
 
@@ -232,14 +283,20 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       const at::Tensor grad = p.grad();
       check_gradient("AdamW", p, grad, /*sparse_allowed=*/false);
       auto* state = state_of<torch::optim::AdamWParamState>(*this, p);
+      // The moments in the configured type (a float parameter's; others keep theirs).
+      const at::ScalarType moments = p.scalar_type() == at::kFloat ? state_dtype_ : p.scalar_type();
       if (state == nullptr) {
         auto made = std::make_unique<torch::optim::AdamWParamState>();
         made->step(0);
-        made->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        made->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        made->exp_avg(at::zeros_like(p, p.options().dtype(moments), at::MemoryFormat::Preserve));
+        made->exp_avg_sq(at::zeros_like(p, p.options().dtype(moments), at::MemoryFormat::Preserve));
         if (o.amsgrad()) made->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
         state = made.get();
         set_state(*this, p, std::move(made));
+      } else if (state->exp_avg().scalar_type() != moments) {
+        // Read from a checkpoint written in the other type.
+        state->exp_avg(state->exp_avg().to(moments));
+        state->exp_avg_sq(state->exp_avg_sq().to(moments));
       }
       state->step(state->step() + 1);
       const AdamWStep a{o, scale_, beta1, beta2, 1 - std::pow(beta1, state->step()), 1 - std::pow(beta2, state->step())};

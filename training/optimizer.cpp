@@ -17,8 +17,10 @@ namespace ht {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& o,
                                                         const std::vector<at::Tensor>& params) {
   if (o.kind == OptimizerKind::kAdamw) {
-    return std::make_unique<FusedAdamW>(
+    auto adamw = std::make_unique<FusedAdamW>(
         params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+    adamw->set_state_dtype(o.state_dtype == StateDtype::kBf16 ? at::kBFloat16 : at::kFloat);
+    return adamw;
   }
   return std::make_unique<FusedSgd>(params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(o.weight_decay));
 }
@@ -125,7 +127,12 @@ std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
 
 std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) {
-    return {at::scalar_tensor(0, at::kLong), at::empty_like(param), at::empty_like(param)};
+    // The moments in the type the optimizer keeps them in (training.optimizer_state_dtype).
+    const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer);
+    const at::ScalarType moments =
+        fused != nullptr && param.scalar_type() == at::kFloat ? fused->state_dtype() : param.scalar_type();
+    return {at::scalar_tensor(0, at::kLong), at::empty_like(param, param.options().dtype(moments)),
+            at::empty_like(param, param.options().dtype(moments))};
   }
   return {at::empty_like(param)};
 }

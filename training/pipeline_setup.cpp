@@ -50,7 +50,7 @@ class BlockTimes final : public KernelObserver {
 
 // Bytes a parameter costs a stage that trains it: itself, its gradient, the optimizer's state.
 int64_t state_bytes_per_parameter_byte(const OptimizerOptions& o) {
-  if (o.kind == OptimizerKind::kAdamw) return 4;
+  if (o.kind == OptimizerKind::kAdamw) return o.state_dtype == StateDtype::kBf16 ? 3 : 4;
   return o.momentum > 0 ? 3 : 2;
 }
 

@@ -112,6 +112,7 @@ struct TrainingConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
   double grad_clip = 0.0;
+  StateDtype optimizer_state_dtype = StateDtype::kFp32;  // adamw's moments
   int64_t eval_interval = 0;
   int64_t eval_batches = 0;
   MixedPrecision mixed_precision = MixedPrecision::kOff;

@@ -218,6 +218,10 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                   .min(0).max(0.99999).only_when("training.optimizer = adamw", adamw));
   f.push_back(Field(&C::training, &TrainingConfig::eps, "training", "eps", "AdamW epsilon")
                   .min(0).only_when("training.optimizer = adamw", adamw));
+  f.push_back(Field(&C::training, &TrainingConfig::optimizer_state_dtype, "training", "optimizer_state_dtype",
+                    "the type of AdamW's two moments: fp32, or bf16 (half their bytes: each step widens them, "
+                    "updates in fp32 and rounds them back to nearest even; Megatron's --exp-avg-dtype)")
+                  .only_when("training.optimizer = adamw", adamw));
   f.push_back(Field(&C::training, &TrainingConfig::weight_decay, "training", "weight_decay",
                     "L2 penalty (sgd) or decoupled weight decay (adamw)").min(0));
   f.push_back(Field(&C::training, &TrainingConfig::grad_clip, "training", "grad_clip", "clip the global gradient norm to this; 0: off").min(0));
@@ -233,8 +237,8 @@ void add_training_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::training, &TrainingConfig::compute_weights, "training", "compute_weights",
                     "the 16-bit weights 16-bit ops read: kept (copies made once per optimizer step and kept, 2 "
                     "bytes per weight: no cast per micro-batch, recomputation or gradient), cast (autocast's "
-                    "cast at each read, which a memory budget may drop), or auto (kept, unless a "
-                    "memory.budget with an evicting memory.policy or parallel.shard = \"parameters\" holds the memory)")
+                    "cast at each read, which a memory budget may drop), or auto (kept, unless memory.budget or "
+                    "parallel.shard = \"parameters\" holds the memory)")
                   .only_when("training.mixed_precision = \"bf16\" or \"fp16\"", half));
   auto fp16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kFp16; };
   const char* fp16_words = "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range and needs no loss scaling)";

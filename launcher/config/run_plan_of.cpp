@@ -102,6 +102,7 @@ OptimizerOptions optimizer_options_of(const TrainingConfig& t) {
   o.eps = t.eps;
   o.weight_decay = t.weight_decay;
   o.grad_clip = t.grad_clip;
+  o.state_dtype = t.optimizer_state_dtype;
   return o;
 }
 

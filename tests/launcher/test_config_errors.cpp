@@ -170,6 +170,15 @@ TEST_F(ConfigErrors, ComputeWeights) {
   EXPECT_THAT(loaded.warnings[0], HasSubstr("training.compute_weights has no effect"));
 }
 
+TEST_F(ConfigErrors, OptimizerStateDtype) {
+  EXPECT_THAT(error_in(kGood, {"--training.optimizer=adamw", "--training.optimizer_state_dtype=fp8"}),
+              HasSubstr("\"fp8\" is not allowed"));
+  const LoadedConfig loaded =
+      load_config(dir_.write("w.toml", kGood), {override_of("--training.optimizer_state_dtype=bf16")});
+  ASSERT_EQ(loaded.warnings.size(), 1u) << "kGood trains with SGD";
+  EXPECT_THAT(loaded.warnings[0], HasSubstr("training.optimizer_state_dtype has no effect"));
+}
+
 TEST_F(ConfigErrors, HostSwap) {
   const std::vector<std::string> hybrid{"--memory.policy=hybrid", "--memory.budget=64MiB"};
   auto with = [&](std::vector<std::string> args, const std::string& more) {

@@ -90,7 +90,11 @@ INSTANTIATE_TEST_SUITE_P(
         ResumeCase{"gpt_bf16_kept_weight_copies",
                    "[model]\nname = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nblock_size = 8\n",
                    {"--training.optimizer=adamw", "--training.lr=0.01", "--training.mixed_precision=bf16",
-                    "--training.compute_weights=kept", "--training.micro_batch_size=8"}}),
+                    "--training.compute_weights=kept", "--training.micro_batch_size=8"}},
+        // AdamW's moments in bf16 are written and read in bf16, and go on from there.
+        ResumeCase{"gpt_bf16_moments",
+                   "[model]\nname = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nblock_size = 8\n",
+                   {"--training.optimizer=adamw", "--training.lr=0.01", "--training.optimizer_state_dtype=bf16"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Training, DamagedLatestCheckpointFallsBackAndStillMatches) {

@@ -128,6 +128,51 @@ TEST(FusedOptimizer, TheScaleIsOneStepsAndAMisshapenGradientIsRefused) {
   EXPECT_TRUE(mine[0].equal(before)) << "nothing changed";
 }
 
+// training.optimizer_state_dtype = "bf16": the moments are torch::optim's, each rounded to bf16
+// (nearest even) after every step and widened before the next; the parameters are the fp32 update
+// of those widened moments. Both paths: the pass (contiguous parameters) and libtorch's kernels
+// on widened copies (a transposed one the pass does not take). A state read in fp32 (a
+// checkpoint's) is rounded at its next step, and one read in bf16 widened.
+TEST(FusedOptimizer, Bf16MomentsAreTorchOptimsRoundedToNearestEvenAfterEachStep) {
+  std::vector<at::Tensor> mine = parameters(at::kFloat);
+  mine.push_back(at::randn({29, 31}).t().requires_grad_(true));  // not contiguous: libtorch's kernels
+  std::vector<at::Tensor> theirs = copies(mine);
+  std::unique_ptr<torch::optim::Optimizer> fused = adamw(0.1, true)(mine), reference = adamw(0.1, false)(theirs);
+  auto& f = dynamic_cast<FusedAdamW&>(*fused);
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    // Step 0 in fp32 (a checkpoint's state), then bf16 to step 3, then fp32 again.
+    const bool narrow = step >= 1 && step <= 3, was_narrow = step >= 2 && step <= 4;
+    f.set_state_dtype(narrow ? at::kBFloat16 : at::kFloat);
+    at::manual_seed(200 + step);
+    set_learning_rate(*fused, 0.01 * (step + 1));
+    set_learning_rate(*reference, 0.01 * (step + 1));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const at::Tensor g = at::randn(mine[i].sizes()) * (step % 2 == 0 ? 1e-3 : 5.0);
+      mine[i].mutable_grad() = g.clone();
+      theirs[i].mutable_grad() = g.clone();
+      // The reference reads its moments as the fused step will: rounded where they were kept in
+      // bf16 or are rounded as this step converts them.
+      const std::vector<at::Tensor> state = optimizer_state(*reference, theirs[i]);
+      if ((narrow || was_narrow) && !state.empty()) {
+        for (size_t k = 1; k < state.size(); ++k) state[k].copy_(state[k].to(at::kBFloat16).to(at::kFloat));
+      }
+    }
+    fused->step();
+    reference->step();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      SCOPED_TRACE("parameter of " + std::to_string(mine[i].numel()) + " elements");
+      EXPECT_TRUE(mine[i].equal(theirs[i])) << "largest difference " << (mine[i] - theirs[i]).abs().max().item<double>();
+      const std::vector<at::Tensor> a = optimizer_state(*fused, mine[i]), b = optimizer_state(*reference, theirs[i]);
+      ASSERT_EQ(a.size(), 3u);
+      for (size_t k = 1; k < 3; ++k) {
+        EXPECT_EQ(a[k].scalar_type(), narrow ? at::kBFloat16 : at::kFloat);
+        EXPECT_TRUE(a[k].equal(narrow ? b[k].to(at::kBFloat16) : b[k])) << "moment " << k;
+      }
+    }
+  }
+}
+
 // What the trainer builds is the fused kind; its state reads back and is copied to host as
 // torch::optim's is (checkpoints: training/optimizer.h).
 TEST(FusedOptimizer, TheTrainersOptimizerIsFusedAndItsStateIsTorchOptims) {
