@@ -76,7 +76,7 @@ void kernel_classes(const ModelProfile& profile, const PublishedRun& r, const Ma
     }
   }
   // The weights' casts of a micro-batch, whatever its size (planner/weight_copy_terms.h).
-  const WeightCasts casts = weight_casts(profile, r.precision);
+  const WeightCasts casts = weight_casts(profile, r.precision, r.micro_batch);
   out.weight_cast_ms = casts.forward_ms;
   out.weight_cast_backward_ms = casts.backward_ms;
 }

@@ -176,7 +176,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   const BlockRecomputeReplay* blocks = full ? &replay : nullptr;
   policy_terms(profile, machine, plan, slowdown, blocks, p);
   // Kept 16-bit weight copies: the trace's casts, read once for both terms.
-  const WeightCasts casts = keeps_weight_copies(plan) ? weight_casts(profile, plan.precision) : WeightCasts{};
+  const WeightCasts casts = keeps_weight_copies(plan) ? weight_casts(profile, plan.precision, plan.micro_batch) : WeightCasts{};
   weight_copy_memory_terms(casts, plan, p);
   const std::string margin_why = p.within_margin ? p.why_not : std::string();
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads) * slowdown;

@@ -456,7 +456,7 @@ void fullest_rank_memory(const std::vector<BlockCost>& costs, const RankTerms& r
 }  // namespace
 
 void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms,
-                    Prediction& p) {
+                    Prediction& p, bool activations_hold_casts) {
   const ProfilePoint* pt = timed_point(profile, plan);
   const ScheduleKind kind = plan.schedule;
   const int chunks = kind == ScheduleKind::kInterleaved1f1b ? std::max(1, plan.virtual_stages) : 1;
@@ -477,8 +477,13 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   const ProfilePoint* mem = memory_point(profile, plan, costs.size());
   const bool copies = keeps_weight_copies(plan);
   double scale = 0;
-  if (mem != nullptr && mem->activation_bytes() > 0) {
-    scale = static_cast<double>(p.activation_bytes) / static_cast<double>(mem->activation_bytes());
+  // Kept copies: the held bytes without the casts scale as the activations without them do (the
+  // casts are the same bytes at every micro-batch; the stage holds the copies once, rank_terms).
+  const int64_t casts = copies && mem != nullptr ? weight_casts_alive_at_peak(mem->trace) : 0;
+  if (mem != nullptr && mem->activation_bytes() - casts > 0) {
+    const int64_t plan_activations = p.activation_bytes - (activations_hold_casts ? casts : 0);
+    scale = static_cast<double>(std::max<int64_t>(0, plan_activations)) /
+            static_cast<double>(mem->activation_bytes() - casts);
     for (size_t b = 0; b < costs.size(); ++b)
       costs[b].activation_bytes = held_per_micro_batch(*mem, static_cast<int>(b), scale, copies);
   }

@@ -18,8 +18,11 @@
 namespace ht {
 
 // Replaces p's compute and memory terms by the pipeline's; `fb_ms` is one micro-batch's forward
-// and backward through the whole model on one rank.
-void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms, Prediction& p);
+// and backward through the whole model on one rank. p.activation_bytes, the plan's activations of
+// a micro-batch, hold the weights' casts alive at their peak as the profile's do
+// (`activations_hold_casts`), or none (full recomputation's kept block inputs).
+void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms, Prediction& p,
+                    bool activations_hold_casts = true);
 
 // Per block b of `blocks`: the bytes the traced micro-batch sends forward across a cut after b
 // (backward sends their gradients): the tensors made in blocks up to b and read by a forward

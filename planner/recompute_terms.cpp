@@ -169,7 +169,7 @@ void block_recompute_step_terms(const ModelProfile& profile, const Machine& mach
     // Each micro-batch's regenerations run in its stages' backward: inside the schedule.
     const double regenerate = blocks.recompute_ms * slowdown;
     p.activation_bytes = blocks.kept_bytes;
-    pipeline_terms(profile, machine, plan, fb_ms + regenerate, p);
+    pipeline_terms(profile, machine, plan, fb_ms + regenerate, p, /*activations_hold_casts=*/false);
     p.activation_bytes += blocks.working_bytes;
     p.peak_bytes = p.working_peak_bytes();
     const double share = regenerate / (fb_ms + regenerate);

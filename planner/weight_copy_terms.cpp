@@ -1,6 +1,7 @@
 #include "planner/weight_copy_terms.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace ht {
@@ -35,10 +36,18 @@ std::optional<Plan> weight_cast_twin(const Plan& plan) {
   return twin;
 }
 
-WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision) {
+int64_t weight_casts_alive_at_peak(const StepTrace& trace) { return live_peak(trace, false) - live_peak(trace, true); }
+
+WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision, int64_t micro_batch) {
   WeightCasts w;
+  const ProfilePoint* nearest = nullptr;
   for (const ProfilePoint& pt : profile.points) {
     if (pt.precision != precision || pt.trace.kernels.empty()) continue;
+    if (nearest == nullptr || std::llabs(pt.micro_batch - micro_batch) < std::llabs(nearest->micro_batch - micro_batch))
+      nearest = &pt;
+  }
+  if (nearest != nullptr) {
+    const ProfilePoint& pt = *nearest;
     double casts = 0, backward_casts = 0;
     for (const TraceKernel& k : pt.trace.kernels) {
       if (std::strcmp(k.op, "cast") != 0) continue;
@@ -49,10 +58,9 @@ WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision) 
       w.copy_bytes += static_cast<int64_t>(k.bytes / 3);
     }
     w.backward_ms = casts > 0 ? backward_casts * w.forward_ms / casts : 0;
-    w.alive_at_peak = live_peak(pt.trace, false) - live_peak(pt.trace, true);
-    return w;  // per micro-batch whatever its size: the weights' casts
+    w.alive_at_peak = weight_casts_alive_at_peak(pt.trace);
   }
-  return w;
+  return w;  // per micro-batch whatever its size: the weights' casts
 }
 
 Prediction predict_casting_where_copies_do_not_fit(Plan& plan, const std::function<Prediction(const Plan&)>& predict) {

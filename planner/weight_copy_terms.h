@@ -29,7 +29,11 @@ struct WeightCasts {
   // the copies replace there. Less than copy_bytes where the step peaks after backward freed some.
   int64_t alive_at_peak = 0;
 };
-WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision);
+// From the profile's point at `precision` nearest `micro_batch` with a trace.
+WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision, int64_t micro_batch);
+// The weights' casts alive at `trace`'s live peak (its peak less its peak without them); 0
+// without a trace.
+int64_t weight_casts_alive_at_peak(const StepTrace& trace);
 
 // For a plan that keeps copies (`casts`: the profile's weight_casts): the copies beside the
 // optimizer step's temporaries (a stage's share), or, asked for under a budget that evicts,

@@ -222,6 +222,7 @@ TrainerState CheckpointStore::load(const std::string& folder, Model& model, torc
                         "\" (--training.optimizer=" + saved + " resumes it)");
       }
       optimizer.load(optimizer_archive);
+      keep_moments_in_their_dtype(optimizer);
     }
     return read_trainer_state(dir / "trainer.pt");
   } catch (const UserError& e) {

@@ -123,8 +123,17 @@ void check_gradient(const char* optimizer, const at::Tensor& p, const at::Tensor
 }
 
 bool fusable_state(const at::Tensor& p, const at::Tensor& state) {
-  return (state.scalar_type() == at::kFloat || state.scalar_type() == at::kBFloat16) && state.is_contiguous() &&
-         state.device() == p.device() && state.numel() == p.numel();
+  return state.scalar_type() == at::kFloat && state.is_contiguous() && state.device() == p.device() &&
+         state.numel() == p.numel();
+}
+
+// AdamW's two moments: both fp32 or both bf16 (the two passes), each laid out as the parameter.
+bool fusable_moments(const at::Tensor& p, const at::Tensor& m, const at::Tensor& v) {
+  auto laid_out = [&](const at::Tensor& t) {
+    return t.is_contiguous() && t.device() == p.device() && t.numel() == p.numel();
+  };
+  return (m.scalar_type() == at::kFloat || m.scalar_type() == at::kBFloat16) && v.scalar_type() == m.scalar_type() &&
+         laid_out(m) && laid_out(v);
 }
 
 // The scale applies to one step: whatever way the step ends, it is 1 after.
@@ -300,8 +309,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       }
       state->step(state->step() + 1);
       const AdamWStep a{o, scale_, beta1, beta2, 1 - std::pow(beta1, state->step()), 1 - std::pow(beta2, state->step())};
-      if (!fusable(p, grad, meta_fused_) || !fusable_state(p, state->exp_avg()) ||
-          !fusable_state(p, state->exp_avg_sq()) || o.amsgrad()) {
+      if (!fusable(p, grad, meta_fused_) || !fusable_moments(p, state->exp_avg(), state->exp_avg_sq()) ||
+          o.amsgrad()) {
         adamw_unfused(p, grad, *state, a);
       } else if (!p.is_meta()) {
         adamw_fused(p, grad, *state, a);

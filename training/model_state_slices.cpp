@@ -118,7 +118,10 @@ void ModelState::save_sliced(const CheckpointStore& store, const TrainerState& s
   const std::string kind = optimizer_name(optimizer());
   // A large model's share takes a while to write: say so before, and how long after.
   int64_t bytes = 0;
-  for (const at::Tensor& t : optimizer_.master()) bytes += static_cast<int64_t>(t.nbytes()) * (kind == "adamw" ? 3 : 2);
+  for (const at::Tensor& t : optimizer_.master()) {
+    bytes += static_cast<int64_t>(t.nbytes());
+    for (const at::Tensor& s : optimizer_state(optimizer(), t)) bytes += static_cast<int64_t>(s.nbytes());  // moments in their dtype
+  }
   const auto start = std::chrono::steady_clock::now();
   if (bytes > (int64_t{1} << 30)) {
     progress.line("checkpoint of step " + std::to_string(state.step) + ": each rank writes its slices, " +

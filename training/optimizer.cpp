@@ -125,16 +125,37 @@ std::string optimizer_name(const torch::optim::Optimizer& optimizer) {
   return dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr ? "adamw" : "sgd";
 }
 
+namespace {
+
+// The type AdamW keeps `param`'s moments in (training.optimizer_state_dtype; a parameter that is
+// not fp32 keeps them in its own).
+at::ScalarType moment_dtype(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer);
+  return fused != nullptr && param.scalar_type() == at::kFloat ? fused->state_dtype() : param.scalar_type();
+}
+
+}  // namespace
+
 std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) {
-    // The moments in the type the optimizer keeps them in (training.optimizer_state_dtype).
-    const auto* fused = dynamic_cast<const FusedAdamW*>(&optimizer);
-    const at::ScalarType moments =
-        fused != nullptr && param.scalar_type() == at::kFloat ? fused->state_dtype() : param.scalar_type();
+    const at::ScalarType moments = moment_dtype(optimizer, param);
     return {at::scalar_tensor(0, at::kLong), at::empty_like(param, param.options().dtype(moments)),
             at::empty_like(param, param.options().dtype(moments))};
   }
   return {at::empty_like(param)};
+}
+
+void keep_moments_in_their_dtype(torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const FusedAdamW*>(&optimizer) == nullptr) return;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const at::Tensor& p : group.params()) {
+      auto* s = dynamic_cast<torch::optim::AdamWParamState*>(find_state(optimizer, p));
+      if (s == nullptr) continue;
+      const at::ScalarType moments = moment_dtype(optimizer, p);
+      if (s->exp_avg().scalar_type() != moments) s->exp_avg(s->exp_avg().to(moments));
+      if (s->exp_avg_sq().scalar_type() != moments) s->exp_avg_sq(s->exp_avg_sq().to(moments));
+    }
+  }
 }
 
 void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
@@ -144,8 +165,13 @@ void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& p
   if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->step(state.at(0).item<int64_t>());
-    s->exp_avg(state.at(1));
-    s->exp_avg_sq(state.at(2));
+    // A checkpoint's moments may be in the other type: held from here in the configured one, so
+    // that what this rank holds, sends and saves is what it was told to keep.
+    // (torch::optim's own AdamW, the host copy a checkpoint is written from, keeps what it is given.)
+    const bool fused = dynamic_cast<const FusedAdamW*>(&optimizer) != nullptr;
+    const at::ScalarType moments = fused ? moment_dtype(optimizer, param) : state.at(1).scalar_type();
+    s->exp_avg(state.at(1).to(moments));
+    s->exp_avg_sq(state.at(2).to(moments));
     states[state_key<Key>(param)] = std::move(s);
     return;
   }

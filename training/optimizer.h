@@ -62,8 +62,12 @@ std::vector<at::Tensor> optimizer_state(torch::optim::Optimizer& optimizer, cons
 std::string optimizer_name(const torch::optim::Optimizer& optimizer);
 // Tensors shaped to receive optimizer_state(param) of an optimizer of the same kind.
 std::vector<at::Tensor> empty_optimizer_state(const torch::optim::Optimizer& optimizer, const at::Tensor& param);
+// AdamW's moments are held from here in the type the optimizer keeps them in, whatever type
+// `state` brings (a checkpoint written with the other training.optimizer_state_dtype).
 void set_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                          const std::vector<at::Tensor>& state);
+// The same for every parameter's moments, after torch::optim's own load of a whole checkpoint.
+void keep_moments_in_their_dtype(torch::optim::Optimizer& optimizer);
 // Moves the optimizer state of `params` into one block per dtype and device, in parameter order,
 // allocated now (at the arena's top, beside the parameters and their gradients). State made
 // lazily in the first step lands between that step's temporaries, which leave holes in the

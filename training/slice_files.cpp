@@ -168,7 +168,7 @@ SliceFileWriter::~SliceFileWriter() {
 
 void SliceFileWriter::add(const std::string& kind, const std::string& name, const at::Tensor& like, int64_t offset,
                           const at::Tensor& values) {
-  record(kind, name, like.scalar_type(), like.sizes(), like.strides(), SlicePart{}, offset, values);
+  record(kind, name, values.scalar_type(), like.sizes(), like.strides(), SlicePart{}, offset, values);
 }
 
 void SliceFileWriter::add_part(const std::string& kind, const std::string& name, const std::vector<int64_t>& sizes,

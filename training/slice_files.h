@@ -62,7 +62,8 @@ class SliceFileWriter {
   SliceFileWriter& operator=(const SliceFileWriter&) = delete;
 
   // `values`: `length` elements from `offset` of `like`'s memory order (any device; copied to
-  // the host here). `like` gives the global sizes, strides and dtype.
+  // the host here). `like` gives the global sizes and strides, the values their dtype (an
+  // optimizer's moments may be bf16 over an fp32 parameter).
   void add(const std::string& kind, const std::string& name, const at::Tensor& like, int64_t offset,
            const at::Tensor& values);
   // `values`: `length` elements from `offset` of `part`'s row-major order, of a tensor of `sizes`

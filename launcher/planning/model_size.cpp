@@ -15,9 +15,10 @@
 namespace ht {
 namespace {
 
-// Bytes of optimizer state per parameter: AdamW's two moments, SGD's momentum buffer.
+// Bytes of optimizer state per parameter: AdamW's two moments (in training.optimizer_state_dtype),
+// SGD's momentum buffer.
 int64_t optimizer_bytes_per_parameter(const TrainingConfig& t) {
-  if (t.optimizer == OptimizerKind::kAdamw) return 8;
+  if (t.optimizer == OptimizerKind::kAdamw) return t.optimizer_state_dtype == StateDtype::kBf16 ? 4 : 8;
   return t.momentum > 0 ? 4 : 0;
 }
 

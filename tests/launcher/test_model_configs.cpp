@@ -46,6 +46,18 @@ TEST(ModelConfigs, ARanksStateIsItsShareWhereTheOptimizerIsSharded) {
   EXPECT_EQ(state_bytes_per_rank(c, size, 8), size.parameters * 16 / 8);
 }
 
+// training.optimizer_state_dtype = "bf16": AdamW's moments are 4 bytes a parameter, not 8.
+TEST(ModelConfigs, Bf16MomentsAreHalfTheOptimizersState) {
+  Config c = load_config(std::string(HT_SOURCE_DIR) + "/configs/llama3_8b.toml", {}).config;
+  const ModelStateSize fp32 = *model_state_from_shape(c, c.model.vocab_size);
+  c.training.optimizer_state_dtype = StateDtype::kBf16;
+  const ModelStateSize bf16 = *model_state_from_shape(c, c.model.vocab_size);
+  EXPECT_EQ(fp32.bytes, fp32.parameters * 16);
+  EXPECT_EQ(bf16.bytes, bf16.parameters * 12);
+  c.parallel.shard = ShardLevel::kOptimizer;
+  EXPECT_EQ(state_bytes_per_rank(c, bf16, 8), bf16.parameters * 8 + bf16.parameters * 4 / 8);
+}
+
 // The host's available memory decides: an 8B model's 120 GiB of state fits the GPU machine's
 // 128 GiB host (which then went on to look for its data), so there a budget below it stands in.
 // The refusal says what one micro-batch adds, from a step traced on meta tensors.

@@ -311,6 +311,45 @@ TEST(ShardedJobResume, AcrossTwoThreeAndFourRanksAsTheUnshardedChain) {
   EXPECT_TRUE(model_at(dir, "none", 8) == model_at(dir, "optimizer", 8)) << "one rank resumed the slices differently";
 }
 
+// AdamW's moments in bf16 (training.optimizer_state_dtype): ZeRO-1's slices hold them in bf16
+// (half the state's bytes) and resume across rank counts as the unsharded chain does, bit for bit;
+// one rank told to keep them in fp32 reads both chains' bf16 moments and goes on to one model.
+TEST(ShardedJobResume, Bf16MomentsResumeFromTheirSlices) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kMlp);
+  for (const std::string moments : {"fp32", "bf16"}) {
+    for (const std::string shard : {"none", "optimizer"}) {
+      const std::string out = " --training.optimizer_state_dtype=" + moments + " --parallel.shard=" + shard +
+                              " --job.output_dir=" + dir.path(shard + "_" + moments);
+      ASSERT_EQ(run(mpirun(2) + HT_BINARY + " " + config + out + " --training.steps=2"), 0);
+      ASSERT_EQ(run(mpirun(3) + HT_BINARY + " " + config + out + " --training.steps=4 --checkpoint.resume=latest"), 0);
+    }
+  }
+  const std::string whole = model_at(dir, "none_bf16", 4);
+  ASSERT_FALSE(whole.empty());
+  EXPECT_TRUE(whole == model_at(dir, "optimizer_bf16", 4)) << "the model differs after 2 -> 3 ranks";
+  EXPECT_FALSE(whole == model_at(dir, "none_fp32", 4)) << "bf16 moments round: another model";
+  auto slice_bytes = [&](const std::string& run_name) {
+    uintmax_t bytes = 0;
+    for (int r = 0; r < 3; ++r) {
+      bytes += std::filesystem::file_size(dir.path(run_name + "/checkpoints/step_00000004/rank_0000" +
+                                                   std::to_string(r) + ".slices"));
+    }
+    return bytes;
+  };
+  // The parameters (4 bytes each) and the moments: 8 bytes in fp32, 4 in bf16.
+  const double ratio = static_cast<double>(slice_bytes("optimizer_bf16")) / static_cast<double>(slice_bytes("optimizer_fp32"));
+  EXPECT_NEAR(ratio, 8.0 / 12.0, 0.01) << "the slices hold the moments in bf16";
+  for (const std::string chain : {"none_bf16", "optimizer_bf16"}) {
+    ASSERT_EQ(run(std::string(HT_BINARY) + " " + config + " --training.steps=6 --checkpoint.resume=latest " +
+                  "--training.optimizer_state_dtype=fp32 --job.output_dir=" + dir.path(chain)),
+              0);
+  }
+  EXPECT_TRUE(model_at(dir, "none_bf16", 6) == model_at(dir, "optimizer_bf16", 6))
+      << "one rank read the slices' bf16 moments differently";
+}
+
 // bf16, 3 micro-batches per rank, SGD with momentum (one state tensor, not AdamW's two), and
 // uneven shards (3 ranks): still the unsharded model.
 TEST(ShardedJobComposition, Bf16AccumulationAndSgdOnThreeRanks) {

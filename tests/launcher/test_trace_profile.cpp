@@ -146,7 +146,7 @@ TEST(TraceProfile, KeptWeightCopiesSaveEveryMicroBatchsCastsButOne) {
   cast.compute_weights = ComputeWeightsMode::kCast;
   ASSERT_TRUE(keeps_weight_copies(kept));
   ASSERT_FALSE(keeps_weight_copies(cast));
-  const WeightCasts w = weight_casts(profile, MixedPrecision::kBf16);
+  const WeightCasts w = weight_casts(profile, MixedPrecision::kBf16, kept.micro_batch);
   // Every weight but the embedding's table (96 x 256) and the norms' gains (2 a layer, the last):
   // the products' and the head's, 2 bytes each.
   const int64_t weights = profile.parameter_bytes / 4;
