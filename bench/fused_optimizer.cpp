@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
   std::printf("The optimizer step: fused (one pass a parameter) against torch::optim, %d measured steps each, "
               "interleaved, after %d; %s; vectorized pass: %s\n\n",
               o.reps, o.warmup, pools.describe().c_str(), fused_step_is_vectorized() ? "yes" : "no (no AVX2 with FMA)");
-  std::printf("%-36s %12s %12s %14s %8s %s\n", "parameters, optimizer", "elements", "fused ms", "torch::optim ms", "ratio",
+  std::printf("%-40s %12s %12s %14s %8s %s\n", "parameters, optimizer", "elements", "fused ms", "torch::optim ms", "ratio",
               "same bits");
   bool ok = true;
   for (const Shapes& m : models) {
@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
       // bf16 moments round what torch::optim keeps in fp32: other bits by design (tested against
       // torch::optim with its moments rounded, tests/training/test_fused_optimizer.cpp).
       if (kind != 1) ok &= r.same;
-      std::printf("%-36s %12lld %12.2f %14.2f %8.2f %s\n", r.row.c_str(), static_cast<long long>(r.elements), r.fused_ms,
+      std::printf("%-40s %12lld %12.2f %14.2f %8.2f %s\n", r.row.c_str(), static_cast<long long>(r.elements), r.fused_ms,
                   r.reference_ms, r.fused_ms / r.reference_ms, kind == 1 ? "(rounded)" : r.same ? "yes" : "NO");
       std::fflush(stdout);
     }
