@@ -42,8 +42,9 @@ class FusedAdamW final : public torch::optim::AdamW, public FusedStep {
  public:
   using torch::optim::AdamW::AdamW;
   at::Tensor step(LossClosure closure = nullptr) override;
-  // The type of the two moments (fp32 or bf16): made in it, and a state read in the other type (a
-  // checkpoint's) is converted at its next step. In bf16 each step widens them, updates in fp32
+  // The type of the two moments (fp32 or bf16): made in it; a state read in the other type (a
+  // checkpoint's) is converted as it is set (set_optimizer_state, keep_moments_in_their_dtype),
+  // and failing that at its next step. In bf16 each step widens them, updates in fp32
   // exactly as the fp32 step does, and rounds them back to nearest even, as ATen's copy rounds.
   void set_state_dtype(at::ScalarType dtype) { state_dtype_ = dtype; }
   at::ScalarType state_dtype() const { return state_dtype_; }
