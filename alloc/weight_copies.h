@@ -24,20 +24,26 @@ class ComputeWeights {
   virtual ~ComputeWeights() = default;
   // `weight`'s current copy in `dtype`, or undefined: cast it at this read.
   virtual at::Tensor copy_of(const at::Tensor& weight, at::ScalarType dtype) = 0;
+  // The weights were updated (an optimizer step, a checkpoint read): every copy is made again at
+  // its next read.
+  virtual void weights_changed() = 0;
+  // Bytes the copies keep between steps, and copies made between the last two weights_changed()
+  // calls (a step's forwards and recomputations): the evidence that each is made once per step.
+  virtual int64_t bytes() const = 0;
+  virtual int64_t made_last_step() const = 0;
 };
+
+// One rank's whole copies. (Under sharded parameters, ParameterShards keeps them by shard.)
 
 class WeightCopies final : public ComputeWeights {
  public:
   at::Tensor copy_of(const at::Tensor& weight, at::ScalarType dtype) override;
-  // The weights were updated (an optimizer step, a checkpoint read): every copy is made again at
-  // its next read. The first call after a forward lays out the block of the weights it cast.
-  void weights_changed();
+  // The first call after a forward lays out the block of the weights it cast.
+  void weights_changed() override;
   // Bytes of the copies' block (0 until laid out) and weights in it.
-  int64_t bytes() const { return bytes_; }
+  int64_t bytes() const override { return bytes_; }
   size_t size() const { return slots_.size(); }
-  // Copies made between the last two weights_changed() calls (a step's forwards and
-  // recomputations): the evidence that each is made once per optimizer step.
-  int64_t made_last_step() const { return made_last_step_; }
+  int64_t made_last_step() const override { return made_last_step_; }
 
  private:
   struct Wanted {

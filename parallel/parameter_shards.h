@@ -34,7 +34,20 @@
 // budget keeps it so because evictions under parallel.shard = "parameters" weigh modelled costs
 // only (the config refuses measured ones, host swap and static plans), so drops, recomputations
 // and the gathers they need come at the same points on every rank.
+//
+// 16-bit copies (keep_copies: training.compute_weights = "kept" under bf16 or fp16, FSDP's mixed
+// precision, Megatron's bf16 parameters): each bucket also keeps its shard in the compute type,
+// made again from the fp32 shard at its first gather after weights_changed() (once per optimizer
+// step: the same rounding as one rank's WeightCopies), and the interpreter reads its weights'
+// copies (ComputeWeights::copy_of): views of a 16-bit bucket whose storage is gathered and freed
+// as the fp32 bucket is, half the bytes. A saved copy (the tape keeps the view) is gathered again
+// where backward reads it; no cast lives from forward to backward. A weight read in fp32 (a norm's
+// gain) is gathered alone, its own range of the span in fp32, never rounded: at its first such read
+// it moves to a storage of its own (its at::Tensor stays the same), and from then on it is a unit
+// of its own beside the bucket's copies, freed and prefetched with them. Checkpoints still gather
+// the fp32 buckets whole.
 
+#include "alloc/weight_copies.h"
 #include "parallel/collective_worker.h"
 #include "parallel/communicator.h"
 #include "parallel/shard_layout.h"
@@ -42,6 +55,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -61,7 +75,7 @@ struct ParameterGatherStats {
 // copy at runtime/kernel_cost.h's memory-bound rate. Deterministic, as every rank must agree.
 double modeled_gather_ms(int64_t bytes);
 
-class ParameterShards final : public ParameterSource {
+class ParameterShards final : public ParameterSource, public ComputeWeights {
  public:
   // `params`: DataParallel's parameters (its indices); `buckets`: its buckets in reduction order.
   // Each bucket's parameters move into a storage of their own (made in host memory: the whole
@@ -105,6 +119,17 @@ class ParameterShards final : public ParameterSource {
   // shard takes its range of them.
   void take_from_whole();
 
+  // 16-bit copies in `dtype` (bf16 or fp16): what copy_of gives the interpreter from now on.
+  void keep_copies(at::ScalarType dtype);
+  // ComputeWeights: `weight`'s view in its bucket's 16-bit copies (gathered where it is read), or
+  // undefined where the weight is not sharded or `dtype` is not the copies'.
+  at::Tensor copy_of(const at::Tensor& weight, at::ScalarType dtype) override;
+  // ComputeWeights: the shards were stepped (or loaded): each 16-bit shard is made again.
+  void weights_changed() override;
+  // ComputeWeights: this rank's 16-bit shards' bytes, and how many were made in the last step.
+  int64_t bytes() const override;
+  int64_t made_last_step() const override { return made_last_step_; }
+
   // This rank's share of each bucket, in bucket order: what its optimizer steps.
   const std::vector<at::Tensor>& shards() const { return shards_; }
   int64_t shard_bytes() const;
@@ -114,38 +139,72 @@ class ParameterShards final : public ParameterSource {
   ParameterGatherStats take_stats();
 
  private:
+  // One tensor all-gathered: a bucket's fp32 parameters, its 16-bit copies, or one of its members
+  // read in fp32 under 16-bit copies.
+  enum class Kind : uint8_t { kWhole, kCopies, kMember };
+  struct Unit {
+    Kind kind = Kind::kWhole;
+    size_t bucket = 0;
+    at::Tensor whole;             // flat, the memory of its storage only while gathered
+    std::vector<int64_t> counts;  // each rank's part of it
+    int64_t from = 0;             // kMember: its first element in the bucket's span
+    bool gathered = false;        // its memory is there (its data too, unless ticket is set)
+    uint64_t ticket = 0;          // its gather, queued on the worker and not yet waited for
+    int holds = 0;                // open kernel reads of it
+    uint64_t last_access = 0;     // the interpreter's tick of its last read
+    // Written by the worker: its last gather's time (shared, so that a worker left running when
+    // training fails never writes into freed memory).
+    std::shared_ptr<double> worker_ms = std::make_shared<double>(0.0);
+    int64_t bytes() const { return whole.numel() * static_cast<int64_t>(whole.element_size()); }
+  };
   struct Bucket {
     std::vector<size_t> members;  // indices into params_
-    at::Tensor whole;             // a flat view of the bucket's storage (its memory only while gathered)
+    std::vector<int64_t> at;      // each member's first element in the span
     BucketShards shards;
-    bool gathered = false;     // its memory is there (its data too, unless ticket is set)
-    uint64_t ticket = 0;       // its gather, queued on the worker and not yet waited for
-    int holds = 0;             // open kernel reads of it
-    uint64_t last_access = 0;  // the interpreter's tick of its last read
+    size_t whole = 0;                 // its units
+    std::optional<size_t> copies;
+    std::vector<size_t> singles;      // members read in fp32 under copies, in the order first read
+    at::Tensor shard16;               // this rank's range of the copies (keep_copies)
+    uint64_t shard16_epoch = 0;       // weights_changed() count when it was made (0: never)
+  };
+  struct Member {
+    size_t bucket = 0;
+    size_t position = 0;  // in the bucket's members
   };
   // Its memory (through `memory`'s room-making, or plainly when null: not managed), then the
   // collective: inline, or queued on the worker (and waited for when `now`).
-  void gather(Bucket& b, MemoryHooks* memory, bool now);
-  void finish(Bucket& b);  // waits for its queued gather
-  void release(Bucket& b);
+  void gather(Unit& u, MemoryHooks* memory, bool now);
+  void finish(Unit& u);  // waits for its queued gather
+  void release(Unit& u);
+  void release_bucket(size_t b);
+  // What this rank sends of `u` (its 16-bit shard made again first where the weights changed).
+  at::Tensor contribution(Unit& u);
+  // `weight`, a member read in fp32 under copies: a unit of its own (made at its first such read).
+  size_t single_of(const at::Tensor& weight, size_t whole_unit);
+  // The units a read of bucket `b` gathers: its copies and singles under copies, else its whole.
+  std::vector<size_t> reading_units(size_t b) const;
   void prefetch_blocks(const std::vector<size_t>& blocks, bool backward);
   void reach(size_t block);  // backward has come to `block`: prefetch the `depth` before it
+  size_t add_unit(Unit u);
 
   std::shared_ptr<Communicator> group_;
   std::vector<at::Tensor> params_;
   std::vector<Bucket> buckets_;
+  std::vector<Unit> units_;
   std::vector<at::Tensor> shards_;
-  std::unordered_map<const c10::TensorImpl*, size_t> bucket_of_;
+  std::unordered_map<const c10::TensorImpl*, size_t> unit_of_;    // a parameter or a copy: its unit
+  std::unordered_map<const c10::TensorImpl*, Member> member_of_;  // a parameter: its place
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> copy_views_;  // a parameter: its 16-bit view
+  std::optional<at::ScalarType> copies_dtype_;
+  uint64_t epoch_ = 1;
+  int64_t made_ = 0, made_last_step_ = 0;
   std::vector<std::vector<bool>> uses_;  // per block: which buckets it reads
-  std::vector<std::vector<size_t>> frames_;  // per open kernel, the buckets it read
+  std::vector<std::vector<size_t>> frames_;  // per open kernel, the units it read
   bool managed_ = false;
   std::shared_ptr<CollectiveWorker> worker_;
   int depth_ = 0;
-  // Written by the worker, one per bucket: its last gather's time (shared, so that a worker left
-  // running when training fails never writes into freed memory).
-  std::shared_ptr<std::vector<double>> worker_ms_;
   size_t backward_block_ = 0;          // the block backward has reached (reads go down the blocks)
-  std::vector<bool> read_back_;        // buckets this backward reads (the tape's saved weights)
+  std::vector<bool> read_back_;        // units this backward reads (the tape's saved weights)
   ParameterGatherStats stats_;
 };
 

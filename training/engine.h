@@ -54,7 +54,7 @@ struct Engine {
   // The whole gradients' block where gradient_slots is one; null otherwise.
   GradientBuffer* gradients = nullptr;
   // training.compute_weights = "kept": the weights' 16-bit copies the interpreter reads; null: casts.
-  std::shared_ptr<WeightCopies> weight_copies;
+  std::shared_ptr<ComputeWeights> weight_copies;
   MemoryManager memory;                 // before interp: it outlives the interpreter's records
   OpTimeLog op_times;                   // metrics.time_by_op: the interpreter's kernels
   Interpreter interp;

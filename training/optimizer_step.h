@@ -99,7 +99,7 @@ struct OptimizerStepParts {
   std::unique_ptr<StatePlacement> state = std::make_unique<StatePlacement>();
   // training.compute_weights = "kept": the weights' 16-bit copies, made again after each step;
   // null: autocast casts at each read.
-  std::shared_ptr<WeightCopies> copies;
+  std::shared_ptr<ComputeWeights> copies;
 };
 
 class OptimizerStep {

@@ -219,12 +219,19 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
 
 // training.compute_weights: the 16-bit copies the interpreter reads, made once per optimizer step
 // and kept (auto: runtime/mixed_precision.h, keeps_weight_copies).
-void keep_weight_copies(const RunPlan& plan, Engine& e) {
+// Under ZeRO-3 the copies are the shards' (each bucket's 16-bit shard, gathered as the fp32 one
+// was: parallel/parameter_shards.h).
+void keep_weight_copies(const RunPlan& plan, Engine& e, const std::shared_ptr<ParameterShards>& parameter_shards) {
   if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr,
                            plan.sync.shard == ShardLevel::kParameters)) {
     return;
   }
-  e.weight_copies = std::make_shared<WeightCopies>();
+  if (parameter_shards) {
+    parameter_shards->keep_copies(*autocast_type(plan.precision));
+    e.weight_copies = parameter_shards;
+  } else {
+    e.weight_copies = std::make_shared<WeightCopies>();
+  }
   e.interp.set_compute_weights(e.weight_copies.get());
 }
 
@@ -283,7 +290,7 @@ TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Eng
   parts.groups = make_groups(plan, *e.model, stage.get(), comms);
   prepare_engine(plan, e, *parts.groups, stage != nullptr, parts.notes);
   SyncLayout layout = lay_out_sync(plan, e, *parts.groups, stage);
-  keep_weight_copies(plan, e);
+  keep_weight_copies(plan, e, layout.parameter_shards);
   parts.optimizer = make_optimizer_step(plan, e, *parts.groups, stage.get(), layout);
   parts.sync = std::move(layout.sync);
   parts.state = std::make_unique<ModelState>(*e.model, *parts.optimizer, *parts.groups, e.interp.memory_hooks(),

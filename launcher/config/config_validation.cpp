@@ -80,16 +80,11 @@ class Rules {
     }
   }
 
-  // Kept 16-bit copies are resident for the whole step: ZeRO-3 would hold every weight's copy
-  // whole, and a static plan is solved over the first step, whose casts the copies then replace.
+  // A static plan is solved over the first step, whose casts the kept copies then replace.
+  // (Under ZeRO-3 the copies are the shards', gathered where read: nothing is kept whole.)
   void compute_weights() const {
     if (c_.training.compute_weights != ComputeWeightsMode::kKept) return;
     const std::string head = loc("training.compute_weights") + "training.compute_weights = \"kept\"";
-    if (c_.parallel.shard == ShardLevel::kParameters) {
-      throw UserError(head + " with parallel.shard = \"parameters\": every weight's copy would be kept whole on "
-                      "every rank, which is what sharding the parameters avoids; use training.compute_weights = "
-                      "\"cast\" (or \"auto\"), or parallel.shard = \"gradients\"");
-    }
     if (plans_statically(c_.memory.policy)) {
       throw UserError(head + " with memory.policy = \"" + choice_name(c_.memory.policy) +
                       "\": a static plan places the tensors of the first step, whose weight casts the kept copies "

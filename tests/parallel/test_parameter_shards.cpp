@@ -147,6 +147,76 @@ TEST(ParameterShards, ABackwardFreesWhatForwardLeftGatheredAndItWillNotRead) {
   s.shards->release_all();
 }
 
+// 16-bit copies (keep_copies): each bucket's shard rounded once per step and gathered in 16 bits;
+// the copies are views of the bucket's 16-bit storage, freed and gathered as the fp32 bucket was.
+TEST(ParameterShards, CopiesAreTheShardsRoundedAndGatheredWithoutTheFp32Bucket) {
+  Shards s;
+  s.shards->keep_copies(at::kBFloat16);
+  EXPECT_FALSE(s.shards->copy_of(s.params[0], at::kHalf).defined()) << "another type: cast at the read";
+  const at::Tensor copy = s.shards->copy_of(s.params[0], at::kBFloat16);
+  ASSERT_TRUE(copy.defined());
+  EXPECT_TRUE(copy.is_same(s.shards->copy_of(s.params[0], at::kBFloat16))) << "one view per weight";
+  EXPECT_EQ(copy.sizes(), s.params[0].sizes());
+  EXPECT_FALSE(resident(copy));
+  s.shards->before_read(copy, s.memory, 1);
+  EXPECT_TRUE(resident(copy));
+  EXPECT_TRUE(at::equal(copy, s.original[0].to(at::kBFloat16))) << "one rank's copy of the whole weight, bit for bit";
+  EXPECT_TRUE(at::equal(s.shards->copy_of(s.params[1], at::kBFloat16), s.original[1].to(at::kBFloat16)));
+  EXPECT_FALSE(resident(s.params[0]) || resident(s.params[1])) << "the fp32 bucket is not gathered";
+  EXPECT_EQ(s.shards->bytes(), 2 * (4 + 5 + 12)) << "the 16-bit shards";
+  ParameterGatherStats stats = s.shards->take_stats();
+  EXPECT_EQ(stats.gathers, 1);
+  const std::vector<DroppableParameters> droppable = s.shards->droppable();
+  ASSERT_EQ(droppable.size(), 1u);
+  EXPECT_EQ(droppable[0].bytes, 2 * (5 + 12)) << "half the fp32 bucket's bytes";
+  s.shards->bucket_done(1);
+  EXPECT_FALSE(resident(copy)) << "backward is done with the bucket";
+  // The optimizer steps the shard; the next gather after weights_changed() sends it rounded again.
+  {
+    at::NoGradGuard no_grad;
+    s.shards->shards()[1].fill_(1.0f + 1.0f / 512);  // rounds to 1 in bf16 (nearest even)
+  }
+  s.shards->before_read(copy, s.memory, 2);
+  EXPECT_TRUE(at::equal(copy, s.original[0].to(at::kBFloat16))) << "not made again before the weights changed";
+  s.shards->bucket_done(1);
+  s.shards->weights_changed();
+  s.shards->before_read(copy, s.memory, 3);
+  EXPECT_TRUE(at::equal(copy, at::ones({4, 3}, at::kBFloat16)));
+  s.shards->weights_changed();
+  EXPECT_EQ(s.shards->made_last_step(), 1) << "one bucket's shard made once";
+}
+
+// Under copies a weight read in fp32 (a norm's gain) is gathered alone, never rounded, from a
+// storage of its own; its at::Tensor stays the one the model and the optimizer know.
+TEST(ParameterShards, AWeightReadInFp32UnderCopiesIsGatheredAlone) {
+  Shards s;
+  s.shards->keep_copies(at::kBFloat16);
+  const at::Tensor gain = s.params[1];
+  s.shards->before_read(gain, s.memory, 1);
+  EXPECT_TRUE(gain.is_same(s.params[1]));
+  EXPECT_TRUE(resident(gain));
+  EXPECT_TRUE(at::equal(gain, s.original[1])) << "fp32, as gathered from the shards";
+  EXPECT_FALSE(resident(s.params[0])) << "the rest of its bucket stays sharded";
+  ASSERT_EQ(s.shards->droppable().size(), 1u);
+  EXPECT_EQ(s.shards->droppable()[0].bytes, 4 * 5);
+  s.shards->block_begins(1);  // block 1 reads the other bucket only
+  EXPECT_FALSE(resident(gain)) << "freed with its bucket";
+  // A checkpoint read writes into it where it lives now, and the shard takes it back.
+  s.shards->gather_all(s.memory);
+  {
+    at::NoGradGuard no_grad;
+    gain.fill_(3.0f);
+  }
+  s.shards->take_from_whole();
+  s.shards->release_all();
+  s.shards->before_read(gain, s.memory, 2);
+  EXPECT_TRUE(at::equal(gain, at::full({5}, 3.0f)));
+  const at::Tensor copy = s.shards->copy_of(gain, at::kBFloat16);
+  s.shards->before_read(copy, s.memory, 3);
+  EXPECT_TRUE(at::equal(copy, at::full({5}, 3.0f, at::kBFloat16))) << "the loaded weights' copies are made again";
+  s.shards->release_all();
+}
+
 TEST(CollectiveWorker, RunsJobsInTheirOrderAndWaitsForATicket) {
   CollectiveWorker worker(std::make_shared<LocalCommunicator>());
   std::vector<int> order;
