@@ -131,8 +131,8 @@ std::vector<std::pair<std::string, double>> as_run_terms(const PublishedRun& r, 
   // (Under full recomputation the forward runs twice, and so would its casts: the regenerations'
   // share of a forward's casts are the regenerated kernels', about one forward's.)
   const double forwards = r.recompute == Recompute::kFull ? 2 : 1;
-  // Ours keeps 16-bit weight copies (training.compute_weights, priced in "ours") except where
-  // ZeRO-3 shards the parameters: there it still casts each gathered weight at each read.
+  // Ours keeps 16-bit weight copies (training.compute_weights, priced in "ours"), under ZeRO-3 the
+  // shards' copies gathered in 16 bits; where they do not fit it casts at each read.
   if (!keeps_weight_copies(x.plan)) {
     if (r.half_weights) terms.emplace_back("bf16 weights", -x.weight_cast_ms * forwards * micro_batches);
     if (r.fused_accumulation) terms.emplace_back("gradient accumulation fused", -x.weight_cast_backward_ms * micro_batches);
@@ -160,6 +160,8 @@ std::vector<std::pair<std::string, double>> as_run_terms(const PublishedRun& r, 
     }
     // Parameters gathered in bf16: half the gathers' bytes, so half their time, exposed and hidden;
     // what they no longer take of backward (and of its regenerations) hides more of the reduce-scatters.
+    // Ours gathers its 16-bit copies where it keeps them (priced in "ours").
+    if (gathers_16bit_copies(x.plan)) return terms;
     double forward = 0, backward = 0;
     for (const ProfilePoint& pt : profile.points) {
       if (pt.micro_batch != r.micro_batch || pt.precision != r.precision) continue;
@@ -204,6 +206,9 @@ Result predict_row(const PublishedRun& r, const std::string& source_dir) {
   }
   p.schedule = r.virtual_stages > 1 ? ScheduleKind::kInterleaved1f1b : ScheduleKind::k1f1b;
   p.virtual_stages = r.virtual_stages;
+  // FSDP's rows in 16 bits gather 16-bit copies: so does ours, asked for (training.compute_weights =
+  // "kept" under parallel.shard = "parameters"; auto casts there under a budget).
+  if (r.half_gathers && r.shard == ShardLevel::kParameters) p.compute_weights = ComputeWeightsMode::kKept;
   // Where kept 16-bit weight copies do not fit, the planner casts at each read (as a search does).
   out.predicted = predict_casting_where_copies_do_not_fit(p, [&](const Plan& q) { return predict(profile, machine, q); });
   if (p.shard == ShardLevel::kParameters && evicts(p.policy)) {

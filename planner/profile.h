@@ -64,6 +64,12 @@ struct ProfilePoint {
   // what sharded parameters gather again in backward (under autocast a block whose weights are all
   // cast reads only the copies forward kept; a norm's fp32 weight is read again).
   std::vector<size_t> backward_read_buckets;
+  // What 16-bit gathers gather (parallel/parameter_shards.h, keep_copies): the buckets holding a
+  // weight autocast casts (their 16-bit copies, gathered whole, in forward and again in backward),
+  // and per bucket the elements of the weights read in fp32 (gathered alone: norms' gains, an
+  // embedding's table), sorted by bucket.
+  std::vector<size_t> half_read_buckets;
+  std::vector<std::pair<size_t, int64_t>> fp32_read_elements;
   // Forward and backward's peak minus what does not scale with the micro-batch: the activations'.
   int64_t activation_bytes() const { return forward_backward_peak_bytes - persistent_bytes - batch_bytes; }
   // The optimizer's working memory above the state and the batch: temporaries the size of the
@@ -148,7 +154,7 @@ struct ModelProfile {
   mutable std::vector<RecentTrace> recent_traces;
   // ZeRO-3's gathered buckets along the step by (micro-batch, precision, prefetch,
   // overlapped, ranks with accumulation): planner/shard_terms.h, shard_memory_terms.
-  mutable std::map<std::tuple<int64_t, int, int, bool, int>, int64_t> gathered_walks;
+  mutable std::map<std::tuple<int64_t, int, int, bool, int, bool>, int64_t> gathered_walks;
   // The last few traces' folds for the walks along them (planner/gradient_blocks.h, StepFold),
   // each beside the trace it folds.
   mutable std::vector<std::pair<std::shared_ptr<const StepTrace>, std::shared_ptr<const StepFold>>> step_folds;

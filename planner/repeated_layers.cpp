@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <utility>
@@ -233,6 +234,34 @@ StepTrace repeat_layers(const StepTrace& shallow, const LayerRepeat& repeat, std
     why = e.what();
     return {};
   }
+}
+
+namespace {
+
+// Each deep bucket `b` of the shallow one becomes.
+template <typename Each>
+void deep_buckets_of(size_t b, const LayerRepeat& repeat, Each each) {
+  for (const auto& [block, buckets] : repeat.shallow_buckets) {
+    auto at = std::find(buckets.begin(), buckets.end(), static_cast<int>(b));
+    if (at == buckets.end()) continue;
+    const size_t rank = static_cast<size_t>(at - buckets.begin());
+    const bool copied = block == repeat.repeated();
+    const int first = block <= repeat.repeated() ? block : block + repeat.added();
+    const int last = copied ? first + repeat.added() : first;
+    for (int d = first; d <= last; ++d) {
+      auto deep = repeat.deep_buckets.find(d);
+      if (deep != repeat.deep_buckets.end() && rank < deep->second.size()) each(static_cast<size_t>(deep->second[rank]));
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<size_t, int64_t>> repeat_bucket_elements(const std::vector<std::pair<size_t, int64_t>>& shallow,
+                                                               const LayerRepeat& repeat) {
+  std::map<size_t, int64_t> out;
+  for (const auto& [b, n] : shallow) deep_buckets_of(b, repeat, [&](size_t d) { out[d] = n; });
+  return {out.begin(), out.end()};
 }
 
 std::vector<size_t> repeat_buckets(const std::vector<size_t>& shallow, const LayerRepeat& repeat) {

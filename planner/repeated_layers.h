@@ -42,6 +42,9 @@ StepTrace repeat_layers(const StepTrace& shallow, const LayerRepeat& repeat, std
 // The buckets backward reads (TraceExtras::backward_read_buckets), mapped likewise: the copied
 // layer's for every copy. Sorted, as the tracer writes them.
 std::vector<size_t> repeat_buckets(const std::vector<size_t>& shallow, const LayerRepeat& repeat);
+// Per bucket values (ProfilePoint::fp32_read_elements), mapped likewise. Sorted by bucket.
+std::vector<std::pair<size_t, int64_t>> repeat_bucket_elements(const std::vector<std::pair<size_t, int64_t>>& shallow,
+                                                               const LayerRepeat& repeat);
 
 // The most bytes alive at once over the trace's events: the arena's in-use peak above what was
 // alive when the step began (CpuArena counts its blocks' rounded sizes; placement does not enter).

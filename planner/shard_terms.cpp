@@ -2,6 +2,7 @@
 
 #include "parallel/shard_layout.h"
 #include "planner/gradient_blocks.h"
+#include "planner/weight_copy_terms.h"
 
 #include <algorithm>
 #include <optional>
@@ -37,22 +38,49 @@ namespace {
 // The buckets cut at blocks, their bytes, who reads them, and what backward reads again.
 struct BlockBuckets {
   std::vector<int64_t> bytes;                // per bucket, arena-rounded
+  // Per bucket, each collective's bytes: one, or under 16-bit copies the copies' and the fp32
+  // reads' (parallel/parameter_shards.h: a weight read in fp32 is gathered alone; priced as one).
+  std::vector<std::vector<int64_t>> gathers;
   const std::vector<std::vector<size_t>>* uses = nullptr;  // per block, the buckets it reads
   std::vector<int> readers;                  // per bucket, the blocks that read it
   std::vector<bool> read_back;               // per bucket: backward reads it again
 
-  BlockBuckets(const ModelProfile& profile, int64_t element_bytes, const std::vector<size_t>* backward_reads)
+  // `copies`: the profile point whose reads 16-bit gathers follow (null: fp32 buckets).
+  BlockBuckets(const ModelProfile& profile, int64_t element_bytes, const std::vector<size_t>* backward_reads,
+               const ProfilePoint* copies = nullptr)
       : uses(&profile.block_bucket_uses), readers(profile.block_buckets.size(), 0),
         read_back(profile.block_buckets.size(), backward_reads == nullptr) {
-    for (const std::vector<int64_t>& members : profile.block_buckets) {
+    const size_t n_buckets = profile.block_buckets.size();
+    std::vector<bool> half(n_buckets, copies == nullptr);
+    std::vector<int64_t> fp32(n_buckets, 0);
+    if (copies != nullptr) {
+      for (size_t b : copies->half_read_buckets)
+        if (b < n_buckets) half[b] = true;
+      for (const auto& [b, n] : copies->fp32_read_elements)
+        if (b < n_buckets) fp32[b] = n;
+    }
+    for (size_t b = 0; b < n_buckets; ++b) {
       int64_t n = 0;
-      for (int64_t e : members) n += e;
-      bytes.push_back(arena_bytes(element_bytes * n));
+      for (int64_t e : profile.block_buckets[b]) n += e;
+      std::vector<int64_t> parts;
+      if (copies == nullptr) {
+        parts.push_back(arena_bytes(element_bytes * n));
+      } else {
+        if (half[b]) parts.push_back(arena_bytes(2 * n));
+        if (fp32[b] > 0) parts.push_back(arena_bytes(4 * fp32[b]));
+      }
+      int64_t sum = 0;
+      for (int64_t x : parts) sum += x;
+      bytes.push_back(sum);
+      gathers.push_back(std::move(parts));
     }
     for (const std::vector<size_t>& u : *uses)
       for (size_t b : u) ++readers[b];
     if (backward_reads != nullptr)
       for (size_t b : *backward_reads) read_back[b] = true;
+    // Under copies backward gathers again what its saved copies are views of.
+    if (copies != nullptr)
+      for (size_t b = 0; b < n_buckets; ++b) read_back[b] = read_back[b] || half[b];
   }
   bool empty() const { return bytes.empty() || uses->empty(); }
   // Whether block `j` reads any bucket (in backward: any it reads again).
@@ -88,8 +116,8 @@ struct BlockBuckets {
 }  // namespace
 
 int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes,
-                                 const std::vector<size_t>* backward_reads, int prefetch) {
-  const BlockBuckets g(profile, element_bytes, backward_reads);
+                                 const std::vector<size_t>* backward_reads, int prefetch, const ProfilePoint* copies) {
+  const BlockBuckets g(profile, element_bytes, backward_reads, copies);
   if (g.empty()) return 0;
   // What is gathered where activations peak, as forward ends and backward runs (early in
   // forward, with few activations kept, less counts: gathered_parameter_peak_bytes walks the
@@ -108,8 +136,9 @@ namespace {
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
                                       int64_t gradient_element_bytes, bool overlapped,
-                                      const std::vector<int64_t>& part_bytes, const StepFold* fold) {
-  const BlockBuckets g(profile, element_bytes, backward_reads);
+                                      const std::vector<int64_t>& part_bytes, const StepFold* fold,
+                                      const ProfilePoint* copies) {
+  const BlockBuckets g(profile, element_bytes, backward_reads, copies);
   if (g.empty() || trace.events.empty()) {
     int64_t largest = 0;  // without a trace: the largest bucket's gradient block, beside them
     for (const std::vector<int64_t>& members : profile.block_buckets) {
@@ -117,7 +146,7 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
       for (int64_t e : members) n += e;
       if (gradient_element_bytes > 0) largest = std::max(largest, arena_bytes(gradient_element_bytes * n));
     }
-    return gathered_parameter_bytes(profile, element_bytes, backward_reads, prefetch) + largest;
+    return gathered_parameter_bytes(profile, element_bytes, backward_reads, prefetch, copies) + largest;
   }
   const size_t blocks = g.uses->size();
   // What each block holds gathered while it runs, forward [0, blocks) and backward [blocks, 2 blocks);
@@ -155,7 +184,9 @@ GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& mach
     }
   }
   const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
-  const BlockBuckets g(profile, element, point != nullptr ? &point->backward_read_buckets : nullptr);
+  const bool copies = gathers_16bit_copies(plan) && point != nullptr;
+  const BlockBuckets g(profile, element, point != nullptr ? &point->backward_read_buckets : nullptr,
+                       copies ? point : nullptr);
   if (g.empty() || plan.ranks <= 1) return t;
   const size_t blocks = g.uses->size();
   // Each block's compute, its share of the micro-batch's (the profile's block times; even when unknown).
@@ -187,7 +218,7 @@ GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& mach
       double ms = 0;
       for (size_t b : (*g.uses)[k]) {
         if (gathered[b] || (back && !g.read_back[b])) continue;
-        ms += allgather_ms(machine, plan.ranks, g.bytes[b], plan.tensor);
+        for (int64_t part : g.gathers[b]) ms += allgather_ms(machine, plan.ranks, part, plan.tensor);
         gathered[b] = back && g.readers[b] > 1;
       }
       if (!back) {  // forward frees what the next block does not read
@@ -234,25 +265,36 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
                       int64_t element) {
   // What backward reads again, as the profile saw it at the plan's precision (all, if unseen).
   const std::vector<size_t>* backward_reads = nullptr;
+  const ProfilePoint* copies = nullptr;  // 16-bit gathers: what they gather, as the profile saw it
   for (const ProfilePoint& point : profile.points) {
-    if (point.precision == plan.precision) backward_reads = &point.backward_read_buckets;
+    if (point.precision != plan.precision) continue;
+    backward_reads = &point.backward_read_buckets;
+    if (gathers_16bit_copies(plan)) copies = &point;
   }
-  if (step == nullptr) return gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan));
+  if (step == nullptr) return gathered_parameter_bytes(profile, 4, backward_reads, prefetch_depth(plan), copies);
   // Everything the walk reads: the step at the plan's micro-batch and precision (not its batch,
   // which adds the same to the walk and the trace's peak: memory_terms.cpp), the prefetch, the
   // overlap, and the shard of each bucket (by the ranks) where micro-batches accumulate.
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), prefetch_depth(plan),
-                                   reduce_scatters_overlap(plan), plan.accumulation > 1 ? plan.ranks : 0);
+                                   reduce_scatters_overlap(plan), plan.accumulation > 1 ? plan.ranks : 0, copies != nullptr);
   {
     const std::lock_guard<std::mutex> lock(g_gathered_mutex);
     auto it = profile.gathered_walks.find(key);
     if (it != profile.gathered_walks.end()) return it->second;
   }
   const SharedTrace trace = (*step)();
-  const int64_t walked =
-      gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element,
-                                    reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan),
-                                    shared_step_fold(profile, trace).get());
+  int64_t walked = 0;
+  if (copies != nullptr) {
+    // No cast lives from forward to backward: the walk is along the step without them.
+    const StepTrace uncast = without_weight_casts(*trace);
+    walked = gathered_parameter_peak_bytes(profile, uncast, 4, backward_reads, prefetch_depth(plan), element,
+                                           reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan),
+                                           nullptr, copies);
+  } else {
+    walked = gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element,
+                                           reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan),
+                                           shared_step_fold(profile, trace).get());
+  }
   const std::lock_guard<std::mutex> lock(g_gathered_mutex);
   profile.gathered_walks.emplace(key, walked);
   return walked;
@@ -271,6 +313,8 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   std::vector<int64_t> elements(static_cast<size_t>(plan.ranks)), largest_piece(static_cast<size_t>(plan.ranks));
   std::vector<int64_t> gradient_shards(static_cast<size_t>(plan.ranks));  // "gradients": one tensor a bucket
   std::vector<int64_t> parameter_shards(static_cast<size_t>(plan.ranks));  // "parameters": one tensor a bucket
+  std::vector<int64_t> copy_shards(static_cast<size_t>(plan.ranks));  // and its 16-bit copy (gathers_16bit_copies)
+  const bool copies = plan.shard == ShardLevel::kParameters && gathers_16bit_copies(plan);
   int64_t largest = 0, largest_bucket = 0, bucketed = 0;
   for (const std::vector<int64_t>& members : buckets) {
     int64_t bucket = 0;
@@ -285,6 +329,7 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
       elements[r] += s.counts[r];
       gradient_shards[r] += arena_bytes(element * s.counts[r]);
       parameter_shards[r] += arena_bytes(4 * s.counts[r]);
+      if (copies) copy_shards[r] += arena_bytes(2 * s.counts[r]);
       for (const ShardPiece& piece : s.pieces[r]) largest_piece[r] = std::max(largest_piece[r], piece.length);
     }
   }
@@ -305,6 +350,12 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   // gathered at once (parallel/parameter_shards.h), in the forward-backward phase only.
   const bool parameters_sharded = plan.shard == ShardLevel::kParameters;
   const int64_t gathered = parameters_sharded ? gathered_term(profile, plan, step, element) : 0;
+  // 16-bit gathers: no weight's cast is held from its forward to its backward (the traced step's,
+  // alive at its peak, leave the activations), and each rank keeps its shards' 16-bit copies.
+  if (copies) {
+    p.activation_bytes = std::max<int64_t>(0, p.activation_bytes - weight_casts(profile, plan.precision, plan.micro_batch).alive_at_peak);
+    p.weight_copy_bytes = copy_shards.front();
+  }
   if (parameters_sharded && step != nullptr) in_flight = 0;  // in `gathered`, along the trace
   const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed) : p.model_bytes;
   const int64_t fixed = model + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
@@ -317,7 +368,7 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
                      : std::llround(static_cast<double>(whole_working) * static_cast<double>(arena_bytes(element * largest_piece[r])) /
                                     static_cast<double>(arena_bytes(element * largest)));
     const int64_t gradients = gradients_sharded ? gradient_shards[r] + in_flight : 0;
-    const int64_t parameters = parameters_sharded ? parameter_shards[r] : 0;
+    const int64_t parameters = parameters_sharded ? parameter_shards[r] + copy_shards[r] : 0;
     const int64_t rank_peak = fixed + parameters + gradients + state + std::max(p.activation_bytes + gathered + along, working);
     if (rank_peak > peak) {  // the fullest rank is the prediction
       peak = rank_peak;

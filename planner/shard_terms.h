@@ -52,8 +52,12 @@ const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& pro
 // or, in backward, a block's buckets that backward reads again (`backward_reads`, indices into
 // profile.block_buckets; null: all) and those of the `prefetch` blocks before it, with the
 // buckets several blocks read (tied weights) held throughout.
+// `copies`: 16-bit gathers (parallel/parameter_shards.h, keep_copies), by that profile point's
+// reads: a bucket holding a cast weight gathers its 16-bit copies (2 bytes an element; backward
+// gathers them again), and its weights read in fp32 alone (ProfilePoint::fp32_read_elements).
 int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes,
-                                 const std::vector<size_t>* backward_reads, int prefetch = 0);
+                                 const std::vector<size_t>* backward_reads, int prefetch = 0,
+                                 const ProfilePoint* copies = nullptr);
 // What the gathered buckets add to the peak of forward and backward, walking `trace` (the
 // unsharded step at the plan's micro-batch): each kernel's bytes in use plus what its block holds
 // gathered (forward: its buckets and the next `prefetch` blocks'; backward: as
@@ -68,7 +72,8 @@ int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_by
 int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTrace& trace, int64_t element_bytes,
                                       const std::vector<size_t>* backward_reads, int prefetch,
                                       int64_t gradient_element_bytes = 0, bool overlapped = false,
-                                      const std::vector<int64_t>& part_bytes = {}, const StepFold* fold = nullptr);
+                                      const std::vector<int64_t>& part_bytes = {}, const StepFold* fold = nullptr,
+                                      const ProfilePoint* copies = nullptr);
 // Whether the trainer runs `plan`'s reduce-scatters beside backward (GradientShards::set_overlap):
 // at "gradients" with parallel.overlap, at "parameters" where its gathers are prefetched.
 bool reduce_scatters_overlap(const Plan& plan);

@@ -29,6 +29,25 @@ bool keeps_weight_copies(const Plan& plan) {
                              plan.shard == ShardLevel::kParameters && plan.ranks > 1);
 }
 
+bool gathers_16bit_copies(const Plan& plan) {
+  return keeps_weight_copies(plan) && plan.shard == ShardLevel::kParameters && plan.ranks > 1;
+}
+
+StepTrace without_weight_casts(const StepTrace& trace) {
+  StepTrace out = trace;
+  out.events.clear();
+  for (const TraceEvent& e : trace.events) {
+    if (e.kind == TraceEvent::Kind::kAllocated || e.kind == TraceEvent::Kind::kFreed) {
+      const TraceTensor& t = trace.tensors[static_cast<size_t>(e.index)];
+      if (t.producer >= 0 && static_cast<size_t>(t.producer) < trace.kernels.size() &&
+          is_weight_cast(trace.kernels[static_cast<size_t>(t.producer)]))
+        continue;
+    }
+    out.events.push_back(e);
+  }
+  return out;
+}
+
 std::optional<Plan> weight_cast_twin(const Plan& plan) {
   if (plan.compute_weights != ComputeWeightsMode::kAuto || !keeps_weight_copies(plan)) return std::nullopt;
   Plan twin = plan;
@@ -75,7 +94,7 @@ Prediction predict_casting_where_copies_do_not_fit(Plan& plan, const std::functi
 }
 
 void weight_copy_memory_terms(const WeightCasts& casts, const Plan& plan, Prediction& p) {
-  if (!keeps_weight_copies(plan)) return;
+  if (!keeps_weight_copies(plan) || gathers_16bit_copies(plan)) return;  // the shards': shard_memory_terms
   // A pipeline stage keeps its share of the copies (the profile's are the whole model's).
   p.weight_copy_bytes = casts.copy_bytes / plan.stages;
   if (evicts(plan.policy) && plan.budget_bytes > 0) {
@@ -101,8 +120,10 @@ void weight_copy_time_terms(const WeightCasts& w, const Plan& plan, double slowd
   // its share of the weights, as many times as the step's micro-batches.
   const double stages = static_cast<double>(plan.stages);
   const double micro_batches = static_cast<double>(plan.accumulation);
-  // Every micro-batch's casts and their gradients' casts, less the step's one cast of each weight.
-  const double saved = ((w.forward_ms + w.backward_ms) * micro_batches - w.forward_ms) * slowdown / stages;
+  // Every micro-batch's casts and their gradients' casts, less the step's one cast of each weight
+  // (under ZeRO-3, of each rank's shard).
+  const double made = gathers_16bit_copies(plan) ? w.forward_ms / static_cast<double>(plan.ranks) : w.forward_ms;
+  const double saved = ((w.forward_ms + w.backward_ms) * micro_batches - made) * slowdown / stages;
   p.compute_ms = std::max(0.0, p.compute_ms - saved);
   double recast = 0;
   if (replayed) recast = std::min(p.recompute_ms, w.forward_ms * micro_batches * slowdown / stages);  // a replay casts again

@@ -117,13 +117,17 @@ bool LayerTraces::trace(const Config& config, const std::shared_ptr<CpuArena>& a
   if (!same_step(stretched, four.trace, &difference))
     return refuse("stretched to " + std::to_string(LayerTraces::kTraced + 1) + " layers, it differs at " + difference);
   if (live_peak_bytes(four.trace) != four.step_peak_bytes) return refuse("its live bytes are not the arena's peak");
-  if (repeat_buckets(three_extras.backward_read_buckets, to_four_) != four_extras.backward_read_buckets)
+  if (repeat_buckets(three_extras.backward_read_buckets, to_four_) != four_extras.backward_read_buckets ||
+      repeat_buckets(three_extras.half_read_buckets, to_four_) != four_extras.half_read_buckets ||
+      repeat_bucket_elements(three_extras.fp32_read_elements, to_four_) != four_extras.fp32_read_elements)
     return refuse("backward's buckets do not stretch");
   out.trace = repeat_layers(three.trace, to_deep_, why);
   if (!why.empty()) return refuse(why);
   out.trace.persistent_bytes = three.trace.persistent_bytes - shallow_bytes_;
   out.step_peak_bytes = live_peak_bytes(out.trace);
   extras.backward_read_buckets = repeat_buckets(three_extras.backward_read_buckets, to_deep_);
+  extras.half_read_buckets = repeat_buckets(three_extras.half_read_buckets, to_deep_);
+  extras.fp32_read_elements = repeat_bucket_elements(three_extras.fp32_read_elements, to_deep_);
   extras.seed_counter = three_extras.seed_counter;
   return true;
 }

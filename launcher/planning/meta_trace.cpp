@@ -57,7 +57,10 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
   BackwardReads reads;
   if (extras != nullptr) {
     interp.set_gradient_buffer(extras->gradients);
-    if (extras->bucket_of != nullptr) interp.set_parameter_source(&reads);
+    if (extras->bucket_of != nullptr) {
+      interp.set_parameter_source(&reads);
+      interp.set_compute_weights(&reads);
+    }
   }
   // A tensor-parallel rank's part, its group mirrored as the profiler mirrors it: on meta
   // tensors the collectives move nothing, and every buffer they fill is allocated as on data.
@@ -84,11 +87,15 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
   if (capture) memory.end_step();
   model.set_block_listener(nullptr);
   interp.set_parameter_source(nullptr);
+  interp.set_compute_weights(nullptr);
   out.trace = recorder.take();
   out.step_peak_bytes = arena.stats().peak_in_use - before;
   if (extras == nullptr) return;
   extras->seed_counter = interp.seed_counter();
-  if (extras->bucket_of != nullptr) extras->backward_read_buckets = buckets_read(reads.read, *extras->bucket_of);
+  if (extras->bucket_of != nullptr) {
+    extras->backward_read_buckets = buckets_read(reads.read, *extras->bucket_of);
+    precision_reads(reads, *extras->bucket_of, extras->half_read_buckets, extras->fp32_read_elements);
+  }
   if (const CapturedStep* step = extras->capture_graph ? memory.static_planner()->last_step() : nullptr) {
     extras->graph = step->graph;
     extras->block_starts = step->block_starts;

@@ -5,6 +5,7 @@
 #include "parallel/data_parallel.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 namespace ht {
@@ -85,6 +86,22 @@ std::vector<size_t> buckets_read(const std::unordered_set<const c10::TensorImpl*
     if (it != bucket_of.end()) buckets.insert(it->second);
   }
   return {buckets.begin(), buckets.end()};
+}
+
+void precision_reads(const BackwardReads& reads, const std::unordered_map<const c10::TensorImpl*, size_t>& bucket_of,
+                     std::vector<size_t>& half_read_buckets, std::vector<std::pair<size_t, int64_t>>& fp32_read_elements) {
+  std::set<size_t> half;
+  std::map<size_t, int64_t> fp32;
+  for (const auto& [w, n] : reads.reads) {
+    auto bucket = bucket_of.find(w);
+    if (bucket == bucket_of.end()) continue;
+    auto cast = reads.casts.find(w);
+    const int64_t casts = cast == reads.casts.end() ? 0 : cast->second;
+    if (casts > 0) half.insert(bucket->second);
+    if (n > casts) fp32[bucket->second] += w->numel();
+  }
+  half_read_buckets.assign(half.begin(), half.end());
+  fp32_read_elements.assign(fp32.begin(), fp32.end());
 }
 
 }  // namespace ht

@@ -7,6 +7,7 @@
 #include "launcher/data/dataset.h"
 #include "models/model.h"
 #include "planner/profile.h"
+#include "alloc/weight_copies.h"
 #include "runtime/parameter_source.h"
 
 #include <unordered_map>
@@ -26,15 +27,38 @@ void describe_model(const Config& config, const Model& model, ModelProfile& prof
 int64_t arena_tensor_bytes(const std::vector<at::Tensor>& tensors);
 
 // Which weights backward reads (asked as sharded parameters would ask): every read after the
-// last block's forward, until the next forward begins. It gathers nothing.
-class BackwardReads final : public ParameterSource {
+// last block's forward, until the next forward begins. It gathers nothing. As the interpreter's
+// ComputeWeights it gives no copy (the step casts, as the profile prices it) but counts the casts:
+// a weight's reads less its casts are its reads in fp32, what 16-bit gathers leave to fp32 ones.
+class BackwardReads final : public ParameterSource, public ComputeWeights {
  public:
   void before_read(const at::Tensor& weight, MemoryHooks&, uint64_t) override {
     if (in_backward) read.insert(weight.unsafeGetTensorImpl());
+    // A kernel's reads, once each (a weight is asked for as it is made resident and as it is read).
+    if (!frames_.empty() && frames_.back().insert(weight.unsafeGetTensorImpl()).second) ++reads[weight.unsafeGetTensorImpl()];
   }
+  void begin_reads() override { frames_.emplace_back(); }
+  void end_reads() override { frames_.pop_back(); }
+  at::Tensor copy_of(const at::Tensor& weight, at::ScalarType) override {
+    ++casts[weight.unsafeGetTensorImpl()];
+    return {};
+  }
+  void weights_changed() override {}
+  int64_t bytes() const override { return 0; }
+  int64_t made_last_step() const override { return 0; }
   bool in_backward = false;
   std::unordered_set<const c10::TensorImpl*> read;
+  std::unordered_map<const c10::TensorImpl*, int64_t> reads, casts;
+
+ private:
+  std::vector<std::unordered_set<const c10::TensorImpl*>> frames_;
 };
+
+// What 16-bit gathers (parallel/parameter_shards.h, keep_copies) gather of each bucket: the buckets
+// holding a weight cast (ProfilePoint::half_read_buckets), and the elements of the weights read
+// in fp32 (ProfilePoint::fp32_read_elements).
+void precision_reads(const BackwardReads& reads, const std::unordered_map<const c10::TensorImpl*, size_t>& bucket_of,
+                     std::vector<size_t>& half_read_buckets, std::vector<std::pair<size_t, int64_t>>& fp32_read_elements);
 
 // The buckets sharded parameters use (cut where blocks end) and which of them each block reads;
 // returns each parameter's bucket.

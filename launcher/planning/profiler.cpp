@@ -109,6 +109,7 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
     recorder.set_gradient_buckets(p.block_bucket_of);
     BackwardReads reads;
     trainer.interpreter().set_parameter_source(&reads);
+    trainer.interpreter().set_compute_weights(&reads);
     p.model->set_block_listener([&](int block) {
       recorder.enter_block(block);
       memory.block_begins(block);
@@ -117,7 +118,9 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
     m = trainer.measure_step();
     p.model->set_block_listener(nullptr);
     trainer.interpreter().set_parameter_source(nullptr);
+    trainer.interpreter().set_compute_weights(nullptr);
     point.backward_read_buckets = buckets_read(reads.read, p.block_bucket_of);
+    precision_reads(reads, p.block_bucket_of, point.half_read_buckets, point.fp32_read_elements);
     point.trace = recorder.take();
     if (const CapturedStep* step = memory.static_planner()->last_step()) {
       point.graph = step->graph;

@@ -90,6 +90,9 @@ TEST(TraceProfile, StateAndActivationsAreTheProfiledRunsToTheByte) {
     EXPECT_LE(t.optimizer_working_bytes(), m->optimizer_working_bytes());
     EXPECT_LE(m->optimizer_working_bytes() - t.optimizer_working_bytes(), 2 * 64);
     EXPECT_EQ(t.backward_read_buckets, m->backward_read_buckets);
+    // What 16-bit gathers would gather: the buckets with a cast weight, the weights read in fp32.
+    EXPECT_EQ(t.half_read_buckets, m->half_read_buckets);
+    EXPECT_EQ(t.fp32_read_elements, m->fp32_read_elements);
     EXPECT_EQ(t.trace.kernels.size(), m->trace.kernels.size());
     EXPECT_EQ(t.graph.forward.size(), m->graph.forward.size());
     EXPECT_EQ(t.block_starts, m->block_starts);
