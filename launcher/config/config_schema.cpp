@@ -238,7 +238,9 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "the 16-bit weights 16-bit ops read: kept (copies made once per optimizer step and kept, 2 "
                     "bytes per weight: no cast per micro-batch, recomputation or gradient), cast (autocast's "
                     "cast at each read, which a memory budget may drop), or auto (kept, unless memory.budget or "
-                    "parallel.shard = \"parameters\" holds the memory)")
+                    "parallel.shard = \"parameters\" holds the memory). Under parallel.shard = \"parameters\", "
+                    "kept means each bucket's shard in 16 bits, gathered where read (FSDP's mixed precision; "
+                    "memory.md)")
                   .only_when("training.mixed_precision = \"bf16\" or \"fp16\"", half));
   auto fp16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kFp16; };
   const char* fp16_words = "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range and needs no loss scaling)";
