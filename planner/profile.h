@@ -153,8 +153,9 @@ struct ModelProfile {
   };
   mutable std::vector<RecentTrace> recent_traces;
   // ZeRO-3's gathered buckets along the step by (micro-batch, precision, prefetch,
-  // overlapped, ranks with accumulation): planner/shard_terms.h, shard_memory_terms.
-  mutable std::map<std::tuple<int64_t, int, int, bool, int, bool>, int64_t> gathered_walks;
+  // overlapped, ranks with accumulation, 16-bit gathers: 0 none, 1 under a policy, 2 without):
+  // planner/shard_terms.h, shard_memory_terms.
+  mutable std::map<std::tuple<int64_t, int, int, bool, int, int>, int64_t> gathered_walks;
   // The last few traces' folds for the walks along them (planner/gradient_blocks.h, StepFold),
   // each beside the trace it folds.
   mutable std::vector<std::pair<std::shared_ptr<const StepTrace>, std::shared_ptr<const StepFold>>> step_folds;

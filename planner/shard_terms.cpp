@@ -2,6 +2,7 @@
 
 #include "parallel/shard_layout.h"
 #include "planner/gradient_blocks.h"
+#include "planner/repeated_layers.h"
 #include "planner/weight_copy_terms.h"
 
 #include <algorithm>
@@ -276,7 +277,8 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
   // which adds the same to the walk and the trace's peak: memory_terms.cpp), the prefetch, the
   // overlap, and the shard of each bucket (by the ranks) where micro-batches accumulate.
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), prefetch_depth(plan),
-                                   reduce_scatters_overlap(plan), plan.accumulation > 1 ? plan.ranks : 0, copies != nullptr);
+                                   reduce_scatters_overlap(plan), plan.accumulation > 1 ? plan.ranks : 0,
+                                   copies != nullptr && plan.policy == MemoryPolicy::kNone ? 2 : copies != nullptr ? 1 : 0);
   {
     const std::lock_guard<std::mutex> lock(g_gathered_mutex);
     auto it = profile.gathered_walks.find(key);
@@ -290,6 +292,10 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
     walked = gathered_parameter_peak_bytes(profile, uncast, 4, backward_reads, prefetch_depth(plan), element,
                                            reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan),
                                            nullptr, copies);
+    // Against the step with its casts, whose peak the activations are without a policy: what the
+    // casts took from it comes off (the walk may then be below it). A policy's activations are its
+    // own figure (a replay, recomputed blocks): the walk stays above the step without casts.
+    if (plan.policy == MemoryPolicy::kNone) walked += live_peak_bytes(uncast) - live_peak_bytes(*trace);
   } else {
     walked = gathered_parameter_peak_bytes(profile, *trace, 4, backward_reads, prefetch_depth(plan), element,
                                            reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan),
@@ -350,10 +356,12 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   // gathered at once (parallel/parameter_shards.h), in the forward-backward phase only.
   const bool parameters_sharded = plan.shard == ShardLevel::kParameters;
   const int64_t gathered = parameters_sharded ? gathered_term(profile, plan, step, element) : 0;
-  // 16-bit gathers: no weight's cast is held from its forward to its backward (the traced step's,
-  // alive at its peak, leave the activations), and each rank keeps its shards' 16-bit copies.
+  // 16-bit gathers: no weight's cast is held from its forward to its backward (along a step the
+  // walk's figure is against the step with them; else the casts alive at its peak leave the
+  // activations), and each rank keeps its shards' 16-bit copies.
   if (copies) {
-    p.activation_bytes = std::max<int64_t>(0, p.activation_bytes - weight_casts(profile, plan.precision, plan.micro_batch).alive_at_peak);
+    if (step == nullptr && plan.policy == MemoryPolicy::kNone)
+      p.activation_bytes = std::max<int64_t>(0, p.activation_bytes - weight_casts(profile, plan.precision, plan.micro_batch).alive_at_peak);
     p.weight_copy_bytes = copy_shards.front();
   }
   if (parameters_sharded && step != nullptr) in_flight = 0;  // in `gathered`, along the trace

@@ -36,12 +36,24 @@ bool gathers_16bit_copies(const Plan& plan) {
 StepTrace without_weight_casts(const StepTrace& trace) {
   StepTrace out = trace;
   out.events.clear();
+  // Tensors allocated while a backward cast that makes parameters' gradients runs: their fp32
+  // gradients (a copy's gradient is added into the fp32 one as it widens: no temporary). Backward
+  // tensors name no producer, so they are known by when they are made.
+  std::vector<bool> skipped(trace.tensors.size(), false);
+  bool in_gradient_cast = false;
   for (const TraceEvent& e : trace.events) {
-    if (e.kind == TraceEvent::Kind::kAllocated || e.kind == TraceEvent::Kind::kFreed) {
-      const TraceTensor& t = trace.tensors[static_cast<size_t>(e.index)];
-      if (t.producer >= 0 && static_cast<size_t>(t.producer) < trace.kernels.size() &&
-          is_weight_cast(trace.kernels[static_cast<size_t>(t.producer)]))
-        continue;
+    if (e.kind == TraceEvent::Kind::kKernelBegins || e.kind == TraceEvent::Kind::kKernelEnds) {
+      const TraceKernel& k = trace.kernels[static_cast<size_t>(e.index)];
+      in_gradient_cast = e.kind == TraceEvent::Kind::kKernelBegins && k.backward && std::strcmp(k.op, "cast") == 0 &&
+                         !k.gradient_buckets.empty();
+    } else {
+      const auto i = static_cast<size_t>(e.index);
+      const TraceTensor& t = trace.tensors[i];
+      if (e.kind == TraceEvent::Kind::kAllocated) {
+        skipped[i] = in_gradient_cast || (t.producer >= 0 && static_cast<size_t>(t.producer) < trace.kernels.size() &&
+                                          is_weight_cast(trace.kernels[static_cast<size_t>(t.producer)]));
+      }
+      if (skipped[i]) continue;
     }
     out.events.push_back(e);
   }

@@ -19,7 +19,8 @@ bool keeps_weight_copies(const Plan& plan);
 // Keeping copies under ZeRO-3 over several ranks: the shards' 16-bit copies, gathered where read
 // (planner/shard_terms.h prices their memory and gathers; here only the casts saved).
 bool gathers_16bit_copies(const Plan& plan);
-// `trace` without the weights' casts (the tensors made by is_weight_cast kernels never allocated).
+// `trace` without the weights' casts (the tensors made by is_weight_cast kernels never allocated)
+// and without their backward's fp32 gradients (backward casts that make parameters' gradients).
 StepTrace without_weight_casts(const StepTrace& trace);
 // Where memory decides: a plan that keeps copies only because it left the choice to auto, as a
 // twin that casts at each read (to predict when the plan does not fit); nullopt otherwise.

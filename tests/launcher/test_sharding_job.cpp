@@ -283,13 +283,14 @@ TEST(ShardedJobComposition, ParameterShardsWithAccumulationAndBf16OnThreeRanks) 
 // once a step, all-gathered in bf16; the norms' gains alone in fp32) trains what gathering fp32 and
 // casting at each read trains, bit for bit, with about half the bytes gathered; and under DTR at
 // 60% of its peak (gathered copies dropped and gathered again beside the activations) no bit moves.
+// The planner prices its peak (the walk along the step without the weights' casts).
 TEST(ShardedJobComposition, ParameterShardsGatherBf16CopiesBitForBitAsTheCasts) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
   const std::string job = mpirun(2) + HT_BINARY + " " + dir.write("job.toml", kEightLayerLlama) +
                           " --training.optimizer=adamw --parallel.shard=parameters --training.mixed_precision=bf16";
   ASSERT_EQ(run(job + " --training.compute_weights=cast --memory.budget=1GiB --job.output_dir=" + dir.path("cast")), 0);
-  ASSERT_EQ(run(job + " --training.compute_weights=kept --job.output_dir=" + dir.path("kept")), 0);
+  ASSERT_EQ(run(job + " --training.compute_weights=kept --memory.budget=1GiB --job.output_dir=" + dir.path("kept")), 0);
   const std::string cast = read_file(dir.path("cast/metrics.jsonl")), kept = read_file(dir.path("kept/metrics.jsonl"));
   const int64_t peak = last_number(cast, "mem_peak_bytes");
   ASSERT_GT(peak, 0);
@@ -302,6 +303,7 @@ TEST(ShardedJobComposition, ParameterShardsGatherBf16CopiesBitForBitAsTheCasts) 
   EXPECT_TRUE(model == model_at(dir, "dtr", 3)) << "DTR with 16-bit gathers trained another model";
   EXPECT_LT(last_number(kept, "gather_bytes"), last_number(cast, "gather_bytes") * 6 / 10);
   EXPECT_GT(last_number(kept, "weight_copies_bytes"), 0) << "the 16-bit shards";
+  expect_predicted_peak_within_two_percent(kept);  // to the byte on 2026-12-03
   EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")));
 }
 
