@@ -266,20 +266,7 @@ std::vector<std::pair<size_t, int64_t>> repeat_bucket_elements(const std::vector
 
 std::vector<size_t> repeat_buckets(const std::vector<size_t>& shallow, const LayerRepeat& repeat) {
   std::set<size_t> out;
-  for (size_t b : shallow) {
-    for (const auto& [block, buckets] : repeat.shallow_buckets) {
-      auto at = std::find(buckets.begin(), buckets.end(), static_cast<int>(b));
-      if (at == buckets.end()) continue;
-      const size_t rank = static_cast<size_t>(at - buckets.begin());
-      const bool copied = block == repeat.repeated();
-      const int first = block <= repeat.repeated() ? block : block + repeat.added();
-      const int last = copied ? first + repeat.added() : first;
-      for (int d = first; d <= last; ++d) {
-        auto deep = repeat.deep_buckets.find(d);
-        if (deep != repeat.deep_buckets.end() && rank < deep->second.size()) out.insert(static_cast<size_t>(deep->second[rank]));
-      }
-    }
-  }
+  for (size_t b : shallow) deep_buckets_of(b, repeat, [&](size_t d) { out.insert(d); });
   return {out.begin(), out.end()};
 }
 
