@@ -136,6 +136,10 @@ std::vector<std::pair<std::string, double>> as_run_terms(const PublishedRun& r, 
   if (!keeps_weight_copies(x.plan)) {
     if (r.half_weights) terms.emplace_back("bf16 weights", -x.weight_cast_ms * forwards * micro_batches);
     if (r.fused_accumulation) terms.emplace_back("gradient accumulation fused", -x.weight_cast_backward_ms * micro_batches);
+  } else if (r.casts_gradients) {
+    // Each micro-batch's 16-bit gradients cast and then added into fp32 ones, where ours widens
+    // each copy's gradient as it adds it: the casts' backward, which ours keeping copies lacks.
+    terms.emplace_back("gradients cast into fp32", x.weight_cast_backward_ms * micro_batches);
   }
   if (r.op_checkpointing) {
     // Backward recomputes each layer's forward but attention and every second matmul: its other
@@ -209,8 +213,9 @@ Result predict_row(const PublishedRun& r, const std::string& source_dir) {
   // FSDP's rows in 16 bits gather 16-bit copies: so does ours, asked for (training.compute_weights =
   // "kept" under parallel.shard = "parameters"; auto casts there under a budget).
   if (r.half_gathers && r.shard == ShardLevel::kParameters) p.compute_weights = ComputeWeightsMode::kKept;
-  // Where kept 16-bit weight copies do not fit, the planner casts at each read (as a search does).
-  out.predicted = predict_casting_where_copies_do_not_fit(p, [&](const Plan& q) { return predict(profile, machine, q); });
+  // The 16-bit weights as a search chooses them: under full recomputation kept copies where they
+  // fit, and where kept copies do not fit, a cast at each read.
+  out.predicted = predict_with_weights_that_fit(p, [&](const Plan& q) { return predict(profile, machine, q); });
   if (p.shard == ShardLevel::kParameters && evicts(p.policy)) {
     Plan twin = p;
     twin.policy = MemoryPolicy::kNone;

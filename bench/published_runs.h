@@ -62,6 +62,9 @@ struct PublishedRun {
   // The weight-gradient GEMM accumulates into the fp32 gradient (Megatron's
   // gradient_accumulation_fusion): no pass casting each micro-batch's gradients into it.
   bool fused_accumulation = false;
+  // Each micro-batch's 16-bit gradients cast into fp32 and then added (DeepSpeed's bf16 optimizer),
+  // where ours, keeping copies, widens each copy's gradient as it adds it: one pass more.
+  bool casts_gradients = false;
   // torchtitan's selective op checkpointing (activation_checkpoint mode "selective", option "op"):
   // each transformer block keeps its matmuls' outputs but every second one's, and attention's;
   // backward recomputes the rest of its forward (torchtitan's _apply_ac, _custom_policy).

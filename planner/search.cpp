@@ -190,9 +190,10 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
     try {
       for (size_t k = next++; k < plans.size(); k = next++) {
         const size_t i = order[k];
-        // Kept 16-bit weight copies that do not fit: the same plan casting at each read may.
+        // The 16-bit weights that fit: kept copies under full recomputation where they fit, and
+        // where kept copies do not fit, the same plan casting at each read may.
         Plan plan = plans[i];
-        Prediction prediction = predict_casting_where_copies_do_not_fit(plan, predict_plan);
+        Prediction prediction = predict_with_weights_that_fit(plan, predict_plan);
         ranked[i] = {std::move(plan), std::move(prediction)};
         // The cut it was predicted for, so that the plan written trains on it (the trainer would
         // otherwise balance by its own timing of the blocks, and cut elsewhere on a busy machine).

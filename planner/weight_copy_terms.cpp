@@ -33,6 +33,11 @@ bool gathers_16bit_copies(const Plan& plan) {
   return keeps_weight_copies(plan) && plan.shard == ShardLevel::kParameters && plan.ranks > 1;
 }
 
+bool shards_masters(const Plan& plan) {
+  return (plan.shard == ShardLevel::kOptimizer || plan.shard == ShardLevel::kGradients) && plan.ranks > 1 &&
+         plan.stages == 1 && !(plan.budget_bytes > 0 && evicts(plan.policy)) && keeps_weight_copies(plan);
+}
+
 StepTrace without_weight_casts(const StepTrace& trace) {
   StepTrace out = trace;
   out.events.clear();
@@ -94,7 +99,25 @@ WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision, 
   return w;  // per micro-batch whatever its size: the weights' casts
 }
 
-Prediction predict_casting_where_copies_do_not_fit(Plan& plan, const std::function<Prediction(const Plan&)>& predict) {
+std::optional<Plan> weight_kept_twin(const Plan& plan) {
+  if (plan.compute_weights != ComputeWeightsMode::kAuto || plan.policy != MemoryPolicy::kFull ||
+      plan.precision == MixedPrecision::kOff || keeps_weight_copies(plan)) {
+    return std::nullopt;
+  }
+  Plan twin = plan;
+  twin.compute_weights = ComputeWeightsMode::kKept;
+  return twin;
+}
+
+Prediction predict_with_weights_that_fit(Plan& plan, const std::function<Prediction(const Plan&)>& predict) {
+  if (const std::optional<Plan> kept_twin = weight_kept_twin(plan)) {
+    Prediction kept = predict(*kept_twin);
+    if (kept.fits) {
+      plan = *kept_twin;
+      return kept;
+    }
+    return predict(plan);
+  }
   Prediction kept = predict(plan);
   if (kept.fits) return kept;
   const std::optional<Plan> twin = weight_cast_twin(plan);
@@ -133,8 +156,9 @@ void weight_copy_time_terms(const WeightCasts& w, const Plan& plan, double slowd
   const double stages = static_cast<double>(plan.stages);
   const double micro_batches = static_cast<double>(plan.accumulation);
   // Every micro-batch's casts and their gradients' casts, less the step's one cast of each weight
-  // (under ZeRO-3, of each rank's shard).
-  const double made = gathers_16bit_copies(plan) ? w.forward_ms / static_cast<double>(plan.ranks) : w.forward_ms;
+  // (under ZeRO-3 and with sharded masters, of each rank's shard).
+  const bool shards = gathers_16bit_copies(plan) || shards_masters(plan);
+  const double made = shards ? w.forward_ms / static_cast<double>(plan.ranks) : w.forward_ms;
   const double saved = ((w.forward_ms + w.backward_ms) * micro_batches - made) * slowdown / stages;
   p.compute_ms = std::max(0.0, p.compute_ms - saved);
   double recast = 0;

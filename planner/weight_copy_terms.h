@@ -19,6 +19,11 @@ bool keeps_weight_copies(const Plan& plan);
 // Keeping copies under ZeRO-3 over several ranks: the shards' 16-bit copies, gathered where read
 // (planner/shard_terms.h prices their memory and gathers; here only the casts saved).
 bool gathers_16bit_copies(const Plan& plan);
+// ZeRO-1 or ZeRO-2 keeping copies over several replicas of one stage, without a budget that
+// evicts: the fp32 weights are sharded with the optimizer, and the 16-bit copies (the weights read
+// in fp32 too) gathered once a step and held (training/trainer_parts.h, shards_masters;
+// planner/shard_terms.h prices their memory and gathers).
+bool shards_masters(const Plan& plan);
 // `trace` without the weights' casts (the tensors made by is_weight_cast kernels never allocated)
 // and without their backward's fp32 gradients (backward casts that make parameters' gradients).
 StepTrace without_weight_casts(const StepTrace& trace);
@@ -48,8 +53,16 @@ void weight_copy_memory_terms(const WeightCasts& casts, const Plan& plan, Predic
 // The casts saved, from compute_ms (and, under full recomputation, recompute_ms), at `slowdown`.
 void weight_copy_time_terms(const WeightCasts& casts, const Plan& plan, double slowdown, bool replayed, Prediction& p);
 
-// `plan` predicted; where it keeps copies by auto's choice and does not fit, its twin that casts,
-// if that fits (what a search and auto choose where memory decides): `plan` becomes the twin.
-Prediction predict_casting_where_copies_do_not_fit(Plan& plan, const std::function<Prediction(const Plan&)>& predict);
+// Under memory.policy = "full", where auto casts (the run has a budget), a 16-bit plan that
+// leaves the choice to auto as a twin that asks for kept copies; nullopt otherwise. Full
+// recomputation frees a block's activations at its end, so the copies sit beside one block's
+// casts at most: its peak with copies is predicted to 0.2% (tests/launcher/test_planning.cpp,
+// PredictsFullRecomputationWithKeptWeightCopies), where a replay that evicts by score only bounds it.
+std::optional<Plan> weight_kept_twin(const Plan& plan);
+
+// `plan` predicted with the 16-bit weights that fit, what a search chooses where memory decides
+// (`plan` becomes the twin chosen): under "full", kept copies where they fit (weight_kept_twin);
+// where the plan keeps copies by auto's choice and does not fit, its twin that casts, if that fits.
+Prediction predict_with_weights_that_fit(Plan& plan, const std::function<Prediction(const Plan&)>& predict);
 
 }  // namespace ht

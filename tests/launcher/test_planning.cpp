@@ -9,6 +9,7 @@
 #include "launcher/planning/profiler.h"
 #include "launcher/planning/run_check.h"
 #include "base/user_error.h"
+#include "planner/weight_copy_terms.h"
 #include "alloc/cpu_device_allocator.h"
 #include "runtime/kernel_workspace.h"
 #include "tests/support/mpi_job.h"
@@ -22,6 +23,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <sys/wait.h>
@@ -211,6 +214,50 @@ TEST(Planning, PredictsFullRecomputationsPeakAndRegenerations) {
   EXPECT_EQ(static_cast<double>(replayed.evictions), last_train_number(metrics, "evictions"));
   EXPECT_GT(replayed.recompute_ms, 0);
   EXPECT_EQ(replayed.evictions, blocks.evictions);
+}
+
+// Full recomputation in bf16, the weights cast at each read or kept once a step: each run's peak
+// as the planner predicts it (kept copies beside one block's casts at most: weight_kept_twin), a
+// search that leaves the choice to auto keeps them where they fit, and they train the same bits.
+TEST(Planning, PredictsFullRecomputationWithKeptWeightCopies) {
+  TempDir dir;
+  const std::vector<std::string> deeper{"--model.n_layer=6", "--model.block_size=64", "--memory.budget=256MiB",
+                                        "--memory.policy=full", "--training.mixed_precision=bf16"};
+  std::map<std::string, std::vector<at::Tensor>> trained;
+  std::map<std::string, int64_t> predicted;
+  for (const std::string mode : {"cast", "kept"}) {
+    std::vector<std::string> a = deeper;
+    a.push_back("--training.compute_weights=" + mode);
+    a.push_back("--job.output_dir=" + dir.path(mode));
+    const Config c = config_for(dir, kGptToPlan, a);
+    const ModelProfile profile = profile_of(c, 16);
+    Plan plan;
+    plan.micro_batch = 16;
+    plan.precision = MixedPrecision::kBf16;
+    plan.policy = MemoryPolicy::kFull;
+    plan.budget_bytes = budget_bytes_of(c);
+    Machine here;
+    here.device_memory = budget_bytes_of(c);
+    const std::function<Prediction(const Plan&)> predict_here = [&](const Plan& p) { return predict(profile, here, p); };
+    Plan chosen = plan;  // auto: what a search makes of it
+    ASSERT_TRUE(predict_with_weights_that_fit(chosen, predict_here).fits);
+    EXPECT_EQ(chosen.compute_weights, ComputeWeightsMode::kKept) << "roomy: kept copies fit";
+    plan.compute_weights = mode == "kept" ? ComputeWeightsMode::kKept : ComputeWeightsMode::kCast;
+    const Prediction replayed = predict_here(plan);
+    ASSERT_TRUE(replayed.fits) << replayed.why_not;
+    const JobOutcome run = run_job(c, true);
+    for (const auto& t : run.model->parameters()) trained[mode].push_back(t.detach().clone());
+    const double measured = last_train_number(dir.path(mode + "/metrics.jsonl"), "mem_peak_bytes");
+    std::printf("full, bf16, %s: predicted peak %lld, measured %.0f; copies %lld\n", mode.c_str(),
+                static_cast<long long>(replayed.peak_bytes), measured,
+                static_cast<long long>(replayed.weight_copy_bytes));
+    EXPECT_NEAR(static_cast<double>(replayed.peak_bytes) / measured, 1.0, 0.01) << mode;
+    predicted[mode] = replayed.peak_bytes;
+    if (mode == "kept") EXPECT_GT(replayed.weight_copy_bytes, 0);
+  }
+  EXPECT_GT(predicted["kept"], predicted["cast"]);
+  ASSERT_EQ(trained["cast"].size(), trained["kept"].size());
+  for (size_t i = 0; i < trained["cast"].size(); ++i) EXPECT_TRUE(trained["cast"][i].equal(trained["kept"][i])) << i;
 }
 
 // The profile trains every size from 1 sample up, and this machine's drift lands on any of them:
