@@ -14,6 +14,7 @@
 #include "training/checkpoint.h"
 #include "launcher/device_group.h"
 #include "training/stop_signals.h"
+#include "training/trainer_parts.h"
 #include "base/user_error.h"
 #include "alloc/byte_size.h"
 #include "alloc/cpu_arena.h"
@@ -216,7 +217,7 @@ struct DeviceMemory {
 std::shared_ptr<Model> build_model(const Config& config, const RunPlan& plan, const DataInfo& info, int tensor_rank,
                                    bool root, bool& channels_last) {
   std::optional<HostAllocationScope> whole_model_on_host;
-  const bool shards_parameters = plan.sync.shard == ShardLevel::kParameters;
+  const bool shards_parameters = plan.sync.shard == ShardLevel::kParameters || shards_masters(plan);
   const bool splits = plan.grid.tensor > 1;
   if (plan.grid.pipeline > 1 || shards_parameters || splits) whole_model_on_host.emplace();
   std::shared_ptr<Model> model = make_model(config, info, tensor_rank);

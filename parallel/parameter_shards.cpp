@@ -132,7 +132,9 @@ void ParameterShards::keep_copies(at::ScalarType dtype) {
       copy_views_[p.unsafeGetTensorImpl()] = std::move(view);
     }
     free_storage(units_[id].whole);
-    b.shard16 = at::empty({b.shards.counts[rank]}, shards_[i].options().dtype(dtype));
+    // Resident copies are gathered once a step: each rank rounds its shard into its own range of
+    // the gathered bucket and gathers in place, with no 16-bit shard kept beside it.
+    if (!resident_) b.shard16 = at::empty({b.shards.counts[rank]}, shards_[i].options().dtype(dtype));
   }
 }
 
@@ -144,13 +146,26 @@ at::Tensor ParameterShards::copy_of(const at::Tensor& weight, at::ScalarType dty
 
 void ParameterShards::weights_changed() {
   ++epoch_;
+  reads_known_ = true;  // a step has read what it reads
+  if (resident_) {  // what stayed gathered is the last step's: gathered again where next read
+    held_copies_bytes_ = 0;
+    for (Unit& u : units_) {
+      if (u.kind == Kind::kCopies && u.gathered) held_copies_bytes_ += u.bytes();
+      release(u);
+    }
+  }
   made_last_step_ = made_;
   made_ = 0;
 }
 
 int64_t ParameterShards::bytes() const {
+  if (resident_) return held_copies_bytes_;
   int64_t n = 0;
-  for (const Bucket& b : buckets_) n += b.shard16.defined() ? static_cast<int64_t>(b.shard16.nbytes()) : 0;
+  for (const Bucket& b : buckets_) {
+    if (b.shard16.defined()) {
+      n += static_cast<int64_t>(b.shard16.nbytes());
+    }
+  }
   return n;
 }
 
@@ -186,6 +201,7 @@ void ParameterShards::before_read(const at::Tensor& weight, MemoryHooks& memory,
   // Under copies a weight read in fp32 (the copies serve every 16-bit read) is gathered alone.
   if (copies_dtype_ && units_[id].kind == Kind::kWhole) id = single_of(weight, id);
   Unit& u = units_[id];
+  if (u.kind == Kind::kCopies) buckets_[u.bucket].copies_read = true;
   if (!frames_.empty()) {  // held before gathering: making room for it must not drop it
     ++u.holds;
     frames_.back().push_back(id);
@@ -247,7 +263,8 @@ void ParameterShards::gather(Unit& u, MemoryHooks* memory, bool now) {
   at::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
   const int64_t bytes = u.bytes();
-  const at::Tensor send = contribution(u);
+  const bool in_place = resident_ && u.kind == Kind::kCopies;  // rounded into its own range below
+  at::Tensor send = in_place ? at::Tensor() : contribution(u);
   // Its memory first (the memory manager may evict to make room), then the collective, which no
   // retry may repeat.
   auto allocate = [&] { return at::empty({u.whole.numel()}, u.whole.options()); };
@@ -255,6 +272,13 @@ void ParameterShards::gather(Unit& u, MemoryHooks* memory, bool now) {
   c10::StorageImpl& storage = storage_of(u.whole);
   storage.set_data_ptr_noswap(storage_of(fresh).set_data_ptr(at::DataPtr(nullptr, fresh.device())));
   storage.set_nbytes(static_cast<size_t>(bytes));
+  if (in_place) {
+    const auto rank = static_cast<size_t>(group_->rank());
+    const BucketShards& shards = buckets_[u.bucket].shards;
+    send = u.whole.narrow(0, shards.begins[rank], shards.counts[rank]);
+    send.copy_(shards_[u.bucket]);  // rounded to nearest even, as one rank's copy of the whole weight
+    ++made_;
+  }
   u.gathered = true;
   ++stats_.gathers;
   stats_.bytes += bytes - static_cast<int64_t>(send.nbytes());
@@ -297,14 +321,17 @@ void ParameterShards::release(Unit& u) {
 void ParameterShards::release_bucket(size_t i) {
   const Bucket& b = buckets_[i];
   release(units_[b.whole]);
-  if (b.copies) release(units_[*b.copies]);
-  for (size_t s : b.singles) release(units_[s]);
+  if (b.copies) release_unless_staying(units_[*b.copies]);
+  for (size_t s : b.singles) release_unless_staying(units_[s]);
 }
 
 std::vector<size_t> ParameterShards::reading_units(size_t i) const {
   const Bucket& b = buckets_[i];
   if (!b.copies) return {b.whole};
-  std::vector<size_t> out{*b.copies};
+  // Its copies unless a whole step read none of them (a bucket of weights read in fp32 only: an
+  // embedding's table).
+  std::vector<size_t> out;
+  if (!reads_known_ || b.copies_read) out.push_back(*b.copies);
   out.insert(out.end(), b.singles.begin(), b.singles.end());
   return out;
 }
@@ -312,7 +339,7 @@ std::vector<size_t> ParameterShards::reading_units(size_t i) const {
 void ParameterShards::bucket_done(size_t b) { release_bucket(b); }
 
 void ParameterShards::release_all() {
-  for (Unit& u : units_) release(u);
+  for (Unit& u : units_) release_unless_staying(u);
 }
 
 void ParameterShards::gather_all(MemoryHooks& memory) {

@@ -46,6 +46,14 @@
 // it moves to a storage of its own (its at::Tensor stays the same), and from then on it is a unit
 // of its own beside the bucket's copies, freed and prefetched with them. Checkpoints still gather
 // the fp32 buckets whole.
+//
+// Resident (set_resident: parallel.shard = "optimizer" or "gradients" with 16-bit copies kept,
+// Megatron's distributed optimizer, FSDP's SHARD_GRAD_OP): the fp32 parameters are the optimizer's
+// masters, sharded with its state; the 16-bit copies and the weights read in fp32 are gathered at
+// their first read after each optimizer step and stay gathered until the next one changes them.
+// Only the fp32 buckets gathered whole (checkpoints) are freed as above. Gathered once a step, the
+// copies keep no 16-bit shard: each rank rounds its fp32 shard into its own range of the gathered
+// bucket and all-gathers in place.
 
 #include "alloc/weight_copies.h"
 #include "parallel/collective_worker.h"
@@ -95,6 +103,13 @@ class ParameterShards final : public ParameterSource, public ComputeWeights {
   // Under a budget with eviction: forward keeps gathered buckets for the memory manager to drop
   // (and nothing is prefetched: the manager decides what stays, not the block order).
   void set_managed(bool managed) { managed_ = managed; }
+  // Copies and fp32-read weights stay gathered from their first read to the next weights_changed().
+  // Before keep_copies.
+  void set_resident(bool resident) {
+    TORCH_CHECK(!copies_dtype_, "ParameterShards::set_resident: after keep_copies");
+    resident_ = resident;
+  }
+  bool resident() const { return resident_; }
   // Gathers run on `worker` (which every other collective of the group must go through while
   // the step runs: GradientShards::set_worker), up to `depth` blocks ahead. Not with set_managed.
   void set_prefetch(std::shared_ptr<CollectiveWorker> worker, int depth);
@@ -126,7 +141,8 @@ class ParameterShards final : public ParameterSource, public ComputeWeights {
   at::Tensor copy_of(const at::Tensor& weight, at::ScalarType dtype) override;
   // ComputeWeights: the shards were stepped (or loaded): each 16-bit shard is made again.
   void weights_changed() override;
-  // ComputeWeights: this rank's 16-bit shards' bytes, and how many were made in the last step.
+  // ComputeWeights: this rank's 16-bit shards' bytes (resident: the copies gathered in the last
+  // step, held from their first read to its end), and how many were made in the last step.
   int64_t bytes() const override;
   int64_t made_last_step() const override { return made_last_step_; }
 
@@ -166,6 +182,7 @@ class ParameterShards final : public ParameterSource, public ComputeWeights {
     std::vector<size_t> singles;      // members read in fp32 under copies, in the order first read
     at::Tensor shard16;               // this rank's range of the copies (keep_copies)
     uint64_t shard16_epoch = 0;       // weights_changed() count when it was made (0: never)
+    bool copies_read = false;         // a 16-bit read of its copies has come (prefetch skips them till then, after a step)
   };
   struct Member {
     size_t bucket = 0;
@@ -176,6 +193,11 @@ class ParameterShards final : public ParameterSource, public ComputeWeights {
   void gather(Unit& u, MemoryHooks* memory, bool now);
   void finish(Unit& u);  // waits for its queued gather
   void release(Unit& u);
+  // Resident: a unit that stays gathered until the weights change (what is read between steps).
+  bool stays(const Unit& u) const { return resident_ && u.kind != Kind::kWhole; }
+  void release_unless_staying(Unit& u) {
+    if (!stays(u)) release(u);
+  }
   void release_bucket(size_t b);
   // What this rank sends of `u` (its 16-bit shard made again first where the weights changed).
   at::Tensor contribution(Unit& u);
@@ -201,6 +223,9 @@ class ParameterShards final : public ParameterSource, public ComputeWeights {
   std::vector<std::vector<bool>> uses_;  // per block: which buckets it reads
   std::vector<std::vector<size_t>> frames_;  // per open kernel, the units it read
   bool managed_ = false;
+  bool resident_ = false;
+  bool reads_known_ = false;  // a step has run: which buckets' copies are read is known
+  int64_t held_copies_bytes_ = 0;  // resident: the copies gathered in the last step
   std::shared_ptr<CollectiveWorker> worker_;
   int depth_ = 0;
   size_t backward_block_ = 0;          // the block backward has reached (reads go down the blocks)

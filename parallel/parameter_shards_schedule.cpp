@@ -61,7 +61,7 @@ void ParameterShards::backward_will_read(const std::vector<at::Tensor>& weights)
   // blocks' cast weights: backward reads their copies). Managed: the memory manager decides.
   if (managed_) return;
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (!read_back_[u] && units_[u].holds == 0) release(units_[u]);
+    if (!read_back_[u] && units_[u].holds == 0) release_unless_staying(units_[u]);
   }
 }
 

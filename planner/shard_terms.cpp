@@ -245,7 +245,36 @@ int prefetch_depth(const Plan& plan) {
 
 bool reduce_scatters_overlap(const Plan& plan) {
   if (!plan.overlap || plan.ranks <= 1 || plan.tensor > 1) return false;
-  return plan.shard == ShardLevel::kGradients || (plan.shard == ShardLevel::kParameters && prefetch_depth(plan) > 0);
+  // Sharded masters' reduce-scatters share the gathers' thread (none without prefetch), as ZeRO-3's.
+  if (plan.shard == ShardLevel::kGradients) return !shards_masters(plan) || plan.prefetch > 0;
+  return plan.shard == ShardLevel::kParameters && prefetch_depth(plan) > 0;
+}
+
+ReadsInFp32 reads_in_fp32(const ModelProfile& profile, const Plan& plan) {
+  ReadsInFp32 out;
+  const ProfilePoint* point = nullptr;
+  for (const ProfilePoint& pt : profile.points)
+    if (pt.precision == plan.precision) point = &pt;
+  if (point == nullptr) return out;
+  const auto& block_buckets = profile.block_buckets;
+  // At "gradients" the buckets are cut at blocks as the profile's are, so which holds a weight read
+  // in 16 bits is known; at "optimizer" they are cut by size: every one is taken to hold one.
+  const bool known = plan.shard >= ShardLevel::kGradients && !block_buckets.empty();
+  std::vector<bool> half(block_buckets.size(), !known);
+  for (size_t b : point->half_read_buckets)
+    if (b < half.size()) half[b] = true;
+  for (const auto& [b, n] : point->fp32_read_elements) {
+    out.elements.push_back(n);
+    if (b >= half.size() || half[b]) out.in_copies += n;
+  }
+  return out;
+}
+
+int64_t masters_gathered_bytes(const ModelProfile& profile, const Plan& plan) {
+  const ReadsInFp32 fp32 = reads_in_fp32(profile, plan);
+  int64_t n = 2 * fp32.in_copies;  // their slots in the 16-bit buckets (the copies are weight_copy_memory_terms')
+  for (int64_t e : fp32.elements) n += arena_bytes(4 * e);
+  return n;
 }
 
 double shard_step_share(const ModelProfile& profile, const Plan& plan) {
@@ -321,6 +350,7 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   std::vector<int64_t> parameter_shards(static_cast<size_t>(plan.ranks));  // "parameters": one tensor a bucket
   std::vector<int64_t> copy_shards(static_cast<size_t>(plan.ranks));  // and its 16-bit copy (gathers_16bit_copies)
   const bool copies = plan.shard == ShardLevel::kParameters && gathers_16bit_copies(plan);
+  const bool masters = shards_masters(plan);  // ZeRO-1/2: the fp32 weights sharded (rounded in place)
   int64_t largest = 0, largest_bucket = 0, bucketed = 0;
   for (const std::vector<int64_t>& members : buckets) {
     int64_t bucket = 0;
@@ -365,7 +395,11 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
     p.weight_copy_bytes = copy_shards.front();
   }
   if (parameters_sharded && step != nullptr) in_flight = 0;  // in `gathered`, along the trace
-  const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed) : p.model_bytes;
+  // Sharded masters: the bucketed parameters give way to the rank's shards, and what a step reads
+  // stays gathered: the 16-bit copies (weight_copy_memory_terms) and the weights read in fp32.
+  const int64_t model = parameters_sharded ? p.model_bytes - arena_bytes(4 * bucketed)
+                        : masters          ? p.model_bytes - arena_bytes(4 * bucketed) + masters_gathered_bytes(profile, plan)
+                                           : p.model_bytes;
   const int64_t fixed = model + (gradients_sharded ? 0 : p.gradient_bytes) + p.sampler_bytes + p.batch_bytes;
   const int64_t whole_working = p.optimizer_working_bytes;
   int64_t peak = -1;
@@ -376,14 +410,14 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
                      : std::llround(static_cast<double>(whole_working) * static_cast<double>(arena_bytes(element * largest_piece[r])) /
                                     static_cast<double>(arena_bytes(element * largest)));
     const int64_t gradients = gradients_sharded ? gradient_shards[r] + in_flight : 0;
-    const int64_t parameters = parameters_sharded ? parameter_shards[r] + copy_shards[r] : 0;
+    const int64_t parameters = parameters_sharded || masters ? parameter_shards[r] + copy_shards[r] : 0;
     const int64_t rank_peak = fixed + parameters + gradients + state + std::max(p.activation_bytes + gathered + along, working);
     if (rank_peak > peak) {  // the fullest rank is the prediction
       peak = rank_peak;
       p.optimizer_state_bytes = state;
       p.optimizer_working_bytes = working;
       if (gradients_sharded) p.gradient_bytes = gradients;
-      if (parameters_sharded) p.model_bytes = model + parameters;
+      if (parameters_sharded || masters) p.model_bytes = model + parameters;
     }
   }
   p.peak_bytes = peak;
@@ -407,6 +441,13 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
     const GatherTimes g = parameter_gather_ms(profile, machine, prefetching, micro_batch_ms);
     p.gather_ms = g.exposed_ms * static_cast<double>(plan.accumulation);
     p.gather_hidden_ms = (g.total_ms - g.exposed_ms) * static_cast<double>(plan.accumulation);
+  } else if (shards_masters(plan)) {
+    // The 16-bit copies of each bucket and its weights read in fp32 (each a collective of its own),
+    // at their first read after the step; priced as exposed (ZeRO-2 prefetches them under the
+    // first micro-batch's blocks).
+    const ReadsInFp32 fp32 = reads_in_fp32(profile, plan);
+    p.gather_ms = allgather_ms(machine, plan.ranks, 2 * elements, plan.tensor);
+    for (int64_t n : fp32.elements) p.gather_ms += allgather_ms(machine, plan.ranks, 4 * n, plan.tensor);
   } else {
     p.gather_ms = allgather_ms(machine, plan.ranks, bytes, plan.tensor);  // the updated parameters, after the step
   }

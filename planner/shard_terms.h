@@ -77,6 +77,18 @@ int64_t gathered_parameter_peak_bytes(const ModelProfile& profile, const StepTra
 // Whether the trainer runs `plan`'s reduce-scatters beside backward (GradientShards::set_overlap):
 // at "gradients" with parallel.overlap, at "parameters" where its gathers are prefetched.
 bool reduce_scatters_overlap(const Plan& plan);
+// Sharded masters (planner/weight_copy_terms.h, shards_masters): the weights read in fp32, as the
+// profile at the plan's precision saw them, each bucket's (each gathered in fp32 as a collective of
+// its own), and how many of them lie in buckets whose 16-bit copies are gathered too (their slots
+// there are gathered with the copies).
+struct ReadsInFp32 {
+  std::vector<int64_t> elements;  // per bucket holding any
+  int64_t in_copies = 0;
+};
+ReadsInFp32 reads_in_fp32(const ModelProfile& profile, const Plan& plan);
+// What sharded masters hold gathered beside the 16-bit copies: the weights read in fp32, whole, and
+// their slots in the 16-bit buckets.
+int64_t masters_gathered_bytes(const ModelProfile& profile, const Plan& plan);
 // The blocks gathered ahead in `plan` (parallel.prefetch; none under a budget with eviction,
 // where the memory manager decides what stays gathered, nor below "parameters").
 int prefetch_depth(const Plan& plan);

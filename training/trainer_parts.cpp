@@ -51,10 +51,12 @@ void compact_parameters(Engine& e, const DataParallel& replicas, bool in_reducti
   for (size_t i = 0; i < moving.size(); ++i) moving[i].set_data(placed[i]);
 }
 
-// parallel.shard = "parameters": each rank keeps its share of each bucket; the rest of the state
-// (buffers, parameters without gradients) into one block as compact_parameters puts it.
+// parallel.shard = "parameters", or masters sharded at ZeRO-1/2 (`resident`): each rank keeps its
+// share of each bucket; the rest of the state (buffers, parameters without gradients) into one
+// block as compact_parameters puts it.
 std::shared_ptr<ParameterShards> shard_parameters(const RunPlan& plan, Engine& e, DataParallel& replicas,
-                                                  bool tensor_parallel, std::shared_ptr<CollectiveWorker>& worker) {
+                                                  bool tensor_parallel, bool resident,
+                                                  std::shared_ptr<CollectiveWorker>& worker) {
   auto shards = std::make_shared<ParameterShards>(replicas.shared_group(), e.model->parameters(), replicas.buckets(),
                                                   e.device);
   e.interp.set_parameter_source(shards.get());
@@ -62,8 +64,11 @@ std::shared_ptr<ParameterShards> shard_parameters(const RunPlan& plan, Engine& e
   // otherwise gathers run ahead on a thread that owns the group's collectives while a step runs.
   const bool managed = e.arena != nullptr && evicts(plan.memory.policy);
   shards->set_managed(managed);
-  // Not beside a tensor-parallel group, whose collectives use MPI on the computing thread.
-  if (!managed && plan.sync.prefetch > 0 && replicas.group().allows_worker_thread() && !tensor_parallel) {
+  shards->set_resident(resident);
+  // Not beside a tensor-parallel group, whose collectives use MPI on the computing thread; nor at
+  // ZeRO-1, whose whole gradients data parallelism all-reduces on a thread of its own.
+  const bool all_reduces = plan.sync.shard == ShardLevel::kOptimizer;
+  if (!managed && plan.sync.prefetch > 0 && replicas.group().allows_worker_thread() && !tensor_parallel && !all_reduces) {
     worker = std::make_shared<CollectiveWorker>(replicas.shared_group());
     shards->set_prefetch(worker, static_cast<int>(plan.sync.prefetch));
   }
@@ -175,7 +180,7 @@ void prepare_engine(const RunPlan& plan, Engine& e, RankGroups& groups, bool sta
 // shards, or whole gradients in one block; and the gradient sync over them.
 struct SyncLayout {
   std::unique_ptr<GradientSync> sync;
-  std::shared_ptr<ParameterShards> parameter_shards;  // ZeRO-3
+  std::shared_ptr<ParameterShards> parameter_shards;  // ZeRO-3, and ZeRO-1/2's sharded masters
   std::shared_ptr<GradientShards> gradient_shards;    // ZeRO-2 and ZeRO-3
 };
 
@@ -185,8 +190,9 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
   const ShardLevel level = plan.sync.shard;  // none with one replica
   SyncLayout out;
   std::shared_ptr<CollectiveWorker> worker;  // sharded parameters' and gradients' collectives while a step runs
-  if (level == ShardLevel::kParameters) {
-    out.parameter_shards = shard_parameters(plan, e, dp, tensor_parallel, worker);  // gathered where read
+  const bool masters = shards_masters(plan);
+  if (level == ShardLevel::kParameters || masters) {
+    out.parameter_shards = shard_parameters(plan, e, dp, tensor_parallel, masters, worker);  // gathered where read
   } else if (e.arena || level != ShardLevel::kNone) {
     compact_parameters(e, dp, level != ShardLevel::kNone);
   }
@@ -219,8 +225,8 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
 
 // training.compute_weights: the 16-bit copies the interpreter reads, made once per optimizer step
 // and kept (auto: runtime/mixed_precision.h, keeps_weight_copies).
-// Under ZeRO-3 the copies are the shards' (each bucket's 16-bit shard, gathered as the fp32 one
-// was: parallel/parameter_shards.h).
+// Under ZeRO-3, and at ZeRO-1/2 with sharded masters, the copies are the shards' (each bucket's
+// 16-bit shard, gathered as the fp32 one was: parallel/parameter_shards.h).
 void keep_weight_copies(const RunPlan& plan, Engine& e, const std::shared_ptr<ParameterShards>& parameter_shards) {
   if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr,
                            plan.sync.shard == ShardLevel::kParameters)) {
@@ -279,6 +285,14 @@ std::unique_ptr<OptimizerStep> make_optimizer_step(const RunPlan& plan, Engine& 
 }
 
 }  // namespace
+
+bool shards_masters(const RunPlan& plan) {
+  const ShardLevel level = plan.sync.shard;
+  const bool budget = plan.memory.budget_bytes > 0;
+  return (level == ShardLevel::kOptimizer || level == ShardLevel::kGradients) && plan.grid.data > 1 &&
+         plan.grid.pipeline == 1 && !(budget && evicts(plan.memory.policy)) &&
+         keeps_weight_copies(plan.compute_weights, plan.precision, budget, false);
+}
 
 TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Engine& e, RankCommunicators comms) {
   TrainerParts parts;

@@ -239,7 +239,10 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "bytes per weight: no cast per micro-batch, recomputation or gradient), cast (autocast's "
                     "cast at each read, which a memory budget may drop), or auto (kept, unless memory.budget or "
                     "parallel.shard = \"parameters\" holds the memory). Under parallel.shard = \"parameters\", "
-                    "kept means each bucket's shard in 16 bits, gathered where read (FSDP's mixed precision; "
+                    "kept means each bucket's shard in 16 bits, gathered where read (FSDP's mixed precision); "
+                    "under \"optimizer\" or \"gradients\" over several ranks (no pipeline stages, no budget "
+                    "that evicts), kept copies shard the fp32 weights with the optimizer: each rank keeps its share, "
+                    "and the 16-bit copies are all-gathered once a step (Megatron's distributed optimizer; "
                     "memory.md)")
                   .only_when("training.mixed_precision = \"bf16\" or \"fp16\"", half));
   auto fp16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kFp16; };
@@ -312,8 +315,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::parallel, &ParallelConfig::shard, "parallel", "shard",
                     "what the data-parallel ranks split among them, ZeRO's stages: none (each rank holds all of "
                     "the model's state), optimizer (each rank keeps and updates the optimizer state of 1/N of the "
-                    "parameters; the updated parameters are all-gathered after the step: ZeRO-1; with pipeline "
-                    "stages, within each stage's replicas), gradients (as "
+                    "parameters; the updated parameters are all-gathered after the step, or with 16-bit copies kept "
+                    "each rank keeps only its share of the fp32 weights and the copies are gathered: ZeRO-1; with "
+                    "pipeline stages, within each stage's replicas), gradients (as "
                     "optimizer, and each rank keeps only its share of the summed gradients, reduce-scattered per bucket "
                     "every micro-batch: ZeRO-2; not with pipeline stages), "
                     "parameters (as gradients, and the parameters too: each block's are all-gathered where a kernel "

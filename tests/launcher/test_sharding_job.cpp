@@ -307,6 +307,38 @@ TEST(ShardedJobComposition, ParameterShardsGatherBf16CopiesBitForBitAsTheCasts) 
   EXPECT_THAT(read_file(dir.path("dtr/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")));
 }
 
+// ZeRO-1 and ZeRO-2 with 16-bit copies kept shard the fp32 weights with the optimizer (Megatron's
+// distributed optimizer): each rank steps its share of the masters, rounds it once a step and
+// all-gathers the 16-bit copies (the norms' gains in fp32), held until the next step. 2 ranks, then
+// 4 resuming their checkpoint (the masters' slices read at another count): bit for bit what
+// keeping every fp32 weight and casting at each read trains, with about half the bytes gathered,
+// the planner's peak within 2%.
+TEST(ShardedJobComposition, MastersShardedAtZeroOneAndTwoTrainTheBitsOfTheCasts) {
+  if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", kEightLayerLlama);
+  const std::string flags = " --training.optimizer=adamw --training.mixed_precision=bf16 --memory.budget=1GiB "
+                            "--memory.policy=none --checkpoint.interval=2 --training.steps=4";
+  for (const std::string level : {"optimizer", "gradients"}) {
+    const std::string job = HT_BINARY + (" " + config) + flags + " --parallel.shard=" + level;
+    for (const std::string mode : {"cast", "kept"}) {
+      const std::string out = " --training.compute_weights=" + mode + " --job.output_dir=" + dir.path(level + mode);
+      ASSERT_EQ(run(mpirun(2) + job + out + " --training.steps=2"), 0) << level << " " << mode;
+      ASSERT_EQ(run(mpirun(4) + job + out + " --checkpoint.resume=latest"), 0) << level << " " << mode;
+    }
+    const std::string cast = read_file(dir.path(level + "cast/metrics.jsonl"));
+    const std::string kept = read_file(dir.path(level + "kept/metrics.jsonl"));
+    const std::string model = model_at(dir, level + "cast", 4);
+    ASSERT_FALSE(model.empty());
+    EXPECT_TRUE(model == model_at(dir, level + "kept", 4)) << level << ": sharded masters trained another model";
+    // The gathered copies (2 bytes for every bucketed weight, no 16-bit shard beside them), and their
+    // gathers with the norms' gains in fp32: about half of the fp32 parameters' gathers.
+    EXPECT_GT(last_number(kept, "weight_copies_bytes"), 2 * (4 - 1) * last_number(kept, "shard_elements")) << level;
+    EXPECT_LT(last_number(kept, "gather_bytes"), last_number(cast, "gather_bytes") * 6 / 10) << level;
+    expect_predicted_peak_within_two_percent(kept);
+  }
+}
+
 // 2 ranks, then 3, then 4, each resuming the last one's checkpoint: sharded, the chain ends on
 // the unsharded chain's model, bit for bit (each step's reduction is the same; only the state's
 // split changes: each rank writes its slices, and the next count reads the ranges of its own

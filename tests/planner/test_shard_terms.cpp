@@ -4,6 +4,8 @@
 #include "planner/gradient_blocks.h"
 #include "planner/search.h"
 #include "planner/shard_terms.h"
+#include "planner/weight_copy_terms.h"
+#include "parallel/shard_layout.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -151,6 +153,67 @@ TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
 // is in use; what counts is the sum at each kernel: as backward begins, the last block's buckets
 // (the tied one among them), with prefetch block 1's too. A sharded gradient block comes where its
 // bucket's first gradient is accumulated, after the kernel that made it.
+// ZeRO-1 and ZeRO-2 keeping 16-bit copies shard the fp32 masters (planner/weight_copy_terms.h,
+// shards_masters): the bucketed weights give way to the rank's fp32 shards, the weights read in
+// fp32 stay whole (with their slots in the 16-bit buckets, at ZeRO-2 only in buckets whose copies
+// are read: block 1's norm, not the embedding's bucket 2 read in fp32 alone; at ZeRO-1, cut by
+// size, every bucket is taken to be read in 16 bits), and the gather after the step is the copies'
+// 2 bytes an element and each bucket's fp32 reads.
+TEST(ShardTerms, MastersShardedAtZeroOneAndTwoKeepTheRanksShards) {
+  ModelProfile profile = adamw_profile();
+  profile.block_buckets = {{10, 100}, {4000}, {500}};
+  profile.block_bucket_uses = {{2}, {1}, {0, 2}};
+  ProfilePoint point;
+  point.precision = MixedPrecision::kBf16;
+  point.half_read_buckets = {0, 1};
+  point.fp32_read_elements = {{1, 64}, {2, 500}};
+  profile.points.push_back(point);
+  Plan plan;
+  plan.ranks = 2;
+  plan.precision = MixedPrecision::kBf16;
+  plan.shard = ShardLevel::kGradients;
+  ASSERT_TRUE(shards_masters(plan)) << "kept by auto: no budget";
+  EXPECT_EQ(masters_gathered_bytes(profile, plan), 2 * 64 + arena_bytes(4 * 64) + arena_bytes(4 * 500));
+  Plan budget = plan;
+  budget.budget_bytes = int64_t{1} << 30;
+  budget.compute_weights = ComputeWeightsMode::kKept;
+  EXPECT_TRUE(shards_masters(budget)) << "a budget that does not evict";
+  budget.policy = MemoryPolicy::kDtr;
+  EXPECT_FALSE(shards_masters(budget)) << "a budget that evicts keeps the fp32 weights whole";
+  Plan stages = plan;
+  stages.stages = 2;
+  EXPECT_FALSE(shards_masters(stages));
+  Plan cast = plan;
+  cast.compute_weights = ComputeWeightsMode::kCast;
+  EXPECT_FALSE(shards_masters(cast));
+  // The peak: the bucketed weights' 4 bytes give way to the fullest rank's shards and the fp32 reads.
+  Prediction whole_weights = whole(profile, 100000);
+  Plan unsharded_masters = plan;
+  unsharded_masters.compute_weights = ComputeWeightsMode::kCast;
+  shard_memory_terms(profile, unsharded_masters, whole_weights);
+  Prediction sharded = whole(profile, 100000);
+  shard_memory_terms(profile, plan, sharded);
+  int64_t shards = 0, bucketed = 0;
+  for (const std::vector<int64_t>& members : profile.block_buckets) {
+    shards += arena_bytes(4 * shard_bucket(members, 2).counts.front());
+    for (int64_t n : members) bucketed += n;
+  }
+  EXPECT_EQ(sharded.model_bytes,
+            profile.parameter_bytes - arena_bytes(4 * bucketed) + masters_gathered_bytes(profile, plan) + shards);
+  EXPECT_EQ(whole_weights.peak_bytes - sharded.peak_bytes, whole_weights.model_bytes - sharded.model_bytes);
+  Plan zero1 = plan;
+  zero1.shard = ShardLevel::kOptimizer;
+  EXPECT_EQ(masters_gathered_bytes(profile, zero1), 2 * (64 + 500) + arena_bytes(4 * 64) + arena_bytes(4 * 500))
+      << "buckets cut by size: each taken to hold a weight read in 16 bits";
+  // The gather: 2 bytes an element, and a collective for each bucket's fp32 reads.
+  Machine machine;
+  Prediction t;
+  shard_time_terms(profile, machine, plan, t);
+  const int64_t elements = 10 + 100 + 4000 + 500;
+  EXPECT_DOUBLE_EQ(t.gather_ms, allgather_ms(machine, 2, 2 * elements, 1) + allgather_ms(machine, 2, 4 * 64, 1) +
+                                    allgather_ms(machine, 2, 4 * 500, 1));
+}
+
 TEST(ShardTerms, GatheredParametersArePlacedAlongTheStep) {
   ModelProfile profile = adamw_profile();
   profile.block_buckets = {{10, 100}, {4000}, {500}};
