@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace ht {
@@ -146,7 +147,8 @@ at::Tensor ParameterShards::copy_of(const at::Tensor& weight, at::ScalarType dty
 
 void ParameterShards::weights_changed() {
   ++epoch_;
-  reads_known_ = true;  // a step has read what it reads
+  // A step has read what it reads (not a checkpoint read before any step).
+  if (std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.copies_read; })) reads_known_ = true;
   if (resident_) {  // what stayed gathered is the last step's: gathered again where next read
     held_copies_bytes_ = 0;
     for (Unit& u : units_) {

@@ -2,6 +2,7 @@
 
 #include "parallel/shard_layout.h"
 #include "planner/shard_terms.h"
+#include "planner/weight_copy_terms.h"
 
 #include <algorithm>
 #include <mutex>
@@ -272,8 +273,10 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
 
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const TraceMaker& step) {
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
+  // Kept copies: the step without the weights' casts and their fp32 gradients, as it runs.
+  const bool uncast = walks_without_casts(plan);
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), reduce_scatters_overlap(plan),
-                                   plan.accumulation > 1 ? plan.ranks : 0);
+                                   plan.accumulation > 1 ? plan.ranks : 0, uncast);
   {
     const std::lock_guard<std::mutex> lock(mutex);
     auto it = profile.gradient_block_walks.find(key);
@@ -281,8 +284,11 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
   }
   const SharedTrace trace = step();
   const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
-  const int64_t walked = gradient_blocks_above_peak(profile, *trace, *shared_step_fold(profile, trace), element,
-                                                    reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan));
+  const int64_t walked =
+      uncast ? gradient_blocks_above_peak(profile, without_weight_casts(*trace), element, reduce_scatters_overlap(plan),
+                                          reduce_scatter_parts(profile, plan))
+             : gradient_blocks_above_peak(profile, *trace, *shared_step_fold(profile, trace), element,
+                                          reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan));
   const std::lock_guard<std::mutex> lock(mutex);
   profile.gradient_block_walks.emplace(key, walked);
   return walked;

@@ -5,6 +5,7 @@
 #include "planner/gradient_blocks.h"
 #include "planner/shard_terms.h"
 #include "planner/swap_terms.h"
+#include "planner/weight_copy_terms.h"
 #include "schedule/checkpoint_segments.h"
 #include "schedule/solver.h"
 
@@ -132,6 +133,12 @@ void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slo
 // plan shards them, and without a gradient block the gradients as backward makes them.
 void state_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
   memory_terms(profile, plan, p);
+  if (walks_without_casts(plan) && !profile.points.empty()) {
+    // Kept 16-bit copies: no cast and no cast's fp32 gradient in the step (the copies themselves
+    // are resident: weight_copy_memory_terms).
+    p.activation_bytes = std::max<int64_t>(0, p.activation_bytes + activations_without_casts_change(profile, plan));
+    p.peak_bytes = p.working_peak_bytes();
+  }
   const bool along_the_step = (plan.shard == ShardLevel::kParameters || plan.shard == ShardLevel::kGradients) &&
                               plan.ranks > 1 && !profile.points.empty();
   if (along_the_step) {

@@ -139,7 +139,11 @@ struct ModelProfile {
   mutable std::map<std::tuple<int64_t, int, int64_t>, BlockRecomputeReplay> full_recompute_replays;
   // ZeRO-2's gradient blocks along the step by (micro-batch, precision, overlapped, ranks with
   // accumulation): planner/shard_terms.h, gradient_blocks_term.
-  mutable std::map<std::tuple<int64_t, int, bool, int>, int64_t> gradient_block_walks;
+  // (the last element: the step walked without the weights' casts, for kept copies).
+  mutable std::map<std::tuple<int64_t, int, bool, int, bool>, int64_t> gradient_block_walks;
+  // What a step's live peak loses without the weights' casts by (micro-batch, precision):
+  // planner/weight_copy_terms.h, activations_without_casts_change.
+  mutable std::map<std::pair<int64_t, int>, int64_t> uncast_peak_changes;
   // Gradients kept as backward makes them by (micro-batch, precision): planner/gradient_blocks.h,
   // kept_gradients_term.
   mutable std::map<std::pair<int64_t, int>, int64_t> kept_gradient_walks;

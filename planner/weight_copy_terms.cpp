@@ -1,8 +1,12 @@
 #include "planner/weight_copy_terms.h"
 
+#include "planner/profile_at.h"
+#include "planner/repeated_layers.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace ht {
 namespace {
@@ -25,7 +29,7 @@ int64_t live_peak(const StepTrace& trace, bool without_casts) {
 }  // namespace
 
 bool keeps_weight_copies(const Plan& plan) {
-  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0,
+  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0 && evicts(plan.policy),
                              plan.shard == ShardLevel::kParameters && plan.ranks > 1);
 }
 
@@ -63,6 +67,26 @@ StepTrace without_weight_casts(const StepTrace& trace) {
     out.events.push_back(e);
   }
   return out;
+}
+
+bool walks_without_casts(const Plan& plan) {
+  return keeps_weight_copies(plan) && !gathers_16bit_copies(plan) && plan.stages == 1 &&
+         plan.policy == MemoryPolicy::kNone;
+}
+
+int64_t activations_without_casts_change(const ModelProfile& profile, const Plan& plan) {
+  static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
+  const auto key = std::make_pair(plan.micro_batch, static_cast<int>(plan.precision));
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = profile.uncast_peak_changes.find(key);
+    if (it != profile.uncast_peak_changes.end()) return it->second;
+  }
+  const SharedTrace trace = shared_trace_for(profile, plan.micro_batch, plan.micro_batch, plan.precision);
+  const int64_t change = trace->events.empty() ? 0 : live_peak_bytes(without_weight_casts(*trace)) - live_peak_bytes(*trace);
+  const std::lock_guard<std::mutex> lock(mutex);
+  profile.uncast_peak_changes.emplace(key, change);
+  return change;
 }
 
 std::optional<Plan> weight_cast_twin(const Plan& plan) {
@@ -138,12 +162,11 @@ void weight_copy_memory_terms(const WeightCasts& casts, const Plan& plan, Predic
     p.peak_bytes += p.weight_copy_bytes;
     return;
   }
-  if (plan.policy == MemoryPolicy::kNone && plan.stages == 1) {
-    // The copies are there all step: where the traced step peaks with some casts freed, the
-    // copies are more than the casts they replace (pipeline_terms counts a stage's its own way).
-    const int64_t more = std::max<int64_t>(0, casts.copy_bytes - casts.alive_at_peak);
-    p.activation_bytes += more;
-    p.peak_bytes += more;
+  if (walks_without_casts(plan)) {
+    // The step was walked without the casts (state_memory_terms, and ZeRO-2's gradient blocks
+    // along it); the copies are there all step, through the optimizer's too.
+    p.peak_bytes += p.weight_copy_bytes;
+    return;
   }
   p.optimizer_working_bytes += p.weight_copy_bytes;
   p.peak_bytes = std::max(p.peak_bytes, p.fixed_bytes() + p.optimizer_working_bytes);

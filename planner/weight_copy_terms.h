@@ -27,6 +27,14 @@ bool shards_masters(const Plan& plan);
 // `trace` without the weights' casts (the tensors made by is_weight_cast kernels never allocated)
 // and without their backward's fp32 gradients (backward casts that make parameters' gradients).
 StepTrace without_weight_casts(const StepTrace& trace);
+// Whether `plan`'s step is walked without the weights' casts, its copies resident beside it: one
+// rank or replicas of it keeping copies (not ZeRO-3's 16-bit gathers, not pipeline stages), with
+// no policy (a policy's activations are its own replay's).
+bool walks_without_casts(const Plan& plan);
+// For such a plan, what the step's live peak loses at the plan's micro-batch and precision without
+// the weights' casts and their backward's fp32 gradients (negative or zero): the activations a run
+// keeping copies has, the copies apart (weight_copy_memory_terms adds them, resident all step).
+int64_t activations_without_casts_change(const ModelProfile& profile, const Plan& plan);
 // Where memory decides: a plan that keeps copies only because it left the choice to auto, as a
 // twin that casts at each read (to predict when the plan does not fit); nullopt otherwise.
 std::optional<Plan> weight_cast_twin(const Plan& plan);

@@ -28,20 +28,20 @@ struct ChoiceNames<ComputeWeightsMode> {
       {ComputeWeightsMode::kAuto, "auto"}, {ComputeWeightsMode::kKept, "kept"}, {ComputeWeightsMode::kCast, "cast"}};
 };
 
-// Whether a run keeps 16-bit weight copies: asked for, or auto without a memory budget and without
-// ZeRO-3's sharded parameters. Under a budget the copies are left to the memory manager as the
-// casts' activations (any policy may drop one and cast again; kept copies under "full" at the bit
-// matrix's tightest budget cut the arena into pieces an evaluation's tensor did not fit), and the
-// planner's walks of a budgeted step (the gradient blocks' rise above the activations' peak, the
-// replays) price the casts' copies where they are alive: under a budget that never evicts, which
-// every plan for a device's memory carries, kept copies are priced only as an upper bound
-// (measured: ZeRO-2 bf16 on 3 ranks, +9%), and a run held to that budget must not take them
-// unasked. The trainer's parts and the planner decide alike.
-inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precision, bool budget,
+// Whether a run keeps 16-bit weight copies: asked for, or auto without a memory budget that
+// evicts and without ZeRO-3's sharded parameters. Under a budget that evicts the copies are left
+// to the memory manager as the casts' activations (any policy may drop one and cast again; kept
+// copies under "full" at the bit matrix's tightest budget cut the arena into pieces an
+// evaluation's tensor did not fit). Under a budget that never evicts (memory.policy = "none",
+// which every plan for a device's memory carries) they are kept: the planner walks such a step
+// without the casts, the copies resident (planner/weight_copy_terms.h, walks_without_casts), to
+// within 0.05% of the runs measured (a ZeRO-2 MLP on 3 ranks it once priced 9% over). The
+// trainer's parts and the planner decide alike.
+inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precision, bool evicting_budget,
                                 bool sharded_parameters) {
   if (precision == MixedPrecision::kOff) return false;
   return mode == ComputeWeightsMode::kKept ||
-         (mode == ComputeWeightsMode::kAuto && !budget && !sharded_parameters);
+         (mode == ComputeWeightsMode::kAuto && !evicting_budget && !sharded_parameters);
 }
 
 // nullopt: fp32 throughout.

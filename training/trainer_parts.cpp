@@ -228,7 +228,7 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
 // Under ZeRO-3, and at ZeRO-1/2 with sharded masters, the copies are the shards' (each bucket's
 // 16-bit shard, gathered as the fp32 one was: parallel/parameter_shards.h).
 void keep_weight_copies(const RunPlan& plan, Engine& e, const std::shared_ptr<ParameterShards>& parameter_shards) {
-  if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr,
+  if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr && evicts(plan.memory.policy),
                            plan.sync.shard == ShardLevel::kParameters)) {
     return;
   }
@@ -291,7 +291,7 @@ bool shards_masters(const RunPlan& plan) {
   const bool budget = plan.memory.budget_bytes > 0;
   return (level == ShardLevel::kOptimizer || level == ShardLevel::kGradients) && plan.grid.data > 1 &&
          plan.grid.pipeline == 1 && !(budget && evicts(plan.memory.policy)) &&
-         keeps_weight_copies(plan.compute_weights, plan.precision, budget, false);
+         keeps_weight_copies(plan.compute_weights, plan.precision, false, false);
 }
 
 TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Engine& e, RankCommunicators comms) {

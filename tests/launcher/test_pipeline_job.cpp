@@ -297,7 +297,7 @@ TEST(PipelineJobMemory, APlansStagesPeakAsPredicted) {
 }
 
 // Kept 16-bit weight copies: a stage holds each copy once, not a cast per micro-batch in flight
-// (stage 0 has two of its 16 in flight). The plan's budget casts unless kept copies are asked for.
+// (stage 0 has two of its 16 in flight). The plan's budget never evicts: it keeps them.
 TEST(PipelineJobMemory, KeptWeightCopiesPeakAsPredicted) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
@@ -306,7 +306,7 @@ TEST(PipelineJobMemory, KeptWeightCopiesPeakAsPredicted) {
   ASSERT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config + " --model.n_layer=4 --ranks 2 --stages 2" +
                            " --precisions bf16 --job.output_dir=" + dir.path("plan"), log),
             0) << read_file(log);
-  EXPECT_THAT(read_file(dir.path("plan/plan.toml")), HasSubstr("\ncompute_weights = \"cast\""));
+  EXPECT_THAT(read_file(dir.path("plan/plan.toml")), HasSubstr("\ncompute_weights = \"kept\""));
   for (const char* weights : {"kept", "cast"}) {
     const std::string out = dir.path(weights);
     ASSERT_EQ(run_logged(mpirun(2) + HT_BINARY + " " + dir.path("plan/plan.toml") +

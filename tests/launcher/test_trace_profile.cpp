@@ -160,11 +160,17 @@ TEST(TraceProfile, KeptWeightCopiesSaveEveryMicroBatchsCastsButOne) {
   EXPECT_NEAR(pc.compute_ms - pk.compute_ms, (w.forward_ms + w.backward_ms) * 8 - w.forward_ms,
               1e-9 * pc.compute_ms);
   EXPECT_EQ(pk.weight_copy_bytes, w.copy_bytes);
-  EXPECT_EQ(pk.optimizer_working_bytes - pc.optimizer_working_bytes, w.copy_bytes);
+  // The step without the casts and their fp32 gradients, the copies resident beside it all step.
+  EXPECT_EQ(pk.activation_bytes, pc.activation_bytes + activations_without_casts_change(profile, kept));
+  EXPECT_LT(pk.activation_bytes, pc.activation_bytes);
+  EXPECT_EQ(pk.optimizer_working_bytes, pc.optimizer_working_bytes);
+  EXPECT_EQ(pk.peak_bytes, pk.working_peak_bytes() + w.copy_bytes);
   Plan budget = kept;
   budget.policy = MemoryPolicy::kDtr;
   budget.budget_bytes = int64_t{1} << 40;
-  EXPECT_FALSE(keeps_weight_copies(budget)) << "a budget: casts the memory manager may drop";
+  EXPECT_FALSE(keeps_weight_copies(budget)) << "a budget that evicts: casts the memory manager may drop";
+  budget.policy = MemoryPolicy::kNone;
+  EXPECT_TRUE(keeps_weight_copies(budget)) << "a budget that never evicts (a device's plan): kept";
   budget.policy = MemoryPolicy::kFull;
   budget.budget_bytes = 0;
   EXPECT_TRUE(keeps_weight_copies(budget)) << "full recomputation without one reads the kept copies again";
