@@ -31,6 +31,17 @@ struct ChoiceNames<ShardLevel> {
                                                                  {ShardLevel::kParameters, "parameters"}};
 };
 
+// Whether ZeRO-1 and ZeRO-2 shard the fp32 master weights with the optimizer (Megatron's
+// distributed optimizer; parallel/parameter_shards.h, set_resident): where 16-bit copies are kept,
+// over several replicas of one stage, without a budget that evicts (whose drops of gathered
+// copies every rank would have to decide alike: ZeRO-3's rules). The trainer's parts and the
+// planner both ask this (training/trainer_parts.h, planner/weight_copy_terms.h).
+inline bool shards_masters(ShardLevel level, int64_t replicas, int64_t stages, bool evicting_budget,
+                           bool keeps_copies) {
+  return (level == ShardLevel::kOptimizer || level == ShardLevel::kGradients) && replicas > 1 && stages == 1 &&
+         !evicting_budget && keeps_copies;
+}
+
 // n elements among `ranks`, as even as possible (the first n mod ranks get one more).
 std::vector<int64_t> even_counts(int64_t n, int ranks);
 

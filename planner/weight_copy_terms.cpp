@@ -11,13 +11,14 @@
 namespace ht {
 namespace {
 
-// The most bytes the trace's tensors hold at once, without the weights' casts if `without_casts`.
-int64_t live_peak(const StepTrace& trace, bool without_casts) {
+// The most bytes the trace's tensors hold at once without the weights' casts' copies (their
+// gradients kept: live_peak_bytes(without_weight_casts(trace)) drops those too).
+int64_t live_peak_without_cast_copies(const StepTrace& trace) {
   int64_t live = 0, peak = 0;
   for (const TraceEvent& e : trace.events) {
     if (e.kind != TraceEvent::Kind::kAllocated && e.kind != TraceEvent::Kind::kFreed) continue;
     const TraceTensor& t = trace.tensors[static_cast<size_t>(e.index)];
-    if (without_casts && t.producer >= 0 && static_cast<size_t>(t.producer) < trace.kernels.size() &&
+    if (t.producer >= 0 && static_cast<size_t>(t.producer) < trace.kernels.size() &&
         is_weight_cast(trace.kernels[static_cast<size_t>(t.producer)]))
       continue;
     if (e.kind == TraceEvent::Kind::kAllocated) peak = std::max(peak, live += t.bytes);
@@ -38,8 +39,8 @@ bool gathers_16bit_copies(const Plan& plan) {
 }
 
 bool shards_masters(const Plan& plan) {
-  return (plan.shard == ShardLevel::kOptimizer || plan.shard == ShardLevel::kGradients) && plan.ranks > 1 &&
-         plan.stages == 1 && !(plan.budget_bytes > 0 && evicts(plan.policy)) && keeps_weight_copies(plan);
+  return shards_masters(plan.shard, plan.ranks, plan.stages, plan.budget_bytes > 0 && evicts(plan.policy),
+                        keeps_weight_copies(plan));
 }
 
 StepTrace without_weight_casts(const StepTrace& trace) {
@@ -96,7 +97,9 @@ std::optional<Plan> weight_cast_twin(const Plan& plan) {
   return twin;
 }
 
-int64_t weight_casts_alive_at_peak(const StepTrace& trace) { return live_peak(trace, false) - live_peak(trace, true); }
+int64_t weight_casts_alive_at_peak(const StepTrace& trace) {
+  return live_peak_bytes(trace) - live_peak_without_cast_copies(trace);
+}
 
 WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision, int64_t micro_batch) {
   WeightCasts w;

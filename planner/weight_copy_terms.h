@@ -19,10 +19,9 @@ bool keeps_weight_copies(const Plan& plan);
 // Keeping copies under ZeRO-3 over several ranks: the shards' 16-bit copies, gathered where read
 // (planner/shard_terms.h prices their memory and gathers; here only the casts saved).
 bool gathers_16bit_copies(const Plan& plan);
-// ZeRO-1 or ZeRO-2 keeping copies over several replicas of one stage, without a budget that
-// evicts: the fp32 weights are sharded with the optimizer, and the 16-bit copies (the weights read
-// in fp32 too) gathered once a step and held (training/trainer_parts.h, shards_masters;
-// planner/shard_terms.h prices their memory and gathers).
+// parallel/shard_layout.h's shards_masters of the plan: the fp32 weights sharded with the
+// optimizer at ZeRO-1/2, and the 16-bit copies (the weights read in fp32 too) gathered once a step
+// and held (planner/shard_terms.h prices their memory and gathers).
 bool shards_masters(const Plan& plan);
 // `trace` without the weights' casts (the tensors made by is_weight_cast kernels never allocated)
 // and without their backward's fp32 gradients (backward casts that make parameters' gradients).

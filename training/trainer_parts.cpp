@@ -287,11 +287,9 @@ std::unique_ptr<OptimizerStep> make_optimizer_step(const RunPlan& plan, Engine& 
 }  // namespace
 
 bool shards_masters(const RunPlan& plan) {
-  const ShardLevel level = plan.sync.shard;
-  const bool budget = plan.memory.budget_bytes > 0;
-  return (level == ShardLevel::kOptimizer || level == ShardLevel::kGradients) && plan.grid.data > 1 &&
-         plan.grid.pipeline == 1 && !(budget && evicts(plan.memory.policy)) &&
-         keeps_weight_copies(plan.compute_weights, plan.precision, false, false);
+  const bool evicting_budget = plan.memory.budget_bytes > 0 && evicts(plan.memory.policy);
+  return shards_masters(plan.sync.shard, plan.grid.data, plan.grid.pipeline, evicting_budget,
+                        keeps_weight_copies(plan.compute_weights, plan.precision, evicting_budget, false));
 }
 
 TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Engine& e, RankCommunicators comms) {

@@ -47,10 +47,8 @@ struct TrainerParts {
   std::vector<std::string> description;  // how the work is split (a pipeline's stages), for the plan's lines
 };
 
-// Whether the fp32 weights are sharded with the optimizer at ZeRO-1 and ZeRO-2 (Megatron's
-// distributed optimizer): where 16-bit copies are kept (what every read but an fp32 one reads),
-// over several replicas of one stage, without a budget that evicts (whose drops of gathered copies
-// every rank would have to decide alike: ZeRO-3's rules). The parameters are then ParameterShards'
+// Whether the fp32 weights are sharded with the optimizer at ZeRO-1 and ZeRO-2 (parallel/
+// shard_layout.h, shards_masters, of the resolved plan). The parameters are then ParameterShards'
 // resident ones (parallel/parameter_shards.h): each rank keeps its fp32 share, and the 16-bit
 // copies are gathered once a step.
 bool shards_masters(const RunPlan& plan);
