@@ -211,7 +211,8 @@ Result predict_row(const PublishedRun& r, const std::string& source_dir) {
   p.schedule = r.virtual_stages > 1 ? ScheduleKind::kInterleaved1f1b : ScheduleKind::k1f1b;
   p.virtual_stages = r.virtual_stages;
   // FSDP's rows in 16 bits gather 16-bit copies: so does ours, asked for (training.compute_weights =
-  // "kept" under parallel.shard = "parameters"; auto casts there under a budget).
+  // "kept" under parallel.shard = "parameters"; auto would cast under full recomputation's budget,
+  // which evicts).
   if (r.half_gathers && r.shard == ShardLevel::kParameters) p.compute_weights = ComputeWeightsMode::kKept;
   // The 16-bit weights as a search chooses them: under full recomputation kept copies where they
   // fit, and where kept copies do not fit, a cast at each read.

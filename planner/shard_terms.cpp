@@ -79,9 +79,11 @@ struct BlockBuckets {
       for (size_t b : u) ++readers[b];
     if (backward_reads != nullptr)
       for (size_t b : *backward_reads) read_back[b] = true;
-    // Under copies backward gathers again what its saved copies are views of.
+    // Under copies backward gathers again what its saved copies are views of: the buckets whose
+    // casts the traced step's backward read (not a first layer's, whose input needs no gradient).
     if (copies != nullptr)
-      for (size_t b = 0; b < n_buckets; ++b) read_back[b] = read_back[b] || half[b];
+      for (size_t b : copies->backward_copy_buckets)
+        if (b < n_buckets) read_back[b] = true;
   }
   bool empty() const { return bytes.empty() || uses->empty(); }
   // Whether block `j` reads any bucket (in backward: any it reads again).

@@ -30,8 +30,7 @@ int64_t live_peak_without_cast_copies(const StepTrace& trace) {
 }  // namespace
 
 bool keeps_weight_copies(const Plan& plan) {
-  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0 && evicts(plan.policy),
-                             plan.shard == ShardLevel::kParameters && plan.ranks > 1);
+  return keeps_weight_copies(plan.compute_weights, plan.precision, plan.budget_bytes > 0 && evicts(plan.policy));
 }
 
 bool gathers_16bit_copies(const Plan& plan) {

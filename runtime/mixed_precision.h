@@ -29,19 +29,18 @@ struct ChoiceNames<ComputeWeightsMode> {
 };
 
 // Whether a run keeps 16-bit weight copies: asked for, or auto without a memory budget that
-// evicts and without ZeRO-3's sharded parameters. Under a budget that evicts the copies are left
-// to the memory manager as the casts' activations (any policy may drop one and cast again; kept
-// copies under "full" at the bit matrix's tightest budget cut the arena into pieces an
-// evaluation's tensor did not fit). Under a budget that never evicts (memory.policy = "none",
+// evicts (under ZeRO-3 the copies are the shards', gathered in 16 bits: parallel/parameter_shards.h).
+// Under a budget that evicts the copies are left to the memory manager as the casts' activations
+// (any policy may drop one and cast again; kept copies under "full" at the bit matrix's tightest
+// budget cut the arena into pieces an evaluation's tensor did not fit). Under a budget that never evicts (memory.policy = "none",
 // which every plan for a device's memory carries) they are kept: the planner walks such a step
 // without the casts, the copies resident (planner/weight_copy_terms.h, walks_without_casts), to
-// within 0.05% of the runs measured (a ZeRO-2 MLP on 3 ranks it once priced 9% over). The
-// trainer's parts and the planner decide alike.
-inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precision, bool evicting_budget,
-                                bool sharded_parameters) {
+// within 0.05% of the runs measured (a ZeRO-2 MLP on 3 ranks it once priced 9% over; ZeRO-3's
+// 16-bit gathers with prefetch 6% over until backward's regathers followed the casts backward
+// reads). The trainer's parts and the planner decide alike.
+inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precision, bool evicting_budget) {
   if (precision == MixedPrecision::kOff) return false;
-  return mode == ComputeWeightsMode::kKept ||
-         (mode == ComputeWeightsMode::kAuto && !evicting_budget && !sharded_parameters);
+  return mode == ComputeWeightsMode::kKept || (mode == ComputeWeightsMode::kAuto && !evicting_budget);
 }
 
 // nullopt: fp32 throughout.

@@ -101,6 +101,21 @@ std::vector<at::Tensor> Tape::saved_weights() const {
   return weights;
 }
 
+std::vector<at::Tensor> Tape::saved_weight_casts() const {
+  std::vector<at::Tensor> weights;
+  for (const TapeEntry& e : entries_) {
+    for (const Tensor& saved : e.saved_inputs) {
+      if (!saved.defined()) continue;
+      const TensorInfo& root = saved.info()->base != nullptr ? *saved.info()->base : *saved.info();
+      const ComputePath* producer = root.producer.get();
+      if (producer == nullptr || !producer->op->traits().converts_type || producer->inputs.empty()) continue;
+      const TensorInfo& source = *producer->inputs[0];
+      if (source.is_weight) weights.push_back(source.value);
+    }
+  }
+  return weights;
+}
+
 void Tape::record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs, int block) {
   const OpTraits& traits = path->op->traits();
   TapeEntry entry;
@@ -148,7 +163,10 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   const int lookahead = interp.memory_hooks().prefetch_lookahead();
   auto ahead = entries_.rbegin();  // host swap: the next entry whose saved values to prefetch
   ParameterSource* parameters = interp.parameter_source();
-  if (parameters != nullptr && part == BackwardPart::kAll) parameters->backward_will_read(saved_weights());
+  if (parameters != nullptr && part == BackwardPart::kAll) {
+    parameters->backward_will_read(saved_weights());
+    parameters->backward_will_read_casts_of(saved_weight_casts());
+  }
   int block = -1;  // the block whose entries run (sharded parameters gather ahead of the next)
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     if (lookahead > 0) prefetch_saved(interp, it, ahead, lookahead);

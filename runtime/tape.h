@@ -40,6 +40,9 @@ class Tape {
   void clear() { entries_.clear(); }
   // The weights the entries saved for backward (with repeats).
   std::vector<at::Tensor> saved_weights() const;
+  // The weights whose casts (autocast's, a converting op's output read by a product) the entries
+  // saved: where 16-bit copies are kept, what backward reads again as those copies.
+  std::vector<at::Tensor> saved_weight_casts() const;
   // Moves every entry recorded so far into the returned tape (one pipeline micro-batch's forward).
   Tape take() {
     Tape taken;

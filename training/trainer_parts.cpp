@@ -228,8 +228,7 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
 // Under ZeRO-3, and at ZeRO-1/2 with sharded masters, the copies are the shards' (each bucket's
 // 16-bit shard, gathered as the fp32 one was: parallel/parameter_shards.h).
 void keep_weight_copies(const RunPlan& plan, Engine& e, const std::shared_ptr<ParameterShards>& parameter_shards) {
-  if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr && evicts(plan.memory.policy),
-                           plan.sync.shard == ShardLevel::kParameters)) {
+  if (!keeps_weight_copies(plan.compute_weights, plan.precision, e.arena != nullptr && evicts(plan.memory.policy))) {
     return;
   }
   if (parameter_shards) {
@@ -289,7 +288,7 @@ std::unique_ptr<OptimizerStep> make_optimizer_step(const RunPlan& plan, Engine& 
 bool shards_masters(const RunPlan& plan) {
   const bool evicting_budget = plan.memory.budget_bytes > 0 && evicts(plan.memory.policy);
   return shards_masters(plan.sync.shard, plan.grid.data, plan.grid.pipeline, evicting_budget,
-                        keeps_weight_copies(plan.compute_weights, plan.precision, evicting_budget, false));
+                        keeps_weight_copies(plan.compute_weights, plan.precision, evicting_budget));
 }
 
 TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Engine& e, RankCommunicators comms) {

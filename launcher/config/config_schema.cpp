@@ -238,7 +238,7 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "the 16-bit weights 16-bit ops read: kept (copies made once per optimizer step and kept, 2 "
                     "bytes per weight: no cast per micro-batch, recomputation or gradient), cast (autocast's "
                     "cast at each read, which a memory budget may drop), or auto (kept, unless a memory budget whose "
-                    "policy evicts or parallel.shard = \"parameters\" holds the memory). Under parallel.shard = \"parameters\", "
+                    "policy evicts holds the memory). Under parallel.shard = \"parameters\", "
                     "kept means each bucket's shard in 16 bits, gathered where read (FSDP's mixed precision); "
                     "under \"optimizer\" or \"gradients\" over several ranks (no pipeline stages, no budget "
                     "that evicts), kept copies shard the fp32 weights with the optimizer: each rank keeps its share, "

@@ -119,6 +119,7 @@ bool LayerTraces::trace(const Config& config, const std::shared_ptr<CpuArena>& a
   if (live_peak_bytes(four.trace) != four.step_peak_bytes) return refuse("its live bytes are not the arena's peak");
   if (repeat_buckets(three_extras.backward_read_buckets, to_four_) != four_extras.backward_read_buckets ||
       repeat_buckets(three_extras.half_read_buckets, to_four_) != four_extras.half_read_buckets ||
+      repeat_buckets(three_extras.backward_copy_buckets, to_four_) != four_extras.backward_copy_buckets ||
       repeat_bucket_elements(three_extras.fp32_read_elements, to_four_) != four_extras.fp32_read_elements)
     return refuse("backward's buckets do not stretch");
   out.trace = repeat_layers(three.trace, to_deep_, why);
@@ -127,6 +128,7 @@ bool LayerTraces::trace(const Config& config, const std::shared_ptr<CpuArena>& a
   out.step_peak_bytes = live_peak_bytes(out.trace);
   extras.backward_read_buckets = repeat_buckets(three_extras.backward_read_buckets, to_deep_);
   extras.half_read_buckets = repeat_buckets(three_extras.half_read_buckets, to_deep_);
+  extras.backward_copy_buckets = repeat_buckets(three_extras.backward_copy_buckets, to_deep_);
   extras.fp32_read_elements = repeat_bucket_elements(three_extras.fp32_read_elements, to_deep_);
   extras.seed_counter = three_extras.seed_counter;
   return true;

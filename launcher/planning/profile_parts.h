@@ -27,7 +27,8 @@ void describe_model(const Config& config, const Model& model, ModelProfile& prof
 int64_t arena_tensor_bytes(const std::vector<at::Tensor>& tensors);
 
 // Which weights backward reads (asked as sharded parameters would ask): every read after the
-// last block's forward, until the next forward begins. It gathers nothing. As the interpreter's
+// last block's forward, until the next forward begins, and the weights whose casts the tape saved
+// (what a step keeping copies reads again as them). It gathers nothing. As the interpreter's
 // ComputeWeights it gives no copy (the step casts, as the profile prices it) but counts the casts:
 // a weight's reads less its casts are its reads in fp32, what 16-bit gathers leave to fp32 ones.
 class BackwardReads final : public ParameterSource, public ComputeWeights {
@@ -36,6 +37,9 @@ class BackwardReads final : public ParameterSource, public ComputeWeights {
     if (in_backward) read.insert(weight.unsafeGetTensorImpl());
     // A kernel's reads, once each (a weight is asked for as it is made resident and as it is read).
     if (!frames_.empty() && frames_.back().insert(weight.unsafeGetTensorImpl()).second) ++reads[weight.unsafeGetTensorImpl()];
+  }
+  void backward_will_read_casts_of(const std::vector<at::Tensor>& weights) override {
+    for (const at::Tensor& w : weights) casts_read.insert(w.unsafeGetTensorImpl());
   }
   void begin_reads() override { frames_.emplace_back(); }
   void end_reads() override { frames_.pop_back(); }
@@ -48,6 +52,7 @@ class BackwardReads final : public ParameterSource, public ComputeWeights {
   int64_t made_last_step() const override { return 0; }
   bool in_backward = false;
   std::unordered_set<const c10::TensorImpl*> read;
+  std::unordered_set<const c10::TensorImpl*> casts_read;  // weights whose casts backward reads
   std::unordered_map<const c10::TensorImpl*, int64_t> reads, casts;
 
  private:

@@ -84,9 +84,11 @@ void expect_same_profile(const std::string& toml, const std::vector<std::string>
     EXPECT_EQ(s.block_sent_held_bytes, w.block_sent_held_bytes);
     EXPECT_EQ(s.backward_read_buckets, w.backward_read_buckets);
     EXPECT_EQ(s.half_read_buckets, w.half_read_buckets);
+    EXPECT_EQ(s.backward_copy_buckets, w.backward_copy_buckets);
     EXPECT_EQ(s.fp32_read_elements, w.fp32_read_elements);
     if (w.precision == MixedPrecision::kBf16) {  // the products' weights cast, the norms' gains read in fp32
       EXPECT_FALSE(w.half_read_buckets.empty());
+      EXPECT_FALSE(w.backward_copy_buckets.empty());
       EXPECT_FALSE(w.fp32_read_elements.empty());
     }
     ASSERT_EQ(s.blocks.size(), w.blocks.size());

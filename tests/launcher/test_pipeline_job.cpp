@@ -315,8 +315,14 @@ TEST(PipelineJobMemory, KeptWeightCopiesPeakAsPredicted) {
               0) << read_file(log);
     const double predicted = last_train_number(out + "/metrics.jsonl", "predicted_peak_bytes");
     const double measured = static_cast<double>(largest_stage_peak(read_file(out + "/metrics.jsonl")));
-    // Measured here: kept +0.70%, cast to the byte (7.5% more: the second micro-batch's casts).
-    EXPECT_NEAR(predicted / measured, 1.0, 0.01) << weights << ": predicted " << predicted << ", fullest stage " << measured;
+    // Measured: cast to the byte (7.5% more than kept: the second micro-batch's casts); kept +0.70%
+    // on a CPU with AVX-512 and +1.9% on one without (2026-12-03, an AMD EPYC with AVX2 only: its
+    // bf16 products' temporaries differ), an upper bound: a stage's kept copies are priced by taking
+    // the casts alive at its traced peak away (planner/pipeline_terms.cpp), not by the walk without
+    // the casts that one rank's step gets (planner/weight_copy_terms.h, walks_without_casts).
+    const bool kept = std::string(weights) == "kept";
+    EXPECT_GE(predicted / measured, kept ? 1.0 : 0.99) << weights << ": predicted " << predicted << ", fullest stage " << measured;
+    EXPECT_LE(predicted / measured, kept ? 1.025 : 1.01) << weights << ": predicted " << predicted << ", fullest stage " << measured;
   }
 }
 

@@ -98,9 +98,12 @@ void expect_predicted_peak_within_two_percent(const std::string& metrics) {
   EXPECT_LE(std::abs(predicted - measured), measured / 50) << "predicted " << predicted << ", measured " << measured;
 }
 
-// bf16, 3 micro-batches per rank (a reduce-scatter each, added into the shards), SGD with momentum
-// and uneven shards (3 ranks), under a budget: the unsharded model within fp32's rounding, and the
-// planner's peak for `level` within 2%.
+// bf16, 2 micro-batches per rank (a reduce-scatter each, added into the shards), SGD with momentum
+// and uneven shards (3 ranks), under a budget that never evicts: the unsharded model within fp32's
+// rounding, auto's 16-bit copies kept (under ZeRO-3 the shards', gathered in 16 bits, one block
+// prefetched), and the planner's peak for `level` within 0.5% (measured 2026-12-03: -0.06% at
+// ZeRO-2 and ZeRO-3; ZeRO-3 had been +6.4% while backward was priced as gathering again every
+// bucket's copies, a first layer's too, whose input needs no gradient).
 void expect_bf16_accumulation_on_three_ranks(const std::string& level) {
   TempDir dir;
   const std::string job = mpirun(3) + HT_BINARY + " " + dir.write("job.toml", kMlp) +
@@ -110,7 +113,11 @@ void expect_bf16_accumulation_on_three_ranks(const std::string& level) {
   ASSERT_EQ(run(job + " --parallel.shard=" + level + " --memory.budget=1GiB --job.output_dir=" + dir.path("sharded")), 0);
   expect_close_models(dir.path("whole/checkpoints/step_00000004"),
                       dir.path("sharded/checkpoints/step_00000004"));
-  expect_predicted_peak_within_two_percent(read_file(dir.path("sharded/metrics.jsonl")));
+  const std::string metrics = read_file(dir.path("sharded/metrics.jsonl"));
+  EXPECT_GT(last_number(metrics, "weight_copies_bytes"), 0) << "auto kept no copies";
+  const int64_t predicted = last_number(metrics, "predicted_peak_bytes"), measured = last_number(metrics, "mem_peak_bytes");
+  ASSERT_GT(measured, 0);
+  EXPECT_LE(std::abs(predicted - measured), measured / 200) << "predicted " << predicted << ", measured " << measured;
 }
 
 class ShardedJob : public ::testing::TestWithParam<int> {

@@ -113,18 +113,27 @@ TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
   EXPECT_EQ(gathered_parameter_bytes(profile, 4, &norms, 1), arena_bytes(4 * 4000))
       << "ahead only what backward reads again";
   // 16-bit gathers: the buckets holding a cast weight gather 2 bytes an element, in backward too
-  // (its saved copies are views of them); a weight read in fp32 (block 1's norm, 64 elements) is
-  // gathered alone beside them; so is the embedding's table (bucket 2, 500 elements: the lookup
-  // reads it in fp32, the tied output layer its copy).
+  // where backward reads the casts (its saved copies are views of them); a weight read in fp32
+  // (block 1's norm, 64 elements) is gathered alone beside them; so is the embedding's table
+  // (bucket 2, 500 elements: the lookup reads it in fp32, the tied output layer its copy).
   ProfilePoint copies;
   copies.half_read_buckets = {0, 1, 2};
+  copies.backward_copy_buckets = {0, 1, 2};
   copies.fp32_read_elements = {{1, 64}, {2, 500}};
   EXPECT_EQ(gathered_parameter_bytes(profile, 4, &norms, 0, &copies),
             arena_bytes(2 * 4000) + arena_bytes(4 * 64) + arena_bytes(2 * 500) + arena_bytes(4 * 500))
       << "block 1's copies and norm, with the tied bucket's copies and table held";
   copies.half_read_buckets = {0, 1};
+  copies.backward_copy_buckets = {0, 1};
   EXPECT_EQ(gathered_parameter_bytes(profile, 4, &none, 0, &copies), arena_bytes(2 * 4000) + arena_bytes(4 * 64))
       << "an untied table (no weight of its bucket cast) is gathered in fp32 in forward only";
+  // Prefetching one block in backward: block 1's copies, gathered again while block 2 computes,
+  // only where backward reads them (a first layer's input needs no gradient: its copy is not saved).
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, &none, 1, &copies),
+            arena_bytes(2 * 110) + arena_bytes(2 * 4000) + arena_bytes(4 * 64));
+  copies.backward_copy_buckets = {0};
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, &none, 1, &copies), arena_bytes(2 * 110) + arena_bytes(4 * 500))
+      << "block 1's copies not read again: forward's end (the last block's, the table) is the most";
   Plan plan;
   plan.ranks = 2;
   plan.shard = ShardLevel::kParameters;
