@@ -69,9 +69,12 @@ struct ProfilePoint {
   // and per bucket the elements of the weights read in fp32 (gathered alone: norms' gains, an
   // embedding's table), sorted by bucket.
   std::vector<size_t> half_read_buckets;
-  // The buckets holding a weight whose cast backward reads (a product saved it, as a product whose
-  // other input needs a gradient does): the copies 16-bit gathers gather again in backward.
+  // What 16-bit gathers gather again in backward: the buckets holding a weight whose cast the tape
+  // saved (a product whose other input needs a gradient saves it; a first layer's does not), and
+  // those holding a weight it saved as it is (a norm's gain; not an embedding's table, which the
+  // lookup does not save, though the cast step reads it after the last block for a tied head).
   std::vector<size_t> backward_copy_buckets;
+  std::vector<size_t> backward_fp32_buckets;
   std::vector<std::pair<size_t, int64_t>> fp32_read_elements;
   // Forward and backward's peak minus what does not scale with the micro-batch: the activations'.
   int64_t activation_bytes() const { return forward_backward_peak_bytes - persistent_bytes - batch_bytes; }

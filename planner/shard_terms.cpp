@@ -38,52 +38,74 @@ namespace {
 
 // The buckets cut at blocks, their bytes, who reads them, and what backward reads again.
 struct BlockBuckets {
-  std::vector<int64_t> bytes;                // per bucket, arena-rounded
-  // Per bucket, each collective's bytes: one, or under 16-bit copies the copies' and the fp32
-  // reads' (parallel/parameter_shards.h: a weight read in fp32 is gathered alone; priced as one).
-  std::vector<std::vector<int64_t>> gathers;
+  // Per bucket, its collectives: one, or under 16-bit copies the copies' and the fp32 reads'
+  // (parallel/parameter_shards.h: a weight read in fp32 is gathered alone; priced as one), each
+  // arena-rounded, and whether backward gathers it again.
+  struct Part {
+    int64_t bytes = 0;
+    bool read_back = false;
+  };
+  std::vector<std::vector<Part>> parts;
+  std::vector<int64_t> bytes;                // per bucket, its parts' bytes
   const std::vector<std::vector<size_t>>* uses = nullptr;  // per block, the buckets it reads
   std::vector<int> readers;                  // per bucket, the blocks that read it
-  std::vector<bool> read_back;               // per bucket: backward reads it again
+  std::vector<bool> read_back;               // per bucket: backward reads a part of it again
 
-  // `copies`: the profile point whose reads 16-bit gathers follow (null: fp32 buckets).
+  // `copies`: the profile point whose reads 16-bit gathers follow (null: fp32 buckets, gathered
+  // again in backward where `backward_reads` holds them, all where it is null).
   BlockBuckets(const ModelProfile& profile, int64_t element_bytes, const std::vector<size_t>* backward_reads,
                const ProfilePoint* copies = nullptr)
       : uses(&profile.block_bucket_uses), readers(profile.block_buckets.size(), 0),
-        read_back(profile.block_buckets.size(), backward_reads == nullptr) {
+        read_back(profile.block_buckets.size(), false) {
     const size_t n_buckets = profile.block_buckets.size();
-    std::vector<bool> half(n_buckets, copies == nullptr);
+    // Which buckets hold what, and what of it backward reads again: under copies, the copies whose
+    // casts the traced step saved (a first layer's product, whose input needs no gradient, saves
+    // none) and the weights read in fp32 that it saved (a norm's gain; not a tied table, which the
+    // lookup does not save); otherwise the buckets of the weights backward read.
+    std::vector<bool> half(n_buckets, false), half_back(n_buckets, false), fp32_back(n_buckets, copies == nullptr);
     std::vector<int64_t> fp32(n_buckets, 0);
+    auto mark = [&](const std::vector<size_t>& list, std::vector<bool>& flags) {
+      for (size_t b : list)
+        if (b < n_buckets) flags[b] = true;
+    };
     if (copies != nullptr) {
-      for (size_t b : copies->half_read_buckets)
-        if (b < n_buckets) half[b] = true;
+      mark(copies->half_read_buckets, half);
+      mark(copies->backward_copy_buckets, half_back);
+      mark(copies->backward_fp32_buckets, fp32_back);
       for (const auto& [b, n] : copies->fp32_read_elements)
         if (b < n_buckets) fp32[b] = n;
+    } else if (backward_reads != nullptr) {
+      std::fill(fp32_back.begin(), fp32_back.end(), false);
+      mark(*backward_reads, fp32_back);
     }
     for (size_t b = 0; b < n_buckets; ++b) {
       int64_t n = 0;
       for (int64_t e : profile.block_buckets[b]) n += e;
-      std::vector<int64_t> parts;
+      std::vector<Part> ps;
       if (copies == nullptr) {
-        parts.push_back(arena_bytes(element_bytes * n));
+        ps.push_back({arena_bytes(element_bytes * n), fp32_back[b]});
       } else {
-        if (half[b]) parts.push_back(arena_bytes(2 * n));
-        if (fp32[b] > 0) parts.push_back(arena_bytes(4 * fp32[b]));
+        if (half[b]) ps.push_back({arena_bytes(2 * n), half_back[b]});
+        if (fp32[b] > 0) ps.push_back({arena_bytes(4 * fp32[b]), fp32_back[b]});
       }
       int64_t sum = 0;
-      for (int64_t x : parts) sum += x;
+      for (const Part& x : ps) {
+        sum += x.bytes;
+        if (x.read_back) read_back[b] = true;
+      }
       bytes.push_back(sum);
-      gathers.push_back(std::move(parts));
+      parts.push_back(std::move(ps));
     }
     for (const std::vector<size_t>& u : *uses)
       for (size_t b : u) ++readers[b];
-    if (backward_reads != nullptr)
-      for (size_t b : *backward_reads) read_back[b] = true;
-    // Under copies backward gathers again what its saved copies are views of: the buckets whose
-    // casts the traced step's backward read (not a first layer's, whose input needs no gradient).
-    if (copies != nullptr)
-      for (size_t b : copies->backward_copy_buckets)
-        if (b < n_buckets) read_back[b] = true;
+  }
+  // Bucket `b`'s bytes gathered in forward, or again in backward.
+  int64_t bytes_of(size_t b, bool backward) const {
+    if (!backward) return bytes[b];
+    int64_t n = 0;
+    for (const Part& x : parts[b])
+      if (x.read_back) n += x.bytes;
+    return n;
   }
   bool empty() const { return bytes.empty() || uses->empty(); }
   // Whether block `j` reads any bucket (in backward: any it reads again).
@@ -99,7 +121,7 @@ struct BlockBuckets {
     for (size_t b = 0; b < bytes.size(); ++b) {
       bool in = backward && readers[b] > 1;
       for (size_t j : blocks) in = in || std::find((*uses)[j].begin(), (*uses)[j].end(), b) != (*uses)[j].end();
-      if (in && (!backward || read_back[b])) n += bytes[b];
+      if (in && (!backward || read_back[b])) n += bytes_of(b, backward);
     }
     return n;
   }
@@ -221,7 +243,8 @@ GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& mach
       double ms = 0;
       for (size_t b : (*g.uses)[k]) {
         if (gathered[b] || (back && !g.read_back[b])) continue;
-        for (int64_t part : g.gathers[b]) ms += allgather_ms(machine, plan.ranks, part, plan.tensor);
+        for (const BlockBuckets::Part& part : g.parts[b])
+          if (!back || part.read_back) ms += allgather_ms(machine, plan.ranks, part.bytes, plan.tensor);
         gathered[b] = back && g.readers[b] > 1;
       }
       if (!back) {  // forward frees what the next block does not read

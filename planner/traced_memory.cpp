@@ -62,6 +62,7 @@ bool merged_point(const ModelProfile& measured, const ProfilePoint& t, ProfilePo
   out.backward_read_buckets = t.backward_read_buckets;
   out.half_read_buckets = t.half_read_buckets;
   out.backward_copy_buckets = t.backward_copy_buckets;
+  out.backward_fp32_buckets = t.backward_fp32_buckets;
   out.fp32_read_elements = t.fp32_read_elements;
   // Static plans' graph: the measured one interpolated (its kernels' costs are measured).
   out.graph = graph_for(measured, t.micro_batch, t.precision, &out.block_starts);

@@ -120,6 +120,7 @@ bool LayerTraces::trace(const Config& config, const std::shared_ptr<CpuArena>& a
   if (repeat_buckets(three_extras.backward_read_buckets, to_four_) != four_extras.backward_read_buckets ||
       repeat_buckets(three_extras.half_read_buckets, to_four_) != four_extras.half_read_buckets ||
       repeat_buckets(three_extras.backward_copy_buckets, to_four_) != four_extras.backward_copy_buckets ||
+      repeat_buckets(three_extras.backward_fp32_buckets, to_four_) != four_extras.backward_fp32_buckets ||
       repeat_bucket_elements(three_extras.fp32_read_elements, to_four_) != four_extras.fp32_read_elements)
     return refuse("backward's buckets do not stretch");
   out.trace = repeat_layers(three.trace, to_deep_, why);
@@ -129,6 +130,7 @@ bool LayerTraces::trace(const Config& config, const std::shared_ptr<CpuArena>& a
   extras.backward_read_buckets = repeat_buckets(three_extras.backward_read_buckets, to_deep_);
   extras.half_read_buckets = repeat_buckets(three_extras.half_read_buckets, to_deep_);
   extras.backward_copy_buckets = repeat_buckets(three_extras.backward_copy_buckets, to_deep_);
+  extras.backward_fp32_buckets = repeat_buckets(three_extras.backward_fp32_buckets, to_deep_);
   extras.fp32_read_elements = repeat_bucket_elements(three_extras.fp32_read_elements, to_deep_);
   extras.seed_counter = three_extras.seed_counter;
   return true;

@@ -94,7 +94,8 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
   extras->seed_counter = interp.seed_counter();
   if (extras->bucket_of != nullptr) {
     extras->backward_read_buckets = buckets_read(reads.read, *extras->bucket_of);
-    extras->backward_copy_buckets = buckets_read(reads.casts_read, *extras->bucket_of);
+    extras->backward_copy_buckets = buckets_read(reads.copies_saved(), *extras->bucket_of);
+    extras->backward_fp32_buckets = buckets_read(reads.saved, *extras->bucket_of);
     precision_reads(reads, *extras->bucket_of, extras->half_read_buckets, extras->fp32_read_elements);
   }
   if (const CapturedStep* step = extras->capture_graph ? memory.static_planner()->last_step() : nullptr) {

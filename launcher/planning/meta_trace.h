@@ -58,6 +58,7 @@ struct TraceExtras {
   uint64_t seed_counter = 0;
   std::vector<size_t> backward_read_buckets;
   std::vector<size_t> backward_copy_buckets;                     // ProfilePoint's
+  std::vector<size_t> backward_fp32_buckets;                     // ProfilePoint's
   std::vector<size_t> half_read_buckets;                         // ProfilePoint's
   std::vector<std::pair<size_t, int64_t>> fp32_read_elements;    // ProfilePoint's
   schedule::StepGraph graph;

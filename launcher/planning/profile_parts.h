@@ -27,8 +27,8 @@ void describe_model(const Config& config, const Model& model, ModelProfile& prof
 int64_t arena_tensor_bytes(const std::vector<at::Tensor>& tensors);
 
 // Which weights backward reads (asked as sharded parameters would ask): every read after the
-// last block's forward, until the next forward begins, and the weights whose casts the tape saved
-// (what a step keeping copies reads again as them). It gathers nothing. As the interpreter's
+// last block's forward, until the next forward begins; and the weights the tape saved, as they are
+// and as casts (what a step keeping copies reads again). It gathers nothing. As the interpreter's
 // ComputeWeights it gives no copy (the step casts, as the profile prices it) but counts the casts:
 // a weight's reads less its casts are its reads in fp32, what 16-bit gathers leave to fp32 ones.
 class BackwardReads final : public ParameterSource, public ComputeWeights {
@@ -38,8 +38,11 @@ class BackwardReads final : public ParameterSource, public ComputeWeights {
     // A kernel's reads, once each (a weight is asked for as it is made resident and as it is read).
     if (!frames_.empty() && frames_.back().insert(weight.unsafeGetTensorImpl()).second) ++reads[weight.unsafeGetTensorImpl()];
   }
+  void backward_will_read(const std::vector<at::Tensor>& weights) override {
+    for (const at::Tensor& w : weights) saved.insert(w.unsafeGetTensorImpl());
+  }
   void backward_will_read_casts_of(const std::vector<at::Tensor>& weights) override {
-    for (const at::Tensor& w : weights) casts_read.insert(w.unsafeGetTensorImpl());
+    for (const at::Tensor& w : weights) casts_saved.insert(w.unsafeGetTensorImpl());
   }
   void begin_reads() override { frames_.emplace_back(); }
   void end_reads() override { frames_.pop_back(); }
@@ -52,7 +55,16 @@ class BackwardReads final : public ParameterSource, public ComputeWeights {
   int64_t made_last_step() const override { return 0; }
   bool in_backward = false;
   std::unordered_set<const c10::TensorImpl*> read;
-  std::unordered_set<const c10::TensorImpl*> casts_read;  // weights whose casts backward reads
+  // The weights the tape saved as they are (read in fp32), and those whose casts it saved.
+  std::unordered_set<const c10::TensorImpl*> saved, casts_saved;
+  // Of casts_saved, autocast's (those it asked a copy of): what a step keeping copies reads
+  // again as its copies (a cast the model makes itself is made at each read in either step).
+  std::unordered_set<const c10::TensorImpl*> copies_saved() const {
+    std::unordered_set<const c10::TensorImpl*> out;
+    for (const c10::TensorImpl* w : casts_saved)
+      if (casts.count(w) > 0) out.insert(w);
+    return out;
+  }
   std::unordered_map<const c10::TensorImpl*, int64_t> reads, casts;
 
  private:

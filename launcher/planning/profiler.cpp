@@ -120,7 +120,8 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
     trainer.interpreter().set_parameter_source(nullptr);
     trainer.interpreter().set_compute_weights(nullptr);
     point.backward_read_buckets = buckets_read(reads.read, p.block_bucket_of);
-    point.backward_copy_buckets = buckets_read(reads.casts_read, p.block_bucket_of);
+    point.backward_copy_buckets = buckets_read(reads.copies_saved(), p.block_bucket_of);
+    point.backward_fp32_buckets = buckets_read(reads.saved, p.block_bucket_of);
     precision_reads(reads, p.block_bucket_of, point.half_read_buckets, point.fp32_read_elements);
     point.trace = recorder.take();
     if (const CapturedStep* step = memory.static_planner()->last_step()) {

@@ -45,6 +45,7 @@ ProfilePoint traced_point(const TracedStep& step, TraceExtras& extras, const Mod
   point.backward_read_buckets = std::move(extras.backward_read_buckets);
   point.half_read_buckets = std::move(extras.half_read_buckets);
   point.backward_copy_buckets = std::move(extras.backward_copy_buckets);
+  point.backward_fp32_buckets = std::move(extras.backward_fp32_buckets);
   point.fp32_read_elements = std::move(extras.fp32_read_elements);
   point.graph = std::move(extras.graph);
   point.block_starts = std::move(extras.block_starts);

@@ -85,6 +85,7 @@ void expect_same_profile(const std::string& toml, const std::vector<std::string>
     EXPECT_EQ(s.backward_read_buckets, w.backward_read_buckets);
     EXPECT_EQ(s.half_read_buckets, w.half_read_buckets);
     EXPECT_EQ(s.backward_copy_buckets, w.backward_copy_buckets);
+    EXPECT_EQ(s.backward_fp32_buckets, w.backward_fp32_buckets);
     EXPECT_EQ(s.fp32_read_elements, w.fp32_read_elements);
     if (w.precision == MixedPrecision::kBf16) {  // the products' weights cast, the norms' gains read in fp32
       EXPECT_FALSE(w.half_read_buckets.empty());

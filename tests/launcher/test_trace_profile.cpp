@@ -93,6 +93,7 @@ TEST(TraceProfile, StateAndActivationsAreTheProfiledRunsToTheByte) {
     // What 16-bit gathers would gather: the buckets with a cast weight, the weights read in fp32.
     EXPECT_EQ(t.half_read_buckets, m->half_read_buckets);
     EXPECT_EQ(t.backward_copy_buckets, m->backward_copy_buckets);
+    EXPECT_EQ(t.backward_fp32_buckets, m->backward_fp32_buckets);
     EXPECT_EQ(t.fp32_read_elements, m->fp32_read_elements);
     EXPECT_EQ(t.trace.kernels.size(), m->trace.kernels.size());
     EXPECT_EQ(t.graph.forward.size(), m->graph.forward.size());

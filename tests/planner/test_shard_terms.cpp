@@ -116,13 +116,21 @@ TEST(ShardTerms, ParametersAreTheRanksShardsPlusTheBlocksGathered) {
   // where backward reads the casts (its saved copies are views of them); a weight read in fp32
   // (block 1's norm, 64 elements) is gathered alone beside them; so is the embedding's table
   // (bucket 2, 500 elements: the lookup reads it in fp32, the tied output layer its copy).
+  // Backward gathers again the copies whose casts the tape saved and the fp32 weights it saved (the
+  // norm; not the table, which the lookup does not save).
   ProfilePoint copies;
   copies.half_read_buckets = {0, 1, 2};
   copies.backward_copy_buckets = {0, 1, 2};
+  copies.backward_fp32_buckets = {1};
   copies.fp32_read_elements = {{1, 64}, {2, 500}};
   EXPECT_EQ(gathered_parameter_bytes(profile, 4, &norms, 0, &copies),
+            arena_bytes(2 * 4000) + arena_bytes(4 * 64) + arena_bytes(2 * 500))
+      << "block 1's copies and norm, with the tied bucket's copies held (not its fp32 table)";
+  copies.backward_fp32_buckets = {1, 2};
+  EXPECT_EQ(gathered_parameter_bytes(profile, 4, &norms, 0, &copies),
             arena_bytes(2 * 4000) + arena_bytes(4 * 64) + arena_bytes(2 * 500) + arena_bytes(4 * 500))
-      << "block 1's copies and norm, with the tied bucket's copies and table held";
+      << "a table backward reads in fp32 held too";
+  copies.backward_fp32_buckets = {1};
   copies.half_read_buckets = {0, 1};
   copies.backward_copy_buckets = {0, 1};
   EXPECT_EQ(gathered_parameter_bytes(profile, 4, &none, 0, &copies), arena_bytes(2 * 4000) + arena_bytes(4 * 64))
