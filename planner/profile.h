@@ -65,7 +65,8 @@ struct ProfilePoint {
   // cast reads only the copies forward kept; a norm's fp32 weight is read again).
   std::vector<size_t> backward_read_buckets;
   // What 16-bit gathers gather (parallel/parameter_shards.h, keep_copies): the buckets holding a
-  // weight autocast casts (their 16-bit copies, gathered whole, in forward and again in backward),
+  // weight autocast casts (their 16-bit copies, gathered whole in forward; in backward again where
+  // backward_copy_buckets below says),
   // and per bucket the elements of the weights read in fp32 (gathered alone: norms' gains, an
   // embedding's table), sorted by bucket.
   std::vector<size_t> half_read_buckets;

@@ -53,8 +53,10 @@ const std::vector<std::vector<int64_t>>& sharded_buckets(const ModelProfile& pro
 // profile.block_buckets; null: all) and those of the `prefetch` blocks before it, with the
 // buckets several blocks read (tied weights) held throughout.
 // `copies`: 16-bit gathers (parallel/parameter_shards.h, keep_copies), by that profile point's
-// reads: a bucket holding a cast weight gathers its 16-bit copies (2 bytes an element; backward
-// gathers them again), and its weights read in fp32 alone (ProfilePoint::fp32_read_elements).
+// reads: a bucket holding a cast weight gathers its 16-bit copies (2 bytes an element), and its
+// weights read in fp32 alone (ProfilePoint::fp32_read_elements); backward gathers again the copies
+// and the fp32 weights the tape saved (backward_copy_buckets, backward_fp32_buckets), not
+// `backward_reads`.
 int64_t gathered_parameter_bytes(const ModelProfile& profile, int64_t element_bytes,
                                  const std::vector<size_t>* backward_reads, int prefetch = 0,
                                  const ProfilePoint* copies = nullptr);

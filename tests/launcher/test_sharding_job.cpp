@@ -278,9 +278,9 @@ TEST(ShardedJobComposition, ParameterShardsUnderDtrWithOneRankLoaded) {
   EXPECT_THAT(read_file(dir.path("loaded/metrics.jsonl")), ::testing::Not(HasSubstr("\"evictions\": 0,")));
 }
 
-// ZeRO-3 with bf16 (the weights' bf16 copies made from gathered parameters), 3 micro-batches per
-// rank, clipping and SGD with momentum on uneven shards, under a budget: the unsharded model within
-// fp32's rounding, and the planner's peak for the level within 2%.
+// ZeRO-3 with bf16 (auto's 16-bit copies: each bucket's shard rounded and gathered in 16 bits), 2
+// micro-batches per rank, SGD with momentum on uneven shards, under a budget that never evicts:
+// the unsharded model within fp32's rounding, and the planner's peak for the level within 0.5%.
 TEST(ShardedJobComposition, ParameterShardsWithAccumulationAndBf16OnThreeRanks) {
   if (run("mpirun --version") != 0) GTEST_SKIP() << "no mpirun on this machine";
   expect_bf16_accumulation_on_three_ranks("parameters");
