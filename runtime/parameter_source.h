@@ -41,7 +41,7 @@ class ParameterSource {
   // A backward begins whose entries saved (and so will read) exactly these weights: a source may
   // free what it holds of others (under autocast a cast weight's backward reads only its copy).
   virtual void backward_will_read(const std::vector<at::Tensor>& weights) {}
-  // ...and these weights' casts (Tape::saved_weight_casts): a profile of a step that casts learns
+  // ...and these weights' casts (Tape::saved_weights): a profile of a step that casts learns
   // from it what a step keeping 16-bit copies would read again of them.
   virtual void backward_will_read_casts_of(const std::vector<at::Tensor>& weights) {}
   // A kernel's reads begin and end: what is read between them must stay resident.

@@ -88,32 +88,23 @@ void flush_copy_gradient(TensorInfo& copy) {
   add_to_weight(copy.grad_to, *copy.owner, std::move(sum));
 }
 
-std::vector<at::Tensor> Tape::saved_weights() const {
-  std::vector<at::Tensor> weights;
+Tape::SavedWeights Tape::saved_weights() const {
+  SavedWeights out;
   for (const TapeEntry& e : entries_) {
     for (const Tensor& saved : e.saved_inputs) {
       if (!saved.defined()) continue;
       // A view of a weight (a transpose kept for backward) reads the weight's storage.
       const TensorInfo& root = saved.info()->base != nullptr ? *saved.info()->base : *saved.info();
-      if (root.is_weight) weights.push_back(root.value);
-    }
-  }
-  return weights;
-}
-
-std::vector<at::Tensor> Tape::saved_weight_casts() const {
-  std::vector<at::Tensor> weights;
-  for (const TapeEntry& e : entries_) {
-    for (const Tensor& saved : e.saved_inputs) {
-      if (!saved.defined()) continue;
-      const TensorInfo& root = saved.info()->base != nullptr ? *saved.info()->base : *saved.info();
+      if (root.is_weight) {
+        out.as_is.push_back(root.value);
+        continue;
+      }
       const ComputePath* producer = root.producer.get();
       if (producer == nullptr || !producer->op->traits().converts_type || producer->inputs.empty()) continue;
-      const TensorInfo& source = *producer->inputs[0];
-      if (source.is_weight) weights.push_back(source.value);
+      if (producer->inputs[0]->is_weight) out.casts.push_back(producer->inputs[0]->value);
     }
   }
-  return weights;
+  return out;
 }
 
 void Tape::record(const std::shared_ptr<ComputePath>& path, const std::vector<Tensor>& outputs, int block) {
@@ -164,8 +155,9 @@ void Tape::backward(Interpreter& interp, const std::vector<Tensor>& roots,
   auto ahead = entries_.rbegin();  // host swap: the next entry whose saved values to prefetch
   ParameterSource* parameters = interp.parameter_source();
   if (parameters != nullptr && part == BackwardPart::kAll) {
-    parameters->backward_will_read(saved_weights());
-    parameters->backward_will_read_casts_of(saved_weight_casts());
+    const SavedWeights saved = saved_weights();
+    parameters->backward_will_read(saved.as_is);
+    parameters->backward_will_read_casts_of(saved.casts);
   }
   int block = -1;  // the block whose entries run (sharded parameters gather ahead of the next)
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {

@@ -38,11 +38,13 @@ class Tape {
   void backward(Interpreter& interp, const std::vector<Tensor>& roots,
                 const std::vector<at::Tensor>& grads, BackwardPart part = BackwardPart::kAll);
   void clear() { entries_.clear(); }
-  // The weights the entries saved for backward (with repeats).
-  std::vector<at::Tensor> saved_weights() const;
-  // The weights whose casts (autocast's, a converting op's output read by a product) the entries
-  // saved: where 16-bit copies are kept, what backward reads again as those copies.
-  std::vector<at::Tensor> saved_weight_casts() const;
+  // The weights the entries saved for backward (with repeats): as they are, and those whose casts
+  // (a converting op's output read by a product) they saved: where 16-bit copies are kept, what
+  // backward reads again as those copies.
+  struct SavedWeights {
+    std::vector<at::Tensor> as_is, casts;
+  };
+  SavedWeights saved_weights() const;
   // Moves every entry recorded so far into the returned tape (one pipeline micro-batch's forward).
   Tape take() {
     Tape taken;
