@@ -12,6 +12,7 @@
 #include "planner/tensor_terms.h"
 #include "runtime/kernel_workspace.h"
 #include "runtime/thread_pools.h"
+#include "tests/support/cpu_features.h"
 #include "tests/support/temp_dir.h"
 
 #include <ATen/Parallel.h>
@@ -234,6 +235,9 @@ global_batch_size = 8
 )";
   const std::set<std::string> workspaces{"conv2d", "conv2d backward", "batch_norm", "batch_norm backward",
                                          "max_pool2d backward", "adaptive_avg_pool2d", "adaptive_avg_pool2d backward"};
+  // The convolution rules are oneDNN's AVX-512 kernels'; elsewhere the trace is only a lower bound.
+  const bool avx512 = cpu_has_avx512_core();
+  if (!avx512) std::printf("[ exact peaks skipped ] %s\n", kWithoutAvx512);
   const int threads = at::get_num_threads();
   for (const int t : {1, 2}) {
     set_compute_threads(t);
@@ -253,7 +257,12 @@ global_batch_size = 8
           expect_meta_allocations_in_the_data_run(bare.trace, data.trace, workspaces);
           EXPECT_LE(bare.step_peak_bytes, data.step_peak_bytes) << "workspaces only add";
           const DeclaredWorkspaces declared(WorkspaceRules::kThisCpu);
-          EXPECT_EQ(trace_micro_batch(config, info, micro, true).step_peak_bytes, data.step_peak_bytes);
+          const int64_t traced = trace_micro_batch(config, info, micro, true).step_peak_bytes;
+          if (avx512) {
+            EXPECT_EQ(traced, data.step_peak_bytes);
+          } else {
+            EXPECT_LE(traced, data.step_peak_bytes) << "declared workspaces are ones the run holds";
+          }
         }
       }
     }

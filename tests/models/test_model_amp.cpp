@@ -11,6 +11,7 @@
 // what the Fashion-MNIST test (a ConvNet with batch norm, tests/launcher/test_training.cpp) checks.
 // Where autograd does not repeat itself (oneDNN's bf16 convolutions: ours_and_oracle below) the
 // oracle runs with oneDNN off.
+#include "tests/support/cpu_features.h"
 #include "tests/support/model_cases.h"
 #include "tests/support/op_check.h"
 
@@ -105,6 +106,8 @@ class ModelAmp : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelAmp, Bf16EqualsAutogradWithTheSameCastsAndTracksFp32) {
   const ModelCase& c = model_case(GetParam());
+  const bool convolutional = c.name != "mlp" && c.name != "gpt" && c.name != "llama";
+  if (convolutional && !cpu_has_avx512_core()) GTEST_SKIP() << kWithoutAvx512;
   const Step fp32 = train_step(c, std::nullopt, ExecutionMode::kInterpreted);
   const Step bf16 = train_step(c, at::kBFloat16, ExecutionMode::kInterpreted);
   const Step reference = train_step(c, at::kBFloat16, ExecutionMode::kAutograd);

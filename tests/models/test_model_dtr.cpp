@@ -10,6 +10,7 @@
 #include "models/resnet.h"
 #include "models/supernet.h"
 #include "tests/support/budget_training.h"
+#include "tests/support/cpu_features.h"
 
 #include <gtest/gtest.h>
 
@@ -106,8 +107,13 @@ TEST(ModelDtrComposition, Bf16AndAccumulationOfFour) {
   const SaverOptions savers{at::kBFloat16, 4};
   const ModelCase gpt8{"gpt8", [] { return std::make_shared<Decoder>(DecoderOptions::gpt2(17, 32, 8, 2, 32, 0.1)); },
                        dtr_case("gpt").data};
-  const std::vector<std::pair<const ModelCase*, double>> cases{
-      {&gpt8, 0.3}, {&dtr_case("resnet18"), 0.6}, {&dtr_case("supernet"), 0.7}};
+  std::vector<std::pair<const ModelCase*, double>> cases{{&gpt8, 0.3}};
+  // bf16 convolutions' budgets are fractions of peaks with oneDNN's AVX-512 kernels.
+  if (cpu_has_avx512_core()) {
+    cases.insert(cases.end(), {{&dtr_case("resnet18"), 0.6}, {&dtr_case("supernet"), 0.7}});
+  } else {
+    std::printf("[ skipped ] resnet18 and supernet: %s\n", kWithoutAvx512);
+  }
   for (const auto& [c, ratio] : cases) {
     const std::string what = c->name + " at " + std::to_string(ratio);
     const BudgetRun plain = train_in_budget(*c, kUnlimited, std::nullopt, 3, kSaversBatch, savers);

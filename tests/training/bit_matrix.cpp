@@ -17,6 +17,7 @@
 // AVX512_BF16), and its entries are compared only on a machine that has them.
 #include "training/checkpoint.h"
 #include "base/remove_tree.h"
+#include "tests/support/cpu_features.h"
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -209,20 +210,6 @@ std::vector<Entry> entries() {
   }
   // fp16 (the loss scaler) needs a GPU: ATen lacks its CPU kernels.
   return out;
-}
-
-// Whether this CPU has AVX-512's core (F, BW, DQ, VL), which oneDNN's bf16 products need.
-bool has_avx512_core() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("flags", 0) != 0) continue;
-    line += " ";
-    for (const char* flag : {" avx512f ", " avx512bw ", " avx512dq ", " avx512vl "}) {
-      if (line.find(flag) == std::string::npos) return false;
-    }
-    return true;
-  }
-  return false;
 }
 
 std::string read_text(const std::string& path) {
@@ -444,7 +431,7 @@ int main(int argc, char** argv) {
   // The kernels' instruction sets, pinned (see the top of this file); inherited by every rank.
   setenv("ATEN_CPU_CAPABILITY", "avx2", 1);
   setenv("OPENBLAS_CORETYPE", "Haswell", 1);
-  const bool avx512 = has_avx512_core();
+  const bool avx512 = ht::test::cpu_has_avx512_core();
   const std::string root = !keep.empty() ? keep
                                          : (std::filesystem::temp_directory_path() /
                                             ("ht_bit_matrix_" + std::to_string(getpid()))).string();
