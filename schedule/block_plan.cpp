@@ -1,0 +1,131 @@
+#include "schedule/block_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+namespace ht::schedule {
+namespace {
+
+// More nodes than a block of tens of saved values needs once bounded; beyond it the best found is
+// returned and said inexact.
+constexpr int64_t kNodeLimit = 4'000'000;
+
+class Search {
+ public:
+  Search(const BlockGraph& g, int64_t budget) : g_(g), budget_(budget) {
+    for (size_t v = 0; v < g.values.size(); ++v)
+      if (g.values[v].saved) order_.push_back(static_cast<int>(v));
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](int a, int b) { return g.values[a].bytes > g.values[b].bytes; });
+    rest_bytes_.assign(order_.size() + 1, 0);
+    for (size_t i = order_.size(); i-- > 0;) rest_bytes_[i] = rest_bytes_[i + 1] + g.values[order_[i]].bytes;
+    keep_.assign(g.values.size(), false);
+    best_ = plan_with(g, keep_);  // keep nothing: always within budget
+  }
+
+  BlockPlan run() {
+    visit(0, 0);
+    best_.exact = nodes_ <= kNodeLimit;
+    return best_;
+  }
+
+ private:
+  void visit(size_t i, int64_t kept) {
+    if (++nodes_ > kNodeLimit) return;
+    // Keeping every undecided value is the least this branch can cost.
+    for (size_t j = i; j < order_.size(); ++j) keep_[order_[j]] = true;
+    const double bound = plan_with(g_, keep_).recompute_ms;
+    const bool all_fit = kept + rest_bytes_[i] <= budget_;
+    if (all_fit || bound >= best_.recompute_ms) {
+      if (all_fit && bound < best_.recompute_ms) best_ = plan_with(g_, keep_);
+      for (size_t j = i; j < order_.size(); ++j) keep_[order_[j]] = false;
+      return;
+    }
+    for (size_t j = i; j < order_.size(); ++j) keep_[order_[j]] = false;
+    const int v = order_[i];
+    const int64_t bytes = g_.values[v].bytes;
+    if (kept + bytes <= budget_) {
+      keep_[v] = true;
+      visit(i + 1, kept + bytes);
+      keep_[v] = false;
+    }
+    visit(i + 1, kept);
+  }
+
+  const BlockGraph& g_;
+  const int64_t budget_;
+  std::vector<int> order_;         // saved values, largest first
+  std::vector<int64_t> rest_bytes_;  // bytes of order_[i..]
+  std::vector<bool> keep_;
+  BlockPlan best_;
+  int64_t nodes_ = 0;
+};
+
+}  // namespace
+
+int64_t BlockGraph::saved_bytes() const {
+  int64_t n = 0;
+  for (const BlockValue& v : values)
+    if (v.saved) n += v.bytes;
+  return n;
+}
+
+std::string BlockGraph::signature() const {
+  std::string s;
+  char buf[64];
+  for (const BlockOp& op : ops) {
+    std::snprintf(buf, sizeof buf, "o%.9g:", op.cost_ms);
+    s += buf;
+    for (int in : op.inputs) s += std::to_string(in) + ",";
+  }
+  for (const BlockValue& v : values) s += "v" + std::to_string(v.bytes) + ":" + std::to_string(v.op) + (v.saved ? "s" : "");
+  return s;
+}
+
+BlockPlan plan_with(const BlockGraph& graph, std::vector<bool> keep) {
+  BlockPlan plan;
+  keep.resize(graph.values.size(), false);
+  std::vector<bool> run(graph.ops.size(), false);
+  std::vector<int> needed;
+  for (size_t v = 0; v < graph.values.size(); ++v) {
+    if (!graph.values[v].saved) keep[v] = false;
+    if (keep[v]) plan.kept_bytes += graph.values[v].bytes;
+    if (graph.values[v].saved && !keep[v]) needed.push_back(static_cast<int>(v));
+  }
+  while (!needed.empty()) {
+    const int v = needed.back();
+    needed.pop_back();
+    const int op = graph.values[v].op;
+    if (run[op]) continue;
+    run[op] = true;
+    plan.recompute_ms += graph.ops[op].cost_ms;
+    ++plan.recomputed_ops;
+    for (int in : graph.ops[op].inputs)
+      if (!keep[in]) needed.push_back(in);
+  }
+  plan.keep = std::move(keep);
+  return plan;
+}
+
+BlockPlan solve_block_plan(const BlockGraph& graph, int64_t keep_budget_bytes) {
+  return Search(graph, std::max<int64_t>(0, keep_budget_bytes)).run();
+}
+
+std::vector<BlockPlan> block_plan_frontier(const BlockGraph& graph, int max_points) {
+  std::vector<BlockPlan> points;
+  int64_t budget = graph.saved_bytes();
+  while (static_cast<int>(points.size()) < std::max(1, max_points - 1)) {
+    BlockPlan p = solve_block_plan(graph, budget);
+    // Two budgets with the same least cost: the one keeping fewer bytes stands for both.
+    if (!points.empty() && p.recompute_ms <= points.back().recompute_ms) points.pop_back();
+    const int64_t kept = p.kept_bytes;
+    points.push_back(std::move(p));
+    if (kept == 0) return points;
+    budget = kept - 1;
+  }
+  points.push_back(solve_block_plan(graph, 0));
+  return points;
+}
+
+}  // namespace ht::schedule

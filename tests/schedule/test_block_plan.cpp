@@ -1,0 +1,96 @@
+// One block's keep-or-recompute plan (schedule/block_plan.h): the branch and bound against every
+// keep set on random block graphs, a transformer-shaped block solved by hand, the frontier.
+#include "schedule/block_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <random>
+
+namespace ht::schedule {
+namespace {
+
+// Random DAGs: op i reads up to three earlier values; each op makes one or two values.
+BlockGraph random_block(std::mt19937& rng, int ops) {
+  BlockGraph g;
+  for (int i = 0; i < ops; ++i) {
+    BlockOp op;
+    op.cost_ms = 1 + static_cast<double>(rng() % 20);
+    const int reads = g.values.empty() ? 0 : 1 + static_cast<int>(rng() % 3);
+    for (int r = 0; r < reads; ++r) op.inputs.push_back(static_cast<int>(rng() % g.values.size()));
+    g.ops.push_back(op);
+    const int outs = 1 + static_cast<int>(rng() % 4 == 0);
+    for (int o = 0; o < outs; ++o) g.values.push_back({int64_t{1} + static_cast<int64_t>(rng() % 50), i, rng() % 3 != 0});
+  }
+  return g;
+}
+
+// The least cost over every keep set of saved values within the budget.
+double brute_force(const BlockGraph& g, int64_t budget) {
+  std::vector<int> saved;
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (g.values[v].saved) saved.push_back(static_cast<int>(v));
+  double best = std::numeric_limits<double>::infinity();
+  for (uint32_t mask = 0; mask < (1u << saved.size()); ++mask) {
+    std::vector<bool> keep(g.values.size(), false);
+    for (size_t i = 0; i < saved.size(); ++i) keep[saved[i]] = (mask >> i) & 1u;
+    const BlockPlan p = plan_with(g, keep);
+    if (p.kept_bytes <= budget) best = std::min(best, p.recompute_ms);
+  }
+  return best;
+}
+
+TEST(BlockPlan, TheSearchFindsTheLeastRecomputationOfEveryKeepSet) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 60; ++trial) {
+    const BlockGraph g = random_block(rng, 4 + trial % 9);
+    const int64_t all = g.saved_bytes();
+    for (const double share : {0.0, 0.2, 0.5, 0.8, 1.0}) {
+      const auto budget = static_cast<int64_t>(share * static_cast<double>(all));
+      const BlockPlan p = solve_block_plan(g, budget);
+      SCOPED_TRACE("trial " + std::to_string(trial) + " budget " + std::to_string(budget));
+      EXPECT_TRUE(p.exact);
+      EXPECT_LE(p.kept_bytes, budget);
+      EXPECT_DOUBLE_EQ(p.recompute_ms, brute_force(g, budget));
+      EXPECT_DOUBLE_EQ(plan_with(g, p.keep).recompute_ms, p.recompute_ms) << "the plan's own cost";
+    }
+  }
+}
+
+// x -> norm (n, 10 B, 1 ms) -> matmul (h, 40 B, 8 ms) -> gelu (a, 40 B, 1 ms) -> matmul (out).
+// Backward reads n, h, a (out is the block's output). Keeping h alone (40 B) lets gelu run again
+// from it (1 ms) and leaves norm's n to recompute (1 ms): 2 ms. Keeping a (40 B) instead leaves
+// h to its matmul, which needs n: 9 ms. In 50 B: n and h, then a costs the gelu alone.
+TEST(BlockPlan, AMlpKeepsItsMatmulsOutputAndRunsTheCheapOpsAgain) {
+  BlockGraph g;
+  g.ops = {{1, {}}, {8, {0}}, {1, {1}}, {8, {2}}};
+  g.values = {{10, 0, true}, {40, 1, true}, {40, 2, true}, {10, 3, false}};
+  EXPECT_DOUBLE_EQ(solve_block_plan(g, 0).recompute_ms, 10);
+  const BlockPlan p40 = solve_block_plan(g, 40);
+  EXPECT_EQ(p40.keep, (std::vector<bool>{false, true, false, false}));
+  EXPECT_DOUBLE_EQ(p40.recompute_ms, 2);
+  const BlockPlan p50 = solve_block_plan(g, 50);
+  EXPECT_EQ(p50.keep, (std::vector<bool>{true, true, false, false}));
+  EXPECT_DOUBLE_EQ(p50.recompute_ms, 1);
+  EXPECT_DOUBLE_EQ(solve_block_plan(g, 90).recompute_ms, 0);
+}
+
+TEST(BlockPlan, TheFrontierRunsFromKeepingAllToKeepingNone) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    const BlockGraph g = random_block(rng, 10);
+    const std::vector<BlockPlan> f = block_plan_frontier(g);
+    ASSERT_FALSE(f.empty());
+    EXPECT_DOUBLE_EQ(f.front().recompute_ms, 0);
+    EXPECT_EQ(f.back().kept_bytes, 0);
+    for (size_t i = 1; i < f.size(); ++i) {
+      EXPECT_LT(f[i].kept_bytes, f[i - 1].kept_bytes);
+      EXPECT_GT(f[i].recompute_ms, f[i - 1].recompute_ms) << "every point on it is worth its bytes";
+      // Nothing between two points does better than the larger one's cost.
+      EXPECT_DOUBLE_EQ(solve_block_plan(g, f[i - 1].kept_bytes - 1).recompute_ms, f[i].recompute_ms);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ht::schedule
