@@ -21,6 +21,8 @@ namespace {
 // than 896 KiB.
 constexpr double kSwapShare = 0.9;
 
+uint64_t id_of(const TensorInfo* t) { return reinterpret_cast<uint64_t>(t); }
+
 const void* data_of(const TensorInfo& t) {
   return t.value.defined() && t.value.has_storage() ? t.value.storage().data() : nullptr;
 }
@@ -61,6 +63,9 @@ void MemoryManager::configure(MemoryOptions options) {
               "MemoryManager::configure: dropping blocks needs eviction (DTR regenerates them)");
   TORCH_CHECK(!options_.swap || (options_.arena != nullptr && evictor_ != nullptr),
               "MemoryManager::configure: host swap needs a budget and an eviction policy");
+  block_plans_ = options_.checkpoint_blocks > 0 && options_.block_keep_bytes > 0
+                     ? std::make_unique<schedule::BlockPlans>(options_.block_keep_bytes)
+                     : nullptr;
   swap_ = options_.swap ? std::make_unique<HostSwap>(*options_.swap) : nullptr;
   if (swap_) swap_->set_timeline(options_.timeline);
   planner_ = options_.static_plans
@@ -95,11 +100,18 @@ void MemoryManager::block_begins(int block) {
 }
 
 void MemoryManager::drop_block() {
-  for (TensorInfo* t : block_made_) {
-    // Still a root this manager holds (a destroyed record left root_slot_), resident, droppable.
-    if (root_slot_.count(t) == 0 || !t->resident() || !t->evictable()) continue;
-    if (std::find(last_made_.begin(), last_made_.end(), t) != last_made_.end()) continue;
-    evict(*t);
+  const std::vector<uint64_t>& made = block_made_.values();
+  std::vector<bool> saved(made.size(), false);
+  for (size_t i = 0; i < made.size(); ++i) {
+    auto* t = reinterpret_cast<TensorInfo*>(made[i]);
+    // Still a root this manager holds, resident, droppable, and not the block's output.
+    saved[i] = t != nullptr && root_slot_.count(t) != 0 && t->resident() && t->evictable() &&
+               std::find(last_made_.begin(), last_made_.end(), t) == last_made_.end();
+  }
+  std::vector<bool> keep;
+  if (block_plans_) keep = block_plans_->keep(block_made_.graph(saved));
+  for (size_t i = 0; i < made.size(); ++i) {
+    if (saved[i] && !(i < keep.size() && keep[i])) evict(*reinterpret_cast<TensorInfo*>(made[i]));
   }
 }
 
@@ -107,13 +119,18 @@ void MemoryManager::forward_outputs(const ComputePath& path, const std::vector<T
   if (planner_) planner_->forward_op(path, outputs, taped);
   if (options_.checkpoint_blocks > 0 && taped && block_ >= 0) {
     last_made_.clear();
+    std::vector<std::pair<uint64_t, int64_t>> made;
     for (TensorInfo* out : path.outputs) {
       if (out == nullptr) continue;
       // A view owns no bytes: its root was made before (perhaps by the block before, whose output
       // this block reads), and is kept if the view is the block's output.
       last_made_.push_back(out->is_view() ? out->base : out);
-      if (!out->is_view()) block_made_.push_back(out);
+      if (!out->is_view()) made.emplace_back(id_of(out), static_cast<int64_t>(CpuArena::rounded_size(out->nbytes)));
     }
+    std::vector<uint64_t> reads;
+    for (const auto& in : path.inputs)
+      if (in) reads.push_back(id_of(in->is_view() ? in->base : in.get()));
+    block_made_.op(path.modeled_ms, reads, made);
   }
   if (!swap_ || !taped) return;
   // What this op's backward will read: candidates for a copy to host.
@@ -436,6 +453,7 @@ void MemoryManager::on_dropped(TensorInfo& t) {
 
 void MemoryManager::on_destroyed(TensorInfo& t) {
   if (t.resident()) forget(t);
+  if (options_.checkpoint_blocks > 0) block_made_.forget(id_of(&t));
   if (swap_ && t.has_gradient()) {
     auto it = std::find(pending_grads_.begin(), pending_grads_.end(), &t);
     if (it != pending_grads_.end()) pending_grads_.erase(it);

@@ -17,6 +17,7 @@ enum class MemoryPolicy : uint8_t {
   kAuto,      // a static plan once a sequence repeats, DTR otherwise
   kSegments,  // torch's checkpoint_sequential: sqrt(n) segments of blocks, recomputed whole
   kFull,      // Megatron's full recomputation: each block's activations dropped at its end, but its output
+  kPerBlock,  // each block keeps what its solved plan keeps in memory.block_keep bytes, the rest as full
   kDtr,       // DTR by one of its eviction heuristics (memory/eviction_policy.h)
   kDtrEq,
   kMegEngine,
@@ -30,7 +31,7 @@ struct ChoiceNames<MemoryPolicy> {
   static constexpr std::pair<MemoryPolicy, const char*> table[] = {
       {MemoryPolicy::kNone, "none"},         {MemoryPolicy::kStatic, "static"},
       {MemoryPolicy::kAuto, "auto"},         {MemoryPolicy::kSegments, "segments"},
-      {MemoryPolicy::kFull, "full"},
+      {MemoryPolicy::kFull, "full"},         {MemoryPolicy::kPerBlock, "per_block"},
       {MemoryPolicy::kDtr, "dtr"},           {MemoryPolicy::kDtrEq, "dtr_eq"},
       {MemoryPolicy::kMegEngine, "megengine"}, {MemoryPolicy::kLru, "lru"},
       {MemoryPolicy::kLargest, "largest"},   {MemoryPolicy::kSwap, "swap"},
@@ -44,8 +45,8 @@ inline bool plans_statically(MemoryPolicy p) {
   return p == MemoryPolicy::kStatic || p == MemoryPolicy::kAuto || p == MemoryPolicy::kSegments;
 }
 // Every block's activations dropped at its end (MemoryOptions::checkpoint_blocks), DTR recomputing
-// them in its backward.
-inline bool recomputes_blocks(MemoryPolicy p) { return p == MemoryPolicy::kFull; }
+// them in its backward; under per_block, but what the block's plan keeps (block_keep_bytes).
+inline bool recomputes_blocks(MemoryPolicy p) { return p == MemoryPolicy::kFull || p == MemoryPolicy::kPerBlock; }
 // Host swap (memory/host_swap.h), with DTR for what is not copied.
 inline bool swaps(MemoryPolicy p) { return p == MemoryPolicy::kSwap || p == MemoryPolicy::kHybrid; }
 // The heuristic that chooses what DTR evicts under `p` (static plans and swap fall back on dtr);

@@ -4,6 +4,7 @@
 #include "alloc/cpu_arena.h"
 #include "memory/eviction_score.h"
 #include "memory/eviction_window.h"
+#include "schedule/block_recorder.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -188,7 +189,11 @@ class Replay {
     if (options_.checkpoint_blocks > 0 && !trace_.kernels[k].backward && block_ >= 0) {
       // A view allocates nothing: its outputs are what it reads.
       last_made_ = outputs_[k].empty() ? trace_.kernels[k].inputs : outputs_[k];
-      block_made_.insert(block_made_.end(), outputs_[k].begin(), outputs_[k].end());
+      std::vector<uint64_t> reads;
+      for (int in : trace_.kernels[k].inputs) reads.push_back(static_cast<uint64_t>(in) + 1);
+      std::vector<std::pair<uint64_t, int64_t>> made;
+      for (int t : outputs_[k]) made.emplace_back(static_cast<uint64_t>(t) + 1, trace_.tensors[t].bytes);
+      block_made_.op(trace_.kernels[k].modeled_ms, reads, made);
     }
     for (int in : trace_.kernels[k].inputs) unpin(in);
     for (int t : made_in_[k]) unpin(t);
@@ -430,9 +435,16 @@ class Replay {
 
   // checkpoint_blocks: as MemoryManager::drop_block.
   void drop_block() {
-    for (int t : block_made_) {
-      if (!evictable(t) || std::find(last_made_.begin(), last_made_.end(), t) != last_made_.end()) continue;
-      evict(t);
+    const std::vector<uint64_t>& made = block_made_.values();
+    std::vector<bool> saved(made.size(), false);
+    for (size_t i = 0; i < made.size(); ++i) {
+      const int t = static_cast<int>(made[i]) - 1;
+      saved[i] = evictable(t) && std::find(last_made_.begin(), last_made_.end(), t) == last_made_.end();
+    }
+    std::vector<bool> keep;
+    if (options_.block_keep_bytes > 0) keep = block_plans_.keep(block_made_.graph(saved));
+    for (size_t i = 0; i < made.size(); ++i) {
+      if (saved[i] && !(i < keep.size() && keep[i])) evict(static_cast<int>(made[i]) - 1);
     }
   }
 
@@ -479,7 +491,9 @@ class Replay {
   uint64_t now_ = 0;
   bool backward_seen_ = false;
   int block_ = -1;                         // checkpoint_blocks: the block forward is in
-  std::vector<int> block_made_, last_made_;  // what it made; its last kernel's outputs
+  schedule::BlockRecorder block_made_;  // what it made (as the engine records it)
+  std::vector<int> last_made_;          // its last kernel's outputs
+  schedule::BlockPlans block_plans_{options_.block_keep_bytes};
   ReplayResult result_;
 };
 

@@ -40,6 +40,9 @@ struct ReplayOptions {
   // kernel of another block begins, what the block before made is dropped but its last kernel's
   // outputs (a view's: what it reads), as the engine's block_begins does. 0: off.
   int checkpoint_blocks = 0;
+  // memory.policy = "per_block" (MemoryOptions::block_keep_bytes): with checkpoint_blocks, each
+  // block keeps what its plan chooses within these bytes, as the engine's. 0: none (full).
+  int64_t block_keep_bytes = 0;
 };
 
 struct ReplayResult {

@@ -24,6 +24,7 @@ struct Plan {
   MixedPrecision precision = MixedPrecision::kOff;  // training.mixed_precision
   MemoryPolicy policy = MemoryPolicy::kNone;        // memory.policy
   int64_t budget_bytes = 0;       // memory.budget; 0: none
+  int64_t block_keep_bytes = 0;   // memory.block_keep under per_block: what each block keeps
   // memory.eviction_threshold: under eviction, what each kernel evicts down to, as a share of the
   // budget (host swap takes at most 0.9, as the runtime does).
   double eviction_threshold = 0.9;

@@ -41,6 +41,7 @@ MemoryOptions memory_options(const MemoryPlan& m, uint64_t seed, std::shared_ptr
   eviction.seed = seed;
   options.eviction = eviction;
   if (recomputes_blocks(m.policy)) options.checkpoint_blocks = blocks;
+  if (m.policy == MemoryPolicy::kPerBlock) options.block_keep_bytes = m.block_keep_bytes;
   return options;
 }
 

@@ -49,6 +49,8 @@ struct BatchPlan {
 struct MemoryPlan {
   int64_t budget_bytes = 0;
   MemoryPolicy policy = MemoryPolicy::kNone;
+  // per_block: bytes each block keeps through forward, as its plan chooses (MemoryOptions::block_keep_bytes).
+  int64_t block_keep_bytes = 0;
   double eviction_threshold = 0.9;
   bool sqrt_sampling = false;
   bool ignore_small = true;

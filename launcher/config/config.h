@@ -143,6 +143,7 @@ struct ParallelConfig {
 struct MemoryConfig {
   MemoryPolicy policy = MemoryPolicy::kNone;
   std::string budget;
+  std::string block_keep;  // per_block: bytes each block keeps through forward ("12MiB"); empty: the planner's choice
   double eviction_threshold = 0.9;
   bool sqrt_sampling = false;
   bool ignore_small = true;

@@ -348,7 +348,8 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "otherwise), segments (torch's checkpoint_sequential: sqrt(n) segments of "
                     "blocks, recomputed whole); full (Megatron's full recomputation: every block but the last "
                     "keeps only its output, its other activations recomputed by DTR in its backward; with "
-                    "pipeline stages and tensor parallelism too); or DTR with an eviction heuristic: dtr (the "
+                    "pipeline stages and tensor parallelism too); per_block (as full, but each block keeps "
+                    "what a solved plan chooses in memory.block_keep bytes); or DTR with an eviction heuristic: dtr (the "
                     "paper's h_DTR), "
                     "dtr_eq (its union-find approximation), megengine (fragmentation-aware), lru or largest; or "
                     "host swap: swap (vDNN: convolution and matmul outputs copied to host memory in forward, "
@@ -357,6 +358,12 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::memory, &MemoryConfig::budget, "memory", "budget",
                     "device memory per rank, parameters, gradients and optimizer state included: \"1.5GiB\", "
                     "\"800MiB\", \"2GB\", bytes, or \"60%\" of the device; empty: unlimited"));
+  f.push_back(Field(&C::memory, &MemoryConfig::block_keep, "memory", "block_keep",
+                    "per_block: bytes of what its backward reads that each block keeps through forward (\"12MiB\"), "
+                    "the values chosen so that regenerating the rest costs least (docs/memory.md); \"0\": none, as "
+                    "full")
+                  .only_when("memory.policy = \"per_block\"",
+                             [](const Config& c) { return c.memory.policy == MemoryPolicy::kPerBlock; }));
   f.push_back(Field(&C::memory, &MemoryConfig::eviction_threshold, "memory", "eviction_threshold",
                     "before each op, evict until its outputs fit under this share of the budget (1: the whole "
                     "budget, cheaper where it trains, but blocks that cannot be evicted may then fragment it; "

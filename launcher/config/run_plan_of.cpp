@@ -69,6 +69,7 @@ MemoryPlan memory_plan_of(const Config& c) {
   MemoryPlan p;
   p.budget_bytes = budget_bytes_of(c);
   p.policy = m.policy;
+  p.block_keep_bytes = block_keep_bytes_of(c);
   p.eviction_threshold = m.eviction_threshold;
   p.sqrt_sampling = m.sqrt_sampling;
   p.ignore_small = m.ignore_small;
@@ -147,6 +148,17 @@ int64_t budget_bytes_of(const Config& c) {
   if (!bytes) {
     throw UserError(c.source + ": memory.budget = \"" + budget + "\" is not a memory size; use bytes with a unit "
                     "(\"1.5GiB\", \"800MiB\", \"2GB\") or a share of the device (\"60%\")");
+  }
+  return *bytes;
+}
+
+int64_t block_keep_bytes_of(const Config& c) {
+  const std::string& keep = c.memory.block_keep;
+  if (keep.empty() || c.memory.policy != MemoryPolicy::kPerBlock) return 0;
+  const auto bytes = parse_byte_size(keep, 0);
+  if (!bytes || keep.find('%') != std::string::npos) {
+    throw UserError(c.source + ": memory.block_keep = \"" + keep + "\" is not a memory size; use bytes with a "
+                    "unit (\"12MiB\", \"800KB\"): what each block keeps through forward");
   }
   return *bytes;
 }
@@ -247,6 +259,7 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
   const MemoryPlan& m = plan.memory;
   if (m.budget_bytes != budget_bytes_of(config)) c.memory.budget = std::to_string(m.budget_bytes);
   c.memory.policy = m.policy;
+  if (m.policy == MemoryPolicy::kPerBlock) c.memory.block_keep = std::to_string(m.block_keep_bytes);
   c.memory.eviction_threshold = m.eviction_threshold;
   c.memory.optimizer_state = m.optimizer_state;
   return c;

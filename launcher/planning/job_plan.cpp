@@ -362,6 +362,7 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
     run.compute_weights = keeps_weight_copies(plan) ? ComputeWeightsMode::kKept : ComputeWeightsMode::kCast;
   }
   run.memory.policy = plan.policy;
+  run.memory.block_keep_bytes = plan.block_keep_bytes;
   if (plan.state_on_host && swaps(plan.policy)) run.memory.optimizer_state = StatePlace::kHost;
   // The search's plans carry the default threshold, and leave the base config's; one that chose
   // another (memory.policy = "auto"'s) sets it.

@@ -32,6 +32,7 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.precision = run.precision;
   p.compute_weights = run.compute_weights;
   p.policy = run.memory.policy;
+  p.block_keep_bytes = run.memory.block_keep_bytes;
   p.budget_bytes = run.memory.budget_bytes;
   p.eviction_threshold = run.memory.eviction_threshold;
   p.stages = run.grid.pipeline;

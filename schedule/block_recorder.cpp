@@ -1,0 +1,49 @@
+#include "schedule/block_recorder.h"
+
+namespace ht::schedule {
+
+void BlockRecorder::clear() {
+  graph_ = {};
+  ids_.clear();
+  position_.clear();
+}
+
+void BlockRecorder::op(double cost_ms, const std::vector<uint64_t>& reads,
+                       const std::vector<std::pair<uint64_t, int64_t>>& made) {
+  if (made.empty()) return;
+  BlockOp op;
+  op.cost_ms = cost_ms;
+  for (uint64_t id : reads) {
+    auto it = position_.find(id);
+    if (it != position_.end()) op.inputs.push_back(it->second);
+  }
+  const int index = static_cast<int>(graph_.ops.size());
+  graph_.ops.push_back(std::move(op));
+  for (const auto& [id, bytes] : made) {
+    position_[id] = static_cast<int>(ids_.size());
+    ids_.push_back(id);
+    graph_.values.push_back({bytes, index, false});
+  }
+}
+
+void BlockRecorder::forget(uint64_t id) {
+  auto it = position_.find(id);
+  if (it == position_.end()) return;
+  ids_[it->second] = 0;
+  position_.erase(it);
+}
+
+BlockGraph BlockRecorder::graph(const std::vector<bool>& saved) const {
+  BlockGraph g = graph_;
+  for (size_t i = 0; i < g.values.size(); ++i) g.values[i].saved = i < saved.size() && saved[i];
+  return g;
+}
+
+const std::vector<bool>& BlockPlans::keep(const BlockGraph& graph) {
+  const std::string key = graph.signature();
+  auto it = plans_.find(key);
+  if (it == plans_.end()) it = plans_.emplace(key, solve_block_plan(graph, budget_).keep).first;
+  return it->second;
+}
+
+}  // namespace ht::schedule

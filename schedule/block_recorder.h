@@ -1,0 +1,50 @@
+#pragma once
+// Records one block's forward as a BlockGraph (block_plan.h) while it runs, and keeps the plans
+// solved for the blocks seen. The engine (memory/memory_manager.cpp, ids: its tensor records) and
+// the planner's replay (planner/dtr_replay.cpp, ids: trace tensors) both record through it, so a
+// block's plan is the same in the run and in its prediction.
+
+#include "schedule/block_plan.h"
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace ht::schedule {
+
+class BlockRecorder {
+ public:
+  void clear();
+  // A forward op of the block (views excepted): the values it read (their roots; ids the block did
+  // not make are from outside it) and the ones it made (id, bytes), in its outputs' order.
+  void op(double cost_ms, const std::vector<uint64_t>& reads, const std::vector<std::pair<uint64_t, int64_t>>& made);
+  // The value is gone before the block ended (its id may be given to another).
+  void forget(uint64_t id);
+  // The values made, in order; 0 where forgotten.
+  const std::vector<uint64_t>& values() const { return ids_; }
+  // The block's graph, saved[i] saying whether backward reads value i.
+  BlockGraph graph(const std::vector<bool>& saved) const;
+
+ private:
+  BlockGraph graph_;
+  std::vector<uint64_t> ids_;
+  std::unordered_map<uint64_t, int> position_;
+};
+
+// The plans of the blocks seen, by their graphs' signatures: blocks that repeat are solved once.
+class BlockPlans {
+ public:
+  explicit BlockPlans(int64_t keep_budget_bytes) : budget_(keep_budget_bytes) {}
+  // Per value of `graph`: kept through forward.
+  const std::vector<bool>& keep(const BlockGraph& graph);
+  int64_t budget_bytes() const { return budget_; }
+  int solved() const { return static_cast<int>(plans_.size()); }
+
+ private:
+  int64_t budget_;
+  std::unordered_map<std::string, std::vector<bool>> plans_;
+};
+
+}  // namespace ht::schedule
