@@ -63,8 +63,8 @@ void MemoryManager::configure(MemoryOptions options) {
               "MemoryManager::configure: dropping blocks needs eviction (DTR regenerates them)");
   TORCH_CHECK(!options_.swap || (options_.arena != nullptr && evictor_ != nullptr),
               "MemoryManager::configure: host swap needs a budget and an eviction policy");
-  block_plans_ = options_.checkpoint_blocks > 0 && options_.block_keep_bytes > 0
-                     ? std::make_unique<schedule::BlockPlans>(options_.block_keep_bytes)
+  block_plans_ = options_.checkpoint_blocks > 0 && (options_.block_keep_bytes > 0 || options_.block_keep_share > 0)
+                     ? std::make_unique<schedule::BlockPlans>(options_.block_keep_bytes, options_.block_keep_share)
                      : nullptr;
   swap_ = options_.swap ? std::make_unique<HostSwap>(*options_.swap) : nullptr;
   if (swap_) swap_->set_timeline(options_.timeline);

@@ -57,6 +57,7 @@ struct MemoryOptions {
   // schedule::solve_block_plan chooses within these bytes of what its backward reads, the rest
   // dropped as above (0: none kept, full recomputation). Blocks that repeat share one plan.
   int64_t block_keep_bytes = 0;
+  double block_keep_share = 0;  // instead, this share of what each block's backward reads (0: bytes)
 
   // A budget of `arena`, evicting with `heuristic` (default options) or never.
   static MemoryOptions budget(std::shared_ptr<CpuArena> arena, std::optional<EvictionHeuristic> heuristic) {

@@ -442,7 +442,7 @@ class Replay {
       saved[i] = evictable(t) && std::find(last_made_.begin(), last_made_.end(), t) == last_made_.end();
     }
     std::vector<bool> keep;
-    if (options_.block_keep_bytes > 0) keep = block_plans_.keep(block_made_.graph(saved));
+    if (options_.block_keep_bytes > 0 || options_.block_keep_share > 0) keep = block_plans_.keep(block_made_.graph(saved));
     for (size_t i = 0; i < made.size(); ++i) {
       if (saved[i] && !(i < keep.size() && keep[i])) evict(static_cast<int>(made[i]) - 1);
     }
@@ -493,7 +493,7 @@ class Replay {
   int block_ = -1;                         // checkpoint_blocks: the block forward is in
   schedule::BlockRecorder block_made_;  // what it made (as the engine records it)
   std::vector<int> last_made_;          // its last kernel's outputs
-  schedule::BlockPlans block_plans_{options_.block_keep_bytes};
+  schedule::BlockPlans block_plans_{options_.block_keep_bytes, options_.block_keep_share};
   ReplayResult result_;
 };
 

@@ -43,6 +43,7 @@ struct ReplayOptions {
   // memory.policy = "per_block" (MemoryOptions::block_keep_bytes): with checkpoint_blocks, each
   // block keeps what its plan chooses within these bytes, as the engine's. 0: none (full).
   int64_t block_keep_bytes = 0;
+  double block_keep_share = 0;  // as MemoryOptions::block_keep_share
 };
 
 struct ReplayResult {

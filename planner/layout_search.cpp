@@ -85,7 +85,7 @@ std::vector<RankedPlan> rank_layouts(const std::map<int, ModelProfile>& profiles
   replay_ahead(plans, profiles, machine, search.threads);
   std::vector<RankedPlan> ranked = rank_plans(plans, predict_plan, objective, search.threads);
   if (search.evict_if_needed && (ranked.empty() || !ranked[0].prediction.fits)) {
-    search.options.policies = {MemoryPolicy::kNone, MemoryPolicy::kFull, MemoryPolicy::kDtr};
+    search.options.policies = {MemoryPolicy::kNone, MemoryPolicy::kFull, MemoryPolicy::kPerBlock, MemoryPolicy::kDtr};
     plans = without_needless_eviction(
         with_arenas(candidate_plans(search.global_batch, machine.device_memory, search.options)), predict_plan);
     replay_ahead(plans, profiles, machine, search.threads);

@@ -40,7 +40,10 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   options.window = !swaps(plan.policy);  // as the engine: under host swap, no windows (memory_manager.cpp)
   options.eviction_threshold = swaps(plan.policy) ? std::min(0.9, plan.eviction_threshold) : plan.eviction_threshold;
   if (recomputes_blocks(plan.policy)) options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
-  if (plan.policy == MemoryPolicy::kPerBlock) options.block_keep_bytes = plan.block_keep_bytes;
+  if (plan.policy == MemoryPolicy::kPerBlock) {
+    options.block_keep_bytes = plan.block_keep_bytes;
+    options.block_keep_share = plan.block_keep_share;
+  }
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   const int64_t state_on_host = state_waits_on_host(plan) ? p.optimizer_state_bytes : 0;
   trace.persistent_bytes = p.state_bytes() - state_on_host + p.sampler_bytes;

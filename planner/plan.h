@@ -16,6 +16,10 @@
 
 namespace ht {
 
+// memory.policy = "per_block": the shares of what each block's backward reads that the search
+// and the run check try (Plan::block_keep_share), from nearly all down to a quarter.
+inline constexpr double kBlockKeepLadder[] = {0.875, 0.75, 0.5, 0.25};
+
 // One way to train the job: what the search chooses among.
 struct Plan {
   int ranks = 1;                  // data-parallel ranks (replicas)
@@ -24,7 +28,8 @@ struct Plan {
   MixedPrecision precision = MixedPrecision::kOff;  // training.mixed_precision
   MemoryPolicy policy = MemoryPolicy::kNone;        // memory.policy
   int64_t budget_bytes = 0;       // memory.budget; 0: none
-  int64_t block_keep_bytes = 0;   // memory.block_keep under per_block: what each block keeps
+  int64_t block_keep_bytes = 0;   // memory.block_keep under per_block: what each block keeps,
+  double block_keep_share = 0;    // or this share of what its backward reads (the search's ladder)
   // memory.eviction_threshold: under eviction, what each kernel evicts down to, as a share of the
   // budget (host swap takes at most 0.9, as the runtime does).
   double eviction_threshold = 0.9;

@@ -141,9 +141,9 @@ struct ModelProfile {
   int tensor_parallel = 1;
   bool sequence_parallel = false;
   TensorShape tensor_shape;       // a decoder's; undefined for other models
-  // The cost model's replays of full recomputation by (micro-batch, precision, budget): a search
-  // predicts many plans of each (not thread-safe: the search predicts one plan at a time).
-  mutable std::map<std::tuple<int64_t, int, int64_t>, BlockRecomputeReplay> full_recompute_replays;
+  // The cost model's replays of full recomputation (and per_block's) by (micro-batch, precision,
+  // budget, per_block's share kept in thousandths): a search predicts many plans of each.
+  mutable std::map<std::tuple<int64_t, int, int64_t, int>, BlockRecomputeReplay> full_recompute_replays;
   // ZeRO-2's gradient blocks along the step by (micro-batch, precision, overlapped, ranks with
   // accumulation): planner/shard_terms.h, gradient_blocks_term.
   // (the last element: the step walked without the weights' casts, for kept copies).

@@ -19,8 +19,8 @@ namespace {
 std::mutex g_replays_mutex;
 
 BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
-                                   int64_t budget_bytes) {
-  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes);
+                                   int64_t budget_bytes, int keep_permille) {
+  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes, keep_permille);
   {
     const std::lock_guard<std::mutex> lock(g_replays_mutex);
     auto it = profile.full_recompute_replays.find(key);
@@ -29,6 +29,7 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
   ReplayOptions options;
   options.budget_bytes = budget_bytes;
   options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
+  options.block_keep_share = keep_permille / 1000.0;
   StepTrace trace = without_optimizer_phase(*shared_trace_for(profile, micro_batch, micro_batch, precision));
   trace.persistent_bytes = 0;
   const ReplayResult r = replay_step(trace, options);
@@ -54,6 +55,11 @@ std::vector<int64_t> profiled_sizes(const ModelProfile& profile, MixedPrecision 
     if (pt.precision == precision && pt.threads == profile.threads) sizes.push_back(pt.micro_batch);
   std::sort(sizes.begin(), sizes.end());
   return sizes;
+}
+
+// per_block's share (in thousandths; bytes are not replayed at scale: 0, as full).
+int keep_permille(const Plan& plan) {
+  return plan.policy == MemoryPolicy::kPerBlock ? static_cast<int>(std::lround(plan.block_keep_share * 1000)) : 0;
 }
 
 struct ReplayKey {
@@ -99,20 +105,21 @@ std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& pl
 // forward and backward. A size whose sum passes the budget does not fit (predict's device-memory
 // check).
 BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
+  const int keep = keep_permille(plan);
   const std::vector<ReplayKey> keys = first_replays(profile, plan);
   if (keys.size() == 1) {
     if (keys[0].budget_bytes == plan.budget_bytes) {
-      return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+      return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes, keep);
     }
-    const BlockRecomputeReplay roomy = replay_blocks(profile, plan.micro_batch, plan.precision, keys[0].budget_bytes);
+    const BlockRecomputeReplay roomy = replay_blocks(profile, plan.micro_batch, plan.precision, keys[0].budget_bytes, keep);
     if (holds_at(roomy, plan.budget_bytes)) return roomy;
-    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes, keep);
   }
   const int64_t ma = keys[0].micro_batch, mb = keys[1].micro_batch;
-  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, keys[0].budget_bytes);
-  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, keys[1].budget_bytes);
+  const BlockRecomputeReplay a = replay_blocks(profile, ma, plan.precision, keys[0].budget_bytes, keep);
+  const BlockRecomputeReplay b = replay_blocks(profile, mb, plan.precision, keys[1].budget_bytes, keep);
   if (!a.failure.empty() || !b.failure.empty()) {
-    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes);
+    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes, keep);
   }
   const double t = static_cast<double>(plan.micro_batch - ma) / static_cast<double>(mb - ma);
   auto line = [&](double x, double y) { return x + (y - x) * t; };
@@ -137,20 +144,23 @@ void replay_blocks_ahead(const std::vector<std::pair<const ModelProfile*, Plan>>
     int64_t micro_batch;
     MixedPrecision precision;
     int64_t budget_bytes;
+    int keep_permille;
   };
   std::vector<Job> jobs;
-  std::set<std::tuple<const ModelProfile*, int64_t, int, int64_t>> seen;
+  std::set<std::tuple<const ModelProfile*, int64_t, int, int64_t, int>> seen;
   for (const auto& [profile, plan] : plans) {
     for (const ReplayKey& k : first_replays(*profile, plan)) {
-      if (seen.emplace(profile, k.micro_batch, static_cast<int>(plan.precision), k.budget_bytes).second)
-        jobs.push_back({profile, k.micro_batch, plan.precision, k.budget_bytes});
+      const int keep = keep_permille(plan);
+      if (seen.emplace(profile, k.micro_batch, static_cast<int>(plan.precision), k.budget_bytes, keep).second)
+        jobs.push_back({profile, k.micro_batch, plan.precision, k.budget_bytes, keep});
     }
   }
   std::atomic<size_t> next{0};
   auto work = [&] {
     try {
       for (size_t i = next++; i < jobs.size(); i = next++)
-        replay_blocks(*jobs[i].profile, jobs[i].micro_batch, jobs[i].precision, jobs[i].budget_bytes);
+        replay_blocks(*jobs[i].profile, jobs[i].micro_batch, jobs[i].precision, jobs[i].budget_bytes,
+                      jobs[i].keep_permille);
     } catch (...) {
       next = jobs.size();  // a head start only: predict replays what is missing, and says what failed
     }

@@ -60,6 +60,13 @@ std::string describe_plan(const Plan& p) {
   if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
   s += p.precision == MixedPrecision::kOff ? std::string(", fp32") : std::string(", ") + choice_name(p.precision);
   if (evicts(p.policy)) s += std::string(", ") + choice_name(p.policy);
+  if (p.policy == MemoryPolicy::kPerBlock && p.block_keep_share > 0) {
+    char kept[48];
+    std::snprintf(kept, sizeof kept, " keeping %.1f%% of each block", 100 * p.block_keep_share);
+    s += kept;
+  } else if (p.policy == MemoryPolicy::kPerBlock && p.block_keep_bytes > 0) {
+    s += " keeping " + format_bytes(p.block_keep_bytes) + " of each block";
+  }
   if (evicts(p.policy) && p.eviction_threshold != Plan{}.eviction_threshold) {
     char threshold[48];
     std::snprintf(threshold, sizeof threshold, " evicting down to %.0f%%", 100 * p.eviction_threshold);
@@ -145,6 +152,14 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             // first, then prefetched a block ahead (one block more gathered, for the time it hides).
             const bool prefetches = prefetch_depth(p) > 0;
             if (prefetches) p.prefetch = 0;
+            // per_block: the ladder of what each block keeps, each a plan of its own (the frontier).
+            if (policy == MemoryPolicy::kPerBlock) {
+              for (double share : kBlockKeepLadder) {
+                p.block_keep_share = share;
+                plans.push_back(p);
+              }
+              continue;
+            }
             plans.push_back(p);
             if (prefetches) {
               p.prefetch = 1;

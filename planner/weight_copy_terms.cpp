@@ -126,7 +126,7 @@ WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision, 
 }
 
 std::optional<Plan> weight_kept_twin(const Plan& plan) {
-  if (plan.compute_weights != ComputeWeightsMode::kAuto || plan.policy != MemoryPolicy::kFull ||
+  if (plan.compute_weights != ComputeWeightsMode::kAuto || !recomputes_blocks(plan.policy) ||
       plan.precision == MixedPrecision::kOff || keeps_weight_copies(plan)) {
     return std::nullopt;
   }

@@ -42,7 +42,11 @@ BlockGraph BlockRecorder::graph(const std::vector<bool>& saved) const {
 const std::vector<bool>& BlockPlans::keep(const BlockGraph& graph) {
   const std::string key = graph.signature();
   auto it = plans_.find(key);
-  if (it == plans_.end()) it = plans_.emplace(key, solve_block_plan(graph, budget_).keep).first;
+  if (it == plans_.end()) {
+    const int64_t budget =
+        share_ > 0 ? static_cast<int64_t>(share_ * static_cast<double>(graph.saved_bytes())) : budget_;
+    it = plans_.emplace(key, solve_block_plan(graph, budget).keep).first;
+  }
   return it->second;
 }
 

@@ -36,14 +36,16 @@ class BlockRecorder {
 // The plans of the blocks seen, by their graphs' signatures: blocks that repeat are solved once.
 class BlockPlans {
  public:
-  explicit BlockPlans(int64_t keep_budget_bytes) : budget_(keep_budget_bytes) {}
+  // Each block keeps `keep_budget_bytes`, or with a `share` in (0, 1], that share of what its
+  // backward reads (BlockGraph::saved_bytes).
+  explicit BlockPlans(int64_t keep_budget_bytes, double share = 0) : budget_(keep_budget_bytes), share_(share) {}
   // Per value of `graph`: kept through forward.
   const std::vector<bool>& keep(const BlockGraph& graph);
-  int64_t budget_bytes() const { return budget_; }
   int solved() const { return static_cast<int>(plans_.size()); }
 
  private:
   int64_t budget_;
+  double share_;
   std::unordered_map<std::string, std::vector<bool>> plans_;
 };
 

@@ -41,7 +41,10 @@ MemoryOptions memory_options(const MemoryPlan& m, uint64_t seed, std::shared_ptr
   eviction.seed = seed;
   options.eviction = eviction;
   if (recomputes_blocks(m.policy)) options.checkpoint_blocks = blocks;
-  if (m.policy == MemoryPolicy::kPerBlock) options.block_keep_bytes = m.block_keep_bytes;
+  if (m.policy == MemoryPolicy::kPerBlock) {
+    options.block_keep_bytes = m.block_keep_bytes;
+    options.block_keep_share = m.block_keep_share;
+  }
   return options;
 }
 

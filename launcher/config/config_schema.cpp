@@ -359,9 +359,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "device memory per rank, parameters, gradients and optimizer state included: \"1.5GiB\", "
                     "\"800MiB\", \"2GB\", bytes, or \"60%\" of the device; empty: unlimited"));
   f.push_back(Field(&C::memory, &MemoryConfig::block_keep, "memory", "block_keep",
-                    "per_block: bytes of what its backward reads that each block keeps through forward (\"12MiB\"), "
-                    "the values chosen so that regenerating the rest costs least (docs/memory.md); \"0\": none, as "
-                    "full")
+                    "per_block: what each block keeps through forward of what its backward reads, in bytes "
+                    "(\"12MiB\") or as a share of it (\"40%\"), the values chosen so that regenerating the rest "
+                    "costs least (docs/memory.md); empty: the planner's fastest share that fits memory.budget")
                   .only_when("memory.policy = \"per_block\"",
                              [](const Config& c) { return c.memory.policy == MemoryPolicy::kPerBlock; }));
   f.push_back(Field(&C::memory, &MemoryConfig::eviction_threshold, "memory", "eviction_threshold",

@@ -196,6 +196,15 @@ class Rules {
     }
     const std::string policy = choice_name(m.policy);
     if (swaps(m.policy) || m.policy == MemoryPolicy::kAuto) host_budget();  // auto may choose hybrid
+    if (m.policy == MemoryPolicy::kPerBlock && !m.block_keep.empty()) {
+      const bool share = m.block_keep.find('%') != std::string::npos;
+      const auto bytes = parse_byte_size(m.block_keep, 1'000'000'000);
+      if (!bytes || (share && *bytes > 1'000'000'000)) {
+        throw UserError(loc("memory.block_keep") + "memory.block_keep = \"" + m.block_keep + "\" is not a memory size "
+                        "or a share; use bytes with a unit (\"12MiB\", \"800KB\") or a share of what each block's "
+                        "backward reads (\"40%\"); leave it out for the planner's choice");
+      }
+    }
     if (m.compress == Compression::kBf16 && !swaps(m.policy)) {
       throw UserError(loc("memory.compress") + "memory.compress = \"bf16\" shrinks what crosses the host link, and "
                       "memory.policy = \"" + policy + "\" swaps nothing; set memory.policy = \"swap\" or \"hybrid\" "

@@ -6,6 +6,7 @@
 #include "launcher/device_group.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace ht {
 namespace {
@@ -69,7 +70,7 @@ MemoryPlan memory_plan_of(const Config& c) {
   MemoryPlan p;
   p.budget_bytes = budget_bytes_of(c);
   p.policy = m.policy;
-  p.block_keep_bytes = block_keep_bytes_of(c);
+  std::tie(p.block_keep_bytes, p.block_keep_share) = block_keep_of(c);
   p.eviction_threshold = m.eviction_threshold;
   p.sqrt_sampling = m.sqrt_sampling;
   p.ignore_small = m.ignore_small;
@@ -152,15 +153,18 @@ int64_t budget_bytes_of(const Config& c) {
   return *bytes;
 }
 
-int64_t block_keep_bytes_of(const Config& c) {
+std::pair<int64_t, double> block_keep_of(const Config& c) {
   const std::string& keep = c.memory.block_keep;
-  if (keep.empty() || c.memory.policy != MemoryPolicy::kPerBlock) return 0;
-  const auto bytes = parse_byte_size(keep, 0);
-  if (!bytes || keep.find('%') != std::string::npos) {
-    throw UserError(c.source + ": memory.block_keep = \"" + keep + "\" is not a memory size; use bytes with a "
-                    "unit (\"12MiB\", \"800KB\"): what each block keeps through forward");
+  if (keep.empty() || c.memory.policy != MemoryPolicy::kPerBlock) return {0, 0.0};
+  // A share is parsed against a whole of 1e9 bytes: "40%" is 4e8 of it.
+  constexpr int64_t kWhole = 1'000'000'000;
+  const auto bytes = parse_byte_size(keep, kWhole);
+  if (!bytes || (keep.find('%') != std::string::npos && *bytes > kWhole)) {
+    throw UserError(c.source + ": memory.block_keep = \"" + keep + "\" is not a memory size or a share; use bytes "
+                    "with a unit (\"12MiB\", \"800KB\") or a share of what each block's backward reads (\"40%\")");
   }
-  return *bytes;
+  if (keep.find('%') != std::string::npos) return {0, static_cast<double>(*bytes) / kWhole};
+  return {*bytes, 0.0};
 }
 
 int64_t host_budget_bytes_of(const Config& c) {
@@ -259,7 +263,10 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
   const MemoryPlan& m = plan.memory;
   if (m.budget_bytes != budget_bytes_of(config)) c.memory.budget = std::to_string(m.budget_bytes);
   c.memory.policy = m.policy;
-  if (m.policy == MemoryPolicy::kPerBlock) c.memory.block_keep = std::to_string(m.block_keep_bytes);
+  if (m.policy == MemoryPolicy::kPerBlock) {
+    c.memory.block_keep = m.block_keep_share > 0 ? std::to_string(100 * m.block_keep_share) + "%"
+                                                 : std::to_string(m.block_keep_bytes);
+  }
   c.memory.eviction_threshold = m.eviction_threshold;
   c.memory.optimizer_state = m.optimizer_state;
   return c;

@@ -42,7 +42,8 @@ int64_t configured_micro_batch(const Config& config);
 // host_budget is empty), as validation checked them.
 int64_t budget_bytes_of(const Config& config);
 int64_t host_budget_bytes_of(const Config& config);
-// memory.block_keep in bytes under per_block (0 elsewhere, or where it is left to the planner).
-int64_t block_keep_bytes_of(const Config& config);
+// memory.block_keep under per_block: bytes, or a share of what each block's backward reads
+// ({0, 0} elsewhere, or where it is left to the planner).
+std::pair<int64_t, double> block_keep_of(const Config& config);
 
 }  // namespace ht

@@ -239,8 +239,10 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   // Full recomputation in every cluster search: a forward more against more devices.
   if (traced) {
     search.policies = {MemoryPolicy::kNone};
-    if (std::find(args.policies.begin(), args.policies.end(), MemoryPolicy::kFull) != args.policies.end())
-      search.policies.push_back(MemoryPolicy::kFull);
+    for (MemoryPolicy recomputing : {MemoryPolicy::kFull, MemoryPolicy::kPerBlock}) {
+      if (std::find(args.policies.begin(), args.policies.end(), recomputing) != args.policies.end())
+        search.policies.push_back(recomputing);
+    }
   } else if (config.training.device != "cpu") {
     search.policies = {MemoryPolicy::kNone};
   }
@@ -363,6 +365,7 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
   }
   run.memory.policy = plan.policy;
   run.memory.block_keep_bytes = plan.block_keep_bytes;
+  run.memory.block_keep_share = plan.block_keep_share;
   if (plan.state_on_host && swaps(plan.policy)) run.memory.optimizer_state = StatePlace::kHost;
   // The search's plans carry the default threshold, and leave the base config's; one that chose
   // another (memory.policy = "auto"'s) sets it.

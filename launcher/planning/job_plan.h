@@ -29,7 +29,7 @@ struct PlanArgs {
   int max_ranks = 0;                     // 0: no cap
   std::vector<MixedPrecision> precisions;  // empty: the config's and bf16
   std::vector<MemoryPolicy> policies{MemoryPolicy::kNone, MemoryPolicy::kDtr, MemoryPolicy::kStatic,
-                                     MemoryPolicy::kFull};
+                                     MemoryPolicy::kFull, MemoryPolicy::kPerBlock};
   // Sharding levels (parallel.shard) for plans of several replicas; the built ones by default.
   std::vector<ShardLevel> shards{ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients,
                                  ShardLevel::kParameters};

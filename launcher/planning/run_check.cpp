@@ -33,6 +33,7 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.compute_weights = run.compute_weights;
   p.policy = run.memory.policy;
   p.block_keep_bytes = run.memory.block_keep_bytes;
+  p.block_keep_share = run.memory.block_keep_share;
   p.budget_bytes = run.memory.budget_bytes;
   p.eviction_threshold = run.memory.eviction_threshold;
   p.stages = run.grid.pipeline;
@@ -172,6 +173,28 @@ MemoryChoice fastest_memory_policy(const JobPlan& plan, const Plan& configured, 
   return best;
 }
 
+// memory.policy = "per_block" without memory.block_keep: the share of what each block's backward
+// reads that the planner predicts fastest within the budget, of a ladder from nearly all to a
+// quarter (0, full recomputation's drops, where none fits). `words`: each share's predicted step.
+double fastest_block_keep(const JobPlan& plan, const Plan& configured, std::string& words) {
+  double best = 0;
+  std::optional<double> best_ms;
+  for (const double share : kBlockKeepLadder) {
+    Plan q = configured;
+    q.block_keep_share = share;
+    const Prediction p = predict(plan.profile, plan.machine, q);
+    char cell[96];
+    std::snprintf(cell, sizeof cell, "%skept %.0f%% %s", words.empty() ? "" : ", ", 100 * share,
+                  p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
+    words += cell;
+    if (p.fits && (!best_ms || p.step_ms < *best_ms)) {
+      best = share;
+      best_ms = p.step_ms;
+    }
+  }
+  return best;
+}
+
 // Rank 0's decision, in numbers every rank can apply: refuse?, micro-batch size, policy, budget.
 struct Decision {
   bool refuse = false;
@@ -182,13 +205,15 @@ struct Decision {
   int64_t prefetch = 1;
   bool state_on_host = false;
   int64_t threshold_permille = 900;  // memory.eviction_threshold
+  int64_t block_keep_permille = 0;   // per_block: the share each block keeps (0: as configured)
 };
 
 Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
   at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
                              d.budget_bytes, static_cast<int64_t>(d.shard), d.prefetch,
-                             static_cast<int64_t>(d.state_on_host), d.threshold_permille}, at::kLong);
+                             static_cast<int64_t>(d.state_on_host), d.threshold_permille, d.block_keep_permille},
+                            at::kLong);
   // Rank 0's group first, then each replica's first rank to its group (without a tensor-parallel
   // group, the one broadcast).
   if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
@@ -196,7 +221,7 @@ Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
   return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
           t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>()), t[5].item<int64_t>(),
-          t[6].item<int64_t>() != 0, t[7].item<int64_t>()};
+          t[6].item<int64_t>() != 0, t[7].item<int64_t>(), t[8].item<int64_t>()};
 }
 
 // parallel.strategy = "auto": the plan trains rank 0's choice.
@@ -297,6 +322,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
   Decision decision;
   std::optional<UserError> refusal;
   std::string chosen;  // memory.policy = "auto": each candidate's predicted step
+  std::string kept;    // per_block without memory.block_keep: each share's
   if (grid.is_root()) {
     PlanArgs args;
     args.ranks = {run.grid.data};
@@ -319,6 +345,10 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       out.plan.policy = choice.policy;
       out.plan.state_on_host = choice.state_on_host;
       if (choice.threshold > 0) out.plan.eviction_threshold = choice.threshold;
+    }
+    if (out.plan.policy == MemoryPolicy::kPerBlock && out.plan.block_keep_bytes == 0 &&
+        out.plan.block_keep_share == 0 && out.limit_bytes > 0) {
+      out.plan.block_keep_share = fastest_block_keep(plan, out.plan, kept);
     }
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     // The fit check refuses what the replay cannot run; a step that runs only without the margin
@@ -349,7 +379,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
     decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
                 evicts(out.plan.policy) ? out.limit_bytes : run.memory.budget_bytes, out.plan.shard,
                 out.plan.prefetch, out.plan.state_on_host,
-                std::lround(out.plan.eviction_threshold * 1000)};
+                std::lround(out.plan.eviction_threshold * 1000), std::lround(out.plan.block_keep_share * 1000)};
   }
   // The other ranks sleep while rank 0 profiles: spinning in MPI, they took the cores its
   // measurements ran on (4 ranks on 2 cores: predicted steps off by 1.5-2.4x between two runs).
@@ -365,6 +395,10 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       run.memory.eviction_threshold = static_cast<double>(decision.threshold_permille) / 1000;
     }
   }
+  if (run.memory.policy == MemoryPolicy::kPerBlock && run.memory.block_keep_bytes == 0 &&
+      run.memory.block_keep_share == 0) {
+    run.memory.block_keep_share = static_cast<double>(decision.block_keep_permille) / 1000;
+  }
   if (grid.is_root()) {
     char text[256];
     std::snprintf(text, sizeof text, "predicted: peak %s per rank of %s, step %.1f ms (%s)",
@@ -376,6 +410,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
                   " of host memory while it is written";
     }
     if (!chosen.empty()) out.text += "; memory.policy = \"auto\" chose by the predicted step: " + chosen;
+    if (!kept.empty()) out.text += "; memory.block_keep chosen by the predicted step: " + kept;
     if (out.prediction.within_margin && config.memory.check_fit) {
       std::fprintf(stderr, "hybrid_train: warning: %s: memory.budget = \"%s\" is tight: %s; training anyway (the "
                    "replay matches the engine's arena; a step that finds no room stops naming what it needed)\n",

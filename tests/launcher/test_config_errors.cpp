@@ -179,6 +179,17 @@ TEST_F(ConfigErrors, OptimizerStateDtype) {
   EXPECT_THAT(loaded.warnings[0], HasSubstr("training.optimizer_state_dtype has no effect"));
 }
 
+TEST_F(ConfigErrors, PerBlockKeep) {
+  const std::vector<std::string> per_block{"--memory.policy=per_block", "--memory.budget=64MiB"};
+  for (const char* bad : {"lots", "-3MiB", "0", "150%"}) {
+    std::vector<std::string> args = per_block;
+    args.push_back(std::string("--memory.block_keep=") + bad);
+    EXPECT_THAT(error_in(kGood, args),
+                HasSubstr(std::string("memory.block_keep = \"") + bad + "\" is not a memory size or a share; use bytes"))
+        << bad;
+  }
+}
+
 TEST_F(ConfigErrors, HostSwap) {
   const std::vector<std::string> hybrid{"--memory.policy=hybrid", "--memory.budget=64MiB"};
   auto with = [&](std::vector<std::string> args, const std::string& more) {

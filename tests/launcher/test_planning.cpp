@@ -216,6 +216,44 @@ TEST(Planning, PredictsFullRecomputationsPeakAndRegenerations) {
   EXPECT_EQ(replayed.evictions, blocks.evictions);
 }
 
+// memory.policy = "per_block": the replay records each block and solves its plan as the run does,
+// so the peak and the regenerations of each share of the ladder are the run's, here and (the
+// blocks replayed once, the state added) as a cluster's device is planned.
+TEST(Planning, PredictsPerBlockPlansPeakAndRegenerations) {
+  TempDir dir;
+  const std::vector<std::string> deeper{"--model.n_layer=6", "--model.block_size=64", "--memory.budget=256MiB",
+                                        "--memory.policy=per_block"};
+  for (const double share : {0.5, 0.875}) {
+    const std::string out = "keep" + std::to_string(static_cast<int>(share * 1000));
+    std::vector<std::string> args = deeper;
+    args.push_back("--memory.block_keep=" + std::to_string(100 * share) + "%");
+    args.push_back("--job.output_dir=" + dir.path(out));
+    const Config config = config_for(dir, kGptToPlan, args);
+    const ModelProfile profile = profile_of(config, 16);
+    Plan plan;
+    plan.micro_batch = 16;
+    plan.policy = MemoryPolicy::kPerBlock;
+    plan.block_keep_share = share;
+    plan.budget_bytes = budget_bytes_of(config);
+    Machine here;
+    here.device_memory = plan.budget_bytes;
+    Machine cluster = here;
+    cluster.shared_host = false;
+    const Prediction replayed = predict(profile, here, plan), blocks = predict(profile, cluster, plan);
+    ASSERT_TRUE(replayed.fits) << replayed.why_not;
+    ASSERT_TRUE(blocks.fits) << blocks.why_not;
+    run_job(config, true);
+    const std::string metrics = dir.path(out + "/metrics.jsonl");
+    const double measured = last_train_number(metrics, "mem_peak_bytes");
+    std::printf("per_block at %.3f: predicted peak %lld (here), %lld (a cluster's), measured %.0f\n", share,
+                static_cast<long long>(replayed.peak_bytes), static_cast<long long>(blocks.peak_bytes), measured);
+    EXPECT_NEAR(static_cast<double>(replayed.peak_bytes) / measured, 1.0, 0.02) << share;
+    EXPECT_NEAR(static_cast<double>(blocks.peak_bytes) / measured, 1.0, 0.05) << share;
+    EXPECT_EQ(static_cast<double>(replayed.evictions), last_train_number(metrics, "evictions")) << share;
+    EXPECT_EQ(replayed.evictions, blocks.evictions) << share;
+  }
+}
+
 // Full recomputation in bf16, the weights cast at each read or kept once a step: each run's peak
 // as the planner predicts it (kept copies beside one block's casts at most: weight_kept_twin), a
 // search that leaves the choice to auto keeps them where they fit, and they train the same bits.

@@ -220,6 +220,40 @@ TEST(Training, FullRecomputationTrainsTheSameParametersInLessMemory) {
   EXPECT_TRUE(std::regex_search(metrics, std::regex("\"recomputations\": [1-9]"))) << metrics;
 }
 
+// memory.policy = "per_block": each block keeps what its solved plan keeps (a share of what its
+// backward reads, or bytes) and DTR regenerates the rest, dropout's masks included: the same
+// parameters bit for bit, in less memory than without, and fewer regenerations than full's.
+TEST(Training, PerBlockPlansTrainTheSameParametersBetweenNoneAndFull) {
+  TempDir dir;
+  const std::string gpt = std::string(kBase) +
+                          "[model]\nname = \"gpt\"\nn_layer = 4\nn_head = 2\nn_embd = 16\nblock_size = 16\ndropout = 0.2\n";
+  auto job = [&](const std::string& out, std::vector<std::string> a) {
+    a.insert(a.end(), {"--training.optimizer=adamw", "--training.lr=0.01", "--memory.budget=1GiB",
+                       "--job.output_dir=" + dir.path(out)});
+    return run_job(config_for(dir, gpt, a), true);
+  };
+  const JobOutcome plain = job("plain", {});
+  const JobOutcome full = job("full", {"--memory.policy=full"});
+  const auto a = state_of(*plain.model);
+  auto regenerations = [&](const std::string& out) {
+    std::smatch m;
+    const std::string metrics = read_file(dir.path(out + "/metrics.jsonl"));
+    EXPECT_TRUE(std::regex_search(metrics, m, std::regex("\"recomputations\": ([0-9]+)"))) << metrics;
+    return m.empty() ? 0 : std::stoll(m[1]);
+  };
+  for (const std::string keep : {"50%", "75%", "20KiB"}) {
+    const std::string out = "per_block_" + std::to_string(std::hash<std::string>{}(keep) % 1000);
+    const JobOutcome per_block = job(out, {"--memory.policy=per_block", "--memory.block_keep=" + keep});
+    const auto b = state_of(*per_block.model);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << keep << ": parameter/buffer " << i;
+    EXPECT_EQ(plain.result.final_loss, per_block.result.final_loss) << keep;
+    EXPECT_LT(per_block.result.mem_peak_bytes, plain.result.mem_peak_bytes) << keep;
+    EXPECT_GE(per_block.result.mem_peak_bytes, full.result.mem_peak_bytes) << keep;
+    EXPECT_LT(regenerations(out), regenerations("full")) << keep;
+  }
+}
+
 // memory.plan_first_step (the default under static plans): the job's micro-batch is traced on
 // meta tensors and planned before the first step, with the optimizer's state it holds from the
 // second step on, so every micro-batch, the first included, runs on that one plan (no second
