@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -81,6 +82,29 @@ std::string describe_plan(const Plan& p) {
     if (ahead > 0) s += ", gathered " + std::to_string(ahead) + (ahead == 1 ? " block" : " blocks") + " ahead";
   }
   return s;
+}
+
+double fastest_block_keep(const Plan& plan, const std::function<Prediction(const Plan&)>& predict_plan,
+                          std::string& words) {
+  double best = 0;
+  std::optional<double> best_ms;
+  std::vector<double> shares(std::begin(kBlockKeepLadder), std::end(kBlockKeepLadder));
+  shares.push_back(0);
+  for (const double share : shares) {
+    Plan q = plan;
+    q.block_keep_share = share;
+    q.block_keep_bytes = 0;
+    const Prediction p = predict_plan(q);
+    char cell[96];
+    std::snprintf(cell, sizeof cell, "%skept %.1f%% %s", words.empty() ? "" : ", ", 100 * share,
+                  p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
+    words += cell;
+    if (p.fits && (!best_ms || p.step_ms < *best_ms)) {
+      best = share;
+      best_ms = p.step_ms;
+    }
+  }
+  return best;
 }
 
 std::string plan_words(const Plan& p) {

@@ -49,6 +49,13 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
                                    Objective objective, int threads = 1);
 // A plan in words: "2 ranks, micro-batch 32 x 2, bf16, dtr".
 std::string describe_plan(const Plan& plan);
+
+// memory.policy = "per_block" without memory.block_keep: the share of what each block's backward
+// reads, of the ladder (kBlockKeepLadder) and none (full's drops: where DTR would evict what the
+// plan keeps), that `predict_plan` says trains `plan` fastest within its budget; 0 where none fits.
+// `words`: each share's predicted step, for the log.
+double fastest_block_keep(const Plan& plan, const std::function<Prediction(const Plan&)>& predict_plan,
+                          std::string& words);
 // The plan in words with its budget: "2 ranks, micro-batch 32 x 2, bf16, dtr at 256.0 MiB".
 std::string plan_words(const Plan& plan);
 // One or two sentences on why ranked[0] wins, against the best plan of other rank counts and

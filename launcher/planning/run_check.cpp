@@ -173,28 +173,6 @@ MemoryChoice fastest_memory_policy(const JobPlan& plan, const Plan& configured, 
   return best;
 }
 
-// memory.policy = "per_block" without memory.block_keep: the share of what each block's backward
-// reads that the planner predicts fastest within the budget, of a ladder from nearly all to a
-// quarter (0, full recomputation's drops, where none fits). `words`: each share's predicted step.
-double fastest_block_keep(const JobPlan& plan, const Plan& configured, std::string& words) {
-  double best = 0;
-  std::optional<double> best_ms;
-  for (const double share : kBlockKeepLadder) {
-    Plan q = configured;
-    q.block_keep_share = share;
-    const Prediction p = predict(plan.profile, plan.machine, q);
-    char cell[96];
-    std::snprintf(cell, sizeof cell, "%skept %.0f%% %s", words.empty() ? "" : ", ", 100 * share,
-                  p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
-    words += cell;
-    if (p.fits && (!best_ms || p.step_ms < *best_ms)) {
-      best = share;
-      best_ms = p.step_ms;
-    }
-  }
-  return best;
-}
-
 // Rank 0's decision, in numbers every rank can apply: refuse?, micro-batch size, policy, budget.
 struct Decision {
   bool refuse = false;
@@ -348,7 +326,8 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
     }
     if (out.plan.policy == MemoryPolicy::kPerBlock && out.plan.block_keep_bytes == 0 &&
         out.plan.block_keep_share == 0 && out.limit_bytes > 0) {
-      out.plan.block_keep_share = fastest_block_keep(plan, out.plan, kept);
+      out.plan.block_keep_share =
+          fastest_block_keep(out.plan, [&](const Plan& q) { return predict(plan.profile, plan.machine, q); }, kept);
     }
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     // The fit check refuses what the replay cannot run; a step that runs only without the margin

@@ -1,0 +1,177 @@
+// memory.policy = "per_block" (issue 66) against none and full recomputation, measured side by
+// side: per job, each block keeping each share of the planner's ladder (planner/plan.h,
+// kBlockKeepLadder) of what its backward reads, in a roomy budget, then per_block in a budget of
+// full's own measured peak with the share left to the run check. Each row: the planner's peak
+// and step against the run's (two runs a minute apart, the quiet step of both), the step against
+// none's. The memory/time frontier of docs/memory.md comes from here. A run that fails, a peak
+// over its budget, or a predicted peak more than 3% off the run's (the engine and the planner's
+// replay record and solve each block alike) is an error (exit 1); times are reported, not gated.
+#include "base/remove_tree.h"
+#include "bench/bench_util.h"
+#include "bench/planner_rows.h"
+#include "launcher/config/run_plan_of.h"
+#include "planner/search.h"
+#include "runtime/thread_pools.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace ht::bench {
+namespace {
+
+constexpr double kMiB = 1 << 20;
+constexpr int64_t kRoomy = int64_t{1} << 30;
+
+struct Options {
+  bool quick = false, keep_runs = false;
+  int steps = 8, passes = 2;
+  std::string configs = HT_SOURCE_DIR "/configs";
+  std::string only;
+  Runner runner;
+};
+
+struct Row {
+  std::string name;
+  Plan plan;
+};
+
+Measurement run_passes(const Options& o, const Config& config, const Plan& plan, const std::string& name) {
+  Measurement m;
+  for (int pass = 0; pass < o.passes; ++pass) {
+    std::fprintf(stderr, "[%s] run %d of %d\n", name.c_str(), pass + 1, o.passes);
+    const Measurement one = measure(o.runner, config, plan, o.steps, name + "_" + std::to_string(pass + 1));
+    m = pass == 0 ? one : merge_runs(m, one);
+    if (!one.ok) break;
+  }
+  return m;
+}
+
+std::string pct(double a, double b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%+.1f%%", 100.0 * (a - b) / b);
+  return s;
+}
+
+// One job's table; false where a run failed, passed its budget, or its peak was mispredicted.
+bool run_job(PlanCache& cache, const Options& o, const std::string& job, const JobSpec& spec) {
+  PlanArgs args;
+  args.device_memory = kRoomy;
+  args.policies = {MemoryPolicy::kNone};
+  const Planned& planned = cache.get(spec, args);
+  const RunPlan run = run_plan_of(planned.config);
+  const Plan base{1, run.batch.micro, run.batch.micro_batches, planned.config.training.mixed_precision,
+                  MemoryPolicy::kNone, kRoomy};
+  std::vector<Row> rows{{"none", base}};
+  Plan full = base;
+  full.policy = MemoryPolicy::kFull;
+  rows.push_back({"full", full});
+  std::vector<double> shares(std::begin(kBlockKeepLadder), std::end(kBlockKeepLadder));
+  if (o.quick) shares = {0.5};
+  for (double share : shares) {
+    Plan p = base;
+    p.policy = MemoryPolicy::kPerBlock;
+    p.block_keep_share = share;
+    char name[48];
+    std::snprintf(name, sizeof name, "per_block keeping %.1f%%", 100 * share);
+    rows.push_back({name, p});
+  }
+  std::printf("\n%s\n| %-44s | %9s | %9s | %6s | %9s | %9s | %7s | %8s | %9s |\n", job.c_str(), "policy",
+              "peak MiB", "predicted", "error", "step ms", "predicted", "error", "x none", "regen ms");
+  std::printf("|%s|\n", std::string(139, '-').c_str());
+  bool ok = true;
+  double none_ms = 0;
+  int64_t full_peak = 0;
+  const std::string stem = job.substr(0, job.find(' '));
+  auto print = [&](const std::string& name, const Plan& plan, const Measurement& m) {
+    const Prediction p = predict(planned.plan.profile, planned.plan.machine, plan);
+    if (!m.ok) {
+      std::printf("| %-44s | failed: %s\n", name.c_str(), m.error.substr(0, 160).c_str());
+      ok = false;
+      return;
+    }
+    const double peak_error = static_cast<double>(p.peak_bytes) / static_cast<double>(m.peak_bytes) - 1;
+    if (m.peak_bytes > plan.budget_bytes || std::abs(peak_error) > 0.03) ok = false;
+    std::printf("| %-44s | %9.1f | %9.1f | %6s | %9.1f | %9.1f | %7s | %8.2f | %9.1f |\n", name.c_str(),
+                m.peak_bytes / kMiB, p.peak_bytes / kMiB, pct(p.peak_bytes, m.peak_bytes).c_str(), m.quiet_ms,
+                p.step_ms, pct(p.step_ms, m.quiet_ms).c_str(), none_ms > 0 ? m.quiet_ms / none_ms : 1.0,
+                m.recompute_ms);
+  };
+  for (const Row& row : rows) {
+    std::string folder = stem + "_" + row.name;
+    for (char& c : folder) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    const Measurement m = run_passes(o, planned.config, row.plan, folder);
+    if (row.plan.policy == MemoryPolicy::kNone && m.ok) none_ms = m.quiet_ms;
+    if (row.plan.policy == MemoryPolicy::kFull && m.ok) full_peak = m.peak_bytes;
+    print(row.name, row.plan, m);
+  }
+  if (full_peak > 0) {
+    // The share left to the run check (the fastest of the ladder it predicts within the budget).
+    Plan p = base;
+    p.policy = MemoryPolicy::kPerBlock;
+    p.budget_bytes = full_peak;
+    const Measurement m = run_passes(o, planned.config, p, stem + "_per_block_at_fulls_peak");
+    std::string words;
+    const auto predict_plan = [&](const Plan& q) { return predict(planned.plan.profile, planned.plan.machine, q); };
+    p.block_keep_share = fastest_block_keep(p, predict_plan, words);  // the run check's choice
+    char name[64];
+    std::snprintf(name, sizeof name, "per_block in full's peak (keeping %.1f%%)", 100 * p.block_keep_share);
+    print(name, p, m);
+  }
+  return ok;
+}
+
+}  // namespace
+}  // namespace ht::bench
+
+int main(int argc, char** argv) {
+  ht::restart_with_passive_openmp(argv);  // as hybrid_train: profiles here must time what its runs time
+  CLI::App app{"memory.policy = \"per_block\" against none and full recomputation, measured side by side"};
+  ht::bench::Options o;
+  o.runner.binary = ht::bench::default_binary();
+  app.add_flag("--quick", o.quick, "one job, one share, one pass of a few steps, for a smoke run");
+  app.add_option("--binary", o.runner.binary, "the hybrid_train to measure with")->capture_default_str();
+  app.add_option("--steps", o.steps, "training steps a run takes")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--passes", o.passes, "runs of each row, one after the other")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--keep-runs", o.keep_runs, "keep every run's config, output and metrics");
+  app.add_option("--only", o.only, "only the jobs whose name starts with this (GPT-6L, Llama-6L)");
+  app.add_option("--configs", o.configs, "the folder of the example configs")->capture_default_str();
+  int threads = 1;
+  app.add_option("--threads", threads, "training.threads for every job")->check(CLI::PositiveNumber)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (o.quick) o.steps = 3, o.passes = 1;
+  char scratch[] = "/tmp/bench_block_plans_XXXXXX";
+  if (mkdtemp(scratch) == nullptr) {
+    std::perror("mkdtemp");
+    return 2;
+  }
+  o.runner.scratch = scratch;
+  const std::string t = "training.threads=" + std::to_string(threads);
+  // bench_auto_policy's GPT-6L and Llama-6L (bench_dtr_budget's shapes: 6 layers of 256, 128
+  // tokens, 8 sequences).
+  std::vector<std::pair<std::string, ht::bench::JobSpec>> jobs{
+      {"GPT-6L (gpt_tiny.toml at 6 x 256, T128 b8)",
+       {o.configs + "/gpt_tiny.toml", {t, "model.n_layer=6", "model.n_head=8", "model.n_embd=256",
+                                       "model.block_size=128", "training.global_batch_size=8"}}},
+      {"Llama-6L (llama_debug.toml at 6 x 256, T128 b8, 4096 words)",
+       {o.configs + "/llama_debug.toml",
+        {t, "model.n_layer=6", "model.n_head=8", "model.n_kv_heads=4", "model.n_embd=256", "model.multiple_of=64",
+         "model.block_size=128", "model.vocab_size=4096", "data.dataset=synthetic", "data.synthetic_classes=4096",
+         "data.synthetic_samples=512", "training.global_batch_size=8"}}}};
+  if (o.quick) jobs.resize(1);
+  ht::bench::PlanCache cache;
+  bool ok = true;
+  for (const auto& [name, spec] : jobs) {
+    if (!o.only.empty() && name.rfind(o.only, 0) != 0) continue;
+    ok = ht::bench::run_job(cache, o, name, spec) && ok;
+  }
+  if (!o.keep_runs) ht::remove_tree(o.runner.scratch);
+  std::printf("\n%s\n", ok ? "every run within its budget, every peak within 3% of the planner's"
+                           : "FAILED: a run failed, passed its budget, or its peak was more than 3% off the planner's");
+  return ok ? 0 : 1;
+}
