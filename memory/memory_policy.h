@@ -17,7 +17,6 @@ enum class MemoryPolicy : uint8_t {
   kAuto,      // a static plan once a sequence repeats, DTR otherwise
   kSegments,  // torch's checkpoint_sequential: sqrt(n) segments of blocks, recomputed whole
   kFull,      // Megatron's full recomputation: each block's activations dropped at its end, but its output
-  kPerBlock,  // each block keeps what its solved plan keeps in memory.block_keep bytes, the rest as full
   kDtr,       // DTR by one of its eviction heuristics (memory/eviction_policy.h)
   kDtrEq,
   kMegEngine,
@@ -25,6 +24,7 @@ enum class MemoryPolicy : uint8_t {
   kLargest,
   kSwap,      // vDNN: convolution and matmul outputs copied to host memory, DTR for the rest
   kHybrid,    // Capuchin: swap what the link hides under forward, recompute the rest by DTR
+  kPerBlock,  // each block keeps what its solved plan keeps in memory.block_keep, the rest as full
 };
 template <>
 struct ChoiceNames<MemoryPolicy> {

@@ -479,7 +479,7 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   double scale = 0;
   // Kept copies: the held bytes without the casts scale as the activations without them do (the
   // casts are the same bytes at every micro-batch; the stage holds the copies once, rank_terms).
-  const int64_t casts = copies && mem != nullptr ? weight_casts_alive_at_peak(mem->trace) : 0;
+  const int64_t casts = copies && mem != nullptr ? weight_casts_alive_at_peak(profile, *mem) : 0;
   if (mem != nullptr && mem->activation_bytes() - casts > 0) {
     const int64_t plan_activations = p.activation_bytes - (activations_hold_casts ? casts : 0);
     scale = static_cast<double>(std::max<int64_t>(0, plan_activations)) /

@@ -17,8 +17,8 @@
 namespace ht {
 
 // memory.policy = "per_block": the shares of what each block's backward reads that the search
-// and the run check try (Plan::block_keep_share), from nearly all down to a quarter.
-inline constexpr double kBlockKeepLadder[] = {0.875, 0.75, 0.5, 0.25};
+// and the run check try (Plan::block_keep_share), three quarters, a half and a quarter.
+inline constexpr double kBlockKeepLadder[] = {0.75, 0.5, 0.25};
 
 // One way to train the job: what the search chooses among.
 struct Plan {

@@ -151,6 +151,9 @@ struct ModelProfile {
   // What a step's live peak loses without the weights' casts by (micro-batch, precision):
   // planner/weight_copy_terms.h, activations_without_casts_change.
   mutable std::map<std::pair<int64_t, int>, int64_t> uncast_peak_changes;
+  // The weights' casts alive at a point's traced peak by its (micro-batch, precision, threads)
+  // (planner/weight_copy_terms.h): two walks of its trace, asked by every plan that keeps copies.
+  mutable std::map<std::tuple<int64_t, int, int>, int64_t> casts_alive_at_peak;
   // Gradients kept as backward makes them by (micro-batch, precision): planner/gradient_blocks.h,
   // kept_gradients_term.
   mutable std::map<std::pair<int64_t, int>, int64_t> kept_gradient_walks;

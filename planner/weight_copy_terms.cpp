@@ -100,6 +100,20 @@ int64_t weight_casts_alive_at_peak(const StepTrace& trace) {
   return live_peak_bytes(trace) - live_peak_without_cast_copies(trace);
 }
 
+int64_t weight_casts_alive_at_peak(const ModelProfile& profile, const ProfilePoint& point) {
+  static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
+  const auto key = std::make_tuple(point.micro_batch, static_cast<int>(point.precision), point.threads);
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto it = profile.casts_alive_at_peak.find(key);
+    if (it != profile.casts_alive_at_peak.end()) return it->second;
+  }
+  const int64_t bytes = weight_casts_alive_at_peak(point.trace);
+  const std::lock_guard<std::mutex> lock(mutex);
+  profile.casts_alive_at_peak.emplace(key, bytes);
+  return bytes;
+}
+
 WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision, int64_t micro_batch) {
   WeightCasts w;
   const ProfilePoint* nearest = nullptr;
@@ -120,7 +134,7 @@ WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision, 
       w.copy_bytes += static_cast<int64_t>(k.bytes / 3);
     }
     w.backward_ms = casts > 0 ? backward_casts * w.forward_ms / casts : 0;
-    w.alive_at_peak = weight_casts_alive_at_peak(pt.trace);
+    w.alive_at_peak = weight_casts_alive_at_peak(profile, pt);
   }
   return w;  // per micro-batch whatever its size: the weights' casts
 }

@@ -52,6 +52,8 @@ WeightCasts weight_casts(const ModelProfile& profile, MixedPrecision precision, 
 // The weights' casts alive at `trace`'s live peak (its peak less its peak without them); 0
 // without a trace.
 int64_t weight_casts_alive_at_peak(const StepTrace& trace);
+// The same of a point's trace, kept on the profile (a search asks it of every plan).
+int64_t weight_casts_alive_at_peak(const ModelProfile& profile, const ProfilePoint& point);
 
 // For a plan that keeps copies (`casts`: the profile's weight_casts): the copies beside the
 // optimizer step's temporaries (a stage's share), or, asked for under a budget that evicts,

@@ -74,8 +74,9 @@ JsonObject plan_record(const RankedPlan& r, const OpShares* shares) {
       .add("pipeline_parallel", static_cast<int64_t>(p.stages)).add("tensor_parallel", static_cast<int64_t>(p.tensor))
       .add("sequence_parallel", p.sequence_parallel).add("micro_batch", p.micro_batch).add("accumulation", p.accumulation)
       .add("precision", std::string(choice_name(p.precision))).add("policy", std::string(choice_name(p.policy))).add("budget_bytes", p.budget_bytes)
-      .add("shard", std::string(choice_name(p.shard))).add("prefetch", static_cast<int64_t>(prefetch_depth(p)))
-      .add("fits", d.fits).add("peak_bytes", d.peak_bytes).add("activation_bytes", d.activation_bytes)
+      .add("shard", std::string(choice_name(p.shard))).add("prefetch", static_cast<int64_t>(prefetch_depth(p)));
+  if (p.policy == MemoryPolicy::kPerBlock) o.add("block_keep_share", p.block_keep_share);
+  o.add("fits", d.fits).add("peak_bytes", d.peak_bytes).add("activation_bytes", d.activation_bytes)
       .add("step_ms", d.step_ms).add("compute_ms", d.compute_ms).add("recompute_ms", d.recompute_ms)
       .add("optimizer_ms", d.optimizer_ms).add("allreduce_exposed_ms", d.allreduce_exposed_ms)
       .add("gather_ms", d.gather_ms).add("gather_hidden_ms", d.gather_hidden_ms).add("optimizer_state_bytes", d.optimizer_state_bytes)

@@ -406,7 +406,7 @@ TEST(Training, ResNet18FashionMnistTrainsInThirtyPercentOfItsPeak) {
     for (const auto& a : args) overrides.push_back(override_of(a));
     return load_config(std::string(HT_SOURCE_DIR) + "/configs/resnet18_fmnist.toml", overrides).config;
   };
-  const std::vector<std::string> common{"--training.steps=2", "--training.eval_batches=1", "--training.channels_last=false"};
+  const std::vector<std::string> common{"--training.steps=1", "--training.eval_batches=1", "--training.channels_last=false"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.end(), common.begin(), common.end());
     return more;

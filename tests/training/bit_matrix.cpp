@@ -159,6 +159,7 @@ std::vector<Entry> entries() {
     for (const char* policy : {"dtr", "dtr_eq", "megengine", "lru", "largest", "full", "swap", "hybrid"}) {
       add(std::string("gpt.") + policy, kGpt, 1, std::string(" --memory.policy=") + policy, "gpt.roomy", 0.65);
     }
+    add("gpt.per_block", kGpt, 1, " --memory.policy=per_block --memory.block_keep=50%", "gpt.roomy", 0.65);
     add("gpt.static", kGpt, 1, " --memory.policy=static --memory.solve_time_s=0", "gpt.roomy", 0.65);
     add("gpt.segments", kGpt, 1, " --memory.policy=segments", "gpt.roomy", 0.65);
     add("gpt.hybrid.state_host", kGpt, 1, " --memory.policy=hybrid --memory.optimizer_state=host", "gpt.roomy", 0.65);
@@ -193,6 +194,8 @@ std::vector<Entry> entries() {
     add("gpt.pp2.roomy", kGpt, 2, " --parallel.pipeline_parallel=2 --memory.budget=1GiB --memory.policy=none");
     add("gpt.pp2.dtr", kGpt, 2, " --parallel.pipeline_parallel=2 --memory.policy=dtr", "gpt.pp2.roomy", 0.65);
     add("gpt.pp2.full", kGpt, 2, " --parallel.pipeline_parallel=2 --memory.policy=full", "gpt.pp2.roomy", 0.65);
+    add("gpt.pp2.per_block", kGpt, 2, " --parallel.pipeline_parallel=2 --memory.policy=per_block --memory.block_keep=50%",
+        "gpt.pp2.roomy", 0.65);
     add("gpt.dp2.pp2", kGpt, 4, " --parallel.pipeline_parallel=2");
     add("gpt.dp2.pp2.zero1", kGpt, 4, " --parallel.pipeline_parallel=2 --parallel.shard=optimizer");
     // Tensor and sequence parallelism: fp32 only, since MPI's collectives take no bf16 tensors
@@ -204,6 +207,8 @@ std::vector<Entry> entries() {
     add("llama.tp2.roomy", kLlama, 2, " --parallel.tensor_parallel=2 --memory.budget=1GiB --memory.policy=none");
     add("llama.tp2.dtr", kLlama, 2, " --parallel.tensor_parallel=2 --memory.policy=dtr", "llama.tp2.roomy", 0.65);
     add("llama.tp2.full", kLlama, 2, " --parallel.tensor_parallel=2 --memory.policy=full", "llama.tp2.roomy", 0.65);
+    add("llama.tp2.per_block", kLlama, 2, " --parallel.tensor_parallel=2 --memory.policy=per_block --memory.block_keep=50%",
+        "llama.tp2.roomy", 0.65);
     add("llama.dp2.tp2.zero1", kLlama, 4, " --parallel.tensor_parallel=2 --parallel.shard=optimizer");
     add("llama.dp2.tp2.zero3", kLlama, 4, " --parallel.tensor_parallel=2 --parallel.shard=parameters");
     add("llama.tp2.pp2", kLlama, 4, " --parallel.tensor_parallel=2 --parallel.pipeline_parallel=2");
