@@ -177,24 +177,25 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             const bool prefetches = prefetch_depth(p) > 0;
             if (prefetches) p.prefetch = 0;
             // per_block: the ladder of what each block keeps, each a plan of its own (the frontier).
-            if (policy == MemoryPolicy::kPerBlock) {
-              for (double share : kBlockKeepLadder) {
-                p.block_keep_share = share;
+            const std::vector<double> shares = policy == MemoryPolicy::kPerBlock
+                                                   ? std::vector<double>(std::begin(kBlockKeepLadder), std::end(kBlockKeepLadder))
+                                                   : std::vector<double>{0.0};
+            const Plan first = p;
+            for (double share : shares) {
+              p = first;
+              p.block_keep_share = share;
+              plans.push_back(p);
+              if (prefetches) {
+                p.prefetch = 1;
                 plans.push_back(p);
               }
-              continue;
-            }
-            plans.push_back(p);
-            if (prefetches) {
-              p.prefetch = 1;
-              plans.push_back(p);
-            }
-            const ScheduleShape chunked{stages, static_cast<int>(accumulation), options.virtual_stages};
-            if (stages > 1 && options.virtual_stages > 1 &&
-                schedule_refusal(ScheduleKind::kInterleaved1f1b, chunked).empty()) {
-              p.schedule = ScheduleKind::kInterleaved1f1b;
-              p.virtual_stages = options.virtual_stages;
-              plans.push_back(p);
+              const ScheduleShape chunked{stages, static_cast<int>(accumulation), options.virtual_stages};
+              if (stages > 1 && options.virtual_stages > 1 &&
+                  schedule_refusal(ScheduleKind::kInterleaved1f1b, chunked).empty()) {
+                p.schedule = ScheduleKind::kInterleaved1f1b;
+                p.virtual_stages = options.virtual_stages;
+                plans.push_back(p);
+              }
             }
           }
         }

@@ -44,6 +44,8 @@ MemoryOptions memory_options(const MemoryPlan& m, uint64_t seed, std::shared_ptr
   if (m.policy == MemoryPolicy::kPerBlock) {
     options.block_keep_bytes = m.block_keep_bytes;
     options.block_keep_share = m.block_keep_share;
+    // Left out where no run check chose (a GPU, stages, tensor parallelism): half of each block.
+    if (m.block_keep_bytes == 0 && m.block_keep_share == 0) options.block_keep_share = MemoryPlan::kDefaultBlockKeepShare;
   }
   return options;
 }

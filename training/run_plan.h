@@ -52,6 +52,8 @@ struct MemoryPlan {
   // per_block: bytes each block keeps through forward, as its plan chooses (MemoryOptions::block_keep_bytes).
   int64_t block_keep_bytes = 0;
   double block_keep_share = 0;  // or this share of what each block's backward reads (memory.block_keep = "40%")
+  // Neither, where the run check does not choose (a GPU, pipeline stages, tensor parallelism): this.
+  static constexpr double kDefaultBlockKeepShare = 0.5;
   double eviction_threshold = 0.9;
   bool sqrt_sampling = false;
   bool ignore_small = true;

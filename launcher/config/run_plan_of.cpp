@@ -6,6 +6,7 @@
 #include "launcher/device_group.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <tuple>
 
 namespace ht {
@@ -263,10 +264,13 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
   const MemoryPlan& m = plan.memory;
   if (m.budget_bytes != budget_bytes_of(config)) c.memory.budget = std::to_string(m.budget_bytes);
   c.memory.policy = m.policy;
-  if (m.policy == MemoryPolicy::kPerBlock) {  // neither: left to the run check
-    c.memory.block_keep = m.block_keep_share > 0   ? std::to_string(100 * m.block_keep_share) + "%"
-                          : m.block_keep_bytes > 0 ? std::to_string(m.block_keep_bytes)
-                                                   : "";
+  c.memory.block_keep.clear();  // neither: left to the run check; under other policies, none
+  if (m.policy == MemoryPolicy::kPerBlock && m.block_keep_share > 0) {
+    char share[32];
+    std::snprintf(share, sizeof share, "%.9g%%", 100 * m.block_keep_share);
+    c.memory.block_keep = share;
+  } else if (m.policy == MemoryPolicy::kPerBlock && m.block_keep_bytes > 0) {
+    c.memory.block_keep = std::to_string(m.block_keep_bytes);
   }
   c.memory.eviction_threshold = m.eviction_threshold;
   c.memory.optimizer_state = m.optimizer_state;

@@ -211,6 +211,11 @@ void apply(RunPlan& run, const Decision& d) {
   run.sync.shard = run.grid.data > 1 ? d.shard : ShardLevel::kNone;
   if (d.shard == ShardLevel::kParameters) run.sync.prefetch = d.prefetch;
   run.memory.budget_bytes = d.budget_bytes;
+  // The chosen plan's share of each block, over a configured one (the plan was predicted with it).
+  if (d.policy == MemoryPolicy::kPerBlock && d.block_keep_permille > 0) {
+    run.memory.block_keep_bytes = 0;
+    run.memory.block_keep_share = static_cast<double>(d.block_keep_permille) / 1000;
+  }
 }
 
 // A tensor-parallel run without stages: rank 0's part of the model profiled with its group
@@ -239,7 +244,8 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
     out.prediction = predict(plan.profile, plan.machine, out.plan);
     decision = {false, out.plan.micro_batch, out.plan.policy,
                 evicts(out.plan.policy) ? out.limit_bytes : run.memory.budget_bytes, out.plan.shard,
-                out.plan.prefetch};
+                out.plan.prefetch, false, std::lround(run.memory.eviction_threshold * 1000),
+                std::lround(out.plan.block_keep_share * 1000)};
     char text[320];
     std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the tensor-parallel "
                   "group's collectives (%s; never refused)", format_bytes(out.prediction.peak_bytes).c_str(),
@@ -376,6 +382,8 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
   }
   if (run.memory.policy == MemoryPolicy::kPerBlock && run.memory.block_keep_bytes == 0 &&
       run.memory.block_keep_share == 0) {
+    // Keeping none is full recomputation: trained as such, and written so in the resolved config.
+    if (decision.block_keep_permille == 0) run.memory.policy = MemoryPolicy::kFull;
     run.memory.block_keep_share = static_cast<double>(decision.block_keep_permille) / 1000;
   }
   if (grid.is_root()) {

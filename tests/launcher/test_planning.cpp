@@ -589,6 +589,8 @@ TEST(Planning, ABudgetAloneTrainsThePolicyPredictedFastest) {
     if (p.text.find("static does not fit") != std::string::npos) {
       EXPECT_EQ(run.memory.policy, MemoryPolicy::kHybrid) << p.text;
       EXPECT_EQ(run.memory.optimizer_state, StatePlace::kHost) << p.text;
+    } else {
+      EXPECT_TRUE(run.memory.policy == MemoryPolicy::kAuto || run.memory.policy == MemoryPolicy::kHybrid) << p.text;
     }
   }
   run_job(config_for(dir, kConv, {tight, "--job.output_dir=" + dir.path("host")}), true);

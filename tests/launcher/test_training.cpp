@@ -241,8 +241,10 @@ TEST(Training, PerBlockPlansTrainTheSameParametersBetweenNoneAndFull) {
     EXPECT_TRUE(std::regex_search(metrics, m, std::regex("\"recomputations\": ([0-9]+)"))) << metrics;
     return m.empty() ? 0 : std::stoll(m[1]);
   };
-  for (const std::string keep : {"50%", "75%", "20KiB"}) {
-    const std::string out = "per_block_" + std::to_string(std::hash<std::string>{}(keep) % 1000);
+  const std::vector<std::string> keeps{"50%", "75%", "20KiB"};
+  for (size_t k = 0; k < keeps.size(); ++k) {
+    const std::string& keep = keeps[k];
+    const std::string out = "per_block_" + std::to_string(k);
     const JobOutcome per_block = job(out, {"--memory.policy=per_block", "--memory.block_keep=" + keep});
     const auto b = state_of(*per_block.model);
     ASSERT_EQ(a.size(), b.size());
