@@ -63,6 +63,9 @@ void MemoryManager::configure(MemoryOptions options) {
               "MemoryManager::configure: dropping blocks needs eviction (DTR regenerates them)");
   TORCH_CHECK(!options_.swap || (options_.arena != nullptr && evictor_ != nullptr),
               "MemoryManager::configure: host swap needs a budget and an eviction policy");
+  block_ = -1;  // what an earlier configuration recorded is not this one's
+  block_made_.clear();
+  last_made_.clear();
   block_plans_ = options_.checkpoint_blocks > 0 && (options_.block_keep_bytes > 0 || options_.block_keep_share > 0)
                      ? std::make_unique<schedule::BlockPlans>(options_.block_keep_bytes, options_.block_keep_share)
                      : nullptr;

@@ -112,6 +112,11 @@ UserError does_not_fit(const Config& c, const RunPlan& run, const Prediction& p,
       text += std::string(", training.mixed_precision = \"") + choice_name(q.precision) + "\"";
     }
     if (evicts(q.policy)) text += std::string(", memory.policy = \"") + choice_name(q.policy) + "\"";
+    if (q.policy == MemoryPolicy::kPerBlock && q.block_keep_share > 0) {
+      char keep[48];
+      std::snprintf(keep, sizeof keep, ", memory.block_keep = \"%.9g%%\"", 100 * q.block_keep_share);
+      text += keep;
+    }
     if (q.shard != c.parallel.shard) text += std::string(", parallel.shard = \"") + choice_name(q.shard) + "\"";
     if (q.shard == ShardLevel::kParameters && !evicts(q.policy) && q.prefetch != c.parallel.prefetch) {
       text += ", parallel.prefetch = " + std::to_string(q.prefetch);
