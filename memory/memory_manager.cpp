@@ -133,7 +133,7 @@ void MemoryManager::forward_outputs(const ComputePath& path, const std::vector<T
     std::vector<uint64_t> reads;
     for (const auto& in : path.inputs)
       if (in) reads.push_back(id_of(in->is_view() ? in->base : in.get()));
-    block_made_.op(path.modeled_ms, reads, made);
+    block_made_.op(path.op->traits().name, path.modeled_ms, reads, made);
   }
   if (!swap_ || !taped) return;
   // What this op's backward will read: candidates for a copy to host.

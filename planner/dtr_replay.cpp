@@ -122,6 +122,7 @@ class Replay {
       }
     }
     result_.peak_bytes = arena_.stats().peak_in_use;
+    result_.blocks = block_plans_.solved_blocks();
     return result_;
   }
 
@@ -193,7 +194,7 @@ class Replay {
       for (int in : trace_.kernels[k].inputs) reads.push_back(static_cast<uint64_t>(in) + 1);
       std::vector<std::pair<uint64_t, int64_t>> made;
       for (int t : outputs_[k]) made.emplace_back(static_cast<uint64_t>(t) + 1, trace_.tensors[t].bytes);
-      block_made_.op(trace_.kernels[k].modeled_ms, reads, made);
+      block_made_.op(trace_.kernels[k].op, trace_.kernels[k].modeled_ms, reads, made);
     }
     for (int in : trace_.kernels[k].inputs) unpin(in);
     for (int t : made_in_[k]) unpin(t);

@@ -21,8 +21,10 @@
 
 #include "memory/eviction_policy.h"
 #include "planner/step_trace.h"
+#include "schedule/block_recorder.h"
 
 #include <cstdint>
+
 #include <string>
 #include <vector>
 
@@ -60,6 +62,8 @@ struct ReplayResult {
   std::string failure;           // when infeasible: one sentence naming the kernel index and bytes
   std::vector<int> victims;      // the tensors evicted, in order (trace indices)
   std::vector<double> victim_scores;  // each one's score when it went (memory/eviction_score.h)
+  // checkpoint_blocks with a per-block plan (block_keep_*): each distinct block and its plan.
+  std::vector<schedule::SolvedBlock> blocks;
 };
 
 // Throws std::invalid_argument if budget_bytes <= 0 or the trace names a tensor or kernel out

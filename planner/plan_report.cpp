@@ -140,7 +140,7 @@ std::string profile_text(const ModelProfile& p, const Machine& machine) {
 
 std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows, bool tokens) {
   std::string s =
-      std::string("  #  ranks  stages  tensor  micro x accum  precision  policy      shard  peak/rank MiB  fits  step ms  compute  "
+      std::string("  #  ranks  stages  tensor  micro x accum  precision  policy               shard  peak/rank MiB  fits  step ms  compute  "
                   "bubble  recompute  optimizer  all-reduce  tensor ms") +
       (tokens ? "   tokens/s  device-h/Gtok" : "  samples/s  device-h/epoch") + "   MFU\n";
   for (size_t i = 0; i < std::min(rows, ranked.size()); ++i) {
@@ -152,10 +152,14 @@ std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows, bool
                                      : std::string(choice_name(p.schedule));
     const std::string stages = p.stages > 1 ? std::to_string(p.stages) + " " + schedule : "1";
     const std::string tensor = std::to_string(p.tensor) + (p.tensor > 1 && p.sequence_parallel ? " sp" : "");
-    s += printf_string("%3zu  %5d  %6s  %6s  %7lld x %-4lld  %9s  %6s  %9s  %13s  %4s  %7.1f  %7.1f  %6.1f  %9.1f  %9.1f  "
+    // "per_block 50%": the share each block keeps.
+    const std::string policy = p.policy == MemoryPolicy::kPerBlock && p.block_keep_share > 0
+                                   ? printf_string("per_block %.0f%%", 100 * p.block_keep_share)
+                                   : std::string(choice_name(p.policy));
+    s += printf_string("%3zu  %5d  %6s  %6s  %7lld x %-4lld  %9s  %13s  %9s  %13s  %4s  %7.1f  %7.1f  %6.1f  %9.1f  %9.1f  "
                        "%10.1f  %9.1f  %9.1f  %14.4f  %4s\n",
                        i + 1, p.devices(), stages.c_str(), tensor.c_str(), static_cast<long long>(p.micro_batch),
-                       static_cast<long long>(p.accumulation), choice_name(p.precision), choice_name(p.policy),
+                       static_cast<long long>(p.accumulation), choice_name(p.precision), policy.c_str(),
                        choice_name(p.shard), mib(r.peak_bytes).c_str(), r.fits ? "yes" : "no", r.step_ms, r.compute_ms,
                        r.bubble_ms, r.recompute_ms, r.optimizer_ms + r.gather_ms, r.allreduce_exposed_ms, r.tensor_ms,
                        tokens ? r.tokens_per_s : r.samples_per_s,

@@ -6,6 +6,7 @@
 #include "planner/step_trace.h"
 #include "planner/tensor_terms.h"
 #include "runtime/mixed_precision.h"
+#include "schedule/block_recorder.h"
 #include "schedule/step_graph.h"
 
 #include <algorithm>
@@ -95,6 +96,9 @@ struct BlockRecomputeReplay {
   int64_t evictions = 0;
   std::string failure;        // empty: the replay ran in the budget
   int64_t min_budget_bytes = 0;  // when it did not: what it would have needed at least
+  // Under per_block: the block run most often (the repeating one) and its plan, at the replayed
+  // micro-batch (the smaller of two on a line: its kinds and shares are the same at every size).
+  std::shared_ptr<const schedule::SolvedBlock> block;
 };
 
 struct ModelProfile {

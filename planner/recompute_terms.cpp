@@ -39,6 +39,10 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
     out.working_bytes = std::max<int64_t>(0, r.peak_bytes - r.forward_end_bytes);
     out.recompute_ms = r.recompute_ms;
     out.evictions = r.evictions;
+    const schedule::SolvedBlock* most = nullptr;
+    for (const schedule::SolvedBlock& b : r.blocks)
+      if (most == nullptr || b.uses > most->uses) most = &b;
+    if (most != nullptr) out.block = std::make_shared<const schedule::SolvedBlock>(*most);
   } else {
     out.failure = r.failure;
     out.min_budget_bytes = r.min_budget_bytes;
@@ -135,6 +139,7 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads);
   out.recompute_ms = fb_b > 0 ? b.recompute_ms / fb_b * fb : 0.0;
   out.evictions = b.evictions;  // the same tensors at every size
+  out.block = a.block;
   return out;
 }
 

@@ -75,8 +75,8 @@ std::string BlockGraph::signature() const {
   std::string s;
   char buf[64];
   for (const BlockOp& op : ops) {
-    std::snprintf(buf, sizeof buf, "o%.9g:", op.cost_ms);
-    s += buf;
+    std::snprintf(buf, sizeof buf, ":%.9g:", op.cost_ms);
+    s += op.name + buf;
     for (int in : op.inputs) s += std::to_string(in) + ",";
   }
   for (const BlockValue& v : values) s += "v" + std::to_string(v.bytes) + ":" + std::to_string(v.op) + (v.saved ? "s" : "");
@@ -105,6 +105,7 @@ BlockPlan plan_with(const BlockGraph& graph, std::vector<bool> keep) {
       if (!keep[in]) needed.push_back(in);
   }
   plan.keep = std::move(keep);
+  plan.rerun = std::move(run);
   return plan;
 }
 
@@ -126,6 +127,44 @@ std::vector<BlockPlan> block_plan_frontier(const BlockGraph& graph, int max_poin
   }
   points.push_back(solve_block_plan(graph, 0));
   return points;
+}
+
+std::vector<TensorKindPlan> plan_by_kind(const BlockGraph& graph, const BlockPlan& plan) {
+  std::vector<TensorKindPlan> kinds;
+  auto of = [&](const std::string& name) -> TensorKindPlan& {
+    for (TensorKindPlan& k : kinds)
+      if (k.kind == name) return k;
+    kinds.push_back({});
+    kinds.back().kind = name;
+    return kinds.back();
+  };
+  for (size_t o = 0; o < graph.ops.size(); ++o) {
+    TensorKindPlan& k = of(graph.ops[o].name);
+    ++k.calls;
+    if (o < plan.rerun.size() && plan.rerun[o]) ++k.rerun, k.rerun_ms += graph.ops[o].cost_ms;
+  }
+  for (size_t v = 0; v < graph.values.size(); ++v) {
+    const BlockValue& value = graph.values[v];
+    if (!value.saved) continue;
+    TensorKindPlan& k = of(graph.ops[value.op].name);
+    ++k.saved;
+    k.saved_bytes += value.bytes;
+    if (v < plan.keep.size() && plan.keep[v]) ++k.kept, k.kept_bytes += value.bytes;
+  }
+  return kinds;
+}
+
+std::vector<bool> selective_op_keep(const BlockGraph& graph) {
+  std::vector<bool> keep(graph.values.size(), false);
+  std::vector<bool> op_kept(graph.ops.size(), false);
+  int products = 0;
+  for (size_t o = 0; o < graph.ops.size(); ++o) {
+    const std::string& name = graph.ops[o].name;
+    if (name == "linear" || name == "matmul" || name == "bmm") op_kept[o] = products++ % 2 == 0;
+    if (name == "attention") op_kept[o] = true;
+  }
+  for (size_t v = 0; v < graph.values.size(); ++v) keep[v] = graph.values[v].saved && op_kept[graph.values[v].op];
+  return keep;
 }
 
 }  // namespace ht::schedule

@@ -25,6 +25,7 @@ namespace ht::schedule {
 struct BlockOp {
   double cost_ms = 0;       // what running it again costs (the modelled kernel time)
   std::vector<int> inputs;  // values of this block it reads (indices into BlockGraph::values)
+  std::string name;         // the op's name ("linear", "attention": OpTraits::name)
 };
 
 struct BlockValue {
@@ -47,6 +48,7 @@ struct BlockPlan {
   int64_t kept_bytes = 0;
   double recompute_ms = 0;  // the ops backward runs again
   int recomputed_ops = 0;
+  std::vector<bool> rerun;  // per op: run again in backward
   bool exact = true;        // the search finished (else: the best plan found within its node limit)
 };
 
@@ -61,5 +63,24 @@ BlockPlan solve_block_plan(const BlockGraph& graph, int64_t keep_budget_bytes);
 // value (nothing again) down to keeping none: the block's memory/time frontier, kept bytes
 // descending. At most `max_points` (then the last is keep-nothing).
 std::vector<BlockPlan> block_plan_frontier(const BlockGraph& graph, int max_points = 32);
+
+// What a plan does with one kind of tensor: those its op (by name) makes in the block, of which
+// backward reads `saved`, forward keeps `kept`, and backward makes again (`rerun` of the op's
+// calls, costing `rerun_ms`). `plan` prints one line per kind for the chosen plan.
+struct TensorKindPlan {
+  std::string kind;  // the producing op's name
+  int saved = 0, kept = 0, calls = 0, rerun = 0;
+  int64_t saved_bytes = 0, kept_bytes = 0;
+  double rerun_ms = 0;
+};
+// By kind, in the order the block first makes each.
+std::vector<TensorKindPlan> plan_by_kind(const BlockGraph& graph, const BlockPlan& plan);
+
+// torchtitan's per-op selective checkpointing policy (its `_save_list`, `mm_count % 2`) on this
+// graph: of what backward reads, keep the outputs of every second product (the 1st, 3rd, ...:
+// ops named linear, matmul, bmm) and of attention; regenerate the rest. The comparison point of
+// bench_block_plans: what that policy keeps, in bytes, is a budget the solver must do at least as
+// well in.
+std::vector<bool> selective_op_keep(const BlockGraph& graph);
 
 }  // namespace ht::schedule

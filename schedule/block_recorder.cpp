@@ -8,10 +8,11 @@ void BlockRecorder::clear() {
   position_.clear();
 }
 
-void BlockRecorder::op(double cost_ms, const std::vector<uint64_t>& reads,
+void BlockRecorder::op(const char* name, double cost_ms, const std::vector<uint64_t>& reads,
                        const std::vector<std::pair<uint64_t, int64_t>>& made) {
   if (made.empty()) return;
   BlockOp op;
+  op.name = name;
   op.cost_ms = cost_ms;
   for (uint64_t id : reads) {
     auto it = position_.find(id);
@@ -41,13 +42,16 @@ BlockGraph BlockRecorder::graph(const std::vector<bool>& saved) const {
 
 const std::vector<bool>& BlockPlans::keep(const BlockGraph& graph) {
   const std::string key = graph.signature();
-  auto it = plans_.find(key);
-  if (it == plans_.end()) {
+  auto it = index_.find(key);
+  if (it == index_.end()) {
     const int64_t budget =
         share_ > 0 ? static_cast<int64_t>(share_ * static_cast<double>(graph.saved_bytes())) : budget_;
-    it = plans_.emplace(key, solve_block_plan(graph, budget).keep).first;
+    solved_.push_back({graph, solve_block_plan(graph, budget), 0});
+    it = index_.emplace(key, solved_.size() - 1).first;
   }
-  return it->second;
+  SolvedBlock& block = solved_[it->second];
+  ++block.uses;
+  return block.plan.keep;
 }
 
 }  // namespace ht::schedule

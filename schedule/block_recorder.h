@@ -19,7 +19,7 @@ class BlockRecorder {
   void clear();
   // A forward op of the block (views excepted): the values it read (their roots; ids the block did
   // not make are from outside it) and the ones it made (id, bytes), in its outputs' order.
-  void op(double cost_ms, const std::vector<uint64_t>& reads, const std::vector<std::pair<uint64_t, int64_t>>& made);
+  void op(const char* name, double cost_ms, const std::vector<uint64_t>& reads, const std::vector<std::pair<uint64_t, int64_t>>& made);
   // The value is gone before the block ended (its id may be given to another).
   void forget(uint64_t id);
   // The values made, in order; 0 where forgotten.
@@ -33,6 +33,13 @@ class BlockRecorder {
   std::unordered_map<uint64_t, int> position_;
 };
 
+// A block's graph and the plan it was given; `uses`: the blocks (of every micro-batch) that ran it.
+struct SolvedBlock {
+  BlockGraph graph;
+  BlockPlan plan;
+  int64_t uses = 0;
+};
+
 // The plans of the blocks seen, by their graphs' signatures: blocks that repeat are solved once.
 class BlockPlans {
  public:
@@ -41,12 +48,15 @@ class BlockPlans {
   explicit BlockPlans(int64_t keep_budget_bytes, double share = 0) : budget_(keep_budget_bytes), share_(share) {}
   // Per value of `graph`: kept through forward.
   const std::vector<bool>& keep(const BlockGraph& graph);
-  int solved() const { return static_cast<int>(plans_.size()); }
+  int solved() const { return static_cast<int>(solved_.size()); }
+  // Each distinct block solved, in the order first seen.
+  const std::vector<SolvedBlock>& solved_blocks() const { return solved_; }
 
  private:
   int64_t budget_;
   double share_;
-  std::unordered_map<std::string, std::vector<bool>> plans_;
+  std::unordered_map<std::string, size_t> index_;  // signature -> solved_
+  std::vector<SolvedBlock> solved_;
 };
 
 }  // namespace ht::schedule

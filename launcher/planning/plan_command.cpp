@@ -13,6 +13,7 @@
 #include "alloc/byte_size.h"
 #include "alloc/cpu_device_allocator.h"
 #include "planner/cost_model.h"
+#include "planner/plan_frontier.h"
 #include "planner/plan_report.h"
 #include "planner/shard_terms.h"
 #include "runtime/thread_pools.h"
@@ -130,6 +131,33 @@ void note_misaligned_products(const Config& config, const PlanCommand& command, 
               std::max(best.prediction.step_ms, 1e-9));
 }
 
+// The chosen layout's memory/time frontier, and the best recomputing plan's where that is another
+// layout ("more GPUs or more recomputation" as two frontiers); what a per-block plan keeps.
+void print_frontiers(const JobPlan& plan) {
+  const Plan& chosen = plan.ranked[0].plan;
+  const RankedPlan* saver = nullptr;
+  for (const RankedPlan& r : plan.ranked)
+    if (r.prediction.fits && recomputes_blocks(r.plan.policy) && (saver == nullptr)) saver = &r;
+  auto profile_of = [&](const Plan& p) -> const ModelProfile& {
+    auto it = plan.tensor_profiles.find(p.tensor);
+    return it != plan.tensor_profiles.end() ? it->second : plan.profile;
+  };
+  for (const Plan* p : {&chosen, saver != nullptr && !same_layout(saver->plan, chosen) ? &saver->plan : nullptr}) {
+    if (p == nullptr) continue;
+    const std::string frontier = frontier_text(plan.ranked, *p);
+    if (!frontier.empty()) {
+      std::printf("\nmemory/time frontier of %s%s:\n%s", p == &chosen ? "the chosen layout" : "the best recomputing layout",
+                  p == &chosen ? "" : (" (" + plan_words(*p) + ")").c_str(), frontier.c_str());
+    }
+  }
+  const Plan* blocks = chosen.policy == MemoryPolicy::kPerBlock ? &chosen
+                       : saver != nullptr && saver->plan.policy == MemoryPolicy::kPerBlock ? &saver->plan : nullptr;
+  if (blocks != nullptr) {
+    std::printf("\nper_block in the %s plan:\n%s", blocks == &chosen ? "chosen" : "best recomputing",
+                block_kinds_text(profile_of(*blocks), *blocks).c_str());
+  }
+}
+
 }  // namespace
 
 int run_plan_command(const Config& config, const PlanCommand& command) {
@@ -184,6 +212,7 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
     return kUserErrorExitCode;
   }
   std::printf("chosen: %s. %s\n", plan_words(plan.ranked[0].plan).c_str(), plan.why.c_str());
+  print_frontiers(plan);
   if (traced) note_misaligned_products(config, command, plan);
   if (traced && evicts(plan.ranked[0].plan.policy)) {
     std::printf("note: it evicts under a budget on each GPU, which this engine has not yet run on a GPU "

@@ -94,3 +94,59 @@ TEST(BlockPlan, TheFrontierRunsFromKeepingAllToKeepingNone) {
 
 }  // namespace
 }  // namespace ht::schedule
+
+namespace ht::schedule {
+namespace {
+
+// A Llama-like block: norm -> qkv product -> attention -> output product (+ residual), norm ->
+// gate/up product -> swiglu -> down product (+ residual). torchtitan's per-op policy keeps the
+// 1st and 3rd products' outputs (qkv, gate/up) and attention's; the 2nd and 4th products' outputs
+// feed additions, which backward does not read, so of them nothing is saved.
+BlockGraph llama_like() {
+  BlockGraph g;
+  g.ops = {{1, {}, "rms_norm"},  {8, {0}, "linear"}, {6, {1}, "attention"}, {4, {2}, "linear"},
+           {1, {3}, "add"},      {1, {4}, "rms_norm"}, {8, {5}, "linear"}, {2, {6}, "swiglu"},
+           {4, {7}, "linear"},   {1, {8}, "add"}};
+  g.values = {{10, 0, true}, {30, 1, true}, {10, 2, true}, {10, 3, false}, {10, 4, true},
+              {10, 5, true}, {40, 6, true}, {20, 7, true}, {10, 8, false}, {10, 9, false}};
+  return g;
+}
+
+TEST(BlockPlan, TorchtitansPerOpPolicyKeepsEverySecondProductAndAttention) {
+  const BlockGraph g = llama_like();
+  const std::vector<bool> keep = selective_op_keep(g);
+  EXPECT_EQ(keep, (std::vector<bool>{false, true, true, false, false, false, true, false, false, false}));
+  const BlockPlan sac = plan_with(g, keep);
+  EXPECT_EQ(sac.kept_bytes, 80);
+  // The norms, swiglu and the residual add run again, and the add needs the output product's
+  // result, which nothing kept: 1 + 1 + 2 + 1 + 4.
+  EXPECT_DOUBLE_EQ(sac.recompute_ms, 9);
+  EXPECT_LE(solve_block_plan(g, sac.kept_bytes).recompute_ms, sac.recompute_ms) << "the solver does no worse in its bytes";
+}
+
+TEST(BlockPlan, APlanByKindCountsWhatEachOpsOutputsAreGiven) {
+  const BlockGraph g = llama_like();
+  const BlockPlan sac = plan_with(g, selective_op_keep(g));
+  const std::vector<TensorKindPlan> kinds = plan_by_kind(g, sac);
+  ASSERT_EQ(kinds.size(), 5u);
+  EXPECT_EQ(kinds[0].kind, "rms_norm");
+  EXPECT_EQ(kinds[0].saved, 2);
+  EXPECT_EQ(kinds[0].kept, 0);
+  EXPECT_EQ(kinds[0].rerun, 2);
+  EXPECT_EQ(kinds[0].calls, 2);
+  EXPECT_EQ(kinds[1].kind, "linear");
+  EXPECT_EQ(kinds[1].saved, 2);
+  EXPECT_EQ(kinds[1].saved_bytes, 70);
+  EXPECT_EQ(kinds[1].kept_bytes, 70);
+  EXPECT_EQ(kinds[1].rerun, 1);  // the output product, for the add
+  EXPECT_DOUBLE_EQ(kinds[1].rerun_ms, 4);
+  EXPECT_EQ(kinds[1].calls, 4);
+  EXPECT_EQ(kinds[3].kind, "add");
+  EXPECT_EQ(kinds[3].saved, 1);
+  EXPECT_DOUBLE_EQ(kinds[3].rerun_ms, 1);  // the first add, whose output the second norm reads
+  EXPECT_EQ(kinds[4].kind, "swiglu");
+  EXPECT_EQ(kinds[4].rerun, 1);
+}
+
+}  // namespace
+}  // namespace ht::schedule
