@@ -8,9 +8,12 @@
 // the quiet step of both), the step against none's. The memory/time frontier of docs/memory.md
 // comes from here. A run that fails, a peak over its budget, or a per_block peak more than 3% off
 // the planner's (the engine and the planner's replay record and solve each block alike) is an
-// error (exit 1); times are reported, not gated.
+// error (exit 1); times are reported, not gated. With --peer, the PyTorch peer's eager step and
+// torch.utils.checkpoint around every block (bench/peer/gpu_peer.py) on the GPT, as ratios of its
+// own eager step beside ours of none's.
 #include "base/remove_tree.h"
 #include "bench/bench_util.h"
+#include "bench/peer_rows.h"
 #include "bench/planner_rows.h"
 #include "launcher/config/run_plan_of.h"
 #include "planner/recompute_terms.h"
@@ -37,8 +40,39 @@ struct Options {
   int steps = 8, passes = 2;
   std::string configs = HT_SOURCE_DIR "/configs";
   std::string only;
+  std::string peer, peer_script = HT_SOURCE_DIR "/bench/peer/gpu_peer.py";
+  int threads = 1;
   Runner runner;
 };
+
+// The peer on the job's model (`peer_args`: its shape), on the CPU with the runs' threads: each
+// row's step against its eager step, beside ours against none's (`none_ms`, `full_ms`).
+void peer_rows(const Options& o, const std::string& peer_args, double none_ms, double full_ms) {
+  if (o.peer.empty() || peer_args.empty() || none_ms <= 0) return;
+  std::string failure;
+  const std::string args = peer_args + " --device cpu --threads " + std::to_string(o.threads) + " --steps " +
+                           std::to_string(o.steps) + " --warmup 1";
+  std::fprintf(stderr, "[peer] %s %s %s\n", o.peer.c_str(), o.peer_script.c_str(), args.c_str());
+  const std::vector<PeerRow> rows = run_peer(o.peer, o.peer_script, args, failure);
+  if (rows.empty()) {
+    std::printf("\nthe peer failed: %s\n", failure.c_str());
+    return;
+  }
+  double eager = 0;
+  for (const PeerRow& r : rows)
+    if (r.mode == "eager") eager = r.step_ms;
+  std::printf("\nthe peer (%s %s; SGD where ours is AdamW: compare each against its own no-recomputation step):\n",
+              o.peer.c_str(), args.c_str());
+  std::printf("| %-40s | %9s | %9s | %8s |\n", "run", "step ms", "peak MiB", "x eager");
+  std::printf("| %-40s | %9.1f | %9s | %8.2f |\n", "hybrid_train, none", none_ms, "", 1.0);
+  if (full_ms > 0) std::printf("| %-40s | %9.1f | %9s | %8.2f |\n", "hybrid_train, full", full_ms, "", full_ms / none_ms);
+  for (const PeerRow& r : rows) {
+    const std::string name = r.mode == "eager" ? "PyTorch eager" : "torch.utils.checkpoint, every block";
+    std::printf("| %-40s | %9.1f | %9s | %8s |\n", name.c_str(), r.step_ms,
+                r.peak_bytes >= 0 ? std::to_string(r.peak_bytes >> 20).c_str() : "-",
+                eager > 0 ? std::to_string(r.step_ms / eager).substr(0, 4).c_str() : "-");
+  }
+}
 
 struct Row {
   std::string name;
@@ -111,7 +145,7 @@ bool run_job(PlanCache& cache, const Options& o, const std::string& job, const J
               "peak MiB", "predicted", "error", "step ms", "predicted", "error", "x none", "regen ms");
   std::printf("|%s|\n", std::string(139, '-').c_str());
   bool ok = true;
-  double none_ms = 0;
+  double none_ms = 0, full_ms = 0;
   int64_t full_peak = 0;
   const std::string stem = job.substr(0, job.find(' '));
   auto print = [&](const std::string& name, const Plan& plan, const Measurement& m) {
@@ -136,7 +170,7 @@ bool run_job(PlanCache& cache, const Options& o, const std::string& job, const J
     for (char& c : folder) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
     const Measurement m = run_passes(o, planned.config, row.plan, folder);
     if (row.plan.policy == MemoryPolicy::kNone && m.ok) none_ms = m.quiet_ms;
-    if (row.plan.policy == MemoryPolicy::kFull && m.ok) full_peak = m.peak_bytes;
+    if (row.plan.policy == MemoryPolicy::kFull && m.ok) full_peak = m.peak_bytes, full_ms = m.quiet_ms;
     print(row.name, row.plan, m);
   }
   if (full_peak > 0) {
@@ -162,6 +196,15 @@ bool run_job(PlanCache& cache, const Options& o, const std::string& job, const J
     }
   }
   if (!op_sac_note.empty()) std::printf("\n%s\n", op_sac_note.c_str());
+  // gpu_peer.py's GPT is gpt_tiny's (pre-LN, GELU, tied head, dropout 0.1) at the job's shape.
+  const auto& m = planned.config.model;
+  if (m.name == ModelKind::kGpt) {
+    peer_rows(o,
+              "--model gpt --batch " + std::to_string(planned.config.training.global_batch_size) + " --seq " +
+                  std::to_string(m.block_size) + " --vocab " + std::to_string(planned.info.classes) + " --layers " +
+                  std::to_string(m.n_layer) + " --heads " + std::to_string(m.n_head) + " --embd " + std::to_string(m.n_embd),
+              none_ms, full_ms);
+  }
   return ok;
 }
 
@@ -181,7 +224,9 @@ int main(int argc, char** argv) {
   app.add_flag("--keep-runs", o.keep_runs, "keep every run's config, output and metrics");
   app.add_option("--only", o.only, "only the jobs whose name starts with this (GPT-6L, Llama-6L)");
   app.add_option("--configs", o.configs, "the folder of the example configs")->capture_default_str();
-  int threads = 1;
+  app.add_option("--peer", o.peer, "a Python with PyTorch (Debian's: /usr/bin/python3): the peer's rows on the GPT");
+  app.add_option("--peer-script", o.peer_script, "the peer's script")->capture_default_str();
+  int& threads = o.threads;
   app.add_option("--threads", threads, "training.threads for every job")->check(CLI::PositiveNumber)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (o.quick) o.steps = 3, o.passes = 1;

@@ -146,8 +146,8 @@ struct ModelProfile {
   bool sequence_parallel = false;
   TensorShape tensor_shape;       // a decoder's; undefined for other models
   // The cost model's replays of full recomputation (and per_block's) by (micro-batch, precision,
-  // budget, per_block's share kept in thousandths): a search predicts many plans of each.
-  mutable std::map<std::tuple<int64_t, int, int64_t, int>, BlockRecomputeReplay> full_recompute_replays;
+  // budget, per_block's bytes kept a block, or its share): a search predicts many plans of each.
+  mutable std::map<std::tuple<int64_t, int, int64_t, int64_t, double>, BlockRecomputeReplay> full_recompute_replays;
   // ZeRO-2's gradient blocks along the step by (micro-batch, precision, overlapped, ranks with
   // accumulation): planner/shard_terms.h, gradient_blocks_term.
   // (the last element: the step walked without the weights' casts, for kept copies).

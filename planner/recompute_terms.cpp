@@ -18,9 +18,15 @@ namespace {
 // Plans are predicted on several threads (search.cpp): the profiles' replay caches are shared.
 std::mutex g_replays_mutex;
 
+// What per_block keeps of each block (both 0: full recomputation's nothing).
+struct BlockKeep {
+  int64_t bytes = 0;
+  double share = 0;
+};
+
 BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
-                                   int64_t budget_bytes, int keep_permille) {
-  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes, keep_permille);
+                                   int64_t budget_bytes, BlockKeep keep) {
+  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes, keep.bytes, keep.share);
   {
     const std::lock_guard<std::mutex> lock(g_replays_mutex);
     auto it = profile.full_recompute_replays.find(key);
@@ -29,7 +35,8 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
   ReplayOptions options;
   options.budget_bytes = budget_bytes;
   options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
-  options.block_keep_share = keep_permille / 1000.0;
+  options.block_keep_bytes = keep.bytes;
+  options.block_keep_share = keep.share;
   StepTrace trace = without_optimizer_phase(*shared_trace_for(profile, micro_batch, micro_batch, precision));
   trace.persistent_bytes = 0;
   const ReplayResult r = replay_step(trace, options);
@@ -61,9 +68,10 @@ std::vector<int64_t> profiled_sizes(const ModelProfile& profile, MixedPrecision 
   return sizes;
 }
 
-// per_block's share (in thousandths; bytes are not replayed at scale: 0, as full).
-int keep_permille(const Plan& plan) {
-  return plan.policy == MemoryPolicy::kPerBlock ? static_cast<int>(std::lround(plan.block_keep_share * 1000)) : 0;
+// What per_block keeps of each block, as the run is configured (full: nothing).
+BlockKeep block_keep(const Plan& plan) {
+  if (plan.policy != MemoryPolicy::kPerBlock) return {};
+  return plan.block_keep_share > 0 ? BlockKeep{0, plan.block_keep_share} : BlockKeep{plan.block_keep_bytes, 0};
 }
 
 struct ReplayKey {
@@ -96,7 +104,8 @@ std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& pl
   const std::vector<int64_t> sizes = profiled_sizes(profile, plan.precision);
   if (profile.times_measured || sizes.size() < 2) return {{plan.micro_batch, plan.budget_bytes}};
   const int64_t room = room_for(plan.budget_bytes);
-  if (plan.micro_batch <= sizes[1]) return {{plan.micro_batch, room}};
+  // Bytes a block keeps are another share of it at every size: not on a line.
+  if (plan.micro_batch <= sizes[1] || block_keep(plan).bytes > 0) return {{plan.micro_batch, room}};
   return {{sizes[0], room}, {sizes[1], room}};
 }
 
@@ -109,7 +118,7 @@ std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& pl
 // forward and backward. A size whose sum passes the budget does not fit (predict's device-memory
 // check).
 BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
-  const int keep = keep_permille(plan);
+  const BlockKeep keep = block_keep(plan);
   const std::vector<ReplayKey> keys = first_replays(profile, plan);
   if (keys.size() == 1) {
     if (keys[0].budget_bytes == plan.budget_bytes) {
@@ -149,14 +158,15 @@ void replay_blocks_ahead(const std::vector<std::pair<const ModelProfile*, Plan>>
     int64_t micro_batch;
     MixedPrecision precision;
     int64_t budget_bytes;
-    int keep_permille;
+    BlockKeep keep;
   };
   std::vector<Job> jobs;
-  std::set<std::tuple<const ModelProfile*, int64_t, int, int64_t, int>> seen;
+  std::set<std::tuple<const ModelProfile*, int64_t, int, int64_t, int64_t, double>> seen;
   for (const auto& [profile, plan] : plans) {
     for (const ReplayKey& k : first_replays(*profile, plan)) {
-      const int keep = keep_permille(plan);
-      if (seen.emplace(profile, k.micro_batch, static_cast<int>(plan.precision), k.budget_bytes, keep).second)
+      const BlockKeep keep = block_keep(plan);
+      if (seen.emplace(profile, k.micro_batch, static_cast<int>(plan.precision), k.budget_bytes, keep.bytes, keep.share)
+              .second)
         jobs.push_back({profile, k.micro_batch, plan.precision, k.budget_bytes, keep});
     }
   }
@@ -164,8 +174,7 @@ void replay_blocks_ahead(const std::vector<std::pair<const ModelProfile*, Plan>>
   auto work = [&] {
     try {
       for (size_t i = next++; i < jobs.size(); i = next++)
-        replay_blocks(*jobs[i].profile, jobs[i].micro_batch, jobs[i].precision, jobs[i].budget_bytes,
-                      jobs[i].keep_permille);
+        replay_blocks(*jobs[i].profile, jobs[i].micro_batch, jobs[i].precision, jobs[i].budget_bytes, jobs[i].keep);
     } catch (...) {
       next = jobs.size();  // a head start only: predict replays what is missing, and says what failed
     }

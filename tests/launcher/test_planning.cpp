@@ -9,6 +9,7 @@
 #include "launcher/planning/profiler.h"
 #include "launcher/planning/run_check.h"
 #include "base/user_error.h"
+#include "planner/recompute_terms.h"
 #include "planner/weight_copy_terms.h"
 #include "alloc/cpu_device_allocator.h"
 #include "runtime/kernel_workspace.h"
@@ -218,15 +219,19 @@ TEST(Planning, PredictsFullRecomputationsPeakAndRegenerations) {
 
 // memory.policy = "per_block": the replay records each block and solves its plan as the run does,
 // so the peak and the regenerations of each share of the ladder are the run's, here and (the
-// blocks replayed once, the state added) as a cluster's device is planned.
+// blocks replayed once, the state added) as a cluster's device is planned; and so for a block
+// keeping bytes (the half share's kept bytes: as a cluster's device, it was once priced as full).
 TEST(Planning, PredictsPerBlockPlansPeakAndRegenerations) {
   TempDir dir;
   const std::vector<std::string> deeper{"--model.n_layer=6", "--model.block_size=64", "--memory.budget=256MiB",
                                         "--memory.policy=per_block"};
-  for (const double share : {0.5, 0.875}) {
-    const std::string out = "keep" + std::to_string(static_cast<int>(share * 1000));
+  int64_t half_kept_bytes = 0;
+  int64_t half_peak_cluster = 0, full_peak_cluster = 0;
+  for (const double share : {0.5, 0.875, 0.0}) {
+    const bool bytes = share == 0;  // the half share's kept bytes, as bytes
+    const std::string out = bytes ? std::string("bytes") : "keep" + std::to_string(static_cast<int>(share * 1000));
     std::vector<std::string> args = deeper;
-    args.push_back("--memory.block_keep=" + std::to_string(100 * share) + "%");
+    args.push_back("--memory.block_keep=" + (bytes ? std::to_string(half_kept_bytes) : std::to_string(100 * share) + "%"));
     args.push_back("--job.output_dir=" + dir.path(out));
     const Config config = config_for(dir, kGptToPlan, args);
     const ModelProfile profile = profile_of(config, 16);
@@ -234,7 +239,14 @@ TEST(Planning, PredictsPerBlockPlansPeakAndRegenerations) {
     plan.micro_batch = 16;
     plan.policy = MemoryPolicy::kPerBlock;
     plan.block_keep_share = share;
+    plan.block_keep_bytes = bytes ? half_kept_bytes : 0;
     plan.budget_bytes = budget_bytes_of(config);
+    if (share == 0.5) {
+      const BlockRecomputeReplay half = block_recompute_terms(profile, plan);
+      ASSERT_TRUE(half.block);
+      half_kept_bytes = half.block->plan.kept_bytes;
+      ASSERT_GT(half_kept_bytes, 0);
+    }
     Machine here;
     here.device_memory = plan.budget_bytes;
     Machine cluster = here;
@@ -251,6 +263,17 @@ TEST(Planning, PredictsPerBlockPlansPeakAndRegenerations) {
     EXPECT_NEAR(static_cast<double>(blocks.peak_bytes) / measured, 1.0, 0.05) << share;
     EXPECT_EQ(static_cast<double>(replayed.evictions), last_train_number(metrics, "evictions")) << share;
     EXPECT_EQ(replayed.evictions, blocks.evictions) << share;
+    if (share == 0.5) {
+      half_peak_cluster = blocks.peak_bytes;
+      Plan full = plan;
+      full.policy = MemoryPolicy::kFull;
+      full.block_keep_share = 0;
+      full_peak_cluster = predict(profile, cluster, full).peak_bytes;
+    }
+    if (bytes) {
+      EXPECT_EQ(blocks.peak_bytes, half_peak_cluster) << "the same plan, given as bytes";
+      EXPECT_GT(blocks.peak_bytes, full_peak_cluster) << "it keeps more than full recomputation";
+    }
   }
 }
 
