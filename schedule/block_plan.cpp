@@ -109,8 +109,30 @@ BlockPlan plan_with(const BlockGraph& graph, std::vector<bool> keep) {
   return plan;
 }
 
+// Of a least-cost plan, the kept values whose drop costs nothing more, dropped (largest first): a
+// value whose op runs again anyway (another output of it is dropped: attention's output and its
+// statistics) is bytes for nothing. Two recorders that list an op's outputs in other orders (the
+// engine's records, the planner's trace) then keep the same values, whichever the search met first.
+BlockPlan without_free_keeps(const BlockGraph& graph, BlockPlan plan) {
+  std::vector<int> kept;
+  for (size_t v = 0; v < plan.keep.size(); ++v)
+    if (plan.keep[v]) kept.push_back(static_cast<int>(v));
+  std::stable_sort(kept.begin(), kept.end(),
+                   [&](int a, int b) { return graph.values[a].bytes > graph.values[b].bytes; });
+  for (int v : kept) {
+    std::vector<bool> keep = plan.keep;
+    keep[v] = false;
+    BlockPlan fewer = plan_with(graph, std::move(keep));
+    if (fewer.recompute_ms <= plan.recompute_ms) {
+      fewer.exact = plan.exact;
+      plan = std::move(fewer);
+    }
+  }
+  return plan;
+}
+
 BlockPlan solve_block_plan(const BlockGraph& graph, int64_t keep_budget_bytes) {
-  return Search(graph, std::max<int64_t>(0, keep_budget_bytes)).run();
+  return without_free_keeps(graph, Search(graph, std::max<int64_t>(0, keep_budget_bytes)).run());
 }
 
 std::vector<BlockPlan> block_plan_frontier(const BlockGraph& graph, int max_points) {

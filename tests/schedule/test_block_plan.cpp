@@ -150,3 +150,28 @@ TEST(BlockPlan, APlanByKindCountsWhatEachOpsOutputsAreGiven) {
 
 }  // namespace
 }  // namespace ht::schedule
+
+namespace ht::schedule {
+namespace {
+
+// Attention makes its output and its statistics; backward reads both. Keeping one of them while
+// the other is dropped saves nothing (the op runs again for the other and makes both), so the
+// plan keeps neither, whichever order the recorder listed them in.
+TEST(BlockPlan, AValueWhoseOpRunsAgainAnywayIsNotKept) {
+  for (const bool stats_first : {false, true}) {
+    BlockGraph g;
+    g.ops = {{40, {}, "linear"}, {6, {0}, "attention"}, {4, {1}, "linear"}};
+    g.values = {{30, 0, true}, {10, 1, true}, {10, 1, true}, {10, 2, false}};
+    if (stats_first) g.values[1].bytes = 2;
+    else g.values[2].bytes = 2;
+    // In 32 bytes the projection's output (30, 40 ms to make again) is kept and attention runs
+    // again (6 ms); its small output (2) fits beside, and keeping it would save nothing.
+    const BlockPlan p = solve_block_plan(g, 32);
+    EXPECT_EQ(p.keep, (std::vector<bool>{true, false, false, false})) << "stats first: " << stats_first;
+    EXPECT_DOUBLE_EQ(p.recompute_ms, 6);
+    EXPECT_EQ(p.kept_bytes, 30);
+  }
+}
+
+}  // namespace
+}  // namespace ht::schedule
