@@ -25,6 +25,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -88,6 +90,26 @@ Measurement run_passes(const Options& o, const Config& config, const Plan& plan,
     if (!one.ok) break;
   }
   return m;
+}
+
+// memory.policy and memory.block_keep (a share) as a run resolved them (config.resolved.toml).
+struct Choice {
+  std::string policy;
+  double share = 0;
+};
+Choice resolved_choice(const std::string& path) {
+  Choice c;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto value = [&](const std::string& key) -> std::optional<std::string> {
+      if (line.rfind(key + " = \"", 0) != 0) return std::nullopt;
+      const size_t from = key.size() + 4;
+      return line.substr(from, line.find('"', from) - from);
+    };
+    if (auto v = value("policy")) c.policy = *v;
+    if (auto v = value("block_keep"); v && !v->empty() && v->back() == '%') c.share = std::stod(*v) / 100;
+  }
+  return c;
 }
 
 std::string pct(double a, double b) {
@@ -178,12 +200,18 @@ bool run_job(PlanCache& cache, const Options& o, const std::string& job, const J
     Plan p = base;
     p.policy = MemoryPolicy::kPerBlock;
     p.budget_bytes = full_peak;
-    const Measurement m = run_passes(o, planned.config, p, stem + "_per_block_at_fulls_peak");
-    std::string words;
-    const auto predict_plan = [&](const Plan& q) { return predict(planned.plan.profile, planned.plan.machine, q); };
-    p.block_keep_share = fastest_block_keep(p, predict_plan, words);  // the run check's choice
+    const std::string folder = stem + "_per_block_at_fulls_peak";
+    const Measurement m = run_passes(o, planned.config, p, folder);
+    // What the run check chose, as the run wrote it (keeping none trains as full).
+    const Choice choice = resolved_choice(o.runner.scratch + "/" + folder + "_1/out/config.resolved.toml");
     char name[64];
-    std::snprintf(name, sizeof name, "per_block in full's peak (keeping %.1f%%)", 100 * p.block_keep_share);
+    if (choice.policy == "full") {
+      p.policy = MemoryPolicy::kFull;
+      std::snprintf(name, sizeof name, "per_block in full's peak (keeping none: full)");
+    } else {
+      p.block_keep_share = choice.share;
+      std::snprintf(name, sizeof name, "per_block in full's peak (keeping %.1f%%)", 100 * p.block_keep_share);
+    }
     print(name, p, m);
     if (!o.quick) {
       for (MemoryPolicy other : {MemoryPolicy::kDtr, MemoryPolicy::kStatic}) {
