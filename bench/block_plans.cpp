@@ -25,6 +25,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -107,7 +108,7 @@ Choice resolved_choice(const std::string& path) {
       return line.substr(from, line.find('"', from) - from);
     };
     if (auto v = value("policy")) c.policy = *v;
-    if (auto v = value("block_keep"); v && !v->empty() && v->back() == '%') c.share = std::stod(*v) / 100;
+    if (auto v = value("block_keep"); v && v->size() > 1 && v->back() == '%') c.share = std::atof(v->c_str()) / 100;
   }
   return c;
 }
@@ -118,15 +119,8 @@ std::string pct(double a, double b) {
   return s;
 }
 
-// One job's table; false where a run failed, passed its budget, or its peak was mispredicted.
-bool run_job(PlanCache& cache, const Options& o, const std::string& job, const JobSpec& spec) {
-  PlanArgs args;
-  args.device_memory = kRoomy;
-  args.policies = {MemoryPolicy::kNone};
-  const Planned& planned = cache.get(spec, args);
-  const RunPlan run = run_plan_of(planned.config);
-  const Plan base{1, run.batch.micro, run.batch.micro_batches, planned.config.training.mixed_precision,
-                  MemoryPolicy::kNone, kRoomy};
+// The ladder's rows: none, full, and each share of kBlockKeepLadder (one in a smoke run).
+std::vector<Row> ladder_rows(const Options& o, const Plan& base) {
   std::vector<Row> rows{{"none", base}};
   Plan full = base;
   full.policy = MemoryPolicy::kFull;
@@ -141,89 +135,135 @@ bool run_job(PlanCache& cache, const Options& o, const std::string& job, const J
     std::snprintf(name, sizeof name, "per_block keeping %.1f%%", 100 * share);
     rows.push_back({name, p});
   }
-  // torchtitan's per-op policy on the block the planner's replay records (the repeating one).
+  return rows;
+}
+
+// torchtitan's per-op policy on the block the planner's replay records (the repeating one): the
+// row of per_block in its kept bytes, and a note of what each keeps and reruns.
+std::optional<Row> per_op_row(const Planned& planned, const Plan& base, std::string& note) {
   Plan probe = base;
   probe.policy = MemoryPolicy::kPerBlock;
   probe.block_keep_share = 1.0;
   const BlockRecomputeReplay probed = block_recompute_terms(planned.plan.profile, probe);
-  std::string op_sac_note;
-  if (probed.block) {
-    const schedule::BlockGraph& g = probed.block->graph;
-    const schedule::BlockPlan sac = schedule::plan_with(g, schedule::selective_op_keep(g));
-    const schedule::BlockPlan solved = schedule::solve_block_plan(g, sac.kept_bytes);
-    char note[320];
-    std::snprintf(note, sizeof note,
-                  "torchtitan's per-op policy keeps %.2f of the %.2f MiB a block's backward reads and reruns %d of %zu "
-                  "ops (%.2f ms modelled); the solver in those bytes keeps %.2f MiB and reruns %d (%.2f ms)",
-                  sac.kept_bytes / kMiB, g.saved_bytes() / kMiB, sac.recomputed_ops, g.ops.size(), sac.recompute_ms,
-                  solved.kept_bytes / kMiB, solved.recomputed_ops, solved.recompute_ms);
-    op_sac_note = note;
-    Plan p = base;
-    p.policy = MemoryPolicy::kPerBlock;
-    p.block_keep_bytes = std::max<int64_t>(1, sac.kept_bytes);
-    rows.push_back({"per_block in torchtitan's per-op bytes", p});
+  if (!probed.block) return std::nullopt;
+  const schedule::BlockGraph& g = probed.block->graph;
+  const schedule::BlockPlan sac = schedule::plan_with(g, schedule::selective_op_keep(g));
+  const schedule::BlockPlan solved = schedule::solve_block_plan(g, sac.kept_bytes);
+  char text[320];
+  std::snprintf(text, sizeof text,
+                "torchtitan's per-op policy keeps %.2f of the %.2f MiB a block's backward reads and reruns %d of %zu "
+                "ops (%.2f ms modelled); the solver in those bytes keeps %.2f MiB and reruns %d (%.2f ms)",
+                sac.kept_bytes / kMiB, g.saved_bytes() / kMiB, sac.recomputed_ops, g.ops.size(), sac.recompute_ms,
+                solved.kept_bytes / kMiB, solved.recomputed_ops, solved.recompute_ms);
+  note = text;
+  Plan p = base;
+  p.policy = MemoryPolicy::kPerBlock;
+  p.block_keep_bytes = std::max<int64_t>(1, sac.kept_bytes);
+  return Row{"per_block in torchtitan's per-op bytes", p};
+}
+
+// One job's printed table, row by row; ok() false where a run failed, passed its budget, or (where
+// gated) its peak was mispredicted.
+class JobTable {
+ public:
+  JobTable(const Planned& planned, const std::string& job) : planned_(planned) {
+    std::printf("\n%s\n| %-44s | %9s | %9s | %6s | %9s | %9s | %7s | %8s | %9s |\n", job.c_str(), "policy",
+                "peak MiB", "predicted", "error", "step ms", "predicted", "error", "x none", "regen ms");
+    std::printf("|%s|\n", std::string(139, '-').c_str());
   }
-  std::printf("\n%s\n| %-44s | %9s | %9s | %6s | %9s | %9s | %7s | %8s | %9s |\n", job.c_str(), "policy",
-              "peak MiB", "predicted", "error", "step ms", "predicted", "error", "x none", "regen ms");
-  std::printf("|%s|\n", std::string(139, '-').c_str());
-  bool ok = true;
-  double none_ms = 0, full_ms = 0;
-  int64_t full_peak = 0;
-  const std::string stem = job.substr(0, job.find(' '));
-  auto print = [&](const std::string& name, const Plan& plan, const Measurement& m) {
-    const Prediction p = predict(planned.plan.profile, planned.plan.machine, plan);
+  // `gated`: the peak is held to the planner's within 3% (none, full and per_block: replayed to the
+  // byte; DTR's and static plans' peaks are their budget's).
+  void row(const std::string& name, const Plan& plan, const Measurement& m, bool gated) {
     if (!m.ok) {
       std::printf("| %-44s | failed: %s\n", name.c_str(), m.error.substr(0, 160).c_str());
-      ok = false;
+      ok_ = false;
       return;
     }
+    if (plan.policy == MemoryPolicy::kNone) none_ms_ = m.quiet_ms;
+    const Prediction p = predict(planned_.plan.profile, planned_.plan.machine, plan);
     const double peak_error = static_cast<double>(p.peak_bytes) / static_cast<double>(m.peak_bytes) - 1;
-    // Eviction policies' peaks are their budget's, not the planner's to the byte: only per_block's are gated.
-    const bool gated = plan.policy == MemoryPolicy::kPerBlock || plan.policy == MemoryPolicy::kFull ||
-                       plan.policy == MemoryPolicy::kNone;
-    if (m.peak_bytes > plan.budget_bytes || (gated && std::abs(peak_error) > 0.03)) ok = false;
+    if (m.peak_bytes > plan.budget_bytes || (gated && std::abs(peak_error) > 0.03)) ok_ = false;
     std::printf("| %-44s | %9.1f | %9.1f | %6s | %9.1f | %9.1f | %7s | %8.2f | %9.1f |\n", name.c_str(),
                 m.peak_bytes / kMiB, p.peak_bytes / kMiB, pct(p.peak_bytes, m.peak_bytes).c_str(), m.quiet_ms,
-                p.step_ms, pct(p.step_ms, m.quiet_ms).c_str(), none_ms > 0 ? m.quiet_ms / none_ms : 1.0,
+                p.step_ms, pct(p.step_ms, m.quiet_ms).c_str(), none_ms_ > 0 ? m.quiet_ms / none_ms_ : 1.0,
                 m.recompute_ms);
-  };
+  }
+  // A row whose plan the prediction cannot be given (the run's choice unknown): measured only.
+  void unpredicted(const std::string& name, const Measurement& m) {
+    if (!m.ok) {
+      std::printf("| %-44s | failed: %s\n", name.c_str(), m.error.substr(0, 160).c_str());
+      ok_ = false;
+      return;
+    }
+    std::printf("| %-44s | %9.1f | %9s | %6s | %9.1f | %9s | %7s | %8.2f | %9.1f |\n", name.c_str(),
+                m.peak_bytes / kMiB, "?", "", m.quiet_ms, "?", "", none_ms_ > 0 ? m.quiet_ms / none_ms_ : 1.0,
+                m.recompute_ms);
+  }
+  bool ok() const { return ok_; }
+  double none_ms() const { return none_ms_; }
+
+ private:
+  const Planned& planned_;
+  bool ok_ = true;
+  double none_ms_ = 0;
+};
+
+// In a budget of full's measured peak: per_block with the share left to the run check (named by
+// what the run resolved: keeping none trains as full), then DTR and the static plan.
+void in_fulls_peak(const Options& o, const Planned& planned, const Plan& base, int64_t full_peak,
+                   const std::string& stem, JobTable& table) {
+  Plan p = base;
+  p.policy = MemoryPolicy::kPerBlock;
+  p.budget_bytes = full_peak;
+  const std::string folder = stem + "_per_block_at_fulls_peak";
+  const Measurement m = run_passes(o, planned.config, p, folder);
+  const Choice choice = resolved_choice(o.runner.scratch + "/" + folder + "_1/out/config.resolved.toml");
+  char name[64];
+  if (choice.policy == "full") {
+    p.policy = MemoryPolicy::kFull;
+    table.row("per_block in full's peak (keeping none: full)", p, m, true);
+  } else if (choice.policy == "per_block" && choice.share > 0) {
+    p.block_keep_share = choice.share;
+    std::snprintf(name, sizeof name, "per_block in full's peak (keeping %.1f%%)", 100 * p.block_keep_share);
+    table.row(name, p, m, true);
+  } else {
+    table.unpredicted("per_block in full's peak (its choice unread)", m);
+  }
+  if (o.quick) return;
+  for (MemoryPolicy other : {MemoryPolicy::kDtr, MemoryPolicy::kStatic}) {
+    Plan q = base;
+    q.policy = other;
+    q.budget_bytes = full_peak;
+    table.row(std::string(choice_name(other)) + " in full's peak", q,
+              run_passes(o, planned.config, q, stem + "_" + choice_name(other) + "_at_fulls_peak"), false);
+  }
+}
+
+// One job's table; false where a run failed, passed its budget, or its peak was mispredicted.
+bool run_job(PlanCache& cache, const Options& o, const std::string& job, const JobSpec& spec) {
+  PlanArgs args;
+  args.device_memory = kRoomy;
+  args.policies = {MemoryPolicy::kNone};
+  const Planned& planned = cache.get(spec, args);
+  const RunPlan run = run_plan_of(planned.config);
+  const Plan base{1, run.batch.micro, run.batch.micro_batches, planned.config.training.mixed_precision,
+                  MemoryPolicy::kNone, kRoomy};
+  std::vector<Row> rows = ladder_rows(o, base);
+  std::string per_op_note;
+  if (std::optional<Row> r = per_op_row(planned, base, per_op_note)) rows.push_back(*r);
+  JobTable table(planned, job);
+  double full_ms = 0;
+  int64_t full_peak = 0;
+  const std::string stem = job.substr(0, job.find(' '));
   for (const Row& row : rows) {
     std::string folder = stem + "_" + row.name;
     for (char& c : folder) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
     const Measurement m = run_passes(o, planned.config, row.plan, folder);
-    if (row.plan.policy == MemoryPolicy::kNone && m.ok) none_ms = m.quiet_ms;
     if (row.plan.policy == MemoryPolicy::kFull && m.ok) full_peak = m.peak_bytes, full_ms = m.quiet_ms;
-    print(row.name, row.plan, m);
+    table.row(row.name, row.plan, m, true);
   }
-  if (full_peak > 0) {
-    // The share left to the run check (the fastest of the ladder it predicts within the budget).
-    Plan p = base;
-    p.policy = MemoryPolicy::kPerBlock;
-    p.budget_bytes = full_peak;
-    const std::string folder = stem + "_per_block_at_fulls_peak";
-    const Measurement m = run_passes(o, planned.config, p, folder);
-    // What the run check chose, as the run wrote it (keeping none trains as full).
-    const Choice choice = resolved_choice(o.runner.scratch + "/" + folder + "_1/out/config.resolved.toml");
-    char name[64];
-    if (choice.policy == "full") {
-      p.policy = MemoryPolicy::kFull;
-      std::snprintf(name, sizeof name, "per_block in full's peak (keeping none: full)");
-    } else {
-      p.block_keep_share = choice.share;
-      std::snprintf(name, sizeof name, "per_block in full's peak (keeping %.1f%%)", 100 * p.block_keep_share);
-    }
-    print(name, p, m);
-    if (!o.quick) {
-      for (MemoryPolicy other : {MemoryPolicy::kDtr, MemoryPolicy::kStatic}) {
-        Plan q = base;
-        q.policy = other;
-        q.budget_bytes = full_peak;
-        const std::string label = std::string(choice_name(other)) + " in full's peak";
-        print(label, q, run_passes(o, planned.config, q, stem + "_" + choice_name(other) + "_at_fulls_peak"));
-      }
-    }
-  }
-  if (!op_sac_note.empty()) std::printf("\n%s\n", op_sac_note.c_str());
+  if (full_peak > 0) in_fulls_peak(o, planned, base, full_peak, stem, table);
+  if (!per_op_note.empty()) std::printf("\n%s\n", per_op_note.c_str());
   // gpu_peer.py's GPT is gpt_tiny's (pre-LN, GELU, tied head, dropout 0.1) at the job's shape.
   const auto& m = planned.config.model;
   if (m.name == ModelKind::kGpt) {
@@ -231,9 +271,9 @@ bool run_job(PlanCache& cache, const Options& o, const std::string& job, const J
               "--model gpt --batch " + std::to_string(planned.config.training.global_batch_size) + " --seq " +
                   std::to_string(m.block_size) + " --vocab " + std::to_string(planned.info.classes) + " --layers " +
                   std::to_string(m.n_layer) + " --heads " + std::to_string(m.n_head) + " --embd " + std::to_string(m.n_embd),
-              none_ms, full_ms);
+              table.none_ms(), full_ms);
   }
-  return ok;
+  return table.ok();
 }
 
 }  // namespace

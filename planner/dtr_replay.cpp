@@ -122,7 +122,7 @@ class Replay {
       }
     }
     result_.peak_bytes = arena_.stats().peak_in_use;
-    result_.blocks = block_plans_.solved_blocks();
+    result_.blocks.assign(block_plans_.solved_blocks().begin(), block_plans_.solved_blocks().end());
     return result_;
   }
 

@@ -27,9 +27,12 @@ bool same_layout(const Plan& a, const Plan& b) {
   auto key = [](const Plan& p) {
     return std::make_tuple(p.ranks, p.micro_batch, p.accumulation, static_cast<int>(p.precision), p.stages,
                            static_cast<int>(p.schedule), p.virtual_stages, p.state_on_host,
-                           static_cast<int>(p.shard), p.prefetch, p.overlap, p.tensor, p.sequence_parallel);
+                           static_cast<int>(p.shard), p.overlap, p.tensor, p.sequence_parallel);
   };
-  return key(a) == key(b);
+  // ZeRO-3's prefetch is searched without eviction only (evicting plans keep the default): it
+  // tells two layouts apart where neither evicts.
+  const bool both_keep_all = a.policy == MemoryPolicy::kNone && b.policy == MemoryPolicy::kNone;
+  return key(a) == key(b) && (!both_keep_all || a.prefetch == b.prefetch);
 }
 
 std::string frontier_text(const std::vector<RankedPlan>& ranked, const Plan& of) {
@@ -61,7 +64,7 @@ std::string block_kinds_text(const ModelProfile& profile, const Plan& plan) {
   std::string s = printf_string(
       "  each block (micro-batch %lld) keeps %s of the %s MiB its backward reads and runs %d of its %zu ops again, "
       "by kind of tensor (the op that makes it; the rerun time as shares of the block's, by the trace's kernel costs):\n",
-      static_cast<long long>(plan.micro_batch), in_mib(b.plan.kept_bytes).c_str(), in_mib(b.graph.saved_bytes()).c_str(),
+      static_cast<long long>(replay.block_micro_batch), in_mib(b.plan.kept_bytes).c_str(), in_mib(b.graph.saved_bytes()).c_str(),
       b.plan.recomputed_ops, b.graph.ops.size());
   s += printf_string("  %-16s  %5s  %11s  %5s  %11s  %11s  %11s\n", "made by", "saved", "saved MiB", "kept",
                      "kept MiB", "rerun/calls", "rerun time");

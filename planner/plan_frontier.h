@@ -20,7 +20,8 @@ bool same_layout(const Plan& a, const Plan& b);
 // than two plans of that layout.
 std::string frontier_text(const std::vector<RankedPlan>& ranked, const Plan& of);
 
-// A per_block plan's repeating block (its replay at the plan's micro-batch): what backward reads,
+// A per_block plan's repeating block (as replayed: at the plan's micro-batch, or the smallest
+// traced size where the planner puts the plan's on a line, and says which): what backward reads,
 // what forward keeps and what backward runs again, per kind of tensor (the op that makes it).
 // Empty for other policies, and where the replay solved no block.
 std::string block_kinds_text(const ModelProfile& profile, const Plan& plan);

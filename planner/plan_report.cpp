@@ -140,7 +140,7 @@ std::string profile_text(const ModelProfile& p, const Machine& machine) {
 
 std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows, bool tokens) {
   std::string s =
-      std::string("  #  ranks  stages  tensor  micro x accum  precision  policy               shard  peak/rank MiB  fits  step ms  compute  "
+      std::string("  #  ranks  stages  tensor  micro x accum  precision         policy      shard  peak/rank MiB  fits  step ms  compute  "
                   "bubble  recompute  optimizer  all-reduce  tensor ms") +
       (tokens ? "   tokens/s  device-h/Gtok" : "  samples/s  device-h/epoch") + "   MFU\n";
   for (size_t i = 0; i < std::min(rows, ranked.size()); ++i) {

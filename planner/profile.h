@@ -99,6 +99,7 @@ struct BlockRecomputeReplay {
   // Under per_block: the block run most often (the repeating one) and its plan, at the replayed
   // micro-batch (the smaller of two on a line: its kinds and shares are the same at every size).
   std::shared_ptr<const schedule::SolvedBlock> block;
+  int64_t block_micro_batch = 0;  // the micro-batch `block` was replayed at
 };
 
 struct ModelProfile {

@@ -50,6 +50,7 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
     for (const schedule::SolvedBlock& b : r.blocks)
       if (most == nullptr || b.uses > most->uses) most = &b;
     if (most != nullptr) out.block = std::make_shared<const schedule::SolvedBlock>(*most);
+    out.block_micro_batch = micro_batch;
   } else {
     out.failure = r.failure;
     out.min_budget_bytes = r.min_budget_bytes;
@@ -149,6 +150,7 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
   out.recompute_ms = fb_b > 0 ? b.recompute_ms / fb_b * fb : 0.0;
   out.evictions = b.evictions;  // the same tensors at every size
   out.block = a.block;
+  out.block_micro_batch = a.block_micro_batch;
   return out;
 }
 

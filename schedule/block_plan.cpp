@@ -99,15 +99,19 @@ BlockPlan plan_with(const BlockGraph& graph, std::vector<bool> keep) {
     const int op = graph.values[v].op;
     if (run[op]) continue;
     run[op] = true;
-    plan.recompute_ms += graph.ops[op].cost_ms;
     ++plan.recomputed_ops;
     for (int in : graph.ops[op].inputs)
       if (!keep[in]) needed.push_back(in);
   }
+  // Summed in op order: the same ops rerun cost the same, to the bit, whatever the walk's order.
+  for (size_t o = 0; o < run.size(); ++o)
+    if (run[o]) plan.recompute_ms += graph.ops[o].cost_ms;
   plan.keep = std::move(keep);
   plan.rerun = std::move(run);
   return plan;
 }
+
+namespace {
 
 // Of a least-cost plan, the kept values whose drop costs nothing more, dropped (largest first): a
 // value whose op runs again anyway (another output of it is dropped: attention's output and its
@@ -123,13 +127,15 @@ BlockPlan without_free_keeps(const BlockGraph& graph, BlockPlan plan) {
     std::vector<bool> keep = plan.keep;
     keep[v] = false;
     BlockPlan fewer = plan_with(graph, std::move(keep));
-    if (fewer.recompute_ms <= plan.recompute_ms) {
+    if (fewer.rerun == plan.rerun || fewer.recompute_ms <= plan.recompute_ms) {
       fewer.exact = plan.exact;
       plan = std::move(fewer);
     }
   }
   return plan;
 }
+
+}  // namespace
 
 BlockPlan solve_block_plan(const BlockGraph& graph, int64_t keep_budget_bytes) {
   return without_free_keeps(graph, Search(graph, std::max<int64_t>(0, keep_budget_bytes)).run());

@@ -7,6 +7,7 @@
 #include "schedule/block_plan.h"
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -50,13 +51,13 @@ class BlockPlans {
   const std::vector<bool>& keep(const BlockGraph& graph);
   int solved() const { return static_cast<int>(solved_.size()); }
   // Each distinct block solved, in the order first seen.
-  const std::vector<SolvedBlock>& solved_blocks() const { return solved_; }
+  const std::deque<SolvedBlock>& solved_blocks() const { return solved_; }
 
  private:
   int64_t budget_;
   double share_;
   std::unordered_map<std::string, size_t> index_;  // signature -> solved_
-  std::vector<SolvedBlock> solved_;
+  std::deque<SolvedBlock> solved_;  // a deque: keep()'s references stay valid as blocks are added
 };
 
 }  // namespace ht::schedule
