@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
+#include <string_view>
 
 namespace ht::schedule {
 namespace {
@@ -76,7 +77,8 @@ std::string BlockGraph::signature() const {
   char buf[64];
   for (const BlockOp& op : ops) {
     std::snprintf(buf, sizeof buf, ":%.9g:", op.cost_ms);
-    s += op.name + buf;
+    s += op.name;
+    s += buf;
     for (int in : op.inputs) s += std::to_string(in) + ",";
   }
   for (const BlockValue& v : values) s += "v" + std::to_string(v.bytes) + ":" + std::to_string(v.op) + (v.saved ? "s" : "");
@@ -187,7 +189,7 @@ std::vector<bool> selective_op_keep(const BlockGraph& graph) {
   std::vector<bool> op_kept(graph.ops.size(), false);
   int products = 0;
   for (size_t o = 0; o < graph.ops.size(); ++o) {
-    const std::string& name = graph.ops[o].name;
+    const std::string_view name = graph.ops[o].name;
     if (name == "linear" || name == "matmul" || name == "bmm") op_kept[o] = products++ % 2 == 0;
     if (name == "attention") op_kept[o] = true;
   }

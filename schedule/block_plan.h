@@ -25,7 +25,7 @@ namespace ht::schedule {
 struct BlockOp {
   double cost_ms = 0;       // what running it again costs (the modelled kernel time)
   std::vector<int> inputs;  // values of this block it reads (indices into BlockGraph::values)
-  std::string name;         // the op's name ("linear", "attention": OpTraits::name)
+  const char* name = "?";   // the op's name, a literal ("linear", "attention": OpTraits::name)
 };
 
 struct BlockValue {
