@@ -257,6 +257,52 @@ Partition balance_stages(const std::vector<BlockCost>& blocks, const PartitionOp
   return build_partition(costs, earliest_cut_counts(n, stages, peak, best, best[0][0]), in_flight);
 }
 
+Partition balance_stages(const std::vector<std::vector<BlockCost>>& at_stage, const PartitionOptions& options) {
+  if (static_cast<int>(at_stage.size()) != options.stages)
+    throw std::invalid_argument("balance_stages: one cost list per stage (" + std::to_string(at_stage.size()) + " for " +
+                                plural(options.stages, "stage") + ")");
+  std::vector<RangeCosts> costs;
+  std::vector<int> in_flight;
+  for (const std::vector<BlockCost>& blocks : at_stage) {
+    in_flight = validate(blocks, options);
+    if (blocks.size() != at_stage[0].size())
+      throw std::invalid_argument("balance_stages: every stage's cost list covers every block");
+    costs.emplace_back(blocks);
+  }
+  const int n = costs[0].size(), stages = options.stages;
+  const int64_t limit = options.memory_limit_bytes;
+  auto fits = [&](int s, int first, int end) { return limit == 0 || costs[s].peak(first, end, in_flight[s]) <= limit; };
+  // As the one-list DP: the smallest slowest stage, then the smallest largest peak among those.
+  const StageCost time = [&](int s, int first, int end) { return fits(s, first, end) ? costs[s].ms(first, end) : kInf; };
+  const double slowest = suffix_minmax(n, stages, time)[0][0];
+  if (slowest == kInf) throw_no_fit(at_stage[0], costs[0], options, in_flight);
+  const StageCost peak = [&](int s, int first, int end) {
+    if (!fits(s, first, end) || costs[s].ms(first, end) > slowest) return kInf;
+    return static_cast<double>(costs[s].peak(first, end, in_flight[s]));
+  };
+  const Table best = suffix_minmax(n, stages, peak);
+  const std::vector<int> counts = earliest_cut_counts(n, stages, peak, best, best[0][0]);
+  // Each stage's figures from its own list.
+  Partition p;
+  double total = 0;
+  int first = 0;
+  for (int s = 0; s < stages; ++s) {
+    StagePlan stage;
+    const int end = first + counts[s];
+    stage.first_block = first;
+    stage.blocks = counts[s];
+    stage.ms = costs[s].ms(first, end);
+    stage.peak_bytes = costs[s].peak(first, end, in_flight[s]);
+    stage.parameters = costs[s].parameters(first, end);
+    p.slowest_ms = std::max(p.slowest_ms, stage.ms);
+    total += stage.ms;
+    p.stages.push_back(stage);
+    first += counts[s];
+  }
+  p.mean_ms = total / stages;
+  return p;
+}
+
 Partition partition_by_parameters(const std::vector<BlockCost>& blocks, const PartitionOptions& options) {
   const std::vector<int> in_flight = validate(blocks, options);
   const RangeCosts costs(blocks);

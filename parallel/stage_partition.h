@@ -68,6 +68,11 @@ std::vector<int> gpipe_in_flight(int stages, int micro_batches);
 // gives the smallest per-stage limit that fits and whether more stages would).
 Partition balance_stages(const std::vector<BlockCost>& blocks, const PartitionOptions& options);
 
+// The same optimum where a block's cost depends on the stage that runs it (`at_stage[s]`: every
+// block as stage s would run it; AdaPipe's per-stage recomputation makes the first stages'
+// blocks slower and lighter). One list per stage, each covering every block. O(stages * n^2).
+Partition balance_stages(const std::vector<std::vector<BlockCost>>& at_stage, const PartitionOptions& options);
+
 // The baseline the frameworks use: contiguous stages minimizing the largest stage parameter count
 // (earliest cuts on ties), with its ms and peaks computed from the same costs so that the two can
 // be compared. Ignores the memory limit, as they do: the peaks show whether it would fit.

@@ -132,6 +132,7 @@ void fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
   const int64_t reserved = machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, plan.stages > 1);
   const std::string device_room =
       reserved > 0 ? "the device's memory less the runtime's " + format_bytes(reserved) : "the device's memory";
+  if (machine.device_memory > 0) p.usable_bytes = machine.device_memory - reserved;
   if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory - reserved && (p.fits || p.within_margin)) {
     p.fits = false;
     p.within_margin = false;
@@ -144,6 +145,7 @@ void fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
     const int64_t room = plan.budget_bytes > 0 ? plan.budget_bytes : machine.device_memory - reserved;
     const std::string what = plan.budget_bytes > 0 ? "the budget" : device_room;
     const auto usable = static_cast<int64_t>(static_cast<double>(room) * (1.0 - schedule::kDefaultBudgetMargin));
+    p.usable_bytes = usable;
     if (p.peak_bytes > room) {
       p.fits = false;
       p.why_not = "needs more than " + what;
@@ -193,6 +195,11 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
               p.tensor_ms;
   throughput_terms(profile, machine, plan, p);
   checkpoint_terms(profile, plan, p);
+  // Each stage's peak as the fullest's became peak_bytes (pipeline_terms set their own parts).
+  if (!p.stage_peak_bytes.empty()) {
+    const int64_t beside = p.peak_bytes - *std::max_element(p.stage_peak_bytes.begin(), p.stage_peak_bytes.end());
+    for (int64_t& b : p.stage_peak_bytes) b += beside;
+  }
   fit_terms(machine, plan, p);
   // Only the margin kept it from fitting, unless a later term refused it for a reason of its own.
   if (p.within_margin && p.why_not != margin_why) p.within_margin = false;

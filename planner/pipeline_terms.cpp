@@ -191,15 +191,57 @@ std::optional<Partition> cut_stages(const std::vector<BlockCost>& costs, const P
   }
 }
 
+// Which rank each block of `partition` runs on.
+std::vector<int> ranks_of_blocks(const Partition& partition, const ScheduleShape& shape) {
+  std::vector<int> rank_of_block;
+  for (size_t vs = 0; vs < partition.stages.size(); ++vs)
+    rank_of_block.insert(rank_of_block.end(), static_cast<size_t>(partition.stages[vs].blocks),
+                         rank_of_virtual_stage(static_cast<int>(vs), shape));
+  return rank_of_block;
+}
+
+// The cut (cut_stages) where a block's cost depends on the rank it lands on (`costs_at`: per-stage
+// plans recompute more on the first stages, AdaPipe's): the exact balance of each virtual stage's
+// own costs (balance_stages over one list per stage, each stage's peak within `limit_bytes` where
+// it is set; nothing where none is), or the plan's cut. `costs` gets each block's as the chosen
+// cut runs it.
+template <typename CostsAt>
+std::optional<Partition> cut_stages_by_rank(CostsAt&& costs_at, size_t blocks, const Plan& plan, const ScheduleShape& shape,
+                                            PartitionOptions options, int64_t limit_bytes, Prediction& p,
+                                            std::vector<BlockCost>& costs) {
+  std::optional<Partition> cut;
+  if (plan.stage_blocks.empty()) {
+    std::vector<std::vector<BlockCost>> at_stage;
+    for (int vs = 0; vs < options.stages; ++vs)
+      at_stage.push_back(costs_at(std::vector<int>(blocks, rank_of_virtual_stage(vs, shape))));
+    if (limit_bytes < 0) return std::nullopt;
+    options.memory_limit_bytes = limit_bytes;
+    try {
+      cut = balance_stages(at_stage, options);
+    } catch (const std::invalid_argument&) {
+      if (limit_bytes == 0) throw;
+      return std::nullopt;  // no cut within the limit
+    }
+    options.memory_limit_bytes = 0;
+  } else {
+    cut = cut_stages(costs_at(std::vector<int>(blocks, 0)), plan, options, p);  // refuses a cut that does not fit the model
+    if (!cut) return cut;
+  }
+  costs = costs_at(ranks_of_blocks(*cut, shape));
+  return partition_from_counts(costs, stage_block_counts(*cut), options);
+}
+
 // Per rank (pipeline stage): its chunks' time per micro-batch, peak (its state included) and state bytes.
 struct RankTerms {
   std::vector<double> ms;
   std::vector<int64_t> peak, state;
 };
 
+// `scale` and `working`: per rank, its activations over the point's (0: no trace, the costs'
+// shares by time alone) and the working set its recomputation adds once (pipeline_terms' per_rank).
 RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& costs, const PipelineSchedule& schedule,
-                     const ScheduleShape& shape, const PartitionOptions& options, const ProfilePoint* mem, double scale,
-                     int64_t micro_batch, bool copies) {
+                     const ScheduleShape& shape, const PartitionOptions& options, const ProfilePoint* mem,
+                     const std::vector<double>& scale, const std::vector<int64_t>& working, int64_t micro_batch, bool copies) {
   const auto ranks = static_cast<size_t>(shape.stages);
   const int parts = static_cast<int>(partition.stages.size());
   RankTerms t{std::vector<double>(ranks, 0), std::vector<int64_t>(ranks, 0), std::vector<int64_t>(ranks, 0)};
@@ -211,9 +253,9 @@ RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& c
     t.ms[r] += s.ms;
     t.peak[r] += s.peak_bytes;
     for (int b = s.first_block; b < s.first_block + s.blocks; ++b) t.state[r] += costs[static_cast<size_t>(b)].state_bytes;
-    if (scale <= 0) continue;
+    if (scale[r] <= 0) continue;
     if (receives.empty()) receives = backward_receive_bytes(schedule, shape, partition, *mem, micro_batch);
-    const StageExtra x = stage_extra(*mem, scale, s, vs == 0, vs + 1 == parts, options.in_flight[static_cast<size_t>(vs)],
+    const StageExtra x = stage_extra(*mem, scale[r], s, vs == 0, vs + 1 == parts, options.in_flight[static_cast<size_t>(vs)],
                                      micro_batch, receives[static_cast<size_t>(vs)], copies);
     t.peak[r] += x.kept;
     // Kept 16-bit weights: the stage's copies once, whatever is in flight (held_per_micro_batch).
@@ -221,7 +263,7 @@ RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& c
       for (int b = s.first_block; b < s.first_block + s.blocks; ++b) t.peak[r] += weight_cast_bytes(*mem, b);
     once[r] = std::max(once[r], x.once);
   }
-  for (size_t r = 0; r < ranks; ++r) t.peak[r] += once[r];
+  for (size_t r = 0; r < ranks; ++r) t.peak[r] += once[r] + (r < working.size() ? working[r] : 0);
   return t;
 }
 
@@ -273,12 +315,13 @@ void fullest_rank_memory(const std::vector<BlockCost>& costs, const RankTerms& r
   p.activation_bytes = ranks.peak[fullest] - state;
   p.peak_bytes = p.working_peak_bytes();
   p.stage_state_share = state_share;
+  p.stage_peak_bytes = ranks.peak;  // as the fullest's is now: predict() adds what every rank holds beside
 }
 
 }  // namespace
 
 void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms,
-                    Prediction& p, bool activations_hold_casts) {
+                    Prediction& p, bool activations_hold_casts, const std::vector<StageRecompute>* per_rank) {
   const ProfilePoint* pt = timed_point(profile, plan);
   const ScheduleKind kind = plan.schedule;
   const int chunks = kind == ScheduleKind::kInterleaved1f1b ? std::max(1, plan.virtual_stages) : 1;
@@ -292,34 +335,81 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
                     : schedule_refusal(kind, shape);
     return;
   }
-  std::vector<BlockCost> costs = block_costs(profile, *pt, fb_ms, p.activation_bytes);
   // Memory from the trace where a point has it: each block's held bytes per micro-batch in
   // flight, and once the stage's peak above them (stage_extra); otherwise a share by time. Scaled
-  // from the point's micro-batch to the plan's activations.
-  const ProfilePoint* mem = memory_point(profile, plan, costs.size());
+  // from the point's micro-batch to the plan's activations (per rank, under per-stage plans).
+  const ProfilePoint* mem = memory_point(profile, plan, pt->blocks.size());
   const bool copies = keeps_weight_copies(plan);
-  double scale = 0;
   // Kept copies: the held bytes without the casts scale as the activations without them do (the
   // casts are the same bytes at every micro-batch; the stage holds the copies once, rank_terms).
   const int64_t casts = copies && mem != nullptr ? weight_casts_alive_at_peak(profile, *mem) : 0;
-  if (mem != nullptr && mem->activation_bytes() - casts > 0) {
-    const int64_t plan_activations = p.activation_bytes - (activations_hold_casts ? casts : 0);
-    scale = static_cast<double>(std::max<int64_t>(0, plan_activations)) /
-            static_cast<double>(mem->activation_bytes() - casts);
-    for (size_t b = 0; b < costs.size(); ++b)
-      costs[b].activation_bytes = held_per_micro_batch(*mem, static_cast<int>(b), scale, copies);
+  const auto ranks_n = static_cast<size_t>(plan.stages);
+  std::vector<StageRecompute> work(ranks_n, StageRecompute{fb_ms, p.activation_bytes, 0});
+  if (per_rank != nullptr && per_rank->size() == ranks_n) work = *per_rank;
+  std::vector<double> scale(ranks_n, 0);
+  std::vector<int64_t> working(ranks_n, 0);
+  for (size_t r = 0; r < ranks_n; ++r) {
+    working[r] = work[r].working_bytes;
+    if (mem == nullptr || mem->activation_bytes() - casts <= 0) continue;
+    const int64_t plan_activations = work[r].kept_bytes - (activations_hold_casts ? casts : 0);
+    scale[r] = static_cast<double>(std::max<int64_t>(0, plan_activations)) / static_cast<double>(mem->activation_bytes() - casts);
   }
+  // The blocks' costs where each runs on the rank `rank_of_block` names.
+  auto costs_at = [&](const std::vector<int>& rank_of_block) {
+    std::vector<std::vector<BlockCost>> of_rank(ranks_n);
+    std::vector<BlockCost> costs(pt->blocks.size());
+    for (size_t b = 0; b < costs.size(); ++b) {
+      const auto r = static_cast<size_t>(rank_of_block[b]);
+      if (of_rank[r].empty()) of_rank[r] = block_costs(profile, *pt, work[r].fb_ms, work[r].kept_bytes);
+      costs[b] = of_rank[r][b];
+      if (scale[r] > 0) costs[b].activation_bytes = held_per_micro_batch(*mem, static_cast<int>(b), scale[r], copies);
+    }
+    return costs;
+  };
   PartitionOptions options;
   options.stages = parts;
   options.in_flight = in_flight_per_virtual_stage(kind, shape);  // as the trainer lays a pipeline out
-  const std::optional<Partition> cut = cut_stages(costs, plan, options, p);
+  std::vector<BlockCost> costs;
+  std::optional<Partition> cut = cut_stages_by_rank(costs_at, pt->blocks.size(), plan, shape, options, 0, p, costs);
   if (!cut) return;
-  const Partition& partition = *cut;
-  for (const StagePlan& s : partition.stages) p.stage_blocks.push_back(s.blocks);
   // A rank's time and memory are its chunks'.
   const PipelineSchedule schedule = make_schedule(kind, shape);
-  RankTerms ranks = rank_terms(partition, costs, schedule, shape, options, mem, scale, plan.micro_batch, copies);
-  add_tied_copies(profile, partition, shape, ranks);
+  auto terms_of = [&](const Partition& partition, const std::vector<BlockCost>& at) {
+    RankTerms t = rank_terms(partition, at, schedule, shape, options, mem, scale, working, plan.micro_batch, copies);
+    add_tied_copies(profile, partition, shape, t);
+    return t;
+  };
+  RankTerms ranks = terms_of(*cut, costs);
+  if (per_rank != nullptr && plan.stage_blocks.empty() && machine.device_memory > 0) {
+    // Balanced by time alone, the fast stages (keeping the most) take blocks until a rank no
+    // longer fits: cut again with each stage's peak limited to what the device leaves it beside
+    // what the partition does not count (its chunks' extras, the batch).
+    const int64_t room = machine.device_memory - machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, true) -
+                         p.sampler_bytes - p.batch_bytes;
+    int64_t fullest = 0, extra = 0;
+    for (size_t r = 0; r < ranks.peak.size(); ++r) {
+      int64_t counted = 0;
+      for (size_t vs = 0; vs < cut->stages.size(); ++vs)
+        if (static_cast<size_t>(rank_of_virtual_stage(static_cast<int>(vs), shape)) == r) counted += cut->stages[vs].peak_bytes;
+      fullest = std::max(fullest, ranks.peak[r]);
+      extra = std::max(extra, ranks.peak[r] - counted);
+    }
+    std::vector<BlockCost> within_costs;
+    const std::optional<Partition> within =
+        fullest > room && room - extra > 0
+            ? cut_stages_by_rank(costs_at, pt->blocks.size(), plan, shape, options, (room - extra) / chunks, p, within_costs)
+            : std::nullopt;
+    if (within) {
+      RankTerms t = terms_of(*within, within_costs);
+      if (*std::max_element(t.peak.begin(), t.peak.end()) < fullest) {
+        cut = within;
+        costs = std::move(within_costs);
+        ranks = std::move(t);
+      }
+    }
+  }
+  const Partition& partition = *cut;
+  for (const StagePlan& s : partition.stages) p.stage_blocks.push_back(s.blocks);
   const std::vector<double>& rank_ms = ranks.ms;
   // The step: the schedule simulated with each rank's own times (one chunk of a micro-batch per action).
   double forward = 0, backward = 0, total_ms = 0;

@@ -17,12 +17,24 @@
 
 namespace ht {
 
+// Under recomputation, one rank's: a micro-batch's forward and backward through the whole model
+// as this rank runs it (its regenerations included), the activations its forward keeps of the
+// whole model, and the working set its backward's recomputation adds once above them. Per-stage
+// plans (Plan::stage_block_keep) give each rank its own; a stage's blocks are priced at its rank's,
+// and the cut is balanced with them.
+struct StageRecompute {
+  double fb_ms = 0;
+  int64_t kept_bytes = 0;
+  int64_t working_bytes = 0;
+};
+
 // Replaces p's compute and memory terms by the pipeline's; `fb_ms` is one micro-batch's forward
 // and backward through the whole model on one rank. p.activation_bytes, the plan's activations of
 // a micro-batch, hold the weights' casts alive at their peak as the profile's do
-// (`activations_hold_casts`), or none (full recomputation's kept block inputs).
+// (`activations_hold_casts`), or none (full recomputation's kept block inputs). `per_rank`, one
+// per pipeline rank, replaces fb_ms and p.activation_bytes rank by rank.
 void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms, Prediction& p,
-                    bool activations_hold_casts = true);
+                    bool activations_hold_casts = true, const std::vector<StageRecompute>* per_rank = nullptr);
 
 // Per block b of `blocks`: the bytes the traced micro-batch sends forward across a cut after b
 // (backward sends their gradients): the tensors made in blocks up to b and read by a forward

@@ -19,6 +19,8 @@ namespace ht {
 // memory.policy = "per_block": the shares of what each block's backward reads that the search
 // and the run check try (Plan::block_keep_share), three quarters, a half and a quarter.
 inline constexpr double kBlockKeepLadder[] = {0.75, 0.5, 0.25};
+// Per pipeline stage (Plan::block_keep_by_stage): everything, the ladder, and nothing (full).
+inline constexpr double kStageKeepLadder[] = {0.75, 0.5, 0.25, 0.0};
 
 // One way to train the job: what the search chooses among.
 struct Plan {
@@ -30,6 +32,12 @@ struct Plan {
   int64_t budget_bytes = 0;       // memory.budget; 0: none
   int64_t block_keep_bytes = 0;   // memory.block_keep under per_block: what each block keeps,
   double block_keep_share = 0;    // or this share of what its backward reads (the search's ladder)
+  // per_block on pipeline stages: each stage's share (memory.block_keep = "25%,75%"; 0: its full
+  // recomputation), block_keep_share then the first's; empty: block_keep_* on every stage.
+  std::vector<double> stage_block_keep;
+  // The search's per-stage candidate: the ranking gives each stage the largest share of
+  // kStageKeepLadder that fits it, and writes them to stage_block_keep (planner/search.h).
+  bool block_keep_by_stage = false;
   // memory.eviction_threshold: under eviction, what each kernel evicts down to, as a share of the
   // budget (host swap takes at most 0.9, as the runtime does).
   double eviction_threshold = 0.9;
@@ -95,6 +103,11 @@ struct Prediction {
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage
   double stage_state_share = 1;       // pipelines: the fullest stage's share of the model's state
   std::vector<int> stage_blocks;      // pipelines: the blocks of each (virtual) stage, as cut
+  // pipelines: each rank's peak, counted as peak_bytes is (what every rank holds beside its
+  // stage's state and activations included); and the bytes fit_terms held peak_bytes against
+  // (the room less its margin; 0 where it did not check).
+  std::vector<int64_t> stage_peak_bytes;
+  int64_t usable_bytes = 0;
   int64_t evictions = 0;              // per step (replay), or values a static plan drops
   // Host swap (policies swap and hybrid; planner/swap_terms.h), per step.
   int64_t swap_out_bytes = 0;         // copied to host memory

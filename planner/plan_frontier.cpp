@@ -14,9 +14,7 @@ namespace {
 std::string in_mib(int64_t bytes) { return printf_string("%.1f", static_cast<double>(bytes) / (1 << 20)); }
 
 std::string policy_words(const Plan& p) {
-  if (p.policy == MemoryPolicy::kPerBlock && p.block_keep_share > 0)
-    return printf_string("per_block keeping %.0f%%", 100 * p.block_keep_share);
-  std::string s = choice_name(p.policy);
+  std::string s = policy_cell(p);
   if (p.budget_bytes > 0 && evicts(p.policy) && !recomputes_blocks(p.policy)) s += " in " + format_bytes(p.budget_bytes);
   return s;
 }
@@ -57,7 +55,23 @@ std::string frontier_text(const std::vector<RankedPlan>& ranked, const Plan& of)
 }
 
 std::string block_kinds_text(const ModelProfile& profile, const Plan& plan) {
-  if (plan.policy != MemoryPolicy::kPerBlock || plan.block_keep_share <= 0) return "";
+  if (plan.policy != MemoryPolicy::kPerBlock) return "";
+  if (!plan.stage_block_keep.empty()) {
+    // Per stage: each stage's share, then the table of the first stage that keeps any.
+    std::string s = "  each stage keeps its share of what its blocks' backward reads (the first stage, holding the "
+                    "most micro-batches in flight, the least; 0%: full recomputation): " +
+                    stage_keep_words(plan.stage_block_keep) + "\n";
+    for (size_t r = 0; r < plan.stage_block_keep.size(); ++r) {
+      if (plan.stage_block_keep[r] <= 0) continue;
+      Plan stage = plan;
+      stage.stage_block_keep.clear();
+      stage.block_keep_share = plan.stage_block_keep[r];
+      const std::string table = block_kinds_text(profile, stage);
+      return table.empty() ? s : s + "  stage " + std::to_string(r) + ":\n" + table;
+    }
+    return s;
+  }
+  if (plan.block_keep_share <= 0) return "";
   const BlockRecomputeReplay replay = block_recompute_terms(profile, plan);
   if (!replay.block) return "";
   const schedule::SolvedBlock& b = *replay.block;

@@ -152,10 +152,7 @@ std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows, bool
                                      : std::string(choice_name(p.schedule));
     const std::string stages = p.stages > 1 ? std::to_string(p.stages) + " " + schedule : "1";
     const std::string tensor = std::to_string(p.tensor) + (p.tensor > 1 && p.sequence_parallel ? " sp" : "");
-    // "per_block 50%": the share each block keeps.
-    const std::string policy = p.policy == MemoryPolicy::kPerBlock && p.block_keep_share > 0
-                                   ? printf_string("per_block %.0f%%", 100 * p.block_keep_share)
-                                   : std::string(choice_name(p.policy));
+    const std::string policy = policy_cell(p);  // "per_block 50%": the share each block keeps
     s += printf_string("%3zu  %5d  %6s  %6s  %7lld x %-4lld  %9s  %13s  %9s  %13s  %4s  %7.1f  %7.1f  %6.1f  %9.1f  %9.1f  "
                        "%10.1f  %9.1f  %9.1f  %14.4f  %4s\n",
                        i + 1, p.devices(), stages.c_str(), tensor.c_str(), static_cast<long long>(p.micro_batch),

@@ -192,16 +192,43 @@ void block_recompute_step_terms(const ModelProfile& profile, const Machine& mach
                                 const BlockRecomputeReplay& blocks,
                                 double fb_ms, double slowdown, Prediction& p) {
   if (plan.stages > 1) {
-    // Each micro-batch's regenerations run in its stages' backward: inside the schedule.
-    const double regenerate = blocks.recompute_ms * slowdown;
+    // Each micro-batch's regenerations run in its stages' backward: inside the schedule. Under a
+    // per-stage plan each rank's blocks keep its own share (each its own replay).
+    std::vector<StageRecompute> ranks;
+    double regenerate = 0, whole = 0;
+    int64_t evictions = 0;
+    for (int r = 0; r < plan.stages; ++r) {
+      BlockRecomputeReplay own;
+      const BlockRecomputeReplay* b = &blocks;
+      if (static_cast<size_t>(r) < plan.stage_block_keep.size()) {
+        Plan q = plan;
+        q.block_keep_bytes = 0;
+        q.block_keep_share = plan.stage_block_keep[static_cast<size_t>(r)];
+        q.stage_block_keep.clear();
+        own = block_recompute_terms(profile, q);
+        if (!own.failure.empty()) {
+          p.fits = false;
+          p.why_not = "stage " + std::to_string(r) + "'s micro-batch with its blocks' plan does not fit: " + own.failure;
+          return;
+        }
+        b = &own;
+      }
+      const double rank_regenerate = b->recompute_ms * slowdown;
+      ranks.push_back({fb_ms + rank_regenerate, b->kept_bytes, b->working_bytes});
+      regenerate += rank_regenerate;
+      whole += fb_ms + rank_regenerate;
+      evictions += b->evictions;
+    }
     p.activation_bytes = blocks.kept_bytes;
-    pipeline_terms(profile, machine, plan, fb_ms + regenerate, p, /*activations_hold_casts=*/false);
-    p.activation_bytes += blocks.working_bytes;
-    p.peak_bytes = p.working_peak_bytes();
-    const double share = regenerate / (fb_ms + regenerate);
+    pipeline_terms(profile, machine, plan, ranks[0].fb_ms, p, /*activations_hold_casts=*/false, &ranks);
+    if (p.stage_peak_bytes.empty()) {  // refused before its memory terms: the replay's, as one rank's
+      p.activation_bytes += blocks.working_bytes;
+      p.peak_bytes = p.working_peak_bytes();
+    }
+    const double share = whole > 0 ? regenerate / whole : 0;
     p.recompute_ms = p.compute_ms * share;
     p.compute_ms -= p.recompute_ms;
-    p.evictions = blocks.evictions * plan.accumulation / plan.stages;
+    p.evictions = evictions * plan.accumulation / plan.stages / plan.stages;
     return;
   }
   // The working set forward and backward need: the replay's in place of the activations kept.

@@ -56,6 +56,19 @@ std::string describe_plan(const Plan& plan);
 // `words`: each share's predicted step, for the log.
 double fastest_block_keep(const Plan& plan, const std::function<Prediction(const Plan&)>& predict_plan,
                           std::string& words);
+// per_block on pipeline stages (Plan::block_keep_by_stage): AdaPipe's per-stage plan. From each
+// of the two highest shares of kStageKeepLadder that fit on every stage (the uniform plans), the
+// stages are raised one rung at a time, the raise that makes the predicted step fastest first,
+// while one does (the later stages hold fewer micro-batches in flight; pipeline_terms balances
+// the cut with each stage's recomputation, within the device). The fastest that fits; where
+// none does, the last tried. Sets plan.stage_block_keep (and block_keep_share, the first
+// stage's); `predict_plan` may change the plan as predict_with_weights_that_fit does.
+Prediction predict_stage_keeps(Plan& plan, const std::function<Prediction(Plan&)>& predict_plan);
+// The shares of a per-stage plan in words: "100%, 75%, 25%, 0%".
+std::string stage_keep_words(const std::vector<double>& shares);
+// The memory policy as the plans' tables name it: "dtr", "per_block 50%", per stage
+// "per_block 100/75/25/0%".
+std::string policy_cell(const Plan& plan);
 // The plan in words with its budget: "2 ranks, micro-batch 32 x 2, bf16, dtr at 256.0 MiB".
 std::string plan_words(const Plan& plan);
 // One or two sentences on why ranked[0] wins, against the best plan of other rank counts and

@@ -45,7 +45,9 @@ MemoryOptions memory_options(const MemoryPlan& m, uint64_t seed, std::shared_ptr
     options.block_keep_bytes = m.block_keep_bytes;
     options.block_keep_share = m.block_keep_share;
     // Left out where no run check chose (a GPU, stages, tensor parallelism): half of each block.
-    if (m.block_keep_bytes == 0 && m.block_keep_share == 0) options.block_keep_share = MemoryPlan::kDefaultBlockKeepShare;
+    // A stage's share of 0 (memory.block_keep per stage) is its full recomputation.
+    if (m.block_keep_bytes == 0 && m.block_keep_share == 0 && m.stage_block_keep.empty())
+      options.block_keep_share = MemoryPlan::kDefaultBlockKeepShare;
   }
   return options;
 }

@@ -52,6 +52,10 @@ struct MemoryPlan {
   // per_block: bytes each block keeps through forward, as its plan chooses (MemoryOptions::block_keep_bytes).
   int64_t block_keep_bytes = 0;
   double block_keep_share = 0;  // or this share of what each block's backward reads (memory.block_keep = "40%")
+  // memory.block_keep = "25%,75%": each pipeline stage's share (AdaPipe's plan: the first stage,
+  // holding the most micro-batches in flight, keeps least); this rank's is block_keep_share, a
+  // share of 0 its full recomputation. Empty: block_keep_* on every stage.
+  std::vector<double> stage_block_keep;
   // Neither, where the run check does not choose (a GPU, pipeline stages, tensor parallelism): this.
   static constexpr double kDefaultBlockKeepShare = 0.5;
   double eviction_threshold = 0.9;

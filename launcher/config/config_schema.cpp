@@ -361,7 +361,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::memory, &MemoryConfig::block_keep, "memory", "block_keep",
                     "per_block: what each block keeps through forward of what its backward reads, in bytes "
                     "(\"12MiB\") or as a share of it (\"40%\"), the values chosen so that regenerating the rest "
-                    "costs least (docs/memory.md); empty: on one CPU rank without stages or tensor parallelism the "
+                    "costs least (docs/memory.md), or one share per pipeline stage (\"25%,75%\": the first "
+                    "stage, holding the most micro-batches in flight, keeping least; 0% its full recomputation); "
+                    "empty: on one CPU rank without stages or tensor parallelism the "
                     "planner's fastest share that fits memory.budget (or full, where keeping none is fastest), "
                     "elsewhere 50%")
                   .only_when("memory.policy = \"per_block\"",

@@ -4,6 +4,7 @@
 #include "parallel/pipeline_schedule.h"
 
 #include "launcher/config/config_schema.h"
+#include "launcher/config/run_plan_of.h"
 #include "launcher/data/fashion_mnist.h"
 #include "launcher/model_factory.h"
 #include "base/user_error.h"
@@ -169,6 +170,30 @@ class Rules {
     }
   }
 
+  // memory.block_keep: one value for every block, or one share per pipeline stage ("25%,75%").
+  void block_keep() {
+    const std::string& keep = c_.memory.block_keep;
+    const std::vector<std::string> entries = block_keep_entries(keep);
+    for (const std::string& e : entries) {
+      const bool share = e.find('%') != std::string::npos;
+      const auto bytes = parse_byte_size(e, 1'000'000'000);
+      const bool stage_share = entries.size() > 1 && stage_share_of(e).has_value();
+      if (entries.size() > 1 ? !stage_share : !bytes || (share && *bytes > 1'000'000'000)) {
+        throw UserError(loc("memory.block_keep") + "memory.block_keep = \"" + keep + "\" is not a memory size "
+                        "or a share; use bytes with a unit (\"12MiB\", \"800KB\") or a share of what each block's "
+                        "backward reads (\"40%\"), or one share per pipeline stage, \"0%\" to \"100%\" (\"25%,75%\"); "
+                        "leave it out for the planner's choice");
+      }
+    }
+    const int64_t stages = c_.parallel.pipeline_parallel;
+    if (entries.size() > 1 && static_cast<int64_t>(entries.size()) != stages) {
+      throw UserError(loc("memory.block_keep") + "memory.block_keep = \"" + keep + "\" names " +
+                      std::to_string(entries.size()) + " shares, one per pipeline stage, and " +
+                      "parallel.pipeline_parallel = " + std::to_string(stages) + "; give " + std::to_string(stages) +
+                      (stages == 1 ? " share" : " shares, the first stage's first") + ", or one for every stage");
+    }
+  }
+
   void memory_budget() {
     auto& m = c_.memory;
     if (!m.budget.empty()) {
@@ -196,15 +221,7 @@ class Rules {
     }
     const std::string policy = choice_name(m.policy);
     if (swaps(m.policy) || m.policy == MemoryPolicy::kAuto) host_budget();  // auto may choose hybrid
-    if (m.policy == MemoryPolicy::kPerBlock && !m.block_keep.empty()) {
-      const bool share = m.block_keep.find('%') != std::string::npos;
-      const auto bytes = parse_byte_size(m.block_keep, 1'000'000'000);
-      if (!bytes || (share && *bytes > 1'000'000'000)) {
-        throw UserError(loc("memory.block_keep") + "memory.block_keep = \"" + m.block_keep + "\" is not a memory size "
-                        "or a share; use bytes with a unit (\"12MiB\", \"800KB\") or a share of what each block's "
-                        "backward reads (\"40%\"); leave it out for the planner's choice");
-      }
-    }
+    if (m.policy == MemoryPolicy::kPerBlock && !m.block_keep.empty()) block_keep();
     if (m.compress == Compression::kBf16 && !swaps(m.policy)) {
       throw UserError(loc("memory.compress") + "memory.compress = \"bf16\" shrinks what crosses the host link, and "
                       "memory.policy = \"" + policy + "\" swaps nothing; set memory.policy = \"swap\" or \"hybrid\" "

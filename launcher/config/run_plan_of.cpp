@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <tuple>
 
 namespace ht {
@@ -72,6 +73,7 @@ MemoryPlan memory_plan_of(const Config& c) {
   p.budget_bytes = budget_bytes_of(c);
   p.policy = m.policy;
   std::tie(p.block_keep_bytes, p.block_keep_share) = block_keep_of(c);
+  p.stage_block_keep = stage_block_keep_of(c);
   p.eviction_threshold = m.eviction_threshold;
   p.sqrt_sampling = m.sqrt_sampling;
   p.ignore_small = m.ignore_small;
@@ -154,18 +156,68 @@ int64_t budget_bytes_of(const Config& c) {
   return *bytes;
 }
 
+namespace {
+
+// One entry of memory.block_keep: bytes, or a share ({0, share}).
+std::pair<int64_t, double> block_keep_entry(const Config& c, const std::string& entry) {
+  // A share is parsed against a whole of 1e9 bytes: "40%" is 4e8 of it.
+  constexpr int64_t kWhole = 1'000'000'000;
+  const auto bytes = parse_byte_size(entry, kWhole);
+  if (!bytes || (entry.find('%') != std::string::npos && *bytes > kWhole)) {
+    throw UserError(c.source + ": memory.block_keep = \"" + c.memory.block_keep + "\" is not a memory size or a share; "
+                    "use bytes with a unit (\"12MiB\", \"800KB\") or a share of what each block's backward reads "
+                    "(\"40%\"), or one share per pipeline stage (\"25%,75%\")");
+  }
+  if (entry.find('%') != std::string::npos) return {0, static_cast<double>(*bytes) / kWhole};
+  return {*bytes, 0.0};
+}
+
+}  // namespace
+
+std::vector<std::string> block_keep_entries(const std::string& keep) {
+  std::vector<std::string> entries;
+  size_t from = 0;
+  while (true) {
+    const size_t comma = keep.find(',', from);
+    std::string e = keep.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    const size_t a = e.find_first_not_of(' '), b = e.find_last_not_of(' ');
+    entries.push_back(a == std::string::npos ? std::string() : e.substr(a, b - a + 1));
+    if (comma == std::string::npos) return entries;
+    from = comma + 1;
+  }
+}
+
 std::pair<int64_t, double> block_keep_of(const Config& c) {
   const std::string& keep = c.memory.block_keep;
   if (keep.empty() || c.memory.policy != MemoryPolicy::kPerBlock) return {0, 0.0};
-  // A share is parsed against a whole of 1e9 bytes: "40%" is 4e8 of it.
-  constexpr int64_t kWhole = 1'000'000'000;
-  const auto bytes = parse_byte_size(keep, kWhole);
-  if (!bytes || (keep.find('%') != std::string::npos && *bytes > kWhole)) {
-    throw UserError(c.source + ": memory.block_keep = \"" + keep + "\" is not a memory size or a share; use bytes "
-                    "with a unit (\"12MiB\", \"800KB\") or a share of what each block's backward reads (\"40%\")");
+  if (block_keep_entries(keep).size() > 1) return {0, 0.0};  // a stage's own (stage_block_keep_of)
+  return block_keep_entry(c, keep);
+}
+
+std::optional<double> stage_share_of(const std::string& entry) {
+  const char* begin = entry.c_str();
+  char* end = nullptr;
+  const double percent = std::strtod(begin, &end);
+  if (end == begin || std::string(end) != "%" || !(percent >= 0 && percent <= 100)) return std::nullopt;
+  return percent / 100;
+}
+
+std::vector<double> stage_block_keep_of(const Config& c) {
+  const std::string& keep = c.memory.block_keep;
+  if (keep.empty() || c.memory.policy != MemoryPolicy::kPerBlock) return {};
+  const std::vector<std::string> entries = block_keep_entries(keep);
+  if (entries.size() < 2) return {};
+  std::vector<double> shares;
+  for (const std::string& e : entries) {
+    const std::optional<double> share = stage_share_of(e);
+    if (!share) {
+      throw UserError(c.source + ": memory.block_keep = \"" + keep + "\": each pipeline stage's entry is a share "
+                      "from \"0%\" (its full recomputation) to \"100%\" (\"25%,75%\"); use shares, or one value "
+                      "for every stage");
+    }
+    shares.push_back(*share);
   }
-  if (keep.find('%') != std::string::npos) return {0, static_cast<double>(*bytes) / kWhole};
-  return {*bytes, 0.0};
+  return shares;
 }
 
 int64_t host_budget_bytes_of(const Config& c) {
@@ -229,6 +281,17 @@ RunPlan run_plan_of(const Config& c, const ProcessGrid& grid, std::vector<std::s
   g.replica = grid.replica;
   g.tensor_rank = grid.tensor_rank;
   g.stage = grid.stage;
+  // memory.block_keep per stage: this rank keeps its stage's share.
+  const std::vector<double>& shares = plan.memory.stage_block_keep;
+  if (!shares.empty()) {
+    if (static_cast<size_t>(grid.stage) >= shares.size()) {
+      throw UserError(c.source + ": memory.block_keep = \"" + c.memory.block_keep + "\" names " +
+                      std::to_string(shares.size()) + " shares and this rank is pipeline stage " +
+                      std::to_string(grid.stage) + "; give one share per stage");
+    }
+    plan.memory.block_keep_bytes = 0;
+    plan.memory.block_keep_share = shares[static_cast<size_t>(grid.stage)];
+  }
   g.sequence_parallel = grid.tensor_parallel > 1 && c.parallel.sequence_parallel;
   if (c.parallel.shard != ShardLevel::kNone && grid.data_parallel == 1 && warnings != nullptr) {
     warnings->push_back("parallel.shard = \"" + std::string(choice_name(c.parallel.shard)) +
@@ -265,7 +328,13 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
   if (m.budget_bytes != budget_bytes_of(config)) c.memory.budget = std::to_string(m.budget_bytes);
   c.memory.policy = m.policy;
   c.memory.block_keep.clear();  // neither: left to the run check; under other policies, none
-  if (m.policy == MemoryPolicy::kPerBlock && m.block_keep_share > 0) {
+  if (m.policy == MemoryPolicy::kPerBlock && !m.stage_block_keep.empty()) {
+    for (double s : m.stage_block_keep) {
+      char share[32];
+      std::snprintf(share, sizeof share, "%s%.9g%%", c.memory.block_keep.empty() ? "" : ",", 100 * s);
+      c.memory.block_keep += share;
+    }
+  } else if (m.policy == MemoryPolicy::kPerBlock && m.block_keep_share > 0) {
     char share[32];
     std::snprintf(share, sizeof share, "%.9g%%", 100 * m.block_keep_share);
     c.memory.block_keep = share;

@@ -9,6 +9,10 @@
 #include "parallel/process_grid.h"
 #include "training/run_plan.h"
 
+#include <optional>
+#include <string>
+#include <vector>
+
 namespace ht {
 
 // The plan of `config` on this rank of `grid`: the grid's degrees and coordinates (with
@@ -45,5 +49,13 @@ int64_t host_budget_bytes_of(const Config& config);
 // memory.block_keep under per_block: bytes, or a share of what each block's backward reads
 // ({0, 0} elsewhere, or where it is left to the planner).
 std::pair<int64_t, double> block_keep_of(const Config& config);
+// memory.block_keep's entries, split at commas: one value for every block, or one share per
+// pipeline stage ("25%,75%": AdaPipe's plan, the first stage holding the most micro-batches).
+std::vector<std::string> block_keep_entries(const std::string& keep);
+// One stage's entry, "0%" to "100%", as a share (0 to 1); nothing where it is not one.
+std::optional<double> stage_share_of(const std::string& entry);
+// Under per_block, the shares per pipeline stage where memory.block_keep names one a stage;
+// empty where it names one value for every stage (or none).
+std::vector<double> stage_block_keep_of(const Config& config);
 
 }  // namespace ht

@@ -366,6 +366,8 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
   run.memory.policy = plan.policy;
   run.memory.block_keep_bytes = plan.block_keep_bytes;
   run.memory.block_keep_share = plan.block_keep_share;
+  run.memory.stage_block_keep = plan.policy == MemoryPolicy::kPerBlock && plan.stages > 1 ? plan.stage_block_keep
+                                                                                           : std::vector<double>{};
   if (plan.state_on_host && swaps(plan.policy)) run.memory.optimizer_state = StatePlace::kHost;
   // The search's plans carry the default threshold, and leave the base config's; one that chose
   // another (memory.policy = "auto"'s) sets it.

@@ -77,6 +77,11 @@ JsonObject plan_record(const RankedPlan& r, const OpShares* shares) {
       .add("precision", std::string(choice_name(p.precision))).add("policy", std::string(choice_name(p.policy))).add("budget_bytes", p.budget_bytes)
       .add("shard", std::string(choice_name(p.shard))).add("prefetch", static_cast<int64_t>(prefetch_depth(p)));
   if (p.policy == MemoryPolicy::kPerBlock) o.add("block_keep_share", p.block_keep_share);
+  if (!p.stage_block_keep.empty()) o.add("stage_block_keep", p.stage_block_keep);
+  if (!d.stage_peak_bytes.empty()) {
+    std::vector<double> peaks(d.stage_peak_bytes.begin(), d.stage_peak_bytes.end());
+    o.add("stage_peak_bytes", peaks);
+  }
   o.add("fits", d.fits).add("peak_bytes", d.peak_bytes).add("activation_bytes", d.activation_bytes)
       .add("step_ms", d.step_ms).add("compute_ms", d.compute_ms).add("recompute_ms", d.recompute_ms)
       .add("optimizer_ms", d.optimizer_ms).add("allreduce_exposed_ms", d.allreduce_exposed_ms)

@@ -34,6 +34,8 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.policy = run.memory.policy;
   p.block_keep_bytes = run.memory.block_keep_bytes;
   p.block_keep_share = run.memory.block_keep_share;
+  p.stage_block_keep = run.memory.stage_block_keep;
+  if (!p.stage_block_keep.empty()) p.block_keep_share = p.stage_block_keep[0];
   p.budget_bytes = run.memory.budget_bytes;
   p.eviction_threshold = run.memory.eviction_threshold;
   p.stages = run.grid.pipeline;
@@ -296,14 +298,22 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       args.trained_sizes = {run.batch.micro};
       const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
       out.plan = plan_of(config, run);
-      out.plan.policy = MemoryPolicy::kNone;
+      // Full and per-block recomputation (per stage too) are replayed block by block; DTR's
+      // evictions on a stage are not modelled: predicted without them.
+      const bool replayed = recomputes_blocks(run.memory.policy) && run.memory.budget_bytes > 0;
+      if (!replayed) out.plan.policy = MemoryPolicy::kNone;
       out.prediction = predict(plan.profile, plan.machine, out.plan);
-      char text[256];
+      char text[320];
       std::snprintf(text, sizeof text, "predicted: peak %s on the fullest stage, step %.1f ms with a bubble of %.1f ms "
                     "(%s; %s)", format_bytes(out.prediction.peak_bytes).c_str(), out.prediction.step_ms,
                     out.prediction.bubble_ms, plan_words(out.plan).c_str(),
-                    !evicts(config.memory.policy) ? "never refused" : "without the memory policy; never refused");
+                    replayed || !evicts(config.memory.policy) ? "never refused" : "without the memory policy; never refused");
       out.text = text;
+      if (out.prediction.stage_peak_bytes.size() > 1) {
+        out.text += "; each stage's peak:";
+        for (size_t r = 0; r < out.prediction.stage_peak_bytes.size(); ++r)
+          out.text += (r > 0 ? ", " : " ") + format_bytes(out.prediction.stage_peak_bytes[r]);
+      }
     }
     return out;
   }

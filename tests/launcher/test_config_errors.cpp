@@ -188,6 +188,22 @@ TEST_F(ConfigErrors, PerBlockKeep) {
                 HasSubstr(std::string("memory.block_keep = \"") + bad + "\" is not a memory size or a share; use bytes"))
         << bad;
   }
+  // One share per pipeline stage: shares only ("0%" is a stage's full recomputation), one a stage.
+  std::vector<std::string> staged = per_block;
+  staged.push_back("--parallel.pipeline_parallel=2");
+  for (const char* bad : {"25%,12MiB", "25%,", "-5%,50%", "25%,150%"}) {
+    std::vector<std::string> args = staged;
+    args.push_back(std::string("--memory.block_keep=") + bad);
+    EXPECT_THAT(error_in(kGood, args), HasSubstr(std::string("memory.block_keep = \"") + bad + "\" is not a memory size"))
+        << bad;
+  }
+  std::vector<std::string> three = staged;
+  three.push_back("--memory.block_keep=0%,50%,100%");
+  EXPECT_THAT(error_in(kGood, three), HasSubstr("memory.block_keep = \"0%,50%,100%\" names 3 shares, one per pipeline "
+                                                "stage, and parallel.pipeline_parallel = 2; give 2 shares"));
+  std::vector<std::string> one = per_block;
+  one.push_back("--memory.block_keep=0%,50%");
+  EXPECT_THAT(error_in(kGood, one), HasSubstr("parallel.pipeline_parallel = 1; give 1 share, or one for every stage"));
 }
 
 TEST_F(ConfigErrors, HostSwap) {

@@ -353,5 +353,20 @@ TEST(StagePartition, TableHasARowPerStageWithNames) {
   EXPECT_THROW(format_stage_table(timed({1}), balance_stages(blocks, stages(4))), std::invalid_argument);
 }
 
+// A block's cost by the stage that runs it (AdaPipe's per-stage recomputation: the first stage's
+// blocks twice as slow): the exact split of the stage-dependent costs, each stage priced by its own.
+TEST(StagePartition, CostsThatDependOnTheStage) {
+  const std::vector<std::vector<BlockCost>> at_stage{timed({6, 6, 6, 6}), timed({3, 3, 3, 3})};
+  const Partition p = balance_stages(at_stage, stages(2));
+  EXPECT_EQ(stage_block_counts(p), (std::vector<int>{1, 3})) << "6 and 9 (two blocks each: 12 and 6)";
+  EXPECT_DOUBLE_EQ(p.slowest_ms, 9);
+  EXPECT_DOUBLE_EQ(p.mean_ms, 7.5);
+  // The same list on every stage: the one-list optimum.
+  EXPECT_EQ(stage_block_counts(balance_stages({timed({1, 2, 3, 4}), timed({1, 2, 3, 4})}, stages(2))),
+            stage_block_counts(balance_stages(timed({1, 2, 3, 4}), stages(2))));
+  EXPECT_THROW(balance_stages(std::vector<std::vector<BlockCost>>{timed({1, 2})}, stages(2)), std::invalid_argument)
+      << "one list per stage";
+}
+
 }  // namespace
 }  // namespace ht

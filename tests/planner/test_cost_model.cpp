@@ -431,5 +431,39 @@ TEST(CostModel, TheSearchOffersInterleavedStagesWhereTheMicroBatchesAllow) {
   for (const Plan& c : candidate_plans(6, 0, o)) EXPECT_NE(c.schedule, ScheduleKind::kInterleaved1f1b);
 }
 
+// A per-stage plan (pipeline_terms' per_rank): a block costs what its stage's plan makes it cost,
+// and the cut is balanced with those costs. Here the first stage's recomputation doubles its
+// blocks' time: one block moves to the second stage. The same plan on every rank changes nothing.
+TEST(CostModel, PerStagePlansBalanceTheCutWithEachStagesRecomputation) {
+  ModelProfile p = two_points();
+  for (ProfilePoint& pt : p.points) pt.blocks.assign(4, BlockTime{1.0, 2.0});
+  p.block_parameter_bytes.assign(4, p.parameter_bytes / 4);
+  Machine m;
+  m.host_threads = 4;
+  m.devices_per_node = 2;
+  Plan piped;
+  piped.micro_batch = 8;
+  piped.accumulation = 4;
+  piped.stages = 2;
+  const Prediction base = predict(p, m, piped);
+  ASSERT_EQ(base.stage_blocks, (std::vector<int>{2, 2}));
+  Prediction q = base;
+  q.stage_blocks.clear();
+  const double fb = 12.0;
+  const int64_t kept = base.activation_bytes;
+  const std::vector<StageRecompute> same(2, StageRecompute{fb, kept, 0});
+  pipeline_terms(p, m, piped, fb, q, false, &same);
+  EXPECT_EQ(q.stage_blocks, (std::vector<int>{2, 2}));
+  ASSERT_EQ(q.stage_peak_bytes.size(), 2u);
+  const std::vector<StageRecompute> heavy_first{{2 * fb, kept / 2, 100}, {fb, kept, 0}};
+  Prediction h = base;
+  h.stage_blocks.clear();
+  pipeline_terms(p, m, piped, fb, h, false, &heavy_first);
+  EXPECT_EQ(h.stage_blocks, (std::vector<int>{1, 3})) << "the recomputing first stage takes one block of four";
+  // Stage 0 pays its recomputation; each block of stage 1 half of a stage-0 block.
+  EXPECT_NEAR(h.stage_imbalance, 9.0 / 7.5, 1e-9) << "6 and 9 ms: 7.5 the mean";
+  EXPECT_LT(h.compute_ms, predict(p, m, piped).compute_ms * 2) << "not every block at the first stage's cost";
+}
+
 }  // namespace
 }  // namespace ht::test

@@ -178,5 +178,43 @@ TEST(Search, TheSentenceStatesTheTradeOffInNumbers) {
       << "nothing fits in 100: no sentence";
 }
 
+// AdaPipe's per-stage plan (predict_stage_keeps): from the highest uniform share that fits, the
+// stages raised while the step gets faster and every stage fits.
+TEST(Search, PerStageSharesRaiseTheStagesThatHaveRoom) {
+  Plan plan;
+  plan.stages = 2;
+  plan.policy = MemoryPolicy::kPerBlock;
+  plan.block_keep_by_stage = true;
+  auto predict = [&](Plan& q) {
+    Prediction p;
+    p.usable_bytes = 100;
+    const std::vector<int64_t> base{150, 90};  // stage 0 holds two micro-batches in flight
+    for (size_t r = 0; r < 2; ++r) {
+      p.stage_peak_bytes.push_back(static_cast<int64_t>(static_cast<double>(base[r]) * (0.5 + 0.5 * q.stage_block_keep[r])));
+      p.step_ms += 10 * (1 - q.stage_block_keep[r]);  // what each stage recomputes
+    }
+    p.peak_bytes = *std::max_element(p.stage_peak_bytes.begin(), p.stage_peak_bytes.end());
+    p.fits = p.peak_bytes <= p.usable_bytes;
+    return p;
+  };
+  const Prediction p = predict_stage_keeps(plan, predict);
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(plan.stage_block_keep, (std::vector<double>{0.25, 0.75})) << "stage 0 at 0.25 (93 bytes), stage 1 raised";
+  EXPECT_EQ(plan.block_keep_share, 0.25) << "the first stage's";
+  EXPECT_DOUBLE_EQ(p.step_ms, 10);
+  EXPECT_EQ(policy_cell(plan), "per_block 25/75%");
+  // Where even full recomputation does not fit: a plan that does not fit.
+  Plan tight;
+  tight.stages = 2;
+  tight.policy = MemoryPolicy::kPerBlock;
+  auto never = [&](Plan& q) {
+    Prediction p = predict(q);
+    p.fits = false;
+    return p;
+  };
+  EXPECT_FALSE(predict_stage_keeps(tight, never).fits);
+  EXPECT_EQ(tight.stage_block_keep.size(), 2u);
+}
+
 }  // namespace
 }  // namespace ht::test

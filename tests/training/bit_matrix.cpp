@@ -196,6 +196,9 @@ std::vector<Entry> entries() {
     add("gpt.pp2.full", kGpt, 2, " --parallel.pipeline_parallel=2 --memory.policy=full", "gpt.pp2.roomy", 0.65);
     add("gpt.pp2.per_block", kGpt, 2, " --parallel.pipeline_parallel=2 --memory.policy=per_block --memory.block_keep=50%",
         "gpt.pp2.roomy", 0.65);
+    // A share per stage (AdaPipe's plan): the first stage recomputes every block, the second keeps 75%.
+    add("gpt.pp2.per_stage", kGpt, 2,
+        " --parallel.pipeline_parallel=2 --memory.policy=per_block --memory.block_keep=0%,75%", "gpt.pp2.roomy", 0.65);
     add("gpt.dp2.pp2", kGpt, 4, " --parallel.pipeline_parallel=2");
     add("gpt.dp2.pp2.zero1", kGpt, 4, " --parallel.pipeline_parallel=2 --parallel.shard=optimizer");
     // Tensor and sequence parallelism: fp32 only, since MPI's collectives take no bf16 tensors
