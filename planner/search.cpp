@@ -135,7 +135,7 @@ Prediction predict_stage_keeps(Plan& plan, const std::function<Prediction(Plan&)
     Prediction p = at(rung, q);
     if (!p.fits) {
       if (!best) {
-        plan = q;  // the last tried, where nothing fits
+        plan = q;  // the first tried, where nothing fits
         best = p;
         best->fits = false;
       }

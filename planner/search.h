@@ -61,7 +61,7 @@ double fastest_block_keep(const Plan& plan, const std::function<Prediction(const
 // stages are raised one rung at a time, the raise that makes the predicted step fastest first,
 // while one does (the later stages hold fewer micro-batches in flight; pipeline_terms balances
 // the cut with each stage's recomputation, within the device). The fastest that fits; where
-// none does, the last tried. Sets plan.stage_block_keep (and block_keep_share, the first
+// none does, the first tried (every stage at the top share). Sets plan.stage_block_keep (and block_keep_share, the first
 // stage's); `predict_plan` may change the plan as predict_with_weights_that_fit does.
 Prediction predict_stage_keeps(Plan& plan, const std::function<Prediction(Plan&)>& predict_plan);
 // The shares of a per-stage plan in words: "100%, 75%, 25%, 0%".
