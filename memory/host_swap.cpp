@@ -66,7 +66,7 @@ void HostSwap::account_host(int64_t delta) {
 }
 
 void HostSwap::consider(TensorInfo& t, bool read_by_heavy_op) {
-  if (t.host != nullptr || !t.resident()) return;
+  if (options_.rule == SwapRule::kPlanned || t.host != nullptr || !t.resident()) return;
   // A root's nbytes is its storage's: what a copy would move (start_out checks the rest).
   if (options_.rule == SwapRule::kConvAndMatmul ? !(read_by_heavy_op || made_by_heavy_op(t))
                                                 : !hidden_under_forward(t.nbytes / (crosses_narrow(t.value) ? 2 : 1))) {
@@ -102,6 +102,16 @@ bool HostSwap::start_out(TensorInfo& t) {
   ++stats_.copies_out;
   stats_.bytes_out += kept;
   return true;
+}
+
+bool HostSwap::copied_out(TensorInfo& t, bool wait) {
+  if (t.host == nullptr || !t.host->out) return false;
+  if (!t.host->out->done() && wait) {
+    const double waited = t.host->out->wait();
+    stats_.wait_ms += waited;
+    if (timeline_ != nullptr && waited > 0) timeline_->copy_wait(t.id, waited);
+  }
+  return t.host->out->done();
 }
 
 bool HostSwap::copy_before_drop(TensorInfo& victim, double recompute_ms) {

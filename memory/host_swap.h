@@ -37,6 +37,7 @@ class MemoryTimeline;
 enum class SwapRule : uint8_t {
   kConvAndMatmul,  // swap: vDNN
   kHidden,         // hybrid: Capuchin
+  kPlanned,        // per_block with memory.block_offload: only what a block's plan offloads (offload())
 };
 
 struct SwapOptions {
@@ -78,6 +79,12 @@ class HostSwap {
   // Backward will read `t` (a root, resident), saved by an op that is a convolution or a matmul
   // (`read_by_heavy_op`) or not: copy it out if the rule says so.
   void consider(TensorInfo& t, bool read_by_heavy_op);
+  // per_block's plan offloads `t` (a resident root its block made): starts its copy to host. False
+  // if it cannot go (too small, a view, the host full): the caller drops it to be regenerated.
+  bool offload(TensorInfo& t) { return start_out(t); }
+  // An offloaded `t` whose copy is still running: waits for it (counted as a wait) if `wait`.
+  // True once its copy is done (it can then be dropped for free).
+  bool copied_out(TensorInfo& t, bool wait);
   // Hybrid: eviction chose `victim` (no host copy) to drop and recompute later at `recompute_ms`;
   // if copying it out now, and waiting for the copy, costs less, does so (the copy back will be
   // prefetched). True if it is now on host.

@@ -66,8 +66,14 @@ void MemoryManager::configure(MemoryOptions options) {
   block_ = -1;  // what an earlier configuration recorded is not this one's
   block_made_.clear();
   last_made_.clear();
-  block_plans_ = options_.checkpoint_blocks > 0 && (options_.block_keep_bytes > 0 || options_.block_keep_share > 0)
-                     ? std::make_unique<schedule::BlockPlans>(options_.block_keep_bytes, options_.block_keep_share)
+  offloading_.clear();
+  const bool offloads = options_.swap && options_.swap->rule == SwapRule::kPlanned;
+  TORCH_CHECK(!offloads || options_.checkpoint_blocks > 0,
+              "MemoryManager::configure: planned offload needs blocks (memory.policy = \"per_block\")");
+  block_plans_ = options_.checkpoint_blocks > 0 && (options_.block_keep_bytes > 0 || options_.block_keep_share > 0 || offloads)
+                     ? std::make_unique<schedule::BlockPlans>(options_.block_keep_bytes, options_.block_keep_share,
+                                                              offloads ? block_link(*options_.swap, options_.checkpoint_blocks)
+                                                                       : schedule::BlockLink{})
                      : nullptr;
   swap_ = options_.swap ? std::make_unique<HostSwap>(*options_.swap) : nullptr;
   if (swap_) swap_->set_timeline(options_.timeline);
@@ -77,8 +83,18 @@ void MemoryManager::configure(MemoryOptions options) {
                  : nullptr;
 }
 
+schedule::BlockLink block_link(const SwapOptions& swap, int blocks) {
+  schedule::BlockLink link;
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  link.ms_per_byte = swap.link->transfer_ms(kMiB) / static_cast<double>(kMiB);
+  link.host_bytes = swap.host_budget_bytes / std::max(1, blocks - 1);
+  link.min_bytes = swap.min_bytes;
+  return link;
+}
+
 void MemoryManager::begin_step() {
   backward_seen_ = false;
+  offloading_.clear();
   if (swap_) swap_->step_begins();
   if (planner_) planner_->begin_step();
 }
@@ -96,6 +112,7 @@ void MemoryManager::end_step(bool completed) {
 void MemoryManager::block_begins(int block) {
   if (planner_) planner_->block_begins(block);
   if (options_.checkpoint_blocks <= 0) return;
+  settle_offloads();
   if (block_ >= 0 && block_ + 1 < options_.checkpoint_blocks) drop_block();
   block_made_.clear();
   last_made_.clear();
@@ -111,11 +128,33 @@ void MemoryManager::drop_block() {
     saved[i] = t != nullptr && root_slot_.count(t) != 0 && t->resident() && t->evictable() &&
                std::find(last_made_.begin(), last_made_.end(), t) == last_made_.end();
   }
-  std::vector<bool> keep;
-  if (block_plans_) keep = block_plans_->keep(block_made_.graph(saved));
+  const schedule::BlockPlan* plan = block_plans_ ? &block_plans_->plan(block_made_.graph(saved)) : nullptr;
   for (size_t i = 0; i < made.size(); ++i) {
-    if (saved[i] && !(i < keep.size() && keep[i])) evict(*reinterpret_cast<TensorInfo*>(made[i]));
+    if (!saved[i] || (plan != nullptr && plan->keep[i])) continue;
+    auto& t = *reinterpret_cast<TensorInfo*>(made[i]);
+    // Offloaded: dropped once its copy is done (settle_offloads); one the host cannot take, now.
+    if (plan != nullptr && plan->offload[i] && swap_->offload(t)) {
+      offloading_.push_back({&t, t.id, block_});
+    } else {
+      evict(t);
+    }
   }
+}
+
+void MemoryManager::settle_offloads() {
+  std::vector<Offloading> running;
+  for (const Offloading& o : offloading_) {
+    TensorInfo& t = *o.t;
+    if (root_slot_.count(o.t) == 0 || t.id != o.id || !t.resident() || t.host == nullptr) continue;
+    // The block that just ended's copies run beside the next block; older ones are waited for, so
+    // that no more than one block's offloads are on the device at once (as the replay counts none).
+    if (!swap_->copied_out(t, /*wait=*/o.block < block_)) {
+      running.push_back(o);
+    } else if (t.evictable()) {
+      evict(t);
+    }
+  }
+  offloading_ = std::move(running);
 }
 
 void MemoryManager::forward_outputs(const ComputePath& path, const std::vector<Tensor>& outputs, bool taped) {

@@ -55,7 +55,8 @@ struct MemoryOptions {
   int checkpoint_blocks = 0;
   // With checkpoint_blocks (memory.policy = "per_block"): each block keeps through forward what
   // schedule::solve_block_plan chooses within these bytes of what its backward reads, the rest
-  // dropped as above (0: none kept, full recomputation). Blocks that repeat share one plan.
+  // dropped as above (0: none kept, full recomputation). Blocks that repeat share one plan. With
+  // `swap` of SwapRule::kPlanned (memory.block_offload), the plan may offload values to host too.
   int64_t block_keep_bytes = 0;
   double block_keep_share = 0;  // instead, this share of what each block's backward reads (0: bytes)
 
@@ -188,8 +189,11 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   void forget(TensorInfo& t);
   // Parks the pending gradient read last (memory/host_swap.h); false if none can go.
   bool park_a_gradient();
-  // checkpoint_blocks: drops what the block that just ended made (block_made_), but its output.
+  // checkpoint_blocks: drops what the block that just ended made (block_made_), but its output;
+  // what its plan offloads starts for host instead (offloading_).
   void drop_block();
+  // Drops the offloaded values whose copies are done, waiting for those of blocks before the last.
+  void settle_offloads();
 
   Rematerializer* remat_ = nullptr;  // the interpreter it serves
   MemoryOptions options_;
@@ -212,6 +216,17 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   schedule::BlockRecorder block_made_;
   std::vector<TensorInfo*> last_made_;
   std::unique_ptr<schedule::BlockPlans> block_plans_;
+  // Offloaded values still on the device, their copies to host running (SwapRule::kPlanned).
+  struct Offloading {
+    TensorInfo* t;
+    uint64_t id;  // the record's, to tell it from another at the same address
+    int block;   // the block that made it
+  };
+  std::vector<Offloading> offloading_;
 };
+
+// The host link as a block's plan weighs it (schedule::BlockLink): the swap's link and host budget,
+// shared by the blocks whose offloads wait on host at once (all but the last of `blocks`).
+schedule::BlockLink block_link(const SwapOptions& swap, int blocks);
 
 }  // namespace ht

@@ -49,6 +49,10 @@ inline bool plans_statically(MemoryPolicy p) {
 inline bool recomputes_blocks(MemoryPolicy p) { return p == MemoryPolicy::kFull || p == MemoryPolicy::kPerBlock; }
 // Host swap (memory/host_swap.h), with DTR for what is not copied.
 inline bool swaps(MemoryPolicy p) { return p == MemoryPolicy::kSwap || p == MemoryPolicy::kHybrid; }
+// The host link open: host swap, or per_block plans that offload (memory.block_offload).
+inline bool uses_host_link(MemoryPolicy p, bool block_offload) {
+  return swaps(p) || (p == MemoryPolicy::kPerBlock && block_offload);
+}
 // The heuristic that chooses what DTR evicts under `p` (static plans and swap fall back on dtr);
 // nullopt for none.
 inline std::optional<EvictionHeuristic> eviction_heuristic(MemoryPolicy p) {

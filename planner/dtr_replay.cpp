@@ -59,6 +59,7 @@ enum class State : uint8_t { kUnborn, kResident, kDropped };
 struct Slot {
   State state = State::kUnborn;
   bool freed = false;  // the step let go of it: resident again only while a regeneration reads it
+  bool on_host = false;  // offloaded by its block's plan: comes back by copy, not recomputation
   int pins = 0;        // a kernel about to run (or running) reads it: not evictable
   void* data = nullptr;
   uint64_t last_access = 0;
@@ -217,6 +218,11 @@ class Replay {
           stack.pop_back();
           continue;
         }
+        if (slots_[t].on_host) {  // as the engine's swap_in: its bytes back, nothing run
+          bring_back(t, reader);
+          stack.pop_back();
+          continue;
+        }
         if (!regenerable(t)) {
           const std::string lineage = t == target ? "" : ", whose lineage holds tensor " + str(t);
           return fail(kernel_words(reader) + " needs tensor " + str(target) + lineage +
@@ -236,6 +242,15 @@ class Replay {
     if (!result_.feasible) return;
     slots_[target].last_access = now_;
     unpin(target);
+  }
+
+  void bring_back(int t, int reader) {
+    ++now_;
+    const auto bytes = static_cast<size_t>(trace_.tensors[t].bytes);
+    void* data = place(trace_.tensors[t].bytes, arena_.end_for(bytes, true, /*recomputed=*/true));
+    if (data == nullptr) return fail_for_room("tensor " + str(t) + ", copied back from host for " + kernel_words(reader) + ",", trace_.tensors[t].bytes);
+    make_resident(t, data);
+    result_.offload_in_bytes += trace_.tensors[t].bytes;
   }
 
   void rerun(int k, int reader) {
@@ -346,8 +361,20 @@ class Replay {
     }
   }
 
-  // The engine's choice (eviction_score.h), over the trace's tensors.
+  // The engine's choice (eviction_score.h), over the trace's tensors; with offload, as host swap's
+  // pick_victim: the largest with a copy on host first.
   int pick_victim() {
+    if (options_.block_link.on()) {
+      int best = -1;
+      for (int t : roots_) {
+        if (!slots_[t].on_host || !evictable(t)) continue;
+        if (best < 0 || trace_.tensors[t].bytes > trace_.tensors[best].bytes ||
+            (trace_.tensors[t].bytes == trace_.tensors[best].bytes && t < best)) {
+          best = t;
+        }
+      }
+      if (best >= 0) return best;
+    }
     const int64_t v = choose_victim(
         roots_, options_.ignore_small, [&](int t) { return trace_.tensors[t].bytes; },
         [&](int t) { return evictable(t); }, [&](int t) { return score(t); });
@@ -442,11 +469,19 @@ class Replay {
       const int t = static_cast<int>(made[i]) - 1;
       saved[i] = evictable(t) && std::find(last_made_.begin(), last_made_.end(), t) == last_made_.end();
     }
-    std::vector<bool> keep;
-    if (options_.block_keep_bytes > 0 || options_.block_keep_share > 0) keep = block_plans_.keep(block_made_.graph(saved));
+    const schedule::BlockPlan* plan = options_.block_keep_bytes > 0 || options_.block_keep_share > 0 || options_.block_link.on()
+                                          ? &block_plans_.plan(block_made_.graph(saved))
+                                          : nullptr;
     for (size_t i = 0; i < made.size(); ++i) {
-      if (saved[i] && !(i < keep.size() && keep[i])) evict(static_cast<int>(made[i]) - 1);
+      if (!saved[i] || (plan != nullptr && plan->keep[i])) continue;
+      const int t = static_cast<int>(made[i]) - 1;
+      evict(t);
+      if (plan != nullptr && plan->offload[i]) {
+        slots_[t].on_host = true;
+        result_.offload_out_bytes += trace_.tensors[t].bytes;
+      }
     }
+    if (plan != nullptr) result_.offload_exposed_ms += plan->link_ms;
   }
 
   void unpin(int t) {  // as release_if_unused: a freed tensor goes once no frame reads it
@@ -494,7 +529,7 @@ class Replay {
   int block_ = -1;                         // checkpoint_blocks: the block forward is in
   schedule::BlockRecorder block_made_;  // what it made (as the engine records it)
   std::vector<int> last_made_;          // its last kernel's outputs
-  schedule::BlockPlans block_plans_{options_.block_keep_bytes, options_.block_keep_share};
+  schedule::BlockPlans block_plans_{options_.block_keep_bytes, options_.block_keep_share, options_.block_link};
   ReplayResult result_;
 };
 

@@ -46,6 +46,12 @@ struct ReplayOptions {
   // block keeps what its plan chooses within these bytes, as the engine's. 0: none (full).
   int64_t block_keep_bytes = 0;
   double block_keep_share = 0;  // as MemoryOptions::block_keep_share
+  // memory.block_offload: the host link the blocks' plans may offload over (as the engine's
+  // block_link). An offloaded value is dropped when its block ends (its copy taken as done: the
+  // engine's may run beside the next block) and comes back in backward without recomputation;
+  // evicting it again later costs nothing (its host copy stays), and eviction takes such values
+  // first, largest first, as host swap's does.
+  schedule::BlockLink block_link;
 };
 
 struct ReplayResult {
@@ -62,6 +68,10 @@ struct ReplayResult {
   std::string failure;           // when infeasible: one sentence naming the kernel index and bytes
   std::vector<int> victims;      // the tensors evicted, in order (trace indices)
   std::vector<double> victim_scores;  // each one's score when it went (memory/eviction_score.h)
+  // block_link: bytes offloaded to host and brought back, and the link's time the blocks' compute
+  // does not hide (their plans' link_ms, once per block dropped).
+  int64_t offload_out_bytes = 0, offload_in_bytes = 0;
+  double offload_exposed_ms = 0;
   // checkpoint_blocks with a per-block plan (block_keep_*): each distinct block and its plan.
   std::vector<schedule::SolvedBlock> blocks;
 };

@@ -32,17 +32,29 @@ void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) 
   p.peak_bytes = p.working_peak_bytes();
 }
 
+// memory.block_offload's link as the engine's block_link weighs it: the host budget (half the
+// host's memory where none is set) shared by the blocks but the last.
+schedule::BlockLink block_link_of(const Machine& machine, const Plan& plan, int blocks) {
+  schedule::BlockLink link;
+  link.ms_per_byte = 1.0 / (machine.host_link_gbps * 1e6);
+  const int64_t host = plan.host_budget_bytes > 0 ? plan.host_budget_bytes : machine.host_memory / 2;
+  link.host_bytes = host / std::max(1, blocks - 1);
+  return link;
+}
+
 // Under a budget with eviction: the recorded step replayed through the policy at the budget.
-void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
+void eviction_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double slowdown, Prediction& p) {
   ReplayOptions options;
   options.budget_bytes = plan.budget_bytes;
   options.policy = *eviction_heuristic(plan.policy);
-  options.window = !swaps(plan.policy);  // as the engine: under host swap, no windows (memory_manager.cpp)
-  options.eviction_threshold = swaps(plan.policy) ? std::min(0.9, plan.eviction_threshold) : plan.eviction_threshold;
+  const bool link = uses_host_link(plan.policy, plan.block_offload);
+  options.window = !link;  // as the engine: with a host link, no windows (memory_manager.cpp)
+  options.eviction_threshold = link ? std::min(0.9, plan.eviction_threshold) : plan.eviction_threshold;
   if (recomputes_blocks(plan.policy)) options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
   if (plan.policy == MemoryPolicy::kPerBlock) {
     options.block_keep_bytes = plan.block_keep_bytes;
     options.block_keep_share = plan.block_keep_share;
+    if (plan.block_offload) options.block_link = block_link_of(machine, plan, options.checkpoint_blocks);
   }
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   const int64_t state_on_host = state_waits_on_host(plan) ? p.optimizer_state_bytes : 0;
@@ -63,6 +75,12 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
   // The optimizer's step holds all of the state, beside the parameters and their gradients.
   if (state_waits_on_host(plan)) p.peak_bytes = std::max(p.peak_bytes, p.state_bytes() + p.sampler_bytes);
   p.evictions = r.evictions * plan.accumulation;
+  if (options.block_link.on()) {  // the blocks' offloads, on the link as host swap's are counted
+    const auto micro = static_cast<double>(plan.accumulation);
+    p.swap_out_bytes = r.offload_out_bytes * plan.accumulation;
+    p.swap_link_ms = static_cast<double>(r.offload_out_bytes + r.offload_in_bytes) * options.block_link.ms_per_byte * micro;
+    p.swap_exposed_ms = r.offload_exposed_ms * micro;
+  }
   p.recompute_ms = r.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
   if (r.feasible && !margin.feasible) {
     p.fits = false;
@@ -86,8 +104,8 @@ void eviction_terms(const ModelProfile& profile, const Plan& plan, double slowdo
 // seconds each and improves on it by a few percent where it does), and the plan's simulated peak
 // and recomputation are the step's. `segments` plans checkpoint_sequential's
 // schedule whatever the budget; above the budget DTR is its safety net, predicted by the replay.
-void static_plan_terms(const ModelProfile& profile, const Plan& plan, double slowdown, Prediction& p) {
-  eviction_terms(profile, plan, slowdown, p);
+void static_plan_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double slowdown, Prediction& p) {
+  eviction_terms(profile, machine, plan, slowdown, p);
   const bool ahead = plan.plan_first_step && plan.stages == 1 && plan.tensor == 1 &&
                      !(plan.shard == ShardLevel::kParameters && plan.ranks > 1);
   // DTR's verdict on the first step, which stands where no plan is made before it.
@@ -170,9 +188,9 @@ void policy_terms(const ModelProfile& profile, const Machine& machine, const Pla
     }
   } else if (evicts(plan.policy) && plan.budget_bytes > 0) {
     if (plans_statically(plan.policy)) {
-      static_plan_terms(profile, plan, slowdown, p);
+      static_plan_terms(profile, machine, plan, slowdown, p);
     } else {
-      eviction_terms(profile, plan, slowdown, p);
+      eviction_terms(profile, machine, plan, slowdown, p);
     }
     if (swaps(plan.policy)) {
       const SharedTrace trace = shared_trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);

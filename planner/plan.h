@@ -38,6 +38,10 @@ struct Plan {
   // The search's per-stage candidate: the ranking gives each stage the largest share of
   // kStageKeepLadder that fits it, and writes them to stage_block_keep (planner/search.h).
   bool block_keep_by_stage = false;
+  // memory.block_offload: per_block plans may offload values to host (schedule::BlockLink), within
+  // host_budget_bytes (0: half the machine's host memory) at the machine's host link.
+  bool block_offload = false;
+  int64_t host_budget_bytes = 0;
   // memory.eviction_threshold: under eviction, what each kernel evicts down to, as a share of the
   // budget (host swap takes at most 0.9, as the runtime does).
   double eviction_threshold = 0.9;

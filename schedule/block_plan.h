@@ -11,7 +11,8 @@
 // block before's output, parameters), which is always there. Each op runs again at most once.
 //
 // Exact: a branch and bound over the saved values (tens in a transformer block), largest first,
-// bounded below by the cost with every undecided value kept (keeping more never costs more).
+// bounded below by the cost with every undecided value kept (keeping more never costs more); with
+// a host link each value has three answers (keep, offload, regenerate), the bound the same.
 // Rockmate and Rotor solve a chain by dynamic programming; a block with attention's three
 // branches and two residuals is not a chain, and tens of values are few enough to search.
 // CBC is not needed (the GPU machine's build has none).
@@ -43,21 +44,44 @@ struct BlockGraph {
   std::string signature() const;
 };
 
+// Offload, the third choice (memory.block_offload): a saved value copied to host when its block
+// ends, dropped from the device once the copy is done, and copied back before backward reads it.
+// The copy out runs beside the next block's forward, the copy back beside the backward of the
+// block after it (backward_factor times a forward); the link's time beyond those windows is what
+// an offload costs the step. What a block offloads must fit `host_bytes` (the host budget over
+// the blocks that wait there at once), and values under `min_bytes` are not worth a copy.
+struct BlockLink {
+  double ms_per_byte = 0;       // each way; the host link's time for one byte
+  int64_t host_bytes = 0;       // 0: nothing offloaded
+  int64_t min_bytes = 64 << 10; // as SwapOptions::min_bytes
+  double backward_factor = 2;   // a block's backward against its forward (two products per one)
+  bool on() const { return host_bytes > 0; }
+};
+
 struct BlockPlan {
-  std::vector<bool> keep;   // per value: kept through forward (only saved values are)
+  std::vector<bool> keep;     // per value: kept on the device through forward (only saved values are)
+  std::vector<bool> offload;  // per value: on host between its block's end and its backward
   int64_t kept_bytes = 0;
+  int64_t offload_bytes = 0;
   double recompute_ms = 0;  // the ops backward runs again
+  double link_ms = 0;       // the copies' time the block's compute does not hide (BlockLink)
   int recomputed_ops = 0;
   std::vector<bool> rerun;  // per op: run again in backward
   bool exact = true;        // the search finished (else: the best plan found within its node limit)
+  double cost_ms() const { return recompute_ms + link_ms; }
 };
 
-// The ops run again in backward when forward keeps `keep`, and what they cost.
-BlockPlan plan_with(const BlockGraph& graph, std::vector<bool> keep);
+// The ops run again in backward when forward keeps `keep` (and has `offload` on host), and what
+// they cost; the link's unhidden time for the offloaded bytes.
+BlockPlan plan_with(const BlockGraph& graph, std::vector<bool> keep, std::vector<bool> offload = {},
+                    const BlockLink& link = {});
+// The part of two copies of `bytes` (out, then back) that the block's compute does not hide.
+double unhidden_link_ms(const BlockGraph& graph, const BlockLink& link, int64_t bytes);
 
-// The plan of least recomputation whose kept values fit `keep_budget_bytes` (0: keep nothing,
-// Megatron's full recomputation of the block).
-BlockPlan solve_block_plan(const BlockGraph& graph, int64_t keep_budget_bytes);
+// The plan of least recomputation (and, with a link, unhidden copy time) whose kept values fit
+// `keep_budget_bytes` (0: keep nothing, Megatron's full recomputation of the block) and whose
+// offloaded ones fit the link's host bytes.
+BlockPlan solve_block_plan(const BlockGraph& graph, int64_t keep_budget_bytes, const BlockLink& link = {});
 
 // The plans at every budget where the least recomputation changes, from keeping every saved
 // value (nothing again) down to keeping none: the block's memory/time frontier, kept bytes
@@ -69,8 +93,8 @@ std::vector<BlockPlan> block_plan_frontier(const BlockGraph& graph, int max_poin
 // calls, costing `rerun_ms`). `plan` prints one line per kind for the chosen plan.
 struct TensorKindPlan {
   std::string kind;  // the producing op's name
-  int saved = 0, kept = 0, calls = 0, rerun = 0;
-  int64_t saved_bytes = 0, kept_bytes = 0;
+  int saved = 0, kept = 0, offloaded = 0, calls = 0, rerun = 0;
+  int64_t saved_bytes = 0, kept_bytes = 0, offload_bytes = 0;
   double rerun_ms = 0;
 };
 // By kind, in the order the block first makes each.

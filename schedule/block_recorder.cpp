@@ -40,18 +40,18 @@ BlockGraph BlockRecorder::graph(const std::vector<bool>& saved) const {
   return g;
 }
 
-const std::vector<bool>& BlockPlans::keep(const BlockGraph& graph) {
+const BlockPlan& BlockPlans::plan(const BlockGraph& graph) {
   const std::string key = graph.signature();
   auto it = index_.find(key);
   if (it == index_.end()) {
     const int64_t budget =
         share_ > 0 ? static_cast<int64_t>(share_ * static_cast<double>(graph.saved_bytes())) : budget_;
-    solved_.push_back({graph, solve_block_plan(graph, budget), 0});
+    solved_.push_back({graph, solve_block_plan(graph, budget, link_), 0});
     it = index_.emplace(key, solved_.size() - 1).first;
   }
   SolvedBlock& block = solved_[it->second];
   ++block.uses;
-  return block.plan.keep;
+  return block.plan;
 }
 
 }  // namespace ht::schedule

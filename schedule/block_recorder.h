@@ -45,10 +45,12 @@ struct SolvedBlock {
 class BlockPlans {
  public:
   // Each block keeps `keep_budget_bytes`, or with a `share` in (0, 1], that share of what its
-  // backward reads (BlockGraph::saved_bytes).
-  explicit BlockPlans(int64_t keep_budget_bytes, double share = 0) : budget_(keep_budget_bytes), share_(share) {}
-  // Per value of `graph`: kept through forward.
-  const std::vector<bool>& keep(const BlockGraph& graph);
+  // backward reads (BlockGraph::saved_bytes); with a `link` (on), it may offload to host too.
+  explicit BlockPlans(int64_t keep_budget_bytes, double share = 0, BlockLink link = {})
+      : budget_(keep_budget_bytes), share_(share), link_(link) {}
+  // `graph`'s plan: per value, kept through forward, or offloaded (BlockPlan::keep, offload).
+  const BlockPlan& plan(const BlockGraph& graph);
+  const std::vector<bool>& keep(const BlockGraph& graph) { return plan(graph).keep; }
   int solved() const { return static_cast<int>(solved_.size()); }
   // Each distinct block solved, in the order first seen.
   const std::deque<SolvedBlock>& solved_blocks() const { return solved_; }
@@ -56,6 +58,7 @@ class BlockPlans {
  private:
   int64_t budget_;
   double share_;
+  BlockLink link_;
   std::unordered_map<std::string, size_t> index_;  // signature -> solved_
   std::deque<SolvedBlock> solved_;  // a deque: keep()'s references stay valid as blocks are added
 };

@@ -26,9 +26,11 @@ MemoryOptions memory_options(const MemoryPlan& m, uint64_t seed, std::shared_ptr
   }
   EvictionOptions eviction;  // DTR: the policy, or the safety net and fallback of static plans
   eviction.heuristic = *eviction_heuristic(m.policy);
-  if (swaps(m.policy)) {
+  if (m.uses_host_link()) {
     SwapOptions swap;
-    swap.rule = m.policy == MemoryPolicy::kSwap ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
+    swap.rule = m.policy == MemoryPolicy::kSwap     ? SwapRule::kConvAndMatmul
+                : m.policy == MemoryPolicy::kHybrid ? SwapRule::kHidden
+                                                    : SwapRule::kPlanned;
     swap.link = std::move(link);
     swap.host_budget_bytes = m.host_budget_bytes;
     swap.bf16_on_link = m.compress == Compression::kBf16;
@@ -57,7 +59,7 @@ MemoryOptions memory_options(const MemoryPlan& m, uint64_t seed, std::shared_ptr
 bool keeps_collectives(const RunPlan& plan) {
   const MemoryPlan& m = plan.memory;
   return plan.grid.tensor > 1 &&
-         (plans_statically(m.policy) || swaps(m.policy) || m.kernel_costs == KernelCosts::kMeasured);
+         (plans_statically(m.policy) || m.uses_host_link() || m.kernel_costs == KernelCosts::kMeasured);
 }
 
 Engine::Engine(const RunPlan& plan, std::shared_ptr<Model> model_, std::shared_ptr<CpuArena> arena_)

@@ -56,6 +56,10 @@ struct MemoryPlan {
   // holding the most micro-batches in flight, keeps least); this rank's is block_keep_share, a
   // share of 0 its full recomputation. Empty: block_keep_* on every stage.
   std::vector<double> stage_block_keep;
+  // per_block: each block's plan may offload values to host (host_budget_bytes, host_link_gbps)
+  // as well as keep them (memory.block_offload).
+  bool block_offload = false;
+  bool uses_host_link() const { return ht::uses_host_link(policy, block_offload); }
   // Neither, where the run check does not choose (a GPU, pipeline stages, tensor parallelism): this.
   static constexpr double kDefaultBlockKeepShare = 0.5;
   double eviction_threshold = 0.9;

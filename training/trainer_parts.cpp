@@ -165,7 +165,7 @@ void prepare_engine(const RunPlan& plan, Engine& e, RankGroups& groups, bool sta
   groups.replicas().broadcast_state(model.buffers());
   model.train();
   if (plan.loop.time_by_op && !stages) e.interp.set_op_time_log(&e.op_times);
-  if (swaps(plan.memory.policy) && e.arena) {
+  if (plan.memory.uses_host_link() && e.arena) {
     e.host_link = std::make_shared<HostLink>(plan.memory.host_link_gbps);
     notes.push_back(host_swap_line(plan.memory));
   }

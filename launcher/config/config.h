@@ -143,6 +143,7 @@ struct ParallelConfig {
 struct MemoryConfig {
   MemoryPolicy policy = MemoryPolicy::kNone;
   std::string budget;
+  bool block_offload = false;  // per_block: a block's plan may offload values to host memory too
   std::string block_keep;  // per_block: bytes each block keeps through forward ("12MiB"); empty: the planner's choice
   double eviction_threshold = 0.9;
   bool sqrt_sampling = false;

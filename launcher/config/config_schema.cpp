@@ -368,6 +368,13 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "elsewhere 50%")
                   .only_when("memory.policy = \"per_block\"",
                              [](const Config& c) { return c.memory.policy == MemoryPolicy::kPerBlock; }));
+  f.push_back(Field(&C::memory, &MemoryConfig::block_offload, "memory", "block_offload",
+                    "per_block: each block's plan may also offload values to host memory (copied out when the "
+                    "block ends, beside the next block's forward, and back before its backward), where the host "
+                    "link hides the copies better than recomputation; within memory.host_budget, at "
+                    "memory.host_link_gbps. CPU ranks only until the CUDA host link is built")
+                  .only_when("memory.policy = \"per_block\"",
+                             [](const Config& c) { return c.memory.policy == MemoryPolicy::kPerBlock; }));
   f.push_back(Field(&C::memory, &MemoryConfig::eviction_threshold, "memory", "eviction_threshold",
                     "before each op, evict until its outputs fit under this share of the budget (1: the whole "
                     "budget, cheaper where it trains, but blocks that cannot be evicted may then fragment it; "
@@ -405,8 +412,10 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "train so); false: the first step runs under DTR and the plan is made from it. One rank's "
                     "whole model only (no pipeline stages, tensor parallelism or sharded parameters)")
                   .only_when(planning_words, planning));
-  auto swapping = [](const Config& c) { return swaps(c.memory.policy) || c.memory.policy == MemoryPolicy::kAuto; };
-  const char* swapping_words = "memory.policy is swap, hybrid or auto";
+  auto swapping = [](const Config& c) {
+    return uses_host_link(c.memory.policy, c.memory.block_offload) || c.memory.policy == MemoryPolicy::kAuto;
+  };
+  const char* swapping_words = "memory.policy is swap, hybrid or auto, or per_block with memory.block_offload";
   f.push_back(Field(&C::memory, &MemoryConfig::host_budget, "memory", "host_budget",
                     "host memory for swapped activations: bytes with a unit (\"8GiB\") or a share of the host's "
                     "available memory (\"50%\"); empty: half of it. A copy that would pass it is not made (the "

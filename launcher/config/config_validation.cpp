@@ -178,7 +178,7 @@ class Rules {
       const bool share = e.find('%') != std::string::npos;
       const auto bytes = parse_byte_size(e, 1'000'000'000);
       const bool stage_share = entries.size() > 1 && stage_share_of(e).has_value();
-      if (entries.size() > 1 ? !stage_share : !bytes || (share && *bytes > 1'000'000'000)) {
+      if (entries.size() > 1 ? !stage_share : !keeps_none(e) && (!bytes || (share && *bytes > 1'000'000'000))) {
         throw UserError(loc("memory.block_keep") + "memory.block_keep = \"" + keep + "\" is not a memory size "
                         "or a share; use bytes with a unit (\"12MiB\", \"800KB\") or a share of what each block's "
                         "backward reads (\"40%\"), or one share per pipeline stage, \"0%\" to \"100%\" (\"25%,75%\"); "
@@ -220,7 +220,8 @@ class Rules {
       m.policy = MemoryPolicy::kAuto;
     }
     const std::string policy = choice_name(m.policy);
-    if (swaps(m.policy) || m.policy == MemoryPolicy::kAuto) host_budget();  // auto may choose hybrid
+    // auto may choose hybrid
+    if (uses_host_link(m.policy, m.block_offload) || m.policy == MemoryPolicy::kAuto) host_budget();
     if (m.policy == MemoryPolicy::kPerBlock && !m.block_keep.empty()) block_keep();
     if (m.compress == Compression::kBf16 && !swaps(m.policy)) {
       throw UserError(loc("memory.compress") + "memory.compress = \"bf16\" shrinks what crosses the host link, and "
@@ -252,6 +253,12 @@ class Rules {
     if (device_bytes > 0 && budget_bytes_ > device_bytes) {
       throw UserError(loc("memory.budget") + head + format_bytes(budget_bytes_) + " is more than the GPU's " +
                       format_bytes(device_bytes) + "; use at most that, e.g. \"90%\"");
+    }
+    if (m.policy == MemoryPolicy::kPerBlock && m.block_offload) {
+      throw UserError(loc("memory.block_offload") + "memory.block_offload = true on training.device = \"" +
+                      c_.training.device + "\": offload on CUDA rides a host link of its own (copies on a stream "
+                      "ordered with the kernels'), not built yet; set memory.block_offload = false (the plan keeps "
+                      "or recomputes), or train on \"cpu\"");
     }
     if (swaps(m.policy)) {
       throw UserError(loc("memory.policy") + "memory.policy = \"" + choice_name(m.policy) + "\" on training.device = \"" +
@@ -314,9 +321,10 @@ class Rules {
                       "DeepSpeed refuses ZeRO-3 with pipelines); use parallel.shard = \"optimizer\" with stages, "
                       "or no stages");
     }
-    if (plans_statically(m.policy) || swaps(m.policy)) {
-      throw UserError(head + " with memory.policy = \"" + choice_name(m.policy) + "\": " +
-                      (swaps(m.policy) ? "host swap decides by when copies finish, which differs between ranks, and "
+    if (plans_statically(m.policy) || uses_host_link(m.policy, m.block_offload)) {
+      throw UserError(head + " with memory.policy = \"" + choice_name(m.policy) + "\"" +
+                      (swaps(m.policy) ? "" : " and memory.block_offload = true") + ": " +
+                      (uses_host_link(m.policy, m.block_offload) ? "host swap decides by when copies finish, which differs between ranks, and "
                                          "a parameter gather must happen at the same point on every rank"
                                        : "a static plan places every tensor of a captured step, and gathered "
                                          "parameters are made outside the ops it captures") +

@@ -74,6 +74,7 @@ MemoryPlan memory_plan_of(const Config& c) {
   p.policy = m.policy;
   std::tie(p.block_keep_bytes, p.block_keep_share) = block_keep_of(c);
   p.stage_block_keep = stage_block_keep_of(c);
+  p.block_offload = m.policy == MemoryPolicy::kPerBlock && m.block_offload;
   p.eviction_threshold = m.eviction_threshold;
   p.sqrt_sampling = m.sqrt_sampling;
   p.ignore_small = m.ignore_small;
@@ -191,7 +192,12 @@ std::pair<int64_t, double> block_keep_of(const Config& c) {
   const std::string& keep = c.memory.block_keep;
   if (keep.empty() || c.memory.policy != MemoryPolicy::kPerBlock) return {0, 0.0};
   if (block_keep_entries(keep).size() > 1) return {0, 0.0};  // a stage's own (stage_block_keep_of)
+  if (keeps_none(keep)) return {0, 0.0};                     // every stage's 0% (stage_block_keep_of)
   return block_keep_entry(c, keep);
+}
+
+bool keeps_none(const std::string& entry) {
+  return entry == "0" || stage_share_of(entry) == std::optional<double>(0.0);
 }
 
 std::optional<double> stage_share_of(const std::string& entry) {
@@ -206,6 +212,9 @@ std::vector<double> stage_block_keep_of(const Config& c) {
   const std::string& keep = c.memory.block_keep;
   if (keep.empty() || c.memory.policy != MemoryPolicy::kPerBlock) return {};
   const std::vector<std::string> entries = block_keep_entries(keep);
+  // "0%": every block keeps nothing on the device (full recomputation, or with
+  // memory.block_offload, what its plan offloads), every stage's share.
+  if (entries.size() == 1 && keeps_none(entries[0])) return std::vector<double>(std::max<int64_t>(1, c.parallel.pipeline_parallel), 0.0);
   if (entries.size() < 2) return {};
   std::vector<double> shares;
   for (const std::string& e : entries) {
@@ -222,7 +231,7 @@ std::vector<double> stage_block_keep_of(const Config& c) {
 
 int64_t host_budget_bytes_of(const Config& c) {
   const MemoryConfig& m = c.memory;
-  if (!swaps(m.policy) && m.policy != MemoryPolicy::kAuto) return 0;  // no host swap: none needed
+  if (!uses_host_link(m.policy, m.block_offload) && m.policy != MemoryPolicy::kAuto) return 0;  // no host link: none needed
   const int64_t available = host_available_memory_bytes();
   if (m.host_budget.empty()) return available / 2;
   const auto bytes = parse_byte_size(m.host_budget, available);
@@ -341,6 +350,7 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
   } else if (m.policy == MemoryPolicy::kPerBlock && m.block_keep_bytes > 0) {
     c.memory.block_keep = std::to_string(m.block_keep_bytes);
   }
+  c.memory.block_offload = m.block_offload;
   c.memory.eviction_threshold = m.eviction_threshold;
   c.memory.optimizer_state = m.optimizer_state;
   return c;

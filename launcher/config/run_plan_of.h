@@ -52,6 +52,8 @@ std::pair<int64_t, double> block_keep_of(const Config& config);
 // memory.block_keep's entries, split at commas: one value for every block, or one share per
 // pipeline stage ("25%,75%": AdaPipe's plan, the first stage holding the most micro-batches).
 std::vector<std::string> block_keep_entries(const std::string& keep);
+// An entry that keeps nothing on the device ("0%", "0").
+bool keeps_none(const std::string& entry);
 // One stage's entry, "0%" to "100%", as a share (0 to 1); nothing where it is not one.
 std::optional<double> stage_share_of(const std::string& entry);
 // Under per_block, the shares per pipeline stage where memory.block_keep names one a stage;

@@ -368,6 +368,13 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
   run.memory.block_keep_share = plan.block_keep_share;
   run.memory.stage_block_keep = plan.policy == MemoryPolicy::kPerBlock && plan.stages > 1 ? plan.stage_block_keep
                                                                                            : std::vector<double>{};
+  run.memory.block_offload = plan.policy == MemoryPolicy::kPerBlock && plan.block_offload;
+  if (run.memory.block_offload) {
+    if (plan.host_budget_bytes > 0) run.memory.host_budget_bytes = plan.host_budget_bytes;
+    // Nothing kept on the device (all offloaded or recomputed): every stage's 0%, as the config says it.
+    if (plan.block_keep_bytes == 0 && plan.block_keep_share == 0 && run.memory.stage_block_keep.empty())
+      run.memory.stage_block_keep.assign(static_cast<size_t>(std::max(1, plan.stages)), 0.0);
+  }
   if (plan.state_on_host && swaps(plan.policy)) run.memory.optimizer_state = StatePlace::kHost;
   // The search's plans carry the default threshold, and leave the base config's; one that chose
   // another (memory.policy = "auto"'s) sets it.

@@ -36,6 +36,8 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.block_keep_share = run.memory.block_keep_share;
   p.stage_block_keep = run.memory.stage_block_keep;
   if (!p.stage_block_keep.empty()) p.block_keep_share = p.stage_block_keep[0];
+  p.block_offload = run.memory.block_offload;
+  if (p.block_offload) p.host_budget_bytes = run.memory.host_budget_bytes;
   p.budget_bytes = run.memory.budget_bytes;
   p.eviction_threshold = run.memory.eviction_threshold;
   p.stages = run.grid.pipeline;
@@ -346,7 +348,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       if (choice.threshold > 0) out.plan.eviction_threshold = choice.threshold;
     }
     if (out.plan.policy == MemoryPolicy::kPerBlock && out.plan.block_keep_bytes == 0 &&
-        out.plan.block_keep_share == 0 && out.limit_bytes > 0) {
+        out.plan.block_keep_share == 0 && out.plan.stage_block_keep.empty() && out.limit_bytes > 0) {
       out.plan.block_keep_share =
           fastest_block_keep(out.plan, [&](const Plan& q) { return predict(plan.profile, plan.machine, q); }, kept);
     }
@@ -396,9 +398,14 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
     }
   }
   if (run.memory.policy == MemoryPolicy::kPerBlock && run.memory.block_keep_bytes == 0 &&
-      run.memory.block_keep_share == 0) {
-    // Keeping none is full recomputation: trained as such, and written so in the resolved config.
-    if (decision.block_keep_permille == 0) run.memory.policy = MemoryPolicy::kFull;
+      run.memory.block_keep_share == 0 && run.memory.stage_block_keep.empty()) {
+    // Keeping none is full recomputation: trained as such, and written so in the resolved config;
+    // with offload, what the plan offloads goes to host (every stage's 0%).
+    if (decision.block_keep_permille == 0 && run.memory.block_offload) {
+      run.memory.stage_block_keep.assign(static_cast<size_t>(run.grid.pipeline), 0.0);
+    } else if (decision.block_keep_permille == 0) {
+      run.memory.policy = MemoryPolicy::kFull;
+    }
     run.memory.block_keep_share = static_cast<double>(decision.block_keep_permille) / 1000;
   }
   if (grid.is_root()) {

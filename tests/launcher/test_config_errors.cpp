@@ -181,7 +181,7 @@ TEST_F(ConfigErrors, OptimizerStateDtype) {
 
 TEST_F(ConfigErrors, PerBlockKeep) {
   const std::vector<std::string> per_block{"--memory.policy=per_block", "--memory.budget=64MiB"};
-  for (const char* bad : {"lots", "-3MiB", "0", "150%"}) {
+  for (const char* bad : {"lots", "-3MiB", "0x", "150%"}) {
     std::vector<std::string> args = per_block;
     args.push_back(std::string("--memory.block_keep=") + bad);
     EXPECT_THAT(error_in(kGood, args),
@@ -204,6 +204,35 @@ TEST_F(ConfigErrors, PerBlockKeep) {
   std::vector<std::string> one = per_block;
   one.push_back("--memory.block_keep=0%,50%");
   EXPECT_THAT(error_in(kGood, one), HasSubstr("parallel.pipeline_parallel = 1; give 1 share, or one for every stage"));
+  // "0%" (or "0") keeps nothing on the device: full recomputation, or what memory.block_offload offloads.
+  for (const char* none : {"0%", "0"}) {
+    std::vector<ConfigOverride> overrides{override_of(per_block[0]), override_of(per_block[1]),
+                                          override_of(std::string("--memory.block_keep=") + none)};
+    const Config c = load_config(dir_.write("none.toml", kGood), overrides).config;
+    EXPECT_EQ(stage_block_keep_of(c), std::vector<double>{0.0}) << none;
+  }
+}
+
+// memory.block_offload: per_block's, with the host link's keys; refused with ZeRO-3 (a gather's
+// point would depend on when copies finish) and on a GPU (no CUDA host link yet).
+TEST_F(ConfigErrors, PerBlockOffload) {
+  const LoadedConfig ignored = load_config(dir_.write("w.toml", kGood), {override_of("--memory.block_offload=true")});
+  ASSERT_EQ(ignored.warnings.size(), 1u);
+  EXPECT_THAT(ignored.warnings[0], HasSubstr("memory.block_offload has no effect: it applies only when memory.policy = \"per_block\""));
+  const std::vector<std::string> offload{"--memory.policy=per_block", "--memory.budget=64MiB", "--memory.block_offload=true"};
+  std::vector<ConfigOverride> overrides;
+  for (const auto& a : offload) overrides.push_back(override_of(a));
+  overrides.push_back(override_of("--memory.host_budget=1GiB"));
+  const LoadedConfig loaded = load_config(dir_.write("o.toml", kGood), overrides);
+  EXPECT_TRUE(loaded.warnings.empty()) << "memory.host_budget applies: " << loaded.warnings[0];
+  EXPECT_EQ(host_budget_bytes_of(loaded.config), int64_t{1} << 30);
+  std::vector<std::string> bad = offload;
+  bad.push_back("--memory.host_budget=lots");
+  EXPECT_THAT(error_in(kGood, bad), HasSubstr("memory.host_budget = \"lots\" is not a memory size"));
+  std::vector<std::string> zero3 = offload;
+  zero3.push_back("--parallel.shard=parameters");
+  EXPECT_THAT(error_in(kGood, zero3), HasSubstr("memory.policy = \"per_block\" and memory.block_offload = true: host swap "
+                                                "decides by when copies finish"));
 }
 
 TEST_F(ConfigErrors, HostSwap) {

@@ -57,6 +57,86 @@ TEST(BlockPlan, TheSearchFindsTheLeastRecomputationOfEveryKeepSet) {
   }
 }
 
+// The least cost over every keep / offload / regenerate answer of every saved value.
+double brute_force_with_link(const BlockGraph& g, int64_t budget, const BlockLink& link) {
+  std::vector<int> saved;
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (g.values[v].saved) saved.push_back(static_cast<int>(v));
+  double best = std::numeric_limits<double>::infinity();
+  int64_t ways = 1;
+  for (size_t i = 0; i < saved.size(); ++i) ways *= 3;
+  for (int64_t code = 0; code < ways; ++code) {
+    std::vector<bool> keep(g.values.size(), false), offload(g.values.size(), false);
+    bool allowed = true;
+    int64_t c = code;
+    for (int v : saved) {
+      const int64_t answer = c % 3;
+      c /= 3;
+      keep[v] = answer == 1;
+      offload[v] = answer == 2;
+      if (offload[v] && g.values[v].bytes < link.min_bytes) allowed = false;
+    }
+    const BlockPlan p = plan_with(g, keep, offload, link);
+    if (allowed && p.kept_bytes <= budget && p.offload_bytes <= link.host_bytes) best = std::min(best, p.cost_ms());
+  }
+  return best;
+}
+
+TEST(BlockPlan, WithAHostLinkTheSearchFindsTheLeastCostOfEveryThreeWayAnswer) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    const BlockGraph g = random_block(rng, 4 + trial % 6);
+    const int64_t all = g.saved_bytes();
+    double forward_ms = 0;
+    for (const BlockOp& op : g.ops) forward_ms += op.cost_ms;
+    BlockLink link;
+    // From a link that hides everything to one that takes several forwards for the whole block.
+    link.ms_per_byte = (trial % 4) * forward_ms / static_cast<double>(std::max<int64_t>(1, all));
+    link.host_bytes = trial % 3 == 0 ? all : all / 2;
+    link.min_bytes = trial % 5 == 0 ? 10 : 0;
+    for (const double share : {0.0, 0.3, 0.7}) {
+      const auto budget = static_cast<int64_t>(share * static_cast<double>(all));
+      const BlockPlan p = solve_block_plan(g, budget, link);
+      SCOPED_TRACE("trial " + std::to_string(trial) + " budget " + std::to_string(budget));
+      EXPECT_TRUE(p.exact);
+      EXPECT_LE(p.kept_bytes, budget);
+      EXPECT_LE(p.offload_bytes, link.host_bytes);
+      EXPECT_NEAR(p.cost_ms(), brute_force_with_link(g, budget, link), 1e-9);
+      EXPECT_LE(p.cost_ms(), solve_block_plan(g, budget).cost_ms()) << "a link never makes a plan dearer";
+      for (size_t v = 0; v < g.values.size(); ++v) EXPECT_FALSE(p.keep[v] && p.offload[v]);
+    }
+  }
+}
+
+TEST(BlockPlan, AHiddenLinkOffloadsWhatTheBudgetCannotKeepAndASlowOneRegeneratesIt) {
+  // x -> matmul (h, 100 B, 8 ms) -> gelu (a, 100 B, 1 ms) -> matmul (out, 8 ms): backward reads h and a.
+  BlockGraph g;
+  g.ops = {{8, {}, "linear"}, {1, {0}, "gelu"}, {8, {1}, "linear"}};
+  g.values = {{100, 0, true}, {100, 1, true}, {100, 2, false}};
+  BlockLink hidden{/*ms_per_byte=*/0.1, /*host_bytes=*/1000, /*min_bytes=*/0};
+  // Both on host: 200 B at 0.1 ms/B is 20 ms out, 3 ms past the 17 ms forward. One on host (10 ms,
+  // hidden) and gelu run again (1 ms) costs less.
+  EXPECT_DOUBLE_EQ(plan_with(g, {}, {true, true}, hidden).link_ms, 3);
+  const BlockPlan none_kept = solve_block_plan(g, 0, hidden);
+  EXPECT_TRUE(none_kept.offload[0]);
+  EXPECT_EQ(none_kept.offload_bytes, 100);
+  EXPECT_DOUBLE_EQ(none_kept.link_ms, 0);
+  EXPECT_DOUBLE_EQ(none_kept.recompute_ms, 1);
+  // Keeping one, the other crosses hidden.
+  const BlockPlan one_kept = solve_block_plan(g, 100, hidden);
+  EXPECT_EQ(one_kept.kept_bytes, 100);
+  EXPECT_EQ(one_kept.offload_bytes, 100);
+  EXPECT_DOUBLE_EQ(one_kept.cost_ms(), 0);
+  // A link ten times slower: 100 ms a value, dearer than running the 9 ms of ops again.
+  BlockLink slow{1.0, 1000, 0};
+  const BlockPlan slow_plan = solve_block_plan(g, 0, slow);
+  EXPECT_EQ(slow_plan.offload_bytes, 0);
+  EXPECT_DOUBLE_EQ(slow_plan.recompute_ms, 9);
+  // No room on host: the budget alone.
+  BlockLink full_host{0.1, 50, 0};
+  EXPECT_EQ(solve_block_plan(g, 0, full_host).offload_bytes, 0);
+}
+
 // x -> norm (n, 10 B, 1 ms) -> matmul (h, 40 B, 8 ms) -> gelu (a, 40 B, 1 ms) -> matmul (out).
 // Backward reads n, h, a (out is the block's output). Keeping h alone (40 B) lets gelu run again
 // from it (1 ms) and leaves norm's n to recompute (1 ms): 2 ms. Keeping a (40 B) instead leaves
