@@ -3,7 +3,8 @@
 // kBlockKeepLadder) of what its backward reads, in a roomy budget; each block keeping what
 // torchtitan's per-op selective checkpointing keeps of it (schedule/block_plan.h,
 // selective_op_keep: every second product's output and attention's), in bytes, solved; then in a
-// budget of full's own measured peak per_block (the share left to the run check), DTR and the
+// budget of full's own measured peak per_block (the share left to the run check), per_block
+// offloading to host what the link hides (memory.block_offload, keeping nothing), DTR and the
 // static plan. Each row: the planner's peak and step against the run's (two runs a minute apart,
 // the quiet step of both), the step against none's. The memory/time frontier of docs/memory.md
 // comes from here. A run that fails, a peak over its budget, or a per_block peak more than 3% off
@@ -229,6 +230,16 @@ void in_fulls_peak(const Options& o, const Planned& planned, const Plan& base, i
   } else {
     table.unpredicted("per_block in full's peak (its choice unread)", m);
   }
+  // Offload (memory.block_offload): nothing kept on the device, what the link hides on host, the
+  // rest regenerated. Its peak is not gated: backward's prefetches fill what room the budget
+  // leaves, as the link's timing lets them, and the replay brings values back only when read.
+  Plan off = base;
+  off.policy = MemoryPolicy::kPerBlock;
+  off.budget_bytes = full_peak;
+  off.block_offload = true;
+  off.host_budget_bytes = int64_t{4} << 30;
+  table.row("per_block + offload in full's peak (keeping 0%)", off,
+            run_passes(o, planned.config, off, stem + "_offload_at_fulls_peak"), false);
   if (o.quick) return;
   for (MemoryPolicy other : {MemoryPolicy::kDtr, MemoryPolicy::kStatic}) {
     Plan q = base;

@@ -49,11 +49,12 @@ struct BlockGraph {
 // The copy out runs beside the next block's forward, the copy back beside the backward of the
 // block after it (backward_factor times a forward); the link's time beyond those windows is what
 // an offload costs the step. What a block offloads must fit `host_bytes` (the host budget over
-// the blocks that wait there at once), and values under `min_bytes` are not worth a copy.
+// the blocks that wait there at once). Small values go too: a normalization's statistics or
+// attention's left behind make their op run again for the sake of a few KiB.
 struct BlockLink {
   double ms_per_byte = 0;       // each way; the host link's time for one byte
   int64_t host_bytes = 0;       // 0: nothing offloaded
-  int64_t min_bytes = 64 << 10; // as SwapOptions::min_bytes
+  int64_t min_bytes = 0;        // as SwapOptions::min_bytes (planned offload: none)
   double backward_factor = 2;   // a block's backward against its forward (two products per one)
   bool on() const { return host_bytes > 0; }
 };

@@ -33,6 +33,9 @@ MemoryOptions memory_options(const MemoryPlan& m, uint64_t seed, std::shared_ptr
                                                     : SwapRule::kPlanned;
     swap.link = std::move(link);
     swap.host_budget_bytes = m.host_budget_bytes;
+    // A plan's offloads are chosen whole: a small value left on the device would run its op again
+    // (attention's 32 KiB of statistics, beside its output offloaded).
+    if (swap.rule == SwapRule::kPlanned) swap.min_bytes = 0;
     swap.bf16_on_link = m.compress == Compression::kBf16;
     options.swap = swap;
   }

@@ -160,6 +160,9 @@ std::vector<Entry> entries() {
       add(std::string("gpt.") + policy, kGpt, 1, std::string(" --memory.policy=") + policy, "gpt.roomy", 0.65);
     }
     add("gpt.per_block", kGpt, 1, " --memory.policy=per_block --memory.block_keep=50%", "gpt.roomy", 0.65);
+    // Offload (memory.block_offload): nothing kept on the device, what the link hides on host.
+    add("gpt.offload", kGpt, 1, " --memory.policy=per_block --memory.block_keep=0% --memory.block_offload=true "
+        "--memory.host_budget=64MiB", "gpt.roomy", 0.65);
     add("gpt.static", kGpt, 1, " --memory.policy=static --memory.solve_time_s=0", "gpt.roomy", 0.65);
     add("gpt.segments", kGpt, 1, " --memory.policy=segments", "gpt.roomy", 0.65);
     add("gpt.hybrid.state_host", kGpt, 1, " --memory.policy=hybrid --memory.optimizer_state=host", "gpt.roomy", 0.65);
@@ -199,6 +202,8 @@ std::vector<Entry> entries() {
     // A share per stage (AdaPipe's plan): the first stage recomputes every block, the second keeps 75%.
     add("gpt.pp2.per_stage", kGpt, 2,
         " --parallel.pipeline_parallel=2 --memory.policy=per_block --memory.block_keep=0%,75%", "gpt.pp2.roomy", 0.65);
+    add("gpt.pp2.offload", kGpt, 2, " --parallel.pipeline_parallel=2 --memory.policy=per_block --memory.block_keep=0%,50% "
+        "--memory.block_offload=true --memory.host_budget=64MiB", "gpt.pp2.roomy", 0.65);
     add("gpt.dp2.pp2", kGpt, 4, " --parallel.pipeline_parallel=2");
     add("gpt.dp2.pp2.zero1", kGpt, 4, " --parallel.pipeline_parallel=2 --parallel.shard=optimizer");
     // Tensor and sequence parallelism: fp32 only, since MPI's collectives take no bf16 tensors
