@@ -238,7 +238,8 @@ void in_fulls_peak(const Options& o, const Planned& planned, const Plan& base, i
   off.budget_bytes = full_peak;
   off.block_offload = true;
   off.host_budget_bytes = int64_t{4} << 30;
-  table.row("per_block + offload in full's peak (keeping 0%)", off,
+  off.eviction_threshold = 1.0;  // what it held was held back for host swap's prefetches, not needed here
+  table.row("per_block + offload in full's peak (0%, to 100%)", off,
             run_passes(o, planned.config, off, stem + "_offload_at_fulls_peak"), false);
   if (o.quick) return;
   for (MemoryPolicy other : {MemoryPolicy::kDtr, MemoryPolicy::kStatic}) {

@@ -23,6 +23,17 @@ constexpr double kSwapShare = 0.9;
 
 uint64_t id_of(const TensorInfo* t) { return reinterpret_cast<uint64_t>(t); }
 
+}  // namespace
+
+// Planned offload (per_block's) takes the threshold as configured: its drops come at block ends,
+// and a block's values return together, not in the order copies finish.
+double MemoryManager::threshold() const {
+  if (!swap_ || swap_->options().rule == SwapRule::kPlanned) return options_.eviction_threshold;
+  return std::min(options_.eviction_threshold, kSwapShare);
+}
+
+namespace {
+
 const void* data_of(const TensorInfo& t) {
   return t.value.defined() && t.value.has_storage() ? t.value.storage().data() : nullptr;
 }
@@ -242,7 +253,7 @@ void MemoryManager::prepare(int64_t expected_bytes) {
   // A plan running the step keeps it within the budget by itself; DTR only answers the
   // allocator if the arena is ever short (make_room).
   if (!evictor_ || (planner_ && planner_->executing())) return;
-  const double share = swap_ ? std::min(options_.eviction_threshold, kSwapShare) : options_.eviction_threshold;
+  const double share = threshold();
   const auto target = static_cast<int64_t>(share * static_cast<double>(options_.arena->capacity()));
   while (options_.arena->stats().in_use + expected_bytes > target) {
     bool freed = false;
@@ -400,7 +411,7 @@ at::Tensor MemoryManager::swap_in(TensorInfo& t) {
 
 bool MemoryManager::prefetch(TensorInfo& t) {
   if (!swap_) return false;
-  const double share = std::min(options_.eviction_threshold, kSwapShare);  // as before_kernel's
+  const double share = threshold();  // as before_kernel's
   const auto target = static_cast<int64_t>(share * static_cast<double>(options_.arena->capacity()));
   return swap_->prefetch(t, [&](int64_t bytes) {
     if (active_arena() != options_.arena.get()) return at::Tensor();  // not ours to allocate in now

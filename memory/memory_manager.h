@@ -192,6 +192,8 @@ class MemoryManager final : public MemoryHooks, public OutOfMemoryHandler {
   // checkpoint_blocks: drops what the block that just ended made (block_made_), but its output;
   // what its plan offloads starts for host instead (offloading_).
   void drop_block();
+  // The share of the budget each kernel evicts down to (host swap keeps a tenth free).
+  double threshold() const;
   // Drops the offloaded values whose copies are done, waiting for those of blocks before the last.
   void settle_offloads();
 

@@ -49,7 +49,8 @@ void eviction_terms(const ModelProfile& profile, const Machine& machine, const P
   options.policy = *eviction_heuristic(plan.policy);
   const bool link = uses_host_link(plan.policy, plan.block_offload);
   options.window = !link;  // as the engine: with a host link, no windows (memory_manager.cpp)
-  options.eviction_threshold = link ? std::min(0.9, plan.eviction_threshold) : plan.eviction_threshold;
+  // Host swap keeps a tenth free; planned offload takes the threshold as set (MemoryManager::threshold).
+  options.eviction_threshold = swaps(plan.policy) ? std::min(0.9, plan.eviction_threshold) : plan.eviction_threshold;
   if (recomputes_blocks(plan.policy)) options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
   if (plan.policy == MemoryPolicy::kPerBlock) {
     options.block_keep_bytes = plan.block_keep_bytes;

@@ -72,6 +72,7 @@ std::string describe_plan(const Plan& p) {
   } else if (p.policy == MemoryPolicy::kPerBlock && p.block_keep_bytes > 0) {
     s += " keeping " + format_bytes(p.block_keep_bytes) + " of each block";
   }
+  if (p.policy == MemoryPolicy::kPerBlock && p.block_offload) s += ", offloading to host";
   if (evicts(p.policy) && p.eviction_threshold != Plan{}.eviction_threshold) {
     char threshold[48];
     std::snprintf(threshold, sizeof threshold, " evicting down to %.0f%%", 100 * p.eviction_threshold);
@@ -183,6 +184,12 @@ std::string stage_keep_words(const std::vector<double>& shares) {
 
 std::string policy_cell(const Plan& p) {
   if (p.policy != MemoryPolicy::kPerBlock) return choice_name(p.policy);
+  if (p.block_offload) {
+    Plan kept = p;
+    kept.block_offload = false;
+    const std::string cell = policy_cell(kept);
+    return (cell == "per_block" ? "per_block 0%" : cell) + " +offload";
+  }
   if (!p.stage_block_keep.empty()) {
     std::string s = "per_block ";
     for (size_t r = 0; r < p.stage_block_keep.size(); ++r)
