@@ -78,9 +78,8 @@ void MemoryManager::configure(MemoryOptions options) {
   block_made_.clear();
   last_made_.clear();
   offloading_.clear();
-  const bool offloads = options_.swap && options_.swap->rule == SwapRule::kPlanned;
-  TORCH_CHECK(!offloads || options_.checkpoint_blocks > 0,
-              "MemoryManager::configure: planned offload needs blocks (memory.policy = \"per_block\")");
+  // A model without blocks has no block ends to offload at: its values stay or are evicted.
+  const bool offloads = options_.swap && options_.swap->rule == SwapRule::kPlanned && options_.checkpoint_blocks > 0;
   block_plans_ = options_.checkpoint_blocks > 0 && (options_.block_keep_bytes > 0 || options_.block_keep_share > 0 || offloads)
                      ? std::make_unique<schedule::BlockPlans>(options_.block_keep_bytes, options_.block_keep_share,
                                                               offloads ? block_link(*options_.swap, options_.checkpoint_blocks)
@@ -157,8 +156,10 @@ void MemoryManager::settle_offloads() {
   for (const Offloading& o : offloading_) {
     TensorInfo& t = *o.t;
     if (root_slot_.count(o.t) == 0 || t.id != o.id || !t.resident() || t.host == nullptr) continue;
-    // The block that just ended's copies run beside the next block; older ones are waited for, so
-    // that no more than one block's offloads are on the device at once (as the replay counts none).
+    // Called as a block begins, before the block that just ended starts its own copies: these
+    // started a block ago and ran beside it, and what still copies is waited for, so that one
+    // block's offloads at most wait on the device (the replay counts none). One from a later
+    // block number (a pipeline's next micro-batch restarts them) is left to copy.
     if (!swap_->copied_out(t, /*wait=*/o.block < block_)) {
       running.push_back(o);
     } else if (t.evictable()) {
