@@ -66,7 +66,7 @@ JsonObject summary_of(const Config& c, const RunPlan& plan, int64_t model_parame
   if (plan.loop.checkpoint_async && p.prediction.checkpoint_host_bytes > 0) {
     s.add("predicted_checkpoint_host_bytes", p.prediction.checkpoint_host_bytes);
   }
-  if (swaps(plan.memory.policy)) {
+  if (plan.memory.uses_host_link()) {
     s.add("predicted_swap_out_bytes", p.prediction.swap_out_bytes).add("predicted_swap_link_ms", p.prediction.swap_link_ms)
         .add("predicted_swap_exposed_ms", p.prediction.swap_exposed_ms);
   }

@@ -94,6 +94,7 @@ void MemoryManager::configure(MemoryOptions options) {
 }
 
 schedule::BlockLink block_link(const SwapOptions& swap, int blocks) {
+  TORCH_CHECK(swap.link != nullptr, "block_link: no host link");
   schedule::BlockLink link;
   constexpr int64_t kMiB = int64_t{1} << 20;
   link.ms_per_byte = swap.link->transfer_ms(kMiB) / static_cast<double>(kMiB);
@@ -154,12 +155,13 @@ void MemoryManager::drop_block() {
 void MemoryManager::settle_offloads() {
   std::vector<Offloading> running;
   for (const Offloading& o : offloading_) {
+    if (root_slot_.count(o.t) == 0 || o.t->id != o.id) continue;
     TensorInfo& t = *o.t;
-    if (root_slot_.count(o.t) == 0 || t.id != o.id || !t.resident() || t.host == nullptr) continue;
+    if (!t.resident() || t.host == nullptr) continue;
     // Called as a block begins, before the block that just ended starts its own copies: these
     // started a block ago and ran beside it, and what still copies is waited for, so that one
-    // block's offloads at most wait on the device (the replay counts none). One from a later
-    // block number (a pipeline's next micro-batch restarts them) is left to copy.
+    // block's offloads at most wait on the device (the replay counts none). The last block's
+    // are not settled: backward reads them first.
     if (!swap_->copied_out(t, /*wait=*/o.block < block_)) {
       running.push_back(o);
     } else if (t.evictable()) {

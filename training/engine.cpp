@@ -50,7 +50,8 @@ MemoryOptions memory_options(const MemoryPlan& m, uint64_t seed, std::shared_ptr
     options.block_keep_bytes = m.block_keep_bytes;
     options.block_keep_share = m.block_keep_share;
     // Left out where no run check chose (a GPU, stages, tensor parallelism): half of each block.
-    // A stage's share of 0 (memory.block_keep per stage) is its full recomputation.
+    // A stage's share of 0 (memory.block_keep per stage, or "0%") keeps nothing on the device: its
+    // full recomputation, or with memory.block_offload what its plan offloads.
     if (m.block_keep_bytes == 0 && m.block_keep_share == 0 && m.stage_block_keep.empty())
       options.block_keep_share = MemoryPlan::kDefaultBlockKeepShare;
   }

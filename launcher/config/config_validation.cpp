@@ -323,7 +323,8 @@ class Rules {
     }
     if (plans_statically(m.policy) || uses_host_link(m.policy, m.block_offload)) {
       throw UserError(head + " with memory.policy = \"" + choice_name(m.policy) + "\"" +
-                      (swaps(m.policy) ? "" : " and memory.block_offload = true") + ": " +
+                      (m.policy == MemoryPolicy::kPerBlock && m.block_offload ? " and memory.block_offload = true" : "") +
+                      ": " +
                       (uses_host_link(m.policy, m.block_offload) ? "host swap decides by when copies finish, which differs between ranks, and "
                                          "a parameter gather must happen at the same point on every rank"
                                        : "a static plan places every tensor of a captured step, and gathered "

@@ -351,6 +351,7 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
     c.memory.block_keep = std::to_string(m.block_keep_bytes);
   }
   c.memory.block_offload = m.block_offload;
+  if (m.block_offload && m.host_budget_bytes > 0) c.memory.host_budget = std::to_string(m.host_budget_bytes);
   c.memory.eviction_threshold = m.eviction_threshold;
   c.memory.optimizer_state = m.optimizer_state;
   return c;

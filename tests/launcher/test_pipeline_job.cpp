@@ -359,8 +359,13 @@ TEST(PipelineJobMemory, ASharePerStage) {
   const auto staged = two_stage_peaks(read_file(dir.path("staged/metrics.jsonl")));
   ASSERT_GT(roomy.first, 0);
   EXPECT_LT(full.first, roomy.first) << "full recomputation keeps less on stage 0";
-  EXPECT_EQ(staged.first, full.first) << "stage 0 at 0%: full recomputation";
-  EXPECT_EQ(staged.second, roomy.second) << "stage 1 at 100%: nothing recomputed";
+  // A stage's sends hold their tensors until the transfer is seen done (parallel/pipeline_stage.cpp,
+  // reap_sends), which is a matter of when the other rank calls into MPI: on a loaded machine the
+  // same run peaks a message (2 x 16 x 64 floats) higher or lower, so two runs may differ by two.
+  constexpr int64_t kMessage = 2 * 16 * 64 * 4;
+  EXPECT_NEAR(staged.first, full.first, 2 * kMessage) << "stage 0 at 0%: full recomputation";
+  EXPECT_NEAR(staged.second, roomy.second, 2 * kMessage) << "stage 1 at 100%: nothing recomputed";
+  EXPECT_LT(staged.first + 2 * kMessage, roomy.first) << "stage 0 keeps less than with room";
   // Measured 2026-12-04: +1.77% (a stage's kept bytes are the whole model's replay at its share, scaled).
   const double predicted = last_train_number(dir.path("staged/metrics.jsonl"), "predicted_peak_bytes");
   const double measured = static_cast<double>(std::max(staged.first, staged.second));

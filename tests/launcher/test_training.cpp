@@ -262,7 +262,7 @@ TEST(Training, PerBlockPlansTrainTheSameParametersBetweenNoneAndFull) {
 // without, with fewer regenerations than full recomputation's.
 TEST(Training, PerBlockOffloadTrainsTheSameParametersWithFewerRegenerations) {
   TempDir dir;
-  // Values of at least 64 KiB (SwapOptions::min_bytes): 8 sequences of 64 tokens of 64 floats.
+  // 8 sequences of 64 tokens of 64 floats: values of 128 KiB and more, the link's time worth it.
   const std::string gpt = std::string(kBase) +
                           "[model]\nname = \"gpt\"\nn_layer = 3\nn_head = 2\nn_embd = 64\nblock_size = 64\ndropout = 0.2\n";
   auto job = [&](const std::string& out, std::vector<std::string> a) {
