@@ -2,8 +2,9 @@
 // run check trains the policy the planner predicts fastest (launcher/planning/run_check.cpp). Here,
 // per job and budget, hybrid_train runs with the budget alone (auto's choice, read from its log
 // line with every candidate's predicted step), then with each candidate named: none, static, full,
-// dtr and hybrid, all in the same budget, each run twice a minute apart (the quiet step of both,
-// as bench_planner_accuracy). The question: is auto's run within 5% of the fastest candidate
+// per_block and per_block with offload (each at the share its run check picks), dtr and hybrid,
+// all in the same budget, each run twice a minute apart (the quiet step of both, as
+// bench_planner_accuracy). The question: is auto's run within 5% of the fastest candidate
 // measured? A run of auto's that fails, or any run whose peak passes the budget, is an error
 // (exit 1); a slower pick is reported, not an error: timings on a shared machine vary.
 #include "base/remove_tree.h"
@@ -33,17 +34,21 @@ struct Candidate {
   MemoryPolicy policy;
   bool state_on_host = false;
   double threshold = 0.9;  // memory.eviction_threshold
+  bool offload = false;    // per_block: memory.block_offload
   std::string name() const {
-    return std::string(choice_name(policy)) + (state_on_host ? " with the optimizer state on host" : "") +
-           (threshold == 1.0 ? " evicting down to 100%" : "");
+    return std::string(choice_name(policy)) + (offload ? " with offload" : "") +
+           (state_on_host ? " with the optimizer state on host" : "") + (threshold == 1.0 ? " evicting down to 100%" : "");
   }
   std::string stem() const {
-    return std::string(choice_name(policy)) + (state_on_host ? "_host_state" : "") + (threshold == 1.0 ? "_100" : "");
+    return std::string(choice_name(policy)) + (offload ? "_offload" : "") + (state_on_host ? "_host_state" : "") +
+           (threshold == 1.0 ? "_100" : "");
   }
 };
-const Candidate kCandidates[] = {{MemoryPolicy::kNone}, {MemoryPolicy::kStatic},           {MemoryPolicy::kFull},
-                                 {MemoryPolicy::kDtr},  {MemoryPolicy::kDtr, false, 1.0}, {MemoryPolicy::kHybrid},
-                                 {MemoryPolicy::kHybrid, true}};
+const Candidate kCandidates[] = {{MemoryPolicy::kNone},     {MemoryPolicy::kStatic},
+                                 {MemoryPolicy::kFull},     {MemoryPolicy::kPerBlock},
+                                 {MemoryPolicy::kPerBlock, false, 0.9, true},
+                                 {MemoryPolicy::kDtr},      {MemoryPolicy::kDtr, false, 1.0},
+                                 {MemoryPolicy::kHybrid},   {MemoryPolicy::kHybrid, true}};
 
 struct Options {
   bool quick = false, keep_runs = false;
@@ -62,8 +67,9 @@ struct Job {
 double pct(double a, double b) { return 100.0 * (a - b) / b; }  // a against b
 
 // auto's log line: `memory.policy = "auto" chose by the predicted step: none does not fit, static
-// 123 ms, ...` as {policy name: predicted ms, or -1 where it does not fit}.
-std::map<std::string, double> predicted_steps(const std::string& output) {
+// 123 ms, ...` as {policy name: predicted ms, or -1 where it does not fit}; `shares`: what
+// per_block's cells say they keep ("per_block with offload keeping 50% 123 ms": 0.5).
+std::map<std::string, double> predicted_steps(const std::string& output, std::map<std::string, double>& shares) {
   std::map<std::string, double> out;
   const std::string key = "chose by the predicted step: ";
   const size_t at = output.find(key);
@@ -81,7 +87,13 @@ std::map<std::string, double> predicted_steps(const std::string& output) {
     } else if (ends_with(cell, ms)) {  // "<name> <value> ms"
       const std::string head = cell.substr(0, cell.size() - ms.size());
       const size_t space = head.rfind(' ');
-      if (space != std::string::npos) out[head.substr(0, space)] = std::atof(head.c_str() + space + 1);
+      // per_block's cells name the share it would keep ("per_block keeping 50%"): keyed without it.
+      if (space != std::string::npos) {
+        const std::string name = head.substr(0, space);
+        const size_t keeping = name.find(" keeping ");
+        out[name.substr(0, keeping)] = std::atof(head.c_str() + space + 1);
+        if (keeping != std::string::npos) shares[name.substr(0, keeping)] = std::atof(name.c_str() + keeping + 9) / 100;
+      }
     }
   }
   return out;
@@ -108,6 +120,8 @@ std::string chosen_policy(const std::string& output) {
     if (name == choice_name(MemoryPolicy::kDtr) + std::string(" evicting down to 100%")) return name;
     if (name == choice_name(MemoryPolicy::kAuto)) policy = choice_name(MemoryPolicy::kStatic);
     if (name == "optimizer state on host") return Candidate{MemoryPolicy::kHybrid, true}.name();
+    if (name.rfind(choice_name(MemoryPolicy::kPerBlock), 0) == 0) policy = choice_name(MemoryPolicy::kPerBlock);
+    if (name == "offloading to host") return Candidate{MemoryPolicy::kPerBlock, false, 0.9, true}.name();
   }
   return policy;
 }
@@ -163,7 +177,8 @@ void run_budget(PlanCache& cache, const Options& o, const Job& job, double ratio
   std::string output;
   plan.policy = MemoryPolicy::kAuto;
   const Measurement chosen = run_passes(o, config, plan, stem + "_auto", outcome, &output);
-  const std::map<std::string, double> predicted = predicted_steps(output);
+  std::map<std::string, double> shares;
+  const std::map<std::string, double> predicted = predicted_steps(output, shares);
   const std::string pick = chosen_policy(output);
   std::printf("| %-39s | %12s | %11s | %8s | %10s | %s\n", "policy", "predicted ms", "measured ms", "error", "peak MiB",
               "");
@@ -173,6 +188,10 @@ void run_budget(PlanCache& cache, const Options& o, const Job& job, double ratio
   for (const Candidate& candidate : kCandidates) {
     plan.policy = candidate.policy;
     plan.state_on_host = candidate.state_on_host;
+    plan.block_offload = candidate.offload;
+    // per_block at the share auto would train it at (0 where auto's line has none: the run's own
+    // check picks it without offload; with offload it keeps nothing on the device).
+    plan.block_keep_share = shares.count(candidate.name()) ? shares.at(candidate.name()) : 0;
     plan.eviction_threshold = candidate.threshold;
     const std::string name = candidate.name();
     const Measurement m = run_passes(o, config, plan, stem + "_" + candidate.stem(), outcome, nullptr);

@@ -37,7 +37,8 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.stage_block_keep = run.memory.stage_block_keep;
   if (!p.stage_block_keep.empty()) p.block_keep_share = p.stage_block_keep[0];
   p.block_offload = run.memory.block_offload;
-  if (p.block_offload) p.host_budget_bytes = run.memory.host_budget_bytes;
+  // The link's host budget: offload's, and auto's, which may choose offload.
+  if (p.block_offload || p.policy == MemoryPolicy::kAuto) p.host_budget_bytes = run.memory.host_budget_bytes;
   p.budget_bytes = run.memory.budget_bytes;
   p.eviction_threshold = run.memory.eviction_threshold;
   p.stages = run.grid.pipeline;
@@ -138,39 +139,62 @@ struct MemoryChoice {
   MemoryPolicy policy = MemoryPolicy::kAuto;
   bool state_on_host = false;
   double threshold = 0;
+  bool block_offload = false;   // per_block: memory.block_offload
+  double block_keep_share = 0;  // per_block: the share fastest_block_keep chose (0: keep none)
 };
 
 // memory.policy = "auto" under a budget: of the policies this plan could train under, the one
 // predicted fastest among those that fit (a fitting plan without eviction is the fastest), so
 // that a user who sets only a budget trains the cheapest way the planner knows. Static plans
 // are auto's own (a plan once a sequence repeats), so kAuto stands for them; sharding rules out
-// what the search rules out (planner/search.cpp). Host memory counts too: hybrid with the
-// optimizer state on host (memory.optimizer_state = "host") is a candidate where no sharding is
-// set; and DTR evicting only what each kernel needs (memory.eviction_threshold = 1.0, no tenth of
-// the budget kept free: cheaper at small budgets, measured in memory.md), after DTR as configured
-// (a tie goes to the earlier). `words`: each candidate's predicted step.
-MemoryChoice fastest_memory_policy(const JobPlan& plan, const Plan& configured, std::string& words) {
+// what the search rules out (planner/search.cpp). Per-block plans come at the share
+// fastest_block_keep picks, and with offload to host where the device is the host (on a GPU the
+// CUDA host link is not built). Host memory counts too: hybrid with the optimizer state on host
+// (memory.optimizer_state = "host") is a candidate where no sharding is set; and DTR evicting
+// only what each kernel needs (memory.eviction_threshold = 1.0, no tenth of the budget kept free:
+// cheaper at small budgets, measured in memory.md), after DTR as configured (a tie goes to the
+// earlier: per_block keeping none ties full, and full is trained). `words`: each candidate's
+// predicted step.
+MemoryChoice fastest_memory_policy(const JobPlan& plan, const Plan& configured, bool host_link, std::string& words) {
+  MemoryChoice per_block{MemoryPolicy::kPerBlock}, offload{MemoryPolicy::kPerBlock};
+  offload.block_offload = true;
   const MemoryChoice candidates[] = {{MemoryPolicy::kNone},         {MemoryPolicy::kAuto},
-                                     {MemoryPolicy::kFull},         {MemoryPolicy::kDtr},
+                                     {MemoryPolicy::kFull},         per_block,
+                                     offload,                       {MemoryPolicy::kDtr},
                                      {MemoryPolicy::kDtr, false, 1.0}, {MemoryPolicy::kHybrid},
                                      {MemoryPolicy::kHybrid, true}};
+  auto predict_plan = [&](const Plan& q) { return predict(plan.profile, plan.machine, q); };
   MemoryChoice best;  // none fits: the configured auto, refused below
   std::optional<double> best_ms;
-  for (const MemoryChoice& choice : candidates) {
+  for (MemoryChoice choice : candidates) {
+    const bool link = uses_host_link(choice.policy, choice.block_offload);
     if (configured.shard >= ShardLevel::kGradients && plans_statically(choice.policy)) continue;
-    if (configured.shard == ShardLevel::kParameters && swaps(choice.policy)) continue;
+    if (configured.shard == ShardLevel::kParameters && link) continue;
+    if (link && !host_link) continue;
     if (choice.state_on_host && configured.shard != ShardLevel::kNone) continue;
     if (choice.threshold > 0 && choice.threshold == configured.eviction_threshold) continue;
     Plan q = configured;
     q.policy = choice.policy;
     q.state_on_host = choice.state_on_host;
+    q.block_offload = choice.block_offload;
+    q.block_keep_bytes = 0;
+    q.stage_block_keep.clear();
     if (choice.threshold > 0) q.eviction_threshold = choice.threshold;
-    const Prediction p = predict(plan.profile, plan.machine, q);
+    if (choice.policy == MemoryPolicy::kPerBlock) {
+      std::string shares;  // said for the chosen one only (memory.block_keep chosen ..., below)
+      choice.block_keep_share = q.block_keep_share = fastest_block_keep(q, predict_plan, shares);
+    }
+    const Prediction p = predict_plan(q);
     char threshold[48] = "";
     if (choice.threshold > 0) std::snprintf(threshold, sizeof threshold, " evicting down to %.0f%%", 100 * choice.threshold);
-    char cell[160];
-    std::snprintf(cell, sizeof cell, "%s%s%s%s %s", words.empty() ? "" : ", ",
+    char share[48] = "";
+    if (choice.policy == MemoryPolicy::kPerBlock && p.fits) {
+      std::snprintf(share, sizeof share, " keeping %.0f%%", 100 * choice.block_keep_share);
+    }
+    char cell[192];
+    std::snprintf(cell, sizeof cell, "%s%s%s%s%s%s %s", words.empty() ? "" : ", ",
                   choice.policy == MemoryPolicy::kAuto ? "static" : choice_name(choice.policy),
+                  choice.block_offload ? " with offload" : "", share,
                   choice.state_on_host ? " with the optimizer state on host" : "", threshold,
                   p.fits ? (std::to_string(static_cast<int64_t>(p.step_ms + 0.5)) + " ms").c_str() : "does not fit");
     words += cell;
@@ -193,13 +217,15 @@ struct Decision {
   bool state_on_host = false;
   int64_t threshold_permille = 900;  // memory.eviction_threshold
   int64_t block_keep_permille = 0;   // per_block: the share each block keeps (0: as configured)
+  bool block_offload = false;        // per_block: memory.block_offload (memory.policy = "auto"'s choice)
 };
 
 Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.world <= 1) return d;
   at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
                              d.budget_bytes, static_cast<int64_t>(d.shard), d.prefetch,
-                             static_cast<int64_t>(d.state_on_host), d.threshold_permille, d.block_keep_permille},
+                             static_cast<int64_t>(d.state_on_host), d.threshold_permille, d.block_keep_permille,
+                             static_cast<int64_t>(d.block_offload)},
                             at::kLong);
   // Rank 0's group first, then each replica's first rank to its group (without a tensor-parallel
   // group, the one broadcast).
@@ -208,7 +234,7 @@ Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
   return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
           t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>()), t[5].item<int64_t>(),
-          t[6].item<int64_t>() != 0, t[7].item<int64_t>(), t[8].item<int64_t>()};
+          t[6].item<int64_t>() != 0, t[7].item<int64_t>(), t[8].item<int64_t>(), t[9].item<int64_t>() != 0};
 }
 
 // parallel.strategy = "auto": the plan trains rank 0's choice.
@@ -324,6 +350,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
   std::optional<UserError> refusal;
   std::string chosen;  // memory.policy = "auto": each candidate's predicted step
   std::string kept;    // per_block without memory.block_keep: each share's
+  bool share_chosen = false;  // memory.policy = "auto" chose per_block at its share
   if (grid.is_root()) {
     PlanArgs args;
     args.ranks = {run.grid.data};
@@ -342,12 +369,19 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       out.plan = plan.ranked[0].plan;
     }
     if (!automatic && run.memory.policy == MemoryPolicy::kAuto && run.memory.budget_bytes > 0) {
-      const MemoryChoice choice = fastest_memory_policy(plan, out.plan, chosen);
+      const MemoryChoice choice = fastest_memory_policy(plan, out.plan, config.training.device == "cpu", chosen);
       out.plan.policy = choice.policy;
       out.plan.state_on_host = choice.state_on_host;
       if (choice.threshold > 0) out.plan.eviction_threshold = choice.threshold;
+      if (choice.policy == MemoryPolicy::kPerBlock) {
+        out.plan.block_offload = choice.block_offload;
+        out.plan.block_keep_bytes = 0;
+        out.plan.block_keep_share = choice.block_keep_share;
+        out.plan.stage_block_keep.clear();
+        share_chosen = true;
+      }
     }
-    if (out.plan.policy == MemoryPolicy::kPerBlock && out.plan.block_keep_bytes == 0 &&
+    if (!share_chosen && out.plan.policy == MemoryPolicy::kPerBlock && out.plan.block_keep_bytes == 0 &&
         out.plan.block_keep_share == 0 && out.plan.stage_block_keep.empty() && out.limit_bytes > 0) {
       out.plan.block_keep_share =
           fastest_block_keep(out.plan, [&](const Plan& q) { return predict(plan.profile, plan.machine, q); }, kept);
@@ -381,7 +415,8 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
     decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
                 evicts(out.plan.policy) ? out.limit_bytes : run.memory.budget_bytes, out.plan.shard,
                 out.plan.prefetch, out.plan.state_on_host,
-                std::lround(out.plan.eviction_threshold * 1000), std::lround(out.plan.block_keep_share * 1000)};
+                std::lround(out.plan.eviction_threshold * 1000), std::lround(out.plan.block_keep_share * 1000),
+                out.plan.block_offload};
   }
   // The other ranks sleep while rank 0 profiles: spinning in MPI, they took the cores its
   // measurements ran on (4 ranks on 2 cores: predicted steps off by 1.5-2.4x between two runs).
@@ -395,6 +430,12 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
     if (decision.state_on_host) run.memory.optimizer_state = StatePlace::kHost;
     if (decision.threshold_permille != std::lround(run.memory.eviction_threshold * 1000)) {
       run.memory.eviction_threshold = static_cast<double>(decision.threshold_permille) / 1000;
+    }
+    if (decision.policy == MemoryPolicy::kPerBlock) {  // at the share below
+      run.memory.block_offload = decision.block_offload;
+      run.memory.block_keep_bytes = 0;
+      run.memory.block_keep_share = 0;
+      run.memory.stage_block_keep.clear();
     }
   }
   if (run.memory.policy == MemoryPolicy::kPerBlock && run.memory.block_keep_bytes == 0 &&
