@@ -174,7 +174,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   // step is replayed in the arena, as any eviction policy's (fragmentation included).
   const bool full = replays_blocks(machine, plan);
   BlockRecomputeReplay replay;
-  if (full) replay = block_recompute_terms(profile, plan);
+  if (full) replay = block_recompute_terms(profile, plan, block_link(profile, machine, plan));
   const BlockRecomputeReplay* blocks = full ? &replay : nullptr;
   policy_terms(profile, machine, plan, slowdown, blocks, p);
   // Kept 16-bit weight copies: the trace's casts, read once for both terms.

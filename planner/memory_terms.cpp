@@ -32,16 +32,6 @@ void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) 
   p.peak_bytes = p.working_peak_bytes();
 }
 
-// memory.block_offload's link as the engine's block_link weighs it: the host budget (half the
-// host's memory where none is set) shared by the blocks but the last.
-schedule::BlockLink block_link_of(const Machine& machine, const Plan& plan, int blocks) {
-  schedule::BlockLink link;
-  link.ms_per_byte = 1.0 / (machine.host_link_gbps * 1e6);
-  const int64_t host = plan.host_budget_bytes > 0 ? plan.host_budget_bytes : machine.host_memory / 2;
-  link.host_bytes = host / std::max(1, blocks - 1);
-  return link;
-}
-
 // Under a budget with eviction: the recorded step replayed through the policy at the budget.
 void eviction_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double slowdown, Prediction& p) {
   ReplayOptions options;
@@ -151,6 +141,14 @@ void static_plan_terms(const ModelProfile& profile, const Machine& machine, cons
 }
 
 }  // namespace
+
+schedule::BlockLink block_link_of(const Machine& machine, const Plan& plan, int blocks) {
+  schedule::BlockLink link;
+  link.ms_per_byte = 1.0 / (machine.host_link_gbps * 1e6);
+  const int64_t host = plan.host_budget_bytes > 0 ? plan.host_budget_bytes : machine.host_memory / 2;
+  link.host_bytes = host / std::max(1, blocks - 1);
+  return link;
+}
 
 // The state's memory: parameters, gradients, optimizer state, batch and activations, sharded as the
 // plan shards them, and without a gradient block the gradients as backward makes them.

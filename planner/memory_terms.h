@@ -11,6 +11,10 @@
 
 namespace ht {
 
+// memory.block_offload's link as the engine's block_link weighs it (memory/memory_manager.cpp):
+// the host link's time per byte, and the host budget (half the host's memory where none is set)
+// shared by the `blocks` but the last.
+schedule::BlockLink block_link_of(const Machine& machine, const Plan& plan, int blocks);
 // The state and activations' terms of p, and its peak without a policy that evicts.
 void state_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p);
 // The memory policy's terms of p: `blocks`, full recomputation's replay where the plan replays

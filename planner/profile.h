@@ -100,6 +100,10 @@ struct BlockRecomputeReplay {
   // micro-batch (the smaller of two on a line: its kinds and shares are the same at every size).
   std::shared_ptr<const schedule::SolvedBlock> block;
   int64_t block_micro_batch = 0;  // the micro-batch `block` was replayed at
+  // memory.block_offload: one micro-batch's bytes copied to host and back, and the link's time its
+  // compute does not hide (ReplayResult's).
+  int64_t offload_out_bytes = 0, offload_in_bytes = 0;
+  double offload_exposed_ms = 0;
 };
 
 struct ModelProfile {
@@ -147,8 +151,10 @@ struct ModelProfile {
   bool sequence_parallel = false;
   TensorShape tensor_shape;       // a decoder's; undefined for other models
   // The cost model's replays of full recomputation (and per_block's) by (micro-batch, precision,
-  // budget, per_block's bytes kept a block, or its share): a search predicts many plans of each.
-  mutable std::map<std::tuple<int64_t, int, int64_t, int64_t, double>, BlockRecomputeReplay> full_recompute_replays;
+  // budget, per_block's bytes kept a block, or its share, and memory.block_offload's link: its
+  // time per byte and host bytes a block, 0 and 0 without): a search predicts many plans of each.
+  mutable std::map<std::tuple<int64_t, int, int64_t, int64_t, double, double, int64_t>, BlockRecomputeReplay>
+      full_recompute_replays;
   // ZeRO-2's gradient blocks along the step by (micro-batch, precision, overlapped, ranks with
   // accumulation): planner/shard_terms.h, gradient_blocks_term.
   // (the last element: the step walked without the weights' casts, for kept copies).

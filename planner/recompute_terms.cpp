@@ -1,6 +1,7 @@
 #include "planner/recompute_terms.h"
 
 #include "planner/dtr_replay.h"
+#include "planner/memory_terms.h"
 #include "planner/pipeline_terms.h"
 #include "planner/shard_terms.h"
 
@@ -18,15 +19,18 @@ namespace {
 // Plans are predicted on several threads (search.cpp): the profiles' replay caches are shared.
 std::mutex g_replays_mutex;
 
-// What per_block keeps of each block (both 0: full recomputation's nothing).
+// What per_block keeps of each block (both 0: full recomputation's nothing), and the host link
+// it may offload over (memory.block_offload; off: none).
 struct BlockKeep {
   int64_t bytes = 0;
   double share = 0;
+  schedule::BlockLink link;
 };
 
 BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                                    int64_t budget_bytes, BlockKeep keep) {
-  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes, keep.bytes, keep.share);
+  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes, keep.bytes, keep.share,
+                                   keep.link.ms_per_byte, keep.link.host_bytes);
   {
     const std::lock_guard<std::mutex> lock(g_replays_mutex);
     auto it = profile.full_recompute_replays.find(key);
@@ -37,6 +41,7 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
   options.checkpoint_blocks = static_cast<int>(profile.block_parameter_bytes.size());
   options.block_keep_bytes = keep.bytes;
   options.block_keep_share = keep.share;
+  options.block_link = keep.link;
   StepTrace trace = without_optimizer_phase(*shared_trace_for(profile, micro_batch, micro_batch, precision));
   trace.persistent_bytes = 0;
   const ReplayResult r = replay_step(trace, options);
@@ -51,6 +56,9 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
       if (most == nullptr || b.uses > most->uses) most = &b;
     if (most != nullptr) out.block = std::make_shared<const schedule::SolvedBlock>(*most);
     out.block_micro_batch = micro_batch;
+    out.offload_out_bytes = r.offload_out_bytes;
+    out.offload_in_bytes = r.offload_in_bytes;
+    out.offload_exposed_ms = r.offload_exposed_ms;
   } else {
     out.failure = r.failure;
     out.min_budget_bytes = r.min_budget_bytes;
@@ -69,10 +77,12 @@ std::vector<int64_t> profiled_sizes(const ModelProfile& profile, MixedPrecision 
   return sizes;
 }
 
-// What per_block keeps of each block, as the run is configured (full: nothing).
-BlockKeep block_keep(const Plan& plan) {
+// What per_block keeps of each block, as the run is configured (full: nothing), and its link.
+BlockKeep block_keep(const Plan& plan, const schedule::BlockLink& link) {
   if (plan.policy != MemoryPolicy::kPerBlock) return {};
-  return plan.block_keep_share > 0 ? BlockKeep{0, plan.block_keep_share} : BlockKeep{plan.block_keep_bytes, 0};
+  BlockKeep keep = plan.block_keep_share > 0 ? BlockKeep{0, plan.block_keep_share} : BlockKeep{plan.block_keep_bytes, 0};
+  if (plan.block_offload) keep.link = link;
+  return keep;
 }
 
 struct ReplayKey {
@@ -106,7 +116,7 @@ std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& pl
   if (profile.times_measured || sizes.size() < 2) return {{plan.micro_batch, plan.budget_bytes}};
   const int64_t room = room_for(plan.budget_bytes);
   // Bytes a block keeps are another share of it at every size: not on a line.
-  if (plan.micro_batch <= sizes[1] || block_keep(plan).bytes > 0) return {{plan.micro_batch, room}};
+  if (plan.micro_batch <= sizes[1] || block_keep(plan, {}).bytes > 0) return {{plan.micro_batch, room}};
   return {{sizes[0], room}, {sizes[1], room}};
 }
 
@@ -118,8 +128,8 @@ std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& pl
 // as every tensor's bytes do; their regenerations take the larger size's share of the step's
 // forward and backward. A size whose sum passes the budget does not fit (predict's device-memory
 // check).
-BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan) {
-  const BlockKeep keep = block_keep(plan);
+BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan, const schedule::BlockLink& link) {
+  const BlockKeep keep = block_keep(plan, link);
   const std::vector<ReplayKey> keys = first_replays(profile, plan);
   if (keys.size() == 1) {
     if (keys[0].budget_bytes == plan.budget_bytes) {
@@ -149,6 +159,12 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
   const double fb = forward_backward_ms(profile, plan.micro_batch, plan.precision, profile.threads);
   out.recompute_ms = fb_b > 0 ? b.recompute_ms / fb_b * fb : 0.0;
   out.evictions = b.evictions;  // the same tensors at every size
+  // Offloaded bytes are on the line too; the link's unhidden time at the larger size's share of them.
+  out.offload_out_bytes = std::llround(line(static_cast<double>(a.offload_out_bytes), static_cast<double>(b.offload_out_bytes)));
+  out.offload_in_bytes = std::llround(line(static_cast<double>(a.offload_in_bytes), static_cast<double>(b.offload_in_bytes)));
+  out.offload_exposed_ms = b.offload_out_bytes > 0 ? b.offload_exposed_ms * static_cast<double>(out.offload_out_bytes) /
+                                                         static_cast<double>(b.offload_out_bytes)
+                                                   : 0.0;
   out.block = a.block;
   out.block_micro_batch = a.block_micro_batch;
   return out;
@@ -166,7 +182,7 @@ void replay_blocks_ahead(const std::vector<std::pair<const ModelProfile*, Plan>>
   std::set<std::tuple<const ModelProfile*, int64_t, int, int64_t, int64_t, double>> seen;
   for (const auto& [profile, plan] : plans) {
     for (const ReplayKey& k : first_replays(*profile, plan)) {
-      const BlockKeep keep = block_keep(plan);
+      const BlockKeep keep = block_keep(plan, {});  // a cluster's search offers no offload
       if (seen.emplace(profile, k.micro_batch, static_cast<int>(plan.precision), k.budget_bytes, keep.bytes, keep.share)
               .second)
         jobs.push_back({profile, k.micro_batch, plan.precision, k.budget_bytes, keep});
@@ -195,8 +211,9 @@ void block_recompute_step_terms(const ModelProfile& profile, const Machine& mach
     // Each micro-batch's regenerations run in its stages' backward: inside the schedule. Under a
     // per-stage plan each rank's blocks keep its own share (each its own replay).
     std::vector<StageRecompute> ranks;
-    double regenerate = 0, whole = 0;
-    int64_t evictions = 0;
+    double regenerate = 0, whole = 0, link_ms = 0;
+    int64_t evictions = 0, offload_out = 0;
+    const schedule::BlockLink link = block_link(profile, machine, plan);
     for (int r = 0; r < plan.stages; ++r) {
       BlockRecomputeReplay own;
       const BlockRecomputeReplay* b = &blocks;
@@ -205,7 +222,7 @@ void block_recompute_step_terms(const ModelProfile& profile, const Machine& mach
         q.block_keep_bytes = 0;
         q.block_keep_share = plan.stage_block_keep[static_cast<size_t>(r)];
         q.stage_block_keep.clear();
-        own = block_recompute_terms(profile, q);
+        own = block_recompute_terms(profile, q, block_link(profile, machine, plan));
         if (!own.failure.empty()) {
           p.fits = false;
           p.why_not = "stage " + std::to_string(r) + "'s micro-batch with its blocks' plan does not fit: " + own.failure;
@@ -214,11 +231,22 @@ void block_recompute_step_terms(const ModelProfile& profile, const Machine& mach
         b = &own;
       }
       const double rank_regenerate = b->recompute_ms * slowdown;
-      ranks.push_back({fb_ms + rank_regenerate, b->kept_bytes, b->working_bytes});
+      // The replay is the whole model's at the stage's plan: a stage offloads its share of the
+      // blocks' copies (1 / stages of them), and waits on the link's unhidden time inside each
+      // micro-batch's forward and backward, as its regenerations run there.
+      const double exposed = b->offload_exposed_ms / plan.stages;
+      ranks.push_back({fb_ms + rank_regenerate + exposed, b->kept_bytes, b->working_bytes});
       regenerate += rank_regenerate;
-      whole += fb_ms + rank_regenerate;
+      whole += fb_ms + rank_regenerate + exposed;
       evictions += b->evictions;
+      offload_out += b->offload_out_bytes / plan.stages;
+      link_ms += static_cast<double>(b->offload_out_bytes + b->offload_in_bytes) / plan.stages * link.ms_per_byte;
     }
+    // The link's bytes and time, the stages' mean per rank (the exposed time is in the schedule
+    // above, not added again). 2 stages of GPT at 0%, 0%: 1,021,952 bytes a step predicted and
+    // copied out on stage 0.
+    p.swap_out_bytes = offload_out * plan.accumulation / plan.stages;
+    p.swap_link_ms = link_ms * static_cast<double>(plan.accumulation) / plan.stages;
     p.activation_bytes = blocks.kept_bytes;
     pipeline_terms(profile, machine, plan, ranks[0].fb_ms, p, /*activations_hold_casts=*/false, &ranks);
     if (p.stage_peak_bytes.empty()) {  // refused before its memory terms: the replay's, as one rank's
@@ -237,6 +265,18 @@ void block_recompute_step_terms(const ModelProfile& profile, const Machine& mach
   p.activation_bytes = activations;
   p.recompute_ms = blocks.recompute_ms * static_cast<double>(plan.accumulation) * slowdown;
   p.evictions = blocks.evictions * plan.accumulation;
+  if (blocks.offload_out_bytes > 0) {  // as eviction_terms counts the blocks' offloads
+    const schedule::BlockLink link = block_link(profile, machine, plan);
+    const auto micro = static_cast<double>(plan.accumulation);
+    p.swap_out_bytes = blocks.offload_out_bytes * plan.accumulation;
+    p.swap_link_ms = static_cast<double>(blocks.offload_out_bytes + blocks.offload_in_bytes) * link.ms_per_byte * micro;
+    p.swap_exposed_ms = blocks.offload_exposed_ms * micro;
+  }
+}
+
+schedule::BlockLink block_link(const ModelProfile& profile, const Machine& machine, const Plan& plan) {
+  if (plan.policy != MemoryPolicy::kPerBlock || !plan.block_offload) return {};
+  return block_link_of(machine, plan, static_cast<int>(profile.block_parameter_bytes.size()));
 }
 
 }  // namespace ht

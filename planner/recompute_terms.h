@@ -18,7 +18,13 @@ namespace ht {
 
 // The replay at the plan's micro-batch and precision in its budget: exact at the two smallest
 // profiled sizes (replayed once each and kept on the profile), on the line through them elsewhere.
-BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan);
+// With plan.block_offload, its blocks may offload over `link` (memory_terms.h, block_link_of).
+BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Plan& plan,
+                                           const schedule::BlockLink& link = {});
+
+// The link per_block's blocks offload over: block_link_of's over the model's blocks where the
+// plan offloads (memory.block_offload), else off.
+schedule::BlockLink block_link(const ModelProfile& profile, const Machine& machine, const Plan& plan);
 
 // The replays block_recompute_terms reads for `plans` (those predict replays blocks for,
 // replays_blocks), each distinct one once, on up to `threads` threads, kept on the profiles. A

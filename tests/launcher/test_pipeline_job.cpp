@@ -374,6 +374,32 @@ TEST(PipelineJobMemory, ASharePerStage) {
   EXPECT_NEAR(predicted / measured, 1.0, 0.03) << "predicted " << predicted << ", fullest stage " << measured;
 }
 
+// memory.block_offload on two stages at 0% each: each stage offloads what its blocks' plans give
+// the link, and the planner prices a stage's share of the whole model's replay (planner/
+// recompute_terms.cpp): the bytes copied out a step are predicted to the byte here (two layers a
+// stage), and the model is the roomy run's bit for bit.
+TEST(PipelineJobMemory, OffloadOnEachStageIsPredictedAndChangesNoBit) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  TempDir dir;
+  const std::string config = dir.write("job.toml", std::string(kGpt) + "[metrics]\nlog_interval = 1\n");
+  const std::string job = mpirun(2) + HT_BINARY + " " + config +
+                          " --model.n_layer=4 --model.n_embd=64 --training.micro_batch_size=2 --parallel.pipeline_parallel=2"
+                          " --parallel.stage_blocks=[3,3] --memory.budget=1GiB ";
+  const std::string log = dir.path("log.txt");
+  ASSERT_EQ(run_logged(job + "--memory.policy=none --job.output_dir=" + dir.path("roomy"), log), 0) << read_file(log);
+  ASSERT_EQ(run_logged(job + "--memory.policy=per_block --memory.block_keep=0%,0% --memory.block_offload=true "
+                             "--job.output_dir=" + dir.path("offload"), log),
+            0) << read_file(log);
+  expect_same_model(dir.path("roomy/checkpoints/step_00000003/model.pt"),
+                    dir.path("offload/checkpoints/step_00000003/model.pt"));
+  const double measured = last_train_number(dir.path("offload/metrics.jsonl"), "swap_out_bytes");
+  EXPECT_GT(measured, 0);
+  const std::string summary = read_file(dir.path("offload/summary.json"));
+  std::smatch predicted;
+  ASSERT_TRUE(std::regex_search(summary, predicted, std::regex("\"predicted_swap_out_bytes\": ([0-9.e+]+)"))) << summary;
+  EXPECT_EQ(std::stod(predicted[1]), measured);
+}
+
 TEST(PipelineJobErrors, RefusalsSayWhatWouldWork) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
