@@ -233,8 +233,9 @@ void block_recompute_step_terms(const ModelProfile& profile, const Machine& mach
       const double rank_regenerate = b->recompute_ms * slowdown;
       // The replay is the whole model's at the stage's plan: a stage offloads its share of the
       // blocks' copies (1 / stages of them), and waits on the link's unhidden time inside each
-      // micro-batch's forward and backward, as its regenerations run there.
-      const double exposed = b->offload_exposed_ms / plan.stages;
+      // micro-batch's forward and backward, as its regenerations run there (whole-model times,
+      // which pipeline_terms spreads over the blocks as it does fb_ms).
+      const double exposed = b->offload_exposed_ms;
       ranks.push_back({fb_ms + rank_regenerate + exposed, b->kept_bytes, b->working_bytes});
       regenerate += rank_regenerate;
       whole += fb_ms + rank_regenerate + exposed;

@@ -141,6 +141,7 @@ struct MemoryChoice {
   double threshold = 0;
   bool block_offload = false;   // per_block: memory.block_offload
   double block_keep_share = 0;  // per_block: the share fastest_block_keep chose (0: keep none)
+  std::string shares;           // per_block: each share's predicted step, for the log
 };
 
 // memory.policy = "auto" under a budget: of the policies this plan could train under, the one
@@ -148,8 +149,9 @@ struct MemoryChoice {
 // that a user who sets only a budget trains the cheapest way the planner knows. Static plans
 // are auto's own (a plan once a sequence repeats), so kAuto stands for them; sharding rules out
 // what the search rules out (planner/search.cpp). Per-block plans come at the share
-// fastest_block_keep picks, and with offload to host where the device is the host (on a GPU the
-// CUDA host link is not built). Host memory counts too: hybrid with the optimizer state on host
+// fastest_block_keep picks, and with offload to host where `host_link` (the run check runs on CPU
+// ranks only today; on a GPU the CUDA host link is not built, and neither offload nor swap would
+// be offered). Host memory counts too: hybrid with the optimizer state on host
 // (memory.optimizer_state = "host") is a candidate where no sharding is set; and DTR evicting
 // only what each kernel needs (memory.eviction_threshold = 1.0, no tenth of the budget kept free:
 // cheaper at small budgets, measured in memory.md), after DTR as configured (a tie goes to the
@@ -180,9 +182,8 @@ MemoryChoice fastest_memory_policy(const JobPlan& plan, const Plan& configured, 
     q.block_keep_bytes = 0;
     q.stage_block_keep.clear();
     if (choice.threshold > 0) q.eviction_threshold = choice.threshold;
-    if (choice.policy == MemoryPolicy::kPerBlock) {
-      std::string shares;  // said for the chosen one only (memory.block_keep chosen ..., below)
-      choice.block_keep_share = q.block_keep_share = fastest_block_keep(q, predict_plan, shares);
+    if (choice.policy == MemoryPolicy::kPerBlock) {  // its shares said for the chosen one only
+      choice.block_keep_share = q.block_keep_share = fastest_block_keep(q, predict_plan, choice.shares);
     }
     const Prediction p = predict_plan(q);
     char threshold[48] = "";
@@ -379,6 +380,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
         out.plan.block_keep_share = choice.block_keep_share;
         out.plan.stage_block_keep.clear();
         share_chosen = true;
+        kept = choice.shares;  // memory.block_keep chosen by the predicted step: ...
       }
     }
     if (!share_chosen && out.plan.policy == MemoryPolicy::kPerBlock && out.plan.block_keep_bytes == 0 &&

