@@ -275,9 +275,17 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
                                                    ? std::vector<double>(std::begin(kBlockKeepLadder), std::end(kBlockKeepLadder))
                                                    : std::vector<double>{0.0};
             const Plan first = p;
-            for (double share : shares) {
+            std::vector<std::pair<double, bool>> keeps;  // share, offload
+            for (double share : shares) keeps.emplace_back(share, false);
+            if (policy == MemoryPolicy::kPerBlock && options.block_offload && tensor == 1 &&
+                shard != ShardLevel::kParameters) {
+              for (double share : shares) keeps.emplace_back(share, true);
+              keeps.emplace_back(0.0, true);  // nothing kept on the device: offloaded or recomputed
+            }
+            for (const auto& [share, offload] : keeps) {
               p = first;
               p.block_keep_share = share;
+              p.block_offload = offload;
               plans.push_back(p);
               if (prefetches) {
                 p.prefetch = 1;

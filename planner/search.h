@@ -27,6 +27,9 @@ struct SearchOptions {
   std::vector<int> tensor{1};
   bool sequence_parallel = true;
   bool async_checkpoint = false;  // checkpoint.async: every plan holds its copy (Plan::async_checkpoint)
+  // per_block also with memory.block_offload, at every share and at none (where the device is the
+  // host: CPU ranks; on a GPU the CUDA host link is not built), without tensor parallelism or ZeRO-3.
+  bool block_offload = false;
   // > 1: pipelines also as interleaved_1f1b with this many chunks per stage (Megatron's schedule:
   // a smaller bubble for more messages), where the micro-batches allow it.
   int virtual_stages = 1;

@@ -245,6 +245,8 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
     }
   } else if (config.training.device != "cpu") {
     search.policies = {MemoryPolicy::kNone};
+  } else {
+    search.block_offload = true;  // CPU ranks: per_block may offload over today's host link
   }
   TraceRequest trace;
   if (traced) {

@@ -252,6 +252,12 @@ void apply(RunPlan& run, const Decision& d) {
     run.memory.block_keep_bytes = 0;
     run.memory.block_keep_share = static_cast<double>(d.block_keep_permille) / 1000;
   }
+  // Offload as the plan has it (the search offers it on CPU ranks), over half the host's available
+  // memory where the config opened no host link (the planner's block_link_of assumes the same).
+  run.memory.block_offload = d.policy == MemoryPolicy::kPerBlock && d.block_offload;
+  if (run.memory.block_offload && run.memory.host_budget_bytes <= 0) {
+    run.memory.host_budget_bytes = host_available_memory_bytes() / 2;
+  }
 }
 
 // A tensor-parallel run without stages: rank 0's part of the model profiled with its group

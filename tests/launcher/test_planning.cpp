@@ -695,6 +695,19 @@ TEST(Planning, AutoWeighsPerBlockPlansAndTrainsTheOneItNamesFastest) {
   run_job(c, true);
   EXPECT_LE(json_number(dir.path("auto/summary.json"), "mem_peak_bytes"), peak * 7 / 10);
   expect_same_model(dir.path("roomy/checkpoints/step_00000004/model.pt"), dir.path("auto/checkpoints/step_00000004/model.pt"));
+  // parallel.strategy = "auto": the search offers offload on CPU ranks too; a plan that offloads
+  // trains over a host budget (half the host's available memory where the config sets none).
+  Config s = config_for(dir, kGptToPlan, with({budget, "--parallel.strategy=auto", "--job.output_dir=" + dir.path("s")}));
+  RunPlan searched = run_plan_of(s);
+  const RunPrediction sp = check_run_fits(s, searched, make_datasets(s), ProcessGrid{});
+  std::printf("parallel.strategy = \"auto\": %s\n", sp.text.c_str());
+  if (searched.memory.block_offload) {
+    EXPECT_EQ(searched.memory.policy, MemoryPolicy::kPerBlock);
+    EXPECT_GT(searched.memory.host_budget_bytes, 0);
+    EXPECT_THAT(sp.text, HasSubstr("offloading to host"));
+  }
+  run_job(s, true);
+  EXPECT_LE(json_number(dir.path("s/summary.json"), "mem_peak_bytes"), peak * 7 / 10);
 }
 
 // parallel.strategy = "auto" with a policy the search does not consider (swap, hybrid), where no

@@ -3,6 +3,9 @@
 #include "planner/search.h"
 
 #include <gmock/gmock.h>
+
+#include <map>
+#include <set>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,6 +63,35 @@ TEST(Search, CandidatesCoverRanksMicroBatchesPrecisionsAndPolicies) {
   // ranks 1, 2, 4 x accumulation 1..32 (6, 6, 5 of them) x 2 precisions x 2 policies
   EXPECT_EQ(plans.size(), (6u + 6u + 5u) * 2 * 2);
   EXPECT_TRUE(candidate_plans(64, 0, o).size() * 2 == plans.size()) << "no budget: no eviction plans";
+}
+
+// On CPU ranks (SearchOptions::block_offload) per_block comes with and without offload: at every
+// share of the ladder, and with offload keeping nothing on the device; never with tensor
+// parallelism or ZeRO-3 (the engine refuses offload under ZeRO-3).
+TEST(Search, PerBlockPlansOffloadWhereTheHostLinkIs) {
+  SearchOptions o;
+  o.ranks = {1, 2};
+  o.precisions = {MixedPrecision::kOff};
+  o.policies = {MemoryPolicy::kPerBlock};
+  o.shards = {ShardLevel::kNone, ShardLevel::kParameters};
+  o.max_accumulation = 1;
+  auto count = [&](bool offload) {
+    std::map<std::pair<int, ShardLevel>, std::multiset<double>> shares;
+    for (const Plan& p : candidate_plans(16, 1 << 20, o))
+      if (p.block_offload == offload) shares[{p.ranks, p.shard}].insert(p.block_keep_share);
+    return shares;
+  };
+  EXPECT_TRUE(count(true).empty()) << "offload only where the search is told the host link is there";
+  o.block_offload = true;
+  const auto offloading = count(true);
+  const std::multiset<double> ladder{0.75, 0.5, 0.25, 0.0};
+  EXPECT_EQ(offloading.at({1, ShardLevel::kNone}), ladder);
+  EXPECT_EQ(offloading.at({2, ShardLevel::kNone}), ladder);
+  EXPECT_EQ(offloading.count({2, ShardLevel::kParameters}), 0u) << "not under ZeRO-3";
+  EXPECT_EQ(count(false).at({1, ShardLevel::kNone}), (std::multiset<double>{0.75, 0.5, 0.25}));
+  o.tensor = {2};
+  o.ranks = {2};
+  EXPECT_TRUE(count(true).empty()) << "not with tensor parallelism";
 }
 
 TEST(Search, PipelineStagesDivideTheRanksAndHaveAMicroBatchPerStage) {
