@@ -74,7 +74,9 @@ std::map<std::string, double> predicted_steps(const std::string& output, std::ma
   const std::string key = "chose by the predicted step: ";
   const size_t at = output.find(key);
   if (at == std::string::npos) return out;
-  std::stringstream cells(output.substr(at + key.size(), output.find('\n', at) - at - key.size()));
+  // The cells end where the line or its next clause ("; memory.block_keep chosen ...") does.
+  const size_t end = std::min(output.find('\n', at), output.find(';', at));
+  std::stringstream cells(output.substr(at + key.size(), end - at - key.size()));
   std::string cell;
   const std::string no_fit = " does not fit", ms = " ms";
   auto ends_with = [](const std::string& t, const std::string& end) {

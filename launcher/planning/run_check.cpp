@@ -247,8 +247,12 @@ void apply(RunPlan& run, const Decision& d) {
   run.sync.shard = run.grid.data > 1 ? d.shard : ShardLevel::kNone;
   if (d.shard == ShardLevel::kParameters) run.sync.prefetch = d.prefetch;
   run.memory.budget_bytes = d.budget_bytes;
-  // The chosen plan's share of each block, over a configured one (the plan was predicted with it).
-  if (d.policy == MemoryPolicy::kPerBlock && d.block_keep_permille > 0) {
+  // The chosen plan's share of each block, over a configured one (the plan was predicted with it);
+  // an offloading plan's none too (every stage's 0%, below), over a configured share (a configured
+  // plan in bytes or per stage, trained where no searched plan fits, stays).
+  const bool keeps_none_offloading = d.block_offload && d.block_keep_permille == 0 &&
+                                     run.memory.block_keep_bytes == 0 && run.memory.stage_block_keep.empty();
+  if (d.policy == MemoryPolicy::kPerBlock && (d.block_keep_permille > 0 || keeps_none_offloading)) {
     run.memory.block_keep_bytes = 0;
     run.memory.block_keep_share = static_cast<double>(d.block_keep_permille) / 1000;
   }
