@@ -45,7 +45,7 @@ void eviction_terms(const ModelProfile& profile, const Machine& machine, const P
   if (plan.policy == MemoryPolicy::kPerBlock) {
     options.block_keep_bytes = plan.block_keep_bytes;
     options.block_keep_share = plan.block_keep_share;
-    if (plan.block_offload) options.block_link = block_link_of(machine, plan, options.checkpoint_blocks);
+    options.block_link = block_link(profile, machine, plan);  // off without memory.block_offload
   }
   StepTrace trace = trace_for(profile, plan.micro_batch, plan.micro_batch * plan.accumulation, plan.precision);
   const int64_t state_on_host = state_waits_on_host(plan) ? p.optimizer_state_bytes : 0;

@@ -335,16 +335,22 @@ std::pair<int64_t, int64_t> two_stage_peaks(const std::string& metrics) {
   return last;
 }
 
+// A 4-layer GPT on two stages cut [3,3] in a roomy budget, logging every step: the command, to
+// which a test adds its policy and output folder.
+std::string two_stage_gpt(TempDir& dir) {
+  const std::string config = dir.write("job.toml", std::string(kGpt) + "[metrics]\nlog_interval = 1\n");
+  return mpirun(2) + HT_BINARY + " " + config +
+         " --model.n_layer=4 --model.n_embd=64 --training.micro_batch_size=2 --parallel.pipeline_parallel=2"
+         " --parallel.stage_blocks=[3,3] --memory.budget=1GiB ";
+}
+
 // memory.block_keep per stage (AdaPipe's plan): each stage runs its own share, so the first stage
 // at 0% peaks as under full recomputation and the last at 100% as without any; the model is the
 // roomy run's bit for bit; the planner replays each stage's share and predicts the fullest stage.
 TEST(PipelineJobMemory, ASharePerStage) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
-  const std::string config = dir.write("job.toml", std::string(kGpt) + "[metrics]\nlog_interval = 1\n");
-  const std::string job = mpirun(2) + HT_BINARY + " " + config +
-                          " --model.n_layer=4 --model.n_embd=64 --training.micro_batch_size=2 --parallel.pipeline_parallel=2"
-                          " --parallel.stage_blocks=[3,3] --memory.budget=1GiB ";
+  const std::string job = two_stage_gpt(dir);
   const std::string log = dir.path("log.txt");
   for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
            {"roomy", "--memory.policy=none"},
@@ -383,10 +389,7 @@ TEST(PipelineJobMemory, ASharePerStage) {
 TEST(PipelineJobMemory, OffloadOnEachStageIsPredictedAndChangesNoBit) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   TempDir dir;
-  const std::string config = dir.write("job.toml", std::string(kGpt) + "[metrics]\nlog_interval = 1\n");
-  const std::string job = mpirun(2) + HT_BINARY + " " + config +
-                          " --model.n_layer=4 --model.n_embd=64 --training.micro_batch_size=2 --parallel.pipeline_parallel=2"
-                          " --parallel.stage_blocks=[3,3] --memory.budget=1GiB ";
+  const std::string job = two_stage_gpt(dir);
   const std::string log = dir.path("log.txt");
   ASSERT_EQ(run_logged(job + "--memory.policy=none --job.output_dir=" + dir.path("roomy"), log), 0) << read_file(log);
   ASSERT_EQ(run_logged(job + "--memory.policy=per_block --memory.block_keep=0%,0% --memory.block_offload=true "
