@@ -7,7 +7,9 @@
 
 #include <array>
 #include <cstring>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
 // libtorch 2.3 made c10::Allocator::allocate non-const and added a pure copy_data().
@@ -41,6 +43,12 @@
 // libtorch 2.1 has ATen's fused attention kernels with the signatures used below
 // (at::_scaled_dot_product_efficient_attention and its backward, at::_fused_sdp_choice).
 #define HT_FUSED_ATTENTION 1
+#endif
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+// libtorch 2.4 has ATen's multi-tensor AdamW on CUDA (at::_fused_adamw_) taking its optional
+// gradient scale as a std::optional (the type c10::optional became in 2.4).
+#define HT_FUSED_ADAMW_CUDA 1
 #endif
 
 namespace ht::compat {
@@ -163,5 +171,39 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
   TORCH_CHECK(false, "flash attention needs libtorch >= 2.1");
 }
 #endif
+
+// AdamW on CUDA as ATen's multi-tensor kernel (at::_fused_adamw_, what torch.optim.AdamW(fused=True)
+// runs): each parameter's gradient, moments and weight read once and written once, 36 tensors a
+// launch, the arithmetic in fp32. All tensors contiguous on one device, each parameter's moments
+// and gradient in its type; `step` is every parameter's step count after this step; each
+// gradient is multiplied by `grad_scale` as it is read (the kernel divides by a device scalar:
+// by 1 / grad_scale, within a rounding of the product). Returns false, doing nothing, where this
+// libtorch has no such kernel (1.13: CI), and the caller steps as torch::optim does.
+#ifdef HT_FUSED_ADAMW_CUDA
+inline constexpr bool kFusedAdamWOnCuda = true;
+#else
+inline constexpr bool kFusedAdamWOnCuda = false;
+#endif
+inline bool fused_adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                             at::TensorList exp_avg_sqs, int64_t step, double lr, double beta1,
+                             double beta2, double weight_decay, double eps, double grad_scale) {
+#ifdef HT_FUSED_ADAMW_CUDA
+  if (params.empty()) return true;
+  const at::TensorOptions scalar = params[0].options().dtype(at::kFloat);
+  // One step count for the whole batch, filled on the device (no copy from the host), read by
+  // every tensor's slot.
+  const at::Tensor steps = at::full({}, static_cast<double>(step), scalar);
+  const std::vector<at::Tensor> state_steps(params.size(), steps);
+  std::optional<at::Tensor> scale;
+  if (grad_scale != 1.0) scale = at::full({}, 1.0 / grad_scale, scalar);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr, beta1, beta2,
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, scale, /*found_inf=*/std::nullopt);
+  return true;
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)step, (void)lr, (void)beta1, (void)beta2;
+  (void)weight_decay, (void)eps, (void)grad_scale;
+  return false;
+#endif
+}
 
 }  // namespace ht::compat

@@ -4,6 +4,8 @@
 // AVX2 with FMA and for the baseline, and the loader picks the clone this CPU runs.
 #include "training/fused_optimizer.h"
 
+#include "base/compat.h"
+
 #include "training/optimizer_state_key.h"
 
 #include <ATen/Parallel.h>
@@ -12,6 +14,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <vector>
 
 // target_clones with arch= levels: GCC 12 and later.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
@@ -135,6 +139,32 @@ bool fusable_moments(const at::Tensor& p, const at::Tensor& m, const at::Tensor&
   return (m.scalar_type() == at::kFloat || m.scalar_type() == at::kBFloat16) && v.scalar_type() == m.scalar_type() &&
          laid_out(m) && laid_out(v);
 }
+
+// ATen's multi-tensor AdamW on CUDA (compat::fused_adamw_cuda, libtorch >= 2.4) takes a parameter,
+// its gradient and its two moments dense and contiguous on one GPU, all four in one floating type.
+bool cuda_fusable(const at::Tensor& p, const at::Tensor& grad, const at::Tensor& m, const at::Tensor& v) {
+  if (!compat::kFusedAdamWOnCuda || !p.is_cuda()) return false;
+  const at::ScalarType t = p.scalar_type();
+  if (t != at::kFloat && t != at::kBFloat16 && t != at::kHalf) return false;
+  for (const at::Tensor* x : {&p, &grad, &m, &v}) {
+    if (x->is_sparse() || x->scalar_type() != t || x->device() != p.device() || !x->is_contiguous() ||
+        x->numel() != p.numel()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// One step count's CUDA parameters, stepped together after the group's others.
+struct CudaBatch {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  void add(const at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state) {
+    params.push_back(p);
+    grads.push_back(grad);
+    exp_avgs.push_back(state.exp_avg());
+    exp_avg_sqs.push_back(state.exp_avg_sq());
+  }
+};
 
 // The scale applies to one step: whatever way the step ends, it is 1 after.
 struct ResetScale {
@@ -287,6 +317,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    std::map<int64_t, CudaBatch> cuda;  // the group's CUDA parameters by their step count
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor grad = p.grad();
@@ -308,6 +339,10 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
         state->exp_avg_sq(state->exp_avg_sq().to(moments));
       }
       state->step(state->step() + 1);
+      if (!o.amsgrad() && cuda_fusable(p, grad, state->exp_avg(), state->exp_avg_sq())) {
+        cuda[state->step()].add(p, grad, *state);
+        continue;
+      }
       const AdamWStep a{o, scale_, beta1, beta2, 1 - std::pow(beta1, state->step()), 1 - std::pow(beta2, state->step())};
       if (!fusable(p, grad, meta_fused_) || !fusable_moments(p, state->exp_avg(), state->exp_avg_sq()) ||
           o.amsgrad()) {
@@ -315,6 +350,11 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       } else if (!p.is_meta()) {
         adamw_fused(p, grad, *state, a);
       }
+    }
+    for (auto& [step, b] : cuda) {
+      const bool ran = compat::fused_adamw_cuda(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, step, o.lr(), beta1, beta2,
+                                                o.weight_decay(), o.eps(), scale_);
+      TORCH_INTERNAL_ASSERT(ran, "a CUDA batch without ATen's fused AdamW");
     }
   }
   return loss;

@@ -13,8 +13,14 @@
 // The clipping coefficient (max_norm / norm) is applied inside the pass, to each gradient as it is
 // read: the same bits as multiplying the gradients first, without the pass that did it.
 //
-// A parameter the pass does not take (not fp32, not dense and contiguous on the CPU, AdamW with
-// amsgrad) steps as torch::optim steps it, its gradient scaled first.
+// On CUDA (libtorch >= 2.4), AdamW's parameters go to ATen's multi-tensor kernel instead, the one
+// torch.optim.AdamW(fused=True) runs: one launch for up to 36 tensors, fp32 arithmetic, the clipping
+// coefficient applied as it reads each gradient. Its arithmetic is not torch::optim's sequence
+// (fewer roundings): within rounding of it, the same bits run to run (tests/training/test_fused_optimizer.cpp).
+//
+// A parameter neither takes (not fp32, not dense and contiguous, on CUDA moments in another type
+// than the parameter's, AdamW with amsgrad, SGD on CUDA) steps as torch::optim steps it, its
+// gradient scaled first.
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>

@@ -173,6 +173,62 @@ TEST(FusedOptimizer, Bf16MomentsAreTorchOptimsRoundedToNearestEvenAfterEachStep)
   }
 }
 
+// On a GPU (libtorch >= 2.4), AdamW steps in ATen's multi-tensor kernel: within rounding of
+// torch::optim's sequence (its arithmetic is fp32 with fewer roundings), the clipping coefficient
+// applied as it reads the gradients, the same bits when run again (what a memory policy's bit
+// identity rests on), moments kept in the parameter's type. bf16 moments (another type than the
+// parameter's) take torch::optim's kernels, as before.
+TEST(FusedOptimizer, OnAGpuAdamWIsAtensMultiTensorKernelWithinRoundingAndRepeatsItsBits) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU here";
+  const at::Device gpu(at::kCUDA);
+  const auto on_gpu = [&](const std::vector<at::Tensor>& host) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& p : host) out.push_back(p.detach().to(gpu).requires_grad_(true));
+    return out;
+  };
+  const std::vector<at::Tensor> start = parameters(at::kFloat);
+  std::vector<at::Tensor> mine = on_gpu(start), again = on_gpu(start), theirs = on_gpu(start);
+  std::unique_ptr<torch::optim::Optimizer> fused = adamw(0.1, true)(mine), twice = adamw(0.1, true)(again),
+                                           reference = adamw(0.1, false)(theirs);
+  const double scale = 0.37;
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    at::manual_seed(300 + step);
+    for (auto* o : {fused.get(), twice.get(), reference.get()}) set_learning_rate(*o, 0.01 * (step + 1));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const at::Tensor g = at::randn(start[i].sizes()).to(gpu) * (step % 2 == 0 ? 1e-3 : 5.0);
+      mine[i].mutable_grad() = g.clone();
+      again[i].mutable_grad() = g.clone();
+      theirs[i].mutable_grad() = g * scale;
+    }
+    dynamic_cast<FusedStep&>(*fused).set_gradient_scale(scale);
+    dynamic_cast<FusedStep&>(*twice).set_gradient_scale(scale);
+    fused->step();
+    twice->step();
+    reference->step();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      SCOPED_TRACE("parameter of " + std::to_string(mine[i].numel()) + " elements");
+      EXPECT_TRUE(mine[i].equal(again[i])) << "the same bits when run again";
+      EXPECT_TRUE(at::allclose(mine[i], theirs[i], /*rtol=*/1e-5, /*atol=*/1e-6))
+          << "largest difference " << (mine[i] - theirs[i]).abs().max().item<double>();
+      const std::vector<at::Tensor> a = optimizer_state(*fused, mine[i]), b = optimizer_state(*reference, theirs[i]);
+      ASSERT_EQ(a.size(), 3u);
+      EXPECT_EQ(a[0].item<int64_t>(), step + 1);
+      for (size_t k = 1; k < 3; ++k) {
+        EXPECT_EQ(a[k].device(), mine[i].device());
+        EXPECT_EQ(a[k].scalar_type(), at::kFloat);
+        EXPECT_TRUE(at::allclose(a[k], b[k], 1e-5, 1e-12)) << "moment " << k;
+      }
+    }
+  }
+  // bf16 moments: torch::optim's kernels on widened copies, rounded back.
+  auto& f = dynamic_cast<FusedAdamW&>(*fused);
+  f.set_state_dtype(at::kBFloat16);
+  for (at::Tensor& p : mine) p.mutable_grad() = at::ones_like(p);
+  f.step();
+  EXPECT_EQ(optimizer_state(f, mine[2])[1].scalar_type(), at::kBFloat16);
+}
+
 // What the trainer builds is the fused kind; its state reads back and is copied to host as
 // torch::optim's is (checkpoints: training/optimizer.h).
 TEST(FusedOptimizer, TheTrainersOptimizerIsFusedAndItsStateIsTorchOptims) {
