@@ -115,11 +115,6 @@ double published_seconds(const PublishedRun& r, const Config& c) {
   return 0;
 }
 
-// Bytes per parameter of libtorch's unfused AdamW with clipping, as planner/op_time.cpp prices
-// it, and of one fused kernel: reads the parameter, gradient and both moments, writes the
-// parameter and the moments (28), the clipping's read of the gradient (4).
-constexpr double kUnfusedAdamBytes = 92 + 4 + 12, kFusedAdamBytes = 28 + 4;
-
 // The published trainer's mechanisms that ours lacks (PublishedRun's flags), each priced from the
 // prediction's own terms: nothing here is fitted to the published figures.
 std::vector<std::pair<std::string, double>> as_run_terms(const PublishedRun& r, const ModelProfile& profile,
@@ -146,9 +141,6 @@ std::vector<std::pair<std::string, double>> as_run_terms(const PublishedRun& r, 
     // kernels and half its contractions, every micro-batch.
     terms.emplace_back("op checkpointing's recomputation",
                        (x.layers_forward_other_ms + x.layers_forward_contraction_ms / 2) * micro_batches);
-  }
-  if (r.fused_optimizer) {
-    terms.emplace_back("fused AdamW", -p.optimizer_ms * (1 - kFusedAdamBytes / kUnfusedAdamBytes));
   }
   if (r.tp_backward_overlap && r.tensor > 1) {
     // Backward's share of the group's collectives (1.5 of 2.5 with sequence parallelism, 1 of 2
@@ -188,6 +180,9 @@ Result predict_row(const PublishedRun& r, const std::string& source_dir) {
   const Config& c = out.config;
   const DataInfo info{Task::kLanguageModel, {c.model.block_size}, c.model.vocab_size, "tokens", 0};
   TraceRequest request;
+  // Ours on a GPU steps AdamW in ATen's multi-tensor kernel (training/fused_optimizer.h), as the
+  // published trainers' fused optimizers do: no "as run" term for it.
+  request.fused_optimizer = fused_on_gpu(c.training);
   request.precisions = {r.precision};
   request.micro_batches = {r.micro_batch, 2 * r.micro_batch};
   request.rates = device_rates(catalog_kind(r.device, "", r.id));

@@ -94,13 +94,16 @@ double kernel_ms(const TraceKernel& kernel, const DeviceRates& rates) {
   return std::max(ms, rates.kernel_floor_ms);
 }
 
-double optimizer_step_ms(int64_t elements, int64_t tensors, bool adamw, bool clipping, const DeviceRates& rates) {
+double optimizer_step_ms(int64_t elements, int64_t tensors, bool adamw, bool clipping, const DeviceRates& rates,
+                         bool fused) {
   if (elements <= 0 || rates.bytes_per_ms <= 0) return 0;
   // libtorch's AdamW, per element in fp32: the decay p.mul_ (8 bytes), m.mul_ and m.add_(g) (8 + 12),
   // v.mul_ and v.addcmul_(g, g) (8 + 16), denominator v.sqrt(), /, add_ (8 + 8 + 8), p.addcdiv_ (16);
-  // SGD: g.add(p) for the decay (12), buf.mul_ and add_ (8 + 12), p.add_ (12).
-  const double kernels = adamw ? 9 : 4;
-  const double per_element = (adamw ? 92.0 : 44.0) + 4.0 + (clipping ? 12.0 : 0.0);
+  // SGD: g.add(p) for the decay (12), buf.mul_ and add_ (8 + 12), p.add_ (12). Fused: p, m, v read
+  // and written, g read (28); p and the momentum buffer read and written, g read (20).
+  const double kernels = fused ? 1 : adamw ? 9 : 4;
+  const double rule = fused ? (adamw ? 28.0 : 20.0) : adamw ? 92.0 : 44.0;
+  const double per_element = rule + 4.0 + (clipping ? (fused ? 4.0 : 12.0) : 0.0);
   const double bytes = per_element * static_cast<double>(elements);
   const double mean_tensor = bytes / kernels / static_cast<double>(std::max<int64_t>(1, tensors));
   const double ms = bytes / (rates.bytes_per_ms * efficiency(rates.memory, mean_tensor));

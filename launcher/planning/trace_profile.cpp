@@ -170,7 +170,8 @@ ModelProfile trace_profile(const Config& config, const DataInfo& info, const Tra
           : nullptr;
   const double optimizer_ms =
       optimizer_step_ms(profile.parameters, static_cast<int64_t>(model->parameters().size()),
-                        config.training.optimizer == OptimizerKind::kAdamw, config.training.grad_clip > 0, request.rates);
+                        config.training.optimizer == OptimizerKind::kAdamw, config.training.grad_clip > 0, request.rates,
+                        request.fused_optimizer);
   TracedStep first_optimizer;
   bool stepped = false;
   for (MixedPrecision precision : request.precisions) {

@@ -63,6 +63,11 @@ TEST(OpTime, TheOptimizerStepIsItsBytesAtTheMemoryCurve) {
   EXPECT_NEAR(adamw, 222.6, 0.5);
   EXPECT_NEAR(optimizer_step_ms(8'000'000'000, 291, false, false, rates) / adamw, 48.0 / 108.0, 0.01);
   EXPECT_EQ(optimizer_step_ms(0, 0, true, true, rates), 0);
+  // Fused (this CPU's pass, ATen's multi-tensor AdamW on CUDA): 28 + 4 + 4 bytes an element, one
+  // kernel a tensor, so each a larger pass at the same curve.
+  const double fused = optimizer_step_ms(8'000'000'000, 291, true, true, rates, /*fused=*/true);
+  EXPECT_NEAR(fused, 36.0 * 8e9 / (4.8e9 * efficiency(rates.memory, 36.0 * 8e9 / 291)), 1e-6);
+  EXPECT_LT(fused, adamw * 36.0 / 108.0);
 }
 
 // Flash attention on a Hopper kind is priced at the rate the H200 ran it by query length
