@@ -19,7 +19,8 @@
 #   7. the measured tables: bench_step_vs_autograd (interpreter vs autograd), bench_dtr_budget
 #      (DTR at 0.5/0.3/0.2 of activations, with PyTorch eager and torch.utils.checkpoint in this
 #      machine's python3), then its largest-batch search, on ResNet-50 at 224 and GPT-2 small;
-#      bench_attention (the attention op against composed attention and PyTorch's SDPA).
+#      bench_attention (the attention op against composed attention and PyTorch's SDPA);
+#      bench_fused_optimizer (ATen's multi-tensor AdamW against torch::optim's kernels: "optimizer").
 #
 # A session holds the machine for about 15 minutes, its start included, and the machine comes back
 # bare: so every step runs under one deadline (HT_DEVICE_DEADLINE seconds from the start, default
@@ -53,7 +54,7 @@ nm -D --defined-only "$(python3 -c 'import torch, os; print(os.path.join(os.path
 say "libtorch exports $(wc -l <"$logs/libtorch-std-symbols.txt") std:: symbols (libtorch-std-symbols.txt)"
 
 # shellcheck disable=SC2206
-tests=(${HT_DEVICE_TESTS:-test_runtime test_memory test_models test_alloc test_parallel test_planner test_launcher})
+tests=(${HT_DEVICE_TESTS:-test_runtime test_memory test_models test_training test_alloc test_parallel test_planner test_launcher})
 build() {  # log name, time limit, targets...: one build, a summary line and its first errors
   local name=$1 limit=$2 start=$SECONDS
   shift 2
@@ -66,7 +67,8 @@ build() {  # log name, time limit, targets...: one build, a summary line and its
 # tests and the jobs run) the other test programs.
 test_build=
 if [[ $steps == *build* ]]; then
-  build build "$(left 330)" hybrid_train test_cuda_memory bench_step_vs_autograd bench_dtr_budget bench_attention
+  build build "$(left 330)" hybrid_train test_cuda_memory bench_step_vs_autograd bench_dtr_budget bench_attention \
+    bench_fused_optimizer
   grep -E "^(cmake|ninja|g\+\+|nvcc|mpirun|torch|nccl) |^NVIDIA|^-- hybrid_train" "$logs/build.log" | tee -a "$out/summary.txt"
   pack
   if [[ $steps == *tests* ]]; then
@@ -155,6 +157,17 @@ PY
   else
     say "budget: model.pt differs or is missing (plain ${plain:-none}, dtr ${dtr:-none})"
   fi
+  # The static policies at DTR's budget: full recomputation and the per-block plan (keep or
+  # recompute; offload needs the CUDA host link), each against the plain run's model.pt.
+  for policy in full per_block; do
+    job "gpt_$policy" "${common[@]}" --memory.budget="${budget:-0}" --memory.policy="$policy"
+    ran=$(ls -d "$logs/runs/gpt_$policy"/checkpoints/*/ 2>/dev/null | tail -1)
+    if [ -n "$plain" ] && [ -n "$ran" ] && cmp "$plain/model.pt" "$ran/model.pt"; then
+      say "budget, $policy: model.pt byte-identical; peak $(grep -o '"mem_peak_bytes": *[0-9]*' "$logs/runs/gpt_$policy/metrics.jsonl" | tail -1)"
+    else
+      say "budget, $policy: model.pt differs or is missing (${ran:-none}); $(grep -m2 -E 'error|refus' "$logs/gpt_$policy.log")"
+    fi
+  done
   pack
 fi
 
@@ -229,7 +242,7 @@ if [[ $steps == *planner* ]]; then
   pack
 fi
 want() { [[ $steps == *bench* || $steps == *$1* ]]; }  # bench: all three; or by name
-if want autograd || want dtr || want maxbatch || want attention; then
+if want autograd || want dtr || want maxbatch || want attention || want optimizer; then
   bench() {  # log name, limit, program, arguments...
     local name=$1 limit=$2 program=$3 start=$SECONDS
     shift 3
@@ -244,6 +257,7 @@ if want autograd || want dtr || want maxbatch || want attention; then
   want dtr && bench dtr_budget "$(left 180)" bench_dtr_budget --policies dtr --ratios 0.5,0.3,0.2 --reps 3 --warmup 1 \
     --peer python3 --no-max-batch
   want attention && bench attention "$(left 150)" bench_attention --reps 5 --warmup 2
+  want optimizer && bench fused_optimizer "$(left 90)" bench_fused_optimizer --reps 10 --warmup 2
   want maxbatch && bench dtr_max_batch "$(left 600)" bench_dtr_budget --policies dtr --only-max-batch --reps 2 --warmup 1
 fi
 say "ended $(date -u +%FT%TZ), $SECONDS s after the start"
