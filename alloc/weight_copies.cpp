@@ -1,6 +1,7 @@
 #include "alloc/weight_copies.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <string>
 
