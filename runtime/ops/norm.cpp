@@ -1,6 +1,8 @@
 // Normalization: batch norm (training and evaluation), layer norm and RMS norm.
 #include "runtime/ops/op_util.h"
 
+#include "base/compat.h"
+
 #include <ATen/Parallel.h>
 
 #include <array>
@@ -107,6 +109,16 @@ at::Tensor widened(const at::Tensor& x, const at::Tensor& weight) {
   return narrow && x.scalar_type() != weight.scalar_type() ? x.to(weight.scalar_type()) : x;
 }
 
+// Where ATen's kernel takes the 16-bit x with the fp32 weights itself (a GPU's:
+// compat::layer_norm_takes_mixed_types), x is not widened: the widened copy and y's narrowing
+// tripled the bytes the op moves, and GPT-2 small's layer norms took 10.3x their price forward
+// and 8.3x backward on an H200 (docs/gpu.md, 2026-12-04).
+at::Tensor kernel_input(const at::Tensor& x, const at::Tensor& weight) {
+  const bool narrow = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  if (narrow && weight.scalar_type() == at::kFloat && compat::layer_norm_takes_mixed_types(x.device())) return x;
+  return widened(x, weight);
+}
+
 // Outputs (y in x's type, mean, rstd in the weights'). Backward reads the bias only to shape its
 // gradient; it is a parameter, so saving it costs nothing.
 class LayerNormOp final : public Op {
@@ -120,7 +132,7 @@ class LayerNormOp final : public Op {
         shape_(std::move(normalized_shape)), eps_(eps) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
-    const at::Tensor x = widened(in[0], in[1]);
+    const at::Tensor x = kernel_input(in[0], in[1]);
     if (x.is_meta()) {  // no meta kernel in libtorch 1.13: y as x, mean and rstd (..., 1)
       std::vector<int64_t> stats = x.sizes().vec();
       for (size_t d = 0; d < shape_.size(); ++d) stats[stats.size() - 1 - d] = 1;
@@ -152,8 +164,8 @@ class LayerNormOp final : public Op {
     }
     const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
                                    a.needs_input_grad[2]};
-    auto [gx, gw, gb] = at::native_layer_norm_backward(widened(a.grad_outputs[0], a.inputs[1]),
-                                                       widened(a.inputs[0], a.inputs[1]), shape_, a.outputs[1],
+    auto [gx, gw, gb] = at::native_layer_norm_backward(kernel_input(a.grad_outputs[0], a.inputs[1]),
+                                                       kernel_input(a.inputs[0], a.inputs[1]), shape_, a.outputs[1],
                                                        a.outputs[2], a.inputs[1], a.inputs[2], mask);
     return {gx.defined() ? gx.to(a.input_dtype(0)) : gx, gw, gb};
   }
