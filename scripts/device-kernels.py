@@ -9,9 +9,11 @@ determinism settings (runtime/determinism.h) beside the alternatives:
     and each backend's forward and forward + backward, and whether its backward repeats its bits.
 
   - flash attention's rate by head size and sequence length (--only grid);
-  - what a process holds on the GPU beside its tensors: context, cuBLAS, NCCL (--only overhead).
+  - what a process holds on the GPU beside its tensors: context, cuBLAS, NCCL (--only overhead);
+  - layer norm at GPT-2's rows (bf16 x, 768 wide): whether ATen takes fp32 weights with a bf16 x,
+    and forward + backward widened to fp32 (the CPU's path), mixed, and with bf16 weights (--only norm).
 
-  python3 scripts/device-kernels.py [--batch 32] [--out kernels.json] [--only overhead,linear,attention,grid]
+  python3 scripts/device-kernels.py [--batch 32] [--out kernels.json] [--only overhead,linear,attention,grid,norm]
 
 CUDA-event medians of 5 after 2 warm-up runs. One line per measurement, and a JSON file.
 """
@@ -165,12 +167,47 @@ def process_overhead(rows):
     print(f"process overhead, MiB in use on the device: {mib}", flush=True)
 
 
+def norm(batch, rows):
+    n = 768
+    x = torch.randn(batch * 1024, n, device="cuda").to(torch.bfloat16)
+    g = torch.randn_like(x)
+    w, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    try:
+        y, mean, rstd = torch.ops.aten.native_layer_norm(x, [n], w, b, 1e-5)
+        gx, gw, gb = torch.ops.aten.native_layer_norm_backward(g, x, [n], mean, rstd, w, b, [True, True, True])
+        mixed = f"yes: y {y.dtype}, mean {mean.dtype}, gx {gx.dtype}, gw {gw.dtype}"
+    except RuntimeError as e:
+        mixed = "no: " + str(e).splitlines()[0][:160]
+    print(f"layer norm, bf16 x with fp32 weights in one kernel: {mixed}", flush=True)
+
+    def widened():
+        xf, gf = x.float(), g.float()
+        y, mean, rstd = torch.ops.aten.native_layer_norm(xf, [n], w, b, 1e-5)
+        y.to(torch.bfloat16)
+        gx, _, _ = torch.ops.aten.native_layer_norm_backward(gf, xf, [n], mean, rstd, w, b, [True, True, True])
+        gx.to(torch.bfloat16)
+
+    def with_weights(wk, bk):
+        def run():
+            y, mean, rstd = torch.ops.aten.native_layer_norm(x, [n], wk, bk, 1e-5)
+            torch.ops.aten.native_layer_norm_backward(g, x, [n], mean, rstd, wk, bk, [True, True, True])
+        return run
+
+    variants = {"widened to fp32": widened, "bf16 weights": with_weights(w.bfloat16(), b.bfloat16())}
+    if mixed.startswith("yes"):
+        variants["mixed (fp32 weights)"] = with_weights(w, b)
+    for name, fn in variants.items():
+        ms = timed(fn)
+        rows.append({"kernel": "layer_norm fwd+bwd", "variant": name, "rows": batch * 1024, "ms": ms})
+        print(f"layer norm fwd+bwd, {batch * 1024} rows x {n}, {name}: {ms:.3f} ms", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=32, help="sequences of 1024 tokens")
     p.add_argument("--out", default="kernels.json")
     p.add_argument("--only", default="overhead,linear,attention,grid",
-                   help="which of overhead, linear, attention, grid")
+                   help="which of overhead, linear, attention, grid, norm")
     a = p.parse_args()
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -185,6 +222,8 @@ def main():
         attention(a.batch, rows)
     if "grid" in only:
         attention_grid(rows)
+    if "norm" in only:
+        norm(a.batch, rows)
     with open(a.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": a.batch,
                    "rows": rows}, f, indent=1)

@@ -109,14 +109,22 @@ at::Tensor widened(const at::Tensor& x, const at::Tensor& weight) {
   return narrow && x.scalar_type() != weight.scalar_type() ? x.to(weight.scalar_type()) : x;
 }
 
-// Where ATen's kernel takes the 16-bit x with the fp32 weights itself (a GPU's:
-// compat::layer_norm_takes_mixed_types), x is not widened: the widened copy and y's narrowing
-// tripled the bytes the op moves, and GPT-2 small's layer norms took 10.3x their price forward
-// and 8.3x backward on an H200 (docs/gpu.md, 2026-12-04).
-at::Tensor kernel_input(const at::Tensor& x, const at::Tensor& weight) {
-  const bool narrow = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
-  if (narrow && weight.scalar_type() == at::kFloat && compat::layer_norm_takes_mixed_types(x.device())) return x;
-  return widened(x, weight);
+// The kernel's x, weight and bias. On a GPU a 16-bit x is not widened: the widened copy and y's
+// narrowing tripled the bytes the op moves, and GPT-2 small's layer norms took 10.2x their price
+// forward and 8.2x backward on an H200 (docs/gpu.md, 2026-12-04). Where ATen's kernel takes the
+// fp32 weights with it (compat::layer_norm_takes_mixed_types) they go in as they are; otherwise
+// as 16-bit copies (Megatron's layout: the weights' gradients come back 16-bit and are widened
+// into the fp32 parameters' type). The statistics are fp32 either way. A CPU keeps the widened
+// path its bits were recorded with.
+struct NormArgs {
+  at::Tensor x, weight, bias;
+};
+NormArgs kernel_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const bool narrow = (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) &&
+                      weight.scalar_type() == at::kFloat;
+  if (!narrow || !x.is_cuda()) return {widened(x, weight), weight, bias};
+  if (compat::layer_norm_takes_mixed_types(x.device())) return {x, weight, bias};
+  return {x, weight.to(x.scalar_type()), bias.to(x.scalar_type())};
 }
 
 // Outputs (y in x's type, mean, rstd in the weights'). Backward reads the bias only to shape its
@@ -132,15 +140,16 @@ class LayerNormOp final : public Op {
         shape_(std::move(normalized_shape)), eps_(eps) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
-    const at::Tensor x = kernel_input(in[0], in[1]);
+    const NormArgs k = kernel_args(in[0], in[1], in[2]);
+    const at::Tensor& x = k.x;
     if (x.is_meta()) {  // no meta kernel in libtorch 1.13: y as x, mean and rstd (..., 1)
       std::vector<int64_t> stats = x.sizes().vec();
       for (size_t d = 0; d < shape_.size(); ++d) stats[stats.size() - 1 - d] = 1;
       at::Tensor y = at::empty_like(x), mean = at::empty(stats, x.options()), rstd = at::empty(stats, x.options());
       return {y.to(in[0].scalar_type()), mean, rstd};
     }
-    auto [y, mean, rstd] = at::native_layer_norm(x, shape_, in[1], in[2], eps_);
-    return {y.to(in[0].scalar_type()), mean, rstd};
+    auto [y, mean, rstd] = at::native_layer_norm(x, shape_, k.weight, k.bias, eps_);
+    return {y.to(in[0].scalar_type()), mean.to(in[1].scalar_type()), rstd.to(in[1].scalar_type())};
   }
   TensorList backward(const BackwardArgs& a) const override {
     if (a.grad_outputs[0].is_meta()) {
@@ -164,10 +173,13 @@ class LayerNormOp final : public Op {
     }
     const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
                                    a.needs_input_grad[2]};
-    auto [gx, gw, gb] = at::native_layer_norm_backward(kernel_input(a.grad_outputs[0], a.inputs[1]),
-                                                       kernel_input(a.inputs[0], a.inputs[1]), shape_, a.outputs[1],
-                                                       a.outputs[2], a.inputs[1], a.inputs[2], mask);
-    return {gx.defined() ? gx.to(a.input_dtype(0)) : gx, gw, gb};
+    const NormArgs k = kernel_args(a.inputs[0], a.inputs[1], a.inputs[2]);
+    const at::Tensor g = k.x.scalar_type() == a.grad_outputs[0].scalar_type()
+                             ? a.grad_outputs[0]
+                             : a.grad_outputs[0].to(k.x.scalar_type());
+    auto [gx, gw, gb] = at::native_layer_norm_backward(g, k.x, shape_, a.outputs[1], a.outputs[2], k.weight, k.bias, mask);
+    const auto as_input = [&](const at::Tensor& t, int i) { return t.defined() ? t.to(a.input_dtype(i)) : t; };
+    return {as_input(gx, 0), as_input(gw, 1), as_input(gb, 2)};
   }
  private:
   std::vector<int64_t> shape_;
