@@ -175,30 +175,6 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
 }
 #endif
 
-// Whether this ATen's layer norm on `device` takes a 16-bit x with fp32 weight and bias in one
-// kernel, forward and backward (statistics in fp32, y and x's gradient in x's type, the weight's
-// and bias's gradients in fp32), so that runtime/ops/norm.cpp need not widen x first. CUDA's
-// kernels take mixed types in newer libtorch than 1.13 (which has no CUDA here anyway); a CPU
-// keeps the widened path its bits were recorded with. Probed once, on 16 values made without a
-// generator, by the kernels themselves rather than by a version number.
-inline bool layer_norm_takes_mixed_types(const at::Device& device) {
-  if (!device.is_cuda()) return false;
-  static const bool takes = [&] {
-    try {
-      const at::TensorOptions f32 = at::TensorOptions().device(device).dtype(at::kFloat);
-      const at::Tensor x = at::arange(16, f32).reshape({2, 8}).to(at::kBFloat16);
-      const at::Tensor w = at::ones({8}, f32), b = at::zeros({8}, f32);
-      auto [y, mean, rstd] = at::native_layer_norm(x, {8}, w, b, 1e-5);
-      auto [gx, gw, gb] = at::native_layer_norm_backward(y, x, {8}, mean, rstd, w, b, {true, true, true});
-      return y.scalar_type() == at::kBFloat16 && gx.scalar_type() == at::kBFloat16 && gw.scalar_type() == at::kFloat &&
-             gb.scalar_type() == at::kFloat && mean.scalar_type() == at::kFloat;
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }();
-  return takes;
-}
-
 // AdamW on CUDA as ATen's multi-tensor kernel (at::_fused_adamw_, what torch.optim.AdamW(fused=True)
 // runs): each parameter's gradient, moments and weight read once and written once, 36 tensors a
 // launch, the arithmetic in fp32. All tensors contiguous on one device, each parameter's moments

@@ -1,8 +1,6 @@
 // Normalization: batch norm (training and evaluation), layer norm and RMS norm.
 #include "runtime/ops/op_util.h"
 
-#include "base/compat.h"
-
 #include <ATen/Parallel.h>
 
 #include <array>
@@ -111,11 +109,13 @@ at::Tensor widened(const at::Tensor& x, const at::Tensor& weight) {
 
 // The kernel's x, weight and bias. On a GPU a 16-bit x is not widened: the widened copy and y's
 // narrowing tripled the bytes the op moves, and GPT-2 small's layer norms took 10.2x their price
-// forward and 8.2x backward on an H200 (docs/gpu.md, 2026-12-04). Where ATen's kernel takes the
-// fp32 weights with it (compat::layer_norm_takes_mixed_types) they go in as they are; otherwise
-// as 16-bit copies (Megatron's layout: the weights' gradients come back 16-bit and are widened
-// into the fp32 parameters' type). The statistics are fp32 either way. A CPU keeps the widened
-// path its bits were recorded with.
+// forward and 8.2x backward on an H200 (docs/gpu.md, 2026-12-04). ATen's CUDA kernel does not
+// take fp32 weights with a 16-bit x ("expected scalar type BFloat16 but found Float", libtorch
+// 2.11), so it gets 16-bit copies of them, as Megatron's bf16 layout keeps them: the statistics
+// stay fp32 inside the kernel, and the weights' gradients come back 16-bit and are widened into
+// the fp32 parameters' type. (`scripts/device-kernels.py --only norm`: forward and backward at
+// 131,072 rows of 768 in 0.83 ms against 2.27 widened.) A CPU keeps the widened path its bits
+// were recorded with.
 struct NormArgs {
   at::Tensor x, weight, bias;
 };
@@ -123,7 +123,6 @@ NormArgs kernel_args(const at::Tensor& x, const at::Tensor& weight, const at::Te
   const bool narrow = (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) &&
                       weight.scalar_type() == at::kFloat;
   if (!narrow || !x.is_cuda()) return {widened(x, weight), weight, bias};
-  if (compat::layer_norm_takes_mixed_types(x.device())) return {x, weight, bias};
   return {x, weight.to(x.scalar_type()), bias.to(x.scalar_type())};
 }
 
