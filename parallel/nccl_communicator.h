@@ -14,7 +14,9 @@
 // - Host tensors (the per-parameter "had a gradient" flags, a loss) cross through a device buffer
 //   of this communicator's.
 // - Point to point by tag (pipeline stages) is refused: NCCL matches messages in posting order,
-//   not by tag. Pipelines on GPUs need their own schedule of sends and receives first.
+//   not by tag. Pipelines on GPUs need their own schedule of sends and receives first: every
+//   schedule's links already carry their messages in the order the receivers post them, but the
+//   stage's receives posted ahead would deadlock a serial stream (parallel/pipeline_links.h).
 //
 // Built where the CUDA toolkit and NCCL are found (parallel/CMakeLists.txt: HT_HAVE_NCCL). Not yet
 // run on a GPU: docs/status.md.

@@ -1,0 +1,207 @@
+#include "parallel/pipeline_links.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+namespace ht {
+
+bool operator==(const LinkMessage& a, const LinkMessage& b) {
+  return a.micro_batch == b.micro_batch && a.to_vs == b.to_vs && a.gradient == b.gradient;
+}
+
+std::string describe(const LinkMessage& m) {
+  return std::string(m.gradient ? "the gradient" : "the activation") + " for virtual stage " + std::to_string(m.to_vs) +
+         " of micro-batch " + std::to_string(m.micro_batch);
+}
+
+namespace {
+
+bool sends_gradient(ActionKind k) { return k == ActionKind::kBackward || k == ActionKind::kBackwardInput; }
+
+}  // namespace
+
+std::vector<LinkOrder> link_orders(const PipelineSchedule& schedule, ScheduleShape shape) {
+  const int last = shape.stages * shape.virtual_stages - 1;
+  std::map<std::pair<int, int>, LinkOrder> links;
+  const auto link = [&](int from, int to) -> LinkOrder& {
+    LinkOrder& l = links[{from, to}];
+    l.from = from;
+    l.to = to;
+    return l;
+  };
+  for (int r = 0; r < static_cast<int>(schedule.size()); ++r) {
+    for (const Action& a : schedule[static_cast<size_t>(r)]) {
+      const int vs = virtual_stage(r, a.chunk, shape);
+      if (a.kind == ActionKind::kForward) {
+        // Receives its input from vs - 1, then sends its output to vs + 1.
+        if (vs > 0) {
+          const int from = rank_of_virtual_stage(vs - 1, shape);
+          if (from != r) link(from, r).received.push_back({a.micro_batch, vs, false});
+        }
+        if (vs < last) {
+          const int to = rank_of_virtual_stage(vs + 1, shape);
+          if (to != r) link(r, to).sent.push_back({a.micro_batch, vs + 1, false});
+        }
+      } else if (sends_gradient(a.kind)) {
+        // Receives its output's gradient from vs + 1, then sends its input's to vs - 1.
+        if (vs < last) {
+          const int from = rank_of_virtual_stage(vs + 1, shape);
+          if (from != r) link(from, r).received.push_back({a.micro_batch, vs, true});
+        }
+        if (vs > 0) {
+          const int to = rank_of_virtual_stage(vs - 1, shape);
+          if (to != r) link(r, to).sent.push_back({a.micro_batch, vs - 1, true});
+        }
+      }
+    }
+  }
+  std::vector<LinkOrder> out;
+  for (auto& [key, l] : links) out.push_back(std::move(l));
+  return out;
+}
+
+std::string check_link_order(const PipelineSchedule& schedule, ScheduleShape shape) {
+  for (const LinkOrder& l : link_orders(schedule, shape)) {
+    const std::string name = "link " + std::to_string(l.from) + " -> " + std::to_string(l.to);
+    const size_t n = std::min(l.sent.size(), l.received.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (l.sent[i] == l.received[i]) continue;
+      return name + ": message " + std::to_string(i + 1) + " sent is " + describe(l.sent[i]) +
+             ", but the receive posted " + std::to_string(i + 1) + " is for " + describe(l.received[i]);
+    }
+    if (l.sent.size() != l.received.size()) {
+      return name + ": " + std::to_string(l.sent.size()) + " messages sent, " + std::to_string(l.received.size()) +
+             " receives posted";
+    }
+  }
+  return "";
+}
+
+namespace {
+
+// One send or receive on a rank's stream.
+struct P2p {
+  bool send = false;
+  int peer = 0;
+  LinkMessage message;
+  bool matched = false;
+};
+// A stream item: a compute (no p2p) or a group of sends and receives that complete together.
+struct Item {
+  std::vector<P2p> group;  // empty: a compute
+};
+
+// The receive action `a` of rank `r` needs and the send it makes, if any.
+struct ActionMessages {
+  std::vector<P2p> receive, send;
+};
+ActionMessages messages_of(const Action& a, int r, ScheduleShape shape) {
+  ActionMessages m;
+  const int vs = virtual_stage(r, a.chunk, shape), last = shape.stages * shape.virtual_stages - 1;
+  if (a.kind == ActionKind::kForward) {
+    if (vs > 0 && rank_of_virtual_stage(vs - 1, shape) != r) {
+      m.receive.push_back({false, rank_of_virtual_stage(vs - 1, shape), {a.micro_batch, vs, false}});
+    }
+    if (vs < last && rank_of_virtual_stage(vs + 1, shape) != r) {
+      m.send.push_back({true, rank_of_virtual_stage(vs + 1, shape), {a.micro_batch, vs + 1, false}});
+    }
+  } else if (sends_gradient(a.kind)) {
+    if (vs < last && rank_of_virtual_stage(vs + 1, shape) != r) {
+      m.receive.push_back({false, rank_of_virtual_stage(vs + 1, shape), {a.micro_batch, vs, true}});
+    }
+    if (vs > 0 && rank_of_virtual_stage(vs - 1, shape) != r) {
+      m.send.push_back({true, rank_of_virtual_stage(vs - 1, shape), {a.micro_batch, vs - 1, true}});
+    }
+  }
+  return m;
+}
+
+std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleShape shape, Posting posting,
+                            size_t lookahead) {
+  std::vector<ActionMessages> m;
+  for (const Action& a : actions) m.push_back(messages_of(a, r, shape));
+  std::vector<Item> items;
+  const auto alone = [&](const std::vector<P2p>& ops) {
+    for (const P2p& op : ops) items.push_back({{op}});
+  };
+  if (posting == Posting::kAhead) {
+    size_t posted = 0;
+    for (size_t i = 0; i < actions.size(); ++i) {
+      for (; posted < std::min(actions.size(), i + lookahead); ++posted) alone(m[posted].receive);
+      items.push_back({});
+      alone(m[i].send);
+    }
+    return items;
+  }
+  if (!actions.empty()) alone(m[0].receive);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    items.push_back({});
+    Item group;
+    group.group = m[i].send;
+    if (i + 1 < actions.size()) group.group.insert(group.group.end(), m[i + 1].receive.begin(), m[i + 1].receive.end());
+    if (!group.group.empty()) items.push_back(std::move(group));
+  }
+  return items;
+}
+
+// Matches, at the head of rank `r`'s stream, every send whose receive is at the head of its peer's;
+// true where anything moved.
+bool match_sends(std::vector<std::vector<Item>>& streams, std::vector<size_t>& head, int r) {
+  bool moved = false;
+  for (P2p& send : streams[static_cast<size_t>(r)][head[static_cast<size_t>(r)]].group) {
+    if (!send.send || send.matched) continue;
+    const size_t q = static_cast<size_t>(send.peer);
+    if (head[q] >= streams[q].size()) continue;
+    for (P2p& receive : streams[q][head[q]].group) {
+      // The peer's first unmatched receive from r in its running group: NCCL's posting order.
+      if (receive.send || receive.matched || receive.peer != r) continue;
+      if (receive.message == send.message) receive.matched = send.matched = moved = true;
+      break;
+    }
+  }
+  return moved;
+}
+
+std::string stuck_at(const std::vector<std::vector<Item>>& streams, const std::vector<size_t>& head) {
+  for (size_t r = 0; r < streams.size(); ++r) {
+    if (head[r] >= streams[r].size()) continue;
+    for (const P2p& op : streams[r][head[r]].group) {
+      if (op.matched) continue;
+      return "deadlock on serial streams: rank " + std::to_string(r) + (op.send ? " sends " : " receives ") +
+             describe(op.message) + (op.send ? " to rank " : " from rank ") + std::to_string(op.peer) +
+             ", which is blocked on an earlier call of its own";
+    }
+  }
+  return "deadlock on serial streams";
+}
+
+}  // namespace
+
+std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleShape shape, Posting posting,
+                                    size_t lookahead) {
+  if (std::string order = check_link_order(schedule, shape); !order.empty()) return order;
+  std::vector<std::vector<Item>> streams;
+  for (size_t r = 0; r < schedule.size(); ++r) {
+    streams.push_back(stream_of(schedule[r], static_cast<int>(r), shape, posting, lookahead));
+  }
+  std::vector<size_t> head(streams.size(), 0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t r = 0; r < streams.size(); ++r) {
+      while (head[r] < streams[r].size()) {
+        moved = match_sends(streams, head, static_cast<int>(r)) || moved;
+        const auto& group = streams[r][head[r]].group;
+        if (!std::all_of(group.begin(), group.end(), [](const P2p& op) { return op.matched; })) break;
+        ++head[r];
+        moved = true;
+      }
+    }
+  }
+  for (size_t r = 0; r < streams.size(); ++r) {
+    if (head[r] < streams[r].size()) return stuck_at(streams, head);
+  }
+  return "";
+}
+
+}  // namespace ht

@@ -1,0 +1,60 @@
+#pragma once
+// The messages a pipeline schedule sends on each directed link between two ranks, in the order
+// the sender posts them and in the order the receiver posts its receives (parallel/pipeline_stage.h
+// posts a send after the action that produces it and the receives in the order of the actions
+// that read them). MPI matches a receive to a send by tag, so any two orders meet; NCCL matches
+// the messages of one link in posting order, not by tag (issue 67): a link whose two orders
+// differ would hand a receive the wrong tensor, or wait for ever. This is the check that says,
+// schedule by schedule, whether a schedule can run over NCCL as posted.
+
+#include "parallel/pipeline_schedule.h"
+
+#include <string>
+#include <vector>
+
+namespace ht {
+
+// One message: the activation a forward of virtual stage to_vs - 1 sends to_vs's rank, or the
+// input gradient a backward of to_vs + 1 sends to_vs's rank (`gradient`).
+struct LinkMessage {
+  int micro_batch = 0;
+  int to_vs = 0;
+  bool gradient = false;
+};
+bool operator==(const LinkMessage& a, const LinkMessage& b);
+
+struct LinkOrder {
+  int from = 0, to = 0;               // ranks
+  std::vector<LinkMessage> sent;      // as `from` posts the sends
+  std::vector<LinkMessage> received;  // as `to` posts the receives
+};
+
+// Every directed link that carries a message, ordered by (from, to).
+std::vector<LinkOrder> link_orders(const PipelineSchedule& schedule, ScheduleShape shape);
+
+// "" where on every link the receiver posts its receives in the order the sender posts its sends;
+// else the first link and position where they part, both messages named.
+std::string check_link_order(const PipelineSchedule& schedule, ScheduleShape shape);
+
+// How a rank posts its messages on one serial stream, as NCCL runs them: each send or receive holds
+// the stream until its peer's match is running too, and only the calls of one group progress
+// independently of each other.
+enum class Posting {
+  // Today's PipelineStage: the receives of the next `lookahead` actions posted ahead of the action
+  // that reads them, each alone, and each action's send alone after it.
+  kAhead,
+  // Megatron's batch_isend_irecv: after each action, one group of its send and the next action's
+  // receive (the first action's receive alone before it).
+  kGrouped,
+};
+
+// "" where every rank's stream runs to its end under `posting`; else the first deadlock: each
+// rank's stream is stuck, and the message names what the first rank waits for. A link whose
+// orders part (check_link_order) is reported as such.
+std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleShape shape, Posting posting,
+                                    size_t lookahead = kReceiveLookahead);
+
+// "the gradient for virtual stage 2 of micro-batch 5"
+std::string describe(const LinkMessage& m);
+
+}  // namespace ht

@@ -1,0 +1,118 @@
+// The order of each link's messages under every schedule, and whether the ranks' posting runs on
+// NCCL-like serial streams (parallel/pipeline_links.h): what NCCL, which matches a link's messages
+// in posting order and holds a stream until a send or receive meets its match, needs of a schedule.
+#include "parallel/pipeline_links.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ht::test {
+namespace {
+
+struct Case {
+  ScheduleKind kind;
+  ScheduleShape shape;
+};
+
+std::string name(const Case& c) {
+  return std::string(choice_name(c.kind)) + " p" + std::to_string(c.shape.stages) + " m" +
+         std::to_string(c.shape.micro_batches) + " v" + std::to_string(c.shape.virtual_stages);
+}
+
+// Every schedule at 2-8 stages, micro-batches from one to more than three times the stages,
+// interleaved with 2 and 3 chunks, where make_schedule takes the shape.
+std::vector<Case> every_case() {
+  std::vector<Case> out;
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1f1b, ScheduleKind::kInterleaved1f1b, ScheduleKind::kZbH1}) {
+    for (int p = 2; p <= 8; ++p) {
+      for (int m : {1, p - 1, p, p + 1, 2 * p, 3 * p + 1}) {
+        for (int v : {1, 2, 3}) {
+          if (m < 1 || (v > 1) != (kind == ScheduleKind::kInterleaved1f1b)) continue;
+          const ScheduleShape shape{p, m, v};
+          if (schedule_refusal(kind, shape).empty()) out.push_back({kind, shape});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Every schedule's links carry their messages in one order: each receiver posts its receives in
+// the order its sender posts the sends, the interleaved schedule's wrap-around link (the last
+// rank's chunk c to rank 0's chunk c + 1, and its gradients back) and ZB-H1's split backwards
+// among them. So NCCL's matching by posting order hands every receive the right tensor.
+TEST(PipelineLinks, EveryScheduleSendsEachLinksMessagesInTheOrderItsReceiverPostsThem) {
+  const std::vector<Case> cases = every_case();
+  EXPECT_GT(cases.size(), 150u);
+  for (const Case& c : cases) {
+    EXPECT_EQ(check_link_order(make_schedule(c.kind, c.shape), c.shape), "") << name(c);
+  }
+}
+
+// Two stages under GPipe: the messages each link carries, as each side posts them.
+TEST(PipelineLinks, AOneFOneBLinkCarriesActivationsOneWayAndGradientsTheOther) {
+  const ScheduleShape shape{2, 2, 1};
+  const std::vector<LinkOrder> links = link_orders(make_schedule(ScheduleKind::kGpipe, shape), shape);
+  ASSERT_EQ(links.size(), 2u);
+  EXPECT_EQ(links[0].from, 0);
+  EXPECT_EQ(links[0].to, 1);
+  const std::vector<LinkMessage> forward{{0, 1, false}, {1, 1, false}}, backward{{0, 0, true}, {1, 0, true}};
+  EXPECT_EQ(links[0].sent, forward);
+  EXPECT_EQ(links[0].received, forward);
+  EXPECT_EQ(links[1].sent, backward);
+  EXPECT_EQ(links[1].received, backward);
+}
+
+// A receive posted where its sender's turn has not come is caught, naming both messages.
+TEST(PipelineLinks, ARankThatReadsItsMessagesOutOfOrderIsCaught) {
+  const ScheduleShape shape{2, 2, 1};
+  PipelineSchedule s = make_schedule(ScheduleKind::kGpipe, shape);
+  std::swap(s[1][0], s[1][1]);  // rank 1 runs micro-batch 1's forward first
+  const std::string why = check_link_order(s, shape);
+  EXPECT_NE(why.find("link 0 -> 1: message 1 sent is the activation for virtual stage 1 of micro-batch 0"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("is for the activation for virtual stage 1 of micro-batch 1"), std::string::npos) << why;
+}
+
+// On NCCL a receive holds its rank's stream until its sender sends. Today's PipelineStage posts
+// the receives of the next three actions ahead of the action that reads them (a latency win over
+// MPI, where irecv returns at once): on one serial stream rank 0's first receive, backward's
+// gradient, waits ahead of its forward's send, which rank 1 waits for. Every schedule deadlocks so,
+// which is one reason pipeline stages are refused on GPUs (parallel/nccl_communicator.h).
+TEST(PipelineLinks, ReceivesPostedAheadDeadlockOnASerialStream) {
+  for (const Case& c : every_case()) {
+    const std::string why = check_on_serial_streams(make_schedule(c.kind, c.shape), c.shape, Posting::kAhead);
+    EXPECT_NE(why.find("deadlock on serial streams: rank 0 receives"), std::string::npos) << name(c) << ": " << why;
+  }
+  // Posting nothing ahead (each receive alone just before its action) runs GPipe, whose ranks send
+  // and receive in one direction at a time, but not 1F1B, whose steady state sends one way while
+  // its peer sends the other: those pairs must be posted as one group.
+  const ScheduleShape shape{4, 8, 1};
+  EXPECT_EQ(check_on_serial_streams(make_schedule(ScheduleKind::kGpipe, shape), shape, Posting::kAhead, 1), "");
+  EXPECT_NE(check_on_serial_streams(make_schedule(ScheduleKind::k1f1b, shape), shape, Posting::kAhead, 1), "");
+}
+
+// Megatron's batch_isend_irecv (each action's send grouped with the next action's receive) runs
+// GPipe, 1F1B and ZB-H1 at every shape on serial streams, and the interleaved schedule where the
+// micro-batches are one round of the stages. With more rounds it deadlocks: a rank's group waits
+// for a message its peer posts only in a later group. Megatron's interleaved schedule groups both
+// directions' next messages together (the forward's and the backward's); that posting is the
+// next step (issue 67).
+TEST(PipelineLinks, GroupedSendsAndReceivesRunEveryScheduleButInterleavedOverSeveralRounds) {
+  for (const Case& c : every_case()) {
+    const std::string why = check_on_serial_streams(make_schedule(c.kind, c.shape), c.shape, Posting::kGrouped);
+    const bool rounds = c.kind == ScheduleKind::kInterleaved1f1b && c.shape.micro_batches > c.shape.stages;
+    if (rounds) {
+      EXPECT_NE(why.find("deadlock on serial streams"), std::string::npos) << name(c);
+    } else {
+      EXPECT_EQ(why, "") << name(c);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ht::test
