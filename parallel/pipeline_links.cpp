@@ -134,13 +134,31 @@ std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleS
     }
     return items;
   }
-  if (!actions.empty()) alone(m[0].receive);
-  for (size_t i = 0; i < actions.size(); ++i) {
-    items.push_back({});
+  // Units: a forward followed by a backward is one (1F1B's steady state), any other action one of
+  // its own. Before each unit, one group of the previous unit's sends and this unit's receives.
+  std::vector<std::pair<size_t, size_t>> units;  // [begin, end)
+  for (size_t i = 0; i < actions.size();) {
+    const bool pair = posting == Posting::kPairs && i + 1 < actions.size() && actions[i].kind == ActionKind::kForward &&
+                      actions[i + 1].kind != ActionKind::kForward;
+    units.push_back({i, i + (pair ? 2 : 1)});
+    i += pair ? 2 : 1;
+  }
+  for (size_t u = 0; u <= units.size(); ++u) {
     Item group;
-    group.group = m[i].send;
-    if (i + 1 < actions.size()) group.group.insert(group.group.end(), m[i + 1].receive.begin(), m[i + 1].receive.end());
+    if (u > 0) {
+      for (size_t j = units[u - 1].first; j < units[u - 1].second; ++j) {
+        group.group.insert(group.group.end(), m[j].send.begin(), m[j].send.end());
+      }
+    }
+    if (u < units.size()) {
+      for (size_t j = units[u].first; j < units[u].second; ++j) {
+        group.group.insert(group.group.end(), m[j].receive.begin(), m[j].receive.end());
+      }
+    }
     if (!group.group.empty()) items.push_back(std::move(group));
+    if (u < units.size()) {
+      for (size_t j = units[u].first; j < units[u].second; ++j) items.push_back({});
+    }
   }
   return items;
 }
@@ -202,6 +220,13 @@ std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleSh
     if (head[r] < streams[r].size()) return stuck_at(streams, head);
   }
   return "";
+}
+
+std::optional<Posting> posting_that_runs(const PipelineSchedule& schedule, ScheduleShape shape) {
+  for (Posting p : {Posting::kGrouped, Posting::kPairs}) {
+    if (check_on_serial_streams(schedule, shape, p).empty()) return p;
+  }
+  return std::nullopt;
 }
 
 }  // namespace ht

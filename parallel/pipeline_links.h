@@ -9,6 +9,7 @@
 
 #include "parallel/pipeline_schedule.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,10 @@ enum class Posting {
   // Megatron's batch_isend_irecv: after each action, one group of its send and the next action's
   // receive (the first action's receive alone before it).
   kGrouped,
+  // As kGrouped, with a forward and the backward right after it as one unit (1F1B's steady state,
+  // as Megatron's interleaved schedule groups both directions): one group of a unit's sends and
+  // the next unit's receives.
+  kPairs,
 };
 
 // "" where every rank's stream runs to its end under `posting`; else the first deadlock: each
@@ -53,6 +58,10 @@ enum class Posting {
 // orders part (check_link_order) is reported as such.
 std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleShape shape, Posting posting,
                                     size_t lookahead = kReceiveLookahead);
+
+// The first posting (kGrouped, then kPairs) under which every rank's stream runs to its end, or
+// none: what a stage on NCCL would post by, checked before it posts anything.
+std::optional<Posting> posting_that_runs(const PipelineSchedule& schedule, ScheduleShape shape);
 
 // "the gradient for virtual stage 2 of micro-batch 5"
 std::string describe(const LinkMessage& m);

@@ -99,9 +99,7 @@ TEST(PipelineLinks, ReceivesPostedAheadDeadlockOnASerialStream) {
 // Megatron's batch_isend_irecv (each action's send grouped with the next action's receive) runs
 // GPipe, 1F1B and ZB-H1 at every shape on serial streams, and the interleaved schedule where the
 // micro-batches are one round of the stages. With more rounds it deadlocks: a rank's group waits
-// for a message its peer posts only in a later group. Megatron's interleaved schedule groups both
-// directions' next messages together (the forward's and the backward's); that posting is the
-// next step (issue 67).
+// for a message its peer posts only in a later group.
 TEST(PipelineLinks, GroupedSendsAndReceivesRunEveryScheduleButInterleavedOverSeveralRounds) {
   for (const Case& c : every_case()) {
     const std::string why = check_on_serial_streams(make_schedule(c.kind, c.shape), c.shape, Posting::kGrouped);
@@ -112,6 +110,22 @@ TEST(PipelineLinks, GroupedSendsAndReceivesRunEveryScheduleButInterleavedOverSev
       EXPECT_EQ(why, "") << name(c);
     }
   }
+}
+
+// Grouping a forward with the backward after it (Megatron's interleaved steady state) runs the
+// interleaved schedule over several rounds, but not within one round, nor GPipe, whose last forward
+// and first backward on rank 0 would wait on each other. Between the two, every schedule checked
+// has a posting that runs: the one a stage on NCCL would post by.
+TEST(PipelineLinks, EveryScheduleHasAGroupedPostingThatRunsOnSerialStreams) {
+  for (const Case& c : every_case()) {
+    const PipelineSchedule s = make_schedule(c.kind, c.shape);
+    const std::optional<Posting> posting = posting_that_runs(s, c.shape);
+    ASSERT_TRUE(posting.has_value()) << name(c);
+    const bool rounds = c.kind == ScheduleKind::kInterleaved1f1b && c.shape.micro_batches > c.shape.stages;
+    EXPECT_EQ(*posting, rounds ? Posting::kPairs : Posting::kGrouped) << name(c);
+  }
+  const ScheduleShape gpipe{2, 2, 1};
+  EXPECT_NE(check_on_serial_streams(make_schedule(ScheduleKind::kGpipe, gpipe), gpipe, Posting::kPairs), "");
 }
 
 }  // namespace
