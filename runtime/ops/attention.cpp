@@ -45,18 +45,24 @@ using TensorList = std::vector<at::Tensor>;
 // shapes alone, never from the machine or the budget: the dropout masks are drawn per block, so
 // the blocks must be the same in every run. (A fixed 128 rows made the 6-layer GPT's backward at
 // B = 8, H = 8, S = 128 hold 4 MiB blocks, the floor of its budget at 0.2 of its activations.)
-constexpr int64_t kBlockScoreBytes = int64_t{1} << 20;
+// On a GPU the blocks are sized by 64 MiB of scores: each block is a dozen kernel launches, and at
+// GPT-2 small's B 8, T 1024 the 1 MiB rule gave 32 rows, whose four times the launches took the
+// fp32 step with dropout from 250 ms (128 rows) to 781 on an H200 (docs/gpu.md, 2026-12-04); a
+// GPU's memory holds its 48 MiB blocks. (Not yet run on a GPU at this size; the device and the
+// shapes still fix the blocks, so every run on one device draws the same masks.)
+constexpr int64_t kBlockScoreBytes = int64_t{1} << 20, kGpuBlockScoreBytes = int64_t{64} << 20;
 constexpr int64_t kMinBlockRows = 32, kMaxBlockRows = 128;
 
 // q (B, H, T, hd), k and v (B, Hkv, S, hd); G = H / Hkv query heads share a key head.
 struct AttentionDims {
   int64_t B, H, Hkv, G, T, S, hd;
-  static AttentionDims of(at::IntArrayRef q, at::IntArrayRef k) {
-    return {q[0], q[1], k[1], q[1] / k[1], q[2], k[2], q[3]};
+  bool gpu = false;  // the blocks are a GPU's (kGpuBlockScoreBytes)
+  static AttentionDims of(at::IntArrayRef q, at::IntArrayRef k, const at::Device& device) {
+    return {q[0], q[1], k[1], q[1] / k[1], q[2], k[2], q[3], device.is_cuda()};
   }
   int64_t block_rows() const {
     const int64_t row_bytes = std::max<int64_t>(1, B * H * S * 4);
-    return std::clamp(kBlockScoreBytes / row_bytes, kMinBlockRows, kMaxBlockRows);
+    return std::clamp((gpu ? kGpuBlockScoreBytes : kBlockScoreBytes) / row_bytes, kMinBlockRows, kMaxBlockRows);
   }
   int64_t blocks() const { return (T + block_rows() - 1) / block_rows(); }
 };
@@ -139,7 +145,7 @@ std::pair<at::Tensor, at::Tensor> forward_block(const at::Tensor& q_rows, const 
 // -> (out (B, H, T, hd) in q's type, lse (B, H, T) in the accumulate type).
 TensorList blockwise_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const AttentionConfig& cfg) {
-  const AttentionDims d = AttentionDims::of(q.sizes(), k.sizes());
+  const AttentionDims d = AttentionDims::of(q.sizes(), k.sizes(), q.device());
   const at::ScalarType acc = accumulate_type(q);
   // GEMMs in the inputs' type (bf16's run on the CPU's bf16 units, as the composed attention's
   // do), softmax and sums in `acc`.
@@ -204,7 +210,7 @@ at::Tensor backward_block(AttentionBackwardState& st, const QueryBlock& blk, con
 // -> (dq, dk, dv) in their inputs' types; undefined where not needed.
 TensorList blockwise_backward(const BackwardArgs& a, const AttentionConfig& cfg) {
   const at::Tensor& q = a.inputs[0];
-  const AttentionDims d = AttentionDims::of(q.sizes(), a.inputs[1].sizes());
+  const AttentionDims d = AttentionDims::of(q.sizes(), a.inputs[1].sizes(), q.device());
   const at::ScalarType acc = accumulate_type(q);
   AttentionBackwardState st{q, a.inputs[1].contiguous(), a.inputs[2].contiguous(),
                             a.grad_outputs[0], a.outputs[0], a.outputs[1], {}, {}, a.needs_input_grad};
@@ -348,7 +354,7 @@ AttentionKernelCounts attention_kernel_counts() {
 
 at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_sizes, bool causal,
                                   double dropout_p, uint64_t seed, const at::Device& device) {
-  const AttentionDims d = AttentionDims::of(q_sizes, k_sizes);
+  const AttentionDims d = AttentionDims::of(q_sizes, k_sizes, device);
   AttentionConfig cfg;
   cfg.causal = causal;
   cfg.dropout_p = dropout_p;
