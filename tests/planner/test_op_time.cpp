@@ -70,6 +70,18 @@ TEST(OpTime, TheOptimizerStepIsItsBytesAtTheMemoryCurve) {
   EXPECT_LT(fused, adamw * 36.0 / 108.0);
 }
 
+// Held against the H200: ATen's multi-tensor AdamW stepped GPT-2 124M's shapes (123,551,232 fp32
+// parameters in 74 tensors, no clipping) in 1.03 ms, torch::optim's kernels in 3.83
+// (`bench_fused_optimizer --device cuda`, docs/memory.md, 2026-12-04). The prices count the
+// gradients' zeroing besides (4 bytes an element), which the benchmark does not run.
+TEST(OpTime, TheFusedAdamWIsPricedAsTheH200RanIt) {
+  const DeviceRates rates = device_rates(h200());
+  const double fused = optimizer_step_ms(123'551'232, 74, true, false, rates, /*fused=*/true);
+  const double unfused = optimizer_step_ms(123'551'232, 74, true, false, rates, /*fused=*/false);
+  EXPECT_NEAR(fused / 1.03, (28.0 + 4.0) / 28.0, 0.15) << fused << " ms";
+  EXPECT_NEAR(unfused / 3.83, (92.0 + 4.0) / 92.0, 0.15) << unfused << " ms";
+}
+
 // Flash attention on a Hopper kind is priced at the rate the H200 ran it by query length
 // (docs/measurements/h200-2026-11-29-kernels.json): hd 64, T 1024, B 16, H 32 took 0.369 ms
 // forward and 1.325 backward; hd 128, T 8192, B 2, H 16 took 1.764 and 8.064. Another kind keeps
