@@ -177,11 +177,13 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
 
 // AdamW on CUDA as ATen's multi-tensor kernel (at::_fused_adamw_, what torch.optim.AdamW(fused=True)
 // runs): each parameter's gradient, moments and weight read once and written once, 36 tensors a
-// launch, the arithmetic in fp32. All tensors contiguous on one device, each parameter's moments
-// and gradient in its type; `step` is every parameter's step count after this step; each
-// gradient is multiplied by `grad_scale` as it is read (the kernel divides by a device scalar:
-// by 1 / grad_scale, within a rounding of the product). Returns false, doing nothing, where this
-// libtorch has no such kernel (1.13: CI), and the caller steps as torch::optim does.
+// launch, the arithmetic in fp32. All tensors contiguous, of one type on one device; `step` is
+// every parameter's step count after this step; each gradient is multiplied by `grad_scale` as it
+// is read (the kernel divides by a device scalar: by 1 / grad_scale, within a rounding of the
+// product) and, where the scale is not 1, written back so (ATen's kernel stores the unscaled
+// gradient, as GradScaler's users expect; the trainer zeroes the gradients after the step).
+// Returns false, doing nothing, where this libtorch has no such kernel (1.13: CI), and the caller
+// steps as torch::optim does.
 #ifdef HT_FUSED_ADAMW_CUDA
 inline constexpr bool kFusedAdamWOnCuda = true;
 #else

@@ -198,6 +198,7 @@ std::string stuck_at(const std::vector<std::vector<Item>>& streams, const std::v
 
 std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleShape shape, Posting posting,
                                     size_t lookahead) {
+  lookahead = std::max<size_t>(lookahead, 1);  // an action's receive is posted by the action at the latest
   if (std::string order = check_link_order(schedule, shape); !order.empty()) return order;
   std::vector<std::vector<Item>> streams;
   for (size_t r = 0; r < schedule.size(); ++r) {

@@ -55,7 +55,7 @@ enum class Posting {
 
 // "" where every rank's stream runs to its end under `posting`; else the first deadlock: each
 // rank's stream is stuck, and the message names what the first rank waits for. A link whose
-// orders part (check_link_order) is reported as such.
+// orders part (check_link_order) is reported as such. `lookahead` (kAhead) is at least 1.
 std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleShape shape, Posting posting,
                                     size_t lookahead = kReceiveLookahead);
 

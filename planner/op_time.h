@@ -56,11 +56,12 @@ double kernel_ms(const TraceKernel& kernel, const DeviceRates& rates);
 // The optimizer step and the gradients' zeroing and clipping for `elements` fp32 parameters,
 // memory-bound: the bytes libtorch's kernels move per element (AdamW: 92, SGD with momentum and
 // weight decay: 44; zeroing 4; clipping's norm and scale 12) at the memory curve of one
-// parameter's size, a kernel per step of the rule on each of `tensors` tensors. `fused`: one pass
-// a parameter (training/fused_optimizer.h: this CPU's pass, or ATen's multi-tensor AdamW on CUDA)
-// reading and writing each element's weight and state once and its gradient once (AdamW 28, SGD
-// with momentum 20), the clipping coefficient applied inside it (clipping reads the gradients
-// once more for their norm: 4), a kernel a tensor.
+// parameter's size, a kernel per step of the rule on each of `tensors` tensors. `fused`: ATen's
+// multi-tensor AdamW on CUDA (training/fused_optimizer.h), reading and writing each element's
+// weight and moments once and its gradient once (28 bytes; SGD's momentum form 20), 36 tensors a
+// launch, at the share of the memory curve the H200 measured; the clipping coefficient applied
+// inside it and the scaled gradient written back (4), and clipping's norms reading the gradients
+// once more (4, a kernel a tensor).
 double optimizer_step_ms(int64_t elements, int64_t tensors, bool adamw, bool clipping, const DeviceRates& rates,
                          bool fused = false);
 

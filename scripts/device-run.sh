@@ -26,7 +26,7 @@
 # bare: so every step runs under one deadline (HT_DEVICE_DEADLINE seconds from the start, default
 # 530, inside the tool's 600), each step's time limit cut to what is left, and what is not reached
 # is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,bench,calibrate,planner) picks steps; instead
-# of bench, autograd, dtr, maxbatch and attention pick benchmarks. HT_DEVICE_TEST_LIMIT (default
+# of bench, autograd, dtr, maxbatch, attention and optimizer pick benchmarks. HT_DEVICE_TEST_LIMIT (default
 # 200) caps each test program's seconds; test_launcher runs last, alone, in three gtest shards
 # without the sharded jobs and then those alone, each capped by HT_DEVICE_LAUNCHER_LIMIT (default 240).
 #
@@ -241,7 +241,7 @@ if [[ $steps == *planner* ]]; then
   fi
   pack
 fi
-want() { [[ $steps == *bench* || $steps == *$1* ]]; }  # bench: all three; or by name
+want() { [[ $steps == *bench* || $steps == *$1* ]]; }  # bench: all of them; or by name
 if want autograd || want dtr || want maxbatch || want attention || want optimizer; then
   bench() {  # log name, limit, program, arguments...
     local name=$1 limit=$2 program=$3 start=$SECONDS

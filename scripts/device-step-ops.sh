@@ -22,9 +22,11 @@ gpt2=(configs/gpt2_124m.toml --data.dataset=synthetic --data.synthetic_shape=[10
 run() {  # name, overrides...
   local name=$1
   shift
+  rm -rf "runs/$name"  # a warm machine keeps the last call's: never read them as this run's
   timeout 60 "$bin/launcher/hybrid_train" "${gpt2[@]}" "$@" --job.output_dir="runs/$name" >"$out/$name.log" 2>&1
   echo "$name: exit $?: $(grep -E '^(done|hybrid_train: error)' "$out/$name.log" | tail -1)"
   grep -m1 -E '^time by op, measured' "$out/$name.log"
+  [ -f "runs/$name/metrics.jsonl" ] || return 0
   python3 - "runs/$name/metrics.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <vector>
 
 // target_clones with arch= levels: GCC 12 and later.
@@ -317,7 +318,8 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-    std::map<int64_t, CudaBatch> cuda;  // the group's CUDA parameters by their step count
+    // The group's CUDA parameters by step count, type and device: ATen's kernel takes one of each.
+    std::map<std::tuple<int64_t, at::ScalarType, c10::DeviceIndex>, CudaBatch> cuda;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor grad = p.grad();
@@ -340,7 +342,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       }
       state->step(state->step() + 1);
       if (!o.amsgrad() && cuda_fusable(p, grad, state->exp_avg(), state->exp_avg_sq())) {
-        cuda[state->step()].add(p, grad, *state);
+        cuda[{state->step(), p.scalar_type(), p.device().index()}].add(p, grad, *state);
         continue;
       }
       const AdamWStep a{o, scale_, beta1, beta2, 1 - std::pow(beta1, state->step()), 1 - std::pow(beta2, state->step())};
@@ -351,8 +353,9 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
         adamw_fused(p, grad, *state, a);
       }
     }
-    for (auto& [step, b] : cuda) {
-      const bool ran = compat::fused_adamw_cuda(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, step, o.lr(), beta1, beta2,
+    for (auto& [key, b] : cuda) {
+      const bool ran = compat::fused_adamw_cuda(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, std::get<0>(key), o.lr(),
+                                                beta1, beta2,
                                                 o.weight_decay(), o.eps(), scale_);
       TORCH_INTERNAL_ASSERT(ran, "a CUDA batch without ATen's fused AdamW");
     }

@@ -15,7 +15,8 @@
 //
 // On CUDA (libtorch >= 2.4), AdamW's parameters go to ATen's multi-tensor kernel instead, the one
 // torch.optim.AdamW(fused=True) runs: one launch for up to 36 tensors, fp32 arithmetic, the clipping
-// coefficient applied as it reads each gradient. Its arithmetic is not torch::optim's sequence
+// coefficient applied as it reads each gradient (and, unlike the CPU pass, the scaled gradient
+// written back: compat::fused_adamw_cuda). Its arithmetic is not torch::optim's sequence
 // (fewer roundings): within rounding of it, the same bits run to run (tests/training/test_fused_optimizer.cpp).
 //
 // A parameter neither takes (not fp32, not dense and contiguous, on CUDA moments in another type

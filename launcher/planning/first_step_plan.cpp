@@ -68,7 +68,7 @@ CapturedStep trace_step_for_plan(const Config& config, const std::function<std::
     for (at::Tensor p : model->parameters()) {
       if (!p.grad().defined() && gradients.slot(p).defined()) p.mutable_grad() = gradients.slot(p);
     }
-    trace_optimizer_step(config, *model, *arena, step, at::Device(config.training.device).is_cpu());
+    trace_optimizer_step(config, *model, *arena, step, steps_fused_here(config));
     extras.graph.fixed_bytes += step.optimizer_state_bytes;
   }
   return CapturedStep{std::move(extras.graph), std::move(extras.block_starts), std::move(extras.signatures),

@@ -1,4 +1,6 @@
 #include "launcher/planning/meta_trace.h"
+
+#include "base/compat.h"
 #include "base/clock.h"
 
 #include "launcher/config/run_plan_of.h"
@@ -106,6 +108,10 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
   }
 }
 
+bool steps_fused_here(const Config& config) {
+  return at::Device(config.training.device).is_cpu() || (compat::kFusedAdamWOnCuda && fused_on_gpu(config.training));
+}
+
 void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out, bool fused_pass) {
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(optimizer_options_of(config.training), model.parameters());
   if (auto* fused = dynamic_cast<FusedStep*>(optimizer.get())) fused->set_meta_as_fused(fused_pass);
@@ -159,7 +165,7 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
   out.model_bytes = arena->stats().in_use;
   const auto [x, y] = traced_batch(info, micro_batch, meta);
   trace_forward_backward(config, *model, arena, x, y, out);
-  trace_optimizer_step(config, *model, *arena, out, at::Device(config.training.device).is_cpu());
+  trace_optimizer_step(config, *model, *arena, out, steps_fused_here(config));
   model.reset();
   out.seconds = seconds_since(start);
   return out;

@@ -78,9 +78,20 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
                             const at::Tensor& x, const at::Tensor& y, TracedStep& out, TraceExtras* extras = nullptr);
 // The optimizer's first two steps on the gradients backward left: out.optimizer_state_bytes (the
 // first makes it) and out.optimizer_peak_bytes (the state and the larger step's temporaries).
-// `fused_pass`: the traced device steps in the fused CPU pass (training/fused_optimizer.h), which
-// allocates only the state; false: torch::optim's kernels, with their temporaries (a GPU).
+// `fused_pass`: the traced device steps in one fused pass (training/fused_optimizer.h: this CPU's,
+// or ATen's multi-tensor AdamW on a GPU), which allocates only the state; false: torch::optim's
+// kernels, with their temporaries.
 void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out, bool fused_pass);
+
+// Whether a GPU run steps its optimizer fused: AdamW with fp32 moments in ATen's multi-tensor
+// kernel (libtorch >= 2.4, what GPU builds take: docs/engine.md); SGD, and moments in bf16 (not
+// the parameters' type), in torch::optim's kernels.
+inline bool fused_on_gpu(const TrainingConfig& t) {
+  return t.optimizer == OptimizerKind::kAdamw && t.optimizer_state_dtype == StateDtype::kFp32;
+}
+// Whether `config`'s run on this build steps fused: on a CPU always, on a GPU as fused_on_gpu
+// where this libtorch has the kernel.
+bool steps_fused_here(const Config& config);
 
 // `micro_batch` samples of the config's sequence length (model.block_size) or sample shape.
 // `capacity`: the meta arena's address space, reserved without access (32 TiB holds a 175B shape's

@@ -14,6 +14,7 @@
 
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
+#include "launcher/planning/meta_trace.h"
 #include "planner/op_time.h"
 #include "planner/profile.h"
 #include "runtime/kernel_workspace.h"
@@ -36,7 +37,7 @@ struct TraceRequest {
   WorkspaceRules workspaces = WorkspaceRules::kNone;
   // The traced device steps the optimizer in one fused pass without temporaries
   // (training/fused_optimizer.h: this CPU's pass, or AdamW in ATen's multi-tensor kernel on a GPU:
-  // fused_on_gpu); false: torch::optim's kernels and their temporaries run.
+  // fused_on_gpu in launcher/planning/meta_trace.h); false: torch::optim's kernels and their temporaries run.
   bool fused_optimizer = false;
   // A decoder of more layers than this, traced without workspaces, is traced through three and
   // four of its layers and its step stretched to its depth (launcher/planning/layer_traces.h),
@@ -46,12 +47,5 @@ struct TraceRequest {
 
 // `config` with the parallel.tensor_parallel and sequence_parallel to trace (a rank's part).
 ModelProfile trace_profile(const Config& config, const DataInfo& info, const TraceRequest& request);
-
-// Whether a GPU run steps its optimizer fused: AdamW with fp32 moments in ATen's multi-tensor
-// kernel (libtorch >= 2.4, what GPU builds take: docs/engine.md); SGD, and moments in bf16 (not
-// the parameters' type), in torch::optim's kernels.
-inline bool fused_on_gpu(const TrainingConfig& t) {
-  return t.optimizer == OptimizerKind::kAdamw && t.optimizer_state_dtype == StateDtype::kFp32;
-}
 
 }  // namespace ht

@@ -42,8 +42,8 @@ using TensorList = std::vector<at::Tensor>;
 
 // Queries per block: as many as make 1 MiB of a block's scores (B * H * rows * S floats, the
 // largest temporary; backward holds about four such), at least 32 and at most 128. From the
-// shapes alone, never from the machine or the budget: the dropout masks are drawn per block, so
-// the blocks must be the same in every run. (A fixed 128 rows made the 6-layer GPT's backward at
+// shapes and the kind of device alone, never from the budget: the dropout masks are drawn per
+// block, so the blocks must be the same in every run on one kind of device. (A fixed 128 rows made the 6-layer GPT's backward at
 // B = 8, H = 8, S = 128 hold 4 MiB blocks, the floor of its budget at 0.2 of its activations.)
 // On a GPU the blocks are sized by 64 MiB of scores: each block is a dozen kernel launches, and at
 // GPT-2 small's B 8, T 1024 the 1 MiB rule gave 32 rows, whose four times the launches took the

@@ -107,7 +107,7 @@ at::Tensor widened(const at::Tensor& x, const at::Tensor& weight) {
   return narrow && x.scalar_type() != weight.scalar_type() ? x.to(weight.scalar_type()) : x;
 }
 
-// The kernel's x, weight and bias. On a GPU a 16-bit x is not widened: the widened copy and y's
+// The kernel's x, weight and bias. On a GPU a bf16 x is not widened: the widened copy and y's
 // narrowing tripled the bytes the op moves, and GPT-2 small's layer norms took 10.2x their price
 // forward and 8.2x backward on an H200 (docs/gpu.md, 2026-12-04). ATen's CUDA kernel does not
 // take fp32 weights with a 16-bit x ("expected scalar type BFloat16 but found Float", libtorch
@@ -119,10 +119,11 @@ at::Tensor widened(const at::Tensor& x, const at::Tensor& weight) {
 struct NormArgs {
   at::Tensor x, weight, bias;
 };
+// Only bf16: fp16's weight gradients, sums over every row of loss-scaled values, could overflow
+// where the other gradients do not.
 NormArgs kernel_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const bool narrow = (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) &&
-                      weight.scalar_type() == at::kFloat;
-  if (!narrow || !x.is_cuda()) return {widened(x, weight), weight, bias};
+  const bool bf16 = x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kFloat;
+  if (!bf16 || !x.is_cuda()) return {widened(x, weight), weight, bias};
   return {x, weight.to(x.scalar_type()), bias.to(x.scalar_type())};
 }
 

@@ -53,7 +53,7 @@ TEST(PipelineLinks, EveryScheduleSendsEachLinksMessagesInTheOrderItsReceiverPost
 }
 
 // Two stages under GPipe: the messages each link carries, as each side posts them.
-TEST(PipelineLinks, AOneFOneBLinkCarriesActivationsOneWayAndGradientsTheOther) {
+TEST(PipelineLinks, AGpipeLinkCarriesActivationsOneWayAndGradientsTheOther) {
   const ScheduleShape shape{2, 2, 1};
   const std::vector<LinkOrder> links = link_orders(make_schedule(ScheduleKind::kGpipe, shape), shape);
   ASSERT_EQ(links.size(), 2u);
