@@ -156,7 +156,7 @@ bool cuda_fusable(const at::Tensor& p, const at::Tensor& grad, const at::Tensor&
   return true;
 }
 
-// One step count's CUDA parameters, stepped together after the group's others.
+// One (step count, type, device)'s CUDA parameters, stepped together after the group's others.
 struct CudaBatch {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
   void add(const at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state) {

@@ -111,8 +111,8 @@ at::Tensor widened(const at::Tensor& x, const at::Tensor& weight) {
 // narrowing tripled the bytes the op moves, and GPT-2 small's layer norms took 10.2x their price
 // forward and 8.2x backward on an H200 (docs/gpu.md, 2026-12-04). ATen's CUDA kernel does not
 // take fp32 weights with a 16-bit x ("expected scalar type BFloat16 but found Float", libtorch
-// 2.11), so it gets 16-bit copies of them, as Megatron's bf16 layout keeps them: the statistics
-// stay fp32 inside the kernel, and the weights' gradients come back 16-bit and are widened into
+// 2.11), so it gets bf16 copies of them, as Megatron's bf16 layout keeps them: the statistics
+// stay fp32 inside the kernel, and the weights' gradients come back in bf16 and are widened into
 // the fp32 parameters' type. (`scripts/device-kernels.py --only norm`: forward and backward at
 // 131,072 rows of 768 in 0.83 ms against 2.27 widened.) A CPU keeps the widened path its bits
 // were recorded with.
