@@ -183,6 +183,7 @@ Result predict_row(const PublishedRun& r, const std::string& source_dir) {
   // Ours on a GPU steps AdamW in ATen's multi-tensor kernel (training/fused_optimizer.h), as the
   // published trainers' fused optimizers do: no "as run" term for it.
   request.fused_optimizer = fused_on_gpu(c.training);
+  request.gpu = true;
   request.precisions = {r.precision};
   request.micro_batches = {r.micro_batch, 2 * r.micro_batch};
   request.rates = device_rates(catalog_kind(r.device, "", r.id));

@@ -3,6 +3,7 @@
 
 #include "launcher/model_factory.h"
 #include "launcher/planning/meta_trace.h"
+#include "runtime/traced_device.h"
 #include "alloc/byte_size.h"
 #include "alloc/cpu_arena.h"
 #include "alloc/gradient_buffer.h"
@@ -44,6 +45,7 @@ CapturedStep trace_step_for_plan(const Config& config, const std::function<std::
     ~GeneratorKept() { generator.set_state(state); }
   } kept;
   // On a CPU rank the kernels' own workspaces (im2col, reorders) are traced as measured here.
+  const TracedForGpu traced_for(at::Device(config.training.device).is_cuda());
   const DeclaredWorkspaces declared(at::Device(config.training.device).is_cpu() ? WorkspaceRules::kThisCpu
                                                                                : WorkspaceRules::kNone);
   const std::shared_ptr<CpuArena> arena = make_meta_arena(int64_t{1} << 45);

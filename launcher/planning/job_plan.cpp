@@ -253,6 +253,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
     const DeviceKind kind = catalog_kind(config.cluster.device, args.devices_file, config.source + ": cluster.device");
     trace.rates = device_rates(kind);
     trace.fused_optimizer = fused_on_gpu(config.training);
+    trace.gpu = true;  // the catalog's kinds are GPUs
     trace.precisions = search.precisions;
     trace.train_samples = train != nullptr ? train->size() : args.train_samples;
     out.time_source = "step times: each traced kernel's work at " + trace.rates.calibration;

@@ -1,6 +1,7 @@
 #include "launcher/planning/meta_trace.h"
 
 #include "base/compat.h"
+#include "runtime/traced_device.h"
 #include "base/clock.h"
 
 #include "launcher/config/run_plan_of.h"
@@ -147,6 +148,7 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
       meta ? make_meta_arena(capacity) : std::make_shared<CpuArena>(std::min(capacity, int64_t{1} << 36));
   std::optional<MetaArenaScope> meta_scope;
   std::optional<ArenaScope> data_scope;
+  const TracedForGpu traced_for(TracedForGpu::current() || (meta && at::Device(config.training.device).is_cuda()));
   if (meta) {
     meta_scope.emplace(arena);
   } else {

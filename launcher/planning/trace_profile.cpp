@@ -9,6 +9,7 @@
 #include "alloc/meta_arena.h"
 #include "models/layers.h"
 #include "parallel/communicator.h"
+#include "runtime/traced_device.h"
 #include "parallel/data_parallel.h"
 #include "planner/cost_model.h"
 #include "planner/pipeline_terms.h"
@@ -145,6 +146,7 @@ TracedStep traced_step(const Config& c, Model& model, const std::shared_ptr<CpuA
 ModelProfile trace_profile(const Config& config, const DataInfo& info, const TraceRequest& request) {
   const auto start = std::chrono::steady_clock::now();
   const DeclaredWorkspaces declared(request.workspaces);
+  const TracedForGpu traced_for(request.gpu);
   ModelProfile profile = job_figures(config, info, request);
   const std::shared_ptr<CpuArena> arena = make_meta_arena(int64_t{1} << 45);
   MetaArenaScope scope(arena);

@@ -35,6 +35,9 @@ struct TraceRequest {
   // allocates only its outputs; a convolution's reorders set a ConvNet's peak). Under rules
   // every size in micro_batches is traced: workspaces are not affine in the micro-batch.
   WorkspaceRules workspaces = WorkspaceRules::kNone;
+  // The traced device is a GPU: the ops whose kernels differ by device take the GPU's on the meta
+  // tensors (runtime/traced_device.h: attention's blocks, layer norm's bf16 path).
+  bool gpu = false;
   // The traced device steps the optimizer in one fused pass without temporaries
   // (training/fused_optimizer.h: this CPU's pass, or AdamW in ATen's multi-tensor kernel on a GPU:
   // fused_on_gpu in launcher/planning/meta_trace.h); false: torch::optim's kernels and their temporaries run.

@@ -49,7 +49,9 @@ using TensorList = std::vector<at::Tensor>;
 // GPT-2 small's B 8, T 1024 the 1 MiB rule gave 32 rows, whose four times the launches took the
 // fp32 step with dropout from 250 ms (128 rows) to 781 on an H200 (docs/gpu.md, 2026-12-04); a
 // GPU's memory holds its 48 MiB blocks. (Not yet run on a GPU at this size; the device and the
-// shapes still fix the blocks, so every run on one device draws the same masks.)
+// shapes still fix the blocks, so every run on one device draws the same masks. A trace for a GPU
+// on meta tensors keeps the CPU's blocks: where a GPU runs flash (16 bits, no dropout) it makes no
+// score blocks at all, which the trace does not model either.)
 constexpr int64_t kBlockScoreBytes = int64_t{1} << 20, kGpuBlockScoreBytes = int64_t{64} << 20;
 constexpr int64_t kMinBlockRows = 32, kMaxBlockRows = 128;
 

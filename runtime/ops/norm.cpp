@@ -1,5 +1,6 @@
 // Normalization: batch norm (training and evaluation), layer norm and RMS norm.
 #include "runtime/ops/op_util.h"
+#include "runtime/traced_device.h"
 
 #include <ATen/Parallel.h>
 
@@ -123,7 +124,7 @@ struct NormArgs {
 // where the other gradients do not.
 NormArgs kernel_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const bool bf16 = x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kFloat;
-  if (!bf16 || !x.is_cuda()) return {widened(x, weight), weight, bias};
+  if (!bf16 || !runs_as_gpu(x.device())) return {widened(x, weight), weight, bias};
   return {x, weight.to(x.scalar_type()), bias.to(x.scalar_type())};
 }
 
@@ -142,10 +143,11 @@ class LayerNormOp final : public Op {
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const NormArgs k = kernel_args(in[0], in[1], in[2]);
     const at::Tensor& x = k.x;
-    if (x.is_meta()) {  // no meta kernel in libtorch 1.13: y as x, mean and rstd (..., 1)
+    if (x.is_meta()) {  // no meta kernel in libtorch 1.13: y as x, mean and rstd (..., 1) in the weights' type
       std::vector<int64_t> stats = x.sizes().vec();
       for (size_t d = 0; d < shape_.size(); ++d) stats[stats.size() - 1 - d] = 1;
-      at::Tensor y = at::empty_like(x), mean = at::empty(stats, x.options()), rstd = at::empty(stats, x.options());
+      const at::TensorOptions st = x.options().dtype(in[1].scalar_type());
+      at::Tensor y = at::empty_like(x), mean = at::empty(stats, st), rstd = at::empty(stats, st);
       return {y.to(in[0].scalar_type()), mean, rstd};
     }
     auto [y, mean, rstd] = at::native_layer_norm(x, shape_, k.weight, k.bias, eps_);
@@ -153,12 +155,17 @@ class LayerNormOp final : public Op {
   }
   TensorList backward(const BackwardArgs& a) const override {
     if (a.grad_outputs[0].is_meta()) {
-      // As the data path allocates: the widened g and x, the kernel's gradients (input 0's in
-      // the widened type) and workspace, then input 0's gradient in x's type.
-      // They go before the gradient is narrowed, as the data path's temporaries do.
+      // As the data path allocates: the kernel's x, weight and bias (widened, or on a GPU the
+      // weights' bf16 copies) and g in x's type, the kernel's gradients (input 0's in that type;
+      // the weights' a GPU makes in bf16 and widens, a few KiB, counted in fp32 alone) and
+      // workspace, then input 0's gradient in x's type. They go before the gradient is narrowed,
+      // as the data path's temporaries do.
       TensorList grads;
       {
-        const at::Tensor g = widened(a.grad_outputs[0], a.inputs[1]), x = widened(a.inputs[0], a.inputs[1]);
+        const NormArgs k = kernel_args(a.inputs[0], a.inputs[1], a.inputs[2]);
+        const at::Tensor& x = k.x;
+        const at::Tensor g = a.grad_outputs[0].scalar_type() == x.scalar_type() ? a.grad_outputs[0]
+                                                                                : a.grad_outputs[0].to(x.scalar_type());
         grads = meta_gradients(a, /*in_input_layout=*/false, x.scalar_type());
         WorkspaceQuery q;
         q.backward = true;

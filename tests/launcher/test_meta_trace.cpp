@@ -12,6 +12,7 @@
 #include "planner/tensor_terms.h"
 #include "runtime/kernel_workspace.h"
 #include "runtime/thread_pools.h"
+#include "runtime/traced_device.h"
 #include "tests/support/cpu_features.h"
 #include "tests/support/temp_dir.h"
 
@@ -154,6 +155,39 @@ TEST(MetaTrace, ATensorParallelRankAndABf16StepAreTheStepOnData) {
                             {"layer_norm backward", "linear", "linear backward", "attention", "attention backward"},
                             family == "gpt" ? 2 : 0);
   }
+}
+
+// The largest tensor a forward kernel of `op` allocates in the trace.
+int64_t largest_allocation(const StepTrace& trace, const std::string& op) {
+  int64_t largest = 0;
+  int kernel = -1;
+  for (const TraceEvent& e : trace.events) {
+    if (e.kind == TraceEvent::Kind::kKernelBegins) kernel = e.index;
+    if (e.kind != TraceEvent::Kind::kAllocated || kernel < 0) continue;
+    const TraceKernel& k = trace.kernels[static_cast<size_t>(kernel)];
+    if (!k.backward && std::string(k.op) == op) largest = std::max(largest, trace.tensors[static_cast<size_t>(e.index)].bytes);
+  }
+  return largest;
+}
+
+// A bf16 step traced for a GPU (runtime/traced_device.h) runs layer norm as the GPU does: its bf16
+// input into the kernel with bf16 copies of the weights, no fp32 copy of it; traced for this CPU,
+// the input is widened to fp32 first (twice its bytes). The saved activations are the same.
+TEST(MetaTrace, AStepTracedForAGpuRunsLayerNormInBf16) {
+  TempDir dir;
+  const Config c = config_for(dir, kSmall, {"--model.name=gpt", "--training.mixed_precision=bf16"});
+  const TracedStep cpu = trace_micro_batch(c, tokens(32, 96), 4);
+  TracedStep gpu;
+  {
+    const TracedForGpu traced_for(true);
+    gpu = trace_micro_batch(c, tokens(32, 96), 4);
+  }
+  const int64_t x_bytes = int64_t{4} * c.model.block_size * c.model.n_embd * 2;  // (4, T, n_embd) in bf16
+  EXPECT_EQ(largest_allocation(cpu.trace, "layer_norm"), 2 * x_bytes);
+  EXPECT_EQ(largest_allocation(gpu.trace, "layer_norm"), x_bytes);
+  EXPECT_EQ(saved_by_block(gpu.trace, 2), saved_by_block(cpu.trace, 2));
+  EXPECT_LE(gpu.step_peak_bytes, cpu.step_peak_bytes);
+  EXPECT_FALSE(TracedForGpu::current());
 }
 
 // A layer's saved activations on a rank of t = 1, 2, 4, with and without sequence parallelism,
