@@ -19,10 +19,41 @@ namespace {
 
 bool sends_gradient(ActionKind k) { return k == ActionKind::kBackward || k == ActionKind::kBackwardInput; }
 
+// One send or receive on a rank's stream.
+struct P2p {
+  bool send = false;
+  int peer = 0;
+  LinkMessage message;
+  bool matched = false;
+};
+// The receive action `a` of rank `r` needs and the send it makes, if any.
+struct ActionMessages {
+  std::vector<P2p> receive, send;
+};
+ActionMessages messages_of(const Action& a, int r, ScheduleShape shape) {
+  ActionMessages m;
+  const int vs = virtual_stage(r, a.chunk, shape), last = shape.stages * shape.virtual_stages - 1;
+  if (a.kind == ActionKind::kForward) {
+    if (vs > 0 && rank_of_virtual_stage(vs - 1, shape) != r) {
+      m.receive.push_back({false, rank_of_virtual_stage(vs - 1, shape), {a.micro_batch, vs, false}});
+    }
+    if (vs < last && rank_of_virtual_stage(vs + 1, shape) != r) {
+      m.send.push_back({true, rank_of_virtual_stage(vs + 1, shape), {a.micro_batch, vs + 1, false}});
+    }
+  } else if (sends_gradient(a.kind)) {
+    if (vs < last && rank_of_virtual_stage(vs + 1, shape) != r) {
+      m.receive.push_back({false, rank_of_virtual_stage(vs + 1, shape), {a.micro_batch, vs, true}});
+    }
+    if (vs > 0 && rank_of_virtual_stage(vs - 1, shape) != r) {
+      m.send.push_back({true, rank_of_virtual_stage(vs - 1, shape), {a.micro_batch, vs - 1, true}});
+    }
+  }
+  return m;
+}
+
 }  // namespace
 
 std::vector<LinkOrder> link_orders(const PipelineSchedule& schedule, ScheduleShape shape) {
-  const int last = shape.stages * shape.virtual_stages - 1;
   std::map<std::pair<int, int>, LinkOrder> links;
   const auto link = [&](int from, int to) -> LinkOrder& {
     LinkOrder& l = links[{from, to}];
@@ -32,28 +63,9 @@ std::vector<LinkOrder> link_orders(const PipelineSchedule& schedule, ScheduleSha
   };
   for (int r = 0; r < static_cast<int>(schedule.size()); ++r) {
     for (const Action& a : schedule[static_cast<size_t>(r)]) {
-      const int vs = virtual_stage(r, a.chunk, shape);
-      if (a.kind == ActionKind::kForward) {
-        // Receives its input from vs - 1, then sends its output to vs + 1.
-        if (vs > 0) {
-          const int from = rank_of_virtual_stage(vs - 1, shape);
-          if (from != r) link(from, r).received.push_back({a.micro_batch, vs, false});
-        }
-        if (vs < last) {
-          const int to = rank_of_virtual_stage(vs + 1, shape);
-          if (to != r) link(r, to).sent.push_back({a.micro_batch, vs + 1, false});
-        }
-      } else if (sends_gradient(a.kind)) {
-        // Receives its output's gradient from vs + 1, then sends its input's to vs - 1.
-        if (vs < last) {
-          const int from = rank_of_virtual_stage(vs + 1, shape);
-          if (from != r) link(from, r).received.push_back({a.micro_batch, vs, true});
-        }
-        if (vs > 0) {
-          const int to = rank_of_virtual_stage(vs - 1, shape);
-          if (to != r) link(r, to).sent.push_back({a.micro_batch, vs - 1, true});
-        }
-      }
+      const ActionMessages m = messages_of(a, r, shape);
+      for (const P2p& op : m.receive) link(op.peer, r).received.push_back(op.message);
+      for (const P2p& op : m.send) link(r, op.peer).sent.push_back(op.message);
     }
   }
   std::vector<LinkOrder> out;
@@ -80,42 +92,10 @@ std::string check_link_order(const PipelineSchedule& schedule, ScheduleShape sha
 
 namespace {
 
-// One send or receive on a rank's stream.
-struct P2p {
-  bool send = false;
-  int peer = 0;
-  LinkMessage message;
-  bool matched = false;
-};
 // A stream item: a compute (no p2p) or a group of sends and receives that complete together.
 struct Item {
   std::vector<P2p> group;  // empty: a compute
 };
-
-// The receive action `a` of rank `r` needs and the send it makes, if any.
-struct ActionMessages {
-  std::vector<P2p> receive, send;
-};
-ActionMessages messages_of(const Action& a, int r, ScheduleShape shape) {
-  ActionMessages m;
-  const int vs = virtual_stage(r, a.chunk, shape), last = shape.stages * shape.virtual_stages - 1;
-  if (a.kind == ActionKind::kForward) {
-    if (vs > 0 && rank_of_virtual_stage(vs - 1, shape) != r) {
-      m.receive.push_back({false, rank_of_virtual_stage(vs - 1, shape), {a.micro_batch, vs, false}});
-    }
-    if (vs < last && rank_of_virtual_stage(vs + 1, shape) != r) {
-      m.send.push_back({true, rank_of_virtual_stage(vs + 1, shape), {a.micro_batch, vs + 1, false}});
-    }
-  } else if (sends_gradient(a.kind)) {
-    if (vs < last && rank_of_virtual_stage(vs + 1, shape) != r) {
-      m.receive.push_back({false, rank_of_virtual_stage(vs + 1, shape), {a.micro_batch, vs, true}});
-    }
-    if (vs > 0 && rank_of_virtual_stage(vs - 1, shape) != r) {
-      m.send.push_back({true, rank_of_virtual_stage(vs - 1, shape), {a.micro_batch, vs - 1, true}});
-    }
-  }
-  return m;
-}
 
 std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleShape shape, Posting posting,
                             size_t lookahead) {

@@ -127,6 +127,10 @@ NormArgs kernel_args(const at::Tensor& x, const at::Tensor& weight, const at::Te
   if (!bf16 || !runs_as_gpu(x.device())) return {widened(x, weight), weight, bias};
   return {x, weight.to(x.scalar_type()), bias.to(x.scalar_type())};
 }
+// The output's gradient as the kernel takes it: in its x's type.
+at::Tensor in_type_of(const at::Tensor& g, const at::Tensor& x) {
+  return g.scalar_type() == x.scalar_type() ? g : g.to(x.scalar_type());
+}
 
 // Outputs (y in x's type, mean, rstd in the weights'). Backward reads the bias only to shape its
 // gradient; it is a parameter, so saving it costs nothing.
@@ -164,8 +168,7 @@ class LayerNormOp final : public Op {
       {
         const NormArgs k = kernel_args(a.inputs[0], a.inputs[1], a.inputs[2]);
         const at::Tensor& x = k.x;
-        const at::Tensor g = a.grad_outputs[0].scalar_type() == x.scalar_type() ? a.grad_outputs[0]
-                                                                                : a.grad_outputs[0].to(x.scalar_type());
+        const at::Tensor g = in_type_of(a.grad_outputs[0], x);
         grads = meta_gradients(a, /*in_input_layout=*/false, x.scalar_type());
         WorkspaceQuery q;
         q.backward = true;
@@ -181,9 +184,7 @@ class LayerNormOp final : public Op {
     const std::array<bool, 3> mask{a.needs_input_grad[0], a.needs_input_grad[1],
                                    a.needs_input_grad[2]};
     const NormArgs k = kernel_args(a.inputs[0], a.inputs[1], a.inputs[2]);
-    const at::Tensor g = k.x.scalar_type() == a.grad_outputs[0].scalar_type()
-                             ? a.grad_outputs[0]
-                             : a.grad_outputs[0].to(k.x.scalar_type());
+    const at::Tensor g = in_type_of(a.grad_outputs[0], k.x);
     auto [gx, gw, gb] = at::native_layer_norm_backward(g, k.x, shape_, a.outputs[1], a.outputs[2], k.weight, k.bias, mask);
     const auto as_input = [&](const at::Tensor& t, int i) { return t.defined() ? t.to(a.input_dtype(i)) : t; };
     return {as_input(gx, 0), as_input(gw, 1), as_input(gb, 2)};
