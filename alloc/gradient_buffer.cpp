@@ -7,15 +7,16 @@
 
 namespace ht {
 
-GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params) {
+GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params, std::optional<at::ScalarType> floating) {
   std::map<std::pair<int, std::string>, std::vector<const at::Tensor*>> groups;
   for (const at::Tensor& p : params) {
-    if (p.requires_grad()) groups[{static_cast<int>(p.scalar_type()), p.device().str()}].push_back(&p);
+    if (p.requires_grad()) groups[{static_cast<int>(gradient_type_of(p, floating)), p.device().str()}].push_back(&p);
   }
   for (const auto& [key, members] : groups) {
     int64_t numel = 0;
     for (const at::Tensor* p : members) numel += p->numel();
-    at::Tensor block = at::empty({numel}, members.front()->options().requires_grad(false));
+    const auto type = static_cast<at::ScalarType>(key.first);
+    at::Tensor block = at::empty({numel}, members.front()->options().dtype(type).requires_grad(false));
     int64_t offset = 0;
     for (const at::Tensor* p : members) {
       // The slot has its parameter's layout (channels-last convolution weights too), so a
@@ -27,6 +28,11 @@ GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params) {
     }
     blocks_.push_back(std::move(block));
   }
+}
+
+at::Tensor gradient_norm(const at::Tensor& grad) {
+  const bool narrow = grad.scalar_type() == at::kBFloat16 || grad.scalar_type() == at::kHalf;
+  return narrow ? at::norm(grad, 2, at::kFloat) : grad.norm();
 }
 
 at::Tensor GradientBuffer::slot(const at::Tensor& param) const {

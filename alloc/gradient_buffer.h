@@ -9,10 +9,17 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 namespace ht {
+
+// The type a gradient of `param` is kept in: `floating` for a floating parameter where given, else
+// the parameter's own (GradientBuffer's slots, GradientShards' blocks).
+inline at::ScalarType gradient_type_of(const at::Tensor& param, std::optional<at::ScalarType> floating) {
+  return floating && at::isFloatingType(param.scalar_type()) ? *floating : param.scalar_type();
+}
 
 // Where backward puts a parameter's gradient: the tape asks for the slot of a parameter the first
 // time a backward gives it a gradient (runtime/tape.cpp). An undefined slot: keep the tensor.
@@ -22,11 +29,17 @@ class GradientSlots {
   virtual at::Tensor slot(const at::Tensor& param) const = 0;
 };
 
+// A gradient's 2-norm in its own type, or in fp32 for a 16-bit gradient (ATen's norm of a bf16
+// tensor is rounded to bf16's 8 bits): every rank and stage takes a parameter's norm alike.
+at::Tensor gradient_norm(const at::Tensor& grad);
+
 class GradientBuffer final : public GradientSlots {
  public:
   // Slots for every parameter that requires a gradient, in the order given; one block per dtype
-  // and device.
-  explicit GradientBuffer(const std::vector<at::Tensor>& params);
+  // and device. With `floating`, a floating parameter's slot is of that type instead of its own
+  // (training.gradient_dtype = "bf16": 16-bit gradients of fp32 weights).
+  explicit GradientBuffer(const std::vector<at::Tensor>& params,
+                          std::optional<at::ScalarType> floating = std::nullopt);
   // The slot of `param`'s gradient (a view of the block, its shape), or undefined.
   at::Tensor slot(const at::Tensor& param) const override;
   // The slots of `params`, one after another in one block, as one flat view; undefined when they

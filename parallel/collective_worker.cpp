@@ -6,10 +6,7 @@
 #include <chrono>
 
 namespace ht {
-namespace {
 
-// t *= scale without ATen on host memory: a scalar argument would allocate a tensor, on this
-// thread (from the budget's arena).
 void scale_in_place(at::Tensor& t, double scale) {
   if (!t.is_cpu()) {  // a device tensor (NCCL): a kernel on ATen's stream, after the all-reduce
     t.mul_(scale);
@@ -23,12 +20,16 @@ void scale_in_place(at::Tensor& t, double scale) {
   } else if (t.scalar_type() == at::kDouble) {
     double* x = t.data_ptr<double>();
     for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+  } else if (t.scalar_type() == at::kBFloat16) {
+    // 16-bit gradients (training.gradient_dtype = "bf16"): multiplied in fp32, rounded once.
+    at::BFloat16* x = t.data_ptr<at::BFloat16>();
+    const float s = static_cast<float>(scale);
+    for (int64_t i = 0; i < n; ++i) x[i] = at::BFloat16(static_cast<float>(x[i]) * s);
   } else {
-    TORCH_CHECK(false, "CollectiveWorker: cannot scale ", t.scalar_type(), " tensors (float and double can)");
+    TORCH_CHECK(false, "scale_in_place: cannot scale ", t.scalar_type(), " tensors (float, double and bf16 can)");
   }
 }
 
-}  // namespace
 
 CollectiveWorker::CollectiveWorker(std::shared_ptr<Communicator> group) : state_(std::make_shared<State>()) {
   TORCH_CHECK(group->allows_worker_thread(), "CollectiveWorker: the ", group->backend(),

@@ -22,6 +22,12 @@
 
 namespace ht {
 
+// t *= scale without ATen on host memory (a scalar argument would allocate a tensor, on the
+// calling thread, from the budget's arena): fp32 and double exactly as ATen's mul_, bf16
+// multiplied in fp32 and rounded once. On a device, ATen's mul_. Every path that turns a sum of
+// gradients into their mean takes it, so the worker's and the inline path's bits agree.
+void scale_in_place(at::Tensor& t, double scale);
+
 class CollectiveWorker {
  public:
   explicit CollectiveWorker(std::shared_ptr<Communicator> group);

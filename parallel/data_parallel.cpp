@@ -148,7 +148,7 @@ void DataParallel::reduce(at::Tensor flat, const char* what) {
   const auto start = std::chrono::steady_clock::now();
   group_->allreduce_sum(flat, what);
   inline_ms_ += ms_since(start);
-  flat.mul_(inverse);
+  scale_in_place(flat, inverse);
 }
 
 void DataParallel::begin_average() {

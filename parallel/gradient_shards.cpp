@@ -8,8 +8,9 @@
 namespace ht {
 
 GradientShards::GradientShards(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
-                               const std::vector<std::vector<size_t>>& buckets)
-    : group_(std::move(group)), params_(std::move(params)), had_here_(params_.size(), 0.0f),
+                               const std::vector<std::vector<size_t>>& buckets,
+                               std::optional<at::ScalarType> floating)
+    : group_(std::move(group)), params_(std::move(params)), floating_(floating), had_here_(params_.size(), 0.0f),
       had_anywhere_(params_.size(), 0.0f) {
   const auto rank = static_cast<size_t>(group_->rank());
   for (const std::vector<size_t>& members : buckets) {
@@ -27,7 +28,8 @@ GradientShards::GradientShards(std::shared_ptr<Communicator> group, std::vector<
       offset += p.numel();
     }
     b.shards = shard_bucket(elements, group_->size());
-    b.sum = at::zeros({b.shards.counts[rank]}, params_[members.front()].options().requires_grad(false));
+    const at::Tensor& first = params_[members.front()];
+    b.sum = at::zeros({b.shards.counts[rank]}, first.options().dtype(gradient_type_of(first, floating_)).requires_grad(false));
     buckets_.push_back(std::move(b));
   }
 }
@@ -40,7 +42,7 @@ int64_t GradientShards::shard_bytes() const {
 
 void GradientShards::make_block(Bucket& b) const {
   const at::Tensor& first = params_[b.members.front()];
-  b.block = at::zeros({b.shards.elements}, first.options().requires_grad(false));
+  b.block = at::zeros({b.shards.elements}, first.options().dtype(gradient_type_of(first, floating_)).requires_grad(false));
 }
 
 at::Tensor GradientShards::slot(const at::Tensor& param) const {

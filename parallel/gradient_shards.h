@@ -41,9 +41,11 @@ namespace ht {
 
 class GradientShards final : public GradientSlots, public GradientListener {
  public:
-  // `params`: DataParallel's parameters (its indices); `buckets`: its buckets in reduction order.
+  // `params`: DataParallel's parameters (its indices); `buckets`: its buckets in reduction order;
+  // `floating`: the type of a floating parameter's gradients where not its own (GradientBuffer's).
   GradientShards(std::shared_ptr<Communicator> group, std::vector<at::Tensor> params,
-                 const std::vector<std::vector<size_t>>& buckets);
+                 const std::vector<std::vector<size_t>>& buckets,
+                 std::optional<at::ScalarType> floating = std::nullopt);
 
   // GradientSlots: `param`'s slot in its bucket's block, the block made on first use.
   at::Tensor slot(const at::Tensor& param) const override;
@@ -65,7 +67,7 @@ class GradientShards final : public GradientSlots, public GradientListener {
   // all-reduce), and the sums become means. Then shard() and had_anywhere() hold the step's.
   void finish_step();
 
-  // This rank's share of bucket `b`'s mean gradient (fp32, the bucket's dtype), its range of the span.
+  // This rank's share of bucket `b`'s mean gradient (in the gradients' type), its range of the span.
   const at::Tensor& shard(size_t b) const { return buckets_[b].sum; }
   bool had_anywhere(size_t param) const { return had_anywhere_[param] > 0; }
   // The gradients' bytes this rank keeps between steps (the shards).
@@ -100,6 +102,7 @@ class GradientShards final : public GradientSlots, public GradientListener {
 
   std::shared_ptr<Communicator> group_;
   std::vector<at::Tensor> params_;
+  std::optional<at::ScalarType> floating_;
   mutable std::vector<Bucket> buckets_;
   std::unordered_map<const c10::TensorImpl*, std::pair<size_t, size_t>> where_;  // bucket, member
   std::vector<float> had_here_;      // per parameter, this step

@@ -3,6 +3,8 @@
 // they are blocking, in an order every rank derives from the model alone.
 #include "parallel/pipeline_stage.h"
 
+#include "alloc/gradient_buffer.h"
+
 #include <unordered_set>
 
 namespace ht {
@@ -50,7 +52,7 @@ at::Tensor PipelineStage::gradient_norms() {
   for (int64_t i = 0; i < n; ++i) {
     const at::Tensor& p = params[static_cast<size_t>(i)];
     if (owner[static_cast<size_t>(i)] != rank() || !p.grad().defined()) continue;
-    gathered[0][i] = p.grad().norm().to(at::kDouble).item<double>();
+    gathered[0][i] = gradient_norm(p.grad()).to(at::kDouble).item<double>();
     gathered[1][i] = 1.0;
   }
   pipeline_->allreduce_sum(gathered, "the gradient norms");

@@ -9,6 +9,24 @@
 #include <tuple>
 
 namespace ht {
+
+bool bf16_gradients(const Plan& plan) { return keeps_bf16_gradients(plan.gradient_dtype, plan.precision); }
+
+int64_t gradient_element_bytes(const ModelProfile& profile, const Plan& plan) {
+  if (bf16_gradients(plan)) return 2;
+  return profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+}
+
+int64_t gradient_block_bytes(const ModelProfile& profile, const Plan& plan) {
+  return bf16_gradients(plan) ? arena_bytes(2 * profile.parameters) : profile.gradient_bytes;
+}
+
+std::optional<Plan> bf16_gradients_twin(const Plan& plan) {
+  if (plan.gradient_dtype != GradientDtype::kAuto || plan.precision != MixedPrecision::kBf16) return std::nullopt;
+  Plan twin = plan;
+  twin.gradient_dtype = GradientDtype::kBf16;
+  return twin;
+}
 namespace {
 
 // Who allocated each tensor: `backward`, by backward (a backward kernel, or between kernels once
@@ -257,7 +275,7 @@ int64_t gradient_blocks_above_peak(const ModelProfile& profile, const StepTrace&
 }
 
 std::vector<int64_t> reduce_scatter_parts(const ModelProfile& profile, const Plan& plan) {
-  const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+  const int64_t element = gradient_element_bytes(profile, plan);
   std::vector<int64_t> parts;  // the fullest rank's (rank 0's) shard of each bucket
   if (plan.accumulation > 1)
     for (const std::vector<int64_t>& members : profile.block_buckets)
@@ -266,7 +284,7 @@ std::vector<int64_t> reduce_scatter_parts(const ModelProfile& profile, const Pla
 }
 
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const StepTrace& trace) {
-  const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+  const int64_t element = gradient_element_bytes(profile, plan);
   return gradient_blocks_above_peak(profile, trace, element, reduce_scatters_overlap(plan),
                                     reduce_scatter_parts(profile, plan));
 }
@@ -276,14 +294,14 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
   // Kept copies: the step without the weights' casts and their fp32 gradients, as it runs.
   const bool uncast = walks_without_casts(plan);
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), reduce_scatters_overlap(plan),
-                                   plan.accumulation > 1 ? plan.ranks : 0, uncast);
+                                   plan.accumulation > 1 ? plan.ranks : 0, uncast, bf16_gradients(plan));
   {
     const std::lock_guard<std::mutex> lock(mutex);
     auto it = profile.gradient_block_walks.find(key);
     if (it != profile.gradient_block_walks.end()) return it->second;
   }
   const SharedTrace trace = step();
-  const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+  const int64_t element = gradient_element_bytes(profile, plan);
   const int64_t walked =
       uncast ? gradient_blocks_above_peak(profile, without_weight_casts(*trace), element, reduce_scatters_overlap(plan),
                                           reduce_scatter_parts(profile, plan))
@@ -330,7 +348,8 @@ int64_t kept_gradients_above_peak(const StepTrace& trace) {
 }
 
 bool keeps_gradients_as_made(const Plan& plan) {
-  return plan.ranks == 1 && plan.budget_bytes == 0 && plan.accumulation == 1 && plan.stages == 1;
+  return plan.ranks == 1 && plan.budget_bytes == 0 && plan.accumulation == 1 && plan.stages == 1 &&
+         !bf16_gradients(plan);
 }
 
 int64_t kept_gradients_term(const ModelProfile& profile, const Plan& plan, const TraceMaker& step) {

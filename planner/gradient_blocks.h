@@ -12,9 +12,23 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace ht {
+
+// training.gradient_dtype = "bf16" (runtime/mixed_precision.h): the plan's gradients are 16-bit.
+// The profile is traced with fp32 gradients; a bf16 plan's gradient block is the same parameters
+// at 2 bytes each (one block: alloc/gradient_buffer.h), its sharded blocks, shards and reductions
+// the same elements at 2 bytes, and its run always has a block (never kept as backward makes them).
+bool bf16_gradients(const Plan& plan);
+// Bytes of one gradient element at the plan's type (the profile's own where fp32).
+int64_t gradient_element_bytes(const ModelProfile& profile, const Plan& plan);
+// The whole gradient block's arena bytes at the plan's type.
+int64_t gradient_block_bytes(const ModelProfile& profile, const Plan& plan);
+// The same plan with bf16 gradients where auto left the choice open and the plan trains in bf16
+// (the search's twin where fp32 gradients do not fit: planner/search.cpp); nullopt otherwise.
+std::optional<Plan> bf16_gradients_twin(const Plan& plan);
 
 // One past the last kernel's end: forward and backward (what follows is the optimizer's phase).
 size_t forward_backward_end(const StepTrace& trace);

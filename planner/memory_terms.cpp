@@ -23,7 +23,7 @@ bool state_waits_on_host(const Plan& plan) {
 void memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p) {
   const int64_t local = plan.micro_batch * plan.accumulation;
   p.model_bytes = profile.parameter_bytes;
-  p.gradient_bytes = profile.gradient_bytes;
+  p.gradient_bytes = gradient_block_bytes(profile, plan);
   p.optimizer_state_bytes = profile.optimizer_state_bytes;
   p.sampler_bytes = sampler_bytes(profile.train_samples);
   p.batch_bytes = batch_bytes(profile, local);

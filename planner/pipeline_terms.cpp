@@ -3,6 +3,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/stage_partition.h"
 #include "planner/machine.h"
+#include "planner/gradient_blocks.h"
 #include "planner/weight_copy_terms.h"
 
 #include <algorithm>
@@ -132,21 +133,21 @@ const ProfilePoint* memory_point(const ModelProfile& profile, const Plan& plan, 
 
 // A block's state beside its parameters: gradient and optimizer state per parameter byte, in the
 // whole model's proportion.
-double state_per_parameter_byte(const ModelProfile& profile) {
+double state_per_parameter_byte(const ModelProfile& profile, const Plan& plan) {
   return profile.parameter_bytes > 0
-             ? static_cast<double>(profile.gradient_bytes + profile.optimizer_state_bytes) / profile.parameter_bytes
+             ? static_cast<double>(gradient_block_bytes(profile, plan) + profile.optimizer_state_bytes) / profile.parameter_bytes
              : 0;
 }
 
 // Each block's cost at the plan's micro-batch: its share of the measured block times scaled to
 // `fb_ms`, activations in proportion to its time (the profile records them for the whole step),
 // state from its parameters (gradients and optimizer state in the whole model's proportion).
-std::vector<BlockCost> block_costs(const ModelProfile& profile, const ProfilePoint& pt, double fb_ms,
+std::vector<BlockCost> block_costs(const ModelProfile& profile, const Plan& plan, const ProfilePoint& pt, double fb_ms,
                                    int64_t activations) {
   double measured = 0;
   for (const BlockTime& b : pt.blocks) measured += b.forward_ms + b.backward_ms;
   const double scale = measured > 0 ? fb_ms / measured : 0;
-  const double state_per_byte = state_per_parameter_byte(profile);
+  const double state_per_byte = state_per_parameter_byte(profile, plan);
   std::vector<BlockCost> costs;
   for (size_t b = 0; b < pt.blocks.size(); ++b) {
     BlockCost c;
@@ -270,10 +271,10 @@ RankTerms rank_terms(const Partition& partition, const std::vector<BlockCost>& c
 // The tied weights a rank trains a copy of (ModelProfile::block_tied_reads: read by its blocks,
 // registered by another rank's), each once, counted as its blocks' state is (block_costs: the
 // gradient and optimizer state per parameter byte; the rank's share of the model's bytes follows).
-void add_tied_copies(const ModelProfile& profile, const Partition& partition, const ScheduleShape& shape,
+void add_tied_copies(const ModelProfile& profile, const Plan& plan, const Partition& partition, const ScheduleShape& shape,
                      RankTerms& ranks) {
   if (profile.block_tied_reads.empty()) return;
-  const double state_per_byte = state_per_parameter_byte(profile);
+  const double state_per_byte = state_per_parameter_byte(profile, plan);
   std::vector<int> rank_of_block(profile.block_tied_reads.size(), -1);
   for (size_t vs = 0; vs < partition.stages.size(); ++vs) {
     const StagePlan& s = partition.stages[vs];
@@ -360,7 +361,7 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
     std::vector<BlockCost> costs(pt->blocks.size());
     for (size_t b = 0; b < costs.size(); ++b) {
       const auto r = static_cast<size_t>(rank_of_block[b]);
-      if (of_rank[r].empty()) of_rank[r] = block_costs(profile, *pt, work[r].fb_ms, work[r].kept_bytes);
+      if (of_rank[r].empty()) of_rank[r] = block_costs(profile, plan, *pt, work[r].fb_ms, work[r].kept_bytes);
       costs[b] = of_rank[r][b];
       if (scale[r] > 0) costs[b].activation_bytes = held_per_micro_batch(*mem, static_cast<int>(b), scale[r], copies);
     }
@@ -376,7 +377,7 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   const PipelineSchedule schedule = make_schedule(kind, shape);
   auto terms_of = [&](const Partition& partition, const std::vector<BlockCost>& at) {
     RankTerms t = rank_terms(partition, at, schedule, shape, options, mem, scale, working, plan.micro_batch, copies);
-    add_tied_copies(profile, partition, shape, t);
+    add_tied_copies(profile, plan, partition, shape, t);
     return t;
   };
   RankTerms ranks = terms_of(*cut, costs);

@@ -67,6 +67,8 @@ struct Plan {
   bool async_checkpoint = false;
   // training.compute_weights under 16 bits (planner/weight_copy_terms.h).
   ComputeWeightsMode compute_weights = ComputeWeightsMode::kAuto;
+  // training.gradient_dtype under bf16 (planner/gradient_blocks.h, gradient_element_bytes).
+  GradientDtype gradient_dtype = GradientDtype::kAuto;
   int devices() const { return ranks * stages * tensor; }
 };
 

@@ -157,8 +157,8 @@ struct ModelProfile {
       full_recompute_replays;
   // ZeRO-2's gradient blocks along the step by (micro-batch, precision, overlapped, ranks with
   // accumulation): planner/shard_terms.h, gradient_blocks_term.
-  // (the last element: the step walked without the weights' casts, for kept copies).
-  mutable std::map<std::tuple<int64_t, int, bool, int, bool>, int64_t> gradient_block_walks;
+  // (the last elements: the step walked without the weights' casts, for kept copies, and bf16 gradients, training.gradient_dtype).
+  mutable std::map<std::tuple<int64_t, int, bool, int, bool, bool>, int64_t> gradient_block_walks;
   // What a step's live peak loses without the weights' casts by (micro-batch, precision):
   // planner/weight_copy_terms.h, activations_without_casts_change.
   mutable std::map<std::pair<int64_t, int>, int64_t> uncast_peak_changes;
@@ -180,7 +180,8 @@ struct ModelProfile {
   // ZeRO-3's gathered buckets along the step by (micro-batch, precision, prefetch,
   // overlapped, ranks with accumulation, 16-bit gathers: 0 none, 1 under a policy, 2 without):
   // planner/shard_terms.h, shard_memory_terms.
-  mutable std::map<std::tuple<int64_t, int, int, bool, int, int>, int64_t> gathered_walks;
+  // (and bf16 gradients' blocks, training.gradient_dtype)
+  mutable std::map<std::tuple<int64_t, int, int, bool, int, int, bool>, int64_t> gathered_walks;
   // The last few traces' folds for the walks along them (planner/gradient_blocks.h, StepFold),
   // each beside the trace it folds.
   mutable std::vector<std::pair<std::shared_ptr<const StepTrace>, std::shared_ptr<const StepFold>>> step_folds;

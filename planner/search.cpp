@@ -1,5 +1,6 @@
 #include "planner/search.h"
 
+#include "planner/gradient_blocks.h"
 #include "planner/weight_copy_terms.h"
 
 #include "planner/shard_terms.h"
@@ -60,6 +61,7 @@ std::string describe_plan(const Plan& p) {
   s += ", micro-batch " + std::to_string(p.micro_batch);
   if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
   s += p.precision == MixedPrecision::kOff ? std::string(", fp32") : std::string(", ") + choice_name(p.precision);
+  if (bf16_gradients(p)) s += " with bf16 gradients";
   if (evicts(p.policy)) s += std::string(", ") + choice_name(p.policy);
   if (p.policy == MemoryPolicy::kPerBlock && !p.stage_block_keep.empty()) {
     s += " keeping " + stage_keep_words(p.stage_block_keep) + " of each block by stage";
@@ -263,6 +265,7 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             p.micro_batch = local / accumulation;
             p.accumulation = accumulation;
             p.precision = precision;
+            p.gradient_dtype = options.gradient_dtype;
             p.policy = policy;
             p.budget_bytes = device_memory;
             p.shard = shard;
@@ -339,6 +342,25 @@ Prediction predict_stage_keeps_either_weights(Plan& plan, const std::function<Pr
   return *best;
 }
 
+// The 16-bit weights that fit (kept copies under full recomputation where they fit, and where
+// kept copies do not fit, the same plan casting at each read may); and where the plan does not fit
+// with fp32 gradients and auto leaves their type open, the same with bf16 gradients (half their
+// bytes, at accumulation's accuracy: chosen only where memory decides).
+Prediction predict_with_gradients_that_fit(Plan& plan, const std::function<Prediction(const Plan&)>& predict_plan) {
+  auto predict = [&](Plan& q) {
+    return q.block_keep_by_stage ? predict_stage_keeps_either_weights(q, predict_plan)
+                                 : predict_with_weights_that_fit(q, predict_plan);
+  };
+  Prediction prediction = predict(plan);
+  if (prediction.fits) return prediction;
+  std::optional<Plan> twin = bf16_gradients_twin(plan);
+  if (!twin) return prediction;
+  Prediction narrow = predict(*twin);
+  if (!narrow.fits) return prediction;
+  plan = std::move(*twin);
+  return narrow;
+}
+
 }  // namespace
 
 std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
@@ -367,8 +389,7 @@ std::vector<RankedPlan> rank_plans(const std::vector<Plan>& plans,
         // The 16-bit weights that fit: kept copies under full recomputation where they fit, and
         // where kept copies do not fit, the same plan casting at each read may.
         Plan plan = plans[i];
-        Prediction prediction = plan.block_keep_by_stage ? predict_stage_keeps_either_weights(plan, predict_plan)
-                                                         : predict_with_weights_that_fit(plan, predict_plan);
+        Prediction prediction = predict_with_gradients_that_fit(plan, predict_plan);
         ranked[i] = {std::move(plan), std::move(prediction)};
         // The cut it was predicted for, so that the plan written trains on it (the trainer would
         // otherwise balance by its own timing of the blocks, and cut elsewhere on a busy machine).

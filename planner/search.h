@@ -33,6 +33,9 @@ struct SearchOptions {
   // > 1: pipelines also as interleaved_1f1b with this many chunks per stage (Megatron's schedule:
   // a smaller bubble for more messages), where the micro-batches allow it.
   int virtual_stages = 1;
+  // training.gradient_dtype as configured: every candidate's (auto: fp32, and bf16 where fp32 does
+  // not fit and the plan trains in bf16: rank_plans tries the twin, bf16_gradients_twin).
+  GradientDtype gradient_dtype = GradientDtype::kAuto;
 };
 
 struct RankedPlan {

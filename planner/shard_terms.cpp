@@ -332,7 +332,8 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
   // overlap, and the shard of each bucket (by the ranks) where micro-batches accumulate.
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), prefetch_depth(plan),
                                    reduce_scatters_overlap(plan), plan.accumulation > 1 ? plan.ranks : 0,
-                                   copies != nullptr && plan.policy == MemoryPolicy::kNone ? 2 : copies != nullptr ? 1 : 0);
+                                   copies != nullptr && plan.policy == MemoryPolicy::kNone ? 2 : copies != nullptr ? 1 : 0,
+                                   bf16_gradients(plan));
   {
     const std::lock_guard<std::mutex> lock(g_gathered_mutex);
     auto it = profile.gathered_walks.find(key);
@@ -367,7 +368,7 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
   const auto& buckets = sharded_buckets(profile, plan.shard);
   if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty()) return;
   const int64_t per_element = state_bytes_per_element(profile);
-  const int64_t element = profile.parameters > 0 ? profile.gradient_bytes / profile.parameters : 4;
+  const int64_t element = gradient_element_bytes(profile, plan);
   // Each rank's share and its largest piece: the optimizer's temporaries are the size of the
   // largest tensor it steps, measured whole with the largest parameter.
   std::vector<int64_t> elements(static_cast<size_t>(plan.ranks)), largest_piece(static_cast<size_t>(plan.ranks));
@@ -454,9 +455,14 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
   for (const std::vector<int64_t>& members : sharded_buckets(profile, plan.shard))
     for (int64_t n : members) elements += n;
   int64_t bytes = profile.parameters > 0 ? elements * (profile.gradient_bytes / profile.parameters) : 0;
+  // The gradients' reduce-scatters move them in their own type (training.gradient_dtype).
+  int64_t gradient_bytes = elements * gradient_element_bytes(profile, plan);
   // Pipeline stages (ZeRO-1 only): each stage's replicas gather that stage's parameters; the
   // fullest stage's share is the step's.
-  if (plan.stages > 1) bytes = std::llround(static_cast<double>(bytes) * p.stage_state_share);
+  if (plan.stages > 1) {
+    bytes = std::llround(static_cast<double>(bytes) * p.stage_state_share);
+    gradient_bytes = std::llround(static_cast<double>(gradient_bytes) * p.stage_state_share);
+  }
   if (plan.shard == ShardLevel::kParameters) {
     // Every micro-batch gathers each block's buckets in forward and those backward reads again;
     // prefetched, what the block before computes hides.
@@ -480,7 +486,7 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
     // A reduce-scatter (a ring's half of an all-reduce) for every micro-batch: on the thread that
     // runs backward, nothing hides it; overlapped (reduce_scatters_overlap), the caller hides it
     // under backward where the device has an engine for it (planner/cost_model.cpp).
-    p.allreduce_ms = allgather_ms(machine, plan.ranks, bytes, plan.tensor) * static_cast<double>(plan.accumulation);
+    p.allreduce_ms = allgather_ms(machine, plan.ranks, gradient_bytes, plan.tensor) * static_cast<double>(plan.accumulation);
     p.allreduce_exposed_ms = p.allreduce_ms;
   }
 }

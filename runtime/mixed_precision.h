@@ -43,6 +43,25 @@ inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precisio
   return mode == ComputeWeightsMode::kKept || (mode == ComputeWeightsMode::kAuto && !evicting_budget);
 }
 
+// training.gradient_dtype: the type the weights' gradients are kept, accumulated, reduced and
+// stepped from. fp32 (the fp32 weights' own: 4 bytes a parameter, accumulation in fp32), or bf16
+// under bf16 precision (ZeRO's 16-bit gradients: 2 bytes, 2/N sharded, half the bytes on the
+// wire; each micro-batch's gradient rounded once as it is added and the sums accumulated in bf16,
+// so long accumulation loses low bits); auto: fp32 unless a plan chose bf16 because fp32 did not
+// fit (planner/search.h). Under fp16 precision the gradients stay fp32 (loss scaling's overflow
+// checks would need another type's range).
+enum class GradientDtype : uint8_t { kAuto, kFp32, kBf16 };
+template <>
+struct ChoiceNames<GradientDtype> {
+  static constexpr std::pair<GradientDtype, const char*> table[] = {
+      {GradientDtype::kAuto, "auto"}, {GradientDtype::kFp32, "fp32"}, {GradientDtype::kBf16, "bf16"}};
+};
+
+// Whether the weights' gradients are bf16: asked for under bf16 precision.
+inline bool keeps_bf16_gradients(GradientDtype dtype, MixedPrecision precision) {
+  return dtype == GradientDtype::kBf16 && precision == MixedPrecision::kBf16;
+}
+
 // nullopt: fp32 throughout.
 inline std::optional<at::ScalarType> autocast_type(MixedPrecision p) {
   switch (p) {

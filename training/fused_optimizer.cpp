@@ -60,10 +60,6 @@ __attribute__((always_inline)) inline void adamw_element(float& p, float g, floa
   v = vi;
 }
 
-HT_FUSED_CLONES void adamw_pass(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
-  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], g[i], m[i], v[i], s);
-}
-
 // bf16 to fp32 (exact) and back, rounding to nearest even with NaN kept quiet: c10::BFloat16's
 // conversion, which ATen's copy_ uses.
 __attribute__((always_inline)) inline float widen_bf16(uint16_t b) {
@@ -79,15 +75,43 @@ __attribute__((always_inline)) inline uint16_t round_bf16(float f) {
   return static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7FFF) >> 16);
 }
 
-// The moments in bf16: widened, stepped as adamw_pass steps them, rounded back.
-HT_FUSED_CLONES void adamw_pass_bf16_moments(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
-                                              const AdamWScalars& s) {
+// A gradient element as the passes read it: fp32 as it is, bf16 (training.gradient_dtype =
+// "bf16") widened, exactly.
+__attribute__((always_inline)) inline float gradient_value(float g) { return g; }
+__attribute__((always_inline)) inline float gradient_value(uint16_t g) { return widen_bf16(g); }
+
+template <typename G>
+__attribute__((always_inline)) inline void adamw_loop(float* p, const G* g, float* m, float* v, int64_t n,
+                                                      const AdamWScalars& s) {
+  for (int64_t i = 0; i < n; ++i) adamw_element(p[i], gradient_value(g[i]), m[i], v[i], s);
+}
+
+// The moments in bf16: widened, stepped as the fp32 pass steps them, rounded back.
+template <typename G>
+__attribute__((always_inline)) inline void adamw_loop_bf16_moments(float* p, const G* g, uint16_t* m, uint16_t* v,
+                                                                   int64_t n, const AdamWScalars& s) {
   for (int64_t i = 0; i < n; ++i) {
     float mi = widen_bf16(m[i]), vi = widen_bf16(v[i]);
-    adamw_element(p[i], g[i], mi, vi, s);
+    adamw_element(p[i], gradient_value(g[i]), mi, vi, s);
     m[i] = round_bf16(mi);
     v[i] = round_bf16(vi);
   }
+}
+
+// Each loop cloned for this CPU's vector units (a template cannot be cloned: one function each).
+HT_FUSED_CLONES void adamw_pass(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+  adamw_loop(p, g, m, v, n, s);
+}
+HT_FUSED_CLONES void adamw_pass(float* p, const uint16_t* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
+  adamw_loop(p, g, m, v, n, s);
+}
+HT_FUSED_CLONES void adamw_pass_bf16_moments(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                                              const AdamWScalars& s) {
+  adamw_loop_bf16_moments(p, g, m, v, n, s);
+}
+HT_FUSED_CLONES void adamw_pass_bf16_moments(float* p, const uint16_t* g, uint16_t* m, uint16_t* v, int64_t n,
+                                              const AdamWScalars& s) {
+  adamw_loop_bf16_moments(p, g, m, v, n, s);
 }
 
 struct SgdScalars {
@@ -100,9 +124,11 @@ struct SgdScalars {
 
 // libtorch 1.13's SGD: d = g.add(p, wd) (fmadd(p, wd, g)); with momentum, the buffer is d on the
 // first step and buf.mul_(m).add_(d, 1 - dampening) after; p.add_(d or buf, -lr).
-HT_FUSED_CLONES void sgd_pass(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s, bool first) {
+template <typename G>
+__attribute__((always_inline)) inline void sgd_loop(float* p, const G* g, float* buf, int64_t n, const SgdScalars& s,
+                                                    bool first) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i] * s.grad_scale;
+    const float gi = gradient_value(g[i]) * s.grad_scale;
     float d = s.decays ? std::fma(p[i], s.weight_decay, gi) : gi;
     if (buf != nullptr) {
       d = first ? d : std::fma(d, s.one_minus_dampening, buf[i] * s.momentum);
@@ -111,13 +137,31 @@ HT_FUSED_CLONES void sgd_pass(float* p, const float* g, float* buf, int64_t n, c
     p[i] = std::fma(d, s.neg_lr, p[i]);
   }
 }
+HT_FUSED_CLONES void sgd_pass(float* p, const float* g, float* buf, int64_t n, const SgdScalars& s, bool first) {
+  sgd_loop(p, g, buf, n, s, first);
+}
+HT_FUSED_CLONES void sgd_pass(float* p, const uint16_t* g, float* buf, int64_t n, const SgdScalars& s, bool first) {
+  sgd_loop(p, g, buf, n, s, first);
+}
 
 // The pass takes dense, contiguous fp32 tensors on the CPU, its state laid out as the parameter.
 // On meta tensors (a step traced without data, launcher/planning/meta_trace.h) as the traced
 // device steps (`meta_fused`): the pass allocates nothing but the state, and has no values to compute.
+// The gradient fp32, or bf16 (read widened).
 bool fusable(const at::Tensor& p, const at::Tensor& grad, bool meta_fused) {
   return (p.device().is_cpu() || (p.is_meta() && meta_fused)) && p.scalar_type() == at::kFloat &&
-         grad.scalar_type() == at::kFloat && !grad.is_sparse() && p.is_contiguous() && grad.is_contiguous();
+         (grad.scalar_type() == at::kFloat || grad.scalar_type() == at::kBFloat16) && !grad.is_sparse() &&
+         p.is_contiguous() && grad.is_contiguous();
+}
+
+// The pass's pointer to `grad`'s elements: fp32's, or bf16's bits.
+template <typename F>
+void with_gradient_elements(const at::Tensor& grad, F&& f) {
+  if (grad.scalar_type() == at::kBFloat16) {
+    f(reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()));
+  } else {
+    f(grad.data_ptr<float>());
+  }
 }
 
 // Refused before anything changes (the raw pass would read past a smaller gradient; torch::optim's
@@ -188,8 +232,12 @@ void set_state(Optimizer& optimizer, const at::Tensor& p, std::unique_ptr<torch:
   states[state_key<Key>(p)] = std::move(state);
 }
 
-// The gradient as the unfused path reads it: scaled first, as clip_grad_norm scaled it.
-at::Tensor scaled(const at::Tensor& grad, double scale) { return scale == 1.0 ? grad : grad * scale; }
+// The gradient as the unfused path reads it: in the parameter's type (a 16-bit gradient of an
+// fp32 weight widened, exactly, before anything else rounds it), scaled, as clip_grad_norm scaled it.
+at::Tensor scaled(const at::Tensor& grad, const at::Tensor& p, double scale) {
+  const at::Tensor g = grad.scalar_type() != p.scalar_type() && !grad.is_sparse() ? grad.to(p.scalar_type()) : grad;
+  return scale == 1.0 ? g : g * scale;
+}
 
 // One parameter's AdamW step: the options, the gradient's scale, the betas and the bias corrections.
 struct AdamWStep {
@@ -217,7 +265,7 @@ void adamw_sequence(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tenso
 // libtorch's own sequence, on the scaled gradient; moments not in fp32 widened first and rounded
 // back after (what the bf16 pass does element by element).
 void adamw_unfused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state, const AdamWStep& a) {
-  const at::Tensor g = scaled(grad, a.scale);
+  const at::Tensor g = scaled(grad, p, a.scale);
   const bool narrow = state.exp_avg().scalar_type() != p.scalar_type();
   at::Tensor m = narrow ? state.exp_avg().to(p.scalar_type()) : state.exp_avg();
   at::Tensor v = narrow ? state.exp_avg_sq().to(p.scalar_type()) : state.exp_avg_sq();
@@ -240,27 +288,28 @@ void adamw_fused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParam
   s.eps = static_cast<float>(a.o.eps());
   s.neg_step = static_cast<float>(-(a.o.lr() / a.bias1));
   float* pp = p.data_ptr<float>();
-  const float* gp = grad.data_ptr<float>();
-  if (state.exp_avg().scalar_type() == at::kBFloat16) {
-    auto* mp = reinterpret_cast<uint16_t*>(state.exp_avg().data_ptr<at::BFloat16>());
-    auto* vp = reinterpret_cast<uint16_t*>(state.exp_avg_sq().data_ptr<at::BFloat16>());
-    at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      adamw_pass_bf16_moments(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
-    });
-  } else {
-    float* mp = state.exp_avg().data_ptr<float>();
-    float* vp = state.exp_avg_sq().data_ptr<float>();
-    at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-      adamw_pass(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
-    });
-  }
+  with_gradient_elements(grad, [&](const auto* gp) {
+    if (state.exp_avg().scalar_type() == at::kBFloat16) {
+      auto* mp = reinterpret_cast<uint16_t*>(state.exp_avg().data_ptr<at::BFloat16>());
+      auto* vp = reinterpret_cast<uint16_t*>(state.exp_avg_sq().data_ptr<at::BFloat16>());
+      at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+        adamw_pass_bf16_moments(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
+      });
+    } else {
+      float* mp = state.exp_avg().data_ptr<float>();
+      float* vp = state.exp_avg_sq().data_ptr<float>();
+      at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+        adamw_pass(pp + begin, gp + begin, mp + begin, vp + begin, end - begin, s);
+      });
+    }
+  });
   p.unsafeGetTensorImpl()->bump_version();
 }
 
 // libtorch's own sequence, on the scaled gradient; returns the momentum buffer a first step makes.
 at::Tensor sgd_unfused(at::Tensor& p, const at::Tensor& grad, at::Tensor buf, bool first,
                        const torch::optim::SGDOptions& o, double scale) {
-  at::Tensor d = scaled(grad, scale);
+  at::Tensor d = scaled(grad, p, scale);
   if (o.weight_decay() != 0) d = d.add(p, o.weight_decay());
   at::Tensor made;
   if (o.momentum() != 0) {
@@ -286,10 +335,11 @@ void sgd_fused(at::Tensor& p, const at::Tensor& grad, const at::Tensor& buf, boo
   s.one_minus_dampening = static_cast<float>(1 - o.dampening());
   s.neg_lr = static_cast<float>(-o.lr());
   float* pp = p.data_ptr<float>();
-  const float* gp = grad.data_ptr<float>();
   float* bp = buf.defined() ? buf.data_ptr<float>() : nullptr;
-  at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    sgd_pass(pp + begin, gp + begin, bp != nullptr ? bp + begin : nullptr, end - begin, s, first);
+  with_gradient_elements(grad, [&](const auto* gp) {
+    at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      sgd_pass(pp + begin, gp + begin, bp != nullptr ? bp + begin : nullptr, end - begin, s, first);
+    });
   });
   p.unsafeGetTensorImpl()->bump_version();
 }

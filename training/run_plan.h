@@ -127,6 +127,7 @@ struct RunPlan {
   PipelinePlan pipeline;
   MixedPrecision precision = MixedPrecision::kOff;
   ComputeWeightsMode compute_weights = ComputeWeightsMode::kAuto;  // 16-bit precisions
+  GradientDtype gradient_dtype = GradientDtype::kAuto;  // bf16 precision: the gradients' type
   LossScalerOptions loss_scale;  // fp16
   OptimizerOptions optimizer;
   LoopPlan loop;

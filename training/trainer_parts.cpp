@@ -191,6 +191,9 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
   SyncLayout out;
   std::shared_ptr<CollectiveWorker> worker;  // sharded parameters' and gradients' collectives while a step runs
   const bool masters = shards_masters(plan);
+  // training.gradient_dtype = "bf16": the floating parameters' gradients in 16 bits.
+  const std::optional<at::ScalarType> floating =
+      keeps_bf16_gradients(plan.gradient_dtype, plan.precision) ? std::optional<at::ScalarType>(at::kBFloat16) : std::nullopt;
   if (level == ShardLevel::kParameters || masters) {
     out.parameter_shards = shard_parameters(plan, e, dp, tensor_parallel, masters, worker);  // gathered where read
   } else if (e.arena || level != ShardLevel::kNone) {
@@ -199,18 +202,19 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
   if (level >= ShardLevel::kGradients) {
     // Each bucket's block only while backward fills it, then this rank's share of its sum
     // (parallel/gradient_shards.h).
-    auto shards = std::make_shared<GradientShards>(dp.shared_group(), e.model->parameters(), dp.buckets());
+    auto shards = std::make_shared<GradientShards>(dp.shared_group(), e.model->parameters(), dp.buckets(), floating);
     e.gradient_slots = shards;
     e.interp.set_gradient_buffer(shards.get());
     overlap_reduce_scatters(plan, e, dp, *shards, out.parameter_shards != nullptr, tensor_parallel, worker);
     out.gradient_shards = shards;
     out.sync = std::make_unique<ShardedSync>(std::move(shards), out.parameter_shards);
   } else {
-    if (e.arena || dp.size() > 1) {
+    if (e.arena || dp.size() > 1 || floating) {
       // Under a budget, gradients get one block beside the parameters (alloc/gradient_buffer.h).
       // Laid out in the order data parallelism reduces them, each bucket is a span of the block,
       // reduced in place: no copies, and no memory beyond the gradients while backward runs.
-      auto block = std::make_shared<GradientBuffer>(dp.reduction_order());
+      // 16-bit gradients always have one: the block is where their type is chosen.
+      auto block = std::make_shared<GradientBuffer>(dp.reduction_order(), floating);
       e.gradients = block.get();
       e.gradient_slots = std::move(block);
       e.interp.set_gradient_buffer(e.gradients);

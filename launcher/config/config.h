@@ -117,6 +117,7 @@ struct TrainingConfig {
   int64_t eval_batches = 0;
   MixedPrecision mixed_precision = MixedPrecision::kOff;
   ComputeWeightsMode compute_weights = ComputeWeightsMode::kAuto;
+  GradientDtype gradient_dtype = GradientDtype::kAuto;  // bf16 precision (runtime/mixed_precision.h)
   double loss_scale = 65536.0;  // fp16: dynamic loss scaling (training/loss_scaler.h)
   double loss_scale_growth = 2.0;
   double loss_scale_backoff = 0.5;

@@ -245,6 +245,14 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "and the 16-bit copies are all-gathered once a step (Megatron's distributed optimizer; "
                     "memory.md)")
                   .only_when("training.mixed_precision = \"bf16\" or \"fp16\"", half));
+  auto bf16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kBf16; };
+  f.push_back(Field(&C::training, &TrainingConfig::gradient_dtype, "training", "gradient_dtype",
+                    "the type the weights' gradients are kept, accumulated, reduced and stepped from: fp32 (4 bytes "
+                    "a parameter), bf16 (2 bytes, 2/N sharded, half the bytes reduced; each micro-batch's gradient "
+                    "rounded as it is added and the sums kept in bf16, so long accumulation loses low bits: ZeRO's "
+                    "16-bit gradients), or auto (fp32, unless `plan` or strategy = \"auto\" chose bf16 because fp32 "
+                    "did not fit); memory.md")
+                  .only_when("training.mixed_precision = \"bf16\"", bf16));
   auto fp16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kFp16; };
   const char* fp16_words = "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range and needs no loss scaling)";
   f.push_back(Field(&C::training, &TrainingConfig::loss_scale, "training", "loss_scale",

@@ -272,6 +272,7 @@ RunPlan plan_of_config(const Config& c, int replicas) {
   p.stage_costs = c.parallel.stage_costs;
   plan.precision = c.training.mixed_precision;
   plan.compute_weights = c.training.compute_weights;
+  plan.gradient_dtype = c.training.gradient_dtype;
   plan.loss_scale = LossScalerOptions{c.training.loss_scale, c.training.loss_scale_growth,
                                       c.training.loss_scale_backoff, c.training.loss_scale_growth_interval};
   plan.optimizer = optimizer_options_of(c.training);
@@ -333,6 +334,7 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
   }
   c.training.mixed_precision = plan.precision;
   c.training.compute_weights = plan.compute_weights;
+  c.training.gradient_dtype = plan.gradient_dtype;
   const MemoryPlan& m = plan.memory;
   if (m.budget_bytes != budget_bytes_of(config)) c.memory.budget = std::to_string(m.budget_bytes);
   c.memory.policy = m.policy;

@@ -2,6 +2,7 @@
 #include "base/clock.h"
 
 #include "launcher/config/run_plan_of.h"
+#include "planner/gradient_blocks.h"
 #include "planner/weight_copy_terms.h"
 
 #include "launcher/planning/device_catalog.h"
@@ -223,6 +224,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   search.policies = args.policies;
   search.shards = args.shards;
   search.precisions = args.precisions;
+  search.gradient_dtype = config.training.gradient_dtype;
   if (search.precisions.empty()) {
     search.precisions = {config.training.mixed_precision};
     if (config.training.mixed_precision != MixedPrecision::kBf16) search.precisions.push_back(MixedPrecision::kBf16);
@@ -367,6 +369,8 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
   if (base.training.compute_weights == ComputeWeightsMode::kAuto && autocast_type(plan.precision)) {
     run.compute_weights = keeps_weight_copies(plan) ? ComputeWeightsMode::kKept : ComputeWeightsMode::kCast;
   }
+  // The gradients' type as predicted (a twin that fit only with bf16 gradients says so).
+  if (plan.precision == MixedPrecision::kBf16) run.gradient_dtype = plan.gradient_dtype;
   run.memory.policy = plan.policy;
   run.memory.block_keep_bytes = plan.block_keep_bytes;
   run.memory.block_keep_share = plan.block_keep_share;

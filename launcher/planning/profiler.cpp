@@ -38,6 +38,8 @@ Config point_config(const Config& job, int64_t micro, MixedPrecision precision) 
   // Casts at each read: the planner prices kept 16-bit copies from the casts this step makes
   // (planner/weight_copy_terms.h).
   c.training.compute_weights = ComputeWeightsMode::kCast;
+  // fp32 gradients: the planner prices bf16 ones from them (planner/gradient_blocks.h, gradient_element_bytes).
+  c.training.gradient_dtype = GradientDtype::kFp32;
   c.parallel.data_parallel = 1;
   c.parallel.pipeline_parallel = 1;  // one rank runs the whole model: the blocks' times are what stages cut
   c.parallel.shard = ShardLevel::kNone;  // one rank holds the whole state; the cost model divides it

@@ -31,6 +31,7 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.accumulation = run.batch.micro_batches;
   p.precision = run.precision;
   p.compute_weights = run.compute_weights;
+  p.gradient_dtype = run.gradient_dtype;
   p.policy = run.memory.policy;
   p.block_keep_bytes = run.memory.block_keep_bytes;
   p.block_keep_share = run.memory.block_keep_share;
@@ -412,6 +413,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       SearchOptions alternatives;
       alternatives.ranks = args.ranks;
       alternatives.precisions = {run.precision};
+      alternatives.gradient_dtype = run.gradient_dtype;
       alternatives.async_checkpoint = out.plan.async_checkpoint;
       alternatives.policies = args.policies;
       alternatives.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};

@@ -179,6 +179,15 @@ TEST_F(ConfigErrors, OptimizerStateDtype) {
   EXPECT_THAT(loaded.warnings[0], HasSubstr("training.optimizer_state_dtype has no effect"));
 }
 
+// training.gradient_dtype: a type it knows, and a word where it changes nothing (fp16, fp32 runs).
+TEST_F(ConfigErrors, GradientDtype) {
+  EXPECT_THAT(error_in(kGood, {"--training.mixed_precision=bf16", "--training.gradient_dtype=fp16"}),
+              HasSubstr("\"fp16\" is not allowed"));
+  const LoadedConfig loaded = load_config(dir_.write("w.toml", kGood), {override_of("--training.gradient_dtype=bf16")});
+  ASSERT_EQ(loaded.warnings.size(), 1u) << "kGood trains in fp32";
+  EXPECT_THAT(loaded.warnings[0], HasSubstr("training.gradient_dtype has no effect"));
+}
+
 TEST_F(ConfigErrors, PerBlockKeep) {
   const std::vector<std::string> per_block{"--memory.policy=per_block", "--memory.budget=64MiB"};
   for (const char* bad : {"lots", "-3MiB", "0x", "150%"}) {

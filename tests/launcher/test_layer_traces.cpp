@@ -32,7 +32,7 @@ global_batch_size = 4
 optimizer = "adamw"
 )";
 
-const char* kGpt = R"([model]
+const char* kTracedGpt = R"([model]
 name = "gpt"
 n_layer = 6
 n_head = 4
@@ -106,7 +106,7 @@ TEST(LayerTraces, ATensorParallelRanksStretchedStepsAreItsTracedSteps) {
   expect_same_profile(kLlama, {"--parallel.tensor_parallel=2", "--parallel.sequence_parallel=true"});
 }
 
-TEST(LayerTraces, TiedEmbeddingsAndDropoutStretch) { expect_same_profile(kGpt, {}); }
+TEST(LayerTraces, TiedEmbeddingsAndDropoutStretch) { expect_same_profile(kTracedGpt, {}); }
 
 TEST(LayerTraces, ShallowDecodersAreTracedWhole) {
   TempDir dir;

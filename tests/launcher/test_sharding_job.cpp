@@ -53,13 +53,6 @@ std::string model_at(const TempDir& dir, const std::string& run, int step) {
   return bytes;
 }
 
-// The number after `"key": ` in the last line of a metrics file that has it.
-int64_t last_number(const std::string& metrics, const std::string& key) {
-  const size_t at = metrics.rfind("\"" + key + "\": ");
-  if (at == std::string::npos) return -1;
-  return std::stoll(metrics.substr(at + key.size() + 4));
-}
-
 // Every tensor of two checkpoints' models within fp32 reduction-order tolerance. AdamW divides each
 // update by the root of its second moment, so for an element whose gradients are near zero a
 // rounding-level difference in them moves the update by a share of lr (0.01 here): 4 steps, at

@@ -91,6 +91,12 @@ INSTANTIATE_TEST_SUITE_P(
                    "[model]\nname = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nblock_size = 8\n",
                    {"--training.optimizer=adamw", "--training.lr=0.01", "--training.mixed_precision=bf16",
                     "--training.compute_weights=kept", "--training.micro_batch_size=8"}},
+        // bf16 gradients (two micro-batches a step, the second added into the bf16 block): a
+        // checkpoint holds no gradient, so the resumed steps are the uninterrupted ones.
+        ResumeCase{"gpt_bf16_gradients",
+                   "[model]\nname = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nblock_size = 8\n",
+                   {"--training.optimizer=adamw", "--training.lr=0.01", "--training.mixed_precision=bf16",
+                    "--training.gradient_dtype=bf16", "--training.micro_batch_size=8", "--training.grad_clip=0.5"}},
         // AdamW's moments in bf16 are written and read in bf16, and go on from there.
         ResumeCase{"gpt_bf16_moments",
                    "[model]\nname = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 8\nblock_size = 8\n",

@@ -538,3 +538,76 @@ TEST(ShardTerms, AFoldedStepWalksAsTheStepEventByEvent) {
 
 }  // namespace
 }  // namespace ht
+
+namespace ht {
+namespace {
+
+// training.gradient_dtype = "bf16" (planner/gradient_blocks.h): the profile is traced with fp32
+// gradients; a bf16 plan's gradient block, its shards and its reduce-scatters are the same
+// elements at 2 bytes. ZeRO's paper's 16-bit count at stage 2: 2/N of gradients where fp32 is 4/N.
+TEST(ShardTerms, Bf16GradientsAreTwoBytesAnElementInTheBlockTheShardsAndTheWire) {
+  const ModelProfile profile = adamw_profile();
+  Plan plan;
+  plan.ranks = 4;
+  plan.precision = MixedPrecision::kBf16;
+  plan.shard = ShardLevel::kGradients;
+  EXPECT_EQ(gradient_element_bytes(profile, plan), 4) << "auto: fp32";
+  EXPECT_EQ(gradient_block_bytes(profile, plan), profile.gradient_bytes);
+  Plan narrow = plan;
+  narrow.gradient_dtype = GradientDtype::kBf16;
+  EXPECT_EQ(gradient_element_bytes(profile, narrow), 2);
+  EXPECT_EQ(gradient_block_bytes(profile, narrow), arena_bytes(2 * 6610));
+  Plan off = narrow;
+  off.precision = MixedPrecision::kFp16;
+  EXPECT_EQ(gradient_element_bytes(profile, off), 4) << "bf16 gradients only under bf16 precision";
+
+  Prediction wide = whole(profile, 100000), half = whole(profile, 100000);
+  shard_memory_terms(profile, plan, wide);
+  shard_memory_terms(profile, narrow, half);
+  // Rank 0's shards (1003 + 650 elements, one tensor a bucket), and the largest bucket's block in
+  // flight beside the activations (no step to walk here): each at 2 bytes for 4.
+  EXPECT_EQ(wide.gradient_bytes, arena_bytes(4 * 1003) + arena_bytes(4 * 650) + arena_bytes(4 * 4010));
+  EXPECT_EQ(half.gradient_bytes, arena_bytes(2 * 1003) + arena_bytes(2 * 650) + arena_bytes(2 * 4010));
+  EXPECT_EQ(wide.peak_bytes - half.peak_bytes, wide.gradient_bytes - half.gradient_bytes);
+
+  Machine m;
+  m.devices_per_node = 8;
+  m.intra_node_gbps = 10;
+  m.intra_node_latency_us = 0;
+  Prediction wide_time, half_time;
+  shard_time_terms(profile, m, plan, wide_time);
+  shard_time_terms(profile, m, narrow, half_time);
+  EXPECT_GT(half_time.allreduce_ms, 0.0);
+  EXPECT_NEAR(half_time.allreduce_ms, wide_time.allreduce_ms / 2, 1e-12) << "half the bytes reduce-scattered";
+  EXPECT_DOUBLE_EQ(half_time.gather_ms, wide_time.gather_ms) << "the updated fp32 parameters are gathered as before";
+}
+
+// The search asks for bf16 gradients only where fp32 ones do not fit (auto), and never where the
+// config chose a type.
+TEST(ShardTerms, TheSearchTakesBf16GradientsOnlyWhereFp32OnesDoNotFit) {
+  Plan roomy;
+  roomy.precision = MixedPrecision::kBf16;
+  roomy.micro_batch = 4;
+  Plan tight = roomy;
+  tight.micro_batch = 8;
+  // Fits with fp32 gradients at micro-batch 4; at 8 only with bf16 ones; faster with fp32 ones.
+  auto predict = [](const Plan& p) {
+    Prediction r;
+    r.step_ms = bf16_gradients(p) ? 9 : 10;
+    r.fits = p.micro_batch == 4 || bf16_gradients(p);
+    return r;
+  };
+  const std::vector<RankedPlan> ranked = rank_plans({roomy, tight}, predict, Objective::kTime, 1);
+  ASSERT_EQ(ranked.size(), 2u);
+  for (const RankedPlan& r : ranked) {
+    EXPECT_TRUE(r.prediction.fits);
+    EXPECT_EQ(bf16_gradients(r.plan), r.plan.micro_batch == 8) << describe_plan(r.plan);
+  }
+  EXPECT_THAT(describe_plan(ranked[0].plan), ::testing::HasSubstr("bf16 with bf16 gradients"));
+  Plan fixed = tight;
+  fixed.gradient_dtype = GradientDtype::kFp32;
+  EXPECT_FALSE(rank_plans({fixed}, predict, Objective::kTime, 1)[0].prediction.fits) << "fp32 as configured";
+}
+
+}  // namespace
+}  // namespace ht

@@ -6,6 +6,7 @@
 #include "runtime/widening_add.h"
 #include "tests/support/op_check.h"
 
+#include <limits>
 #include <map>
 
 namespace ht::test {
@@ -138,6 +139,29 @@ TEST(WeightCopies, AWideningAddHasTheBitsOfAConversionAndAnAdd) {
   const at::Tensor g = at::randn({6, 4}).to(at::kBFloat16).t();  // strides differ: converted first
   add_widened(acc, g);
   expected.add_(g.to(at::kFloat));
+  EXPECT_TRUE(acc.equal(expected));
+}
+
+// The other way (training.gradient_dtype = "bf16": an fp32 gradient into a bf16 slot): added in
+// fp32 and rounded once, ATen's mixed add_'s bits, in one pass; NaN stays NaN.
+TEST(WeightCopies, ANarrowingAddRoundsOnceAsAtensMixedAdd) {
+  at::manual_seed(6);
+  for (int64_t n : {1, 7, 33, 100003}) {
+    at::Tensor acc = at::randn({n}).to(at::kBFloat16), expected = acc.clone(), twice = acc.clone();
+    at::Tensor g = at::randn({n}) * 3;
+    if (n == 33) g[5] = std::numeric_limits<float>::quiet_NaN();
+    add_widened(acc, g);
+    expected.add_(g);
+    EXPECT_TRUE(at::equal(acc.to(at::kFloat).nan_to_num(7), expected.to(at::kFloat).nan_to_num(7))) << n;
+    if (n == 100003) {
+      twice.add_(g.to(at::kBFloat16));  // g rounded, then the sum: what converting first would give
+      EXPECT_FALSE(acc.equal(twice)) << "one rounding, not two";
+    }
+  }
+  at::Tensor acc = at::randn({4, 6}).to(at::kBFloat16), expected = acc.clone();
+  const at::Tensor g = at::randn({6, 4}).t();  // strides differ: ATen's add_
+  add_widened(acc, g);
+  expected.add_(g);
   EXPECT_TRUE(acc.equal(expected));
 }
 

@@ -122,6 +122,13 @@ inline int run_logged(const std::string& command, const std::string& log) {
   return std::system((command + " > " + log + " 2>&1").c_str());
 }
 
+// The number after `"key": ` in the last line of a metrics file that has it; -1 where none has.
+inline int64_t last_number(const std::string& metrics, const std::string& key) {
+  const size_t at = metrics.rfind("\"" + key + "\": ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(metrics.substr(at + key.size() + 4));
+}
+
 inline bool have_mpirun() { return run("mpirun --version") == 0; }
 
 inline std::string mpirun(int ranks) {

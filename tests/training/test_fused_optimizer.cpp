@@ -50,8 +50,10 @@ std::vector<at::Tensor> copies(const std::vector<at::Tensor>& params) {
 // Steps both optimizers `steps` times on the same gradients; the reference's gradients are
 // multiplied by `scale` first, the fused one is told it. Every parameter and state tensor must
 // be the same bits after every step.
+// With `bf16_gradients` the fused one's gradients are bf16 (training.gradient_dtype = "bf16") and
+// the reference's the same values widened.
 void expect_same_steps(const MakeOptimizer& fused_of, const MakeOptimizer& reference_of, at::ScalarType dtype,
-                       double scale = 1.0, int steps = 4) {
+                       double scale = 1.0, int steps = 4, bool bf16_gradients = false) {
   std::vector<at::Tensor> mine = parameters(dtype), theirs = copies(mine);
   std::unique_ptr<torch::optim::Optimizer> fused = fused_of(mine), reference = reference_of(theirs);
   for (int step = 0; step < steps; ++step) {
@@ -61,9 +63,10 @@ void expect_same_steps(const MakeOptimizer& fused_of, const MakeOptimizer& refer
     set_learning_rate(*fused, lr);
     set_learning_rate(*reference, lr);
     for (size_t i = 0; i < mine.size(); ++i) {
-      const at::Tensor g = at::randn(mine[i].sizes(), mine[i].options().requires_grad(false)) * (step % 2 == 0 ? 1e-3 : 5.0);
+      at::Tensor g = at::randn(mine[i].sizes(), mine[i].options().requires_grad(false)) * (step % 2 == 0 ? 1e-3 : 5.0);
+      if (bf16_gradients) g = g.to(at::kBFloat16);
       mine[i].mutable_grad() = g.clone();
-      theirs[i].mutable_grad() = g.clone();
+      theirs[i].mutable_grad() = g.to(mine[i].scalar_type());
       if (scale != 1.0) theirs[i].mutable_grad().mul_(scale);
     }
     dynamic_cast<FusedStep&>(*fused).set_gradient_scale(scale);
@@ -119,6 +122,19 @@ TEST(FusedOptimizer, TheClippingCoefficientInsideThePassIsScalingTheGradientsFir
 TEST(FusedOptimizer, AParameterThePassDoesNotTakeStepsAsTorchOptimSteps) {
   expect_same_steps(adamw(0.1, true), adamw(0.1, false), at::kDouble, 0.5);
   expect_same_steps(sgd(0.9, 1e-4, true), sgd(0.9, 1e-4, false), at::kDouble, 0.5);
+}
+
+// training.gradient_dtype = "bf16": a bf16 gradient is read widened (exactly) by the pass and by
+// the path the pass does not take (double parameters): the steps of its widened values, clipped or not.
+TEST(FusedOptimizer, ABf16GradientStepsAsItsWidenedValues) {
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    for (double scale : {1.0, 0.37}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + ", scale " + std::to_string(scale));
+      expect_same_steps(adamw(0.1, true), adamw(0.1, false), dtype, scale, 4, true);
+      expect_same_steps(sgd(0.9, 1e-4, true), sgd(0.9, 1e-4, false), dtype, scale, 4, true);
+      expect_same_steps(sgd(0.0, 0.0, true), sgd(0.0, 0.0, false), dtype, scale, 4, true);
+    }
+  }
 }
 
 // The clipping coefficient is one step's: the next step reads the gradients as they are. A
