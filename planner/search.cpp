@@ -355,6 +355,10 @@ Prediction predict_with_gradients_that_fit(Plan& plan, const std::function<Predi
   if (prediction.fits) return prediction;
   std::optional<Plan> twin = bf16_gradients_twin(plan);
   if (!twin) return prediction;
+  // bf16 gradients save at most half the gradients' bytes: a plan over its room by more is not
+  // predicted twice (most of a large search's layouts do not fit).
+  if (prediction.usable_bytes > 0 && prediction.peak_bytes - prediction.gradient_bytes / 2 > prediction.usable_bytes)
+    return prediction;
   Prediction narrow = predict(*twin);
   if (!narrow.fits) return prediction;
   plan = std::move(*twin);
