@@ -22,7 +22,11 @@ int64_t gradient_block_bytes(const ModelProfile& profile, const Plan& plan) {
 }
 
 std::optional<Plan> bf16_gradients_twin(const Plan& plan) {
-  if (plan.gradient_dtype != GradientDtype::kAuto || plan.precision != MixedPrecision::kBf16) return std::nullopt;
+  // One micro-batch a step only: each gradient is then rounded to bf16 once (a reduction sums the
+  // ranks' in fp32 and rounds once), as a bf16 reduce-scatter would round it. With accumulation
+  // the running sum would be kept in bf16, which a search does not choose for a user.
+  if (plan.gradient_dtype != GradientDtype::kAuto || plan.precision != MixedPrecision::kBf16 || plan.accumulation > 1)
+    return std::nullopt;
   Plan twin = plan;
   twin.gradient_dtype = GradientDtype::kBf16;
   return twin;

@@ -48,7 +48,7 @@ inline bool keeps_weight_copies(ComputeWeightsMode mode, MixedPrecision precisio
 // under bf16 precision (ZeRO's 16-bit gradients: 2 bytes, 2/N sharded, half the bytes on the
 // wire; each micro-batch's gradient rounded once as it is added and the sums accumulated in bf16,
 // so long accumulation loses low bits); auto: fp32 unless a plan chose bf16 because fp32 did not
-// fit (planner/search.h). Under fp16 precision the gradients stay fp32 (loss scaling's overflow
+// fit a step of one micro-batch (planner/gradient_blocks.h, bf16_gradients_twin). Under fp16 precision the gradients stay fp32 (loss scaling's overflow
 // checks would need another type's range).
 enum class GradientDtype : uint8_t { kAuto, kFp32, kBf16 };
 template <>

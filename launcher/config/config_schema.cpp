@@ -251,7 +251,7 @@ void add_training_fields(std::vector<FieldSpec>& f) {
                     "a parameter), bf16 (2 bytes, 2/N sharded, half the bytes reduced; each micro-batch's gradient "
                     "rounded as it is added and the sums kept in bf16, so long accumulation loses low bits: ZeRO's "
                     "16-bit gradients), or auto (fp32, unless `plan` or strategy = \"auto\" chose bf16 because fp32 "
-                    "did not fit); memory.md")
+                    "did not fit a step of one micro-batch); memory.md")
                   .only_when("training.mixed_precision = \"bf16\"", bf16));
   auto fp16 = [](const Config& c) { return c.training.mixed_precision == MixedPrecision::kFp16; };
   const char* fp16_words = "training.mixed_precision = \"fp16\" (bf16 has fp32's exponent range and needs no loss scaling)";

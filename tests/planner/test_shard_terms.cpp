@@ -582,8 +582,8 @@ TEST(ShardTerms, Bf16GradientsAreTwoBytesAnElementInTheBlockTheShardsAndTheWire)
   EXPECT_DOUBLE_EQ(half_time.gather_ms, wide_time.gather_ms) << "the updated fp32 parameters are gathered as before";
 }
 
-// The search asks for bf16 gradients only where fp32 ones do not fit (auto), and never where the
-// config chose a type.
+// The search asks for bf16 gradients only where fp32 ones do not fit (auto) and a step is one
+// micro-batch, and never where the config chose a type.
 TEST(ShardTerms, TheSearchTakesBf16GradientsOnlyWhereFp32OnesDoNotFit) {
   Plan roomy;
   roomy.precision = MixedPrecision::kBf16;
@@ -607,6 +607,12 @@ TEST(ShardTerms, TheSearchTakesBf16GradientsOnlyWhereFp32OnesDoNotFit) {
   Plan fixed = tight;
   fixed.gradient_dtype = GradientDtype::kFp32;
   EXPECT_FALSE(rank_plans({fixed}, predict, Objective::kTime, 1)[0].prediction.fits) << "fp32 as configured";
+  Plan accumulating = tight;
+  accumulating.micro_batch = 4;
+  accumulating.accumulation = 2;
+  auto at_eight = [&](const Plan& p) { return predict([&] { Plan q = p; q.micro_batch = 8; return q; }()); };
+  EXPECT_FALSE(rank_plans({accumulating}, at_eight, Objective::kTime, 1)[0].prediction.fits)
+      << "no bf16 running sum over micro-batches chosen for the user";
 }
 
 }  // namespace
