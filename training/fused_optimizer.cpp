@@ -186,13 +186,15 @@ bool fusable_moments(const at::Tensor& p, const at::Tensor& m, const at::Tensor&
 }
 
 // ATen's multi-tensor AdamW on CUDA (compat::fused_adamw_cuda, libtorch >= 2.4) takes a parameter,
-// its gradient and its two moments dense and contiguous on one GPU, all four in one floating type.
+// its gradient and its two moments dense and contiguous on one GPU, all four in one floating type;
+// an fp32 parameter's bf16 gradient (training.gradient_dtype = "bf16") is widened for it (CudaBatch).
 bool cuda_fusable(const at::Tensor& p, const at::Tensor& grad, const at::Tensor& m, const at::Tensor& v) {
   if (!compat::kFusedAdamWOnCuda || !p.is_cuda()) return false;
   const at::ScalarType t = p.scalar_type();
   if (t != at::kFloat && t != at::kBFloat16 && t != at::kHalf) return false;
   for (const at::Tensor* x : {&p, &grad, &m, &v}) {
-    if (x->is_sparse() || x->scalar_type() != t || x->device() != p.device() || !x->is_contiguous() ||
+    const bool widened = x == &grad && t == at::kFloat && x->scalar_type() == at::kBFloat16;
+    if (x->is_sparse() || (x->scalar_type() != t && !widened) || x->device() != p.device() || !x->is_contiguous() ||
         x->numel() != p.numel()) {
       return false;
     }
@@ -200,14 +202,42 @@ bool cuda_fusable(const at::Tensor& p, const at::Tensor& grad, const at::Tensor&
   return true;
 }
 
-// One (step count, type, device)'s CUDA parameters, stepped together after the group's others.
+// Widened bf16 gradients a CUDA launch holds at once: about 64 MiB (or one tensor larger), so a
+// model's gradients are never widened whole. (Not in the planner's optimizer temporaries yet.)
+constexpr int64_t kWidenedBytes = int64_t{64} << 20;
+
+// One (step count, type, device)'s CUDA parameters, stepped together after the group's others:
+// in one call, or where gradients are bf16, in calls of about kWidenedBytes of widened ones.
 struct CudaBatch {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  bool narrow_gradients = false;
   void add(const at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state) {
     params.push_back(p);
     grads.push_back(grad);
     exp_avgs.push_back(state.exp_avg());
     exp_avg_sqs.push_back(state.exp_avg_sq());
+    narrow_gradients = narrow_gradients || grad.scalar_type() != p.scalar_type();
+  }
+  // `run(params, grads, exp_avgs, exp_avg_sqs)` for each launch.
+  template <typename Run>
+  void launch(const Run& run) const {
+    if (!narrow_gradients) return run(params, grads, exp_avgs, exp_avg_sqs);
+    size_t first = 0;
+    while (first < params.size()) {
+      std::vector<at::Tensor> wide;
+      int64_t bytes = 0;
+      size_t end = first;
+      for (; end < params.size() && (end == first || bytes + 4 * params[end].numel() <= kWidenedBytes); ++end) {
+        wide.push_back(grads[end].to(params[end].scalar_type()));
+        bytes += 4 * params[end].numel();
+      }
+      const auto part = [&](const std::vector<at::Tensor>& all) {
+        return std::vector<at::Tensor>(all.begin() + static_cast<std::ptrdiff_t>(first),
+                                       all.begin() + static_cast<std::ptrdiff_t>(end));
+      };
+      run(part(params), wide, part(exp_avgs), part(exp_avg_sqs));
+      first = end;
+    }
   }
 };
 
@@ -404,10 +434,12 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       }
     }
     for (auto& [key, b] : cuda) {
-      const bool ran = compat::fused_adamw_cuda(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, std::get<0>(key), o.lr(),
-                                                beta1, beta2,
-                                                o.weight_decay(), o.eps(), scale_);
-      TORCH_INTERNAL_ASSERT(ran, "a CUDA batch without ATen's fused AdamW");
+      b.launch([&](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                   const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs) {
+        const bool ran = compat::fused_adamw_cuda(params, grads, exp_avgs, exp_avg_sqs, std::get<0>(key), o.lr(), beta1,
+                                                  beta2, o.weight_decay(), o.eps(), scale_);
+        TORCH_INTERNAL_ASSERT(ran, "a CUDA batch without ATen's fused AdamW");
+      });
     }
   }
   return loss;

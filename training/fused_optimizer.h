@@ -20,12 +20,12 @@
 // (fewer roundings): within rounding of it, the same bits run to run (tests/training/test_fused_optimizer.cpp).
 //
 // A gradient in bf16 (training.gradient_dtype = "bf16") is read widened, exactly, by the CPU
-// pass: the same bits as widening it first. (ATen's CUDA kernel wants it in the parameter's type:
-// on CUDA such a parameter takes torch::optim's sequence on its widened gradient, not yet
-// measured on a GPU.)
+// pass: the same bits as widening it first. ATen's CUDA kernel wants it in the parameter's type:
+// on CUDA the batch widens such gradients about 64 MiB at a time for its launches (not yet run on
+// a GPU).
 //
-// A parameter neither takes (not fp32, not dense and contiguous, on CUDA moments or a gradient in
-// another type than the parameter's, AdamW with amsgrad, SGD on CUDA) steps as torch::optim steps
+// A parameter neither takes (not fp32, not dense and contiguous, on CUDA moments in another type
+// than the parameter's, AdamW with amsgrad, SGD on CUDA) steps as torch::optim steps
 // it, its gradient widened to the parameter's type and scaled first.
 
 #include <torch/optim/adamw.h>

@@ -252,6 +252,20 @@ TEST(FusedOptimizer, OnAGpuAdamWIsAtensMultiTensorKernelWithinRoundingAndRepeats
       }
     }
   }
+  // bf16 gradients (training.gradient_dtype = "bf16"): widened for the kernel, the same bits as
+  // the kernel on the widened values.
+  {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const at::Tensor g = at::randn(start[i].sizes()).to(gpu).to(at::kBFloat16);
+      mine[i].mutable_grad() = g.clone();
+      again[i].mutable_grad() = g.to(at::kFloat);
+    }
+    dynamic_cast<FusedStep&>(*fused).set_gradient_scale(scale);
+    dynamic_cast<FusedStep&>(*twice).set_gradient_scale(scale);
+    fused->step();
+    twice->step();
+    for (size_t i = 0; i < mine.size(); ++i) EXPECT_TRUE(mine[i].equal(again[i])) << "bf16 gradient " << i;
+  }
   // bf16 moments: torch::optim's kernels on widened copies, rounded back.
   auto& f = dynamic_cast<FusedAdamW&>(*fused);
   f.set_state_dtype(at::kBFloat16);
