@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -31,6 +34,19 @@ GradientBuffer::GradientBuffer(const std::vector<at::Tensor>& params, std::optio
 }
 
 at::Tensor gradient_norm(const at::Tensor& grad) {
+  if (grad.scalar_type() == at::kBFloat16 && grad.is_cpu() && grad.is_contiguous()) {
+    // One pass over the bits, the squares summed in double in element order: no fp32 copy of the
+    // gradient (ATen's norm with an fp32 result makes one on the CPU), the same bits on every rank.
+    const auto* x = reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>());
+    double sum = 0;
+    for (int64_t i = 0, n = grad.numel(); i < n; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(x[i]) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      sum += static_cast<double>(f) * static_cast<double>(f);
+    }
+    return at::scalar_tensor(std::sqrt(sum), grad.options().dtype(at::kDouble));
+  }
   const bool narrow = grad.scalar_type() == at::kBFloat16 || grad.scalar_type() == at::kHalf;
   return narrow ? at::norm(grad, 2, at::kFloat) : grad.norm();
 }

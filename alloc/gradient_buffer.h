@@ -29,8 +29,9 @@ class GradientSlots {
   virtual at::Tensor slot(const at::Tensor& param) const = 0;
 };
 
-// A gradient's 2-norm in its own type, or in fp32 for a 16-bit gradient (ATen's norm of a bf16
-// tensor is rounded to bf16's 8 bits): every rank and stage takes a parameter's norm alike.
+// A gradient's 2-norm in its own type, or wider for a 16-bit gradient (ATen's norm of a bf16
+// tensor is rounded to bf16's 8 bits): on the CPU a bf16 gradient's squares summed in double in
+// one pass over its bits, elsewhere fp32. Every rank and stage takes a parameter's norm alike.
 at::Tensor gradient_norm(const at::Tensor& grad);
 
 class GradientBuffer final : public GradientSlots {

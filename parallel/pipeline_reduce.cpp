@@ -19,7 +19,9 @@ void PipelineStage::sum_tied_gradients() {
   for (const TiedParameter& t : tied_) {
     if (t.owner != rank() && t.user != rank()) continue;
     const int other = t.owner == rank() ? t.user : t.owner;
-    at::Tensor mine = t.param.grad().defined() ? t.param.grad().contiguous() : at::zeros_like(t.param);
+    at::Tensor mine = t.param.grad().defined()
+                          ? t.param.grad().contiguous()
+                          : at::zeros_like(t.param, t.param.options().dtype(gradient_type_of(t.param, floating_)));
     at::Tensor theirs = at::empty_like(mine);
     auto sent = pipeline_->isend(mine, other, kTiedTag, "a tied weight's gradient");
     auto received = pipeline_->irecv(theirs, other, kTiedTag, "a tied weight's gradient");

@@ -19,6 +19,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace ht {
@@ -58,8 +59,11 @@ class PipelineStage {
   Tensor forward_only(Interpreter& interp, const at::Tensor& input, int64_t n);
 
   // A tied weight's two gradients (first and last stage) summed on both, in the same order, so
-  // both copies step alike.
+  // both copies step alike; a stage without one sends zeros in the gradients' type.
   void sum_tied_gradients();
+  // The type of a floating parameter's gradients where not its own (training.gradient_dtype =
+  // "bf16"; GradientBuffer's `floating`).
+  void set_gradient_type(std::optional<at::ScalarType> floating) { floating_ = floating; }
   // Every parameter's gradient norm, gathered from the stage that trains it, in model order
   // (parameters without a gradient left out): what one rank's clip_grad_norm combines.
   at::Tensor gradient_norms();
@@ -83,6 +87,7 @@ class PipelineStage {
   int64_t model_parameters() const { return model_parameters_; }
 
  private:
+  std::optional<at::ScalarType> floating_;
   struct InFlight {
     Tape tape;
     Tensor input;   // the received activation (virtual stage > 0)

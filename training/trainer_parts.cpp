@@ -223,7 +223,10 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
     out.sync = dp.size() > 1 ? std::unique_ptr<GradientSync>(std::make_unique<AllReduceSync>(dp))
                              : std::make_unique<LocalSync>();
   }
-  if (stage) out.sync = std::make_unique<PipelineSync>(std::move(stage), std::move(out.sync));
+  if (stage) {
+    stage->set_gradient_type(floating);
+    out.sync = std::make_unique<PipelineSync>(std::move(stage), std::move(out.sync));
+  }
   return out;
 }
 

@@ -93,7 +93,10 @@ std::string plan_first_step(const Config& config, const RunPlan& plan, const Dat
   CapturedStep step;
   try {
     const auto batch = [&] { return traced_batch(info, plan.batch.micro, /*meta=*/true); };
-    step = trace_step_for_plan(config, make, batch, state_in_device_memory(plan));
+    // The gradients in the run's type (parallel.strategy = "auto" may have chosen bf16 ones).
+    Config traced = config;
+    traced.training.gradient_dtype = plan.gradient_dtype;
+    step = trace_step_for_plan(traced, make, batch, state_in_device_memory(plan));
   } catch (const std::exception& e) {
     // The plan ahead is an optimization: a model the trace cannot run trains as before.
     return std::string("static plan: the trace on meta tensors failed (") + e.what() +

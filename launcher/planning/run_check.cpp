@@ -220,6 +220,9 @@ struct Decision {
   int64_t threshold_permille = 900;  // memory.eviction_threshold
   int64_t block_keep_permille = 0;   // per_block: the share each block keeps (0: as configured)
   bool block_offload = false;        // per_block: memory.block_offload (memory.policy = "auto"'s choice)
+  // training.gradient_dtype as the plan was predicted with it (auto: a searched plan that fits
+  // only with bf16 gradients has them).
+  GradientDtype gradient_dtype = GradientDtype::kAuto;
 };
 
 Decision share(const ProcessGrid& grid, Decision d) {
@@ -227,7 +230,7 @@ Decision share(const ProcessGrid& grid, Decision d) {
   at::Tensor t = at::tensor({static_cast<int64_t>(d.refuse), d.micro_batch, static_cast<int64_t>(d.policy),
                              d.budget_bytes, static_cast<int64_t>(d.shard), d.prefetch,
                              static_cast<int64_t>(d.state_on_host), d.threshold_permille, d.block_keep_permille,
-                             static_cast<int64_t>(d.block_offload)},
+                             static_cast<int64_t>(d.block_offload), static_cast<int64_t>(d.gradient_dtype)},
                             at::kLong);
   // Rank 0's group first, then each replica's first rank to its group (without a tensor-parallel
   // group, the one broadcast).
@@ -236,7 +239,8 @@ Decision share(const ProcessGrid& grid, Decision d) {
   if (grid.tensor_parallel > 1) grid.tensor_parallel_group->broadcast(t, 0, "the plan of rank 0");
   return {t[0].item<int64_t>() != 0, t[1].item<int64_t>(), static_cast<MemoryPolicy>(t[2].item<int64_t>()),
           t[3].item<int64_t>(), static_cast<ShardLevel>(t[4].item<int64_t>()), t[5].item<int64_t>(),
-          t[6].item<int64_t>() != 0, t[7].item<int64_t>(), t[8].item<int64_t>(), t[9].item<int64_t>() != 0};
+          t[6].item<int64_t>() != 0, t[7].item<int64_t>(), t[8].item<int64_t>(), t[9].item<int64_t>() != 0,
+          static_cast<GradientDtype>(t[10].item<int64_t>())};
 }
 
 // parallel.strategy = "auto": the plan trains rank 0's choice.
@@ -248,6 +252,7 @@ void apply(RunPlan& run, const Decision& d) {
   run.sync.shard = run.grid.data > 1 ? d.shard : ShardLevel::kNone;
   if (d.shard == ShardLevel::kParameters) run.sync.prefetch = d.prefetch;
   run.memory.budget_bytes = d.budget_bytes;
+  run.gradient_dtype = d.gradient_dtype;
   // The chosen plan's share of each block, over a configured one (the plan was predicted with it);
   // an offloading plan's none too (every stage's 0%, below), over a configured share (a configured
   // plan in bytes or per stage, trained where no searched plan fits, stays).
@@ -292,7 +297,7 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
     decision = {false, out.plan.micro_batch, out.plan.policy,
                 evicts(out.plan.policy) ? out.limit_bytes : run.memory.budget_bytes, out.plan.shard,
                 out.plan.prefetch, false, std::lround(run.memory.eviction_threshold * 1000),
-                std::lround(out.plan.block_keep_share * 1000)};
+                std::lround(out.plan.block_keep_share * 1000), false, out.plan.gradient_dtype};
     char text[320];
     std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the tensor-parallel "
                   "group's collectives (%s; never refused)", format_bytes(out.prediction.peak_bytes).c_str(),
@@ -430,7 +435,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
                 evicts(out.plan.policy) ? out.limit_bytes : run.memory.budget_bytes, out.plan.shard,
                 out.plan.prefetch, out.plan.state_on_host,
                 std::lround(out.plan.eviction_threshold * 1000), std::lround(out.plan.block_keep_share * 1000),
-                out.plan.block_offload};
+                out.plan.block_offload, out.plan.gradient_dtype};
   }
   // The other ranks sleep while rank 0 profiles: spinning in MPI, they took the cores its
   // measurements ran on (4 ranks on 2 cores: predicted steps off by 1.5-2.4x between two runs).
