@@ -166,16 +166,10 @@ void GradientShards::finish_step() {
   ms_ += flags_ms;
   wait_ms_ += flags_ms;
   std::copy(had.data_ptr<float>(), had.data_ptr<float>() + had.numel(), had_anywhere_.begin());
-  // As DataParallel's mean: the sum times 1/N (bf16 sums as its scale_in_place rounds them: 1/N
-  // kept in fp32, one rounding, at any N).
+  // As DataParallel's mean: the sum times 1/N, through the same scale_in_place (fp32 as ATen's
+  // mul_; bf16 with 1/N kept in fp32, one rounding, at any N).
   const double inverse = 1.0 / static_cast<double>(group_->size());
-  for (Bucket& b : buckets_) {
-    if (b.sum.scalar_type() == at::kBFloat16) {
-      scale_in_place(b.sum, inverse);
-    } else {
-      b.sum.mul_(inverse);
-    }
-  }
+  for (Bucket& b : buckets_) scale_in_place(b.sum, inverse);
   stats_.comm_ms = ms_;
   stats_.wait_ms = wait_ms_;
   stats_.overlap = ms_ > 0 ? std::clamp(1.0 - wait_ms_ / ms_, 0.0, 1.0) : 0.0;

@@ -62,6 +62,13 @@ inline bool keeps_bf16_gradients(GradientDtype dtype, MixedPrecision precision) 
   return dtype == GradientDtype::kBf16 && precision == MixedPrecision::kBf16;
 }
 
+// The type a floating parameter's gradients are kept in where not the parameter's own
+// (GradientBuffer's and GradientShards' `floating`); nullopt: its own.
+inline std::optional<at::ScalarType> floating_gradient_type(GradientDtype dtype, MixedPrecision precision) {
+  if (keeps_bf16_gradients(dtype, precision)) return at::kBFloat16;
+  return std::nullopt;
+}
+
 // nullopt: fp32 throughout.
 inline std::optional<at::ScalarType> autocast_type(MixedPrecision p) {
   switch (p) {

@@ -192,8 +192,7 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
   std::shared_ptr<CollectiveWorker> worker;  // sharded parameters' and gradients' collectives while a step runs
   const bool masters = shards_masters(plan);
   // training.gradient_dtype = "bf16": the floating parameters' gradients in 16 bits.
-  const std::optional<at::ScalarType> floating =
-      keeps_bf16_gradients(plan.gradient_dtype, plan.precision) ? std::optional<at::ScalarType>(at::kBFloat16) : std::nullopt;
+  const std::optional<at::ScalarType> floating = floating_gradient_type(plan.gradient_dtype, plan.precision);
   if (level == ShardLevel::kParameters || masters) {
     out.parameter_shards = shard_parameters(plan, e, dp, tensor_parallel, masters, worker);  // gathered where read
   } else if (e.arena || level != ShardLevel::kNone) {

@@ -57,9 +57,8 @@ CapturedStep trace_step_for_plan(const Config& config, const std::function<std::
   }
   // Gradients into one block, as the trainer's under a budget (their bytes are the step's fixed
   // ones), in the run's type (training.gradient_dtype).
-  const bool bf16_gradients = keeps_bf16_gradients(config.training.gradient_dtype, config.training.mixed_precision);
-  const GradientBuffer gradients(model->parameters(),
-                                 bf16_gradients ? std::optional<at::ScalarType>(at::kBFloat16) : std::nullopt);
+  const GradientBuffer gradients(model->parameters(), floating_gradient_type(config.training.gradient_dtype,
+                                                                            config.training.mixed_precision));
   TraceExtras extras;
   extras.gradients = &gradients;
   extras.capture_graph = true;
