@@ -157,10 +157,11 @@ void* CpuArena::allocate_at(int64_t offset, size_t bytes) {
 }
 
 CpuArena::End CpuArena::end_for(size_t bytes, bool activation, bool recomputed) const {
-  const int64_t small = std::min<int64_t>(int64_t{1} << 20, capacity() / 256);
-  if (!activation || static_cast<int64_t>(bytes) < small) return End::kHigh;
+  if (!activation || static_cast<int64_t>(bytes) < small_block_bytes(capacity())) return End::kHigh;
   return recomputed ? End::kBestFit : End::kLow;
 }
+
+int64_t CpuArena::small_block_bytes(int64_t capacity) { return std::min<int64_t>(int64_t{1} << 20, capacity / 256); }
 
 int64_t CpuArena::rounded_size(size_t bytes) {
   return bytes == 0 ? kAlign : round_up(static_cast<int64_t>(bytes));

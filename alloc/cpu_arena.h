@@ -78,6 +78,9 @@ class CpuArena {
   // A regenerated activation (`recomputed`) takes the smallest free block that fits (kBestFit):
   // it closes a hole rather than cutting into the largest free range a later request may need.
   End end_for(size_t bytes, bool activation, bool recomputed = false) const;
+  // Below this size a block is small (end_for) in an arena of `capacity` bytes: 1 MiB, or a 256th
+  // of a smaller arena.
+  static int64_t small_block_bytes(int64_t capacity);
   // Merges the block with its free neighbours. Throws std::logic_error unless p starts an
   // allocated block; nullptr is a no-op.
   void deallocate(void* p);

@@ -310,6 +310,7 @@ class Replay {
   }
 
   bool make_room(int64_t need) {
+    result_.budget_acted = true;
     while (true) {
       const ArenaStats s = arena_.stats();
       if (s.largest_free_block >= need) return true;
@@ -355,6 +356,7 @@ class Replay {
   void prepare(int64_t expected_bytes) {
     const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(arena_.capacity()));
     while (arena_.stats().in_use + expected_bytes > target) {
+      result_.budget_acted = true;
       const int victim = pick_victim();
       if (victim < 0) break;  // what is left is pinned; an allocation may still fail
       evict(victim);

@@ -59,7 +59,11 @@ struct ReplayResult {
                                  // evicted, or a tensor needed again could not be regenerated
   int64_t peak_bytes = 0;        // highest arena in_use (rounded blocks, persistent included)
   int64_t forward_end_bytes = 0;  // arena in_use when the first backward kernel began
-  int64_t evictions = 0;
+  int64_t evictions = 0;         // DTR's, and checkpoint_blocks' drops
+  // The budget acted: some allocation found no free block that fits, or the bytes in use passed
+  // the eviction threshold. Where it did not, the replay at a larger budget is this one (but for
+  // a regenerated block's best fit: planner/recompute_terms.cpp, held_from_below).
+  bool budget_acted = false;
   int64_t window_evictions = 0;  // of those, made by windows (as MemoryStats::window_evictions)
   int64_t recomputations = 0;    // kernels re-run to regenerate
   double recompute_ms = 0;       // sum of their TraceKernel::ms

@@ -94,6 +94,7 @@ struct BlockRecomputeReplay {
   int64_t working_bytes = 0;  // what backward adds at most while it regenerates a block
   double recompute_ms = 0;    // the regenerations' kernels
   int64_t evictions = 0;
+  bool budget_acted = false;  // ReplayResult's
   std::string failure;        // empty: the replay ran in the budget
   int64_t min_budget_bytes = 0;  // when it did not: what it would have needed at least
   // Under per_block: the block run most often (the repeating one) and its plan, at the replayed

@@ -1,5 +1,6 @@
 #include "planner/recompute_terms.h"
 
+#include "alloc/cpu_arena.h"
 #include "planner/dtr_replay.h"
 #include "planner/memory_terms.h"
 #include "planner/pipeline_terms.h"
@@ -8,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <atomic>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -27,6 +30,38 @@ struct BlockKeep {
   schedule::BlockLink link;
 };
 
+using ReplayCache = decltype(ModelProfile::full_recompute_replays);
+
+// A replay at a smaller budget that holds at `budget_bytes` (the caller holds g_replays_mutex), or
+// none. One the budget left alone (ReplayResult::budget_acted) that did not fail does, without
+// offload: at a larger budget every tensor is allocated and freed at the same kernels, so the
+// bytes in use are the same at every step, below a higher eviction threshold, and the arena's
+// blocks go where they went (the lowest free block that fits, or the highest: the same blocks but
+// the free range between the arena's two ends, larger by the budgets' difference). Two things
+// could differ: below 256 MiB an arena's small blocks are a 256th of it
+// (CpuArena::small_block_bytes), so both budgets must give the same; and a regenerated block's
+// best fit could take another free block where the one between the ends has grown past it, which
+// 48 random block traces at the edge of the budget never showed
+// (DtrReplay.AReplayTheBudgetLeftAloneHoldsAtEveryLargerBudget). Offload's prefetches fill what
+// room the budget leaves, so a replay with a link holds only at its own. The search's budgets for
+// one device are the device less what one to three communicators hold (Machine::reserved_bytes),
+// 700 MiB apart on an H100: each was replayed before.
+const BlockRecomputeReplay* held_from_below(const ReplayCache& cache, const ReplayCache::key_type& key) {
+  const auto& [micro_batch, precision, budget, keep_bytes, keep_share, ms_per_byte, host_bytes] = key;
+  if (ms_per_byte > 0 || host_bytes > 0) return nullptr;
+  const int64_t small = CpuArena::small_block_bytes(CpuArena::rounded_size(static_cast<size_t>(budget)));
+  const auto first = cache.lower_bound(std::make_tuple(micro_batch, precision, int64_t{0}, int64_t{0}, 0.0, 0.0, int64_t{0}));
+  for (auto it = first; it != cache.end(); ++it) {
+    const auto& [m, p, b, kb, ks, ml, hb] = it->first;
+    if (m != micro_batch || p != precision || b >= budget) break;
+    const BlockRecomputeReplay& r = it->second;
+    if (kb == keep_bytes && ks == keep_share && ml == 0 && hb == 0 && r.failure.empty() && !r.budget_acted &&
+        CpuArena::small_block_bytes(CpuArena::rounded_size(static_cast<size_t>(b))) == small)
+      return &r;
+  }
+  return nullptr;
+}
+
 BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                                    int64_t budget_bytes, BlockKeep keep) {
   const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes, keep.bytes, keep.share,
@@ -35,6 +70,7 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
     const std::lock_guard<std::mutex> lock(g_replays_mutex);
     auto it = profile.full_recompute_replays.find(key);
     if (it != profile.full_recompute_replays.end()) return it->second;
+    if (const BlockRecomputeReplay* below = held_from_below(profile.full_recompute_replays, key)) return *below;
   }
   ReplayOptions options;
   options.budget_bytes = budget_bytes;
@@ -51,6 +87,7 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
     out.working_bytes = std::max<int64_t>(0, r.peak_bytes - r.forward_end_bytes);
     out.recompute_ms = r.recompute_ms;
     out.evictions = r.evictions;
+    out.budget_acted = r.budget_acted;
     const schedule::SolvedBlock* most = nullptr;
     for (const schedule::SolvedBlock& b : r.blocks)
       if (most == nullptr || b.uses > most->uses) most = &b;
@@ -66,6 +103,17 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
   const std::lock_guard<std::mutex> lock(g_replays_mutex);
   profile.full_recompute_replays.emplace(key, out);  // a replay another thread finished first stays
   return out;
+}
+
+// The replay replay_blocks keeps for these arguments, if one was made.
+std::optional<BlockRecomputeReplay> cached_replay(const ModelProfile& profile, int64_t micro_batch,
+                                                  MixedPrecision precision, int64_t budget_bytes, BlockKeep keep) {
+  const std::lock_guard<std::mutex> lock(g_replays_mutex);
+  auto it = profile.full_recompute_replays.find(std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes,
+                                                                keep.bytes, keep.share, keep.link.ms_per_byte,
+                                                                keep.link.host_bytes));
+  if (it == profile.full_recompute_replays.end()) return std::nullopt;
+  return it->second;
 }
 
 // The profiled micro-batch sizes at `precision` (the profile's own thread count), ascending.
@@ -120,6 +168,33 @@ std::vector<ReplayKey> first_replays(const ModelProfile& profile, const Plan& pl
   return {{sizes[0], room}, {sizes[1], room}};
 }
 
+struct AheadJob {
+  const ModelProfile* profile;
+  int64_t micro_batch;
+  MixedPrecision precision;
+  std::vector<int64_t> budgets;  // replayed in this order, one after the other
+  BlockKeep keep;
+};
+
+// Each job on one of up to `threads` threads.
+void run_ahead(const std::vector<AheadJob>& jobs, int threads) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    try {
+      for (size_t i = next++; i < jobs.size(); i = next++)
+        for (int64_t budget : jobs[i].budgets)
+          replay_blocks(*jobs[i].profile, jobs[i].micro_batch, jobs[i].precision, budget, jobs[i].keep);
+    } catch (...) {
+      next = jobs.size();  // a head start only: predict replays what is missing, and says what failed
+    }
+  };
+  std::vector<std::thread> pool;
+  const size_t workers = std::min(static_cast<size_t>(std::clamp(threads, 1, 16)), jobs.size());
+  for (size_t t = 1; t < workers; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
 }  // namespace
 
 // A search predicts thousands of plans over a dozen micro-batch sizes per tensor-parallel size,
@@ -171,37 +246,41 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
 }
 
 void replay_blocks_ahead(const std::vector<std::pair<const ModelProfile*, Plan>>& plans, int threads) {
-  struct Job {
-    const ModelProfile* profile;
-    int64_t micro_batch;
-    MixedPrecision precision;
-    int64_t budget_bytes;
-    BlockKeep keep;
-  };
-  std::vector<Job> jobs;
-  std::set<std::tuple<const ModelProfile*, int64_t, int, int64_t, int64_t, double>> seen;
+  // First the rooms', each distinct one once.
+  using RoomKey = std::tuple<const ModelProfile*, int64_t, int, int64_t, int64_t, double>;
+  std::set<RoomKey> seen;
+  std::vector<AheadJob> jobs;
   for (const auto& [profile, plan] : plans) {
+    const BlockKeep keep = block_keep(plan, {});  // a cluster's search offers no offload
     for (const ReplayKey& k : first_replays(*profile, plan)) {
-      const BlockKeep keep = block_keep(plan, {});  // a cluster's search offers no offload
       if (seen.emplace(profile, k.micro_batch, static_cast<int>(plan.precision), k.budget_bytes, keep.bytes, keep.share)
               .second)
-        jobs.push_back({profile, k.micro_batch, plan.precision, k.budget_bytes, keep});
+        jobs.push_back({profile, k.micro_batch, plan.precision, {k.budget_bytes}, keep});
     }
   }
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    try {
-      for (size_t i = next++; i < jobs.size(); i = next++)
-        replay_blocks(*jobs[i].profile, jobs[i].micro_batch, jobs[i].precision, jobs[i].budget_bytes, jobs[i].keep);
-    } catch (...) {
-      next = jobs.size();  // a head start only: predict replays what is missing, and says what failed
-    }
-  };
-  std::vector<std::thread> pool;
-  const size_t workers = std::min(static_cast<size_t>(std::clamp(threads, 1, 16)), jobs.size());
-  for (size_t t = 1; t < workers; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  run_ahead(jobs, threads);
+  // Then the budgets where a room's replay does not hold: each replay's budgets on one thread,
+  // smallest first, so that the larger ones find it (held_from_below) rather than replay again.
+  using BudgetsKey = std::tuple<const ModelProfile*, int64_t, int, int64_t, double>;
+  std::map<BudgetsKey, AheadJob> by_replay;
+  for (const auto& [profile, plan] : plans) {
+    const std::vector<ReplayKey> keys = first_replays(*profile, plan);
+    if (keys.size() != 1 || keys[0].budget_bytes == plan.budget_bytes) continue;
+    const BlockKeep keep = block_keep(plan, {});
+    const std::optional<BlockRecomputeReplay> room =
+        cached_replay(*profile, plan.micro_batch, plan.precision, keys[0].budget_bytes, keep);
+    if (!room || holds_at(*room, plan.budget_bytes)) continue;
+    AheadJob& job = by_replay[{profile, plan.micro_batch, static_cast<int>(plan.precision), keep.bytes, keep.share}];
+    if (job.budgets.empty()) job = {profile, plan.micro_batch, plan.precision, {}, keep};
+    job.budgets.push_back(plan.budget_bytes);
+  }
+  jobs.clear();
+  for (auto& [key, job] : by_replay) {
+    std::sort(job.budgets.begin(), job.budgets.end());
+    job.budgets.erase(std::unique(job.budgets.begin(), job.budgets.end()), job.budgets.end());
+    jobs.push_back(std::move(job));
+  }
+  run_ahead(jobs, threads);
 }
 
 void block_recompute_step_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan,

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -366,6 +367,102 @@ TEST(DtrReplay, RegenerationThroughAFreedBatchFails) {
   EXPECT_EQ(r.min_budget_bytes, 0);
   EXPECT_NE(r.failure.find("kernel " + std::to_string(reader)), std::string::npos) << r.failure;
   EXPECT_NE(r.failure.find("tensor " + std::to_string(x)), std::string::npos) << r.failure;
+}
+
+// `blocks` blocks of `ops` forward op calls, each reading the block's input or an earlier output
+// of its block (its output 64 KiB to 96 MiB, some with a temporary beside it), then backward in
+// reverse: each op's backward reads its inputs and output, makes a gradient, and frees the output.
+StepTrace random_block_trace(std::mt19937& rng, int blocks, int ops) {
+  auto bytes = [&] {
+    const int64_t sizes[] = {64 << 10, 512 << 10, 3 * kMiB, 16 * kMiB, 40 * kMiB, 96 * kMiB};
+    return sizes[std::uniform_int_distribution<int>(0, 5)(rng)];
+  };
+  TraceBuilder b;
+  b.trace.persistent_bytes = 300 * kMiB;
+  struct Op {
+    int kernel, output;
+  };
+  std::vector<Op> forward;
+  int input = b.alloc(8 * kMiB, -1, false);  // the batch
+  for (int block = 0; block < blocks; ++block) {
+    std::vector<int> made{input};
+    for (int i = 0; i < ops; ++i) {
+      std::vector<int> reads{made[std::uniform_int_distribution<size_t>(0, made.size() - 1)(rng)]};
+      if (made.size() > 1 && rng() % 2 == 0) reads.push_back(made[made.size() - 2]);
+      const int k = b.kernel(0.5 + static_cast<double>(rng() % 8), reads);
+      b.trace.kernels[static_cast<size_t>(k)].modeled_ms = b.trace.kernels[static_cast<size_t>(k)].ms;
+      b.trace.kernels[static_cast<size_t>(k)].block = block;
+      b.begin(k);
+      const int temporary = rng() % 3 == 0 ? b.alloc(bytes(), -1, true) : -1;
+      const int out = b.alloc(bytes(), k, true);
+      if (temporary >= 0) b.free(temporary);
+      b.end(k);
+      made.push_back(out);
+      forward.push_back({k, out});
+    }
+    input = made.back();
+  }
+  int previous = -1;
+  for (auto op = forward.rbegin(); op != forward.rend(); ++op) {
+    std::vector<int> saved = b.trace.kernels[static_cast<size_t>(op->kernel)].inputs;
+    saved.push_back(op->output);
+    const int k = b.kernel(1.0, saved, true);
+    b.trace.kernels[static_cast<size_t>(k)].block = b.trace.kernels[static_cast<size_t>(op->kernel)].block;
+    b.begin(k);
+    const int grad = b.alloc(bytes(), -1, false);
+    b.end(k);
+    if (previous >= 0) b.free(previous);
+    b.free(op->output);
+    previous = grad;
+  }
+  b.free(previous);
+  return b.trace;
+}
+
+// The planner reuses a block replay the budget left alone (no eviction for room or threshold,
+// no allocation without a free block that fits) at every larger budget (planner/recompute_terms.cpp,
+// held_from_below): its figures must be the larger budget's. Random block traces under full
+// recomputation and per-block plans, each replayed at the smallest budget (to 1 MiB) the budget
+// leaves alone, where regenerated blocks' best fit meets the free range between the arena's ends
+// most, then at larger ones: the same peak, forward end, evictions, regenerations and victims.
+TEST(DtrReplay, AReplayTheBudgetLeftAloneHoldsAtEveryLargerBudget) {
+  std::mt19937 rng(7);
+  int acted = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const StepTrace trace = random_block_trace(rng, 5, 8);
+    ReplayOptions o;
+    o.checkpoint_blocks = 5;
+    o.block_keep_share = (trial % 3) * 0.4;  // 0: full recomputation
+    auto at = [&](int64_t budget) {
+      o.budget_bytes = budget;
+      return replay_step(trace, o);
+    };
+    int64_t lo = 256 * kMiB, hi = 64 * 1024 * kMiB;  // small blocks are 1 MiB at both (CpuArena::small_block_bytes)
+    ASSERT_FALSE(at(hi).budget_acted);
+    if (at(lo).budget_acted) {
+      ++acted;
+      while (hi - lo > kMiB) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        (at(mid).budget_acted ? lo : hi) = mid;
+      }
+    } else {
+      hi = lo;
+    }
+    const ReplayResult least = at(hi);
+    ASSERT_TRUE(least.feasible) << least.failure;
+    for (int64_t more : {int64_t{64}, kMiB, 37 * kMiB, 700 * kMiB, 5 * 1024 * kMiB}) {
+      const ReplayResult r = at(hi + more);
+      SCOPED_TRACE("trial " + std::to_string(trial) + ", budget " + std::to_string(hi) + " + " + std::to_string(more));
+      EXPECT_FALSE(r.budget_acted);
+      EXPECT_EQ(r.peak_bytes, least.peak_bytes);
+      EXPECT_EQ(r.forward_end_bytes, least.forward_end_bytes);
+      EXPECT_EQ(r.evictions, least.evictions);
+      EXPECT_EQ(r.recomputations, least.recomputations);
+      EXPECT_EQ(r.recompute_ms, least.recompute_ms);
+      EXPECT_EQ(r.victims, least.victims);
+    }
+  }
+  EXPECT_GE(acted, 24) << "most trials must reach a budget that acts, or the edge is not tested";
 }
 
 TEST(DtrReplay, RejectsMalformedInput) {
