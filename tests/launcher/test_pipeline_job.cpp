@@ -403,6 +403,14 @@ TEST(PipelineJobMemory, OffloadOnEachStageIsPredictedAndChangesNoBit) {
   std::smatch predicted;
   ASSERT_TRUE(std::regex_search(summary, predicted, std::regex("\"predicted_swap_out_bytes\": ([0-9.e+]+)"))) << summary;
   EXPECT_NEAR(std::stod(predicted[1]) / measured, 1.0, 0.05) << "predicted " << predicted[1] << ", measured " << measured;
+  // Within 5% of the fullest stage's predicted peak the budget is tight: said before training,
+  // which goes on (whether a step then finds no room depends on the copies' timing: not asserted).
+  std::smatch peak;
+  ASSERT_TRUE(std::regex_search(summary, peak, std::regex("\"predicted_peak_bytes\": ([0-9]+)"))) << summary;
+  const int64_t tight = std::stoll(peak[1]) * 102 / 100;
+  run_logged(job + "--memory.policy=per_block --memory.block_keep=0%,0% --memory.block_offload=true --training.steps=1 "
+                   "--memory.budget=" + std::to_string(tight) + " --job.output_dir=" + dir.path("tight"), log);
+  EXPECT_THAT(read_file(log), HasSubstr("is tight: the fullest pipeline stage's predicted peak")) << read_file(log);
 }
 
 TEST(PipelineJobErrors, RefusalsSayWhatWouldWork) {

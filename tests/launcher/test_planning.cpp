@@ -277,6 +277,41 @@ TEST(Planning, PredictsPerBlockPlansPeakAndRegenerations) {
   }
 }
 
+// Pipeline stages on CPU ranks are priced from the blocks' replay, which cannot see what backward's
+// prefetches of offloaded values add (a stage ran out of room in a budget 3% over its prediction):
+// a stage within 5% of its budget is a tight fit (warned, trained), as eviction_terms' replay at
+// 95% makes it for one stage.
+TEST(Planning, PipelineStagesKeepAFivePercentMarginUnderABudget) {
+  TempDir dir;
+  const Config config = config_for(dir, kGptToPlan, {"--model.n_layer=6", "--model.block_size=64",
+                                                     "--memory.budget=256MiB", "--memory.policy=per_block"});
+  const ModelProfile profile = profile_of(config, 4);
+  Plan plan;
+  plan.micro_batch = 4;
+  plan.accumulation = 4;
+  plan.stages = 2;
+  plan.ranks = 1;
+  plan.policy = MemoryPolicy::kPerBlock;
+  plan.block_offload = true;
+  plan.stage_block_keep = {0.0, 0.0};
+  auto at = [&](int64_t budget) {
+    plan.budget_bytes = budget;
+    Machine here;
+    here.device_memory = budget;
+    return predict(profile, here, plan);
+  };
+  const Prediction roomy = at(budget_bytes_of(config));
+  ASSERT_TRUE(roomy.fits) << roomy.why_not;
+  const int64_t peak = roomy.peak_bytes;
+  const Prediction tight = at(peak * 103 / 100);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_TRUE(tight.within_margin) << tight.why_not;
+  EXPECT_THAT(tight.why_not, HasSubstr("leaves less than 5% of the budget"));
+  EXPECT_EQ(tight.peak_bytes, peak) << "the same plan, only its margin short";
+  const Prediction enough = at(peak * 106 / 100);
+  EXPECT_TRUE(enough.fits) << enough.why_not;
+}
+
 // Full recomputation in bf16, the weights cast at each read or kept once a step: each run's peak
 // as the planner predicts it (kept copies beside one block's casts at most: weight_kept_twin), a
 // search that leaves the choice to auto keeps them where they fit, and they train the same bits.
