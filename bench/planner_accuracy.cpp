@@ -48,9 +48,25 @@ struct RowSpec {
   double dtr_share = 0;  // > 0: dtr in a budget of this share of the plan's peak without eviction
   int steps = 0;         // 0: --steps
   bool varies = false;   // each step samples different work (the supernet): compared by the median
+  // >= 0: memory.policy = "per_block" keeping this share of each block (with offload: 0 is
+  // everything to host or regenerated), in a budget of budget_share of the plan's peak without
+  // eviction, raised by 5% until the planner thinks it works.
+  double block_keep = -1;
+  bool offload = false;
+  double budget_share = 0;
 };
 
+RowSpec per_block_row(const char* model, const JobSpec& job, int64_t micro, double keep, bool offload,
+                      double budget_share) {
+  RowSpec r{model, job, 1, micro, 1};
+  r.block_keep = keep;
+  r.offload = offload;
+  r.budget_share = budget_share;
+  return r;
+}
+
 struct Row {
+  int number = 0;  // in row_specs' list, from 1 (--rows)
   RowSpec spec;
   const Planned* planned = nullptr;
   Plan plan;
@@ -70,6 +86,7 @@ struct ScenarioSpec {
 
 struct Options {
   bool quick = false;
+  std::vector<int> rows;  // --rows: these rows only (and no scenarios); empty: all
   bool keep_runs = false;
   int steps = 10;
   bool profiles = false;
@@ -130,7 +147,9 @@ std::vector<RowSpec> row_specs(const Jobs& j, bool quick) {
           {"GPT-large", j.gpt_large(), 1, 32, 1, MixedPrecision::kOff, 0.65},
           {"GPT-large", j.gpt_large(), 2, 8, 2, MixedPrecision::kBf16},
           {"supernet", j.supernet(), 1, 64, 1, MixedPrecision::kOff, 0, 0, true},
-          {"supernet", j.supernet(), 4, 16, 1, MixedPrecision::kOff, 0, 0, true}};
+          {"supernet", j.supernet(), 4, 16, 1, MixedPrecision::kOff, 0, 0, true},
+          per_block_row("GPT-large", j.gpt_large(), 32, 0.5, false, 0.85),
+          per_block_row("GPT-large", j.gpt_large(), 32, 0.0, true, 0.7)};
 }
 
 std::vector<ScenarioSpec> scenario_specs(const Jobs& j, bool quick) {
@@ -177,6 +196,14 @@ Row plan_row(PlanCache& cache, const std::vector<RowSpec>& specs, const RowSpec&
     row.predicted = predict(profile, machine, row.plan);
     if (row.predicted.fits) break;
   }
+  for (double share = s.budget_share; s.block_keep >= 0 && share < 0.99; share += 0.05) {
+    row.plan.policy = MemoryPolicy::kPerBlock;
+    row.plan.block_keep_share = s.block_keep;
+    row.plan.block_offload = s.offload;
+    row.plan.budget_bytes = std::llround(unconstrained * share);
+    row.predicted = predict(profile, machine, row.plan);
+    if (row.predicted.fits) break;
+  }
   std::vector<int64_t> micros;  // every micro-batch size of the job's rows, each traced
   for (const RowSpec& o : specs) {
     if (o.job.config == s.job.config && o.job.overrides == s.job.overrides) micros.push_back(o.micro);
@@ -194,11 +221,15 @@ double compared_ms(const RowSpec& spec, const Measurement& m) { return spec.vari
 double error_pct(double predicted, double measured) { return 100.0 * (predicted - measured) / measured; }
 
 std::string short_plan(const Plan& p) {
-  char text[96];
+  char text[128];
+  std::string policy = choice_name(p.policy);
+  if (p.policy == MemoryPolicy::kPerBlock) {
+    policy += " " + std::to_string(std::lround(100 * p.block_keep_share)) + "%" + (p.block_offload ? " off" : "");
+  }
   std::snprintf(text, sizeof text, "%d%s %3lld x %-2lld  %-4s  %s%s", p.devices(),
                 p.stages > 1 ? ("(" + std::to_string(p.stages) + "st)").c_str() : "", static_cast<long long>(p.micro_batch),
                 static_cast<long long>(p.accumulation), p.precision == MixedPrecision::kOff ? "fp32" : choice_name(p.precision),
-                !evicts(p.policy) ? "none" : (choice_name(p.policy) + std::string(" @ ") + std::to_string(std::lround(p.budget_bytes / kMiB)) +
+                !evicts(p.policy) ? "none" : (policy + " @ " + std::to_string(std::lround(p.budget_bytes / kMiB)) +
                                                " MiB").c_str(),
                 p.ranks > 1 && p.shard != ShardLevel::kNone
                     ? (" zero" + std::to_string(static_cast<int>(p.shard))).c_str()
@@ -251,7 +282,7 @@ void print_rows(const std::vector<Row>& rows) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const Measurement& m = r.measured;
-    std::printf("| %2zu | %-9s | %-30s | %s | %+7.1f | %s | %9.1f | %6.1f%% |\n", i + 1, r.spec.model.c_str(),
+    std::printf("| %2d | %-9s | %-30s | %s | %+7.1f | %s | %9.1f | %6.1f%% |\n", r.number, r.spec.model.c_str(),
                 short_plan(r.plan).c_str(), versus(r.predicted.peak_bytes / kMiB, m.peak_bytes / kMiB, m.ok, 2).c_str(),
                 m.ok ? error_pct(r.traced.peak_bytes, m.peak_bytes) : NAN,
                 versus(r.predicted.step_ms, compared_ms(r.spec, m), m.ok, 1).c_str(), m.step_ms, r.run_to_run_pct);
@@ -274,7 +305,7 @@ void print_terms(const std::vector<Row>& rows) {
     std::snprintf(measured, sizeof measured, "%4lld/%-4.0f | %7.2f/%-7.2f | %6.0f-%-6.0f | %5.2f",
                   static_cast<long long>(p.evictions), m.evictions, m.first_peak_bytes / kMiB,
                   m.later_peak_bytes / kMiB, m.fastest_ms, m.slowest_ms, m.other_load);
-    std::printf("| %2zu | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %s |\n", i + 1, p.compute_ms,
+    std::printf("| %2d | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %9.1f | %s |\n", rows[i].number, p.compute_ms,
                 p.optimizer_ms, p.compute_ms + p.optimizer_ms, compared_ms(rows[i].spec, m) - m.recompute_ms - m.comm_ms, p.recompute_ms,
                 m.recompute_ms, p.allreduce_exposed_ms, m.comm_ms, measured);
   }
@@ -289,7 +320,12 @@ std::vector<Row> run_rows(PlanCache& cache, const Options& o, const Jobs& jobs, 
     specs.erase(std::remove_if(specs.begin(), specs.end(), [](const RowSpec& s) { return s.ranks > 1; }), specs.end());
   }
   std::vector<Row> rows;
-  for (const RowSpec& s : specs) rows.push_back(plan_row(cache, specs, s));  // every profile first, alone
+  for (size_t i = 0; i < specs.size(); ++i) {  // every profile first, alone
+    const int number = static_cast<int>(i) + 1;
+    if (!o.rows.empty() && std::find(o.rows.begin(), o.rows.end(), number) == o.rows.end()) continue;
+    rows.push_back(plan_row(cache, specs, specs[i]));
+    rows.back().number = number;
+  }
   // Every row twice, the second pass after the first: the machine's drift between a row's runs.
   std::vector<Measurement> first;
   for (int pass = 0; pass < 2; ++pass) {
@@ -297,7 +333,7 @@ std::vector<Row> run_rows(PlanCache& cache, const Options& o, const Jobs& jobs, 
       Row& r = rows[i];
       std::fprintf(stderr, "[row %zu/%zu, run %d of 2] %s\n", i + 1, rows.size(), pass + 1, r.spec.model.c_str());
       Measurement m = measure_plan(o, r.planned->config, r.plan, r.spec.steps > 0 ? r.spec.steps : o.steps,
-                                   "row" + std::to_string(i + 1) + (pass == 0 ? "" : "b"), outcome);
+                                   "row" + std::to_string(r.number) + (pass == 0 ? "" : "b"), outcome);
       if (pass == 0) {
         first.push_back(std::move(m));
         continue;
@@ -445,6 +481,8 @@ int main(int argc, char** argv) {
   o.runner.binary = ht::bench::default_binary();
   o.runner.mpirun = HT_MPIEXEC;
   app.add_flag("--quick", o.quick, "2 rows and 1 scenario of a few steps, for a smoke run");
+  app.add_option("--rows", o.rows, "only these rows (numbers as the full table has them), and no scenario")
+      ->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--binary", o.runner.binary, "the hybrid_train to measure with")->capture_default_str();
   app.add_option("--mpirun", o.runner.mpirun, "mpirun for runs of several ranks; empty: skip them")
       ->capture_default_str();
@@ -482,7 +520,9 @@ int main(int argc, char** argv) {
   if (threads > 0) jobs.extra.push_back("training.threads=" + std::to_string(threads));
   try {
     const auto rows = ht::bench::run_rows(cache, o, jobs, outcome);
-    for (const auto& s : ht::bench::scenario_specs(jobs, o.quick)) ht::bench::run_scenario(cache, o, s, outcome);
+    if (o.rows.empty()) {
+      for (const auto& s : ht::bench::scenario_specs(jobs, o.quick)) ht::bench::run_scenario(cache, o, s, outcome);
+    }
     ht::bench::print_summary(rows, outcome);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_planner_accuracy: %s\n", e.what());

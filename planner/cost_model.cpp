@@ -142,9 +142,10 @@ bool fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
              p.peak_bytes > plan.budget_bytes * 95 / 100) {
     // Pipeline stages on the machine at hand are priced from the blocks' replay, not the whole
     // step's in the arena: they keep the 5% margin eviction_terms keeps for what a replay cannot
-    // see. Two GPT stages offloading every block (0%,0%) peaked 1.69 MiB where 1.42 was predicted
-    // (backward's prefetches fill what room there is), and in a budget 3% over the prediction
-    // found no room at their second or fourth step. Trained with a warning, as eviction_terms'.
+    // see. Two GPT stages offloading every block (0%,0%) peak 2.11 MiB where 1.98 is predicted
+    // (the stage's prefetches are priced from the whole model's replay), and in a budget 3% over
+    // an earlier prediction found no room at their second or fourth step. Trained with a
+    // warning, as eviction_terms' margin is.
     p.fits = false;
     p.within_margin = true;
     p.why_not = "the fullest pipeline stage's predicted peak (" + format_bytes(p.peak_bytes) +

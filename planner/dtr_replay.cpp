@@ -80,6 +80,14 @@ class Replay {
     for (int t = 0; t < static_cast<int>(trace.tensors.size()); ++t) {
       if (trace.tensors[t].producer >= 0) outputs_[trace.tensors[t].producer].push_back(t);
     }
+    if (options.block_link.on()) {
+      backward_at_.assign(trace.kernels.size(), -1);
+      for (const TraceEvent& e : trace.events) {
+        if (e.kind != Kind::kKernelBegins || !trace.kernels[e.index].backward || backward_at_[e.index] >= 0) continue;
+        backward_at_[e.index] = static_cast<int>(backward_.size());
+        backward_.push_back(e.index);
+      }
+    }
   }
 
   ~Replay() {  // the arena leaks its mapping (and warns) if destroyed with blocks in use
@@ -169,11 +177,13 @@ class Replay {
       result_.forward_end_bytes = arena_.stats().in_use;
     }
     if (options_.checkpoint_blocks > 0 && !kernel.backward && kernel.block != block_) {
+      settle_offloads();
       if (block_ >= 0 && block_ + 1 < options_.checkpoint_blocks) drop_block();
       block_made_.clear();
       last_made_.clear();
       block_ = kernel.block;
     }
+    if (!backward_at_.empty() && kernel.backward) prefetch_saved(backward_at_[k]);
     open_.push_back(k);
     const std::vector<int>& inputs = trace_.kernels[k].inputs;
     // Pin every input first, so that regenerating one cannot make room by dropping another.
@@ -242,6 +252,44 @@ class Replay {
     if (!result_.feasible) return;
     slots_[target].last_access = now_;
     unpin(target);
+  }
+
+  // As Tape::prefetch_saved with planned offload: before backward kernel `now` (its place in
+  // backward) runs, the offloaded values the kernels from it to `kLookahead` ahead read come back,
+  // in order, while they fit under the eviction threshold without regenerating anything; to make
+  // room for one, values read later than it that have a host copy are dropped (HostSwap's
+  // later_victim: the one made first). The first that does not fit ends it until the next kernel.
+  // With room to spare the device fills with them: the measured peak, which the plan's need
+  // alone missed by a third (GPT-large, keeping nothing on the device, 2026-12-05).
+  static constexpr int kLookahead = 24;  // as SwapOptions::lookahead_entries
+  void prefetch_saved(int now) {
+    ahead_ = std::max(ahead_, now);
+    for (; ahead_ < static_cast<int>(backward_.size()) && ahead_ - now < kLookahead; ++ahead_) {
+      for (int t : trace_.kernels[backward_[static_cast<size_t>(ahead_)]].inputs) {
+        if (!prefetch(t)) return;
+      }
+    }
+  }
+
+  bool prefetch(int t) {
+    Slot& slot = slots_[t];
+    if (slot.state == State::kResident || !slot.on_host) return true;
+    const int64_t need = CpuArena::rounded_size(static_cast<size_t>(trace_.tensors[t].bytes));
+    const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(arena_.capacity()));
+    while (arena_.stats().in_use + need > target) {
+      int later = -1;
+      for (int v : roots_) {
+        if (v < t && slots_[v].on_host && evictable(v) && (later < 0 || v < later)) later = v;
+      }
+      if (later < 0) return false;
+      evict(later);
+    }
+    const auto bytes = static_cast<size_t>(trace_.tensors[t].bytes);
+    void* data = arena_.allocate(bytes, arena_.end_for(bytes, true, /*recomputed=*/true));
+    if (data == nullptr) return false;  // no free block fits without evicting: later
+    make_resident(t, data);
+    result_.offload_in_bytes += trace_.tensors[t].bytes;
+    return true;
   }
 
   void bring_back(int t, int reader) {
@@ -477,13 +525,26 @@ class Replay {
     for (size_t i = 0; i < made.size(); ++i) {
       if (!saved[i] || (plan != nullptr && plan->keep[i])) continue;
       const int t = static_cast<int>(made[i]) - 1;
-      evict(t);
-      if (plan != nullptr && plan->offload[i]) {
+      if (plan != nullptr && plan->offload[i]) {  // copied out beside the next block: dropped after it
         slots_[t].on_host = true;
         result_.offload_out_bytes += trace_.tensors[t].bytes;
+        copying_.push_back(t);
+      } else {
+        evict(t);
       }
     }
     if (plan != nullptr) result_.offload_exposed_ms += plan->link_ms;
+  }
+
+  // As MemoryManager::settle_offloads, when forward enters another block (or leaves the last):
+  // the values the block before last offloaded, copied out beside the block that just ended,
+  // leave the device (those DTR took meanwhile are gone already). The engine settles them there
+  // whether their copies finished early or not, so they hold their bytes through one block.
+  void settle_offloads() {
+    for (int t : copying_) {
+      if (slots_[t].state == State::kResident && evictable(t)) evict(t);
+    }
+    copying_.clear();
   }
 
   void unpin(int t) {  // as release_if_unused: a freed tensor goes once no frame reads it
@@ -529,6 +590,11 @@ class Replay {
   uint64_t now_ = 0;
   bool backward_seen_ = false;
   int block_ = -1;                         // checkpoint_blocks: the block forward is in
+  // block_link: backward's kernels in the order they begin, each one's place there, and the next
+  // place whose offloaded values to prefetch (Tape::prefetch_saved's `ahead`).
+  std::vector<int> backward_, backward_at_;
+  int ahead_ = 0;
+  std::vector<int> copying_;  // offloaded by the last block dropped: on the device until settled
   schedule::BlockRecorder block_made_;  // what it made (as the engine records it)
   std::vector<int> last_made_;          // its last kernel's outputs
   schedule::BlockPlans block_plans_{options_.block_keep_bytes, options_.block_keep_share, options_.block_link};
