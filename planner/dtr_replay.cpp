@@ -19,40 +19,6 @@ using Kind = TraceEvent::Kind;
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-void check(bool ok, const char* what, int index) {
-  if (!ok) throw std::invalid_argument(std::string("replay_step: ") + what + " (index " + str(index) + ")");
-}
-
-// Indices in range, and each tensor allocated once, after its producer began and before it is
-// read or freed: then lineage runs backwards in time and regeneration cannot loop.
-void validate(const StepTrace& trace) {
-  const auto nt = static_cast<int>(trace.tensors.size()), nk = static_cast<int>(trace.kernels.size());
-  for (int t = 0; t < nt; ++t) {
-    const int p = trace.tensors[t].producer;
-    check(trace.tensors[t].bytes >= 0 && p >= -1 && p < nk, "a tensor has negative bytes or no such producer", t);
-  }
-  for (int k = 0; k < nk; ++k) {
-    for (int in : trace.kernels[k].inputs) check(in >= 0 && in < nt, "a kernel reads no such tensor", k);
-  }
-  std::vector<char> allocated(nt, 0), freed(nt, 0), began(nk, 0);
-  for (const TraceEvent& e : trace.events) {
-    const bool kernel = e.kind == Kind::kKernelBegins || e.kind == Kind::kKernelEnds;
-    check(e.index >= 0 && e.index < (kernel ? nk : nt), "an event names no such tensor or kernel", e.index);
-    if (e.kind == Kind::kAllocated) {
-      const int p = trace.tensors[e.index].producer;
-      check(!allocated[e.index] && (p < 0 || began[p]), "a tensor is allocated twice or before its producer", e.index);
-      allocated[e.index] = 1;
-    } else if (e.kind == Kind::kFreed) {
-      check(allocated[e.index] && !freed[e.index], "a tensor is freed twice or before it is allocated", e.index);
-      freed[e.index] = 1;
-    } else if (e.kind == Kind::kKernelBegins) {
-      check(!began[e.index], "a kernel begins twice", e.index);
-      began[e.index] = 1;
-      for (int in : trace.kernels[e.index].inputs) check(allocated[in], "a kernel reads an unborn tensor", e.index);
-    }
-  }
-}
-
 // kDropped: allocated once, not resident now (evicted, or freed by the step).
 enum class State : uint8_t { kUnborn, kResident, kDropped };
 
@@ -607,7 +573,7 @@ ReplayResult replay_step(const StepTrace& trace, const ReplayOptions& options) {
   if (options.budget_bytes <= 0) {
     throw std::invalid_argument("replay_step: budget_bytes must be positive, got " + str(options.budget_bytes));
   }
-  validate(trace);
+  check_step_trace(trace, "replay_step");
   return Replay(trace, options).run();
 }
 

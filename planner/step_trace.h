@@ -73,6 +73,11 @@ struct StepTrace {
   std::vector<TraceEvent> events;
 };
 
+// Throws std::invalid_argument, its message led by `who`, unless every index is in range and each
+// tensor is allocated once, after its producer began and before it is read or freed: then
+// lineage runs backwards in time and regenerating from it cannot loop.
+void check_step_trace(const StepTrace& trace, const char* who);
+
 // A step at a plan's sizes, shared and never changed (planner/cost_model.h: shared_trace_for),
 // and what makes one where a term needs it (a walk along it that is not known yet).
 using SharedTrace = std::shared_ptr<const StepTrace>;
