@@ -211,7 +211,7 @@ StepFold fold_step(const ModelProfile& profile, const StepTrace& trace) {
 
 std::shared_ptr<const StepFold> shared_step_fold(const ModelProfile& profile, const SharedTrace& trace) {
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
-  constexpr size_t kKept = 4;
+  constexpr size_t kKept = 8;  // a search's traces, and each without its weights' casts
   {
     const std::lock_guard<std::mutex> lock(mutex);
     for (const auto& [kept, fold] : profile.step_folds)
@@ -295,7 +295,6 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
 
 int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, const TraceMaker& step) {
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
-  // Kept copies: the step without the weights' casts and their fp32 gradients, as it runs.
   const bool uncast = walks_without_casts(plan);
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), reduce_scatters_overlap(plan),
                                    plan.accumulation > 1 ? plan.ranks : 0, uncast, bf16_gradients(plan));
@@ -304,13 +303,11 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
     auto it = profile.gradient_block_walks.find(key);
     if (it != profile.gradient_block_walks.end()) return it->second;
   }
-  const SharedTrace trace = step();
-  const int64_t element = gradient_element_bytes(profile, plan);
-  const int64_t walked =
-      uncast ? gradient_blocks_above_peak(profile, without_weight_casts(*trace), element, reduce_scatters_overlap(plan),
-                                          reduce_scatter_parts(profile, plan))
-             : gradient_blocks_above_peak(profile, *trace, *shared_step_fold(profile, trace), element,
-                                          reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan));
+  // Kept copies: the step without the weights' casts and their fp32 gradients, as it runs.
+  const SharedTrace trace = uncast ? shared_without_weight_casts(profile, step()) : step();
+  const int64_t walked = gradient_blocks_above_peak(profile, *trace, *shared_step_fold(profile, trace),
+                                                    gradient_element_bytes(profile, plan), reduce_scatters_overlap(plan),
+                                                    reduce_scatter_parts(profile, plan));
   const std::lock_guard<std::mutex> lock(mutex);
   profile.gradient_block_walks.emplace(key, walked);
   return walked;

@@ -186,6 +186,9 @@ struct ModelProfile {
   // The last few traces' folds for the walks along them (planner/gradient_blocks.h, StepFold),
   // each beside the trace it folds.
   mutable std::vector<std::pair<std::shared_ptr<const StepTrace>, std::shared_ptr<const StepFold>>> step_folds;
+  // The last few traces without the weights' casts (planner/weight_copy_terms.h), each beside the
+  // trace it is made from.
+  mutable std::vector<std::pair<std::shared_ptr<const StepTrace>, std::shared_ptr<const StepTrace>>> uncast_traces;
 };
 
 // Per model block, the forward and backward time of its kernels in `trace` (kernels outside the

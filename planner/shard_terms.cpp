@@ -343,10 +343,11 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
   int64_t walked = 0;
   if (copies != nullptr) {
     // No cast lives from forward to backward: the walk is along the step without them.
-    const StepTrace uncast = without_weight_casts(*trace);
+    const SharedTrace held = shared_without_weight_casts(profile, trace);  // another thread may drop it from the profile
+    const StepTrace& uncast = *held;
     walked = gathered_parameter_peak_bytes(profile, uncast, 4, backward_reads, prefetch_depth(plan), element,
                                            reduce_scatters_overlap(plan), reduce_scatter_parts(profile, plan),
-                                           nullptr, copies);
+                                           shared_step_fold(profile, held).get(), copies);
     // Against the step with its casts, whose peak the activations are without a policy: what the
     // casts took from it comes off (the walk may then be below it). A policy's activations are its
     // own figure (a replay, recomputed blocks): the walk stays above the step without casts.

@@ -69,6 +69,21 @@ StepTrace without_weight_casts(const StepTrace& trace) {
   return out;
 }
 
+SharedTrace shared_without_weight_casts(const ModelProfile& profile, const SharedTrace& trace) {
+  static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
+  constexpr size_t kKept = 8;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [from, uncast] : profile.uncast_traces)
+      if (from == trace) return uncast;
+  }
+  auto uncast = std::make_shared<const StepTrace>(without_weight_casts(*trace));
+  const std::lock_guard<std::mutex> lock(mutex);
+  profile.uncast_traces.emplace_back(trace, uncast);
+  if (profile.uncast_traces.size() > kKept) profile.uncast_traces.erase(profile.uncast_traces.begin());
+  return uncast;
+}
+
 bool walks_without_casts(const Plan& plan) {
   return keeps_weight_copies(plan) && !gathers_16bit_copies(plan) && plan.stages == 1 &&
          plan.policy == MemoryPolicy::kNone;
@@ -83,7 +98,8 @@ int64_t activations_without_casts_change(const ModelProfile& profile, const Plan
     if (it != profile.uncast_peak_changes.end()) return it->second;
   }
   const SharedTrace trace = shared_trace_for(profile, plan.micro_batch, plan.micro_batch, plan.precision);
-  const int64_t change = trace->events.empty() ? 0 : live_peak_bytes(without_weight_casts(*trace)) - live_peak_bytes(*trace);
+  const int64_t change =
+      trace->events.empty() ? 0 : live_peak_bytes(*shared_without_weight_casts(profile, trace)) - live_peak_bytes(*trace);
   const std::lock_guard<std::mutex> lock(mutex);
   profile.uncast_peak_changes.emplace(key, change);
   return change;
