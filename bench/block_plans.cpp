@@ -9,8 +9,9 @@
 // static plan. Each row: the planner's peak and step against the run's (two runs a minute apart,
 // the quiet step of both), the step against none's. The memory/time frontier of docs/memory.md
 // comes from here. A run that fails, a peak over its budget, or a per_block peak more than 3% off
-// the planner's (the engine and the planner's replay record and solve each block alike) is an
-// error (exit 1); times are reported, not gated. With --peer, the PyTorch peer's eager step and
+// the planner's (the engine and the planner's replay record and solve each block alike; with
+// offload 5%: backward's prefetches find room as the arena's free blocks let them) is an error
+// (exit 1); times are reported, not gated. With --peer, the PyTorch peer's eager step and
 // torch.utils.checkpoint around every block (bench/peer/gpu_peer.py) on the GPT, as ratios of its
 // own eager step beside ours of none's.
 #include "base/remove_tree.h"
@@ -82,7 +83,7 @@ void peer_rows(const Options& o, const std::string& peer_args, double none_ms, d
 struct Row {
   std::string name;
   Plan plan;
-  bool gated = true;  // the peak held to the planner's within 3% (JobTable::row)
+  double tolerance = 0.03;  // the peak held to the planner's within this share (JobTable::row; 0: not held)
 };
 
 Measurement run_passes(const Options& o, const Config& config, const Plan& plan, const std::string& name) {
@@ -166,7 +167,7 @@ std::optional<Row> per_op_row(const Planned& planned, const Plan& base, std::str
 }
 
 // One job's printed table, row by row; ok() false where a run failed, passed its budget, or (where
-// gated) its peak was mispredicted.
+// held to it) its peak was mispredicted.
 class JobTable {
  public:
   JobTable(const Planned& planned, const std::string& job) : planned_(planned) {
@@ -174,9 +175,9 @@ class JobTable {
                 "peak MiB", "predicted", "error", "step ms", "predicted", "error", "x none", "regen ms");
     std::printf("|%s|\n", std::string(139, '-').c_str());
   }
-  // `gated`: the peak is held to the planner's within 3% (none, full and per_block: replayed to the
-  // byte; DTR's and static plans' peaks are their budget's).
-  void row(const std::string& name, const Plan& plan, const Measurement& m, bool gated) {
+  // `tolerance`: the peak is held to the planner's within this share (none, full and per_block:
+  // replayed to the byte, 3%; with offload, 5%); 0 for DTR's and static plans' (their budget's).
+  void row(const std::string& name, const Plan& plan, const Measurement& m, double tolerance) {
     if (!m.ok) {
       std::printf("| %-44s | failed: %s\n", name.c_str(), m.error.substr(0, 160).c_str());
       ok_ = false;
@@ -185,7 +186,7 @@ class JobTable {
     if (plan.policy == MemoryPolicy::kNone) none_ms_ = m.quiet_ms;
     const Prediction p = predict(planned_.plan.profile, planned_.plan.machine, plan);
     const double peak_error = static_cast<double>(p.peak_bytes) / static_cast<double>(m.peak_bytes) - 1;
-    if (m.peak_bytes > plan.budget_bytes || (gated && std::abs(peak_error) > 0.03)) ok_ = false;
+    if (m.peak_bytes > plan.budget_bytes || (tolerance > 0 && std::abs(peak_error) > tolerance)) ok_ = false;
     std::printf("| %-44s | %9.1f | %9.1f | %6s | %9.1f | %9.1f | %7s | %8.2f | %9.1f |\n", name.c_str(),
                 m.peak_bytes / kMiB, p.peak_bytes / kMiB, pct(p.peak_bytes, m.peak_bytes).c_str(), m.quiet_ms,
                 p.step_ms, pct(p.step_ms, m.quiet_ms).c_str(), none_ms_ > 0 ? m.quiet_ms / none_ms_ : 1.0,
@@ -224,17 +225,17 @@ void in_fulls_peak(const Options& o, const Planned& planned, const Plan& base, i
   char name[64];
   if (choice.policy == "full") {
     p.policy = MemoryPolicy::kFull;
-    table.row("per_block in full's peak (keeping none: full)", p, m, true);
+    table.row("per_block in full's peak (keeping none: full)", p, m, 0.03);
   } else if (choice.policy == "per_block" && choice.share > 0) {
     p.block_keep_share = choice.share;
     std::snprintf(name, sizeof name, "per_block in full's peak (keeping %.1f%%)", 100 * p.block_keep_share);
-    table.row(name, p, m, true);
+    table.row(name, p, m, 0.03);
   } else {
     table.unpredicted("per_block in full's peak (its choice unread)", m);
   }
   // Offload (memory.block_offload): nothing kept on the device, what the link hides on host, the
-  // rest regenerated. Its peak is not gated: backward's prefetches fill what room the budget
-  // leaves, as the link's timing lets them, and the replay brings values back only when read.
+  // rest regenerated. Its peak within 5%: backward's prefetches fill what room the budget leaves,
+  // as the replay's do, but find a free block that fits as the arena lets them.
   Plan off = base;
   off.policy = MemoryPolicy::kPerBlock;
   off.budget_bytes = full_peak;
@@ -242,14 +243,14 @@ void in_fulls_peak(const Options& o, const Planned& planned, const Plan& base, i
   off.host_budget_bytes = int64_t{4} << 30;
   off.eviction_threshold = 1.0;  // what it held was held back for host swap's prefetches, not needed here
   table.row("per_block + offload in full's peak (0%, to 100%)", off,
-            run_passes(o, planned.config, off, stem + "_offload_at_fulls_peak"), false);
+            run_passes(o, planned.config, off, stem + "_offload_at_fulls_peak"), 0.05);
   if (o.quick) return;
   for (MemoryPolicy other : {MemoryPolicy::kDtr, MemoryPolicy::kStatic}) {
     Plan q = base;
     q.policy = other;
     q.budget_bytes = full_peak;
     table.row(std::string(choice_name(other)) + " in full's peak", q,
-              run_passes(o, planned.config, q, stem + "_" + choice_name(other) + "_at_fulls_peak"), false);
+              run_passes(o, planned.config, q, stem + "_" + choice_name(other) + "_at_fulls_peak"), 0.0);
   }
 }
 
@@ -267,14 +268,14 @@ bool run_job(PlanCache& cache, const Options& o, const std::string& job, const J
   if (std::optional<Row> r = per_op_row(planned, base, per_op_note)) {
     rows.push_back(*r);
     // The same bytes kept on the device, with offload (nothing held back for swap's prefetches, as
-    // in full's peak below): what the link hides goes to host instead of being regenerated. Not
-    // gated: backward's prefetches fill the room a roomy budget leaves.
+    // in full's peak below): what the link hides goes to host instead of being regenerated. Its
+    // peak within 5%, as below.
     Row off = *r;
     off.name = "per_block + offload in torchtitan's bytes";
     off.plan.block_offload = true;
     off.plan.host_budget_bytes = int64_t{4} << 30;
     off.plan.eviction_threshold = 1.0;
-    off.gated = false;
+    off.tolerance = 0.05;
     if (!o.quick) rows.push_back(off);
   }
   JobTable table(planned, job);
@@ -286,7 +287,7 @@ bool run_job(PlanCache& cache, const Options& o, const std::string& job, const J
     for (char& c : folder) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
     const Measurement m = run_passes(o, planned.config, row.plan, folder);
     if (row.plan.policy == MemoryPolicy::kFull && m.ok) full_peak = m.peak_bytes, full_ms = m.quiet_ms;
-    table.row(row.name, row.plan, m, row.gated);
+    table.row(row.name, row.plan, m, row.tolerance);
   }
   if (full_peak > 0) in_fulls_peak(o, planned, base, full_peak, stem, table);
   if (!per_op_note.empty()) std::printf("\n%s\n", per_op_note.c_str());
@@ -355,7 +356,7 @@ int main(int argc, char** argv) {
     ok = ht::bench::run_job(cache, o, name, spec) && ok;
   }
   if (!o.keep_runs) ht::remove_tree(o.runner.scratch);
-  std::printf("\n%s\n", ok ? "every run within its budget, every peak within 3% of the planner's"
-                           : "FAILED: a run failed, passed its budget, or its peak was more than 3% off the planner's");
+  std::printf("\n%s\n", ok ? "every run within its budget, every peak held to the planner's (3%, with offload 5%)"
+                           : "FAILED: a run failed, passed its budget, or its peak was further off the planner's than its row allows");
   return ok ? 0 : 1;
 }
