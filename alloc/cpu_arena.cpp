@@ -117,12 +117,15 @@ void* CpuArena::allocate(size_t bytes, End end) {
     ++failed_allocations_;
     return nullptr;
   }
+  note_placement(end, offset, size);
   remove_free(free_by_offset_.find(offset));
   if (end != End::kHigh) {
     // The block keeps the hole's low end, so repeated allocations pack towards low addresses.
     if (hole > size) add_free(offset + size, hole - size);
+    if (offset == growing_) growing_ = hole > size ? offset + size : -1;
   } else {
     if (hole > size) add_free(offset, hole - size);
+    if (offset == growing_ && hole == size) growing_ = -1;
     offset += hole - size;
   }
   return take(offset, size);
@@ -149,6 +152,10 @@ void* CpuArena::allocate_at(int64_t offset, size_t bytes) {
   if (offset + size > hole_end) {  // also when offset lies in an allocated block past the hole
     ++failed_allocations_;
     return nullptr;
+  }
+  if (hole_start == growing_) {  // a layout's own offsets: not followed
+    placed_by_capacity_ = true;
+    growing_ = -1;
   }
   remove_free(hole);
   if (offset > hole_start) add_free(hole_start, offset - hole_start);
@@ -190,8 +197,10 @@ void CpuArena::deallocate(void* p) {
 
   int64_t start = offset;
   int64_t size = block_size;
+  bool growing = false;  // merged with the free block a larger capacity grows
   const auto next = free_by_offset_.lower_bound(offset);
   if (next != free_by_offset_.end() && next->first == offset + block_size) {
+    growing = next->first == growing_;
     size += next->second;
     remove_free(next);
   }
@@ -200,12 +209,14 @@ void CpuArena::deallocate(void* p) {
   if (after != free_by_offset_.begin()) {
     const auto prev = std::prev(after);
     if (prev->first + prev->second == offset) {
+      growing = growing || prev->first == growing_;
       start = prev->first;
       size += prev->second;
       remove_free(prev);
     }
   }
   add_free(start, size);
+  if (growing) growing_ = start;
 }
 
 bool CpuArena::contains(const void* p) const {
@@ -250,6 +261,31 @@ std::vector<std::pair<int64_t, int64_t>> CpuArena::allocated_blocks() const {
   }
   std::sort(blocks.begin(), blocks.end());
   return blocks;
+}
+
+void CpuArena::note_placement(End end, int64_t offset, int64_t size) {
+  if (placed_by_capacity_) return;
+  if (growing_ < 0) {  // used up: a larger arena has a free block here that this one has not
+    placed_by_capacity_ = true;
+    return;
+  }
+  const int64_t grown = free_by_offset_.at(growing_);
+  if (end == End::kLow) {
+    placed_by_capacity_ = growing_ < offset;  // passed over: too small here, larger elsewhere
+  } else if (end == End::kHigh) {
+    placed_by_capacity_ = growing_ > offset;
+  } else if (offset != growing_) {
+    placed_by_capacity_ = grown < size;  // a larger one might fit, and be the smallest
+  } else {
+    // The smallest that fits; larger, another of its size or above could be.
+    auto it = free_by_size_.find({grown, growing_});
+    placed_by_capacity_ = std::next(it) != free_by_size_.end();
+  }
+}
+
+bool CpuArena::placed_by_capacity() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return placed_by_capacity_;
 }
 
 ArenaStats CpuArena::stats() const {

@@ -99,6 +99,14 @@ class CpuArena {
   // Every allocated block as (offset, rounded size), by offset: what a layout must go around.
   std::vector<std::pair<int64_t, int64_t>> allocated_blocks() const;
 
+  // Whether some block went where it went because of the arena's capacity: in a larger arena,
+  // the same requests and frees could have placed it elsewhere. The free block a larger capacity
+  // would make larger (at first the whole arena) is followed; a request that passed over it for
+  // want of room, took it where another free block also fit (best fit), or used it up says so.
+  // While false, the same sequence in any larger arena (of the same small_block_bytes) places
+  // every block at the same offset from the end it came from, and fails nowhere it did not.
+  bool placed_by_capacity() const;
+
   ArenaStats stats() const;
   void reset_peak();  // peak_in_use = in_use
   // A second peak, for one kernel's working memory (memory/step_capture.h), that leaves the
@@ -114,6 +122,9 @@ class CpuArena {
   void remove_free(std::map<int64_t, int64_t>::iterator it);
   // Books [offset, offset + size), already taken out of the free maps; caller holds the lock.
   void* take(int64_t offset, int64_t size);
+  // Before a block of `size` is carved from the free block at `offset`: whether its place
+  // depended on the capacity (placed_by_capacity); caller holds the lock.
+  void note_placement(End end, int64_t offset, int64_t size);
   // Sizes of the free blocks adjacent to [offset, offset + size); caller holds the lock.
   std::pair<int64_t, int64_t> free_neighbours(int64_t offset, int64_t size) const;
 
@@ -130,6 +141,8 @@ class CpuArena {
   int64_t window_peak_ = 0;
   int64_t allocations_ = 0;
   int64_t failed_allocations_ = 0;
+  int64_t growing_ = 0;              // offset of the free block a larger capacity grows; -1: none
+  bool placed_by_capacity_ = false;
 };
 
 }  // namespace ht

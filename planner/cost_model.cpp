@@ -139,6 +139,11 @@ bool fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
     p.within_margin = false;
     p.why_not = "needs more than " + device_room;
   } else if (machine.shared_host && plan.stages > 1 && replays_blocks(machine, plan) && p.fits &&
+             p.peak_bytes > plan.budget_bytes) {
+    p.fits = false;
+    p.why_not = "the fullest pipeline stage's predicted peak (" + format_bytes(p.peak_bytes) +
+                ") is more than the budget (" + format_bytes(plan.budget_bytes) + ")";
+  } else if (machine.shared_host && plan.stages > 1 && replays_blocks(machine, plan) && p.fits &&
              p.peak_bytes > plan.budget_bytes * 95 / 100) {
     // Pipeline stages on the machine at hand are priced from the blocks' replay, not the whole
     // step's in the arena: they keep the 5% margin eviction_terms keeps for what a replay cannot

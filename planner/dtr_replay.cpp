@@ -26,6 +26,7 @@ struct Slot {
   State state = State::kUnborn;
   bool freed = false;  // the step let go of it: resident again only while a regeneration reads it
   bool on_host = false;  // offloaded by its block's plan: comes back by copy, not recomputation
+  bool prefetched = false;  // brought back ahead of its read: no candidate until read (not a root in the engine)
   int pins = 0;        // a kernel about to run (or running) reads it: not evictable
   void* data = nullptr;
   uint64_t last_access = 0;
@@ -97,6 +98,7 @@ class Replay {
       }
     }
     result_.peak_bytes = arena_.stats().peak_in_use;
+    result_.budget_acted = result_.budget_acted || arena_.placed_by_capacity();
     result_.blocks.assign(block_plans_.solved_blocks().begin(), block_plans_.solved_blocks().end());
     return result_;
   }
@@ -140,6 +142,7 @@ class Replay {
     const TraceKernel& kernel = trace_.kernels[k];
     if (kernel.backward && !backward_seen_) {
       backward_seen_ = true;
+      settle_offloads();  // as at block_begins(-1), where no forward kernel followed the last block
       result_.forward_end_bytes = arena_.stats().in_use;
     }
     if (options_.checkpoint_blocks > 0 && !kernel.backward && kernel.block != block_) {
@@ -152,8 +155,12 @@ class Replay {
     if (!backward_at_.empty() && kernel.backward) prefetch_saved(backward_at_[k]);
     open_.push_back(k);
     const std::vector<int>& inputs = trace_.kernels[k].inputs;
-    // Pin every input first, so that regenerating one cannot make room by dropping another.
-    for (int in : inputs) ++slots_[in].pins;
+    // Pin every input first, so that regenerating one cannot make room by dropping another; a
+    // prefetched input is read: a candidate from now on, as the engine attaches it.
+    for (int in : inputs) {
+      ++slots_[in].pins;
+      slots_[in].prefetched = false;
+    }
     for (int in : inputs) {
       if (result_.feasible && slots_[in].state != State::kResident) regenerate(in, k);
     }
@@ -239,10 +246,11 @@ class Replay {
 
   bool prefetch(int t) {
     Slot& slot = slots_[t];
-    if (slot.state == State::kResident || !slot.on_host) return true;
+    if (slot.state == State::kResident || !slot.on_host || slot.freed) return true;
     const int64_t need = CpuArena::rounded_size(static_cast<size_t>(trace_.tensors[t].bytes));
     const auto target = static_cast<int64_t>(options_.eviction_threshold * static_cast<double>(arena_.capacity()));
     while (arena_.stats().in_use + need > target) {
+      result_.budget_acted = true;
       int later = -1;
       for (int v : roots_) {
         if (v < t && slots_[v].on_host && evictable(v) && (later < 0 || v < later)) later = v;
@@ -252,10 +260,33 @@ class Replay {
     }
     const auto bytes = static_cast<size_t>(trace_.tensors[t].bytes);
     void* data = arena_.allocate(bytes, arena_.end_for(bytes, true, /*recomputed=*/true));
-    if (data == nullptr) return false;  // no free block fits without evicting: later
+    if (data == nullptr) {  // no free block fits without evicting: later
+      result_.budget_acted = true;
+      return false;
+    }
     make_resident(t, data);
+    slot.prefetched = true;
+    prefetching_.push_back(t);
     result_.offload_in_bytes += trace_.tensors[t].bytes;
     return true;
+  }
+
+  // As HostSwap::cancel_prefetch, where memory is short and nothing with a host copy can be
+  // dropped: the bytes of the prefetch started last (read furthest ahead) go back, uncounted as
+  // an eviction; it is copied again when read.
+  bool cancel_prefetch() {
+    while (!prefetching_.empty()) {
+      const int t = prefetching_.back();
+      prefetching_.pop_back();
+      Slot& slot = slots_[t];
+      if (!slot.prefetched || slot.state != State::kResident) continue;
+      if (slot.pins > 0) continue;
+      slot.prefetched = false;
+      release(t);
+      result_.offload_in_bytes -= trace_.tensors[t].bytes;
+      return true;
+    }
+    return false;
   }
 
   void bring_back(int t, int reader) {
@@ -333,6 +364,7 @@ class Replay {
       // the policy's favourite is elsewhere; failing that, the policy frees memory step by step.
       int victim = best_where([&](int t) { return evictable(t) && arena_.free_span_if_freed(slots_[t].data) >= need; });
       if (victim < 0) victim = pick_victim();
+      if (victim == kCancelled) continue;
       if (victim < 0) {
         // Everything evictable is gone: what remains is needed now, so no smaller budget works.
         result_.min_budget_bytes = std::max(result_.min_budget_bytes, s.in_use + need);
@@ -372,6 +404,7 @@ class Replay {
     while (arena_.stats().in_use + expected_bytes > target) {
       result_.budget_acted = true;
       const int victim = pick_victim();
+      if (victim == kCancelled) continue;
       if (victim < 0) break;  // what is left is pinned; an allocation may still fail
       evict(victim);
     }
@@ -379,6 +412,7 @@ class Replay {
 
   // The engine's choice (eviction_score.h), over the trace's tensors; with offload, as host swap's
   // pick_victim: the largest with a copy on host first.
+  static constexpr int kCancelled = -2;  // pick_victim gave back a prefetch's bytes instead
   int pick_victim() {
     if (options_.block_link.on()) {
       int best = -1;
@@ -390,6 +424,7 @@ class Replay {
         }
       }
       if (best >= 0) return best;
+      if (cancel_prefetch()) return kCancelled;
     }
     const int64_t v = choose_victim(
         roots_, options_.ignore_small, [&](int t) { return trace_.tensors[t].bytes; },
@@ -531,7 +566,7 @@ class Replay {
   }
   bool evictable(int t) const {
     const Slot& s = slots_[t];
-    return s.state == State::kResident && !s.freed && s.pins == 0 && trace_.tensors[t].producer >= 0 &&
+    return s.state == State::kResident && !s.freed && !s.prefetched && s.pins == 0 && trace_.tensors[t].producer >= 0 &&
            producer_of(t).recomputable;
   }
   // A regeneration attaches the outputs the step still holds, and a freed one a pending frame reads.
@@ -561,6 +596,7 @@ class Replay {
   std::vector<int> backward_, backward_at_;
   int ahead_ = 0;
   std::vector<int> copying_;  // offloaded by the last block dropped: on the device until settled
+  std::vector<int> prefetching_;  // prefetched, in order (cancel_prefetch gives back the last)
   schedule::BlockRecorder block_made_;  // what it made (as the engine records it)
   std::vector<int> last_made_;          // its last kernel's outputs
   schedule::BlockPlans block_plans_{options_.block_keep_bytes, options_.block_keep_share, options_.block_link};

@@ -60,9 +60,10 @@ struct ReplayResult {
   int64_t peak_bytes = 0;        // highest arena in_use (rounded blocks, persistent included)
   int64_t forward_end_bytes = 0;  // arena in_use when the first backward kernel began
   int64_t evictions = 0;         // DTR's, and checkpoint_blocks' drops
-  // The budget acted: some allocation found no free block that fits, or the bytes in use passed
-  // the eviction threshold. Where it did not, the replay at a larger budget is this one (but for
-  // a regenerated block's best fit: planner/recompute_terms.cpp, held_from_below).
+  // The budget acted: some allocation found no free block that fits, the bytes in use passed
+  // the eviction threshold, a prefetch stopped at it, or a block went where the arena's capacity
+  // put it (CpuArena::placed_by_capacity). Where it did not, the replay at any larger budget of
+  // the same small blocks is this one (planner/recompute_terms.cpp, held_from_below).
   bool budget_acted = false;
   int64_t window_evictions = 0;  // of those, made by windows (as MemoryStats::window_evictions)
   int64_t recomputations = 0;    // kernels re-run to regenerate

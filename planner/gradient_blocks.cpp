@@ -212,15 +212,25 @@ StepFold fold_step(const ModelProfile& profile, const StepTrace& trace) {
 std::shared_ptr<const StepFold> shared_step_fold(const ModelProfile& profile, const SharedTrace& trace) {
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
   constexpr size_t kKept = 8;  // a search's traces, and each without its weights' casts
+  auto& kept = profile.step_folds;
+  // The fold of `trace`, moved to the back (the most recent: the front goes first); null if none.
+  auto find = [&]() -> std::shared_ptr<const StepFold> {
+    for (auto it = kept.begin(); it != kept.end(); ++it) {
+      if (it->first != trace) continue;
+      std::rotate(it, std::next(it), kept.end());
+      return kept.back().second;
+    }
+    return nullptr;
+  };
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& [kept, fold] : profile.step_folds)
-      if (kept == trace) return fold;
+    if (auto fold = find()) return fold;
   }
   auto fold = std::make_shared<const StepFold>(fold_step(profile, *trace));
   const std::lock_guard<std::mutex> lock(mutex);
-  profile.step_folds.emplace_back(trace, fold);
-  if (profile.step_folds.size() > kKept) profile.step_folds.erase(profile.step_folds.begin());
+  if (auto other = find()) return other;  // another thread folded it meanwhile
+  kept.emplace_back(trace, fold);
+  if (kept.size() > kKept) kept.erase(kept.begin());
   return fold;
 }
 

@@ -33,17 +33,14 @@ struct BlockKeep {
 using ReplayCache = decltype(ModelProfile::full_recompute_replays);
 
 // A replay at a smaller budget that holds at `budget_bytes` (the caller holds g_replays_mutex), or
-// none. One the budget left alone (ReplayResult::budget_acted) that did not fail does, without
-// offload: at a larger budget every tensor is allocated and freed at the same kernels, so the
-// bytes in use are the same at every step, below a higher eviction threshold, and the arena's
-// blocks go where they went (the lowest free block that fits, or the highest: the same blocks but
-// the free range between the arena's two ends, larger by the budgets' difference). Two things
-// could differ: below 256 MiB an arena's small blocks are a 256th of it
-// (CpuArena::small_block_bytes), so both budgets must give the same; and a regenerated block's
-// best fit could take another free block where the one between the ends has grown past it, which
-// 48 random block traces at the edge of the budget never showed
-// (DtrReplay.AReplayTheBudgetLeftAloneHoldsAtEveryLargerBudget). Offload's prefetches fill what
-// room the budget leaves, so a replay with a link holds only at its own. The search's budgets for
+// none. One the budget left alone (ReplayResult::budget_acted: no eviction for room or past the
+// threshold, no allocation without a free block that fits, no block placed where the arena's
+// capacity put it) that did not fail does, if both arenas' small blocks are the same size
+// (CpuArena::small_block_bytes: a 256th of an arena below 256 MiB): at a larger budget every
+// tensor is allocated and freed at the same kernels, the bytes in use are the same at every
+// step, below a higher threshold, and every block goes where it went, the free block between the
+// arena's two ends only larger (DtrReplay.AReplayTheBudgetLeftAloneHoldsAtEveryLargerBudget). A
+// replay with a host link (offload) is never taken from another budget. The search's budgets for
 // one device are the device less what one to three communicators hold (Machine::reserved_bytes),
 // 700 MiB apart on an H100: each was replayed before.
 const BlockRecomputeReplay* held_from_below(const ReplayCache& cache, const ReplayCache::key_type& key) {
@@ -70,7 +67,11 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
     const std::lock_guard<std::mutex> lock(g_replays_mutex);
     auto it = profile.full_recompute_replays.find(key);
     if (it != profile.full_recompute_replays.end()) return it->second;
-    if (const BlockRecomputeReplay* below = held_from_below(profile.full_recompute_replays, key)) return *below;
+    if (const BlockRecomputeReplay* below = held_from_below(profile.full_recompute_replays, key)) {
+      const BlockRecomputeReplay held = *below;
+      profile.full_recompute_replays.emplace(key, held);  // found at once next time (and by cached_replay)
+      return held;
+    }
   }
   ReplayOptions options;
   options.budget_bytes = budget_bytes;

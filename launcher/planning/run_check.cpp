@@ -360,10 +360,11 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
           out.text += (r > 0 ? ", " : " ") + format_bytes(out.prediction.stage_peak_bytes[r]);
       }
       if (replayed && !out.prediction.fits && config.memory.check_fit) {
-        std::fprintf(stderr, "hybrid_train: warning: %s: memory.budget = \"%s\" is %s: %s; training anyway (pipeline "
-                     "stages are predicted, not refused; a step that finds no room stops naming what it needed)\n",
-                     config.source.c_str(), config.memory.budget.c_str(),
-                     out.prediction.within_margin ? "tight" : "below the prediction", out.prediction.why_not.c_str());
+        const std::string what = out.prediction.within_margin ? "memory.budget = \"" + config.memory.budget + "\" is tight"
+                                                              : std::string("the run is predicted not to fit");
+        std::fprintf(stderr, "hybrid_train: warning: %s: %s: %s; training anyway (pipeline stages are predicted, not "
+                     "refused; a step that finds no room stops naming what it needed)\n",
+                     config.source.c_str(), what.c_str(), out.prediction.why_not.c_str());
       }
     }
     return out;

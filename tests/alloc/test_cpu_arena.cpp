@@ -305,6 +305,56 @@ TEST(CpuArena, RandomizedAgainstReferenceModel) {
   EXPECT_EQ(s.largest_free_block, s.capacity);
 }
 
+// placed_by_capacity: while it is false, the same requests and frees in a larger arena put every
+// block at the same distance from the arena's end on its side and fail where they failed; once a block's
+// place depended on the capacity it says so. Random sequences from all three ends, each run in an
+// arena and in one 64 B to 4 KiB larger.
+TEST(CpuArena, APlacementTheCapacityDidNotDecideIsTheSameInALargerArena) {
+  std::mt19937 rng(11);
+  int held = 0, decided = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    const int64_t capacity = 64 * kA * (8 + static_cast<int64_t>(rng() % 24));
+    const int64_t more = kA * (1 + static_cast<int64_t>(rng() % 64));
+    CpuArena small(capacity), large(capacity + more);
+    std::vector<std::pair<void*, void*>> live;  // the same block in each
+    bool same = true;
+    for (int op = 0; op < 200 && same; ++op) {
+      if (!live.empty() && rng() % 2 == 0) {
+        const size_t i = rng() % live.size();
+        small.deallocate(live[i].first);
+        if (live[i].second != nullptr) large.deallocate(live[i].second);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      const auto bytes = static_cast<size_t>(kA * (1 + static_cast<int64_t>(rng() % 48)));
+      const auto end = static_cast<CpuArena::End>(rng() % 3);
+      void* a = small.allocate(bytes, end);
+      void* b = large.allocate(bytes, end);
+      if (a == nullptr) {  // a larger arena may fit it: nothing to compare from here on
+        if (b != nullptr) large.deallocate(b);
+        break;
+      }
+      const int64_t at_a = small.offset_of_block(a), at_b = large.offset_of_block(b);
+      if (!small.placed_by_capacity()) {
+        // Below the free block a larger arena grows, at the same offset; above it (from the high
+        // end, or a best fit there), as far from the top.
+        ASSERT_NE(b, nullptr) << "trial " << trial << ", op " << op;
+        same = at_a == at_b || small.capacity() - at_a == large.capacity() - at_b;
+        EXPECT_TRUE(same) << "trial " << trial << ", op " << op << ": placed at " << at_a << " of " << small.capacity()
+                          << " and " << at_b << " of " << large.capacity();
+      }
+      live.emplace_back(a, b);
+    }
+    (small.placed_by_capacity() ? decided : held) += 1;
+    for (auto& [a, b] : live) {
+      small.deallocate(a);
+      if (b != nullptr) large.deallocate(b);
+    }
+  }
+  EXPECT_GT(held, 400) << "sequences the capacity never decided";
+  EXPECT_GT(decided, 25) << "sequences where it did";
+}
+
 TEST(CpuArena, ConcurrentAllocateAndFree) {
   CpuArena arena(4 * 1024 * 1024);
   std::vector<std::thread> threads;

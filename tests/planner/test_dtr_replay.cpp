@@ -377,8 +377,7 @@ StepTrace random_block_trace(std::mt19937& rng, int blocks, int ops) {
     const int64_t sizes[] = {64 << 10, 512 << 10, 3 * kMiB, 16 * kMiB, 40 * kMiB, 96 * kMiB};
     return sizes[std::uniform_int_distribution<int>(0, 5)(rng)];
   };
-  TraceBuilder b;
-  b.trace.persistent_bytes = 300 * kMiB;
+  TraceBuilder b;  // no persistent state, as the planner's block replays (recompute_terms.cpp)
   struct Op {
     int kernel, output;
   };
@@ -419,15 +418,16 @@ StepTrace random_block_trace(std::mt19937& rng, int blocks, int ops) {
   return b.trace;
 }
 
-// The planner reuses a block replay the budget left alone (no eviction for room or threshold,
-// no allocation without a free block that fits) at every larger budget (planner/recompute_terms.cpp,
-// held_from_below): its figures must be the larger budget's. Random block traces under full
-// recomputation and per-block plans, each replayed at the smallest budget (to 1 MiB) the budget
-// leaves alone, where regenerated blocks' best fit meets the free range between the arena's ends
-// most, then at larger ones: the same peak, forward end, evictions, regenerations and victims.
+// The planner reuses a block replay the budget left alone (no eviction for room or threshold, no
+// allocation without a free block that fits, no block placed where the arena's capacity put it)
+// at every larger budget (planner/recompute_terms.cpp, held_from_below): its figures must be the
+// larger budget's. Random block traces under full recomputation and per-block plans, each
+// replayed at the smallest budget (to 1 MiB) the budget leaves alone, where the free range between
+// the arena's ends is narrowest, then at larger ones: the same peak, forward end, evictions,
+// regenerations and victims.
 TEST(DtrReplay, AReplayTheBudgetLeftAloneHoldsAtEveryLargerBudget) {
   std::mt19937 rng(7);
-  int acted = 0;
+  int acted = 0;  // trials whose edge is above the search's start: the budget acted below it
   for (int trial = 0; trial < 48; ++trial) {
     const StepTrace trace = random_block_trace(rng, 5, 8);
     ReplayOptions o;
