@@ -117,15 +117,15 @@ void* CpuArena::allocate(size_t bytes, End end) {
     ++failed_allocations_;
     return nullptr;
   }
-  note_placement(end, offset, size);
+  if (following_) note_placement(end, offset, size);
   remove_free(free_by_offset_.find(offset));
   if (end != End::kHigh) {
     // The block keeps the hole's low end, so repeated allocations pack towards low addresses.
     if (hole > size) add_free(offset + size, hole - size);
-    if (offset == growing_) growing_ = hole > size ? offset + size : -1;
+    if (following_ && offset == growing_) growing_ = hole > size ? offset + size : -1;
   } else {
     if (hole > size) add_free(offset, hole - size);
-    if (offset == growing_ && hole == size) growing_ = -1;
+    if (following_ && offset == growing_ && hole == size) growing_ = -1;
     offset += hole - size;
   }
   return take(offset, size);
@@ -153,7 +153,7 @@ void* CpuArena::allocate_at(int64_t offset, size_t bytes) {
     ++failed_allocations_;
     return nullptr;
   }
-  if (hole_start == growing_) {  // a layout's own offsets: not followed
+  if (following_ && hole_start == growing_) {  // a layout's own offsets: not followed
     placed_by_capacity_ = true;
     growing_ = -1;
   }
@@ -216,7 +216,7 @@ void CpuArena::deallocate(void* p) {
     }
   }
   add_free(start, size);
-  if (growing) growing_ = start;
+  if (following_ && growing) growing_ = start;
 }
 
 bool CpuArena::contains(const void* p) const {
@@ -281,6 +281,12 @@ void CpuArena::note_placement(End end, int64_t offset, int64_t size) {
     auto it = free_by_size_.find({grown, growing_});
     placed_by_capacity_ = std::next(it) != free_by_size_.end();
   }
+}
+
+void CpuArena::follow_capacity() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (allocations_ > 0) throw std::logic_error("CpuArena::follow_capacity: call it before the first allocation");
+  following_ = true;
 }
 
 bool CpuArena::placed_by_capacity() const {

@@ -105,7 +105,10 @@ class CpuArena {
   // want of room, took it where another free block also fit (best fit), or used it up says so.
   // While false, the same sequence in any larger arena (of the same small_block_bytes) places
   // every block at the same offset from the end it came from, and fails nowhere it did not.
+  // Only while followed: call follow_capacity() before the first allocation (the planner's
+  // replay does; the engine's allocator does not pay for it). Throws std::logic_error after one.
   bool placed_by_capacity() const;
+  void follow_capacity();
 
   ArenaStats stats() const;
   void reset_peak();  // peak_in_use = in_use
@@ -141,6 +144,7 @@ class CpuArena {
   int64_t window_peak_ = 0;
   int64_t allocations_ = 0;
   int64_t failed_allocations_ = 0;
+  bool following_ = false;           // follow_capacity() was called
   int64_t growing_ = 0;              // offset of the free block a larger capacity grows; -1: none
   bool placed_by_capacity_ = false;
 };

@@ -134,17 +134,17 @@ bool fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
   const std::string device_room =
       reserved > 0 ? "the device's memory less the runtime's " + format_bytes(reserved) : "the device's memory";
   if (machine.device_memory > 0) p.usable_bytes = machine.device_memory - reserved;
+  // Pipeline stages on the machine at hand, priced from the blocks' replay (below).
+  const bool stages_replayed = machine.shared_host && plan.stages > 1 && replays_blocks(machine, plan) && p.fits;
   if (machine.device_memory > 0 && p.peak_bytes > machine.device_memory - reserved && (p.fits || p.within_margin)) {
     p.fits = false;
     p.within_margin = false;
     p.why_not = "needs more than " + device_room;
-  } else if (machine.shared_host && plan.stages > 1 && replays_blocks(machine, plan) && p.fits &&
-             p.peak_bytes > plan.budget_bytes) {
+  } else if (stages_replayed && p.peak_bytes > plan.budget_bytes) {
     p.fits = false;
     p.why_not = "the fullest pipeline stage's predicted peak (" + format_bytes(p.peak_bytes) +
                 ") is more than the budget (" + format_bytes(plan.budget_bytes) + ")";
-  } else if (machine.shared_host && plan.stages > 1 && replays_blocks(machine, plan) && p.fits &&
-             p.peak_bytes > plan.budget_bytes * 95 / 100) {
+  } else if (stages_replayed && p.peak_bytes > plan.budget_bytes * 95 / 100) {
     // Pipeline stages on the machine at hand are priced from the blocks' replay, not the whole
     // step's in the arena: they keep the 5% margin eviction_terms keeps for what a replay cannot
     // see. Two GPT stages offloading every block (0%,0%) peak 2.11 MiB where 1.98 is predicted

@@ -38,6 +38,7 @@ class Replay {
       : trace_(trace), options_(options), arena_(options.budget_bytes), slots_(trace.tensors.size()),
         users_(trace.tensors.size()), outputs_(trace.kernels.size()), made_in_(trace.kernels.size()),
         root_slot_(trace.tensors.size(), -1), mark_(trace.kernels.size(), 0) {
+    arena_.follow_capacity();  // ReplayResult::budget_acted
     for (int k = 0; k < static_cast<int>(trace.kernels.size()); ++k) {
       if (trace.kernels[k].backward) continue;  // a tape entry is no ComputePath: nobody's user
       for (int in : trace.kernels[k].inputs) {

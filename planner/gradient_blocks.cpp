@@ -2,6 +2,7 @@
 
 #include "parallel/shard_layout.h"
 #include "planner/shard_terms.h"
+#include "planner/trace_derived.h"
 #include "planner/weight_copy_terms.h"
 
 #include <algorithm>
@@ -211,27 +212,8 @@ StepFold fold_step(const ModelProfile& profile, const StepTrace& trace) {
 
 std::shared_ptr<const StepFold> shared_step_fold(const ModelProfile& profile, const SharedTrace& trace) {
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
-  constexpr size_t kKept = 8;  // a search's traces, and each without its weights' casts
-  auto& kept = profile.step_folds;
-  // The fold of `trace`, moved to the back (the most recent: the front goes first); null if none.
-  auto find = [&]() -> std::shared_ptr<const StepFold> {
-    for (auto it = kept.begin(); it != kept.end(); ++it) {
-      if (it->first != trace) continue;
-      std::rotate(it, std::next(it), kept.end());
-      return kept.back().second;
-    }
-    return nullptr;
-  };
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (auto fold = find()) return fold;
-  }
-  auto fold = std::make_shared<const StepFold>(fold_step(profile, *trace));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (auto other = find()) return other;  // another thread folded it meanwhile
-  kept.emplace_back(trace, fold);
-  if (kept.size() > kKept) kept.erase(kept.begin());
-  return fold;
+  // 8: a search's traces, and each without its weights' casts.
+  return derived_from(profile.step_folds, mutex, trace, 8, [&] { return fold_step(profile, *trace); });
 }
 
 GradientBlockSteps gradient_block_steps(const ModelProfile& profile, const StepFold& fold, int64_t element_bytes,

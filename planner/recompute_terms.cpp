@@ -32,6 +32,11 @@ struct BlockKeep {
 
 using ReplayCache = decltype(ModelProfile::full_recompute_replays);
 
+ReplayCache::key_type replay_key(int64_t micro_batch, MixedPrecision precision, int64_t budget_bytes, const BlockKeep& keep) {
+  return {micro_batch, static_cast<int>(precision), budget_bytes, keep.bytes, keep.share, keep.link.ms_per_byte,
+          keep.link.host_bytes};
+}
+
 // A replay at a smaller budget that holds at `budget_bytes` (the caller holds g_replays_mutex), or
 // none. One the budget left alone (ReplayResult::budget_acted: no eviction for room or past the
 // threshold, no allocation without a free block that fits, no block placed where the arena's
@@ -61,8 +66,7 @@ const BlockRecomputeReplay* held_from_below(const ReplayCache& cache, const Repl
 
 BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_batch, MixedPrecision precision,
                                    int64_t budget_bytes, BlockKeep keep) {
-  const auto key = std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes, keep.bytes, keep.share,
-                                   keep.link.ms_per_byte, keep.link.host_bytes);
+  const ReplayCache::key_type key = replay_key(micro_batch, precision, budget_bytes, keep);
   {
     const std::lock_guard<std::mutex> lock(g_replays_mutex);
     auto it = profile.full_recompute_replays.find(key);
@@ -110,9 +114,7 @@ BlockRecomputeReplay replay_blocks(const ModelProfile& profile, int64_t micro_ba
 std::optional<BlockRecomputeReplay> cached_replay(const ModelProfile& profile, int64_t micro_batch,
                                                   MixedPrecision precision, int64_t budget_bytes, BlockKeep keep) {
   const std::lock_guard<std::mutex> lock(g_replays_mutex);
-  auto it = profile.full_recompute_replays.find(std::make_tuple(micro_batch, static_cast<int>(precision), budget_bytes,
-                                                                keep.bytes, keep.share, keep.link.ms_per_byte,
-                                                                keep.link.host_bytes));
+  auto it = profile.full_recompute_replays.find(replay_key(micro_batch, precision, budget_bytes, keep));
   if (it == profile.full_recompute_replays.end()) return std::nullopt;
   return it->second;
 }

@@ -2,6 +2,7 @@
 
 #include "planner/profile_at.h"
 #include "planner/repeated_layers.h"
+#include "planner/trace_derived.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -71,27 +72,7 @@ StepTrace without_weight_casts(const StepTrace& trace) {
 
 SharedTrace shared_without_weight_casts(const ModelProfile& profile, const SharedTrace& trace) {
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
-  constexpr size_t kKept = 8;
-  auto& kept = profile.uncast_traces;
-  // The one made from `trace`, moved to the back (the most recent: the front goes first); null if none.
-  auto find = [&]() -> SharedTrace {
-    for (auto it = kept.begin(); it != kept.end(); ++it) {
-      if (it->first != trace) continue;
-      std::rotate(it, std::next(it), kept.end());
-      return kept.back().second;
-    }
-    return nullptr;
-  };
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (SharedTrace uncast = find()) return uncast;
-  }
-  auto uncast = std::make_shared<const StepTrace>(without_weight_casts(*trace));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (SharedTrace other = find()) return other;  // another thread made it meanwhile: one copy kept
-  kept.emplace_back(trace, uncast);
-  if (kept.size() > kKept) kept.erase(kept.begin());
-  return uncast;
+  return derived_from(profile.uncast_traces, mutex, trace, 8, [&] { return without_weight_casts(*trace); });
 }
 
 bool walks_without_casts(const Plan& plan) {

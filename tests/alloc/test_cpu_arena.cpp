@@ -316,6 +316,7 @@ TEST(CpuArena, APlacementTheCapacityDidNotDecideIsTheSameInALargerArena) {
     const int64_t capacity = 64 * kA * (8 + static_cast<int64_t>(rng() % 24));
     const int64_t more = kA * (1 + static_cast<int64_t>(rng() % 64));
     CpuArena small(capacity), large(capacity + more);
+    small.follow_capacity();
     std::vector<std::pair<void*, void*>> live;  // the same block in each
     bool same = true;
     for (int op = 0; op < 200 && same; ++op) {
@@ -351,6 +352,9 @@ TEST(CpuArena, APlacementTheCapacityDidNotDecideIsTheSameInALargerArena) {
       if (b != nullptr) large.deallocate(b);
     }
   }
+  CpuArena late(64 * kA);
+  late.deallocate(late.allocate(kA));
+  EXPECT_THROW(late.follow_capacity(), std::logic_error) << "followed from the first allocation or not at all";
   EXPECT_GT(held, 400) << "sequences the capacity never decided";
   EXPECT_GT(decided, 25) << "sequences where it did";
 }
