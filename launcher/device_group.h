@@ -14,10 +14,13 @@ namespace ht {
 
 // config.training.device for this rank: "cuda" becomes "cuda:<local rank modulo visible GPUs>"
 // under mpirun (a single process keeps "cuda", the current device). Throws UserError where the job
-// needs what this build lacks (NCCL; pipelines over NCCL).
+// needs what this build lacks (NCCL).
 std::string device_of_rank(const Config& config, const ProcessGrid& grid);
 // The replicas' group on plan.device: the grid's on the CPU, NCCL between GPUs.
 std::shared_ptr<Communicator> replica_group_for_device(const RunPlan& plan, const ProcessGrid& grid);
+// The pipeline group on plan.device: NCCL between GPUs; on the CPU, MPI's as it is, or carrying
+// messages as NCCL does (parallel.pipeline_p2p = "nccl_like"). The grid's without stages.
+std::shared_ptr<Communicator> pipeline_group_for_device(const RunPlan& plan, const ProcessGrid& grid);
 // The tensor-parallel group's communicator on plan.device: MPI's on the CPU, NCCL between the
 // group's GPUs; null without tensor parallelism.
 std::shared_ptr<Communicator> tensor_group_for_device(const RunPlan& plan, const ProcessGrid& grid);

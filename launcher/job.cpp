@@ -264,6 +264,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
   // On GPUs: NCCL between the ranks' GPUs (before anything touches the GPU).
   const std::shared_ptr<Communicator> replicas = replica_group_for_device(resolving, *grid);
   const std::shared_ptr<Communicator> tensor = tensor_group_for_device(resolving, *grid);
+  const std::shared_ptr<Communicator> pipeline = pipeline_group_for_device(resolving, *grid);
   if (resolving.device != "cpu") use_deterministic_cuda_kernels();  // before any kernel runs
   CpuAllocationCounter::install();
   set_host_memory_caching(resolving.memory.host_cache);
@@ -297,7 +298,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
   const std::optional<std::string> resume = resume_point(config, root);
   std::unique_ptr<Trainer> made;
   try {
-    made = Trainer::make(plan, std::move(data), model, memory.arena, {replicas, grid->pipeline_group, tensor});
+    made = Trainer::make(plan, std::move(data), model, memory.arena, {replicas, pipeline, tensor});
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, plan, info);  // the gradients' block
   }

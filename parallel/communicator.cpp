@@ -6,6 +6,36 @@
 
 namespace ht {
 
+namespace {
+
+// Every message of a group, waited in posting order.
+class GroupTransfer final : public Transfer {
+ public:
+  explicit GroupTransfer(std::vector<std::unique_ptr<Transfer>> parts) : parts_(std::move(parts)) {}
+  void wait() override {
+    for (auto& p : parts_) p->wait();
+  }
+  bool done() override {
+    for (auto& p : parts_) {
+      if (!p->done()) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Transfer>> parts_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transfer> Communicator::post_group(std::vector<PeerMessage> messages) {
+  std::vector<std::unique_ptr<Transfer>> parts;
+  for (PeerMessage& m : messages) {
+    parts.push_back(m.send ? isend(m.tensor, m.peer, m.tag, m.what) : irecv(m.tensor, m.peer, m.tag, m.what));
+  }
+  return std::make_unique<GroupTransfer>(std::move(parts));
+}
+
 int64_t check_shard_arguments(const Communicator& group, const at::Tensor& full, const at::Tensor& shard,
                               const std::vector<int64_t>& counts, const char* collective, const char* what) {
   auto fail = [&](const std::string& why) {

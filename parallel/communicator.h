@@ -31,6 +31,22 @@ class Transfer {
   virtual bool done() = 0;
 };
 
+// A transfer that completed before it was returned (a backend whose calls block).
+class CompletedTransfer final : public Transfer {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+// One send or receive of a group (Communicator::post_group).
+struct PeerMessage {
+  bool send = false;
+  at::Tensor tensor;  // contiguous; a receive fills it, so its shape and dtype are the sender's
+  int peer = 0;
+  int tag = 0;        // the message's identity: by it MPI matches, and an in-order backend checks
+  std::string what;   // "the activation for virtual stage 2 of micro-batch 5", for error messages
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -65,6 +81,16 @@ class Communicator {
   // into error messages, with the context current when the transfer was posted.
   virtual std::unique_ptr<Transfer> isend(const at::Tensor& t, int to, int tag, const std::string& what) = 0;
   virtual std::unique_ptr<Transfer> irecv(at::Tensor& t, int from, int tag, const std::string& what) = 0;
+  // Posts the messages together, as one NCCL group: they progress independently of each other,
+  // so two ranks that each send to and receive from the other in one group cannot block each
+  // other. One transfer for the group; its wait covers every message (it may be waited twice).
+  // The default posts each by isend or irecv.
+  virtual std::unique_ptr<Transfer> post_group(std::vector<PeerMessage> messages);
+  // Whether a link's messages match by tag (MPI: each side posts in its own order, and a posted
+  // call waits aside), or in the order they are posted, each call holding the rank's stream until
+  // its peer posts the match (NCCL): a pipeline stage then posts by a plan checked to run so
+  // (parallel/pipeline_links.h).
+  virtual bool matches_by_tag() const { return true; }
   virtual std::string backend() const = 0;
   // Whether a thread other than the one that made it may call it (one call at a time): what
   // overlapping all-reduce with backward needs (parallel/collective_worker.h).

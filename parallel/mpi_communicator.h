@@ -34,6 +34,8 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  MPI_Comm comm() const { return comm_; }
+  int world_rank() const { return world_rank_; }
   void allreduce_sum(at::Tensor& t, const char* what) override;
   void broadcast(at::Tensor& t, int root, const char* what) override;
   void barrier(const char* what) override;

@@ -275,14 +275,56 @@ void NcclCommunicator::recv(at::Tensor& t, int from, const char* what) {
   run(Op::kRecv, t, from, "the receive", what);
 }
 
-std::unique_ptr<Transfer> NcclCommunicator::isend(const at::Tensor&, int to, int, const std::string& what) {
-  fail("a send to rank " + std::to_string(to), what.c_str(),
-       "pipeline stages over NCCL are not built (NCCL matches messages in posting order, not by tag)");
+std::unique_ptr<Transfer> NcclCommunicator::isend(const at::Tensor& t, int to, int tag, const std::string& what) {
+  if (!t.is_cuda()) {  // through this communicator's device buffer (a checkpoint's counts)
+    send(t.contiguous(), to, what.c_str());
+    return std::make_unique<CompletedTransfer>();
+  }
+  std::vector<PeerMessage> one;
+  one.push_back({true, t, to, tag, what});
+  return post_group(std::move(one));
 }
 
-std::unique_ptr<Transfer> NcclCommunicator::irecv(at::Tensor&, int from, int, const std::string& what) {
-  fail("a receive from rank " + std::to_string(from), what.c_str(),
-       "pipeline stages over NCCL are not built (NCCL matches messages in posting order, not by tag)");
+std::unique_ptr<Transfer> NcclCommunicator::irecv(at::Tensor& t, int from, int tag, const std::string& what) {
+  if (!t.is_cuda()) {
+    recv(t, from, what.c_str());
+    return std::make_unique<CompletedTransfer>();
+  }
+  std::vector<PeerMessage> one;
+  one.push_back({false, t, from, tag, what});
+  return post_group(std::move(one));
+}
+
+// ncclGroupStart, each call's ncclSend or ncclRecv, ncclGroupEnd, on ATen's stream: the calls of
+// the group progress together, and the group holds the stream until every one has met its match.
+std::unique_ptr<Transfer> NcclCommunicator::post_group(std::vector<PeerMessage> messages) {
+  std::string what;
+  for (const PeerMessage& m : messages) {
+    what += (what.empty() ? "" : ", ") + std::string(m.send ? "sending " : "receiving ") + m.what;
+    if (!m.tensor.is_cuda() || m.tensor.get_device() != device_ || !m.tensor.is_contiguous()) {
+      fail("a group of sends and receives", what.c_str(),
+           "needs contiguous tensors on this rank's cuda:" + std::to_string(device_));
+    }
+  }
+  cudaSetDevice(device_);
+  const cudaStream_t stream = compute_stream(device_);
+  const char* collective = "a group of sends and receives";
+  ncclResult_t rc = ncclGroupStart();
+  for (size_t i = 0; rc == ncclSuccess && i < messages.size(); ++i) {
+    const PeerMessage& m = messages[i];
+    // As bytes: any dtype crosses as it is.
+    const size_t bytes = m.tensor.nbytes();
+    rc = m.send ? ncclSend(m.tensor.data_ptr(), bytes, ncclUint8, m.peer, state_->comm, stream)
+                : ncclRecv(m.tensor.data_ptr(), bytes, ncclUint8, m.peer, state_->comm, stream);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what.c_str(), ncclGetErrorString(rc));
+  complete(end, collective, what.c_str());
+  if (cudaEventRecord(state_->done, stream) != cudaSuccess) {
+    fail(collective, what.c_str(), cudaGetErrorString(cudaGetLastError()));
+  }
+  wait(collective, what.c_str());
+  return std::make_unique<CompletedTransfer>();
 }
 
 }  // namespace ht

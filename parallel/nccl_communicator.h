@@ -13,10 +13,10 @@
 //   rank, the context and the collective (another rank died or hangs).
 // - Host tensors (the per-parameter "had a gradient" flags, a loss) cross through a device buffer
 //   of this communicator's.
-// - Point to point by tag (pipeline stages) is refused: NCCL matches messages in posting order,
-//   not by tag. Pipelines on GPUs need their own schedule of sends and receives first: every
-//   schedule's links already carry their messages in the order the receivers post them, but the
-//   stage's receives posted ahead would deadlock a serial stream (parallel/pipeline_links.h).
+// - Point to point (pipeline stages): NCCL matches a link's messages in posting order, not by tag,
+//   and holds the stream until a call meets its match; so matches_by_tag() is false, and a stage
+//   posts its sends and receives in groups (post_group: ncclGroupStart/End) by a plan checked to
+//   run on serial streams (parallel/pipeline_links.h). Each group blocks, as every call here.
 //
 // Built where the CUDA toolkit and NCCL are found (parallel/CMakeLists.txt: HT_HAVE_NCCL). Not yet
 // run on a GPU: docs/status.md.
@@ -54,6 +54,8 @@ class NcclCommunicator final : public Communicator {
   void recv(at::Tensor& t, int from, const char* what) override;
   std::unique_ptr<Transfer> isend(const at::Tensor& t, int to, int tag, const std::string& what) override;
   std::unique_ptr<Transfer> irecv(at::Tensor& t, int from, int tag, const std::string& what) override;
+  std::unique_ptr<Transfer> post_group(std::vector<PeerMessage> messages) override;
+  bool matches_by_tag() const override { return false; }
   std::string backend() const override { return "nccl"; }
   // One call at a time from any thread: cudaSetDevice is per thread, and every call sets it.
   bool allows_worker_thread() const override { return true; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 
 namespace ht {
@@ -10,26 +11,32 @@ bool operator==(const LinkMessage& a, const LinkMessage& b) {
   return a.micro_batch == b.micro_batch && a.to_vs == b.to_vs && a.gradient == b.gradient;
 }
 
+bool operator<(const LinkMessage& a, const LinkMessage& b) {
+  return std::tie(a.micro_batch, a.to_vs, a.gradient) < std::tie(b.micro_batch, b.to_vs, b.gradient);
+}
+
 std::string describe(const LinkMessage& m) {
   return std::string(m.gradient ? "the gradient" : "the activation") + " for virtual stage " + std::to_string(m.to_vs) +
          " of micro-batch " + std::to_string(m.micro_batch);
+}
+
+std::string describe(Posting posting) {
+  switch (posting) {
+    case Posting::kAhead: return "matched by tag, receives posted " + std::to_string(kReceiveLookahead) + " actions ahead";
+    case Posting::kGrouped: return "matched in posting order, each action's sends grouped with the next one's receives";
+    case Posting::kPairs:
+      return "matched in posting order, a forward and the backward after it as one unit, its sends grouped with the "
+             "next unit's receives";
+  }
+  return "";
 }
 
 namespace {
 
 bool sends_gradient(ActionKind k) { return k == ActionKind::kBackward || k == ActionKind::kBackwardInput; }
 
-// One send or receive on a rank's stream.
-struct P2p {
-  bool send = false;
-  int peer = 0;
-  LinkMessage message;
-  bool matched = false;
-};
-// The receive action `a` of rank `r` needs and the send it makes, if any.
-struct ActionMessages {
-  std::vector<P2p> receive, send;
-};
+}  // namespace
+
 ActionMessages messages_of(const Action& a, int r, ScheduleShape shape) {
   ActionMessages m;
   const int vs = virtual_stage(r, a.chunk, shape), last = shape.stages * shape.virtual_stages - 1;
@@ -51,8 +58,6 @@ ActionMessages messages_of(const Action& a, int r, ScheduleShape shape) {
   return m;
 }
 
-}  // namespace
-
 std::vector<LinkOrder> link_orders(const PipelineSchedule& schedule, ScheduleShape shape) {
   std::map<std::pair<int, int>, LinkOrder> links;
   const auto link = [&](int from, int to) -> LinkOrder& {
@@ -64,8 +69,8 @@ std::vector<LinkOrder> link_orders(const PipelineSchedule& schedule, ScheduleSha
   for (int r = 0; r < static_cast<int>(schedule.size()); ++r) {
     for (const Action& a : schedule[static_cast<size_t>(r)]) {
       const ActionMessages m = messages_of(a, r, shape);
-      for (const P2p& op : m.receive) link(op.peer, r).received.push_back(op.message);
-      for (const P2p& op : m.send) link(r, op.peer).sent.push_back(op.message);
+      for (const PostedMessage& op : m.receive) link(op.peer, r).received.push_back(op.message);
+      for (const PostedMessage& op : m.send) link(r, op.peer).sent.push_back(op.message);
     }
   }
   std::vector<LinkOrder> out;
@@ -90,26 +95,21 @@ std::string check_link_order(const PipelineSchedule& schedule, ScheduleShape sha
   return "";
 }
 
-namespace {
-
-// A stream item: a compute (no p2p) or a group of sends and receives that complete together.
-struct Item {
-  std::vector<P2p> group;  // empty: a compute
-};
-
-std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleShape shape, Posting posting,
-                            size_t lookahead) {
+std::vector<StreamItem> rank_stream(const std::vector<Action>& actions, int r, ScheduleShape shape, Posting posting,
+                                    size_t lookahead) {
+  lookahead = std::max<size_t>(lookahead, 1);  // an action's receive is posted by the action at the latest
   std::vector<ActionMessages> m;
   for (const Action& a : actions) m.push_back(messages_of(a, r, shape));
-  std::vector<Item> items;
-  const auto alone = [&](const std::vector<P2p>& ops) {
-    for (const P2p& op : ops) items.push_back({{op}});
+  std::vector<StreamItem> items;
+  const auto alone = [&](const std::vector<PostedMessage>& ops) {
+    for (const PostedMessage& op : ops) items.push_back({-1, {op}});
   };
+  const auto run = [&](size_t i) { items.push_back({static_cast<int>(i), {}}); };
   if (posting == Posting::kAhead) {
     size_t posted = 0;
     for (size_t i = 0; i < actions.size(); ++i) {
       for (; posted < std::min(actions.size(), i + lookahead); ++posted) alone(m[posted].receive);
-      items.push_back({});
+      run(i);
       alone(m[i].send);
     }
     return items;
@@ -124,7 +124,7 @@ std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleS
     i += pair ? 2 : 1;
   }
   for (size_t u = 0; u <= units.size(); ++u) {
-    Item group;
+    StreamItem group;
     if (u > 0) {
       for (size_t j = units[u - 1].first; j < units[u - 1].second; ++j) {
         group.group.insert(group.group.end(), m[j].send.begin(), m[j].send.end());
@@ -137,8 +137,31 @@ std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleS
     }
     if (!group.group.empty()) items.push_back(std::move(group));
     if (u < units.size()) {
-      for (size_t j = units[u].first; j < units[u].second; ++j) items.push_back({});
+      for (size_t j = units[u].first; j < units[u].second; ++j) run(j);
     }
+  }
+  return items;
+}
+
+namespace {
+
+// A stream item as the serial streams play it: a compute (no messages) or a group whose sends and
+// receives complete together.
+struct P2p {
+  PostedMessage op;
+  bool matched = false;
+};
+struct Item {
+  std::vector<P2p> group;
+};
+
+std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleShape shape, Posting posting,
+                            size_t lookahead) {
+  std::vector<Item> items;
+  for (const StreamItem& s : rank_stream(actions, r, shape, posting, lookahead)) {
+    Item item;
+    for (const PostedMessage& op : s.group) item.group.push_back({op, false});
+    items.push_back(std::move(item));
   }
   return items;
 }
@@ -148,13 +171,13 @@ std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleS
 bool match_sends(std::vector<std::vector<Item>>& streams, std::vector<size_t>& head, int r) {
   bool moved = false;
   for (P2p& send : streams[static_cast<size_t>(r)][head[static_cast<size_t>(r)]].group) {
-    if (!send.send || send.matched) continue;
-    const size_t q = static_cast<size_t>(send.peer);
+    if (!send.op.send || send.matched) continue;
+    const size_t q = static_cast<size_t>(send.op.peer);
     if (head[q] >= streams[q].size()) continue;
     for (P2p& receive : streams[q][head[q]].group) {
       // The peer's first unmatched receive from r in its running group: NCCL's posting order.
-      if (receive.send || receive.matched || receive.peer != r) continue;
-      if (receive.message == send.message) receive.matched = send.matched = moved = true;
+      if (receive.op.send || receive.matched || receive.op.peer != r) continue;
+      if (receive.op.message == send.op.message) receive.matched = send.matched = moved = true;
       break;
     }
   }
@@ -164,8 +187,9 @@ bool match_sends(std::vector<std::vector<Item>>& streams, std::vector<size_t>& h
 std::string stuck_at(const std::vector<std::vector<Item>>& streams, const std::vector<size_t>& head) {
   for (size_t r = 0; r < streams.size(); ++r) {
     if (head[r] >= streams[r].size()) continue;
-    for (const P2p& op : streams[r][head[r]].group) {
-      if (op.matched) continue;
+    for (const P2p& p : streams[r][head[r]].group) {
+      if (p.matched) continue;
+      const PostedMessage& op = p.op;
       return "deadlock on serial streams: rank " + std::to_string(r) + (op.send ? " sends " : " receives ") +
              describe(op.message) + (op.send ? " to rank " : " from rank ") + std::to_string(op.peer) +
              ", which is blocked on an earlier call of its own";
@@ -178,7 +202,6 @@ std::string stuck_at(const std::vector<std::vector<Item>>& streams, const std::v
 
 std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleShape shape, Posting posting,
                                     size_t lookahead) {
-  lookahead = std::max<size_t>(lookahead, 1);  // an action's receive is posted by the action at the latest
   if (std::string order = check_link_order(schedule, shape); !order.empty()) return order;
   std::vector<std::vector<Item>> streams;
   for (size_t r = 0; r < schedule.size(); ++r) {

@@ -7,6 +7,7 @@
 // differ would hand a receive the wrong tensor, or wait for ever. This is the check that says,
 // schedule by schedule, whether a schedule can run over NCCL as posted.
 
+#include "base/choice.h"
 #include "parallel/pipeline_schedule.h"
 
 #include <optional>
@@ -14,6 +15,16 @@
 #include <vector>
 
 namespace ht {
+
+// How a pipeline group carries a stage's messages on CPU ranks (parallel.pipeline_p2p): auto, the
+// backend's own (MPI, matched by tag); nccl_like, as NCCL would on GPUs
+// (parallel/nccl_like_communicator.h), to check on CPU what a GPU run does.
+enum class PipelineP2p : uint8_t { kAuto, kNcclLike };
+template <>
+struct ChoiceNames<PipelineP2p> {
+  static constexpr std::pair<PipelineP2p, const char*> table[] = {{PipelineP2p::kAuto, "auto"},
+                                                                  {PipelineP2p::kNcclLike, "nccl_like"}};
+};
 
 // One message: the activation a forward of virtual stage to_vs - 1 sends to_vs's rank, or the
 // input gradient a backward of to_vs + 1 sends to_vs's rank (`gradient`).
@@ -23,6 +34,7 @@ struct LinkMessage {
   bool gradient = false;
 };
 bool operator==(const LinkMessage& a, const LinkMessage& b);
+bool operator<(const LinkMessage& a, const LinkMessage& b);
 
 struct LinkOrder {
   int from = 0, to = 0;               // ranks
@@ -53,6 +65,29 @@ enum class Posting {
   kPairs,
 };
 
+// One send or receive a rank posts.
+struct PostedMessage {
+  bool send = false;
+  int peer = 0;  // the rank at the link's other end
+  LinkMessage message;
+};
+// What a rank's stream does next: run its action number `action` (>= 0), or post `group` together.
+struct StreamItem {
+  int action = -1;
+  std::vector<PostedMessage> group;
+};
+// What action `a` of rank `rank` receives before it runs and sends after it (none, or one each:
+// a message between two virtual stages of one rank is not sent).
+struct ActionMessages {
+  std::vector<PostedMessage> receive, send;
+};
+ActionMessages messages_of(const Action& a, int rank, ScheduleShape shape);
+
+// Rank `rank`'s stream under `posting`: its actions in order, with the groups posted between
+// them. What parallel/pipeline_stage.h walks, and what check_on_serial_streams plays.
+std::vector<StreamItem> rank_stream(const std::vector<Action>& actions, int rank, ScheduleShape shape, Posting posting,
+                                    size_t lookahead = kReceiveLookahead);
+
 // "" where every rank's stream runs to its end under `posting`; else the first deadlock: each
 // rank's stream is stuck, and the message names what the first rank waits for. A link whose
 // orders part (check_link_order) is reported as such. `lookahead` (kAhead) is at least 1.
@@ -62,6 +97,9 @@ std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleSh
 // The first posting (kGrouped, then kPairs) under which every rank's stream runs to its end, or
 // none: what a stage on NCCL would post by, checked before it posts anything.
 std::optional<Posting> posting_that_runs(const PipelineSchedule& schedule, ScheduleShape shape);
+
+// "each action's send grouped with the next action's receive", for the log.
+std::string describe(Posting posting);
 
 // "the gradient for virtual stage 2 of micro-batch 5"
 std::string describe(const LinkMessage& m);

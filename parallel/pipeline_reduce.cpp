@@ -23,10 +23,12 @@ void PipelineStage::sum_tied_gradients() {
                           ? t.param.grad().contiguous()
                           : at::zeros_like(t.param, t.param.options().dtype(gradient_type_of(t.param, floating_)));
     at::Tensor theirs = at::empty_like(mine);
-    auto sent = pipeline_->isend(mine, other, kTiedTag, "a tied weight's gradient");
-    auto received = pipeline_->irecv(theirs, other, kTiedTag, "a tied weight's gradient");
-    sent->wait();
-    received->wait();
+    // One group: on a backend that matches in posting order a lone send would wait for the other
+    // stage's receive, posted after its own send.
+    std::vector<PeerMessage> exchange;
+    exchange.push_back({true, mine, other, kTiedTag, "a tied weight's gradient"});
+    exchange.push_back({false, theirs, other, kTiedTag, "a tied weight's gradient"});
+    pipeline_->post_group(std::move(exchange))->wait();
     // The owner's part first on both ranks: the same sum, bit for bit.
     const at::Tensor sum = t.owner == rank() ? mine + theirs : theirs + mine;
     at::Tensor param = t.param;

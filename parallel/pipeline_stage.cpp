@@ -1,5 +1,6 @@
 #include "parallel/pipeline_stage.h"
 #include "base/clock.h"
+#include "base/user_error.h"
 
 #include <chrono>
 
@@ -11,19 +12,26 @@ namespace {
 constexpr int kTagSpace = 1 << 14;
 constexpr int kEvaluationTag = kTagSpace;
 
-bool is_backward(ActionKind k) { return k == ActionKind::kBackward || k == ActionKind::kBackwardInput; }
-
-std::string words(const Action& a, int vs, bool gradient) {
-  return std::string(gradient ? "the gradient of" : "the activation of") + " micro-batch " +
-         std::to_string(a.micro_batch) + " into stage " + std::to_string(vs);
-}
-
 }  // namespace
 
 PipelineStage::PipelineStage(Model& model, PipelineLayout layout, std::shared_ptr<Communicator> pipeline,
                              at::Device device)
     : model_(model), layout_(std::move(layout)), pipeline_(std::move(pipeline)), device_(device) {
-  actions_ = make_schedule(layout_.kind, layout_.shape)[static_cast<size_t>(rank())];
+  const PipelineSchedule schedule = make_schedule(layout_.kind, layout_.shape);
+  actions_ = schedule[static_cast<size_t>(rank())];
+  if (!pipeline_->matches_by_tag()) {
+    const std::optional<Posting> runs = posting_that_runs(schedule, layout_.shape);
+    if (!runs) {
+      throw UserError(std::string("parallel.pipeline_schedule = \"") + choice_name(layout_.kind) + "\" on " +
+                      std::to_string(layout_.shape.stages) + " stages with " +
+                      std::to_string(layout_.shape.micro_batches) + " micro-batches and " +
+                      std::to_string(layout_.shape.virtual_stages) + " chunks each: no posting of its messages runs " +
+                      "on " + pipeline_->backend() + ", which matches them in posting order (" +
+                      check_on_serial_streams(schedule, layout_.shape, Posting::kPairs) + "); use \"1f1b\"");
+    }
+    posting_ = *runs;
+  }
+  stream_ = rank_stream(actions_, rank(), layout_.shape, posting_);
   params_ = stage_parameters(model_, layout_, rank());
   tied_ = tied_parameters(model_, layout_);
 }
@@ -32,8 +40,8 @@ bool PipelineStage::holds_loss() const {
   return rank_of_virtual_stage(layout_.virtual_stages() - 1, layout_.shape) == rank();
 }
 
-int PipelineStage::tag(int micro_batch, int vs, bool gradient) const {
-  return ((micro_batch * layout_.virtual_stages() + vs) * 2 + (gradient ? 1 : 0)) % kTagSpace;
+int PipelineStage::tag(const LinkMessage& m) const {
+  return ((m.micro_batch * layout_.virtual_stages() + m.to_vs) * 2 + (m.gradient ? 1 : 0)) % kTagSpace;
 }
 
 namespace {
@@ -58,28 +66,42 @@ at::Tensor from_wire(at::Tensor buffer, bool channels_last) {
 
 }  // namespace
 
-void PipelineStage::post_receives(size_t next) {
-  const size_t until = std::min(actions_.size(), next + kReceiveLookahead);
-  for (; posted_until_ < until; ++posted_until_) {
-    const Action& a = actions_[posted_until_];
-    const int vs = virtual_stage(rank(), a.chunk, layout_.shape);
-    const bool activation = a.kind == ActionKind::kForward && vs > 0;
-    const bool gradient = is_backward(a.kind) && vs + 1 < layout_.virtual_stages();
-    if (!activation && !gradient) continue;
-    // An activation enters vs; a gradient is of vs's output, the input of vs + 1.
-    const int of = activation ? vs : vs + 1;
-    Receive r;
-    r.buffer = at::empty(wire_sizes(layout_.input_sizes(of, micro_size_), layout_.channels_last),
-                         at::TensorOptions(device_).dtype(layout_.input_dtype(of)));
-    const int from = rank_of_virtual_stage(activation ? vs - 1 : vs + 1, layout_.shape);
-    r.transfer = pipeline_->irecv(r.buffer, from, tag(a.micro_batch, vs, gradient), words(a, vs, gradient));
-    receives_.emplace(posted_until_, std::move(r));
+void PipelineStage::post(const std::vector<PostedMessage>& group) {
+  std::vector<PeerMessage> messages;
+  std::vector<std::pair<LinkMessage, at::Tensor>> buffers;
+  bool sends = false;
+  for (const PostedMessage& p : group) {
+    const LinkMessage& m = p.message;
+    PeerMessage out{p.send, at::Tensor(), p.peer, tag(m), describe(m)};
+    if (p.send) {
+      auto it = outbox_.find(m);
+      TORCH_CHECK(it != outbox_.end(), "pipeline: ", describe(m), " is posted before it was made");
+      out.tensor = std::move(it->second);
+      outbox_.erase(it);
+      stats_.p2p_bytes += static_cast<int64_t>(out.tensor.nbytes());
+      sends = true;
+    } else {
+      // An activation enters to_vs; a gradient is of to_vs's output, the input of to_vs + 1.
+      const int of = m.gradient ? m.to_vs + 1 : m.to_vs;
+      out.tensor = at::empty(wire_sizes(layout_.input_sizes(of, micro_size_), layout_.channels_last),
+                             at::TensorOptions(device_).dtype(layout_.input_dtype(of)));
+      buffers.emplace_back(m, out.tensor);
+    }
+    messages.push_back(std::move(out));
   }
+  // A backend that matches in posting order holds the stream, here the host, until the group is
+  // matched: that time is waiting too.
+  const auto start = std::chrono::steady_clock::now();
+  const std::shared_ptr<Transfer> transfer = pipeline_->post_group(std::move(messages));
+  stats_.wait_ms += ms_since(start);
+  for (auto& [m, buffer] : buffers) receives_.emplace(m, Receive{std::move(buffer), transfer});
+  if (sends) sends_.push_back(transfer);
+  reap_sends(false);
 }
 
-at::Tensor PipelineStage::take_received(const Action& a) {
-  auto it = receives_.find(current_);
-  TORCH_CHECK(it != receives_.end(), "pipeline: no receive posted for ", describe(a));
+at::Tensor PipelineStage::take_received(const LinkMessage& m) {
+  auto it = receives_.find(m);
+  TORCH_CHECK(it != receives_.end(), "pipeline: no receive posted for ", describe(m));
   const auto start = std::chrono::steady_clock::now();
   it->second.transfer->wait();
   stats_.wait_ms += ms_since(start);
@@ -89,17 +111,12 @@ at::Tensor PipelineStage::take_received(const Action& a) {
 }
 
 void PipelineStage::send(const at::Tensor& value, int vs, int micro_batch, bool gradient) {
-  const int to_vs = gradient ? vs - 1 : vs + 1;
-  const at::Tensor data = to_wire(value, layout_.channels_last);
-  stats_.p2p_bytes += static_cast<int64_t>(data.nbytes());
-  Action a{gradient ? ActionKind::kBackward : ActionKind::kForward, micro_batch, 0};
-  sends_.push_back(pipeline_->isend(data, rank_of_virtual_stage(to_vs, layout_.shape),
-                                    tag(micro_batch, to_vs, gradient), words(a, to_vs, gradient)));
-  reap_sends(false);
+  const LinkMessage m{micro_batch, gradient ? vs - 1 : vs + 1, gradient};
+  outbox_[m] = to_wire(value, layout_.channels_last);
 }
 
 void PipelineStage::reap_sends(bool all) {
-  std::vector<std::unique_ptr<Transfer>> pending;
+  std::vector<std::shared_ptr<Transfer>> pending;
   for (auto& s : sends_) {
     if (all) {
       const auto start = std::chrono::steady_clock::now();
@@ -120,7 +137,7 @@ void PipelineStage::forward(Interpreter& interp, const Action& a) {
   if (vs == 0) {
     x = interp.input(input_.narrow(0, offset, micro_size_).to(device_));
   } else {
-    at::Tensor received = take_received(a);
+    at::Tensor received = take_received({a.micro_batch, vs, false});
     x = interp.stage_input(received);
     f.input = x;
   }
@@ -165,7 +182,7 @@ void PipelineStage::backward(Interpreter& interp, const Action& a) {
     grads = {at::full(f.loss.sizes(), loss_seed_, f.loss.value().options())};
   } else {
     roots = {f.output};
-    grads = {take_received(a)};
+    grads = {take_received({a.micro_batch, vs, true})};
   }
   const auto start = std::chrono::steady_clock::now();
   const BackwardPart part = a.kind == ActionKind::kBackward ? BackwardPart::kAll : BackwardPart::kInputs;
@@ -194,11 +211,12 @@ double PipelineStage::train_step(Interpreter& interp, const at::Tensor& input, c
   loss_sum_ = 0;
   seed_base_ = interp.seed_counter();
   stats_ = PipelineStats{};
-  posted_until_ = 0;
-  for (size_t i = 0; i < actions_.size(); ++i) {
-    current_ = i;
-    post_receives(i);
-    const Action& a = actions_[i];
+  for (const StreamItem& item : stream_) {
+    if (item.action < 0) {
+      post(item.group);
+      continue;
+    }
+    const Action& a = actions_[static_cast<size_t>(item.action)];
     if (a.kind == ActionKind::kForward) {
       forward(interp, a);
     } else {
@@ -206,7 +224,7 @@ double PipelineStage::train_step(Interpreter& interp, const at::Tensor& input, c
     }
   }
   reap_sends(/*all=*/true);
-  TORCH_CHECK(in_flight_.empty() && receives_.empty(), "pipeline: the schedule left work undone");
+  TORCH_CHECK(in_flight_.empty() && receives_.empty() && outbox_.empty(), "pipeline: the schedule left work undone");
   interp.set_seed_counter(seed_base_ + static_cast<uint64_t>(layout_.shape.micro_batches) *
                                            layout_.seeds_per_micro_batch());
   input_ = at::Tensor();

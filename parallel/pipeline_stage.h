@@ -15,6 +15,7 @@
 
 #include "parallel/communicator.h"
 #include "parallel/pipeline_layout.h"
+#include "parallel/pipeline_links.h"
 #include "runtime/interpreter.h"
 
 #include <map>
@@ -53,6 +54,8 @@ class PipelineStage {
   double train_step(Interpreter& interp, const at::Tensor& input, const at::Tensor& target, int64_t micro_size,
                     double loss_seed);
   const PipelineStats& stats() const { return stats_; }
+  // How this stage posts its messages (chosen once, from the group's matching).
+  Posting posting() const { return posting_; }
 
   // Evaluation of one batch of n: the model's output on the rank that holds the loss; undefined
   // elsewhere. Blocking, stage after stage.
@@ -97,17 +100,22 @@ class PipelineStage {
   using Key = std::pair<int, int>;  // (micro-batch, chunk)
   void forward(Interpreter& interp, const Action& a);
   void backward(Interpreter& interp, const Action& a);
-  void post_receives(size_t next);  // for the actions from `next` on, a few ahead
-  at::Tensor take_received(const Action& a);
+  void post(const std::vector<PostedMessage>& group);
+  at::Tensor take_received(const LinkMessage& m);
   void send(const at::Tensor& value, int vs, int micro_batch, bool gradient);
   void reap_sends(bool all);
-  int tag(int micro_batch, int vs, bool gradient) const;
+  int tag(const LinkMessage& m) const;
 
   Model& model_;
   PipelineLayout layout_;
   std::shared_ptr<Communicator> pipeline_;
   at::Device device_;
   std::vector<Action> actions_;
+  // The rank's actions with the groups of sends and receives posted between them: receives posted
+  // ahead, each alone, where the link matches by tag (MPI); the first posting that runs on NCCL's
+  // serial streams where it matches in posting order (parallel/pipeline_links.h).
+  Posting posting_ = Posting::kAhead;
+  std::vector<StreamItem> stream_;
   std::vector<at::Tensor> params_;
   std::vector<TiedParameter> tied_;
   Share share_;
@@ -120,12 +128,11 @@ class PipelineStage {
   std::map<Key, InFlight> in_flight_;
   struct Receive {
     at::Tensor buffer;  // channels-last: its memory as an NHWC tensor (the wire's layout)
-    std::unique_ptr<Transfer> transfer;
+    std::shared_ptr<Transfer> transfer;  // its group's
   };
-  std::map<size_t, Receive> receives_;  // by action index
-  size_t posted_until_ = 0;
-  size_t current_ = 0;  // the action running
-  std::vector<std::unique_ptr<Transfer>> sends_;
+  std::map<LinkMessage, Receive> receives_;
+  std::map<LinkMessage, at::Tensor> outbox_;  // produced, to be posted with the next group
+  std::vector<std::shared_ptr<Transfer>> sends_;
   PipelineStats stats_;
 };
 

@@ -9,6 +9,7 @@
 // it (config.resolved.toml, plan.toml).
 
 #include "memory/memory_policy.h"
+#include "parallel/pipeline_links.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard_layout.h"
 #include "parallel/stage_partition.h"
@@ -96,6 +97,7 @@ struct PipelinePlan {
   int64_t virtual_stages = 1;
   std::vector<int64_t> stage_blocks;  // empty: balanced by the blocks' costs
   StageCosts stage_costs = StageCosts::kMeasured;
+  PipelineP2p p2p = PipelineP2p::kAuto;  // on CPU ranks: MPI's matching by tag, or NCCL's (nccl_like)
 };
 
 // The training loop around the steps: how many, when to evaluate, log and checkpoint, where.

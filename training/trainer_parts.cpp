@@ -303,6 +303,7 @@ TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Eng
   if (plan.grid.pipeline > 1) {
     stage = make_pipeline_stage(plan, data, *e.model, comms.replicas.get(), comms.pipeline, comms.tensor);
     parts.description.push_back(describe_pipeline(stage->layout()));
+    parts.description.push_back("pipeline messages over " + stage->group().backend() + ": " + describe(stage->posting()));
   }
   parts.groups = make_groups(plan, *e.model, stage.get(), comms);
   prepare_engine(plan, e, *parts.groups, stage != nullptr, parts.notes);

@@ -6,6 +6,7 @@
 // choices is an enum (base/choice.h), parsed from its name once, here at the config's boundary.
 
 #include "memory/memory_policy.h"
+#include "parallel/pipeline_links.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard_layout.h"
 #include "parallel/stage_partition.h"
@@ -134,6 +135,7 @@ struct ParallelConfig {
   int64_t virtual_stages = 1;         // interleaved_1f1b: model chunks per rank
   std::vector<int64_t> stage_blocks;  // blocks per stage; empty: balanced by the blocks' times
   StageCosts stage_costs = StageCosts::kMeasured;  // the times: measured (rank 0's probe) or modeled
+  PipelineP2p pipeline_p2p = PipelineP2p::kAuto;   // nccl_like: CPU ranks' messages as NCCL carries them
   int64_t bucket_mb = 25;
   bool overlap = true;  // all-reduce buckets on a worker thread while backward runs
   double timeout_s = 300;

@@ -314,6 +314,13 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "timed per block on rank 0 at start, the median of three) or modeled (from the ops' shapes: "
                     "the same every run, no message, but blind to how fast each kernel really runs)")
                   .only_when(piped_words, piped));
+  f.push_back(Field(&C::parallel, &ParallelConfig::pipeline_p2p, "parallel", "pipeline_p2p",
+                    "how CPU ranks carry the stages' messages: auto (MPI's way: matched by tag, receives posted "
+                    "ahead) or nccl_like (NCCL's way, to check on CPU what a GPU run does: each link's messages "
+                    "matched in posting order and checked to be the ones expected, a send done only when its "
+                    "receive is, each rank's calls one after another, the sends and receives of one step posted "
+                    "in one group). On GPUs the stages always post NCCL's way")
+                  .only_when(piped_words, piped));
   f.push_back(Field(&C::parallel, &ParallelConfig::bucket_mb, "parallel", "bucket_mb", "gradient all-reduce bucket size, MiB")
                   .min(1));
   f.push_back(Field(&C::parallel, &ParallelConfig::overlap, "parallel", "overlap",

@@ -270,6 +270,7 @@ RunPlan plan_of_config(const Config& c, int replicas) {
   p.virtual_stages = c.parallel.virtual_stages;
   p.stage_blocks = c.parallel.stage_blocks;
   p.stage_costs = c.parallel.stage_costs;
+  p.p2p = c.parallel.pipeline_p2p;
   plan.precision = c.training.mixed_precision;
   plan.compute_weights = c.training.compute_weights;
   plan.gradient_dtype = c.training.gradient_dtype;

@@ -101,6 +101,8 @@ TEST_F(ConfigErrors, UnreadableConfigFile) {
 TEST_F(ConfigErrors, PipelineKeys) {
   EXPECT_THAT(error_in(kGood, {"--parallel.pipeline_parallel=2", "--parallel.pipeline_schedule=zb_h2"}),
               HasSubstr("\"zb_h2\" is not allowed"));
+  EXPECT_THAT(error_in(kGood, {"--parallel.pipeline_parallel=2", "--parallel.pipeline_p2p=nccl"}),
+              HasSubstr("\"nccl\" is not allowed"));
   EXPECT_THAT(error_in(kGood, {"--parallel.pipeline_parallel=0"}), HasSubstr("parallel.pipeline_parallel"));
   const LoadedConfig loaded =
       load_config(dir_.write("p.toml", kGood), {override_of("--parallel.virtual_stages=2")});

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,11 +79,11 @@ TEST(PipelineLinks, ARankThatReadsItsMessagesOutOfOrderIsCaught) {
   EXPECT_NE(why.find("is for the activation for virtual stage 1 of micro-batch 1"), std::string::npos) << why;
 }
 
-// On NCCL a receive holds its rank's stream until its sender sends. Today's PipelineStage posts
-// the receives of the next three actions ahead of the action that reads them (a latency win over
-// MPI, where irecv returns at once): on one serial stream rank 0's first receive, backward's
-// gradient, waits ahead of its forward's send, which rank 1 waits for. Every schedule deadlocks so,
-// which is one reason pipeline stages are refused on GPUs (parallel/nccl_communicator.h).
+// On NCCL a receive holds its rank's stream until its sender sends. A stage over MPI posts the
+// receives of the next three actions ahead of the action that reads them (a latency win there,
+// where irecv returns at once): on one serial stream rank 0's first receive, backward's gradient,
+// waits ahead of its forward's send, which rank 1 waits for. Every schedule deadlocks so, which is
+// why a stage on NCCL posts in groups (PipelineStage: Posting chosen by matches_by_tag()).
 TEST(PipelineLinks, ReceivesPostedAheadDeadlockOnASerialStream) {
   for (const Case& c : every_case()) {
     const std::string why = check_on_serial_streams(make_schedule(c.kind, c.shape), c.shape, Posting::kAhead);
@@ -126,6 +127,44 @@ TEST(PipelineLinks, EveryScheduleHasAGroupedPostingThatRunsOnSerialStreams) {
   }
   const ScheduleShape gpipe{2, 2, 1};
   EXPECT_NE(check_on_serial_streams(make_schedule(ScheduleKind::kGpipe, gpipe), gpipe, Posting::kPairs), "");
+}
+
+// What PipelineStage walks: every action once, in order; every message an action receives posted
+// before it runs and every message it sends after it, each once, under every posting.
+TEST(PipelineLinks, ARanksStreamRunsEachActionOnceWithItsMessagesAroundIt) {
+  for (const Case& c : every_case()) {
+    const PipelineSchedule s = make_schedule(c.kind, c.shape);
+    for (Posting posting : {Posting::kAhead, Posting::kGrouped, Posting::kPairs}) {
+      for (int r = 0; r < c.shape.stages; ++r) {
+        const std::vector<Action>& actions = s[static_cast<size_t>(r)];
+        std::vector<LinkMessage> received, sent;
+        int next = 0;
+        for (const StreamItem& item : rank_stream(actions, r, c.shape, posting)) {
+          if (item.action < 0) {
+            for (const PostedMessage& m : item.group) (m.send ? sent : received).push_back(m.message);
+            continue;
+          }
+          ASSERT_EQ(item.action, next++) << name(c);
+          const ActionMessages m = messages_of(actions[static_cast<size_t>(item.action)], r, c.shape);
+          for (const PostedMessage& in : m.receive) {
+            EXPECT_EQ(std::count(received.begin(), received.end(), in.message), 1) << name(c) << " " << describe(in.message);
+          }
+          for (const PostedMessage& out : m.send) {
+            EXPECT_EQ(std::count(sent.begin(), sent.end(), out.message), 0) << name(c) << " " << describe(out.message);
+          }
+        }
+        EXPECT_EQ(next, static_cast<int>(actions.size())) << name(c);
+        int receives = 0, sends = 0;
+        for (const Action& a : actions) {
+          const ActionMessages m = messages_of(a, r, c.shape);
+          receives += static_cast<int>(m.receive.size());
+          sends += static_cast<int>(m.send.size());
+        }
+        EXPECT_EQ(static_cast<int>(received.size()), receives) << name(c);
+        EXPECT_EQ(static_cast<int>(sent.size()), sends) << name(c);
+      }
+    }
+  }
 }
 
 }  // namespace
