@@ -1,5 +1,6 @@
 #include "alloc/host_link.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -18,12 +19,12 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-bool CopyJob::done() const {
+bool ModelledCopy::done() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return copied_ && Clock::now() >= finished_;
 }
 
-double CopyJob::wait() {
+double ModelledCopy::wait() {
   const Clock::time_point start = Clock::now();
   Clock::time_point finish;
   {
@@ -36,12 +37,12 @@ double CopyJob::wait() {
   return ms_between(start, Clock::now());
 }
 
-Clock::time_point CopyJob::started() const {
+Clock::time_point ModelledCopy::started() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return started_;
 }
 
-Clock::time_point CopyJob::finished() const {
+Clock::time_point ModelledCopy::finished() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return finished_;
 }
@@ -60,7 +61,7 @@ CopyQueue::~CopyQueue() {
   std::this_thread::sleep_until(free_at_);
 }
 
-void CopyQueue::push(const std::shared_ptr<CopyJob>& job) {
+void CopyQueue::push(const std::shared_ptr<ModelledCopy>& job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const Clock::time_point start = std::max(Clock::now(), free_at_);
@@ -88,7 +89,7 @@ LinkStats CopyQueue::stats() const {
 
 void CopyQueue::run() {
   while (true) {
-    std::shared_ptr<CopyJob> job;
+    std::shared_ptr<ModelledCopy> job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -128,29 +129,37 @@ void CopyQueue::run() {
   }
 }
 
-HostLink::HostLink(double gbps) : gbps_(gbps), to_host_(gbps * 1e6), to_device_(gbps * 1e6) {}
-
-std::shared_ptr<CopyJob> HostLink::copy(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) {
+int64_t checked_copy_bytes(const at::Tensor& src, const at::Tensor& dst) {
   const auto bytes = static_cast<int64_t>(src.storage().nbytes());
   TORCH_CHECK(dst.storage_offset() == 0 && dst.is_contiguous(), "HostLink::copy: the destination must be a whole storage");
   TORCH_CHECK(static_cast<int64_t>(dst.storage().nbytes()) >= bytes, "HostLink::copy: ", bytes,
               " bytes into a storage of ", dst.storage().nbytes());
-  auto job = std::make_shared<CopyJob>(direction, src, dst, bytes);
-  queue(direction).push(job);
-  return job;
+  return bytes;
 }
 
-std::shared_ptr<CopyJob> HostLink::convert(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) {
+int64_t checked_convert_bytes(const at::Tensor& src, const at::Tensor& dst) {
   TORCH_CHECK(src.is_contiguous() && dst.is_contiguous() && src.numel() == dst.numel(),
               "HostLink::convert: contiguous tensors of as many elements, got ", src.numel(), " and ", dst.numel());
-  const int64_t bytes = src.numel() * static_cast<int64_t>(std::min(src.element_size(), dst.element_size()));
-  auto job = std::make_shared<CopyJob>(direction, src, dst, bytes, /*convert=*/true);
+  return src.numel() * static_cast<int64_t>(std::min(src.element_size(), dst.element_size()));
+}
+
+ModelledHostLink::ModelledHostLink(double gbps) : gbps_(gbps), to_host_(gbps * 1e6), to_device_(gbps * 1e6) {}
+
+at::Tensor ModelledHostLink::host_empty(int64_t elements, at::ScalarType dtype) {
+  return at::empty({elements}, at::TensorOptions().dtype(dtype));
+}
+
+std::shared_ptr<CopyJob> ModelledHostLink::copy(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) {
+  auto job = std::make_shared<ModelledCopy>(direction, src, dst, checked_copy_bytes(src, dst));
   queue(direction).push(job);
   return job;
 }
 
-double HostLink::transfer_ms(int64_t bytes) const {
-  return gbps_ > 0 ? static_cast<double>(bytes) / (gbps_ * 1e6) : 0;
+std::shared_ptr<CopyJob> ModelledHostLink::convert(CopyDirection direction, const at::Tensor& src,
+                                                   const at::Tensor& dst) {
+  auto job = std::make_shared<ModelledCopy>(direction, src, dst, checked_convert_bytes(src, dst), /*convert=*/true);
+  queue(direction).push(job);
+  return job;
 }
 
 double measure_memcpy_gbps(int64_t bytes) {

@@ -1,7 +1,8 @@
 #pragma once
 // The link between device memory and host memory, as host swap uses it (memory.policy = "swap"
-// or "hybrid"): one copy queue each way, each with its own worker thread, as a GPU has one copy
-// engine (stream) each way over a full-duplex PCIe link.
+// or "hybrid", per-block offload, the optimizer state on host): an interface (HostLink) with
+// one copy queue each way, as a GPU has one copy engine (stream) each way over a full-duplex
+// PCIe link. ModelledHostLink is CPU ranks' (below); the CUDA link is alloc/cuda_host_link.h.
 //
 // On CPU ranks the device is the arena and the host is memory outside it. The link is a clock
 // of its own: a copy starts when the one before it in its direction has finished (or when it is
@@ -32,20 +33,38 @@ enum class CopyDirection : uint8_t { kToHost, kToDevice };
 // One copy, from the caller's side. Times are on the steady clock.
 class CopyJob {
  public:
-  CopyJob(CopyDirection direction, at::Tensor src, at::Tensor dst, int64_t bytes, bool convert = false)
-      : direction(direction), bytes(bytes), convert(convert), src_(std::move(src)), dst_(std::move(dst)) {}
+  CopyJob(CopyDirection direction, int64_t bytes, bool convert)
+      : direction(direction), bytes(bytes), convert(convert) {}
+  virtual ~CopyJob() = default;
+  CopyJob(const CopyJob&) = delete;
+  CopyJob& operator=(const CopyJob&) = delete;
 
   const CopyDirection direction;
   const int64_t bytes;   // what crosses the link
   const bool convert;    // dst.copy_(src) between dtypes, not a memcpy of src's storage
 
-  bool done() const;
-  // Blocks until the copy is done; returns how long it waited, ms (0 if it was done).
-  double wait();
-  // When the link starts and finishes it (the modelled times). A copy whose bytes moved later
-  // than that (the worker was late) is done when they have.
-  std::chrono::steady_clock::time_point started() const;
-  std::chrono::steady_clock::time_point finished() const;
+  // Whether the copy has finished: its ends may be freed or reused by anyone.
+  virtual bool done() const = 0;
+  // Until what this rank computes next may read the destination and overwrite the source: on CPU
+  // ranks, until the copy is done; on a GPU, the compute stream waits for the copy's event and the
+  // host goes on (a block the compute stream frees after this is reused only behind the copy).
+  // Returns how long the host waited, ms (0 if it did not).
+  virtual double wait() = 0;
+  // When the link starts and finishes it (modelled on CPU ranks, as queued on a GPU: a GPU's
+  // start is when it was queued, its finish when wait() or done() first saw it done).
+  virtual std::chrono::steady_clock::time_point started() const = 0;
+  virtual std::chrono::steady_clock::time_point finished() const = 0;
+};
+
+// A copy over the modelled link of CPU ranks (ModelledHostLink).
+class ModelledCopy final : public CopyJob {
+ public:
+  ModelledCopy(CopyDirection direction, at::Tensor src, at::Tensor dst, int64_t bytes, bool convert = false)
+      : CopyJob(direction, bytes, convert), src_(std::move(src)), dst_(std::move(dst)) {}
+  bool done() const override;
+  double wait() override;
+  std::chrono::steady_clock::time_point started() const override;
+  std::chrono::steady_clock::time_point finished() const override;
 
  private:
   friend class CopyQueue;
@@ -73,7 +92,7 @@ class CopyQueue {
   CopyQueue(const CopyQueue&) = delete;
   CopyQueue& operator=(const CopyQueue&) = delete;
 
-  void push(const std::shared_ptr<CopyJob>& job);
+  void push(const std::shared_ptr<ModelledCopy>& job);
   // The modelled time (ms) until everything queued now is done: what a new copy waits for.
   double backlog_ms() const;
   LinkStats stats() const;
@@ -84,30 +103,55 @@ class CopyQueue {
   const double bytes_per_ms_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<CopyJob>> queue_;
+  std::deque<std::shared_ptr<ModelledCopy>> queue_;
   std::chrono::steady_clock::time_point free_at_{};  // when the last copy asked for finishes
   bool stopping_ = false;
   LinkStats stats_;
   std::thread worker_;
 };
 
+// The link host swap, per-block offload and the optimizer state on host copy over. A rank has
+// one: ModelledHostLink on CPU ranks, the CUDA link on a GPU (make_cuda_host_link,
+// alloc/cuda_host_link.h), and tests put a link of their own in its place.
 class HostLink {
  public:
-  // `gbps`: the modelled bandwidth of each direction, GB/s (10^9 bytes); <= 0: memcpy's.
-  explicit HostLink(double gbps);
-  double gbps() const { return gbps_; }
-
+  virtual ~HostLink() = default;
+  // The bandwidth of each direction, GB/s (10^9 bytes): modelled on CPU ranks (<= 0: memcpy's),
+  // measured at start on a GPU. What the planner and the swap's rule price copies by.
+  virtual double gbps() const = 0;
+  // Memory on the host for a copy's host end (pinned on a GPU, where the copy engine reads it).
+  virtual at::Tensor host_empty(int64_t elements, at::ScalarType dtype) = 0;
   // Copies the bytes of `src`'s whole storage into `dst` (a contiguous tensor of its own storage,
-  // as large or larger), on `direction`'s worker.
-  std::shared_ptr<CopyJob> copy(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst);
+  // as large or larger), in `direction`'s queue, behind what this rank computed before the call.
+  virtual std::shared_ptr<CopyJob> copy(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) = 0;
   // Copies `src` into `dst` (contiguous, as many elements, another floating type: memory.compress's
-  // fp32 activations crossing as bf16); the link carries the narrower type's bytes. On a GPU the
-  // conversion is a kernel beside the copy engine's transfer; here the worker converts as it copies.
-  std::shared_ptr<CopyJob> convert(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst);
-  double backlog_ms(CopyDirection direction) const { return queue(direction).backlog_ms(); }
-  // The modelled time of `bytes` alone on the link, ms.
-  double transfer_ms(int64_t bytes) const;
-  LinkStats stats(CopyDirection direction) const { return queue(direction).stats(); }
+  // fp32 activations crossing as bf16); the link carries the narrower type's bytes.
+  virtual std::shared_ptr<CopyJob> convert(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) = 0;
+  // The time (ms) until everything queued now in `direction` is done: what a new copy waits for.
+  virtual double backlog_ms(CopyDirection direction) const = 0;
+  // The time of `bytes` alone on the link, ms.
+  double transfer_ms(int64_t bytes) const {
+    return gbps() > 0 ? static_cast<double>(bytes) / (gbps() * 1e6) : 0;
+  }
+  virtual LinkStats stats(CopyDirection direction) const = 0;
+};
+
+// Checks a copy's ends (HostLink::copy, ::convert); throws naming the call.
+int64_t checked_copy_bytes(const at::Tensor& src, const at::Tensor& dst);
+int64_t checked_convert_bytes(const at::Tensor& src, const at::Tensor& dst);
+
+// CPU ranks' link: one copy queue each way, each with its own worker thread.
+class ModelledHostLink final : public HostLink {
+ public:
+  // `gbps`: the modelled bandwidth of each direction, GB/s (10^9 bytes); <= 0: memcpy's.
+  explicit ModelledHostLink(double gbps);
+  double gbps() const override { return gbps_; }
+  at::Tensor host_empty(int64_t elements, at::ScalarType dtype) override;
+  std::shared_ptr<CopyJob> copy(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) override;
+  // Here the worker converts as it copies; on a GPU the conversion is a kernel on the copy stream.
+  std::shared_ptr<CopyJob> convert(CopyDirection direction, const at::Tensor& src, const at::Tensor& dst) override;
+  double backlog_ms(CopyDirection direction) const override { return queue(direction).backlog_ms(); }
+  LinkStats stats(CopyDirection direction) const override { return queue(direction).stats(); }
 
  private:
   const CopyQueue& queue(CopyDirection d) const { return d == CopyDirection::kToHost ? to_host_ : to_device_; }

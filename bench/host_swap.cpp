@@ -53,7 +53,7 @@ Savers savers_for(const std::string& policy, double gbps, const Options& o) {
     SwapOptions swap;
     swap.rule = policy.rfind("swap", 0) == 0 ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
     s.optimizer_state_on_host = policy.find("+state") != std::string::npos;
-    swap.link = std::make_shared<HostLink>(gbps);
+    swap.link = std::make_shared<ModelledHostLink>(gbps);
     swap.host_budget_bytes = int64_t{8} << 30;
     s.swap = swap;
   }

@@ -89,8 +89,7 @@ bool HostSwap::start_out(TensorInfo& t) {
   auto copy = std::make_unique<HostCopy>();
   {
     HostAllocationScope host_memory;  // outside the arena
-    copy->host = narrow ? at::empty({bytes / 4}, at::TensorOptions().dtype(at::kBFloat16))
-                        : at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    copy->host = narrow ? options_.link->host_empty(bytes / 4, at::kBFloat16) : options_.link->host_empty(bytes, at::kByte);
   }
   copy->device_bytes = bytes;
   copy->strides.assign(t.value.strides().begin(), t.value.strides().end());
@@ -193,7 +192,9 @@ at::Tensor HostSwap::bring_back(TensorInfo& t) {
   TORCH_INTERNAL_ASSERT(t.host != nullptr && !t.resident(), "bring_back: tensor ", t.id, " has no host copy");
   HostCopy& h = *t.host;
   if (!h.out->done()) stats_.wait_ms += h.out->wait();  // dropped only once copied: defensive
-  if (!h.in) start_in(t, at::empty({h.device_bytes}, at::TensorOptions().dtype(at::kByte)), /*prefetched=*/false);
+  if (!h.in) {
+    start_in(t, at::empty({h.device_bytes}, at::TensorOptions().dtype(at::kByte).device(t.device)), /*prefetched=*/false);
+  }
   const double waited = h.in->wait();
   stats_.wait_ms += waited;
   if (h.prefetched && waited == 0) stats_.bytes_in_hidden += host_bytes(h);
@@ -246,7 +247,7 @@ bool HostSwap::park_gradient(TensorInfo& t) {
   auto parked = std::make_unique<ParkedGradient>();
   {
     HostAllocationScope host_memory;  // outside the arena
-    parked->copy.host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+    parked->copy.host = options_.link->host_empty(bytes, at::kByte);
   }
   parked->copy.device_bytes = bytes;
   parked->copy.strides.assign(g.strides().begin(), g.strides().end());
@@ -271,7 +272,7 @@ bool HostSwap::park_gradient(TensorInfo& t) {
 at::Tensor HostSwap::unpark_gradient(TensorInfo& t) {
   TORCH_INTERNAL_ASSERT(t.parked_grad != nullptr, "unpark_gradient: tensor ", t.id, " has no parked gradient");
   HostCopy& h = t.parked_grad->copy;
-  at::Tensor bytes = at::empty({h.device_bytes}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor bytes = at::empty({h.device_bytes}, at::TensorOptions().dtype(at::kByte).device(t.device));
   std::shared_ptr<CopyJob> in = options_.link->copy(CopyDirection::kToDevice, h.host, bytes);
   const double waited = in->wait();
   stats_.wait_ms += waited;

@@ -430,7 +430,7 @@ bool MemoryManager::prefetch(TensorInfo& t) {
     prefetching_ = true;
     at::Tensor out;
     try {
-      out = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+      out = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(t.device));
     } catch (const OutOfBudget&) {
       // no block large enough without evicting: try again later
     }

@@ -38,9 +38,9 @@ std::vector<at::Tensor> StateOffload::move(const std::vector<at::Tensor>& tensor
 void StateOffload::to_host(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params) {
   if (on_host_) return;
   on_host_ = move_optimizer_state(optimizer, params, [&](const std::vector<at::Tensor>& state) {
-    return move(state, /*to_host=*/true, [](int64_t bytes) {
+    return move(state, /*to_host=*/true, [&](int64_t bytes) {
       HostAllocationScope host;  // outside the arena
-      return at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+      return link_->host_empty(bytes, at::kByte);
     });
   });
 }

@@ -166,7 +166,7 @@ void prepare_engine(const RunPlan& plan, Engine& e, RankGroups& groups, bool sta
   model.train();
   if (plan.loop.time_by_op && !stages) e.interp.set_op_time_log(&e.op_times);
   if (plan.memory.uses_host_link() && e.arena) {
-    e.host_link = std::make_shared<HostLink>(plan.memory.host_link_gbps);
+    e.host_link = std::make_shared<ModelledHostLink>(plan.memory.host_link_gbps);
     notes.push_back(host_swap_line(plan.memory));
   }
   e.memory.configure(memory_options(plan.memory, plan.seed, e.arena, e.host_link, static_cast<int>(model.blocks().size())));

@@ -14,7 +14,7 @@ namespace {
 at::Tensor random_bytes(int64_t n) { return at::randint(0, 256, {n}, at::TensorOptions().dtype(at::kByte)); }
 
 TEST(HostLink, CopiesEveryByteEachWay) {
-  HostLink link(100);
+  ModelledHostLink link(100);
   const at::Tensor device = at::randn({3, 5, 7}).transpose(0, 2);  // strided: the whole storage crosses
   const auto bytes = static_cast<int64_t>(device.storage().nbytes());
   const at::Tensor host = at::empty({bytes}, at::kByte);
@@ -32,7 +32,7 @@ TEST(HostLink, CopiesEveryByteEachWay) {
 
 // memory.compress = "bf16": fp32 crosses as bf16, each way, and the link carries bf16's bytes.
 TEST(HostLink, ConvertsToTheNarrowerTypeAndCountsItsBytes) {
-  HostLink link(100);
+  ModelledHostLink link(100);
   const at::Tensor device = at::randn({1000});
   const at::Tensor host = at::empty({1000}, at::kBFloat16);
   link.convert(CopyDirection::kToHost, device, host)->wait();
@@ -47,7 +47,7 @@ TEST(HostLink, ConvertsToTheNarrowerTypeAndCountsItsBytes) {
 
 TEST(HostLink, NeverFasterThanTheConfiguredRate) {
   constexpr double kGbps = 0.5;  // 0.5 MB per ms
-  HostLink link(kGbps);
+  ModelledHostLink link(kGbps);
   const int64_t n = 2 << 20;
   const at::Tensor src = random_bytes(n);
   std::vector<at::Tensor> dsts;
@@ -78,7 +78,7 @@ TEST(HostLink, NeverFasterThanTheConfiguredRate) {
 }
 
 TEST(HostLink, BacklogCountsWhatIsQueued) {
-  HostLink link(0.1);  // 4 MiB: about 42 ms
+  ModelledHostLink link(0.1);  // 4 MiB: about 42 ms
   const int64_t n = 4 << 20;
   const at::Tensor src = random_bytes(n), dst = at::empty({n}, at::kByte);
   EXPECT_EQ(link.backlog_ms(CopyDirection::kToHost), 0);
@@ -96,7 +96,7 @@ TEST(HostLink, BacklogCountsWhatIsQueued) {
 }
 
 TEST(HostLink, RefusesADestinationTooSmall) {
-  HostLink link(10);
+  ModelledHostLink link(10);
   const at::Tensor src = random_bytes(100);
   EXPECT_THROW(link.copy(CopyDirection::kToHost, src, at::empty({99}, at::kByte)), c10::Error);
   EXPECT_THROW(link.copy(CopyDirection::kToHost, src, at::empty({200}, at::kByte).narrow(0, 1, 150)), c10::Error);
@@ -107,7 +107,7 @@ TEST(HostLink, DestroyedWithCopiesQueuedFinishesThem) {
   const at::Tensor src = random_bytes(n), dst = at::empty({n}, at::kByte);
   std::shared_ptr<CopyJob> job;
   {
-    HostLink link(1);
+    ModelledHostLink link(1);
     job = link.copy(CopyDirection::kToDevice, src, dst);
   }
   EXPECT_TRUE(job->done());

@@ -21,7 +21,7 @@ struct SwapFixture {
     }
     SwapOptions swap;
     swap.rule = rule;
-    swap.link = std::make_shared<HostLink>(gbps);
+    swap.link = std::make_shared<ModelledHostLink>(gbps);
     swap.host_budget_bytes = host_budget;
     swap.min_bytes = 0;
     options.swap = swap;
