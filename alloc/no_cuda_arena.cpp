@@ -1,4 +1,5 @@
 #include "alloc/cuda_arena.h"
+#include "alloc/cuda_host_link.h"
 
 #include <stdexcept>
 
@@ -25,6 +26,10 @@ CudaArenaScope::CudaArenaScope(std::shared_ptr<CpuArena>) {
   throw std::runtime_error("CudaArenaScope: " + cuda_budgets_missing());
 }
 CudaArenaScope::~CudaArenaScope() = default;
+
+std::shared_ptr<HostLink> make_cuda_host_link(int, double) {
+  throw std::runtime_error("make_cuda_host_link: " + cuda_budgets_missing());
+}
 
 int64_t make_cuda_library_workspaces(int) { return -1; }
 int64_t cuda_allocated_peak_bytes(int) { return -1; }

@@ -2,6 +2,7 @@
 
 #include "alloc/byte_size.h"
 #include "alloc/cpu_device_allocator.h"
+#include "alloc/cuda_host_link.h"
 #include "alloc/gradient_buffer.h"
 #include "parallel/collective_worker.h"
 #include "training/compact.h"
@@ -120,6 +121,15 @@ std::string host_swap_line(const MemoryPlan& m) {
   return line;
 }
 
+std::string cuda_host_link_line(const HostLink& link, const MemoryPlan& m) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "host link: copy streams each way between pinned host memory and the GPU, measured at %.1f GB/s; "
+                "host memory for copies %s",
+                link.gbps(), format_bytes(m.host_budget_bytes).c_str());
+  return line;
+}
+
 // Why parallel.overlap cannot overlap here, if it cannot.
 std::optional<std::string> overlap_warning(const RunPlan& plan, const DataParallel& replicas, bool stages,
                                            bool tensor_parallel) {
@@ -166,8 +176,13 @@ void prepare_engine(const RunPlan& plan, Engine& e, RankGroups& groups, bool sta
   model.train();
   if (plan.loop.time_by_op && !stages) e.interp.set_op_time_log(&e.op_times);
   if (plan.memory.uses_host_link() && e.arena) {
-    e.host_link = std::make_shared<ModelledHostLink>(plan.memory.host_link_gbps);
-    notes.push_back(host_swap_line(plan.memory));
+    if (plan.device.rfind("cuda", 0) == 0) {  // copy streams at the link's measured rate
+      e.host_link = make_cuda_host_link(plan.device.size() > 5 ? std::stoi(plan.device.substr(5)) : 0);
+      notes.push_back(cuda_host_link_line(*e.host_link, plan.memory));
+    } else {
+      e.host_link = std::make_shared<ModelledHostLink>(plan.memory.host_link_gbps);
+      notes.push_back(host_swap_line(plan.memory));
+    }
   }
   e.memory.configure(memory_options(plan.memory, plan.seed, e.arena, e.host_link, static_cast<int>(model.blocks().size())));
   if (e.memory.static_planner() != nullptr || e.memory.options().checkpoint_blocks > 0) {

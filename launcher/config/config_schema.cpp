@@ -388,7 +388,7 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "per_block: each block's plan may also offload values to host memory (copied out when the "
                     "block ends, beside the next block's forward, and back before its backward), where the host "
                     "link hides the copies better than recomputation; within memory.host_budget, at "
-                    "memory.host_link_gbps. CPU ranks only until the CUDA host link is built")
+                    "memory.host_link_gbps (on a GPU, the link's rate measured at start)")
                   .only_when("memory.policy = \"per_block\"",
                              [](const Config& c) { return c.memory.policy == MemoryPolicy::kPerBlock; }));
   f.push_back(Field(&C::memory, &MemoryConfig::eviction_threshold, "memory", "eviction_threshold",
@@ -439,7 +439,8 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                   .only_when(swapping_words, swapping));
   f.push_back(Field(&C::memory, &MemoryConfig::host_link_gbps, "memory", "host_link_gbps",
                     "GB/s of the link between device and host memory, each way (PCIe Gen4 x16 gives about 25 "
-                    "in practice); on CPU ranks copies take the time this link would take")
+                    "in practice); on CPU ranks copies take the time this link would take. On a GPU the copies "
+                    "run on copy streams at the link's own rate, measured at start")
                   .min(0.01).only_when(swapping_words, swapping));
   f.push_back(Field(&C::memory, &MemoryConfig::compress, "memory", "compress",
                     "what backward keeps, smaller: off; lossless (relu keeps a 1-bit mask of where it was positive "

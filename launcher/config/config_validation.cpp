@@ -254,17 +254,6 @@ class Rules {
       throw UserError(loc("memory.budget") + head + format_bytes(budget_bytes_) + " is more than the GPU's " +
                       format_bytes(device_bytes) + "; use at most that, e.g. \"90%\"");
     }
-    if (m.policy == MemoryPolicy::kPerBlock && m.block_offload) {
-      throw UserError(loc("memory.block_offload") + "memory.block_offload = true on training.device = \"" +
-                      c_.training.device + "\": offload on CUDA rides a host link of its own (copies on a stream "
-                      "ordered with the kernels'), not built yet; set memory.block_offload = false (the plan keeps "
-                      "or recomputes), or train on \"cpu\"");
-    }
-    if (swaps(m.policy)) {
-      throw UserError(loc("memory.policy") + "memory.policy = \"" + choice_name(m.policy) + "\" on training.device = \"" +
-                      c_.training.device + "\": host swap on CUDA is not built yet (its copies need a stream of their "
-                      "own, ordered with the kernels'); use memory.policy = \"dtr\", or swap on \"cpu\"");
-    }
   }
   int gpu_index() const {
     const std::string& d = c_.training.device;
