@@ -9,9 +9,27 @@
 #include "parallel/nccl_like_communicator.h"
 #endif
 
+#include <cstdio>
 #include <string>
 
 namespace ht {
+
+namespace {
+
+// Whether this job's ranks share GPUs: more ranks on a node than GPUs visible. NCCL refuses two
+// ranks on one device (NVIDIA/nccl#418), so their groups stay MPI's, device tensors crossing
+// through host memory: slow, for testing several ranks on one GPU.
+bool ranks_share_gpus(const ProcessGrid& grid) {
+#ifdef HT_HAVE_NCCL
+  const int gpus = visible_cuda_devices();
+  return gpus > 0 && grid.local_size > gpus;
+#else
+  (void)grid;
+  return false;
+#endif
+}
+
+}  // namespace
 
 std::string device_of_rank(const Config& config, const ProcessGrid& grid) {
   const std::string& device = config.training.device;
@@ -22,6 +40,12 @@ std::string device_of_rank(const Config& config, const ProcessGrid& grid) {
   const int gpus = visible_cuda_devices();
   if (gpus == 0) throw UserError(where + ": this rank sees no GPU; check CUDA_VISIBLE_DEVICES, or use \"cpu\"");
   const int index = device == "cuda" ? grid.local_rank % gpus : std::stoi(device.substr(5));
+  if (ranks_share_gpus(grid) && grid.rank == 0) {
+    std::fprintf(stderr,
+                 "hybrid_train: warning: %d ranks on a node with %d GPU(s): NCCL refuses two ranks on one GPU, so the "
+                 "ranks exchange through host memory over MPI (slow; for testing several ranks on one GPU)\n",
+                 grid.local_size, gpus);
+  }
   return "cuda:" + std::to_string(index);
 #else
   throw UserError(where + ": averaging gradients between GPUs needs NCCL, and this build has none; rebuild where "
@@ -31,7 +55,7 @@ std::string device_of_rank(const Config& config, const ProcessGrid& grid) {
 }
 
 std::shared_ptr<Communicator> replica_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
-  if (plan.device.rfind("cuda", 0) != 0 || grid.world == 1) return grid.data_parallel_group;
+  if (plan.device.rfind("cuda", 0) != 0 || grid.world == 1 || ranks_share_gpus(grid)) return grid.data_parallel_group;
 #ifdef HT_HAVE_NCCL
   return std::make_shared<NcclCommunicator>(*grid.data_parallel_group, std::stoi(plan.device.substr(5)), grid.rank);
 #else
@@ -41,7 +65,7 @@ std::shared_ptr<Communicator> replica_group_for_device(const RunPlan& plan, cons
 
 std::shared_ptr<Communicator> pipeline_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
   if (grid.pipeline_parallel <= 1) return grid.pipeline_group;
-  if (plan.device.rfind("cuda", 0) == 0) {
+  if (plan.device.rfind("cuda", 0) == 0 && !ranks_share_gpus(grid)) {
 #ifdef HT_HAVE_NCCL
     // Not yet run on GPUs (docs/gpu.md); the same posting runs on CPU ranks under nccl_like.
     return std::make_shared<NcclCommunicator>(*grid.pipeline_group, std::stoi(plan.device.substr(5)), grid.rank);
@@ -61,7 +85,7 @@ std::shared_ptr<Communicator> pipeline_group_for_device(const RunPlan& plan, con
 std::shared_ptr<Communicator> tensor_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
   if (grid.tensor_parallel <= 1) return nullptr;
   const std::string& device = plan.device;
-  if (device.rfind("cuda", 0) != 0) return grid.tensor_parallel_group;
+  if (device.rfind("cuda", 0) != 0 || ranks_share_gpus(grid)) return grid.tensor_parallel_group;
 #ifdef HT_HAVE_NCCL
   // The device is "cuda:<index>" by now; the group's NCCL communicator is set up over its MPI one.
   // Not yet run on GPUs (docs/gpu.md).

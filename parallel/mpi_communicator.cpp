@@ -272,6 +272,12 @@ void MpiCommunicator::check(int rc, const char* collective, const char* what) co
 }
 
 void MpiCommunicator::allreduce_sum(at::Tensor& t, const char* what) {
+  if (!t.is_cpu()) {  // a device tensor crosses through host memory (several ranks on one GPU)
+    at::Tensor host = t.cpu();
+    allreduce_sum(host, what);
+    t.copy_(host);
+    return;
+  }
   check_tensor(t, what);
   if (sums_in_float(t)) {
     at::Tensor wide = t.to(at::kFloat);
@@ -285,6 +291,12 @@ void MpiCommunicator::allreduce_sum(at::Tensor& t, const char* what) {
 }
 
 void MpiCommunicator::broadcast(at::Tensor& t, int root, const char* what) {
+  if (!t.is_cpu()) {
+    at::Tensor host = t.cpu();
+    broadcast(host, root, what);
+    t.copy_(host);
+    return;
+  }
   check_tensor(t, what);
   Watched watched(*this, "the broadcast", what);
   check(MPI_Bcast(t.data_ptr(), static_cast<int>(t.numel()), mpi_bytes_type(t), root, comm_), "the broadcast", what);
@@ -310,6 +322,12 @@ std::vector<int> int_counts(const std::vector<int64_t>& counts, const char* coll
 
 void MpiCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const std::vector<int64_t>& counts,
                                          const char* what) {
+  if (!full.is_cpu() || !shard.is_cpu()) {
+    at::Tensor host = shard.cpu();
+    reduce_scatter_sum(full.cpu(), host, counts, what);
+    shard.copy_(host);
+    return;
+  }
   check_tensor(full, what);
   check_tensor(shard, what);
   check_shard_arguments(*this, full, shard, counts, "the reduce-scatter", what);
@@ -328,6 +346,12 @@ void MpiCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& sha
 
 void MpiCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
                                  const char* what) {
+  if (!full.is_cpu() || !shard.is_cpu()) {
+    at::Tensor host = full.cpu();
+    all_gather(shard.cpu(), host, counts, what);
+    full.copy_(host);
+    return;
+  }
   check_tensor(full, what);
   check_tensor(shard, what);
   const int64_t offset = check_shard_arguments(*this, full, shard, counts, "the all-gather", what);
@@ -351,12 +375,22 @@ void MpiCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, cons
 }
 
 void MpiCommunicator::send(const at::Tensor& t, int to, const char* what) {
+  if (!t.is_cpu()) {
+    send(t.cpu(), to, what);
+    return;
+  }
   check_tensor(t, what);
   Watched watched(*this, "the send", what);
   check(MPI_Send(t.data_ptr(), static_cast<int>(t.numel()), mpi_bytes_type(t), to, 0, comm_), "the send", what);
 }
 
 void MpiCommunicator::recv(at::Tensor& t, int from, const char* what) {
+  if (!t.is_cpu()) {
+    at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
+    recv(host, from, what);
+    t.copy_(host);
+    return;
+  }
   check_tensor(t, what);
   Watched watched(*this, "the receive", what);
   check(MPI_Recv(t.data_ptr(), static_cast<int>(t.numel()), mpi_bytes_type(t), from, 0, comm_, MPI_STATUS_IGNORE),
@@ -365,8 +399,9 @@ void MpiCommunicator::recv(at::Tensor& t, int from, const char* what) {
 
 class MpiCommunicator::MpiTransfer final : public Transfer {
  public:
-  MpiTransfer(MpiCommunicator& c, at::Tensor t, bool send, std::string what)
-      : c_(c), tensor_(std::move(t)), send_(send), what_(std::move(what)), context_(c.context()) {}
+  MpiTransfer(MpiCommunicator& c, at::Tensor t, bool send, std::string what, at::Tensor device = {})
+      : c_(c), tensor_(std::move(t)), device_(std::move(device)), send_(send), what_(std::move(what)),
+        context_(c.context()) {}
   ~MpiTransfer() override {
     if (request_ == MPI_REQUEST_NULL) return;
     try {
@@ -380,6 +415,7 @@ class MpiCommunicator::MpiTransfer final : public Transfer {
     if (request_ == MPI_REQUEST_NULL) return true;
     int flag = 0;
     c_.check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), send_ ? "the send" : "the receive", what_.c_str());
+    if (flag != 0) arrived();
     return flag != 0;
   }
   void wait() override {
@@ -392,17 +428,27 @@ class MpiCommunicator::MpiTransfer final : public Transfer {
       c_.set_context(saved);
       c_.check(rc, send_ ? "the send" : "the receive", what_.c_str());
     }
+    arrived();
   }
 
  private:
+  // A receive into a device tensor landed in host memory: it goes on to the device now.
+  void arrived() {
+    if (!device_.defined()) return;
+    device_.copy_(tensor_);
+    device_ = at::Tensor();
+  }
+
   MpiCommunicator& c_;
-  at::Tensor tensor_;  // alive until the message is done
+  at::Tensor tensor_;  // alive until the message is done (a device tensor's host copy)
+  at::Tensor device_;  // a receive's device tensor, filled from tensor_ when it arrives
   bool send_;
   std::string what_, context_;
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
 std::unique_ptr<Transfer> MpiCommunicator::isend(const at::Tensor& t, int to, int tag, const std::string& what) {
+  if (!t.is_cpu()) return isend(t.cpu(), to, tag, what);  // its host copy is the message
   check_tensor(t, what.c_str());
   auto transfer = std::make_unique<MpiTransfer>(*this, t, true, what);
   check(MPI_Isend(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, to, tag, comm_, transfer->request()),
@@ -411,9 +457,10 @@ std::unique_ptr<Transfer> MpiCommunicator::isend(const at::Tensor& t, int to, in
 }
 
 std::unique_ptr<Transfer> MpiCommunicator::irecv(at::Tensor& t, int from, int tag, const std::string& what) {
-  check_tensor(t, what.c_str());
-  auto transfer = std::make_unique<MpiTransfer>(*this, t, false, what);
-  check(MPI_Irecv(t.data_ptr(), static_cast<int>(t.nbytes()), MPI_BYTE, from, tag, comm_, transfer->request()),
+  at::Tensor host = t.is_cpu() ? t : at::empty(t.sizes(), t.options().device(at::kCPU));
+  check_tensor(host, what.c_str());
+  auto transfer = std::make_unique<MpiTransfer>(*this, host, false, what, t.is_cpu() ? at::Tensor() : t);
+  check(MPI_Irecv(host.data_ptr(), static_cast<int>(host.nbytes()), MPI_BYTE, from, tag, comm_, transfer->request()),
         "the receive", what.c_str());
   return transfer;
 }

@@ -1,5 +1,7 @@
 #pragma once
-// Communicator over an MPI communicator, for CPU tensors (float, double, int32, int64). MPI
+// Communicator over an MPI communicator, for CPU tensors (float, double, int32, int64); a device
+// tensor crosses through a host copy (several ranks sharing one GPU, which NCCL refuses:
+// launcher/device_group.h). MPI
 // errors are returned, not fatal, and reported with the rank and the collective. Collectives are
 // MPI's blocking ones (Open MPI's nonblocking all-reduce measured 30-45% slower here); a watchdog
 // thread ends the process, naming the rank, the context and the collective, when one has not

@@ -103,6 +103,19 @@ std::unique_ptr<Transfer> NcclLikeCommunicator::irecv(at::Tensor& t, int from, i
 }
 
 std::unique_ptr<Transfer> NcclLikeCommunicator::post_group(std::vector<PeerMessage> messages) {
+  // A device tensor crosses through host memory (several ranks sharing a GPU): a send's host copy
+  // is made now, a receive's lands on the device once the group is done.
+  std::vector<std::pair<at::Tensor, at::Tensor>> landing;  // (device, host)
+  for (PeerMessage& m : messages) {
+    if (m.tensor.is_cpu()) continue;
+    if (m.send) {
+      m.tensor = m.tensor.contiguous().cpu();
+    } else {
+      at::Tensor host = at::empty(m.tensor.sizes(), m.tensor.options().device(at::kCPU));
+      landing.emplace_back(m.tensor, host);
+      m.tensor = host;
+    }
+  }
   std::vector<Call> calls(messages.size());  // sized once: MPI holds the identities' addresses
   // A group given up leaves no call under way: its buffers may go, and a later group on this
   // communicator meets none of its messages.
@@ -127,9 +140,7 @@ std::unique_ptr<Transfer> NcclLikeCommunicator::post_group(std::vector<PeerMessa
     const PeerMessage& m = messages[i];
     Call& c = calls[i];
     c.message = &m;
-    if (!m.tensor.is_cpu() || !m.tensor.is_contiguous()) {
-      give_up("the call that " + call_words(m) + " needs a contiguous CPU tensor");
-    }
+    if (!m.tensor.is_contiguous()) give_up("the call that " + call_words(m) + " needs a contiguous tensor");
     if (m.tensor.nbytes() > static_cast<size_t>(std::numeric_limits<int>::max())) {
       give_up("the call that " + call_words(m) + " carries more than 2^31 - 1 bytes");
     }
@@ -187,6 +198,7 @@ std::unique_ptr<Transfer> NcclLikeCommunicator::post_group(std::vector<PeerMessa
     }
     if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+  for (auto& [device, host] : landing) device.copy_(host);
   return std::make_unique<CompletedTransfer>();
 }
 

@@ -12,7 +12,8 @@
 // Each message carries its identity (tag, bytes, words) and the receiver checks it against what
 // it expected: where NCCL would hand over the wrong tensor, this names both messages. A group not
 // complete within the timeout throws CommunicationError naming the rank, the context and the calls
-// still waiting: on NCCL it would wait for ever. Collectives go to the MPI group it wraps.
+// still waiting: on NCCL it would wait for ever. Collectives go to the MPI group it wraps. Device
+// tensors cross through host copies, as MpiCommunicator's do.
 
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
