@@ -6,8 +6,11 @@
 #   .deps/include/zlib.h, zconf.h             zlib's headers (every Linux has libz.so.1)
 #   .deps/googletest                          GoogleTest's sources, built there with the tests
 #   .deps/fashion-mnist                       the quick start's data, where dataset-fashion-mnist is installed
-# COIN-OR CBC and Open MPI are not carried: the device build goes without the MIP (static plans
-# take the segments heuristic) and without MPI (one GPU). scripts/device-build.sh uses .deps/.
+#   .deps/openmpi                             Open MPI's Debian packages (4.6 MB), which
+#                                             scripts/device-mpi.sh unpacks there: several ranks
+#                                             on the one GPU (issue 67)
+# COIN-OR CBC is not carried: the device build goes without the MIP (static plans take the
+# segments heuristic). scripts/device-build.sh uses .deps/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for f in /usr/include/CLI/CLI.hpp /usr/include/toml++/toml.h /usr/include/nlohmann/json.hpp /usr/include/zlib.h /usr/src/googletest/CMakeLists.txt; do
@@ -20,4 +23,9 @@ cp /usr/include/zlib.h /usr/include/zconf.h .deps/include/
 cp -r /usr/src/googletest .deps/googletest
 # The quick start's data (scripts/device-run.sh passes --data.path=.deps/fashion-mnist).
 [ -d /usr/share/datasets/fashion-mnist ] && cp -r /usr/share/datasets/fashion-mnist .deps/fashion-mnist
+# Open MPI and what its libraries need beyond the C library, as Debian 12 packages them.
+mkdir -p .deps/openmpi
+(cd .deps/openmpi && apt-get download openmpi-bin libopenmpi3 libopenmpi-dev openmpi-common libpmix2 libhwloc15 \
+  libevent-core-2.1-7 libevent-pthreads-2.1-7 >/dev/null 2>&1) ||
+  echo "device-deps: Open MPI's packages could not be downloaded (apt-get update first?); the device build goes without MPI" >&2
 echo "device-deps: .deps/ holds $(du -sh .deps | cut -f1) (the device tool carries up to 64 MiB)"

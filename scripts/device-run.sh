@@ -16,6 +16,9 @@
 #      measured ones (scripts/compare_plan_run.py);
 #   6. calibrate: scripts/device-calibrate.py, the GPU's matmul and bandwidth curves for the
 #      planner's device catalog, into $OUT/calibration.json (run before the test programs);
+#   8. ranks (issue 67): two ranks sharing the GPU over the carried Open MPI (device tensors through
+#      host memory): pipeline 1F1B, interleaved and NCCL-like posting at pp = 2 against one rank,
+#      ZeRO-2 and ZeRO-3 against plain data parallelism, t = 2 against one rank's losses;
 #   7. the measured tables: bench_step_vs_autograd (interpreter vs autograd), bench_dtr_budget
 #      (DTR at 0.5/0.3/0.2 of activations, with PyTorch eager and torch.utils.checkpoint in this
 #      machine's python3), then its largest-batch search, on ResNet-50 at 224 and GPT-2 small;
@@ -25,7 +28,7 @@
 # A session holds the machine for about 15 minutes, its start included, and the machine comes back
 # bare: so every step runs under one deadline (HT_DEVICE_DEADLINE seconds from the start, default
 # 530, inside the tool's 600), each step's time limit cut to what is left, and what is not reached
-# is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,bench,calibrate,planner) picks steps; instead
+# is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,ranks,bench,calibrate,planner) picks steps; instead
 # of bench, autograd, dtr, maxbatch, attention and optimizer pick benchmarks. HT_DEVICE_TEST_LIMIT (default
 # 200) caps each test program's seconds; test_launcher runs last, alone, in three gtest shards
 # without the sharded jobs and then those alone, each capped by HT_DEVICE_LAUNCHER_LIMIT (default 240).
@@ -34,10 +37,13 @@
 # $OUT/logs.tgz (each step's whole log), packed again after every step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Open MPI carried in .deps/openmpi (scripts/device-mpi.sh): the build finds MPI, the ranks step runs.
+# shellcheck source=scripts/device-mpi.sh
+source scripts/device-mpi.sh
 out=${OUT:-device-out}
 logs=device-logs
 rm -rf "$logs" && mkdir -p "$out" "$logs"
-steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,bench,calibrate,planner}
+steps=${HT_DEVICE_STEPS:-build,tests,jobs,budget,ranks,bench,calibrate,planner}
 deadline=$((SECONDS + ${HT_DEVICE_DEADLINE:-530}))
 bin=${HT_BUILD_DIR:-build-device}
 say() { echo "device-run: $*" | tee -a "$out/summary.txt"; }
@@ -157,10 +163,15 @@ PY
   else
     say "budget: model.pt differs or is missing (plain ${plain:-none}, dtr ${dtr:-none})"
   fi
-  # The static policies at DTR's budget: full recomputation and the per-block plan (keep or
-  # recompute; offload needs the CUDA host link), each against the plain run's model.pt.
-  for policy in full per_block; do
-    job "gpt_$policy" "${common[@]}" --memory.budget="${budget:-0}" --memory.policy="$policy"
+  # The static policies at DTR's budget (full recomputation, the per-block plan, with offload over
+  # the CUDA host link too) and host swap over that link (swap, hybrid), each against the plain
+  # run's model.pt; the swaps say how many bytes came back before they were needed.
+  for policy in full per_block per_block_offload swap hybrid; do
+    extra=(--memory.policy="$policy")
+    [ "$policy" = per_block_offload ] && extra=(--memory.policy=per_block --memory.block_offload=true)
+    job "gpt_$policy" "${common[@]}" --memory.budget="${budget:-0}" "${extra[@]}"
+    grep -o '"swap_[a-z_]*": *[0-9.]*' "$logs/runs/gpt_$policy/metrics.jsonl" 2>/dev/null | tail -4 | tr '\n' ' ' |
+      sed 's/^/  /' | tee -a "$out/summary.txt"
     ran=$(ls -d "$logs/runs/gpt_$policy"/checkpoints/*/ 2>/dev/null | tail -1)
     if [ -n "$plain" ] && [ -n "$ran" ] && cmp "$plain/model.pt" "$ran/model.pt"; then
       say "budget, $policy: model.pt byte-identical; peak $(grep -o '"mem_peak_bytes": *[0-9]*' "$logs/runs/gpt_$policy/metrics.jsonl" | tail -1)"
@@ -168,6 +179,48 @@ PY
       say "budget, $policy: model.pt differs or is missing (${ran:-none}); $(grep -m2 -E 'error|refus' "$logs/gpt_$policy.log")"
     fi
   done
+  pack
+fi
+
+if [[ $steps == *ranks* ]]; then
+  if ! command -v mpirun >/dev/null || [ ! -e "$bin/CMakeCache.txt" ] || ! grep -q 'MPI_CXX_FOUND:INTERNAL=TRUE\|MPI_CXX_LIB_NAMES' "$bin/CMakeCache.txt"; then
+    say "ranks: not run: no MPI in this build (carry .deps/openmpi: scripts/device-deps.sh)"
+  else
+    rjob() {  # name, ranks, overrides...: one job of N ranks sharing the GPU
+      local name=$1 n=$2 start=$SECONDS limit
+      shift 2
+      limit=$(left 90)
+      if ((limit == 0)); then say "ranks $name: not run (deadline)"; return; fi
+      timeout "$limit" mpirun --oversubscribe -np "$n" "$bin/launcher/hybrid_train" "${rcommon[@]}" "$@" \
+        --training.device=cuda --job.output_dir="$logs/runs/ranks_$name" >"$logs/ranks_$name.log" 2>&1
+      say "ranks $name: exit $? in $((SECONDS - start)) s: $(grep -E '^(done|hybrid_train: error|stopped)' "$logs/ranks_$name.log" | tail -1)"
+    }
+    same() {  # name, reference: model.pt byte for byte
+      local a b
+      a=$(ls -d "$logs/runs/ranks_$1"/checkpoints/*/ 2>/dev/null | tail -1)
+      b=$(ls -d "$logs/runs/ranks_$2"/checkpoints/*/ 2>/dev/null | tail -1)
+      if [ -n "$a" ] && [ -n "$b" ] && cmp -s "$a/model.pt" "$b/model.pt"; then
+        say "ranks $1: model.pt byte-identical to $2's"
+      else
+        say "ranks $1: model.pt differs from $2's or is missing"
+      fi
+    }
+    # Llama untied: a pipeline of a tied model sums the tied gradients in another order.
+    rcommon=(configs/gpt_tiny.toml --model.name=llama --model.n_kv_heads=2 --model.multiple_of=16
+             --model.tie_embeddings=false --model.n_layer=4 --model.dropout=0 --training.steps=20
+             --checkpoint.interval=20 --training.micro_batch_size=8 --metrics.log_interval=1)
+    rjob one 1
+    rjob pp2_1f1b 2 --parallel.pipeline_parallel=2 --parallel.pipeline_schedule=1f1b && same pp2_1f1b one
+    rjob pp2_interleaved 2 --parallel.pipeline_parallel=2 --parallel.pipeline_schedule=interleaved_1f1b \
+      --parallel.virtual_stages=2 && same pp2_interleaved one
+    rjob pp2_nccl_like 2 --parallel.pipeline_parallel=2 --parallel.pipeline_p2p=nccl_like && same pp2_nccl_like one
+    rjob dp2 2
+    rjob zero2 2 --parallel.shard=gradients && same zero2 dp2
+    rjob zero3 2 --parallel.shard=parameters && same zero3 dp2
+    rjob t2 2 --parallel.tensor_parallel=2
+    python3 scripts/same_losses.py "$logs/runs/ranks_one" "$logs/runs/ranks_t2" --steps 20 2>&1 |
+      tail -1 | sed 's/^/ranks t2 against one: /' | tee -a "$out/summary.txt"
+  fi
   pack
 fi
 
