@@ -117,6 +117,36 @@ int64_t cuda_device_memory_bytes(int device) {
   return static_cast<int64_t>(prop.totalGlobalMem);
 }
 
+std::string cuda_device_name(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return prop.name;
+}
+
+int64_t cuda_free_memory_bytes(int device) {
+  int before = 0;
+  size_t free = 0, total = 0;
+  if (cudaGetDevice(&before) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
+      cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  cudaSetDevice(before);
+  return static_cast<int64_t>(free);
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 void install_cuda_allocator() {
 #ifndef HT_CUDA_PLUGGABLE_ALLOCATOR
   throw std::runtime_error("install_cuda_allocator: " + cuda_budgets_missing());

@@ -35,6 +35,11 @@ bool cuda_budgets_built();
 std::string cuda_budgets_missing();
 // Total memory of GPU `device` in bytes (what "60%" of the device means); -1 without CUDA.
 int64_t cuda_device_memory_bytes(int device);
+// The GPU as the driver names it ("NVIDIA H200"), "" without CUDA; its free memory now, -1
+// without CUDA; how many GPUs this process sees (0 without CUDA).
+std::string cuda_device_name(int device);
+int64_t cuda_free_memory_bytes(int device);
+int cuda_device_count();
 
 // Puts hybrid_train's allocator in front of ATen's CUDA caching allocator for the rest of the
 // process. Must run before anything allocates on a GPU through ATen; later calls do nothing.

@@ -1,7 +1,9 @@
 // hybrid_train CONFIG.toml [--section.key=value ...]: parse, build, train, report. Under mpirun
 // every rank runs this; rank 0 prints and writes. hybrid_train plan CONFIG.toml: the planner;
 // hybrid_train tokenize: text to token files.
+#include "alloc/byte_size.h"
 #include "launcher/cli.h"
+#include "launcher/planning/device_catalog.h"
 #include "launcher/config/config_loader.h"
 #include "launcher/config/config_validation.h"
 #include "launcher/config/run_plan_of.h"
@@ -60,6 +62,15 @@ int main(int argc, char** argv) {
       return ht::run_tokenize_command(cl.tokenize_args);
     }
     ht::LoadedConfig loaded = ht::load_config(cl.config_path, cl.overrides);
+    if (cl.plan && loaded.config.training.device != "cpu" && loaded.config.cluster.device.empty()) {
+      // The local GPUs as a cluster of the catalog's kind: the model traced, priced at its rates.
+      const ht::ClusterOfKind local = ht::local_gpu_cluster(ht::device_catalog(cl.plan_command.args.devices_file));
+      std::vector<ht::ConfigOverride> overrides = ht::cluster_overrides(local, "the local GPU");
+      overrides.insert(overrides.end(), cl.overrides.begin(), cl.overrides.end());
+      loaded = ht::load_config(cl.config_path, overrides);
+      std::printf("plan: this machine's %d GPU(s) as the catalog's %s (%s free each)\n", local.devices_per_node,
+                  local.device.kind.c_str(), ht::format_bytes(local.device.memory_bytes).c_str());
+    }
     if (cl.plan) {
       if (grid.world > 1) {
         throw ht::UserError("hybrid_train plan runs as one process and plans for every rank count itself; start it "

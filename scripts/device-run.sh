@@ -278,6 +278,10 @@ if [[ $steps == *planner* ]]; then
   esac
   gpt2=(configs/gpt2_124m.toml --data.dataset=synthetic --data.synthetic_shape=[1024] --data.synthetic_classes=50257
         --data.synthetic_samples=16384)
+  # Issue 67: `plan` on "cuda" without --cluster names this GPU's kind itself (its first line says which).
+  timeout 60 "$bin/launcher/hybrid_train" plan "${gpt2[@]}" --training.device=cuda --job.output_dir="$logs/plan_local" \
+    >"$logs/plan_local.log" 2>&1
+  say "planner: plan on cuda without --cluster exit $?: $(grep -m1 -E "^plan: this machine|error" "$logs/plan_local.log")"
   if [ -z "$kind" ]; then
     say "planner: no catalog kind for '$gpu'"
   elif (($(left 240) < 60)); then

@@ -2,14 +2,18 @@
 
 #include "base/user_error.h"
 #include "alloc/byte_size.h"
+#include "alloc/cuda_arena.h"
 
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace ht {
 
@@ -161,6 +165,74 @@ ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string,
                      : "") +
                 " (or describe a larger node with --devices FILE)";
   }
+  return c;
+}
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// "NVIDIA A100-SXM4-80GB" -> {"nvidia", "a100", "sxm4", "80gb"}
+std::set<std::string> words_of(const std::string& name) {
+  std::set<std::string> out;
+  std::string word;
+  for (char c : lower(name) + " ") {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      word += c;
+    } else if (!word.empty()) {
+      out.insert(word);
+      word.clear();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string catalog_kind_of_gpu(const std::map<std::string, DeviceKind>& catalog, const std::string& gpu_name,
+                                int64_t memory_bytes) {
+  const std::set<std::string> words = words_of(gpu_name);
+  const bool pcie = words.count("pcie") > 0;
+  std::string best;
+  std::tuple<bool, int64_t> best_score{true, 0};  // (variant differs, memory's distance): least wins
+  for (const auto& [kind, d] : catalog) {
+    if (words.count(lower(kind.substr(0, kind.find('-')))) == 0) continue;
+    const bool kind_pcie = lower(kind + " " + d.name).find("pcie") != std::string::npos;
+    const std::tuple<bool, int64_t> score{kind_pcie != pcie, std::llabs(d.memory_bytes - memory_bytes)};
+    if (best.empty() || score < best_score) {
+      best = kind;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog) {
+  const int gpus = cuda_device_count();
+  if (gpus == 0) {
+    throw UserError("plan with training.device = \"cuda\": this process sees no GPU (or this build's libtorch has "
+                    "no CUDA); check CUDA_VISIBLE_DEVICES, plan for a catalog kind with --cluster KIND:1xN, or plan "
+                    "with --training.device=cpu");
+  }
+  const std::string name = cuda_device_name(0);
+  const int64_t total = cuda_device_memory_bytes(0);
+  const std::string kind = catalog_kind_of_gpu(catalog, name, total);
+  if (kind.empty()) {
+    throw UserError("plan with training.device = \"cuda\": the device catalog has no kind for this GPU (\"" + name +
+                    "\", " + format_bytes(total) + "); describe it in a catalog of your own (the format of "
+                    "configs/devices.toml; python3 scripts/device-calibrate.py measures its rates) and give it with "
+                    "--devices FILE, or plan for a kind it has with --cluster KIND:1x" + std::to_string(gpus));
+  }
+  ClusterOfKind c;
+  c.device = catalog.at(kind);
+  c.nodes = 1;
+  c.devices_per_node = gpus;
+  // What a job can take on it now: the driver's free memory (another process's share is not ours).
+  const int64_t free = cuda_free_memory_bytes(0);
+  if (free > 0) c.device.memory_bytes = std::min(c.device.memory_bytes, free);
   return c;
 }
 

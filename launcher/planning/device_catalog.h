@@ -35,6 +35,17 @@ struct ClusterOfKind {
 // the kinds there are where the kind is unknown; one number alone ("h100-sxm:8": nodes or
 // devices?) is refused with both readings written out.
 ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string, DeviceKind>& catalog);
+// The catalog's kind of a GPU the driver names `gpu_name` with `memory_bytes` of memory: the kinds
+// whose family ("h100" of "h100-sxm") is a word of the name, the PCIe variant where the name says
+// PCIe (the others where it does not), then the nearest memory size; "" where no family matches
+// (a workstation's card).
+std::string catalog_kind_of_gpu(const std::map<std::string, DeviceKind>& catalog, const std::string& gpu_name,
+                                int64_t memory_bytes);
+// This machine's GPUs as a cluster of one node (`plan` with training.device = "cuda"): their kind
+// from the catalog, their count, and each one's memory as the driver has it free now. UserError
+// where no GPU is visible, or the catalog has no kind for it (naming it, and how to add one).
+ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog);
+
 // The [cluster] keys that describe `cluster` to the planner, as overrides typed as `argument`:
 // nodes, devices per node, memory and links from the catalog (the latencies and device_speed stay
 // the config's).

@@ -8,8 +8,9 @@
 #include <gmock/gmock.h>
 
 #include <filesystem>
-
 #include <fstream>
+#include <tuple>
+#include <vector>
 
 namespace ht::test {
 namespace {
@@ -132,6 +133,36 @@ TEST(DeviceCatalog, ANodeLargerThanTheCatalogsIsReadAsAskedWithAWarning) {
 
 // `plan --cluster` plans for that cluster's devices (their memory, its links); a bad kind is
 // refused with exit 2, listing the kinds.
+// `plan` with training.device = "cuda" plans for the local GPU as a kind of the catalog: the names
+// drivers give (nvidia-smi's), each to its kind; a card the catalog does not describe to none.
+TEST(DeviceCatalog, ALocalGpuIsTheKindItsDriverNameAndMemorySay) {
+  const auto catalog = device_catalog();
+  const int64_t gb = 1000LL * 1000 * 1000;
+  for (const auto& [name, memory, kind] : std::vector<std::tuple<std::string, int64_t, std::string>>{
+           {"NVIDIA H200", 150 * gb, "h200"},
+           {"NVIDIA H100 80GB HBM3", 85 * gb, "h100-sxm"},
+           {"NVIDIA H100 PCIe", 85 * gb, "h100-pcie"},
+           {"NVIDIA A100-SXM4-80GB", 85 * gb, "a100-80gb"},
+           {"NVIDIA A100-SXM4-40GB", 42 * gb, "a100-40gb"},
+           {"NVIDIA A100-PCIE-40GB", 42 * gb, "a100-40gb"},
+           {"NVIDIA L40S", 48 * gb, "l40s"},
+           {"NVIDIA B200", 190 * gb, "b200"},
+           {"NVIDIA GeForce RTX 4090", 25 * gb, ""},
+           {"Tesla V100-SXM2-16GB", 17 * gb, ""}}) {
+    EXPECT_EQ(catalog_kind_of_gpu(catalog, name, memory), kind) << name;
+  }
+}
+
+// Without a GPU (this build, or none visible) `plan` on "cuda" is refused before anything is
+// written, naming what would work.
+TEST(DeviceCatalog, PlanOnCudaWithoutAGpuSaysWhatWouldWork) {
+  TempDir dir;
+  const ProcessResult r = run_binary("plan " + std::string(HT_SOURCE_DIR) + "/configs/quickstart.toml --training.device=cuda --job.output_dir=" +
+                                     dir.path("out"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.path("out")));
+}
+
 TEST(DeviceCatalog, PlanForAClusterOfAKind) {
   TempDir dir;
   const std::string config = std::string(HT_SOURCE_DIR) + "/configs/quickstart.toml --job.output_dir=" + dir.path("plan");
