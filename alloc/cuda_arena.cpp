@@ -1,5 +1,7 @@
 #include "alloc/cuda_arena.h"
 
+#include <cstdio>
+
 #include "alloc/arena_registry.h"
 #include "alloc/cpu_device_allocator.h"
 #include "base/compat.h"
@@ -136,6 +138,21 @@ int64_t cuda_free_memory_bytes(int device) {
   }
   cudaSetDevice(before);
   return static_cast<int64_t>(free);
+}
+
+std::string cuda_device_uuid(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  std::string hex;
+  char byte[3];
+  for (char c : prop.uuid.bytes) {
+    std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned char>(c));
+    hex += byte;
+  }
+  return hex;
 }
 
 int cuda_device_count() {

@@ -40,6 +40,9 @@ int64_t cuda_device_memory_bytes(int device);
 std::string cuda_device_name(int device);
 int64_t cuda_free_memory_bytes(int device);
 int cuda_device_count();
+// GPU `device`'s UUID as hex ("" without CUDA): which physical GPU it is, whatever
+// CUDA_VISIBLE_DEVICES numbers it.
+std::string cuda_device_uuid(int device);
 
 // Puts hybrid_train's allocator in front of ATen's CUDA caching allocator for the rest of the
 // process. Must run before anything allocates on a GPU through ATen; later calls do nothing.

@@ -52,7 +52,17 @@ class CudaCopy final : public CopyJob {
   double wait() override {
     if (done()) return 0;
     check_cuda(cudaStreamWaitEvent(compute_stream(device_), event_, 0), "the compute stream's wait for a copy");
+    // The device end may go back now: whatever the compute stream does with its block runs behind
+    // the copy, and a later copy starts behind the compute stream. The host end stays held.
+    (direction == CopyDirection::kToHost ? src_ : dst_) = at::Tensor();
     return 1e-3;  // the compute stream waits for it: the copy was not hidden (the host does not wait)
+  }
+  double finish() override {
+    if (done()) return 0;
+    const Clock::time_point start = Clock::now();
+    check_cuda(cudaEventSynchronize(event_), "a copy");
+    done();
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   }
   Clock::time_point started() const override { return started_; }
   Clock::time_point finished() const override {
@@ -178,6 +188,7 @@ class CudaHostLink final : public HostLink {
     Staging& s = staging_[index(direction)];
     const size_t bytes = static_cast<size_t>(elements) * c10::elementSize(dtype);
     if (bytes > s.bytes) {
+      check_cuda(cudaStreamSynchronize(stream(direction)), "a copy stream");  // the old buffer's last copy
       if (s.data != nullptr) check_cuda(cudaFree(s.data), "freeing a staging buffer");
       s.data = nullptr;
       check_cuda(cudaMalloc(&s.data, bytes), "a staging buffer");
@@ -192,7 +203,11 @@ class CudaHostLink final : public HostLink {
     void* device = nullptr;
     void* host = nullptr;
     check_cuda(cudaMalloc(&device, kBytes), "the link's measurement");
-    check_cuda(cudaMallocHost(&host, kBytes), "the link's measurement");
+    if (cudaMallocHost(&host, kBytes) != cudaSuccess) {
+      cudaFree(device);
+      check_cuda(cudaGetLastError(), "the link's measurement");
+      return 0;
+    }
     cudaEvent_t begin, end;
     cudaEventCreate(&begin);
     cudaEventCreate(&end);

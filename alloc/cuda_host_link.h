@@ -5,17 +5,20 @@
 // - one copy stream each way, so copies out, copies in and the kernels overlap;
 // - a copy starts after an event recorded on the compute stream (ATen's current stream) when it
 //   is asked for: behind the kernel that last wrote its source;
-// - CopyJob::wait() makes the compute stream wait for the copy's event; the host goes on. A block
-//   freed after that is reused by the compute stream only behind the copy;
-// - a copy holds its two ends until its event has passed (done()), so neither the arena nor the
-//   pinned host allocator hands them on under it (what record_stream does for PyTorch's caching
-//   allocator);
+// - CopyJob::wait() makes the compute stream wait for the copy's event; the host goes on, and the
+//   copy lets go of its device end (a block freed after that is reused by the compute stream only
+//   behind the copy);
+// - a copy holds its host end until its event has passed (done()), and its device end until then
+//   or until wait(), so neither the arena nor the pinned host allocator hands them on under it
+//   (what record_stream does for PyTorch's caching allocator);
 // - host ends are pinned (ATen's pinned host allocator), as the copy engines need for copies
 //   that do not block;
 // - bf16 compression converts on the copy stream, through a staging buffer of the link's own per
 //   direction (cudaMalloc, outside the budget's arena, as large as the largest narrow copy);
 // - its rate is measured when it is made (64 MiB each way, the slower direction), and the swap's
-//   rule and the planner price copies by it.
+//   rule prices copies by it (the planner, which predicts no GPU run yet, by memory.host_link_gbps);
+// - CopyJob::finish() waits on the host (cudaEventSynchronize): an eviction that needs the host
+//   copy valid, and the optimizer state read on the host, wait so.
 // Built where libtorch has CUDA; make_cuda_host_link throws elsewhere (no_cuda_arena.cpp).
 
 #include "alloc/host_link.h"

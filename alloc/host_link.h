@@ -50,6 +50,9 @@ class CopyJob {
   // host goes on (a block the compute stream frees after this is reused only behind the copy).
   // Returns how long the host waited, ms (0 if it did not).
   virtual double wait() = 0;
+  // Until the copy is done, on the host too: what a drop that needs the host copy valid (an
+  // eviction, a read of the host end) waits for. On CPU ranks the same as wait().
+  virtual double finish() { return wait(); }
   // When the link starts and finishes it (modelled on CPU ranks, as queued on a GPU: a GPU's
   // start is when it was queued, its finish when wait() or done() first saw it done).
   virtual std::chrono::steady_clock::time_point started() const = 0;

@@ -1,5 +1,6 @@
 #include "launcher/device_group.h"
 
+#include "alloc/cuda_arena.h"
 #include "base/user_error.h"
 
 #ifdef HT_HAVE_NCCL
@@ -16,17 +17,13 @@ namespace ht {
 
 namespace {
 
-// Whether this job's ranks share GPUs: more ranks on a node than GPUs visible. NCCL refuses two
-// ranks on one device (NVIDIA/nccl#418), so their groups stay MPI's, device tensors crossing
-// through host memory: slow, for testing several ranks on one GPU.
-bool ranks_share_gpus(const ProcessGrid& grid) {
-#ifdef HT_HAVE_NCCL
-  const int gpus = visible_cuda_devices();
-  return gpus > 0 && grid.local_size > gpus;
-#else
-  (void)grid;
-  return false;
-#endif
+// Whether two ranks of this job use one GPU (the same host and GPU UUID), `device` being this
+// rank's ("cuda:N"). Collective: every rank asks alike, in the same order. NCCL refuses two ranks
+// on one device (NVIDIA/nccl#418), so their groups stay MPI's, device tensors crossing through
+// host memory: slow, for testing several ranks on one GPU.
+bool ranks_share_gpus(const std::string& device, const ProcessGrid& grid) {
+  if (device.rfind("cuda", 0) != 0 || grid.world == 1) return false;
+  return ranks_share_a_device(grid, cuda_device_uuid(device.size() > 5 ? std::stoi(device.substr(5)) : 0));
 }
 
 }  // namespace
@@ -40,10 +37,11 @@ std::string device_of_rank(const Config& config, const ProcessGrid& grid) {
   const int gpus = visible_cuda_devices();
   if (gpus == 0) throw UserError(where + ": this rank sees no GPU; check CUDA_VISIBLE_DEVICES, or use \"cpu\"");
   const int index = device == "cuda" ? grid.local_rank % gpus : std::stoi(device.substr(5));
-  if (ranks_share_gpus(grid) && grid.rank == 0) {
+  if (ranks_share_gpus("cuda:" + std::to_string(index), grid) && grid.rank == 0) {
     std::fprintf(stderr,
-                 "hybrid_train: warning: %d ranks on a node with %d GPU(s): NCCL refuses two ranks on one GPU, so the "
-                 "ranks exchange through host memory over MPI (slow; for testing several ranks on one GPU)\n",
+                 "hybrid_train: warning: ranks of this job share a GPU (%d ranks on a node with %d visible): NCCL "
+                 "refuses two ranks on one GPU, so the ranks exchange through host memory over MPI (slow; for "
+                 "testing several ranks on one GPU)\n",
                  grid.local_size, gpus);
   }
   return "cuda:" + std::to_string(index);
@@ -55,7 +53,9 @@ std::string device_of_rank(const Config& config, const ProcessGrid& grid) {
 }
 
 std::shared_ptr<Communicator> replica_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
-  if (plan.device.rfind("cuda", 0) != 0 || grid.world == 1 || ranks_share_gpus(grid)) return grid.data_parallel_group;
+  if (plan.device.rfind("cuda", 0) != 0 || grid.world == 1 || ranks_share_gpus(plan.device, grid)) {
+    return grid.data_parallel_group;
+  }
 #ifdef HT_HAVE_NCCL
   return std::make_shared<NcclCommunicator>(*grid.data_parallel_group, std::stoi(plan.device.substr(5)), grid.rank);
 #else
@@ -65,7 +65,7 @@ std::shared_ptr<Communicator> replica_group_for_device(const RunPlan& plan, cons
 
 std::shared_ptr<Communicator> pipeline_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
   if (grid.pipeline_parallel <= 1) return grid.pipeline_group;
-  if (plan.device.rfind("cuda", 0) == 0 && !ranks_share_gpus(grid)) {
+  if (plan.device.rfind("cuda", 0) == 0 && !ranks_share_gpus(plan.device, grid)) {
 #ifdef HT_HAVE_NCCL
     // Not yet run on GPUs (docs/gpu.md); the same posting runs on CPU ranks under nccl_like.
     return std::make_shared<NcclCommunicator>(*grid.pipeline_group, std::stoi(plan.device.substr(5)), grid.rank);
@@ -85,7 +85,7 @@ std::shared_ptr<Communicator> pipeline_group_for_device(const RunPlan& plan, con
 std::shared_ptr<Communicator> tensor_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
   if (grid.tensor_parallel <= 1) return nullptr;
   const std::string& device = plan.device;
-  if (device.rfind("cuda", 0) != 0 || ranks_share_gpus(grid)) return grid.tensor_parallel_group;
+  if (device.rfind("cuda", 0) != 0 || ranks_share_gpus(device, grid)) return grid.tensor_parallel_group;
 #ifdef HT_HAVE_NCCL
   // The device is "cuda:<index>" by now; the group's NCCL communicator is set up over its MPI one.
   // Not yet run on GPUs (docs/gpu.md).

@@ -106,7 +106,7 @@ bool HostSwap::start_out(TensorInfo& t) {
 bool HostSwap::copied_out(TensorInfo& t, bool wait) {
   if (t.host == nullptr || !t.host->out) return false;
   if (!t.host->out->done() && wait) {
-    const double waited = t.host->out->wait();
+    const double waited = t.host->out->finish();
     stats_.wait_ms += waited;
     if (timeline_ != nullptr && waited > 0) timeline_->copy_wait(t.id, waited);
   }
@@ -118,7 +118,7 @@ bool HostSwap::copy_before_drop(TensorInfo& victim, double recompute_ms) {
   const auto bytes = static_cast<int64_t>(victim.value.storage().nbytes()) / (crosses_narrow(victim.value) ? 2 : 1);
   const double copy_ms = options_.link->backlog_ms(CopyDirection::kToHost) + options_.link->transfer_ms(bytes);
   if (copy_ms >= recompute_ms || !start_out(victim)) return false;
-  const double waited = victim.host->out->wait();
+  const double waited = victim.host->out->finish();
   stats_.wait_ms += waited;
   if (timeline_ != nullptr && waited > 0) timeline_->copy_wait(victim.id, waited);
   ++stats_.copied_before_drop;
@@ -149,7 +149,7 @@ bool HostSwap::wait_for_copy_out(const std::vector<TensorInfo*>& candidates) {
     if (t->pin_count == 0 && t->copying_to_host() && (oldest == nullptr || t->id < oldest->id)) oldest = t;
   }
   if (oldest == nullptr) return false;
-  const double waited = oldest->host->out->wait();
+  const double waited = oldest->host->out->finish();  // on_host() next: done, not only ordered
   stats_.wait_ms += waited;
   if (timeline_ != nullptr && waited > 0) timeline_->copy_wait(oldest->id, waited);
   return true;

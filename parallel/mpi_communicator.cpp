@@ -419,7 +419,10 @@ class MpiCommunicator::MpiTransfer final : public Transfer {
     return flag != 0;
   }
   void wait() override {
-    if (request_ == MPI_REQUEST_NULL) return;
+    if (request_ == MPI_REQUEST_NULL) {
+      arrived();
+      return;
+    }
     const std::string saved = c_.context();
     c_.set_context(context_);  // the step and stage it was posted in, for the watchdog's message
     {

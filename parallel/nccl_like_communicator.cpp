@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 namespace ht {
@@ -117,15 +119,33 @@ std::unique_ptr<Transfer> NcclLikeCommunicator::post_group(std::vector<PeerMessa
     }
   }
   std::vector<Call> calls(messages.size());  // sized once: MPI holds the identities' addresses
-  // A group given up leaves no call under way: its buffers may go, and a later group on this
-  // communicator meets none of its messages.
+  // A group given up cancels its calls. One MPI cannot cancel (a send already matched, or Open
+  // MPI's sends) keeps its buffers for the rest of the process, so that nothing MPI still writes
+  // or reads is freed under it; the job ends with the error anyway.
   const auto give_up = [&](const std::string& why) {
     for (Call& c : calls) {
       for (MPI_Request* r : {&c.identity_request, &c.payload_request}) {
-        if (*r == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(r);
-        MPI_Request_free(r);
+        if (*r != MPI_REQUEST_NULL) MPI_Cancel(r);
       }
+    }
+    bool active = false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    do {
+      active = false;
+      for (Call& c : calls) {
+        for (MPI_Request* r : {&c.identity_request, &c.payload_request}) {
+          int flag = 0;
+          if (*r != MPI_REQUEST_NULL && MPI_Test(r, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag) active = true;
+        }
+      }
+    } while (active && std::chrono::steady_clock::now() < until);
+    if (active) {
+      static std::mutex kept_mutex;
+      static std::vector<std::shared_ptr<void>> kept;  // never freed: MPI may still use them
+      auto abandoned = std::make_shared<std::pair<std::vector<Call>, std::vector<PeerMessage>>>(std::move(calls),
+                                                                                                 std::move(messages));
+      std::lock_guard<std::mutex> lock(kept_mutex);
+      kept.push_back(std::move(abandoned));
     }
     fail(why);
   };
@@ -157,26 +177,36 @@ std::unique_ptr<Transfer> NcclLikeCommunicator::post_group(std::vector<PeerMessa
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     bool moved = false, complete = true;
+    // A receive's payload is posted only after every earlier receive from the same stage has
+    // posted its own: payloads match in posting order too, and two identities can arrive in one
+    // pass in either order of this loop's tests.
+    std::vector<int> behind;  // stages with an earlier receive whose payload is not posted yet
     for (Call& c : calls) {
       const PeerMessage& m = *c.message;
       int flag = 0;
       if (c.identity_request != MPI_REQUEST_NULL) {
         check(MPI_Test(&c.identity_request, &flag, MPI_STATUS_IGNORE), m);
-        if (flag && !m.send) {  // the sender's identity is in: the payload may come if it is the one expected
+        moved = moved || flag;
+      }
+      const bool waits_behind = std::find(behind.begin(), behind.end(), m.peer) != behind.end();
+      if (!m.send && !c.payload_posted) {
+        if (c.identity_request != MPI_REQUEST_NULL || waits_behind) {
+          behind.push_back(m.peer);
+        } else {  // the sender's identity is in: the payload may come if it is the one expected
           const Identity expected = identity_of(m);
           if (c.identity.tag != expected.tag || c.identity.bytes != expected.bytes ||
               std::strncmp(c.identity.what, expected.what, sizeof(expected.what)) != 0) {
             give_up("stage " + std::to_string(m.peer) + " sent " + std::string(c.identity.what) + " (" +
-                 std::to_string(c.identity.bytes) + " bytes) where this stage posted the receive for " + m.what +
-                 " (" + std::to_string(expected.bytes) + " bytes): the two stages post this link's messages in " +
-                 "different orders, and NCCL, which matches them in posting order, would hand over the wrong tensor");
+                    std::to_string(c.identity.bytes) + " bytes) where this stage posted the receive for " + m.what +
+                    " (" + std::to_string(expected.bytes) + " bytes): the two stages post this link's messages in " +
+                    "different orders, and NCCL, which matches them in posting order, would hand over the wrong tensor");
           }
           check(MPI_Irecv(m.tensor.data_ptr(), static_cast<int>(m.tensor.nbytes()), MPI_BYTE, m.peer, kPayloadTag,
                           links_, &c.payload_request),
                 m);
           c.payload_posted = true;
+          moved = true;
         }
-        moved = moved || flag;
       }
       if (c.payload_posted && c.payload_request != MPI_REQUEST_NULL) {
         check(MPI_Test(&c.payload_request, &flag, MPI_STATUS_IGNORE), m);

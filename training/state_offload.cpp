@@ -23,7 +23,9 @@ std::vector<at::Tensor> StateOffload::move(const std::vector<at::Tensor>& tensor
     (to_host ? stats_.bytes_out : stats_.bytes_in) += jobs.back()->bytes;
     moved.emplace(key, std::move(bytes));
   }
-  for (const std::shared_ptr<CopyJob>& job : jobs) stats_.wait_ms += job->wait();
+  // To host: done, since the host reads the state there (a checkpoint); to the device: ordered
+  // before the optimizer's kernels.
+  for (const std::shared_ptr<CopyJob>& job : jobs) stats_.wait_ms += to_host ? job->finish() : job->wait();
   std::vector<at::Tensor> out;
   out.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {

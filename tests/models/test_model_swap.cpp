@@ -113,8 +113,12 @@ TEST(ModelSwapLink, CopiesThatFinishLateTrainTheSameBits) {
         expect_identical(plain, run, what);
         link->finish_all();
         EXPECT_GT(link->stats(CopyDirection::kToHost).copies, 0) << what;
-        if (rule == SwapRule::kConvAndMatmul) EXPECT_GT(link->stats(CopyDirection::kToDevice).copies, 0) << what;
-        if (lag > 0) EXPECT_GT(link->finished_late(), 0) << what;
+        if (rule == SwapRule::kConvAndMatmul) {
+          EXPECT_GT(link->stats(CopyDirection::kToDevice).copies, 0) << what;
+        }
+        if (lag > 0) {
+          EXPECT_GT(link->finished_late(), 0) << what;
+        }
       }
     }
   }

@@ -7,7 +7,9 @@
 // out wrong: either breaks bit-identity with the run without a budget. As HostLink's contract
 // says, a copy holds both its ends until it is done, whoever else lets go of them (the CUDA link
 // does so too: the arena's block goes back only after the copy stream's event).
-// Single-threaded: the link's work happens in its caller's calls.
+// Single-threaded: the link's work happens in its caller's calls. Its wait() finishes the copy,
+// as on CPU ranks, whose compute is the host: a GPU's wait() that only orders the compute stream
+// (alloc/cuda_host_link.h) is not what this fake holds.
 
 #include "alloc/host_link.h"
 
