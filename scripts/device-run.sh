@@ -282,6 +282,9 @@ if [[ $steps == *planner* ]]; then
   timeout 60 "$bin/launcher/hybrid_train" plan "${gpt2[@]}" --training.device=cuda --job.output_dir="$logs/plan_local" \
     >"$logs/plan_local.log" 2>&1
   say "planner: plan on cuda without --cluster exit $?: $(grep -m1 -E "^plan: this machine|error" "$logs/plan_local.log")"
+  # ... and a run on cuda predicts itself from that trace; auto trains the plan it chose.
+  job gpt_auto configs/gpt_tiny.toml --training.steps=20 --parallel.strategy=auto
+  grep -m2 -E "^predicted|auto:" "$logs/gpt_auto.log" | sed 's/^/  /' | tee -a "$out/summary.txt"
   if [ -z "$kind" ]; then
     say "planner: no catalog kind for '$gpu'"
   elif (($(left 240) < 60)); then

@@ -66,10 +66,12 @@ class Rules {
   }
 
   void planner_on_gpu() const {
-    if (c_.parallel.strategy == Strategy::kAuto && c_.training.device != "cpu") {
+    const ParallelConfig& p = c_.parallel;
+    if (p.strategy == Strategy::kAuto && c_.training.device != "cpu" &&
+        (p.pipeline_parallel > 1 || p.tensor_parallel > 1)) {
       throw UserError(loc("parallel.strategy") + "parallel.strategy = \"auto\" on training.device = \"" +
-                      c_.training.device + "\": the planner profiles CPU ranks only (not built for GPUs yet); use "
-                      "parallel.strategy = \"manual\" with memory.budget and memory.policy");
+                      c_.training.device + "\" with pipeline stages or tensor-parallel groups: the planner predicts "
+                      "GPU runs without them only (one GPU, or data parallelism); use parallel.strategy = \"manual\"");
     }
   }
 

@@ -1,5 +1,6 @@
 #include "launcher/planning/run_check.h"
 
+#include "launcher/planning/device_catalog.h"
 #include "launcher/planning/job_plan.h"
 #include "launcher/planning/profiler.h"
 #include "base/user_error.h"
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 namespace ht {
 namespace {
@@ -20,6 +22,28 @@ Config profiled_here(const Config& config) {
   Config c = config;
   c.cluster.device.clear();
   return c;
+}
+
+// On a GPU the run is planned from a trace priced at its catalog kind's rates (issue 67): this
+// machine's GPUs as one node of that kind, each with the memory the driver has free. Empty
+// where the catalog has no kind for the GPU (why: in `why`).
+std::optional<Config> planned_here(const Config& config, std::string& why) {
+  if (config.training.device == "cpu") return profiled_here(config);
+  try {
+    const ClusterOfKind local = local_gpu_cluster(device_catalog());
+    Config c = config;
+    c.cluster.device = local.device.kind;
+    c.cluster.nodes = 1;
+    c.cluster.devices_per_node = local.devices_per_node;
+    c.cluster.device_memory = std::to_string(local.device.memory_bytes);
+    c.cluster.device_memory_bytes = local.device.memory_bytes;
+    c.cluster.intra_node_gbps = local.device.intra_node_gbps;
+    c.cluster.inter_node_gbps = local.device.inter_node_gbps;
+    return c;
+  } catch (const UserError& e) {
+    why = e.what();
+    return std::nullopt;
+  }
 }
 
 // The planner's Plan of the run: its grid, batch, budget and policy. (The shard level is the
@@ -317,12 +341,29 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
 
 RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
-  if (config.training.device != "cpu") {
-    // The profile measures a CPU rank's arena; on a GPU it would also take ATen's CUDA allocator
-    // before a budget's arena could (alloc/cuda_arena.h). Not predicted, never refused.
+  const bool gpu = config.training.device != "cpu";
+  std::string unplanned;
+  const std::optional<Config> planned =
+      gpu && (config.parallel.pipeline_parallel > 1 || config.parallel.tensor_parallel > 1)
+          ? std::nullopt
+          : planned_here(config, unplanned);
+  if (!planned) {
+    // A GPU run of stages or tensor-parallel groups, or on a GPU the catalog lacks: a profile here
+    // would measure a CPU rank's arena (and take ATen's CUDA allocator before a budget's arena
+    // could, alloc/cuda_arena.h). Not predicted, never refused.
+    if (config.parallel.strategy == Strategy::kAuto) {
+      throw UserError(config.source + ": parallel.strategy = \"auto\" on training.device = \"" + config.training.device +
+                      "\": " + (unplanned.empty() ? "the planner predicts GPU runs without stages or tensor-parallel "
+                                                     "groups only" : unplanned) +
+                      "; use parallel.strategy = \"manual\" with memory.budget and memory.policy");
+    }
     out.prediction.peak_bytes = -1;
     out.prediction.step_ms = -1;
-    if (grid.is_root()) out.text = "predicted: nothing on " + config.training.device + " (the planner profiles CPU ranks only)";
+    if (grid.is_root()) {
+      out.text = "predicted: nothing on " + config.training.device +
+                 (unplanned.empty() ? " (the planner predicts GPU runs without stages or tensor-parallel groups only)"
+                                    : " (" + unplanned + ")");
+    }
     return out;
   }
   if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel == 1) {
@@ -386,7 +427,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
     if (!automatic) args.trained_sizes = {run.batch.micro};  // its own size: no search
     // Automatic: the planner picks the level, unless the config fixes one.
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
-    JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
+    JobPlan plan = plan_job(*planned, data.train.get(), data.info, args);
     out.limit_bytes = plan.machine.device_memory;
     out.plan = plan_of(config, run);
     if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) {
@@ -415,12 +456,18 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
     // The fit check refuses what the replay cannot run; a step that runs only without the margin
     // kept for what the replay cannot see trains, with a warning (below): the engine trained such
     // budgets (issue 64: 95% of gpt_tiny's was refused, and it trained 8 steps in it).
-    if (!out.prediction.fits && config.memory.check_fit && !out.prediction.within_margin) {
+    // On a GPU the trace declares no cuDNN or cuBLAS workspace: predicted and warned, never refused.
+    if (gpu && !out.prediction.fits && config.memory.check_fit) {
+      std::fprintf(stderr, "hybrid_train: warning: %s: predicted not to fit %s: %s; training anyway (on a GPU the "
+                   "prediction is a trace's, without the libraries' workspaces)\n", config.source.c_str(),
+                   config.training.device.c_str(), out.prediction.why_not.c_str());
+    }
+    if (!gpu && !out.prediction.fits && config.memory.check_fit && !out.prediction.within_margin) {
       // Alternatives at these ranks and this precision, eviction included, every size trained.
       args.policies = PlanArgs{}.policies;
       if (!args.trained_sizes.empty()) {
         args.trained_sizes.clear();
-        plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
+        plan = plan_job(*planned, data.train.get(), data.info, args);
       }
       SearchOptions alternatives;
       alternatives.ranks = args.ranks;
