@@ -57,7 +57,10 @@ std::shared_ptr<Communicator> replica_group_for_device(const RunPlan& plan, cons
     return grid.data_parallel_group;
   }
 #ifdef HT_HAVE_NCCL
-  return std::make_shared<NcclCommunicator>(*grid.data_parallel_group, std::stoi(plan.device.substr(5)), grid.rank);
+  // Its all-reduces, reduce-scatters and prefetched gathers on a communication stream of their own,
+  // overlapped with the kernels (a worker thread waits for each: parallel/collective_worker.h).
+  return std::make_shared<NcclCommunicator>(*grid.data_parallel_group, std::stoi(plan.device.substr(5)), grid.rank,
+                                            /*side_stream=*/true);
 #else
   return grid.data_parallel_group;  // device_of_rank refused it
 #endif

@@ -54,6 +54,8 @@ std::pair<int64_t, bool> largest_count(const std::vector<int64_t>& counts) {
 struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
   cudaEvent_t done = nullptr;
+  cudaStream_t side = nullptr;   // the communication stream (side_stream), else none
+  cudaEvent_t ready = nullptr;   // recorded on the caller's stream: what a collective on `side` waits for
   void* staging = nullptr;  // device buffer for host tensors
   size_t staging_bytes = 0;
 };
@@ -63,7 +65,7 @@ int visible_cuda_devices() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-NcclCommunicator::NcclCommunicator(Communicator& bootstrap, int device, int world_rank)
+NcclCommunicator::NcclCommunicator(Communicator& bootstrap, int device, int world_rank, bool side_stream)
     : state_(std::make_unique<State>()), rank_(bootstrap.rank()), size_(bootstrap.size()), device_(device),
       world_rank_(world_rank) {
   set_timeout(bootstrap.timeout());
@@ -92,6 +94,22 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, int device, int worl
   if (cudaEventCreateWithFlags(&state_->done, cudaEventDisableTiming) != cudaSuccess) {
     fail("setting up NCCL", "its completion event", cudaGetErrorString(cudaGetLastError()));
   }
+  if (side_stream && (cudaStreamCreateWithFlags(&state_->side, cudaStreamNonBlocking) != cudaSuccess ||
+                      cudaEventCreateWithFlags(&state_->ready, cudaEventDisableTiming) != cudaSuccess)) {
+    fail("setting up NCCL", "its communication stream", cudaGetErrorString(cudaGetLastError()));
+  }
+}
+
+// Where a collective runs: the communication stream, behind what the caller's stream has queued
+// (the kernels that made its input), or the caller's stream itself.
+cudaStream_t NcclCommunicator::enqueue_stream(const char* collective, const char* what) {
+  const cudaStream_t current = compute_stream(device_);
+  if (state_->side == nullptr) return current;
+  if (cudaEventRecord(state_->ready, current) != cudaSuccess ||
+      cudaStreamWaitEvent(state_->side, state_->ready, 0) != cudaSuccess) {
+    fail(collective, what, cudaGetErrorString(cudaGetLastError()));
+  }
+  return state_->side;
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -99,6 +117,8 @@ NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(device_);
   if (state_->comm != nullptr) ncclCommDestroy(state_->comm);
   if (state_->done != nullptr) cudaEventDestroy(state_->done);
+  if (state_->ready != nullptr) cudaEventDestroy(state_->ready);
+  if (state_->side != nullptr) cudaStreamDestroy(state_->side);
   if (state_->staging != nullptr) cudaFree(state_->staging);
 }
 
@@ -114,7 +134,10 @@ void NcclCommunicator::run(Op op, at::Tensor& t, int peer, const char* collectiv
                                std::to_string(device_));
   }
   cudaSetDevice(device_);
-  const cudaStream_t stream = compute_stream(device_);
+  // Point to point holds the caller's stream (a pipeline's order); collectives run on the
+  // communication stream where there is one.
+  const bool p2p = op == Op::kSend || op == Op::kRecv;
+  const cudaStream_t stream = p2p ? compute_stream(device_) : enqueue_stream(collective, what);
   const ncclDataType_t type = nccl_type(t, what);
   const size_t bytes = t.nbytes(), count = static_cast<size_t>(t.numel());
   void* data = t.data_ptr();
@@ -206,8 +229,9 @@ void NcclCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& sh
                                           const std::vector<int64_t>& counts, const char* what) {
   const char* collective = "the reduce-scatter";
   prepare_shards(full, shard, counts, collective, what);
-  const cudaStream_t stream = compute_stream(device_);
   const auto [most, even] = largest_count(counts);
+  // Uneven counts copy through padded tensors by ATen's kernels, on the caller's stream.
+  const cudaStream_t stream = even ? enqueue_stream(collective, what) : compute_stream(device_);
   at::Tensor send = full, recv = shard;
   if (!even) {  // rank r's part at r x most, zeros after it
     send = at::zeros({most * size_}, full.options());
@@ -230,8 +254,8 @@ void NcclCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, con
                                   const char* what) {
   const char* collective = "the all-gather";
   prepare_shards(full, shard, counts, collective, what);
-  const cudaStream_t stream = compute_stream(device_);
   const auto [most, even] = largest_count(counts);
+  const cudaStream_t stream = even ? enqueue_stream(collective, what) : compute_stream(device_);
   at::Tensor send = shard, recv = full;
   if (!even) {
     send = at::zeros({most}, full.options());

@@ -7,7 +7,9 @@
 //   rank's local rank modulo the GPUs it sees).
 // - Order: collectives run on the stream ATen computes on (its current stream, where libtorch has
 //   CUDA; the legacy default stream otherwise), so they follow the kernels that produced their
-//   input and precede those that read the result, with no host synchronization for that.
+//   input and precede those that read the result, with no host synchronization for that; or, with
+//   a communication stream (the replicas' group), on that stream behind an event of the caller's,
+//   beside the kernels queued after them, the caller waiting on the host for the result.
 // - Blocking, as MpiCommunicator's: each call returns when its collective has completed, polled
 //   with its NCCL error state; past the timeout the communicator is aborted and the error names the
 //   rank, the context and the collective (another rank died or hangs).
@@ -27,13 +29,19 @@
 #include <string>
 #include <vector>
 
+struct CUstream_st;  // cudaStream_t's, kept out of this header
+
 namespace ht {
 
 class NcclCommunicator final : public Communicator {
  public:
   // `bootstrap`: a group of the same ranks in the same order (MPI). `device`: the CUDA device
   // index this rank uses. `world_rank` names this process in error messages.
-  NcclCommunicator(Communicator& bootstrap, int device, int world_rank);
+  // `side_stream`: collectives run on a communication stream of its own, behind an event of the
+  // caller's stream, so they overlap the kernels queued after them (the replicas' all-reduces,
+  // reduce-scatters and prefetched gathers, called from a worker thread that waits on the host);
+  // else on the caller's stream (a tensor-parallel group's, inside every layer).
+  NcclCommunicator(Communicator& bootstrap, int device, int world_rank, bool side_stream = false);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -64,6 +72,8 @@ class NcclCommunicator final : public Communicator {
   struct State;  // NCCL's and CUDA's handles, kept out of this header
   enum class Op { kAllReduce, kBroadcast, kSend, kRecv };
   void run(Op op, at::Tensor& t, int peer, const char* collective, const char* what);
+  // The stream a collective is enqueued on (a cudaStream_t).
+  ::CUstream_st* enqueue_stream(const char* collective, const char* what);
   void settle(const char* collective, const char* what);
   void wait(const char* collective, const char* what);
   // After a collective was enqueued on ATen's stream: settles it, then waits for it (with the
