@@ -131,13 +131,14 @@ std::string cuda_device_name(int device) {
 int64_t cuda_free_memory_bytes(int device) {
   int before = 0;
   size_t free = 0, total = 0;
-  if (cudaGetDevice(&before) != cudaSuccess || cudaSetDevice(device) != cudaSuccess ||
-      cudaMemGetInfo(&free, &total) != cudaSuccess) {
+  if (cudaGetDevice(&before) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
+  const bool read = cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess;
+  if (!read) cudaGetLastError();
   cudaSetDevice(before);
-  return static_cast<int64_t>(free);
+  return read ? static_cast<int64_t>(free) : -1;
 }
 
 std::string cuda_device_uuid(int device) {

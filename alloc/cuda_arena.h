@@ -13,9 +13,11 @@
 // gives the first only: its cached blocks hide fragmentation, and its out-of-memory error leaves
 // a kernel half run for the caller to repeat.
 //
-// An arena's freed blocks are reused at once, which is safe because every kernel, collective and
-// copy of a rank runs in order on ATen's current stream (parallel/nccl_communicator.h does too);
-// host swap's side stream is not built on CUDA (the config refuses it).
+// An arena's freed blocks are reused at once, which is safe because the kernels run in order on
+// ATen's current stream, and whatever another stream does with a block is done (the host waited:
+// NCCL's communication stream) or ordered before the compute stream's next kernel (the host
+// link's copy streams: a copy holds its device end until the compute stream waits for it) before
+// the block is freed.
 //
 // Built where libtorch has CUDA (HT_TORCH_CUDA); elsewhere every function says so
 // (no_cuda_arena.cpp). Checked in CI against libtorch 1.13's CUDA headers

@@ -35,7 +35,10 @@ std::string device_of_rank(const Config& config, const ProcessGrid& grid) {
                             std::to_string(grid.world) + " ranks";
 #ifdef HT_HAVE_NCCL
   const int gpus = visible_cuda_devices();
-  if (gpus == 0) throw UserError(where + ": this rank sees no GPU; check CUDA_VISIBLE_DEVICES, or use \"cpu\"");
+  if (gpus == 0) {
+    ranks_share_a_device(grid, "");  // the others' collective, met before this rank stops
+    throw UserError(where + ": this rank sees no GPU; check CUDA_VISIBLE_DEVICES, or use \"cpu\"");
+  }
   const int index = device == "cuda" ? grid.local_rank % gpus : std::stoi(device.substr(5));
   if (ranks_share_gpus("cuda:" + std::to_string(index), grid) && grid.rank == 0) {
     std::fprintf(stderr,

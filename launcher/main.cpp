@@ -64,7 +64,9 @@ int main(int argc, char** argv) {
     ht::LoadedConfig loaded = ht::load_config(cl.config_path, cl.overrides);
     if (cl.plan && loaded.config.training.device != "cpu" && loaded.config.cluster.device.empty()) {
       // The local GPUs as a cluster of the catalog's kind: the model traced, priced at its rates.
-      const ht::ClusterOfKind local = ht::local_gpu_cluster(ht::device_catalog(cl.plan_command.args.devices_file));
+      const ht::ClusterOfKind local =
+          ht::local_gpu_cluster(ht::device_catalog(cl.plan_command.args.devices_file),
+                                static_cast<int64_t>(loaded.config.cluster.runtime_mib * (1 << 20)));
       std::vector<ht::ConfigOverride> overrides = ht::cluster_overrides(local, "the local GPU");
       overrides.insert(overrides.end(), cl.overrides.begin(), cl.overrides.end());
       loaded = ht::load_config(cl.config_path, overrides);

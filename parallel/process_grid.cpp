@@ -111,18 +111,15 @@ bool ranks_share_a_device(const ProcessGrid& grid, const std::string& device_id)
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) return false;
-  // Every rank's host and device, as fixed-width rows.
-  constexpr int kWidth = MPI_MAX_PROCESSOR_NAME + 64;
+  // Every rank's device, as fixed-width rows.
+  constexpr int kWidth = 64;
   std::vector<char> mine(kWidth, 0), all(static_cast<size_t>(grid.world) * kWidth);
-  int length = 0;
-  MPI_Get_processor_name(mine.data(), &length);
-  std::snprintf(mine.data() + MPI_MAX_PROCESSOR_NAME, 64, "%s", device_id.c_str());
+  std::snprintf(mine.data(), kWidth, "%s", device_id.c_str());
   MPI_Allgather(mine.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD);
-  std::set<std::pair<std::string, std::string>> seen;
+  std::set<std::string> seen;
   for (int r = 0; r < grid.world; ++r) {
-    const char* row = &all[static_cast<size_t>(r) * kWidth];
-    const std::string id(row + MPI_MAX_PROCESSOR_NAME);
-    if (!id.empty() && !seen.insert({std::string(row), id}).second) return true;
+    const std::string id(&all[static_cast<size_t>(r) * kWidth]);
+    if (!id.empty() && !seen.insert(id).second) return true;
   }
 #else
   (void)device_id;

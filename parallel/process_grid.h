@@ -46,9 +46,9 @@ void divide_process_grid(ProcessGrid& grid, int pipeline_parallel, int tensor_pa
 // run inside every layer), or a message naming the group's ranks and their hosts. Collective.
 std::string tensor_groups_across_hosts(const ProcessGrid& grid);
 
-// Whether two ranks of the job use one device: the same host and the same `device_id` (a GPU's
-// UUID; "" where a rank has none, never alike). Collective: every rank calls it alike, and all get
-// the same answer. False for a world of one.
+// Whether two ranks of the job use one device: the same `device_id` (a GPU's UUID, unique across
+// machines; "" where a rank has none, never alike). Collective: every rank calls it alike, and all
+// get the same answer. False for a world of one.
 bool ranks_share_a_device(const ProcessGrid& grid, const std::string& device_id);
 
 // Ends MPI if make_process_grid started it (call once, at exit).

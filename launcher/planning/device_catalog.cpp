@@ -210,7 +210,7 @@ std::string catalog_kind_of_gpu(const std::map<std::string, DeviceKind>& catalog
   return best;
 }
 
-ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog) {
+ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog, int64_t runtime_bytes) {
   const int gpus = cuda_device_count();
   if (gpus == 0) {
     throw UserError("plan with training.device = \"cuda\": this process sees no GPU (or this build's libtorch has "
@@ -232,7 +232,7 @@ ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog
   c.devices_per_node = gpus;
   // What a job can take on it now: the driver's free memory (another process's share is not ours).
   const int64_t free = cuda_free_memory_bytes(0);
-  if (free > 0) c.device.memory_bytes = std::min(c.device.memory_bytes, free);
+  if (free > 0) c.device.memory_bytes = std::min(c.device.memory_bytes, free + runtime_bytes);
   return c;
 }
 

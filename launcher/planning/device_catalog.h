@@ -42,9 +42,11 @@ ClusterOfKind parse_cluster(const std::string& text, const std::map<std::string,
 std::string catalog_kind_of_gpu(const std::map<std::string, DeviceKind>& catalog, const std::string& gpu_name,
                                 int64_t memory_bytes);
 // This machine's GPUs as a cluster of one node (`plan` with training.device = "cuda"): their kind
-// from the catalog, their count, and each one's memory as the driver has it free now. UserError
-// where no GPU is visible, or the catalog has no kind for it (naming it, and how to add one).
-ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog);
+// from the catalog, their count, and each one's memory as the driver has it free now, with
+// `runtime_bytes` (what this process's CUDA context holds, which the planner counts apart) added
+// back. UserError where no GPU is visible, or the catalog has no kind for it (naming it, and how
+// to add one).
+ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog, int64_t runtime_bytes);
 
 // The [cluster] keys that describe `cluster` to the planner, as overrides typed as `argument`:
 // nodes, devices per node, memory and links from the catalog (the latencies and device_speed stay

@@ -5,12 +5,14 @@
 #include "launcher/planning/profiler.h"
 #include "base/user_error.h"
 #include "alloc/byte_size.h"
+#include "alloc/cuda_arena.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 
 namespace ht {
@@ -25,25 +27,32 @@ Config profiled_here(const Config& config) {
 }
 
 // On a GPU the run is planned from a trace priced at its catalog kind's rates (issue 67): this
-// machine's GPUs as one node of that kind, each with the memory the driver has free. Empty
-// where the catalog has no kind for the GPU (why: in `why`).
-std::optional<Config> planned_here(const Config& config, std::string& why) {
+// node's ranks as one node of that kind, this rank's GPU (rank 0's, the one that plans) giving the
+// kind and the memory the driver has free, the runtime's share added back (the planner counts it
+// apart). Empty where the catalog has no kind for the GPU (why: in `why`).
+std::optional<Config> planned_here(const Config& config, const RunPlan& run, const ProcessGrid& grid, std::string& why) {
   if (config.training.device == "cpu") return profiled_here(config);
-  try {
-    const ClusterOfKind local = local_gpu_cluster(device_catalog());
-    Config c = config;
-    c.cluster.device = local.device.kind;
-    c.cluster.nodes = 1;
-    c.cluster.devices_per_node = local.devices_per_node;
-    c.cluster.device_memory = std::to_string(local.device.memory_bytes);
-    c.cluster.device_memory_bytes = local.device.memory_bytes;
-    c.cluster.intra_node_gbps = local.device.intra_node_gbps;
-    c.cluster.inter_node_gbps = local.device.inter_node_gbps;
-    return c;
-  } catch (const UserError& e) {
-    why = e.what();
+  const int device = run.device.size() > 5 ? std::stoi(run.device.substr(5)) : 0;
+  const std::map<std::string, DeviceKind> catalog = device_catalog();
+  const std::string name = cuda_device_name(device);
+  const std::string kind = catalog_kind_of_gpu(catalog, name, cuda_device_memory_bytes(device));
+  if (kind.empty()) {
+    why = "no kind of the device catalog (configs/devices.toml) describes this GPU (\"" + name + "\")";
     return std::nullopt;
   }
+  const DeviceKind& k = catalog.at(kind);
+  Config c = config;
+  c.cluster.device = kind;
+  c.cluster.devices_per_node = std::max(1, grid.local_size);
+  c.cluster.nodes = std::max(1, grid.world / std::max(1, grid.local_size));
+  int64_t memory = k.memory_bytes;
+  const int64_t free = cuda_free_memory_bytes(device);
+  if (free > 0) memory = std::min(memory, free + static_cast<int64_t>(config.cluster.runtime_mib * (1 << 20)));
+  c.cluster.device_memory = std::to_string(memory);
+  c.cluster.device_memory_bytes = memory;
+  c.cluster.intra_node_gbps = k.intra_node_gbps;
+  c.cluster.inter_node_gbps = k.inter_node_gbps;
+  return c;
 }
 
 // The planner's Plan of the run: its grid, batch, budget and policy. (The shard level is the
@@ -342,27 +351,14 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
 RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
   const bool gpu = config.training.device != "cpu";
-  std::string unplanned;
-  const std::optional<Config> planned =
-      gpu && (config.parallel.pipeline_parallel > 1 || config.parallel.tensor_parallel > 1)
-          ? std::nullopt
-          : planned_here(config, unplanned);
-  if (!planned) {
-    // A GPU run of stages or tensor-parallel groups, or on a GPU the catalog lacks: a profile here
-    // would measure a CPU rank's arena (and take ATen's CUDA allocator before a budget's arena
-    // could, alloc/cuda_arena.h). Not predicted, never refused.
-    if (config.parallel.strategy == Strategy::kAuto) {
-      throw UserError(config.source + ": parallel.strategy = \"auto\" on training.device = \"" + config.training.device +
-                      "\": " + (unplanned.empty() ? "the planner predicts GPU runs without stages or tensor-parallel "
-                                                     "groups only" : unplanned) +
-                      "; use parallel.strategy = \"manual\" with memory.budget and memory.policy");
-    }
+  if (gpu && (config.parallel.pipeline_parallel > 1 || config.parallel.tensor_parallel > 1)) {
+    // On GPUs the planner predicts runs without stages or tensor-parallel groups only (auto is
+    // refused for them by the config's validation). Decided by the config: alike on every rank.
     out.prediction.peak_bytes = -1;
     out.prediction.step_ms = -1;
     if (grid.is_root()) {
       out.text = "predicted: nothing on " + config.training.device +
-                 (unplanned.empty() ? " (the planner predicts GPU runs without stages or tensor-parallel groups only)"
-                                    : " (" + unplanned + ")");
+                 " (the planner predicts GPU runs without stages or tensor-parallel groups only)";
     }
     return out;
   }
@@ -416,18 +412,20 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
   std::string chosen;  // memory.policy = "auto": each candidate's predicted step
   std::string kept;    // per_block without memory.block_keep: each share's
   bool share_chosen = false;  // memory.policy = "auto" chose per_block at its share
-  if (grid.is_root()) {
+  const auto predict_on_root = [&](const Config& planned) {
     PlanArgs args;
     args.ranks = {run.grid.data};
     args.ranks_on_host = grid.local_size;
     args.stages = {1};  // the job's grid is fixed by now
+    args.tensor = {run.grid.tensor};  // a traced plan would search tensor-parallel sizes too
     args.device_memory = run.memory.budget_bytes;
     args.precisions = {run.precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};  // the configured plan is predicted below
+    if (gpu && !cuda_budgets_built()) args.policies = {MemoryPolicy::kNone};  // no arena to evict in
     if (!automatic) args.trained_sizes = {run.batch.micro};  // its own size: no search
     // Automatic: the planner picks the level, unless the config fixes one.
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
-    JobPlan plan = plan_job(*planned, data.train.get(), data.info, args);
+    JobPlan plan = plan_job(planned, data.train.get(), data.info, args);
     out.limit_bytes = plan.machine.device_memory;
     out.plan = plan_of(config, run);
     if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) {
@@ -467,7 +465,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       args.policies = PlanArgs{}.policies;
       if (!args.trained_sizes.empty()) {
         args.trained_sizes.clear();
-        plan = plan_job(*planned, data.train.get(), data.info, args);
+        plan = plan_job(planned, data.train.get(), data.info, args);
       }
       SearchOptions alternatives;
       alternatives.ranks = args.ranks;
@@ -485,11 +483,39 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
       }
       refusal = does_not_fit(config, run, out.prediction, out.limit_bytes, fitting, chosen);
     }
+    // A traced plan's arena is the device less what the runtime and NCCL hold (its budget_bytes).
+    const int64_t evicting_budget = gpu && out.plan.budget_bytes > 0 ? out.plan.budget_bytes : out.limit_bytes;
     decision = {refusal.has_value(), out.plan.micro_batch, out.plan.policy,
-                evicts(out.plan.policy) ? out.limit_bytes : run.memory.budget_bytes, out.plan.shard,
+                evicts(out.plan.policy) ? evicting_budget : run.memory.budget_bytes, out.plan.shard,
                 out.plan.prefetch, out.plan.state_on_host,
                 std::lround(out.plan.eviction_threshold * 1000), std::lround(out.plan.block_keep_share * 1000),
                 out.plan.block_offload, out.plan.gradient_dtype};
+  };
+  std::string unplanned;  // on a GPU: why the run is not predicted
+  if (grid.is_root()) {
+    // On a GPU: traced at the local GPU's catalog kind, and a failure to plan is warned, never a
+    // reason not to train (except under auto, which needs the plan).
+    std::optional<Config> planned = planned_here(config, run, grid, unplanned);
+    try {
+      if (planned) predict_on_root(*planned);
+    } catch (const std::exception& e) {
+      if (!gpu) throw;
+      unplanned = e.what();
+      planned.reset();
+    }
+    if (!planned) {
+      out.prediction.peak_bytes = -1;
+      out.prediction.step_ms = -1;
+      out.plan = plan_of(config, run);
+      out.text = "predicted: nothing on " + config.training.device + " (" + unplanned + ")";
+      if (automatic) {
+        refusal = UserError(config.source + ": parallel.strategy = \"auto\" on training.device = \"" +
+                            config.training.device + "\": " + unplanned + "; use parallel.strategy = \"manual\"");
+      }
+      decision = {refusal.has_value(), run.batch.micro, run.memory.policy, run.memory.budget_bytes, run.sync.shard,
+                  run.sync.prefetch, run.memory.optimizer_state == StatePlace::kHost,
+                  std::lround(run.memory.eviction_threshold * 1000), 0, run.memory.block_offload, run.gradient_dtype};
+    }
   }
   // The other ranks sleep while rank 0 profiles: spinning in MPI, they took the cores its
   // measurements ran on (4 ranks on 2 cores: predicted steps off by 1.5-2.4x between two runs).
