@@ -74,6 +74,24 @@ TEST(NcclCommunicator, AGroupOfOneReduceScattersAndGathers) {
 }
 
 
+// The replicas' communicator runs its collectives on a communication stream of its own (issue 67):
+// each waits for the kernels queued before it on the caller's stream, and the host has the result
+// when the call returns. A long chain of kernels writes the input just before the call.
+TEST(NcclCommunicator, AGroupOfOneOnItsOwnStreamWaitsForTheKernelsBeforeIt) {
+  if (visible_cuda_devices() == 0) GTEST_SKIP() << "no GPU here";
+  LocalCommunicator bootstrap;
+  NcclCommunicator nccl(bootstrap, 0, 0, /*side_stream=*/true);
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+  at::Tensor x = at::zeros({1 << 20}, cuda);
+  for (int i = 0; i < 200; ++i) x.add_(1);  // queued on the compute stream, not yet run
+  nccl.allreduce_sum(x, "the gradients");
+  EXPECT_TRUE(at::equal(x.cpu(), at::full({1 << 20}, 200.0f))) << "the sum of the written values";
+  at::Tensor full = at::zeros({8}, cuda), shard = at::zeros({8}, cuda);
+  for (int i = 0; i < 50; ++i) full.add_(2);
+  nccl.reduce_scatter_sum(full, shard, {8}, "the gradients");
+  EXPECT_TRUE(at::equal(shard.cpu(), at::full({8}, 100.0f)));
+}
+
 // ZeRO-3's mechanism on CUDA (parallel/parameter_shards.h): each bucket's CUDA storage taken away
 // and given back, NCCL's all-gather writing into it, on the computing thread and then prefetched on
 // the communication thread. Several ranks need several GPUs; the mechanism is the same.
