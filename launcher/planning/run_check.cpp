@@ -1,7 +1,8 @@
 #include "launcher/planning/run_check.h"
 
-#include "launcher/planning/device_catalog.h"
 #include "launcher/planning/job_plan.h"
+#include "launcher/planning/fit_refusal.h"
+#include "launcher/planning/planned_here.h"
 #include "launcher/planning/profiler.h"
 #include "base/user_error.h"
 #include "alloc/byte_size.h"
@@ -17,43 +18,6 @@
 
 namespace ht {
 namespace {
-
-// A run predicts itself from a profile of its own model on this machine, never from a trace
-// priced at a catalog device's rates ([cluster].device is what `plan` plans a cluster with).
-Config profiled_here(const Config& config) {
-  Config c = config;
-  c.cluster.device.clear();
-  return c;
-}
-
-// On a GPU the run is planned from a trace priced at its catalog kind's rates (issue 67): this
-// node's ranks as one node of that kind, this rank's GPU (rank 0's, the one that plans) giving the
-// kind and the memory the driver has free, the runtime's share added back (the planner counts it
-// apart). Empty where the catalog has no kind for the GPU (why: in `why`).
-std::optional<Config> planned_here(const Config& config, const RunPlan& run, const ProcessGrid& grid, std::string& why) {
-  if (config.training.device == "cpu") return profiled_here(config);
-  const int device = run.device.size() > 5 ? std::stoi(run.device.substr(5)) : 0;
-  const std::map<std::string, DeviceKind> catalog = device_catalog();
-  const std::string name = cuda_device_name(device);
-  const std::string kind = catalog_kind_of_gpu(catalog, name, cuda_device_memory_bytes(device));
-  if (kind.empty()) {
-    why = "no kind of the device catalog (configs/devices.toml) describes this GPU (\"" + name + "\")";
-    return std::nullopt;
-  }
-  const DeviceKind& k = catalog.at(kind);
-  Config c = config;
-  c.cluster.device = kind;
-  c.cluster.devices_per_node = std::max(1, grid.local_size);
-  c.cluster.nodes = std::max(1, grid.world / std::max(1, grid.local_size));
-  int64_t memory = k.memory_bytes;
-  const int64_t free = cuda_free_memory_bytes(device);
-  if (free > 0) memory = std::min(memory, free + static_cast<int64_t>(config.cluster.runtime_mib * (1 << 20)));
-  c.cluster.device_memory = std::to_string(memory);
-  c.cluster.device_memory_bytes = memory;
-  c.cluster.intra_node_gbps = k.intra_node_gbps;
-  c.cluster.inter_node_gbps = k.inter_node_gbps;
-  return c;
-}
 
 // The planner's Plan of the run: its grid, batch, budget and policy. (The shard level is the
 // config's: with one replica the run holds everything whatever it says, and so does the plan.)
@@ -90,83 +54,6 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   return p;
 }
 
-std::string ratio(double a, double b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2fx", a / b);
-  return buf;
-}
-
-// The refusal: what was predicted, the limit, and the fastest plans at these ranks that fit.
-// `auto_words`: memory.policy = "auto"'s candidates and their predictions (fastest_memory_policy),
-// none of which fits; empty otherwise.
-UserError does_not_fit(const Config& c, const RunPlan& run, const Prediction& p, int64_t limit,
-                       const std::vector<RankedPlan>& fitting, const std::string& auto_words) {
-  const bool budget = run.memory.budget_bytes > 0;
-  const std::string where = budget ? "memory.budget = \"" + c.memory.budget + "\" (" + format_bytes(limit) + ")"
-                                   : "this machine's memory per rank (" + format_bytes(limit) + ")";
-  const int64_t state = p.state_bytes();
-  if (state >= limit) {
-    return UserError(c.source + ": " + where + " cannot hold the model's parameters, gradients and " +
-                     choice_name(c.training.optimizer) + " state (" + format_bytes(state) + "), before any activation; raise " +
-                     (budget ? "memory.budget" : "the memory") + " above " + format_bytes(state) +
-                     " or train a smaller model");
-  }
-  // Under eviction the replay says why (its numbers add up to the budget); without, the peak's
-  // terms add up to the peak.
-  std::string text;
-  if (!auto_words.empty()) {
-    text = c.source + ": memory.policy = \"auto\" found no policy that trains training.micro_batch_size = " +
-           std::to_string(run.batch.micro) + " in " + where + " (" + auto_words + "); under static plans: " +
-           (p.why_not.empty() ? "a predicted peak of " + format_bytes(p.peak_bytes) : p.why_not);
-  } else if (evicts(c.memory.policy) && budget) {
-    text = c.source + ": memory.policy = \"" + choice_name(c.memory.policy) + "\" cannot train in " + where + ": " +
-           p.why_not;
-  } else {
-    text = c.source + ": predicted peak " + format_bytes(p.peak_bytes) + " per rank (model state " +
-           format_bytes(state) + ", batch and sampler " + format_bytes(p.batch_bytes + p.sampler_bytes) +
-           (p.optimizer_working_bytes > p.activation_bytes
-                ? ", the optimizer step's temporaries " + format_bytes(p.optimizer_working_bytes)
-                : ", activations " + format_bytes(p.activation_bytes)) +
-           (p.peak_bytes <= limit ? ") leaves less than 3% of " + where + " free, which fragmentation takes"
-                                  : ") does not fit " + where);
-  }
-  // Channels-last convolutions need temporaries the size of a weight, which fragment a small budget.
-  const bool images = takes_images(c.model.name) && c.model.name != ModelKind::kMlp;
-  const std::string layout_hint = images && c.training.channels_last
-                                      ? "; near the minimum, training.channels_last = false can help"
-                                      : "";
-  if (fitting.empty()) {
-    const char* choices = run.grid.data > 1 ? ", memory policy or sharding level" : " or memory policy";
-    text += std::string("; no micro-batch size, precision") + choices + " fits at " + std::to_string(run.grid.data) +
-            " rank(s): raise the memory, or add ranks (hybrid_train plan " + c.source + " shows how many)" +
-            layout_hint;
-    return UserError(text);
-  }
-  text += ". Plans that fit (step time against this one's prediction):";
-  for (size_t i = 0; i < std::min<size_t>(3, fitting.size()); ++i) {
-    const Plan& q = fitting[i].plan;
-    const Prediction& r = fitting[i].prediction;
-    text += std::string(i ? ";" : "") + " training.micro_batch_size = " + std::to_string(q.micro_batch);
-    if (q.precision != c.training.mixed_precision) {
-      text += std::string(", training.mixed_precision = \"") + choice_name(q.precision) + "\"";
-    }
-    if (evicts(q.policy)) text += std::string(", memory.policy = \"") + choice_name(q.policy) + "\"";
-    if (q.policy == MemoryPolicy::kPerBlock && q.block_keep_share > 0) {
-      char keep[48];
-      std::snprintf(keep, sizeof keep, ", memory.block_keep = \"%.9g%%\"", 100 * q.block_keep_share);
-      text += keep;
-    }
-    if (q.shard != c.parallel.shard) text += std::string(", parallel.shard = \"") + choice_name(q.shard) + "\"";
-    if (q.shard == ShardLevel::kParameters && !evicts(q.policy) && q.prefetch != c.parallel.prefetch) {
-      text += ", parallel.prefetch = " + std::to_string(q.prefetch);
-    }
-    text += " peaks at " + format_bytes(r.peak_bytes) + " (" + std::to_string(100 * r.peak_bytes / limit) +
-            "% of it) at " + ratio(r.step_ms, p.step_ms) + " the step time";
-  }
-  text += "; or set parallel.strategy = \"auto\" to train the first" + layout_hint;
-  return UserError(text);
-}
-
 // memory.policy = "auto"'s choice: a policy, where the optimizer state lives, and what eviction
 // keeps free (memory.eviction_threshold; 0: as configured).
 struct MemoryChoice {
@@ -183,9 +70,8 @@ struct MemoryChoice {
 // that a user who sets only a budget trains the cheapest way the planner knows. Static plans
 // are auto's own (a plan once a sequence repeats), so kAuto stands for them; sharding rules out
 // what the search rules out (planner/search.cpp). Per-block plans come at the share
-// fastest_block_keep picks, and with offload to host where `host_link` (the run check runs on CPU
-// ranks only today; on a GPU the CUDA host link is not built, and neither offload nor swap would
-// be offered). Host memory counts too: hybrid with the optimizer state on host
+// fastest_block_keep picks, and with offload to host where `host_link` (CPU ranks: on a GPU the
+// planner does not price the CUDA host link's copies yet, so neither offload nor swap is offered). Host memory counts too: hybrid with the optimizer state on host
 // (memory.optimizer_state = "host") is a candidate where no sharding is set; and DTR evicting
 // only what each kernel needs (memory.eviction_threshold = 1.0, no tenth of the budget kept free:
 // cheaper at small budgets, measured in memory.md), after DTR as configured (a tie goes to the
@@ -346,6 +232,50 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
   return out;
 }
 
+// A pipelined run: predicted for the log and the metrics, never refused: the pipeline terms model
+// 1F1B-like stages without eviction and without the transfers (planner/pipeline_terms.h).
+RunPrediction predict_pipeline_run(const Config& config, const RunPlan& run, const DataSplits& data,
+                                   const ProcessGrid& grid) {
+  RunPrediction out;
+  out.prediction.peak_bytes = -1;
+  if (grid.is_root()) {
+    PlanArgs args;
+    args.ranks = {run.grid.world()};
+    args.stages = {run.grid.pipeline};
+    args.tensor = {run.grid.tensor};  // a stage's rank holds its part
+    args.device_memory = run.memory.budget_bytes;
+    args.precisions = {run.precision};
+    args.policies = {MemoryPolicy::kNone};
+    args.trained_sizes = {run.batch.micro};
+    const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
+    out.plan = plan_of(config, run);
+    // Full and per-block recomputation (per stage too) are replayed block by block; DTR's
+    // evictions on a stage are not modelled: predicted without them.
+    const bool replayed = recomputes_blocks(run.memory.policy) && run.memory.budget_bytes > 0;
+    if (!replayed) out.plan.policy = MemoryPolicy::kNone;
+    out.prediction = predict(plan.profile, plan.machine, out.plan);
+    char text[320];
+    std::snprintf(text, sizeof text, "predicted: peak %s on the fullest stage, step %.1f ms with a bubble of %.1f ms "
+                  "(%s; %s)", format_bytes(out.prediction.peak_bytes).c_str(), out.prediction.step_ms,
+                  out.prediction.bubble_ms, plan_words(out.plan).c_str(),
+                  replayed || !evicts(config.memory.policy) ? "never refused" : "without the memory policy; never refused");
+    out.text = text;
+    if (out.prediction.stage_peak_bytes.size() > 1) {
+      out.text += "; each stage's peak:";
+      for (size_t r = 0; r < out.prediction.stage_peak_bytes.size(); ++r)
+        out.text += (r > 0 ? ", " : " ") + format_bytes(out.prediction.stage_peak_bytes[r]);
+    }
+    if (replayed && !out.prediction.fits && config.memory.check_fit) {
+      const std::string what = out.prediction.within_margin ? "memory.budget = \"" + config.memory.budget + "\" is tight"
+                                                            : std::string("the run is predicted not to fit");
+      std::fprintf(stderr, "hybrid_train: warning: %s: %s: %s; training anyway (pipeline stages are predicted, not "
+                   "refused; a step that finds no room stops naming what it needed)\n",
+                   config.source.c_str(), what.c_str(), out.prediction.why_not.c_str());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplits& data, const ProcessGrid& grid) {
@@ -365,47 +295,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
   if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel == 1) {
     return predict_tensor_parallel_run(config, run, data, grid);
   }
-  if (config.parallel.pipeline_parallel > 1) {
-    // Predicted for the log and the metrics, never refused: the pipeline terms model 1F1B-like
-    // stages without eviction and without the transfers (planner/pipeline_terms.h).
-    out.prediction.peak_bytes = -1;
-    if (grid.is_root()) {
-      PlanArgs args;
-      args.ranks = {run.grid.world()};
-      args.stages = {run.grid.pipeline};
-      args.tensor = {run.grid.tensor};  // a stage's rank holds its part
-      args.device_memory = run.memory.budget_bytes;
-      args.precisions = {run.precision};
-      args.policies = {MemoryPolicy::kNone};
-      args.trained_sizes = {run.batch.micro};
-      const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
-      out.plan = plan_of(config, run);
-      // Full and per-block recomputation (per stage too) are replayed block by block; DTR's
-      // evictions on a stage are not modelled: predicted without them.
-      const bool replayed = recomputes_blocks(run.memory.policy) && run.memory.budget_bytes > 0;
-      if (!replayed) out.plan.policy = MemoryPolicy::kNone;
-      out.prediction = predict(plan.profile, plan.machine, out.plan);
-      char text[320];
-      std::snprintf(text, sizeof text, "predicted: peak %s on the fullest stage, step %.1f ms with a bubble of %.1f ms "
-                    "(%s; %s)", format_bytes(out.prediction.peak_bytes).c_str(), out.prediction.step_ms,
-                    out.prediction.bubble_ms, plan_words(out.plan).c_str(),
-                    replayed || !evicts(config.memory.policy) ? "never refused" : "without the memory policy; never refused");
-      out.text = text;
-      if (out.prediction.stage_peak_bytes.size() > 1) {
-        out.text += "; each stage's peak:";
-        for (size_t r = 0; r < out.prediction.stage_peak_bytes.size(); ++r)
-          out.text += (r > 0 ? ", " : " ") + format_bytes(out.prediction.stage_peak_bytes[r]);
-      }
-      if (replayed && !out.prediction.fits && config.memory.check_fit) {
-        const std::string what = out.prediction.within_margin ? "memory.budget = \"" + config.memory.budget + "\" is tight"
-                                                              : std::string("the run is predicted not to fit");
-        std::fprintf(stderr, "hybrid_train: warning: %s: %s: %s; training anyway (pipeline stages are predicted, not "
-                     "refused; a step that finds no room stops naming what it needed)\n",
-                     config.source.c_str(), what.c_str(), out.prediction.why_not.c_str());
-      }
-    }
-    return out;
-  }
+  if (config.parallel.pipeline_parallel > 1) return predict_pipeline_run(config, run, data, grid);
   const bool automatic = config.parallel.strategy == Strategy::kAuto;
   Decision decision;
   std::optional<UserError> refusal;

@@ -1,0 +1,42 @@
+#include "launcher/planning/planned_here.h"
+
+#include "alloc/cuda_arena.h"
+#include "launcher/planning/device_catalog.h"
+
+#include <algorithm>
+#include <map>
+
+namespace ht {
+
+Config profiled_here(const Config& config) {
+  Config c = config;
+  c.cluster.device.clear();
+  return c;
+}
+
+std::optional<Config> planned_here(const Config& config, const RunPlan& run, const ProcessGrid& grid, std::string& why) {
+  if (config.training.device == "cpu") return profiled_here(config);
+  const int device = run.device.size() > 5 ? std::stoi(run.device.substr(5)) : 0;
+  const std::map<std::string, DeviceKind> catalog = device_catalog();
+  const std::string name = cuda_device_name(device);
+  const std::string kind = catalog_kind_of_gpu(catalog, name, cuda_device_memory_bytes(device));
+  if (kind.empty()) {
+    why = "no kind of the device catalog (configs/devices.toml) describes this GPU (\"" + name + "\")";
+    return std::nullopt;
+  }
+  const DeviceKind& k = catalog.at(kind);
+  Config c = config;
+  c.cluster.device = kind;
+  c.cluster.devices_per_node = std::max(1, grid.local_size);
+  c.cluster.nodes = std::max(1, grid.world / std::max(1, grid.local_size));
+  int64_t memory = k.memory_bytes;
+  const int64_t free = cuda_free_memory_bytes(device);
+  if (free > 0) memory = std::min(memory, free + static_cast<int64_t>(config.cluster.runtime_mib * (1 << 20)));
+  c.cluster.device_memory = std::to_string(memory);
+  c.cluster.device_memory_bytes = memory;
+  c.cluster.intra_node_gbps = k.intra_node_gbps;
+  c.cluster.inter_node_gbps = k.inter_node_gbps;
+  return c;
+}
+
+}  // namespace ht
