@@ -103,6 +103,14 @@ class Communicator {
   void set_context(std::string context) { context_ = std::move(context); }
   const std::string& context() const { return context_; }
 
+ protected:
+  // A send or receive as a group of one: isend and irecv of a backend whose calls are groups.
+  std::unique_ptr<Transfer> post_one(bool send, const at::Tensor& t, int peer, int tag, const std::string& what) {
+    std::vector<PeerMessage> one;
+    one.push_back({send, t, peer, tag, what});
+    return post_group(std::move(one));
+  }
+
  private:
   double timeout_s_ = 300;
   std::string context_ = "start";

@@ -304,9 +304,7 @@ std::unique_ptr<Transfer> NcclCommunicator::isend(const at::Tensor& t, int to, i
     send(t.contiguous(), to, what.c_str());
     return std::make_unique<CompletedTransfer>();
   }
-  std::vector<PeerMessage> one;
-  one.push_back({true, t, to, tag, what});
-  return post_group(std::move(one));
+  return post_one(true, t, to, tag, what);
 }
 
 std::unique_ptr<Transfer> NcclCommunicator::irecv(at::Tensor& t, int from, int tag, const std::string& what) {
@@ -314,9 +312,7 @@ std::unique_ptr<Transfer> NcclCommunicator::irecv(at::Tensor& t, int from, int t
     recv(t, from, what.c_str());
     return std::make_unique<CompletedTransfer>();
   }
-  std::vector<PeerMessage> one;
-  one.push_back({false, t, from, tag, what});
-  return post_group(std::move(one));
+  return post_one(false, t, from, tag, what);
 }
 
 // ncclGroupStart, each call's ncclSend or ncclRecv, ncclGroupEnd, on ATen's stream: the calls of

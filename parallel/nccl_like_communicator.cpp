@@ -93,15 +93,11 @@ void NcclLikeCommunicator::send(const at::Tensor& t, int to, const char* what) {
 void NcclLikeCommunicator::recv(at::Tensor& t, int from, const char* what) { irecv(t, from, 0, what)->wait(); }
 
 std::unique_ptr<Transfer> NcclLikeCommunicator::isend(const at::Tensor& t, int to, int tag, const std::string& what) {
-  std::vector<PeerMessage> one;
-  one.push_back({true, t, to, tag, what});
-  return post_group(std::move(one));
+  return post_one(true, t, to, tag, what);
 }
 
 std::unique_ptr<Transfer> NcclLikeCommunicator::irecv(at::Tensor& t, int from, int tag, const std::string& what) {
-  std::vector<PeerMessage> one;
-  one.push_back({false, t, from, tag, what});
-  return post_group(std::move(one));
+  return post_one(false, t, from, tag, what);
 }
 
 std::unique_ptr<Transfer> NcclLikeCommunicator::post_group(std::vector<PeerMessage> messages) {

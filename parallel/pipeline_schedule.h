@@ -42,8 +42,9 @@ struct ChoiceNames<ScheduleKind> {
       {ScheduleKind::kInterleaved1f1b, "interleaved_1f1b"}, {ScheduleKind::kZbH1, "zb_h1"}};
 };
 
-// A stage posts the receives of its next kReceiveLookahead actions (parallel/pipeline_stage.cpp)
-// ahead of the action that reads them, so a message can land while it computes the actions
+// Over a group that matches by tag (MPI), a stage posts the receives of its next
+// kReceiveLookahead actions (parallel/pipeline_links.h: Posting::kAhead) ahead of the action that
+// reads them, so a message can land while it computes the actions
 // before: the buffers of the two after the running one are in memory beside it.
 constexpr size_t kReceiveLookahead = 3;
 
