@@ -3,7 +3,11 @@
 // 1. each schedule on pp = 2 against one rank with the same global batch and micro-batches: step
 //    time, throughput ratio, the step's parts per stage (compute, waiting = bubble + transfer),
 //    the measured bubble share against the schedule's theory, the first stage's activation peak,
-//    the bytes sent per step; and whether the final loss is the single rank's.
+//    the bytes sent per step; and whether the final loss is the single rank's. 1F1B, interleaved and
+//    ZB-H1 again with their messages carried as NCCL carries them (parallel.pipeline_p2p =
+//    "nccl_like"), and beside each row's measured waiting the schedule played with that run's own
+//    compute per stage and the planner's message time: by tag (simulate) or on serial streams
+//    (simulate_on_serial_streams), what the planner prices.
 // 2. the partition: stages balanced by modelled time against split by parameter count (what
 //    torchtitan, DeepSpeed and Megatron do), the slowest stage over the mean, predicted for
 //    pp = 2 and 4 and measured for pp = 2.
@@ -13,6 +17,8 @@
 #include "launcher/config/config_loader.h"
 #include "launcher/data/dataset.h"
 #include "launcher/model_factory.h"
+#include "launcher/planning/job_plan.h"
+#include "parallel/serial_streams.h"
 #include "training/pipeline_setup.h"
 
 #include <CLI/CLI.hpp>
@@ -150,7 +156,34 @@ struct Row {
   ScheduleKind kind;
   int v;
   std::string args;  // empty: one rank
+  bool serial = false;  // parallel.pipeline_p2p = "nccl_like"
 };
+
+// The waiting per stage the schedule's play predicts for run `r`: each stage's actions at its own
+// measured compute (a backward twice a forward, its halves alike), each message the planner's
+// time for this machine at the run's bytes; by tag, or on serial streams with the posting a stage
+// takes.
+std::vector<double> played_wait_ms(const Row& row, const Run& r, int micro_batches, const Machine& machine) {
+  const ScheduleShape shape{2, micro_batches, row.v};
+  const PipelineSchedule schedule = make_schedule(row.kind, shape);
+  double mean = 0, messages = 0;
+  for (double c : r.compute_ms) mean += c / static_cast<double>(r.compute_ms.size());
+  for (int rank = 0; rank < shape.stages; ++rank) {
+    for (const Action& a : schedule[static_cast<size_t>(rank)]) messages += messages_of(a, rank, shape).send.size();
+  }
+  SimulationCosts costs;
+  costs.forward = mean / (3.0 * micro_batches * row.v);
+  costs.backward_input = costs.backward_weight = costs.forward;
+  for (double c : r.compute_ms) costs.stage_scale.push_back(mean > 0 ? c / mean : 1);
+  const double bytes = messages > 0 ? r.p2p_bytes / messages : 0;
+  costs.p2p = machine.intra_node_latency_us * 1e-3 + bytes / (machine.intra_node_gbps * 1e9) * 1e3;
+  const std::optional<Posting> posting = row.serial ? serial_posting(schedule, shape) : std::nullopt;
+  const SimulationResult played =
+      posting ? simulate_on_serial_streams(schedule, shape, *posting, costs) : simulate(schedule, shape, costs);
+  std::vector<double> wait;
+  for (double busy : played.busy) wait.push_back(played.makespan - busy);
+  return wait;
+}
 
 // Each row `reps` times, the rows interleaved (A B C, A B C, ...) so that a slow minute of this
 // shared machine hits every row alike; each row's run of median step time is reported.
@@ -180,13 +213,17 @@ int schedules_table(const Options& o) {
     return std::string("--parallel.pipeline_parallel=2 --parallel.pipeline_schedule=") + schedule +
            " --parallel.virtual_stages=" + std::to_string(v);
   };
+  const std::string nccl_like = " --parallel.pipeline_p2p=nccl_like";
   const std::vector<Row> rows = {
       {"one rank", ScheduleKind::k1f1b, 1, ""},  // one thread
       {"one rank, 2 threads", ScheduleKind::k1f1b, 2, ""},
       {"gpipe", ScheduleKind::kGpipe, 1, piped("gpipe", 1)},
       {"1f1b", ScheduleKind::k1f1b, 1, piped("1f1b", 1)},
       {"interleaved_1f1b", ScheduleKind::kInterleaved1f1b, 2, piped("interleaved_1f1b", 2)},
-      {"zb_h1", ScheduleKind::kZbH1, 1, piped("zb_h1", 1)}};
+      {"zb_h1", ScheduleKind::kZbH1, 1, piped("zb_h1", 1)},
+      {"1f1b, nccl_like", ScheduleKind::k1f1b, 1, piped("1f1b", 1) + nccl_like, true},
+      {"interleaved_1f1b, nccl_like", ScheduleKind::kInterleaved1f1b, 2, piped("interleaved_1f1b", 2) + nccl_like, true},
+      {"zb_h1, nccl_like", ScheduleKind::kZbH1, 1, piped("zb_h1", 1) + nccl_like, true}};
   const Job gpt = gpt_job(o);
   const std::vector<Run> runs = run_rows(o, gpt, rows);
   const Run &one = runs[0], &both = runs[1];
@@ -198,9 +235,11 @@ int schedules_table(const Options& o) {
               "step time of %d), one thread a rank;\none rank: %.1f ms a step on one thread, %.1f ms on two (both "
               "cores), final loss %.6f\n\n", o.layers, o.micro_batches, o.steps, o.reps, one.step_ms, both.step_ms,
               one.loss);
-  std::printf("| schedule (pp = 2) | step ms | vs one rank, 1 / 2 threads | compute ms/stage | waiting ms/stage | bubble |"
-              " theory | measured/theory | stage 0 activations MiB | p2p MiB/step | loss = one rank's |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  // The planner's message time on this machine: latency and the copy rate it measures.
+  const Machine machine = machine_for(load_config(gpt.config, gpt.overrides).config, PlanArgs{}, 2);
+  std::printf("| schedule (pp = 2) | step ms | vs one rank, 1 / 2 threads | compute ms/stage | waiting ms/stage |"
+              " played | bubble | theory | measured/theory | stage 0 activations MiB | p2p MiB/step | loss = one rank's |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   int failures = 0;
   double gpipe_peak = 0;
   for (size_t i = 2; i < rows.size(); ++i) {
@@ -218,12 +257,17 @@ int schedules_table(const Options& o) {
     const std::string versus = gpipe_peak > 0 && row.kind != ScheduleKind::kGpipe
                                    ? " (" + std::to_string(r.activation_peak / gpipe_peak).substr(0, 4) + "x gpipe's)"
                                    : "";
-    std::printf("| %s | %.1f | %.2fx / %.2fx | %s | %s | %.3f | %.3f | %.2f | %.2f%s | %.2f | %s |\n", row.name,
+    std::printf("| %s | %.1f | %.2fx / %.2fx | %s | %s | %s | %.3f | %.3f | %.2f | %.2f%s | %.2f | %s |\n", row.name,
                 r.step_ms, one.step_ms / r.step_ms, both.step_ms / r.step_ms, per_stage(r.compute_ms).c_str(),
-                per_stage(r.wait_ms).c_str(), r.bubble, theory, r.bubble / theory, r.activation_peak / 1048576.0,
+                per_stage(r.wait_ms).c_str(), per_stage(played_wait_ms(row, r, o.micro_batches, machine)).c_str(),
+                r.bubble, theory, r.bubble / theory, r.activation_peak / 1048576.0,
                 versus.c_str(), r.p2p_bytes / 1048576.0, same ? "yes" : "NO");
   }
-  std::printf("\nbubble: the stages' mean share of their step spent waiting for an activation or a gradient "
+  std::printf("\nplayed: each stage's waiting when the schedule is played with the run's compute per stage, each "
+              "message\n%.0f us plus its bytes at %.1f GB/s (the planner's for this machine); by tag, or on serial "
+              "streams with the posting\na stage takes (nccl_like rows), as the planner prices them.\n",
+              machine.intra_node_latency_us, machine.intra_node_gbps);
+  std::printf("bubble: the stages' mean share of their step spent waiting for an activation or a gradient "
               "(bubble and transfer);\ntheory: (p-1)/(m+p-1), /v interleaved, (p-1)/(3m+p-1) zb_h1; 1F1B's first-stage "
               "activations should be at most p/m = %.2f of GPipe's.\n", 2.0 / o.micro_batches);
   return failures;

@@ -27,6 +27,9 @@ std::string describe(Posting posting) {
     case Posting::kPairs:
       return "matched in posting order, a forward and the backward after it as one unit, its sends grouped with the "
              "next unit's receives";
+    case Posting::kDeferred:
+      return "matched in posting order, each action's sends grouped with the receives of the next action that has "
+             "a message";
   }
   return "";
 }
@@ -115,7 +118,8 @@ std::vector<StreamItem> rank_stream(const std::vector<Action>& actions, int r, S
     return items;
   }
   // Units: a forward followed by a backward is one (1F1B's steady state), any other action one of
-  // its own. Before each unit, one group of the previous unit's sends and this unit's receives.
+  // its own. Before each unit, one group of the sends not yet posted and this unit's receives;
+  // kDeferred posts none before a unit that sends and receives nothing.
   std::vector<std::pair<size_t, size_t>> units;  // [begin, end)
   for (size_t i = 0; i < actions.size();) {
     const bool pair = posting == Posting::kPairs && i + 1 < actions.size() && actions[i].kind == ActionKind::kForward &&
@@ -123,114 +127,36 @@ std::vector<StreamItem> rank_stream(const std::vector<Action>& actions, int r, S
     units.push_back({i, i + (pair ? 2 : 1)});
     i += pair ? 2 : 1;
   }
+  const auto silent = [&](std::pair<size_t, size_t> unit) {
+    for (size_t j = unit.first; j < unit.second; ++j) {
+      if (!m[j].send.empty() || !m[j].receive.empty()) return false;
+    }
+    return true;
+  };
+  std::vector<PostedMessage> pending;  // sends not yet posted
   for (size_t u = 0; u <= units.size(); ++u) {
-    StreamItem group;
     if (u > 0) {
       for (size_t j = units[u - 1].first; j < units[u - 1].second; ++j) {
-        group.group.insert(group.group.end(), m[j].send.begin(), m[j].send.end());
+        pending.insert(pending.end(), m[j].send.begin(), m[j].send.end());
       }
     }
-    if (u < units.size()) {
-      for (size_t j = units[u].first; j < units[u].second; ++j) {
-        group.group.insert(group.group.end(), m[j].receive.begin(), m[j].receive.end());
+    const bool defer = posting == Posting::kDeferred && u < units.size() && silent(units[u]);
+    if (!defer) {
+      StreamItem group;
+      group.group = std::move(pending);
+      pending.clear();
+      if (u < units.size()) {
+        for (size_t j = units[u].first; j < units[u].second; ++j) {
+          group.group.insert(group.group.end(), m[j].receive.begin(), m[j].receive.end());
+        }
       }
+      if (!group.group.empty()) items.push_back(std::move(group));
     }
-    if (!group.group.empty()) items.push_back(std::move(group));
     if (u < units.size()) {
       for (size_t j = units[u].first; j < units[u].second; ++j) run(j);
     }
   }
   return items;
-}
-
-namespace {
-
-// A stream item as the serial streams play it: a compute (no messages) or a group whose sends and
-// receives complete together.
-struct P2p {
-  PostedMessage op;
-  bool matched = false;
-};
-struct Item {
-  std::vector<P2p> group;
-};
-
-std::vector<Item> stream_of(const std::vector<Action>& actions, int r, ScheduleShape shape, Posting posting,
-                            size_t lookahead) {
-  std::vector<Item> items;
-  for (const StreamItem& s : rank_stream(actions, r, shape, posting, lookahead)) {
-    Item item;
-    for (const PostedMessage& op : s.group) item.group.push_back({op, false});
-    items.push_back(std::move(item));
-  }
-  return items;
-}
-
-// Matches, at the head of rank `r`'s stream, every send whose receive is at the head of its peer's;
-// true where anything moved.
-bool match_sends(std::vector<std::vector<Item>>& streams, std::vector<size_t>& head, int r) {
-  bool moved = false;
-  for (P2p& send : streams[static_cast<size_t>(r)][head[static_cast<size_t>(r)]].group) {
-    if (!send.op.send || send.matched) continue;
-    const size_t q = static_cast<size_t>(send.op.peer);
-    if (head[q] >= streams[q].size()) continue;
-    for (P2p& receive : streams[q][head[q]].group) {
-      // The peer's first unmatched receive from r in its running group: NCCL's posting order.
-      if (receive.op.send || receive.matched || receive.op.peer != r) continue;
-      if (receive.op.message == send.op.message) receive.matched = send.matched = moved = true;
-      break;
-    }
-  }
-  return moved;
-}
-
-std::string stuck_at(const std::vector<std::vector<Item>>& streams, const std::vector<size_t>& head) {
-  for (size_t r = 0; r < streams.size(); ++r) {
-    if (head[r] >= streams[r].size()) continue;
-    for (const P2p& p : streams[r][head[r]].group) {
-      if (p.matched) continue;
-      const PostedMessage& op = p.op;
-      return "deadlock on serial streams: rank " + std::to_string(r) + (op.send ? " sends " : " receives ") +
-             describe(op.message) + (op.send ? " to rank " : " from rank ") + std::to_string(op.peer) +
-             ", which is blocked on an earlier call of its own";
-    }
-  }
-  return "deadlock on serial streams";
-}
-
-}  // namespace
-
-std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleShape shape, Posting posting,
-                                    size_t lookahead) {
-  if (std::string order = check_link_order(schedule, shape); !order.empty()) return order;
-  std::vector<std::vector<Item>> streams;
-  for (size_t r = 0; r < schedule.size(); ++r) {
-    streams.push_back(stream_of(schedule[r], static_cast<int>(r), shape, posting, lookahead));
-  }
-  std::vector<size_t> head(streams.size(), 0);
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (size_t r = 0; r < streams.size(); ++r) {
-      while (head[r] < streams[r].size()) {
-        moved = match_sends(streams, head, static_cast<int>(r)) || moved;
-        const auto& group = streams[r][head[r]].group;
-        if (!std::all_of(group.begin(), group.end(), [](const P2p& op) { return op.matched; })) break;
-        ++head[r];
-        moved = true;
-      }
-    }
-  }
-  for (size_t r = 0; r < streams.size(); ++r) {
-    if (head[r] < streams[r].size()) return stuck_at(streams, head);
-  }
-  return "";
-}
-
-std::optional<Posting> posting_that_runs(const PipelineSchedule& schedule, ScheduleShape shape) {
-  for (Posting p : {Posting::kGrouped, Posting::kPairs}) {
-    if (check_on_serial_streams(schedule, shape, p).empty()) return p;
-  }
-  return std::nullopt;
 }
 
 }  // namespace ht

@@ -63,6 +63,10 @@ enum class Posting {
   // as Megatron's interleaved schedule groups both directions): one group of a unit's sends and
   // the next unit's receives.
   kPairs,
+  // As kGrouped, but sends wait past the actions that send and receive nothing (ZB-H1's weight
+  // halves), posted with the receives of the next action that has a message: the sender computes
+  // on where kGrouped would hold it in a lone send until a receiver busy elsewhere posts its match.
+  kDeferred,
 };
 
 // One send or receive a rank posts.
@@ -84,19 +88,9 @@ struct ActionMessages {
 ActionMessages messages_of(const Action& a, int rank, ScheduleShape shape);
 
 // Rank `rank`'s stream under `posting`: its actions in order, with the groups posted between
-// them. What parallel/pipeline_stage.h walks, and what check_on_serial_streams plays.
+// them. What parallel/pipeline_stage.h walks, and what parallel/serial_streams.h plays.
 std::vector<StreamItem> rank_stream(const std::vector<Action>& actions, int rank, ScheduleShape shape, Posting posting,
                                     size_t lookahead = kReceiveLookahead);
-
-// "" where every rank's stream runs to its end under `posting`; else the first deadlock: each
-// rank's stream is stuck, and the message names what the first rank waits for. A link whose
-// orders part (check_link_order) is reported as such. `lookahead` (kAhead) is at least 1.
-std::string check_on_serial_streams(const PipelineSchedule& schedule, ScheduleShape shape, Posting posting,
-                                    size_t lookahead = kReceiveLookahead);
-
-// The first posting (kGrouped, then kPairs) under which every rank's stream runs to its end, or
-// none: what a stage on NCCL would post by, checked before it posts anything.
-std::optional<Posting> posting_that_runs(const PipelineSchedule& schedule, ScheduleShape shape);
 
 // "each action's send grouped with the next action's receive", for the log.
 std::string describe(Posting posting);

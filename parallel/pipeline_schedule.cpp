@@ -276,7 +276,9 @@ std::vector<Need> needs_of(const Action& a, int rank, ScheduleShape s) {
   return needs;
 }
 
-double compute_cost(const Action& a, int rank, const SimulationCosts& c) {
+}  // namespace
+
+double action_cost(const Action& a, int rank, const SimulationCosts& c) {
   const double scale = rank < static_cast<int>(c.stage_scale.size()) ? c.stage_scale[rank] : 1.0;
   switch (a.kind) {
     case K::kForward: return scale * c.forward;
@@ -286,6 +288,8 @@ double compute_cost(const Action& a, int rank, const SimulationCosts& c) {
   }
   return 0;
 }
+
+namespace {
 
 // When rank r's next action may start, or -1 while something it needs has not finished.
 double ready_at(SimState& st, const Action& a, int r, double p2p) {
@@ -341,8 +345,8 @@ std::string range_error(const PipelineSchedule& schedule, ScheduleShape s) {
   return "";
 }
 
-// Activations held: +1 at a forward, -1 when the last backward part of it runs. Per rank in
-// list order, so independent of timing.
+}  // namespace
+
 int peak_in_flight(const std::vector<Action>& actions) {
   int held = 0, peak = 0;
   for (const Action& a : actions) {
@@ -353,6 +357,8 @@ int peak_in_flight(const std::vector<Action>& actions) {
   return peak;
 }
 
+namespace {
+
 // Runs every rank as far as it can until nobody can move; true when all finished.
 bool play(const PipelineSchedule& schedule, SimState& st, const SimulationCosts& costs, SimulationResult& res) {
   for (bool moved = true; moved;) {
@@ -362,7 +368,7 @@ bool play(const PipelineSchedule& schedule, SimState& st, const SimulationCosts&
         const Action& a = schedule[r][i];
         const double start = ready_at(st, a, r, costs.p2p);
         if (start < 0) break;
-        const double cost = compute_cost(a, r, costs);
+        const double cost = action_cost(a, r, costs);
         res.start[r][i] = start;
         res.busy[r] += cost;
         st.free_at[r] = start + cost;

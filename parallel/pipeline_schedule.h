@@ -90,6 +90,12 @@ struct SimulationCosts {
   std::vector<double> stage_scale;  // per rank, multiplies its compute costs (an uneven partition); empty: all 1
 };
 
+// What `a` costs on `rank`: its kind's cost times the rank's stage_scale.
+double action_cost(const Action& a, int rank, const SimulationCosts& c);
+// The most micro-batch-chunks a rank's list holds at once: +1 at a forward, -1 when its last
+// backward part runs. In list order, so independent of timing.
+int peak_in_flight(const std::vector<Action>& actions);
+
 struct SimulationResult {
   bool deadlock = false;
   std::string error;  // why the simulation stopped: a deadlock, or a malformed schedule

@@ -1,4 +1,5 @@
 #include "parallel/pipeline_stage.h"
+#include "parallel/serial_streams.h"
 #include "base/clock.h"
 #include "base/user_error.h"
 
@@ -20,7 +21,7 @@ PipelineStage::PipelineStage(Model& model, PipelineLayout layout, std::shared_pt
   const PipelineSchedule schedule = make_schedule(layout_.kind, layout_.shape);
   actions_ = schedule[static_cast<size_t>(rank())];
   if (!pipeline_->matches_by_tag()) {
-    const std::optional<Posting> runs = posting_that_runs(schedule, layout_.shape);
+    const std::optional<Posting> runs = serial_posting(schedule, layout_.shape);
     if (!runs) {
       throw UserError(std::string("parallel.pipeline_schedule = \"") + choice_name(layout_.kind) + "\" on " +
                       std::to_string(layout_.shape.stages) + " stages with " +

@@ -33,6 +33,10 @@ struct Machine {
   double inter_node_gbps = 10;   // GB/s between nodes
   double intra_node_latency_us = 5;
   double inter_node_latency_us = 20;
+  // Pipeline stages' messages match in posting order on serial streams, as NCCL carries them (a
+  // catalog GPU; CPU ranks under parallel.pipeline_p2p = "nccl_like"): a send waits for its receive,
+  // priced by playing the stages' streams (parallel/serial_streams.h). Else matched by tag (MPI).
+  bool p2p_in_posting_order = false;
   double device_speed = 1.0;     // compute speed relative to the device profiled here
   double host_link_gbps = 25;    // device <-> host memory, each way (host swap: memory.host_link_gbps)
   // A catalog device's dense peaks, FLOP per ms (model FLOPs utilization); 0: not known.

@@ -1,6 +1,7 @@
 #include "planner/pipeline_terms.h"
 
 #include "parallel/pipeline_schedule.h"
+#include "parallel/serial_streams.h"
 #include "parallel/stage_partition.h"
 #include "planner/machine.h"
 #include "planner/gradient_blocks.h"
@@ -436,7 +437,17 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   }
   const SimulationResult alone = simulate(schedule, shape, sim);
   sim.p2p = transfer_ms(machine, plan, cut_bytes);
-  const SimulationResult run = sim.p2p > 0 ? simulate(schedule, shape, sim) : alone;
+  // On serial streams (NCCL) a message moves only once both ends have posted it, and a send holds
+  // its rank: the streams played with the posting a stage takes.
+  const std::optional<Posting> posting =
+      machine.p2p_in_posting_order ? serial_posting(schedule, shape) : std::optional<Posting>{};
+  if (machine.p2p_in_posting_order && !posting) {
+    p.fits = false;
+    p.why_not = "no posting of the schedule's messages runs where they match in posting order (NCCL)";
+    return;
+  }
+  const SimulationResult run = posting ? simulate_on_serial_streams(schedule, shape, *posting, sim)
+                               : sim.p2p > 0 ? simulate(schedule, shape, sim) : alone;
   p.compute_ms = run.makespan;
   p.bubble_ms = run.makespan * run.bubble;
   p.transfer_ms = std::max(0.0, run.makespan - alone.makespan);

@@ -10,7 +10,10 @@
 // side of the cut makes and the other reads, the time alpha-beta over the link between the two
 // stages' devices, a delay on the schedule's dependency (the sender computes on); the schedule's
 // simulation then says how much of it the step waits for (Prediction::transfer_ms, in the bubble).
-// Interleaving's extra boundaries are priced by the same rule.
+// Interleaving's extra boundaries are priced by the same rule. Where messages match in posting
+// order (Machine::p2p_in_posting_order: NCCL), the ranks' streams are played instead, with the
+// posting a stage takes (parallel/serial_streams.h): a message moves once both ends have posted
+// it, and a send holds its rank until then; transfer_ms is then all the step loses to messages.
 
 #include "planner/plan.h"
 #include "planner/profile_at.h"

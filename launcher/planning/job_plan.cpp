@@ -64,6 +64,7 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
     if (!k.device.empty()) {  // a catalog kind is a GPU: its process's context and NCCL's buffers
       m.runtime_bytes = std::llround(k.runtime_mib * 1024 * 1024);
       m.communicator_bytes = std::llround(k.communicator_mib * 1024 * 1024);
+      m.p2p_in_posting_order = true;
     }
     char text[400];
     const std::string reserved = k.device.empty() ? "" : " (the runtime holds " + format_bytes(m.runtime_bytes) + ", and " +
@@ -106,6 +107,7 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
   }
   m.host_memory = host_physical_memory_bytes() / m.devices_per_node;
   m.device_is_host = true;
+  m.p2p_in_posting_order = config.parallel.pipeline_p2p == PipelineP2p::kNcclLike;
   char text[256];
   std::snprintf(text, sizeof text, "this machine, %d CPUs shared by its ranks, %s per rank (%s)",
                 m.host_threads, format_bytes(m.device_memory).c_str(), memory_from);

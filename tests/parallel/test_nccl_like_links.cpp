@@ -6,6 +6,7 @@
 // the posting deadlocks (so no outcome here depends on how fast the machine is).
 #include "parallel/nccl_like_communicator.h"
 #include "parallel/pipeline_links.h"
+#include "parallel/serial_streams.h"
 #include "parallel/process_grid.h"
 
 #include <ATen/ATen.h>
@@ -67,7 +68,7 @@ bool any_rank(bool mine) {
 }
 
 const char* posting_name(Posting p) {
-  return p == Posting::kAhead ? "ahead" : p == Posting::kGrouped ? "grouped" : "pairs";
+  return p == Posting::kAhead ? "ahead" : p == Posting::kGrouped ? "grouped" : p == Posting::kPairs ? "pairs" : "deferred";
 }
 
 // Every schedule at this job's stage count, every posting: the ranks run to the end where
@@ -81,7 +82,7 @@ TEST(NcclLikeLinks, EveryPostingRunsOrDeadlocksOnRanksWhereTheSerialStreamsCheck
       const ScheduleShape shape{p, m, kind == ScheduleKind::kInterleaved1f1b ? 2 : 1};
       if (!schedule_refusal(kind, shape).empty()) continue;
       const PipelineSchedule schedule = make_schedule(kind, shape);
-      for (Posting posting : {Posting::kAhead, Posting::kGrouped, Posting::kPairs}) {
+      for (Posting posting : {Posting::kAhead, Posting::kGrouped, Posting::kPairs, Posting::kDeferred}) {
         const std::string name = std::string(choice_name(kind)) + " m" + std::to_string(m) + " " + posting_name(posting);
         const bool runs = check_on_serial_streams(schedule, shape, posting).empty();
         const auto group = links(runs ? 120.0 : 0.5);

@@ -2,6 +2,7 @@
 // NCCL-like serial streams (parallel/pipeline_links.h): what NCCL, which matches a link's messages
 // in posting order and holds a stream until a send or receive meets its match, needs of a schedule.
 #include "parallel/pipeline_links.h"
+#include "parallel/serial_streams.h"
 
 #include <gtest/gtest.h>
 
@@ -115,18 +116,93 @@ TEST(PipelineLinks, GroupedSendsAndReceivesRunEveryScheduleButInterleavedOverSev
 
 // Grouping a forward with the backward after it (Megatron's interleaved steady state) runs the
 // interleaved schedule over several rounds, but not within one round, nor GPipe, whose last forward
-// and first backward on rank 0 would wait on each other. Between the two, every schedule checked
-// has a posting that runs: the one a stage on NCCL would post by.
-TEST(PipelineLinks, EveryScheduleHasAGroupedPostingThatRunsOnSerialStreams) {
+// and first backward on rank 0 would wait on each other. Every schedule checked has a posting that
+// runs, and a stage takes the one that ends soonest played in time: grouped for GPipe and 1F1B,
+// pairs for the interleaved schedule over several rounds, sends deferred past the weight halves
+// for ZB-H1 (grouped, a lone send holds the sender while its weight halves could run).
+TEST(PipelineLinks, EveryScheduleHasAPostingThatRunsOnSerialStreamsAndAStageTakesTheSoonest) {
+  SimulationCosts uniform;
+  uniform.p2p = 0.1;
   for (const Case& c : every_case()) {
     const PipelineSchedule s = make_schedule(c.kind, c.shape);
-    const std::optional<Posting> posting = posting_that_runs(s, c.shape);
+    const std::optional<Posting> posting = serial_posting(s, c.shape);
     ASSERT_TRUE(posting.has_value()) << name(c);
+    const double chosen = simulate_on_serial_streams(s, c.shape, *posting, uniform).makespan;
+    for (Posting other : {Posting::kGrouped, Posting::kPairs, Posting::kDeferred}) {
+      const SimulationResult played = simulate_on_serial_streams(s, c.shape, other, uniform);
+      if (!played.deadlock) EXPECT_LE(chosen, played.makespan + 1e-9) << name(c);
+    }
     const bool rounds = c.kind == ScheduleKind::kInterleaved1f1b && c.shape.micro_batches > c.shape.stages;
-    EXPECT_EQ(*posting, rounds ? Posting::kPairs : Posting::kGrouped) << name(c);
+    if (rounds) EXPECT_EQ(*posting, Posting::kPairs) << name(c);
+    if (c.kind == ScheduleKind::kGpipe || c.kind == ScheduleKind::k1f1b) EXPECT_EQ(*posting, Posting::kGrouped) << name(c);
   }
   const ScheduleShape gpipe{2, 2, 1};
   EXPECT_NE(check_on_serial_streams(make_schedule(ScheduleKind::kGpipe, gpipe), gpipe, Posting::kPairs), "");
+  const ScheduleShape zb{4, 16, 1};
+  const PipelineSchedule zb_h1 = make_schedule(ScheduleKind::kZbH1, zb);
+  EXPECT_EQ(serial_posting(zb_h1, zb), Posting::kDeferred);
+  EXPECT_LT(simulate_on_serial_streams(zb_h1, zb, Posting::kDeferred, uniform).makespan,
+            simulate_on_serial_streams(zb_h1, zb, Posting::kGrouped, uniform).makespan);
+}
+
+// Played in time, by hand: 1F1B on 2 stages, 2 micro-batches, forward 1, backward 2, a message
+// 0.5. A message moves only once both ends have posted: rank 1 posts its receive of micro-batch
+// 1's activation with its gradient's send after its first backward (4.5), so the activation rank 0
+// sent at 2.5 arrives at 5, where MPI's receive posted ahead had it at 3 and rank 1 ran it at 4.5.
+TEST(PipelineLinks, SerialStreamsPlayedInTimeMoveAMessageOnlyOnceBothEndsPostedIt) {
+  const ScheduleShape shape{2, 2, 1};
+  const PipelineSchedule s = make_schedule(ScheduleKind::k1f1b, shape);
+  SimulationCosts costs;
+  costs.forward = 1;
+  costs.backward_input = costs.backward_weight = 1;
+  costs.p2p = 0.5;
+  const SimulationResult serial = simulate_on_serial_streams(s, shape, Posting::kGrouped, costs);
+  ASSERT_EQ(serial.error, "");
+  EXPECT_EQ(serial.start[0], (std::vector<double>{0, 1.5, 5, 8.5})) << schedule_to_string(s, shape);
+  EXPECT_EQ(serial.start[1], (std::vector<double>{1.5, 2.5, 5, 6}));
+  EXPECT_DOUBLE_EQ(serial.makespan, 10.5);
+  EXPECT_EQ(serial.busy, (std::vector<double>{6, 6}));
+  EXPECT_DOUBLE_EQ(simulate(s, shape, costs).makespan, 10);
+  // A posting that deadlocks says so, with check_on_serial_streams' words.
+  const SimulationResult ahead = simulate_on_serial_streams(s, shape, Posting::kAhead, costs);
+  EXPECT_TRUE(ahead.deadlock);
+  EXPECT_EQ(ahead.error, check_on_serial_streams(s, shape, Posting::kAhead));
+}
+
+// In every schedule and the posting a stage takes, no action starts before each message it
+// receives has arrived (its sender's action ended, plus the message's time), and the step is never
+// shorter than with sends that never block (simulate: MPI's, each action as early as its inputs
+// allow); the ranks compute the same.
+TEST(PipelineLinks, OnSerialStreamsNoActionStartsBeforeItsMessagesArrived) {
+  SimulationCosts costs;
+  costs.forward = 1;
+  costs.backward_input = 1.3;
+  costs.backward_weight = 0.7;
+  costs.p2p = 0.25;
+  for (const Case& c : every_case()) {
+    const PipelineSchedule s = make_schedule(c.kind, c.shape);
+    const Posting posting = serial_posting(s, c.shape).value();
+    const SimulationResult played = simulate_on_serial_streams(s, c.shape, posting, costs);
+    ASSERT_EQ(played.error, "") << name(c);
+    const SimulationResult by_tag = simulate(s, c.shape, costs);
+    EXPECT_GE(played.makespan, by_tag.makespan - 1e-9) << name(c);
+    for (size_t r = 0; r < s.size(); ++r) EXPECT_NEAR(played.busy[r], by_tag.busy[r], 1e-9) << name(c);
+    for (int r = 0; r < c.shape.stages; ++r) {
+      const auto& actions = s[static_cast<size_t>(r)];
+      for (size_t i = 0; i < actions.size(); ++i) {
+        for (const PostedMessage& in : messages_of(actions[i], r, c.shape).receive) {
+          const auto& theirs = s[static_cast<size_t>(in.peer)];
+          for (size_t j = 0; j < theirs.size(); ++j) {
+            const ActionMessages m = messages_of(theirs[j], in.peer, c.shape);
+            if (m.send.empty() || !(m.send[0].message == in.message)) continue;
+            const double arrived =
+                played.start[static_cast<size_t>(in.peer)][j] + action_cost(theirs[j], in.peer, costs) + costs.p2p;
+            EXPECT_GE(played.start[static_cast<size_t>(r)][i], arrived - 1e-9) << name(c) << " " << describe(in.message);
+          }
+        }
+      }
+    }
+  }
 }
 
 // What PipelineStage walks: every action once, in order; every message an action receives posted
@@ -134,7 +210,7 @@ TEST(PipelineLinks, EveryScheduleHasAGroupedPostingThatRunsOnSerialStreams) {
 TEST(PipelineLinks, ARanksStreamRunsEachActionOnceWithItsMessagesAroundIt) {
   for (const Case& c : every_case()) {
     const PipelineSchedule s = make_schedule(c.kind, c.shape);
-    for (Posting posting : {Posting::kAhead, Posting::kGrouped, Posting::kPairs}) {
+    for (Posting posting : {Posting::kAhead, Posting::kGrouped, Posting::kPairs, Posting::kDeferred}) {
       for (int r = 0; r < c.shape.stages; ++r) {
         const std::vector<Action>& actions = s[static_cast<size_t>(r)];
         std::vector<LinkMessage> received, sent;

@@ -362,6 +362,23 @@ TEST(CostModel, PipelineStagesPayForTheirMessages) {
   m.inter_node_latency_us = 0;
   m.devices_per_node = 1;
   EXPECT_NEAR(predict(p, m, piped).transfer_ms, paid.transfer_ms, 1e-9);
+  // Where the messages match in posting order on serial streams (NCCL), the ranks' streams are
+  // played: a message moves once both ends have posted it and a send holds its rank, so the step
+  // waits at least as long as with sends that never block, all of it counted as messages' time.
+  m.p2p_in_posting_order = true;
+  const Prediction serial = predict(p, m, piped);
+  EXPECT_GE(serial.transfer_ms, paid.transfer_ms - 1e-9);
+  EXPECT_NEAR(serial.compute_ms - free.compute_ms, serial.transfer_ms, 1e-9);
+  // ZB-H1's weight halves wait behind its sends there, even with free messages: its step is
+  // longer than by tag (parallel/serial_streams.h), the difference the messages' time.
+  m.inter_node_gbps = m.intra_node_gbps = 1e12;
+  Plan zb = piped;
+  zb.schedule = ScheduleKind::kZbH1;
+  const Prediction zb_serial = predict(p, m, zb);
+  m.p2p_in_posting_order = false;
+  const Prediction zb_by_tag = predict(p, m, zb);
+  EXPECT_GT(zb_serial.compute_ms, zb_by_tag.compute_ms + 1e-6);
+  EXPECT_GT(zb_serial.transfer_ms, 0);
 }
 
 // ZeRO-1 within stages: each stage's replicas split that stage's optimizer state (the stage's
