@@ -3,6 +3,7 @@
 #include "base/user_error.h"
 #include "alloc/byte_size.h"
 #include "alloc/cuda_arena.h"
+#include "launcher/planning/device_measure.h"
 
 #include <toml++/toml.h>
 
@@ -100,8 +101,21 @@ std::map<std::string, DeviceKind> parse_device_catalog(const std::string& text, 
   return catalog;
 }
 
+namespace {
+
+// The kinds this process measured (add_measured_kind).
+std::map<std::string, DeviceKind>& measured_kinds() {
+  static std::map<std::string, DeviceKind> kinds;
+  return kinds;
+}
+
+}  // namespace
+
+void add_measured_kind(const DeviceKind& kind) { measured_kinds()[kind.kind] = kind; }
+
 std::map<std::string, DeviceKind> device_catalog(const std::string& user_file) {
   std::map<std::string, DeviceKind> catalog = parse_device_catalog(kBuiltInDeviceCatalog, "configs/devices.toml (built in)");
+  for (const auto& [key, kind] : measured_kinds()) catalog[key] = kind;
   if (user_file.empty()) return catalog;
   std::ifstream in(user_file);
   if (!in) throw UserError("--devices " + user_file + ": cannot read it; give a TOML file of [kind] tables as configs/devices.toml");
@@ -210,6 +224,18 @@ std::string catalog_kind_of_gpu(const std::map<std::string, DeviceKind>& catalog
   return best;
 }
 
+DeviceKind measured_gpu_kind(int device, const std::string& name, int64_t memory_bytes) {
+  const MeasuredKind measured = measure_device_kind(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)), name,
+                                                    memory_bytes);
+  const DeviceKind& k = measured.kind;
+  std::printf("the device catalog has no kind for \"%s\": measured here as \"%s\": %.0f TFLOP/s bf16, %.0f fp32, "
+              "%.0f GB/s (peaks through the H200's efficiency curves; describe it with --devices FILE to skip this)\n",
+              name.c_str(), k.kind.c_str(), k.bf16_tflops, k.fp32_tflops, k.memory_gbps);
+  for (const std::string& note : measured.notes) std::printf("  %s\n", note.c_str());
+  add_measured_kind(k);
+  return k;
+}
+
 ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog, int64_t runtime_bytes) {
   const int gpus = cuda_device_count();
   if (gpus == 0) {
@@ -220,14 +246,8 @@ ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog
   const std::string name = cuda_device_name(0);
   const int64_t total = cuda_device_memory_bytes(0);
   const std::string kind = catalog_kind_of_gpu(catalog, name, total);
-  if (kind.empty()) {
-    throw UserError("plan with training.device = \"cuda\": the device catalog has no kind for this GPU (\"" + name +
-                    "\", " + format_bytes(total) + "); describe it in a catalog of your own (the format of "
-                    "configs/devices.toml; python3 scripts/device-calibrate.py measures its rates) and give it with "
-                    "--devices FILE, or plan for a kind it has with --cluster KIND:1x" + std::to_string(gpus));
-  }
   ClusterOfKind c;
-  c.device = catalog.at(kind);
+  c.device = kind.empty() ? measured_gpu_kind(0, name, total) : catalog.at(kind);
   c.nodes = 1;
   c.devices_per_node = gpus;
   // What a job can take on it now: the driver's free memory (another process's share is not ours).

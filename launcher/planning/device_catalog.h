@@ -12,7 +12,13 @@
 
 namespace ht {
 
-// The built-in catalog, then `user_file`'s kinds over it ("": none). UserError naming the file,
+// Adds a kind this process measured (measured_gpu_kind) to every catalog it reads after.
+void add_measured_kind(const DeviceKind& kind);
+// A GPU the catalog lacks, measured here (launcher/planning/device_measure.h) and added to the
+// catalog as "measured-<its name>", with a line saying what was measured.
+DeviceKind measured_gpu_kind(int device, const std::string& name, int64_t memory_bytes);
+
+// The built-in catalog, the kinds measured in this process, then `user_file`'s kinds over them ("": none). UserError naming the file,
 // the kind and the key where an entry is malformed (a missing or unknown key, a figure that is
 // not a positive number, a memory size that does not parse).
 std::map<std::string, DeviceKind> device_catalog(const std::string& user_file = "");
@@ -44,8 +50,8 @@ std::string catalog_kind_of_gpu(const std::map<std::string, DeviceKind>& catalog
 // This machine's GPUs as a cluster of one node (`plan` with training.device = "cuda"): their kind
 // from the catalog, their count, and each one's memory as the driver has it free now, with
 // `runtime_bytes` (what this process's CUDA context holds, which the planner counts apart) added
-// back. UserError where no GPU is visible, or the catalog has no kind for it (naming it, and how
-// to add one).
+// back. UserError where no GPU is visible; a GPU the catalog has no kind for is measured
+// (measured_gpu_kind).
 ClusterOfKind local_gpu_cluster(const std::map<std::string, DeviceKind>& catalog, int64_t runtime_bytes);
 
 // The [cluster] keys that describe `cluster` to the planner, as overrides typed as `argument`:

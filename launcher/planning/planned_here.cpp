@@ -20,13 +20,15 @@ std::optional<Config> planned_here(const Config& config, const RunPlan& run, con
   const std::map<std::string, DeviceKind> catalog = device_catalog();
   const std::string name = cuda_device_name(device);
   const std::string kind = catalog_kind_of_gpu(catalog, name, cuda_device_memory_bytes(device));
-  if (kind.empty()) {
-    why = "no kind of the device catalog (configs/devices.toml) describes this GPU (\"" + name + "\")";
+  DeviceKind k;
+  try {
+    k = kind.empty() ? measured_gpu_kind(device, name, cuda_device_memory_bytes(device)) : catalog.at(kind);
+  } catch (const std::exception& e) {
+    why = "the device catalog has no kind for this GPU (\"" + name + "\"), and measuring it failed: " + e.what();
     return std::nullopt;
   }
-  const DeviceKind& k = catalog.at(kind);
   Config c = config;
-  c.cluster.device = kind;
+  c.cluster.device = k.kind;
   c.cluster.devices_per_node = std::max(1, grid.local_size);
   c.cluster.nodes = std::max(1, grid.world / std::max(1, grid.local_size));
   int64_t memory = k.memory_bytes;
