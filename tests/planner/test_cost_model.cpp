@@ -365,6 +365,8 @@ TEST(CostModel, PipelineStagesPayForTheirMessages) {
   // Where the messages match in posting order on serial streams (NCCL), the ranks' streams are
   // played: a message moves once both ends have posted it and a send holds its rank, so the step
   // waits at least as long as with sends that never block, all of it counted as messages' time.
+  m.devices_per_node = 2;  // one node again, as `free` and `paid` were priced
+  m.intra_node_gbps = 0.012;
   m.p2p_in_posting_order = true;
   const Prediction serial = predict(p, m, piped);
   EXPECT_GE(serial.transfer_ms, paid.transfer_ms - 1e-9);
