@@ -128,6 +128,14 @@ std::string cuda_device_name(int device) {
   return prop.name;
 }
 
+void release_cached_cuda_memory() {
+#ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
+  native_allocator()->emptyCache();
+#else
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
 int64_t cuda_free_memory_bytes(int device) {
   int before = 0;
   size_t free = 0, total = 0;

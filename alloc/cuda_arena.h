@@ -42,6 +42,9 @@ int64_t cuda_device_memory_bytes(int device);
 std::string cuda_device_name(int device);
 int64_t cuda_free_memory_bytes(int device);
 int cuda_device_count();
+// Gives the caching allocator's idle blocks back to the driver (after a measurement at start, so
+// that the free memory read next is the job's); nothing without CUDA.
+void release_cached_cuda_memory();
 // GPU `device`'s UUID as hex ("" without CUDA): which physical GPU it is, whatever
 // CUDA_VISIBLE_DEVICES numbers it.
 std::string cuda_device_uuid(int device);

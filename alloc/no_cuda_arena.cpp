@@ -18,6 +18,7 @@ int64_t cuda_device_memory_bytes(int) { return -1; }
 std::string cuda_device_name(int) { return ""; }
 int64_t cuda_free_memory_bytes(int) { return -1; }
 int cuda_device_count() { return 0; }
+void release_cached_cuda_memory() {}
 std::string cuda_device_uuid(int) { return ""; }
 
 void install_cuda_allocator() { throw std::runtime_error("install_cuda_allocator: " + cuda_budgets_missing()); }

@@ -265,6 +265,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
   const std::shared_ptr<Communicator> replicas = replica_group_for_device(resolving, *grid);
   const std::shared_ptr<Communicator> tensor = tensor_group_for_device(resolving, *grid);
   const std::shared_ptr<Communicator> pipeline = pipeline_group_for_device(resolving, *grid);
+  resolving.pipeline.posting_order = !pipeline->matches_by_tag();  // what the run check prices
   if (resolving.device != "cpu") use_deterministic_cuda_kernels();  // before any kernel runs
   CpuAllocationCounter::install();
   set_host_memory_caching(resolving.memory.host_cache);

@@ -119,7 +119,8 @@ std::vector<StreamItem> rank_stream(const std::vector<Action>& actions, int r, S
   }
   // Units: a forward followed by a backward is one (1F1B's steady state), any other action one of
   // its own. Before each unit, one group of the sends not yet posted and this unit's receives;
-  // kDeferred posts none before a unit that sends and receives nothing.
+  // kDeferred posts none before a unit that sends and receives nothing while a later unit has a
+  // message (the sends go with that unit's group; after the last such unit, at once).
   std::vector<std::pair<size_t, size_t>> units;  // [begin, end)
   for (size_t i = 0; i < actions.size();) {
     const bool pair = posting == Posting::kPairs && i + 1 < actions.size() && actions[i].kind == ActionKind::kForward &&
@@ -133,6 +134,11 @@ std::vector<StreamItem> rank_stream(const std::vector<Action>& actions, int r, S
     }
     return true;
   };
+  // The last unit with a message: past it no group comes to carry a deferred send.
+  size_t last_loud = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!silent(units[u])) last_loud = u;
+  }
   std::vector<PostedMessage> pending;  // sends not yet posted
   for (size_t u = 0; u <= units.size(); ++u) {
     if (u > 0) {
@@ -140,7 +146,7 @@ std::vector<StreamItem> rank_stream(const std::vector<Action>& actions, int r, S
         pending.insert(pending.end(), m[j].send.begin(), m[j].send.end());
       }
     }
-    const bool defer = posting == Posting::kDeferred && u < units.size() && silent(units[u]);
+    const bool defer = posting == Posting::kDeferred && u < last_loud && silent(units[u]);
     if (!defer) {
       StreamItem group;
       group.group = std::move(pending);

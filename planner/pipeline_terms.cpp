@@ -8,6 +8,10 @@
 #include "planner/weight_copy_terms.h"
 
 #include <algorithm>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -322,6 +326,35 @@ void fullest_rank_memory(const std::vector<BlockCost>& costs, const RankTerms& r
 
 }  // namespace
 
+namespace {
+
+// The streams a stage posts on NCCL for `kind` at `shape` (serial_posting's choice), built once
+// for the search's many plans of one shape; null where no posting runs. The last 8 shapes are kept
+// (one of 64 stages and 512 micro-batches is about 8 MB).
+std::shared_ptr<const SerialStreams> streams_of_stages(ScheduleKind kind, ScheduleShape shape) {
+  using Key = std::tuple<int, int, int, int>;
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<const SerialStreams>> cache;
+  static std::deque<Key> order;
+  const Key key{static_cast<int>(kind), shape.stages, shape.micro_batches, shape.virtual_stages};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  const PipelineSchedule schedule = make_schedule(kind, shape);
+  const std::optional<Posting> posting = serial_posting(schedule, shape);
+  auto streams = posting ? std::make_shared<const SerialStreams>(schedule, shape, *posting) : nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.emplace(key, streams).second) order.push_back(key);
+  while (order.size() > 8) {
+    cache.erase(order.front());
+    order.pop_front();
+  }
+  return streams;
+}
+
+}  // namespace
+
 void pipeline_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double fb_ms,
                     Prediction& p, bool activations_hold_casts, const std::vector<StageRecompute>* per_rank) {
   const ProfilePoint* pt = timed_point(profile, plan);
@@ -439,15 +472,16 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
   sim.p2p = transfer_ms(machine, plan, cut_bytes);
   // On serial streams (NCCL) a message moves only once both ends have posted it, and a send holds
   // its rank: the streams played with the posting a stage takes.
-  const std::optional<Posting> posting =
-      machine.p2p_in_posting_order ? serial_posting(schedule, shape) : std::optional<Posting>{};
-  if (machine.p2p_in_posting_order && !posting) {
+  const std::shared_ptr<const SerialStreams> streams =
+      machine.p2p_in_posting_order ? streams_of_stages(kind, shape) : nullptr;
+  if (machine.p2p_in_posting_order && !streams) {
     p.fits = false;
     p.why_not = "no posting of the schedule's messages runs where they match in posting order (NCCL)";
     return;
   }
-  const SimulationResult run = posting ? simulate_on_serial_streams(schedule, shape, *posting, sim)
-                               : sim.p2p > 0 ? simulate(schedule, shape, sim) : alone;
+  const SimulationResult run = streams      ? streams->play(sim, /*starts=*/false)
+                               : sim.p2p > 0 ? simulate(schedule, shape, sim)
+                                             : alone;
   p.compute_ms = run.makespan;
   p.bubble_ms = run.makespan * run.bubble;
   p.transfer_ms = std::max(0.0, run.makespan - alone.makespan);

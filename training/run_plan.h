@@ -98,6 +98,10 @@ struct PipelinePlan {
   std::vector<int64_t> stage_blocks;  // empty: balanced by the blocks' costs
   StageCosts stage_costs = StageCosts::kMeasured;
   PipelineP2p p2p = PipelineP2p::kAuto;  // on CPU ranks: MPI's matching by tag, or NCCL's (nccl_like)
+  // Whether the stages' group matches their messages in posting order (NCCL, nccl_like: the
+  // serial streams the planner plays), as the launcher made the group; by tag otherwise (MPI,
+  // ranks sharing a GPU included).
+  bool posting_order = false;
 };
 
 // The training loop around the steps: how many, when to evaluate, log and checkpoint, where.

@@ -71,7 +71,8 @@ class Rules {
         (p.pipeline_parallel > 1 || p.tensor_parallel > 1)) {
       throw UserError(loc("parallel.strategy") + "parallel.strategy = \"auto\" on training.device = \"" +
                       c_.training.device + "\" with pipeline stages or tensor-parallel groups: the planner predicts "
-                      "GPU runs without them only (one GPU, or data parallelism); use parallel.strategy = \"manual\"");
+                      "such GPU runs but chooses for one GPU or data parallelism only; use parallel.strategy = "
+                      "\"manual\"");
     }
   }
 

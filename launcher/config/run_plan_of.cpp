@@ -271,6 +271,8 @@ RunPlan plan_of_config(const Config& c, int replicas) {
   p.stage_blocks = c.parallel.stage_blocks;
   p.stage_costs = c.parallel.stage_costs;
   p.p2p = c.parallel.pipeline_p2p;
+  // As the config says it; the launcher sets it from the group it made (ranks sharing a GPU: MPI).
+  p.posting_order = p.p2p == PipelineP2p::kNcclLike || c.training.device != "cpu";
   plan.precision = c.training.mixed_precision;
   plan.compute_weights = c.training.compute_weights;
   plan.gradient_dtype = c.training.gradient_dtype;

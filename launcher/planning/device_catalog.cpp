@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -103,7 +104,11 @@ std::map<std::string, DeviceKind> parse_device_catalog(const std::string& text, 
 
 namespace {
 
-// The kinds this process measured (add_measured_kind).
+// The kinds this process measured (add_measured_kind), behind a lock of their own.
+std::mutex& measured_mutex() {
+  static std::mutex m;
+  return m;
+}
 std::map<std::string, DeviceKind>& measured_kinds() {
   static std::map<std::string, DeviceKind> kinds;
   return kinds;
@@ -111,11 +116,17 @@ std::map<std::string, DeviceKind>& measured_kinds() {
 
 }  // namespace
 
-void add_measured_kind(const DeviceKind& kind) { measured_kinds()[kind.kind] = kind; }
+void add_measured_kind(const DeviceKind& kind) {
+  std::lock_guard<std::mutex> lock(measured_mutex());
+  measured_kinds()[kind.kind] = kind;
+}
 
 std::map<std::string, DeviceKind> device_catalog(const std::string& user_file) {
   std::map<std::string, DeviceKind> catalog = parse_device_catalog(kBuiltInDeviceCatalog, "configs/devices.toml (built in)");
-  for (const auto& [key, kind] : measured_kinds()) catalog[key] = kind;
+  {
+    std::lock_guard<std::mutex> lock(measured_mutex());
+    for (const auto& [key, kind] : measured_kinds()) catalog[key] = kind;
+  }
   if (user_file.empty()) return catalog;
   std::ifstream in(user_file);
   if (!in) throw UserError("--devices " + user_file + ": cannot read it; give a TOML file of [kind] tables as configs/devices.toml");
@@ -225,6 +236,20 @@ std::string catalog_kind_of_gpu(const std::map<std::string, DeviceKind>& catalog
 }
 
 DeviceKind measured_gpu_kind(int device, const std::string& name, int64_t memory_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(measured_mutex());
+    if (auto it = measured_kinds().find(measured_kind_key(name)); it != measured_kinds().end()) return it->second;
+  }
+  // The measurement is the first thing this process runs on the GPU through ATen: hybrid_train's
+  // allocator goes in front first, so that a memory.budget decided after it can still be held
+  // (alloc/cuda_arena.h); the blocks it used go back to the driver before free memory is read.
+  if (cuda_budgets_built()) {
+    try {
+      install_cuda_allocator();
+    } catch (const std::runtime_error&) {
+      // ATen allocated on the GPU already: a budget will say so where it is installed.
+    }
+  }
   const MeasuredKind measured = measure_device_kind(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)), name,
                                                     memory_bytes);
   const DeviceKind& k = measured.kind;
@@ -232,6 +257,7 @@ DeviceKind measured_gpu_kind(int device, const std::string& name, int64_t memory
               "%.0f GB/s (peaks through the H200's efficiency curves; describe it with --devices FILE to skip this)\n",
               name.c_str(), k.kind.c_str(), k.bf16_tflops, k.fp32_tflops, k.memory_gbps);
   for (const std::string& note : measured.notes) std::printf("  %s\n", note.c_str());
+  release_cached_cuda_memory();
   add_measured_kind(k);
   return k;
 }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <stdexcept>
 #include <unistd.h>
 
 namespace ht {
@@ -72,6 +73,7 @@ MeasuredKind measure_device_kind(const at::Device& device, const std::string& na
   const int64_t n = sizes.matmul_n;
   const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
   double rate[3] = {0, 0, 0};  // TFLOP/s peaks by KernelType
+  std::string measured_types;
   for (KernelType t : {KernelType::kFloat, KernelType::kBf16, KernelType::kFp16}) {
     const std::string what = std::string(measured_type_name(t)) + " product " + std::to_string(n) + "^3";
     show(what);
@@ -83,29 +85,38 @@ MeasuredKind measure_device_kind(const at::Device& device, const std::string& na
       const double fraction = efficiency(curves.contraction[static_cast<int>(t)], flops);
       rate[static_cast<int>(t)] = flops / (ms * fraction) / 1e9;
       out.points.push_back({what, t, flops, 0, ms});
-    } catch (const c10::Error&) {
-      out.notes.push_back(std::string(measured_type_name(t)) + " products do not run on " + device.str() +
-                          ": priced at the bf16 rate, else fp32's");
+      measured_types += (measured_types.empty() ? "" : ", ") + std::string(measured_type_name(t));
+    } catch (const c10::Error& e) {
+      const std::string why = e.what_without_backtrace();
+      out.notes.push_back(what + " did not run on " + device.str() + " (" + why.substr(0, why.find('\n')) +
+                          "): priced at another dtype's rate");
     }
   }
-  const double bf16 = rate[1] > 0 ? rate[1] : rate[0];
-  k.fp32_tflops = rate[0];
-  k.bf16_tflops = bf16;
-  k.fp16_tflops = rate[2] > 0 ? rate[2] : bf16;
-  show("copy of " + std::to_string(sizes.copy_bytes >> 20) + " MiB");
-  {
+  if (rate[0] <= 0 && rate[1] <= 0) {
+    throw std::runtime_error("measuring " + name + ": neither an fp32 nor a bf16 product ran on " + device.str());
+  }
+  k.fp32_tflops = rate[0] > 0 ? rate[0] : rate[1];
+  k.bf16_tflops = rate[1] > 0 ? rate[1] : rate[0];
+  k.fp16_tflops = rate[2] > 0 ? rate[2] : k.bf16_tflops;
+  const std::string copy = "copy of " + std::to_string(sizes.copy_bytes >> 20) + " MiB";
+  show(copy);
+  try {
     const at::Tensor from = at::empty({sizes.copy_bytes}, at::TensorOptions().dtype(at::kByte).device(device)).fill_(1);
     at::Tensor to = at::empty_like(from);
     const double ms = fastest_kernel_ms(device, sizes.reps, [&] { to.copy_(from); });
     const double moved = 2.0 * static_cast<double>(sizes.copy_bytes);  // read and written
     k.memory_gbps = moved / (ms * efficiency(curves.memory, moved)) / 1e6;
-    out.points.push_back({"copy of " + std::to_string(sizes.copy_bytes >> 20) + " MiB", KernelType::kFloat, 0, moved, ms});
+    out.points.push_back({copy, KernelType::kFloat, 0, moved, ms});
+  } catch (const c10::Error& e) {
+    const std::string why = e.what_without_backtrace();
+    throw std::runtime_error("measuring " + name + ": the " + copy + " did not run on " + device.str() + " (" +
+                             why.substr(0, why.find('\n')) + ")");
   }
   if (line_open) std::printf("\n");
-  char source[320];
+  char source[400];
   std::snprintf(source, sizeof source, "measured at start on %s (%s products of %lld^3, a copy of %lld MiB; the "
                 "H200's efficiency curves; links assumed: PCIe 4.0 x16 between cards, 100 Gb/s between nodes)",
-                device.str().c_str(), "fp32, bf16 and fp16", static_cast<long long>(n),
+                device.str().c_str(), measured_types.c_str(), static_cast<long long>(n),
                 static_cast<long long>(sizes.copy_bytes >> 20));
   k.source = source;
   return out;

@@ -189,6 +189,28 @@ void apply(RunPlan& run, const Decision& d) {
   }
 }
 
+// Rank 0's plan of a run of stages or tensor-parallel groups: `predict` with the config planned
+// here (profiled on CPU ranks, traced at the local GPU's kind on a GPU). On a GPU a failure to plan
+// is said in `out.text` and the run trains (the ranks decide nothing from it: auto is refused for
+// these grids on GPUs by the config's validation); on CPU ranks it is thrown.
+template <typename Predict>
+void plan_grid_on_root(const Config& config, const RunPlan& run, const ProcessGrid& grid, RunPrediction& out,
+                       Predict&& predict_with) {
+  std::string why;
+  try {
+    if (std::optional<Config> planned = planned_here(config, run, grid, why)) {
+      predict_with(*planned);
+      return;
+    }
+  } catch (const std::exception& e) {
+    if (config.training.device == "cpu") throw;
+    why = e.what();
+  }
+  out.prediction.peak_bytes = -1;
+  out.prediction.step_ms = -1;
+  out.text = "predicted: nothing on " + config.training.device + " (" + why + ")";
+}
+
 // A tensor-parallel run without stages: rank 0's part of the model profiled with its group
 // mirrored, the group's collectives modelled (planner/tensor_terms.h). Predicted for the log and
 // the metrics, never refused; with parallel.strategy = "auto", the fastest plan that fits at this
@@ -198,7 +220,7 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
   RunPrediction out;
   const bool automatic = config.parallel.strategy == Strategy::kAuto;
   Decision decision;
-  if (grid.is_root()) {
+  if (grid.is_root()) plan_grid_on_root(config, run, grid, out, [&](const Config& planned) {
     PlanArgs args;
     args.ranks = {run.grid.data * run.grid.tensor};
     args.stages = {1};
@@ -208,7 +230,7 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
     if (!automatic) args.policies = {MemoryPolicy::kNone};
     if (!automatic) args.trained_sizes = {run.batch.micro};
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
-    const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
+    const JobPlan plan = plan_job(planned, data.train.get(), data.info, args);
     out.limit_bytes = plan.machine.device_memory;
     out.plan = plan_of(config, run);
     if (automatic && !plan.ranked.empty() && plan.ranked[0].prediction.fits) out.plan = plan.ranked[0].plan;
@@ -222,7 +244,7 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
                   "group's collectives (%s; never refused)", format_bytes(out.prediction.peak_bytes).c_str(),
                   out.prediction.step_ms, out.prediction.tensor_ms, plan_words(out.plan).c_str());
     out.text = text;
-  }
+  });
   // The others sleep while rank 0 profiles (each group's first rank waits with rank 0's replicas).
   if (grid.world > 1) {
     grid.data_parallel_group->idle_barrier("the plan of rank 0");
@@ -233,12 +255,13 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
 }
 
 // A pipelined run: predicted for the log and the metrics, never refused: the pipeline terms model
-// 1F1B-like stages without eviction and without the transfers (planner/pipeline_terms.h).
+// the schedule's stages without DTR's evictions (planner/pipeline_terms.h); on a GPU from the trace
+// at the local GPU's kind, its messages played on NCCL's serial streams.
 RunPrediction predict_pipeline_run(const Config& config, const RunPlan& run, const DataSplits& data,
                                    const ProcessGrid& grid) {
   RunPrediction out;
   out.prediction.peak_bytes = -1;
-  if (grid.is_root()) {
+  if (grid.is_root()) plan_grid_on_root(config, run, grid, out, [&](const Config& planned) {
     PlanArgs args;
     args.ranks = {run.grid.world()};
     args.stages = {run.grid.pipeline};
@@ -247,7 +270,9 @@ RunPrediction predict_pipeline_run(const Config& config, const RunPlan& run, con
     args.precisions = {run.precision};
     args.policies = {MemoryPolicy::kNone};
     args.trained_sizes = {run.batch.micro};
-    const JobPlan plan = plan_job(profiled_here(config), data.train.get(), data.info, args);
+    JobPlan plan = plan_job(planned, data.train.get(), data.info, args);
+    // The stages' messages as this run's group carries them: ranks sharing a GPU use MPI's.
+    plan.machine.p2p_in_posting_order = run.pipeline.posting_order;
     out.plan = plan_of(config, run);
     // Full and per-block recomputation (per stage too) are replayed block by block; DTR's
     // evictions on a stage are not modelled: predicted without them.
@@ -272,7 +297,7 @@ RunPrediction predict_pipeline_run(const Config& config, const RunPlan& run, con
                    "refused; a step that finds no room stops naming what it needed)\n",
                    config.source.c_str(), what.c_str(), out.prediction.why_not.c_str());
     }
-  }
+  });
   return out;
 }
 
@@ -281,17 +306,6 @@ RunPrediction predict_pipeline_run(const Config& config, const RunPlan& run, con
 RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
   const bool gpu = config.training.device != "cpu";
-  if (gpu && (config.parallel.pipeline_parallel > 1 || config.parallel.tensor_parallel > 1)) {
-    // On GPUs the planner predicts runs without stages or tensor-parallel groups only (auto is
-    // refused for them by the config's validation). Decided by the config: alike on every rank.
-    out.prediction.peak_bytes = -1;
-    out.prediction.step_ms = -1;
-    if (grid.is_root()) {
-      out.text = "predicted: nothing on " + config.training.device +
-                 " (the planner predicts GPU runs without stages or tensor-parallel groups only)";
-    }
-    return out;
-  }
   if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel == 1) {
     return predict_tensor_parallel_run(config, run, data, grid);
   }

@@ -145,6 +145,28 @@ TEST(PipelineLinks, EveryScheduleHasAPostingThatRunsOnSerialStreamsAndAStageTake
             simulate_on_serial_streams(zb_h1, zb, Posting::kGrouped, uniform).makespan);
 }
 
+// Deferred sends wait only while a later action of the stream has a message to go with; after
+// the last one they are posted at once, not behind the trailing weight halves (which would keep
+// every stage before waiting for its gradient).
+TEST(PipelineLinks, DeferredSendsAreNotHeldPastTheLastActionWithAMessage) {
+  for (const Case& c : every_case()) {
+    const PipelineSchedule s = make_schedule(c.kind, c.shape);
+    for (int r = 0; r < c.shape.stages; ++r) {
+      const std::vector<Action>& actions = s[static_cast<size_t>(r)];
+      const std::vector<StreamItem> stream = rank_stream(actions, r, c.shape, Posting::kDeferred);
+      size_t last_loud = 0;
+      for (size_t i = 0; i < stream.size(); ++i) {
+        if (stream[i].action < 0) continue;
+        const ActionMessages m = messages_of(actions[static_cast<size_t>(stream[i].action)], r, c.shape);
+        if (!m.send.empty() || !m.receive.empty()) last_loud = i;
+      }
+      for (size_t i = last_loud + 2; i < stream.size(); ++i) {
+        EXPECT_GE(stream[i].action, 0) << name(c) << " rank " << r << ": a group posted after trailing silent actions";
+      }
+    }
+  }
+}
+
 // Played in time, by hand: 1F1B on 2 stages, 2 micro-batches, forward 1, backward 2, a message
 // 0.5. A message moves only once both ends have posted: rank 1 posts its receive of micro-batch
 // 1's activation with its gradient's send after its first backward (4.5), so the activation rank 0
