@@ -22,6 +22,7 @@ std::atomic<CpuArena*> g_active_arena{nullptr};
 std::atomic<CpuArena*> g_cuda_arena{nullptr};
 std::atomic<OutOfMemoryHandler*> g_oom_handler{nullptr};
 std::atomic<AllocationObserver*> g_observer{nullptr};
+std::atomic<DeferredFrees*> g_deferred{nullptr};
 std::atomic<PlacementAdvisor*> g_advisor{nullptr};
 // Process-wide, not per thread: a kernel's allocations on ATen's worker threads belong with it.
 std::atomic<Placement> g_placement{Placement::kOther};
@@ -235,9 +236,12 @@ void* allocate_in_arena(CpuArena& arena, size_t n, int64_t* block_bytes) {
   const CpuArena::End end = arena.end_for(n, placement != Placement::kOther, placement == Placement::kRecomputed);
   // Loaded once, so the advisor that advised is the one told the outcome.
   PlacementAdvisor* advisor = g_advisor.load(std::memory_order_acquire);
+  DeferredFrees* deferred = g_deferred.load(std::memory_order_acquire);
+  if (deferred != nullptr) deferred->reap();  // what side streams are done with goes back first
   void* data = advisor != nullptr ? advised(arena, *advisor, n) : nullptr;
   const bool as_advised = data != nullptr;
   if (data == nullptr) data = arena.allocate(n, advisor != nullptr && advisor->holds_low_end() ? CpuArena::End::kHigh : end);
+  if (data == nullptr && deferred != nullptr && deferred->drain() > 0) data = arena.allocate(n, end);
   while (data == nullptr) {
     OutOfMemoryHandler* handler = g_oom_handler.load(std::memory_order_acquire);
     if (handler == nullptr || !handler->make_room(n)) throw_out_of_budget(arena, n);
@@ -257,6 +261,7 @@ int64_t release_to_arenas(ArenaRegistry& arenas, void* data) {
   if (bytes >= 0) report_free_to_observer(data, bytes);
   return bytes;
 }
+void set_deferred_frees(DeferredFrees* frees) { g_deferred.store(frees, std::memory_order_release); }
 void set_out_of_memory_handler(OutOfMemoryHandler* handler) { g_oom_handler.store(handler, std::memory_order_release); }
 OutOfMemoryHandler* out_of_memory_handler() { return g_oom_handler.load(std::memory_order_acquire); }
 void set_allocation_observer(AllocationObserver* observer) { g_observer.store(observer, std::memory_order_release); }

@@ -10,6 +10,7 @@
 //    (alloc/host_block_cache.h): what a GPU framework's caching allocator does.
 // Allocations that bypass c10's allocator (the BLAS library's own buffers) are not seen.
 
+#include "alloc/deferred_frees.h"
 #include "alloc/host_block_cache.h"
 #include "alloc/out_of_memory.h"
 
@@ -148,6 +149,8 @@ void set_cuda_arena(CpuArena* arena);
 // What an allocation in an arena goes through, whoever allocates (the CPU wrapper here, the
 // CUDA allocator over its arena): the placement and the advisor's offset, the handler's room
 // when the arena is full (OutOfBudget when it cannot make any), the observer. Any thread.
+// Blocks a side stream still uses (set_deferred_frees) go back first as their fences pass, and
+// when the arena is full their fences are waited out before the handler is asked.
 // `block_bytes`, if given, gets the block's rounded size.
 void* allocate_in_arena(CpuArena& arena, size_t n, int64_t* block_bytes = nullptr);
 // Gives `data` back to the arena in `arenas` that holds it (advisor and observer told); returns
@@ -157,6 +160,9 @@ int64_t release_to_arenas(ArenaRegistry& arenas, void* data);
 void set_out_of_memory_handler(OutOfMemoryHandler* handler);
 OutOfMemoryHandler* out_of_memory_handler();
 void set_allocation_observer(AllocationObserver* observer);
+// Where blocks freed while a side stream may still use them wait (alloc/deferred_frees.h): the
+// CUDA allocator's (alloc/cuda_arena.cpp); null (the default): none. Must outlive every allocation.
+void set_deferred_frees(DeferredFrees* frees);
 // Who places blocks in the active arena (null: none, the default). The advisor must outlive
 // every allocation and free that may still be calling it; set it back to null first.
 void set_placement_advisor(PlacementAdvisor* advisor);

@@ -4,11 +4,13 @@
 
 #include "alloc/arena_registry.h"
 #include "alloc/cpu_device_allocator.h"
+#include "alloc/deferred_frees.h"
 #include "base/compat.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -32,6 +34,42 @@ ArenaRegistry& cuda_arenas() {
 }
 std::atomic<CpuArena*> g_cuda_active{nullptr};
 
+// A point on a CUDA stream: an event recorded there.
+class StreamFence final : public Fence {
+ public:
+  explicit StreamFence(cudaStream_t stream) {
+    // Called from a deleter, so never throws: without an event the host waits for the stream.
+    if (cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(event_, stream) != cudaSuccess) {
+      cudaGetLastError();
+      if (event_ != nullptr) cudaEventDestroy(event_);
+      event_ = nullptr;
+      cudaStreamSynchronize(stream);
+    }
+  }
+  ~StreamFence() override {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  bool passed() override { return event_ == nullptr || cudaEventQuery(event_) != cudaErrorNotReady; }
+  void wait() override {
+    if (event_ != nullptr) cudaEventSynchronize(event_);
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Blocks freed on the host while a stream other than the device's default (the compute stream)
+// may still use them: a tensor made while a communication stream was ATen's current one
+// (parallel/stream_collectives.h). They go back once an event recorded on that stream at the
+// free has passed (alloc/deferred_frees.h), as PyTorch's caching allocator keeps a block its
+// other streams use. The caching allocator's own blocks are kept too (it reuses a block only on
+// its stream, but the arena's are the ones this is for).
+[[maybe_unused]] DeferredFrees& side_stream_frees() {
+  static auto* frees = new DeferredFrees();  // never destroyed: tensors are freed during exit too
+  return *frees;
+}
+
 #ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
 namespace cca = c10::cuda::CUDACachingAllocator;
 // ATen's own caching allocator, which serves every request outside an arena.
@@ -44,14 +82,24 @@ cca::CUDAAllocator* native_allocator() {
 }
 
 void* allocate(size_t n, int, cudaStream_t stream) {
+  side_stream_frees().reap();  // the caching allocator's blocks too, with no arena to reap them
   if (CpuArena* arena = g_cuda_active.load(std::memory_order_acquire)) return allocate_in_arena(*arena, n);
   // Never null, not even for zero bytes: the hook books blocks by pointer.
   return native_allocator()->raw_alloc_with_stream(std::max<size_t>(n, 1), stream);
 }
 
-void release(void* data, size_t, int, cudaStream_t) {
-  if (data == nullptr || release_to_arenas(cuda_arenas(), data) >= 0) return;
+void release_now(void* data) {
+  if (release_to_arenas(cuda_arenas(), data) >= 0) return;
   native_allocator()->raw_delete(data);
+}
+
+void release(void* data, size_t, int device, cudaStream_t stream) {
+  if (data == nullptr) return;
+  if (stream != c10::cuda::getDefaultCUDAStream(static_cast<c10::DeviceIndex>(device)).stream()) {
+    side_stream_frees().defer(std::make_shared<StreamFence>(stream), [data] { release_now(data); });
+    return;
+  }
+  release_now(data);
 }
 #endif
 
@@ -189,6 +237,7 @@ void install_cuda_allocator() {
                              "installed; it must come first");
   }
   c10::SetAllocator(c10::DeviceType::CUDA, ours.get(), /*priority=*/1);
+  set_deferred_frees(&side_stream_frees());
   // The hook replaced it before its first use, so nothing initialized it: we do, as ATen would.
   native->init(c10::cuda::device_count());
   g_native.store(native, std::memory_order_release);

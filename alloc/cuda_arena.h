@@ -13,11 +13,14 @@
 // gives the first only: its cached blocks hide fragmentation, and its out-of-memory error leaves
 // a kernel half run for the caller to repeat.
 //
-// An arena's freed blocks are reused at once, which is safe because the kernels run in order on
-// ATen's current stream, and whatever another stream does with a block is done (the host waited:
-// NCCL's communication stream) or ordered before the compute stream's next kernel (the host
-// link's copy streams: a copy holds its device end until the compute stream waits for it) before
-// the block is freed.
+// An arena's freed blocks are reused at once when they were made on the device's default stream
+// (the compute stream: its kernels run in order). A block made while another stream was ATen's
+// current one (a collective's temporary on the communication stream) goes back only once an event
+// recorded on that stream at its free has passed (alloc/deferred_frees.h); an allocation that
+// finds no room waits those out first. Tensors another stream reads that were made on the compute
+// stream are held by whoever queued the work until it is done (a collective's job,
+// parallel/stream_collectives.h; a host link's copy, which holds its device end until the compute
+// stream waits for it).
 //
 // Built where libtorch has CUDA (HT_TORCH_CUDA); elsewhere every function says so
 // (no_cuda_arena.cpp). Checked in CI against libtorch 1.13's CUDA headers

@@ -24,6 +24,7 @@
 #include "training/optimizer_shard.h"
 #include "models/decoder.h"
 #include "models/resnet.h"
+#include "parallel/collective_worker.h"
 #include "parallel/data_parallel.h"
 #include "parallel/gradient_shards.h"
 #include "parallel/parameter_shards.h"

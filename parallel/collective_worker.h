@@ -9,6 +9,7 @@
 // them in. The worker touches only the tensors it was given, in place: it allocates nothing, so a
 // memory budget's arena sees no allocation from it.
 
+#include "parallel/collective_queue.h"
 #include "parallel/communicator.h"
 
 #include <condition_variable>
@@ -28,7 +29,7 @@ namespace ht {
 // gradients into their mean takes it, so the worker's and the inline path's bits agree.
 void scale_in_place(at::Tensor& t, double scale);
 
-class CollectiveWorker {
+class CollectiveWorker final : public CollectiveQueue {
  public:
   explicit CollectiveWorker(std::shared_ptr<Communicator> group);
   // Joins the thread, or, when a collective is still running (training failed on this rank and
@@ -37,21 +38,13 @@ class CollectiveWorker {
   CollectiveWorker(const CollectiveWorker&) = delete;
   CollectiveWorker& operator=(const CollectiveWorker&) = delete;
 
-  // Queues: sum `t` (contiguous) over the group in place, then multiply it by `scale`. `t` must not
-  // be touched until wait() returns.
-  void allreduce(at::Tensor t, double scale, const char* what);
-  // Queues `run` (collectives on the group, on tensors its owner keeps alive and untouched until
-  // it is done); returns its ticket, for wait_for.
-  uint64_t submit(std::function<void(Communicator&)> run);
-  // Until the job with `ticket` (and so every job queued before it) is done; rethrows the first
-  // error. Returns the milliseconds this thread waited.
-  double wait_for(uint64_t ticket);
-  // Queues `run` and waits for it: a collective in its turn, on the worker (the caller's own
-  // collectives while the worker may be busy).
-  void run(std::function<void(Communicator&)> run) { wait_for(submit(std::move(run))); }
-  // Until everything queued is done; rethrows the first error. Returns the milliseconds the
-  // worker spent in collectives since the previous wait().
-  double wait();
+  // CollectiveQueue's, on the worker: wait_for and wait block this thread until the jobs are done
+  // and return how long it waited; wait() returns the milliseconds the worker spent in
+  // collectives since the previous wait().
+  void allreduce(at::Tensor t, double scale, const char* what) override;
+  uint64_t submit(std::function<void(Communicator&)> run) override;
+  double wait_for(uint64_t ticket) override;
+  double wait() override;
 
  private:
   struct Job {

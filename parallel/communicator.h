@@ -14,6 +14,8 @@
 namespace ht {
 
 // A collective failed or timed out; the message names the rank, the context and the collective.
+class SideStream;  // parallel/stream_collectives.h
+
 class CommunicationError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -95,6 +97,12 @@ class Communicator {
   // Whether a thread other than the one that made it may call it (one call at a time): what
   // overlapping all-reduce with backward needs (parallel/collective_worker.h).
   virtual bool allows_worker_thread() const = 0;
+  // A stream of this communicator's own for collectives the compute stream waits for on events
+  // (NCCL's replicas on a GPU: parallel/stream_collectives.h); null (the default) where none.
+  virtual std::shared_ptr<SideStream> side_stream() const { return nullptr; }
+  // Throws the failure of a call the host did not wait for (a watchdog's: parallel/watchdog.h),
+  // if there was one; nothing where every call is waited for.
+  virtual void rethrow_async_failure() {}
   // A collective that has not completed after this long ends with an error naming this rank,
   // the context and the collective: another rank has died or hangs.
   virtual void set_timeout(double seconds) { timeout_s_ = seconds; }

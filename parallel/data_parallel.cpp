@@ -37,7 +37,7 @@ DataParallel::DataParallel(std::shared_ptr<Communicator> group, std::vector<at::
     for (size_t k : members) bucket_of_[params_[k].unsafeGetTensorImpl()] = buckets_.size();
     buckets_.push_back(Bucket{std::move(members), {}, {}, 0});
   }
-  if (overlap && size() > 1 && group_->allows_worker_thread()) worker_ = std::make_unique<CollectiveWorker>(group_);
+  if (overlap && size() > 1) worker_ = make_collective_queue(group_);
 }
 
 std::vector<at::Tensor> DataParallel::reduction_order() const {

@@ -12,7 +12,7 @@
 // the ranks' collectives always match, whatever order their gradients finish in.
 
 #include "alloc/gradient_buffer.h"
-#include "parallel/collective_worker.h"
+#include "parallel/collective_queue.h"
 #include "parallel/communicator.h"
 #include "runtime/gradient_listener.h"
 
@@ -101,7 +101,7 @@ class DataParallel final : public GradientListener {
   std::vector<Bucket> buckets_;
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of_;  // by the parameter's TensorImpl
   const GradientBuffer* buffer_ = nullptr;
-  std::unique_ptr<CollectiveWorker> worker_;
+  std::shared_ptr<CollectiveQueue> worker_;
   std::vector<float> had_here_;  // per parameter, this step: 1 if this rank had a gradient
   at::Tensor had_anywhere_;      // between begin_average and finish_average: their means
   size_t next_ = 0;              // the next bucket to start

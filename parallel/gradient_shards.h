@@ -25,7 +25,7 @@
 // and every rank. The sums add in the same order as without overlap: the same bits.
 
 #include "alloc/gradient_buffer.h"
-#include "parallel/collective_worker.h"
+#include "parallel/collective_queue.h"
 #include "parallel/communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/shard_layout.h"
@@ -57,7 +57,7 @@ class GradientShards final : public GradientSlots, public GradientListener {
   // to its gradients (sharded parameters free the bucket's gathered parameters then).
   void set_bucket_done(std::function<void(size_t)> done) { bucket_done_ = std::move(done); }
   // The group's collectives go through `worker` (which owns it while gathers may be under way).
-  void set_worker(std::shared_ptr<CollectiveWorker> worker) { worker_ = std::move(worker); }
+  void set_worker(std::shared_ptr<CollectiveQueue> worker) { worker_ = std::move(worker); }
   // Reduce-scatters run on the worker while backward goes on (needs set_worker).
   void set_overlap(bool overlap) { overlap_ = overlap && worker_ != nullptr; }
   bool overlaps() const { return overlap_; }
@@ -108,7 +108,7 @@ class GradientShards final : public GradientSlots, public GradientListener {
   std::vector<float> had_here_;      // per parameter, this step
   std::vector<float> had_anywhere_;  // per parameter, the last finished step
   std::function<void(size_t)> bucket_done_;
-  std::shared_ptr<CollectiveWorker> worker_;
+  std::shared_ptr<CollectiveQueue> worker_;
   bool overlap_ = false;
   std::optional<InFlight> in_flight_;
   double wait_ms_ = 0;               // of ms_, what this thread waited (all of it without overlap)

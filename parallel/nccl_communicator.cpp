@@ -4,13 +4,14 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#ifdef HT_TORCH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#endif
+#include "parallel/cuda_side_stream.h"
+#include "parallel/watchdog.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 namespace ht {
@@ -32,16 +33,7 @@ ncclDataType_t nccl_type(const at::Tensor& t, const char* what) {
   }
 }
 
-// ATen's current stream on `device` where libtorch has CUDA; otherwise the legacy default
-// stream, which every other blocking stream waits for.
-cudaStream_t compute_stream(int device) {
-#ifdef HT_TORCH_CUDA
-  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-#else
-  (void)device;
-  return nullptr;
-#endif
-}
+cudaStream_t compute_stream(int device) { return current_cuda_stream(device); }
 
 // The largest of the ranks' counts, and whether every rank has it (NCCL's own case, unpadded).
 std::pair<int64_t, bool> largest_count(const std::vector<int64_t>& counts) {
@@ -53,11 +45,50 @@ std::pair<int64_t, bool> largest_count(const std::vector<int64_t>& counts) {
 
 struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
-  cudaEvent_t done = nullptr;
-  cudaStream_t side = nullptr;   // the communication stream (side_stream), else none
-  cudaEvent_t ready = nullptr;   // recorded on the caller's stream: what a collective on `side` waits for
+  std::recursive_mutex comm_mutex;  // a call's enqueueing against the watchdog's abort
+  bool aborted = false;   // under comm_mutex
+  cudaEvent_t done = nullptr;     // after a call the host waits for
+  cudaStream_t side = nullptr;    // the communication stream (side_stream), else none
+  cudaEvent_t ready = nullptr;    // recorded on the caller's stream: what a collective on `side` waits for
+  std::shared_ptr<SideStream> side_stream;  // over `side`, where libtorch has CUDA
   void* staging = nullptr;  // device buffer for host tensors
   size_t staging_bytes = 0;
+  std::mutex events_mutex;
+  std::vector<cudaEvent_t> spare_events;  // passed: for the next call
+  std::unique_ptr<Watchdog> watchdog;     // the calls the host does not wait for
+
+  cudaEvent_t take_event() {
+    {
+      std::lock_guard<std::mutex> lock(events_mutex);
+      if (!spare_events.empty()) {
+        cudaEvent_t e = spare_events.back();
+        spare_events.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    return cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess ? e : nullptr;
+  }
+  void give_back(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(events_mutex);
+    spare_events.push_back(e);
+  }
+  // Ends NCCL's work in flight, once (its kernels return, so the streams waiting on them go on):
+  // the watchdog's, or a host wait's, past the timeout.
+  void abort() {
+    std::lock_guard<std::recursive_mutex> lock(comm_mutex);
+    if (aborted || comm == nullptr) return;
+    aborted = true;
+    ncclCommAbort(comm);
+  }
+  // NCCL's asynchronous error in words, "" while none.
+  std::string async_error() {
+    std::lock_guard<std::recursive_mutex> lock(comm_mutex);
+    if (aborted || comm == nullptr) return "";
+    ncclResult_t rc = ncclSuccess;
+    ncclCommGetAsyncError(comm, &rc);
+    return rc == ncclSuccess || rc == ncclInProgress ? std::string() : std::string(ncclGetErrorString(rc));
+  }
 };
 
 int visible_cuda_devices() {
@@ -68,7 +99,7 @@ int visible_cuda_devices() {
 NcclCommunicator::NcclCommunicator(Communicator& bootstrap, int device, int world_rank, bool side_stream)
     : state_(std::make_unique<State>()), rank_(bootstrap.rank()), size_(bootstrap.size()), device_(device),
       world_rank_(world_rank) {
-  set_timeout(bootstrap.timeout());
+  Communicator::set_timeout(bootstrap.timeout());
   set_context(bootstrap.context());
   if (cudaSetDevice(device_) != cudaSuccess) {
     fail("setting up NCCL", "the device", "cudaSetDevice(" + std::to_string(device_) + ") failed: " +
@@ -98,13 +129,32 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, int device, int worl
                       cudaEventCreateWithFlags(&state_->ready, cudaEventDisableTiming) != cudaSuccess)) {
     fail("setting up NCCL", "its communication stream", cudaGetErrorString(cudaGetLastError()));
   }
+  // Null without libtorch's CUDA: the replicas' jobs then run on a worker thread.
+  if (state_->side != nullptr) state_->side_stream = make_cuda_side_stream(device_, state_->side, state_->ready);
+  State* state = state_.get();
+  const int device_index = device_;
+  state_->watchdog = std::make_unique<Watchdog>(
+      timeout(),
+      Watchdog::Backend{[state] { return state->async_error(); }, [state] { state->abort(); },
+                        [device_index] { cudaSetDevice(device_index); }},
+      /*grace_s=*/timeout());
 }
 
+void NcclCommunicator::set_timeout(double seconds) {
+  Communicator::set_timeout(seconds);
+  if (state_ && state_->watchdog) state_->watchdog->set_timeout(seconds);
+}
+
+std::shared_ptr<SideStream> NcclCommunicator::side_stream() const { return state_->side_stream; }
+
+void NcclCommunicator::rethrow_async_failure() { state_->watchdog->rethrow(); }
+
 // Where a collective runs: the communication stream, behind what the caller's stream has queued
-// (the kernels that made its input), or the caller's stream itself.
+// (the kernels that made its input), or the caller's stream itself (a job of StreamCollectives,
+// whose current stream is the communication stream, is behind the compute stream already).
 cudaStream_t NcclCommunicator::enqueue_stream(const char* collective, const char* what) {
   const cudaStream_t current = compute_stream(device_);
-  if (state_->side == nullptr) return current;
+  if (state_->side == nullptr || current == state_->side) return current;
   if (cudaEventRecord(state_->ready, current) != cudaSuccess ||
       cudaStreamWaitEvent(state_->side, state_->ready, 0) != cudaSuccess) {
     fail(collective, what, cudaGetErrorString(cudaGetLastError()));
@@ -115,16 +165,49 @@ cudaStream_t NcclCommunicator::enqueue_stream(const char* collective, const char
 NcclCommunicator::~NcclCommunicator() {
   if (!state_) return;
   cudaSetDevice(device_);
-  if (state_->comm != nullptr) ncclCommDestroy(state_->comm);
+  state_->watchdog.reset();  // its thread touches the communicator and the events
+  if (state_->comm != nullptr && !state_->aborted) ncclCommDestroy(state_->comm);
   if (state_->done != nullptr) cudaEventDestroy(state_->done);
   if (state_->ready != nullptr) cudaEventDestroy(state_->ready);
   if (state_->side != nullptr) cudaStreamDestroy(state_->side);
   if (state_->staging != nullptr) cudaFree(state_->staging);
+  for (cudaEvent_t e : state_->spare_events) cudaEventDestroy(e);
+}
+
+std::string NcclCommunicator::describe(const std::string& collective, const char* what) const {
+  return "rank " + std::to_string(world_rank_) + ", " + context() + ": " + collective + " of " + what +
+         " (NCCL, cuda:" + std::to_string(device_) + ")";
 }
 
 void NcclCommunicator::fail(const std::string& collective, const char* what, const std::string& why) {
-  throw CommunicationError("rank " + std::to_string(world_rank_) + ", " + context() + ": " + collective + " of " + what +
-                           " (NCCL, cuda:" + std::to_string(device_) + ") failed: " + why);
+  throw CommunicationError(describe(collective, what) + " failed: " + why);
+}
+
+// Before a call: the failure of an earlier one the host did not wait for, if any.
+void NcclCommunicator::begin(const char* collective, const char* what) {
+  state_->watchdog->rethrow();
+  if (state_->aborted) fail(collective, what, "the communicator was aborted after an earlier failure");
+  cudaSetDevice(device_);
+}
+
+// After a call on device tensors was queued on `stream`: an event behind it for the watchdog, and
+// the caller's stream waits for it where the call ran on another, so what the caller queues next
+// reads the result; the host goes on.
+void NcclCommunicator::hand_over(cudaStream_t stream, const std::string& collective, const char* what) {
+  cudaEvent_t event = state_->take_event();
+  if (event == nullptr || cudaEventRecord(event, stream) != cudaSuccess) {
+    fail(collective, what, std::string("its completion event: ") + cudaGetErrorString(cudaGetLastError()));
+  }
+  const cudaStream_t current = compute_stream(device_);
+  if (stream != current && cudaStreamWaitEvent(current, event, 0) != cudaSuccess) {
+    fail(collective, what, cudaGetErrorString(cudaGetLastError()));
+  }
+  State* state = state_.get();
+  state_->watchdog->watch(describe(collective, what), [state, event] {
+    if (cudaEventQuery(event) == cudaErrorNotReady) return false;
+    state->give_back(event);  // an error shows in NCCL's state, which the watchdog reads next
+    return true;
+  });
 }
 
 void NcclCommunicator::run(Op op, at::Tensor& t, int peer, const char* collective, const char* what) {
@@ -133,7 +216,8 @@ void NcclCommunicator::run(Op op, at::Tensor& t, int peer, const char* collectiv
     fail(collective, what, "the tensor is on cuda:" + std::to_string(t.get_device()) + ", this rank's NCCL on cuda:" +
                                std::to_string(device_));
   }
-  cudaSetDevice(device_);
+  begin(collective, what);
+  std::lock_guard<std::recursive_mutex> lock(state_->comm_mutex);
   // Point to point holds the caller's stream (a pipeline's order); collectives run on the
   // communication stream where there is one.
   const bool p2p = op == Op::kSend || op == Op::kRecv;
@@ -163,7 +247,12 @@ void NcclCommunicator::run(Op op, at::Tensor& t, int peer, const char* collectiv
   }
   if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what, ncclGetErrorString(rc));
   settle(collective, what);  // enqueued on the stream before the event behind it is recorded
-  if (host && op != Op::kSend) cudaMemcpyAsync(t.data_ptr(), state_->staging, bytes, cudaMemcpyDeviceToHost, stream);
+  if (!host) {
+    hand_over(stream, collective, what);
+    return;
+  }
+  // A host tensor is read on the host next: the host waits.
+  if (op != Op::kSend) cudaMemcpyAsync(t.data_ptr(), state_->staging, bytes, cudaMemcpyDeviceToHost, stream);
   if (cudaEventRecord(state_->done, stream) != cudaSuccess) fail(collective, what, cudaGetErrorString(cudaGetLastError()));
   wait(collective, what);
 }
@@ -178,8 +267,7 @@ void NcclCommunicator::settle(const char* collective, const char* what) {
     ncclCommGetAsyncError(state_->comm, &rc);
     if (rc != ncclInProgress) break;
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout()) {
-      ncclCommAbort(state_->comm);
-      state_->comm = nullptr;
+      state_->abort();
       fail(collective, what, "not under way after " + std::to_string(timeout()) +
                                  " s (parallel.timeout_s): another rank has died, hangs, or never joined");
     }
@@ -188,8 +276,9 @@ void NcclCommunicator::settle(const char* collective, const char* what) {
   if (rc != ncclSuccess) fail(collective, what, ncclGetErrorString(rc));
 }
 
-// Until the event after the collective has passed: NCCL's asynchronous errors and the timeout
-// are checked meanwhile, and a collective past its timeout aborts the communicator.
+// Until the event after a call the host waits for has passed (a host tensor's, a barrier's):
+// NCCL's asynchronous errors and the timeout are checked meanwhile, and a call past its timeout
+// aborts the communicator.
 void NcclCommunicator::wait(const char* collective, const char* what) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
@@ -201,8 +290,7 @@ void NcclCommunicator::wait(const char* collective, const char* what) {
     if (async != ncclSuccess && async != ncclInProgress) fail(collective, what, ncclGetErrorString(async));
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout()) {
-      ncclCommAbort(state_->comm);
-      state_->comm = nullptr;
+      state_->abort();
       fail(collective, what, "not done after " + std::to_string(timeout()) +
                                  " s (parallel.timeout_s): another rank has died or hangs");
     }
@@ -216,7 +304,7 @@ void NcclCommunicator::prepare_shards(const at::Tensor& full, const at::Tensor& 
   if (!full.is_cuda() || full.get_device() != device_) {
     fail(collective, what, "needs tensors on this rank's cuda:" + std::to_string(device_));
   }
-  cudaSetDevice(device_);
+  begin(collective, what);
 }
 
 void NcclCommunicator::complete(int enqueued, const char* collective, const char* what) {
@@ -229,6 +317,7 @@ void NcclCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& sh
                                           const std::vector<int64_t>& counts, const char* what) {
   const char* collective = "the reduce-scatter";
   prepare_shards(full, shard, counts, collective, what);
+  std::lock_guard<std::recursive_mutex> lock(state_->comm_mutex);
   const auto [most, even] = largest_count(counts);
   // Uneven counts copy through padded tensors by ATen's kernels, on the caller's stream.
   const cudaStream_t stream = even ? enqueue_stream(collective, what) : compute_stream(device_);
@@ -246,14 +335,14 @@ void NcclCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& sh
                              ncclSum, state_->comm, stream),
            collective, what);
   if (!even) shard.copy_(recv.narrow(0, 0, shard.numel()));
-  if (cudaEventRecord(state_->done, stream) != cudaSuccess) fail(collective, what, cudaGetErrorString(cudaGetLastError()));
-  wait(collective, what);
+  hand_over(stream, collective, what);
 }
 
 void NcclCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
                                   const char* what) {
   const char* collective = "the all-gather";
   prepare_shards(full, shard, counts, collective, what);
+  std::lock_guard<std::recursive_mutex> lock(state_->comm_mutex);
   const auto [most, even] = largest_count(counts);
   const cudaStream_t stream = even ? enqueue_stream(collective, what) : compute_stream(device_);
   at::Tensor send = shard, recv = full;
@@ -273,8 +362,7 @@ void NcclCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, con
       offset += counts[r];
     }
   }
-  if (cudaEventRecord(state_->done, stream) != cudaSuccess) fail(collective, what, cudaGetErrorString(cudaGetLastError()));
-  wait(collective, what);
+  hand_over(stream, collective, what);
 }
 
 void NcclCommunicator::allreduce_sum(at::Tensor& t, const char* what) {
@@ -285,6 +373,8 @@ void NcclCommunicator::broadcast(at::Tensor& t, int root, const char* what) {
   run(Op::kBroadcast, t, root, "the broadcast", what);
 }
 
+// A host tensor's all-reduce: the host waits for it, and so for every call queued before it on
+// its stream.
 void NcclCommunicator::barrier(const char* what) {
   at::Tensor one = at::ones({1}, at::kFloat);
   run(Op::kAllReduce, one, 0, "the barrier", what);
@@ -317,6 +407,9 @@ std::unique_ptr<Transfer> NcclCommunicator::irecv(at::Tensor& t, int from, int t
 
 // ncclGroupStart, each call's ncclSend or ncclRecv, ncclGroupEnd, on ATen's stream: the calls of
 // the group progress together, and the group holds the stream until every one has met its match.
+// The host goes on: what the stage queues next follows the group on the stream, and the
+// watchdog keeps its timeout. So the transfer returned is complete as far as the caller's stream
+// is concerned.
 std::unique_ptr<Transfer> NcclCommunicator::post_group(std::vector<PeerMessage> messages) {
   std::string what;
   for (const PeerMessage& m : messages) {
@@ -326,9 +419,10 @@ std::unique_ptr<Transfer> NcclCommunicator::post_group(std::vector<PeerMessage> 
            "needs contiguous tensors on this rank's cuda:" + std::to_string(device_));
     }
   }
-  cudaSetDevice(device_);
-  const cudaStream_t stream = compute_stream(device_);
   const char* collective = "a group of sends and receives";
+  begin(collective, what.c_str());
+  std::lock_guard<std::recursive_mutex> lock(state_->comm_mutex);
+  const cudaStream_t stream = compute_stream(device_);
   ncclResult_t rc = ncclGroupStart();
   for (size_t i = 0; rc == ncclSuccess && i < messages.size(); ++i) {
     const PeerMessage& m = messages[i];
@@ -340,10 +434,7 @@ std::unique_ptr<Transfer> NcclCommunicator::post_group(std::vector<PeerMessage> 
   const ncclResult_t end = ncclGroupEnd();
   if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what.c_str(), ncclGetErrorString(rc));
   complete(end, collective, what.c_str());
-  if (cudaEventRecord(state_->done, stream) != cudaSuccess) {
-    fail(collective, what.c_str(), cudaGetErrorString(cudaGetLastError()));
-  }
-  wait(collective, what.c_str());
+  hand_over(stream, collective, what.c_str());
   return std::make_unique<CompletedTransfer>();
 }
 

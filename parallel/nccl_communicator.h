@@ -10,15 +10,21 @@
 //   input and precede those that read the result, with no host synchronization for that; or, with
 //   a communication stream (the replicas' group), on that stream behind an event of the caller's,
 //   beside the kernels queued after them, the caller waiting on the host for the result.
-// - Blocking, as MpiCommunicator's: each call returns when its collective has completed, polled
-//   with its NCCL error state; past the timeout the communicator is aborted and the error names the
-//   rank, the context and the collective (another rank died or hangs).
+// - A call on device tensors returns once it is queued: the caller's stream waits for it on an
+//   event where it runs on another (so what the caller queues next reads its result), the host does
+//   not. A watchdog thread (parallel/watchdog.h) watches each call's event and NCCL's asynchronous
+//   error; past the timeout, or on an error, it aborts the communicator, and the next call throws
+//   an error naming the rank, the context and the collective (another rank died or hangs).
 // - Host tensors (the per-parameter "had a gradient" flags, a loss) cross through a device buffer
-//   of this communicator's.
+//   of this communicator's, and the host waits for them (and a barrier), polling NCCL's state.
+// - The replicas' group hands its communication stream to StreamCollectives
+//   (parallel/stream_collectives.h, side_stream()): their jobs are queued on it from the computing
+//   thread, and the compute stream waits for them on events.
 // - Point to point (pipeline stages): NCCL matches a link's messages in posting order, not by tag,
 //   and holds the stream until a call meets its match; so matches_by_tag() is false, and a stage
 //   posts its sends and receives in groups (post_group: ncclGroupStart/End) by a plan checked to
-//   run on serial streams (parallel/pipeline_links.h). Each group blocks, as every call here.
+//   run on serial streams (parallel/pipeline_links.h). A group holds the caller's stream, not the
+//   host.
 //
 // Built where the CUDA toolkit and NCCL are found (parallel/CMakeLists.txt: HT_HAVE_NCCL). Not yet
 // run on a GPU: docs/status.md.
@@ -67,6 +73,10 @@ class NcclCommunicator final : public Communicator {
   std::string backend() const override { return "nccl"; }
   // One call at a time from any thread: cudaSetDevice is per thread, and every call sets it.
   bool allows_worker_thread() const override { return true; }
+  // The communication stream (side_stream at construction, where libtorch has CUDA), else null.
+  std::shared_ptr<SideStream> side_stream() const override;
+  void rethrow_async_failure() override;
+  void set_timeout(double seconds) override;
 
  private:
   struct State;  // NCCL's and CUDA's handles, kept out of this header
@@ -75,6 +85,9 @@ class NcclCommunicator final : public Communicator {
   // The stream a collective is enqueued on (a cudaStream_t).
   ::CUstream_st* enqueue_stream(const char* collective, const char* what);
   void settle(const char* collective, const char* what);
+  void begin(const char* collective, const char* what);
+  void hand_over(::CUstream_st* stream, const std::string& collective, const char* what);
+  std::string describe(const std::string& collective, const char* what) const;
   void wait(const char* collective, const char* what);
   // After a collective was enqueued on ATen's stream: settles it, then waits for it (with the
   // copies queued behind it).

@@ -56,7 +56,7 @@
 // bucket and all-gathers in place.
 
 #include "alloc/weight_copies.h"
-#include "parallel/collective_worker.h"
+#include "parallel/collective_queue.h"
 #include "parallel/communicator.h"
 #include "parallel/shard_layout.h"
 #include "runtime/parameter_source.h"
@@ -112,7 +112,7 @@ class ParameterShards final : public ParameterSource, public ComputeWeights {
   bool resident() const { return resident_; }
   // Gathers run on `worker` (which every other collective of the group must go through while
   // the step runs: GradientShards::set_worker), up to `depth` blocks ahead. Not with set_managed.
-  void set_prefetch(std::shared_ptr<CollectiveWorker> worker, int depth);
+  void set_prefetch(std::shared_ptr<CollectiveQueue> worker, int depth);
   bool prefetches() const { return worker_ != nullptr; }
 
   // What each block of the model reads (its parameters and tied ones), in block order.
@@ -226,7 +226,7 @@ class ParameterShards final : public ParameterSource, public ComputeWeights {
   bool resident_ = false;
   bool reads_known_ = false;  // a step has run: which buckets' copies are read is known
   int64_t held_copies_bytes_ = 0;  // resident: the copies gathered in the last step
-  std::shared_ptr<CollectiveWorker> worker_;
+  std::shared_ptr<CollectiveQueue> worker_;
   int depth_ = 0;
   size_t backward_block_ = 0;          // the block backward has reached (reads go down the blocks)
   std::vector<bool> read_back_;        // units this backward reads (the tape's saved weights)

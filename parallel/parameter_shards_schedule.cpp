@@ -17,7 +17,7 @@ void ParameterShards::set_block_uses(const std::vector<std::vector<at::Tensor>>&
   }
 }
 
-void ParameterShards::set_prefetch(std::shared_ptr<CollectiveWorker> worker, int depth) {
+void ParameterShards::set_prefetch(std::shared_ptr<CollectiveQueue> worker, int depth) {
   TORCH_CHECK(!managed_, "ParameterShards: prefetching under a managed budget");
   worker_ = depth > 0 ? std::move(worker) : nullptr;
   depth_ = depth;

@@ -4,7 +4,7 @@
 #include "alloc/cpu_device_allocator.h"
 #include "alloc/cuda_host_link.h"
 #include "alloc/gradient_buffer.h"
-#include "parallel/collective_worker.h"
+#include "parallel/collective_queue.h"
 #include "training/compact.h"
 #include "training/gradient_syncs.h"
 #include "training/pipeline_runner.h"
@@ -57,7 +57,7 @@ void compact_parameters(Engine& e, const DataParallel& replicas, bool in_reducti
 // block as compact_parameters puts it.
 std::shared_ptr<ParameterShards> shard_parameters(const RunPlan& plan, Engine& e, DataParallel& replicas,
                                                   bool tensor_parallel, bool resident,
-                                                  std::shared_ptr<CollectiveWorker>& worker) {
+                                                  std::shared_ptr<CollectiveQueue>& worker) {
   auto shards = std::make_shared<ParameterShards>(replicas.shared_group(), e.model->parameters(), replicas.buckets(),
                                                   e.device);
   e.interp.set_parameter_source(shards.get());
@@ -66,12 +66,15 @@ std::shared_ptr<ParameterShards> shard_parameters(const RunPlan& plan, Engine& e
   const bool managed = e.arena != nullptr && evicts(plan.memory.policy);
   shards->set_managed(managed);
   shards->set_resident(resident);
-  // Not beside a tensor-parallel group, whose collectives use MPI on the computing thread; nor at
-  // ZeRO-1, whose whole gradients data parallelism all-reduces on a thread of its own.
+  // On a worker thread, not beside a tensor-parallel group, whose collectives use MPI on the
+  // computing thread (a communication stream's jobs are queued from the computing thread: no
+  // second caller); nor at ZeRO-1, whose whole gradients data parallelism all-reduces on a queue
+  // of its own.
   const bool all_reduces = plan.sync.shard == ShardLevel::kOptimizer;
-  if (!managed && plan.sync.prefetch > 0 && replicas.group().allows_worker_thread() && !tensor_parallel && !all_reduces) {
-    worker = std::make_shared<CollectiveWorker>(replicas.shared_group());
-    shards->set_prefetch(worker, static_cast<int>(plan.sync.prefetch));
+  const bool on_stream = replicas.group().side_stream() != nullptr;
+  if (!managed && plan.sync.prefetch > 0 && (!tensor_parallel || on_stream) && !all_reduces) {
+    worker = make_collective_queue(replicas.shared_group());
+    if (worker) shards->set_prefetch(worker, static_cast<int>(plan.sync.prefetch));
   }
   shards->set_block_uses(e.model->parameters_read_by_blocks());
   e.model->set_block_listener([&e, s = shards.get()](int block) {
@@ -97,17 +100,20 @@ std::shared_ptr<ParameterShards> shard_parameters(const RunPlan& plan, Engine& e
   return shards;
 }
 
-// Sharded gradients: each bucket's reduce-scatter runs on a worker thread while backward goes on
-// (parallel.overlap), on sharded parameters' prefetch worker where it exists (it owns the group
-// then), else on one of its own. Not where the group takes no second thread, nor where ZeRO-3's
-// gathers run on this thread (no prefetch: under a budget with eviction, or parallel.prefetch =
-// 0), nor in a CUDA budget's arena (NCCL's padded path allocates its temporaries on the thread
-// that calls it).
+// Sharded gradients: each bucket's reduce-scatter runs on the group's queue while backward goes
+// on (parallel.overlap), on sharded parameters' prefetch queue where it exists (it owns the group
+// then), else on one of its own: a communication stream's on a GPU, a worker thread's on CPU
+// ranks. Not where ZeRO-3's gathers run on this thread (no prefetch: under a budget with
+// eviction, or parallel.prefetch = 0); nor, on a worker thread, beside a tensor-parallel group
+// (MPI on two threads) or in a CUDA budget's arena (NCCL's padded path allocates its temporaries
+// on the thread that calls it, while the computing thread allocates in the same arena). A
+// communication stream's jobs run on the computing thread.
 void overlap_reduce_scatters(const RunPlan& plan, const Engine& e, DataParallel& replicas, GradientShards& shards,
-                             bool parameters_sharded, bool tensor_parallel, std::shared_ptr<CollectiveWorker>& worker) {
-  const bool overlap = plan.sync.overlap && !(e.arena && e.device.is_cuda());
-  if (!worker && overlap && !parameters_sharded && replicas.group().allows_worker_thread() && !tensor_parallel) {
-    worker = std::make_shared<CollectiveWorker>(replicas.shared_group());
+                             bool parameters_sharded, bool tensor_parallel, std::shared_ptr<CollectiveQueue>& worker) {
+  const bool on_stream = replicas.group().side_stream() != nullptr;
+  const bool overlap = plan.sync.overlap && (on_stream || !(e.arena && e.device.is_cuda()));
+  if (!worker && overlap && !parameters_sharded && (on_stream || !tensor_parallel)) {
+    worker = make_collective_queue(replicas.shared_group());
   }
   if (worker) shards.set_worker(worker);  // the thread that owns the group while a step runs
   shards.set_overlap(overlap);            // without a worker, no effect
@@ -204,7 +210,7 @@ SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std:
   const bool tensor_parallel = groups.tensor() != nullptr;
   const ShardLevel level = plan.sync.shard;  // none with one replica
   SyncLayout out;
-  std::shared_ptr<CollectiveWorker> worker;  // sharded parameters' and gradients' collectives while a step runs
+  std::shared_ptr<CollectiveQueue> worker;  // sharded parameters' and gradients' collectives while a step runs
   const bool masters = shards_masters(plan);
   // training.gradient_dtype = "bf16": the floating parameters' gradients in 16 bits.
   const std::optional<at::ScalarType> floating = floating_gradient_type(plan.gradient_dtype, plan.precision);

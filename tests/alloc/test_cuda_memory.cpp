@@ -15,6 +15,15 @@
 
 #include <gtest/gtest.h>
 
+#ifdef HT_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <thread>
+#endif
+
 namespace ht::test {
 namespace {
 
@@ -83,6 +92,39 @@ TEST_F(CudaMemory, AFullArenaAsksForRoomBeforeItFails) {
   EXPECT_FALSE(handler.held.defined());
   EXPECT_TRUE(arena->contains(t.data_ptr()));
 }
+
+#ifdef HT_TORCH_CUDA
+// A block made while another stream was ATen's current one (a collective's temporary on the
+// communication stream) goes back to the arena only once that stream has passed its free
+// (alloc/deferred_frees.h). The side stream is held by a host function until the test lets it go.
+TEST_F(CudaMemory, ABlockMadeOnASideStreamIsReusedOnlyAfterThatStream) {
+  auto arena = make_cuda_arena(16 * kMiB, 0);
+  CudaArenaScope scope(arena);
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  std::atomic<bool> go{false};
+  const void* where = nullptr;
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  side.stream(),
+                  [](void* flag) {
+                    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+                  },
+                  &go),
+              cudaSuccess);
+    at::Tensor t = at::ones({4 * kMiB / 4}, cuda);  // queued behind the host function: not run
+    where = t.data_ptr();
+  }  // freed on the host while the side stream has not reached it
+  at::Tensor next = at::empty({4 * kMiB / 4}, cuda);  // the compute stream's
+  EXPECT_NE(next.data_ptr(), where);
+  EXPECT_GT(arena->block_bytes(where), 0) << "held back for the side stream";
+  go = true;
+  side.synchronize();
+  next.reset();
+  at::Tensor after = at::empty({4 * kMiB / 4}, cuda);  // the side stream is past: its block came back
+  EXPECT_EQ(arena->stats().in_use, CpuArena::rounded_size(4 * kMiB));
+}
+#endif
 
 TEST_F(CudaMemory, BlocksFreedAfterTheScopeGoBackToTheirArena) {
   auto arena = make_cuda_arena(16 * kMiB, 0);

@@ -2,12 +2,14 @@
 // setting it up fails with an error that names the rank, the device and what it saw, and leaves
 // nothing behind. With one (the GPU machine): a group of one sets up through its bootstrap and
 // carries host tensors through its device buffer, every collective an identity.
+#include "parallel/collective_worker.h"
 #include "parallel/communicator.h"
 
 #include <gtest/gtest.h>
 
 #ifdef HT_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
+#include "parallel/stream_collectives.h"
 #include "parallel/parameter_shards.h"
 #include "runtime/memory_hooks.h"
 
@@ -75,8 +77,9 @@ TEST(NcclCommunicator, AGroupOfOneReduceScattersAndGathers) {
 
 
 // The replicas' communicator runs its collectives on a communication stream of its own (issue 67):
-// each waits for the kernels queued before it on the caller's stream, and the host has the result
-// when the call returns. A long chain of kernels writes the input just before the call.
+// each waits for the kernels queued before it on the caller's stream, and what the caller queues
+// after the call (the copy to the host) waits for it; the host does not. A long chain of kernels
+// writes the input just before the call.
 TEST(NcclCommunicator, AGroupOfOneOnItsOwnStreamWaitsForTheKernelsBeforeIt) {
   if (visible_cuda_devices() == 0) GTEST_SKIP() << "no GPU here";
   LocalCommunicator bootstrap;
@@ -90,6 +93,31 @@ TEST(NcclCommunicator, AGroupOfOneOnItsOwnStreamWaitsForTheKernelsBeforeIt) {
   for (int i = 0; i < 50; ++i) full.add_(2);
   nccl.reduce_scatter_sum(full, shard, {8}, "the gradients");
   EXPECT_TRUE(at::equal(shard.cpu(), at::full({8}, 100.0f)));
+}
+
+// The replicas' queue on a GPU (parallel/stream_collectives.h): jobs queued on the communication
+// stream from this thread, behind the kernels before them; the compute stream waits for them on
+// events, and the watchdog sees them done.
+TEST(NcclCommunicator, AGroupOfOnesQueueRunsOnTheCommunicationStream) {
+  if (visible_cuda_devices() == 0) GTEST_SKIP() << "no GPU here";
+  LocalCommunicator bootstrap;
+  auto nccl = std::make_shared<NcclCommunicator>(bootstrap, 0, 0, /*side_stream=*/true);
+  std::shared_ptr<CollectiveQueue> queue = make_collective_queue(nccl);
+#ifdef HT_TORCH_CUDA
+  ASSERT_NE(dynamic_cast<StreamCollectives*>(queue.get()), nullptr);
+#endif
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+  at::Tensor x = at::zeros({1 << 20}, cuda);
+  for (int i = 0; i < 200; ++i) x.add_(1);
+  queue->allreduce(x, 0.5, "the gradients");
+  at::Tensor full = at::full({9}, 3.0f, cuda), shard = at::zeros({9}, cuda);
+  const uint64_t ticket =
+      queue->submit([full, shard](Communicator& c) mutable { c.reduce_scatter_sum(full, shard, {9}, "the gradients"); });
+  queue->wait_for(ticket);
+  EXPECT_TRUE(at::equal(shard.cpu(), at::full({9}, 3.0f)));
+  queue->wait();
+  EXPECT_TRUE(at::equal(x.cpu(), at::full({1 << 20}, 100.0f))) << "summed over one rank, halved, after the writes";
+  EXPECT_NO_THROW(nccl->rethrow_async_failure());
 }
 
 // ZeRO-3's mechanism on CUDA (parallel/parameter_shards.h): each bucket's CUDA storage taken away

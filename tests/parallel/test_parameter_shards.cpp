@@ -1,6 +1,7 @@
 // ParameterShards (parallel/parameter_shards.h) in a group of one, where a gather is a copy of the
 // shard: what stays resident, when buckets are freed, what the memory manager may drop and what
 // it may not (a bucket a kernel's open reads hold).
+#include "parallel/collective_worker.h"
 #include "parallel/parameter_shards.h"
 #include "runtime/memory_hooks.h"
 
