@@ -65,17 +65,6 @@ class Rules {
     }
   }
 
-  void planner_on_gpu() const {
-    const ParallelConfig& p = c_.parallel;
-    if (p.strategy == Strategy::kAuto && c_.training.device != "cpu" &&
-        (p.pipeline_parallel > 1 || p.tensor_parallel > 1)) {
-      throw UserError(loc("parallel.strategy") + "parallel.strategy = \"auto\" on training.device = \"" +
-                      c_.training.device + "\" with pipeline stages or tensor-parallel groups: the planner predicts "
-                      "such GPU runs but chooses for one GPU or data parallelism only; use parallel.strategy = "
-                      "\"manual\"");
-    }
-  }
-
   void mixed_precision() const {
     if (c_.training.mixed_precision == MixedPrecision::kFp16 && c_.training.device == "cpu") {
       throw UserError(loc("training.mixed_precision") + "training.mixed_precision = \"fp16\" on training.device = "
@@ -362,7 +351,6 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   Rules rules(config, where);
   rules.features_not_built();
   rules.batch_sizes();
-  rules.planner_on_gpu();  // before device(): it holds whether or not this machine has a GPU
   rules.device();
   rules.mixed_precision();
   rules.learning_rate();

@@ -162,6 +162,14 @@ Decision share(const ProcessGrid& grid, Decision d) {
           static_cast<GradientDtype>(t[10].item<int64_t>())};
 }
 
+// The plan as configured, as a decision: what "auto" trains where rank 0 could not plan (a GPU
+// whose trace failed: warned, never refused).
+Decision configured(const RunPlan& run) {
+  return {false, run.batch.micro, run.memory.policy, run.memory.budget_bytes, run.sync.shard, run.sync.prefetch,
+          false, std::lround(run.memory.eviction_threshold * 1000), std::lround(run.memory.block_keep_share * 1000),
+          run.memory.block_offload, run.gradient_dtype};
+}
+
 // parallel.strategy = "auto": the plan trains rank 0's choice.
 void apply(RunPlan& run, const Decision& d) {
   const int64_t local = run.batch.local();
@@ -191,8 +199,8 @@ void apply(RunPlan& run, const Decision& d) {
 
 // Rank 0's plan of a run of stages or tensor-parallel groups: `predict` with the config planned
 // here (profiled on CPU ranks, traced at the local GPU's kind on a GPU). On a GPU a failure to plan
-// is said in `out.text` and the run trains (the ranks decide nothing from it: auto is refused for
-// these grids on GPUs by the config's validation); on CPU ranks it is thrown.
+// is said in `out.text` and the run trains (under parallel.strategy = "auto", a tensor-parallel run
+// as configured; pipelined runs take no "auto"); on CPU ranks it is thrown.
 template <typename Predict>
 void plan_grid_on_root(const Config& config, const RunPlan& run, const ProcessGrid& grid, RunPrediction& out,
                        Predict&& predict_with) {
@@ -219,7 +227,7 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
                                           const ProcessGrid& grid) {
   RunPrediction out;
   const bool automatic = config.parallel.strategy == Strategy::kAuto;
-  Decision decision;
+  Decision decision = configured(run);
   if (grid.is_root()) plan_grid_on_root(config, run, grid, out, [&](const Config& planned) {
     PlanArgs args;
     args.ranks = {run.grid.data * run.grid.tensor};
@@ -228,6 +236,7 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
     args.device_memory = run.memory.budget_bytes;
     args.precisions = {run.precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};
+    if (config.training.device != "cpu" && !cuda_budgets_built()) args.policies = {MemoryPolicy::kNone};
     if (!automatic) args.trained_sizes = {run.batch.micro};
     if (!automatic || config.parallel.shard != ShardLevel::kNone) args.shards = {config.parallel.shard};
     const JobPlan plan = plan_job(planned, data.train.get(), data.info, args);

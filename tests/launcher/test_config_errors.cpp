@@ -320,10 +320,6 @@ TEST_F(ConfigErrors, CrossKeyRules) {
   if (!at::hasCUDA()) {
     EXPECT_THAT(error_in(kGood, {"--training.device=cuda"}), HasSubstr("has no CUDA or no GPU is visible"));
   }
-  EXPECT_THAT(error_in(kGood, {"--training.device=cuda", "--parallel.strategy=auto", "--parallel.tensor_parallel=2"}),
-              HasSubstr("parallel.strategy = \"auto\" on training.device = \"cuda\" with pipeline stages or "
-                        "tensor-parallel groups: the planner predicts such GPU runs but chooses for one GPU or "
-                        "data parallelism only"));
   EXPECT_THAT(error_in(kGood, {"--training.min_lr=1.0"}), HasSubstr("training.min_lr = 1.0 exceeds training.lr"));
   EXPECT_THAT(error_in("[model]\nname = \"gpt\"\nn_head = 3\n[data]\ndataset = \"synthetic\"\n"),
               HasSubstr("job.toml:3:10: model.n_embd = 256 is not a multiple of model.n_head = 3"));
