@@ -61,7 +61,8 @@ std::shared_ptr<Communicator> replica_group_for_device(const RunPlan& plan, cons
   }
 #ifdef HT_HAVE_NCCL
   // Its all-reduces, reduce-scatters and prefetched gathers on a communication stream of their own,
-  // overlapped with the kernels (a worker thread waits for each: parallel/collective_worker.h).
+  // overlapped with the kernels: queued from the computing thread, the compute stream waiting for
+  // their events (parallel/stream_collectives.h).
   return std::make_shared<NcclCommunicator>(*grid.data_parallel_group, std::stoi(plan.device.substr(5)), grid.rank,
                                             /*side_stream=*/true);
 #else

@@ -1,5 +1,6 @@
 #pragma once
-// A thread that runs a group's collectives in the order they were queued, so that the thread
+// CPU ranks' CollectiveQueue (parallel/collective_queue.h): a thread that runs a group's
+// collectives in the order they were queued, so that the thread
 // running forward and backward goes on computing meanwhile: DataParallel's all-reduces during
 // backward (parallel/data_parallel.h), sharded parameters' prefetched all-gathers and the
 // reduce-scatters beside them (parallel/parameter_shards.h). The communicator must accept calls

@@ -18,8 +18,9 @@
 //   - in backward, once its gradients are final (GradientShards reduce-scattered it);
 //   - after each backward and each evaluation, whatever is left.
 // That is FSDP's default (reshard after forward), chosen for every bucket, and what happens
-// without a memory budget. There the gathers are prefetched (set_prefetch): they run on a
-// communication thread (parallel/collective_worker.h) that owns the group while a step runs,
+// without a memory budget. There the gathers are prefetched (set_prefetch): they run on the
+// group's queue (parallel/collective_queue.h: a worker thread, or a GPU's communication stream)
+// that owns the group while a step runs,
 // `depth` blocks ahead of the one computing: in forward the next blocks' buckets as a block
 // begins; in backward, as the tape enters a block's entries (each records the block whose forward
 // made it: backward_enters), the buckets of the blocks before it that backward will read (the

@@ -19,9 +19,9 @@
 // (training/step_checks.h).
 //
 // The combination is asynchronous: begin() starts what backward has not started and returns a
-// handle at once; the gradients are the step's when the handle's wait() returns. On CPU ranks the
-// buckets run on a worker thread (parallel/collective_worker.h); on GPUs the same handles are
-// where the collectives' stream events will be waited on (issue 67).
+// handle at once; the gradients are the step's when the handle's wait() returns: the buckets run
+// on the group's CollectiveQueue (parallel/collective_queue.h), a worker thread's on CPU ranks; on
+// a GPU the communication stream's, and wait() makes the compute stream wait for their events.
 
 #include "base/json.h"
 #include "parallel/data_parallel.h"
