@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -79,6 +81,49 @@ class CudaCopy final : public CopyJob {
   mutable bool finished_ = false;
 };
 
+// 64 MiB each way between pinned host memory and GPU `device`, timed by events on a stream of its
+// own: the slower direction, GB/s; 0 where pinned memory could not be had.
+double measure_link(int device) {
+  constexpr int64_t kBytes = int64_t{64} << 20;
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "the link's measurement");
+  void* on_device = nullptr;
+  void* host = nullptr;
+  check_cuda(cudaMalloc(&on_device, kBytes), "the link's measurement");
+  if (cudaMallocHost(&host, kBytes) != cudaSuccess) {
+    cudaFree(on_device);
+    cudaStreamDestroy(stream);
+    check_cuda(cudaGetLastError(), "the link's measurement");
+    return 0;
+  }
+  cudaEvent_t begin, end;
+  cudaEventCreate(&begin);
+  cudaEventCreate(&end);
+  double slowest_ms = 0;
+  for (cudaMemcpyKind kind : {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost}) {
+    float best = 1e30f;
+    for (int rep = 0; rep < 3; ++rep) {
+      cudaEventRecord(begin, stream);
+      cudaMemcpyAsync(kind == cudaMemcpyHostToDevice ? on_device : host,
+                      kind == cudaMemcpyHostToDevice ? host : on_device,
+                      kBytes, kind, stream);
+      cudaEventRecord(end, stream);
+      cudaEventSynchronize(end);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, begin, end);
+      best = std::min(best, ms);
+    }
+    slowest_ms = std::max(slowest_ms, static_cast<double>(best));
+  }
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  cudaFreeHost(host);
+  cudaFree(on_device);
+  cudaStreamDestroy(stream);
+  return static_cast<double>(kBytes) / (std::max(slowest_ms, 1e-3) * 1e6);
+}
+
 class CudaHostLink final : public HostLink {
  public:
   CudaHostLink(int device, double gbps) : device_(device) {
@@ -87,7 +132,7 @@ class CudaHostLink final : public HostLink {
       check_cuda(cudaStreamCreateWithFlags(&streams_[d], cudaStreamNonBlocking), "a copy stream");
     }
     check_cuda(cudaEventCreateWithFlags(&written_, cudaEventDisableTiming), "an event");
-    gbps_ = gbps > 0 ? gbps : measure();
+    gbps_ = gbps > 0 ? gbps : cuda_host_link_gbps(device_);
   }
   ~CudaHostLink() override {
     jobs_[0].clear();
@@ -197,42 +242,6 @@ class CudaHostLink final : public HostLink {
     return at::from_blob(s.data, {elements}, at::TensorOptions().dtype(dtype).device(at::kCUDA, device_));
   }
 
-  // 64 MiB each way between pinned host memory and the device, timed by events: the slower one.
-  double measure() {
-    constexpr int64_t kBytes = int64_t{64} << 20;
-    void* device = nullptr;
-    void* host = nullptr;
-    check_cuda(cudaMalloc(&device, kBytes), "the link's measurement");
-    if (cudaMallocHost(&host, kBytes) != cudaSuccess) {
-      cudaFree(device);
-      check_cuda(cudaGetLastError(), "the link's measurement");
-      return 0;
-    }
-    cudaEvent_t begin, end;
-    cudaEventCreate(&begin);
-    cudaEventCreate(&end);
-    double slowest_ms = 0;
-    for (cudaMemcpyKind kind : {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost}) {
-      float best = 1e30f;
-      for (int rep = 0; rep < 3; ++rep) {
-        cudaEventRecord(begin, streams_[0]);
-        cudaMemcpyAsync(kind == cudaMemcpyHostToDevice ? device : host, kind == cudaMemcpyHostToDevice ? host : device,
-                        kBytes, kind, streams_[0]);
-        cudaEventRecord(end, streams_[0]);
-        cudaEventSynchronize(end);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, begin, end);
-        best = std::min(best, ms);
-      }
-      slowest_ms = std::max(slowest_ms, static_cast<double>(best));
-    }
-    cudaEventDestroy(begin);
-    cudaEventDestroy(end);
-    cudaFreeHost(host);
-    cudaFree(device);
-    return static_cast<double>(kBytes) / (std::max(slowest_ms, 1e-3) * 1e6);
-  }
-
   int device_;
   double gbps_ = 0;
   cudaStream_t streams_[2] = {nullptr, nullptr};
@@ -243,6 +252,14 @@ class CudaHostLink final : public HostLink {
 };
 
 }  // namespace
+
+double cuda_host_link_gbps(int device) {
+  static std::mutex mu;
+  static std::map<int, double> measured;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = measured.find(device); it != measured.end()) return it->second;
+  return measured.emplace(device, measure_link(device)).first->second;
+}
 
 std::shared_ptr<HostLink> make_cuda_host_link(int device, double gbps) {
   return std::make_shared<CudaHostLink>(device, gbps);

@@ -15,8 +15,8 @@
 //   that do not block;
 // - bf16 compression converts on the copy stream, through a staging buffer of the link's own per
 //   direction (cudaMalloc, outside the budget's arena, as large as the largest narrow copy);
-// - its rate is measured when it is made (64 MiB each way, the slower direction), and the swap's
-//   rule prices copies by it (the planner, which predicts no GPU run yet, by memory.host_link_gbps);
+// - its rate is measured when the first link of the GPU is made (64 MiB each way, the slower
+//   direction: cuda_host_link_gbps), and the swap's rule and the planner price copies by it;
 // - CopyJob::finish() waits on the host (cudaEventSynchronize): an eviction that needs the host
 //   copy valid, and the optimizer state read on the host, wait so.
 // Built where libtorch has CUDA; make_cuda_host_link throws elsewhere (no_cuda_arena.cpp).
@@ -30,5 +30,10 @@ namespace ht {
 // The link between host memory and GPU `device`. `gbps` > 0 prices copies at that rate instead of
 // the measured one (the run's memory.host_link_gbps where the config sets it).
 std::shared_ptr<HostLink> make_cuda_host_link(int device, double gbps = 0);
+// The link's rate, GB/s each way (the slower), measured once per GPU per process: what a link made
+// with gbps = 0 prices copies at, and what the planner prices them at on this GPU
+// (launcher/planning/planned_here.cpp). 0 where pinned host memory could not be had; throws where
+// CUDA fails, and without CUDA.
+double cuda_host_link_gbps(int device);
 
 }  // namespace ht

@@ -36,6 +36,8 @@ std::shared_ptr<HostLink> make_cuda_host_link(int, double) {
   throw std::runtime_error("make_cuda_host_link: " + cuda_budgets_missing());
 }
 
+double cuda_host_link_gbps(int) { throw std::runtime_error("cuda_host_link_gbps: " + cuda_budgets_missing()); }
+
 int64_t make_cuda_library_workspaces(int) { return -1; }
 int64_t cuda_allocated_peak_bytes(int) { return -1; }
 int64_t cuda_allocated_bytes(int) { return -1; }

@@ -440,7 +440,8 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
   f.push_back(Field(&C::memory, &MemoryConfig::host_link_gbps, "memory", "host_link_gbps",
                     "GB/s of the link between device and host memory, each way (PCIe Gen4 x16 gives about 25 "
                     "in practice); on CPU ranks copies take the time this link would take. On a GPU the copies "
-                    "run on copy streams at the link's own rate, measured at start")
+                    "run on copy streams at the link's own rate, measured at start, and the planner prices them "
+                    "at it")
                   .min(0.01).only_when(swapping_words, swapping));
   f.push_back(Field(&C::memory, &MemoryConfig::compress, "memory", "compress",
                     "what backward keeps, smaller: off; lossless (relu keeps a 1-bit mask of where it was positive "

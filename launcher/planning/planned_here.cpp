@@ -1,12 +1,26 @@
 #include "launcher/planning/planned_here.h"
 
 #include "alloc/cuda_arena.h"
+#include "alloc/cuda_host_link.h"
 #include "launcher/planning/device_catalog.h"
 
 #include <algorithm>
 #include <map>
 
 namespace ht {
+namespace {
+
+// The GPU's host link measured (cuda_host_link_gbps), or 0 where it cannot be: the plan then prices
+// copies at memory.host_link_gbps, and says nothing (the run's link fails by name if it must).
+double host_link_rate(int device) {
+  try {
+    return cuda_host_link_gbps(device);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
 
 Config profiled_here(const Config& config) {
   Config c = config;
@@ -38,6 +52,9 @@ std::optional<Config> planned_here(const Config& config, const RunPlan& run, con
   c.cluster.device_memory_bytes = memory;
   c.cluster.intra_node_gbps = k.intra_node_gbps;
   c.cluster.inter_node_gbps = k.inter_node_gbps;
+  // Copies to and from the host at the rate the run's link will take (measured once per GPU;
+  // memory.host_link_gbps is CPU ranks' model).
+  if (const double link = host_link_rate(device); link > 0) c.memory.host_link_gbps = link;
   return c;
 }
 
