@@ -255,6 +255,7 @@ std::shared_ptr<CpuArena> make_cuda_arena(int64_t bytes, int device) {
 #ifdef HT_CUDA_PLUGGABLE_ALLOCATOR
   if (status == cudaErrorMemoryAllocation) {  // the caching allocator's idle blocks may be in the way
     cudaGetLastError();
+    side_stream_frees().drain();  // and blocks that keep an ended arena alive only for a side stream
     native_allocator()->emptyCache();
     status = cudaMalloc(&base, static_cast<size_t>(bytes));
   }
@@ -287,6 +288,7 @@ CudaArenaScope::CudaArenaScope(std::shared_ptr<CpuArena> arena) : arena_(std::mo
 }
 
 CudaArenaScope::~CudaArenaScope() {
+  side_stream_frees().drain();  // the arena ends with no block kept for a side stream
   set_cuda_arena(nullptr);
   g_cuda_active.store(nullptr, std::memory_order_release);
   cuda_arenas().retire(arena_.get());

@@ -35,8 +35,10 @@ class CollectiveQueue {
   // the queue may be busy).
   void run(std::function<void(Communicator&)> run) { wait_for(submit(std::move(run))); }
   // As wait_for, for everything queued; returns the milliseconds spent in collectives since the
-  // previous wait() where the queue measures them (a worker's), else 0.
+  // previous wait() where the queue measures them (timed()), else 0.
   virtual double wait() = 0;
+  // Whether the host sees the collectives' time (a worker thread's), or not (a GPU stream's).
+  virtual bool timed() const { return true; }
 };
 
 // The queue `group` takes: its communication stream's where it has one (Communicator::side_stream),

@@ -13,9 +13,9 @@
 
 namespace ht {
 
-// A collective failed or timed out; the message names the rank, the context and the collective.
 class SideStream;  // parallel/stream_collectives.h
 
+// A collective failed or timed out; the message names the rank, the context and the collective.
 class CommunicationError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

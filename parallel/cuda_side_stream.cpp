@@ -12,19 +12,26 @@
 namespace ht {
 namespace {
 
-// A point on a stream: an event of its own, recorded there.
+// A point on a stream: an event of its own, recorded there. Never throws: without an event the
+// host waits for the stream, and the fence has passed (a job's tensors may then go at once).
 class EventFence final : public Fence {
  public:
   explicit EventFence(cudaStream_t stream) {
     if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventRecord(event, stream) != cudaSuccess) {
-      throw CommunicationError(std::string("an event on NCCL's communication stream: ") +
-                               cudaGetErrorString(cudaGetLastError()));
+      cudaGetLastError();
+      if (event != nullptr) cudaEventDestroy(event);
+      event = nullptr;
+      cudaStreamSynchronize(stream);
     }
   }
-  ~EventFence() override { cudaEventDestroy(event); }
-  bool passed() override { return cudaEventQuery(event) != cudaErrorNotReady; }
-  void wait() override { cudaEventSynchronize(event); }
+  ~EventFence() override {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  bool passed() override { return event == nullptr || cudaEventQuery(event) != cudaErrorNotReady; }
+  void wait() override {
+    if (event != nullptr) cudaEventSynchronize(event);
+  }
   cudaEvent_t event = nullptr;
 };
 
@@ -46,7 +53,8 @@ class CudaSideStream final : public SideStream {
   }
   std::shared_ptr<Fence> record() override { return std::make_shared<EventFence>(side_); }
   void compute_waits(Fence& fence) override {
-    if (cudaStreamWaitEvent(current_cuda_stream(device_), static_cast<EventFence&>(fence).event, 0) != cudaSuccess) {
+    const cudaEvent_t event = static_cast<EventFence&>(fence).event;
+    if (event != nullptr && cudaStreamWaitEvent(current_cuda_stream(device_), event, 0) != cudaSuccess) {
       throw CommunicationError(std::string("the compute stream behind the communication stream: ") +
                                cudaGetErrorString(cudaGetLastError()));
     }

@@ -172,6 +172,7 @@ void DataParallel::finish_average() {
   stats_.wait_ms = worker_ ? ms_since(waiting) : inline_ms_;
   stats_.comm_bytes = bytes_;
   stats_.overlap = stats_.comm_ms > 0 ? std::clamp(1.0 - stats_.wait_ms / stats_.comm_ms, 0.0, 1.0) : 0.0;
+  if (worker_ && !worker_->timed()) stats_.comm_ms = stats_.overlap = -1;  // on a GPU's stream: not seen
   write_means(had_anywhere_);
   had_anywhere_ = at::Tensor();
   reset_step();

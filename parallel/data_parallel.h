@@ -7,8 +7,9 @@
 // that order (reduction_order()), a bucket is a contiguous span of it and is reduced in place.
 //
 // With overlap, DataParallel listens to the last micro-batch's backward (GradientListener): when
-// no tape entry left can add to any gradient of the next bucket, that bucket goes to a worker
-// thread's all-reduce while backward goes on. Buckets start in bucket order on every rank, so
+// no tape entry left can add to any gradient of the next bucket, that bucket goes to the group's
+// queue (parallel/collective_queue.h: a worker thread's all-reduce on CPU ranks, the communication
+// stream's on a GPU) while backward goes on. Buckets start in bucket order on every rank, so
 // the ranks' collectives always match, whatever order their gradients finish in.
 
 #include "alloc/gradient_buffer.h"
@@ -23,10 +24,13 @@
 namespace ht {
 
 struct DataParallelStats {
-  double comm_ms = 0;      // time in the all-reduces of the last step's gradients (packing excluded)
+  // Time in the all-reduces of the last step's gradients (packing excluded); -1 where the host
+  // does not see it (a GPU's communication stream: its kernels are not timed here).
+  double comm_ms = 0;
   int64_t comm_bytes = 0;  // bytes this rank sent into them
-  double wait_ms = 0;      // time training waited for them once backward had ended
-  // Share of comm_ms hidden under backward: 1 - wait_ms / comm_ms (0 without overlap).
+  double wait_ms = 0;      // time the host waited for them once backward had ended
+  // Share of comm_ms hidden under backward: 1 - wait_ms / comm_ms (0 without overlap; -1 where
+  // comm_ms is).
   double overlap = 0;
   // Buckets of the step, and those started while backward still ran (overlap): the evidence
   // that the gradient listener fired, which the times alone cannot give.
@@ -35,7 +39,7 @@ struct DataParallelStats {
 
 class DataParallel final : public GradientListener {
  public:
-  // `overlap` needs a communicator that allows a worker thread; it is ignored for a group of one.
+  // `overlap` needs a queue for the group (make_collective_queue); it is ignored for a group of one.
   // `units`: per parameter, the unit it belongs to (a model's block); a bucket then never holds
   // two units' parameters (sharded parameters gather a block's buckets before it runs, FSDP's
   // unit). Empty: buckets by size alone.

@@ -16,10 +16,11 @@
 // add in another order than the unsharded run's (each micro-batch summed over the ranks, then the
 // micro-batches; not each rank's micro-batches, then the ranks): the same within fp32's rounding,
 // bit for bit where one micro-batch is summed by two ranks. The collectives run on the thread
-// running backward, or on a worker that owns the group (set_worker: sharded parameters' prefetch
-// worker, or one of their own for parallel.overlap). With overlap (set_overlap) backward goes on
-// while a bucket's reduce-scatter runs: at most one is under way, and the thread waits for it when
-// the next bucket starts (or backward ends), then frees its block. So a bucket's block lives from
+// running backward, or on the group's queue (set_worker: sharded parameters' prefetch queue, or
+// one of their own for parallel.overlap; a worker thread on CPU ranks, the communication stream
+// on a GPU). With overlap (set_overlap) backward goes on while a bucket's reduce-scatter runs: at
+// most one is under way, and the thread waits for it when the next bucket starts (or backward
+// ends; on a GPU the compute stream waits), then frees its block. So a bucket's block lives from
 // its first gradient to the start of the next bucket's reduce-scatter, at a point of the program,
 // not of the clock: what is resident when, and so a budget's evictions, is the same on every run
 // and every rank. The sums add in the same order as without overlap: the same bits.
@@ -86,7 +87,7 @@ class GradientShards final : public GradientSlots, public GradientListener {
     bool reduced = false;         // in this backward
   };
   // A reduce-scatter under way (overlap): the block and the part it fills stay referenced here, so
-  // they are freed on this thread once it is done, never on the worker.
+  // they are freed on this thread once it has been waited for, never on a worker.
   struct InFlight {
     uint64_t ticket = 0;
     size_t bucket = 0;

@@ -45,13 +45,16 @@ std::pair<int64_t, bool> largest_count(const std::vector<int64_t>& counts) {
 
 struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
-  std::recursive_mutex comm_mutex;  // a call's enqueueing against the watchdog's abort
-  bool aborted = false;   // under comm_mutex
+  // Held while NCCL's calls are made on `comm`, and by abort(): never across anything that may
+  // wait for the GPU, so the watchdog can always abort.
+  std::recursive_mutex comm_mutex;
+  std::atomic<bool> aborted{false};
   cudaEvent_t done = nullptr;     // after a call the host waits for
   cudaStream_t side = nullptr;    // the communication stream (side_stream), else none
   cudaEvent_t ready = nullptr;    // recorded on the caller's stream: what a collective on `side` waits for
   std::shared_ptr<SideStream> side_stream;  // over `side`, where libtorch has CUDA
   void* staging = nullptr;  // device buffer for host tensors
+  void* pinned = nullptr;   // and its pinned host side: the copies do not block the host
   size_t staging_bytes = 0;
   std::mutex events_mutex;
   std::vector<cudaEvent_t> spare_events;  // passed: for the next call
@@ -81,10 +84,11 @@ struct NcclCommunicator::State {
     aborted = true;
     ncclCommAbort(comm);
   }
-  // NCCL's asynchronous error in words, "" while none.
+  // NCCL's asynchronous error in words, "" while none (or while a call is being made: asked again
+  // at the next poll, so the watchdog never waits behind a call).
   std::string async_error() {
-    std::lock_guard<std::recursive_mutex> lock(comm_mutex);
-    if (aborted || comm == nullptr) return "";
+    std::unique_lock<std::recursive_mutex> lock(comm_mutex, std::try_to_lock);
+    if (!lock.owns_lock() || aborted || comm == nullptr) return "";
     ncclResult_t rc = ncclSuccess;
     ncclCommGetAsyncError(comm, &rc);
     return rc == ncclSuccess || rc == ncclInProgress ? std::string() : std::string(ncclGetErrorString(rc));
@@ -162,15 +166,20 @@ cudaStream_t NcclCommunicator::enqueue_stream(const char* collective, const char
   return state_->side;
 }
 
+// Calls may still be queued (the host does not wait for them): they are given the timeout to end
+// while the watchdog still watches; what has not ended, or failed, is aborted rather than
+// destroyed (ncclCommDestroy would wait for it, and for a peer that is gone).
 NcclCommunicator::~NcclCommunicator() {
   if (!state_) return;
   cudaSetDevice(device_);
+  if (state_->watchdog && !state_->watchdog->wait_all_for(timeout())) state_->abort();
   state_->watchdog.reset();  // its thread touches the communicator and the events
   if (state_->comm != nullptr && !state_->aborted) ncclCommDestroy(state_->comm);
   if (state_->done != nullptr) cudaEventDestroy(state_->done);
   if (state_->ready != nullptr) cudaEventDestroy(state_->ready);
   if (state_->side != nullptr) cudaStreamDestroy(state_->side);
   if (state_->staging != nullptr) cudaFree(state_->staging);
+  if (state_->pinned != nullptr) cudaFreeHost(state_->pinned);
   for (cudaEvent_t e : state_->spare_events) cudaEventDestroy(e);
 }
 
@@ -190,17 +199,45 @@ void NcclCommunicator::begin(const char* collective, const char* what) {
   cudaSetDevice(device_);
 }
 
+// The lock NCCL's calls are made under, taken after begin(): the watchdog may have aborted the
+// communicator in between, and a call on an aborted one would use freed state.
+std::unique_lock<std::recursive_mutex> NcclCommunicator::locked(const char* collective, const char* what) {
+  std::unique_lock<std::recursive_mutex> lock(state_->comm_mutex);
+  if (state_->aborted) {
+    lock.unlock();
+    state_->watchdog->rethrow();
+    fail(collective, what, "the communicator was aborted after an earlier failure");
+  }
+  return lock;
+}
+
+// The device buffer host tensors cross through, and its pinned host side, for `bytes`. Made
+// before the lock: freeing the old ones waits for the GPU.
+void NcclCommunicator::stage(size_t bytes, const char* collective, const char* what) {
+  if (bytes <= state_->staging_bytes) return;
+  if (state_->staging != nullptr) cudaFree(state_->staging);
+  if (state_->pinned != nullptr) cudaFreeHost(state_->pinned);
+  state_->staging = state_->pinned = nullptr;
+  state_->staging_bytes = 0;
+  if (cudaMalloc(&state_->staging, bytes) != cudaSuccess || cudaMallocHost(&state_->pinned, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    fail(collective, what, "no memory for the " + std::to_string(bytes) + " bytes of a host tensor's device copy");
+  }
+  state_->staging_bytes = bytes;
+}
+
 // After a call on device tensors was queued on `stream`: an event behind it for the watchdog, and
 // the caller's stream waits for it where the call ran on another, so what the caller queues next
 // reads the result; the host goes on.
 void NcclCommunicator::hand_over(cudaStream_t stream, const std::string& collective, const char* what) {
   cudaEvent_t event = state_->take_event();
-  if (event == nullptr || cudaEventRecord(event, stream) != cudaSuccess) {
-    fail(collective, what, std::string("its completion event: ") + cudaGetErrorString(cudaGetLastError()));
-  }
   const cudaStream_t current = compute_stream(device_);
-  if (stream != current && cudaStreamWaitEvent(current, event, 0) != cudaSuccess) {
-    fail(collective, what, cudaGetErrorString(cudaGetLastError()));
+  if (event == nullptr || cudaEventRecord(event, stream) != cudaSuccess ||
+      (stream != current && cudaStreamWaitEvent(current, event, 0) != cudaSuccess)) {
+    const std::string why = cudaGetErrorString(cudaGetLastError());
+    cudaStreamSynchronize(stream);  // neither watched nor waited for: its tensors may go once it is done
+    if (event != nullptr) state_->give_back(event);
+    fail(collective, what, "its completion event: " + why);
   }
   State* state = state_.get();
   state_->watchdog->watch(describe(collective, what), [state, event] {
@@ -217,7 +254,6 @@ void NcclCommunicator::run(Op op, at::Tensor& t, int peer, const char* collectiv
                                std::to_string(device_));
   }
   begin(collective, what);
-  std::lock_guard<std::recursive_mutex> lock(state_->comm_mutex);
   // Point to point holds the caller's stream (a pipeline's order); collectives run on the
   // communication stream where there is one.
   const bool p2p = op == Op::kSend || op == Op::kRecv;
@@ -226,35 +262,35 @@ void NcclCommunicator::run(Op op, at::Tensor& t, int peer, const char* collectiv
   const size_t bytes = t.nbytes(), count = static_cast<size_t>(t.numel());
   void* data = t.data_ptr();
   const bool host = !t.is_cuda();
-  if (host) {  // through this communicator's device buffer
-    if (bytes > state_->staging_bytes) {
-      if (state_->staging != nullptr) cudaFree(state_->staging);
-      state_->staging = nullptr;
-      if (cudaMalloc(&state_->staging, bytes) != cudaSuccess) {
-        fail(collective, what, "no device memory for " + std::to_string(bytes) + " bytes of a host tensor");
-      }
-      state_->staging_bytes = bytes;
+  if (host) {  // through this communicator's device buffer, from and to its pinned host side
+    stage(bytes, collective, what);
+    if (op != Op::kRecv) {
+      std::memcpy(state_->pinned, data, bytes);
+      cudaMemcpyAsync(state_->staging, state_->pinned, bytes, cudaMemcpyHostToDevice, stream);
     }
-    if (op != Op::kRecv) cudaMemcpyAsync(state_->staging, data, bytes, cudaMemcpyHostToDevice, stream);
     data = state_->staging;
   }
-  ncclResult_t rc = ncclSuccess;
-  switch (op) {
-    case Op::kAllReduce: rc = ncclAllReduce(data, data, count, type, ncclSum, state_->comm, stream); break;
-    case Op::kBroadcast: rc = ncclBroadcast(data, data, count, type, peer, state_->comm, stream); break;
-    case Op::kSend: rc = ncclSend(data, count, type, peer, state_->comm, stream); break;
-    case Op::kRecv: rc = ncclRecv(data, count, type, peer, state_->comm, stream); break;
+  {
+    const std::unique_lock<std::recursive_mutex> lock = locked(collective, what);
+    ncclResult_t rc = ncclSuccess;
+    switch (op) {
+      case Op::kAllReduce: rc = ncclAllReduce(data, data, count, type, ncclSum, state_->comm, stream); break;
+      case Op::kBroadcast: rc = ncclBroadcast(data, data, count, type, peer, state_->comm, stream); break;
+      case Op::kSend: rc = ncclSend(data, count, type, peer, state_->comm, stream); break;
+      case Op::kRecv: rc = ncclRecv(data, count, type, peer, state_->comm, stream); break;
+    }
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what, ncclGetErrorString(rc));
+    settle(collective, what);  // enqueued on the stream before the event behind it is recorded
   }
-  if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what, ncclGetErrorString(rc));
-  settle(collective, what);  // enqueued on the stream before the event behind it is recorded
   if (!host) {
     hand_over(stream, collective, what);
     return;
   }
-  // A host tensor is read on the host next: the host waits.
-  if (op != Op::kSend) cudaMemcpyAsync(t.data_ptr(), state_->staging, bytes, cudaMemcpyDeviceToHost, stream);
+  // A host tensor is read on the host next: the host waits (polling, so the timeout holds).
+  if (op != Op::kSend) cudaMemcpyAsync(state_->pinned, state_->staging, bytes, cudaMemcpyDeviceToHost, stream);
   if (cudaEventRecord(state_->done, stream) != cudaSuccess) fail(collective, what, cudaGetErrorString(cudaGetLastError()));
   wait(collective, what);
+  if (op != Op::kSend) std::memcpy(t.data_ptr(), state_->pinned, bytes);
 }
 
 // A nonblocking communicator returns from a call before the work is set up or enqueued
@@ -282,12 +318,16 @@ void NcclCommunicator::settle(const char* collective, const char* what) {
 void NcclCommunicator::wait(const char* collective, const char* what) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
+    // An abort by the watchdog ends the kernels too: its failure, not a passed event, is the news.
+    state_->watchdog->rethrow();
     const cudaError_t status = cudaEventQuery(state_->done);
-    if (status == cudaSuccess) return;
+    if (status == cudaSuccess) {
+      state_->watchdog->rethrow();
+      return;
+    }
     if (status != cudaErrorNotReady) fail(collective, what, cudaGetErrorString(status));
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(state_->comm, &async);
-    if (async != ncclSuccess && async != ncclInProgress) fail(collective, what, ncclGetErrorString(async));
+    const std::string async = state_->async_error();
+    if (!async.empty()) fail(collective, what, async);
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout()) {
       state_->abort();
@@ -317,7 +357,6 @@ void NcclCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& sh
                                           const std::vector<int64_t>& counts, const char* what) {
   const char* collective = "the reduce-scatter";
   prepare_shards(full, shard, counts, collective, what);
-  std::lock_guard<std::recursive_mutex> lock(state_->comm_mutex);
   const auto [most, even] = largest_count(counts);
   // Uneven counts copy through padded tensors by ATen's kernels, on the caller's stream.
   const cudaStream_t stream = even ? enqueue_stream(collective, what) : compute_stream(device_);
@@ -331,9 +370,12 @@ void NcclCommunicator::reduce_scatter_sum(const at::Tensor& full, at::Tensor& sh
     }
     recv = at::empty({most}, full.options());
   }
-  complete(ncclReduceScatter(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(most), nccl_type(full, what),
-                             ncclSum, state_->comm, stream),
-           collective, what);
+  {
+    const std::unique_lock<std::recursive_mutex> lock = locked(collective, what);
+    complete(ncclReduceScatter(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(most), nccl_type(full, what),
+                               ncclSum, state_->comm, stream),
+             collective, what);
+  }
   if (!even) shard.copy_(recv.narrow(0, 0, shard.numel()));
   hand_over(stream, collective, what);
 }
@@ -342,7 +384,6 @@ void NcclCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, con
                                   const char* what) {
   const char* collective = "the all-gather";
   prepare_shards(full, shard, counts, collective, what);
-  std::lock_guard<std::recursive_mutex> lock(state_->comm_mutex);
   const auto [most, even] = largest_count(counts);
   const cudaStream_t stream = even ? enqueue_stream(collective, what) : compute_stream(device_);
   at::Tensor send = shard, recv = full;
@@ -352,9 +393,12 @@ void NcclCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, con
     recv = at::empty({most * size_}, full.options());
   }
   // Even and in place (the shard is the whole's own slice) is NCCL's in-place all-gather.
-  complete(ncclAllGather(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(most), nccl_type(full, what),
-                         state_->comm, stream),
-           collective, what);
+  {
+    const std::unique_lock<std::recursive_mutex> lock = locked(collective, what);
+    complete(ncclAllGather(send.data_ptr(), recv.data_ptr(), static_cast<size_t>(most), nccl_type(full, what),
+                           state_->comm, stream),
+             collective, what);
+  }
   if (!even) {
     int64_t offset = 0;
     for (int r = 0; r < size_; ++r) {
@@ -421,19 +465,21 @@ std::unique_ptr<Transfer> NcclCommunicator::post_group(std::vector<PeerMessage> 
   }
   const char* collective = "a group of sends and receives";
   begin(collective, what.c_str());
-  std::lock_guard<std::recursive_mutex> lock(state_->comm_mutex);
   const cudaStream_t stream = compute_stream(device_);
-  ncclResult_t rc = ncclGroupStart();
-  for (size_t i = 0; rc == ncclSuccess && i < messages.size(); ++i) {
-    const PeerMessage& m = messages[i];
-    // As bytes: any dtype crosses as it is.
-    const size_t bytes = m.tensor.nbytes();
-    rc = m.send ? ncclSend(m.tensor.data_ptr(), bytes, ncclUint8, m.peer, state_->comm, stream)
-                : ncclRecv(m.tensor.data_ptr(), bytes, ncclUint8, m.peer, state_->comm, stream);
+  {
+    const std::unique_lock<std::recursive_mutex> lock = locked(collective, what.c_str());
+    ncclResult_t rc = ncclGroupStart();
+    for (size_t i = 0; rc == ncclSuccess && i < messages.size(); ++i) {
+      const PeerMessage& m = messages[i];
+      // As bytes: any dtype crosses as it is.
+      const size_t bytes = m.tensor.nbytes();
+      rc = m.send ? ncclSend(m.tensor.data_ptr(), bytes, ncclUint8, m.peer, state_->comm, stream)
+                  : ncclRecv(m.tensor.data_ptr(), bytes, ncclUint8, m.peer, state_->comm, stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what.c_str(), ncclGetErrorString(rc));
+    complete(end, collective, what.c_str());
   }
-  const ncclResult_t end = ncclGroupEnd();
-  if (rc != ncclSuccess && rc != ncclInProgress) fail(collective, what.c_str(), ncclGetErrorString(rc));
-  complete(end, collective, what.c_str());
   hand_over(stream, collective, what.c_str());
   return std::make_unique<CompletedTransfer>();
 }

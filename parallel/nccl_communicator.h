@@ -9,7 +9,7 @@
 //   CUDA; the legacy default stream otherwise), so they follow the kernels that produced their
 //   input and precede those that read the result, with no host synchronization for that; or, with
 //   a communication stream (the replicas' group), on that stream behind an event of the caller's,
-//   beside the kernels queued after them, the caller waiting on the host for the result.
+//   beside the kernels queued after them.
 // - A call on device tensors returns once it is queued: the caller's stream waits for it on an
 //   event where it runs on another (so what the caller queues next reads its result), the host does
 //   not. A watchdog thread (parallel/watchdog.h) watches each call's event and NCCL's asynchronous
@@ -32,6 +32,7 @@
 #include "parallel/communicator.h"
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,8 @@ class NcclCommunicator final : public Communicator {
   // index this rank uses. `world_rank` names this process in error messages.
   // `side_stream`: collectives run on a communication stream of its own, behind an event of the
   // caller's stream, so they overlap the kernels queued after them (the replicas' all-reduces,
-  // reduce-scatters and prefetched gathers, called from a worker thread that waits on the host);
-  // else on the caller's stream (a tensor-parallel group's, inside every layer).
+  // reduce-scatters and prefetched gathers, queued by StreamCollectives); else on the caller's
+  // stream (a tensor-parallel group's, inside every layer).
   NcclCommunicator(Communicator& bootstrap, int device, int world_rank, bool side_stream = false);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
@@ -86,11 +87,12 @@ class NcclCommunicator final : public Communicator {
   ::CUstream_st* enqueue_stream(const char* collective, const char* what);
   void settle(const char* collective, const char* what);
   void begin(const char* collective, const char* what);
+  std::unique_lock<std::recursive_mutex> locked(const char* collective, const char* what);
+  void stage(size_t bytes, const char* collective, const char* what);
   void hand_over(::CUstream_st* stream, const std::string& collective, const char* what);
   std::string describe(const std::string& collective, const char* what) const;
   void wait(const char* collective, const char* what);
-  // After a collective was enqueued on ATen's stream: settles it, then waits for it (with the
-  // copies queued behind it).
+  // After a collective was enqueued: settles it (NCCL has queued it on the stream).
   void complete(int enqueued, const char* collective, const char* what);  // an ncclResult_t
   void prepare_shards(const at::Tensor& full, const at::Tensor& shard, const std::vector<int64_t>& counts,
                      const char* collective, const char* what);

@@ -73,7 +73,8 @@ namespace ht {
 struct ParameterGatherStats {
   int64_t gathers = 0;  // buckets gathered
   int64_t bytes = 0;    // bytes this rank received in them
-  double ms = 0;        // time in the all-gathers (allocation included; on the communication thread when prefetched)
+  double ms = 0;        // time in the all-gathers (allocation included; on the communication thread when
+                        // prefetched; on a GPU's communication stream, the time to queue them)
   double waited_ms = 0;  // of it, the time the thread computing waited for them (all of it without prefetch)
   int64_t drops = 0;    // gathered buckets the memory manager dropped for room
   // Share of the gathers' time hidden under compute: 1 - waited / ms.
@@ -166,7 +167,7 @@ class ParameterShards final : public ParameterSource, public ComputeWeights {
     std::vector<int64_t> counts;  // each rank's part of it
     int64_t from = 0;             // kMember: its first element in the bucket's span
     bool gathered = false;        // its memory is there (its data too, unless ticket is set)
-    uint64_t ticket = 0;          // its gather, queued on the worker and not yet waited for
+    uint64_t ticket = 0;          // its gather, queued on the group's queue and not yet waited for
     int holds = 0;                // open kernel reads of it
     uint64_t last_access = 0;     // the interpreter's tick of its last read
     // Written by the worker: its last gather's time (shared, so that a worker left running when

@@ -1,6 +1,7 @@
 // What a pipeline's stages combine once per step (tied gradients, the gradient norms, the loss),
 // and what each keeps of the model. Messages here are few and small beside the activations, so
-// they are blocking, in an order every rank derives from the model alone.
+// they are blocking (on a GPU, for the stream: what is queued next follows them), in an order
+// every rank derives from the model alone.
 #include "parallel/pipeline_stage.h"
 
 #include "alloc/gradient_buffer.h"

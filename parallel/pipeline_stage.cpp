@@ -90,8 +90,8 @@ void PipelineStage::post(const std::vector<PostedMessage>& group) {
     }
     messages.push_back(std::move(out));
   }
-  // A backend that matches in posting order holds the stream, here the host, until the group is
-  // matched: that time is waiting too.
+  // A backend that matches in posting order holds the stream until the group is matched (NCCL's
+  // the GPU's, the host going on; nccl_like the host): the host's part of that is waiting too.
   const auto start = std::chrono::steady_clock::now();
   const std::shared_ptr<Transfer> transfer = pipeline_->post_group(std::move(messages));
   stats_.wait_ms += ms_since(start);

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <exception>
+
 namespace ht {
 
 StreamCollectives::StreamCollectives(std::shared_ptr<Communicator> group, std::shared_ptr<SideStream> stream)
@@ -12,9 +14,21 @@ StreamCollectives::StreamCollectives(std::shared_ptr<Communicator> group, std::s
 }
 
 StreamCollectives::~StreamCollectives() {
+  if (std::uncaught_exceptions() > 0) {
+    new std::deque<Job>(std::move(jobs_));  // kept allocated: the job is ending anyway
+    return;
+  }
   // A collective still under way reads or writes its tensors: they are let go once it is done
   // (a failed one ends when the watchdog aborts its communicator).
-  for (Job& job : jobs_) job.done->wait();
+  for (Job& job : jobs_) {
+    if (job.run) job.done->wait();
+  }
+}
+
+size_t StreamCollectives::held() const {
+  size_t n = 0;
+  for (const Job& job : jobs_) n += job.run ? 1 : 0;
+  return n;
 }
 
 void StreamCollectives::allreduce(at::Tensor t, double scale, const char* what) {
@@ -32,11 +46,12 @@ uint64_t StreamCollectives::submit(std::function<void(Communicator&)> run) {
     const std::shared_ptr<void> on_stream = stream_->enter();
     run(*group_);
   }
+  // A fence never fails to be made (without an event its stream was waited for on the host).
   jobs_.push_back({++queued_, stream_->record(), std::move(run)});
   return queued_;
 }
 
-double StreamCollectives::wait_for(uint64_t ticket) {
+void StreamCollectives::waited_for(uint64_t ticket) {
   // One stream runs the jobs in order: the job's event follows every earlier job's.
   for (Job& job : jobs_) {
     if (job.ticket == ticket) {
@@ -44,13 +59,21 @@ double StreamCollectives::wait_for(uint64_t ticket) {
       break;
     }
   }
+  for (Job& job : jobs_) {
+    if (job.ticket > ticket) break;
+    job.run = nullptr;  // the compute stream is behind it now
+  }
+}
+
+double StreamCollectives::wait_for(uint64_t ticket) {
+  waited_for(ticket);
   group_->rethrow_async_failure();
   reap();
   return 0;
 }
 
 double StreamCollectives::wait() {
-  if (!jobs_.empty()) stream_->compute_waits(*jobs_.back().done);
+  if (!jobs_.empty()) waited_for(jobs_.back().ticket);
   group_->rethrow_async_failure();
   reap();
   return 0;

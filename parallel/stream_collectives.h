@@ -5,10 +5,13 @@
 // kernels after them (a scale, an uneven shard's copies) are queued there, behind an event of the
 // compute stream's (the kernels that made its inputs), and the host goes on. wait_for makes the
 // compute stream wait for the job's event; the kernels queued after that read its results.
-// - A job holds its tensors (its function's copies of them) until its event has passed, so the
-//   arena does not hand their blocks to the compute stream while the collective still uses them;
-//   what a job allocates on the communication stream goes back only after that stream's event
-//   at its free (alloc/deferred_frees.h).
+// - A job holds its tensors (its function's copies of them) until the compute stream has been
+//   made to wait for its event (wait_for, wait) or the event has passed: a block freed after that
+//   is reused by the compute stream only behind the event, and by the communication stream only
+//   behind the compute stream (each job follows it). So the blocks held are those of jobs not yet
+//   waited for, at points of the program, whatever the GPU's pace. What a job allocates on the
+//   communication stream goes back only after that stream's event at its free
+//   (alloc/deferred_frees.h).
 // - Failures come from the communicator's watchdog (parallel/watchdog.h), at the next wait.
 // The stream is an interface: NCCL's communicator gives the CUDA one (parallel/nccl_communicator.h);
 // tests give one whose events pass when they say.
@@ -37,7 +40,9 @@ class SideStream {
 class StreamCollectives final : public CollectiveQueue {
  public:
   StreamCollectives(std::shared_ptr<Communicator> group, std::shared_ptr<SideStream> stream);
-  // Waits, on the host, for what is still under way: its tensors may be freed after.
+  // Waits, on the host, for the jobs that still hold tensors: they may be freed after. While an
+  // exception unwinds (this rank is failing), it waits for nothing and leaves their tensors
+  // allocated: a collective whose peers never come would hold the error up for the timeout.
   ~StreamCollectives() override;
   void allreduce(at::Tensor t, double scale, const char* what) override;
   uint64_t submit(std::function<void(Communicator&)> run) override;
@@ -45,17 +50,21 @@ class StreamCollectives final : public CollectiveQueue {
   double wait_for(uint64_t ticket) override;
   // The stream's time is not measured here: 0.
   double wait() override;
-  // Jobs whose event has not passed yet (their tensors held).
-  size_t held() const { return jobs_.size(); }
+  bool timed() const override { return false; }
+  // Jobs that still hold their tensors (not waited for, and their event not passed).
+  size_t held() const;
 
  private:
   struct Job {
     uint64_t ticket = 0;
     std::shared_ptr<Fence> done;
-    std::function<void(Communicator&)> run;  // holds the job's tensors
+    std::function<void(Communicator&)> run;  // holds the job's tensors until waited for
   };
   // Lets go of the jobs whose event has passed.
   void reap();
+  // The compute stream waits for the job with `ticket`; it and every job before it let go of
+  // their tensors.
+  void waited_for(uint64_t ticket);
 
   std::shared_ptr<Communicator> group_;
   std::shared_ptr<SideStream> stream_;

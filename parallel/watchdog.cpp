@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 namespace ht {
 namespace {
@@ -26,12 +27,23 @@ Watchdog::Watchdog(double timeout_s, Backend backend, double grace_s, double pol
 }
 
 Watchdog::~Watchdog() {
+  std::string untaken;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
+    if (!taken_) untaken = failure_;
   }
   wake_.notify_all();
   thread_.join();
+  if (untaken.empty()) return;
+  std::fprintf(stderr, "hybrid_train: error: %s\n", untaken.c_str());
+  std::fflush(stderr);
+  if (grace_s_.load() > 0 && std::uncaught_exceptions() == 0) std::_Exit(1);
+}
+
+void Watchdog::set_timeout(double seconds) {
+  timeout_s_.store(seconds);
+  if (grace_s_.load() > 0) grace_s_.store(seconds);
 }
 
 void Watchdog::watch(std::string what, std::function<bool()> done) {
@@ -59,6 +71,12 @@ void Watchdog::wait_all() {
     settled_.wait(lock, [&] { return in_flight_ == 0 || !failure_.empty(); });
   }
   rethrow();
+}
+
+bool Watchdog::wait_all_for(double seconds) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  settled_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return in_flight_ == 0 || !failure_.empty(); });
+  return in_flight_ == 0 && failure_.empty();
 }
 
 size_t Watchdog::in_flight() {
@@ -102,9 +120,10 @@ void Watchdog::fail(const std::string& message) {
   const auto since = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   while (!taken_ && !stop_) {
-    if (grace_s_ > 0 && seconds_since(since) > grace_s_) {
+    const double grace = grace_s_.load();
+    if (grace > 0 && seconds_since(since) > grace) {
       std::fprintf(stderr, "hybrid_train: error: %s (the training thread did not take this error in %.0f s: ending)\n",
-                   message.c_str(), grace_s_);
+                   message.c_str(), grace);
       std::fflush(stderr);
       std::_Exit(1);
     }

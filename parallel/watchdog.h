@@ -9,7 +9,8 @@
 // and the owner's next call throws it (rethrow). If nobody takes it within the grace period (the
 // host stuck where no call comes), the watchdog prints it and ends the process with status 1,
 // so the job fails with the message rather than hanging. PyTorch's ProcessGroupNCCL has the
-// same thread.
+// same thread. A call's clock starts when it is queued, and the host may queue ahead of the GPU
+// (a pipeline's whole step, between two reads of a loss): parallel.timeout_s bounds that too.
 //
 // Plain C++: tests watch work whose completion they decide (tests/parallel/test_watchdog.cpp).
 
@@ -39,7 +40,9 @@ class Watchdog {
   // `timeout_s`: how long one watched call may take (parallel.timeout_s). `grace_s`: how long a
   // failure may wait to be taken before the process ends (<= 0: never, for tests).
   Watchdog(double timeout_s, Backend backend, double grace_s, double poll_s = 0.0005);
-  // Stops the thread; what is still watched is left as it is.
+  // Stops the thread; what is still watched is left as it is. A failure nobody took is printed
+  // and, unless an exception is unwinding (the owner is failing already) or grace_s <= 0, ends
+  // the process with status 1: a run whose last calls failed must not end as if it had not.
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -53,10 +56,12 @@ class Watchdog {
   void rethrow();
   // Until everything watched now has completed, on the host; throws the failure if there is one.
   void wait_all();
+  // The same for at most `seconds`, throwing nothing: whether everything ended without failure.
+  bool wait_all_for(double seconds);
   size_t in_flight();
   bool failed();
-  // For calls watched from now on.
-  void set_timeout(double seconds) { timeout_s_.store(seconds); }
+  // For calls watched from now on; a grace period > 0 follows it.
+  void set_timeout(double seconds);
 
  private:
   struct Watched {
@@ -71,7 +76,8 @@ class Watchdog {
   void fail(const std::string& message);
 
   std::atomic<double> timeout_s_;
-  const double grace_s_, poll_s_;
+  std::atomic<double> grace_s_;
+  const double poll_s_;
   Backend backend_;
   std::mutex mutex_;
   std::condition_variable wake_, settled_;

@@ -66,13 +66,12 @@ std::shared_ptr<ParameterShards> shard_parameters(const RunPlan& plan, Engine& e
   const bool managed = e.arena != nullptr && evicts(plan.memory.policy);
   shards->set_managed(managed);
   shards->set_resident(resident);
-  // On a worker thread, not beside a tensor-parallel group, whose collectives use MPI on the
-  // computing thread (a communication stream's jobs are queued from the computing thread: no
-  // second caller); nor at ZeRO-1, whose whole gradients data parallelism all-reduces on a queue
-  // of its own.
+  // Not beside a tensor-parallel group: on CPU ranks its collectives use MPI on the computing
+  // thread, and on GPUs its communicator's kernels would run beside the replicas' on two streams,
+  // which NCCL does not promise to survive (not yet tried on GPUs); nor at ZeRO-1, whose whole
+  // gradients data parallelism all-reduces on a queue of its own.
   const bool all_reduces = plan.sync.shard == ShardLevel::kOptimizer;
-  const bool on_stream = replicas.group().side_stream() != nullptr;
-  if (!managed && plan.sync.prefetch > 0 && (!tensor_parallel || on_stream) && !all_reduces) {
+  if (!managed && plan.sync.prefetch > 0 && !tensor_parallel && !all_reduces) {
     worker = make_collective_queue(replicas.shared_group());
     if (worker) shards->set_prefetch(worker, static_cast<int>(plan.sync.prefetch));
   }
@@ -104,15 +103,15 @@ std::shared_ptr<ParameterShards> shard_parameters(const RunPlan& plan, Engine& e
 // on (parallel.overlap), on sharded parameters' prefetch queue where it exists (it owns the group
 // then), else on one of its own: a communication stream's on a GPU, a worker thread's on CPU
 // ranks. Not where ZeRO-3's gathers run on this thread (no prefetch: under a budget with
-// eviction, or parallel.prefetch = 0); nor, on a worker thread, beside a tensor-parallel group
-// (MPI on two threads) or in a CUDA budget's arena (NCCL's padded path allocates its temporaries
-// on the thread that calls it, while the computing thread allocates in the same arena). A
+// eviction, or parallel.prefetch = 0); nor beside a tensor-parallel group (as for the gathers);
+// nor, on a worker thread, in a CUDA budget's arena (NCCL's padded path allocates its temporaries
+// on the thread that calls it, while the computing thread allocates in the same arena): a
 // communication stream's jobs run on the computing thread.
 void overlap_reduce_scatters(const RunPlan& plan, const Engine& e, DataParallel& replicas, GradientShards& shards,
                              bool parameters_sharded, bool tensor_parallel, std::shared_ptr<CollectiveQueue>& worker) {
   const bool on_stream = replicas.group().side_stream() != nullptr;
   const bool overlap = plan.sync.overlap && (on_stream || !(e.arena && e.device.is_cuda()));
-  if (!worker && overlap && !parameters_sharded && (on_stream || !tensor_parallel)) {
+  if (!worker && overlap && !parameters_sharded && !tensor_parallel) {
     worker = make_collective_queue(replicas.shared_group());
   }
   if (worker) shards.set_worker(worker);  // the thread that owns the group while a step runs

@@ -231,7 +231,7 @@ guarded('time', () => {
   const steps = train.map(r => r.step);
   const v = key => train.map(r => r[key] || 0);
   const recompute = v('recompute_ms'), swap = train.map(r => (r.swap_wait_ms || 0) + (r.state_wait_ms || 0));
-  const comm = v('comm_ms'), optimizer = v('optimizer_ms');
+  const comm = v('comm_ms').map(x => Math.max(0, x)), optimizer = v('optimizer_ms');  // -1: not measured
   const fb = train.map((r, i) => r.forward_backward_ms != null ? Math.max(0, r.forward_backward_ms - recompute[i] - swap[i]) : 0);
   const other = train.map((r, i) => Math.max(0, r.step_ms - fb[i] - recompute[i] - swap[i] - comm[i] - optimizer[i]));
   section('Step time',

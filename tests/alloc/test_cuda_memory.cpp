@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #endif
 
@@ -107,8 +108,11 @@ TEST_F(CudaMemory, ABlockMadeOnASideStreamIsReusedOnlyAfterThatStream) {
     const c10::cuda::CUDAStreamGuard on_side(side);
     ASSERT_EQ(cudaLaunchHostFunc(
                   side.stream(),
-                  [](void* flag) {
-                    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+                  [](void* flag) {  // bounded, so a mistake fails the test rather than hanging it
+                    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+                    while (!static_cast<std::atomic<bool>*>(flag)->load() && std::chrono::steady_clock::now() < until) {
+                      std::this_thread::yield();
+                    }
                   },
                   &go),
               cudaSuccess);

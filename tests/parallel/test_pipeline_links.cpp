@@ -130,11 +130,17 @@ TEST(PipelineLinks, EveryScheduleHasAPostingThatRunsOnSerialStreamsAndAStageTake
     const double chosen = simulate_on_serial_streams(s, c.shape, *posting, uniform).makespan;
     for (Posting other : {Posting::kGrouped, Posting::kPairs, Posting::kDeferred}) {
       const SimulationResult played = simulate_on_serial_streams(s, c.shape, other, uniform);
-      if (!played.deadlock) EXPECT_LE(chosen, played.makespan + 1e-9) << name(c);
+      if (!played.deadlock) {
+        EXPECT_LE(chosen, played.makespan + 1e-9) << name(c);
+      }
     }
     const bool rounds = c.kind == ScheduleKind::kInterleaved1f1b && c.shape.micro_batches > c.shape.stages;
-    if (rounds) EXPECT_EQ(*posting, Posting::kPairs) << name(c);
-    if (c.kind == ScheduleKind::kGpipe || c.kind == ScheduleKind::k1f1b) EXPECT_EQ(*posting, Posting::kGrouped) << name(c);
+    if (rounds) {
+      EXPECT_EQ(*posting, Posting::kPairs) << name(c);
+    }
+    if (c.kind == ScheduleKind::kGpipe || c.kind == ScheduleKind::k1f1b) {
+      EXPECT_EQ(*posting, Posting::kGrouped) << name(c);
+    }
   }
   const ScheduleShape gpipe{2, 2, 1};
   EXPECT_NE(check_on_serial_streams(make_schedule(ScheduleKind::kGpipe, gpipe), gpipe, Posting::kPairs), "");

@@ -82,31 +82,57 @@ TEST(StreamCollectives, QueuesEachJobOnTheStreamAndTheComputeStreamWaitsNotTheHo
   for (const auto& fence : stream->fences) EXPECT_EQ(fence->host_waits, 0);
 }
 
-// A job's tensors stay alive until its event has passed, whoever else lets go of them: the arena
-// must not give their blocks to the compute stream while the collective uses them.
-TEST(StreamCollectives, HoldsAJobsTensorsUntilItsEventHasPassed) {
+// A job's tensors stay alive until the compute stream has been made to wait for the job (or its
+// event has passed), whoever else lets go of them: the arena must not give their blocks to the
+// compute stream while the collective may still use them.
+TEST(StreamCollectives, HoldsAJobsTensorsUntilTheComputeStreamWaitsForIt) {
   auto stream = std::make_shared<TestStream>();
   auto group = std::make_shared<StreamGroup>(stream);
   auto queue = std::make_unique<StreamCollectives>(group, stream);
-  auto sentinel = std::make_shared<int>(0);
-  std::weak_ptr<int> alive = sentinel;
+  auto first = std::make_shared<int>(1), second = std::make_shared<int>(2), third = std::make_shared<int>(3);
+  std::weak_ptr<int> first_alive = first, second_alive = second, third_alive = third;
   at::Tensor gradients = at::ones({8});
   queue->allreduce(gradients, 0.5, "the gradients");
-  queue->submit([held = std::move(sentinel)](Communicator&) {});
   EXPECT_TRUE(at::allclose(gradients, at::full({8}, 0.5)));  // summed over one rank, scaled
-  EXPECT_GT(gradients.use_count(), 1u);  // the job holds it too
-  gradients = at::Tensor();
-  queue->wait();
-  EXPECT_FALSE(alive.expired());  // waited for by the compute stream, but not yet done
+  EXPECT_GT(gradients.use_count(), 1u);                       // the job holds it too
+  const uint64_t one = queue->submit([held = std::move(first)](Communicator&) {});
+  queue->submit([held = std::move(second)](Communicator&) {});
+  const uint64_t three = queue->submit([held = std::move(third)](Communicator&) {});
+  EXPECT_EQ(queue->held(), 4u);
+  // Waited for up to the second job: it and the ones before let go; the compute stream is behind them.
+  queue->wait_for(one);
+  EXPECT_TRUE(first_alive.expired());
+  EXPECT_EQ(gradients.use_count(), 1u);
+  EXPECT_FALSE(second_alive.expired());
   EXPECT_EQ(queue->held(), 2u);
-  stream->fences[0]->reached = true;
-  queue->wait();
-  EXPECT_EQ(queue->held(), 1u);
-  EXPECT_FALSE(alive.expired());
-  // Going away with a job under way: the host waits for it before its tensors go.
+  // A job whose event has passed lets go at the next call, waited for or not.
+  stream->fences[2]->reached = true;  // the second job's
+  stream->fences[0]->reached = stream->fences[1]->reached = true;
+  queue->submit([](Communicator&) {});
+  EXPECT_TRUE(second_alive.expired());
+  EXPECT_FALSE(third_alive.expired());
+  // Going away with jobs not waited for: the host waits for them before their tensors go.
   queue.reset();
-  EXPECT_TRUE(alive.expired());
-  EXPECT_EQ(stream->fences[1]->host_waits, 1);
+  EXPECT_TRUE(third_alive.expired());
+  EXPECT_EQ(stream->fences[3]->host_waits, 1);
+  (void)three;
+}
+
+// A rank failing for another reason does not wait for collectives its peers may never match: the
+// jobs' tensors stay allocated and its error goes up at once.
+TEST(StreamCollectives, GoingAwayWhileAnExceptionUnwindsWaitsForNothing) {
+  auto stream = std::make_shared<TestStream>();
+  auto group = std::make_shared<StreamGroup>(stream);
+  auto sentinel = std::make_shared<int>(0);
+  std::weak_ptr<int> alive = sentinel;
+  try {
+    StreamCollectives queue(group, stream);
+    queue.submit([held = std::move(sentinel)](Communicator&) {});
+    throw std::runtime_error("a kernel failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(stream->fences[0]->host_waits, 0);
+  EXPECT_FALSE(alive.expired());  // kept: the process is ending
 }
 
 TEST(StreamCollectives, AFailureTheWatchdogFoundShowsAtTheNextWait) {
