@@ -87,8 +87,7 @@ std::string block_kinds_text(const ModelProfile& profile, const Plan& plan) {
     s += printf_string("  %-16s  %5d  %11s  %5d  %11s  %5d/%-5d  %10.0f%%\n", k.kind.c_str(), k.saved,
                        in_mib(k.saved_bytes).c_str(), k.kept, in_mib(k.kept_bytes).c_str(), k.rerun, k.calls, 100 * share);
   }
-  s += "  (a cluster's search offers no offload: memory.block_offload runs on CPU ranks until the CUDA host link is "
-       "built)\n";
+  s += "  (a cluster's search offers offload to host where cluster.host_memory describes the nodes' memory)\n";
   return s;
 }
 

@@ -176,6 +176,8 @@ struct ClusterConfig {
   std::string device;
   int64_t devices_per_node = 8;
   std::string device_memory = "80GiB";
+  // Host memory of one node ("2TiB"); "": not described, so the search offers no offload to host.
+  std::string host_memory;
   double intra_node_gbps = 150;  // NVLink-class, per direction, as all-reduce sees it
   double inter_node_gbps = 25;   // 200 Gb/s InfiniBand
   double intra_node_latency_us = 10;
@@ -186,6 +188,7 @@ struct ClusterConfig {
   double runtime_mib = 1024;
   double communicator_mib = 700;
   int64_t device_memory_bytes = 0;  // derived from device_memory by validation
+  int64_t host_memory_bytes = 0;    // derived from host_memory by validation (0: not described)
 };
 
 struct CheckpointConfig {

@@ -481,6 +481,11 @@ void add_cluster_fields(std::vector<FieldSpec>& f) {
                     "devices (ranks) per node").min(1).only_when(words, described));
   f.push_back(Field(&C::cluster, &ClusterConfig::device_memory, "cluster", "device_memory",
                     "memory of one device, e.g. \"80GiB\"").only_when(words, described));
+  f.push_back(Field(&C::cluster, &ClusterConfig::host_memory, "cluster", "host_memory",
+                    "host memory of one node, e.g. \"2TiB\", shared by its devices' ranks: what per_block's "
+                    "offload to host may fill (half of a rank's share, at memory.host_link_gbps); \"\": not "
+                    "described, and the search offers no offload (on a GPU at hand, `plan` and the run check "
+                    "take this machine's)").only_when(words, described));
   f.push_back(Field(&C::cluster, &ClusterConfig::intra_node_gbps, "cluster", "intra_node_gbps",
                     "GB/s between devices of a node (all-reduce bus bandwidth)").min(0.001).only_when(words, described));
   f.push_back(Field(&C::cluster, &ClusterConfig::inter_node_gbps, "cluster", "inter_node_gbps",

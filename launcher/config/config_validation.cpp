@@ -328,6 +328,13 @@ class Rules {
                       "\" is not a memory size; use bytes with a unit, e.g. \"80GiB\" or \"16GB\"");
     }
     k.device_memory_bytes = *bytes;
+    if (k.host_memory.empty()) return;
+    const auto host = parse_byte_size(k.host_memory, 0);
+    if (!host || *host <= 0) {
+      throw UserError(loc("cluster.host_memory") + "cluster.host_memory = \"" + k.host_memory +
+                      "\" is not a memory size; use bytes with a unit, e.g. \"2TiB\", or \"\" for none described");
+    }
+    k.host_memory_bytes = *host;
   }
 
   std::vector<std::string> ineffective_options() const {

@@ -61,6 +61,7 @@ Machine machine_for(const Config& config, const PlanArgs& args, int max_ranks) {
     m.intra_node_latency_us = k.intra_node_latency_us;
     m.inter_node_latency_us = k.inter_node_latency_us;
     m.device_speed = k.device.empty() ? k.device_speed : 1.0;  // traced: the kind's own times
+    m.host_memory = k.host_memory_bytes / std::max(1, m.devices_per_node);
     if (!k.device.empty()) {  // a catalog kind is a GPU: its process's context and NCCL's buffers
       m.runtime_bytes = std::llround(k.runtime_mib * 1024 * 1024);
       m.communicator_bytes = std::llround(k.communicator_mib * 1024 * 1024);
@@ -240,13 +241,15 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   const bool traced = !config.cluster.device.empty();
   const bool evict_if_needed =
       traced && std::find(args.policies.begin(), args.policies.end(), MemoryPolicy::kDtr) != args.policies.end();
-  // Full recomputation in every cluster search: a forward more against more devices.
+  // Full recomputation in every cluster search: a forward more against more devices; per_block's
+  // offload too where the nodes' host memory is described (a GPU's host link: copy streams).
   if (traced) {
     search.policies = {MemoryPolicy::kNone};
     for (MemoryPolicy recomputing : {MemoryPolicy::kFull, MemoryPolicy::kPerBlock}) {
       if (std::find(args.policies.begin(), args.policies.end(), recomputing) != args.policies.end())
         search.policies.push_back(recomputing);
     }
+    search.block_offload = config.cluster.host_memory_bytes > 0;
   } else if (config.training.device != "cpu") {
     search.policies = {MemoryPolicy::kNone};
   } else {

@@ -1,5 +1,6 @@
 #include "launcher/planning/planned_here.h"
 
+#include "alloc/byte_size.h"
 #include "alloc/cuda_arena.h"
 #include "alloc/cuda_host_link.h"
 #include "launcher/planning/device_catalog.h"
@@ -52,6 +53,8 @@ std::optional<Config> planned_here(const Config& config, const RunPlan& run, con
   c.cluster.device_memory_bytes = memory;
   c.cluster.intra_node_gbps = k.intra_node_gbps;
   c.cluster.inter_node_gbps = k.inter_node_gbps;
+  c.cluster.host_memory_bytes = host_physical_memory_bytes();  // this machine's: offload may be planned
+  c.cluster.host_memory = std::to_string(c.cluster.host_memory_bytes);
   // Copies to and from the host at the rate the run's link will take (measured once per GPU;
   // memory.host_link_gbps is CPU ranks' model).
   if (const double link = host_link_rate(device); link > 0) c.memory.host_link_gbps = link;

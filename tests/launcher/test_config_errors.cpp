@@ -321,6 +321,8 @@ TEST_F(ConfigErrors, CrossKeyRules) {
     EXPECT_THAT(error_in(kGood, {"--training.device=cuda"}), HasSubstr("has no CUDA or no GPU is visible"));
   }
   EXPECT_THAT(error_in(kGood, {"--training.min_lr=1.0"}), HasSubstr("training.min_lr = 1.0 exceeds training.lr"));
+  EXPECT_THAT(error_in(kGood, {"--cluster.nodes=2", "--cluster.host_memory=lots"}),
+              HasSubstr("cluster.host_memory = \"lots\" is not a memory size; use bytes with a unit, e.g. \"2TiB\""));
   EXPECT_THAT(error_in("[model]\nname = \"gpt\"\nn_head = 3\n[data]\ndataset = \"synthetic\"\n"),
               HasSubstr("job.toml:3:10: model.n_embd = 256 is not a multiple of model.n_head = 3"));
   EXPECT_THAT(error_in("[model]\nname = \"llama\"\nn_kv_heads = 3\n[data]\ndataset = \"synthetic\"\n"),

@@ -335,5 +335,36 @@ global_batch_size = 4
   EXPECT_GT(traced.points[0].activation_bytes(), peaks.front()) << "the first step's path is not the heaviest";
 }
 
+// A cluster whose nodes' host memory is described (cluster.host_memory): per_block's offload to
+// host is searched on its GPUs too (their host link has copy streams), each rank with its share of
+// a node's memory; without it, none is.
+TEST(TraceProfile, AClusterWithHostMemoryIsSearchedForOffloadToHost) {
+  TempDir dir;
+  const std::vector<std::string> cluster{"--cluster.nodes=1", "--cluster.device=h100-sxm", "--cluster.devices_per_node=4"};
+  std::vector<std::string> described = cluster;
+  described.push_back("--cluster.host_memory=1TiB");
+  const DataInfo info{Task::kLanguageModel, {32}, 96, "tokens", 0};
+  PlanArgs args;
+  args.ranks = {1};
+  args.policies = {MemoryPolicy::kNone, MemoryPolicy::kPerBlock};
+  args.shards = {ShardLevel::kNone};
+  args.trained_sizes = {4};
+  const auto offloads = [&](const JobPlan& plan) {
+    return std::count_if(plan.ranked.begin(), plan.ranked.end(), [](const RankedPlan& r) { return r.plan.block_offload; });
+  };
+  // Memory for the plain plan less half its activations: per_block plans are needed, and kept.
+  const JobPlan roomy = plan_job(config_for(dir, kTracedLlama, cluster), nullptr, info, args);
+  ASSERT_FALSE(roomy.ranked.empty());
+  const Prediction& plain = roomy.ranked[0].prediction;
+  ASSERT_EQ(roomy.ranked[0].plan.policy, MemoryPolicy::kNone);
+  args.device_memory = plain.peak_bytes + roomy.machine.reserved_bytes(false, false, false) - plain.activation_bytes / 2;
+  const JobPlan with = plan_job(config_for(dir, kTracedLlama, described), nullptr, info, args);
+  EXPECT_EQ(with.machine.host_memory, (int64_t{1} << 40) / 4);
+  EXPECT_GT(offloads(with), 0);
+  const JobPlan without = plan_job(config_for(dir, kTracedLlama, cluster), nullptr, info, args);
+  EXPECT_EQ(without.machine.host_memory, 0);
+  EXPECT_EQ(offloads(without), 0);
+}
+
 }  // namespace
 }  // namespace ht::test
