@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -168,11 +169,13 @@ cudaStream_t NcclCommunicator::enqueue_stream(const char* collective, const char
 
 // Calls may still be queued (the host does not wait for them): they are given the timeout to end
 // while the watchdog still watches; what has not ended, or failed, is aborted rather than
-// destroyed (ncclCommDestroy would wait for it, and for a peer that is gone).
+// destroyed (ncclCommDestroy would wait for it, and for a peer that is gone). While an exception
+// unwinds (this rank is failing) nothing is waited for: peers may never match what is queued.
 NcclCommunicator::~NcclCommunicator() {
   if (!state_) return;
   cudaSetDevice(device_);
-  if (state_->watchdog && !state_->watchdog->wait_all_for(timeout())) state_->abort();
+  const double patience = std::uncaught_exceptions() > 0 ? 0.0 : timeout();
+  if (state_->watchdog && !state_->watchdog->wait_all_for(patience)) state_->abort();
   state_->watchdog.reset();  // its thread touches the communicator and the events
   if (state_->comm != nullptr && !state_->aborted) ncclCommDestroy(state_->comm);
   if (state_->done != nullptr) cudaEventDestroy(state_->done);

@@ -42,9 +42,13 @@ void StreamCollectives::allreduce(at::Tensor t, double scale, const char* what) 
 uint64_t StreamCollectives::submit(std::function<void(Communicator&)> run) {
   reap();
   stream_->follow_compute();
-  {
+  try {
     const std::shared_ptr<void> on_stream = stream_->enter();
     run(*group_);
+  } catch (...) {
+    // Part of it may be queued: its tensors stay held (until the queue goes; kept while failing).
+    jobs_.push_back({++queued_, stream_->record(), std::move(run)});
+    throw;
   }
   // A fence never fails to be made (without an event its stream was waited for on the host).
   jobs_.push_back({++queued_, stream_->record(), std::move(run)});
