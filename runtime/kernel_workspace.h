@@ -9,7 +9,8 @@
 // ATen kernels and oneDNN, measured allocation by allocation against the data run in
 // tests/launcher/test_meta_trace.cpp). A trace declares them only inside a
 // `DeclaredWorkspaces` scope naming the rules; without one (a trace for a GPU of the catalog,
-// whose cuDNN and cuBLAS workspaces are not measured yet) an op declares none.
+// whose cuDNN and cuBLAS workspaces are not measured yet: scripts/device-calibrate.py's
+// `workspaces` table is what CUDA rules are to be fitted to) an op declares none.
 
 #include <ATen/core/Tensor.h>
 
