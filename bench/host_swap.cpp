@@ -15,8 +15,11 @@
 // hybrid against the better of swap-only and recompute-only (hybrid+state against swap+state and
 // recompute-only); and the largest batch that trains
 // with hybrid in the budget the base batch needs unbudgeted, against none.
+#include "alloc/cuda_arena.h"
+#include "alloc/cuda_host_link.h"
 #include "bench/bench_main.h"
 #include "bench/budget_runner.h"
+#include "runtime/determinism.h"
 #include "runtime/thread_pools.h"
 
 #include <CLI/CLI.hpp>
@@ -53,7 +56,10 @@ Savers savers_for(const std::string& policy, double gbps, const Options& o) {
     SwapOptions swap;
     swap.rule = policy.rfind("swap", 0) == 0 ? SwapRule::kConvAndMatmul : SwapRule::kHidden;
     s.optimizer_state_on_host = policy.find("+state") != std::string::npos;
-    swap.link = std::make_shared<ModelledHostLink>(gbps);
+    // On a GPU its own link (copy streams, measured rate); on CPU ranks the modelled one.
+    const at::Device device = bench_device();
+    swap.link = device.is_cuda() ? make_cuda_host_link(std::max<int>(0, device.index()))
+                                 : std::shared_ptr<HostLink>(std::make_shared<ModelledHostLink>(gbps));
     swap.host_budget_bytes = int64_t{8} << 30;
     s.swap = swap;
   }
@@ -95,7 +101,7 @@ Row measure_row(const Workload& w, int64_t budget, const std::string& policy, do
   row.recomputations = median(recomputations);
   row.out_mib = out / o.reps / (1 << 20);
   if (in > 0) row.hidden = hidden / in;
-  if (busy > 0) row.link_rate = link_bytes / busy / (gbps * 1e6);
+  if (busy > 0 && gbps > 0) row.link_rate = link_bytes / busy / (gbps * 1e6);
   if (!row.identical) ++g_different_rows;
   return row;
 }
@@ -238,8 +244,11 @@ int main(int argc, char** argv) {
   ht::bench::Options o;
   ht::bench::StepOptions steps{o.reps, o.warmup, 1};
   bool quick = false, no_max_batch = false, only_max_batch = false;
-  std::string only, ratios = "0.5,0.3,0.2", links = "25,8", policies;
+  std::string only, ratios = "0.5,0.3,0.2", links = "25,8", policies, device = "cpu";
   ht::bench::add_step_options(app, steps);
+  app.add_option("--device", device, "cpu, or cuda: ResNet-50 at 224 and a GPT-2-small-sized GPT in an arena on the "
+                                     "GPU, copies over its own link (--links is then its measured rate)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--model", only, "run only workloads whose name starts with this");
   app.add_option("--ratios", ratios, "comma-separated budget ratios (of activation memory)");
   app.add_option("--links", links, "comma-separated link bandwidths, GB/s each way");
@@ -273,11 +282,21 @@ int main(int argc, char** argv) {
     }
   }
   o.max_batch = !no_max_batch;
+  if (device == "cuda") {
+    if (!(at::hasCUDA() && ht::cuda_budgets_built())) {
+      std::fprintf(stderr, "bench_host_swap: --device cuda: %s\n",
+                   ht::cuda_budgets_built() ? "no GPU is visible" : ht::cuda_budgets_missing().c_str());
+      return 2;
+    }
+    ht::bench::bench_device() = at::Device(device);
+    ht::use_deterministic_cuda_kernels();  // as hybrid_train does on a GPU
+    o.links = {ht::cuda_host_link_gbps(0)};  // the link the copies take, measured
+  }
   ht::CpuAllocationCounter::install();
   const ht::ThreadPools pools = ht::bench::use_threads(steps.threads);
   std::printf("host swap vs recomputation under a budget; %d reps after %d warm-up, threads %s; memcpy here %.1f GB/s\n",
               o.reps, o.warmup, pools.describe().c_str(), ht::measure_memcpy_gbps());
-  const auto workloads = ht::bench::workloads(quick);
+  const auto workloads = device == "cuda" ? ht::bench::gpu_workloads(quick) : ht::bench::workloads(quick);
   for (const auto& w : workloads) {
     if (only_max_batch || (!only.empty() && w.name.rfind(only, 0) != 0)) continue;
     ht::bench::run(w, o);

@@ -22,6 +22,7 @@
 #   7. the measured tables: bench_step_vs_autograd (interpreter vs autograd), bench_dtr_budget
 #      (DTR at 0.5/0.3/0.2 of activations, with PyTorch eager and torch.utils.checkpoint in this
 #      machine's python3), then its largest-batch search, on ResNet-50 at 224 and GPT-2 small;
+#      bench_host_swap (issue 67: swap and hybrid at 0.3 of the activations over the GPU's link);
 #      bench_attention (the attention op against composed attention and PyTorch's SDPA);
 #      bench_fused_optimizer (ATen's multi-tensor AdamW against torch::optim's kernels: "optimizer").
 #
@@ -29,7 +30,7 @@
 # bare: so every step runs under one deadline (HT_DEVICE_DEADLINE seconds from the start, default
 # 530, inside the tool's 600), each step's time limit cut to what is left, and what is not reached
 # is said. HT_DEVICE_STEPS (default build,tests,jobs,budget,ranks,bench,calibrate,planner) picks steps; instead
-# of bench, autograd, dtr, maxbatch, attention and optimizer pick benchmarks. HT_DEVICE_TEST_LIMIT (default
+# of bench, autograd, dtr, maxbatch, hostswap, attention and optimizer pick benchmarks. HT_DEVICE_TEST_LIMIT (default
 # 200) caps each test program's seconds; test_launcher runs last, alone, in three gtest shards
 # without the sharded jobs and then those alone, each capped by HT_DEVICE_LAUNCHER_LIMIT (default 240).
 #
@@ -74,7 +75,7 @@ build() {  # log name, time limit, targets...: one build, a summary line and its
 test_build=
 if [[ $steps == *build* ]]; then
   build build "$(left 330)" hybrid_train test_cuda_memory bench_step_vs_autograd bench_dtr_budget bench_attention \
-    bench_fused_optimizer
+    bench_fused_optimizer bench_host_swap
   grep -E "^(cmake|ninja|g\+\+|nvcc|mpirun|torch|nccl) |^NVIDIA|^-- hybrid_train" "$logs/build.log" | tee -a "$out/summary.txt"
   pack
   if [[ $steps == *tests* ]]; then
@@ -302,7 +303,7 @@ if [[ $steps == *planner* ]]; then
   pack
 fi
 want() { [[ $steps == *bench* || $steps == *$1* ]]; }  # bench: all of them; or by name
-if want autograd || want dtr || want maxbatch || want attention || want optimizer; then
+if want autograd || want dtr || want maxbatch || want attention || want optimizer || want hostswap; then
   bench() {  # log name, limit, program, arguments...
     local name=$1 limit=$2 program=$3 start=$SECONDS
     shift 3
@@ -316,6 +317,11 @@ if want autograd || want dtr || want maxbatch || want attention || want optimize
   want autograd && bench step_vs_autograd "$(left 120)" bench_step_vs_autograd --reps 5 --warmup 2
   want dtr && bench dtr_budget "$(left 180)" bench_dtr_budget --policies dtr --ratios 0.5,0.3,0.2 --reps 3 --warmup 1 \
     --peer python3 --no-max-batch
+  # Issue 67's stage 1: swap and hybrid at 0.3 of GPT-2 small's and ResNet-50's activations over the
+  # GPU's own link, bit for bit against the unbudgeted run (exit 1 otherwise), with the share of
+  # bytes back before their read ("hidden").
+  want hostswap && bench host_swap "$(left 150)" bench_host_swap --policies swap,hybrid --ratios 0.3 --reps 3 \
+    --warmup 1 --no-max-batch
   want attention && bench attention "$(left 150)" bench_attention --reps 5 --warmup 2
   want optimizer && bench fused_optimizer "$(left 90)" bench_fused_optimizer --reps 10 --warmup 2
   want maxbatch && bench dtr_max_batch "$(left 600)" bench_dtr_budget --policies dtr --only-max-batch --reps 2 --warmup 1
