@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -288,7 +289,13 @@ CudaArenaScope::CudaArenaScope(std::shared_ptr<CpuArena> arena) : arena_(std::mo
 }
 
 CudaArenaScope::~CudaArenaScope() {
-  side_stream_frees().drain();  // the arena ends with no block kept for a side stream
+  // The arena ends with no block kept for a side stream; while an exception unwinds only those
+  // already passed go (a side stream's collective may never be matched: the rank is failing).
+  if (std::uncaught_exceptions() == 0) {
+    side_stream_frees().drain();
+  } else {
+    side_stream_frees().reap();
+  }
   set_cuda_arena(nullptr);
   g_cuda_active.store(nullptr, std::memory_order_release);
   cuda_arenas().retire(arena_.get());

@@ -82,7 +82,7 @@ class CudaCopy final : public CopyJob {
 };
 
 // 64 MiB each way between pinned host memory and GPU `device`, timed by events on a stream of its
-// own: the slower direction, GB/s; 0 where pinned memory could not be had.
+// own: the slower direction, GB/s; throws where its memory cannot be had.
 double measure_link(int device) {
   constexpr int64_t kBytes = int64_t{64} << 20;
   check_cuda(cudaSetDevice(device), "cudaSetDevice");

@@ -32,8 +32,8 @@ namespace ht {
 std::shared_ptr<HostLink> make_cuda_host_link(int device, double gbps = 0);
 // The link's rate, GB/s each way (the slower), measured once per GPU per process: what a link made
 // with gbps = 0 prices copies at, and what the planner prices them at on this GPU
-// (launcher/planning/planned_here.cpp). 0 where pinned host memory could not be had; throws where
-// CUDA fails, and without CUDA.
+// (launcher/planning/planned_here.cpp). Throws where the measurement cannot be made (no pinned
+// host memory, a CUDA error), and without CUDA.
 double cuda_host_link_gbps(int device);
 
 }  // namespace ht

@@ -68,9 +68,11 @@ int main(int argc, char** argv) {
           ht::local_gpu_cluster(ht::device_catalog(cl.plan_command.args.devices_file),
                                 static_cast<int64_t>(loaded.config.cluster.runtime_mib * (1 << 20)));
       std::vector<ht::ConfigOverride> overrides = ht::cluster_overrides(local, "the local GPU");
-      // This machine's host memory: offload to host may be planned (unless the config says otherwise).
-      const std::string host = "\"" + std::to_string(ht::host_physical_memory_bytes()) + "\"";
-      overrides.push_back({"cluster.host_memory", host, "the local GPU (cluster.host_memory = " + host + ")"});
+      // This machine's host memory, where the config describes none: offload to host may be planned.
+      if (loaded.config.cluster.host_memory.empty()) {
+        const std::string host = "\"" + std::to_string(ht::host_physical_memory_bytes()) + "\"";
+        overrides.push_back({"cluster.host_memory", host, "the local GPU (cluster.host_memory = " + host + ")"});
+      }
       overrides.insert(overrides.end(), cl.overrides.begin(), cl.overrides.end());
       loaded = ht::load_config(cl.config_path, overrides);
       std::printf("plan: this machine's %d GPU(s) as the catalog's %s (%s free each)\n", local.devices_per_node,

@@ -173,6 +173,8 @@ void GradientShards::finish_step() {
   stats_.comm_ms = ms_;
   stats_.wait_ms = wait_ms_;
   stats_.overlap = ms_ > 0 ? std::clamp(1.0 - wait_ms_ / ms_, 0.0, 1.0) : 0.0;
+  // On a GPU's stream the host times only the queueing: not measured (as DataParallel says).
+  if (overlap_ && worker_ && !worker_->timed()) stats_.comm_ms = stats_.overlap = -1;
   stats_.comm_bytes = bytes_;
   std::fill(had_here_.begin(), had_here_.end(), 0.0f);
   backwards_ = 0;

@@ -372,7 +372,8 @@ void ParameterShards::take_from_whole() {
 }
 
 ParameterGatherStats ParameterShards::take_stats() {
-  const ParameterGatherStats s = stats_;
+  ParameterGatherStats s = stats_;
+  s.timed = !worker_ || worker_->timed();
   stats_ = {};
   return s;
 }

@@ -77,8 +77,9 @@ struct ParameterGatherStats {
                         // prefetched; on a GPU's communication stream, the time to queue them)
   double waited_ms = 0;  // of it, the time the thread computing waited for them (all of it without prefetch)
   int64_t drops = 0;    // gathered buckets the memory manager dropped for room
-  // Share of the gathers' time hidden under compute: 1 - waited / ms.
-  double hidden() const { return ms > 0 ? std::max(0.0, 1.0 - waited_ms / ms) : 0.0; }
+  bool timed = true;     // false on a GPU's stream: ms is the time to queue them, and hidden() -1
+  // Share of the gathers' time hidden under compute: 1 - waited / ms; -1 where not timed.
+  double hidden() const { return !timed ? -1.0 : ms > 0 ? std::max(0.0, 1.0 - waited_ms / ms) : 0.0; }
 };
 
 // The modelled cost of gathering `bytes` again (what eviction weighs a gathered bucket by): a

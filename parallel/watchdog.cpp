@@ -101,10 +101,11 @@ std::string Watchdog::check(std::deque<Watched>& watched) {
     left.push_back(std::move(w));
   }
   watched.swap(left);
-  const std::string error = backend_.error ? backend_.error() : std::string();
-  if (failure.empty() && !error.empty()) {
-    failure = (watched.empty() ? std::string("the communicator") : watched.front().what) + " failed: " + error;
-  }
+  // The backend's error only while a call is under way: with none, the next call finds it (a peer
+  // that ended its run first must not fail this one's last poll).
+  if (!failure.empty() || watched.empty() || !backend_.error) return failure;
+  const std::string error = backend_.error();
+  if (!error.empty()) failure = watched.front().what + " failed: " + error;
   return failure;
 }
 

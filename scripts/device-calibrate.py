@@ -128,7 +128,7 @@ def forward_and_backward(name, shape, dtype, inputs, forward, rows):
         try:
             row["workspace_bytes"], row["output_bytes"] = workspace(make, run)
         except Exception as e:  # one op's failure (a kernel this build lacks) loses only its row
-            row["error"] = str(e).splitlines()[0][:200]
+            row["error"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
             torch.cuda.empty_cache()
         rows.append(row)
 
@@ -185,6 +185,15 @@ def workspace_points():
     return rows
 
 
+def guarded(measure, empty):
+    """A part that fails leaves the others' results (the JSON is written at the end)."""
+    try:
+        return measure()
+    except Exception as e:
+        print(f"failed: {type(e).__name__}: {e}")
+        return empty
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="calibration.json")
@@ -195,7 +204,8 @@ def main():
     result = {"device": props.name, "memory_bytes": props.total_memory, "sms": props.multi_processor_count,
               "torch": torch.__version__, "cuda": torch.version.cuda,
               "matmul": matmul_points(a.reps), "memory": memory_points(a.reps),
-              "host_link": host_link_points(a.reps), "workspaces": workspace_points()}
+              "host_link": guarded(lambda: host_link_points(a.reps), {}),
+              "workspaces": guarded(workspace_points, [])}
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"{props.name}, {props.total_memory / 2**30:.1f} GiB, {props.multi_processor_count} SMs, torch {torch.__version__}")
@@ -205,7 +215,7 @@ def main():
     print("\n| op | MiB moved | ms | GB/s |\n| --- | --- | --- | --- |")
     for r in result["memory"]:
         print(f"| {r['op']} | {r['bytes_moved'] / 2**20:.0f} | {r['ms']:.4f} | {r['gb_per_s']:.0f} |")
-    link = result["host_link"]
+    link = result["host_link"] or {"h2d_gb_per_s": 0, "d2h_gb_per_s": 0, "small_copy_us": 0}
     print(f"\nhost link: {link['h2d_gb_per_s']:.1f} GB/s to the device, {link['d2h_gb_per_s']:.1f} GB/s to the host, "
           f"{link['small_copy_us']:.1f} us for 4 KiB")
     print("\n| op | shape | dtype | pass | workspace MiB | output MiB |\n| --- | --- | --- | --- | --- | --- |")

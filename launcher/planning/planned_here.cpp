@@ -53,8 +53,10 @@ std::optional<Config> planned_here(const Config& config, const RunPlan& run, con
   c.cluster.device_memory_bytes = memory;
   c.cluster.intra_node_gbps = k.intra_node_gbps;
   c.cluster.inter_node_gbps = k.inter_node_gbps;
-  c.cluster.host_memory_bytes = host_physical_memory_bytes();  // this machine's: offload may be planned
-  c.cluster.host_memory = std::to_string(c.cluster.host_memory_bytes);
+  if (c.cluster.host_memory.empty()) {  // this machine's, where the config describes none
+    c.cluster.host_memory_bytes = host_physical_memory_bytes();
+    c.cluster.host_memory = std::to_string(c.cluster.host_memory_bytes);
+  }
   // Copies to and from the host at the rate the run's link will take (measured once per GPU;
   // memory.host_link_gbps is CPU ranks' model).
   if (const double link = host_link_rate(device); link > 0) c.memory.host_link_gbps = link;
