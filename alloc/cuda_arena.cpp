@@ -4,6 +4,7 @@
 
 #include "alloc/arena_registry.h"
 #include "alloc/cpu_device_allocator.h"
+#include "alloc/cuda_fence.h"
 #include "alloc/deferred_frees.h"
 #include "base/compat.h"
 
@@ -34,31 +35,6 @@ ArenaRegistry& cuda_arenas() {
   return *registry;
 }
 std::atomic<CpuArena*> g_cuda_active{nullptr};
-
-// A point on a CUDA stream: an event recorded there.
-class StreamFence final : public Fence {
- public:
-  explicit StreamFence(cudaStream_t stream) {
-    // Called from a deleter, so never throws: without an event the host waits for the stream.
-    if (cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventRecord(event_, stream) != cudaSuccess) {
-      cudaGetLastError();
-      if (event_ != nullptr) cudaEventDestroy(event_);
-      event_ = nullptr;
-      cudaStreamSynchronize(stream);
-    }
-  }
-  ~StreamFence() override {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
-  bool passed() override { return event_ == nullptr || cudaEventQuery(event_) != cudaErrorNotReady; }
-  void wait() override {
-    if (event_ != nullptr) cudaEventSynchronize(event_);
-  }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
 
 // Blocks freed on the host while a stream other than the device's default (the compute stream)
 // may still use them: a tensor made while a communication stream was ATen's current one
@@ -97,7 +73,7 @@ void release_now(void* data) {
 void release(void* data, size_t, int device, cudaStream_t stream) {
   if (data == nullptr) return;
   if (stream != c10::cuda::getDefaultCUDAStream(static_cast<c10::DeviceIndex>(device)).stream()) {
-    side_stream_frees().defer(std::make_shared<StreamFence>(stream), [data] { release_now(data); });
+    side_stream_frees().defer(std::make_shared<CudaFence>(stream), [data] { release_now(data); });
     return;
   }
   release_now(data);

@@ -1,5 +1,7 @@
 #include "parallel/cuda_side_stream.h"
 
+#include "alloc/cuda_fence.h"
+
 #include <cuda_runtime_api.h>
 
 #ifdef HT_TORCH_CUDA
@@ -11,29 +13,6 @@
 
 namespace ht {
 namespace {
-
-// A point on a stream: an event of its own, recorded there. Never throws: without an event the
-// host waits for the stream, and the fence has passed (a job's tensors may then go at once).
-class EventFence final : public Fence {
- public:
-  explicit EventFence(cudaStream_t stream) {
-    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventRecord(event, stream) != cudaSuccess) {
-      cudaGetLastError();
-      if (event != nullptr) cudaEventDestroy(event);
-      event = nullptr;
-      cudaStreamSynchronize(stream);
-    }
-  }
-  ~EventFence() override {
-    if (event != nullptr) cudaEventDestroy(event);
-  }
-  bool passed() override { return event == nullptr || cudaEventQuery(event) != cudaErrorNotReady; }
-  void wait() override {
-    if (event != nullptr) cudaEventSynchronize(event);
-  }
-  cudaEvent_t event = nullptr;
-};
 
 #ifdef HT_TORCH_CUDA
 class CudaSideStream final : public SideStream {
@@ -51,9 +30,9 @@ class CudaSideStream final : public SideStream {
     return std::make_shared<c10::cuda::CUDAStreamGuard>(
         c10::cuda::getStreamFromExternal(side_, static_cast<c10::DeviceIndex>(device_)));
   }
-  std::shared_ptr<Fence> record() override { return std::make_shared<EventFence>(side_); }
+  std::shared_ptr<Fence> record() override { return std::make_shared<CudaFence>(side_); }
   void compute_waits(Fence& fence) override {
-    const cudaEvent_t event = static_cast<EventFence&>(fence).event;
+    const cudaEvent_t event = static_cast<CudaFence&>(fence).event;
     if (event != nullptr && cudaStreamWaitEvent(current_cuda_stream(device_), event, 0) != cudaSuccess) {
       throw CommunicationError(std::string("the compute stream behind the communication stream: ") +
                                cudaGetErrorString(cudaGetLastError()));
