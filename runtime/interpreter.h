@@ -116,6 +116,10 @@ class Interpreter final : public Rematerializer {
   // null: none (such an op then refuses to run).
   void set_tensor_parallel(TensorParallelGroup* group) { tensor_parallel_ = group; }
   TensorParallelGroup* tensor_parallel() const { return tensor_parallel_; }
+  // The context-parallel group whose ranks hold pieces of each sequence (runtime/context_parallel.h):
+  // context_attention exchanges keys and values with it. Null: none (context_attention is attention).
+  void set_context_parallel(TensorParallelGroup* group) { context_parallel_ = group; }
+  TensorParallelGroup* context_parallel() const { return context_parallel_; }
   // Keep every collective's outputs while their records live, as a non-recomputable op's
   // (runtime/op.h, OpTraits::collective): where the ranks of a group may choose differently what
   // to drop (static plans solved per rank, host swap by when copies finish, measured costs), no
@@ -183,6 +187,7 @@ class Interpreter final : public Rematerializer {
   ParameterSource* parameter_source_ = nullptr;
   ComputeWeights* compute_weights_ = nullptr;
   TensorParallelGroup* tensor_parallel_ = nullptr;
+  TensorParallelGroup* context_parallel_ = nullptr;
   bool keep_collectives_ = false;
   int block_ = -1;
   bool grad_enabled_ = true;

@@ -14,9 +14,12 @@ bool aliases_an_input(const at::Tensor& out, const std::vector<at::Tensor>& inpu
 
 // Attention's two contractions, q k^T and P v, at 2 flops a multiply-add: 4 B H T S hd, from
 // q (B, H, T, hd) and k (B, Hkv, S, hd); causal: half (the keys after each query are skipped).
-double attention_flops(const std::vector<at::Tensor>& inputs, bool causal) {
+// A context-parallel rank's keys are the group's, key_ranks x S (runtime/op.h); its causal queries
+// see half of them too (runtime/context_parallel.h: the head-tail chunks balance the diagonal).
+double attention_flops(const std::vector<at::Tensor>& inputs, bool causal, int64_t key_ranks) {
   if (inputs.size() < 2 || inputs[0].dim() != 4 || inputs[1].dim() != 4) return 0;
-  const double all = 4 * static_cast<double>(inputs[0].numel()) * static_cast<double>(inputs[1].size(2));
+  const double keys = static_cast<double>(inputs[1].size(2)) * static_cast<double>(key_ranks);
+  const double all = 4 * static_cast<double>(inputs[0].numel()) * keys;
   return causal ? all / 2 : all;
 }
 
@@ -37,7 +40,7 @@ double flops(const OpTraits& traits, const std::vector<at::Tensor>& inputs, cons
     }
     case Work::kAttention:
     case Work::kCausalAttention:
-      return first ? attention_flops(inputs, traits.work == Work::kCausalAttention) : 0;
+      return first ? attention_flops(inputs, traits.work == Work::kCausalAttention, traits.key_ranks) : 0;
   }
   return 0;
 }

@@ -64,6 +64,9 @@ struct OpTraits {
   uint32_t saves_outputs = 0;  // bit j: backward reads the value of output j
   Precision precision = Precision::kFollow;
   Work work = Work::kMemory;
+  // Attention over its group's keys (context parallelism): its key and value inputs hold
+  // 1 / key_ranks of the keys it attends to (runtime/kernel_cost.h counts them all).
+  int64_t key_ranks = 1;
   // A memory-bound kernel that moves its inputs' and outputs' bytes more than once (a fused op
   // that makes and reads intermediates of their size): the times it does (runtime/kernel_cost.h).
   double bytes_factor = 1;
@@ -131,6 +134,10 @@ struct OpTraits {
   }
   OpTraits& doing(Work kind) {
     work = kind;
+    return *this;
+  }
+  OpTraits& attending_to_the_keys_of(int64_t ranks) {
+    key_ranks = ranks;
     return *this;
   }
   OpTraits& moving_its_bytes(double times) {

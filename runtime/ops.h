@@ -3,6 +3,7 @@
 // traits, forward and backward live in runtime/ops/<group>.cpp. Shapes: B batch, C channels,
 // H/W spatial, T sequence, D features; "..." any leading dimensions.
 
+#include "runtime/context_parallel.h"
 #include "runtime/tensor.h"
 
 #include <optional>
@@ -83,6 +84,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 // (2i, 2i+1) of each head rotate by angle p * theta^(-2i/hd)). x (B, T, H, hd), hd even ->
 // same; positions start at `offset`. Saves nothing: backward rotates the gradient back.
 Tensor rope(const Tensor& x, double theta, int64_t offset = 0);
+// The same where x's rows are pieces of the sequence (context parallelism's head and tail chunks,
+// runtime/context_parallel.h): rows [row, row + length) at positions [position, position + length).
+// The pieces cover x's rows in order.
+Tensor rope(const Tensor& x, double theta, const std::vector<SequencePiece>& pieces);
 
 // --- Random -----------------------------------------------------------------------------------
 // Zeroes elements with probability p and scales the rest by 1/(1-p). The mask is drawn from a
@@ -101,6 +106,15 @@ Tensor dropout(const Tensor& x, double p, bool training);
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                  double dropout_p = 0.0, bool training = true,
                  std::optional<double> scale = std::nullopt);
+
+// Context parallelism (runtime/context_parallel.h): q, k and v hold this rank's pieces of the
+// sequence, (B, H, T / c, hd) and (B, Hkv, T / c, hd), with c the interpreter's context-parallel
+// group's size; the output is attention of these queries over the whole sequence's keys, each
+// query at its position (causal: keys up to it). The group's keys and values are gathered for the
+// kernel and again in backward, which reduce-scatters their gradients. Every rank of the group
+// calls it at the same point. Without a group (or a group of one), attention() itself.
+Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p = 0.0,
+                         bool training = true, std::optional<double> scale = std::nullopt);
 
 namespace detail {
 // For tests: the keep-mask (B, H, T, S) bool that attention() on these shapes drew with op seed

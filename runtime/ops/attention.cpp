@@ -23,6 +23,7 @@
 // seed + b, the seed drawn from the interpreter's stream when the op is applied (as
 // runtime/ops/dropout.cpp does), so a recomputation and backward redraw the same masks bit for bit.
 #include "base/compat.h"
+#include "runtime/ops/attention_kernels.h"
 #include "runtime/ops/op_util.h"
 
 #if defined(HT_FUSED_ATTENTION) && defined(HT_TORCH_CUDA)
@@ -66,24 +67,33 @@ struct AttentionDims {
     const int64_t row_bytes = std::max<int64_t>(1, B * H * S * 4);
     return std::clamp((gpu ? kGpuBlockScoreBytes : kBlockScoreBytes) / row_bytes, kMinBlockRows, kMaxBlockRows);
   }
-  int64_t blocks() const { return (T + block_rows() - 1) / block_rows(); }
 };
 
-struct AttentionConfig {
-  bool causal = false;
-  double dropout_p = 0;  // 0 unless training
-  double scale = 1;
-  uint64_t seed = 0;  // dropout's, when dropout_p > 0
-};
+using detail::AttentionConfig;
 
-// Queries [t0, t0 + n) of every head, against keys [0, keys).
+// Queries [t0, t0 + n) of every head, at positions [position, position + n) of the keys, against
+// keys [0, keys).
 struct QueryBlock {
-  int64_t index, t0, n, keys;
-  static QueryBlock of(int64_t b, const AttentionDims& d, bool causal) {
-    const int64_t rows = d.block_rows(), t0 = b * rows, n = std::min(rows, d.T - t0);
-    return {b, t0, n, causal ? t0 + n : d.S};  // causal: T == S, no key past the last query
-  }
+  int64_t index, t0, n, position, keys;
 };
+
+// The query blocks, in row order: each piece of the queries in blocks of d.block_rows(). Block j
+// of the piece at position p draws its dropout mask with seed + p x 2^20 + j: one piece at
+// position 0 (every run without context parallelism) draws block j's with seed + j, and the
+// ranks of a context group, whose pieces start at other positions, draw other masks.
+std::vector<QueryBlock> query_blocks(const AttentionDims& d, const AttentionConfig& cfg) {
+  const std::vector<SequencePiece> pieces = cfg.pieces.empty() ? std::vector<SequencePiece>{{0, 0, d.T}} : cfg.pieces;
+  const int64_t rows = d.block_rows();
+  std::vector<QueryBlock> blocks;
+  for (const SequencePiece& piece : pieces) {
+    for (int64_t j = 0, r = 0; r < piece.length; ++j, r += rows) {
+      const int64_t n = std::min(rows, piece.length - r), position = piece.position + r;
+      // causal: no key past the block's last query
+      blocks.push_back({(piece.position << 20) + j, piece.row + r, n, position, cfg.causal ? position + n : d.S});
+    }
+  }
+  return blocks;
+}
 
 // fp32 for fp32, bf16 and fp16 inputs; double stays double (the gradient checks).
 at::ScalarType accumulate_type(const at::Tensor& q) {
@@ -106,7 +116,7 @@ at::Tensor block_scores(const at::Tensor& q_rows, const at::Tensor& k, const Que
   at::Tensor s = at::matmul(q_rows, k.narrow(2, 0, blk.keys).transpose(-2, -1)).to(accumulate_type(q_rows));
   if (!causal) return s;
   const auto longs = at::TensorOptions().dtype(at::kLong).device(s.device());
-  const at::Tensor query = at::arange(blk.t0, blk.t0 + blk.n, longs).repeat({d.G}).unsqueeze(1);
+  const at::Tensor query = at::arange(blk.position, blk.position + blk.n, longs).repeat({d.G}).unsqueeze(1);
   return s.masked_fill_(at::arange(blk.keys, longs) > query, -std::numeric_limits<double>::infinity());
 }
 
@@ -159,8 +169,7 @@ TensorList blockwise_forward(const at::Tensor& q, const at::Tensor& k, const at:
   at::Tensor out = at::empty({d.B, d.T, d.H, d.hd}, q.options());
   const at::Tensor by_key_head = out.view({d.B, d.T, d.Hkv, d.G, d.hd}).permute({0, 2, 3, 1, 4});  // (B, Hkv, G, T, hd)
   TensorList lses;
-  for (int64_t b = 0; b < d.blocks(); ++b) {
-    const QueryBlock blk = QueryBlock::of(b, d, cfg.causal);
+  for (const QueryBlock& blk : query_blocks(d, cfg)) {
     auto [o, lse] = forward_block(block_rows(q, blk, d, q.scalar_type(), cfg.scale), kc, vc, blk, d, cfg);
     by_key_head.narrow(3, blk.t0, blk.n).copy_(o.view({d.B, d.Hkv, d.G, blk.n, d.hd}));
     lses.push_back(lse.view({d.B, d.Hkv, d.G, blk.n}));
@@ -209,18 +218,20 @@ at::Tensor backward_block(AttentionBackwardState& st, const QueryBlock& blk, con
       .view({d.B, d.Hkv, d.G, blk.n, d.hd});
 }
 
-// -> (dq, dk, dv) in their inputs' types; undefined where not needed.
-TensorList blockwise_backward(const BackwardArgs& a, const AttentionConfig& cfg) {
+// -> (dq, dk, dv), dq in q's type, dk and dv in the accumulate type (fp32 sums over the query
+// blocks); undefined where not needed. `keys` and `values` are the ones forward attended to.
+TensorList blockwise_backward_sums(const BackwardArgs& a, const at::Tensor& keys, const at::Tensor& values,
+                                   const AttentionConfig& cfg) {
   const at::Tensor& q = a.inputs[0];
-  const AttentionDims d = AttentionDims::of(q.sizes(), a.inputs[1].sizes(), q.device());
+  const AttentionDims d = AttentionDims::of(q.sizes(), keys.sizes(), q.device());
   const at::ScalarType acc = accumulate_type(q);
-  AttentionBackwardState st{q, a.inputs[1].contiguous(), a.inputs[2].contiguous(),
+  AttentionBackwardState st{q, keys.contiguous(), values.contiguous(),
                             a.grad_outputs[0], a.outputs[0], a.outputs[1], {}, {}, a.needs_input_grad};
   st.dk = at::zeros(st.k.sizes(), st.k.options().dtype(acc));  // sums over blocks in fp32
   st.dv = at::zeros(st.v.sizes(), st.v.options().dtype(acc));
   TensorList dq_blocks;
-  for (int64_t b = 0; b < d.blocks(); ++b) {
-    at::Tensor dq = backward_block(st, QueryBlock::of(b, d, cfg.causal), d, cfg);
+  for (const QueryBlock& blk : query_blocks(d, cfg)) {
+    at::Tensor dq = backward_block(st, blk, d, cfg);
     if (dq.defined()) dq_blocks.push_back(std::move(dq));
   }
   TensorList grads(3);
@@ -228,8 +239,17 @@ TensorList blockwise_backward(const BackwardArgs& a, const AttentionConfig& cfg)
     grads[0] = dq_blocks.empty() ? at::zeros_like(q)
                                  : at::cat(dq_blocks, 3).view(q.sizes()).to(q.scalar_type());
   }
-  if (st.needs[1]) grads[1] = st.dk.to(a.inputs[1].scalar_type());
-  if (st.needs[2]) grads[2] = st.dv.to(a.inputs[2].scalar_type());
+  if (st.needs[1]) grads[1] = st.dk;
+  if (st.needs[2]) grads[2] = st.dv;
+  return grads;
+}
+
+// -> (dq, dk, dv) in their inputs' types; undefined where not needed.
+TensorList blockwise_backward(const BackwardArgs& a, const AttentionConfig& cfg) {
+  TensorList grads = blockwise_backward_sums(a, a.inputs[1], a.inputs[2], cfg);
+  for (size_t i : {1, 2}) {
+    if (grads[i].defined()) grads[i] = grads[i].to(a.inputs[i].scalar_type());
+  }
   return grads;
 }
 
@@ -313,6 +333,10 @@ class AttentionOp final : public Op {
   AttentionConfig cfg_;
 };
 
+}  // namespace
+
+namespace detail {
+
 void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                             double dropout_p) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -335,11 +359,21 @@ void check_attention_shapes(const Tensor& q, const Tensor& k, const Tensor& v, b
               dropout_p);
 }
 
-}  // namespace
+TensorList blockwise_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const AttentionConfig& cfg) {
+  return blockwise_forward(q, k, v, cfg);
+}
+
+TensorList blockwise_attention_backward_sums(const BackwardArgs& a, const at::Tensor& keys, const at::Tensor& values,
+                                             const AttentionConfig& cfg) {
+  return blockwise_backward_sums(a, keys, values, cfg);
+}
+
+}  // namespace detail
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
                  bool training, std::optional<double> scale) {
-  check_attention_shapes(q, k, v, causal, dropout_p);
+  detail::check_attention_shapes(q, k, v, causal, dropout_p);
   AttentionConfig cfg;
   cfg.causal = causal;
   cfg.dropout_p = training ? dropout_p : 0.0;
@@ -363,8 +397,7 @@ at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_siz
   cfg.seed = seed;
   at::Tensor mask =
       at::zeros({d.B, d.Hkv, d.G, d.T, d.S}, at::TensorOptions().dtype(at::kBool).device(device));
-  for (int64_t b = 0; b < d.blocks(); ++b) {
-    const QueryBlock blk = QueryBlock::of(b, d, causal);
+  for (const QueryBlock& blk : query_blocks(d, cfg)) {
     const at::Tensor like =
         at::empty({d.B, d.Hkv, d.G * blk.n, blk.keys}, at::TensorOptions().device(device));
     const at::Tensor keep = keep_mask(like, blk, cfg).view({d.B, d.Hkv, d.G, blk.n, blk.keys});
