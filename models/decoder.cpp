@@ -115,14 +115,17 @@ PlannedLinear planned_linear(torch::nn::Module& module, const DecoderOptions& o,
 class EmbeddingBlock : public Block {
  public:
   explicit EmbeddingBlock(const DecoderOptions& o)
-      : wte(register_module("wte", std::make_shared<Embedding>(o.vocab_size, o.n_embd))), options_(o), split_(o) {
+      : wte(register_module("wte", std::make_shared<Embedding>(o.vocab_size, o.n_embd))),
+        options_(o),
+        split_(o),
+        context_{o.context_parallel, o.context_rank} {
     keep_part(o, "embed.wte.weight", wte->weight);
     if (!o.is_llama()) wpe = register_module("wpe", std::make_shared<Embedding>(o.block_size, o.n_embd));
   }
 
   Tensor forward(const Tensor& idx) override {
-    const int64_t t = idx.size(1);
-    TORCH_CHECK(t <= options_.block_size, "decoder: sequence length ", t, " exceeds block_size ",
+    const int64_t t = idx.size(1), length = t * context_.ranks;  // context parallelism: this rank's part
+    TORCH_CHECK(length <= options_.block_size, "decoder: sequence length ", length, " exceeds block_size ",
                 options_.block_size);
     Tensor x;
     if (split_.on()) {  // this rank's rows of the vocabulary; the group's sum is the lookup
@@ -131,10 +134,10 @@ class EmbeddingBlock : public Block {
     } else {
       x = wte->forward(idx);
     }
-    if (wpe) {
+    if (wpe) {  // the positions of this rank's tokens, and of its piece of them under sequence parallelism
       const int64_t n = split_.sequence ? t / split_.ranks : t, first = split_.sequence ? split_.rank * n : 0;
-      const auto opts = at::TensorOptions().dtype(at::kLong).device(idx.device());
-      x = add(x, embedding(split_.replicated(idx, wpe->weight), idx.interp().input(at::arange(first, first + n, opts))));
+      const at::Tensor positions = context_.positions(length, idx.device()).narrow(0, first, n);
+      x = add(x, embedding(split_.replicated(idx, wpe->weight), idx.interp().input(positions)));
     }
     return split_.dropout(x, options_.dropout, is_training(), split_.sequence);
   }
@@ -144,6 +147,7 @@ class EmbeddingBlock : public Block {
  private:
   DecoderOptions options_;
   Split split_;
+  ContextLayout context_;
 };
 
 // softmax(q k^T / sqrt(hd), causal) v as separate ops, saving the (B, H, T, T) scores,
@@ -166,7 +170,7 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
 // three, whose gradient the GEMM sums in fp32.
 class SelfAttention : public torch::nn::Module {
  public:
-  explicit SelfAttention(const DecoderOptions& o) : options_(o), split_(o) {
+  explicit SelfAttention(const DecoderOptions& o) : options_(o), split_(o), context_{o.context_parallel, o.context_rank} {
     const int64_t q = o.n_head * o.head_dim(), kv = o.kv_heads() * o.head_dim();
     const bool bias = !o.is_llama();
     wqkv = planned_linear(*this, o, "wqkv", "attn.wqkv", o.n_embd, q + 2 * kv, bias);
@@ -180,6 +184,12 @@ class SelfAttention : public torch::nn::Module {
     const int64_t h = options_.n_head / split_.ranks, hkv = options_.kv_heads() / split_.ranks;
     const Tensor qkv = wqkv.forward(split_, x);  // (B, T, (H + 2 Hkv) hd)
     const int64_t b = qkv.size(0), t = qkv.size(1);
+    if (context_.on()) {
+      const TensorParallelGroup* group = x.interp().context_parallel();
+      TORCH_CHECK(group != nullptr && group->size() == context_.ranks && group->rank() == context_.rank,
+                  "decoder: built for rank ", context_.rank, " of a context group of ", context_.ranks,
+                  ", but the interpreter's context-parallel group is not that (Interpreter::set_context_parallel)");
+    }
     // One split, not three slices: its backward writes qkv's gradient once (runtime/ops/shape.cpp).
     const std::vector<Tensor> parts = split(qkv, std::vector<int64_t>{h * hd, hkv * hd, hkv * hd}, 2);
     Tensor q = reshape(parts[0], {b, t, h, hd}), k = reshape(parts[1], {b, t, hkv, hd}),
@@ -187,8 +197,10 @@ class SelfAttention : public torch::nn::Module {
     if (options_.is_llama()) {
       // Rotated q and k are new tensors; v alone, saved for backward as a view, would keep all
       // of qkv alive (48 of Llama 3 8B's 128-wide heads for its 8): a dense copy keeps 8.
-      q = rope(q, options_.rope_theta);
-      k = rope(k, options_.rope_theta);
+      // Context parallelism: this rank's tokens are pieces of the sequence, at their positions.
+      const std::vector<SequencePiece> pieces = context_.pieces(t * context_.ranks);
+      q = rope(q, options_.rope_theta, pieces);
+      k = rope(k, options_.rope_theta, pieces);
       v = contiguous(v);
     }
     // (B, H, T, hd) and (B, Hkv, T, hd) in; the op saves O(T) state, never the T x T scores.
@@ -197,7 +209,7 @@ class SelfAttention : public torch::nn::Module {
     {
       const SeedStream heads_stream(x.interp(), split_.on() ? static_cast<uint64_t>(split_.rank) + 1 : x.interp().seed_stream());
       y = options_.naive_attention ? naive_attention(qh, kh, vh, options_.dropout, is_training())
-                                   : attention(qh, kh, vh, /*causal=*/true, options_.dropout, is_training());
+                                   : context_attention(qh, kh, vh, /*causal=*/true, options_.dropout, is_training());
     }
     const Tensor merged = reshape(transpose(y, 1, 2), {b, t, h * hd});
     return split_.dropout(wo.forward(split_, merged), options_.dropout, is_training(), split_.sequence);
@@ -208,6 +220,7 @@ class SelfAttention : public torch::nn::Module {
  private:
   DecoderOptions options_;
   Split split_;
+  ContextLayout context_;
 };
 
 // GPT-2: proj(gelu_tanh(fc(x))); Llama: w2(silu(gate) * up), [gate | up] = w13(x), Meta's w1

@@ -87,7 +87,8 @@ DecoderOptions::Diagnosis DecoderOptions::diagnose() const {
   }
   if (is_llama() && rope_theta <= 1.0) return {"model.rope_theta must be above 1", {"model.rope_theta"}};
   if (norm_eps <= 0) return {"model.norm_eps must be positive", {"model.norm_eps"}};
-  return tensor_parallel_diagnosis();
+  const Diagnosis split = tensor_parallel_diagnosis();
+  return split.message.empty() ? context_parallel_diagnosis() : split;
 }
 
 DecoderOptions::Diagnosis DecoderOptions::tensor_parallel_diagnosis() const {
@@ -118,6 +119,27 @@ DecoderOptions::Diagnosis DecoderOptions::tensor_parallel_diagnosis() const {
                 ": parallel.sequence_parallel cuts each sequence into tensor_parallel pieces",
             {"model.block_size", tp_key, "parallel.sequence_parallel"}};
   }
+  return {};
+}
+
+DecoderOptions::Diagnosis DecoderOptions::context_parallel_diagnosis() const {
+  auto str = [](int64_t v) { return std::to_string(v); };
+  const int64_t c = context_parallel;
+  const std::string cp = "parallel.context_parallel = " + str(c), cp_key = "parallel.context_parallel";
+  if (c < 1 || context_rank < 0 || context_rank >= c) return {cp + " must be at least 1 (rank " + str(context_rank) + ")", {cp_key}};
+  if (c == 1) return {};
+  if (block_size % (2 * c) != 0) {
+    return {"model.block_size = " + str(block_size) + " is not a multiple of 2 x " + cp +
+                ": each rank holds a chunk from the front of each sequence and its mirror from the back; choose a "
+                "block_size that 2 x context_parallel divides",
+            {"model.block_size", cp_key}};
+  }
+  if (sequence_parallel && tensor_parallel > 1 && (block_size / c) % tensor_parallel != 0) {
+    return {"model.block_size / " + cp + " = " + str(block_size / c) + " is not a multiple of parallel.tensor_parallel = " +
+                str(tensor_parallel) + ": sequence parallelism cuts each rank's part of the sequence again",
+            {"model.block_size", cp_key, "parallel.tensor_parallel"}};
+  }
+  if (naive_attention) return {"the composed (naive) attention has no context-parallel form", {cp_key}};
   return {};
 }
 

@@ -55,6 +55,12 @@ struct DecoderOptions {
   int64_t tensor_parallel = 1;
   int64_t tensor_rank = 0;
   bool sequence_parallel = false;
+  // Context parallelism (parallel.context_parallel, runtime/context_parallel.h): the model runs on
+  // rank `context_rank`'s head and tail chunks of each sequence (tokens and labels cut by the
+  // trainer), its positions theirs, and attention gathers the group's keys and values. Weights
+  // are whole on every rank of the group.
+  int64_t context_parallel = 1;
+  int64_t context_rank = 0;
 
   // GPT-2's layout at the given size.
   static DecoderOptions gpt2(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,
@@ -90,6 +96,7 @@ struct DecoderOptions {
   };
   Diagnosis diagnose() const;
   Diagnosis tensor_parallel_diagnosis() const;  // the part of diagnose() that tensor_parallel adds
+  Diagnosis context_parallel_diagnosis() const;  // the part that context_parallel adds
 };
 
 }  // namespace ht
