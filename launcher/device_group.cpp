@@ -105,4 +105,19 @@ std::shared_ptr<Communicator> tensor_group_for_device(const RunPlan& plan, const
 #endif
 }
 
+std::shared_ptr<Communicator> context_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
+  if (grid.context_parallel <= 1) return nullptr;
+  const std::string& device = plan.device;
+  if (device.rfind("cuda", 0) != 0 || ranks_share_gpus(device, grid)) return grid.context_parallel_group;
+#ifdef HT_HAVE_NCCL
+  // Not yet run on GPUs (docs/gpu.md).
+  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
+  return std::make_shared<NcclCommunicator>(*grid.context_parallel_group, index, grid.rank);
+#else
+  throw UserError(plan.source + ": training.device = \"" + device + "\" with parallel.context_parallel = " +
+                  std::to_string(grid.context_parallel) + ": a context group of GPUs needs NCCL, and this build has "
+                  "none; rebuild where the CUDA toolkit's NCCL is found, or use \"cpu\"");
+#endif
+}
+
 }  // namespace ht

@@ -24,5 +24,8 @@ std::shared_ptr<Communicator> pipeline_group_for_device(const RunPlan& plan, con
 // The tensor-parallel group's communicator on plan.device: MPI's on the CPU, NCCL between the
 // group's GPUs; null without tensor parallelism.
 std::shared_ptr<Communicator> tensor_group_for_device(const RunPlan& plan, const ProcessGrid& grid);
+// The context group's communicator on plan.device, as the tensor-parallel group's; null without
+// context parallelism.
+std::shared_ptr<Communicator> context_group_for_device(const RunPlan& plan, const ProcessGrid& grid);
 
 }  // namespace ht

@@ -32,12 +32,13 @@ void print_plan(const Config& c, const RunPlan& plan, const DataInfo& data, int6
                 const Trainer& trainer, const ProcessGrid& grid, const ThreadPools& threads) {
   std::printf("data: %s\n", data.description.c_str());
   if (grid.world > 1) {
-    const std::string tensor = grid.tensor_parallel == 1 ? std::string() :
+    const std::string tensor = (grid.context_parallel == 1 ? std::string() :
+        " x context-parallel " + std::to_string(grid.context_parallel)) + (grid.tensor_parallel == 1 ? std::string() :
         " x tensor-parallel " + std::to_string(grid.tensor_parallel) +
-            (c.parallel.sequence_parallel ? " with sequence parallelism" : "");
+            (c.parallel.sequence_parallel ? " with sequence parallelism" : ""));
     std::printf("ranks: %d (data-parallel %d%s x pipeline %d) over %s; each %s %lld samples of a global batch\n",
                 grid.world, grid.data_parallel, tensor.c_str(), grid.pipeline_parallel,
-                grid.data_parallel_group->backend().c_str(), grid.tensor_parallel == 1 ? "trains" : "replica trains",
+                grid.data_parallel_group->backend().c_str(), grid.tensor_parallel == 1 && grid.context_parallel == 1 ? "trains" : "replica trains",
                 static_cast<long long>(plan.batch.local()));
   }
   std::printf("model: %s, %lld parameters, on %s, threads %s\n", choice_name(c.model.name),
@@ -214,13 +215,13 @@ struct DeviceMemory {
 // rank whose parameters are sharded (ParameterShards keeps its share of each bucket), and a
 // tensor-parallel rank with its parts (each layer keeps its part as it makes it, one whole tensor
 // at a time).
-std::shared_ptr<Model> build_model(const Config& config, const RunPlan& plan, const DataInfo& info, int tensor_rank,
-                                   bool root, bool& channels_last) {
+std::shared_ptr<Model> build_model(const Config& config, const RunPlan& plan, const DataInfo& info, bool root,
+                                   bool& channels_last) {
   std::optional<HostAllocationScope> whole_model_on_host;
   const bool shards_parameters = plan.sync.shard == ShardLevel::kParameters || shards_masters(plan);
   const bool splits = plan.grid.tensor > 1;
   if (plan.grid.pipeline > 1 || shards_parameters || splits) whole_model_on_host.emplace();
-  std::shared_ptr<Model> model = make_model(config, info, tensor_rank);
+  std::shared_ptr<Model> model = make_model(config, info, plan.grid.tensor_rank, plan.grid.context_rank);
   for (const std::string& w : initialize_from_hf(*model, config, decoder_options(config.model, info.classes))) {
     if (root) std::fprintf(stderr, "hybrid_train: warning: %s\n", w.c_str());
   }
@@ -265,6 +266,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
   const std::shared_ptr<Communicator> replicas = replica_group_for_device(resolving, *grid);
   const std::shared_ptr<Communicator> tensor = tensor_group_for_device(resolving, *grid);
   const std::shared_ptr<Communicator> pipeline = pipeline_group_for_device(resolving, *grid);
+  const std::shared_ptr<Communicator> context = context_group_for_device(resolving, *grid);
   resolving.pipeline.posting_order = !pipeline->matches_by_tag();  // what the run check prices
   if (resolving.device != "cpu") use_deterministic_cuda_kernels();  // before any kernel runs
   CpuAllocationCounter::install();
@@ -291,7 +293,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
   std::shared_ptr<Model> model;
   bool channels_last = false;  // some weights were restrided
   try {
-    model = build_model(config, plan, info, grid->tensor_rank, root, channels_last);
+    model = build_model(config, plan, info, root, channels_last);
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, plan, info);
   }
@@ -299,7 +301,7 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
   const std::optional<std::string> resume = resume_point(config, root);
   std::unique_ptr<Trainer> made;
   try {
-    made = Trainer::make(plan, std::move(data), model, memory.arena, {replicas, pipeline, tensor});
+    made = Trainer::make(plan, std::move(data), model, memory.arena, {replicas, pipeline, tensor, context});
   } catch (const OutOfBudget&) {
     throw parameters_do_not_fit(config, plan, info);  // the gradients' block
   }

@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
     }
     ht::check_pipeline_ranks(loaded.config, grid.world);  // every rank refuses alike
     ht::divide_process_grid(grid, static_cast<int>(loaded.config.parallel.pipeline_parallel),
-                            static_cast<int>(loaded.config.parallel.tensor_parallel));
+                            static_cast<int>(loaded.config.parallel.tensor_parallel),
+                            static_cast<int>(loaded.config.parallel.context_parallel));
     if (const std::string across = ht::tensor_groups_across_hosts(grid); !across.empty()) {
       throw ht::UserError(loaded.config.source + ": parallel.tensor_parallel = " +
                           std::to_string(grid.tensor_parallel) + ": " + across +

@@ -36,7 +36,7 @@ DecoderOptions decoder_options(const ModelConfig& m, int64_t data_vocab) {
   return o;
 }
 
-std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data, int tensor_rank) {
+std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data, int tensor_rank, int context_rank) {
   const ModelConfig& m = c.model;
   if (m.name == ModelKind::kMlp) {
     int64_t features = 1;
@@ -72,6 +72,8 @@ std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data, int ten
   o.tensor_parallel = c.parallel.tensor_parallel;
   o.tensor_rank = tensor_rank;
   o.sequence_parallel = c.parallel.sequence_parallel;
+  o.context_parallel = c.parallel.context_parallel;
+  o.context_rank = context_rank;
   if (const std::string problem = o.problem(); !problem.empty()) throw UserError(c.source + ": " + problem);
   return std::make_shared<Decoder>(o);
 }

@@ -18,6 +18,6 @@ DecoderOptions decoder_options(const ModelConfig& model, int64_t data_vocab);
 // Throws UserError when the model and the data do not fit together. With
 // parallel.tensor_parallel > 1, the part of a decoder that rank `tensor_rank` of its group holds
 // (models/decoder_split.h).
-std::shared_ptr<Model> make_model(const Config& config, const DataInfo& data, int tensor_rank = 0);
+std::shared_ptr<Model> make_model(const Config& config, const DataInfo& data, int tensor_rank = 0, int context_rank = 0);
 
 }  // namespace ht

@@ -51,29 +51,38 @@ ProcessGrid make_process_grid() {
 #endif
 }
 
-void divide_process_grid(ProcessGrid& grid, int pipeline_parallel, int tensor_parallel) {
-  if (pipeline_parallel < 1 || tensor_parallel < 1 || grid.world % (pipeline_parallel * tensor_parallel) != 0) {
+void divide_process_grid(ProcessGrid& grid, int pipeline_parallel, int tensor_parallel, int context_parallel) {
+  const int per_replica = pipeline_parallel * tensor_parallel * context_parallel;
+  if (pipeline_parallel < 1 || tensor_parallel < 1 || context_parallel < 1 || grid.world % per_replica != 0) {
     throw std::invalid_argument("the world of " + std::to_string(grid.world) + " ranks does not divide into " +
                                 std::to_string(pipeline_parallel) + " pipeline stages of " +
+                                std::to_string(context_parallel) + " context ranks of " +
                                 std::to_string(tensor_parallel) + "-rank tensor-parallel groups");
   }
+  const int tp = tensor_parallel, cp = context_parallel;
   grid.pipeline_parallel = pipeline_parallel;
-  grid.tensor_parallel = tensor_parallel;
-  grid.data_parallel = grid.world / (pipeline_parallel * tensor_parallel);
-  grid.tensor_rank = grid.rank % tensor_parallel;
-  grid.replica = grid.rank / tensor_parallel % grid.data_parallel;
-  grid.stage = grid.rank / (tensor_parallel * grid.data_parallel);
+  grid.tensor_parallel = tp;
+  grid.context_parallel = cp;
+  grid.data_parallel = grid.world / per_replica;
+  grid.tensor_rank = grid.rank % tp;
+  grid.context_rank = grid.rank / tp % cp;
+  grid.replica = grid.rank / (tp * cp) % grid.data_parallel;
+  grid.stage = grid.rank / (tp * cp * grid.data_parallel);
 #ifdef HT_HAVE_MPI
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) return;  // not under mpirun: a world of one keeps its local groups
-  MPI_Comm replicas, pipeline, tensor;
-  MPI_Comm_split(MPI_COMM_WORLD, grid.stage * tensor_parallel + grid.tensor_rank, grid.replica, &replicas);
-  MPI_Comm_split(MPI_COMM_WORLD, grid.replica * tensor_parallel + grid.tensor_rank, grid.stage, &pipeline);
-  MPI_Comm_split(MPI_COMM_WORLD, grid.rank / tensor_parallel, grid.tensor_rank, &tensor);
+  MPI_Comm replicas, pipeline, tensor, context;
+  const int same_weights = grid.replica * cp + grid.context_rank;  // its rank among the ranks with its weights
+  MPI_Comm_split(MPI_COMM_WORLD, grid.stage * tp + grid.tensor_rank, same_weights, &replicas);
+  MPI_Comm_split(MPI_COMM_WORLD, same_weights * tp + grid.tensor_rank, grid.stage, &pipeline);
+  MPI_Comm_split(MPI_COMM_WORLD, grid.rank / tp, grid.tensor_rank, &tensor);
+  MPI_Comm_split(MPI_COMM_WORLD, (grid.stage * grid.data_parallel + grid.replica) * tp + grid.tensor_rank,
+                 grid.context_rank, &context);
   grid.data_parallel_group = std::make_shared<MpiCommunicator>(replicas, grid.rank);
   grid.pipeline_group = std::make_shared<MpiCommunicator>(pipeline, grid.rank);
   grid.tensor_parallel_group = std::make_shared<MpiCommunicator>(tensor, grid.rank);
+  grid.context_parallel_group = std::make_shared<MpiCommunicator>(context, grid.rank);
 #endif
 }
 

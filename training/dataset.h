@@ -3,6 +3,8 @@
 // (evaluation). The datasets themselves (Fashion-MNIST, generated data, text, memory-mapped token
 // files) and the factory that builds a job's splits are launcher/data/.
 
+#include "runtime/context_parallel.h"
+
 #include <ATen/ATen.h>
 
 #include <memory>
@@ -17,6 +19,11 @@ struct Batch {
   at::Tensor input;   // images (B, C, H, W) float, or tokens (B, T) int64
   at::Tensor target;  // labels (B) int64, or next tokens (B, T) int64
 };
+
+// A context-parallel rank's part of a batch of sequences (runtime/context_parallel.h): its head and
+// tail chunks of every sequence's tokens and next tokens; the batch itself without context
+// parallelism.
+Batch context_part(const Batch& batch, const ContextLayout& layout);
 
 // What the model needs to know about the data.
 struct DataInfo {

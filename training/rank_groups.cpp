@@ -8,12 +8,13 @@
 namespace ht {
 
 RankGroups::RankGroups(std::unique_ptr<DataParallel> replicas, std::shared_ptr<Communicator> pipeline,
-                       std::unique_ptr<TensorGroup> tensor, double timeout_s)
+                       std::unique_ptr<TensorGroup> tensor, double timeout_s, std::unique_ptr<TensorGroup> context)
     : replicas_(std::move(replicas)), pipeline_(std::move(pipeline)), tensor_(std::move(tensor)),
-      stage_(pipeline_ ? pipeline_->rank() : 0) {
+      context_(std::move(context)), stage_(pipeline_ ? pipeline_->rank() : 0) {
   replicas_->group().set_timeout(timeout_s);
   if (pipeline_) pipeline_->set_timeout(timeout_s);
   if (tensor_) tensor_->communicator().set_timeout(timeout_s);
+  if (context_) context_->communicator().set_timeout(timeout_s);
 }
 
 bool RankGroups::first_rank() const {
@@ -24,8 +25,10 @@ void RankGroups::step_begins(int64_t step) {
   const std::string name = "step " + std::to_string(step);
   replicas_->group().set_context(name);
   if (tensor_) tensor_->communicator().set_context(name);
+  if (context_) context_->communicator().set_context(name);
   if (pipeline_) pipeline_->set_context(name + ", stage " + std::to_string(stage_));
   if (tensor_) tensor_at_step_ = tensor_->stats();
+  if (context_) context_at_step_ = context_->stats();
 }
 
 std::vector<std::vector<double>> RankGroups::per_replica(const std::vector<double>& mine, const char* what) {
@@ -45,10 +48,16 @@ void RankGroups::sum_evaluation(at::Tensor& sums, int64_t step) {
 }
 
 void RankGroups::record(JsonObject& record) const {
-  if (!tensor_) return;
-  const TensorGroupStats& now = tensor_->stats();
-  record.add("tensor_bytes", now.bytes - tensor_at_step_.bytes)
-      .add("tensor_recomputed_bytes", now.recomputed_bytes - tensor_at_step_.recomputed_bytes);
+  if (tensor_) {
+    const TensorGroupStats& now = tensor_->stats();
+    record.add("tensor_bytes", now.bytes - tensor_at_step_.bytes)
+        .add("tensor_recomputed_bytes", now.recomputed_bytes - tensor_at_step_.recomputed_bytes);
+  }
+  if (context_) {
+    const TensorGroupStats& now = context_->stats();
+    record.add("context_bytes", now.bytes - context_at_step_.bytes)
+        .add("context_recomputed_bytes", now.recomputed_bytes - context_at_step_.recomputed_bytes);
+  }
 }
 
 int RankGroups::agreed_stop_signal(int mine) {

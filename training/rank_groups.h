@@ -17,15 +17,19 @@ namespace ht {
 
 class RankGroups {
  public:
-  // `pipeline` and `tensor`: null where the grid has no such axis.
+  // `pipeline`, `tensor` and `context`: null where the grid has no such axis. `replicas` are the
+  // ranks with this rank's weights: every data-parallel replica's context ranks.
   RankGroups(std::unique_ptr<DataParallel> replicas, std::shared_ptr<Communicator> pipeline,
-             std::unique_ptr<TensorGroup> tensor, double timeout_s);
+             std::unique_ptr<TensorGroup> tensor, double timeout_s, std::unique_ptr<TensorGroup> context = nullptr);
 
   DataParallel& replicas() { return *replicas_; }
   const DataParallel& replicas() const { return *replicas_; }
   Communicator* pipeline() const { return pipeline_.get(); }
   const std::shared_ptr<Communicator>& shared_pipeline() const { return pipeline_; }
   TensorGroup* tensor() const { return tensor_.get(); }
+  TensorGroup* context() const { return context_.get(); }
+  // Whether the model's layers exchange with a group while forward and backward run.
+  bool exchanges_in_layers() const { return tensor_ || context_; }
   // One rank in all: no collective needed.
   bool alone() const { return replicas_->size() == 1 && !pipeline_ && !tensor_; }
   // Rank 0 of the job: the one that prints and writes the outputs.
@@ -43,16 +47,17 @@ class RankGroups {
   std::vector<std::vector<double>> per_replica(const std::vector<double>& mine, const char* what);
   // The replicas' and stages' sums of an evaluation's numbers (each stage but the last adds zeros).
   void sum_evaluation(at::Tensor& sums, int64_t step);
-  // Its fields of a step's metrics record: the bytes this rank handed its tensor-parallel
-  // collectives since step_begins, and of them what recomputations repeated.
+  // Its fields of a step's metrics record: the bytes this rank handed its tensor-parallel and
+  // context-parallel collectives since step_begins, and of them what recomputations repeated.
   void record(JsonObject& record) const;
 
  private:
   std::unique_ptr<DataParallel> replicas_;
   std::shared_ptr<Communicator> pipeline_;
   std::unique_ptr<TensorGroup> tensor_;
+  std::unique_ptr<TensorGroup> context_;  // its ranks are also among the replicas: no vote of its own
   int stage_ = 0;
-  TensorGroupStats tensor_at_step_;  // the tensor group's counts when the step began
+  TensorGroupStats tensor_at_step_, context_at_step_;  // the groups' counts when the step began
 };
 
 }  // namespace ht

@@ -25,8 +25,9 @@ namespace ht {
 
 // The grid's axes, as torchtitan's ParallelDims: world = data x context x tensor x pipeline,
 // ordered as parallel/process_grid.h orders the ranks; and this rank's coordinates on each axis.
-// The context axis (every sequence split among the ranks of a group) is issue 68's: its degree is
-// 1 until that lands, and nothing reads it yet.
+// The context axis splits every sequence among the ranks of a group (runtime/context_parallel.h):
+// the data x context ranks hold the same weights and average their gradients; the context ranks of
+// a replica train the same samples, each on its chunks of them.
 struct GridPlan {
   int data = 1, context = 1, tensor = 1, pipeline = 1;  // degrees
   int replica = 0, context_rank = 0, tensor_rank = 0, stage = 0;  // this rank's place

@@ -40,8 +40,10 @@ std::unique_ptr<Trainer> Trainer::make(const RunPlan& plan, DataSplits data, std
 
 Trainer::Trainer(const RunPlan& plan, DataSplits data, std::unique_ptr<Engine> engine, TrainerParts parts)
     : plan_(plan), data_(std::move(data)), engine_(std::move(engine)), parts_(std::move(parts)),
+      // A replica's context ranks (neighbours among the ranks with its weights) train its samples.
       sampler_(data_.train->size(), plan.batch.global, plan.seed, plan.loop.shuffle,
-               parts_.groups->replicas().rank(), parts_.groups->replicas().size()),
+               parts_.groups->replicas().rank() / plan.grid.context, parts_.groups->replicas().size() / plan.grid.context),
+      context_{plan.grid.context, plan.grid.context_rank},
       checkpoints_(plan.loop.checkpoint_dir, plan.loop.checkpoint_keep),
       total_steps_(total_steps_of(plan.loop, sampler_)), progress_(total_steps_, plan.loop.log_interval) {
   progress_.set_silent(!parts_.groups->first_rank());
@@ -73,7 +75,7 @@ Trainer::StepResult Trainer::train_step() {
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
   parts_.groups->step_begins(state_.step + 1);
-  const Batch batch = data_.train->batch(sampler_.next());
+  const Batch batch = context_part(data_.train->batch(sampler_.next()), context_);
   const auto compute_start = std::chrono::steady_clock::now();
   const double loss_seed = parts_.optimizer->loss_scale() / static_cast<double>(plan_.batch.micro_batches);
   r.loss = parts_.runner->run(batch, loss_seed, *parts_.sync);

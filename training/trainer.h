@@ -149,6 +149,7 @@ class Trainer {
   std::unique_ptr<Engine> engine_;
   TrainerParts parts_;
   Sampler sampler_;
+  ContextLayout context_;  // this rank's chunks of each sequence (the whole without context parallelism)
   CheckpointStore checkpoints_;
   // After the parts (it writes through their state) and the progress it reports to.
   RunOutput* output_ = nullptr;  // during run()

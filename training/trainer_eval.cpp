@@ -18,6 +18,7 @@ EvalResult Trainer::evaluate() {
   interp.set_autocast(autocast_type(plan_.precision));
   interp.set_parameter_source(parameters);
   interp.set_tensor_parallel(engine_->interp.tensor_parallel());
+  interp.set_context_parallel(engine_->interp.context_parallel());
   interp.set_keep_collectives(keeps_collectives(plan_));
   memory.configure(memory_options(plan_.memory, plan_.seed, engine_->arena, engine_->host_link,
                                   static_cast<int>(engine_->model->blocks().size())));
@@ -25,8 +26,10 @@ EvalResult Trainer::evaluate() {
   Model& model = *engine_->model;
   model.eval();
   const Dataset& eval = *data_.eval;
-  // The same samples whatever the number of ranks; the ranks share them in batches of a forward's
-  // size, batch b going to rank b mod ranks.
+  // The same samples whatever the number of ranks; the replicas share them in batches of a
+  // forward's size, batch b going to replica b mod replicas, whose context ranks each take their
+  // chunks of it (each counts the batch's samples at its chunks' mean loss: summed over the group,
+  // every sample c times at its mean).
   int64_t total = eval.size();
   const int64_t batch = plan_.batch.micro;
   if (plan_.loop.eval_samples > 0) total = std::min(total, plan_.loop.eval_samples);
@@ -36,13 +39,13 @@ EvalResult Trainer::evaluate() {
   // A parameter source gathers with the group: every rank runs as many forwards, a rank past the
   // last batch repeating its own last one and counting it nowhere.
   const DataParallel& replicas = parts_.groups->replicas();
-  const int64_t ranks = replicas.size();
+  const int64_t ranks = replicas.size() / plan_.grid.context;
   const int64_t rounds = parameters != nullptr ? (batches + ranks - 1) / ranks * ranks : batches;
-  for (int64_t b = replicas.rank(); b < rounds; b += ranks) {
+  for (int64_t b = replicas.rank() / plan_.grid.context; b < rounds; b += ranks) {
     const bool counted = b < batches;
     const int64_t which = counted ? b : std::max<int64_t>(0, b - ranks);
     const int64_t n = std::min(batch, total - which * batch);
-    const Batch data = eval.slice(which * batch, n);
+    const Batch data = context_part(eval.slice(which * batch, n), context_);
     const at::Tensor target = data.target.to(engine_->device);
     const Tensor out = parts_.runner->forward_only(interp, data.input, n);
     if (!out.defined()) {  // a pipeline stage other than the last: its part is done

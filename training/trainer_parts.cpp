@@ -144,7 +144,7 @@ std::optional<std::string> overlap_warning(const RunPlan& plan, const DataParall
            "(its point-to-point messages use MPI while backward runs)";
   }
   if (tensor_parallel) {
-    return "warning: parallel.overlap: a tensor-parallel rank reduces its gradients on the thread running backward, "
+    return "warning: parallel.overlap: a tensor- or context-parallel rank reduces its gradients on the thread running backward, "
            "after it (sharded gradients: as backward finishes each bucket); its group's collectives use MPI while "
            "backward runs";
   }
@@ -160,16 +160,19 @@ std::optional<std::string> overlap_warning(const RunPlan& plan, const DataParall
 // so its all-reduce waits for the step's end (MPI is initialized for one thread at a time).
 std::unique_ptr<RankGroups> make_groups(const RunPlan& plan, const Model& model, const PipelineStage* stage,
                                         const RankCommunicators& comms) {
-  const bool tensor_parallel = comms.tensor != nullptr;
+  // Collectives inside the layers (tensor parallelism's, context parallelism's attention) run on
+  // the thread running backward: the replicas' all-reduce may not use MPI from another meanwhile.
+  const bool tensor_parallel = comms.tensor != nullptr || comms.context != nullptr;
   auto replicas = std::make_unique<DataParallel>(
       comms.replicas ? comms.replicas : std::make_shared<LocalCommunicator>(),
       stage ? stage->parameters() : model.parameters(), plan.sync.bucket_bytes,
       plan.sync.overlap && !stage && !tensor_parallel, bucket_units(plan, model));
-  TORCH_CHECK(replicas->size() == plan.grid.data, "make_trainer_parts: a group of ", replicas->size(), " ranks for ",
-              plan.grid.data, " replicas");
+  TORCH_CHECK(replicas->size() == plan.grid.data * plan.grid.context, "make_trainer_parts: a group of ",
+              replicas->size(), " ranks for ", plan.grid.data, " replicas of ", plan.grid.context, " context ranks");
   return std::make_unique<RankGroups>(std::move(replicas), stage ? comms.pipeline : nullptr,
-                                      tensor_parallel ? std::make_unique<TensorGroup>(comms.tensor) : nullptr,
-                                      plan.sync.timeout_s);
+                                      comms.tensor ? std::make_unique<TensorGroup>(comms.tensor) : nullptr,
+                                      plan.sync.timeout_s,
+                                      comms.context ? std::make_unique<TensorGroup>(comms.context) : nullptr);
 }
 
 // The engine as the plan runs it: every replica with rank 0's buffers, the interpreter's tensor-
@@ -177,6 +180,7 @@ std::unique_ptr<RankGroups> make_groups(const RunPlan& plan, const Model& model,
 void prepare_engine(const RunPlan& plan, Engine& e, RankGroups& groups, bool stages, std::vector<std::string>& notes) {
   Model& model = *e.model;
   if (TensorGroup* tensor = groups.tensor()) e.interp.set_tensor_parallel(tensor);
+  if (TensorGroup* context = groups.context()) e.interp.set_context_parallel(context);
   groups.replicas().broadcast_state(model.buffers());
   model.train();
   if (plan.loop.time_by_op && !stages) e.interp.set_op_time_log(&e.op_times);
@@ -206,7 +210,7 @@ struct SyncLayout {
 
 SyncLayout lay_out_sync(const RunPlan& plan, Engine& e, RankGroups& groups, std::shared_ptr<PipelineStage> stage) {
   DataParallel& dp = groups.replicas();
-  const bool tensor_parallel = groups.tensor() != nullptr;
+  const bool tensor_parallel = groups.exchanges_in_layers();
   const ShardLevel level = plan.sync.shard;  // none with one replica
   SyncLayout out;
   std::shared_ptr<CollectiveQueue> worker;  // sharded parameters' and gradients' collectives while a step runs
@@ -335,7 +339,7 @@ TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Eng
                                              plan.optimizer, ModelState::Layout{stage, layout.parameter_shards});
   parts.runner = stage ? std::unique_ptr<StepRunner>(std::make_unique<PipelineRunner>(e, plan.batch, stage))
                        : std::make_unique<LocalRunner>(e, plan.batch);
-  const bool tensor_parallel = parts.groups->tensor() != nullptr;
+  const bool tensor_parallel = parts.groups->exchanges_in_layers();
   if (auto warning = overlap_warning(plan, parts.groups->replicas(), stage != nullptr, tensor_parallel)) {
     parts.notes.push_back(*warning);
   }

@@ -35,6 +35,7 @@ namespace ht {
 // group of one).
 struct RankCommunicators {
   std::shared_ptr<Communicator> replicas, pipeline, tensor;
+  std::shared_ptr<Communicator> context;  // the context group (parallel.context_parallel)
 };
 
 struct TrainerParts {

@@ -127,9 +127,10 @@ struct TrainingConfig {
 
 struct ParallelConfig {
   Strategy strategy = Strategy::kManual;  // auto: plan first (planner/), train with its choice
-  int64_t data_parallel = 0;  // 0: every rank of the job (world / (pipeline_parallel x tensor_parallel))
+  int64_t data_parallel = 0;  // 0: every rank of the job (world / (pipeline_parallel x context_parallel x tensor_parallel))
   int64_t pipeline_parallel = 1;
   int64_t tensor_parallel = 1;     // ranks each decoder layer is split across (innermost in the grid)
+  int64_t context_parallel = 1;    // ranks each sequence is split across (next to tensor_parallel)
   bool sequence_parallel = false;  // with tensor_parallel: norms, dropouts and the residual stream in pieces
   ScheduleKind pipeline_schedule = ScheduleKind::k1f1b;
   int64_t virtual_stages = 1;         // interleaved_1f1b: model chunks per rank

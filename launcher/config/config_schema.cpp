@@ -287,6 +287,15 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "and backward. Neighbouring ranks form a group (mpirun -np data_parallel x tensor_parallel x "
                     "pipeline_parallel), which must share a host")
                   .min(1).max(64));
+  f.push_back(Field(&C::parallel, &ParallelConfig::context_parallel, "parallel", "context_parallel",
+                    "ranks each sequence of a gpt or llama model is split across (context parallelism): each "
+                    "holds a chunk from the front of every sequence and its mirror from the back (model.block_size "
+                    "/ context_parallel tokens, balanced under causal masking), attention gathers the group's keys "
+                    "and values (forward and again in backward, whose key and value gradients are "
+                    "reduce-scattered), and the weights' gradients are averaged over data_parallel x "
+                    "context_parallel ranks. The group sits between the tensor-parallel groups and the replicas "
+                    "(mpirun -np data_parallel x context_parallel x tensor_parallel x pipeline_parallel)")
+                  .min(1).max(64));
   f.push_back(Field(&C::parallel, &ParallelConfig::sequence_parallel, "parallel", "sequence_parallel",
                     "with tensor parallelism: norms, dropouts and the residual stream hold each rank's piece of "
                     "the sequence (model.block_size / tensor_parallel positions), the all-reduces become "

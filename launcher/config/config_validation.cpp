@@ -102,6 +102,7 @@ class Rules {
       DecoderOptions o = decoder_options(m, std::max<int64_t>(m.vocab_size, 1));
       o.tensor_parallel = c_.parallel.tensor_parallel;
       o.sequence_parallel = c_.parallel.sequence_parallel;
+      o.context_parallel = c_.parallel.context_parallel;
       const DecoderOptions::Diagnosis problem = o.diagnose();
       if (problem.message.empty()) return;
       // Where the first key the message names was set (the file's line or the command line's
@@ -123,6 +124,27 @@ class Rules {
                       "\": only the transformers (gpt, llama) have layers built to split across ranks (heads, MLP "
                       "width, vocabulary); a convolution network's channels and a supernet's changing paths are not; "
                       "use parallel.data_parallel or parallel.pipeline_parallel for this model");
+    }
+  }
+
+  // What context parallelism splits, and what it does not compose with yet.
+  void context_parallel() const {
+    const ParallelConfig& p = c_.parallel;
+    if (p.context_parallel == 1) return;
+    const std::string head = loc("parallel.context_parallel") + "parallel.context_parallel = " + std::to_string(p.context_parallel);
+    if (!is_decoder(c_.model.name)) {
+      throw UserError(head + " with model.name = \"" + choice_name(c_.model.name) +
+                      "\": only the transformers (gpt, llama) train on sequences to split; use parallel.data_parallel "
+                      "for this model");
+    }
+    if (p.strategy == Strategy::kAuto) {
+      throw UserError(head + " with parallel.strategy = \"auto\": the planner does not yet search or price context "
+                      "parallelism; set parallel.strategy = \"manual\" (and a memory.policy), or context_parallel = 1");
+    }
+    if (p.pipeline_parallel > 1) {
+      throw UserError(head + " with parallel.pipeline_parallel = " + std::to_string(p.pipeline_parallel) +
+                      ": pipeline stages do not yet carry a context group's pieces of the sequence; use "
+                      "parallel.pipeline_parallel = 1, or context_parallel = 1");
     }
   }
 
@@ -206,7 +228,7 @@ class Rules {
     // nothing set that needs one policy in particular.
     const ParallelConfig& p = c_.parallel;
     if (!m.budget.empty() && !is_set("memory.policy") && c_.training.device == "cpu" &&
-        p.strategy != Strategy::kAuto && p.pipeline_parallel == 1 && p.tensor_parallel == 1 &&
+        p.strategy != Strategy::kAuto && p.pipeline_parallel == 1 && p.tensor_parallel == 1 && p.context_parallel == 1 &&
         (p.shard == ShardLevel::kNone || p.shard == ShardLevel::kOptimizer) &&
         m.optimizer_state == StatePlace::kDevice && m.compress != Compression::kBf16) {
       m.policy = MemoryPolicy::kAuto;
@@ -317,6 +339,13 @@ class Rules {
                       "their evictions, and the parameter gathers that recomputations need, would too; use "
                       "memory.kernel_costs = \"modeled\"");
     }
+    if (p.context_parallel > 1 && evicts(m.policy) && budget_bytes_ != 0) {
+      throw UserError(head + " with parallel.context_parallel = " + std::to_string(p.context_parallel) +
+                      " and memory.policy = \"" + choice_name(m.policy) + "\": the ranks of a context group hold "
+                      "other chunks of each sequence, whose causal attention makes blocks of other sizes, so their "
+                      "evictions, and the parameter gathers that recomputations need, differ; use parallel.shard = "
+                      "\"gradients\" (or \"optimizer\"), or memory.policy = \"none\"");
+    }
   }
 
   void cluster_memory() {
@@ -368,11 +397,19 @@ std::vector<std::string> validate_config(Config& config, const std::map<std::str
   rules.cluster_memory();
   rules.sharding();
   rules.tensor_parallel();
+  rules.context_parallel();
   return rules.ineffective_options();
 }
 
 void check_pipeline_ranks(const Config& c, int64_t world) {
-  const int64_t pp = c.parallel.pipeline_parallel, tp = c.parallel.tensor_parallel;
+  const int64_t pp = c.parallel.pipeline_parallel, tp = c.parallel.tensor_parallel, cp = c.parallel.context_parallel;
+  if (cp > 1 && world % (pp * tp * cp) != 0) {
+    throw UserError(c.source + ": parallel.context_parallel = " + std::to_string(cp) + " x parallel.tensor_parallel = " +
+                    std::to_string(tp) + " x parallel.pipeline_parallel = " + std::to_string(pp) + " ranks per replica, " +
+                    "but the job has " + std::to_string(world) + " rank(s); start it with mpirun -np " +
+                    std::to_string(pp * tp * cp) + " (or a multiple: data_parallel x context_parallel x tensor_parallel x "
+                    "pipeline_parallel ranks)");
+  }
   if (world % (pp * tp) == 0) return;
   if (tp == 1) {
     throw UserError(c.source + ": parallel.pipeline_parallel = " + std::to_string(pp) + " stages, but the job has " +

@@ -251,6 +251,7 @@ RunPlan plan_of_config(const Config& c, int replicas) {
   GridPlan& g = plan.grid;
   g.data = replicas;
   g.tensor = static_cast<int>(c.parallel.tensor_parallel);
+  g.context = static_cast<int>(c.parallel.context_parallel);
   g.pipeline = static_cast<int>(c.parallel.pipeline_parallel);
   g.sequence_parallel = g.tensor > 1 && c.parallel.sequence_parallel;
   BatchPlan& b = plan.batch;
@@ -290,8 +291,10 @@ RunPlan run_plan_of(const Config& c, const ProcessGrid& grid, std::vector<std::s
   plan.device = device_of_rank(c, grid);
   GridPlan& g = plan.grid;
   g.tensor = grid.tensor_parallel;
+  g.context = grid.context_parallel;
   g.pipeline = grid.pipeline_parallel;
   g.replica = grid.replica;
+  g.context_rank = grid.context_rank;
   g.tensor_rank = grid.tensor_rank;
   g.stage = grid.stage;
   // memory.block_keep per stage: this rank keeps its stage's share.
@@ -322,6 +325,7 @@ Config config_as_run(const Config& config, const RunPlan& plan) {
   c.parallel.data_parallel = g.data;
   c.parallel.pipeline_parallel = g.pipeline;
   c.parallel.tensor_parallel = g.tensor;
+  c.parallel.context_parallel = g.context;
   c.parallel.sequence_parallel = g.sequence_parallel;
   if (g.pipeline > 1) {
     c.parallel.pipeline_schedule = plan.pipeline.schedule;

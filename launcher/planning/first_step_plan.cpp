@@ -23,7 +23,7 @@ namespace ht {
 namespace {
 
 bool traceable_as_run(const RunPlan& plan, const Model& model) {
-  return plan.memory.plan_first_step && plan.grid.pipeline == 1 && plan.grid.tensor == 1 &&
+  return plan.memory.plan_first_step && plan.grid.pipeline == 1 && plan.grid.tensor == 1 && plan.grid.context == 1 &&
          plan.sync.shard != ShardLevel::kParameters && !model.changes_every_step();
 }
 

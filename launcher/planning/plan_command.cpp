@@ -173,6 +173,11 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   // of a 70B plan's time.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  if (config.parallel.context_parallel > 1) {
+    throw UserError(config.source + ": parallel.context_parallel = " + std::to_string(config.parallel.context_parallel) +
+                    ": the planner does not yet model context parallelism (issue 68, Part 2); plan with "
+                    "--parallel.context_parallel=1");
+  }
   if (config.training.device != "cpu" && !traced) {
     throw UserError(config.source + ": training.device = \"" + config.training.device + "\": plan profiles CPU ranks "
                     "only (not built for GPUs yet); plan with --training.device=cpu");

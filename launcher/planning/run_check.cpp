@@ -315,6 +315,14 @@ RunPrediction predict_pipeline_run(const Config& config, const RunPlan& run, con
 RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
   const bool gpu = config.training.device != "cpu";
+  if (config.parallel.context_parallel > 1) {  // validation refused "auto": the run as configured
+    out.plan = plan_of(config, run);
+    out.prediction.peak_bytes = -1;
+    out.prediction.step_ms = -1;
+    out.text = "predicted: nothing yet; the planner does not model context parallelism (issue 68, Part 2), so a "
+               "run that does not fit stops at its first step naming what it needed";
+    return out;
+  }
   if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel == 1) {
     return predict_tensor_parallel_run(config, run, data, grid);
   }

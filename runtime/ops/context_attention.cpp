@@ -11,12 +11,22 @@
 // What the tape holds is O(T / c) per rank; the gathered keys and values (and their gradients'
 // fp32 sums in backward) live only while the kernel runs.
 //
-// The exchange makes it a collective (runtime/tensor_parallel.h): DTR with modelled costs may drop
-// its output and run it again, gather included, on every rank of the group at the same point.
+// Its outputs are never dropped to be made again (OpTraits::recomputable false), under any memory
+// policy: a recomputation would repeat the gather, which every rank of the group must then do at
+// the same point, and the ranks of a context group do not choose alike. Tensor parallelism's
+// ranks run the same kernels on the same shapes, so DTR with modelled costs decides alike on each
+// and may recompute their collectives; a context group's ranks do not: under causal masking each
+// block of queries reads the keys up to its own position, so rank r's blocks make score blocks of
+// other sizes than rank r + 1's, their arenas fill differently, and DTR evicts other tensors on
+// each (measured: two ranks of a Llama under a 4 MB budget met in different collectives at the
+// first step's backward). What DTR may drop and regenerate are the op's inputs (q, k, v: the
+// rotations and projections before it, which exchange nothing) and everything after it; the
+// output and its log-sum-exp stay, (B, T / c, H, hd) and (B, H, T / c) per layer.
 #include "runtime/ops/attention_kernels.h"
 #include "runtime/ops/op_util.h"
 
 #include <cmath>
+#include <functional>
 
 namespace ht {
 namespace {
@@ -24,51 +34,91 @@ namespace {
 using detail::AttentionConfig;
 using TensorList = std::vector<at::Tensor>;
 
-// This rank's keys or values (B, Hkv, T / c, hd), every rank's gathered in sequence order:
-// (B, Hkv, T, hd).
-at::Tensor gathered(TensorParallelGroup& group, const ContextLayout& layout, const at::Tensor& part,
-                    const char* what) {
+// Every rank's keys or values (B, Hkv, T / c, hd), as the group's all-gather leaves them: rank r's
+// at index r of (c, B, Hkv, T / c, hd).
+at::Tensor gathered_by_rank(TensorParallelGroup& group, const at::Tensor& part, const char* what) {
   const at::Tensor dense = part.contiguous();
   at::Tensor buffer = at::empty({group.size() * dense.numel()}, dense.options());
   group.all_gather(dense.view(-1), buffer, what);
   std::vector<int64_t> stacked = dense.sizes().vec();
   stacked.insert(stacked.begin(), group.size());
-  return layout.in_sequence_order(buffer.view(stacked), 2).contiguous();
+  return buffer.view(stacked);
 }
 
 // The group's sum of every rank's `whole` (B, Hkv, T, hd) in sequence order: this rank's part,
-// (B, Hkv, T / c, hd), in `type`.
-at::Tensor scattered(TensorParallelGroup& group, const ContextLayout& layout, const at::Tensor& whole,
-                     at::ScalarType type, const char* what) {
+// (B, Hkv, T / c, hd), in whole's type.
+at::Tensor scattered(TensorParallelGroup& group, const ContextLayout& layout, const at::Tensor& whole, const char* what) {
   const at::Tensor stacked = layout.by_rank(whole, 2).contiguous();  // (c, B, Hkv, T / c, hd)
   at::Tensor part = at::empty(stacked.sizes().slice(1), whole.options());
   group.reduce_scatter_sum(stacked.view(-1), part, what);
-  return part.to(type);
+  return part;
 }
+
+// The exchanges of one kernel call, kept until the call ends. A kernel that finds no room is run
+// again from its start (runtime/memory_hooks.h, run_with_room), and the ranks of a context group
+// do not run out of room at the same points (their causal blocks differ in size): a rank running
+// its kernel again takes the results of the exchanges it made already, and makes only those the
+// others have not seen yet, so every rank exchanges once per call, in the same order.
+class ExchangeLog {
+ public:
+  void attempt_begins() { next_ = 0; }
+  void call_ends() {
+    kept_.clear();
+    next_ = 0;
+  }
+  // The result of the attempt's next exchange: `exchange()`'s, or the one an earlier attempt made.
+  // `exchange` allocates what it needs, exchanges, and returns what the collective filled, before
+  // anything else allocates: a kernel that finds no room after it finds it kept.
+  at::Tensor next(const std::function<at::Tensor()>& exchange) {
+    if (next_ == kept_.size()) kept_.push_back(exchange());
+    return kept_[next_++];
+  }
+
+ private:
+  std::vector<at::Tensor> kept_;
+  size_t next_ = 0;
+};
 
 class ContextAttentionOp final : public Op {
  public:
   ContextAttentionOp(TensorParallelGroup& group, const ContextLayout& layout, const AttentionConfig& cfg)
       : Op(traits_for(cfg, layout.ranks)), group_(group), layout_(layout), cfg_(cfg) {}
 
-  TensorList forward(const TensorList& in, const ForwardContext& ctx) const override {
-    const bool again = ctx.recompute;
-    const at::Tensor k = gathered(group_, layout_, in[1], again ? "recomputation" : "context parallelism's key all-gather (forward)");
-    const at::Tensor v = gathered(group_, layout_, in[2], again ? "recomputation" : "context parallelism's value all-gather (forward)");
-    return detail::blockwise_attention_forward(in[0], k, v, cfg_);
+  TensorList forward(const TensorList& in, const ForwardContext&) const override {
+    forward_log_.attempt_begins();
+    const at::Tensor k = in_order(forward_log_.next([&] {
+      return gathered_by_rank(group_, in[1], "context parallelism's key all-gather (forward)");
+    }));
+    const at::Tensor v = in_order(forward_log_.next([&] {
+      return gathered_by_rank(group_, in[2], "context parallelism's value all-gather (forward)");
+    }));
+    TensorList out = detail::blockwise_attention_forward(in[0], k, v, cfg_);
+    forward_log_.call_ends();
+    return out;
   }
 
   TensorList backward(const BackwardArgs& a) const override {
     if (!a.grad_outputs[0].defined()) return TensorList(3);  // only the hidden lse had one
-    const at::Tensor k = gathered(group_, layout_, a.inputs[1], "context parallelism's key all-gather (backward)");
-    const at::Tensor v = gathered(group_, layout_, a.inputs[2], "context parallelism's value all-gather (backward)");
+    backward_log_.attempt_begins();
+    const at::Tensor k = in_order(backward_log_.next([&] {
+      return gathered_by_rank(group_, a.inputs[1], "context parallelism's key all-gather (backward)");
+    }));
+    const at::Tensor v = in_order(backward_log_.next([&] {
+      return gathered_by_rank(group_, a.inputs[2], "context parallelism's value all-gather (backward)");
+    }));
     TensorList grads = detail::blockwise_attention_backward_sums(a, k, v, cfg_);
+    // The sums over every rank's queries, in fp32 (double for double inputs), then the inputs' type.
     if (grads[1].defined()) {
-      grads[1] = scattered(group_, layout_, grads[1], a.input_dtype(1), "context parallelism's key-gradient reduce-scatter (backward)");
+      grads[1] = backward_log_.next([&] {
+        return scattered(group_, layout_, grads[1], "context parallelism's key-gradient reduce-scatter (backward)");
+      }).to(a.input_dtype(1));
     }
     if (grads[2].defined()) {
-      grads[2] = scattered(group_, layout_, grads[2], a.input_dtype(2), "context parallelism's value-gradient reduce-scatter (backward)");
+      grads[2] = backward_log_.next([&] {
+        return scattered(group_, layout_, grads[2], "context parallelism's value-gradient reduce-scatter (backward)");
+      }).to(a.input_dtype(2));
     }
+    backward_log_.call_ends();
     return grads;
   }
 
@@ -80,14 +130,19 @@ class ContextAttentionOp final : public Op {
                      .in_low_precision()
                      .exchanging_with_its_group()
                      .attending_to_the_keys_of(ranks);
+    t.recomputable = false;
     t.doing(cfg.causal ? Work::kCausalAttention : Work::kAttention);
     if (cfg.dropout_p > 0) t.drawing_random_numbers();
     return t;
   }
 
+  // The gathered (c, B, Hkv, T / c, hd) in sequence order: (B, Hkv, T, hd).
+  at::Tensor in_order(const at::Tensor& by_rank) const { return layout_.in_sequence_order(by_rank, 2).contiguous(); }
+
   TensorParallelGroup& group_;
   ContextLayout layout_;
   AttentionConfig cfg_;
+  mutable ExchangeLog forward_log_, backward_log_;  // forward and backward each run once per op
 };
 
 }  // namespace

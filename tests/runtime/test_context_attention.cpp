@@ -4,9 +4,13 @@
 // order, causal or not, with grouped-query heads, at 2 and 4 ranks.
 #include "runtime/interpreter.h"
 #include "runtime/ops.h"
+#include "alloc/out_of_memory.h"
 #include "parallel/thread_group.h"
+#include "runtime/memory_hooks.h"
 
 #include <gtest/gtest.h>
+
+#include <set>
 
 namespace ht::test::context_parallel_tests {
 
@@ -104,6 +108,69 @@ TEST(ContextAttention, GroupedQueryAndUnmaskedAttentionAreTheOneRankAttention) {
   split_attention(4, 32, 4, 1, /*causal=*/true);
   split_attention(2, 32, 4, 2, /*causal=*/false);
   split_attention(4, 32, 4, 4, /*causal=*/false);
+}
+
+// A rank whose kernel finds no room is run again from its start (run_with_room); the ranks of a
+// context group run out at different points (their causal blocks differ in size). A rank running
+// its kernel again must not exchange again: here rank 0 finds no room after each exchange of keys
+// (forward's and backward's gathers, the key gradients' reduce-scatter), before its next exchange,
+// and both ranks still exchange once per use and get the one-rank attention's values.
+class RoomAfterEveryFailure final : public MemoryHooks {
+ public:
+  bool make_room_after(const OutOfBudget&) override { return true; }
+};
+
+class FailingOnceAfter final : public TensorParallelGroup {
+ public:
+  explicit FailingOnceAfter(ThreadGroup& group) : group_(group) {}
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+  void allreduce_sum(at::Tensor& t, const char* what) override { group_.allreduce_sum(t, what); }
+  void all_gather(const at::Tensor& shard, at::Tensor& full, const char* what) override {
+    fail_if_due();
+    group_.all_gather(shard, full, what);
+    due_ = std::string(what).find("key") != std::string::npos && failed_.insert(what).second;
+  }
+  void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const char* what) override {
+    fail_if_due();
+    group_.reduce_scatter_sum(full, shard, what);
+    due_ = std::string(what).find("key") != std::string::npos && failed_.insert(what).second;
+  }
+  int failures = 0;
+
+ private:
+  // The next exchange after a first one of keys finds no room (as an allocation between them would).
+  void fail_if_due() {
+    if (!due_) return;
+    due_ = false;
+    ++failures;
+    throw OutOfBudget("no room (a test's)", 1, 0, 0, 0);
+  }
+  ThreadGroup& group_;
+  std::set<std::string> failed_;
+  bool due_ = false;
+};
+
+TEST(ContextAttention, AKernelRunAgainForRoomDoesNotExchangeAgain) {
+  const AttentionCase whole = attention_case(32, 4, 2);
+  const std::vector<at::Tensor> expected = one_rank(whole, /*causal=*/true);
+  run_ranks(2, [&](int rank, ThreadGroup& group) {
+    const ContextLayout layout{2, rank};
+    RoomAfterEveryFailure room;
+    Interpreter interp({}, &room);
+    FailingOnceAfter failing(group);
+    interp.set_context_parallel(rank == 0 ? static_cast<TensorParallelGroup*>(&failing) : &group);
+    at::Tensor q = leaf(layout.part_of(whole.q, 2)), k = leaf(layout.part_of(whole.k, 2)),
+               v = leaf(layout.part_of(whole.v, 2));
+    const Tensor out = context_attention(interp.param(q), interp.param(k), interp.param(v), true);
+    interp.backward(sum(mul(out, interp.input(layout.part_of(whole.r, 2)))));
+    const std::string where = "rank " + std::to_string(rank);
+    if (rank == 0) EXPECT_EQ(failing.failures, 3);
+    expect_close(out.value(), layout.part_of(expected[0], 2), where + " output");
+    expect_close(k.grad(), layout.part_of(expected[2], 2), where + " dk");
+    expect_close(v.grad(), layout.part_of(expected[3], 2), where + " dv");
+    for (const auto& [use, elements] : group.elements_by_use()) EXPECT_EQ(elements, 2 * 2 * 32 * 8) << where << " " << use;
+  });
 }
 
 TEST(ContextAttention, WithoutAGroupItIsAttentionAndABadLengthIsRefused) {
