@@ -74,7 +74,7 @@ EvalResult Trainer::finish_evaluation(double loss_sum, int64_t correct, int64_t 
   correct = static_cast<int64_t>(sums[1].item<double>());
   samples = static_cast<int64_t>(sums[2].item<double>());
   EvalResult r;
-  r.samples = samples;
+  r.samples = samples / plan_.grid.context;  // each context rank counted every sample of its replica's batches
   r.seconds = seconds;
   r.loss = loss_sum / static_cast<double>(samples);
   if (data_.info.task == Task::kClassification) {

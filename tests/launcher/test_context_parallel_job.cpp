@@ -1,0 +1,180 @@
+// `parallel.context_parallel` under mpirun (issue 68, Part 1: keys and values gathered). The oracle
+// is the one-rank run of the same global batch: each rank of a context group trains its head and
+// tail chunks of every sequence, and the group trains the one-rank run's model within fp32
+// reduction order (Llama with grouped-query attention at c = 2 and 4; GPT-2's learned positions;
+// with replicas and ZeRO, with tensor and sequence parallelism). A DTR budget and full
+// recomputation on each rank change no bit of the same layout; a checkpoint resumes at another c.
+// Bad layouts are refused naming the keys, with exit status 2.
+#include "tests/support/mpi_job.h"
+#include "tests/support/run_records.h"
+#include "tests/support/temp_dir.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+namespace ht::test::context_parallel_job {
+
+using ::testing::HasSubstr;
+
+// 8 heads over 4 key/value heads; 16 tokens: 2 and 4 ranks hold chunks of 4 and 2.
+const char* kContextLlama = R"([model]
+name = "llama"
+n_layer = 2
+n_head = 8
+n_kv_heads = 4
+n_embd = 32
+block_size = 16
+multiple_of = 16
+[data]
+dataset = "text"
+path = "/usr/share/common-licenses/GPL-3"
+[training]
+steps = 4
+global_batch_size = 8
+micro_batch_size = 4
+optimizer = "adamw"
+lr = 0.003
+grad_clip = 1.0
+eval_batches = 2
+threads = 1
+[checkpoint]
+interval = 2
+[metrics]
+log_interval = 1
+)";
+
+// AdamW divides each gradient by its own running scale, so fp32 reduction order moves a parameter
+// whose gradient is near zero by up to a step (as test_tensor_parallel_job.cpp measured).
+constexpr double kAdamTolerance = 2e-5;
+
+std::vector<double> losses(const std::string& run) { return train_numbers(run + "/metrics.jsonl", "loss"); }
+
+// The last evaluation's `key` ("eval_loss", "eval_samples") in a run's metrics.jsonl.
+double eval_number(const std::string& run, const std::string& key) {
+  std::ifstream in(run + "/metrics.jsonl");
+  double number = -1;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.value("event", "") == "eval") number = record.at(key).get<double>();
+  }
+  return number;
+}
+
+void expect_close_losses(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "step " << i + 1;
+}
+
+class ContextParallelJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+    config_ = dir_.write("job.toml", kContextLlama);
+  }
+  // Runs `ranks` ranks (1: no mpirun) with `options`; returns the output folder.
+  std::string train(int ranks, const std::string& name, const std::string& options) {
+    const std::string out = dir_.path(name), log = dir_.path(name + ".log");
+    const std::string prefix = ranks > 1 ? mpirun(ranks) : "";
+    EXPECT_EQ(run_logged(prefix + HT_BINARY + " " + config_ + " " + options + " --job.output_dir=" + out, log), 0)
+        << read_file(log);
+    return out;
+  }
+  TempDir dir_;
+  std::string config_;
+};
+
+TEST_F(ContextParallelJob, ChunksOfEverySequenceTrainTheOneRankRunsModel) {
+  const std::string one = train(1, "one", "");
+  for (int c : {2, 4}) {
+    SCOPED_TRACE(c);
+    const std::string run = train(c, "c" + std::to_string(c), "--parallel.context_parallel=" + std::to_string(c));
+    expect_close_losses(losses(run), losses(one));
+    EXPECT_NEAR(eval_number(run, "eval_loss"), eval_number(one, "eval_loss"), 1e-5);
+    EXPECT_EQ(eval_number(run, "eval_samples"), eval_number(one, "eval_samples"));
+    expect_same_model(one + "/checkpoints/step_00000004", run + "/checkpoints/step_00000004", kAdamTolerance);
+    // Keys and values gathered forward and again backward, their gradients reduce-scattered: 6
+    // exchanges of the whole sequence's B x Hkv x T x hd fp32 elements a layer and step, whatever
+    // c is (8 x 4 x 16 x 4: the key/value heads, never the 8 query heads).
+    EXPECT_EQ(last_train_number(run + "/metrics.jsonl", "context_bytes"), 2 * 6 * (8 * 4 * 16 * 4) * 4);
+  }
+  EXPECT_THAT(read_file(dir_.path("c4.log")), HasSubstr("ranks: 4 (data-parallel 1 x context-parallel 4 x pipeline 1)"));
+}
+
+// GPT-2's learned positions follow the chunks; replicas (with ZeRO-2) and tensor-parallel groups
+// with sequence parallelism compose with the context groups.
+TEST_F(ContextParallelJob, WithLearnedPositionsReplicasZeroAndTensorParallelismItIsTheOneRankRun) {
+  const std::string gpt = "--model.name=gpt --model.n_head=4 --model.n_kv_heads=0 --model.dropout=0 ";
+  expect_close_losses(losses(train(2, "gpt_c2", gpt + "--parallel.context_parallel=2")), losses(train(1, "gpt", gpt)));
+  const std::string one = train(1, "one", "");
+  for (const std::string& layout : {std::string("--parallel.context_parallel=2 --parallel.shard=gradients"),
+                                    std::string("--parallel.context_parallel=2 --parallel.tensor_parallel=2 "
+                                                "--parallel.sequence_parallel=true")}) {
+    SCOPED_TRACE(layout);
+    const std::string run = train(4, "grid" + std::to_string(layout.size()), layout);
+    expect_close_losses(losses(run), losses(one));
+    expect_same_model(one + "/checkpoints/step_00000004", run + "/checkpoints/step_00000004", kAdamTolerance);
+  }
+}
+
+// Under a budget with DTR, and with full recomputation, the same layout trains the same bits with
+// a lower peak. The attention's gathers are never repeated (its output is kept: the ranks' causal
+// blocks differ, so their evictions do).
+TEST_F(ContextParallelJob, MemoryPoliciesOnEveryRankChangeNoBit) {
+  const std::string bigger = "--model.n_layer=8 --model.block_size=64 --training.global_batch_size=32 "
+                             "--training.micro_batch_size=8 --training.steps=3 --checkpoint.interval=3 "
+                             "--parallel.context_parallel=2 ";
+  const std::string plain = train(2, "plain", bigger);
+  for (const std::string& policy : {std::string("--memory.budget=4.5MB --memory.policy=dtr"),
+                                    std::string("--memory.budget=1GiB --memory.policy=full")}) {
+    SCOPED_TRACE(policy);
+    const std::string run = train(2, "policy" + std::to_string(policy.size()), bigger + policy);
+    EXPECT_GT(last_train_number(run + "/metrics.jsonl", "recomputations"), 0);
+    EXPECT_EQ(last_train_number(run + "/metrics.jsonl", "context_recomputed_bytes"), 0);
+    EXPECT_LT(last_train_number(run + "/metrics.jsonl", "mem_peak_bytes"),
+              last_train_number(plain + "/metrics.jsonl", "mem_peak_bytes") * 0.8);
+    EXPECT_EQ(losses(run), losses(plain));
+    expect_same_model(plain + "/checkpoints/step_00000003", run + "/checkpoints/step_00000003");
+  }
+}
+
+// Saved at c = 2 after step 2, resumed on one rank and at c = 4: both end where the uninterrupted
+// run does (every rank of a group holds the whole weights; the checkpoint is the one-rank run's).
+TEST_F(ContextParallelJob, ACheckpointResumesAtAnotherContextCount) {
+  const std::string whole = train(2, "whole", "--parallel.context_parallel=2");
+  const std::vector<double> all = losses(whole), after_step_2(all.begin() + 2, all.end());
+  for (int c : {1, 4}) {
+    SCOPED_TRACE(c);
+    const std::string name = "resumed" + std::to_string(c);
+    std::filesystem::create_directories(dir_.path(name + "/checkpoints"));
+    std::filesystem::copy(whole + "/checkpoints/step_00000002", dir_.path(name + "/checkpoints/step_00000002"),
+                          std::filesystem::copy_options::recursive);
+    const std::string resumed = train(c, name, "--parallel.context_parallel=" + std::to_string(c) + " --checkpoint.resume=latest");
+    expect_close_losses(losses(resumed), after_step_2);
+    expect_same_model(whole + "/checkpoints/step_00000004", resumed + "/checkpoints/step_00000004", kAdamTolerance);
+  }
+}
+
+// Each refused with status 2, naming the key and what would work, before anything is written.
+TEST_F(ContextParallelJob, LayoutsThatCannotSplitTheSequenceAreRefusedNamingTheKeys) {
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"--parallel.context_parallel=3", "model.block_size = 16 is not a multiple of 2 x parallel.context_parallel = 3"},
+      {"--parallel.context_parallel=2", "start it with mpirun -np 2"},
+      {"--parallel.context_parallel=2 --model.name=mlp --data.dataset=synthetic",
+       "only the transformers (gpt, llama) train on sequences to split"},
+      {"--parallel.context_parallel=2 --parallel.pipeline_parallel=2", "pipeline stages do not yet carry"},
+      {"--parallel.context_parallel=2 --parallel.strategy=auto", "the planner does not yet search or price context"},
+      {"--parallel.context_parallel=2 --parallel.shard=parameters --memory.budget=8MB --memory.policy=dtr",
+       "use parallel.shard = \"gradients\""},
+  };
+  for (const auto& [options, message] : cases) {
+    SCOPED_TRACE(options);
+    const std::string out = dir_.path("refused"), log = dir_.path("refused.log");
+    EXPECT_EQ(WEXITSTATUS(run_logged(std::string(HT_BINARY) + " " + config_ + " " + options + " --job.output_dir=" + out, log)), 2);
+    EXPECT_THAT(read_file(log), HasSubstr(message));
+    EXPECT_FALSE(std::filesystem::exists(out)) << "written before refusing";
+  }
+}
+
+}  // namespace ht::test::context_parallel_job
