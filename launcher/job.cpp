@@ -274,7 +274,9 @@ JobOutcome run_job(const Config& config, bool quiet, const ProcessGrid* grid) {
 
   // Everything that can fail on bad input happens before anything is written: the data, then the
   // prediction of this run's peak (a run that cannot fit is refused here, not at its first OOM).
-  const RankShare share{resolving.memory.budget_bytes, resolving.batch.micro, resolving.grid.data, resolving.device};
+  // The ranks ZeRO shards the state over: every replica's context ranks.
+  const RankShare share{resolving.memory.budget_bytes, resolving.batch.micro, resolving.grid.data * resolving.grid.context,
+                        resolving.device};
   if (config.model.vocab_size > 0) {
     refuse_a_model_too_large_here(config, share, config.model.vocab_size, grid->local_size, "train");
   }

@@ -15,8 +15,10 @@ namespace decoder_parts {
 struct Split {
   int64_t ranks = 1, rank = 0;
   bool sequence = false;  // sequence parallelism: the residual stream holds a piece of the sequence
+  int64_t context_ranks = 1, context_rank = 0;  // context parallelism: every activation is of this rank's chunks
   explicit Split(const DecoderOptions& o)
-      : ranks(o.tensor_parallel), rank(o.tensor_rank), sequence(o.sequence_parallel && o.tensor_parallel > 1) {}
+      : ranks(o.tensor_parallel), rank(o.tensor_rank), sequence(o.sequence_parallel && o.tensor_parallel > 1),
+        context_ranks(o.context_parallel), context_rank(o.context_rank) {}
   bool on() const { return ranks > 1; }
 
   // A weight read where the sequence is in pieces: each rank's gradient is its piece's part, which
@@ -53,9 +55,15 @@ struct Split {
   // Dropout where each rank holds a different part of the activation (heads, or a piece of the
   // sequence): its own seed stream, so that the parts' masks differ. Where every rank holds the
   // whole, the one-rank run's stream: the same mask on every rank, the one a single rank draws.
+  // Under context parallelism each rank of a context group holds other chunks of the sequence,
+  // whose activations are shaped alike: each context rank draws from a stream of its own too
+  // (and each tensor rank of it where the tensor-parallel ranks hold parts).
   Tensor dropout(const Tensor& x, double p, bool training, bool parts) const {
-    if (!on() || !parts) return ht::dropout(x, p, training);
-    const SeedStream stream(x.interp(), static_cast<uint64_t>(rank) + 1);
+    const bool tensor_parts = on() && parts;
+    if (!tensor_parts && context_ranks == 1) return ht::dropout(x, p, training);
+    const uint64_t stream = context_ranks == 1 ? static_cast<uint64_t>(rank) + 1
+                                               : 1 + static_cast<uint64_t>(ranks + context_rank * ranks + (tensor_parts ? rank : 0));
+    const SeedStream seeds(x.interp(), stream);
     return ht::dropout(x, p, training);
   }
 };

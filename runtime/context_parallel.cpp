@@ -14,7 +14,7 @@ std::string ContextLayout::problem(int64_t length) const {
   return "a sequence of " + std::to_string(length) + " tokens does not divide into 2 x " + std::to_string(ranks) +
          " chunks (each rank holds one chunk from the front and its mirror from the back); " +
          (below > 0 ? "use " + std::to_string(below) + " or " + std::to_string(above) : "use " + std::to_string(above)) +
-         " tokens, or a context_parallel that divides half of " + std::to_string(length);
+         " tokens, or a context_parallel c with 2c dividing " + std::to_string(length);
 }
 
 std::vector<SequencePiece> ContextLayout::pieces(int64_t length) const {

@@ -317,7 +317,7 @@ std::unique_ptr<OptimizerStep> make_optimizer_step(const RunPlan& plan, Engine& 
 
 bool shards_masters(const RunPlan& plan) {
   const bool evicting_budget = plan.memory.budget_bytes > 0 && evicts(plan.memory.policy);
-  return shards_masters(plan.sync.shard, plan.grid.data, plan.grid.pipeline, evicting_budget,
+  return shards_masters(plan.sync.shard, plan.grid.data * plan.grid.context, plan.grid.pipeline, evicting_budget,
                         keeps_weight_copies(plan.compute_weights, plan.precision, evicting_budget));
 }
 

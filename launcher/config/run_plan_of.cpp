@@ -18,9 +18,12 @@ namespace {
 void check_replicas(const Config& c, int64_t replicas) {
   const std::string where = c.source + ": ";
   if (c.parallel.data_parallel != 0 && c.parallel.data_parallel != replicas) {
+    // Each replica's ranks: its tensor-parallel groups, context ranks and stages.
+    const int64_t per_replica = c.parallel.tensor_parallel * c.parallel.context_parallel * c.parallel.pipeline_parallel;
     throw UserError(where + "parallel.data_parallel = " + std::to_string(c.parallel.data_parallel) + " but the job has " +
-                    std::to_string(replicas) + " data-parallel rank(s); start it with mpirun -np " +
-                    std::to_string(c.parallel.data_parallel) + ", or set parallel.data_parallel = 0 (all ranks)");
+                    std::to_string(replicas) + " data-parallel replica(s); start it with mpirun -np " +
+                    std::to_string(c.parallel.data_parallel * per_replica) +
+                    ", or set parallel.data_parallel = 0 (all ranks)");
   }
   const int64_t global = c.training.global_batch_size;
   if (global % replicas != 0) {
@@ -261,7 +264,8 @@ RunPlan plan_of_config(const Config& c, int replicas) {
   b.micro_batches = local / b.micro;
   plan.memory = memory_plan_of(c);
   SyncPlan& s = plan.sync;
-  s.shard = replicas > 1 ? c.parallel.shard : ShardLevel::kNone;
+  // ZeRO shards over every rank with these weights: the replicas' context ranks too.
+  s.shard = replicas * g.context > 1 ? c.parallel.shard : ShardLevel::kNone;
   s.bucket_bytes = c.parallel.bucket_mb << 20;
   s.overlap = c.parallel.overlap;
   s.prefetch = c.parallel.prefetch;
@@ -309,7 +313,7 @@ RunPlan run_plan_of(const Config& c, const ProcessGrid& grid, std::vector<std::s
     plan.memory.block_keep_share = shares[static_cast<size_t>(grid.stage)];
   }
   g.sequence_parallel = grid.tensor_parallel > 1 && c.parallel.sequence_parallel;
-  if (c.parallel.shard != ShardLevel::kNone && grid.data_parallel == 1 && warnings != nullptr) {
+  if (c.parallel.shard != ShardLevel::kNone && grid.data_parallel * grid.context_parallel == 1 && warnings != nullptr) {
     warnings->push_back("parallel.shard = \"" + std::string(choice_name(c.parallel.shard)) +
                         "\" has no effect with one data-parallel rank: each rank's share is the whole");
   }

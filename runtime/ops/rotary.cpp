@@ -52,6 +52,7 @@ class RopeOp final : public Op {
 
 Tensor rope(const Tensor& x, double theta, int64_t offset) {
   TORCH_CHECK(x.dim() == 4, "rope: x must be (B, T, H, hd), got ", x.sizes());
+  TORCH_CHECK(offset >= 0, "rope: offset must be >= 0, got ", offset);
   return rope(x, theta, std::vector<SequencePiece>{{0, offset, x.size(1)}});
 }
 

@@ -93,7 +93,7 @@ TEST(DataParallelJobErrors, ABatchThatDoesNotDivideOrAWrongReplicaCount) {
   EXPECT_THAT(refused, Not(HasSubstr("MPI_ABORT")));
   EXPECT_NE(std::system((std::string(HT_BINARY) + " " + config + " --parallel.data_parallel=2 --job.output_dir=" +
                          dir.path("y") + " > " + log + " 2>&1").c_str()), 0);
-  EXPECT_THAT(read_file(log), HasSubstr("parallel.data_parallel = 2 but the job has 1 data-parallel rank(s); start it "
+  EXPECT_THAT(read_file(log), HasSubstr("parallel.data_parallel = 2 but the job has 1 data-parallel replica(s); start it "
                                         "with mpirun -np 2, or set parallel.data_parallel = 0 (all ranks)"));
 }
 

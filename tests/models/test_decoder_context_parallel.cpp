@@ -126,6 +126,28 @@ TEST(DecoderContextParallel, WithTensorAndSequenceParallelismItIsTheWholeModel) 
   expect_context_split_matches(DecoderOptions::gpt2(37, 16, 2, 4, 16, 0.0), 2, 2, true, "gpt");
 }
 
+// Each context rank holds other chunks of the sequence in activations of one shape: its dropout
+// masks must be its own, not the other ranks' drawn again at other positions. The same tokens on
+// both ranks, through the embedding and its dropout: other masks; on one rank twice, the same.
+TEST(DecoderContextParallel, EachContextRankDrawsItsOwnDropoutMasks) {
+  DecoderOptions o = context_llama();
+  o.dropout = 0.5;
+  o.context_parallel = 2;
+  const at::Tensor tokens = at::randint(0, o.vocab_size, {2, 8}, at::kLong);
+  auto embedded = [&](int64_t rank) {
+    DecoderOptions p = o;
+    p.context_rank = rank;
+    at::manual_seed(7);
+    Decoder model(p);
+    model.train();
+    Interpreter interp;
+    return model.blocks().front()->forward(interp.input(tokens)).value().clone();
+  };
+  const at::Tensor zero = embedded(0), one = embedded(1);
+  EXPECT_TRUE(at::equal(zero, embedded(0)));
+  EXPECT_FALSE(at::equal(zero.eq(0), one.eq(0))) << "the same mask on both context ranks";
+}
+
 TEST(DecoderContextParallel, ABlockSizeThatDoesNotSplitIsRefusedNamingTheKeys) {
   DecoderOptions o = context_llama();
   o.context_parallel = 3;  // 16 tokens in 6 chunks
