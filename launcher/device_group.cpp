@@ -89,35 +89,38 @@ std::shared_ptr<Communicator> pipeline_group_for_device(const RunPlan& plan, con
   return grid.pipeline_group;  // not under mpirun: no stages to carry messages between
 }
 
+namespace {
+
+// A group whose collectives run inside the layers (tensor-parallel, context), on plan.device:
+// MPI's on the CPU (and where ranks share a GPU), NCCL between the group's GPUs, set up over its
+// MPI communicator. `key` and `degree` name the axis in the error of a build without NCCL.
+std::shared_ptr<Communicator> layer_group_for_device(const RunPlan& plan, const ProcessGrid& grid,
+                                                     const std::shared_ptr<Communicator>& group, const char* key,
+                                                     int degree) {
+  const std::string& device = plan.device;
+  if (device.rfind("cuda", 0) != 0 || ranks_share_gpus(device, grid)) return group;
+#ifdef HT_HAVE_NCCL
+  // The device is "cuda:<index>" by now. Not yet run on GPUs (docs/gpu.md).
+  (void)key, (void)degree;
+  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
+  return std::make_shared<NcclCommunicator>(*group, index, grid.rank);
+#else
+  throw UserError(plan.source + ": training.device = \"" + device + "\" with parallel." + key + " = " +
+                  std::to_string(degree) + ": a group of GPUs needs NCCL, and this build has none; rebuild where the "
+                  "CUDA toolkit's NCCL is found, or use \"cpu\"");
+#endif
+}
+
+}  // namespace
+
 std::shared_ptr<Communicator> tensor_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
   if (grid.tensor_parallel <= 1) return nullptr;
-  const std::string& device = plan.device;
-  if (device.rfind("cuda", 0) != 0 || ranks_share_gpus(device, grid)) return grid.tensor_parallel_group;
-#ifdef HT_HAVE_NCCL
-  // The device is "cuda:<index>" by now; the group's NCCL communicator is set up over its MPI one.
-  // Not yet run on GPUs (docs/gpu.md).
-  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
-  return std::make_shared<NcclCommunicator>(*grid.tensor_parallel_group, index, grid.rank);
-#else
-  throw UserError(plan.source + ": training.device = \"" + device + "\" with parallel.tensor_parallel = " +
-                  std::to_string(grid.tensor_parallel) + ": a tensor-parallel group of GPUs needs NCCL, and this "
-                  "build has none; rebuild where the CUDA toolkit's NCCL is found, or use \"cpu\"");
-#endif
+  return layer_group_for_device(plan, grid, grid.tensor_parallel_group, "tensor_parallel", grid.tensor_parallel);
 }
 
 std::shared_ptr<Communicator> context_group_for_device(const RunPlan& plan, const ProcessGrid& grid) {
   if (grid.context_parallel <= 1) return nullptr;
-  const std::string& device = plan.device;
-  if (device.rfind("cuda", 0) != 0 || ranks_share_gpus(device, grid)) return grid.context_parallel_group;
-#ifdef HT_HAVE_NCCL
-  // Not yet run on GPUs (docs/gpu.md).
-  const int index = device.size() > 5 ? std::stoi(device.substr(5)) : 0;
-  return std::make_shared<NcclCommunicator>(*grid.context_parallel_group, index, grid.rank);
-#else
-  throw UserError(plan.source + ": training.device = \"" + device + "\" with parallel.context_parallel = " +
-                  std::to_string(grid.context_parallel) + ": a context group of GPUs needs NCCL, and this build has "
-                  "none; rebuild where the CUDA toolkit's NCCL is found, or use \"cpu\"");
-#endif
+  return layer_group_for_device(plan, grid, grid.context_parallel_group, "context_parallel", grid.context_parallel);
 }
 
 }  // namespace ht
