@@ -4,10 +4,12 @@
 // plus a fixed allowance for everything else, and no memory policy (nothing is evicted: a run
 // fits when no allocation fails). For each c, the sequence length is searched (binary, in steps of
 // 2c x 16 tokens: fitting is monotone in the length) by running hybrid_train for 2 steps under
-// mpirun with c ranks. Keys and values are gathered (Part 1): each rank holds 1/c of every
-// activation but the whole sequence's keys and values while its attention runs, so the length
-// grows by less than c; the bar for the ring (Part 2) is 0.9c. Prints one table; exits 1
-// when a run fails other than by its budget (exit status 2 naming memory.budget).
+// mpirun with c ranks, for each way the keys and values meet the queries (parallel.context_exchange):
+// passed round a ring, a rank holds two chunks of them (2T / c) and attends block by block to a
+// chunk's pieces; gathered, it holds the whole sequence's keys and values (and their fp32 gradient
+// sums) while its attention runs, and scores each block against all of them, so the length grows by
+// less than c. The bar for the ring is 0.9c. Prints one table; exits 1 when a run fails
+// other than by its budget (exit status 2 naming memory.budget).
 #include "bench/bench_util.h"
 #include "base/remove_tree.h"
 
@@ -29,6 +31,7 @@ struct Options {
   int64_t layers = 2, width = 64, heads = 8, kv_heads = 4, max_tokens = 16384;
   int64_t allowance_mib = 8;
   std::vector<int> contexts{1, 2, 4};
+  std::vector<std::string> exchanges{"ring", "all_gather"};
   std::string binary, mpirun, scratch = "/tmp/ht_bench_context_length";
 };
 
@@ -56,13 +59,14 @@ struct Probe {
   std::string output;                 // the end of the run's output, where it did not
 };
 
-Probe run(const Options& o, int c, int64_t tokens, const std::string& budget) {
-  const std::string name = "c" + std::to_string(c) + "_T" + std::to_string(tokens);
+Probe run(const Options& o, int c, const std::string& exchange, int64_t tokens, const std::string& budget) {
+  const std::string name = "c" + std::to_string(c) + exchange + "_T" + std::to_string(tokens);
   const std::string out = o.scratch + "/" + name, log = o.scratch + "/" + name + ".log";
   std::ostringstream cmd;
   if (c > 1) cmd << o.mpirun << " --allow-run-as-root --oversubscribe -np " << c << " ";
   cmd << o.binary << " " << o.scratch << "/job.toml --model.block_size=" << tokens << " --data.synthetic_shape=[" << tokens
-      << "] --parallel.context_parallel=" << c << " --memory.budget=" << budget << " --job.output_dir=" << out << " > "
+      << "] --parallel.context_parallel=" << c << (c > 1 ? " --parallel.context_exchange=" + exchange : "")
+      << " --memory.budget=" << budget << " --job.output_dir=" << out << " > "
       << log << " 2>&1";
   const int status = std::system(cmd.str().c_str());
   Probe p;
@@ -90,8 +94,31 @@ std::string default_binary_path() {
 
 struct Row {
   int c = 1;
+  std::string exchange;  // "" at c = 1
   int64_t tokens = 0, peak = 0;
 };
+
+// The longest sequence, in steps of 2c x 16 tokens, that trains at c with `exchange`.
+Row longest(const Options& o, int c, const std::string& exchange, int64_t budget, bool& ok) {
+  const int64_t unit = 2 * c * 16;
+  int64_t lo = 0, hi = o.max_tokens / unit;  // in units; lo fits (0: nothing)
+  Row row{c, exchange};
+  while (lo < hi && ok) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    const Probe p = run(o, c, exchange, mid * unit, std::to_string(budget));
+    std::printf("  c %d %s, T %6lld: %s\n", c, exchange.c_str(), static_cast<long long>(mid * unit),
+                p.fits ? ("trains, peak " + std::to_string(p.peak) + " bytes").c_str() : p.budget ? "over the budget" : "FAILED");
+    std::fflush(stdout);
+    if (!p.fits && !p.budget) {
+      std::printf("%s\n", p.output.substr(p.output.size() > 2000 ? p.output.size() - 2000 : 0).c_str());
+      ok = false;
+    }
+    if (p.fits) lo = mid, row.peak = p.peak;
+    else hi = mid - 1;
+  }
+  row.tokens = lo * unit;
+  return row;
+}
 
 }  // namespace
 }  // namespace ht::bench
@@ -105,8 +132,9 @@ int main(int argc, char** argv) {
 #endif
   bool quick = false;
   CLI::App app{"The longest sequence a small Llama trains at context_parallel = 1, 2, 4 in each rank's fixed bytes "
-               "plus a fixed allowance (keys and values gathered)"};
+               "plus a fixed allowance, with keys and values passed round a ring or gathered"};
   app.add_option("--contexts", o.contexts, "context_parallel counts (the first is the ratios' base)")->delimiter(',');
+  app.add_option("--exchanges", o.exchanges, "parallel.context_exchange values, at each c > 1")->delimiter(',');
   app.add_option("--allowance-mib", o.allowance_mib, "MiB a rank has beyond the model's state");
   app.add_option("--layers", o.layers, "n_layer");
   app.add_option("--width", o.width, "n_embd");
@@ -114,9 +142,9 @@ int main(int argc, char** argv) {
   app.add_option("--binary", o.binary, "hybrid_train");
   app.add_option("--mpirun", o.mpirun, "mpirun");
   app.add_option("--scratch", o.scratch, "a folder for the runs (emptied first)");
-  app.add_flag("--quick", quick, "a smoke run: 2 MiB allowance, c = 1 and 2, at most 2048 tokens");
+  app.add_flag("--quick", quick, "a smoke run: 2 MiB allowance, c = 1 and 2 (the ring), at most 2048 tokens");
   CLI11_PARSE(app, argc, argv);
-  if (quick) o.allowance_mib = 2, o.contexts = {1, 2}, o.max_tokens = 2048;
+  if (quick) o.allowance_mib = 2, o.contexts = {1, 2}, o.exchanges = {"ring"}, o.max_tokens = 2048;
   if (o.mpirun.empty()) {
     std::fprintf(stderr, "bench_context_length: needs mpirun (--mpirun; none found at build time)\n");
     return 2;
@@ -135,32 +163,19 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   bool ok = true;
   for (int c : o.contexts) {
-    const int64_t unit = 2 * c * 16;
-    int64_t lo = 0, hi = o.max_tokens / unit;  // in units; lo fits (0: nothing)
-    Row row{c};
-    while (lo < hi && ok) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      const Probe p = run(o, c, mid * unit, std::to_string(budget));
-      std::printf("  c %d, T %6lld: %s\n", c, static_cast<long long>(mid * unit),
-                  p.fits ? ("trains, peak " + std::to_string(p.peak) + " bytes").c_str() : p.budget ? "over the budget" : "FAILED");
-      std::fflush(stdout);
-      if (!p.fits && !p.budget) {
-        std::printf("%s\n", p.output.substr(p.output.size() > 2000 ? p.output.size() - 2000 : 0).c_str());
-        ok = false;
-      }
-      if (p.fits) lo = mid, row.peak = p.peak;
-      else hi = mid - 1;
+    for (const std::string& exchange : c == 1 ? std::vector<std::string>{""} : o.exchanges) {
+      rows.push_back(longest(o, c, exchange, budget, ok));
     }
-    row.tokens = lo * unit;
-    rows.push_back(row);
   }
-  std::printf("\n| context_parallel | longest sequence (tokens) | vs c = %d | the ring's bar (0.9c) | peak at it (rank 0) |\n"
-              "| --- | --- | --- | --- | --- |\n", rows.front().c);
+  std::printf("\n| context_parallel | context_exchange | longest sequence (tokens) | vs c = %d | the ring's bar (0.9c) | peak at it (rank 0) |\n"
+              "| --- | --- | --- | --- | --- | --- |\n", rows.front().c);
   for (const Row& r : rows) {
     const double ratio = rows.front().tokens > 0 ? static_cast<double>(r.tokens) / static_cast<double>(rows.front().tokens) : 0;
-    std::printf("| %d | %lld%s | %.2fx | %.1fx | %.2f MiB |\n", r.c, static_cast<long long>(r.tokens),
-                r.tokens >= o.max_tokens - 2 * r.c * 16 + 1 ? " (--max-tokens)" : "", ratio, 0.9 * r.c / rows.front().c,
-                static_cast<double>(r.peak) / (1 << 20));
+    const double bar = 0.9 * r.c / rows.front().c;
+    const std::string meets = r.exchange != "ring" ? "" : ratio >= bar ? " (met)" : " (short)";
+    std::printf("| %d | %s | %lld%s | %.2fx | %.1fx%s | %.2f MiB |\n", r.c, r.exchange.empty() ? "-" : r.exchange.c_str(),
+                static_cast<long long>(r.tokens), r.tokens >= o.max_tokens - 2 * r.c * 16 + 1 ? " (--max-tokens)" : "", ratio,
+                bar, meets.c_str(), static_cast<double>(r.peak) / (1 << 20));
   }
   if (!ok) std::printf("\nFAILED: a run failed other than by its budget\n");
   return ok ? 0 : 1;

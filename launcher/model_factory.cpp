@@ -73,6 +73,7 @@ std::shared_ptr<Model> make_model(const Config& c, const DataInfo& data, int ten
   o.tensor_rank = tensor_rank;
   o.sequence_parallel = c.parallel.sequence_parallel;
   o.context_parallel = c.parallel.context_parallel;
+  o.context_exchange = c.parallel.context_exchange;
   o.context_rank = context_rank;
   if (const std::string problem = o.problem(); !problem.empty()) throw UserError(c.source + ": " + problem);
   return std::make_shared<Decoder>(o);

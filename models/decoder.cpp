@@ -15,10 +15,10 @@ namespace decoder_parts {
 struct Split {
   int64_t ranks = 1, rank = 0;
   bool sequence = false;  // sequence parallelism: the residual stream holds a piece of the sequence
-  int64_t context_ranks = 1, context_rank = 0;  // context parallelism: every activation is of this rank's chunks
+  ContextLayout context;  // context parallelism: every activation is of this rank's chunks
   explicit Split(const DecoderOptions& o)
       : ranks(o.tensor_parallel), rank(o.tensor_rank), sequence(o.sequence_parallel && o.tensor_parallel > 1),
-        context_ranks(o.context_parallel), context_rank(o.context_rank) {}
+        context{o.context_parallel, o.context_rank} {}
   bool on() const { return ranks > 1; }
 
   // A weight read where the sequence is in pieces: each rank's gradient is its piece's part, which
@@ -60,9 +60,9 @@ struct Split {
   // (and each tensor rank of it where the tensor-parallel ranks hold parts).
   Tensor dropout(const Tensor& x, double p, bool training, bool parts) const {
     const bool tensor_parts = on() && parts;
-    if (!tensor_parts && context_ranks == 1) return ht::dropout(x, p, training);
-    const uint64_t stream = context_ranks == 1 ? static_cast<uint64_t>(rank) + 1
-                                               : 1 + static_cast<uint64_t>(ranks + context_rank * ranks + (tensor_parts ? rank : 0));
+    if (!tensor_parts && !context.on()) return ht::dropout(x, p, training);
+    const uint64_t stream = !context.on() ? static_cast<uint64_t>(rank) + 1
+                                          : 1 + static_cast<uint64_t>(ranks + context.rank * ranks + (tensor_parts ? rank : 0));
     const SeedStream seeds(x.interp(), stream);
     return ht::dropout(x, p, training);
   }
@@ -125,14 +125,13 @@ class EmbeddingBlock : public Block {
   explicit EmbeddingBlock(const DecoderOptions& o)
       : wte(register_module("wte", std::make_shared<Embedding>(o.vocab_size, o.n_embd))),
         options_(o),
-        split_(o),
-        context_{o.context_parallel, o.context_rank} {
+        split_(o) {
     keep_part(o, "embed.wte.weight", wte->weight);
     if (!o.is_llama()) wpe = register_module("wpe", std::make_shared<Embedding>(o.block_size, o.n_embd));
   }
 
   Tensor forward(const Tensor& idx) override {
-    const int64_t t = idx.size(1), length = t * context_.ranks;  // context parallelism: this rank's part
+    const int64_t t = idx.size(1), length = t * split_.context.ranks;  // context parallelism: this rank's part
     TORCH_CHECK(length <= options_.block_size, "decoder: sequence length ", length, " exceeds block_size ",
                 options_.block_size);
     Tensor x;
@@ -144,7 +143,7 @@ class EmbeddingBlock : public Block {
     }
     if (wpe) {  // the positions of this rank's tokens, and of its piece of them under sequence parallelism
       const int64_t n = split_.sequence ? t / split_.ranks : t, first = split_.sequence ? split_.rank * n : 0;
-      const at::Tensor positions = context_.positions(length, idx.device()).narrow(0, first, n);
+      const at::Tensor positions = split_.context.positions(length, idx.device()).narrow(0, first, n);
       x = add(x, embedding(split_.replicated(idx, wpe->weight), idx.interp().input(positions)));
     }
     return split_.dropout(x, options_.dropout, is_training(), split_.sequence);
@@ -155,7 +154,6 @@ class EmbeddingBlock : public Block {
  private:
   DecoderOptions options_;
   Split split_;
-  ContextLayout context_;
 };
 
 // softmax(q k^T / sqrt(hd), causal) v as separate ops, saving the (B, H, T, T) scores,
@@ -178,7 +176,7 @@ Tensor naive_attention(const Tensor& q, const Tensor& k, const Tensor& v, double
 // three, whose gradient the GEMM sums in fp32.
 class SelfAttention : public torch::nn::Module {
  public:
-  explicit SelfAttention(const DecoderOptions& o) : options_(o), split_(o), context_{o.context_parallel, o.context_rank} {
+  explicit SelfAttention(const DecoderOptions& o) : options_(o), split_(o) {
     const int64_t q = o.n_head * o.head_dim(), kv = o.kv_heads() * o.head_dim();
     const bool bias = !o.is_llama();
     wqkv = planned_linear(*this, o, "wqkv", "attn.wqkv", o.n_embd, q + 2 * kv, bias);
@@ -192,10 +190,10 @@ class SelfAttention : public torch::nn::Module {
     const int64_t h = options_.n_head / split_.ranks, hkv = options_.kv_heads() / split_.ranks;
     const Tensor qkv = wqkv.forward(split_, x);  // (B, T, (H + 2 Hkv) hd)
     const int64_t b = qkv.size(0), t = qkv.size(1);
-    if (context_.on()) {
+    if (split_.context.on()) {
       const TensorParallelGroup* group = x.interp().context_parallel();
-      TORCH_CHECK(group != nullptr && group->size() == context_.ranks && group->rank() == context_.rank,
-                  "decoder: built for rank ", context_.rank, " of a context group of ", context_.ranks,
+      TORCH_CHECK(group != nullptr && group->size() == split_.context.ranks && group->rank() == split_.context.rank,
+                  "decoder: built for rank ", split_.context.rank, " of a context group of ", split_.context.ranks,
                   ", but the interpreter's context-parallel group is not that (Interpreter::set_context_parallel)");
     }
     // One split, not three slices: its backward writes qkv's gradient once (runtime/ops/shape.cpp).
@@ -206,7 +204,7 @@ class SelfAttention : public torch::nn::Module {
       // Rotated q and k are new tensors; v alone, saved for backward as a view, would keep all
       // of qkv alive (48 of Llama 3 8B's 128-wide heads for its 8): a dense copy keeps 8.
       // Context parallelism: this rank's tokens are pieces of the sequence, at their positions.
-      const std::vector<SequencePiece> pieces = context_.pieces(t * context_.ranks);
+      const std::vector<SequencePiece> pieces = split_.context.pieces(t * split_.context.ranks);
       q = rope(q, options_.rope_theta, pieces);
       k = rope(k, options_.rope_theta, pieces);
       v = contiguous(v);
@@ -217,7 +215,8 @@ class SelfAttention : public torch::nn::Module {
     {
       const SeedStream heads_stream(x.interp(), split_.on() ? static_cast<uint64_t>(split_.rank) + 1 : x.interp().seed_stream());
       y = options_.naive_attention ? naive_attention(qh, kh, vh, options_.dropout, is_training())
-                                   : context_attention(qh, kh, vh, /*causal=*/true, options_.dropout, is_training());
+                                   : context_attention(qh, kh, vh, /*causal=*/true, options_.dropout, is_training(),
+                                                       std::nullopt, options_.context_exchange);
     }
     const Tensor merged = reshape(transpose(y, 1, 2), {b, t, h * hd});
     return split_.dropout(wo.forward(split_, merged), options_.dropout, is_training(), split_.sequence);
@@ -228,7 +227,6 @@ class SelfAttention : public torch::nn::Module {
  private:
   DecoderOptions options_;
   Split split_;
-  ContextLayout context_;
 };
 
 // GPT-2: proj(gelu_tanh(fc(x))); Llama: w2(silu(gate) * up), [gate | up] = w13(x), Meta's w1

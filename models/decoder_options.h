@@ -12,6 +12,7 @@
 //   output head   tied to the token embedding    tied or not (tie_embeddings)
 
 #include "base/choice.h"
+#include "runtime/context_parallel.h"
 
 #include <cstdint>
 #include <string>
@@ -61,6 +62,7 @@ struct DecoderOptions {
   // are whole on every rank of the group.
   int64_t context_parallel = 1;
   int64_t context_rank = 0;
+  ContextExchange context_exchange = ContextExchange::kRing;  // how attention meets the group's keys and values
 
   // GPT-2's layout at the given size.
   static DecoderOptions gpt2(int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head,

@@ -26,4 +26,35 @@ void TensorGroup::reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, 
   count(full, what);
 }
 
+namespace {
+
+class TransferPass final : public RingPass {
+ public:
+  explicit TransferPass(std::unique_ptr<Transfer> transfer) : transfer_(std::move(transfer)) {}
+  void wait() override {
+    if (transfer_ == nullptr) return;
+    transfer_->wait();
+    transfer_.reset();
+  }
+
+ private:
+  std::unique_ptr<Transfer> transfer_;
+};
+
+// The ring's messages match in the order they are posted: one tag for every pass (the group's
+// communicator carries nothing else point to point).
+constexpr int kRingTag = 68;
+
+}  // namespace
+
+std::unique_ptr<RingPass> TensorGroup::pass_along_ring(const at::Tensor& out, at::Tensor& in, const char* what) {
+  const int n = size(), next = (rank() + 1) % n, previous = (rank() + n - 1) % n;
+  std::vector<PeerMessage> messages;
+  messages.push_back({true, out, next, kRingTag, what});
+  messages.push_back({false, in, previous, kRingTag, what});
+  auto pass = std::make_unique<TransferPass>(group_->post_group(std::move(messages)));
+  count(out, what);
+  return pass;
+}
+
 }  // namespace ht

@@ -29,6 +29,9 @@ class TensorGroup final : public TensorParallelGroup {
   void allreduce_sum(at::Tensor& t, const char* what) override;
   void all_gather(const at::Tensor& shard, at::Tensor& full, const char* what) override;
   void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const char* what) override;
+  // One send and one receive, posted together (Communicator::post_group), so that the ranks'
+  // sends to their next cannot block each other.
+  std::unique_ptr<RingPass> pass_along_ring(const at::Tensor& out, at::Tensor& in, const char* what) override;
   Communicator& communicator() { return *group_; }
   const TensorGroupStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }

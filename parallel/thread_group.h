@@ -81,6 +81,18 @@ class ThreadGroup final : public TensorParallelGroup {
     shard.view(-1).copy_(sum);
     reducescatter_elements_ += full.numel();
   }
+  // Exchanged at once (threads): the pass is complete when it returns.
+  std::unique_ptr<RingPass> pass_along_ring(const at::Tensor& out, at::Tensor& in, const char* what) override {
+    by_use_[what] += out.numel();
+    state_->slots()[rank_] = out;
+    state_->barrier();
+    in.copy_(state_->slots()[(rank_ + size() - 1) % size()]);
+    state_->barrier();
+    struct Done final : RingPass {
+      void wait() override {}
+    };
+    return std::make_unique<Done>();
+  }
   // Elements handed to collectives so far (an all-reduce's tensor, a gather's or scatter's whole).
   int64_t allreduce_elements() const { return allreduce_elements_; }
   int64_t allgather_elements() const { return allgather_elements_; }

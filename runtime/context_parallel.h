@@ -10,12 +10,26 @@
 // gathers the group's keys and values and puts them back in sequence order, so its output rows
 // are this rank's queries in this order (runtime/ops.h, context_attention).
 
+#include "base/choice.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <string>
 #include <vector>
 
 namespace ht {
+
+// How the keys and values of a context group meet its queries (parallel.context_exchange):
+// - kRing: each rank's go round the group, one rank a step, passed on while the rank computes
+//   with them (runtime/ops/ring_attention.cpp): a rank holds two chunks of them, O(T / c);
+// - kAllGather: gathered whole for the kernel, once in forward and again in backward
+//   (runtime/ops/context_attention.cpp; Llama 3's choice): one collective, O(T) while it runs.
+enum class ContextExchange { kRing, kAllGather };
+template <>
+struct ChoiceNames<ContextExchange> {
+  static constexpr std::pair<ContextExchange, const char*> table[] = {{ContextExchange::kRing, "ring"},
+                                                                      {ContextExchange::kAllGather, "all_gather"}};
+};
 
 // A run of consecutive positions of the sequence held in consecutive rows of a rank's part:
 // rows [row, row + length) are positions [position, position + length).

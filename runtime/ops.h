@@ -110,11 +110,12 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
 // Context parallelism (runtime/context_parallel.h): q, k and v hold this rank's pieces of the
 // sequence, (B, H, T / c, hd) and (B, Hkv, T / c, hd), with c the interpreter's context-parallel
 // group's size; the output is attention of these queries over the whole sequence's keys, each
-// query at its position (causal: keys up to it). The group's keys and values are gathered for the
-// kernel and again in backward, which reduce-scatters their gradients. Every rank of the group
-// calls it at the same point. Without a group (or a group of one), attention() itself.
+// query at its position (causal: keys up to it). `exchange` says how the keys and values meet the
+// queries (ContextExchange): passed round the group's ring, or gathered whole. Every rank of the
+// group calls it at the same point. Without a group (or a group of one), attention() itself.
 Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p = 0.0,
-                         bool training = true, std::optional<double> scale = std::nullopt);
+                         bool training = true, std::optional<double> scale = std::nullopt,
+                         ContextExchange exchange = ContextExchange::kRing);
 
 namespace detail {
 // For tests: the keep-mask (B, H, T, S) bool that attention() on these shapes drew with op seed

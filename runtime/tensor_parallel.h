@@ -16,7 +16,17 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
+
 namespace ht {
+
+// A message passed round a group (TensorParallelGroup::pass_along_ring), under way: its tensors
+// stay alive and untouched until wait() returns. wait() may be called again (it returns at once).
+class RingPass {
+ public:
+  virtual ~RingPass() = default;
+  virtual void wait() = 0;
+};
 
 class TensorParallelGroup {
  public:
@@ -31,6 +41,11 @@ class TensorParallelGroup {
   // The sum over the group of every rank's `full` (size() x n elements); this rank's part,
   // elements [rank x n, (rank + 1) x n), into `shard`.
   virtual void reduce_scatter_sum(const at::Tensor& full, at::Tensor& shard, const char* what) = 0;
+  // Sends `out` (contiguous) to rank (rank() + 1) mod size() and receives rank (rank() - 1) mod
+  // size()'s, of out's shape and type, into `in` (contiguous, apart from out). Posted now and
+  // complete at the pass's wait(), so the caller computes meanwhile (context parallelism's ring:
+  // runtime/ops/ring_attention.cpp). Every rank posts its passes in the same order.
+  virtual std::unique_ptr<RingPass> pass_along_ring(const at::Tensor& out, at::Tensor& in, const char* what) = 0;
 };
 
 }  // namespace ht

@@ -10,6 +10,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard_layout.h"
 #include "parallel/stage_partition.h"
+#include "runtime/context_parallel.h"
 #include "runtime/mixed_precision.h"
 #include "training/optimizer_options.h"
 
@@ -131,6 +132,7 @@ struct ParallelConfig {
   int64_t pipeline_parallel = 1;
   int64_t tensor_parallel = 1;     // ranks each decoder layer is split across (innermost in the grid)
   int64_t context_parallel = 1;    // ranks each sequence is split across (next to tensor_parallel)
+  ContextExchange context_exchange = ContextExchange::kRing;  // how attention's keys and values meet its queries
   bool sequence_parallel = false;  // with tensor_parallel: norms, dropouts and the residual stream in pieces
   ScheduleKind pipeline_schedule = ScheduleKind::k1f1b;
   int64_t virtual_stages = 1;         // interleaved_1f1b: model chunks per rank

@@ -291,11 +291,18 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                     "ranks each sequence of a gpt or llama model is split across (context parallelism): each "
                     "holds a chunk from the front of every sequence and its mirror from the back (model.block_size "
                     "/ context_parallel tokens, balanced under causal masking), attention gathers the group's keys "
-                    "and values (forward and again in backward, whose key and value gradients are "
-                    "reduce-scattered), and the weights' gradients are averaged over data_parallel x "
+                    "and values (parallel.context_exchange), and the weights' gradients are averaged over data_parallel x "
                     "context_parallel ranks. The group sits between the tensor-parallel groups and the replicas "
                     "(mpirun -np data_parallel x context_parallel x tensor_parallel x pipeline_parallel)")
                   .min(1).max(64));
+  f.push_back(Field(&C::parallel, &ParallelConfig::context_exchange, "parallel", "context_exchange",
+                    "how attention's queries meet the context group's keys and values. ring: each rank's keys "
+                    "and values go round the group, passed to the next rank while this one attends to them "
+                    "(2 chunks of T / context_parallel held at a time; backward passes their gradients' sums "
+                    "the same way); all_gather: gathered whole for the attention, forward and again in backward, "
+                    "whose key and value gradients are reduce-scattered (one collective each, the whole "
+                    "sequence's keys and values held while it runs)")
+                  .only_when("parallel.context_parallel > 1", [](const Config& c) { return c.parallel.context_parallel > 1; }));
   f.push_back(Field(&C::parallel, &ParallelConfig::sequence_parallel, "parallel", "sequence_parallel",
                     "with tensor parallelism: norms, dropouts and the residual stream hold each rank's piece of "
                     "the sequence (model.block_size / tensor_parallel positions), the all-reduces become "

@@ -37,9 +37,7 @@
 #include <limits>
 
 namespace ht {
-namespace {
-
-using TensorList = std::vector<at::Tensor>;
+namespace detail {
 
 // Queries per block: as many as make 1 MiB of a block's scores (B * H * rows * S floats, the
 // largest temporary; backward holds about four such), at least 32 and at most 128. From the
@@ -56,26 +54,10 @@ using TensorList = std::vector<at::Tensor>;
 constexpr int64_t kBlockScoreBytes = int64_t{1} << 20, kGpuBlockScoreBytes = int64_t{64} << 20;
 constexpr int64_t kMinBlockRows = 32, kMaxBlockRows = 128;
 
-// q (B, H, T, hd), k and v (B, Hkv, S, hd); G = H / Hkv query heads share a key head.
-struct AttentionDims {
-  int64_t B, H, Hkv, G, T, S, hd;
-  bool gpu = false;  // the blocks are a GPU's (kGpuBlockScoreBytes)
-  static AttentionDims of(at::IntArrayRef q, at::IntArrayRef k, const at::Device& device) {
-    return {q[0], q[1], k[1], q[1] / k[1], q[2], k[2], q[3], device.is_cuda()};
-  }
-  int64_t block_rows() const {
-    const int64_t row_bytes = std::max<int64_t>(1, B * H * S * 4);
-    return std::clamp((gpu ? kGpuBlockScoreBytes : kBlockScoreBytes) / row_bytes, kMinBlockRows, kMaxBlockRows);
-  }
-};
-
-using detail::AttentionConfig;
-
-// Queries [t0, t0 + n) of every head, at positions [position, position + n) of the keys, against
-// keys [0, keys).
-struct QueryBlock {
-  int64_t index, t0, n, position, keys;
-};
+int64_t AttentionDims::block_rows() const {
+  const int64_t row_bytes = std::max<int64_t>(1, B * H * S * 4);
+  return std::clamp((gpu ? kGpuBlockScoreBytes : kBlockScoreBytes) / row_bytes, kMinBlockRows, kMaxBlockRows);
+}
 
 // The query blocks, in row order: each piece of the queries in blocks of d.block_rows(). Block j
 // of the piece at position p draws its dropout mask with seed + p x 2^20 + j: one piece at
@@ -102,8 +84,8 @@ at::ScalarType accumulate_type(const at::Tensor& q) {
 
 // Rows [t0, t0 + n) of x (B, H, T, e) in the accumulate type, folded per key head:
 // (B, Hkv, G * n, e), row g * n + r being head g's query t0 + r. Times `scale` if given.
-at::Tensor block_rows(const at::Tensor& x, const QueryBlock& blk, const AttentionDims& d,
-                      at::ScalarType acc, double scale = 1) {
+at::Tensor block_rows(const at::Tensor& x, const QueryBlock& blk, const AttentionDims& d, at::ScalarType acc,
+                      double scale) {
   at::Tensor rows = x.view({d.B, d.Hkv, d.G, d.T, x.size(3)}).narrow(3, blk.t0, blk.n).to(acc);
   if (scale != 1) rows = rows.mul(scale);  // a new tensor, laid out as x (x may be transposed)
   return rows.reshape({d.B, d.Hkv, d.G * blk.n, x.size(3)});  // copies unless laid out in rows
@@ -120,13 +102,13 @@ at::Tensor block_scores(const at::Tensor& q_rows, const at::Tensor& k, const Que
   return s.masked_fill_(at::arange(blk.keys, longs) > query, -std::numeric_limits<double>::infinity());
 }
 
-// Block b's dropout mask, (B, Hkv, G * n, keys) bools shaped like `scores`: true where kept.
-// Kept as bools, a quarter of the scores' bytes (a factor tensor of 0 and 1 / (1 - p) was as
+// The dropout mask numbered `index` (QueryBlock::index), (B, Hkv, G * n, keys) bools shaped like
+// `scores`: true where kept. Kept as bools, a quarter of the scores' bytes (a factor tensor of 0 and 1 / (1 - p) was as
 // large as the scores, and the backward's largest temporary beside them).
-at::Tensor keep_mask(const at::Tensor& scores, const QueryBlock& blk, const AttentionConfig& cfg) {
+at::Tensor keep_mask(const at::Tensor& scores, uint64_t index, const AttentionConfig& cfg) {
   at::Tensor keep = at::empty(scores.sizes(), scores.options().dtype(at::kBool));
   // A meta tensor (a traced step): a shape only, no values to draw.
-  if (!keep.is_meta()) keep.bernoulli_(1.0 - cfg.dropout_p, compat::seeded_generator(scores.device(), cfg.seed + blk.index));
+  if (!keep.is_meta()) keep.bernoulli_(1.0 - cfg.dropout_p, compat::seeded_generator(scores.device(), cfg.seed + index));
   return keep;
 }
 
@@ -135,6 +117,14 @@ at::Tensor keep_mask(const at::Tensor& scores, const QueryBlock& blk, const Atte
 at::Tensor& apply_keep_(at::Tensor& x, const at::Tensor& keep, const AttentionConfig& cfg) {
   return x.mul_(keep).mul_(1.0 / (1.0 - cfg.dropout_p));
 }
+
+}  // namespace detail
+
+namespace {
+
+using namespace detail;
+
+using TensorList = std::vector<at::Tensor>;
 
 // Forward of one block: (out (B, Hkv, G * n, hd), log-sum-exp (B, Hkv, G * n)). Out-of-place
 // where autograd would need the overwritten value (ExecutionMode::kAutograd records this code).
@@ -148,7 +138,7 @@ std::pair<at::Tensor, at::Tensor> forward_block(const at::Tensor& q_rows, const 
   at::Tensor pv = p;
   if (cfg.dropout_p > 0) {
     pv = p.clone();  // autograd needs p itself
-    apply_keep_(pv, keep_mask(p, blk, cfg), cfg);
+    apply_keep_(pv, keep_mask(p, blk.index, cfg), cfg);
   }
   at::Tensor out = at::matmul(pv.to(v.scalar_type()), v.narrow(2, 0, blk.keys)).to(p.scalar_type()) / l;
   return {out, (m + l.log()).squeeze(-1)};
@@ -196,7 +186,7 @@ at::Tensor backward_block(AttentionBackwardState& st, const QueryBlock& blk, con
   const at::Tensor g_rows = block_rows(st.grad, blk, d, gemm);
   const at::Tensor lse = block_rows(st.lse.unsqueeze(-1), blk, d, acc);  // (B, Hkv, G * n, 1)
   const at::Tensor s = block_scores(q_rows, st.k, blk, d, cfg.causal);
-  const at::Tensor keep = cfg.dropout_p > 0 ? keep_mask(s, blk, cfg) : at::Tensor();
+  const at::Tensor keep = cfg.dropout_p > 0 ? keep_mask(s, blk.index, cfg) : at::Tensor();
   const at::Tensor p = s.sub_(lse).exp_();  // the forward's probabilities, recomputed
   if (st.needs[2]) {
     at::Tensor pv = p;
@@ -400,7 +390,7 @@ at::Tensor attention_dropout_mask(at::IntArrayRef q_sizes, at::IntArrayRef k_siz
   for (const QueryBlock& blk : query_blocks(d, cfg)) {
     const at::Tensor like =
         at::empty({d.B, d.Hkv, d.G * blk.n, blk.keys}, at::TensorOptions().device(device));
-    const at::Tensor keep = keep_mask(like, blk, cfg).view({d.B, d.Hkv, d.G, blk.n, blk.keys});
+    const at::Tensor keep = keep_mask(like, blk.index, cfg).view({d.B, d.Hkv, d.G, blk.n, blk.keys});
     mask.narrow(3, blk.t0, blk.n).narrow(4, 0, blk.keys).copy_(keep);
   }
   return mask.view({d.B, d.H, d.T, d.S});

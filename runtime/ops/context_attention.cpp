@@ -1,5 +1,5 @@
 // Context parallelism's attention, with the group's keys and values gathered (issue 68, Part 1;
-// Llama 3's own choice for long context). Each rank of the context group holds its pieces of the
+// Llama 3's own choice for long context; the ring is runtime/ops/ring_attention.cpp). Each rank of the context group holds its pieces of the
 // sequence (runtime/context_parallel.h); its queries attend to the whole sequence's keys:
 // - forward all-gathers the group's keys and values (the key/value heads, never the query heads
 //   they serve: grouped-query attention makes them small), puts them in sequence order and runs
@@ -148,7 +148,7 @@ class ContextAttentionOp final : public Op {
 }  // namespace
 
 Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                         bool training, std::optional<double> scale) {
+                         bool training, std::optional<double> scale, ContextExchange exchange) {
   TensorParallelGroup* group = q.interp().context_parallel();
   if (group == nullptr || group->size() == 1) return attention(q, k, v, causal, dropout_p, training, scale);
   TORCH_CHECK(q.interp().mode() == ExecutionMode::kInterpreted,
@@ -166,6 +166,7 @@ Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool
   cfg.scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   cfg.pieces = layout.pieces(length);
   if (cfg.dropout_p > 0) cfg.seed = q.interp().next_seed();
+  if (exchange == ContextExchange::kRing) return detail::apply_first(detail::ring_attention_op(*group, layout, cfg), {q, k, v});
   return detail::apply_first(std::make_shared<ContextAttentionOp>(*group, layout, cfg), {q, k, v});
 }
 

@@ -1,4 +1,5 @@
-// `parallel.context_parallel` under mpirun (issue 68, Part 1: keys and values gathered). The oracle
+// `parallel.context_parallel` under mpirun (issue 68: keys and values passed round a ring, or
+// gathered). The oracle
 // is the one-rank run of the same global batch: each rank of a context group trains its head and
 // tail chunks of every sequence, and the group trains the one-rank run's model within fp32
 // reduction order (Llama with grouped-query attention at c = 2 and 4; GPT-2's learned positions;
@@ -88,19 +89,23 @@ class ContextParallelJob : public ::testing::Test {
 
 TEST_F(ContextParallelJob, ChunksOfEverySequenceTrainTheOneRankRunsModel) {
   const std::string one = train(1, "one", "");
-  for (int c : {2, 4}) {
-    SCOPED_TRACE(c);
-    const std::string run = train(c, "c" + std::to_string(c), "--parallel.context_parallel=" + std::to_string(c));
+  const int64_t kv = 8 * 4 * 16 * 4;  // B x Hkv x T x hd: the key/value heads, never the 8 query heads
+  for (const auto& [c, exchange] : {std::pair{2, "ring"}, std::pair{4, "ring"}, std::pair{4, "all_gather"}}) {
+    SCOPED_TRACE(std::to_string(c) + " " + exchange);
+    const std::string run = train(c, "c" + std::to_string(c) + exchange,
+                                  "--parallel.context_parallel=" + std::to_string(c) + " --parallel.context_exchange=" + exchange);
     expect_close_losses(losses(run), losses(one));
     EXPECT_NEAR(eval_number(run, "eval_loss"), eval_number(one, "eval_loss"), 1e-5);
     EXPECT_EQ(eval_number(run, "eval_samples"), eval_number(one, "eval_samples"));
     expect_same_model(one + "/checkpoints/step_00000004", run + "/checkpoints/step_00000004", kAdamTolerance);
-    // Keys and values gathered forward and again backward, their gradients reduce-scattered: 6
-    // exchanges of the whole sequence's B x Hkv x T x hd fp32 elements a layer and step, whatever
-    // c is (8 x 4 x 16 x 4: the key/value heads, never the 8 query heads).
-    EXPECT_EQ(last_train_number(run + "/metrics.jsonl", "context_bytes"), 2 * 6 * (8 * 4 * 16 * 4) * 4);
+    // A layer and step, in fp32. The ring passes each chunk of keys and values (2 kv / c) on
+    // c - 1 times forward and again backward, and their gradients' sums c times: 3c - 2 chunks.
+    // Gathered: forward and backward gather keys and values, and their gradients are
+    // reduce-scattered, 6 exchanges of the whole sequence's, whatever c is.
+    const int64_t elements = std::string(exchange) == "ring" ? (3 * c - 2) * 2 * kv / c : 6 * kv;
+    EXPECT_EQ(last_train_number(run + "/metrics.jsonl", "context_bytes"), 2 * elements * 4);
   }
-  EXPECT_THAT(read_file(dir_.path("c4.log")), HasSubstr("ranks: 4 (data-parallel 1 x context-parallel 4 x pipeline 1)"));
+  EXPECT_THAT(read_file(dir_.path("c4ring.log")), HasSubstr("ranks: 4 (data-parallel 1 x context-parallel 4 x pipeline 1)"));
 }
 
 // GPT-2's learned positions follow the chunks; replicas (with ZeRO-2) and tensor-parallel groups
@@ -120,7 +125,8 @@ TEST_F(ContextParallelJob, WithLearnedPositionsReplicasZeroAndTensorParallelismI
 }
 
 // Under a budget with DTR, and with full recomputation, the same layout trains the same bits with
-// a lower peak. The attention's gathers are never repeated (its output is kept: the ranks' causal
+// a lower peak (the ring's kernel, run again where it found no room, goes on where it stopped).
+// The attention's exchanges are never repeated (its output is kept: the ranks' causal
 // blocks differ, so their evictions do).
 TEST_F(ContextParallelJob, MemoryPoliciesOnEveryRankChangeNoBit) {
   const std::string bigger = "--model.n_layer=8 --model.block_size=64 --training.global_batch_size=32 "

@@ -70,7 +70,8 @@ std::vector<at::Tensor> one_rank(const AttentionCase& c, bool causal) {
 
 // The same over `c` ranks of a context group, each holding its chunks of the sequence (dim 2):
 // each rank's output and gradients are its part of the one-rank ones.
-void split_attention(int c, int64_t t, int64_t h, int64_t hkv, bool causal) {
+void split_attention(int c, int64_t t, int64_t h, int64_t hkv, bool causal,
+                     ContextExchange exchange = ContextExchange::kAllGather) {
   const AttentionCase whole = attention_case(t, h, hkv);
   const std::vector<at::Tensor> expected = one_rank(whole, causal);
   run_ranks(c, [&](int rank, ThreadGroup& group) {
@@ -79,18 +80,27 @@ void split_attention(int c, int64_t t, int64_t h, int64_t hkv, bool causal) {
     interp.set_context_parallel(&group);
     at::Tensor q = leaf(layout.part_of(whole.q, 2)), k = leaf(layout.part_of(whole.k, 2)),
                v = leaf(layout.part_of(whole.v, 2));
-    const Tensor out = context_attention(interp.param(q), interp.param(k), interp.param(v), causal);
+    const Tensor out =
+        context_attention(interp.param(q), interp.param(k), interp.param(v), causal, 0.0, true, std::nullopt, exchange);
     EXPECT_TRUE(out.info()->producer->op->traits().collective);
     interp.backward(sum(mul(out, interp.input(layout.part_of(whole.r, 2)))));
-    const std::string where = "c " + std::to_string(c) + " rank " + std::to_string(rank) + " T " + std::to_string(t) +
+    const std::string where = std::string(exchange == ContextExchange::kRing ? "ring" : "gather") + " c " + std::to_string(c) + " rank " + std::to_string(rank) + " T " + std::to_string(t) +
                               (causal ? " causal" : "") + " Hkv " + std::to_string(hkv);
     expect_close(out.value(), layout.part_of(expected[0], 2), where + " output");
     expect_close(q.grad(), layout.part_of(expected[1], 2), where + " dq");
     expect_close(k.grad(), layout.part_of(expected[2], 2), where + " dk");
     expect_close(v.grad(), layout.part_of(expected[3], 2), where + " dv");
+    const int64_t gathered = 2 * hkv * t * 8;
+    if (exchange == ContextExchange::kRing) {
+      // Keys and values packed, passed c - 1 times each way; their gradients' sums c times.
+      const int64_t chunk = 2 * (2 * hkv * (t / c) * 8);
+      EXPECT_EQ(group.elements_by_use().at("context parallelism's key/value ring (forward)"), (c - 1) * chunk);
+      EXPECT_EQ(group.elements_by_use().at("context parallelism's key/value ring (backward)"), (c - 1) * chunk);
+      EXPECT_EQ(group.elements_by_use().at("context parallelism's key/value-gradient ring (backward)"), c * chunk);
+      return;
+    }
     // Keys and values gathered forward and again backward, their gradients reduce-scattered:
     // the key/value heads only, never the query heads they serve.
-    const int64_t gathered = 2 * hkv * t * 8;
     EXPECT_EQ(group.elements_by_use().at("context parallelism's key all-gather (forward)"), gathered);
     EXPECT_EQ(group.elements_by_use().at("context parallelism's value all-gather (backward)"), gathered);
     EXPECT_EQ(group.elements_by_use().at("context parallelism's key-gradient reduce-scatter (backward)"), gathered);
@@ -101,6 +111,54 @@ TEST(ContextAttention, CausalChunksOnTwoAndFourRanksAreTheOneRankAttention) {
   split_attention(2, 32, 4, 4, /*causal=*/true);
   split_attention(4, 32, 4, 4, /*causal=*/true);
   split_attention(2, 512, 4, 4, /*causal=*/true);  // pieces of 128 rows in blocks of 64
+}
+
+TEST(ContextAttention, TheRingIsTheOneRankAttention) {
+  for (const int c : {2, 4}) {
+    split_attention(c, 32, 4, 4, /*causal=*/true, ContextExchange::kRing);
+    split_attention(c, 32, 4, 2, /*causal=*/true, ContextExchange::kRing);
+    split_attention(c, 32, 4, 1, /*causal=*/false, ContextExchange::kRing);
+  }
+  split_attention(2, 512, 4, 4, /*causal=*/true, ContextExchange::kRing);  // pieces of 128 rows, several blocks
+}
+
+// Dropout under the ring: backward draws again the masks forward drew (each query block's against
+// each piece of keys), so its gradients are the derivative of the forward that ran. Checked in
+// double against a central difference along a random direction, summed over the group.
+TEST(ContextAttention, TheRingsBackwardRedrawsItsDropoutMasks) {
+  AttentionCase whole = attention_case(32, 4, 2);
+  for (at::Tensor* t : {&whole.q, &whole.k, &whole.v, &whole.r}) *t = t->to(at::kDouble);
+  const AttentionCase along{at::randn_like(whole.q), at::randn_like(whole.k), at::randn_like(whole.v), whole.r};
+  run_ranks(2, [&](int rank, ThreadGroup& group) {
+    const ContextLayout layout{2, rank};
+    // The group's loss at q + eps dq (and k, v alike), and with `derivative` its gradients' dot
+    // product with the direction.
+    auto loss_at = [&](double eps, double* derivative, double dropout) {
+      Interpreter interp;
+      interp.set_context_parallel(&group);
+      at::Tensor q = leaf(layout.part_of(whole.q + eps * along.q, 2)), k = leaf(layout.part_of(whole.k + eps * along.k, 2)),
+                 v = leaf(layout.part_of(whole.v + eps * along.v, 2));
+      const Tensor out = context_attention(interp.param(q), interp.param(k), interp.param(v), true, dropout, true,
+                                           std::nullopt, ContextExchange::kRing);
+      const Tensor loss = sum(mul(out, interp.input(layout.part_of(whole.r, 2))));
+      at::Tensor sums = at::zeros({2}, at::kDouble);
+      sums[0] = loss.value().item<double>();
+      if (derivative != nullptr) {
+        interp.backward(loss);
+        sums[1] = (q.grad() * layout.part_of(along.q, 2)).sum().item<double>() +
+                  (k.grad() * layout.part_of(along.k, 2)).sum().item<double>() +
+                  (v.grad() * layout.part_of(along.v, 2)).sum().item<double>();
+      }
+      group.allreduce_sum(sums, "test");
+      if (derivative != nullptr) *derivative = sums[1].item<double>();
+      return sums[0].item<double>();
+    };
+    double analytic = 0;
+    const double at_x = loss_at(0, &analytic, 0.3), eps = 1e-6;
+    const double numeric = (loss_at(eps, nullptr, 0.3) - loss_at(-eps, nullptr, 0.3)) / (2 * eps);
+    EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "rank " << rank;
+    EXPECT_GT(std::abs(at_x - loss_at(0, nullptr, 0.0)), 1e-3) << "dropout changed nothing";
+  });
 }
 
 TEST(ContextAttention, GroupedQueryAndUnmaskedAttentionAreTheOneRankAttention) {
@@ -114,7 +172,9 @@ TEST(ContextAttention, GroupedQueryAndUnmaskedAttentionAreTheOneRankAttention) {
 // context group run out at different points (their causal blocks differ in size). A rank running
 // its kernel again must not exchange again: here rank 0 finds no room after each exchange of keys
 // (forward's and backward's gathers, the key gradients' reduce-scatter), before its next exchange,
-// and both ranks still exchange once per use and get the one-rank attention's values.
+// and both ranks still exchange once per use and get the one-rank attention's values. The ring
+// (runtime/ops/ring_attention.cpp) goes on from where its kernel stopped: rank 0 finds no room
+// before its backward's first pass of keys and values and before each pass of their gradients.
 class RoomAfterEveryFailure final : public MemoryHooks {
  public:
   bool make_room_after(const OutOfBudget&) override { return true; }
@@ -136,6 +196,12 @@ class FailingOnceAfter final : public TensorParallelGroup {
     group_.reduce_scatter_sum(full, shard, what);
     due_ = std::string(what).find("key") != std::string::npos && failed_.insert(what).second;
   }
+  std::unique_ptr<RingPass> pass_along_ring(const at::Tensor& out, at::Tensor& in, const char* what) override {
+    fail_if_due();
+    auto pass = group_.pass_along_ring(out, in, what);
+    due_ = failed_.insert(what).second || std::string(what).find("gradient") != std::string::npos;
+    return pass;
+  }
   int failures = 0;
 
  private:
@@ -151,7 +217,7 @@ class FailingOnceAfter final : public TensorParallelGroup {
   bool due_ = false;
 };
 
-TEST(ContextAttention, AKernelRunAgainForRoomDoesNotExchangeAgain) {
+void run_again_for_room(ContextExchange exchange, int expected_failures) {
   const AttentionCase whole = attention_case(32, 4, 2);
   const std::vector<at::Tensor> expected = one_rank(whole, /*causal=*/true);
   run_ranks(2, [&](int rank, ThreadGroup& group) {
@@ -162,15 +228,26 @@ TEST(ContextAttention, AKernelRunAgainForRoomDoesNotExchangeAgain) {
     interp.set_context_parallel(rank == 0 ? static_cast<TensorParallelGroup*>(&failing) : &group);
     at::Tensor q = leaf(layout.part_of(whole.q, 2)), k = leaf(layout.part_of(whole.k, 2)),
                v = leaf(layout.part_of(whole.v, 2));
-    const Tensor out = context_attention(interp.param(q), interp.param(k), interp.param(v), true);
+    const Tensor out =
+        context_attention(interp.param(q), interp.param(k), interp.param(v), true, 0.0, true, std::nullopt, exchange);
     interp.backward(sum(mul(out, interp.input(layout.part_of(whole.r, 2)))));
     const std::string where = "rank " + std::to_string(rank);
-    if (rank == 0) EXPECT_EQ(failing.failures, 3);
+    if (rank == 0) EXPECT_EQ(failing.failures, expected_failures);
     expect_close(out.value(), layout.part_of(expected[0], 2), where + " output");
+    expect_close(q.grad(), layout.part_of(expected[1], 2), where + " dq");
     expect_close(k.grad(), layout.part_of(expected[2], 2), where + " dk");
     expect_close(v.grad(), layout.part_of(expected[3], 2), where + " dv");
-    for (const auto& [use, elements] : group.elements_by_use()) EXPECT_EQ(elements, 2 * 2 * 32 * 8) << where << " " << use;
+    // Each use once: the gradients' sums go round twice (c times), everything else once.
+    for (const auto& [use, elements] : group.elements_by_use()) {
+      const int64_t times = use.find("gradient ring") != std::string::npos ? 2 : 1;
+      EXPECT_EQ(elements, times * 2 * 2 * 32 * 8) << where << " " << use;
+    }
   });
+}
+
+TEST(ContextAttention, AKernelRunAgainForRoomDoesNotExchangeAgain) {
+  run_again_for_room(ContextExchange::kAllGather, 3);
+  run_again_for_room(ContextExchange::kRing, 3);
 }
 
 TEST(ContextAttention, WithoutAGroupItIsAttentionAndABadLengthIsRefused) {
