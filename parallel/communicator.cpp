@@ -94,4 +94,22 @@ void MirrorCommunicator::all_gather(const at::Tensor& shard, at::Tensor& full, c
   }
 }
 
+std::unique_ptr<Transfer> MirrorCommunicator::post_group(std::vector<PeerMessage> messages) {
+  std::vector<const PeerMessage*> sends;
+  size_t next = 0;
+  for (const PeerMessage& m : messages) {
+    if (m.send) {
+      sends.push_back(&m);
+      continue;
+    }
+    TORCH_CHECK(next < sends.size(), "a mirrored group's receive (", m.what, ") has no send before it");
+    const PeerMessage& s = *sends[next++];
+    TORCH_CHECK(s.tensor.numel() == m.tensor.numel() && s.tensor.scalar_type() == m.tensor.scalar_type(),
+                "a mirrored group's receive (", m.what, ") is not shaped as its send");
+    at::Tensor into = m.tensor;
+    into.copy_(s.tensor.view_as(into));
+  }
+  return std::make_unique<CompletedTransfer>();
+}
+
 }  // namespace ht

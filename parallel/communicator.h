@@ -175,6 +175,9 @@ class MirrorCommunicator final : public LocalCommunicator {
                           const char* what) override;
   void all_gather(const at::Tensor& shard, at::Tensor& full, const std::vector<int64_t>& counts,
                   const char* what) override;
+  // A group's receives get its sends' tensors, in order (a ring's pass: what comes from the
+  // previous rank is what this rank sends the next).
+  std::unique_ptr<Transfer> post_group(std::vector<PeerMessage> messages) override;
   std::string backend() const override { return "mirror"; }
 
  private:

@@ -1,6 +1,7 @@
 #include "planner/cost_model.h"
 
 #include "alloc/byte_size.h"
+#include "planner/context_terms.h"
 #include "planner/gradient_blocks.h"
 #include "planner/memory_terms.h"
 #include "planner/pipeline_terms.h"
@@ -40,12 +41,14 @@ void optimizer_and_communication_terms(const ModelProfile& profile, const Machin
                     other * static_cast<double>(plan.micro_batch * plan.accumulation) / static_cast<double>(ref.micro_batch)) *
                    slowdown;
   // A stage reduces its own share, with its replicas a tensor-parallel group apart.
-  p.allreduce_ms = allreduce_ms(machine, plan.ranks, p.gradient_bytes, plan.tensor);
+  p.allreduce_ms = allreduce_ms(machine, plan.weight_replicas(), p.gradient_bytes, plan.tensor);
   // Buckets reduce while the last micro-batch's backward runs, on their own engine (a GPU's
   // copy engines and NCCL's stream). CPU ranks reduce with the cores that compute: nothing hides.
   // A pipeline stage reduces after its step's last backward (training/trainer.cpp).
   // So does a tensor-parallel rank, whose group's collectives use MPI while backward runs.
-  const double hideable = machine.shared_host || plan.stages > 1 || plan.tensor > 1 ? 0.0 : fb * backward_share(ref);
+  // So does a context-parallel rank, whose attention exchanges while backward runs.
+  const double hideable =
+      machine.shared_host || plan.stages > 1 || plan.tensor > 1 || plan.context > 1 ? 0.0 : fb * backward_share(ref);
   p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - hideable);
   shard_time_terms(profile, machine, plan, p);
   if (plan.shard >= ShardLevel::kGradients && reduce_scatters_overlap(plan) && !machine.shared_host) {
@@ -54,9 +57,11 @@ void optimizer_and_communication_terms(const ModelProfile& profile, const Machin
     const double backward = fb * backward_share(ref) * static_cast<double>(plan.accumulation);
     p.allreduce_exposed_ms = std::max(0.0, p.allreduce_ms - std::max(0.0, backward - p.gather_hidden_ms));
   }
+  // A context rank's activations are its chunks of each sequence.
+  TensorShape rank_shape = profile.tensor_shape;
+  rank_shape.sequence /= plan.context;
   if (plan.tensor > 1) {  // every micro-batch's collectives, waited for where they are
-    const TensorTraffic traffic =
-        tensor_parallel_traffic(profile.tensor_shape, plan.micro_batch, plan.tensor, plan.sequence_parallel);
+    const TensorTraffic traffic = tensor_parallel_traffic(rank_shape, plan.micro_batch, plan.tensor, plan.sequence_parallel);
     const int64_t activation_bytes = plan.precision == MixedPrecision::kOff ? 4 : 2;
     // A pipeline stage holds its share of the layers, and with them of the collectives (the
     // stages run side by side; the bubble is the compute's).
@@ -67,6 +72,16 @@ void optimizer_and_communication_terms(const ModelProfile& profile, const Machin
       const double all = forward + static_cast<double>(traffic.backward_activation_elements);
       if (all > 0) p.tensor_ms *= 1 + forward / all;
     }
+  }
+  if (plan.context > 1) {  // each micro-batch's attention exchanges, less what its compute hides
+    const ContextTraffic traffic =
+        context_traffic(profile.tensor_shape, plan.micro_batch, plan.context, plan.context_exchange, plan.tensor);
+    const int64_t activation_bytes = plan.precision == MixedPrecision::kOff ? 4 : 2;
+    const double attention = fb * attention_share(profile.tensor_shape), backward = backward_share(ref);
+    // Never recomputed (runtime/ops/ring_attention.cpp): a replay repeats no exchange.
+    p.context_ms = context_parallel_ms(machine, plan.context, plan.tensor, profile.tensor_shape, traffic, activation_bytes,
+                                       attention * (1 - backward), attention * backward) *
+                   static_cast<double>(plan.accumulation);
   }
 }
 
@@ -99,8 +114,8 @@ void checkpoint_terms(const ModelProfile& profile, const Plan& plan, Prediction&
   if (!plan.async_checkpoint) return;
   const double whole = static_cast<double>(profile.parameter_bytes + profile.optimizer_state_bytes);
   const double stage = plan.stages > 1 ? p.stage_state_share : 1.0;
-  if (plan.shard != ShardLevel::kNone && plan.ranks > 1) {
-    p.checkpoint_host_bytes = std::llround(whole / plan.ranks * stage);
+  if (plan.shard != ShardLevel::kNone && plan.weight_replicas() > 1) {
+    p.checkpoint_host_bytes = std::llround(whole / plan.weight_replicas() * stage);
   } else if (plan.tensor > 1) {
     p.checkpoint_host_bytes = std::llround(whole * stage);  // the profile is a rank's part already
   } else {
@@ -117,7 +132,7 @@ bool fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
     // On CPU ranks the step's memory is the host's: its arena (a budget's whole block) or its peak.
     const int64_t beside = !machine.device_is_host ? 0 : plan.budget_bytes > 0 ? plan.budget_bytes : p.peak_bytes;
     // A whole checkpoint's copy is rank 0's alone: where the ranks share a host, each bears its part.
-    const bool whole = (plan.shard == ShardLevel::kNone || plan.ranks == 1) && plan.tensor == 1;
+    const bool whole = (plan.shard == ShardLevel::kNone || plan.weight_replicas() == 1) && plan.tensor == 1;
     const int sharing = machine.device_is_host && whole ? std::max(1, std::min(plan.devices(), machine.devices_per_node)) : 1;
     if (beside + p.checkpoint_host_bytes / sharing > machine.host_memory) {
       p.fits = false;
@@ -130,7 +145,7 @@ bool fit_terms(const Machine& machine, const Plan& plan, Prediction& p) {
     }
   }
   // A GPU rank's tensors get the device less what its process holds beside them (0 on CPU ranks).
-  const int64_t reserved = machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, plan.stages > 1);
+  const int64_t reserved = machine.reserved_bytes(plan.weight_replicas() > 1, plan.tensor > 1, plan.stages > 1, plan.context > 1);
   const std::string device_room =
       reserved > 0 ? "the device's memory less the runtime's " + format_bytes(reserved) : "the device's memory";
   if (machine.device_memory > 0) p.usable_bytes = machine.device_memory - reserved;
@@ -185,6 +200,10 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
     throw std::invalid_argument("predict: a plan of tensor_parallel " + std::to_string(plan.tensor) +
                                 " from the profile of a rank of " + std::to_string(profile.tensor_parallel));
   }
+  if (plan.context != profile.context_parallel || (plan.context > 1 && plan.context_exchange != profile.context_exchange)) {
+    throw std::invalid_argument("predict: a plan of context_parallel " + std::to_string(plan.context) +
+                                " from the profile of a rank of " + std::to_string(profile.context_parallel));
+  }
   Prediction p;
   state_memory_terms(profile, plan, p);
   const int ranks_on_node = std::min(plan.devices(), machine.devices_per_node);
@@ -214,7 +233,7 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
   optimizer_and_communication_terms(profile, machine, plan, fb, slowdown, replayed, p);
   weight_copy_time_terms(casts, plan, slowdown, replayed, p);
   p.step_ms = p.compute_ms + p.recompute_ms + p.optimizer_ms + p.allreduce_exposed_ms + p.swap_exposed_ms + p.gather_ms +
-              p.tensor_ms;
+              p.tensor_ms + p.context_ms;
   throughput_terms(profile, machine, plan, p);
   checkpoint_terms(profile, plan, p);
   // Each stage's peak as the fullest's became peak_bytes (pipeline_terms set their own parts).

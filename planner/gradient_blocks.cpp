@@ -275,7 +275,7 @@ std::vector<int64_t> reduce_scatter_parts(const ModelProfile& profile, const Pla
   std::vector<int64_t> parts;  // the fullest rank's (rank 0's) shard of each bucket
   if (plan.accumulation > 1)
     for (const std::vector<int64_t>& members : profile.block_buckets)
-      parts.push_back(arena_bytes(element * shard_bucket(members, plan.ranks).counts[0]));
+      parts.push_back(arena_bytes(element * shard_bucket(members, plan.weight_replicas()).counts[0]));
   return parts;
 }
 
@@ -289,7 +289,7 @@ int64_t gradient_blocks_term(const ModelProfile& profile, const Plan& plan, cons
   static std::mutex mutex;  // plans are predicted on several threads (search.cpp)
   const bool uncast = walks_without_casts(plan);
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), reduce_scatters_overlap(plan),
-                                   plan.accumulation > 1 ? plan.ranks : 0, uncast, bf16_gradients(plan));
+                                   plan.accumulation > 1 ? plan.weight_replicas() : 0, uncast, bf16_gradients(plan));
   {
     const std::lock_guard<std::mutex> lock(mutex);
     auto it = profile.gradient_block_walks.find(key);
@@ -341,7 +341,7 @@ int64_t kept_gradients_above_peak(const StepTrace& trace) {
 }
 
 bool keeps_gradients_as_made(const Plan& plan) {
-  return plan.ranks == 1 && plan.budget_bytes == 0 && plan.accumulation == 1 && plan.stages == 1 &&
+  return plan.weight_replicas() == 1 && plan.budget_bytes == 0 && plan.accumulation == 1 && plan.stages == 1 &&
          !bf16_gradients(plan);
 }
 

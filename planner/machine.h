@@ -44,8 +44,8 @@ struct Machine {
   double peak_float_flops_per_ms = 0;
   int max_ranks() const { return nodes * devices_per_node; }
   // What a rank of a plan with these groups holds outside its tensors.
-  int64_t reserved_bytes(bool replicas, bool tensor, bool stages) const {
-    return runtime_bytes + communicator_bytes * ((replicas ? 1 : 0) + (tensor ? 1 : 0) + (stages ? 1 : 0));
+  int64_t reserved_bytes(bool replicas, bool tensor, bool stages, bool context = false) const {
+    return runtime_bytes + communicator_bytes * ((replicas ? 1 : 0) + (tensor ? 1 : 0) + (stages ? 1 : 0) + (context ? 1 : 0));
   }
 };
 

@@ -51,7 +51,7 @@ void eviction_terms(const ModelProfile& profile, const Machine& machine, const P
   const int64_t state_on_host = state_waits_on_host(plan) ? p.optimizer_state_bytes : 0;
   trace.persistent_bytes = p.state_bytes() - state_on_host + p.sampler_bytes;
   // Sharded, the optimizer steps pieces: its temporaries are shard_memory_terms', not the trace's.
-  const bool sharded = plan.shard != ShardLevel::kNone && plan.ranks > 1;
+  const bool sharded = plan.shard != ShardLevel::kNone && plan.weight_replicas() > 1;
   if (sharded) trace = without_optimizer_phase(trace);
   const ReplayResult r = replay_step(trace, options);
   // What the replay cannot see (the temporaries of kernels it re-runs, the arena as earlier steps
@@ -97,8 +97,8 @@ void eviction_terms(const ModelProfile& profile, const Machine& machine, const P
 // schedule whatever the budget; above the budget DTR is its safety net, predicted by the replay.
 void static_plan_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, double slowdown, Prediction& p) {
   eviction_terms(profile, machine, plan, slowdown, p);
-  const bool ahead = plan.plan_first_step && plan.stages == 1 && plan.tensor == 1 &&
-                     !(plan.shard == ShardLevel::kParameters && plan.ranks > 1);
+  const bool ahead = plan.plan_first_step && plan.stages == 1 && plan.tensor == 1 && plan.context == 1 &&
+                     !(plan.shard == ShardLevel::kParameters && plan.weight_replicas() > 1);
   // DTR's verdict on the first step, which stands where no plan is made before it.
   const auto under_dtr = [&] {
     if (!p.fits) p.why_not = "the first step, which runs under DTR while it is captured for a plan: " + p.why_not;
@@ -161,7 +161,7 @@ void state_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
     p.peak_bytes = p.working_peak_bytes();
   }
   const bool along_the_step = (plan.shard == ShardLevel::kParameters || plan.shard == ShardLevel::kGradients) &&
-                              plan.ranks > 1 && !profile.points.empty();
+                              plan.weight_replicas() > 1 && !profile.points.empty();
   if (along_the_step) {
     // Made only where a walk along it is not known yet (shard_memory_terms). At one micro-batch's
     // batch: the walks read what they add above the trace's own peak, and the batch, allocated

@@ -419,7 +419,7 @@ void pipeline_terms(const ModelProfile& profile, const Machine& machine, const P
     // Balanced by time alone, the fast stages (keeping the most) take blocks until a rank no
     // longer fits: cut again with each stage's peak limited to what the device leaves it beside
     // what the partition does not count (its chunks' extras, the batch).
-    const int64_t room = machine.device_memory - machine.reserved_bytes(plan.ranks > 1, plan.tensor > 1, true) -
+    const int64_t room = machine.device_memory - machine.reserved_bytes(plan.weight_replicas() > 1, plan.tensor > 1, true) -
                          p.sampler_bytes - p.batch_bytes;
     int64_t fullest = 0, extra = 0;
     for (size_t r = 0; r < ranks.peak.size(); ++r) {

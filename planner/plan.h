@@ -7,6 +7,7 @@
 #include "memory/memory_policy.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard_layout.h"
+#include "runtime/context_parallel.h"
 #include "runtime/mixed_precision.h"
 
 #include <algorithm>
@@ -62,6 +63,10 @@ struct Plan {
   bool overlap = true;  // parallel.overlap: all-reduces, or sharded gradients' reduce-scatters, during backward
   int tensor = 1;       // ranks each layer is split across (parallel.tensor_parallel; planner/tensor_terms.h)
   bool sequence_parallel = false;  // parallel.sequence_parallel, with tensor > 1
+  // Ranks each sequence is split across (parallel.context_parallel; planner/context_terms.h), and
+  // how their attention exchanges keys and values (parallel.context_exchange).
+  int context = 1;
+  ContextExchange context_exchange = ContextExchange::kRing;
   // checkpoint.async: checkpoints are copied to host memory and written while training goes on
   // (training/checkpointing.h); the copy is host memory beside the step's (checkpoint_terms).
   bool async_checkpoint = false;
@@ -69,7 +74,10 @@ struct Plan {
   ComputeWeightsMode compute_weights = ComputeWeightsMode::kAuto;
   // training.gradient_dtype under bf16 (planner/gradient_blocks.h, gradient_element_bytes).
   GradientDtype gradient_dtype = GradientDtype::kAuto;
-  int devices() const { return ranks * stages * tensor; }
+  int devices() const { return ranks * stages * tensor * context; }
+  // The ranks that hold the same weights: the data-parallel group that averages the gradients
+  // and that ZeRO shards the state over (each replica's context ranks among them).
+  int weight_replicas() const { return ranks * context; }
 };
 
 // What the model predicts for a plan, each term on its own.
@@ -104,6 +112,7 @@ struct Prediction {
   double gather_ms = 0;               // sharding: the all-gathers the step waits for (after the step; ZeRO-3: of each block)
   double gather_hidden_ms = 0;        // ZeRO-3 with prefetch: the all-gathers' time hidden under compute
   double tensor_ms = 0;               // tensor parallelism: the group's collectives, on the critical path
+  double context_ms = 0;              // context parallelism: the attention's exchanges the step waits for
   double bubble_ms = 0;               // pipelines: stages idle, part of compute_ms
   double transfer_ms = 0;             // pipelines: the step's wait for stage-to-stage messages, part of bubble_ms
   double stage_imbalance = 1;         // pipelines: slowest stage / mean stage

@@ -25,7 +25,8 @@ bool same_layout(const Plan& a, const Plan& b) {
   auto key = [](const Plan& p) {
     return std::make_tuple(p.ranks, p.micro_batch, p.accumulation, static_cast<int>(p.precision), p.stages,
                            static_cast<int>(p.schedule), p.virtual_stages, p.state_on_host,
-                           static_cast<int>(p.shard), p.overlap, p.tensor, p.sequence_parallel);
+                           static_cast<int>(p.shard), p.overlap, p.tensor, p.sequence_parallel, p.context,
+                           static_cast<int>(p.context_exchange));
   };
   // ZeRO-3's prefetch is searched without eviction only (evicting plans keep the default): it
   // tells two layouts apart where neither evicts.

@@ -151,14 +151,16 @@ std::string plans_table(const std::vector<RankedPlan>& ranked, size_t rows, bool
                                      ? "il" + std::to_string(p.virtual_stages)
                                      : std::string(choice_name(p.schedule));
     const std::string stages = p.stages > 1 ? std::to_string(p.stages) + " " + schedule : "1";
-    const std::string tensor = std::to_string(p.tensor) + (p.tensor > 1 && p.sequence_parallel ? " sp" : "");
+    // "2 sp cp4": tensor-parallel 2 with sequence parallelism, each sequence split 4 ways.
+    const std::string tensor = std::to_string(p.tensor) + (p.tensor > 1 && p.sequence_parallel ? " sp" : "") +
+                               (p.context > 1 ? " cp" + std::to_string(p.context) : "");
     const std::string policy = policy_cell(p);  // "per_block 50%": the share each block keeps
     s += printf_string("%3zu  %5d  %6s  %6s  %7lld x %-4lld  %9s  %13s  %9s  %13s  %4s  %7.1f  %7.1f  %6.1f  %9.1f  %9.1f  "
                        "%10.1f  %9.1f  %9.1f  %14.4f  %4s\n",
                        i + 1, p.devices(), stages.c_str(), tensor.c_str(), static_cast<long long>(p.micro_batch),
                        static_cast<long long>(p.accumulation), choice_name(p.precision), policy.c_str(),
                        choice_name(p.shard), mib(r.peak_bytes).c_str(), r.fits ? "yes" : "no", r.step_ms, r.compute_ms,
-                       r.bubble_ms, r.recompute_ms, r.optimizer_ms + r.gather_ms, r.allreduce_exposed_ms, r.tensor_ms,
+                       r.bubble_ms, r.recompute_ms, r.optimizer_ms + r.gather_ms, r.allreduce_exposed_ms, r.tensor_ms + r.context_ms,
                        tokens ? r.tokens_per_s : r.samples_per_s,
                        tokens ? r.device_hours_per_billion_tokens : r.device_hours_per_epoch, r.mfu > 0 ? printf_string("%.0f%%", 100 * r.mfu).c_str() : "-");
   }

@@ -150,7 +150,12 @@ struct ModelProfile {
   // kernels; the group's collectives are modelled from the shape (planner/tensor_terms.h).
   int tensor_parallel = 1;
   bool sequence_parallel = false;
-  TensorShape tensor_shape;       // a decoder's; undefined for other models
+  // A context-parallel profile is rank 0's chunks of every sequence (parallel.context_parallel):
+  // its memory and kernels, the attention's exchanges with its group mirrored; their time is
+  // modelled from the shape (planner/context_terms.h).
+  int context_parallel = 1;
+  ContextExchange context_exchange = ContextExchange::kRing;
+  TensorShape tensor_shape;       // a decoder's, the whole sequence's; undefined for other models
   // The cost model's replays of full recomputation (and per_block's) by (micro-batch, precision,
   // budget, per_block's bytes kept a block, or its share, and memory.block_offload's link: its
   // time per byte and host bytes a block, 0 and 0 without): a search predicts many plans of each.

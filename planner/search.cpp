@@ -58,6 +58,9 @@ std::string describe_plan(const Plan& p) {
   if (p.tensor > 1) {
     s += ", layers split " + std::to_string(p.tensor) + " ways" + (p.sequence_parallel ? " with sequence parallelism" : "");
   }
+  if (p.context > 1) {
+    s += ", sequences split " + std::to_string(p.context) + " ways (" + choice_name(p.context_exchange) + ")";
+  }
   s += ", micro-batch " + std::to_string(p.micro_batch);
   if (p.accumulation > 1) s += " x " + std::to_string(p.accumulation);
   s += p.precision == MixedPrecision::kOff ? std::string(", fp32") : std::string(", ") + choice_name(p.precision);
@@ -230,8 +233,9 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
   for (int devices : options.ranks) {
    for (int stages : options.stages) {
     for (int tensor : options.tensor) {
-    if (devices < 1 || stages < 1 || tensor < 1 || devices % (stages * tensor) != 0) continue;
-    const int ranks = devices / (stages * tensor);
+    const int context = std::max(1, options.context);
+    if (devices < 1 || stages < 1 || tensor < 1 || devices % (stages * tensor * context) != 0) continue;
+    const int ranks = devices / (stages * tensor * context);
     if (global_batch % ranks != 0) continue;
     const int64_t local = global_batch / ranks;
     for (int64_t accumulation : accumulations(local, options.max_accumulation)) {
@@ -246,7 +250,7 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
           for (ShardLevel shard : options.shards) {
             // Sharding splits a replica group's state: several replicas. Within pipeline stages only
             // the optimizer state (ZeRO-2 and 3 are refused with stages, as DeepSpeed refuses them).
-            if (shard != ShardLevel::kNone && ranks == 1) continue;
+            if (shard != ShardLevel::kNone && ranks * context == 1) continue;
             if (shard > ShardLevel::kOptimizer && stages > 1) continue;
             // Sharded gradients' blocks and gathered parameters are made outside the ops a static
             // plan captures; gathers must come at the same points on every rank, which host
@@ -256,11 +260,17 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             // A tensor-parallel group: DTR alone of the memory policies (under the others a rank
             // keeps its collectives' outputs, which the replay does not model).
             if (tensor > 1 && (plans_statically(policy) || swaps(policy))) continue;
+            // A context group: the same, and no pipeline stages; ZeRO-3's gathers follow DTR's
+            // evictions, which differ between its ranks (runtime/ops/context_attention.cpp).
+            if (context > 1 && (plans_statically(policy) || swaps(policy) || stages > 1)) continue;
+            if (context > 1 && shard == ShardLevel::kParameters && evicts(policy)) continue;
             Plan p;
             p.ranks = ranks;
             p.stages = stages;
             p.tensor = tensor;
             p.sequence_parallel = tensor > 1 && options.sequence_parallel;
+            p.context = context;
+            p.context_exchange = options.context_exchange;
             p.async_checkpoint = options.async_checkpoint;
             p.micro_batch = local / accumulation;
             p.accumulation = accumulation;
@@ -280,7 +290,7 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             const Plan first = p;
             std::vector<std::pair<double, bool>> keeps;  // share, offload
             for (double share : shares) keeps.emplace_back(share, false);
-            if (policy == MemoryPolicy::kPerBlock && options.block_offload && tensor == 1 &&
+            if (policy == MemoryPolicy::kPerBlock && options.block_offload && tensor == 1 && context == 1 &&
                 shard != ShardLevel::kParameters) {
               for (double share : shares) keeps.emplace_back(share, true);
               keeps.emplace_back(0.0, true);  // nothing kept on the device: offloaded or recomputed

@@ -26,6 +26,10 @@ struct SearchOptions {
   // `sequence_parallel` says; a plan's group size divides its rank count with its stages.
   std::vector<int> tensor{1};
   bool sequence_parallel = true;
+  // The context-parallel group every plan has (parallel.context_parallel, the profiles'), and its
+  // exchange: a plan's ranks are its replicas' context ranks too.
+  int context = 1;
+  ContextExchange context_exchange = ContextExchange::kRing;
   bool async_checkpoint = false;  // checkpoint.async: every plan holds its copy (Plan::async_checkpoint)
   // per_block also with memory.block_offload, at every share and at none (where the device is the
   // host: CPU ranks; on a GPU the CUDA host link is not built), without tensor parallelism or ZeRO-3.

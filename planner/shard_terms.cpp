@@ -212,7 +212,7 @@ GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& mach
   const bool copies = gathers_16bit_copies(plan) && point != nullptr;
   const BlockBuckets g(profile, element, point != nullptr ? &point->backward_read_buckets : nullptr,
                        copies ? point : nullptr);
-  if (g.empty() || plan.ranks <= 1) return t;
+  if (g.empty() || plan.weight_replicas() <= 1) return t;
   const size_t blocks = g.uses->size();
   // Each block's compute, its share of the micro-batch's (the profile's block times; even when unknown).
   std::vector<double> forward(blocks, micro_batch_ms / 3.0 / static_cast<double>(blocks));
@@ -244,7 +244,7 @@ GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& mach
       for (size_t b : (*g.uses)[k]) {
         if (gathered[b] || (back && !g.read_back[b])) continue;
         for (const BlockBuckets::Part& part : g.parts[b])
-          if (!back || part.read_back) ms += allgather_ms(machine, plan.ranks, part.bytes, plan.tensor);
+          if (!back || part.read_back) ms += allgather_ms(machine, plan.weight_replicas(), part.bytes, plan.tensor);
         gathered[b] = back && g.readers[b] > 1;
       }
       if (!back) {  // forward frees what the next block does not read
@@ -269,7 +269,7 @@ int prefetch_depth(const Plan& plan) {
 }
 
 bool reduce_scatters_overlap(const Plan& plan) {
-  if (!plan.overlap || plan.ranks <= 1 || plan.tensor > 1) return false;
+  if (!plan.overlap || plan.weight_replicas() <= 1 || plan.tensor > 1) return false;
   // Sharded masters' reduce-scatters share the gathers' thread (none without prefetch), as ZeRO-3's.
   if (plan.shard == ShardLevel::kGradients) return !shards_masters(plan) || plan.prefetch > 0;
   return plan.shard == ShardLevel::kParameters && prefetch_depth(plan) > 0;
@@ -304,8 +304,8 @@ int64_t masters_gathered_bytes(const ModelProfile& profile, const Plan& plan) {
 
 double shard_step_share(const ModelProfile& profile, const Plan& plan) {
   const auto& buckets = sharded_buckets(profile, plan.shard);
-  if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty() || profile.parameters <= 0) return 1;
-  return static_cast<double>(shard_elements(buckets, plan.ranks)) / static_cast<double>(profile.parameters);
+  if (plan.shard == ShardLevel::kNone || plan.weight_replicas() <= 1 || buckets.empty() || profile.parameters <= 0) return 1;
+  return static_cast<double>(shard_elements(buckets, plan.weight_replicas())) / static_cast<double>(profile.parameters);
 }
 
 namespace {
@@ -331,7 +331,7 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
   // which adds the same to the walk and the trace's peak: memory_terms.cpp), the prefetch, the
   // overlap, and the shard of each bucket (by the ranks) where micro-batches accumulate.
   const auto key = std::make_tuple(plan.micro_batch, static_cast<int>(plan.precision), prefetch_depth(plan),
-                                   reduce_scatters_overlap(plan), plan.accumulation > 1 ? plan.ranks : 0,
+                                   reduce_scatters_overlap(plan), plan.accumulation > 1 ? plan.weight_replicas() : 0,
                                    copies != nullptr && plan.policy == MemoryPolicy::kNone ? 2 : copies != nullptr ? 1 : 0,
                                    bf16_gradients(plan));
   {
@@ -367,15 +367,15 @@ int64_t gathered_term(const ModelProfile& profile, const Plan& plan, const Trace
 void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Prediction& p,
                         const TraceMaker* step, int64_t gradient_blocks) {
   const auto& buckets = sharded_buckets(profile, plan.shard);
-  if (plan.shard == ShardLevel::kNone || plan.ranks <= 1 || buckets.empty()) return;
+  if (plan.shard == ShardLevel::kNone || plan.weight_replicas() <= 1 || buckets.empty()) return;
   const int64_t per_element = state_bytes_per_element(profile);
   const int64_t element = gradient_element_bytes(profile, plan);
   // Each rank's share and its largest piece: the optimizer's temporaries are the size of the
   // largest tensor it steps, measured whole with the largest parameter.
-  std::vector<int64_t> elements(static_cast<size_t>(plan.ranks)), largest_piece(static_cast<size_t>(plan.ranks));
-  std::vector<int64_t> gradient_shards(static_cast<size_t>(plan.ranks));  // "gradients": one tensor a bucket
-  std::vector<int64_t> parameter_shards(static_cast<size_t>(plan.ranks));  // "parameters": one tensor a bucket
-  std::vector<int64_t> copy_shards(static_cast<size_t>(plan.ranks));  // and its 16-bit copy (gathers_16bit_copies)
+  std::vector<int64_t> elements(static_cast<size_t>(plan.weight_replicas())), largest_piece(static_cast<size_t>(plan.weight_replicas()));
+  std::vector<int64_t> gradient_shards(static_cast<size_t>(plan.weight_replicas()));  // "gradients": one tensor a bucket
+  std::vector<int64_t> parameter_shards(static_cast<size_t>(plan.weight_replicas()));  // "parameters": one tensor a bucket
+  std::vector<int64_t> copy_shards(static_cast<size_t>(plan.weight_replicas()));  // and its 16-bit copy (gathers_16bit_copies)
   const bool copies = plan.shard == ShardLevel::kParameters && gathers_16bit_copies(plan);
   const bool masters = shards_masters(plan);  // ZeRO-1/2: the fp32 weights sharded (rounded in place)
   int64_t largest = 0, largest_bucket = 0, bucketed = 0;
@@ -387,7 +387,7 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
     }
     largest_bucket = std::max(largest_bucket, bucket);
     bucketed += bucket;
-    const BucketShards s = shard_bucket(members, plan.ranks);
+    const BucketShards s = shard_bucket(members, plan.weight_replicas());
     for (size_t r = 0; r < elements.size(); ++r) {
       elements[r] += s.counts[r];
       gradient_shards[r] += arena_bytes(element * s.counts[r]);
@@ -451,7 +451,7 @@ void shard_memory_terms(const ModelProfile& profile, const Plan& plan, Predictio
 }
 
 void shard_time_terms(const ModelProfile& profile, const Machine& machine, const Plan& plan, Prediction& p) {
-  if (plan.shard == ShardLevel::kNone || plan.ranks <= 1) return;
+  if (plan.shard == ShardLevel::kNone || plan.weight_replicas() <= 1) return;
   int64_t elements = 0;
   for (const std::vector<int64_t>& members : sharded_buckets(profile, plan.shard))
     for (int64_t n : members) elements += n;
@@ -478,16 +478,16 @@ void shard_time_terms(const ModelProfile& profile, const Machine& machine, const
     // at their first read after the step; priced as exposed (ZeRO-2 prefetches them under the
     // first micro-batch's blocks).
     const ReadsInFp32 fp32 = reads_in_fp32(profile, plan);
-    p.gather_ms = allgather_ms(machine, plan.ranks, 2 * elements, plan.tensor);
-    for (int64_t n : fp32.elements) p.gather_ms += allgather_ms(machine, plan.ranks, 4 * n, plan.tensor);
+    p.gather_ms = allgather_ms(machine, plan.weight_replicas(), 2 * elements, plan.tensor);
+    for (int64_t n : fp32.elements) p.gather_ms += allgather_ms(machine, plan.weight_replicas(), 4 * n, plan.tensor);
   } else {
-    p.gather_ms = allgather_ms(machine, plan.ranks, bytes, plan.tensor);  // the updated parameters, after the step
+    p.gather_ms = allgather_ms(machine, plan.weight_replicas(), bytes, plan.tensor);  // the updated parameters, after the step
   }
   if (plan.shard >= ShardLevel::kGradients) {
     // A reduce-scatter (a ring's half of an all-reduce) for every micro-batch: on the thread that
     // runs backward, nothing hides it; overlapped (reduce_scatters_overlap), the caller hides it
     // under backward where the device has an engine for it (planner/cost_model.cpp).
-    p.allreduce_ms = allgather_ms(machine, plan.ranks, gradient_bytes, plan.tensor) * static_cast<double>(plan.accumulation);
+    p.allreduce_ms = allgather_ms(machine, plan.weight_replicas(), gradient_bytes, plan.tensor) * static_cast<double>(plan.accumulation);
     p.allreduce_exposed_ms = p.allreduce_ms;
   }
 }

@@ -35,11 +35,11 @@ bool keeps_weight_copies(const Plan& plan) {
 }
 
 bool gathers_16bit_copies(const Plan& plan) {
-  return keeps_weight_copies(plan) && plan.shard == ShardLevel::kParameters && plan.ranks > 1;
+  return keeps_weight_copies(plan) && plan.shard == ShardLevel::kParameters && plan.weight_replicas() > 1;
 }
 
 bool shards_masters(const Plan& plan) {
-  return shards_masters(plan.shard, plan.ranks, plan.stages, plan.budget_bytes > 0 && evicts(plan.policy),
+  return shards_masters(plan.shard, plan.weight_replicas(), plan.stages, plan.budget_bytes > 0 && evicts(plan.policy),
                         keeps_weight_copies(plan));
 }
 
@@ -204,7 +204,7 @@ void weight_copy_time_terms(const WeightCasts& w, const Plan& plan, double slowd
   // Every micro-batch's casts and their gradients' casts, less the step's one cast of each weight
   // (under ZeRO-3 and with sharded masters, of each rank's shard).
   const bool shards = gathers_16bit_copies(plan) || shards_masters(plan);
-  const double made = shards ? w.forward_ms / static_cast<double>(plan.ranks) : w.forward_ms;
+  const double made = shards ? w.forward_ms / static_cast<double>(plan.weight_replicas()) : w.forward_ms;
   const double saved = ((w.forward_ms + w.backward_ms) * micro_batches - made) * slowdown / stages;
   p.compute_ms = std::max(0.0, p.compute_ms - saved);
   double recast = 0;

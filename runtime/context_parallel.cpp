@@ -37,12 +37,24 @@ at::Tensor ContextLayout::part_of(const at::Tensor& whole, int64_t dim) const {
   return at::cat(runs, dim);
 }
 
+namespace {
+
+// `t` with its first dimension reversed: flip has no meta kernel in libtorch 1.13, and a traced
+// step (launcher/planning/meta_trace.h) runs the gathered attention on meta tensors.
+at::Tensor reversed(const at::Tensor& t) {
+  std::vector<at::Tensor> rows;
+  for (int64_t r = t.size(0) - 1; r >= 0; --r) rows.push_back(t.narrow(0, r, 1));
+  return at::cat(rows, 0);
+}
+
+}  // namespace
+
 at::Tensor ContextLayout::in_sequence_order(const at::Tensor& parts, int64_t dim) const {
   const int64_t chunk = parts.size(dim + 1) / 2;
   // Heads in rank order, then tails in reverse rank order: chunks 0, 1, ..., 2c - 1.
   auto laid = [&](at::Tensor half) { return half.movedim(0, dim).flatten(dim, dim + 1); };
   const at::Tensor heads = laid(parts.narrow(dim + 1, 0, chunk));
-  const at::Tensor tails = laid(parts.narrow(dim + 1, chunk, chunk).flip({0}));
+  const at::Tensor tails = laid(reversed(parts.narrow(dim + 1, chunk, chunk)));
   return at::cat({heads, tails}, dim);
 }
 
@@ -50,7 +62,7 @@ at::Tensor ContextLayout::by_rank(const at::Tensor& whole, int64_t dim) const {
   const int64_t chunk = whole.size(dim) / (2 * ranks), half = ranks * chunk;
   auto stacked = [&](const at::Tensor& h) { return h.unflatten(dim, {ranks, chunk}).movedim(dim, 0); };
   const at::Tensor heads = stacked(whole.narrow(dim, 0, half));
-  const at::Tensor tails = stacked(whole.narrow(dim, half, half)).flip({0});
+  const at::Tensor tails = reversed(stacked(whole.narrow(dim, half, half)));
   return at::cat({heads, tails}, dim + 1);
 }
 

@@ -137,10 +137,6 @@ class Rules {
                       "\": only the transformers (gpt, llama) train on sequences to split; use parallel.data_parallel "
                       "for this model");
     }
-    if (p.strategy == Strategy::kAuto) {
-      throw UserError(head + " with parallel.strategy = \"auto\": the planner does not yet search or price context "
-                      "parallelism; set parallel.strategy = \"manual\" (and a memory.policy), or context_parallel = 1");
-    }
     if (p.pipeline_parallel > 1) {
       throw UserError(head + " with parallel.pipeline_parallel = " + std::to_string(p.pipeline_parallel) +
                       ": pipeline stages do not yet carry a context group's pieces of the sequence; use "

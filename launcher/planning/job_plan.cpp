@@ -272,7 +272,8 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   request.precisions = search.precisions;
   const int fewest = ranks.empty() ? 1 : *std::min_element(ranks.begin(), ranks.end());
   const int64_t global_batch = config.training.global_batch_size;
-  request.largest_micro_batch = replica_batch(global_batch, fewest, 1);
+  const int context = static_cast<int>(config.parallel.context_parallel);  // every plan's: the profiles are of its ranks
+  request.largest_micro_batch = replica_batch(global_batch, fewest, context);
   request.sizes = args.trained_sizes;
   trace.micro_batches = traced_sizes(request.largest_micro_batch);
   trace.device_memory = out.machine.device_memory;
@@ -294,7 +295,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
       // are extrapolated, and a step's temporaries are not affine in it everywhere).
       ProfileRequest for_t = request;
       TraceRequest trace_t = trace;
-      for_t.largest_micro_batch = replica_batch(global_batch, fewest, t);
+      for_t.largest_micro_batch = replica_batch(global_batch, fewest, t * context);
       trace_t.micro_batches = traced_sizes(for_t.largest_micro_batch);
       out.tensor_profiles.emplace(t, traced ? trace_profile(c, info, trace_t)
                                             : local_profile(c, *train, info, for_t, trace_t.micro_batches));
@@ -303,6 +304,8 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   }
   if (search.tensor.empty()) throw UserError(config.source + ": no tensor-parallel size to plan splits the model");
   search.sequence_parallel = sequence_parallel;
+  search.context = context;
+  search.context_exchange = config.parallel.context_exchange;
   search.async_checkpoint = config.checkpoint.async && config.checkpoint.interval > 0;
   out.profile = out.tensor_profiles.at(search.tensor.front());
 
@@ -358,6 +361,7 @@ RunPlan planned_run(const Config& base, const Plan& plan) {
   run.grid.pipeline = plan.stages;
   run.grid.tensor = plan.tensor;
   run.grid.sequence_parallel = plan.tensor > 1 && plan.sequence_parallel;
+  run.grid.context = plan.context;
   if (plan.stages > 1) {
     run.pipeline.schedule = plan.schedule;
     run.pipeline.virtual_stages = plan.schedule == ScheduleKind::kInterleaved1f1b ? plan.virtual_stages : 1;

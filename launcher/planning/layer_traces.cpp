@@ -67,7 +67,7 @@ struct LayerTraces::Shallow {
     extras.gradients = gradients.get();
     extras.bucket_of = &bucket_of;
     TracedStep out;
-    const auto [x, y] = traced_batch(info, micro, /*meta=*/true);
+    const auto [x, y] = traced_batch(info, micro, /*meta=*/true, c.parallel.context_parallel);
     trace_forward_backward(shallow, *model, arena, x, y, out, &extras);
     return out;
   }

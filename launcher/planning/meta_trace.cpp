@@ -28,10 +28,11 @@
 
 namespace ht {
 
-std::pair<at::Tensor, at::Tensor> traced_batch(const DataInfo& info, int64_t micro, bool meta) {
+std::pair<at::Tensor, at::Tensor> traced_batch(const DataInfo& info, int64_t micro, bool meta, int64_t context) {
   std::vector<int64_t> shape{micro};
   for (int64_t s : info.sample_shape) shape.push_back(s);
   const bool tokens = info.task == Task::kLanguageModel;
+  if (tokens && shape.size() > 1) shape[1] /= context;  // rank 0's chunks of each sequence
   const std::vector<int64_t> target_shape = tokens ? shape : std::vector<int64_t>{micro};
   if (meta) {
     const at::TensorOptions on_meta = at::TensorOptions().device(at::kMeta);
@@ -71,6 +72,11 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
   if (config.parallel.tensor_parallel > 1) {
     group.emplace(std::make_shared<MirrorCommunicator>(static_cast<int>(config.parallel.tensor_parallel)));
     interp.set_tensor_parallel(&*group);
+  }
+  std::optional<TensorGroup> context;  // a context-parallel rank's chunks, its group mirrored alike
+  if (config.parallel.context_parallel > 1) {
+    context.emplace(std::make_shared<MirrorCommunicator>(static_cast<int>(config.parallel.context_parallel)));
+    interp.set_context_parallel(&*context);
   }
   arena.reset_peak();
   const int64_t before = arena.stats().in_use;
@@ -165,7 +171,7 @@ TracedStep trace_micro_batch(const Config& config, const DataInfo& info, int64_t
   }
   for (const at::Tensor& p : model->parameters()) out.parameters += p.numel();
   out.model_bytes = arena->stats().in_use;
-  const auto [x, y] = traced_batch(info, micro_batch, meta);
+  const auto [x, y] = traced_batch(info, micro_batch, meta, config.parallel.context_parallel);
   trace_forward_backward(config, *model, arena, x, y, out);
   trace_optimizer_step(config, *model, *arena, out, steps_fused_here(config));
   model.reset();

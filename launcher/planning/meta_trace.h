@@ -72,8 +72,10 @@ class CpuArena;
 // A micro-batch of `micro_batch` samples (meta tensors, or random data) and its forward and
 // backward through the interpreter, recorded into out.trace and out.step_peak_bytes (above what
 // was in use before: the model, its gradients, the batch). Under config's mixed precision and,
-// with parallel.tensor_parallel > 1, as rank 0 of a mirrored group.
-std::pair<at::Tensor, at::Tensor> traced_batch(const DataInfo& info, int64_t micro_batch, bool meta);
+// with parallel.tensor_parallel > 1 or parallel.context_parallel > 1, as rank 0 of mirrored groups.
+// With parallel.context_parallel = c (`context`), a language model's batch is rank 0's part of
+// each sequence: T / c tokens.
+std::pair<at::Tensor, at::Tensor> traced_batch(const DataInfo& info, int64_t micro_batch, bool meta, int64_t context = 1);
 void trace_forward_backward(const Config& config, Model& model, const std::shared_ptr<CpuArena>& arena,
                             const at::Tensor& x, const at::Tensor& y, TracedStep& out, TraceExtras* extras = nullptr);
 // The optimizer's first two steps on the gradients backward left: out.optimizer_state_bytes (the

@@ -73,6 +73,7 @@ JsonObject plan_record(const RankedPlan& r, const OpShares* shares) {
   const Prediction& d = r.prediction;
   o.add("ranks", static_cast<int64_t>(p.devices())).add("data_parallel", static_cast<int64_t>(p.ranks))
       .add("pipeline_parallel", static_cast<int64_t>(p.stages)).add("tensor_parallel", static_cast<int64_t>(p.tensor))
+      .add("context_parallel", static_cast<int64_t>(p.context))
       .add("sequence_parallel", p.sequence_parallel).add("micro_batch", p.micro_batch).add("accumulation", p.accumulation)
       .add("precision", std::string(choice_name(p.precision))).add("policy", std::string(choice_name(p.policy))).add("budget_bytes", p.budget_bytes)
       .add("shard", std::string(choice_name(p.shard))).add("prefetch", static_cast<int64_t>(prefetch_depth(p)));
@@ -173,11 +174,6 @@ int run_plan_command(const Config& config, const PlanCommand& command) {
   // of a 70B plan's time.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  if (config.parallel.context_parallel > 1) {
-    throw UserError(config.source + ": parallel.context_parallel = " + std::to_string(config.parallel.context_parallel) +
-                    ": the planner does not yet model context parallelism (issue 68, Part 2); plan with "
-                    "--parallel.context_parallel=1");
-  }
   if (config.training.device != "cpu" && !traced) {
     throw UserError(config.source + ": training.device = \"" + config.training.device + "\": plan profiles CPU ranks "
                     "only (not built for GPUs yet); plan with --training.device=cpu");

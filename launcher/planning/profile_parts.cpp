@@ -20,6 +20,8 @@ ModelProfile job_profile(const Config& config, const DataInfo& info, int64_t tra
   profile.steps_per_epoch = std::max<int64_t>(1, train_samples / std::max<int64_t>(1, profile.global_batch));
   profile.tensor_parallel = static_cast<int>(config.parallel.tensor_parallel);
   profile.sequence_parallel = profile.tensor_parallel > 1 && config.parallel.sequence_parallel;
+  profile.context_parallel = static_cast<int>(config.parallel.context_parallel);
+  profile.context_exchange = config.parallel.context_exchange;
   if (is_decoder(config.model.name)) {
     DecoderOptions o = decoder_options(config.model, info.classes);
     o.tensor_parallel = config.parallel.tensor_parallel;

@@ -49,11 +49,12 @@ Config point_config(const Config& job, int64_t micro, MixedPrecision precision) 
   return c;
 }
 
-// The first `samples` of the training set (host memory, outside the arena).
-DataSplits point_data(const Dataset& train, const DataInfo& info, int64_t samples) {
+// The first `samples` of the training set (host memory, outside the arena); with
+// parallel.context_parallel = c, rank 0's chunks of each.
+DataSplits point_data(const Dataset& train, const DataInfo& info, int64_t samples, const ContextLayout& context) {
   HostAllocationScope host;
   DataSplits d;
-  const Batch b = train.slice(0, std::min(samples, train.size()));
+  const Batch b = context_part(train.slice(0, std::min(samples, train.size())), context);
   d.train = std::make_unique<TensorDataset>(b.input.clone(), b.target.clone());
   d.eval = std::make_unique<TensorDataset>(b.input.clone(), b.target.clone());
   d.info = info;
@@ -86,13 +87,17 @@ ProfilePoint measure_point(Profiling& p, int64_t micro, MixedPrecision precision
   set_compute_threads(threads);
   const Config c = point_config(p.config, micro, precision);
   const int64_t before = p.arena->stats().in_use;
-  // A split model's rank, its group mirrored: its part's memory and kernels, no other rank.
-  std::shared_ptr<Communicator> mirror;
+  // A split model's rank, its group mirrored: its part's memory and kernels, no other rank. A
+  // context-parallel rank trains rank 0's chunks of each sequence, cut here: to the trainer it is
+  // one rank (no replicas to average over), to the model and its attention rank 0 of c.
+  std::shared_ptr<Communicator> mirror, context;
   if (c.parallel.tensor_parallel > 1) mirror = std::make_shared<MirrorCommunicator>(static_cast<int>(c.parallel.tensor_parallel));
+  if (c.parallel.context_parallel > 1) context = std::make_shared<MirrorCommunicator>(static_cast<int>(c.parallel.context_parallel));
   ProcessGrid grid;  // one rank; a split model's rank 0
   grid.tensor_parallel = static_cast<int>(c.parallel.tensor_parallel);
-  const std::unique_ptr<Trainer> made =
-      Trainer::make(run_plan_of(c, grid), point_data(p.train, p.info, 2 * micro), p.model, p.arena, {nullptr, nullptr, mirror});
+  const ContextLayout chunks{c.parallel.context_parallel, 0};
+  const std::unique_ptr<Trainer> made = Trainer::make(run_plan_of(c, grid), point_data(p.train, p.info, 2 * micro, chunks),
+                                                      p.model, p.arena, {nullptr, nullptr, mirror, context});
   Trainer& trainer = *made;
   capture_steps(trainer);
   p.profile.gradient_bytes = p.arena->stats().in_use - before;  // the gradient block
@@ -267,7 +272,7 @@ ModelProfile profile_job(const Config& config, const Dataset& train, const DataI
   ModelProfile profile = job_profile(config, info, train.size());
   profile.threads = request.threads;
   {
-    const Batch one = train.slice(0, 1);
+    const Batch one = context_part(train.slice(0, 1), ContextLayout{config.parallel.context_parallel, 0});
     profile.input_sample_bytes = static_cast<int64_t>(one.input.nbytes());
     profile.target_sample_bytes = static_cast<int64_t>(one.target.nbytes());
   }

@@ -50,6 +50,8 @@ Plan plan_of(const Config& c, const RunPlan& run) {
   p.overlap = run.sync.overlap;
   p.tensor = run.grid.tensor;
   p.sequence_parallel = run.grid.sequence_parallel;
+  p.context = run.grid.context;
+  p.context_exchange = c.parallel.context_exchange;
   p.async_checkpoint = c.checkpoint.async && c.checkpoint.interval > 0;
   return p;
 }
@@ -219,18 +221,21 @@ void plan_grid_on_root(const Config& config, const RunPlan& run, const ProcessGr
   out.text = "predicted: nothing on " + config.training.device + " (" + why + ")";
 }
 
-// A tensor-parallel run without stages: rank 0's part of the model profiled with its group
-// mirrored, the group's collectives modelled (planner/tensor_terms.h). Predicted for the log and
-// the metrics, never refused; with parallel.strategy = "auto", the fastest plan that fits at this
-// group size (micro-batch, memory policy and budget, sharding level) is trained.
-RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, const DataSplits& data,
+// A run whose layers are split (tensor parallelism; context parallelism's sequences) without
+// stages: rank 0's part of the model profiled with its groups mirrored, the groups' exchanges
+// modelled (planner/tensor_terms.h, planner/context_terms.h). Predicted for the log and the
+// metrics, never refused; with parallel.strategy = "auto", the fastest plan that fits at these
+// group sizes (micro-batch, memory policy and budget, sharding level) is trained.
+RunPrediction predict_split_layers_run(const Config& config, RunPlan& run, const DataSplits& data,
                                           const ProcessGrid& grid) {
   RunPrediction out;
   const bool automatic = config.parallel.strategy == Strategy::kAuto;
   Decision decision = configured(run);
   if (grid.is_root()) plan_grid_on_root(config, run, grid, out, [&](const Config& planned) {
     PlanArgs args;
-    args.ranks = {run.grid.data * run.grid.tensor};
+    args.ranks = {run.grid.data * run.grid.tensor * run.grid.context};
+    // The host's cores are the ranks' (rank 0 alone may be bound to one of them).
+    args.ranks_on_host = grid.local_size;
     args.stages = {1};
     args.tensor = {run.grid.tensor};
     args.device_memory = run.memory.budget_bytes;
@@ -249,9 +254,12 @@ RunPrediction predict_tensor_parallel_run(const Config& config, RunPlan& run, co
                 out.plan.prefetch, false, std::lround(run.memory.eviction_threshold * 1000),
                 std::lround(out.plan.block_keep_share * 1000), false, out.plan.gradient_dtype};
     char text[320];
-    std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the tensor-parallel "
-                  "group's collectives (%s; never refused)", format_bytes(out.prediction.peak_bytes).c_str(),
-                  out.prediction.step_ms, out.prediction.tensor_ms, plan_words(out.plan).c_str());
+    std::snprintf(text, sizeof text, "predicted: peak %s per rank, step %.1f ms of which %.1f ms in the %s's exchanges "
+                  "(%s; never refused)", format_bytes(out.prediction.peak_bytes).c_str(), out.prediction.step_ms,
+                  out.prediction.tensor_ms + out.prediction.context_ms,
+                  run.grid.context == 1 ? "tensor-parallel group" : run.grid.tensor == 1 ? "context-parallel group"
+                                                                                          : "tensor- and context-parallel groups",
+                  plan_words(out.plan).c_str());
     out.text = text;
   });
   // The others sleep while rank 0 profiles (each group's first rank waits with rank 0's replicas).
@@ -315,16 +323,9 @@ RunPrediction predict_pipeline_run(const Config& config, const RunPlan& run, con
 RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplits& data, const ProcessGrid& grid) {
   RunPrediction out;
   const bool gpu = config.training.device != "cpu";
-  if (config.parallel.context_parallel > 1) {  // validation refused "auto": the run as configured
-    out.plan = plan_of(config, run);
-    out.prediction.peak_bytes = -1;
-    out.prediction.step_ms = -1;
-    out.text = "predicted: nothing yet; the planner does not model context parallelism (issue 68, Part 2), so a "
-               "run that does not fit stops at its first step naming what it needed";
-    return out;
-  }
-  if (config.parallel.tensor_parallel > 1 && config.parallel.pipeline_parallel == 1) {
-    return predict_tensor_parallel_run(config, run, data, grid);
+  const bool split_layers = config.parallel.tensor_parallel > 1 || config.parallel.context_parallel > 1;
+  if (split_layers && config.parallel.pipeline_parallel == 1) {
+    return predict_split_layers_run(config, run, data, grid);
   }
   if (config.parallel.pipeline_parallel > 1) return predict_pipeline_run(config, run, data, grid);
   const bool automatic = config.parallel.strategy == Strategy::kAuto;

@@ -61,7 +61,7 @@ ModelProfile job_figures(const Config& config, const DataInfo& info, const Trace
   profile.how = "traced on meta tensors, priced at the device's rates";
   profile.times_measured = false;
   {
-    const auto [x, y] = traced_batch(info, 1, /*meta=*/true);
+    const auto [x, y] = traced_batch(info, 1, /*meta=*/true, config.parallel.context_parallel);
     profile.input_sample_bytes = static_cast<int64_t>(x.nbytes());
     profile.target_sample_bytes = static_cast<int64_t>(y.nbytes());
   }
@@ -129,7 +129,7 @@ TracedStep traced_step(const Config& c, Model& model, const std::shared_ptr<CpuA
     extras.capture_graph = true;
     extras.seed_counter = counter;
     {
-      const auto [x, y] = traced_batch(info, micro, /*meta=*/true);
+      const auto [x, y] = traced_batch(info, micro, /*meta=*/true, c.parallel.context_parallel);
       trace_forward_backward(c, model, arena, x, y, step, &extras);
     }
     counter = extras.seed_counter;

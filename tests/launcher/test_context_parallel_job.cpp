@@ -187,6 +187,28 @@ TEST_F(ContextParallelJob, TokenFilesWindowsAreCutAcrossTheGroup) {
   EXPECT_NEAR(eval_number(split, "eval_loss"), eval_number(one, "eval_loss"), 1e-5);
 }
 
+// The planner prices a context rank from a profile of rank 0's chunks with its group mirrored: its
+// peak is the run's within 3% (the exchanges' buffers and the kernel's chunks are measured, not
+// modelled); parallel.strategy = "auto" chooses the rest of a plan at the configured c, and
+// `hybrid_train plan` plans at it.
+TEST_F(ContextParallelJob, ThePlannerPricesTheContextRanksPart) {
+  for (const std::string exchange : {"ring", "all_gather"}) {
+    SCOPED_TRACE(exchange);
+    const std::string run = train(2, "priced_" + exchange, "--parallel.context_parallel=2 --parallel.context_exchange=" + exchange);
+    EXPECT_THAT(read_file(dir_.path("priced_" + exchange + ".log")),
+                HasSubstr("in the context-parallel group's exchanges (2 ranks, sequences split 2 ways (" + exchange + ")"));
+    const double predicted = last_train_number(run + "/metrics.jsonl", "predicted_peak_bytes");
+    const double measured = last_train_number(run + "/metrics.jsonl", "mem_peak_bytes");
+    EXPECT_NEAR(predicted, measured, 0.03 * measured);
+  }
+  train(2, "auto", "--parallel.context_parallel=2 --parallel.strategy=auto");
+  EXPECT_THAT(read_file(dir_.path("auto.log")), HasSubstr("sequences split 2 ways (ring)"));
+  const std::string log = dir_.path("plan.log");
+  EXPECT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --parallel.context_parallel=2 --ranks 2 --job.output_dir=" +
+                           dir_.path("plan"), log), 0) << read_file(log);
+  EXPECT_THAT(read_file(log), HasSubstr("1 cp2"));
+}
+
 // Each refused with status 2, naming the key and what would work, before anything is written.
 TEST_F(ContextParallelJob, LayoutsThatCannotSplitTheSequenceAreRefusedNamingTheKeys) {
   const std::vector<std::pair<std::string, std::string>> cases{
@@ -195,7 +217,6 @@ TEST_F(ContextParallelJob, LayoutsThatCannotSplitTheSequenceAreRefusedNamingTheK
       {"--parallel.context_parallel=2 --model.name=mlp --data.dataset=synthetic",
        "only the transformers (gpt, llama) train on sequences to split"},
       {"--parallel.context_parallel=2 --parallel.pipeline_parallel=2", "pipeline stages do not yet carry"},
-      {"--parallel.context_parallel=2 --parallel.strategy=auto", "the planner does not yet search or price context"},
       {"--parallel.context_parallel=2 --parallel.shard=parameters --memory.budget=8MB --memory.policy=dtr",
        "use parallel.shard = \"gradients\""},
   };
