@@ -41,7 +41,8 @@ double attention_share(const TensorShape& s) {
 }
 
 double context_parallel_ms(const Machine& machine, int c, int stride, const TensorShape& s, const ContextTraffic& x,
-                           int64_t activation_bytes, double attention_forward_ms, double attention_backward_ms) {
+                           int64_t activation_bytes, bool overlapped, double attention_forward_ms,
+                           double attention_backward_ms) {
   if (c <= 1 || !s.defined()) return 0;
   const RingLink link = ring_link(machine, c, stride);
   const double alpha_ms = link.latency_us * 1e-3, ms_per_byte = 1e3 / (link.gbps * 1e9);
@@ -55,7 +56,8 @@ double context_parallel_ms(const Machine& machine, int c, int stride, const Tens
   const double layers = static_cast<double>(s.layers);
   const double chunk_ms = alpha_ms + static_cast<double>(x.chunk_elements * activation_bytes) * ms_per_byte;
   const double sums_ms = alpha_ms + static_cast<double>(x.chunk_elements * 4) * ms_per_byte;
-  const double forward_step = attention_forward_ms / layers / c, backward_step = attention_backward_ms / layers / c;
+  const double forward_step = overlapped ? attention_forward_ms / layers / c : 0;
+  const double backward_step = overlapped ? attention_backward_ms / layers / c : 0;
   double wait = 0;
   for (int k = 0; k < c; ++k) {
     const double sent_forward = k + 1 < c ? chunk_ms : 0;

@@ -7,10 +7,12 @@
 //   keys and values, or the whole sequence's gathered ones) are measured, not modelled.
 // - time: the attention's exchanges of one micro-batch, a layer at a time (context_traffic()), over
 //   the group's link. The ring passes a chunk of keys and values c - 1 times forward and again
-//   backward, and their gradients' fp32 sums c times; each pass goes while the rank attends to the
-//   chunk it holds, so only what the attention's time does not cover waits. The gathered variant
-//   all-gathers keys and values forward and again backward and reduce-scatters their fp32
-//   gradients, in the open.
+//   backward, and their gradients' fp32 sums c times. Each pass is posted before the rank attends
+//   to the chunk it holds; where the backend moves it meanwhile (`overlapped`), only what the
+//   attention's time does not cover waits. Today none does: MPI progresses a large message only
+//   inside its calls, and NCCL's sends run on the compute stream, so the cost model prices every
+//   pass in the open. The gathered variant all-gathers keys and values forward and again backward
+//   and reduce-scatters their fp32 gradients, in the open.
 
 #include "planner/machine.h"
 #include "planner/tensor_terms.h"
@@ -42,11 +44,11 @@ ContextTraffic context_traffic(const TensorShape& shape, int64_t micro_batch, in
 double attention_share(const TensorShape& shape);
 
 // The exchanges' time in one micro-batch's forward and backward that the rank waits for (ms):
-// the ring's passes less the attention they hide under (its forward and backward, every layer
-// together, `attention_forward_ms` and `attention_backward_ms`); the gathers' whole. The group's
-// ranks are `stride` apart in the job's rank order (the tensor-parallel degree).
+// the ring's passes, `overlapped`, less the attention they hide under (its forward and backward,
+// every layer together, `attention_forward_ms` and `attention_backward_ms`); the gathers' whole.
+// The group's ranks are `stride` apart in the job's rank order (the tensor-parallel degree).
 double context_parallel_ms(const Machine& machine, int c, int stride, const TensorShape& shape,
-                           const ContextTraffic& traffic, int64_t activation_bytes, double attention_forward_ms,
-                           double attention_backward_ms);
+                           const ContextTraffic& traffic, int64_t activation_bytes, bool overlapped,
+                           double attention_forward_ms, double attention_backward_ms);
 
 }  // namespace ht

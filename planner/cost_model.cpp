@@ -73,14 +73,15 @@ void optimizer_and_communication_terms(const ModelProfile& profile, const Machin
       if (all > 0) p.tensor_ms *= 1 + forward / all;
     }
   }
-  if (plan.context > 1) {  // each micro-batch's attention exchanges, less what its compute hides
+  if (plan.context > 1) {  // each micro-batch's attention exchanges, in the open
     const ContextTraffic traffic =
         context_traffic(profile.tensor_shape, plan.micro_batch, plan.context, plan.context_exchange, plan.tensor);
     const int64_t activation_bytes = plan.precision == MixedPrecision::kOff ? 4 : 2;
     const double attention = fb * attention_share(profile.tensor_shape), backward = backward_share(ref);
-    // Never recomputed (runtime/ops/ring_attention.cpp): a replay repeats no exchange.
+    // Never recomputed (runtime/ops/ring_attention.cpp): a replay repeats no exchange. No backend
+    // moves a ring's pass beside the attention yet (planner/context_terms.h): not overlapped.
     p.context_ms = context_parallel_ms(machine, plan.context, plan.tensor, profile.tensor_shape, traffic, activation_bytes,
-                                       attention * (1 - backward), attention * backward) *
+                                       /*overlapped=*/false, attention * (1 - backward), attention * backward) *
                    static_cast<double>(plan.accumulation);
   }
 }

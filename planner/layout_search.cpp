@@ -91,7 +91,7 @@ std::vector<RankedPlan> rank_layouts(const std::map<int, ModelProfile>& profiles
     if (search.device_arenas) {
       for (Plan& p : plans) {
         p.budget_bytes = evicts(p.policy) ? std::max<int64_t>(0, p.budget_bytes - machine.reserved_bytes(
-                                                                     p.ranks > 1, p.tensor > 1, p.stages > 1))
+                                                                     p.weight_replicas() > 1, p.tensor > 1, p.stages > 1, p.context > 1))
                                           : 0;
       }
     }

@@ -84,9 +84,9 @@ std::string describe_plan(const Plan& p) {
     s += threshold;
   }
   if (p.state_on_host && swaps(p.policy)) s += ", optimizer state on host";
-  if (p.ranks > 1 && p.shard == ShardLevel::kOptimizer) s += ", optimizer state sharded";
-  if (p.ranks > 1 && p.shard == ShardLevel::kGradients) s += ", gradients and optimizer state sharded";
-  if (p.ranks > 1 && p.shard == ShardLevel::kParameters) {
+  if (p.weight_replicas() > 1 && p.shard == ShardLevel::kOptimizer) s += ", optimizer state sharded";
+  if (p.weight_replicas() > 1 && p.shard == ShardLevel::kGradients) s += ", gradients and optimizer state sharded";
+  if (p.weight_replicas() > 1 && p.shard == ShardLevel::kParameters) {
     s += ", parameters, gradients and optimizer state sharded";
     const int ahead = prefetch_depth(p);
     if (ahead > 0) s += ", gathered " + std::to_string(ahead) + (ahead == 1 ? " block" : " blocks") + " ahead";

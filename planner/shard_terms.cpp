@@ -264,12 +264,13 @@ GatherTimes parameter_gather_ms(const ModelProfile& profile, const Machine& mach
 
 int prefetch_depth(const Plan& plan) {
   const bool managed = plan.budget_bytes > 0 && evicts(plan.policy);
-  // A tensor-parallel rank's group exchanges on the computing thread: no other thread may use MPI.
-  return plan.shard == ShardLevel::kParameters && !managed && plan.tensor == 1 ? plan.prefetch : 0;
+  // A tensor- or context-parallel rank's groups exchange on the computing thread: no other thread
+  // may use MPI.
+  return plan.shard == ShardLevel::kParameters && !managed && plan.tensor == 1 && plan.context == 1 ? plan.prefetch : 0;
 }
 
 bool reduce_scatters_overlap(const Plan& plan) {
-  if (!plan.overlap || plan.weight_replicas() <= 1 || plan.tensor > 1) return false;
+  if (!plan.overlap || plan.weight_replicas() <= 1 || plan.tensor > 1 || plan.context > 1) return false;
   // Sharded masters' reduce-scatters share the gathers' thread (none without prefetch), as ZeRO-3's.
   if (plan.shard == ShardLevel::kGradients) return !shards_masters(plan) || plan.prefetch > 0;
   return plan.shard == ShardLevel::kParameters && prefetch_depth(plan) > 0;

@@ -297,9 +297,9 @@ void add_parallel_and_memory_fields(std::vector<FieldSpec>& f) {
                   .min(1).max(64));
   f.push_back(Field(&C::parallel, &ParallelConfig::context_exchange, "parallel", "context_exchange",
                     "how attention's queries meet the context group's keys and values. ring: each rank's keys "
-                    "and values go round the group, passed to the next rank while this one attends to them "
-                    "(2 chunks of T / context_parallel held at a time; backward passes their gradients' sums "
-                    "the same way); all_gather: gathered whole for the attention, forward and again in backward, "
+                    "and values go round the group, the next chunk's pass posted before this rank attends to "
+                    "the one it holds (2 chunks of T / context_parallel held at a time, and in backward 3 of "
+                    "their fp32 gradient sums, which go round the same way); all_gather: gathered whole for the attention, forward and again in backward, "
                     "whose key and value gradients are reduce-scattered (one collective each, the whole "
                     "sequence's keys and values held while it runs)")
                   .only_when("parallel.context_parallel > 1", [](const Config& c) { return c.parallel.context_parallel > 1; }));

@@ -74,6 +74,7 @@ JsonObject plan_record(const RankedPlan& r, const OpShares* shares) {
   o.add("ranks", static_cast<int64_t>(p.devices())).add("data_parallel", static_cast<int64_t>(p.ranks))
       .add("pipeline_parallel", static_cast<int64_t>(p.stages)).add("tensor_parallel", static_cast<int64_t>(p.tensor))
       .add("context_parallel", static_cast<int64_t>(p.context))
+      .add("context_exchange", std::string(choice_name(p.context_exchange)))
       .add("sequence_parallel", p.sequence_parallel).add("micro_batch", p.micro_batch).add("accumulation", p.accumulation)
       .add("precision", std::string(choice_name(p.precision))).add("policy", std::string(choice_name(p.policy))).add("budget_bytes", p.budget_bytes)
       .add("shard", std::string(choice_name(p.shard))).add("prefetch", static_cast<int64_t>(prefetch_depth(p)));

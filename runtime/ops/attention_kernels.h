@@ -65,6 +65,10 @@ std::vector<at::Tensor> blockwise_attention_forward(const at::Tensor& q, const a
 std::vector<at::Tensor> blockwise_attention_backward_sums(const BackwardArgs& a, const at::Tensor& keys,
                                                           const at::Tensor& values, const AttentionConfig& cfg);
 
+// The traits of context parallelism's attention ops (named `name`), whose ranks attend to the
+// keys of `ranks` ranks: collectives, never recomputed (runtime/ops/context_attention.cpp says why).
+OpTraits context_attention_traits(const char* name, const AttentionConfig& cfg, int64_t ranks);
+
 // Context parallelism's attention as a ring (runtime/ops/ring_attention.cpp): the op over
 // `group`, whose ranks hold the pieces `layout` gives them.
 std::shared_ptr<Op> ring_attention_op(TensorParallelGroup& group, const ContextLayout& layout,

@@ -82,7 +82,7 @@ class ExchangeLog {
 class ContextAttentionOp final : public Op {
  public:
   ContextAttentionOp(TensorParallelGroup& group, const ContextLayout& layout, const AttentionConfig& cfg)
-      : Op(traits_for(cfg, layout.ranks)), group_(group), layout_(layout), cfg_(cfg) {}
+      : Op(detail::context_attention_traits("context_attention", cfg, layout.ranks)), group_(group), layout_(layout), cfg_(cfg) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     forward_log_.attempt_begins();
@@ -123,19 +123,6 @@ class ContextAttentionOp final : public Op {
   }
 
  private:
-  static OpTraits traits_for(const AttentionConfig& cfg, int64_t ranks) {
-    OpTraits t = OpTraits::named("context_attention")
-                     .saving_inputs({0, 1, 2})
-                     .saving_outputs({0, 1})
-                     .in_low_precision()
-                     .exchanging_with_its_group()
-                     .attending_to_the_keys_of(ranks);
-    t.recomputable = false;
-    t.doing(cfg.causal ? Work::kCausalAttention : Work::kAttention);
-    if (cfg.dropout_p > 0) t.drawing_random_numbers();
-    return t;
-  }
-
   // The gathered (c, B, Hkv, T / c, hd) in sequence order: (B, Hkv, T, hd).
   at::Tensor in_order(const at::Tensor& by_rank) const { return layout_.in_sequence_order(by_rank, 2).contiguous(); }
 
@@ -146,6 +133,23 @@ class ContextAttentionOp final : public Op {
 };
 
 }  // namespace
+
+namespace detail {
+
+OpTraits context_attention_traits(const char* name, const AttentionConfig& cfg, int64_t ranks) {
+  OpTraits t = OpTraits::named(name)
+                   .saving_inputs({0, 1, 2})
+                   .saving_outputs({0, 1})
+                   .in_low_precision()
+                   .exchanging_with_its_group()
+                   .attending_to_the_keys_of(ranks);
+  t.recomputable = false;
+  t.doing(cfg.causal ? Work::kCausalAttention : Work::kAttention);
+  if (cfg.dropout_p > 0) t.drawing_random_numbers();
+  return t;
+}
+
+}  // namespace detail
 
 Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
                          bool training, std::optional<double> scale, ContextExchange exchange) {

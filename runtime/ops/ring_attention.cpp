@@ -3,7 +3,9 @@
 // (runtime/context_parallel.h): its queries, and the keys and values of the same positions. In c
 // steps each rank's keys and values go round the group, one rank further a step, so at step s a
 // rank holds rank (r - s)'s; while it attends to them it passes them on and receives the next
-// (TensorParallelGroup::pass_along_ring), so the exchange hides behind the computation.
+// (TensorParallelGroup::pass_along_ring), posted before the computation and waited for after it.
+// (Whether the pass moves meanwhile is the backend's: MPI progresses a large message only inside
+// its calls, and NCCL's sends run on the compute stream; the planner prices them in the open.)
 //
 // Forward (FlashAttention's contract, per chunk of keys): each query block attends to the pieces
 // of the chunk it may see (under causal masking a chunk's piece is wholly before the block, the
@@ -16,10 +18,12 @@
 // as they travel: a rank adds its queries' part to the sums it receives for the chunk it holds and
 // passes them on behind the keys, so after c steps each rank's sums come home.
 //
-// What a rank holds beyond the tape: two chunks of keys and values (the one it attends to and the
-// next, arriving), O(T / c), where the gathered variant (context_attention.cpp) holds all T; and
-// in backward two chunks of fp32 gradient sums. Scores are per block of queries against a chunk's
-// piece: (B, Hkv, G x rows, T / 2c), never against the whole sequence.
+// What a rank holds beyond the tape, O(T / c) where the gathered variant (context_attention.cpp)
+// holds all T: two chunks of keys and values (the one it attends to and the next, arriving; at step
+// 0 the first is a packed copy of its own); in backward also three chunk-sized fp32 buffers of
+// gradient sums (its queries' part, the total on its way out, the previous rank's arriving). Scores
+// are per block of queries against a chunk's piece: (B, Hkv, G x rows, T / 2c), never against the
+// whole sequence.
 //
 // A kernel that finds no room runs again from its start (run_with_room), and the ranks of a group
 // do not run out at the same points. The op keeps each call's progress (the step, the query blocks
@@ -188,13 +192,14 @@ struct BackwardProgress {
   at::Tensor mine;      // (2, B, Hkv, T / c, hd) accumulate type: this rank's queries' part of the chunk's dk, dv
   at::Tensor total;     // mine and the previous rank's sums, about to be passed on
   Incoming sums;        // the previous rank's sums for the chunk this rank holds; at the end, its own
+  at::Tensor home;      // this rank's own sums, arrived
   at::Tensor dq;        // (B, Hkv, G, T / c, hd), accumulate type
 };
 
 class RingAttentionOp final : public Op {
  public:
   RingAttentionOp(TensorParallelGroup& group, const ContextLayout& layout, const AttentionConfig& cfg)
-      : Op(traits_for(cfg, layout.ranks)), group_(group), layout_(layout), cfg_(cfg) {}
+      : Op(detail::context_attention_traits("ring_attention", cfg, layout.ranks)), group_(group), layout_(layout), cfg_(cfg) {}
 
   TensorList forward(const TensorList& in, const ForwardContext&) const override {
     const at::Tensor& q = in[0];
@@ -260,30 +265,18 @@ class RingAttentionOp final : public Op {
       if (!b.passed) pass_sums(b);
       if (b.next.posted()) b.chunk = b.next.arrived();
     }
-    const at::Tensor sums = b.sums.arrived();  // this rank's own, home after c steps
+    // This rank's own sums, home after c steps; kept, as the casts below may find no room.
+    if (b.sums.posted()) b.home = b.sums.arrived();
     TensorList grads(3);
     const std::vector<bool>& needs = a.needs_input_grad;
     if (needs[0]) grads[0] = b.dq.view(q.sizes()).to(q.scalar_type());
-    if (needs[1]) grads[1] = sums[0].to(a.input_dtype(1));
-    if (needs[2]) grads[2] = sums[1].to(a.input_dtype(2));
+    if (needs[1]) grads[1] = b.home[0].to(a.input_dtype(1));
+    if (needs[2]) grads[2] = b.home[1].to(a.input_dtype(2));
     backward_ = {};
     return grads;
   }
 
  private:
-  static OpTraits traits_for(const AttentionConfig& cfg, int64_t ranks) {
-    OpTraits t = OpTraits::named("ring_attention")
-                     .saving_inputs({0, 1, 2})
-                     .saving_outputs({0, 1})
-                     .in_low_precision()
-                     .exchanging_with_its_group()
-                     .attending_to_the_keys_of(ranks);
-    t.recomputable = false;  // as context_attention.cpp's, for the same reason
-    t.doing(cfg.causal ? Work::kCausalAttention : Work::kAttention);
-    if (cfg.dropout_p > 0) t.drawing_random_numbers();
-    return t;
-  }
-
   // The rank whose keys and values this rank holds at `step`.
   ContextLayout source(int64_t step) const { return {layout_.ranks, (layout_.rank - step % layout_.ranks + layout_.ranks) % layout_.ranks}; }
   int64_t length(const AttentionDims& d) const { return d.S * layout_.ranks; }
@@ -312,12 +305,14 @@ class RingAttentionOp final : public Op {
   // previous rank passed for it (the chunk's first step has none), and the total goes on to the
   // next. Run again after no room, it goes on from what it had done.
   void pass_sums(BackwardProgress& b) const {
-    if (!b.total.defined() && b.sums.posted()) {
-      b.sums.pass->wait();
-      b.total = b.mine + b.sums.tensor;
-      b.sums = {};
+    if (!b.total.defined()) {
+      if (b.sums.posted()) {  // added in place: nothing allocated between the wait and `total`
+        b.sums.pass->wait();
+        b.mine.add_(b.sums.tensor);
+        b.sums = {};
+      }
+      b.total = b.mine;
     }
-    if (!b.total.defined()) b.total = b.mine;
     b.sums.post(group_, b.total, "context parallelism's key/value-gradient ring (backward)");
     b.total = b.mine = at::Tensor();
     b.passed = true;

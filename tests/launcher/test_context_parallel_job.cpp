@@ -203,10 +203,22 @@ TEST_F(ContextParallelJob, ThePlannerPricesTheContextRanksPart) {
   }
   train(2, "auto", "--parallel.context_parallel=2 --parallel.strategy=auto");
   EXPECT_THAT(read_file(dir_.path("auto.log")), HasSubstr("sequences split 2 ways (ring)"));
-  const std::string log = dir_.path("plan.log");
-  EXPECT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --parallel.context_parallel=2 --ranks 2 --job.output_dir=" +
-                           dir_.path("plan"), log), 0) << read_file(log);
-  EXPECT_THAT(read_file(log), HasSubstr("1 cp2"));
+  // Planned here (a measured profile), and for a GPU cluster (a step traced on meta tensors): every
+  // plan at c = 2, with its exchange.
+  for (const std::string where : {"", " --cluster h100-sxm:1x2"}) {
+    SCOPED_TRACE(where);
+    const std::string out = dir_.path("plan" + std::to_string(where.size())), log = out + ".log";
+    EXPECT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --parallel.context_parallel=2 --ranks 2" + where +
+                             " --job.output_dir=" + out, log), 0) << read_file(log);
+    std::ifstream plans(out + "/plans.jsonl");
+    int count = 0;
+    for (std::string line; std::getline(plans, line); ++count) {
+      const nlohmann::json plan = nlohmann::json::parse(line);
+      EXPECT_EQ(plan.at("context_parallel").get<int>(), 2) << line;
+      EXPECT_EQ(plan.at("context_exchange").get<std::string>(), "ring") << line;
+    }
+    EXPECT_GT(count, 0);
+  }
 }
 
 // Each refused with status 2, naming the key and what would work, before anything is written.

@@ -37,8 +37,9 @@ TEST(ContextTerms, TrafficIsWhatTheOpsExchange) {
   EXPECT_EQ(context_traffic(s, 8, 1, ContextExchange::kRing).sent_bytes(1, 4), 0);
 }
 
-// The ring's passes go while the rank attends to its chunk: with attention longer than a pass,
-// only the last gradient sums of each layer wait; with none to hide under, every pass waits.
+// Where the backend moves a ring's pass while the rank attends to its chunk, with attention longer
+// than a pass only the last gradient sums of each layer wait; with none to hide under, or where the
+// passes wait for the attention (today's backends), every pass waits.
 TEST(ContextTerms, TheRingHidesItsPassesUnderTheAttention) {
   Machine m;
   m.devices_per_node = 8;
@@ -49,12 +50,17 @@ TEST(ContextTerms, TheRingHidesItsPassesUnderTheAttention) {
   const ContextTraffic ring = context_traffic(s, 1, c, ContextExchange::kRing);
   const double chunk_ms = static_cast<double>(ring.chunk_elements * 2) / 1e9 * 1e3;  // bf16
   const double sums_ms = static_cast<double>(ring.chunk_elements * 4) / 1e9 * 1e3;
-  const double open = context_parallel_ms(m, c, 1, s, ring, 2, 0, 0);
+  const double open = context_parallel_ms(m, c, 1, s, ring, 2, true, 0, 0);
   EXPECT_NEAR(open, s.layers * (2 * (c - 1) * chunk_ms + c * sums_ms), 1e-9);
-  const double hidden = context_parallel_ms(m, c, 1, s, ring, 2, 1e6, 1e6);
+  const double hidden = context_parallel_ms(m, c, 1, s, ring, 2, true, 1e6, 1e6);
   EXPECT_NEAR(hidden, s.layers * sums_ms, 1e-9);
+  EXPECT_NEAR(context_parallel_ms(m, c, 1, s, ring, 2, false, 1e6, 1e6), open, 1e-9);
+  // A forward step's attention covering half a pass: half of each forward pass waits.
+  const double forward_half = s.layers * c * chunk_ms / 2;
+  const double partly = context_parallel_ms(m, c, 1, s, ring, 2, true, forward_half, 0);
+  EXPECT_NEAR(open - partly, s.layers * (c - 1) * chunk_ms / 2, 1e-9);
   const ContextTraffic gathered = context_traffic(s, 1, c, ContextExchange::kAllGather);
-  EXPECT_NEAR(context_parallel_ms(m, c, 1, s, gathered, 2, 1e6, 1e6),
+  EXPECT_NEAR(context_parallel_ms(m, c, 1, s, gathered, 2, true, 1e6, 1e6),
               static_cast<double>(gathered.sent_bytes(c, 2)) / 1e9 * 1e3, 1e-9);  // nothing hidden
   // Attention's share of a layer's work grows with the sequence.
   EXPECT_LT(attention_share(llama(512)), attention_share(llama(4096)));
