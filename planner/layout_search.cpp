@@ -48,7 +48,10 @@ std::vector<Plan> without_needless_eviction(const std::vector<Plan>& plans,
       const Prediction t = predict_plan(twin);
       const int64_t fixed = t.peak_bytes - std::max(t.activation_bytes, t.optimizer_working_bytes);
       const int64_t room = p.budget_bytes - fixed;
-      if (t.fits || room <= 0 || room < t.activation_bytes / 5) continue;
+      if (t.fits) continue;
+      // DTR needs room for a share of the activations; recomputing blocks (full, per_block) needs a
+      // block's, and was in the search before DTR joined it: kept.
+      if (!recomputes_blocks(p.policy) && (room <= 0 || room < t.activation_bytes / 5)) continue;
     }
     kept.push_back(p);
   }
