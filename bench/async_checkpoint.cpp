@@ -69,13 +69,6 @@ struct Run {
   std::string last_checkpoint;
 };
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 Run read_run(const std::string& out, bool async) {
   Run r;
   std::vector<double> quiet, writing;
@@ -211,7 +204,7 @@ int main(int argc, char** argv) {
       // optimizer.pt's archive keys are the parameters' addresses: not the same bytes twice (nor
       // the MANIFEST's CRC of it).
       if (name == "optimizer.pt" || (name == "MANIFEST" && fs::exists(w + "/optimizer.pt"))) continue;
-      if (read_all(entry.path().string()) != read_all(a + "/" + name)) {
+      if (ht::bench::read_all(entry.path().string()) != ht::bench::read_all(a + "/" + name)) {
         std::fprintf(stderr, "bench_async_checkpoint: %s/%s differs from the waiting run's %s\n", a.c_str(), name.c_str(),
                      entry.path().c_str());
         failed = true;

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,6 +51,20 @@ inline std::vector<double> json_numbers(const std::string& line, const std::stri
     if (*s++ != ',') break;
   }
   return out;
+}
+
+// A file's whole text ("" when it cannot be read): a child run's log or output.
+inline std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The hybrid_train next to this program's build folder (build/bench/x -> build/launcher/hybrid_train).
+inline std::string hybrid_train_beside_this_program() {
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  return (self.parent_path().parent_path() / "launcher" / "hybrid_train").string();
 }
 
 }  // namespace ht::bench

@@ -36,13 +36,6 @@ struct Outcome {
   std::string output;
 };
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 std::string json_string(const std::string& line, const std::string& key) {
   const std::string head = "\"" + key + "\": \"";  // as plans.jsonl writes it
   const size_t at = line.find(head);
@@ -59,7 +52,7 @@ Outcome plan(const std::string& binary, const std::string& config, const std::st
       << " > " << log << " 2>&1";
   const int status = std::system(cmd.str().c_str());
   Outcome o;
-  o.output = read_text(log);
+  o.output = read_all(log);
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   o.planned = code == 0 || (code == 2 && o.output.find("no plan fits") != std::string::npos);
   o.fits = code == 0;
@@ -88,18 +81,12 @@ std::string cell(const Outcome& o) {
   return text;
 }
 
-// The hybrid_train next to this program's build folder (build/bench/x -> build/launcher/hybrid_train).
-std::string default_binary_path() {
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
-  return (self.parent_path().parent_path() / "launcher" / "hybrid_train").string();
-}
-
 }  // namespace
 }  // namespace ht::bench
 
 int main(int argc, char** argv) {
   using namespace ht::bench;
-  std::string binary = default_binary_path(), config = std::string(HT_SOURCE_DIR) + "/configs/llama3_8b.toml";
+  std::string binary = hybrid_train_beside_this_program(), config = std::string(HT_SOURCE_DIR) + "/configs/llama3_8b.toml";
   std::string scratch = "/tmp/ht_bench_context_at_scale";
   bool quick = false;
   CLI::App app{"Llama 3 8B on 8 H100s planned at torchtitan's published context-parallel rows' lengths, and twice them"};

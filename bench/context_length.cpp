@@ -70,10 +70,7 @@ Probe run(const Options& o, int c, const std::string& exchange, int64_t tokens, 
       << log << " 2>&1";
   const int status = std::system(cmd.str().c_str());
   Probe p;
-  std::ifstream in(log);
-  std::stringstream text;
-  text << in.rdbuf();
-  p.output = text.str();
+  p.output = read_all(log);
   p.fits = status == 0;
   p.budget = !p.fits && p.output.find("memory.budget") != std::string::npos;
   if (p.fits) {
@@ -84,12 +81,6 @@ Probe run(const Options& o, int c, const std::string& exchange, int64_t tokens, 
   }
   ht::remove_tree(out);
   return p;
-}
-
-// The hybrid_train next to this program's build folder (build/bench/x -> build/launcher/hybrid_train).
-std::string default_binary_path() {
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
-  return (self.parent_path().parent_path() / "launcher" / "hybrid_train").string();
 }
 
 struct Row {
@@ -126,7 +117,7 @@ Row longest(const Options& o, int c, const std::string& exchange, int64_t budget
 int main(int argc, char** argv) {
   using namespace ht::bench;
   Options o;
-  o.binary = default_binary_path();
+  o.binary = hybrid_train_beside_this_program();
 #ifdef HT_MPIEXEC
   o.mpirun = HT_MPIEXEC;
 #endif
