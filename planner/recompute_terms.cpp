@@ -228,6 +228,12 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
   BlockRecomputeReplay out;
   out.kept_bytes = std::llround(line(static_cast<double>(a.kept_bytes), static_cast<double>(b.kept_bytes)));
   out.working_bytes = std::llround(line(static_cast<double>(a.working_bytes), static_cast<double>(b.working_bytes)));
+  // A keep share's cut may fall between other tensors of a block at the two sizes, and then the
+  // kept bytes are off the line: it fell to -50 GB at 4 samples for Llama 3 8B at 128K tokens and
+  // tensor_parallel 2 (a negative block cost in the stages' cut). Replayed at the size itself.
+  if (out.kept_bytes < 0 || out.working_bytes < 0) {
+    return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes, keep);
+  }
   // Time is not on the line: a kernel priced from its work at a device's efficiency curve runs
   // its first samples at a low rate, so a regeneration can cost less at 2 samples than at 1, and
   // the line through them fell below zero at 128 (GPT-2 124M at tensor_parallel 2: -5.2 ms). The
