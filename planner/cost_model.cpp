@@ -80,9 +80,10 @@ void optimizer_and_communication_terms(const ModelProfile& profile, const Machin
     const double attention = fb * attention_share(profile.tensor_shape), backward = backward_share(ref);
     // Never recomputed (runtime/ops/ring_attention.cpp): a replay repeats no exchange. No backend
     // moves a ring's pass beside the attention yet (planner/context_terms.h): not overlapped.
+    // A stage exchanges for its share of the layers, as tensor parallelism's collectives.
     p.context_ms = context_parallel_ms(machine, plan.context, plan.tensor, profile.tensor_shape, traffic, activation_bytes,
                                        /*overlapped=*/false, attention * (1 - backward), attention * backward) *
-                   static_cast<double>(plan.accumulation);
+                   static_cast<double>(plan.accumulation) / plan.stages;
   }
 }
 

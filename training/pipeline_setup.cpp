@@ -8,6 +8,8 @@
 #include "memory/kernel_observer.h"
 #include "memory/memory_manager.h"
 #include "parallel/tensor_group.h"
+#include "runtime/context_parallel.h"
+#include "training/dataset.h"
 
 #include <algorithm>
 #include <chrono>
@@ -61,12 +63,14 @@ namespace {
 // One training-mode forward and backward of `micro` in a fresh interpreter: what each block draws,
 // outputs and holds, and (into `times`) what its kernels cost.
 BlockProfile probe_once(Model& model, const Batch& micro, const RunPlan& plan, BlockTimes& times,
-                        TensorParallelGroup* tensor) {
+                        const ProbeGroups& groups) {
   BlockProfile profile;
   profile.micro_batch = micro.input.size(0);
   MemoryManager memory;
   Interpreter interp({}, &memory);
-  interp.set_tensor_parallel(tensor);  // a split model's probe runs on every rank of its group alike
+  // A split model's probe runs on every rank of its groups alike.
+  interp.set_tensor_parallel(groups.tensor);
+  interp.set_context_parallel(groups.context);
   interp.set_autocast(autocast_type(plan.precision));
   interp.set_relu_masks(plan.memory.compress != Compression::kOff);
   memory.set_kernel_observer(&times);
@@ -108,7 +112,7 @@ constexpr int kGatherTag = (1 << 14) + 2;
 
 }  // namespace
 
-BlockProfile profile_blocks(Model& model, const Batch& micro, const RunPlan& plan, TensorParallelGroup* tensor) {
+BlockProfile profile_blocks(Model& model, const Batch& micro, const RunPlan& plan, const ProbeGroups& groups) {
   HostAllocationScope host;  // the probe holds a whole micro-batch's activations: not the budget's
   const bool modeled = plan.pipeline.stage_costs == StageCosts::kModeled;
   std::vector<at::Tensor> buffers;
@@ -119,7 +123,7 @@ BlockProfile profile_blocks(Model& model, const Batch& micro, const RunPlan& pla
   BlockProfile profile;
   for (int i = 0; i < probes; ++i) {
     times.emplace_back(model.blocks().size(), modeled);
-    profile = probe_once(model, micro, plan, times.back(), tensor);
+    profile = probe_once(model, micro, plan, times.back(), groups);
   }
   if (!modeled) times.erase(times.begin());
   for (size_t b = 0; b < profile.costs.size(); ++b) {
@@ -189,14 +193,19 @@ PipelineLayout make_pipeline_layout(const RunPlan& plan, const Model& model, Blo
 
 std::shared_ptr<PipelineStage> make_pipeline_stage(const RunPlan& plan, const DataSplits& data, Model& model,
                                                    Communicator* replicas, std::shared_ptr<Communicator> pipeline,
-                                                   std::shared_ptr<Communicator> tensor) {
+                                                   std::shared_ptr<Communicator> tensor,
+                                                   std::shared_ptr<Communicator> context) {
   TORCH_CHECK(pipeline && pipeline->size() == plan.grid.pipeline, "make_pipeline_stage: a pipeline group of ",
               pipeline ? pipeline->size() : 0, " ranks for ", plan.grid.pipeline, " stages");
-  // Every rank probes the same blocks with the same data; measured times are rank 0's everywhere.
-  const Batch probe = data.train->slice(0, plan.batch.micro);
-  std::optional<TensorGroup> split;  // the probe of a split model exchanges with its group
+  // Every rank probes the same blocks with the same data (a context rank its chunks of the same
+  // sequences: the stages pass activations of T / c tokens); measured times are rank 0's everywhere.
+  const Batch probe = context_part(data.train->slice(0, plan.batch.micro),
+                                   ContextLayout{plan.grid.context, plan.grid.context_rank});
+  std::optional<TensorGroup> split, sequence;  // the probe of a split model exchanges with its groups
   if (tensor) split.emplace(tensor);
-  BlockProfile profile = profile_blocks(model, probe, plan, split ? &*split : nullptr);
+  if (context) sequence.emplace(context);
+  BlockProfile profile =
+      profile_blocks(model, probe, plan, {split ? &*split : nullptr, sequence ? &*sequence : nullptr});
   if (plan.pipeline.stage_costs == StageCosts::kMeasured) {
     LocalCommunicator alone;
     share_block_costs(profile, replicas ? *replicas : alone, *pipeline, tensor.get());

@@ -21,8 +21,11 @@ namespace ht {
 // statistics). parallel.stage_costs = "measured": each block's kernels timed, the median of three
 // probes after a warm-up; "modeled": the modelled kernel costs (runtime/kernel_cost.h, backward
 // twice the forward), the same on every rank and every run without any message.
-BlockProfile profile_blocks(Model& model, const Batch& micro, const RunPlan& plan,
-                            TensorParallelGroup* tensor = nullptr);
+struct ProbeGroups {
+  TensorParallelGroup* tensor = nullptr;   // a tensor-parallel model's group
+  TensorParallelGroup* context = nullptr;  // a context group (`micro` is then this rank's chunks)
+};
+BlockProfile profile_blocks(Model& model, const Batch& micro, const RunPlan& plan, const ProbeGroups& groups = {});
 // Measured times differ between ranks: every rank takes rank 0's (collective over the replica
 // groups, then the pipelines, then each tensor-parallel group from its first rank), so that all
 // cut the model alike.
@@ -37,10 +40,12 @@ PipelineLayout make_pipeline_layout(const RunPlan& plan, const Model& model, Blo
 // This rank's stage of the pipeline `plan` cuts `model` into, over `pipeline` (its ranks the
 // stages): the blocks probed with the start of `data`'s training split (every rank alike; measured
 // times are rank 0's everywhere), the layout made, and the stage keeping only its own share of
-// the model. `replicas` and `tensor` (either null): the groups measured times are shared over.
+// the model. `replicas` and `tensor` (either null): the groups measured times are shared over;
+// `context` (null without context parallelism): the probe's attention exchanges over it.
 std::shared_ptr<PipelineStage> make_pipeline_stage(const RunPlan& plan, const DataSplits& data, Model& model,
                                                    Communicator* replicas, std::shared_ptr<Communicator> pipeline,
-                                                   std::shared_ptr<Communicator> tensor);
+                                                   std::shared_ptr<Communicator> tensor,
+                                                   std::shared_ptr<Communicator> context = nullptr);
 
 // Runs `fn` with every parameter and buffer at its full size again (the others' as zeros, on
 // host memory), then empties them again and drops their optimizer state: for a checkpoint's

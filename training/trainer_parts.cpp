@@ -325,7 +325,7 @@ TrainerParts make_trainer_parts(const RunPlan& plan, const DataSplits& data, Eng
   TrainerParts parts;
   std::shared_ptr<PipelineStage> stage;
   if (plan.grid.pipeline > 1) {
-    stage = make_pipeline_stage(plan, data, *e.model, comms.replicas.get(), comms.pipeline, comms.tensor);
+    stage = make_pipeline_stage(plan, data, *e.model, comms.replicas.get(), comms.pipeline, comms.tensor, comms.context);
     parts.description.push_back(describe_pipeline(stage->layout()));
     parts.description.push_back("pipeline messages over " + stage->group().backend() + ": " + describe(stage->posting()));
   }

@@ -127,7 +127,7 @@ class Rules {
     }
   }
 
-  // What context parallelism splits, and what it does not compose with yet.
+  // What context parallelism splits.
   void context_parallel() const {
     const ParallelConfig& p = c_.parallel;
     if (p.context_parallel == 1) return;
@@ -136,11 +136,6 @@ class Rules {
       throw UserError(head + " with model.name = \"" + choice_name(c_.model.name) +
                       "\": only the transformers (gpt, llama) train on sequences to split; use parallel.data_parallel "
                       "for this model");
-    }
-    if (p.pipeline_parallel > 1) {
-      throw UserError(head + " with parallel.pipeline_parallel = " + std::to_string(p.pipeline_parallel) +
-                      ": pipeline stages do not yet carry a context group's pieces of the sequence; use "
-                      "parallel.pipeline_parallel = 1, or context_parallel = 1");
     }
   }
 
