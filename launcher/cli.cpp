@@ -97,7 +97,7 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
                "writes the best as <job.output_dir>/plan.toml."};
   app.name("hybrid_train plan");
   app.allow_extras();
-  std::string ranks, stages, tensor, memory, objective = "time", precisions;
+  std::string ranks, stages, tensor, context, memory, objective = "time", precisions;
   int max_ranks = 0;
   app.add_option("config", cl.config_path, "the job's TOML file, e.g. configs/resnet18_fmnist.toml");
   app.add_option("--ranks", ranks, "rank counts to consider: 1,2,4 or 1..8 (default: 1, 2, 4, ... up to the "
@@ -106,6 +106,11 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
                                      "1, 2 and 4, up to the model's blocks)");
   app.add_option("--tensor", tensor, "tensor-parallel group sizes to consider for a gpt or llama model, each "
                                      "profiled apart: 1,2,4 (default: parallel.tensor_parallel)");
+  app.add_option("--context", context, "context-parallel group sizes to consider for a gpt or llama model (each rank "
+                                       "a 1/c of every sequence), each profiled apart with every tensor size: 1,2,4 "
+                                       "(default: parallel.context_parallel; where that is 1, with --cluster and "
+                                       "model.block_size of 16384 or more, also powers of two up to a node's devices "
+                                       "with tensor size 1)");
   app.add_option("--device-memory", memory, "memory per device (rank), e.g. 16GiB (default: memory.budget, else "
                                             "[cluster].device_memory, else this machine's memory shared by the ranks)");
   app.add_option("--objective", objective, "time (fastest step) or cost (fewest device-hours per epoch)")
@@ -145,6 +150,7 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   if (!ranks.empty()) a.ranks = parse_ranks(ranks);
   if (!stages.empty()) a.stages = parse_ranks(stages, "--stages");
   if (!tensor.empty()) a.tensor = parse_ranks(tensor, "--tensor");
+  if (!context.empty()) a.context = parse_ranks(context, "--context");
   if (!memory.empty()) {
     const auto bytes = parse_byte_size(memory, 0);
     if (!bytes || *bytes <= 0) {

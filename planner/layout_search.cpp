@@ -78,17 +78,17 @@ std::vector<Plan> without_needless_block_plans(std::vector<Plan> plans,
 
 // The full-recomputation plans' block replays, each distinct one once, on every core, before the
 // plans are predicted (planner/recompute_terms.h).
-void replay_ahead(const std::vector<Plan>& plans, const std::map<int, ModelProfile>& profiles,
+void replay_ahead(const std::vector<Plan>& plans, const SplitProfiles& profiles,
                   const Machine& machine, int threads) {
   std::vector<std::pair<const ModelProfile*, Plan>> replayed;
   for (const Plan& p : plans)
-    if (replays_blocks(machine, p)) replayed.emplace_back(&profiles.at(p.tensor), p);
+    if (replays_blocks(machine, p)) replayed.emplace_back(&profiles.at(p.split()), p);
   replay_blocks_ahead(replayed, threads);
 }
 
 }  // namespace
 
-std::vector<RankedPlan> rank_layouts(const std::map<int, ModelProfile>& profiles, const Machine& machine,
+std::vector<RankedPlan> rank_layouts(const SplitProfiles& profiles, const Machine& machine,
                                      LayoutSearch search) {
   auto with_arenas = [&](std::vector<Plan> plans) {
     if (search.device_arenas) {
@@ -100,7 +100,7 @@ std::vector<RankedPlan> rank_layouts(const std::map<int, ModelProfile>& profiles
     }
     return plans;
   };
-  auto predict_plan = [&](const Plan& p) { return predict(profiles.at(p.tensor), machine, p); };
+  auto predict_plan = [&](const Plan& p) { return predict(profiles.at(p.split()), machine, p); };
   const Objective objective = search.options.objective;
   std::vector<Plan> plans = without_needless_block_plans(
       with_arenas(candidate_plans(search.global_batch, machine.device_memory, search.options)), predict_plan);
@@ -124,8 +124,8 @@ std::vector<int64_t> traced_sizes(int64_t largest) {
   return sizes;
 }
 
-int64_t replica_batch(int64_t global_batch, int ranks, int tensor) {
-  const int replicas = std::max(1, ranks / std::max(1, tensor));
+int64_t replica_batch(int64_t global_batch, int ranks, int split) {
+  const int replicas = std::max(1, ranks / std::max(1, split));
   return std::max<int64_t>(1, global_batch / replicas);
 }
 

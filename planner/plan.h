@@ -23,6 +23,15 @@ inline constexpr double kBlockKeepLadder[] = {0.75, 0.5, 0.25};
 // Per pipeline stage (Plan::block_keep_by_stage): everything, the ladder, and nothing (full).
 inline constexpr double kStageKeepLadder[] = {0.75, 0.5, 0.25, 0.0};
 
+// How a plan's layers and sequences are split among a replica's ranks: the profile a plan is
+// predicted from is one rank's part of the model at this split (tensor-parallel size, context-
+// parallel size), so the search keys its profiles by it.
+struct RankSplit {
+  int tensor = 1, context = 1;
+  bool operator<(const RankSplit& o) const { return tensor != o.tensor ? tensor < o.tensor : context < o.context; }
+  bool operator==(const RankSplit& o) const { return tensor == o.tensor && context == o.context; }
+};
+
 // One way to train the job: what the search chooses among.
 struct Plan {
   int ranks = 1;                  // data-parallel ranks (replicas)
@@ -78,6 +87,7 @@ struct Plan {
   // The ranks that hold the same weights: the data-parallel group that averages the gradients
   // and that ZeRO shards the state over (each replica's context ranks among them).
   int weight_replicas() const { return ranks * context; }
+  RankSplit split() const { return {tensor, context}; }
 };
 
 // What the model predicts for a plan, each term on its own.

@@ -232,8 +232,8 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
   std::vector<Plan> plans;
   for (int devices : options.ranks) {
    for (int stages : options.stages) {
-    for (int tensor : options.tensor) {
-    const int context = std::max(1, options.context);
+    for (const RankSplit& split : options.splits) {
+    const int tensor = split.tensor, context = std::max(1, split.context);
     if (devices < 1 || stages < 1 || tensor < 1 || devices % (stages * tensor * context) != 0) continue;
     const int ranks = devices / (stages * tensor * context);
     if (global_batch % ranks != 0) continue;
@@ -260,9 +260,9 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             // A tensor-parallel group: DTR alone of the memory policies (under the others a rank
             // keeps its collectives' outputs, which the replay does not model).
             if (tensor > 1 && (plans_statically(policy) || swaps(policy))) continue;
-            // A context group: the same, and no pipeline stages; ZeRO-3's gathers follow DTR's
-            // evictions, which differ between its ranks (runtime/ops/context_attention.cpp).
-            if (context > 1 && (plans_statically(policy) || swaps(policy) || stages > 1)) continue;
+            // A context group: the same; ZeRO-3's gathers follow DTR's evictions, which differ
+            // between its ranks (runtime/ops/context_attention.cpp).
+            if (context > 1 && (plans_statically(policy) || swaps(policy))) continue;
             if (context > 1 && shard == ShardLevel::kParameters && evicts(policy)) continue;
             Plan p;
             p.ranks = ranks;

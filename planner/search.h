@@ -22,13 +22,13 @@ struct SearchOptions {
   std::vector<int> stages{1};                         // pipeline stages to consider, each dividing a rank count
   // Sharding levels for plans of several replicas and one stage (one replica: none only).
   std::vector<ShardLevel> shards{ShardLevel::kNone};
-  // Tensor-parallel group sizes (1: none), each with or without sequence parallelism as
-  // `sequence_parallel` says; a plan's group size divides its rank count with its stages.
-  std::vector<int> tensor{1};
+  // The splits of a replica's ranks to consider (one profile each): tensor-parallel group sizes
+  // (1: none), each with or without sequence parallelism as `sequence_parallel` says, and context
+  // groups (1: none), each exchanging keys and values as `context_exchange` says; a plan's
+  // tensor x context ranks divide its rank count with its stages, and its ranks are its
+  // replicas' context ranks too.
+  std::vector<RankSplit> splits{RankSplit{}};
   bool sequence_parallel = true;
-  // The context-parallel group every plan has (parallel.context_parallel, the profiles'), and its
-  // exchange: a plan's ranks are its replicas' context ranks too.
-  int context = 1;
   ContextExchange context_exchange = ContextExchange::kRing;
   bool async_checkpoint = false;  // checkpoint.async: every plan holds its copy (Plan::async_checkpoint)
   // per_block also with memory.block_offload, at every share and at none (where the device is the

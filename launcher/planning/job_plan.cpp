@@ -192,6 +192,48 @@ std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const D
   return out;
 }
 
+// The context sizes to plan at with tensor size `t` (each a profile; PlanArgs::context). Asked
+// sizes the sequence cannot split are left out with a warning (all of them: refused).
+std::vector<int> context_sizes(const Config& config, const DataInfo& info, const PlanArgs& args, const Machine& machine,
+                               int t) {
+  // Each size is a profile held through the search (a 128K-token trace of Llama 3 8B: about 2.7 GB).
+  std::vector<int> sizes = args.context;
+  if (sizes.empty()) sizes.push_back(static_cast<int>(config.parallel.context_parallel));
+  const bool decoder = is_decoder(config.model.name);
+  // Left to the planner (c = 1 configured, none asked): torchtitan's recipe for long sequences on
+  // a node, context groups beside ZeRO without tensor groups (its published CP rows are TP 1).
+  const bool searched = args.context.empty() && config.parallel.context_parallel == 1 && t == 1;
+  if (searched && decoder && !config.cluster.device.empty() && config.model.block_size >= kLongSequence) {
+    for (int c = 2; c <= machine.devices_per_node; c *= 2)
+      if (std::find(sizes.begin(), sizes.end(), c) == sizes.end()) sizes.push_back(c);
+  }
+  std::vector<int> out;
+  std::vector<std::string> refused;
+  for (int c : sizes) {
+    if (c < 1) continue;
+    std::string why;
+    if (c > 1 && !decoder) {
+      why = "model.name = \"" + std::string(choice_name(config.model.name)) + "\" trains on no sequences to split";
+    } else if (decoder) {
+      DecoderOptions o = decoder_options(config.model, info.classes);
+      o.context_parallel = c;
+      why = o.problem();
+    }
+    if (why.empty()) {
+      out.push_back(c);
+    } else if (!args.context.empty()) {
+      refused.push_back(std::to_string(c) + ": " + why);
+    }
+  }
+  if (!refused.empty()) {
+    std::string reasons;
+    for (const std::string& r : refused) reasons += (reasons.empty() ? "" : "; ") + r;
+    if (out.empty()) throw UserError(config.source + ": no context-parallel size asked splits the sequence: --context " + reasons);
+    std::fprintf(stderr, "hybrid_train: warning: left out of the plans: --context %s\n", reasons.c_str());
+  }
+  return out;
+}
+
 // A profile of this machine: trained at every size a plan uses (its times; or the run's own size,
 // PlanArgs::trained_sizes), its memory traced at
 // every size the search may use (planner/traced_memory.h), with this CPU's kernel workspaces,
@@ -216,6 +258,18 @@ ModelProfile local_profile(const Config& c, const Dataset& train, const DataInfo
   if (merged.added > 0) profile.how += ", memory also traced at " + std::to_string(merged.added) + " more sizes";
   for (const std::string& why : merged.refused) profile.how += "; traces not used for " + why;
   return profile;
+}
+
+// One split's profile (a rank of `c`'s tensor and context groups): traced for a catalog device,
+// else measured here. A group of t x c ranks is one replica: its micro-batch reaches the global
+// batch over the replicas of the fewest ranks, `largest` (the sizes above a profile's largest are
+// extrapolated, and a step's temporaries are not affine in it everywhere).
+ModelProfile split_profile(const Config& c, const Dataset* train, const DataInfo& info, ProfileRequest request,
+                           TraceRequest trace, int64_t largest) {
+  request.largest_micro_batch = largest;
+  trace.micro_batches = traced_sizes(largest);
+  if (!c.cluster.device.empty()) return trace_profile(c, info, trace);
+  return local_profile(c, *train, info, request, trace.micro_batches);
 }
 
 }  // namespace
@@ -272,8 +326,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   request.precisions = search.precisions;
   const int fewest = ranks.empty() ? 1 : *std::min_element(ranks.begin(), ranks.end());
   const int64_t global_batch = config.training.global_batch_size;
-  const int context = static_cast<int>(config.parallel.context_parallel);  // every plan's: the profiles are of its ranks
-  request.largest_micro_batch = replica_batch(global_batch, fewest, context);
+  request.largest_micro_batch = replica_batch(global_batch, fewest, static_cast<int>(config.parallel.context_parallel));
   request.sizes = args.trained_sizes;
   trace.micro_batches = traced_sizes(request.largest_micro_batch);
   trace.device_memory = out.machine.device_memory;
@@ -285,29 +338,26 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   request.threads = out.machine.shared_host ? std::min(threads_per_rank(out.machine, 1), usable_cpus()) : at::get_num_threads();
   request.one_thread_point = out.machine.shared_host && most > 1 && request.threads > 1;
   const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
-  search.tensor.clear();
-  for (const auto& [t, c] : tensor_configs(config, info, args, out.machine, sequence_parallel)) {
-    if (args.profiles != nullptr && args.profiles->count(t) > 0) {
-      out.tensor_profiles.emplace(t, args.profiles->at(t));
-    } else {
-      // A group of t ranks is one replica: its micro-batch reaches the global batch over the
-      // replicas of the fewest ranks, not over the ranks (the sizes above a profile's largest
-      // are extrapolated, and a step's temporaries are not affine in it everywhere).
-      ProfileRequest for_t = request;
-      TraceRequest trace_t = trace;
-      for_t.largest_micro_batch = replica_batch(global_batch, fewest, t * context);
-      trace_t.micro_batches = traced_sizes(for_t.largest_micro_batch);
-      out.tensor_profiles.emplace(t, traced ? trace_profile(c, info, trace_t)
-                                            : local_profile(c, *train, info, for_t, trace_t.micro_batches));
+  search.splits.clear();
+  for (const auto& [t, with_t] : tensor_configs(config, info, args, out.machine, sequence_parallel)) {
+    for (int c : context_sizes(config, info, args, out.machine, t)) {
+      const RankSplit split{t, c};
+      search.splits.push_back(split);
+      if (args.profiles != nullptr && args.profiles->count(split) > 0) {
+        out.split_profiles.emplace(split, args.profiles->at(split));
+        continue;
+      }
+      Config split_config = with_t;
+      split_config.parallel.context_parallel = c;
+      const int64_t largest = replica_batch(global_batch, fewest, t * c);
+      out.split_profiles.emplace(split, split_profile(split_config, train, info, request, trace, largest));
     }
-    search.tensor.push_back(t);
   }
-  if (search.tensor.empty()) throw UserError(config.source + ": no tensor-parallel size to plan splits the model");
+  if (search.splits.empty()) throw UserError(config.source + ": no tensor-parallel size to plan splits the model");
   search.sequence_parallel = sequence_parallel;
-  search.context = context;
   search.context_exchange = config.parallel.context_exchange;
   search.async_checkpoint = config.checkpoint.async && config.checkpoint.interval > 0;
-  out.profile = out.tensor_profiles.at(search.tensor.front());
+  out.profile = out.split_profiles.at(search.splits.front());
 
   // Stages: at most the model's blocks (a stage holds one or more).
   const int blocks = static_cast<int>(out.profile.block_parameter_bytes.size());
@@ -322,7 +372,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   layouts.device_arenas = traced;
   layouts.evict_if_needed = evict_if_needed;
   layouts.threads = usable_cpus();
-  out.ranked = rank_layouts(out.tensor_profiles, out.machine, layouts);
+  out.ranked = rank_layouts(out.split_profiles, out.machine, layouts);
   out.why = why_it_wins(out.ranked, args.objective);
   return out;
 }
@@ -331,7 +381,7 @@ std::string smallest_fitting_cluster(const Config& config, const DataInfo& info,
                                      const JobPlan& plan) {
   if (config.cluster.device.empty()) return "";
   const DeviceKind kind = catalog_kind(config.cluster.device, args.devices_file, config.source + ": cluster.device");
-  std::map<int, ModelProfile> profiles = plan.tensor_profiles;
+  SplitProfiles profiles = plan.split_profiles;
   std::vector<std::pair<int, int>> shapes;  // nodes x devices, growing
   for (int d = 1; d < kind.devices_per_node; d *= 2) shapes.emplace_back(1, d);
   for (int n = 1; n <= 128; n *= 2) shapes.emplace_back(n, kind.devices_per_node);
@@ -345,7 +395,7 @@ std::string smallest_fitting_cluster(const Config& config, const DataInfo& info,
     a.max_ranks = 0;
     a.profiles = &profiles;
     const JobPlan bigger = plan_job(c, nullptr, info, a);
-    for (const auto& [t, p] : bigger.tensor_profiles) profiles.emplace(t, p);
+    for (const auto& [split, p] : bigger.split_profiles) profiles.emplace(split, p);
     if (!bigger.ranked.empty() && bigger.ranked[0].prediction.fits) {
       return kind.kind + ":" + std::to_string(nodes) + "x" + std::to_string(devices) + " (" +
              plan_words(bigger.ranked[0].plan) + ")";

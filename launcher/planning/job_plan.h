@@ -9,6 +9,7 @@
 #include "launcher/config/config.h"
 #include "launcher/data/dataset.h"
 #include "planner/cost_model.h"
+#include "planner/layout_search.h"
 #include "planner/search.h"
 #include "training/run_plan.h"
 
@@ -19,6 +20,13 @@
 namespace ht {
 
 // What is planned for; empty fields take the defaults (docs/planner.md, "Options").
+// Tokens a sequence from which a cluster's search also splits it across context groups (PlanArgs::
+// context): the lengths torchtitan's and Megatron's context-parallel runs start from (Llama 3
+// 8B's published CP rows begin at 32K; at 8K, its pretraining length, attention's activations
+// are a small part of a layer's). Below it each size would add a trace per tensor size for plans
+// that only exchange more.
+constexpr int64_t kLongSequence = 16384;
+
 struct PlanArgs {
   std::vector<int> ranks;                // rank counts; empty: 1, 2, 4, ... up to the machine's
   // Pipeline stages (each dividing a rank count, at most the blocks); empty: 1, 2 and 4, and for
@@ -38,6 +46,12 @@ struct PlanArgs {
   // node's devices (Megatron's advice: the group's collectives stay on NVLink). Sizes the model
   // cannot split are skipped.
   std::vector<int> tensor;
+  // Context-parallel group sizes for a gpt or llama model (each profiled apart, with every tensor
+  // size: a profile is one rank's chunks); empty: parallel.context_parallel, and where that is 1,
+  // for a catalog device and a long sequence (kLongSequence tokens or more), powers of two up to a
+  // node's devices without tensor groups (their exchanges stay on NVLink; torchtitan's long-context
+  // recipe). Sizes the sequence cannot split are skipped.
+  std::vector<int> context;
   std::string devices_file;  // --devices: a catalog of the user's over the built-in one
   // The micro-batch sizes a profile of this machine trains (launcher/planning/profiler.h); empty:
   // every size a plan may use. A run that only checks its own plan trains its own size.
@@ -46,14 +60,14 @@ struct PlanArgs {
   // The job's ranks on this host, where a rank plans its own run (0: `hybrid_train plan`, one
   // process): the host's CPUs are theirs together, not this process's binding alone.
   int ranks_on_host = 0;
-  // Profiles already made for this job, by tensor-parallel size: used instead of profiling again
-  // (the search for the smallest cluster that fits plans several clusters of one kind).
-  const std::map<int, ModelProfile>* profiles = nullptr;
+  // Profiles already made for this job, by split: used instead of profiling again (the search for
+  // the smallest cluster that fits plans several clusters of one kind).
+  const SplitProfiles* profiles = nullptr;
 };
 
 struct JobPlan {
-  ModelProfile profile;  // of the first tensor-parallel size planned (a rank's part of the model)
-  std::map<int, ModelProfile> tensor_profiles;  // by tensor-parallel size, the first's included
+  ModelProfile profile;  // of the first split planned (a rank's part of the model)
+  SplitProfiles split_profiles;  // by tensor-parallel and context size, the first's included
   Machine machine;
   std::vector<RankedPlan> ranked;  // best first; ranked[0].prediction.fits when anything fits
   std::string why;                 // why ranked[0] wins

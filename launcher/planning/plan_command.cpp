@@ -41,7 +41,7 @@ std::string plan_toml(const Config& config, const JobPlan& plan) {
 }
 
 // The predicted compute split by op as the step the cost model prices at a plan's micro-batch
-// splits it (its share of each op), by the profile of the plan's tensor-parallel degree, the
+// splits it (its share of each op), by the profile of the plan's split (tensor, context), the
 // micro-batch and the precision (the kernels' times do not depend on the batch accumulated): a
 // search's thousands of plans price a few dozen steps' kernels (kernel_times: no trace is made).
 using OpShares = std::vector<std::pair<std::string, double>>;
@@ -49,9 +49,9 @@ class OpSharesOfPlans {
  public:
   explicit OpSharesOfPlans(const JobPlan& plan) : plan_(plan) {}
   const OpShares* of(const Plan& p) {
-    const auto profile = plan_.tensor_profiles.find(p.tensor);
-    if (profile == plan_.tensor_profiles.end() || profile->second.points.empty()) return nullptr;
-    const auto key = std::make_tuple(p.tensor, p.micro_batch, static_cast<int>(p.precision));
+    const auto profile = plan_.split_profiles.find(p.split());
+    if (profile == plan_.split_profiles.end() || profile->second.points.empty()) return nullptr;
+    const auto key = std::make_tuple(p.tensor, p.context, p.micro_batch, static_cast<int>(p.precision));
     auto it = shares_.find(key);
     if (it == shares_.end()) {
       OpShares shares;
@@ -64,7 +64,7 @@ class OpSharesOfPlans {
 
  private:
   const JobPlan& plan_;
-  std::map<std::tuple<int, int64_t, int>, OpShares> shares_;
+  std::map<std::tuple<int, int, int64_t, int>, OpShares> shares_;
 };
 
 JsonObject plan_record(const RankedPlan& r, const OpShares* shares) {
@@ -146,8 +146,8 @@ void print_frontiers(const JobPlan& plan) {
   for (const RankedPlan& r : plan.ranked)
     if (r.prediction.fits && recomputes_blocks(r.plan.policy) && (saver == nullptr)) saver = &r;
   auto profile_of = [&](const Plan& p) -> const ModelProfile& {
-    auto it = plan.tensor_profiles.find(p.tensor);
-    return it != plan.tensor_profiles.end() ? it->second : plan.profile;
+    auto it = plan.split_profiles.find(p.split());
+    return it != plan.split_profiles.end() ? it->second : plan.profile;
   };
   for (const Plan* p : {&chosen, saver != nullptr && !same_layout(saver->plan, chosen) ? &saver->plan : nullptr}) {
     if (p == nullptr) continue;

@@ -238,6 +238,7 @@ RunPrediction predict_split_layers_run(const Config& config, RunPlan& run, const
     args.ranks_on_host = grid.local_size;
     args.stages = {1};
     args.tensor = {run.grid.tensor};
+    args.context = {run.grid.context};
     args.device_memory = run.memory.budget_bytes;
     args.precisions = {run.precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};
@@ -283,6 +284,7 @@ RunPrediction predict_pipeline_run(const Config& config, const RunPlan& run, con
     args.ranks = {run.grid.world()};
     args.stages = {run.grid.pipeline};
     args.tensor = {run.grid.tensor};  // a stage's rank holds its part
+    args.context = {run.grid.context};
     args.device_memory = run.memory.budget_bytes;
     args.precisions = {run.precision};
     args.policies = {MemoryPolicy::kNone};
@@ -340,6 +342,7 @@ RunPrediction check_run_fits(const Config& config, RunPlan& run, const DataSplit
     args.ranks_on_host = grid.local_size;
     args.stages = {1};  // the job's grid is fixed by now
     args.tensor = {run.grid.tensor};  // a traced plan would search tensor-parallel sizes too
+    args.context = {run.grid.context};
     args.device_memory = run.memory.budget_bytes;
     args.precisions = {run.precision};
     if (!automatic) args.policies = {MemoryPolicy::kNone};  // the configured plan is predicted below

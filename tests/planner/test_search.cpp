@@ -6,6 +6,7 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -89,7 +90,7 @@ TEST(Search, PerBlockPlansOffloadWhereTheHostLinkIs) {
   EXPECT_EQ(offloading.at({2, ShardLevel::kNone}), ladder);
   EXPECT_EQ(offloading.count({2, ShardLevel::kParameters}), 0u) << "not under ZeRO-3";
   EXPECT_EQ(count(false).at({1, ShardLevel::kNone}), (std::multiset<double>{0.75, 0.5, 0.25}));
-  o.tensor = {2};
+  o.splits = {RankSplit{2, 1}};
   o.ranks = {2};
   EXPECT_TRUE(count(true).empty()) << "not with tensor parallelism";
 }
@@ -122,7 +123,7 @@ TEST(Search, TensorParallelGroupsDivideTheRanksWithTheStages) {
   SearchOptions o;
   o.ranks = {1, 2, 4, 8};
   o.stages = {1, 2};
-  o.tensor = {1, 2, 4};
+  o.splits = {RankSplit{1, 1}, RankSplit{2, 1}, RankSplit{4, 1}};
   o.precisions = {MixedPrecision::kOff};
   o.policies = {MemoryPolicy::kNone, MemoryPolicy::kDtr, MemoryPolicy::kStatic};
   o.shards = {ShardLevel::kNone, ShardLevel::kOptimizer};
@@ -143,6 +144,33 @@ TEST(Search, TensorParallelGroupsDivideTheRanksWithTheStages) {
   p.tensor = 4;
   p.sequence_parallel = true;
   EXPECT_NE(describe_plan(p).find("split 4 ways with sequence parallelism"), std::string::npos);
+}
+
+// dp x cp x tp x pp: each split of a replica's ranks is searched with its own profile; a
+// context group divides the ranks with the tensor group and the stages, shares its replicas'
+// state (ZeRO over dp x cp: one replica's context ranks shard it too) and composes with stages.
+TEST(Search, ContextGroupsAreSplitsOfTheirOwnAndComposeWithStages) {
+  SearchOptions o;
+  o.ranks = {4, 8};
+  o.stages = {1, 2};
+  o.splits = {RankSplit{1, 1}, RankSplit{1, 2}, RankSplit{2, 2}};
+  o.precisions = {MixedPrecision::kOff};
+  o.policies = {MemoryPolicy::kNone, MemoryPolicy::kFull, MemoryPolicy::kStatic};
+  o.shards = {ShardLevel::kNone, ShardLevel::kOptimizer};
+  std::set<std::tuple<int, int, int, int>> layouts;  // replicas, context, tensor, stages
+  bool sharded_alone = false;
+  for (const Plan& p : candidate_plans(64, 1 << 20, o)) {
+    layouts.insert({p.ranks, p.context, p.tensor, p.stages});
+    EXPECT_EQ(p.devices() % (p.context * p.tensor * p.stages), 0);
+    EXPECT_EQ(p.micro_batch * p.accumulation * p.ranks, 64) << "a replica's context ranks train its samples";
+    if (p.context > 1) EXPECT_FALSE(plans_statically(p.policy)) << "the ranks' chunks evict apart";
+    sharded_alone |= p.context == 2 && p.ranks == 1 && p.shard == ShardLevel::kOptimizer;
+  }
+  EXPECT_EQ(layouts.count({2, 2, 1, 1}), 1u);
+  EXPECT_EQ(layouts.count({1, 2, 2, 2}), 1u) << "8 ranks as 2 context x 2 tensor x 2 stages";
+  EXPECT_EQ(layouts.count({1, 2, 1, 2}), 1u);
+  EXPECT_EQ(layouts.count({2, 1, 2, 1}), 0u) << "a split not asked for has no profile";
+  EXPECT_TRUE(sharded_alone) << "one replica's context ranks shard its state";
 }
 
 TEST(Search, PicksTheTrueOptimumForEitherObjective) {
@@ -171,7 +199,7 @@ TEST(Search, TheRankingDoesNotDependOnTheThreadsThatPredictIt) {
   SearchOptions o;
   o.ranks = {1, 2, 4, 8};
   o.shards = {ShardLevel::kNone, ShardLevel::kOptimizer, ShardLevel::kGradients, ShardLevel::kParameters};
-  o.tensor = {1, 2, 4};
+  o.splits = {RankSplit{1, 1}, RankSplit{2, 1}, RankSplit{4, 1}};
   o.stages = {1, 2};
   const std::vector<Plan> plans = candidate_plans(64, 200, o);
   ASSERT_GT(plans.size(), 4u * 64u) << "enough plans for four threads";
