@@ -332,8 +332,6 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   trace.device_memory = out.machine.device_memory;
   // Megatron's interleaved schedule beside 1F1B, two chunks a stage, for a cluster.
   if (traced) search.virtual_stages = 2;
-  // A model that needs a cluster may need one sample per micro-batch and many of them.
-  if (traced) search.max_accumulation = static_cast<int>(std::min<int64_t>(request.largest_micro_batch, 1024));
   // A rank of a run profiles on the cores it is bound to: no more threads than it may use.
   request.threads = out.machine.shared_host ? std::min(threads_per_rank(out.machine, 1), usable_cpus()) : at::get_num_threads();
   request.one_thread_point = out.machine.shared_host && most > 1 && request.threads > 1;
@@ -352,6 +350,14 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
       const int64_t largest = replica_batch(global_batch, fewest, t * c);
       out.split_profiles.emplace(split, split_profile(split_config, train, info, request, trace, largest));
     }
+  }
+  // A model that needs a cluster may need one sample per micro-batch and many of them: as many as
+  // the largest replica's samples (a split of t x c ranks makes fewer replicas, each with more).
+  if (traced) {
+    int64_t most_samples = 1;
+    for (const RankSplit& s : search.splits)
+      most_samples = std::max(most_samples, replica_batch(global_batch, fewest, s.tensor * s.context));
+    search.max_accumulation = static_cast<int>(std::min<int64_t>(most_samples, 1024));
   }
   if (search.splits.empty()) throw UserError(config.source + ": no tensor-parallel size to plan splits the model");
   search.sequence_parallel = sequence_parallel;
