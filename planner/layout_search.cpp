@@ -16,7 +16,8 @@ void drop_idle_eviction(std::vector<RankedPlan>& ranked) {
   auto twin_fits = [&](const Plan& p) {
     for (const RankedPlan& r : ranked) {
       const Plan& q = r.plan;
-      if (!evicts(q.policy) && q.ranks == p.ranks && q.micro_batch == p.micro_batch && q.precision == p.precision)
+      if (!evicts(q.policy) && q.ranks == p.ranks && q.split() == p.split() && q.stages == p.stages &&
+          q.schedule == p.schedule && q.shard == p.shard && q.micro_batch == p.micro_batch && q.precision == p.precision)
         return r.prediction.fits;
     }
     return false;

@@ -230,8 +230,9 @@ BlockRecomputeReplay block_recompute_terms(const ModelProfile& profile, const Pl
   out.working_bytes = std::llround(line(static_cast<double>(a.working_bytes), static_cast<double>(b.working_bytes)));
   // A keep share's cut may fall between other tensors of a block at the two sizes, and then the
   // kept bytes are off the line: it fell to -50 GB at 4 samples for Llama 3 8B at 128K tokens and
-  // tensor_parallel 2 (a negative block cost in the stages' cut). Replayed at the size itself.
-  if (out.kept_bytes < 0 || out.working_bytes < 0) {
+  // tensor_parallel 2 (a negative block cost in the stages' cut); where they fall from the smaller
+  // size to the larger, the line under-states them everywhere past it. Replayed at the size itself.
+  if (b.kept_bytes < a.kept_bytes || out.kept_bytes < 0 || out.working_bytes < 0) {
     return replay_blocks(profile, plan.micro_batch, plan.precision, plan.budget_bytes, keep);
   }
   // Time is not on the line: a kernel priced from its work at a device's efficiency curve runs

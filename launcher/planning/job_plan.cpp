@@ -194,8 +194,10 @@ std::vector<std::pair<int, Config>> tensor_configs(const Config& config, const D
 
 // The context sizes to plan at with tensor size `t` (each a profile; PlanArgs::context). Asked
 // sizes the sequence cannot split are left out with a warning (all of them: refused).
-std::vector<int> context_sizes(const Config& config, const DataInfo& info, const PlanArgs& args, const Machine& machine,
-                               int t) {
+std::vector<int> context_sizes(const Config& with_t, const DataInfo& info, const PlanArgs& args, const Machine& machine,
+                               int most) {
+  const Config& config = with_t;
+  const int t = static_cast<int>(with_t.parallel.tensor_parallel);
   // Each size is a profile held through the search (a 128K-token trace of Llama 3 8B: about 2.7 GB).
   std::vector<int> sizes = args.context;
   if (sizes.empty()) sizes.push_back(static_cast<int>(config.parallel.context_parallel));
@@ -204,7 +206,7 @@ std::vector<int> context_sizes(const Config& config, const DataInfo& info, const
   // a node, context groups beside ZeRO without tensor groups (its published CP rows are TP 1).
   const bool searched = args.context.empty() && config.parallel.context_parallel == 1 && t == 1;
   if (searched && decoder && !config.cluster.device.empty() && config.model.block_size >= kLongSequence) {
-    for (int c = 2; c <= machine.devices_per_node; c *= 2)
+    for (int c = 2; c <= machine.devices_per_node && t * c <= most; c *= 2)
       if (std::find(sizes.begin(), sizes.end(), c) == sizes.end()) sizes.push_back(c);
   }
   std::vector<int> out;
@@ -216,13 +218,15 @@ std::vector<int> context_sizes(const Config& config, const DataInfo& info, const
       why = "model.name = \"" + std::string(choice_name(config.model.name)) + "\" trains on no sequences to split";
     } else if (decoder) {
       DecoderOptions o = decoder_options(config.model, info.classes);
+      o.tensor_parallel = t;
+      o.sequence_parallel = with_t.parallel.sequence_parallel;
       o.context_parallel = c;
-      why = o.problem();
+      why = o.problem();  // with the tensor group's split too (sequence parallelism's pieces of T / c)
     }
     if (why.empty()) {
       out.push_back(c);
     } else if (!args.context.empty()) {
-      refused.push_back(std::to_string(c) + ": " + why);
+      refused.push_back(std::to_string(c) + (t > 1 ? " with --tensor " + std::to_string(t) : "") + ": " + why);
     }
   }
   if (!refused.empty()) {
@@ -326,9 +330,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   request.precisions = search.precisions;
   const int fewest = ranks.empty() ? 1 : *std::min_element(ranks.begin(), ranks.end());
   const int64_t global_batch = config.training.global_batch_size;
-  request.largest_micro_batch = replica_batch(global_batch, fewest, static_cast<int>(config.parallel.context_parallel));
-  request.sizes = args.trained_sizes;
-  trace.micro_batches = traced_sizes(request.largest_micro_batch);
+  request.sizes = args.trained_sizes;  // each split's largest micro-batch is its own (split_profile)
   trace.device_memory = out.machine.device_memory;
   // Megatron's interleaved schedule beside 1F1B, two chunks a stage, for a cluster.
   if (traced) search.virtual_stages = 2;
@@ -338,7 +340,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
   search.splits.clear();
   for (const auto& [t, with_t] : tensor_configs(config, info, args, out.machine, sequence_parallel)) {
-    for (int c : context_sizes(config, info, args, out.machine, t)) {
+    for (int c : context_sizes(with_t, info, args, out.machine, most)) {
       const RankSplit split{t, c};
       search.splits.push_back(split);
       if (args.profiles != nullptr && args.profiles->count(split) > 0) {
@@ -351,15 +353,7 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
       out.split_profiles.emplace(split, split_profile(split_config, train, info, request, trace, largest));
     }
   }
-  // A model that needs a cluster may need one sample per micro-batch and many of them: as many as
-  // the largest replica's samples (a split of t x c ranks makes fewer replicas, each with more).
-  if (traced) {
-    int64_t most_samples = 1;
-    for (const RankSplit& s : search.splits)
-      most_samples = std::max(most_samples, replica_batch(global_batch, fewest, s.tensor * s.context));
-    search.max_accumulation = static_cast<int>(std::min<int64_t>(most_samples, 1024));
-  }
-  if (search.splits.empty()) throw UserError(config.source + ": no tensor-parallel size to plan splits the model");
+  if (search.splits.empty()) throw UserError(config.source + ": no tensor- and context-parallel sizes to plan split the model");
   search.sequence_parallel = sequence_parallel;
   search.context_exchange = config.parallel.context_exchange;
   search.async_checkpoint = config.checkpoint.async && config.checkpoint.interval > 0;
@@ -372,6 +366,15 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   if (stages.empty()) stages = traced ? std::vector<int>{1, 2, 4, 8, 16} : std::vector<int>{1, 2, 4};
   for (int s : stages)
     if (s == 1 || s <= blocks) search.stages.push_back(s);
+  // A model that needs a cluster may need one sample per micro-batch and many of them: as many as
+  // the largest replica's samples (t x c ranks and stages make fewer replicas, each with more).
+  if (traced) {
+    int64_t most_samples = 1;
+    for (const RankSplit& split : search.splits)
+      for (int s : search.stages)
+        most_samples = std::max(most_samples, replica_batch(global_batch, fewest, split.tensor * split.context * s));
+    search.max_accumulation = static_cast<int>(std::min<int64_t>(most_samples, 1024));
+  }
   LayoutSearch layouts;
   layouts.options = search;
   layouts.global_batch = config.training.global_batch_size;

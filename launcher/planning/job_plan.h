@@ -19,7 +19,6 @@
 
 namespace ht {
 
-// What is planned for; empty fields take the defaults (docs/planner.md, "Options").
 // Tokens a sequence from which a cluster's search also splits it across context groups (PlanArgs::
 // context): the lengths torchtitan's and Megatron's context-parallel runs start from (Llama 3
 // 8B's published CP rows begin at 32K; at 8K, its pretraining length, attention's activations
@@ -27,6 +26,7 @@ namespace ht {
 // that only exchange more.
 constexpr int64_t kLongSequence = 16384;
 
+// What is planned for; empty fields take the defaults (docs/planner.md, "Options").
 struct PlanArgs {
   std::vector<int> ranks;                // rank counts; empty: 1, 2, 4, ... up to the machine's
   // Pipeline stages (each dividing a rank count, at most the blocks); empty: 1, 2 and 4, and for

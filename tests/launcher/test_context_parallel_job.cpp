@@ -142,6 +142,7 @@ TEST_F(ContextParallelJob, PipelineStagesCarryEachContextRanksChunks) {
     EXPECT_THAT(read_file(dir_.path(name + ".log")), HasSubstr("ranks: 4 (data-parallel 1 x context-parallel 2 x pipeline 2)"));
     expect_close_losses(losses(run), losses(one));
     EXPECT_NEAR(eval_number(run, "eval_loss"), eval_number(one, "eval_loss"), 1e-5);
+    EXPECT_EQ(eval_number(run, "eval_samples"), eval_number(one, "eval_samples"));
     expect_same_model(one + "/checkpoints/step_00000004", run + "/checkpoints/step_00000004", kAdamTolerance);
     if (layout.find("interleaved") != std::string::npos) continue;
     const double predicted = last_train_number(run + "/metrics.jsonl", "predicted_peak_bytes");
@@ -245,18 +246,22 @@ TEST_F(ContextParallelJob, ThePlannerPricesTheContextRanksPart) {
     }
     EXPECT_GT(count, 0);
   }
-  // c in the search: each size asked is a profile of its own, and stages carry context groups.
+  // c in the search: each (t, c) asked is a profile of its own, and stages carry context groups.
   const std::string out = dir_.path("plan_c"), log = out + ".log";
-  ASSERT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --context 1,2 --ranks 4 --stages 1,2 --job.output_dir=" + out,
-                       log), 0) << read_file(log);
+  ASSERT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --tensor 1,2 --context 1,2 --ranks 4 --stages 1,2 " +
+                           "--job.output_dir=" + out, log), 0) << read_file(log);
   std::set<std::pair<int, int>> context_stages;
+  bool both = false;
   std::ifstream plans(out + "/plans.jsonl");
   for (std::string line; std::getline(plans, line);) {
     const nlohmann::json plan = nlohmann::json::parse(line);
-    context_stages.insert({plan.at("context_parallel").get<int>(), plan.at("pipeline_parallel").get<int>()});
+    const int c = plan.at("context_parallel").get<int>();
+    if (plan.at("tensor_parallel").get<int>() == 1) context_stages.insert({c, plan.at("pipeline_parallel").get<int>()});
+    both |= plan.at("tensor_parallel").get<int>() == 2 && c == 2;
   }
-  for (const std::pair<int, int> layout : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}})
+  for (const std::pair<int, int>& layout : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}})
     EXPECT_EQ(context_stages.count(layout), 1u) << layout.first << " context ranks, " << layout.second << " stages";
+  EXPECT_TRUE(both) << "4 ranks as 2 context x 2 tensor";
 }
 
 // Each refused with status 2, naming the key and what would work, before anything is written.
