@@ -192,7 +192,11 @@ TEST_F(TensorParallelJob, OtherMemoryPoliciesKeepCollectivesAndChangeNoBit) {
   for (const std::string& policy : {std::string("hybrid"), std::string("static --memory.solve_time_s=1"),
                                     std::string("dtr --memory.kernel_costs=measured")}) {
     SCOPED_TRACE(policy);
-    const std::string run = train(2, "kept", bigger + "--memory.budget=17MB --memory.policy=" + policy);
+    // 20 MB, not the 17 MB where a dtr run first recomputes: what measured costs, host swap and a
+    // timed solve evict differs from run to run, so where the tensors that stay land does too,
+    // and at 17 MB one run in eight on a loaded machine found its free memory too scattered for
+    // a block. At 20 MB each policy still recomputes 16 to 74 ops (measured 2026-12-05).
+    const std::string run = train(2, "kept", bigger + "--memory.budget=20MB --memory.policy=" + policy);
     EXPECT_GT(last_train_number(run + "/metrics.jsonl", "recomputations"), 0);
     EXPECT_EQ(last_train_number(run + "/metrics.jsonl", "tensor_recomputed_bytes"), 0);
     expect_same_model(plain + "/checkpoints/step_00000003", run + "/checkpoints/step_00000003");
