@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <iostream>
 
 #ifndef HT_VERSION
@@ -89,6 +90,24 @@ std::vector<MixedPrecision> parse_precisions(const std::string& text) {
   }
 }
 
+// --context-exchange ring,all_gather: parallel.context_exchange's values.
+std::vector<ContextExchange> parse_exchanges(const std::string& text) {
+  std::vector<ContextExchange> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string word = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::optional<ContextExchange> exchange = parse_choice<ContextExchange>(word);
+    if (!exchange) {
+      throw UserError("--context-exchange " + text + ": '" + word + "' is not a way to exchange keys and values; use "
+                      "ring or all_gather (parallel.context_exchange's values), e.g. --context-exchange ring,all_gather");
+    }
+    if (std::find(out.begin(), out.end(), *exchange) == out.end()) out.push_back(*exchange);
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
 CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   CommandLine cl;
   cl.plan = true;
@@ -97,7 +116,7 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
                "writes the best as <job.output_dir>/plan.toml."};
   app.name("hybrid_train plan");
   app.allow_extras();
-  std::string ranks, stages, tensor, context, memory, objective = "time", precisions;
+  std::string ranks, stages, tensor, context, exchanges, memory, objective = "time", precisions;
   int max_ranks = 0;
   app.add_option("config", cl.config_path, "the job's TOML file, e.g. configs/resnet18_fmnist.toml");
   app.add_option("--ranks", ranks, "rank counts to consider: 1,2,4 or 1..8 (default: 1, 2, 4, ... up to the "
@@ -111,6 +130,9 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
                                        "(default: parallel.context_parallel; where that is 1, with --cluster and "
                                        "model.block_size of 16384 or more, also powers of two up to a node's devices "
                                        "with tensor size 1)");
+  app.add_option("--context-exchange", exchanges, "how each context size's attention exchanges keys and values, "
+                                                  "each profiled apart: ring, all_gather or ring,all_gather (default: "
+                                                  "parallel.context_exchange)");
   app.add_option("--device-memory", memory, "memory per device (rank), e.g. 16GiB (default: memory.budget, else "
                                             "[cluster].device_memory, else this machine's memory shared by the ranks)");
   app.add_option("--objective", objective, "time (fastest step) or cost (fewest device-hours per epoch)")
@@ -151,6 +173,7 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   if (!stages.empty()) a.stages = parse_ranks(stages, "--stages");
   if (!tensor.empty()) a.tensor = parse_ranks(tensor, "--tensor");
   if (!context.empty()) a.context = parse_ranks(context, "--context");
+  if (!exchanges.empty()) a.context_exchanges = parse_exchanges(exchanges);
   if (!memory.empty()) {
     const auto bytes = parse_byte_size(memory, 0);
     if (!bytes || *bytes <= 0) {

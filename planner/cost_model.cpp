@@ -203,8 +203,9 @@ Prediction predict(const ModelProfile& profile, const Machine& machine, const Pl
                                 " from the profile of a rank of " + std::to_string(profile.tensor_parallel));
   }
   if (plan.context != profile.context_parallel || (plan.context > 1 && plan.context_exchange != profile.context_exchange)) {
-    throw std::invalid_argument("predict: a plan of context_parallel " + std::to_string(plan.context) +
-                                " from the profile of a rank of " + std::to_string(profile.context_parallel));
+    throw std::invalid_argument("predict: a plan of context_parallel " + std::to_string(plan.context) + " (" +
+                                choice_name(plan.context_exchange) + ") from the profile of a rank of " +
+                                std::to_string(profile.context_parallel) + " (" + choice_name(profile.context_exchange) + ")");
   }
   Prediction p;
   state_memory_terms(profile, plan, p);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ht {
@@ -25,11 +26,18 @@ inline constexpr double kStageKeepLadder[] = {0.75, 0.5, 0.25, 0.0};
 
 // How a plan's layers and sequences are split among a replica's ranks: the profile a plan is
 // predicted from is one rank's part of the model at this split (tensor-parallel size, context-
-// parallel size), so the search keys its profiles by it.
+// parallel size and, with c > 1, how the context group's attention exchanges keys and values:
+// the ring holds two chunks of them while it runs, the gathers the whole sequence's), so the
+// search keys its profiles by it. One context rank has no exchange: kRing, always.
 struct RankSplit {
   int tensor = 1, context = 1;
-  bool operator<(const RankSplit& o) const { return tensor != o.tensor ? tensor < o.tensor : context < o.context; }
-  bool operator==(const RankSplit& o) const { return tensor == o.tensor && context == o.context; }
+  ContextExchange exchange = ContextExchange::kRing;
+  bool operator<(const RankSplit& o) const {
+    return std::tie(tensor, context, exchange) < std::tie(o.tensor, o.context, o.exchange);
+  }
+  bool operator==(const RankSplit& o) const {
+    return tensor == o.tensor && context == o.context && exchange == o.exchange;
+  }
 };
 
 // One way to train the job: what the search chooses among.
@@ -87,7 +95,7 @@ struct Plan {
   // The ranks that hold the same weights: the data-parallel group that averages the gradients
   // and that ZeRO shards the state over (each replica's context ranks among them).
   int weight_replicas() const { return ranks * context; }
-  RankSplit split() const { return {tensor, context}; }
+  RankSplit split() const { return {tensor, context, context > 1 ? context_exchange : ContextExchange::kRing}; }
 };
 
 // What the model predicts for a plan, each term on its own.

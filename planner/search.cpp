@@ -270,7 +270,7 @@ std::vector<Plan> candidate_plans(int64_t global_batch, int64_t device_memory, c
             p.tensor = tensor;
             p.sequence_parallel = tensor > 1 && options.sequence_parallel;
             p.context = context;
-            p.context_exchange = options.context_exchange;
+            p.context_exchange = split.exchange;
             p.async_checkpoint = options.async_checkpoint;
             p.micro_batch = local / accumulation;
             p.accumulation = accumulation;

@@ -24,12 +24,11 @@ struct SearchOptions {
   std::vector<ShardLevel> shards{ShardLevel::kNone};
   // The splits of a replica's ranks to consider (one profile each): tensor-parallel group sizes
   // (1: none), each with or without sequence parallelism as `sequence_parallel` says, and context
-  // groups (1: none), each exchanging keys and values as `context_exchange` says; a plan's
-  // tensor x context ranks divide its rank count with its stages, and its ranks are its
-  // replicas' context ranks too.
+  // groups (1: none), each exchanging keys and values as its split says (the same size with both
+  // exchanges: two splits); a plan's tensor x context ranks divide its rank count with its
+  // stages, and its ranks are its replicas' context ranks too.
   std::vector<RankSplit> splits{RankSplit{}};
   bool sequence_parallel = true;
-  ContextExchange context_exchange = ContextExchange::kRing;
   bool async_checkpoint = false;  // checkpoint.async: every plan holds its copy (Plan::async_checkpoint)
   // per_block also with memory.block_offload, at every share and at none (where the device is the
   // host: CPU ranks; on a GPU the CUDA host link is not built), without tensor parallelism or ZeRO-3.

@@ -276,6 +276,48 @@ ModelProfile split_profile(const Config& c, const Dataset* train, const DataInfo
   return local_profile(c, *train, info, request, trace.micro_batches);
 }
 
+// What profile_splits needs besides the job: how to profile, and the ranks planned.
+struct SplitRequest {
+  const ProfileRequest& request;
+  const TraceRequest& trace;
+  int most = 1, fewest = 1;  // ranks planned
+  bool sequence_parallel = true;
+};
+
+// Every split of a replica's ranks to search (t x c and, at c > 1, each exchange asked), each
+// profiled into out.split_profiles: the caller's profile where it has one (args.profiles), else
+// traced or measured here.
+std::vector<RankSplit> profile_splits(const Config& config, const Dataset* train, const DataInfo& info,
+                                      const PlanArgs& args, const SplitRequest& r, JobPlan& out) {
+  std::vector<RankSplit> splits;
+  std::vector<ContextExchange> exchanges = args.context_exchanges;
+  if (exchanges.empty()) exchanges = {config.parallel.context_exchange};
+  for (const auto& [t, with_t] : tensor_configs(config, info, args, out.machine, r.sequence_parallel)) {
+    for (int c : context_sizes(with_t, info, args, out.machine, r.most)) {
+      for (ContextExchange exchange : c > 1 ? exchanges : std::vector<ContextExchange>{ContextExchange::kRing}) {
+        const RankSplit split{t, c, exchange};
+        splits.push_back(split);
+        if (args.profiles != nullptr && args.profiles->count(split) > 0) {
+          out.split_profiles.emplace(split, args.profiles->at(split));
+          continue;
+        }
+        Config split_config = with_t;
+        split_config.parallel.context_parallel = c;
+        split_config.parallel.context_exchange = exchange;
+        const int64_t largest = replica_batch(config.training.global_batch_size, r.fewest, t * c);
+        out.split_profiles.emplace(split, split_profile(split_config, train, info, r.request, r.trace, largest));
+      }
+    }
+  }
+  if (splits.empty()) throw UserError(config.source + ": no tensor- and context-parallel sizes to plan split the model");
+  const bool any_context = std::any_of(splits.begin(), splits.end(), [](const RankSplit& s) { return s.context > 1; });
+  if (!args.context_exchanges.empty() && !any_context) {
+    std::fprintf(stderr, "hybrid_train: warning: --context-exchange: no context-parallel size above 1 is planned, so no "
+                         "plan exchanges keys and values; ask for one with --context, e.g. --context 1,2\n");
+  }
+  return splits;
+}
+
 }  // namespace
 
 JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& info, const PlanArgs& args) {
@@ -338,24 +380,9 @@ JobPlan plan_job(const Config& config, const Dataset* train, const DataInfo& inf
   request.threads = out.machine.shared_host ? std::min(threads_per_rank(out.machine, 1), usable_cpus()) : at::get_num_threads();
   request.one_thread_point = out.machine.shared_host && most > 1 && request.threads > 1;
   const bool sequence_parallel = config.parallel.tensor_parallel > 1 ? config.parallel.sequence_parallel : true;
-  search.splits.clear();
-  for (const auto& [t, with_t] : tensor_configs(config, info, args, out.machine, sequence_parallel)) {
-    for (int c : context_sizes(with_t, info, args, out.machine, most)) {
-      const RankSplit split{t, c};
-      search.splits.push_back(split);
-      if (args.profiles != nullptr && args.profiles->count(split) > 0) {
-        out.split_profiles.emplace(split, args.profiles->at(split));
-        continue;
-      }
-      Config split_config = with_t;
-      split_config.parallel.context_parallel = c;
-      const int64_t largest = replica_batch(global_batch, fewest, t * c);
-      out.split_profiles.emplace(split, split_profile(split_config, train, info, request, trace, largest));
-    }
-  }
-  if (search.splits.empty()) throw UserError(config.source + ": no tensor- and context-parallel sizes to plan split the model");
+  search.splits = profile_splits(config, train, info, args, SplitRequest{request, trace, most, fewest, sequence_parallel},
+                                 out);
   search.sequence_parallel = sequence_parallel;
-  search.context_exchange = config.parallel.context_exchange;
   search.async_checkpoint = config.checkpoint.async && config.checkpoint.interval > 0;
   out.profile = out.split_profiles.at(search.splits.front());
 

@@ -52,6 +52,11 @@ struct PlanArgs {
   // node's devices without tensor groups (their exchanges stay on NVLink; torchtitan's long-context
   // recipe). Sizes the sequence cannot split are skipped.
   std::vector<int> context;
+  // How each context size's attention exchanges keys and values (each a profile of its own: the
+  // gathers hold the whole sequence's keys and values while a layer's attention runs, the ring two
+  // chunks); empty: parallel.context_exchange alone. Both where asked: the gathers send the same
+  // bytes in fewer, larger messages, so where both fit the search weighs their steps.
+  std::vector<ContextExchange> context_exchanges;
   std::string devices_file;  // --devices: a catalog of the user's over the built-in one
   // The micro-batch sizes a profile of this machine trains (launcher/planning/profiler.h); empty:
   // every size a plan may use. A run that only checks its own plan trains its own size.

@@ -246,22 +246,25 @@ TEST_F(ContextParallelJob, ThePlannerPricesTheContextRanksPart) {
     }
     EXPECT_GT(count, 0);
   }
-  // c in the search: each (t, c) asked is a profile of its own, and stages carry context groups.
+  // c and the exchange in the search: each (t, c, exchange) asked is a profile of its own, and
+  // stages carry context groups.
   const std::string out = dir_.path("plan_c"), log = out + ".log";
   ASSERT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --tensor 1,2 --context 1,2 --ranks 4 --stages 1,2 " +
-                           "--job.output_dir=" + out, log), 0) << read_file(log);
+                           "--context-exchange ring,all_gather --job.output_dir=" + out, log), 0) << read_file(log);
   std::set<std::pair<int, int>> context_stages;
-  bool both = false;
+  std::set<std::pair<int, std::string>> tensor_exchanges;  // at c = 2
   std::ifstream plans(out + "/plans.jsonl");
   for (std::string line; std::getline(plans, line);) {
     const nlohmann::json plan = nlohmann::json::parse(line);
-    const int c = plan.at("context_parallel").get<int>();
-    if (plan.at("tensor_parallel").get<int>() == 1) context_stages.insert({c, plan.at("pipeline_parallel").get<int>()});
-    both |= plan.at("tensor_parallel").get<int>() == 2 && c == 2;
+    const int c = plan.at("context_parallel").get<int>(), t = plan.at("tensor_parallel").get<int>();
+    if (t == 1) context_stages.insert({c, plan.at("pipeline_parallel").get<int>()});
+    if (c == 2) tensor_exchanges.insert({t, plan.at("context_exchange").get<std::string>()});
   }
   for (const std::pair<int, int>& layout : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}})
     EXPECT_EQ(context_stages.count(layout), 1u) << layout.first << " context ranks, " << layout.second << " stages";
-  EXPECT_TRUE(both) << "4 ranks as 2 context x 2 tensor";
+  for (const std::pair<int, std::string>& split : {std::pair<int, std::string>{1, "ring"}, {1, "all_gather"}, {2, "ring"},
+                                                   {2, "all_gather"}})
+    EXPECT_EQ(tensor_exchanges.count(split), 1u) << "t = " << split.first << " beside c = 2 exchanging by " << split.second;
 }
 
 // Each refused with status 2, naming the key and what would work, before anything is written.
@@ -279,6 +282,11 @@ TEST_F(ContextParallelJob, LayoutsThatCannotSplitTheSequenceAreRefusedNamingTheK
   EXPECT_EQ(WEXITSTATUS(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --context 3 --job.output_dir=" +
                                        dir_.path("plan_refused"), log)), 2);
   EXPECT_THAT(read_file(log), HasSubstr("no context-parallel size asked splits the sequence: --context 3: "));
+  EXPECT_FALSE(std::filesystem::exists(dir_.path("plan_refused")));
+  EXPECT_EQ(WEXITSTATUS(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --context 2 --context-exchange ring,gather "
+                                       "--job.output_dir=" + dir_.path("plan_refused"), log)), 2);
+  EXPECT_THAT(read_file(log), HasSubstr("--context-exchange ring,gather: 'gather' is not a way to exchange keys and values; "
+                                        "use ring or all_gather"));
   EXPECT_FALSE(std::filesystem::exists(dir_.path("plan_refused")));
   for (const auto& [options, message] : cases) {
     SCOPED_TRACE(options);

@@ -173,6 +173,26 @@ TEST(Search, ContextGroupsAreSplitsOfTheirOwnAndComposeWithStages) {
   EXPECT_TRUE(sharded_alone) << "one replica's context ranks shard its state";
 }
 
+// The context group's exchange is part of the split (a profile each: what a layer's attention
+// holds differs): one size with both exchanges makes plans of each, and each plan's split names
+// its own profile; one context rank exchanges nothing, whatever a plan says.
+TEST(Search, EachExchangeOfAContextSizeIsASplitOfItsOwn) {
+  SearchOptions o;
+  o.ranks = {4};
+  o.splits = {RankSplit{1, 1}, RankSplit{1, 2, ContextExchange::kRing}, RankSplit{1, 2, ContextExchange::kAllGather}};
+  o.precisions = {MixedPrecision::kOff};
+  o.policies = {MemoryPolicy::kNone};
+  std::set<RankSplit> seen;
+  for (const Plan& p : candidate_plans(64, 1 << 20, o)) {
+    seen.insert(p.split());
+    if (p.context > 1) EXPECT_EQ(p.split().exchange, p.context_exchange);
+  }
+  EXPECT_EQ(seen, std::set<RankSplit>(o.splits.begin(), o.splits.end()));
+  Plan one;
+  one.context_exchange = ContextExchange::kAllGather;
+  EXPECT_EQ(one.split(), RankSplit{}) << "c = 1 keys the one profile of its tensor size";
+}
+
 TEST(Search, PicksTheTrueOptimumForEitherObjective) {
   SearchOptions o;
   o.ranks = {1, 2, 4, 8};
