@@ -73,36 +73,19 @@ std::vector<int> parse_ranks(const std::string& text, const std::string& option 
   return out;
 }
 
-std::vector<MixedPrecision> parse_precisions(const std::string& text) {
-  std::vector<MixedPrecision> out;
+// `option`'s comma-separated words of one choice (--precisions off,bf16), each kept once; a word
+// that is none of them is refused as "'word' is not <a_what>; <advice>".
+template <typename Choice>
+std::vector<Choice> parse_choice_list(const std::string& option, const std::string& text, const std::string& a_what,
+                                      const std::string& advice) {
+  std::vector<Choice> out;
   size_t start = 0;
   while (true) {
     const size_t comma = text.find(',', start);
     const std::string word = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    const std::optional<MixedPrecision> precision = parse_choice<MixedPrecision>(word);
-    if (!precision) {
-      throw UserError("--precisions " + text + ": '" + word + "' is not a precision; use off, bf16 or fp16, e.g. "
-                      "--precisions off,bf16");
-    }
-    out.push_back(*precision);
-    if (comma == std::string::npos) return out;
-    start = comma + 1;
-  }
-}
-
-// --context-exchange ring,all_gather: parallel.context_exchange's values.
-std::vector<ContextExchange> parse_exchanges(const std::string& text) {
-  std::vector<ContextExchange> out;
-  size_t start = 0;
-  while (true) {
-    const size_t comma = text.find(',', start);
-    const std::string word = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    const std::optional<ContextExchange> exchange = parse_choice<ContextExchange>(word);
-    if (!exchange) {
-      throw UserError("--context-exchange " + text + ": '" + word + "' is not a way to exchange keys and values; use "
-                      "ring or all_gather (parallel.context_exchange's values), e.g. --context-exchange ring,all_gather");
-    }
-    if (std::find(out.begin(), out.end(), *exchange) == out.end()) out.push_back(*exchange);
+    const std::optional<Choice> choice = parse_choice<Choice>(word);
+    if (!choice) throw UserError(option + " " + text + ": '" + word + "' is not " + a_what + "; " + advice);
+    if (std::find(out.begin(), out.end(), *choice) == out.end()) out.push_back(*choice);
     if (comma == std::string::npos) return out;
     start = comma + 1;
   }
@@ -173,7 +156,11 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   if (!stages.empty()) a.stages = parse_ranks(stages, "--stages");
   if (!tensor.empty()) a.tensor = parse_ranks(tensor, "--tensor");
   if (!context.empty()) a.context = parse_ranks(context, "--context");
-  if (!exchanges.empty()) a.context_exchanges = parse_exchanges(exchanges);
+  if (!exchanges.empty()) {
+    a.context_exchanges = parse_choice_list<ContextExchange>(
+        "--context-exchange", exchanges, "a way to exchange keys and values",
+        "use ring or all_gather (parallel.context_exchange's values), e.g. --context-exchange ring,all_gather");
+  }
   if (!memory.empty()) {
     const auto bytes = parse_byte_size(memory, 0);
     if (!bytes || *bytes <= 0) {
@@ -183,7 +170,10 @@ CommandLine parse_plan_command_line(int argc, const char* const* argv) {
   }
   a.objective = objective == "cost" ? Objective::kCost : Objective::kTime;
   a.max_ranks = max_ranks;
-  if (!precisions.empty()) a.precisions = parse_precisions(precisions);
+  if (!precisions.empty()) {
+    a.precisions = parse_choice_list<MixedPrecision>("--precisions", precisions, "a precision",
+                                                     "use off, bf16 or fp16, e.g. --precisions off,bf16");
+  }
   return cl;
 }
 

@@ -25,6 +25,15 @@ struct Batch {
 // parallelism.
 Batch context_part(const Batch& batch, const ContextLayout& layout);
 
+// The batch where its copies to `device` need not hold the host: for a GPU, in page-locked host
+// memory (each micro-batch then copied with non_blocking, queued behind the step's kernels, where
+// a blocking copy waits for every one of them: a host synchronisation per micro-batch); for the
+// CPU, the batch itself.
+Batch staged_for(const Batch& batch, at::Device device);
+
+// A micro-batch's tensor on `device`, copied without blocking the host (staged_for's memory).
+at::Tensor on_device(const at::Tensor& staged, at::Device device);
+
 // What the model needs to know about the data.
 struct DataInfo {
   Task task = Task::kClassification;

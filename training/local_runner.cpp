@@ -4,17 +4,19 @@
 
 namespace ht {
 
-double LocalRunner::run(const Batch& batch, double loss_seed, GradientSync& sync) {
-  double loss = 0;
+at::Tensor LocalRunner::run(const Batch& batch, double loss_seed, GradientSync& sync) {
+  // The mean in double, each micro-batch's loss divided and added in turn: the bits of the same
+  // sum made on the host from each loss read.
+  at::Tensor loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(engine_.device));
   const int64_t micro_batches = batch_.micro_batches, size = batch_.micro;
   for (int64_t k = 0; k < micro_batches; ++k) {
     const Batch micro{batch.input.narrow(0, k * size, size), batch.target.narrow(0, k * size, size)};
-    loss += forward_backward(micro, loss_seed, sync, k + 1 == micro_batches) / static_cast<double>(micro_batches);
+    loss.add_(forward_backward(micro, loss_seed, sync, k + 1 == micro_batches).to(at::kDouble).div(micro_batches));
   }
   return loss;
 }
 
-double LocalRunner::forward_backward(const Batch& micro, double loss_seed, GradientSync& sync, bool last) {
+at::Tensor LocalRunner::forward_backward(const Batch& micro, double loss_seed, GradientSync& sync, bool last) {
   Interpreter& interp = engine_.interp;
   Model& model = *engine_.model;
   // One micro-batch is the step a static plan captures and runs (memory/static_plan.h).
@@ -24,8 +26,8 @@ double LocalRunner::forward_backward(const Batch& micro, double loss_seed, Gradi
     // A step that threw is not one to plan from.
     ~Step() { memory.end_step(/*completed=*/std::uncaught_exceptions() == 0); }
   } step{engine_.memory};
-  Tensor loss = model.loss(model.forward(interp.input(micro.input.to(engine_.device))),
-                           interp.input(micro.target.to(engine_.device)));
+  Tensor loss = model.loss(model.forward(interp.input(on_device(micro.input, engine_.device))),
+                           interp.input(on_device(micro.target, engine_.device)));
   struct Listening {
     Interpreter& interp;
     ~Listening() { interp.set_gradient_listener(nullptr); }  // also when backward throws
@@ -34,7 +36,7 @@ double LocalRunner::forward_backward(const Batch& micro, double loss_seed, Gradi
   // d(seed * loss) = seed * d(loss): seeding backward with the scale adds no op to the graph.
   interp.backward({loss}, {at::full(loss.sizes(), loss_seed, loss.options())});
   sync.backward_ended();
-  return loss.value().item<double>();
+  return loss.value().detach();
 }
 
 Tensor LocalRunner::forward_only(Interpreter& interp, const at::Tensor& input, int64_t) {

@@ -6,7 +6,7 @@
 
 namespace ht {
 
-double PipelineRunner::run(const Batch& batch, double loss_seed, GradientSync&) {
+at::Tensor PipelineRunner::run(const Batch& batch, double loss_seed, GradientSync&) {
   double loss = 0;
   {
     // The whole pipeline step is one step for the memory manager: its micro-batches interleave.
@@ -17,8 +17,9 @@ double PipelineRunner::run(const Batch& batch, double loss_seed, GradientSync&) 
     } step{engine_.memory};
     loss = stage_->train_step(engine_.interp, batch.input, batch.target, batch_.micro, loss_seed);
   }
-  // Only the stage holding the loss has it; the others add zeros, exactly.
-  return stage_->sum(loss, "the loss");
+  // Only the stage holding the loss has it; the others add zeros, exactly. (A host value: the
+  // stages' sum is a collective of the host's, and a stage reads each micro-batch's loss.)
+  return at::scalar_tensor(stage_->sum(loss, "the loss"), at::kDouble);
 }
 
 void PipelineRunner::step_ended(int64_t peak_bytes) {

@@ -16,7 +16,7 @@ class PipelineRunner final : public StepRunner {
  public:
   PipelineRunner(Engine& engine, const BatchPlan& batch, std::shared_ptr<PipelineStage> stage)
       : engine_(engine), batch_(batch), stage_(std::move(stage)) {}
-  double run(const Batch& batch, double loss_seed, GradientSync& sync) override;
+  at::Tensor run(const Batch& batch, double loss_seed, GradientSync& sync) override;
   Tensor forward_only(Interpreter& interp, const at::Tensor& input, int64_t n) override {
     return stage_->forward_only(interp, input, n);
   }

@@ -19,8 +19,10 @@ class StepRunner {
   // Forward and backward of `batch` (this replica's share of a step: plan.batch.micro_batches
   // micro-batches), each backward seeded with `loss_seed` (1 / micro-batches, times fp16's loss
   // scale); the gradients accumulate in the parameters' slots, and `sync` hears each backward.
-  // One step of the memory manager's. Returns the replica's mean loss over its micro-batches.
-  virtual double run(const Batch& batch, double loss_seed, GradientSync& sync) = 0;
+  // One step of the memory manager's. Returns the replica's mean loss over its micro-batches, a
+  // double on the device, unread: the host reads it once the step's update is queued (reading it
+  // here would hold the host until the device finished each micro-batch).
+  virtual at::Tensor run(const Batch& batch, double loss_seed, GradientSync& sync) = 0;
   // Evaluation's forward of `n` samples on `interp` (no gradients): the model's output where the
   // loss is computed, undefined on the ranks where it is not.
   virtual Tensor forward_only(Interpreter& interp, const at::Tensor& input, int64_t n) = 0;
@@ -35,11 +37,11 @@ class StepRunner {
 class LocalRunner final : public StepRunner {
  public:
   LocalRunner(Engine& engine, const BatchPlan& batch) : engine_(engine), batch_(batch) {}
-  double run(const Batch& batch, double loss_seed, GradientSync& sync) override;
+  at::Tensor run(const Batch& batch, double loss_seed, GradientSync& sync) override;
   Tensor forward_only(Interpreter& interp, const at::Tensor& input, int64_t n) override;
 
  private:
-  double forward_backward(const Batch& micro, double loss_seed, GradientSync& sync, bool last);
+  at::Tensor forward_backward(const Batch& micro, double loss_seed, GradientSync& sync, bool last);
   Engine& engine_;
   BatchPlan batch_;
 };

@@ -70,15 +70,16 @@ void Trainer::resume_from(const std::string& folder) {
 
 // One step: forward and backward of this replica's share of the batch, the gradients combined,
 // the optimizer's update.
-Trainer::StepResult Trainer::train_step() {
+Trainer::StepResult Trainer::train_step(bool phases_apart) {
   const StepStart counters = begin_step();
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
   parts_.groups->step_begins(state_.step + 1);
-  const Batch batch = context_part(data_.train->batch(sampler_.next()), context_);
+  const Batch batch = staged_for(context_part(data_.train->batch(sampler_.next()), context_), engine_->device);
   const auto compute_start = std::chrono::steady_clock::now();
   const double loss_seed = parts_.optimizer->loss_scale() / static_cast<double>(plan_.batch.micro_batches);
-  r.loss = parts_.runner->run(batch, loss_seed, *parts_.sync);
+  const at::Tensor loss = parts_.runner->run(batch, loss_seed, *parts_.sync);
+  if (phases_apart) loss.item<double>();  // read: the device's forward and backward have ended
   r.forward_backward_ms = ms_since(compute_start);
   // The two phases' peaks apart: forward and backward's grows with the micro-batch, the
   // optimizer's with the largest tensor it steps (the planner scales each on its own).
@@ -87,10 +88,12 @@ Trainer::StepResult Trainer::train_step() {
   // The gradients of this rank's slice are complete: combined over the replicas, once per
   // optimizer step (with overlap, most buckets are under way already).
   parts_.sync->begin()->wait();
-  r.loss = parts_.groups->replicas().mean(r.loss, "the loss");
   r.lr = parts_.optimizer->learning_rate(state_.step, total_steps_);
   const auto optimizer_start = std::chrono::steady_clock::now();
   const StepOutcome outcome = parts_.optimizer->step(r.lr);
+  // Read once the update is queued: the host has not waited for the device since the step began
+  // (but where the optimizer reads the gradients' norm: training/optimizer.h).
+  r.loss = parts_.groups->replicas().mean(loss.item<double>(), "the loss");
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
   r.optimizer_ms = ms_since(optimizer_start);
@@ -109,7 +112,7 @@ Trainer::StepMeasurement Trainer::measure_step() {
   StepMeasurement m;
   const CpuArena* arena = engine_->arena.get();
   m.in_use_before = arena ? arena->stats().in_use : 0;
-  const StepResult r = train_step();
+  const StepResult r = train_step(/*phases_apart=*/true);
   m.step_ms = r.ms;
   m.forward_backward_ms = r.forward_backward_ms;
   m.optimizer_ms = r.optimizer_ms;

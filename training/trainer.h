@@ -127,7 +127,9 @@ class Trainer {
   void end_step(const StepStart& start, StepResult& r);
   void trace_step_begins();
   void trace_step_ended();
-  StepResult train_step();
+  // `phases_apart`: the forward and backward timed on their own (the profiler's step), the host
+  // waiting for the device at their end; a training step does not wait before its update.
+  StepResult train_step(bool phases_apart = false);
   bool eval_due() const;
   // A collective of the replicas (their per-rank figures): every rank calls it.
   void log_step(StepResult& r);
