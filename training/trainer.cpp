@@ -91,12 +91,13 @@ Trainer::StepResult Trainer::train_step(bool phases_apart) {
   r.lr = parts_.optimizer->learning_rate(state_.step, total_steps_);
   const auto optimizer_start = std::chrono::steady_clock::now();
   const StepOutcome outcome = parts_.optimizer->step(r.lr);
+  r.optimizer_ms = ms_since(optimizer_start);
   // Read once the update is queued: the host has not waited for the device since the step began
-  // (but where the optimizer reads the gradients' norm: training/optimizer.h).
+  // (but where the optimizer reads the gradients' norm: training/optimizer.h). Outside the
+  // optimizer's time: the replicas' mean waits for the slowest of them.
   r.loss = parts_.groups->replicas().mean(loss.item<double>(), "the loss");
   r.grad_norm = outcome.grad_norm;
   r.skipped = !outcome.stepped;
-  r.optimizer_ms = ms_since(optimizer_start);
   ++state_.step;
   if (auto scaler = parts_.optimizer->scaler_state()) state_.loss_scaler = scaler;
   state_.sampler = sampler_.position();

@@ -72,7 +72,7 @@ struct PlanArgs {
 
 struct JobPlan {
   ModelProfile profile;  // of the first split planned (a rank's part of the model)
-  SplitProfiles split_profiles;  // by tensor-parallel and context size, the first's included
+  SplitProfiles split_profiles;  // by tensor-parallel and context size and exchange, the first's included
   Machine machine;
   std::vector<RankedPlan> ranked;  // best first; ranked[0].prediction.fits when anything fits
   std::string why;                 // why ranked[0] wins

@@ -41,7 +41,7 @@ std::string plan_toml(const Config& config, const JobPlan& plan) {
 }
 
 // The predicted compute split by op as the step the cost model prices at a plan's micro-batch
-// splits it (its share of each op), by the profile of the plan's split (tensor, context), the
+// splits it (its share of each op), by the profile of the plan's split (tensor, context, exchange), the
 // micro-batch and the precision (the kernels' times do not depend on the batch accumulated): a
 // search's thousands of plans price a few dozen steps' kernels (kernel_times: no trace is made).
 using OpShares = std::vector<std::pair<std::string, double>>;
@@ -51,7 +51,7 @@ class OpSharesOfPlans {
   const OpShares* of(const Plan& p) {
     const auto profile = plan_.split_profiles.find(p.split());
     if (profile == plan_.split_profiles.end() || profile->second.points.empty()) return nullptr;
-    const auto key = std::make_tuple(p.tensor, p.context, p.micro_batch, static_cast<int>(p.precision));
+    const auto key = std::make_tuple(p.split(), p.micro_batch, static_cast<int>(p.precision));
     auto it = shares_.find(key);
     if (it == shares_.end()) {
       OpShares shares;
@@ -64,7 +64,7 @@ class OpSharesOfPlans {
 
  private:
   const JobPlan& plan_;
-  std::map<std::tuple<int, int, int64_t, int>, OpShares> shares_;
+  std::map<std::tuple<RankSplit, int64_t, int>, OpShares> shares_;
 };
 
 JsonObject plan_record(const RankedPlan& r, const OpShares* shares) {

@@ -265,6 +265,11 @@ TEST_F(ContextParallelJob, ThePlannerPricesTheContextRanksPart) {
   for (const std::pair<int, std::string>& split : {std::pair<int, std::string>{1, "ring"}, {1, "all_gather"}, {2, "ring"},
                                                    {2, "all_gather"}})
     EXPECT_EQ(tensor_exchanges.count(split), 1u) << "t = " << split.first << " beside c = 2 exchanging by " << split.second;
+  // The plan written trains the exchange planned, not the config's (ring, the default).
+  const std::string gathered = dir_.path("plan_gathered");
+  ASSERT_EQ(run_logged(std::string(HT_BINARY) + " plan " + config_ + " --context 2 --context-exchange all_gather --ranks 2 "
+                           "--job.output_dir=" + gathered, gathered + ".log"), 0) << read_file(gathered + ".log");
+  EXPECT_THAT(read_file(gathered + "/plan.toml"), HasSubstr("context_exchange = \"all_gather\""));
 }
 
 // Each refused with status 2, naming the key and what would work, before anything is written.

@@ -113,28 +113,30 @@ TEST(TrainerParts, ATestsOwnGradientSyncRunsInThePlansPlace) {
 
 // The step runner leaves the loss on the device, unread (the trainer reads it once the update is
 // queued: no host synchronisation per micro-batch on a GPU): a double holding the bits of the mean
-// the host made from each micro-batch's loss read in turn. On the CPU the batch is staged as is.
+// the host made from each micro-batch's loss read in turn (3 of them: a division that rounds). On
+// the CPU the batch is staged as is.
 TEST(TrainerParts, TheRunnersLossStaysOnTheDeviceAsTheMicroBatchesMean) {
-  const RunPlan plan = sgd_plan(0.1);
+  RunPlan plan = sgd_plan(0.1);
+  plan.batch = BatchPlan{24, 8, 3};
   at::manual_seed(7);
   std::shared_ptr<Model> model = model_case("mlp").make();
   DataSplits data = mlp_data();
   Engine engine(plan, model, nullptr);
   TrainerParts parts = make_trainer_parts(plan, data, engine, {});
-  const Batch batch = data.train->slice(0, 16);
+  const Batch batch = data.train->slice(0, 24);
   const Batch staged = staged_for(batch, engine.device);
   EXPECT_TRUE(staged.input.is_same(batch.input) && staged.target.is_same(batch.target));
   const uint64_t seeds = engine.interp.seed_counter();  // the MLP's dropout draws its masks from it
-  const at::Tensor loss = parts.runner->run(staged, 0.5, *parts.sync);
+  const at::Tensor loss = parts.runner->run(staged, 1.0 / 3, *parts.sync);
   EXPECT_EQ(loss.dim(), 0);
   EXPECT_EQ(loss.scalar_type(), at::kDouble);
   EXPECT_EQ(loss.device(), engine.device);
   double expected = 0;  // the parameters have not moved: each micro-batch's loss again, read
   engine.interp.set_seed_counter(seeds);
-  for (int64_t k = 0; k < 2; ++k) {
+  for (int64_t k = 0; k < 3; ++k) {
     const Tensor micro = model->loss(model->forward(engine.interp.input(batch.input.narrow(0, 8 * k, 8))),
                                      engine.interp.input(batch.target.narrow(0, 8 * k, 8)));
-    expected += micro.value().item<double>() / 2.0;
+    expected += micro.value().item<double>() / 3.0;
   }
   EXPECT_EQ(loss.item<double>(), expected);
 }
