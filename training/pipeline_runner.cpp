@@ -2,6 +2,8 @@
 
 #include "training/per_rank.h"
 
+#include "alloc/cpu_device_allocator.h"
+
 #include <exception>
 
 namespace ht {
@@ -18,8 +20,11 @@ at::Tensor PipelineRunner::run(const Batch& batch, double loss_seed, GradientSyn
     loss = stage_->train_step(engine_.interp, batch.input, batch.target, batch_.micro, loss_seed);
   }
   // Only the stage holding the loss has it; the others add zeros, exactly. (A host value: the
-  // stages' sum is a collective of the host's, and a stage reads each micro-batch's loss.)
-  return at::scalar_tensor(stage_->sum(loss, "the loss"), at::kDouble);
+  // stages' sum is a collective of the host's, and a stage reads each micro-batch's loss; made
+  // outside a CPU rank's arena, as LocalRunner's, so no block stands beside what the planner counts.)
+  const double sum = stage_->sum(loss, "the loss");
+  HostAllocationScope host;
+  return at::scalar_tensor(sum, at::kDouble);
 }
 
 void PipelineRunner::step_ended(int64_t peak_bytes) {
