@@ -223,6 +223,9 @@ PlacementScope::PlacementScope(Placement placement)
 PlacementScope::~PlacementScope() { g_placement.store(previous_, std::memory_order_relaxed); }
 
 HostAllocationScope::HostAllocationScope() : previous_(t_host_allocation) { t_host_allocation = true; }
+HostAllocationScope::HostAllocationScope(bool bypass) : previous_(t_host_allocation) {
+  t_host_allocation = previous_ || bypass;
+}
 HostAllocationScope::~HostAllocationScope() { t_host_allocation = previous_; }
 
 CpuArena* active_arena() {

@@ -126,6 +126,9 @@ class PlacementScope {
 class HostAllocationScope {
  public:
   HostAllocationScope();
+  // Only where `bypass` (a rank's small host numbers kept out of its arena where the device is
+  // the CPU: HostAllocationScope host(device.is_cpu())); else the allocations stay as they were.
+  explicit HostAllocationScope(bool bypass);
   ~HostAllocationScope();
   HostAllocationScope(const HostAllocationScope&) = delete;
   HostAllocationScope& operator=(const HostAllocationScope&) = delete;

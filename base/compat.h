@@ -178,9 +178,10 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
 // AdamW on CUDA as ATen's multi-tensor kernel (at::_fused_adamw_, what torch.optim.AdamW(fused=True)
 // runs): each parameter's gradient, moments and weight read once and written once, 36 tensors a
 // launch, the arithmetic in fp32. All tensors contiguous, of one type on one device; `step` is
-// every parameter's step count after this step; each gradient is multiplied by `grad_scale` as it
-// is read (the kernel divides by a device scalar: by 1 / grad_scale, within a rounding of the
-// product) and, where the scale is not 1, written back so (ATen's kernel stores the unscaled
+// every parameter's step count after this step; each gradient is multiplied by `grad_scale` (or,
+// where defined, by `scale_on_device`, a 0-dim double on the parameters' GPU, never read by the
+// host) as it is read (the kernel divides by a device scalar: by 1 / grad_scale, within a rounding
+// of the product) and, where the scale is not 1, written back so (ATen's kernel stores the unscaled
 // gradient, as GradScaler's users expect; the trainer zeroes the gradients after the step).
 // Returns false, doing nothing, where this libtorch has no such kernel (1.13: CI), and the caller
 // steps as torch::optim does.
@@ -191,7 +192,8 @@ inline constexpr bool kFusedAdamWOnCuda = false;
 #endif
 inline bool fused_adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                              at::TensorList exp_avg_sqs, int64_t step, double lr, double beta1,
-                             double beta2, double weight_decay, double eps, double grad_scale) {
+                             double beta2, double weight_decay, double eps, double grad_scale,
+                             const at::Tensor& scale_on_device) {
 #ifdef HT_FUSED_ADAMW_CUDA
   if (params.empty()) return true;
   const at::TensorOptions scalar = params[0].options().dtype(at::kFloat);
@@ -200,13 +202,17 @@ inline bool fused_adamw_cuda(at::TensorList params, at::TensorList grads, at::Te
   const at::Tensor steps = at::full({}, static_cast<double>(step), scalar);
   const std::vector<at::Tensor> state_steps(params.size(), steps);
   std::optional<at::Tensor> scale;
-  if (grad_scale != 1.0) scale = at::full({}, 1.0 / grad_scale, scalar);
+  if (scale_on_device.defined()) {
+    scale = at::reciprocal(scale_on_device).to(at::kFloat);  // 1 / coefficient in double, rounded: as on the host
+  } else if (grad_scale != 1.0) {
+    scale = at::full({}, 1.0 / grad_scale, scalar);
+  }
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr, beta1, beta2,
                     weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, scale, /*found_inf=*/std::nullopt);
   return true;
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)step, (void)lr, (void)beta1, (void)beta2;
-  (void)weight_decay, (void)eps, (void)grad_scale;
+  (void)weight_decay, (void)eps, (void)grad_scale, (void)scale_on_device;
   return false;
 #endif
 }

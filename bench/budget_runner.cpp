@@ -139,6 +139,12 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   TORCH_CHECK(batch % micro_batches_ == 0, "BudgetRunner: batch ", batch, " in ", micro_batches_, " micro-batches");
   at::manual_seed(0);
   std::tie(input_, target_) = w.data(batch);  // host memory: the data set's side
+  if (device_.is_cuda()) {
+    // Pinned, as the trainer stages a batch (training/dataset.h) and the peer holds its own: each
+    // micro-batch's copy is then the copy engine's, queued without waiting.
+    input_ = input_.pin_memory();
+    target_ = target_.pin_memory();
+  }
   DeviceMemory device(arena_, device_);
   model_ = w.make();
   if (device_.is_cuda()) model_->move_to(device_, at::kFloat);
@@ -207,15 +213,23 @@ StepSample BudgetRunner::step() {
   {
     StepSample s;
     const int64_t micro = input_.size(0) / micro_batches_;
+    // The micro-batches' losses summed where they are, read once the step is over (the trainer's
+    // step reads its loss once its update is queued): no micro-batch waits for the device.
+    std::vector<at::Tensor> losses;
     for (int64_t k = 0; k < micro_batches_; ++k) {
-      // Each micro-batch is copied into device memory, as a GPU run copies it from the host.
+      // Each micro-batch is copied into device memory, as a GPU run copies it from the host
+      // (non_blocking: from pinned memory on a GPU; on the CPU a copy like any other).
       memory_->begin_step();
       const auto on_device = at::TensorOptions().device(device_);
-      Tensor loss = model_->loss(model_->forward(interp_->input(input_.narrow(0, k * micro, micro).to(on_device, false, true))),
-                                 interp_->input(target_.narrow(0, k * micro, micro).to(on_device, false, true)));
+      const bool queued = device_.is_cuda();
+      Tensor loss = model_->loss(model_->forward(interp_->input(input_.narrow(0, k * micro, micro).to(on_device, queued, true))),
+                                 interp_->input(target_.narrow(0, k * micro, micro).to(on_device, queued, true)));
       const double scale = 1.0 / static_cast<double>(micro_batches_);
       interp_->backward({loss}, {at::full(loss.sizes(), scale, loss.options())});
-      s.loss += loss.value().item<double>() * scale;
+      {
+        const HostAllocationScope host(device_.is_cpu());  // no block in a CPU arena for it
+        losses.push_back(loss.value().detach().to(at::kDouble));
+      }
       loss.reset();
       memory_->end_step();
     }
@@ -226,6 +240,8 @@ StepSample BudgetRunner::step() {
     if (state_offload_) state_offload_->to_host(*sgd_, params);
     // On a GPU the step is over when its kernels are: reading one value waits for the stream.
     if (device_.is_cuda()) params.front().view(-1).slice(0, 0, 1).item<float>();
+    for (const at::Tensor& loss : losses) s.loss += loss.item<double>() * (1.0 / static_cast<double>(micro_batches_));
+    losses.clear();
     s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const MemoryStats& after = memory_->stats();
     s.recompute_ms = after.recompute_ms - before.recompute_ms;

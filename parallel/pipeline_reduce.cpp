@@ -73,10 +73,8 @@ bool PipelineStage::all_stages(bool finite) {
   return bad.item<double>() == 0.0;
 }
 
-double PipelineStage::sum(double value, const char* what) {
-  at::Tensor t = at::scalar_tensor(value, at::kDouble).reshape({1});
-  pipeline_->allreduce_sum(t, what);
-  return t.item<double>();
+void PipelineStage::sum(at::Tensor& value, const char* what) {
+  pipeline_->allreduce_sum(value, what);
 }
 
 void PipelineStage::keep_only_own(Model& model) {

@@ -2,8 +2,10 @@
 #include "parallel/serial_streams.h"
 #include "base/clock.h"
 #include "base/user_error.h"
+#include "alloc/cpu_device_allocator.h"
 
 #include <chrono>
+#include <utility>
 
 namespace ht {
 namespace {
@@ -136,7 +138,7 @@ void PipelineStage::forward(Interpreter& interp, const Action& a) {
   const int64_t offset = a.micro_batch * micro_size_;
   Tensor x;
   if (vs == 0) {
-    x = interp.input(input_.narrow(0, offset, micro_size_).to(device_));
+    x = interp.input(input_.narrow(0, offset, micro_size_).to(device_, /*non_blocking=*/true));
   } else {
     at::Tensor received = take_received({a.micro_batch, vs, false});
     x = interp.stage_input(received);
@@ -153,8 +155,10 @@ void PipelineStage::forward(Interpreter& interp, const Action& a) {
   }
   model_.block_begins(-1);
   if (vs + 1 == layout_.virtual_stages()) {
-    f.loss = model_.loss(x, interp.input(target_.narrow(0, offset, micro_size_).to(device_)));
-    loss_sum_ += f.loss.value().item<double>() / static_cast<double>(layout_.shape.micro_batches);
+    f.loss = model_.loss(x, interp.input(target_.narrow(0, offset, micro_size_).to(device_, /*non_blocking=*/true)));
+    // In double, micro-batch by micro-batch: the host's sum, bit for bit, never read here.
+    const HostAllocationScope host(device_.is_cpu());
+    loss_sum_.add_(f.loss.value().to(at::kDouble) / static_cast<double>(layout_.shape.micro_batches));
   } else {
     f.output = x;
   }
@@ -203,13 +207,16 @@ void PipelineStage::backward(Interpreter& interp, const Action& a) {
   }
 }
 
-double PipelineStage::train_step(Interpreter& interp, const at::Tensor& input, const at::Tensor& target,
-                                 int64_t micro_size, double loss_seed) {
+at::Tensor PipelineStage::train_step(Interpreter& interp, const at::Tensor& input, const at::Tensor& target,
+                                     int64_t micro_size, double loss_seed) {
   input_ = input;
   target_ = target;
   micro_size_ = micro_size;
   loss_seed_ = loss_seed;
-  loss_sum_ = 0;
+  {
+    const HostAllocationScope host(device_.is_cpu());
+    loss_sum_ = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  }
   seed_base_ = interp.seed_counter();
   stats_ = PipelineStats{};
   for (const StreamItem& item : stream_) {
@@ -230,7 +237,7 @@ double PipelineStage::train_step(Interpreter& interp, const at::Tensor& input, c
                                            layout_.seeds_per_micro_batch());
   input_ = at::Tensor();
   target_ = at::Tensor();
-  return loss_sum_;
+  return std::exchange(loss_sum_, at::Tensor());
 }
 
 Tensor PipelineStage::forward_only(Interpreter& interp, const at::Tensor& input, int64_t n) {
@@ -239,7 +246,7 @@ Tensor PipelineStage::forward_only(Interpreter& interp, const at::Tensor& input,
     if (rank_of_virtual_stage(vs, layout_.shape) != rank()) continue;
     Tensor x;
     if (vs == 0) {
-      x = interp.input(input.to(device_));
+      x = interp.input(input.to(device_, /*non_blocking=*/true));
     } else {
       at::Tensor buffer =
           at::empty(layout_.input_sizes(vs, n), at::TensorOptions(device_).dtype(layout_.input_dtype(vs)));

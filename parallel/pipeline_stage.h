@@ -49,9 +49,12 @@ class PipelineStage {
 
   // One step's actions over the batch (`input`, `target`: micro-batches of `micro_size`). Backward of each micro-batch
   // starts from loss x `loss_seed` (1 / micro-batches, times the fp16 loss scale). Returns the
-  // mean loss over the micro-batches on the rank that holds the loss, 0 on the others. The
+  // mean loss over the micro-batches on the rank that holds the loss, 0 on the others: a {1}
+  // double on the stage's device (a CPU rank's outside its arena), summed there micro-batch by
+  // micro-batch without the host reading it. The batch's micro-batches are copied to the device
+  // without blocking (staged in pinned memory by the trainer: training/dataset.h). The
   // interpreter's seed counter ends where one rank's would.
-  double train_step(Interpreter& interp, const at::Tensor& input, const at::Tensor& target, int64_t micro_size,
+  at::Tensor train_step(Interpreter& interp, const at::Tensor& input, const at::Tensor& target, int64_t micro_size,
                     double loss_seed);
   const PipelineStats& stats() const { return stats_; }
   // How this stage posts its messages (chosen once, from the group's matching).
@@ -72,8 +75,8 @@ class PipelineStage {
   at::Tensor gradient_norms();
   // Whether every stage's gradients are finite (fp16).
   bool all_stages(bool finite);
-  // The sum over the stages of a number only some of them have (the loss: 0 elsewhere).
-  double sum(double value, const char* what);
+  // The sum over the stages of a value only some of them have (the loss: 0 elsewhere), in place.
+  void sum(at::Tensor& value, const char* what);
 
   // A stage keeps only what it trains: the parameters (and buffers) of its blocks and the tied
   // weights they use move into device memory (the budget's arena, when one is active); every other
@@ -123,7 +126,8 @@ class PipelineStage {
   // During a step.
   at::Tensor input_, target_;
   int64_t micro_size_ = 0;
-  double loss_seed_ = 1, loss_sum_ = 0;
+  double loss_seed_ = 1;
+  at::Tensor loss_sum_;
   uint64_t seed_base_ = 0;
   std::map<Key, InFlight> in_flight_;
   struct Receive {

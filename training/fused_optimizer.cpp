@@ -243,8 +243,8 @@ struct CudaBatch {
 
 // The scale applies to one step: whatever way the step ends, it is 1 after.
 struct ResetScale {
-  double& scale;
-  ~ResetScale() { scale = 1.0; }
+  GradientScale& scale;
+  ~ResetScale() { scale = GradientScale{}; }
 };
 
 template <typename State, typename Optimizer>
@@ -264,15 +264,16 @@ void set_state(Optimizer& optimizer, const at::Tensor& p, std::unique_ptr<torch:
 
 // The gradient as the unfused path reads it: in the parameter's type (a 16-bit gradient of an
 // fp32 weight widened, exactly, before anything else rounds it), scaled, as clip_grad_norm scaled it.
-at::Tensor scaled(const at::Tensor& grad, const at::Tensor& p, double scale) {
+at::Tensor scaled(const at::Tensor& grad, const at::Tensor& p, const GradientScale& scale) {
   const at::Tensor g = grad.scalar_type() != p.scalar_type() && !grad.is_sparse() ? grad.to(p.scalar_type()) : grad;
-  return scale == 1.0 ? g : g * scale;
+  return scale.is_one() ? g : scale.applied_to(g);
 }
 
 // One parameter's AdamW step: the options, the gradient's scale, the betas and the bias corrections.
 struct AdamWStep {
   const torch::optim::AdamWOptions& o;
-  double scale, beta1, beta2, bias1, bias2;
+  const GradientScale& scale;
+  double beta1, beta2, bias1, bias2;
 };
 
 // torch::optim's AdamW kernels on the moments m and v (fp32).
@@ -308,7 +309,7 @@ void adamw_unfused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWPar
 
 void adamw_fused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state, const AdamWStep& a) {
   AdamWScalars s;
-  s.grad_scale = static_cast<float>(a.scale);
+  s.grad_scale = static_cast<float>(a.scale.read());
   s.decay = a.o.weight_decay() != 0 ? static_cast<float>(1 - a.o.lr() * a.o.weight_decay()) : 1.0f;
   s.beta1 = static_cast<float>(a.beta1);
   s.one_minus_beta1 = static_cast<float>(1 - a.beta1);
@@ -338,7 +339,7 @@ void adamw_fused(at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParam
 
 // libtorch's own sequence, on the scaled gradient; returns the momentum buffer a first step makes.
 at::Tensor sgd_unfused(at::Tensor& p, const at::Tensor& grad, at::Tensor buf, bool first,
-                       const torch::optim::SGDOptions& o, double scale) {
+                       const torch::optim::SGDOptions& o, const GradientScale& scale) {
   at::Tensor d = scaled(grad, p, scale);
   if (o.weight_decay() != 0) d = d.add(p, o.weight_decay());
   at::Tensor made;
@@ -356,9 +357,9 @@ at::Tensor sgd_unfused(at::Tensor& p, const at::Tensor& grad, at::Tensor buf, bo
 
 // `buf`: the momentum buffer (undefined without momentum), made empty on a first step.
 void sgd_fused(at::Tensor& p, const at::Tensor& grad, const at::Tensor& buf, bool first,
-               const torch::optim::SGDOptions& o, double scale) {
+               const torch::optim::SGDOptions& o, const GradientScale& scale) {
   SgdScalars s;
-  s.grad_scale = static_cast<float>(scale);
+  s.grad_scale = static_cast<float>(scale.read());
   s.decays = o.weight_decay() != 0;
   s.weight_decay = static_cast<float>(o.weight_decay());
   s.momentum = static_cast<float>(o.momentum());
@@ -382,6 +383,30 @@ at::Tensor loss_of(const torch::optim::Optimizer::LossClosure& closure) {
 }
 
 }  // namespace
+
+double GradientScale::read() const {
+  return on_device.defined() ? on_device.item<double>() : value;
+}
+
+at::Tensor GradientScale::applied_to(const at::Tensor& g) const {
+  if (!on_device.defined() || on_device.device() != g.device()) return g * read();
+  // As ATen multiplies by a number: in g's type's arithmetic type (fp32 for 16-bit types), the
+  // coefficient rounded to it, the product rounded to g's type: the same bits as `g * read()`.
+  // (A 0-dim tensor of g's own type would round the coefficient to 16 bits first.)
+  const bool narrow = g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf;
+  if (!narrow) return g * on_device.to(g.scalar_type());
+  return (g.to(at::kFloat) * on_device.to(at::kFloat)).to(g.scalar_type());
+}
+
+void FusedStep::set_gradient_scale(const at::Tensor& coefficient) {
+  if (!coefficient.defined()) {
+    scale_ = GradientScale{};
+  } else if (coefficient.is_cuda()) {
+    scale_ = GradientScale{1.0, coefficient};
+  } else {
+    scale_ = GradientScale{coefficient.item<double>(), {}};  // the host's: reading it waits for nothing
+  }
+}
 
 bool fused_step_is_vectorized() {
 #if HT_FUSED_CLONED
@@ -437,7 +462,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
       b.launch([&](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                    const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs) {
         const bool ran = compat::fused_adamw_cuda(params, grads, exp_avgs, exp_avg_sqs, std::get<0>(key), o.lr(), beta1,
-                                                  beta2, o.weight_decay(), o.eps(), scale_);
+                                                  beta2, o.weight_decay(), o.eps(), scale_.value, scale_.on_device);
         TORCH_INTERNAL_ASSERT(ran, "a CUDA batch without ATen's fused AdamW");
       });
     }

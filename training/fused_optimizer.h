@@ -33,20 +33,36 @@
 
 namespace ht {
 
+// The clipping coefficient of one step: a number, or a GPU's 0-dim tensor the host does not read
+// (a step that reads no device value queues its update without waiting for the device).
+struct GradientScale {
+  double value = 1.0;    // where `on_device` is undefined
+  at::Tensor on_device;  // defined: the coefficient, on a GPU
+  bool is_one() const { return !on_device.defined() && value == 1.0; }
+  // The coefficient as a number: reads `on_device` (waiting for the device) where a parameter
+  // stepped by a host pass needs it.
+  double read() const;
+  // `g` multiplied by it (in g's type), where g is.
+  at::Tensor applied_to(const at::Tensor& g) const;
+};
+
 // What training/optimizer.cpp sets on a fused optimizer before its step.
 class FusedStep {
  public:
   virtual ~FusedStep() = default;
   // Every gradient of the next step is multiplied by `scale` (in fp32) as the step reads it; the
   // step then sets it back to 1.
-  void set_gradient_scale(double scale) { scale_ = scale; }
+  void set_gradient_scale(double scale) { scale_ = GradientScale{scale, {}}; }
+  // The same with the coefficient a 0-dim double tensor (undefined: 1): one on the CPU is read,
+  // one on a GPU stays there, and ATen's CUDA kernels read it.
+  void set_gradient_scale(const at::Tensor& coefficient);
   // A step traced on meta tensors (launcher/planning/meta_trace.h) takes the path the traced
   // device takes: the fused pass (true: this CPU) or torch::optim's kernels with their
   // temporaries (false: a GPU, where the pass does not run).
   void set_meta_as_fused(bool fused) { meta_fused_ = fused; }
 
  protected:
-  double scale_ = 1.0;
+  GradientScale scale_;
   bool meta_fused_ = true;
 };
 

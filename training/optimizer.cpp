@@ -1,5 +1,6 @@
 #include "training/optimizer.h"
 
+#include "alloc/cpu_device_allocator.h"
 #include "alloc/gradient_buffer.h"
 
 #include "training/compact.h"
@@ -55,26 +56,50 @@ at::Tensor gradient_norms(const std::vector<at::Tensor>& params) {
   return at::stack(norms);
 }
 
-double combine_norms(const at::Tensor& norms) {
-  return norms.numel() == 0 ? 0.0 : norms.norm().item<double>();
+at::Tensor combine_norms(const at::Tensor& norms) {
+  return norms.numel() == 0 ? at::zeros({}, at::kDouble) : norms.norm();
 }
 
-double clip_coefficient(double max_norm, double norm) {
-  return max_norm > 0.0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
-}
-
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm) {
+at::Tensor clip_coefficient(double max_norm, const at::Tensor& norm) {
+  if (max_norm <= 0.0) return {};
   at::NoGradGuard no_grad;
-  const double scale = clip_coefficient(max_norm, norm);
-  if (scale != 1.0) {
-    for (const at::Tensor& p : params)
-      if (p.grad().defined()) p.mutable_grad().mul_(scale);
-  }
-  return norm;
+  const at::Tensor shifted = norm + 1e-6;
+  return at::where(norm > max_norm, at::full_like(shifted, max_norm) / shifted, at::ones_like(shifted));
 }
+
+namespace {
+
+// Every gradient multiplied by the coefficient (undefined: left alone), as torch::optim's steps
+// read them; a coefficient on the CPU is read (nothing to wait for), one on a GPU multiplies there.
+void clip_gradients(const std::vector<at::Tensor>& params, const at::Tensor& coefficient) {
+  if (!coefficient.defined()) return;
+  at::NoGradGuard no_grad;
+  const double host = coefficient.is_cpu() ? coefficient.item<double>() : 1.0;
+  if (coefficient.is_cpu() && host == 1.0) return;
+  for (const at::Tensor& p : params) {
+    if (!p.grad().defined()) continue;
+    if (coefficient.is_cpu()) {
+      p.mutable_grad().mul_(host);
+    } else {
+      p.mutable_grad().mul_(coefficient.to(p.grad().scalar_type()));
+    }
+  }
+}
+
+// A CPU rank's norm, and the coefficient made from it, are host memory, not its arena's: the
+// update's peak holds no block the planner's trace of it frees (launcher/planning/meta_trace.cpp).
+at::Tensor beside_the_update(const at::Tensor& norm) {
+  if (!norm.is_cpu()) return norm;
+  HostAllocationScope host;
+  return norm.clone();
+}
+
+}  // namespace
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
-  return clip_grad_norm(params, max_norm, combine_norms(gradient_norms(params)));
+  const at::Tensor norm = combine_norms(gradient_norms(params));
+  clip_gradients(params, clip_coefficient(max_norm, norm));
+  return norm.item<double>();
 }
 
 StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
@@ -85,16 +110,20 @@ StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector
     if (stages.all_finite) outcome.stepped = stages.all_finite(outcome.stepped);
     scaler->update(outcome.stepped);
   }
-  const double norm = stages.gradient_norm ? stages.gradient_norm() : combine_norms(gradient_norms(params));
-  outcome.grad_norm = norm;
+  outcome.grad_norm =
+      beside_the_update(stages.gradient_norm ? stages.gradient_norm() : combine_norms(gradient_norms(params)));
   if (!outcome.stepped) return outcome;
   // A fused step applies the clipping coefficient as it reads each gradient (the same bits as
   // scaling them first, without that pass); torch::optim's steps read them scaled.
-  const double coefficient = clip_coefficient(t.grad_clip, norm);
+  at::Tensor coefficient;
+  {
+    const HostAllocationScope host(outcome.grad_norm.is_cpu());
+    coefficient = clip_coefficient(t.grad_clip, outcome.grad_norm);
+  }
   if (auto* fused = dynamic_cast<FusedStep*>(&optimizer)) {
     fused->set_gradient_scale(coefficient);
   } else {
-    clip_grad_norm(params, t.grad_clip, norm);
+    clip_gradients(params, coefficient);
   }
   set_learning_rate(optimizer, lr);
   optimizer.step();

@@ -22,34 +22,38 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerOptions& 
 double learning_rate_at(const OptimizerOptions& o, int64_t step, int64_t total_steps);
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
-// What clipping to `max_norm` multiplies the gradients by at global norm `norm`: max_norm / norm
-// (plus 1e-6) when the norm exceeds it and max_norm > 0; 1 otherwise.
-double clip_coefficient(double max_norm, double norm);
+// What clipping to `max_norm` multiplies the gradients by at global norm `norm` (a 0-dim double
+// tensor): max_norm / (norm + 1e-6) where the norm exceeds max_norm > 0, else 1; undefined where
+// max_norm <= 0 (no clipping). Computed in double where the norm is: the host's arithmetic, bit
+// for bit, without the host reading the norm (on a GPU, the step then waits for nothing).
+at::Tensor clip_coefficient(double max_norm, const at::Tensor& norm);
 // Returns the global L2 norm of the gradients; when max_norm > 0 and the norm exceeds it, scales
 // every gradient by max_norm / norm.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
-// The same with the norm given (a pipeline stage holds only some of the gradients: the whole
-// model's norm is gathered across the stages; parallel/pipeline_stage.h).
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm);
-// The per-parameter norms clip_grad_norm combines, one per defined gradient, and their combination:
-// a pipeline gathers the first across stages and combines them as one rank would.
+// The per-parameter norms clip_grad_norm combines, one per defined gradient, and their combination
+// (a 0-dim double tensor where the norms are; 0 on the CPU for none): a pipeline gathers the first
+// across stages and combines them as one rank would.
 at::Tensor gradient_norms(const std::vector<at::Tensor>& params);
-double combine_norms(const at::Tensor& norms);
+at::Tensor combine_norms(const at::Tensor& norms);
 
-// How a step's checks combine when the gradients are spread over pipeline stages; empty: this
-// rank holds the whole model.
+// How a step's checks combine when the gradients are spread over ranks (pipeline stages, shards,
+// tensor-parallel parts); empty: this rank holds the whole model.
 struct StepAcrossStages {
-  std::function<double()> gradient_norm;     // the whole model's
-  std::function<bool(bool)> all_finite;      // every stage's answer
+  std::function<at::Tensor()> gradient_norm;  // the whole model's, a 0-dim double tensor
+  std::function<bool(bool)> all_finite;       // every stage's answer
 };
 
 struct StepOutcome {
-  double grad_norm = 0;  // of the unscaled gradients, before clipping
-  bool stepped = true;   // false: a gradient was inf or NaN and the step was skipped
+  // Of the unscaled gradients, before clipping: a 0-dim double tensor where the gradients are
+  // (a CPU rank's outside its arena), read once the update is queued.
+  at::Tensor grad_norm;
+  bool stepped = true;  // false: a gradient was inf or NaN and the step was skipped
 };
 // The end of a training step, with the gradients of the whole global batch in place: with a
 // scaler (fp16), unscale them and skip the step if any is not finite, leaving parameters and
-// optimizer state untouched; then clip to `o.grad_clip`, set the learning rate and step.
+// optimizer state untouched; then clip to `o.grad_clip`, set the learning rate and step. Without
+// a scaler, and with the norm's collectives on the device (NCCL), nothing in it waits for the
+// device: the fp16 scaler's decision is still read on the host (training/loss_scaler.h).
 StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
                            const OptimizerOptions& o, double lr, LossScaler* scaler,
                            const StepAcrossStages& stages = {});

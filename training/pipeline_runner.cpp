@@ -9,7 +9,7 @@
 namespace ht {
 
 at::Tensor PipelineRunner::run(const Batch& batch, double loss_seed, GradientSync&) {
-  double loss = 0;
+  at::Tensor loss;
   {
     // The whole pipeline step is one step for the memory manager: its micro-batches interleave.
     struct Step {
@@ -19,12 +19,11 @@ at::Tensor PipelineRunner::run(const Batch& batch, double loss_seed, GradientSyn
     } step{engine_.memory};
     loss = stage_->train_step(engine_.interp, batch.input, batch.target, batch_.micro, loss_seed);
   }
-  // Only the stage holding the loss has it; the others add zeros, exactly. (A host value: the
-  // stages' sum is a collective of the host's, and a stage reads each micro-batch's loss; made
-  // outside a CPU rank's arena, as LocalRunner's, so no block stands beside what the planner counts.)
-  const double sum = stage_->sum(loss, "the loss");
-  HostAllocationScope host;
-  return at::scalar_tensor(sum, at::kDouble);
+  // Only the stage holding the loss has it; the others add zeros, exactly. On the device (a CPU
+  // rank's outside its arena, as LocalRunner's, so no block stands beside what the planner
+  // counts), read by the trainer once the update is queued.
+  stage_->sum(loss, "the loss");
+  return loss.reshape({});
 }
 
 void PipelineRunner::step_ended(int64_t peak_bytes) {

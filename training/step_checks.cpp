@@ -1,9 +1,20 @@
 #include "training/step_checks.h"
 
-#include <cmath>
+#include "alloc/cpu_device_allocator.h"
+
 #include <set>
 
 namespace ht {
+namespace {
+
+// A {1} double 0 where the gradients are (a CPU rank's outside its arena, as the host number it
+// replaces was): the sum of squares the collectives add to, never read by the host.
+at::Tensor device_zero(at::Device device) {
+  const HostAllocationScope host(device.is_cpu());
+  return at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+}
+
+}  // namespace
 
 StepAcrossStages pipeline_checks(PipelineStage& stage) {
   StepAcrossStages hooks;
@@ -12,13 +23,13 @@ StepAcrossStages pipeline_checks(PipelineStage& stage) {
   return hooks;
 }
 
-StepAcrossStages shard_checks(const OptimizerShard& shard, Communicator& replicas) {
+StepAcrossStages shard_checks(const OptimizerShard& shard, Communicator& replicas, at::Device device) {
   StepAcrossStages hooks;
-  hooks.gradient_norm = [&shard, &replicas] {
+  hooks.gradient_norm = [&shard, &replicas, device] {
     const at::Tensor norms = gradient_norms(shard.pieces());
-    at::Tensor squares = at::full({1}, norms.numel() > 0 ? norms.square().sum().item<double>() : 0.0, at::kDouble);
+    at::Tensor squares = norms.numel() > 0 ? norms.square().sum().reshape({1}) : device_zero(device);
     replicas.allreduce_sum(squares, "the gradient norm");
-    return std::sqrt(squares.item<double>());
+    return squares.sqrt().reshape({});
   };
   hooks.all_finite = [&replicas](bool finite) {
     at::Tensor not_finite = at::full({1}, finite ? 0.0 : 1.0, at::kDouble);  // ranks that saw inf or NaN
@@ -30,36 +41,37 @@ StepAcrossStages shard_checks(const OptimizerShard& shard, Communicator& replica
 
 StepAcrossStages tensor_checks(Communicator& group, const std::vector<at::Tensor>& model_params,
                                const std::vector<bool>& split, const std::vector<at::Tensor>& params,
-                               const OptimizerShard* shard, Communicator* replicas, PipelineStage* stage) {
+                               const OptimizerShard* shard, Communicator* replicas, PipelineStage* stage,
+                               at::Device device) {
   std::set<const void*> parts;
   for (size_t i = 0; i < model_params.size(); ++i)
     if (split[i]) parts.insert(model_params[i].unsafeGetTensorImpl());
   StepAcrossStages hooks;
-  hooks.gradient_norm = [&group, parts, params, shard, replicas, stage] {
+  hooks.gradient_norm = [&group, parts, params, shard, replicas, stage, device] {
     // Replicated weights' gradients are equal on every rank of the group: counted on its first.
     auto counted = [&](const at::Tensor& param) {
       return group.rank() == 0 || parts.count(param.unsafeGetTensorImpl()) > 0;
     };
-    double squares = 0;
+    // Summed in double on the device, in model order: the host's sum, bit for bit, unread.
+    at::Tensor squares = device_zero(device);
     if (shard != nullptr) {
       // Sharded gradients: each replica holds its pieces' (parallel.shard = "gradients", "parameters").
       const std::vector<at::Tensor>& pieces = shard->pieces();
       for (size_t i = 0; i < pieces.size(); ++i) {
         if (!pieces[i].grad().defined() || !counted(*shard->piece_of(i).param)) continue;
-        squares += pieces[i].grad().to(at::kDouble).square().sum().item<double>();
+        squares.add_(pieces[i].grad().to(at::kDouble).square().sum());
       }
     } else {
       for (const at::Tensor& p : params) {
         // A stage's own, never a tied weight's copy.
         if (!p.grad().defined() || (stage != nullptr && stage->holds_tied_copy(p)) || !counted(p)) continue;
-        squares += p.grad().to(at::kDouble).square().sum().item<double>();
+        squares.add_(p.grad().to(at::kDouble).square().sum());
       }
     }
-    at::Tensor total = at::full({1}, squares, at::kDouble);
-    if (replicas != nullptr) replicas->allreduce_sum(total, "the gradient norm");
-    group.allreduce_sum(total, "the gradient norm");
-    if (stage != nullptr) stage->group().allreduce_sum(total, "the gradient norm");
-    return std::sqrt(total.item<double>());
+    if (replicas != nullptr) replicas->allreduce_sum(squares, "the gradient norm");
+    group.allreduce_sum(squares, "the gradient norm");
+    if (stage != nullptr) stage->group().allreduce_sum(squares, "the gradient norm");
+    return squares.sqrt().reshape({});
   };
   hooks.all_finite = [&group, replicas, stage](bool finite) {
     at::Tensor not_finite = at::full({1}, finite ? 0.0 : 1.0, at::kDouble);  // ranks that saw inf or NaN

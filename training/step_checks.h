@@ -19,7 +19,9 @@ StepAcrossStages pipeline_checks(PipelineStage& stage);
 
 // Sharded gradients (ZeRO-2, ZeRO-3): each rank holds its pieces' share of them; the norm sums
 // the ranks' sums of squares, and a step is finite if every rank's pieces are.
-StepAcrossStages shard_checks(const OptimizerShard& shard, Communicator& replicas);
+// The norms are summed on `device` (the gradients'), in the collectives there: on a GPU with NCCL
+// the host does not wait for them.
+StepAcrossStages shard_checks(const OptimizerShard& shard, Communicator& replicas, at::Device device);
 
 // Tensor parallelism: each rank holds its parts of the split parameters (`split`: which of the
 // model's, by model order) and the whole of the replicated ones, whose gradients are equal on
@@ -29,6 +31,7 @@ StepAcrossStages shard_checks(const OptimizerShard& shard, Communicator& replica
 // stages. Finite if every rank's are.
 StepAcrossStages tensor_checks(Communicator& group, const std::vector<at::Tensor>& model_params,
                                const std::vector<bool>& split, const std::vector<at::Tensor>& params,
-                               const OptimizerShard* shard, Communicator* replicas, PipelineStage* stage);
+                               const OptimizerShard* shard, Communicator* replicas, PipelineStage* stage,
+                               at::Device device);
 
 }  // namespace ht

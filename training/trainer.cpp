@@ -44,6 +44,7 @@ Trainer::Trainer(const RunPlan& plan, DataSplits data, std::unique_ptr<Engine> e
       sampler_(data_.train->size(), plan.batch.global, plan.seed, plan.loop.shuffle,
                parts_.groups->replicas().rank() / plan.grid.context, parts_.groups->replicas().size() / plan.grid.context),
       context_{plan.grid.context, plan.grid.context_rank},
+      batches_(*data_.train, sampler_, context_, engine_->device, /*ahead=*/engine_->device.is_cuda()),
       checkpoints_(plan.loop.checkpoint_dir, plan.loop.checkpoint_keep),
       total_steps_(total_steps_of(plan.loop, sampler_)), progress_(total_steps_, plan.loop.log_interval) {
   progress_.set_silent(!parts_.groups->first_rank());
@@ -60,7 +61,7 @@ void Trainer::checkpoint_published(const CheckpointRecord& r) {
 
 void Trainer::resume_from(const std::string& folder) {
   state_ = parts_.state->load(folder);
-  sampler_.seek(state_.sampler);
+  batches_.seek(state_.sampler);
   engine_->interp.set_seed_counter(state_.seed_counter);
   parts_.optimizer->restore(state_.loss_scaler);
   result_.resumed_from_step = state_.step;
@@ -75,7 +76,7 @@ Trainer::StepResult Trainer::train_step(bool phases_apart) {
   const auto start = std::chrono::steady_clock::now();
   StepResult r;
   parts_.groups->step_begins(state_.step + 1);
-  const Batch batch = staged_for(context_part(data_.train->batch(sampler_.next()), context_), engine_->device);
+  const Batch batch = batches_.take();
   const auto compute_start = std::chrono::steady_clock::now();
   const double loss_seed = parts_.optimizer->loss_scale() / static_cast<double>(plan_.batch.micro_batches);
   const at::Tensor loss = parts_.runner->run(batch, loss_seed, *parts_.sync);
@@ -92,15 +93,17 @@ Trainer::StepResult Trainer::train_step(bool phases_apart) {
   const auto optimizer_start = std::chrono::steady_clock::now();
   const StepOutcome outcome = parts_.optimizer->step(r.lr);
   r.optimizer_ms = ms_since(optimizer_start);
+  // While the device runs the step's kernels (a GPU's: training/batches.h).
+  if (state_.step + 1 < total_steps_) batches_.draw_ahead();
   // Read once the update is queued: the host has not waited for the device since the step began
-  // (but where the optimizer reads the gradients' norm: training/optimizer.h). Outside the
+  // (but for fp16's loss scaler and a norm's collectives over MPI: training/optimizer.h). Outside the
   // optimizer's time: the replicas' mean waits for the slowest of them.
   r.loss = parts_.groups->replicas().mean(loss.item<double>(), "the loss");
-  r.grad_norm = outcome.grad_norm;
+  r.grad_norm = outcome.grad_norm.item<double>();
   r.skipped = !outcome.stepped;
   ++state_.step;
   if (auto scaler = parts_.optimizer->scaler_state()) state_.loss_scaler = scaler;
-  state_.sampler = sampler_.position();
+  state_.sampler = batches_.position();
   state_.seed_counter = engine_->interp.seed_counter();
   r.ms = ms_since(start);
   r.optimizer_peak_bytes = engine_->device_peak_bytes();

@@ -13,6 +13,7 @@
 // tensor and sharded parallelism, a memory policy or a precision is which parts it was given.
 
 #include "alloc/memory_timeline.h"
+#include "training/batches.h"
 #include "training/checkpoint.h"
 #include "training/checkpointing.h"
 #include "training/dataset.h"
@@ -152,6 +153,7 @@ class Trainer {
   TrainerParts parts_;
   Sampler sampler_;
   ContextLayout context_;  // this rank's chunks of each sequence (the whole without context parallelism)
+  Batches batches_;        // drawn from sampler_, in context_'s chunks
   CheckpointStore checkpoints_;
   // After the parts (it writes through their state) and the progress it reports to.
   RunOutput* output_ = nullptr;  // during run()

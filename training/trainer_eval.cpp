@@ -1,11 +1,35 @@
 // Evaluation: the held-out set shared among the data-parallel ranks, on an interpreter of its own.
 #include "training/trainer.h"
+#include "alloc/cpu_device_allocator.h"
 #include "base/clock.h"
+#include "training/dataset.h"
 
 #include <chrono>
 #include <cmath>
 
 namespace ht {
+namespace {
+
+// An evaluation's running sums on `device` (a CPU rank's outside its arena, as the host numbers
+// they replace were).
+struct DeviceSums {
+  at::Device device;
+  at::Tensor loss_sum, correct;  // double: the batches' losses times their samples; int64
+  explicit DeviceSums(at::Device d) : device(d) {
+    const HostAllocationScope host(device.is_cpu());
+    loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+    correct = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(device));
+  }
+  // A batch of n samples at mean loss `loss`; `right`: how many it classified right (undefined:
+  // not a classifier).
+  void add(const at::Tensor& loss, int64_t n, const at::Tensor& right) {
+    const HostAllocationScope host(device.is_cpu());
+    loss_sum.add_(loss.to(at::kDouble) * static_cast<double>(n));
+    if (right.defined()) correct.add_(right);
+  }
+};
+
+}  // namespace
 
 EvalResult Trainer::evaluate() {
   const auto start = std::chrono::steady_clock::now();
@@ -34,8 +58,10 @@ EvalResult Trainer::evaluate() {
   const int64_t batch = plan_.batch.micro;
   if (plan_.loop.eval_samples > 0) total = std::min(total, plan_.loop.eval_samples);
   const int64_t batches = total / batch + (total % batch ? 1 : 0);
-  double loss_sum = 0;
-  int64_t correct = 0, samples = 0;
+  // The sums stay where the model runs, read once after the last batch: the host never waits for
+  // a batch's forward. In double, in batch order: the host's sums, bit for bit.
+  DeviceSums sums(engine_->device);
+  int64_t samples = 0;
   // A parameter source gathers with the group: every rank runs as many forwards, a rank past the
   // last batch repeating its own last one and counting it nowhere.
   const DataParallel& replicas = parts_.groups->replicas();
@@ -45,25 +71,22 @@ EvalResult Trainer::evaluate() {
     const bool counted = b < batches;
     const int64_t which = counted ? b : std::max<int64_t>(0, b - ranks);
     const int64_t n = std::min(batch, total - which * batch);
-    const Batch data = context_part(eval.slice(which * batch, n), context_);
-    const at::Tensor target = data.target.to(engine_->device);
+    const Batch data = staged_for(context_part(eval.slice(which * batch, n), context_), engine_->device);
+    const at::Tensor target = on_device(data.target, engine_->device);
     const Tensor out = parts_.runner->forward_only(interp, data.input, n);
     if (!out.defined()) {  // a pipeline stage other than the last: its part is done
       interp.clear_cast_cache();
       continue;
     }
-    const double loss = model.loss(out, interp.input(target)).value().item<double>();
+    const at::Tensor loss = model.loss(out, interp.input(target)).value();
     interp.clear_cast_cache();  // no backward ends this forward
     if (!counted) continue;
-    loss_sum += loss * static_cast<double>(n);
-    if (data_.info.task == Task::kClassification) {
-      correct += out.value().argmax(1).eq(target).sum().item<int64_t>();
-    }
+    sums.add(loss, n, data_.info.task == Task::kClassification ? out.value().argmax(1).eq(target).sum() : at::Tensor());
     samples += n;
   }
   if (parameters != nullptr) parameters->release_all();
   model.train();
-  return finish_evaluation(loss_sum, correct, samples,
+  return finish_evaluation(sums.loss_sum.item<double>(), sums.correct.item<int64_t>(), samples,
                            seconds_since(start));
 }
 

@@ -295,13 +295,13 @@ std::unique_ptr<OptimizerStep> make_optimizer_step(const RunPlan& plan, Engine& 
   o.optimizer = make_optimizer(plan.optimizer, o.master);
   o.copies = e.weight_copies;
   if (stage) o.checks = pipeline_checks(*stage);
-  if (layout.gradient_shards) o.checks = shard_checks(*shard, dp.group());
+  if (layout.gradient_shards) o.checks = shard_checks(*shard, dp.group(), e.device);
   if (TensorGroup* tensor = groups.tensor()) {
     // Each rank holds its parts of the split parameters.
     const bool sharded = layout.gradient_shards != nullptr;
     o.checks = tensor_checks(tensor->communicator(), params, e.model->split_parameters(),
                              stage ? stage->parameters() : params, sharded ? shard : nullptr,
-                             sharded ? &dp.group() : nullptr, stage);
+                             sharded ? &dp.group() : nullptr, stage, e.device);
   }
   if (plan.precision == MixedPrecision::kFp16) o.scaler = std::make_unique<LossScaler>(plan.loss_scale);
   if (e.arena) {

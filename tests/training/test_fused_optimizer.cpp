@@ -233,13 +233,14 @@ TEST(FusedOptimizer, OnAGpuAdamWIsAtensMultiTensorKernelWithinRoundingAndRepeats
       theirs[i].mutable_grad() = g * scale;
     }
     dynamic_cast<FusedStep&>(*fused).set_gradient_scale(scale);
-    dynamic_cast<FusedStep&>(*twice).set_gradient_scale(scale);
+    // The coefficient as the trainer's step leaves it, on the device (never read by the host).
+    dynamic_cast<FusedStep&>(*twice).set_gradient_scale(at::scalar_tensor(scale, at::kDouble).to(gpu));
     fused->step();
     twice->step();
     reference->step();
     for (size_t i = 0; i < mine.size(); ++i) {
       SCOPED_TRACE("parameter of " + std::to_string(mine[i].numel()) + " elements");
-      EXPECT_TRUE(mine[i].equal(again[i])) << "the same bits when run again";
+      EXPECT_TRUE(mine[i].equal(again[i])) << "the same bits when run again, the coefficient a number or on the device";
       EXPECT_TRUE(at::allclose(mine[i], theirs[i], /*rtol=*/1e-5, /*atol=*/1e-6))
           << "largest difference " << (mine[i] - theirs[i]).abs().max().item<double>();
       const std::vector<at::Tensor> a = optimizer_state(*fused, mine[i]), b = optimizer_state(*reference, theirs[i]);
@@ -272,6 +273,32 @@ TEST(FusedOptimizer, OnAGpuAdamWIsAtensMultiTensorKernelWithinRoundingAndRepeats
   for (at::Tensor& p : mine) p.mutable_grad() = at::ones_like(p);
   f.step();
   EXPECT_EQ(optimizer_state(f, mine[2])[1].scalar_type(), at::kBFloat16);
+}
+
+TEST(FusedOptimizer, ACoefficientLeftOnTheDeviceScalesAsTheNumberDoes) {
+  // GradientScale's tensor path (a GPU's, taken here on the CPU too): fp32 and fp64 gradients
+  // multiplied as by the number, bit for bit; 16-bit ones in fp32 arithmetic, rounded once, as
+  // ATen's CUDA kernels multiply them by a number (its CPU kernels in libtorch 1.13 do not: they
+  // never see a coefficient on the device). On a GPU, every type as by the number there.
+  at::manual_seed(11);
+  std::vector<at::Device> devices{at::kCPU};
+  if (at::hasCUDA()) devices.emplace_back(at::kCUDA);
+  for (const at::Device device : devices) {
+    for (const double c : {0.37, 1.0 / 3.0, 1e-7, 1.0}) {
+      const GradientScale on_device{1.0, at::scalar_tensor(c, at::kDouble).to(device)};
+      for (const at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
+        const at::Tensor g = (at::randn({257}) * 40).to(type).to(device);
+        const at::Tensor mine = on_device.applied_to(g);
+        EXPECT_EQ(mine.scalar_type(), type);
+        const bool narrow = type == at::kBFloat16 || type == at::kHalf;
+        const at::Tensor expected =
+            narrow && device.is_cpu() ? (g.to(at::kFloat) * static_cast<float>(c)).to(type) : g * c;
+        EXPECT_TRUE(mine.equal(expected)) << "coefficient " << c << ", " << type << " on " << device;
+      }
+    }
+  }
+  EXPECT_TRUE(GradientScale{}.is_one());
+  EXPECT_FALSE((GradientScale{1.0, at::scalar_tensor(1.0, at::kDouble)}.is_one())) << "the host does not read it";
 }
 
 // What the trainer builds is the fused kind; its state reads back and is copied to host as

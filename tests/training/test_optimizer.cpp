@@ -7,6 +7,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace ht::test {
@@ -34,7 +35,7 @@ TEST(Optimizer, AStepWithAnInfGradientIsSkippedAndTheScaleBacksOff) {
     b.mutable_grad() = at::zeros({2});
     outcome = optimizer_step(sgd, params, t, 0.5, &scaler);
     EXPECT_TRUE(outcome.stepped);
-    EXPECT_NEAR(outcome.grad_norm, std::sqrt(3.0), 1e-6) << "the norm of the unscaled gradient";
+    EXPECT_NEAR(outcome.grad_norm.item<double>(), std::sqrt(3.0), 1e-6) << "the norm of the unscaled gradient";
   }
   // SGD with momentum 0.9 on gradient 1: steps of 0.5 and 0.5 * 1.9.
   EXPECT_TRUE(at::allclose(a, at::full({3}, 1.0 - 0.5 - 0.95)));
@@ -65,6 +66,23 @@ TEST(Optimizer, ClipScalesToTheMaximumNorm) {
   EXPECT_NEAR(clip_grad_norm({a, b}, 0.0), 5.0, 1e-9) << "0: measure only";
   EXPECT_NEAR(clip_grad_norm({a, b}, 1.0), 5.0, 1e-9);
   EXPECT_NEAR(clip_grad_norm({a, b}, 0.0), 1.0, 1e-5);
+}
+
+TEST(Optimizer, TheClippingCoefficientIsTheHostsArithmeticWhereTheNormIs) {
+  // Computed where the norm is (a GPU's step never reads it), bit for bit the host's formula.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const double max_norm : {1.0, 2.5, 0.3}) {
+    for (const double norm : {0.0, 0.25, 1.0, 1.0000001, 2.5, 3.7, 123456.789, 1e30, inf, nan}) {
+      const double host = norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+      const at::Tensor coefficient = clip_coefficient(max_norm, at::scalar_tensor(norm, at::kDouble));
+      ASSERT_EQ(coefficient.dim(), 0);
+      ASSERT_EQ(coefficient.scalar_type(), at::kDouble);
+      EXPECT_EQ(std::memcmp(coefficient.data_ptr<double>(), &host, sizeof host), 0)
+          << "max " << max_norm << ", norm " << norm << ": " << coefficient.item<double>() << " against " << host;
+    }
+  }
+  EXPECT_FALSE(clip_coefficient(0.0, at::scalar_tensor(5.0, at::kDouble)).defined()) << "0: no clipping";
+  EXPECT_EQ(combine_norms(at::empty({0}, at::kDouble)).item<double>(), 0.0) << "no gradients: norm 0";
 }
 
 }  // namespace

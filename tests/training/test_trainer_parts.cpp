@@ -141,5 +141,37 @@ TEST(TrainerParts, TheRunnersLossStaysOnTheDeviceAsTheMicroBatchesMean) {
   EXPECT_EQ(loss.item<double>(), expected);
 }
 
+// A GPU's trainer draws the next step's batch while the device runs this step (training/batches.h):
+// the same batches in the same order as drawing each when its step begins, across epochs, and a
+// checkpoint taken with a batch drawn ahead resumes before it.
+TEST(TrainerParts, BatchesDrawnAheadAreTheSamplersAndACheckpointResumesBeforeThem) {
+  const TensorDataset data(at::arange(40, at::kFloat).reshape({40, 1}), at::arange(40, at::kLong));
+  const ContextLayout whole;
+  Sampler one(40, 8, 5, /*shuffle=*/true), other(40, 8, 5, true), third(40, 8, 5, true);
+  Batches each(data, one, whole, at::kCPU, /*ahead=*/false), ahead(data, other, whole, at::kCPU, /*ahead=*/true);
+  std::optional<SamplerPosition> saved;
+  std::vector<at::Tensor> after_saved;
+  for (int step = 0; step < 12; ++step) {  // 5 batches an epoch
+    const Batch a = each.take(), b = ahead.take();
+    ASSERT_TRUE(a.input.equal(b.input)) << "step " << step;
+    ASSERT_TRUE(a.target.equal(b.target)) << "step " << step;
+    if (saved) after_saved.push_back(a.target);
+    ahead.draw_ahead();
+    ahead.draw_ahead();  // a second call draws nothing more
+    const SamplerPosition p = each.position(), q = ahead.position();
+    EXPECT_EQ(p.epoch, q.epoch) << "step " << step;
+    EXPECT_EQ(p.batch, q.batch) << "step " << step;
+    if (step == 6) saved = q;
+  }
+  EXPECT_EQ(each.position().epoch, 2);
+  Batches resumed(data, third, whole, at::kCPU, /*ahead=*/true);
+  resumed.draw_ahead();  // drawn from the start, then forgotten by the seek
+  resumed.seek(*saved);
+  for (const at::Tensor& target : after_saved) {
+    EXPECT_TRUE(resumed.take().target.equal(target));
+    resumed.draw_ahead();
+  }
+}
+
 }  // namespace
 }  // namespace ht::test
