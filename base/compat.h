@@ -50,8 +50,10 @@
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 // libtorch 2.4 has ATen's multi-tensor AdamW on CUDA (at::_fused_adamw_) taking its optional
-// gradient scale as a std::optional (the type c10::optional became in 2.4).
+// gradient scale as a std::optional (the type c10::optional became in 2.4), and its multi-tensor
+// SGD (at::_fused_sgd_, the same way).
 #define HT_FUSED_ADAMW_CUDA 1
+#define HT_FUSED_SGD_CUDA 1
 #endif
 
 namespace ht::compat {
@@ -187,8 +189,19 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
 // steps as torch::optim does.
 #ifdef HT_FUSED_ADAMW_CUDA
 inline constexpr bool kFusedAdamWOnCuda = true;
+inline constexpr bool kFusedSgdOnCuda = true;
+
+// What ATen's fused kernels divide each gradient by (a 0-dim fp32 on the parameters' GPU): the
+// reciprocal of the scale, from the host's number or the device's coefficient (1 / it in double,
+// rounded to fp32 there: the host's arithmetic); none for a scale of 1.
+inline std::optional<at::Tensor> divisor_of(const at::Tensor& param, double grad_scale, const at::Tensor& scale_on_device) {
+  if (scale_on_device.defined()) return at::reciprocal(scale_on_device).to(at::kFloat);
+  if (grad_scale != 1.0) return at::full({}, 1.0 / grad_scale, param.options().dtype(at::kFloat));
+  return std::nullopt;
+}
 #else
 inline constexpr bool kFusedAdamWOnCuda = false;
+inline constexpr bool kFusedSgdOnCuda = false;
 #endif
 inline bool fused_adamw_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                              at::TensorList exp_avg_sqs, int64_t step, double lr, double beta1,
@@ -201,18 +214,33 @@ inline bool fused_adamw_cuda(at::TensorList params, at::TensorList grads, at::Te
   // every tensor's slot.
   const at::Tensor steps = at::full({}, static_cast<double>(step), scalar);
   const std::vector<at::Tensor> state_steps(params.size(), steps);
-  std::optional<at::Tensor> scale;
-  if (scale_on_device.defined()) {
-    scale = at::reciprocal(scale_on_device).to(at::kFloat);  // 1 / coefficient in double, rounded: as on the host
-  } else if (grad_scale != 1.0) {
-    scale = at::full({}, 1.0 / grad_scale, scalar);
-  }
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr, beta1, beta2,
-                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, scale, /*found_inf=*/std::nullopt);
+                    weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
+                    divisor_of(params[0], grad_scale, scale_on_device), /*found_inf=*/std::nullopt);
   return true;
 #else
   (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)step, (void)lr, (void)beta1, (void)beta2;
   (void)weight_decay, (void)eps, (void)grad_scale, (void)scale_on_device;
+  return false;
+#endif
+}
+
+// SGD on CUDA as ATen's multi-tensor kernel (at::_fused_sgd_, torch.optim.SGD(fused=True)): the
+// same conditions and scale as fused_adamw_cuda; `buffers`: the momentum buffers, empty without
+// momentum, set to the gradients where `first_step` (torch::optim's first step), else
+// momentum x buffer + (1 - dampening) x gradient. The kernel's momentum and update arithmetic is
+// in double. Returns false, doing nothing, without the kernel (libtorch < 2.4).
+inline bool fused_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList buffers, double weight_decay,
+                           double momentum, double lr, double dampening, bool nesterov, bool first_step,
+                           double grad_scale, const at::Tensor& scale_on_device) {
+#ifdef HT_FUSED_SGD_CUDA
+  if (params.empty()) return true;
+  at::_fused_sgd_(params, grads, buffers, weight_decay, momentum, lr, dampening, nesterov, /*maximize=*/false,
+                  first_step, divisor_of(params[0], grad_scale, scale_on_device), /*found_inf=*/std::nullopt);
+  return true;
+#else
+  (void)params, (void)grads, (void)buffers, (void)weight_decay, (void)momentum, (void)lr, (void)dampening;
+  (void)nesterov, (void)first_step, (void)grad_scale, (void)scale_on_device;
   return false;
 #endif
 }

@@ -1,4 +1,5 @@
 #include "bench/budget_runner.h"
+#include "training/fused_optimizer.h"
 
 #include "launcher/planning/first_step_plan.h"
 #include "alloc/cuda_arena.h"
@@ -149,7 +150,10 @@ BudgetRunner::BudgetRunner(const Workload& w, int64_t batch, int64_t budget, std
   model_ = w.make();
   if (device_.is_cuda()) model_->move_to(device_, at::kFloat);
   model_->train();
-  sgd_ = std::make_unique<torch::optim::SGD>(model_->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
+  // The trainer's SGD (training/fused_optimizer.h): on the CPU one pass per parameter, bit for bit
+  // torch::optim's; on a GPU ATen's multi-tensor kernel, as the peer's torch.optim.SGD runs
+  // multi-tensor kernels.
+  sgd_ = std::make_unique<FusedSgd>(model_->parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
   gradients_ = std::make_unique<GradientBuffer>(model_->parameters());
   memory_ = std::make_unique<MemoryManager>();
   interp_ = std::make_unique<Interpreter>(InterpreterOptions{ExecutionMode::kInterpreted, 1}, memory_.get());

@@ -4,8 +4,8 @@
 // AVX2 with FMA and for the baseline, and the loader picks the clone this CPU runs.
 #include "training/fused_optimizer.h"
 
-#include "base/compat.h"
 
+#include "training/fused_optimizer_cuda.h"
 #include "training/optimizer_state_key.h"
 
 #include <ATen/Parallel.h>
@@ -185,62 +185,6 @@ bool fusable_moments(const at::Tensor& p, const at::Tensor& m, const at::Tensor&
          laid_out(m) && laid_out(v);
 }
 
-// ATen's multi-tensor AdamW on CUDA (compat::fused_adamw_cuda, libtorch >= 2.4) takes a parameter,
-// its gradient and its two moments dense and contiguous on one GPU, all four in one floating type;
-// an fp32 parameter's bf16 gradient (training.gradient_dtype = "bf16") is widened for it (CudaBatch).
-bool cuda_fusable(const at::Tensor& p, const at::Tensor& grad, const at::Tensor& m, const at::Tensor& v) {
-  if (!compat::kFusedAdamWOnCuda || !p.is_cuda()) return false;
-  const at::ScalarType t = p.scalar_type();
-  if (t != at::kFloat && t != at::kBFloat16 && t != at::kHalf) return false;
-  for (const at::Tensor* x : {&p, &grad, &m, &v}) {
-    const bool widened = x == &grad && t == at::kFloat && x->scalar_type() == at::kBFloat16;
-    if (x->is_sparse() || (x->scalar_type() != t && !widened) || x->device() != p.device() || !x->is_contiguous() ||
-        x->numel() != p.numel()) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Widened bf16 gradients a CUDA launch holds at once: about 64 MiB (or one tensor larger), so a
-// model's gradients are never widened whole. (Not in the planner's optimizer temporaries yet.)
-constexpr int64_t kWidenedBytes = int64_t{64} << 20;
-
-// One (step count, type, device)'s CUDA parameters, stepped together after the group's others:
-// in one call, or where gradients are bf16, in calls of about kWidenedBytes of widened ones.
-struct CudaBatch {
-  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
-  bool narrow_gradients = false;
-  void add(const at::Tensor& p, const at::Tensor& grad, torch::optim::AdamWParamState& state) {
-    params.push_back(p);
-    grads.push_back(grad);
-    exp_avgs.push_back(state.exp_avg());
-    exp_avg_sqs.push_back(state.exp_avg_sq());
-    narrow_gradients = narrow_gradients || grad.scalar_type() != p.scalar_type();
-  }
-  // `run(params, grads, exp_avgs, exp_avg_sqs)` for each launch.
-  template <typename Run>
-  void launch(const Run& run) const {
-    if (!narrow_gradients) return run(params, grads, exp_avgs, exp_avg_sqs);
-    size_t first = 0;
-    while (first < params.size()) {
-      std::vector<at::Tensor> wide;
-      int64_t bytes = 0;
-      size_t end = first;
-      for (; end < params.size() && (end == first || bytes + 4 * params[end].numel() <= kWidenedBytes); ++end) {
-        wide.push_back(grads[end].to(params[end].scalar_type()));
-        bytes += 4 * params[end].numel();
-      }
-      const auto part = [&](const std::vector<at::Tensor>& all) {
-        return std::vector<at::Tensor>(all.begin() + static_cast<std::ptrdiff_t>(first),
-                                       all.begin() + static_cast<std::ptrdiff_t>(end));
-      };
-      run(part(params), wide, part(exp_avgs), part(exp_avg_sqs));
-      first = end;
-    }
-  }
-};
-
 // The scale applies to one step: whatever way the step ends, it is 1 after.
 struct ResetScale {
   GradientScale& scale;
@@ -388,14 +332,14 @@ double GradientScale::read() const {
   return on_device.defined() ? on_device.item<double>() : value;
 }
 
-at::Tensor GradientScale::applied_to(const at::Tensor& g) const {
+at::Tensor GradientScale::applied_to(at::Tensor g) const {
   if (!on_device.defined() || on_device.device() != g.device()) return g * read();
   // As ATen multiplies by a number: in g's type's arithmetic type (fp32 for 16-bit types), the
   // coefficient rounded to it, the product rounded to g's type: the same bits as `g * read()`.
   // (A 0-dim tensor of g's own type would round the coefficient to 16 bits first.)
   const bool narrow = g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf;
-  if (!narrow) return g * on_device.to(g.scalar_type());
-  return (g.to(at::kFloat) * on_device.to(at::kFloat)).to(g.scalar_type());
+  if (!narrow) return g.mul_(on_device.to(g.scalar_type()));
+  return g.copy_(g.to(at::kFloat).mul_(on_device.to(at::kFloat)));
 }
 
 void FusedStep::set_gradient_scale(const at::Tensor& coefficient) {
@@ -424,7 +368,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     // The group's CUDA parameters by step count, type and device: ATen's kernel takes one of each.
-    std::map<std::tuple<int64_t, at::ScalarType, c10::DeviceIndex>, CudaBatch> cuda;
+    std::map<std::tuple<int64_t, at::ScalarType, c10::DeviceIndex>, AdamWCudaBatch> cuda;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor grad = p.grad();
@@ -446,7 +390,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
         state->exp_avg_sq(state->exp_avg_sq().to(moments));
       }
       state->step(state->step() + 1);
-      if (!o.amsgrad() && cuda_fusable(p, grad, state->exp_avg(), state->exp_avg_sq())) {
+      if (!o.amsgrad() && adamw_cuda_fusable(p, grad, state->exp_avg(), state->exp_avg_sq())) {
         cuda[{state->step(), p.scalar_type(), p.device().index()}].add(p, grad, *state);
         continue;
       }
@@ -458,14 +402,7 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
         adamw_fused(p, grad, *state, a);
       }
     }
-    for (auto& [key, b] : cuda) {
-      b.launch([&](const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                   const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs) {
-        const bool ran = compat::fused_adamw_cuda(params, grads, exp_avgs, exp_avg_sqs, std::get<0>(key), o.lr(), beta1,
-                                                  beta2, o.weight_decay(), o.eps(), scale_.value, scale_.on_device);
-        TORCH_INTERNAL_ASSERT(ran, "a CUDA batch without ATen's fused AdamW");
-      });
-    }
+    for (auto& [key, b] : cuda) b.launch(std::get<0>(key), o, scale_);
   }
   return loss;
 }
@@ -478,6 +415,8 @@ at::Tensor FusedSgd::step(LossClosure closure) {
     auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
     TORCH_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0),
                 "Nesterov momentum requires a momentum and zero dampening");
+    // The group's CUDA parameters by first step, type and device: ATen's kernel takes one of each.
+    std::map<std::tuple<bool, at::ScalarType, c10::DeviceIndex>, SgdCudaBatch> cuda;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor grad = p.grad();
@@ -493,6 +432,14 @@ at::Tensor FusedSgd::step(LossClosure closure) {
         kept->momentum_buffer(made);
         set_state(*this, p, std::move(kept));
       };
+      if (sgd_cuda_fusable(p, grad, buf)) {
+        if (first) {
+          buf = at::empty_like(p, at::MemoryFormat::Contiguous);
+          keep(buf);
+        }
+        cuda[{first, p.scalar_type(), p.device().index()}].add(p, grad, buf);
+        continue;
+      }
       if (!fused) {
         const at::Tensor made = sgd_unfused(p, grad, buf, first, o, scale_);
         if (made.defined()) keep(made);
@@ -504,6 +451,7 @@ at::Tensor FusedSgd::step(LossClosure closure) {
       }
       if (!p.is_meta()) sgd_fused(p, grad, buf, first, o, scale_);
     }
+    for (auto& [key, b] : cuda) b.launch(o, std::get<0>(key), scale_);
   }
   return loss;
 }

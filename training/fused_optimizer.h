@@ -13,20 +13,21 @@
 // The clipping coefficient (max_norm / norm) is applied inside the pass, to each gradient as it is
 // read: the same bits as multiplying the gradients first, without the pass that did it.
 //
-// On CUDA (libtorch >= 2.4), AdamW's parameters go to ATen's multi-tensor kernel instead, the one
-// torch.optim.AdamW(fused=True) runs: one launch for up to 36 tensors, fp32 arithmetic, the clipping
-// coefficient applied as it reads each gradient (and, unlike the CPU pass, the scaled gradient
-// written back: compat::fused_adamw_cuda). Its arithmetic is not torch::optim's sequence
-// (fewer roundings): within rounding of it, the same bits run to run (tests/training/test_fused_optimizer.cpp).
+// On CUDA (libtorch >= 2.4), the parameters go to ATen's multi-tensor kernels instead
+// (training/fused_optimizer_cuda.h), the ones torch.optim's AdamW(fused=True) and
+// SGD(fused=True) run: one launch for many tensors, the clipping coefficient applied as it reads
+// each gradient (and, unlike the CPU pass, the scaled gradient written back). Their arithmetic is
+// not torch::optim's sequence (AdamW's has fewer roundings, SGD's is in double): within rounding
+// of it, the same bits run to run (tests/training/test_fused_optimizer.cpp).
 //
 // A gradient in bf16 (training.gradient_dtype = "bf16") is read widened, exactly, by the CPU
-// pass: the same bits as widening it first. ATen's CUDA kernel wants it in the parameter's type:
-// on CUDA the batch widens such gradients about 64 MiB at a time for its launches (not yet run on
-// a GPU).
+// pass: the same bits as widening it first. ATen's CUDA kernels want it in the parameter's type:
+// on CUDA AdamW's batch widens such gradients about 64 MiB at a time for its launches (not yet
+// run on a GPU); SGD's steps them as torch::optim does.
 //
 // A parameter neither takes (not fp32, not dense and contiguous, on CUDA moments in another type
-// than the parameter's, AdamW with amsgrad, SGD on CUDA) steps as torch::optim steps
-// it, its gradient widened to the parameter's type and scaled first.
+// than the parameter's, AdamW with amsgrad, SGD's bf16 gradients on CUDA) steps as torch::optim
+// steps it, its gradient widened to the parameter's type and scaled first.
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -42,8 +43,11 @@ struct GradientScale {
   // The coefficient as a number: reads `on_device` (waiting for the device) where a parameter
   // stepped by a host pass needs it.
   double read() const;
-  // `g` multiplied by it (in g's type), where g is.
-  at::Tensor applied_to(const at::Tensor& g) const;
+  // `g` multiplied by it, in g's type, as ATen multiplies by a number: out of place by the host's
+  // number; in place by the device's (no gradient-sized temporary, which the planner's trace of a
+  // step with a scale of 1 would not count: the gradient goes after the step, and ATen's fused
+  // kernels write the scaled one back too).
+  at::Tensor applied_to(at::Tensor g) const;
 };
 
 // What training/optimizer.cpp sets on a fused optimizer before its step.

@@ -55,7 +55,7 @@ at::Tensor LocalRunner::forward_backward(const Batch& micro, double loss_seed, G
 }
 
 Tensor LocalRunner::forward_only(Interpreter& interp, const at::Tensor& input, int64_t) {
-  return engine_.model->forward(interp.input(input.to(engine_.device)));
+  return engine_.model->forward(interp.input(on_device(input, engine_.device)));  // staged by evaluate()
 }
 
 }  // namespace ht

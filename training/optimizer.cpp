@@ -70,7 +70,8 @@ at::Tensor clip_coefficient(double max_norm, const at::Tensor& norm) {
 namespace {
 
 // Every gradient multiplied by the coefficient (undefined: left alone), as torch::optim's steps
-// read them; a coefficient on the CPU is read (nothing to wait for), one on a GPU multiplies there.
+// read them; a coefficient on the CPU is read (nothing to wait for), one on a GPU multiplies there
+// (GradientScale: as by the number, in place).
 void clip_gradients(const std::vector<at::Tensor>& params, const at::Tensor& coefficient) {
   if (!coefficient.defined()) return;
   at::NoGradGuard no_grad;
@@ -81,7 +82,7 @@ void clip_gradients(const std::vector<at::Tensor>& params, const at::Tensor& coe
     if (coefficient.is_cpu()) {
       p.mutable_grad().mul_(host);
     } else {
-      p.mutable_grad().mul_(coefficient.to(p.grad().scalar_type()));
+      GradientScale{1.0, coefficient}.applied_to(p.mutable_grad());
     }
   }
 }

@@ -53,7 +53,8 @@ struct StepOutcome {
 // scaler (fp16), unscale them and skip the step if any is not finite, leaving parameters and
 // optimizer state untouched; then clip to `o.grad_clip`, set the learning rate and step. Without
 // a scaler, and with the norm's collectives on the device (NCCL), nothing in it waits for the
-// device: the fp16 scaler's decision is still read on the host (training/loss_scaler.h).
+// device: the fp16 scaler's decision is still read on the host (training/loss_scaler.h), and a
+// pipeline stage's norm gathers its parameters' norms through the host (PipelineStage::gradient_norms).
 StepOutcome optimizer_step(torch::optim::Optimizer& optimizer, const std::vector<at::Tensor>& params,
                            const OptimizerOptions& o, double lr, LossScaler* scaler,
                            const StepAcrossStages& stages = {});

@@ -7,8 +7,9 @@
 namespace ht {
 namespace {
 
-// A {1} double 0 where the gradients are (a CPU rank's outside its arena, as the host number it
-// replaces was): the sum of squares the collectives add to, never read by the host.
+// A {1} double 0 where the gradients are (a CPU rank's outside its arena: it lives through the
+// norm's collectives, where the host number it replaced took no block): the sum of squares the
+// collectives add to, never read by the host.
 at::Tensor device_zero(at::Device device) {
   const HostAllocationScope host(device.is_cpu());
   return at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));

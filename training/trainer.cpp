@@ -96,7 +96,7 @@ Trainer::StepResult Trainer::train_step(bool phases_apart) {
   // While the device runs the step's kernels (a GPU's: training/batches.h).
   if (state_.step + 1 < total_steps_) batches_.draw_ahead();
   // Read once the update is queued: the host has not waited for the device since the step began
-  // (but for fp16's loss scaler and a norm's collectives over MPI: training/optimizer.h). Outside the
+  // (but for fp16's loss scaler, a pipeline's norms and collectives over MPI: training/optimizer.h). Outside the
   // optimizer's time: the replicas' mean waits for the slowest of them.
   r.loss = parts_.groups->replicas().mean(loss.item<double>(), "the loss");
   r.grad_norm = outcome.grad_norm.item<double>();

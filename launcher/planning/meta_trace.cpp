@@ -116,7 +116,9 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
 }
 
 bool steps_fused_here(const Config& config) {
-  return at::Device(config.training.device).is_cpu() || (compat::kFusedAdamWOnCuda && fused_on_gpu(config.training));
+  const bool kernel =
+      config.training.optimizer == OptimizerKind::kAdamw ? compat::kFusedAdamWOnCuda : compat::kFusedSgdOnCuda;
+  return at::Device(config.training.device).is_cpu() || (kernel && fused_on_gpu(config.training));
 }
 
 void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out, bool fused_pass) {
@@ -124,7 +126,8 @@ void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, T
   if (auto* fused = dynamic_cast<FusedStep*>(optimizer.get())) fused->set_meta_as_fused(fused_pass);
   // What the trainer's step holds beside the update (training/optimizer.cpp, optimizer_step): each
   // gradient's norm, their stack and its norm, freed before the update, which (fused) allocates
-  // nothing but its state.
+  // nothing but its state. (A CPU rank keeps the norm and the clipping coefficient outside its
+  // arena; a GPU holds them through the update: two 0-dim blocks this trace leaves out.)
   const auto step = [&] {
     {
       const at::Tensor norms = gradient_norms(model.parameters());

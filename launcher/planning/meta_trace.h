@@ -85,11 +85,14 @@ void trace_forward_backward(const Config& config, Model& model, const std::share
 // kernels, with their temporaries.
 void trace_optimizer_step(const Config& config, Model& model, CpuArena& arena, TracedStep& out, bool fused_pass);
 
-// Whether a GPU run steps its optimizer fused: AdamW with fp32 moments in ATen's multi-tensor
-// kernel (libtorch >= 2.4, what GPU builds take: docs/engine.md); SGD, and moments in bf16 (not
-// the parameters' type), in torch::optim's kernels.
+// Whether a GPU run steps its optimizer fused, in ATen's multi-tensor kernels (libtorch >= 2.4,
+// what GPU builds take: docs/engine.md; training/fused_optimizer_cuda.h): AdamW with fp32
+// moments, SGD with gradients of the parameters' type. AdamW's moments in bf16, and SGD's bf16
+// gradients (training.gradient_dtype = "bf16"; "auto" counts as fp32, though a plan may choose
+// bf16 for it), step in torch::optim's kernels.
 inline bool fused_on_gpu(const TrainingConfig& t) {
-  return t.optimizer == OptimizerKind::kAdamw && t.optimizer_state_dtype == StateDtype::kFp32;
+  if (t.optimizer == OptimizerKind::kAdamw) return t.optimizer_state_dtype == StateDtype::kFp32;
+  return !keeps_bf16_gradients(t.gradient_dtype, t.mixed_precision);
 }
 // Whether `config`'s run on this build steps fused: on a CPU always, on a GPU as fused_on_gpu
 // where this libtorch has the kernel.

@@ -277,7 +277,7 @@ TEST(FusedOptimizer, OnAGpuAdamWIsAtensMultiTensorKernelWithinRoundingAndRepeats
 
 TEST(FusedOptimizer, ACoefficientLeftOnTheDeviceScalesAsTheNumberDoes) {
   // GradientScale's tensor path (a GPU's, taken here on the CPU too): fp32 and fp64 gradients
-  // multiplied as by the number, bit for bit; 16-bit ones in fp32 arithmetic, rounded once, as
+  // multiplied in place as by the number, bit for bit; 16-bit ones in fp32 arithmetic, rounded once, as
   // ATen's CUDA kernels multiply them by a number (its CPU kernels in libtorch 1.13 do not: they
   // never see a coefficient on the device). On a GPU, every type as by the number there.
   at::manual_seed(11);
@@ -288,17 +288,66 @@ TEST(FusedOptimizer, ACoefficientLeftOnTheDeviceScalesAsTheNumberDoes) {
       const GradientScale on_device{1.0, at::scalar_tensor(c, at::kDouble).to(device)};
       for (const at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
         const at::Tensor g = (at::randn({257}) * 40).to(type).to(device);
-        const at::Tensor mine = on_device.applied_to(g);
-        EXPECT_EQ(mine.scalar_type(), type);
         const bool narrow = type == at::kBFloat16 || type == at::kHalf;
         const at::Tensor expected =
             narrow && device.is_cpu() ? (g.to(at::kFloat) * static_cast<float>(c)).to(type) : g * c;
+        at::Tensor scaled = g.clone();
+        const at::Tensor mine = on_device.applied_to(scaled);
+        EXPECT_EQ(mine.scalar_type(), type);
         EXPECT_TRUE(mine.equal(expected)) << "coefficient " << c << ", " << type << " on " << device;
+        EXPECT_TRUE(scaled.equal(expected)) << "in place: no gradient-sized temporary";
       }
     }
   }
   EXPECT_TRUE(GradientScale{}.is_one());
   EXPECT_FALSE((GradientScale{1.0, at::scalar_tensor(1.0, at::kDouble)}.is_one())) << "the host does not read it";
+}
+
+TEST(FusedOptimizer, OnAGpuSgdIsAtensMultiTensorKernelWithinRoundingAndRepeatsItsBits) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no GPU here";
+  const at::Device gpu(at::kCUDA);
+  const auto on_gpu = [&](const std::vector<at::Tensor>& host) {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& p : host) out.push_back(p.detach().to(gpu).requires_grad_(true));
+    return out;
+  };
+  for (const double momentum : {0.0, 0.9}) {
+    SCOPED_TRACE("momentum " + std::to_string(momentum));
+    const std::vector<at::Tensor> start = parameters(at::kFloat);
+    std::vector<at::Tensor> mine = on_gpu(start), again = on_gpu(start), theirs = on_gpu(start);
+    std::unique_ptr<torch::optim::Optimizer> fused = sgd(momentum, 0.01, true)(mine),
+                                             twice = sgd(momentum, 0.01, true)(again),
+                                             reference = sgd(momentum, 0.01, false)(theirs);
+    const double scale = 0.37;
+    for (int step = 0; step < 4; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      at::manual_seed(400 + step);
+      for (auto* o : {fused.get(), twice.get(), reference.get()}) set_learning_rate(*o, 0.01 * (step + 1));
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const at::Tensor g = at::randn(start[i].sizes()).to(gpu) * (step % 2 == 0 ? 1e-3 : 5.0);
+        mine[i].mutable_grad() = g.clone();
+        again[i].mutable_grad() = g.clone();
+        theirs[i].mutable_grad() = g * scale;
+      }
+      dynamic_cast<FusedStep&>(*fused).set_gradient_scale(scale);
+      dynamic_cast<FusedStep&>(*twice).set_gradient_scale(at::scalar_tensor(scale, at::kDouble).to(gpu));
+      fused->step();
+      twice->step();
+      reference->step();
+      for (size_t i = 0; i < mine.size(); ++i) {
+        SCOPED_TRACE("parameter of " + std::to_string(mine[i].numel()) + " elements");
+        EXPECT_TRUE(mine[i].equal(again[i])) << "the same bits when run again, the coefficient a number or on the device";
+        EXPECT_TRUE(at::allclose(mine[i], theirs[i], /*rtol=*/1e-5, /*atol=*/1e-6))
+            << "largest difference " << (mine[i] - theirs[i]).abs().max().item<double>();
+        const std::vector<at::Tensor> a = optimizer_state(*fused, mine[i]), b = optimizer_state(*reference, theirs[i]);
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t k = 0; k < a.size(); ++k) {
+          EXPECT_EQ(a[k].device(), mine[i].device());
+          EXPECT_TRUE(at::allclose(a[k], b[k], 1e-5, 1e-6)) << "momentum buffer";
+        }
+      }
+    }
+  }
 }
 
 // What the trainer builds is the fused kind; its state reads back and is copied to host as
