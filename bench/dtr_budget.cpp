@@ -5,7 +5,10 @@
 // step interleaved with the unoptimized one (A B, B A, ...): slowdown (median step-time ratio,
 // min-max), recompute share of the step, evictions per step, peak / budget; the losses of both
 // sides must agree bit for bit. Then the largest batch that trains at a fixed budget without and
-// with DTR, and the per-sample throughput ratio.
+// with DTR, and the per-sample throughput ratio. With --peer: PyTorch's rows (its own medians),
+// then our unbudgeted step step for step with PyTorch eager in one invocation (each side first
+// every other pair, the same warm-up; on a GPU deterministic against deterministic, then against
+// PyTorch's default mode), and DTR in torch.utils.checkpoint's peak step for step with it.
 #include "bench/bench_main.h"
 #include "bench/budget_runner.h"
 #include "bench/peer_rows.h"
@@ -209,6 +212,7 @@ Baseline run(const Workload& w, const Options& o) {
 
 void at_the_peers_memory(const Workload& w, const PeerRow& checkpointed, const std::string& peer_args,
                          const Options& o);
+void eager_pairs(const Workload& w, const std::string& peer_args, const Options& o, bool deterministic);
 
 // After this process's runners are gone, so the peer has the device to itself.
 void peer_rows(const Workload& w, const Baseline& ours, const Options& o) {
@@ -226,9 +230,51 @@ void peer_rows(const Workload& w, const Baseline& ours, const Options& o) {
     return;
   }
   print_peer_rows(w.name, ours.step_ms, ours.peak_in_use, rows);
+  // Step for step, the same warm-up on both sides: deterministic kernels against deterministic
+  // ones (as hybrid_train runs on a GPU), then against PyTorch's default mode.
+  const std::string paired = w.peer_args + " --device " + bench_device().str() + " --threads " + std::to_string(o.threads);
+  eager_pairs(w, paired, o, /*deterministic=*/true);
+  if (bench_device().is_cuda()) eager_pairs(w, paired, o, /*deterministic=*/false);
   for (const PeerRow& r : rows) {
     if (r.mode == "checkpoint" && r.peak_bytes > 0) at_the_peers_memory(w, r, args, o);
   }
+}
+
+// Our unbudgeted step and the peer's eager one in one invocation, each first every other pair
+// (issue 69's comparison: the machine's drift falls on both), after the same warm-up steps; the
+// ratio is the median of the pairs'.
+void eager_pairs(const Workload& w, const std::string& peer_args, const Options& o, bool deterministic) {
+  const int warmup = std::max(2, o.warmup + 1);  // ours: the optimizer state exists from step 2 on
+  const char* mode = deterministic ? "deterministic" : "PyTorch's default mode";
+  std::vector<double> ours, theirs, ratios;
+  BudgetRunner plain(w, w.batch, unlimited_bytes(), std::nullopt);
+  PeerSession peer(o.peer, o.peer_script,
+                   peer_args + " --modes eager --warmup " + std::to_string(warmup) +
+                       (deterministic ? "" : " --nondeterministic"));
+  for (int i = 0; peer.ok() && i < warmup; ++i) plain.step();
+  for (int i = 0; i < o.reps && peer.ok(); ++i) {
+    double mine = 0, peers = 0;
+    if (i % 2 == 0) {
+      mine = plain.step().ms;
+      peers = peer.step();
+    } else {
+      peers = peer.step();
+      mine = plain.step().ms;
+    }
+    ours.push_back(mine);
+    theirs.push_back(peers);
+    ratios.push_back(mine / peers);
+  }
+  if (!peer.ok() || ratios.empty()) {
+    std::printf("| hybrid_train step for step with PyTorch eager (%s) | the peer failed: %s |\n", mode,
+                peer.failure().c_str());
+    return;
+  }
+  std::printf("| %s: hybrid_train step for step with PyTorch eager (%s), %d warm-up steps each | %.2f ms | eager %.2f "
+              "ms | our step over its %.3f (pairs %.3f-%.3f; issue 69's target: at most 0.90) |\n",
+              w.name.c_str(), mode, warmup, median(ours), median(theirs), median(ratios),
+              *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
+  std::fflush(stdout);
 }
 
 // hybrid_train under DTR in the memory torch.utils.checkpoint's step peaked at (issue 34's

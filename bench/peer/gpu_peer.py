@@ -178,6 +178,8 @@ def main():
                    help="bf16: forward and loss under torch.autocast, as training.mixed_precision = \"bf16\"")
     p.add_argument("--modes", default="eager,checkpoint", help="which of eager, checkpoint to run")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="PyTorch's default mode on a GPU (no deterministic algorithms asked for)")
     p.add_argument("--serve", action="store_true",
                    help="the first of --modes, a step per `step` line on stdin (peer-ready, then peer-step <ms>)")
     args = p.parse_args()
@@ -185,7 +187,7 @@ def main():
         torch.set_num_threads(args.threads)
         set_openblas_threads(args.threads)
     device = torch.device(args.device)
-    if device.type == "cuda":
+    if device.type == "cuda" and not args.nondeterministic:
         # As hybrid_train does on a GPU (runtime/determinism.h): the same bits every run, and the
         # same cost for it.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
