@@ -8,8 +8,8 @@ if(NOT result EQUAL 0)
   message(FATAL_ERROR "listing the tests of ${TEST_EXECUTABLE} failed (${result}):\n${listing}\n${errors}")
 endif()
 string(REPLACE "\n" ";" lines "${listing}")
-set(script "")
 set(suites "")
+set(suite_of_each_test "")
 foreach(line IN LISTS lines)
   # A suite's line starts in column 0 ("Suite." or "Prefix/Suite.  # TypeParam = ..."); its
   # tests' lines are indented.
@@ -17,10 +17,25 @@ foreach(line IN LISTS lines)
     set(suite "${CMAKE_MATCH_1}")
     if(NOT suite IN_LIST suites)
       list(APPEND suites "${suite}")
-      string(APPEND script
-        "add_test([=[${suite}]=] \"${TEST_EXECUTABLE}\" [=[--gtest_filter=${suite}.*]=])\n"
-        "set_tests_properties([=[${suite}]=] PROPERTIES WORKING_DIRECTORY \"${WORKING_DIRECTORY}\" TIMEOUT 3000)\n")
     endif()
+  elseif(line MATCHES "^  [^ ]" AND DEFINED suite)
+    list(APPEND suite_of_each_test "${suite}")
   endif()
+endforeach()
+set(script "")
+foreach(suite IN LISTS suites)
+  # As long as each test had (600 s), up to 3000 s for a suite of five tests or more.
+  set(tests ${suite_of_each_test})
+  list(FILTER tests INCLUDE REGEX "^${suite}$")
+  list(LENGTH tests count)
+  if(count LESS 1)
+    set(count 1)
+  elseif(count GREATER 5)
+    set(count 5)
+  endif()
+  math(EXPR timeout "600 * ${count}")
+  string(APPEND script
+    "add_test([=[${suite}]=] \"${TEST_EXECUTABLE}\" [=[--gtest_filter=${suite}.*]=])\n"
+    "set_tests_properties([=[${suite}]=] PROPERTIES WORKING_DIRECTORY \"${WORKING_DIRECTORY}\" TIMEOUT ${timeout})\n")
 endforeach()
 file(WRITE "${CTEST_FILE}" "${script}")
