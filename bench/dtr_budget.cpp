@@ -240,6 +240,25 @@ void peer_rows(const Workload& w, const Baseline& ours, const Options& o) {
   }
 }
 
+// `reps` steps of `runner` and of `peer`, each side first every other pair, so that the machine's
+// drift falls on both; their milliseconds appended pair by pair (fewer where the peer failed).
+void step_for_step(BudgetRunner& runner, PeerSession& peer, int reps, std::vector<double>& ours,
+                   std::vector<double>& theirs) {
+  for (int i = 0; i < reps && peer.ok(); ++i) {
+    double mine = 0, peers = 0;
+    if (i % 2 == 0) {
+      mine = runner.step().ms;
+      peers = peer.step();
+    } else {
+      peers = peer.step();
+      mine = runner.step().ms;
+    }
+    if (!peer.ok()) break;
+    ours.push_back(mine);
+    theirs.push_back(peers);
+  }
+}
+
 // Our unbudgeted step and the peer's eager one in one invocation, each first every other pair
 // (issue 69's comparison: the machine's drift falls on both), after the same warm-up steps; the
 // ratio is the median of the pairs'.
@@ -252,19 +271,8 @@ void eager_pairs(const Workload& w, const std::string& peer_args, const Options&
                    peer_args + " --modes eager --warmup " + std::to_string(warmup) +
                        (deterministic ? "" : " --nondeterministic"));
   for (int i = 0; peer.ok() && i < warmup; ++i) plain.step();
-  for (int i = 0; i < o.reps && peer.ok(); ++i) {
-    double mine = 0, peers = 0;
-    if (i % 2 == 0) {
-      mine = plain.step().ms;
-      peers = peer.step();
-    } else {
-      peers = peer.step();
-      mine = plain.step().ms;
-    }
-    ours.push_back(mine);
-    theirs.push_back(peers);
-    ratios.push_back(mine / peers);
-  }
+  step_for_step(plain, peer, o.reps, ours, theirs);
+  for (size_t i = 0; i < ours.size(); ++i) ratios.push_back(ours[i] / theirs[i]);
   if (!peer.ok() || ratios.empty()) {
     std::printf("| hybrid_train step for step with PyTorch eager (%s) | the peer failed: %s |\n", mode,
                 peer.failure().c_str());
@@ -290,19 +298,8 @@ void at_the_peers_memory(const Workload& w, const PeerRow& checkpointed, const s
     BudgetRunner dtr(w, w.batch, checkpointed.peak_bytes, EvictionHeuristic::kDtr, o.threshold);
     PeerSession peer(o.peer, o.peer_script, peer_args + " --modes checkpoint");
     for (int i = 0; peer.ok() && i < std::max(2, o.warmup + 1); ++i) dtr.step();
-    for (int i = 0; i < o.reps && peer.ok(); ++i) {
-      double mine = 0, peers = 0;
-      if (i % 2 == 0) {
-        mine = dtr.step().ms;
-        peers = peer.step();
-      } else {
-        peers = peer.step();
-        mine = dtr.step().ms;
-      }
-      ours.push_back(mine);
-      theirs.push_back(peers);
-      ratios.push_back(peers / mine);
-    }
+    step_for_step(dtr, peer, o.reps, ours, theirs);
+    for (size_t i = 0; i < ours.size(); ++i) ratios.push_back(theirs[i] / ours[i]);
     if (!peer.ok()) {
       std::printf("| hybrid_train, DTR in torch.utils.checkpoint's peak | the peer failed: %s |\n", peer.failure().c_str());
       return;

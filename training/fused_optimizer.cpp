@@ -4,7 +4,6 @@
 // AVX2 with FMA and for the baseline, and the loader picks the clone this CPU runs.
 #include "training/fused_optimizer.h"
 
-
 #include "training/fused_optimizer_cuda.h"
 #include "training/optimizer_state_key.h"
 

@@ -82,6 +82,13 @@ void expect_same_steps(const MakeOptimizer& fused_of, const MakeOptimizer& refer
   }
 }
 
+// Leaf copies of `host` on the GPU.
+std::vector<at::Tensor> on_gpu(const std::vector<at::Tensor>& host) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : host) out.push_back(p.detach().to(at::kCUDA).requires_grad_(true));
+  return out;
+}
+
 MakeOptimizer adamw(double weight_decay, bool fused) {
   return [=](const std::vector<at::Tensor>& p) -> std::unique_ptr<torch::optim::Optimizer> {
     const auto o = torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(weight_decay);
@@ -212,11 +219,6 @@ TEST(FusedOptimizer, Bf16MomentsAreTorchOptimsRoundedToNearestEvenAfterEachStep)
 TEST(FusedOptimizer, OnAGpuAdamWIsAtensMultiTensorKernelWithinRoundingAndRepeatsItsBits) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no GPU here";
   const at::Device gpu(at::kCUDA);
-  const auto on_gpu = [&](const std::vector<at::Tensor>& host) {
-    std::vector<at::Tensor> out;
-    for (const at::Tensor& p : host) out.push_back(p.detach().to(gpu).requires_grad_(true));
-    return out;
-  };
   const std::vector<at::Tensor> start = parameters(at::kFloat);
   std::vector<at::Tensor> mine = on_gpu(start), again = on_gpu(start), theirs = on_gpu(start);
   std::unique_ptr<torch::optim::Optimizer> fused = adamw(0.1, true)(mine), twice = adamw(0.1, true)(again),
@@ -306,11 +308,6 @@ TEST(FusedOptimizer, ACoefficientLeftOnTheDeviceScalesAsTheNumberDoes) {
 TEST(FusedOptimizer, OnAGpuSgdIsAtensMultiTensorKernelWithinRoundingAndRepeatsItsBits) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no GPU here";
   const at::Device gpu(at::kCUDA);
-  const auto on_gpu = [&](const std::vector<at::Tensor>& host) {
-    std::vector<at::Tensor> out;
-    for (const at::Tensor& p : host) out.push_back(p.detach().to(gpu).requires_grad_(true));
-    return out;
-  };
   for (const double momentum : {0.0, 0.9}) {
     SCOPED_TRACE("momentum " + std::to_string(momentum));
     const std::vector<at::Tensor> start = parameters(at::kFloat);
